@@ -1,0 +1,139 @@
+//! [`DeviceArray`]: an owned `ArrowDeviceArray` that calls `release` exactly once.
+
+use std::ffi::c_void;
+
+use crate::abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, FFI_ArrowArray};
+use crate::error::{Error, Result};
+
+/// An owned, unreleased `ArrowDeviceArray`.
+///
+/// Dropping it calls the embedded array's `release` callback exactly once. Moving one in
+/// from a raw pointer ([`DeviceArray::from_raw`]) marks the source released, as the
+/// specification's "Moving an array" requires; moving one out ([`DeviceArray::move_into`],
+/// [`DeviceArray::into_raw`]) hands the duty to release to the receiver.
+#[derive(Debug)]
+pub struct DeviceArray {
+    raw: ArrowDeviceArray,
+}
+
+// SAFETY: the C data interface lets the release callback run on any thread, and the struct
+// itself is plain data in CPU memory; arrow-rs makes the same promise for FFI_ArrowArray.
+unsafe impl Send for DeviceArray {}
+// SAFETY: `&DeviceArray` only reads plain fields; nothing mutates through a shared reference.
+unsafe impl Sync for DeviceArray {}
+
+impl DeviceArray {
+    /// Takes ownership of a device array by value.
+    ///
+    /// Fails with [`Error::Released`] when the array is released (there is then nothing to
+    /// own and nothing to release).
+    pub fn try_new(raw: ArrowDeviceArray) -> Result<Self> {
+        if raw.is_released() {
+            return Err(Error::Released {
+                what: "ArrowDeviceArray",
+            });
+        }
+        Ok(Self { raw })
+    }
+
+    /// Moves the device array out of `ptr`, marking the source released (its `release` set
+    /// to NULL without being called).
+    ///
+    /// # Safety
+    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArray`.
+    pub unsafe fn from_raw(ptr: *mut ArrowDeviceArray) -> Result<Self> {
+        if ptr.is_null() {
+            return Err(Error::NullPointer {
+                what: "ArrowDeviceArray",
+            });
+        }
+        // SAFETY: the caller guarantees `ptr` is valid for reads and writes. Reading it
+        // bitwise and then writing a released struct back is the spec's "move".
+        let raw = unsafe { std::ptr::replace(ptr, ArrowDeviceArray::empty()) };
+        Self::try_new(raw)
+    }
+
+    /// Wraps an arrow-rs [`FFI_ArrowArray`] with its device placement. Every `reserved`
+    /// word is zeroed.
+    pub fn from_ffi(
+        array: FFI_ArrowArray,
+        device_type: ArrowDeviceType,
+        device_id: i64,
+        sync_event: *mut c_void,
+    ) -> Result<Self> {
+        Self::try_new(ArrowDeviceArray {
+            array: ArrowArray::from_ffi(array),
+            device_id,
+            device_type,
+            sync_event,
+            reserved: [0; 3],
+        })
+    }
+
+    /// The device type the buffers live on.
+    pub fn device_type(&self) -> ArrowDeviceType {
+        self.raw.device_type
+    }
+
+    /// The device id (-1 for the CPU).
+    pub fn device_id(&self) -> i64 {
+        self.raw.device_id
+    }
+
+    /// The synchronization event (NULL when the data is ready).
+    pub fn sync_event(&self) -> *mut c_void {
+        self.raw.sync_event
+    }
+
+    /// The embedded `ArrowArray` (structs in CPU memory, buffers on the device).
+    pub fn array(&self) -> &ArrowArray {
+        &self.raw.array
+    }
+
+    /// The whole C struct.
+    pub fn as_raw(&self) -> &ArrowDeviceArray {
+        &self.raw
+    }
+
+    /// Gives up ownership: the returned struct is unreleased and whoever holds it must
+    /// release it (or move it to C, which will).
+    pub fn into_raw(self) -> ArrowDeviceArray {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so reading `raw` out moves it.
+        unsafe { std::ptr::read(&this.raw) }
+    }
+
+    /// Moves the device array into the consumer-allocated struct at `out` (overwriting it
+    /// without releasing what was there, as a consumer hands over a released struct).
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of an `ArrowDeviceArray`.
+    pub unsafe fn move_into(self, out: *mut ArrowDeviceArray) {
+        // SAFETY: the caller guarantees `out` is valid for writes.
+        unsafe { std::ptr::write(out, self.into_raw()) }
+    }
+
+    /// Splits into arrow-rs's [`FFI_ArrowArray`] (which owns the release from now on) and the
+    /// device placement `(device_type, device_id, sync_event)`.
+    pub fn into_ffi(self) -> (FFI_ArrowArray, ArrowDeviceType, i64, *mut c_void) {
+        let raw = self.into_raw();
+        (
+            raw.array.into_ffi(),
+            raw.device_type,
+            raw.device_id,
+            raw.sync_event,
+        )
+    }
+}
+
+impl Drop for DeviceArray {
+    fn drop(&mut self) {
+        if let Some(release) = self.raw.array.release {
+            // SAFETY: the struct is unreleased and owned by us; the callback is the
+            // producer's and receives a pointer to the (moved) struct, as the spec allows.
+            unsafe { release(&mut self.raw.array) };
+            // A conforming producer marks it released; make sure regardless.
+            self.raw.array.release = None;
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The one error type of devarrow's ABI layer.
+
+use crate::ArrowDeviceType;
+use arrow_schema::ArrowError;
+
+/// Everything that can go wrong moving Arrow data across the C Device Data Interface.
+///
+/// Errors about a malformed struct carry the `path` of the offending array inside the
+/// imported one (`"array"`, `"array.children[1]"`, `"array.dictionary"`, ...).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A NULL pointer was passed where a struct was expected.
+    #[error("{what} pointer is NULL")]
+    NullPointer {
+        /// What the pointer should have pointed to.
+        what: &'static str,
+    },
+    /// The struct is released (its `release` callback is NULL) and cannot be used.
+    #[error("{what} is released (its release callback is NULL)")]
+    Released {
+        /// Which struct.
+        what: &'static str,
+    },
+    /// The data lives on a device this call does not accept.
+    #[error("data on {found} is not accepted here (accepted: {accepted})")]
+    UnsupportedDevice {
+        /// The device type of the data.
+        found: ArrowDeviceType,
+        /// What the call accepts.
+        accepted: String,
+    },
+    /// A `sync_event` was given where the device type has no event type.
+    #[error("{device_type} has no event type, but sync_event is not NULL")]
+    UnexpectedSyncEvent {
+        /// The device type of the data.
+        device_type: ArrowDeviceType,
+    },
+    /// `n_buffers` does not match the layout of the schema's type.
+    #[error("{path}: a {data_type} array has {expected} buffers, found n_buffers = {found}")]
+    BufferCount {
+        /// Where in the array.
+        path: String,
+        /// The type from the schema.
+        data_type: String,
+        /// What the layout requires.
+        expected: String,
+        /// What the struct said.
+        found: i64,
+    },
+    /// `n_children` does not match the schema.
+    #[error("{path}: a {data_type} array has {expected} children, found n_children = {found}")]
+    ChildCount {
+        /// Where in the array.
+        path: String,
+        /// The type from the schema.
+        data_type: String,
+        /// What the schema requires.
+        expected: usize,
+        /// What the struct said.
+        found: i64,
+    },
+    /// A dictionary is missing, or present on a non-dictionary type.
+    #[error("{path}: {message}")]
+    Dictionary {
+        /// Where in the array.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `length`, `offset` or `null_count` is negative (or `null_count` exceeds the length).
+    #[error("{path}: invalid {field} = {value}")]
+    InvalidField {
+        /// Where in the array.
+        path: String,
+        /// `length`, `offset` or `null_count`.
+        field: &'static str,
+        /// The value found.
+        value: i64,
+    },
+    /// A buffer pointer is NULL where the layout requires data.
+    #[error("{path}: buffer {index} ({role}) is NULL but {bytes} bytes are required")]
+    NullBuffer {
+        /// Where in the array.
+        path: String,
+        /// The buffer index in the C struct.
+        index: usize,
+        /// What the buffer holds (`validity`, `offsets`, `values`, ...).
+        role: &'static str,
+        /// How many bytes the layout requires.
+        bytes: usize,
+    },
+    /// Offsets are negative, not monotonic, or point past their target.
+    #[error("{path}: invalid offsets: {message}")]
+    InvalidOffsets {
+        /// Where in the array.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The schema is malformed (e.g. a format string that does not parse).
+    #[error("invalid schema: {0}")]
+    Schema(#[source] ArrowError),
+    /// The data does not pass arrow-rs validation, or another arrow-rs error.
+    #[error(transparent)]
+    Arrow(#[from] ArrowError),
+    /// A stream or async callback of a foreign producer or consumer returned an error code.
+    #[error("{operation} failed with code {code} ({}): {message}", errno_name(*.code))]
+    Callback {
+        /// The callback (`get_next`, `on_schema`, ...).
+        operation: &'static str,
+        /// The errno-compatible code.
+        code: i32,
+        /// The peer's message (from `get_last_error` or `on_error`), or empty.
+        message: String,
+    },
+    /// The peer broke the protocol (e.g. called a callback twice, or out of order).
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// A Rust panic was caught at the C boundary.
+    #[error("panic caught at the C boundary: {0}")]
+    Panic(String),
+    /// Invalid argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A device-specific failure (CUDA errors and the like), from the device crates.
+    #[error("{device} error: {message}")]
+    Device {
+        /// The device (e.g. `CUDA`).
+        device: &'static str,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// `Result` with devarrow's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The errno-compatible code this error is reported as across the C boundary.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Callback { code, .. } => *code,
+            Error::UnsupportedDevice { .. } => errno::ENOSYS,
+            Error::Panic(_) | Error::Device { .. } => errno::EIO,
+            Error::Arrow(ArrowError::IoError(..)) => errno::EIO,
+            Error::Arrow(ArrowError::MemoryError(_)) => errno::ENOMEM,
+            _ => errno::EINVAL,
+        }
+    }
+
+    /// Turns a caught panic payload into [`Error::Panic`].
+    pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let msg = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "non-string panic payload".to_string()
+        };
+        Error::Panic(msg)
+    }
+}
+
+/// The errno values the interface uses (Linux numbering, as the C side sees them).
+pub mod errno {
+    /// I/O error: a failure of the producer's source.
+    pub const EIO: i32 = 5;
+    /// Out of memory.
+    pub const ENOMEM: i32 = 12;
+    /// Invalid argument: malformed data or a bad call.
+    pub const EINVAL: i32 = 22;
+    /// Function not implemented: an unsupported device or feature.
+    pub const ENOSYS: i32 = 38;
+    /// Operation canceled.
+    pub const ECANCELED: i32 = 125;
+}
+
+fn errno_name(code: i32) -> &'static str {
+    match code {
+        errno::EIO => "EIO",
+        errno::ENOMEM => "ENOMEM",
+        errno::EINVAL => "EINVAL",
+        errno::ENOSYS => "ENOSYS",
+        errno::ECANCELED => "ECANCELED",
+        _ => "errno",
+    }
+}

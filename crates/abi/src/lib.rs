@@ -1,0 +1,22 @@
+//! # devarrow-abi
+//!
+//! The Apache Arrow C Device Data Interface in Rust: the `#[repr(C)]` structs of the
+//! canonical `abi.h` ([`abi`]), owning wrappers that release exactly once
+//! ([`DeviceArray`], [`DeviceArrayStream`]), validation of imported arrays against
+//! their schema ([`layout`]), and the CPU device end to end: arrays and record batches
+//! ([`cpu`]), the device stream ([`stream`]) and the async device stream
+//! ([`async_stream`]).
+#![warn(missing_docs)]
+
+pub mod abi;
+mod device_array;
+pub mod device_type;
+pub mod error;
+
+pub use abi::{
+    ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
+    ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
+};
+pub use device_array::DeviceArray;
+pub use device_type::ArrowDeviceType;
+pub use error::{Error, Result};

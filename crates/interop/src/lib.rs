@@ -1,0 +1,1 @@
+//! C-ABI entry points used by the pyarrow interoperability tests.
