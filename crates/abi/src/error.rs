@@ -186,3 +186,12 @@ fn errno_name(code: i32) -> &'static str {
         _ => "errno",
     }
 }
+
+impl From<Error> for ArrowError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Arrow(a) => a,
+            e => ArrowError::ExternalError(Box::new(e)),
+        }
+    }
+}

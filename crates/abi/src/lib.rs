@@ -20,3 +20,7 @@ pub use abi::{
 pub use device_array::DeviceArray;
 pub use device_type::ArrowDeviceType;
 pub use error::{Error, Result};
+pub mod boundary;
+pub mod cpu;
+pub mod layout;
+pub mod stream;

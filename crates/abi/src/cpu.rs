@@ -1,0 +1,182 @@
+//! The CPU device: arrow-rs arrays and record batches as `ArrowDeviceArray`s with
+//! `ARROW_DEVICE_CPU`, `device_id` -1 and a NULL `sync_event`, zero-copy both ways.
+//!
+//! A record batch travels as a struct array whose top-level schema carries the batch's
+//! metadata (spec: "Record batches").
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use arrow_array::ffi::from_ffi_and_data_type;
+use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StructArray};
+use arrow_data::ffi::FFI_ArrowArray;
+use arrow_data::ArrayData;
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::abi::ArrowDeviceType;
+use crate::device_array::DeviceArray;
+use crate::error::{Error, Result};
+use crate::layout;
+
+/// The `device_id` of CPU arrays.
+pub const CPU_DEVICE_ID: i64 = -1;
+
+/// Exports arrow-rs array data as a CPU device array, zero-copy (the buffers are shared
+/// with `data` and kept alive until `release`).
+pub fn export_array_data(data: &ArrayData) -> DeviceArray {
+    DeviceArray::from_ffi(
+        FFI_ArrowArray::new(data),
+        ArrowDeviceType::CPU,
+        CPU_DEVICE_ID,
+        std::ptr::null_mut(),
+    )
+    .expect("FFI_ArrowArray::new always returns an unreleased array")
+}
+
+/// Exports an arrow-rs array and the schema of its type as a CPU device array.
+pub fn export_array(array: &dyn Array) -> Result<(DeviceArray, FFI_ArrowSchema)> {
+    let data = array.to_data();
+    let schema = FFI_ArrowSchema::try_from(data.data_type())?;
+    Ok((export_array_data(&data), schema))
+}
+
+/// Exports an array with its field (name, nullability, metadata such as extension types).
+pub fn export_field_array(
+    field: &Field,
+    array: &dyn Array,
+) -> Result<(DeviceArray, FFI_ArrowSchema)> {
+    if field.data_type() != array.data_type() {
+        return Err(Error::InvalidArgument(format!(
+            "field {:?} is {} but the array is {}",
+            field.name(),
+            field.data_type(),
+            array.data_type()
+        )));
+    }
+    let schema = FFI_ArrowSchema::try_from(field)?;
+    Ok((export_array_data(&array.to_data()), schema))
+}
+
+/// Exports a record batch as a CPU struct array plus its schema (metadata included).
+pub fn export_record_batch(batch: &RecordBatch) -> Result<(DeviceArray, FFI_ArrowSchema)> {
+    let schema = FFI_ArrowSchema::try_from(batch.schema().as_ref())?;
+    Ok((export_batch_array(batch), schema))
+}
+
+/// Exports only the struct array of a record batch (no schema): what a stream sends after
+/// its schema.
+pub fn export_batch_array(batch: &RecordBatch) -> DeviceArray {
+    export_array_data(&StructArray::from(batch.clone()).into_data())
+}
+
+fn check_cpu(array: &DeviceArray) -> Result<()> {
+    if array.device_type() != ArrowDeviceType::CPU {
+        return Err(Error::UnsupportedDevice {
+            found: array.device_type(),
+            accepted: ArrowDeviceType::CPU.to_string(),
+        });
+    }
+    if !array.sync_event().is_null() {
+        return Err(Error::UnexpectedSyncEvent {
+            device_type: array.device_type(),
+        });
+    }
+    Ok(())
+}
+
+/// Imports a CPU device array of type `data_type`, zero-copy, after validating it.
+///
+/// The array is consumed: on success its release runs when the last arrow-rs buffer
+/// sharing it drops; on error it is released before returning.
+pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayRef> {
+    check_cpu(&array)?;
+    // SAFETY: CPU buffers are host-readable; the C data interface sizes them from the
+    // structs, which `validate_host_offsets` checks before reading any offset.
+    unsafe { layout::validate_host_offsets(array.array(), data_type, "array")? };
+    let (ffi, ..) = array.into_ffi();
+    let data_type = data_type.clone();
+    // arrow-rs asserts on some malformed input; a panic must not escape. The FFI array is
+    // moved into arrow-rs and released by it (also while unwinding).
+    let data = catch_unwind(AssertUnwindSafe(move || {
+        // SAFETY: the structure and the offsets were validated against `data_type` above,
+        // so arrow-rs reads only buffer ranges the C data interface guarantees.
+        unsafe { from_ffi_and_data_type(ffi, data_type) }
+    }))
+    .map_err(Error::from_panic)??;
+    data.validate_full()?;
+    Ok(make_array(data))
+}
+
+/// Fails with [`Error::Released`] for a released schema (whose fields must not be read).
+pub fn check_schema(schema: &FFI_ArrowSchema) -> Result<()> {
+    if schema.release().is_none() {
+        return Err(Error::Released {
+            what: "ArrowSchema",
+        });
+    }
+    Ok(())
+}
+
+/// Imports a CPU device array with its schema, zero-copy, after validating it against
+/// the schema. The array is consumed (released on error).
+pub fn import_array(array: DeviceArray, schema: &FFI_ArrowSchema) -> Result<ArrayRef> {
+    check_schema(schema)?;
+    let data_type = DataType::try_from(schema).map_err(Error::Schema)?;
+    import_array_as(array, &data_type)
+}
+
+/// Imports a CPU device array with its schema as a field (name, nullability, metadata)
+/// and an array.
+pub fn import_field_array(
+    array: DeviceArray,
+    schema: &FFI_ArrowSchema,
+) -> Result<(Field, ArrayRef)> {
+    check_schema(schema)?;
+    let field = Field::try_from(schema).map_err(Error::Schema)?;
+    let array = import_array_as(array, field.data_type())?;
+    Ok((field, array))
+}
+
+/// Imports a CPU struct array with its schema as a record batch (schema metadata kept).
+/// The array is consumed (released on error).
+pub fn import_record_batch(array: DeviceArray, schema: &FFI_ArrowSchema) -> Result<RecordBatch> {
+    check_schema(schema)?;
+    let schema = Schema::try_from(schema).map_err(Error::Schema)?;
+    import_record_batch_with_schema(array, Arc::new(schema))
+}
+
+/// Imports a CPU struct array as a record batch of a schema already known (as in a stream).
+pub fn import_record_batch_with_schema(
+    array: DeviceArray,
+    schema: SchemaRef,
+) -> Result<RecordBatch> {
+    let struct_type = DataType::Struct(schema.fields().clone());
+    let imported = import_array_as(array, &struct_type)?;
+    struct_array_to_batch(imported, schema)
+}
+
+/// Turns an imported struct array into a record batch of `schema`.
+pub fn struct_array_to_batch(array: ArrayRef, schema: SchemaRef) -> Result<RecordBatch> {
+    if array.null_count() > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a record batch cannot have top-level nulls, but the struct array has {}",
+            array.null_count()
+        )));
+    }
+    let struct_array = array
+        .as_any()
+        .downcast_ref::<StructArray>()
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "expected a struct array, got {}",
+                array.data_type()
+            ))
+        })?;
+    let options = RecordBatchOptions::new().with_row_count(Some(struct_array.len()));
+    Ok(RecordBatch::try_new_with_options(
+        schema,
+        struct_array.columns().to_vec(),
+        &options,
+    )?)
+}

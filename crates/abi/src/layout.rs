@@ -1,0 +1,422 @@
+//! Validation of an imported `ArrowArray` against the data type of its schema.
+//!
+//! Two levels, so device data can be checked without touching the device:
+//! - [`validate_structure`] reads only the structs (which live in CPU memory even for
+//!   device arrays): buffer and child counts, the dictionary, `length`, `offset` and
+//!   `null_count`, and NULL buffers where the layout needs bytes whose size is known from
+//!   the structs alone. Safe for any device type.
+//! - [`validate_host_offsets`] additionally reads offset buffers (so only for memory the
+//!   host can read): offsets must be non-negative, monotonic, and within their child.
+//!
+//! After both pass, arrow-rs can import the array without reading out of bounds, and its
+//! `validate_full` checks the rest (UTF-8, dictionary keys, union type ids, ...).
+
+use std::ffi::c_void;
+
+use arrow_schema::{DataType, UnionMode};
+
+use crate::abi::ArrowArray;
+use crate::error::{Error, Result};
+
+/// What a buffer of a layout holds; used in error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferRole {
+    /// The validity bitmap (may be NULL when there are no nulls).
+    Validity,
+    /// Fixed-width values (bits for Boolean).
+    Values,
+    /// 32- or 64-bit offsets into a child or a data buffer.
+    Offsets,
+    /// List-view sizes.
+    Sizes,
+    /// Variable-length bytes.
+    Data,
+    /// Union type ids.
+    TypeIds,
+    /// 16-byte views of a view type.
+    Views,
+    /// The int64 lengths of a view type's variadic buffers.
+    VariadicSizes,
+}
+
+impl BufferRole {
+    /// A lower-case name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferRole::Validity => "validity",
+            BufferRole::Values => "values",
+            BufferRole::Offsets => "offsets",
+            BufferRole::Sizes => "sizes",
+            BufferRole::Data => "data",
+            BufferRole::TypeIds => "type ids",
+            BufferRole::Views => "views",
+            BufferRole::VariadicSizes => "variadic buffer sizes",
+        }
+    }
+}
+
+/// The fixed buffers the C data interface gives an array of `data_type` (views and their
+/// variadic buffers: the fixed part only).
+pub fn buffer_roles(data_type: &DataType) -> Vec<BufferRole> {
+    use BufferRole::*;
+    match data_type {
+        DataType::Null | DataType::RunEndEncoded(_, _) => vec![],
+        DataType::Struct(_) | DataType::FixedSizeList(_, _) => vec![Validity],
+        DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
+            vec![Validity, Offsets, Data]
+        }
+        DataType::Utf8View | DataType::BinaryView => vec![Validity, Views],
+        DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => {
+            vec![Validity, Offsets]
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => vec![Validity, Offsets, Sizes],
+        DataType::Union(_, UnionMode::Sparse) => vec![TypeIds],
+        DataType::Union(_, UnionMode::Dense) => vec![TypeIds, Offsets],
+        DataType::Dictionary(key, _) => buffer_roles(key),
+        _ => vec![Validity, Values],
+    }
+}
+
+/// The bit width of the values buffer of a fixed-width type, if it is one.
+pub fn fixed_bit_width(data_type: &DataType) -> Option<usize> {
+    Some(match data_type {
+        DataType::Boolean => 1,
+        DataType::FixedSizeBinary(n) => (*n as usize) * 8,
+        dt => dt.primitive_width()? * 8,
+    })
+}
+
+fn offset_width(data_type: &DataType) -> usize {
+    match data_type {
+        DataType::LargeUtf8
+        | DataType::LargeBinary
+        | DataType::LargeList(_)
+        | DataType::LargeListView(_) => 8,
+        _ => 4,
+    }
+}
+
+/// The children the C data interface gives an array of `data_type`, with their types.
+pub fn child_types(data_type: &DataType) -> Vec<&DataType> {
+    match data_type {
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => vec![f.data_type()],
+        DataType::Struct(fields) => fields.iter().map(|f| f.data_type()).collect(),
+        DataType::Union(fields, _) => fields.iter().map(|(_, f)| f.data_type()).collect(),
+        DataType::RunEndEncoded(r, v) => vec![r.data_type(), v.data_type()],
+        _ => vec![],
+    }
+}
+
+fn child_path(path: &str, i: usize) -> String {
+    format!("{path}.children[{i}]")
+}
+
+/// Checks the structs of `array` against `data_type` without reading any buffer.
+///
+/// `path` names the array in error messages (e.g. `"array"`).
+pub fn validate_structure(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+    if array.is_released() {
+        return Err(Error::Released { what: "ArrowArray" });
+    }
+    validate_node(array, data_type, path)
+}
+
+fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+    let invalid = |field: &'static str, value: i64| Error::InvalidField {
+        path: path.to_string(),
+        field,
+        value,
+    };
+    if array.length < 0 {
+        return Err(invalid("length", array.length));
+    }
+    if array.offset < 0 {
+        return Err(invalid("offset", array.offset));
+    }
+    if array.length.checked_add(array.offset).is_none() {
+        return Err(invalid("offset", array.offset));
+    }
+    if array.null_count < -1 || array.null_count > array.length {
+        return Err(invalid("null_count", array.null_count));
+    }
+
+    // Buffers.
+    let roles = buffer_roles(data_type);
+    let variadic = matches!(data_type, DataType::Utf8View | DataType::BinaryView);
+    let count_ok = if variadic {
+        array.n_buffers > roles.len() as i64
+    } else {
+        array.n_buffers == roles.len() as i64
+    };
+    if !count_ok {
+        return Err(Error::BufferCount {
+            path: path.to_string(),
+            data_type: data_type.to_string(),
+            expected: if variadic {
+                format!("at least {}", roles.len() + 1)
+            } else {
+                roles.len().to_string()
+            },
+            found: array.n_buffers,
+        });
+    }
+    if array.n_buffers > 0 && array.buffers.is_null() {
+        return Err(Error::NullPointer {
+            what: "ArrowArray.buffers",
+        });
+    }
+    let end = (array.offset + array.length) as usize;
+    let value_type = match data_type {
+        DataType::Dictionary(key, _) => key.as_ref(),
+        dt => dt,
+    };
+    for (index, role) in roles.iter().enumerate() {
+        let bytes = match role {
+            BufferRole::Validity => {
+                if array.null_count == 0 {
+                    0
+                } else {
+                    end.div_ceil(8)
+                }
+            }
+            BufferRole::Values => fixed_bit_width(value_type)
+                .map(|bits| (end * bits).div_ceil(8))
+                .unwrap_or(0),
+            BufferRole::Offsets => match data_type {
+                DataType::Union(_, _) => end * 4,
+                DataType::ListView(_) | DataType::LargeListView(_) => end * offset_width(data_type),
+                _ => (end + 1) * offset_width(data_type),
+            },
+            BufferRole::Sizes => end * offset_width(data_type),
+            BufferRole::TypeIds => end,
+            BufferRole::Views => end * 16,
+            // Sized by the offsets; checked by `validate_host_offsets`.
+            BufferRole::Data | BufferRole::VariadicSizes => 0,
+        };
+        if bytes > 0 && array.buffer(index).is_null() {
+            return Err(Error::NullBuffer {
+                path: path.to_string(),
+                index,
+                role: role.name(),
+                bytes,
+            });
+        }
+    }
+    if variadic {
+        let sizes_index = array.n_buffers as usize - 1;
+        if sizes_index > roles.len() && array.buffer(sizes_index).is_null() {
+            return Err(Error::NullBuffer {
+                path: path.to_string(),
+                index: sizes_index,
+                role: BufferRole::VariadicSizes.name(),
+                bytes: (sizes_index - roles.len()) * 8,
+            });
+        }
+    }
+
+    // Children.
+    let children = child_types(data_type);
+    if array.n_children != children.len() as i64 {
+        return Err(Error::ChildCount {
+            path: path.to_string(),
+            data_type: data_type.to_string(),
+            expected: children.len(),
+            found: array.n_children,
+        });
+    }
+    for (i, child_type) in children.iter().enumerate() {
+        let child_path = child_path(path, i);
+        let child = array.child(i).ok_or_else(|| Error::NullPointer {
+            what: "ArrowArray child",
+        })?;
+        if child.is_released() {
+            return Err(Error::Released {
+                what: "ArrowArray child",
+            });
+        }
+        validate_node(child, child_type, &child_path)?;
+        // Children that are indexed positionally must be long enough.
+        let needed = match data_type {
+            DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(end),
+            DataType::FixedSizeList(_, n) => Some(end * (*n as usize)),
+            _ => None,
+        };
+        if let Some(needed) = needed {
+            if (child.length as usize) < needed {
+                return Err(Error::InvalidField {
+                    path: child_path,
+                    field: "length",
+                    value: child.length,
+                });
+            }
+        }
+    }
+
+    // Dictionary.
+    match (data_type, array.dictionary()) {
+        (DataType::Dictionary(_, value_type), Some(dict)) => {
+            let dict_path = format!("{path}.dictionary");
+            if dict.is_released() {
+                return Err(Error::Released {
+                    what: "ArrowArray dictionary",
+                });
+            }
+            validate_node(dict, value_type, &dict_path)?;
+        }
+        (DataType::Dictionary(_, _), None) => {
+            return Err(Error::Dictionary {
+                path: path.to_string(),
+                message: "dictionary-encoded array has no dictionary".into(),
+            })
+        }
+        (_, Some(_)) => {
+            return Err(Error::Dictionary {
+                path: path.to_string(),
+                message: format!("a {data_type} array must not have a dictionary"),
+            })
+        }
+        (_, None) => {}
+    }
+    Ok(())
+}
+
+/// Checks what [`validate_structure`] checks, then reads the offsets of every
+/// variable-length array: they must be non-negative, monotonic, within the child for
+/// lists, and the data buffer must be non-NULL when they address bytes.
+///
+/// # Safety
+/// The buffers must be readable by the host CPU (CPU, `CUDA_HOST` or `CUDA_MANAGED` after
+/// synchronization) and at least as large as the C data interface says for the structs.
+pub unsafe fn validate_host_offsets(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &str,
+) -> Result<()> {
+    validate_structure(array, data_type, path)?;
+    // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
+    unsafe { check_offsets_node(array, data_type, path) }
+}
+
+/// Reads `count` little-endian offsets of `width` bytes starting at item `start`.
+///
+/// # Safety
+/// `ptr` must be valid for reads of `(start + count) * width` bytes.
+unsafe fn read_offsets(ptr: *const c_void, width: usize, start: usize, count: usize) -> Vec<i64> {
+    if width == 4 {
+        // SAFETY: the caller guarantees the range is readable; `read_unaligned` needs no
+        // alignment from a foreign producer.
+        (start..start + count)
+            .map(|i| unsafe { (ptr as *const i32).add(i).read_unaligned() } as i64)
+            .collect()
+    } else {
+        // SAFETY: as above, for 8-byte offsets.
+        (start..start + count)
+            .map(|i| unsafe { (ptr as *const i64).add(i).read_unaligned() })
+            .collect()
+    }
+}
+
+unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+    let bad = |message: String| Error::InvalidOffsets {
+        path: path.to_string(),
+        message,
+    };
+    let start = array.offset as usize;
+    let len = array.length as usize;
+    match data_type {
+        DataType::Utf8
+        | DataType::Binary
+        | DataType::LargeUtf8
+        | DataType::LargeBinary
+        | DataType::List(_)
+        | DataType::LargeList(_)
+        | DataType::Map(_, _) => {
+            let width = offset_width(data_type);
+            // SAFETY: validate_structure checked the offsets buffer is non-NULL, and the C
+            // data interface sizes it for offset + length + 1 items.
+            let offsets = unsafe { read_offsets(array.buffer(1), width, start, len + 1) };
+            if offsets[0] < 0 {
+                return Err(bad(format!("first offset {} is negative", offsets[0])));
+            }
+            if let Some(i) = offsets.windows(2).position(|w| w[1] < w[0]) {
+                return Err(bad(format!(
+                    "offsets decrease at item {i}: {} then {}",
+                    offsets[i],
+                    offsets[i + 1]
+                )));
+            }
+            let last = offsets[len];
+            match data_type {
+                DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => {
+                    let child = array.child(0).expect("checked by validate_structure");
+                    if last > child.length {
+                        return Err(bad(format!(
+                            "last offset {last} is past the end of the child (length {})",
+                            child.length
+                        )));
+                    }
+                }
+                _ => {
+                    if last > offsets[0] && array.buffer(2).is_null() {
+                        return Err(Error::NullBuffer {
+                            path: path.to_string(),
+                            index: 2,
+                            role: BufferRole::Data.name(),
+                            bytes: last as usize,
+                        });
+                    }
+                }
+            }
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            let width = offset_width(data_type);
+            // SAFETY: offsets and sizes hold offset + length items (checked non-NULL).
+            let offsets = unsafe { read_offsets(array.buffer(1), width, start, len) };
+            // SAFETY: as above, for the sizes buffer.
+            let sizes = unsafe { read_offsets(array.buffer(2), width, start, len) };
+            let child_len = array.child(0).map(|c| c.length).unwrap_or(0);
+            for (i, (&o, &s)) in offsets.iter().zip(&sizes).enumerate() {
+                if o < 0 || s < 0 || o.checked_add(s).is_none_or(|e| e > child_len) {
+                    return Err(bad(format!(
+                        "list view {i} (offset {o}, size {s}) is outside the child (length {child_len})"
+                    )));
+                }
+            }
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            let n_variadic = array.n_buffers as usize - 3;
+            let sizes_ptr = array.buffer(array.n_buffers as usize - 1);
+            // SAFETY: the variadic sizes buffer holds one int64 per variadic buffer.
+            let sizes = unsafe { read_offsets(sizes_ptr, 8, 0, n_variadic) };
+            for (i, &s) in sizes.iter().enumerate() {
+                if s < 0 {
+                    return Err(bad(format!("variadic buffer {i} has negative size {s}")));
+                }
+                if s > 0 && array.buffer(2 + i).is_null() {
+                    return Err(Error::NullBuffer {
+                        path: path.to_string(),
+                        index: 2 + i,
+                        role: BufferRole::Data.name(),
+                        bytes: s as usize,
+                    });
+                }
+            }
+        }
+        _ => {}
+    }
+    for (i, child_type) in child_types(data_type).into_iter().enumerate() {
+        let child = array.child(i).expect("checked by validate_structure");
+        // SAFETY: same guarantees as for the parent.
+        unsafe { check_offsets_node(child, child_type, &child_path(path, i))? };
+    }
+    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, array.dictionary()) {
+        // SAFETY: same guarantees as for the parent.
+        unsafe { check_offsets_node(dict, value_type, &format!("{path}.dictionary"))? };
+    }
+    Ok(())
+}
