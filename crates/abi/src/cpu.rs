@@ -104,8 +104,33 @@ pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<Array
         unsafe { from_ffi_and_data_type(ffi, data_type) }
     }))
     .map_err(Error::from_panic)??;
+    let data = normalize_empty(data);
     data.validate_full()?;
     Ok(make_array(data))
+}
+
+/// Replaces every zero-length node of `data` with a canonical empty array.
+///
+/// A zero-length variable-length array may legally carry a nonzero first offset (an
+/// empty slice exports that way), but arrow-rs imports its values buffer as empty when the
+/// C `offset` is 0 and then rejects the offsets. Nothing of a zero-length node is visible,
+/// so replacing it loses nothing.
+fn normalize_empty(data: ArrayData) -> ArrayData {
+    if data.is_empty() {
+        return ArrayData::new_empty(data.data_type());
+    }
+    let children = data.child_data();
+    if !children
+        .iter()
+        .any(|c| c.is_empty() || !c.child_data().is_empty())
+    {
+        return data;
+    }
+    let children: Vec<ArrayData> = children.iter().cloned().map(normalize_empty).collect();
+    // SAFETY: only zero-length children are replaced, by valid empty arrays of the same
+    // type; lengths, offsets and buffers of every node are unchanged otherwise, and the
+    // result is validated in full by the caller.
+    unsafe { data.into_builder().child_data(children).build_unchecked() }
 }
 
 /// Fails with [`Error::Released`] for a released schema (whose fields must not be read).

@@ -1,0 +1,46 @@
+//! Test support: counting release calls of exported arrays.
+#![allow(dead_code)]
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use devarrow_abi::{ArrowArray, DeviceArray};
+
+struct Counted {
+    release: unsafe extern "C" fn(*mut ArrowArray),
+    private_data: *mut c_void,
+    count: Arc<AtomicUsize>,
+}
+
+unsafe extern "C" fn counting_release(array: *mut ArrowArray) {
+    // SAFETY: installed by `count_releases` on an unreleased array whose private data is a
+    // Box<Counted>; the original release and private data are restored before chaining.
+    unsafe {
+        let array = &mut *array;
+        let counted = Box::from_raw(array.private_data.cast::<Counted>());
+        array.private_data = counted.private_data;
+        array.release = Some(counted.release);
+        (counted.release)(array);
+        counted.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Wraps the release callback of `array` so calls are counted.
+pub fn count_releases(array: DeviceArray) -> (DeviceArray, Arc<AtomicUsize>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut raw = array.into_raw();
+    let counted = Box::new(Counted {
+        release: raw.array.release.expect("unreleased"),
+        private_data: raw.array.private_data,
+        count: count.clone(),
+    });
+    raw.array.private_data = Box::into_raw(counted).cast();
+    raw.array.release = Some(counting_release);
+    (DeviceArray::try_new(raw).unwrap(), count)
+}
+
+/// The number of release calls so far.
+pub fn releases(count: &Arc<AtomicUsize>) -> usize {
+    count.load(Ordering::SeqCst)
+}
