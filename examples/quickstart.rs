@@ -12,7 +12,10 @@ use devarrow::abi::{cpu, ArrowDeviceArray};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch = RecordBatch::try_from_iter([
         ("id", Arc::new(Int32Array::from(vec![1, 2, 3])) as ArrayRef),
-        ("name", Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])) as ArrayRef),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])) as ArrayRef,
+        ),
     ])?;
 
     // Export: an owned ArrowDeviceArray (ARROW_DEVICE_CPU) plus its ArrowSchema.
@@ -33,7 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(back, batch);
 
     // The device stream: any RecordBatchReader becomes an ArrowDeviceArrayStream.
-    let reader = RecordBatchIterator::new(vec![Ok(batch.clone()), Ok(batch.slice(1, 2))], batch.schema());
+    let reader = RecordBatchIterator::new(
+        vec![Ok(batch.clone()), Ok(batch.slice(1, 2))],
+        batch.schema(),
+    );
     let stream = export_reader(Box::new(reader));
     let rows: usize = DeviceArrayStreamReader::try_new(stream)?
         .map(|b| b.map(|b| b.num_rows()))

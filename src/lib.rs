@@ -1,8 +1,11 @@
-//! # devarrow
-//!
-//! The Apache Arrow C Device Data Interface on CUDA, for arrow-rs. This facade re-exports
-//! the workspace's crates: [`abi`] (the C ABI, owning wrappers, the CPU device), [`cuda`]
-//! (CUDA memory, events and kernels) and [`bridge`] (record batches to a device and back).
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 pub use devarrow_abi as abi;
 pub use devarrow_bridge as bridge;
 pub use devarrow_cuda as cuda;
+
+/// A one-line description of the CUDA devices of this machine, or why there are none
+/// (no driver, no device). Never panics.
+pub fn cuda_device_summary() -> Result<String, String> {
+    Err("CUDA support is not built yet".to_string())
+}
