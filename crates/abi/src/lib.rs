@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+pub mod async_stream;
 mod device_array;
 pub mod device_type;
 pub mod error;

@@ -1,0 +1,775 @@
+//! The consumer side: an `ArrowAsyncDeviceStreamHandler` whose callbacks feed a Rust
+//! [`futures::Stream`].
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use arrow_array::RecordBatch;
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{ArrowError, Schema, SchemaRef};
+use futures::Stream;
+
+use super::lock;
+use crate::abi::{
+    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
+    ArrowDeviceType, ArrowSchema,
+};
+use crate::boundary::{catch_panic, swallow_panic};
+use crate::cpu;
+use crate::device_array::DeviceArray;
+use crate::error::{errno, Error, Result};
+
+/// Why a stream ended early; turned into a fresh [`Error`] wherever it is reported.
+#[derive(Clone, Debug)]
+enum Failure {
+    /// The producer called `on_error`.
+    Producer { code: c_int, message: String },
+    /// The producer broke the protocol.
+    Protocol(String),
+    /// The schema from `on_schema` could not be imported.
+    Schema(String),
+    /// `release` came before the end of the stream (the producer was cancelled).
+    Truncated,
+}
+
+impl Failure {
+    fn to_error(&self) -> Error {
+        match self {
+            Failure::Producer { code, message } => Error::Callback {
+                operation: "on_error",
+                code: *code,
+                message: message.clone(),
+            },
+            Failure::Protocol(message) => Error::Protocol(message.clone()),
+            Failure::Schema(message) => Error::Schema(ArrowError::SchemaError(message.clone())),
+            Failure::Truncated => Error::Callback {
+                operation: "release",
+                code: errno::ECANCELED,
+                message: "the producer released the handler before the end of the stream \
+                          (it was cancelled)"
+                    .into(),
+            },
+        }
+    }
+}
+
+/// A task copied out of `on_next_task`, extracted when the Rust side takes it.
+struct QueuedTask(ArrowAsyncTask);
+
+// SAFETY: the spec lets a consumer extract a task on whichever thread it likes (that is
+// the point of tasks); the struct is two plain words.
+unsafe impl Send for QueuedTask {}
+
+impl QueuedTask {
+    /// Calls `extract_data` once, with `out` (or NULL to discard the data).
+    fn extract(mut self, out: *mut ArrowDeviceArray) -> c_int {
+        match self.0.extract_data {
+            // SAFETY: the copy of a task from `on_next_task` is extracted exactly once
+            // (this consumes it); `out` is NULL or a writable ArrowDeviceArray.
+            Some(extract) => unsafe { extract(&mut self.0, out) },
+            None => errno::EINVAL,
+        }
+    }
+}
+
+enum Event {
+    Task(QueuedTask),
+    Failed(Failure),
+    End,
+}
+
+#[derive(Default)]
+struct State {
+    schema: Option<SchemaRef>,
+    device_type: Option<ArrowDeviceType>,
+    /// Units requested from the producer so far, and tasks received.
+    requested: u64,
+    received: u64,
+    queue: VecDeque<Event>,
+    /// The NULL task, an error or `release` was seen: nothing more is accepted.
+    finished: bool,
+    /// Set with `finished` when it happened before `on_schema`.
+    schema_failure: Option<Failure>,
+    /// The Rust stream was dropped.
+    dropped: bool,
+    stream_waker: Option<Waker>,
+    schema_wakers: Vec<Waker>,
+}
+
+impl State {
+    fn wake_all(&mut self) {
+        if let Some(w) = self.stream_waker.take() {
+            w.wake();
+        }
+        for w in self.schema_wakers.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Ends the stream with `failure` unless it has ended already.
+    fn fail(&mut self, failure: Failure) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        if self.schema.is_none() {
+            self.schema_failure = Some(failure.clone());
+        }
+        if !self.dropped {
+            self.queue.push_back(Event::Failed(failure));
+        }
+        self.wake_all();
+    }
+}
+
+/// The producer struct of the handler, guarded so that it is never used once released.
+struct ProducerSlot {
+    /// Set in `on_schema`, cleared in `release`.
+    ptr: *mut ArrowAsyncProducer,
+    cancelled: bool,
+    consumer_dropped: bool,
+}
+
+thread_local! {
+    /// The `Shared` whose producer this thread is calling (`request`/`cancel`), if any:
+    /// lets a `release` from inside those calls avoid locking the slot it holds.
+    static CALLING_PRODUCER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// What the C handler (through `private_data`) and the Rust stream share.
+struct Shared {
+    capacity: u64,
+    /// The C struct; owned here, freed when the last of the two sides lets go.
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    producer: Mutex<ProducerSlot>,
+    /// `release` was called from inside a producer call of this thread.
+    released_in_call: AtomicBool,
+    state: Mutex<State>,
+}
+
+// SAFETY: `handler` is a heap struct only read through atomics or by the producer, and
+// the producer pointer is only used under the `producer` mutex; all else is Mutex-guarded.
+unsafe impl Send for Shared {}
+// SAFETY: as above; every shared access goes through a Mutex or an atomic.
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: `handler` came from Box::into_raw in `async_handler`; this is the last
+        // owner (the C side gave its reference up in `release`).
+        drop(unsafe { Box::from_raw(self.handler) });
+    }
+}
+
+/// Resets [`CALLING_PRODUCER`] when a producer call returns (or unwinds).
+struct CallingGuard(usize);
+
+impl Drop for CallingGuard {
+    fn drop(&mut self) {
+        CALLING_PRODUCER.with(|c| c.set(self.0));
+    }
+}
+
+impl Shared {
+    /// Runs `f` on the producer slot, holding its lock; a `release` from inside `f` (on
+    /// this thread) clears the pointer when `f` returns.
+    fn with_producer<R>(&self, f: impl FnOnce(&mut ProducerSlot) -> R) -> R {
+        let mut slot = lock(&self.producer);
+        let me = self as *const Shared as usize;
+        let _guard = CallingGuard(CALLING_PRODUCER.with(|c| c.replace(me)));
+        let result = f(&mut slot);
+        if self.released_in_call.swap(false, Ordering::AcqRel) {
+            slot.ptr = std::ptr::null_mut();
+        }
+        result
+    }
+
+    /// Requests `n` more tasks, unless the stream is over.
+    fn request(&self, n: u64) {
+        {
+            let mut state = lock(&self.state);
+            if state.finished || state.dropped {
+                return;
+            }
+            // Counted before the call: tasks may arrive before `request` returns.
+            state.requested = state.requested.saturating_add(n);
+        }
+        self.with_producer(|slot| {
+            if slot.ptr.is_null() || slot.cancelled {
+                return;
+            }
+            // SAFETY: the pointer is set by `on_schema` and cleared by `release` under
+            // this lock, so the producer is live; `request` never calls the handler
+            // synchronously (spec).
+            if let Some(request) = unsafe { (*slot.ptr).request } {
+                // SAFETY: see above.
+                unsafe { request(slot.ptr, i64::try_from(n).unwrap_or(i64::MAX)) };
+            }
+        });
+    }
+
+    fn on_schema(
+        &self,
+        handler: *mut ArrowAsyncDeviceStreamHandler,
+        schema: Option<FFI_ArrowSchema>,
+    ) -> Result<()> {
+        // SAFETY: `handler` is our live struct; the producer populated `producer` before
+        // calling `on_schema` (spec).
+        let producer = unsafe { (*handler).producer };
+        let imported = {
+            let mut state = lock(&self.state);
+            if state.dropped {
+                return Err(Error::Callback {
+                    operation: "on_schema",
+                    code: errno::ECANCELED,
+                    message: "the consumer is gone".into(),
+                });
+            }
+            if state.finished || state.schema.is_some() {
+                let failure = Failure::Protocol("on_schema called twice or too late".into());
+                state.fail(failure.clone());
+                return Err(failure.to_error());
+            }
+            let imported = match (producer.is_null(), schema) {
+                (true, _) => Err(Failure::Protocol(
+                    "handler->producer was not set before on_schema".into(),
+                )),
+                (false, None) => Err(Failure::Protocol("on_schema got a NULL schema".into())),
+                (false, Some(ffi)) => Schema::try_from(&ffi)
+                    .map(Arc::new)
+                    .map_err(|e| Failure::Schema(e.to_string())),
+            };
+            match imported {
+                Ok(schema) => {
+                    state.schema = Some(schema);
+                    // SAFETY: checked non-null above; the producer is live during on_schema.
+                    state.device_type = Some(unsafe { (*producer).device_type });
+                    state.wake_all();
+                    Ok(())
+                }
+                Err(failure) => {
+                    state.fail(failure.clone());
+                    Err(failure.to_error())
+                }
+            }
+        };
+        imported?;
+        let dropped = self.with_producer(|slot| {
+            if !slot.consumer_dropped {
+                slot.ptr = producer;
+            }
+            slot.consumer_dropped
+        });
+        if dropped {
+            // The stream was dropped meanwhile: a non-zero return ends the producer.
+            return Err(Error::Callback {
+                operation: "on_schema",
+                code: errno::ECANCELED,
+                message: "the consumer is gone".into(),
+            });
+        }
+        self.request(self.capacity);
+        Ok(())
+    }
+
+    /// Returns the code for `on_next_task` and whether to discard the task (with NULL).
+    fn on_next_task(&self, task: Option<QueuedTask>) -> (c_int, Option<QueuedTask>) {
+        let mut state = lock(&self.state);
+        if state.dropped {
+            return (0, task);
+        }
+        if state.finished {
+            // After the end, an error or a release: ignore, but clean the task up.
+            return (errno::EINVAL, task);
+        }
+        if state.schema.is_none() {
+            state.fail(Failure::Protocol("on_next_task called before on_schema".into()));
+            return (errno::EINVAL, task);
+        }
+        let Some(task) = task else {
+            state.finished = true;
+            state.queue.push_back(Event::End);
+            state.wake_all();
+            return (0, None);
+        };
+        if task.0.extract_data.is_none() {
+            state.fail(Failure::Protocol("a task without extract_data".into()));
+            return (errno::EINVAL, None);
+        }
+        if state.received >= state.requested {
+            let message = format!(
+                "the producer sent more tasks than the {} requested",
+                state.requested
+            );
+            state.fail(Failure::Protocol(message));
+            return (errno::EINVAL, Some(task));
+        }
+        state.received += 1;
+        state.queue.push_back(Event::Task(task));
+        state.wake_all();
+        (0, None)
+    }
+
+    fn on_error(&self, code: c_int, message: String) {
+        let mut state = lock(&self.state);
+        state.fail(Failure::Producer { code, message });
+    }
+
+    fn on_release(&self) {
+        let me = self as *const Shared as usize;
+        if CALLING_PRODUCER.with(|c| c.get()) == me {
+            // Released from inside our own request/cancel call: the caller holds the slot
+            // and clears the pointer when the call returns.
+            self.released_in_call.store(true, Ordering::Release);
+        } else {
+            lock(&self.producer).ptr = std::ptr::null_mut();
+        }
+        let mut state = lock(&self.state);
+        if state.schema.is_none() {
+            state.fail(Failure::Protocol(
+                "the producer released the handler without calling on_schema or on_error".into(),
+            ));
+        } else {
+            state.fail(Failure::Truncated);
+        }
+        state.wake_all();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The C callbacks
+// ---------------------------------------------------------------------------------------
+
+/// The handler's `private_data`, read and written atomically.
+///
+/// # Safety
+/// `handler` must point to a live handler made by [`async_handler`].
+unsafe fn private_data<'a>(handler: *mut ArrowAsyncDeviceStreamHandler) -> &'a AtomicPtr<c_void> {
+    // SAFETY: per the contract the field is live and aligned; AtomicPtr has the layout of
+    // a raw pointer, and all our accesses to this field go through it.
+    unsafe { AtomicPtr::from_ptr(std::ptr::addr_of_mut!((*handler).private_data)) }
+}
+
+/// A new strong reference to the shared state, or `None` after `release`.
+///
+/// # Safety
+/// `handler` must be NULL or point to a live handler made by [`async_handler`].
+unsafe fn shared_of(handler: *mut ArrowAsyncDeviceStreamHandler) -> Option<Arc<Shared>> {
+    if handler.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let ptr = unsafe { private_data(handler) }.load(Ordering::Acquire) as *const Shared;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null private_data holds the C side's strong count, given up only in
+    // `release` (which nulls the field first); callbacks are serialized (spec).
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Some(Arc::from_raw(ptr))
+    }
+}
+
+fn code_of(result: Result<()>) -> c_int {
+    match result {
+        Ok(()) => 0,
+        Err(e) => match e.errno() {
+            0 => errno::EIO,
+            code => code,
+        },
+    }
+}
+
+unsafe extern "C" fn on_schema(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    schema: *mut ArrowSchema,
+) -> c_int {
+    code_of(catch_panic(|| {
+        // Take ownership of the schema first, so it is released whatever happens.
+        let schema = (!schema.is_null()).then(|| {
+            // SAFETY: a non-null schema is valid for the call; moving it out leaves a
+            // released struct behind (spec: the consumer moves it).
+            unsafe { FFI_ArrowSchema::from_raw(schema) }
+        });
+        // SAFETY: the producer calls us with our handler.
+        let shared = unsafe { shared_of(handler) }
+            .ok_or_else(|| Error::Protocol("on_schema called after release".into()))?;
+        shared.on_schema(handler, schema)
+    }))
+}
+
+unsafe extern "C" fn on_next_task(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    task: *mut ArrowAsyncTask,
+    _metadata: *const c_char,
+) -> c_int {
+    let mut code = errno::EINVAL;
+    let result = catch_panic(|| {
+        // SAFETY: a non-null task is valid during this call; a bitwise copy is how a
+        // consumer keeps it (spec), the producer's struct is not used again.
+        let copy = (!task.is_null()).then(|| QueuedTask(unsafe { std::ptr::read(task) }));
+        // SAFETY: the producer calls us with our handler.
+        let (rc, discard) = match unsafe { shared_of(handler) } {
+            Some(shared) => shared.on_next_task(copy),
+            None => (errno::EINVAL, copy),
+        };
+        code = rc;
+        if let Some(discard) = discard {
+            // The task must still be cleaned up by its producer.
+            discard.extract(std::ptr::null_mut());
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => code,
+        Err(e) => e.errno(),
+    }
+}
+
+unsafe extern "C" fn on_error(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    code: c_int,
+    message: *const c_char,
+    _metadata: *const c_char,
+) {
+    swallow_panic("in ArrowAsyncDeviceStreamHandler.on_error", || {
+        let message = if message.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a non-null message is a NUL-terminated string valid for this call;
+            // it is copied.
+            unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+        };
+        // SAFETY: the producer calls us with our handler.
+        if let Some(shared) = unsafe { shared_of(handler) } {
+            shared.on_error(code, message);
+        }
+    });
+}
+
+unsafe extern "C" fn release(handler: *mut ArrowAsyncDeviceStreamHandler) {
+    swallow_panic("in ArrowAsyncDeviceStreamHandler.release", || {
+        if handler.is_null() {
+            return;
+        }
+        // SAFETY: the producer calls us with our handler. Swapping NULL in first makes a
+        // second release (or any later callback) a no-op while the struct is alive.
+        let ptr = unsafe { private_data(handler) }.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if ptr.is_null() {
+            return;
+        }
+        // SAFETY: the pointer is the C side's strong count from `async_handler`, taken
+        // exactly once thanks to the swap above.
+        let shared = unsafe { Arc::from_raw(ptr as *const Shared) };
+        shared.on_release();
+        // Dropping the last reference frees the handler struct: nothing uses it after.
+        drop(shared);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------------------
+
+/// An `ArrowAsyncDeviceStreamHandler` made by [`async_handler`], not yet handed to a
+/// producer. Dropping it releases the handler (the stream then ends with an error).
+#[derive(Debug)]
+pub struct AsyncStreamHandler {
+    raw: *mut ArrowAsyncDeviceStreamHandler,
+}
+
+// SAFETY: the handler's callbacks are thread-safe (they lock the shared state) and may be
+// called from any thread (spec: serialized, not necessarily on the same thread).
+unsafe impl Send for AsyncStreamHandler {}
+
+impl AsyncStreamHandler {
+    /// Hands the handler over to a producer, which must call its `release` eventually.
+    /// The pointer stays valid until then.
+    pub fn into_raw(self) -> *mut ArrowAsyncDeviceStreamHandler {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.raw
+    }
+}
+
+impl Drop for AsyncStreamHandler {
+    fn drop(&mut self) {
+        // SAFETY: never handed over, so the handler is live and ours to release.
+        unsafe { release(self.raw) };
+    }
+}
+
+/// Creates a consumer: a handler to pass to an async producer, and the stream of the
+/// device arrays it receives.
+///
+/// The stream requests `capacity` tasks (at least 1) as soon as `on_schema` arrives and
+/// one more for each item taken, so at most `capacity` tasks are ever queued; each task's
+/// data is extracted when its item is polled. A producer's `on_error` becomes an
+/// [`Error::Callback`] item (`operation` `"on_error"`, its code and message), a protocol
+/// violation an [`Error::Protocol`] item, and a `release` before the end of the stream an
+/// [`Error::Callback`] with `ECANCELED`; the stream ends after such an item.
+pub fn async_handler(capacity: usize) -> (AsyncStreamHandler, AsyncDeviceArrayStream) {
+    let handler = Box::into_raw(Box::new(ArrowAsyncDeviceStreamHandler {
+        on_schema: Some(on_schema),
+        on_next_task: Some(on_next_task),
+        on_error: Some(on_error),
+        release: Some(release),
+        producer: std::ptr::null_mut(),
+        private_data: std::ptr::null_mut(),
+    }));
+    let shared = Arc::new(Shared {
+        capacity: u64::try_from(capacity.max(1)).unwrap_or(u64::MAX).min(i64::MAX as u64),
+        handler,
+        producer: Mutex::new(ProducerSlot {
+            ptr: std::ptr::null_mut(),
+            cancelled: false,
+            consumer_dropped: false,
+        }),
+        released_in_call: AtomicBool::new(false),
+        state: Mutex::new(State::default()),
+    });
+    // SAFETY: `handler` was just allocated; the C side's strong count goes into
+    // private_data and comes back out in `release`.
+    unsafe { (*handler).private_data = Arc::into_raw(shared.clone()) as *mut c_void };
+    (
+        AsyncStreamHandler { raw: handler },
+        AsyncDeviceArrayStream {
+            shared,
+            done: false,
+        },
+    )
+}
+
+/// [`async_handler`] read as arrow-rs record batches on the CPU (see
+/// [`AsyncDeviceArrayStream::into_record_batches`]).
+pub fn async_record_batch_handler(capacity: usize) -> (AsyncStreamHandler, AsyncRecordBatchStream) {
+    let (handler, stream) = async_handler(capacity);
+    (handler, stream.into_record_batches())
+}
+
+/// The device arrays an async producer delivers to a handler made by [`async_handler`],
+/// as a [`futures::Stream`].
+///
+/// Dropping it before the end extracts (with NULL) the tasks still queued and cancels the
+/// producer once; the producer's `release` then frees the handler.
+pub struct AsyncDeviceArrayStream {
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl std::fmt::Debug for AsyncDeviceArrayStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncDeviceArrayStream")
+            .field("capacity", &self.shared.capacity)
+            .field("device_type", &self.device_type())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncDeviceArrayStream {
+    /// The schema from `on_schema`: `Pending` until it arrives, an error when the stream
+    /// failed before it.
+    pub fn poll_schema(&self, cx: &mut Context<'_>) -> Poll<Result<SchemaRef>> {
+        let mut state = lock(&self.shared.state);
+        if let Some(schema) = &state.schema {
+            return Poll::Ready(Ok(schema.clone()));
+        }
+        if let Some(failure) = &state.schema_failure {
+            return Poll::Ready(Err(failure.to_error()));
+        }
+        if !state.schema_wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.schema_wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Waits for the schema (see [`AsyncDeviceArrayStream::poll_schema`]).
+    pub fn schema(&self) -> impl Future<Output = Result<SchemaRef>> + '_ {
+        futures::future::poll_fn(move |cx| self.poll_schema(cx))
+    }
+
+    /// The producer's device type, known once the schema has arrived.
+    pub fn device_type(&self) -> Option<ArrowDeviceType> {
+        lock(&self.shared.state).device_type
+    }
+
+    /// The most tasks ever queued (and requested ahead).
+    pub fn capacity(&self) -> usize {
+        usize::try_from(self.shared.capacity).unwrap_or(usize::MAX)
+    }
+
+    /// Reads a CPU stream as arrow-rs record batches (zero-copy, validated).
+    pub fn into_record_batches(self) -> AsyncRecordBatchStream {
+        AsyncRecordBatchStream {
+            inner: self,
+            schema: None,
+            done: false,
+        }
+    }
+
+    fn extract(&self, task: QueuedTask) -> Result<DeviceArray> {
+        let mut out = ArrowDeviceArray::empty();
+        let rc = task.extract(&mut out);
+        if rc != 0 {
+            // Release whatever a failing producer may have left there.
+            drop(DeviceArray::try_new(out));
+            return Err(Error::Callback {
+                operation: "extract_data",
+                code: rc,
+                message: String::new(),
+            });
+        }
+        let array = DeviceArray::try_new(out).map_err(|_| {
+            Error::Protocol("extract_data returned 0 but left the array released".into())
+        })?;
+        let expected = self.device_type();
+        if Some(array.device_type()) != expected {
+            return Err(Error::Protocol(format!(
+                "the producer announced {} but delivered an array on {}",
+                expected.map_or_else(|| "nothing".to_string(), |d| d.to_string()),
+                array.device_type()
+            )));
+        }
+        Ok(array)
+    }
+}
+
+impl Stream for AsyncDeviceArrayStream {
+    type Item = Result<DeviceArray>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let event = {
+            let mut state = lock(&self.shared.state);
+            match state.queue.pop_front() {
+                Some(event) => event,
+                None if state.finished => {
+                    drop(state);
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+                None => {
+                    if !state
+                        .stream_waker
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker()))
+                    {
+                        state.stream_waker = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        };
+        match event {
+            Event::Task(task) => {
+                let item = self.extract(task);
+                self.shared.request(1);
+                Poll::Ready(Some(item))
+            }
+            Event::Failed(failure) => Poll::Ready(Some(Err(failure.to_error()))),
+            Event::End => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+impl Drop for AsyncDeviceArrayStream {
+    fn drop(&mut self) {
+        let (tasks, finished) = {
+            let mut state = lock(&self.shared.state);
+            state.dropped = true;
+            let tasks: Vec<QueuedTask> = state
+                .queue
+                .drain(..)
+                .filter_map(|event| match event {
+                    Event::Task(task) => Some(task),
+                    _ => None,
+                })
+                .collect();
+            (tasks, state.finished)
+        };
+        for task in tasks {
+            task.extract(std::ptr::null_mut());
+        }
+        self.shared.with_producer(|slot| {
+            slot.consumer_dropped = true;
+            if finished || slot.ptr.is_null() || slot.cancelled {
+                return;
+            }
+            slot.cancelled = true;
+            // SAFETY: the pointer is live (set in on_schema, cleared in release under this
+            // lock); cancel may call on_error, which does not take this lock.
+            if let Some(cancel) = unsafe { (*slot.ptr).cancel } {
+                // SAFETY: see above.
+                unsafe { cancel(slot.ptr) };
+            }
+        });
+    }
+}
+
+/// The record batches of a CPU async stream (see
+/// [`AsyncDeviceArrayStream::into_record_batches`]).
+#[derive(Debug)]
+pub struct AsyncRecordBatchStream {
+    inner: AsyncDeviceArrayStream,
+    schema: Option<SchemaRef>,
+    done: bool,
+}
+
+impl AsyncRecordBatchStream {
+    /// Waits for the schema (see [`AsyncDeviceArrayStream::poll_schema`]).
+    pub fn schema(&self) -> impl Future<Output = Result<SchemaRef>> + '_ {
+        self.inner.schema()
+    }
+
+    /// The underlying device array stream.
+    pub fn device_stream(&self) -> &AsyncDeviceArrayStream {
+        &self.inner
+    }
+}
+
+impl Stream for AsyncRecordBatchStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let schema = match &self.schema {
+            Some(schema) => schema.clone(),
+            None => match self.inner.poll_schema(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Ok(schema)) => {
+                    self.schema = Some(schema.clone());
+                    schema
+                }
+            },
+        };
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(array))) => Poll::Ready(Some(
+                cpu::import_record_batch_with_schema(array, schema),
+            )),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
