@@ -25,6 +25,11 @@ fn sample_batch(rows: usize) -> RecordBatch {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "devarrow {} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        devarrow::GIT_COMMIT
+    );
     match devarrow::cuda_device_summary() {
         Ok(summary) => println!("CUDA: {summary}"),
         Err(reason) => println!("no CUDA device found ({reason}): running on the CPU device"),

@@ -178,23 +178,27 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
     for (index, role) in roles.iter().enumerate() {
         let bytes = match role {
             BufferRole::Validity => {
-                if array.null_count == 0 {
+                if array.null_count <= 0 {
                     0
                 } else {
                     end.div_ceil(8)
                 }
             }
             BufferRole::Values => fixed_bit_width(value_type)
-                .map(|bits| (end * bits).div_ceil(8))
+                .map(|bits| end.saturating_mul(bits).div_ceil(8))
                 .unwrap_or(0),
             BufferRole::Offsets => match data_type {
-                DataType::Union(_, _) => end * 4,
-                DataType::ListView(_) | DataType::LargeListView(_) => end * offset_width(data_type),
-                _ => (end + 1) * offset_width(data_type),
+                DataType::Union(_, _) => end.saturating_mul(4),
+                DataType::ListView(_) | DataType::LargeListView(_) => {
+                    end.saturating_mul(offset_width(data_type))
+                }
+                _ => end
+                    .saturating_add(1)
+                    .saturating_mul(offset_width(data_type)),
             },
-            BufferRole::Sizes => end * offset_width(data_type),
+            BufferRole::Sizes => end.saturating_mul(offset_width(data_type)),
             BufferRole::TypeIds => end,
-            BufferRole::Views => end * 16,
+            BufferRole::Views => end.saturating_mul(16),
             // Sized by the offsets; checked by `validate_host_offsets`.
             BufferRole::Data | BufferRole::VariadicSizes => 0,
         };
@@ -243,7 +247,7 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
         // Children that are indexed positionally must be long enough.
         let needed = match data_type {
             DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(end),
-            DataType::FixedSizeList(_, n) => Some(end * (*n as usize)),
+            DataType::FixedSizeList(_, n) => Some(end.saturating_mul(*n as usize)),
             _ => None,
         };
         if let Some(needed) = needed {
@@ -302,22 +306,18 @@ pub unsafe fn validate_host_offsets(
     unsafe { check_offsets_node(array, data_type, path) }
 }
 
-/// Reads `count` little-endian offsets of `width` bytes starting at item `start`.
+/// Reads offset `i` (4 or 8 bytes wide, native-endian, possibly unaligned).
 ///
 /// # Safety
-/// `ptr` must be valid for reads of `(start + count) * width` bytes.
-unsafe fn read_offsets(ptr: *const c_void, width: usize, start: usize, count: usize) -> Vec<i64> {
+/// `ptr` must be valid for reads of `(i + 1) * width` bytes.
+unsafe fn offset_at(ptr: *const c_void, width: usize, i: usize) -> i64 {
     if width == 4 {
         // SAFETY: the caller guarantees the range is readable; `read_unaligned` needs no
         // alignment from a foreign producer.
-        (start..start + count)
-            .map(|i| unsafe { (ptr as *const i32).add(i).read_unaligned() } as i64)
-            .collect()
+        unsafe { (ptr as *const i32).add(i).read_unaligned() as i64 }
     } else {
         // SAFETY: as above, for 8-byte offsets.
-        (start..start + count)
-            .map(|i| unsafe { (ptr as *const i64).add(i).read_unaligned() })
-            .collect()
+        unsafe { (ptr as *const i64).add(i).read_unaligned() }
     }
 }
 
@@ -337,20 +337,24 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         | DataType::LargeList(_)
         | DataType::Map(_, _) => {
             let width = offset_width(data_type);
-            // SAFETY: validate_structure checked the offsets buffer is non-NULL, and the C
-            // data interface sizes it for offset + length + 1 items.
-            let offsets = unsafe { read_offsets(array.buffer(1), width, start, len + 1) };
-            if offsets[0] < 0 {
-                return Err(bad(format!("first offset {} is negative", offsets[0])));
+            let ptr = array.buffer(1);
+            // SAFETY (all reads below): validate_structure checked the offsets buffer is
+            // non-NULL, and the C data interface sizes it for offset + length + 1 items.
+            let first = unsafe { offset_at(ptr, width, start) };
+            if first < 0 {
+                return Err(bad(format!("first offset {first} is negative")));
             }
-            if let Some(i) = offsets.windows(2).position(|w| w[1] < w[0]) {
-                return Err(bad(format!(
-                    "offsets decrease at item {i}: {} then {}",
-                    offsets[i],
-                    offsets[i + 1]
-                )));
+            let mut last = first;
+            for i in 0..len {
+                // SAFETY: see above; `start + i + 1 <= offset + length`.
+                let next = unsafe { offset_at(ptr, width, start + i + 1) };
+                if next < last {
+                    return Err(bad(format!(
+                        "offsets decrease at item {i}: {last} then {next}"
+                    )));
+                }
+                last = next;
             }
-            let last = offsets[len];
             match data_type {
                 DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => {
                     let child = array.child(0).expect("checked by validate_structure");
@@ -362,7 +366,7 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
                     }
                 }
                 _ => {
-                    if last > offsets[0] && array.buffer(2).is_null() {
+                    if last > first && array.buffer(2).is_null() {
                         return Err(Error::NullBuffer {
                             path: path.to_string(),
                             index: 2,
@@ -375,12 +379,15 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         }
         DataType::ListView(_) | DataType::LargeListView(_) => {
             let width = offset_width(data_type);
-            // SAFETY: offsets and sizes hold offset + length items (checked non-NULL).
-            let offsets = unsafe { read_offsets(array.buffer(1), width, start, len) };
-            // SAFETY: as above, for the sizes buffer.
-            let sizes = unsafe { read_offsets(array.buffer(2), width, start, len) };
             let child_len = array.child(0).map(|c| c.length).unwrap_or(0);
-            for (i, (&o, &s)) in offsets.iter().zip(&sizes).enumerate() {
+            for i in 0..len {
+                // SAFETY: offsets and sizes hold offset + length items (checked non-NULL).
+                let (o, s) = unsafe {
+                    (
+                        offset_at(array.buffer(1), width, start + i),
+                        offset_at(array.buffer(2), width, start + i),
+                    )
+                };
                 if o < 0 || s < 0 || o.checked_add(s).is_none_or(|e| e > child_len) {
                     return Err(bad(format!(
                         "list view {i} (offset {o}, size {s}) is outside the child (length {child_len})"
@@ -391,9 +398,9 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         DataType::Utf8View | DataType::BinaryView => {
             let n_variadic = array.n_buffers as usize - 3;
             let sizes_ptr = array.buffer(array.n_buffers as usize - 1);
-            // SAFETY: the variadic sizes buffer holds one int64 per variadic buffer.
-            let sizes = unsafe { read_offsets(sizes_ptr, 8, 0, n_variadic) };
-            for (i, &s) in sizes.iter().enumerate() {
+            for i in 0..n_variadic {
+                // SAFETY: the variadic sizes buffer holds one int64 per variadic buffer.
+                let s = unsafe { offset_at(sizes_ptr, 8, i) };
                 if s < 0 {
                     return Err(bad(format!("variadic buffer {i} has negative size {s}")));
                 }
