@@ -1,1 +1,14 @@
-//! C-ABI entry points used by the pyarrow interoperability tests.
+//! # devarrow-interop
+//!
+//! A C-ABI shared library (`libdevarrow_interop.so`) over devarrow, used to check devarrow
+//! against other Arrow implementations: `python/test_pyarrow_interop.py` drives it from
+//! pyarrow (run by `tests/pyarrow.rs`).
+//!
+//! - [`sample`]: the "every type" record batch, also for Rust tests.
+//! - [`capi`]: the exported `devarrow_interop_*` C functions (device arrays both ways,
+//!   device streams both ways, and arrow-rs's plain C stream as the reference).
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod capi;
+pub mod sample;
