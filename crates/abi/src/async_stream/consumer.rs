@@ -289,7 +289,9 @@ impl Shared {
             return (errno::EINVAL, task);
         }
         if state.schema.is_none() {
-            state.fail(Failure::Protocol("on_next_task called before on_schema".into()));
+            state.fail(Failure::Protocol(
+                "on_next_task called before on_schema".into(),
+            ));
             return (errno::EINVAL, task);
         }
         let Some(task) = task else {
@@ -445,7 +447,9 @@ unsafe extern "C" fn on_error(
         } else {
             // SAFETY: a non-null message is a NUL-terminated string valid for this call;
             // it is copied.
-            unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(message) }
+                .to_string_lossy()
+                .into_owned()
         };
         // SAFETY: the producer calls us with our handler.
         if let Some(shared) = unsafe { shared_of(handler) } {
@@ -524,7 +528,9 @@ pub fn async_handler(capacity: usize) -> (AsyncStreamHandler, AsyncDeviceArraySt
         private_data: std::ptr::null_mut(),
     }));
     let shared = Arc::new(Shared {
-        capacity: u64::try_from(capacity.max(1)).unwrap_or(u64::MAX).min(i64::MAX as u64),
+        capacity: u64::try_from(capacity.max(1))
+            .unwrap_or(u64::MAX)
+            .min(i64::MAX as u64),
         handler,
         producer: Mutex::new(ProducerSlot {
             ptr: std::ptr::null_mut(),
@@ -761,9 +767,9 @@ impl Stream for AsyncRecordBatchStream {
             },
         };
         match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(array))) => Poll::Ready(Some(
-                cpu::import_record_batch_with_schema(array, schema),
-            )),
+            Poll::Ready(Some(Ok(array))) => {
+                Poll::Ready(Some(cpu::import_record_batch_with_schema(array, schema)))
+            }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => {
                 self.done = true;

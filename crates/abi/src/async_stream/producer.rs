@@ -175,7 +175,10 @@ impl ProducerShared {
                 demand.outstanding -= 1;
                 return Wait::Serve;
             }
-            demand = self.changed.wait(demand).unwrap_or_else(PoisonError::into_inner);
+            demand = self
+                .changed
+                .wait(demand)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -237,8 +240,8 @@ unsafe fn report(handler: *mut ArrowAsyncDeviceStreamHandler, on_error: OnError,
         0 => errno::EIO,
         code => code,
     };
-    let message = CString::new(error.to_string().replace('\0', "\\0"))
-        .expect("interior NULs were replaced");
+    let message =
+        CString::new(error.to_string().replace('\0', "\\0")).expect("interior NULs were replaced");
     // SAFETY: per the contract; the message outlives the call, metadata is NULL.
     unsafe { on_error(handler, code, message.as_ptr(), std::ptr::null()) };
 }
@@ -320,7 +323,9 @@ impl Driver {
         let outcome = self.drive();
         self.finisher.pending_error = None;
         let source = self.source.take();
-        swallow_panic("while dropping the async producer's source", move || drop(source));
+        swallow_panic("while dropping the async producer's source", move || {
+            drop(source)
+        });
         let result = match outcome {
             Outcome::Finished | Outcome::Cancelled => Ok(()),
             Outcome::Failed(error) => {
@@ -409,7 +414,10 @@ impl Driver {
         polled.unwrap_or_else(|payload| {
             // A panicking stream is not polled again.
             let source = self.source.take();
-            swallow_panic("while dropping a panicked async producer source", move || drop(source));
+            swallow_panic(
+                "while dropping a panicked async producer source",
+                move || drop(source),
+            );
             Next::Item(Err(Error::from_panic(payload)))
         })
     }
@@ -486,7 +494,9 @@ impl ProducerHandle {
     /// an error code. Must not be called from inside a handler callback (it would wait
     /// for itself).
     pub fn join(self) -> Result<()> {
-        self.thread.join().unwrap_or_else(|payload| Err(Error::from_panic(payload)))
+        self.thread
+            .join()
+            .unwrap_or_else(|payload| Err(Error::from_panic(payload)))
     }
 }
 

@@ -1,0 +1,1102 @@
+//! The async device stream: the producer and the consumer against each other, and each
+//! against a hand-written C-style peer, well-behaved or not.
+
+mod common;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use arrow_array::builder::{Int32Builder, StringBuilder};
+use arrow_array::RecordBatch;
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use common::count_releases;
+use devarrow_abi::async_stream::{
+    async_handler, async_record_batch_handler, new_task, produce_record_batch_iter,
+    produce_record_batches, spawn_producer,
+};
+use devarrow_abi::error::errno;
+use devarrow_abi::{
+    cpu, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
+    ArrowDeviceType, ArrowSchema, DeviceArray, Error,
+};
+use futures::executor::block_on;
+use futures::{stream, StreamExt};
+
+// ---------------------------------------------------------------------------------------
+// Test data and guards
+// ---------------------------------------------------------------------------------------
+
+fn schema() -> SchemaRef {
+    Arc::new(
+        Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("name", DataType::Utf8, true),
+        ])
+        .with_metadata(HashMap::from([("origin".to_string(), "async-test".to_string())])),
+    )
+}
+
+fn batch(i: i32) -> RecordBatch {
+    let mut ids = Int32Builder::new();
+    let mut names = StringBuilder::new();
+    for k in 0..=i % 4 {
+        ids.append_value(i * 10 + k);
+        if k % 2 == 0 {
+            names.append_value(format!("row {i}.{k}"));
+        } else {
+            names.append_null();
+        }
+    }
+    RecordBatch::try_new(schema(), vec![Arc::new(ids.finish()), Arc::new(names.finish())])
+        .unwrap()
+}
+
+/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
+struct Watchdog(Option<mpsc::Sender<()>>);
+
+fn watchdog(name: &'static str) -> Watchdog {
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
+            eprintln!("test {name} deadlocked");
+            std::process::abort();
+        }
+    });
+    Watchdog(Some(tx))
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+/// Counts exports and releases of the arrays a source hands out.
+#[derive(Default)]
+struct Ledger {
+    counts: Mutex<Vec<Arc<AtomicUsize>>>,
+}
+
+impl Ledger {
+    fn export(&self, batch: &RecordBatch) -> DeviceArray {
+        let (array, count) = count_releases(cpu::export_batch_array(batch));
+        self.counts.lock().unwrap().push(count);
+        array
+    }
+    fn exported(&self) -> usize {
+        self.counts.lock().unwrap().len()
+    }
+    /// Every count is 0 or 1 (never released twice); returns how many were released.
+    fn released(&self) -> usize {
+        let counts = self.counts.lock().unwrap();
+        counts
+            .iter()
+            .map(|c| {
+                let n = c.load(Ordering::SeqCst);
+                assert!(n <= 1, "an array was released {n} times");
+                n
+            })
+            .sum()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A hand-written C-style consumer (handler) that records and checks everything
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Default, PartialEq)]
+enum Extract {
+    #[default]
+    Out,
+    /// With a NULL out, then again with a real one (which must fail).
+    NullThenTwice,
+}
+
+#[derive(Default)]
+struct Config {
+    schema_rc: c_int,
+    request_on_schema: Option<i64>,
+    request_per_task: i64,
+    extract: Extract,
+    /// When this many tasks arrived, cancel from 4 threads (3 times each), then request.
+    cancel_storm_at: Option<usize>,
+}
+
+thread_local! {
+    static IN_REQUEST: Cell<bool> = const { Cell::new(false) };
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+#[derive(Default)]
+struct Recorder {
+    config: Config,
+    log: Mutex<Vec<String>>,
+    violations: Mutex<Vec<String>>,
+    producer: AtomicPtr<ArrowAsyncProducer>,
+    requested: AtomicI64,
+    calls: AtomicI64,
+    arrays: Mutex<Vec<DeviceArray>>,
+    extract_codes: Mutex<Vec<c_int>>,
+    schema: Mutex<Option<Schema>>,
+    releases: AtomicUsize,
+    released: (Mutex<bool>, Condvar),
+}
+
+impl Recorder {
+    fn violation(&self, what: impl Into<String>) {
+        self.violations.lock().unwrap().push(what.into());
+    }
+
+    fn log(&self, what: impl Into<String>) {
+        self.log.lock().unwrap().push(what.into());
+    }
+
+    fn enter(&self, name: &str) {
+        if IN_REQUEST.with(|f| f.get()) {
+            self.violation(format!("{name} called synchronously inside request"));
+        }
+        if IN_CALLBACK.with(|f| f.replace(true)) {
+            self.violation(format!("{name} re-entered"));
+        }
+        if self.releases.load(Ordering::SeqCst) > 0 {
+            self.violation(format!("{name} after release"));
+        }
+    }
+
+    fn leave(&self) {
+        IN_CALLBACK.with(|f| f.set(false));
+    }
+
+    fn request(&self, n: i64) {
+        let producer = self.producer.load(Ordering::SeqCst);
+        if n > 0 {
+            self.requested.fetch_add(n, Ordering::SeqCst);
+        }
+        IN_REQUEST.with(|f| f.set(true));
+        // SAFETY: the producer is live during a callback (before release).
+        unsafe { ((*producer).request.unwrap())(producer, n) };
+        IN_REQUEST.with(|f| f.set(false));
+    }
+
+    fn wait_released(&self) {
+        let (lock, cv) = &self.released;
+        let (guard, timeout) = cv
+            .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(30), |r| !*r)
+            .unwrap();
+        assert!(!timeout.timed_out() && *guard, "the producer never released the handler");
+    }
+
+    fn log_snapshot(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn assert_clean(&self) {
+        let v = self.violations.lock().unwrap();
+        assert!(v.is_empty(), "protocol violations: {v:?}");
+        assert_eq!(self.releases.load(Ordering::SeqCst), 1, "release exactly once");
+    }
+
+    fn batches(&self) -> Vec<RecordBatch> {
+        let arrays = std::mem::take(&mut *self.arrays.lock().unwrap());
+        arrays
+            .into_iter()
+            .map(|a| cpu::import_record_batch_with_schema(a, schema()).unwrap())
+            .collect()
+    }
+}
+
+/// The recorder behind a handler made by [`recorder`].
+///
+/// # Safety
+/// `handler` must come from [`recorder`] and its `TestHandler` must be alive.
+unsafe fn rec<'a>(handler: *mut ArrowAsyncDeviceStreamHandler) -> &'a Recorder {
+    // SAFETY: private_data is `Arc::as_ptr` of the recorder, kept alive by TestHandler.
+    unsafe { &*((*handler).private_data as *const Recorder) }
+}
+
+unsafe extern "C" fn rec_on_schema(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    schema: *mut ArrowSchema,
+) -> c_int {
+    // SAFETY: called by the producer with our handler.
+    let r = unsafe { rec(handler) };
+    r.enter("on_schema");
+    if !r.log.lock().unwrap().is_empty() {
+        r.violation("on_schema is not the first call");
+    }
+    r.log("schema");
+    // SAFETY: the handler is ours, `producer` was set before on_schema (checked here).
+    let producer = unsafe { (*handler).producer };
+    if producer.is_null() {
+        r.violation("producer not set before on_schema");
+    }
+    r.producer.store(producer, Ordering::SeqCst);
+    // SAFETY: valid for the call; moved out.
+    let ffi = unsafe { FFI_ArrowSchema::from_raw(schema) };
+    *r.schema.lock().unwrap() = Some(Schema::try_from(&ffi).unwrap());
+    if let Some(n) = r.config.request_on_schema {
+        r.request(n);
+    }
+    r.leave();
+    r.config.schema_rc
+}
+
+unsafe extern "C" fn rec_on_next_task(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    task: *mut ArrowAsyncTask,
+    _metadata: *const c_char,
+) -> c_int {
+    // SAFETY: called by the producer with our handler.
+    let r = unsafe { rec(handler) };
+    r.enter("on_next_task");
+    let calls = r.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if calls > r.requested.load(Ordering::SeqCst) {
+        r.violation(format!(
+            "on_next_task call {calls} exceeds the {} requested",
+            r.requested.load(Ordering::SeqCst)
+        ));
+    }
+    if task.is_null() {
+        r.log("end");
+        r.leave();
+        return 0;
+    }
+    r.log("task");
+    // Copy the task, as a consumer keeping it beyond the call would.
+    // SAFETY: the task is valid during the call.
+    let mut copy = unsafe { std::ptr::read(task) };
+    let extract = copy.extract_data.unwrap();
+    match r.config.extract {
+        Extract::Out => {
+            let mut out = ArrowDeviceArray::empty();
+            // SAFETY: first and only extraction, into a writable struct.
+            let rc = unsafe { extract(&mut copy, &mut out) };
+            r.extract_codes.lock().unwrap().push(rc);
+            r.arrays.lock().unwrap().push(DeviceArray::try_new(out).unwrap());
+        }
+        Extract::NullThenTwice => {
+            // SAFETY: extraction with NULL out; then a forbidden second one on the task.
+            let rc = unsafe { extract(&mut copy, std::ptr::null_mut()) };
+            r.extract_codes.lock().unwrap().push(rc);
+            let mut out = ArrowDeviceArray::empty();
+            // SAFETY: the producer must detect this second call (on the original struct).
+            let rc = unsafe { extract(task, &mut out) };
+            r.extract_codes.lock().unwrap().push(rc);
+            if !out.is_released() {
+                r.violation("a second extract_data filled the array");
+            }
+        }
+    }
+    let tasks = r.log.lock().unwrap().iter().filter(|e| *e == "task").count();
+    if r.config.cancel_storm_at == Some(tasks) {
+        let producer = r.producer.load(Ordering::SeqCst) as usize;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(move || {
+                    let producer = producer as *mut ArrowAsyncProducer;
+                    for _ in 0..3 {
+                        // SAFETY: the producer is live: its driver is blocked in this
+                        // callback, so it cannot release the handler yet.
+                        unsafe { ((*producer).cancel.unwrap())(producer) };
+                    }
+                });
+            }
+        });
+        // A request after cancel must be a no-op.
+        r.request(5);
+    } else if r.config.request_per_task != 0 {
+        r.request(r.config.request_per_task);
+    }
+    r.leave();
+    0
+}
+
+unsafe extern "C" fn rec_on_error(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    code: c_int,
+    message: *const c_char,
+    _metadata: *const c_char,
+) {
+    // SAFETY: called by the producer with our handler.
+    let r = unsafe { rec(handler) };
+    r.enter("on_error");
+    // SAFETY: a NUL-terminated message valid for the call.
+    let message = unsafe { CStr::from_ptr(message) }.to_string_lossy();
+    r.log(format!("error {code}: {message}"));
+    r.leave();
+}
+
+unsafe extern "C" fn rec_release(handler: *mut ArrowAsyncDeviceStreamHandler) {
+    // SAFETY: called by the producer with our handler.
+    let r = unsafe { rec(handler) };
+    r.enter("release");
+    r.log("release");
+    r.releases.fetch_add(1, Ordering::SeqCst);
+    let (lock, cv) = &r.released;
+    *lock.lock().unwrap() = true;
+    cv.notify_all();
+    r.leave();
+}
+
+/// A recorder's handler; the struct is owned here (not freed by release), so a double
+/// release or a late call is observable instead of a use-after-free.
+struct TestHandler {
+    raw: *mut ArrowAsyncDeviceStreamHandler,
+    recorder: Arc<Recorder>,
+}
+
+impl Drop for TestHandler {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `recorder`; the producer is done with it (released).
+        drop(unsafe { Box::from_raw(self.raw) });
+    }
+}
+
+fn recorder(config: Config) -> TestHandler {
+    let recorder = Arc::new(Recorder {
+        config,
+        ..Default::default()
+    });
+    let raw = Box::into_raw(Box::new(ArrowAsyncDeviceStreamHandler {
+        on_schema: Some(rec_on_schema),
+        on_next_task: Some(rec_on_next_task),
+        on_error: Some(rec_on_error),
+        release: Some(rec_release),
+        producer: std::ptr::null_mut(),
+        private_data: Arc::as_ptr(&recorder) as *mut c_void,
+    }));
+    TestHandler { raw, recorder }
+}
+
+fn count(log: &[String], what: &str) -> usize {
+    log.iter().filter(|e| *e == what).count()
+}
+
+// ---------------------------------------------------------------------------------------
+// Producer <-> consumer
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn round_trip_record_batches_keeps_values_and_metadata() {
+    let _w = watchdog("round_trip");
+    let batches: Vec<RecordBatch> = (0..7).map(batch).collect();
+    let (handler, mut stream) = async_record_batch_handler(2);
+    // SAFETY: the handler comes from async_handler and is handed over.
+    let producer = unsafe {
+        produce_record_batch_iter(
+            schema(),
+            batches.clone().into_iter().map(Ok::<_, ArrowError>),
+            handler.into_raw(),
+        )
+    }
+    .unwrap();
+    let got_schema = block_on(stream.schema()).unwrap();
+    assert_eq!(got_schema.as_ref(), schema().as_ref());
+    assert_eq!(got_schema.metadata()["origin"], "async-test");
+    assert_eq!(stream.device_stream().device_type(), Some(ArrowDeviceType::CPU));
+    let got: Vec<RecordBatch> = block_on(stream.by_ref().map(|b| b.unwrap()).collect());
+    assert_eq!(got, batches);
+    assert_eq!(got[0].schema().metadata()["origin"], "async-test");
+    assert!(block_on(stream.next()).is_none(), "the stream stays ended");
+    producer.join().unwrap();
+}
+
+#[test]
+fn round_trip_device_arrays_release_every_array_once() {
+    let _w = watchdog("device_arrays");
+    let ledger = Arc::new(Ledger::default());
+    let source_ledger = ledger.clone();
+    let source = stream::iter(0..12).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+    let (handler, mut stream) = async_handler(3);
+    // SAFETY: handed over.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, handler.into_raw()) }
+            .unwrap();
+    let mut n = 0;
+    while let Some(array) = block_on(stream.next()) {
+        let array = array.unwrap();
+        assert_eq!(array.device_type(), ArrowDeviceType::CPU);
+        let got = cpu::import_record_batch_with_schema(array, schema()).unwrap();
+        assert_eq!(got, batch(n));
+        n += 1;
+    }
+    assert_eq!(n, 12);
+    producer.join().unwrap();
+    drop(stream);
+    assert_eq!(ledger.exported(), 12);
+    assert_eq!(ledger.released(), 12);
+}
+
+#[test]
+fn record_batches_from_an_async_stream() {
+    let _w = watchdog("async_source");
+    let source = stream::iter(0..4).then(|i| async move { Ok::<_, ArrowError>(batch(i)) });
+    let (handler, stream) = async_record_batch_handler(1);
+    // SAFETY: handed over.
+    let producer = unsafe { produce_record_batches(schema(), source, handler.into_raw()) }.unwrap();
+    let got: Vec<RecordBatch> = block_on(stream.map(|b| b.unwrap()).collect());
+    assert_eq!(got, (0..4).map(batch).collect::<Vec<_>>());
+    producer.join().unwrap();
+}
+
+#[test]
+fn mismatched_batch_is_reported_to_the_consumer() {
+    let _w = watchdog("mismatch");
+    let other = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])),
+        vec![Arc::new(arrow_array::Int64Array::from(vec![1]))],
+    )
+    .unwrap();
+    let (handler, stream) = async_record_batch_handler(4);
+    let items = vec![Ok::<_, ArrowError>(batch(0)), Ok(other)];
+    // SAFETY: handed over.
+    let producer = unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
+    let got: Vec<_> = block_on(stream.collect());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap(), &batch(0));
+    match &got[1] {
+        Err(Error::Callback { operation: "on_error", code, message }) => {
+            assert_eq!(*code, errno::EINVAL);
+            assert!(message.contains("do not match"), "{message}");
+        }
+        other => panic!("expected the producer's error, got {other:?}"),
+    }
+    assert!(matches!(producer.join(), Err(Error::InvalidArgument(_))));
+}
+
+// ---------------------------------------------------------------------------------------
+// Producer against a recording C-style consumer
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn back_pressure_and_request_from_inside_on_next_task() {
+    let _w = watchdog("back_pressure");
+    let h = recorder(Config {
+        request_on_schema: Some(2),
+        request_per_task: 1,
+        ..Default::default()
+    });
+    let batches: Vec<_> = (0..10).map(|i| Ok::<_, ArrowError>(batch(i))).collect();
+    // SAFETY: the handler lives until TestHandler drops (after release).
+    let producer = unsafe { produce_record_batch_iter(schema(), batches, h.raw) }.unwrap();
+    h.recorder.wait_released();
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    let log = h.recorder.log_snapshot();
+    assert_eq!(log[0], "schema");
+    assert_eq!(count(&log, "task"), 10);
+    assert_eq!(&log[11..], ["end", "release"]);
+    assert!(h.recorder.extract_codes.lock().unwrap().iter().all(|&rc| rc == 0));
+    assert_eq!(h.recorder.batches(), (0..10).map(batch).collect::<Vec<_>>());
+    let got_schema = h.recorder.schema.lock().unwrap().clone().unwrap();
+    assert_eq!(got_schema.metadata()["origin"], "async-test");
+}
+
+#[test]
+fn producer_stops_at_the_requested_total() {
+    let _w = watchdog("requested_total");
+    let h = recorder(Config {
+        request_on_schema: Some(3),
+        ..Default::default()
+    });
+    let ledger = Arc::new(Ledger::default());
+    let source_ledger = ledger.clone();
+    // An endless source: only back-pressure bounds it.
+    let source = stream::iter(0..).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, h.raw) }.unwrap();
+    // Wait until the 3 requested tasks arrived, give the producer a chance to overrun.
+    while count(&h.recorder.log_snapshot(), "task") < 3 {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count(&h.recorder.log_snapshot(), "task"), 3);
+    assert!(!producer.is_finished());
+    // The Rust owner cancels it: no on_error, release, the source is dropped.
+    producer.cancel();
+    producer.cancel();
+    h.recorder.wait_released();
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    let log = h.recorder.log_snapshot();
+    assert_eq!(log, ["schema", "task", "task", "task", "release"]);
+    drop(h.recorder.batches());
+    assert_eq!(ledger.released(), ledger.exported());
+}
+
+#[test]
+fn consumer_that_never_requests_can_be_cancelled_without_leaks() {
+    let _w = watchdog("never_requests");
+    let h = recorder(Config::default());
+    let ledger = Arc::new(Ledger::default());
+    let arrays: Vec<_> = (0..3).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
+            .unwrap();
+    while h.recorder.log_snapshot().is_empty() {
+        std::thread::yield_now();
+    }
+    producer.cancel();
+    h.recorder.wait_released();
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    assert_eq!(h.recorder.log_snapshot(), ["schema", "release"]);
+    assert_eq!(ledger.exported(), 3);
+    assert_eq!(ledger.released(), 3, "the unrequested arrays are released with the source");
+}
+
+#[test]
+fn request_zero_or_negative_is_einval_then_release() {
+    for n in [0, -1] {
+        let _w = watchdog("request_einval");
+        let h = recorder(Config {
+            request_on_schema: Some(n),
+            ..Default::default()
+        });
+        let items = vec![Ok::<_, ArrowError>(batch(0))];
+        // SAFETY: the handler outlives the producer.
+        let producer = unsafe { produce_record_batch_iter(schema(), items, h.raw) }.unwrap();
+        h.recorder.wait_released();
+        let result = producer.join();
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        h.recorder.assert_clean();
+        let log = h.recorder.log_snapshot();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert_eq!(log[0], "schema");
+        assert!(log[1].starts_with(&format!("error {}: ", errno::EINVAL)), "{log:?}");
+        assert!(log[1].contains(&format!("got {n}")), "{log:?}");
+        assert_eq!(log[2], "release");
+    }
+}
+
+#[test]
+fn cancel_is_idempotent_and_thread_safe_without_on_error() {
+    let _w = watchdog("cancel_storm");
+    let h = recorder(Config {
+        request_on_schema: Some(4),
+        cancel_storm_at: Some(2),
+        ..Default::default()
+    });
+    let ledger = Arc::new(Ledger::default());
+    let source_ledger = ledger.clone();
+    let source = stream::iter(0..).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, h.raw) }.unwrap();
+    h.recorder.wait_released();
+    producer.cancel(); // after the end: still a no-op
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    // No task after the cancel, no end task, no error: just release.
+    assert_eq!(h.recorder.log_snapshot(), ["schema", "task", "task", "release"]);
+    drop(h.recorder.batches());
+    assert_eq!(ledger.released(), ledger.exported());
+}
+
+#[test]
+fn source_error_is_reported_with_its_code_and_message() {
+    let _w = watchdog("source_error");
+    let h = recorder(Config {
+        request_on_schema: Some(10),
+        ..Default::default()
+    });
+    let items = vec![
+        Ok(batch(0)),
+        Ok(batch(1)),
+        Err(ArrowError::IoError(
+            "disk gone".into(),
+            std::io::Error::other("disk gone"),
+        )),
+        Ok(batch(2)),
+    ];
+    // SAFETY: the handler outlives the producer.
+    let producer = unsafe { produce_record_batch_iter(schema(), items, h.raw) }.unwrap();
+    h.recorder.wait_released();
+    let result = producer.join();
+    assert!(matches!(&result, Err(e) if e.to_string().contains("disk gone")), "{result:?}");
+    h.recorder.assert_clean();
+    let log = h.recorder.log_snapshot();
+    assert_eq!(log.len(), 5, "{log:?}");
+    assert_eq!(&log[..3], ["schema", "task", "task"]);
+    assert!(log[3].starts_with(&format!("error {}: ", errno::EIO)), "{log:?}");
+    assert!(log[3].contains("disk gone"), "{log:?}");
+    assert_eq!(log[4], "release");
+}
+
+#[test]
+fn source_error_reaches_the_rust_consumer() {
+    let _w = watchdog("source_error_consumer");
+    let items = vec![
+        Ok(batch(0)),
+        Err(ArrowError::ComputeError("bad batch".into())),
+    ];
+    let (handler, stream) = async_record_batch_handler(2);
+    // SAFETY: handed over.
+    let producer = unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
+    let got: Vec<_> = block_on(stream.collect());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap(), &batch(0));
+    match &got[1] {
+        Err(Error::Callback { operation: "on_error", code, message }) => {
+            assert_eq!(*code, errno::EINVAL);
+            assert!(message.contains("bad batch"), "{message}");
+        }
+        other => panic!("expected the producer's error, got {other:?}"),
+    }
+    assert!(producer.join().is_err());
+}
+
+#[test]
+fn on_schema_error_means_release_only() {
+    let _w = watchdog("on_schema_error");
+    let h = recorder(Config {
+        schema_rc: errno::EINVAL,
+        request_on_schema: Some(5),
+        ..Default::default()
+    });
+    let ledger = Arc::new(Ledger::default());
+    let arrays: Vec<_> = (0..3).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
+            .unwrap();
+    h.recorder.wait_released();
+    let result = producer.join();
+    assert!(
+        matches!(result, Err(Error::Callback { operation: "on_schema", code, .. }) if code == errno::EINVAL),
+        "{result:?}"
+    );
+    h.recorder.assert_clean();
+    assert_eq!(h.recorder.log_snapshot(), ["schema", "release"]);
+    assert_eq!(ledger.released(), 3);
+}
+
+#[test]
+fn panic_in_the_source_becomes_on_error() {
+    let _w = watchdog("panic_source");
+    let h = recorder(Config {
+        request_on_schema: Some(10),
+        ..Default::default()
+    });
+    let source = stream::iter(0..5).map(|i| {
+        if i == 1 {
+            panic!("source exploded at {i}");
+        }
+        Ok::<_, ArrowError>(batch(i))
+    });
+    // SAFETY: the handler outlives the producer.
+    let producer = unsafe { produce_record_batches(schema(), source, h.raw) }.unwrap();
+    h.recorder.wait_released();
+    let result = producer.join();
+    assert!(matches!(&result, Err(Error::Panic(m)) if m.contains("source exploded")), "{result:?}");
+    h.recorder.assert_clean();
+    let log = h.recorder.log_snapshot();
+    assert_eq!(log.len(), 4, "{log:?}");
+    assert_eq!(&log[..2], ["schema", "task"]);
+    assert!(log[2].starts_with(&format!("error {}: ", errno::EIO)), "{log:?}");
+    assert!(log[2].contains("source exploded at 1"), "{log:?}");
+    assert_eq!(log[3], "release");
+}
+
+#[test]
+fn extract_data_with_null_out_releases_and_a_second_call_fails() {
+    let _w = watchdog("extract_twice");
+    let h = recorder(Config {
+        request_on_schema: Some(10),
+        extract: Extract::NullThenTwice,
+        ..Default::default()
+    });
+    let ledger = Arc::new(Ledger::default());
+    let arrays: Vec<_> = (0..4).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
+            .unwrap();
+    h.recorder.wait_released();
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    let codes = h.recorder.extract_codes.lock().unwrap().clone();
+    assert_eq!(codes, [0, errno::EINVAL].repeat(4));
+    assert_eq!(ledger.released(), 4, "released by the NULL extraction, exactly once");
+}
+
+#[test]
+fn task_extraction_is_exactly_once_across_copies() {
+    let (array, count) = count_releases(cpu::export_batch_array(&batch(3)));
+    let mut task = new_task(array);
+    // SAFETY: a bitwise copy, as consumers keep tasks.
+    let mut copy = unsafe { std::ptr::read(&task) };
+    let extract = task.extract_data.unwrap();
+    let mut out = ArrowDeviceArray::empty();
+    // SAFETY: first extraction (through the copy), into a writable struct.
+    assert_eq!(unsafe { extract(&mut copy, &mut out) }, 0);
+    assert!(copy.private_data.is_null());
+    // SAFETY: second extraction through the original and through the copy: detected.
+    assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, errno::EINVAL);
+    let mut again = ArrowDeviceArray::empty();
+    // SAFETY: as above.
+    assert_eq!(unsafe { extract(&mut copy, &mut again) }, errno::EINVAL);
+    // SAFETY: a NULL task is rejected.
+    assert_eq!(unsafe { extract(std::ptr::null_mut(), &mut again) }, errno::EINVAL);
+    assert!(again.is_released());
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    let array = DeviceArray::try_new(out).unwrap();
+    assert_eq!(cpu::import_record_batch_with_schema(array, schema()).unwrap(), batch(3));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+
+    let (array, count) = count_releases(cpu::export_batch_array(&batch(1)));
+    let mut task = new_task(array);
+    // SAFETY: NULL out: the task only cleans up.
+    assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, 0);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    // SAFETY: second call: detected, no double release.
+    assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, errno::EINVAL);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn handler_without_mandatory_callbacks_is_released_and_refused() {
+    let h = recorder(Config::default());
+    // SAFETY: the handler is valid; on_next_task removed to make it invalid.
+    unsafe { (*h.raw).on_next_task = None };
+    let items = vec![Ok::<_, ArrowError>(batch(0))];
+    // SAFETY: the handler outlives the call.
+    let result = unsafe { produce_record_batch_iter(schema(), items, h.raw) };
+    assert!(matches!(result, Err(Error::InvalidArgument(_))));
+    h.recorder.assert_clean();
+    assert_eq!(h.recorder.log_snapshot(), ["release"]);
+    let items = vec![Ok::<_, ArrowError>(batch(0))];
+    // SAFETY: a NULL handler is refused.
+    let result = unsafe { produce_record_batch_iter(schema(), items, std::ptr::null_mut()) };
+    assert!(matches!(result, Err(Error::NullPointer { .. })));
+}
+
+// ---------------------------------------------------------------------------------------
+// Consumer against a hand-written (misbehaving) producer
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct FakeCounters {
+    requested: AtomicI64,
+    cancels: AtomicUsize,
+}
+
+unsafe extern "C" fn fake_request(producer: *mut ArrowAsyncProducer, n: i64) {
+    // SAFETY: private_data is the FakeProducer's counters, alive with it.
+    let c = unsafe { &*((*producer).private_data as *const FakeCounters) };
+    c.requested.fetch_add(n, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn fake_cancel(producer: *mut ArrowAsyncProducer) {
+    // SAFETY: as above.
+    let c = unsafe { &*((*producer).private_data as *const FakeCounters) };
+    c.cancels.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A producer driven by hand from the test thread.
+struct FakeProducer {
+    _raw: Box<ArrowAsyncProducer>,
+    counters: Arc<FakeCounters>,
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+}
+
+impl FakeProducer {
+    fn new(handler: *mut ArrowAsyncDeviceStreamHandler) -> Self {
+        let counters = Arc::new(FakeCounters::default());
+        let mut raw = Box::new(ArrowAsyncProducer {
+            device_type: ArrowDeviceType::CPU,
+            request: Some(fake_request),
+            cancel: Some(fake_cancel),
+            additional_metadata: std::ptr::null(),
+            private_data: Arc::as_ptr(&counters) as *mut c_void,
+        });
+        // SAFETY: the handler is live (from async_handler).
+        unsafe { (*handler).producer = &mut *raw };
+        Self {
+            _raw: raw,
+            counters,
+            handler,
+        }
+    }
+
+    fn on_schema(&self) -> c_int {
+        let mut schema = FFI_ArrowSchema::try_from(schema().as_ref()).unwrap();
+        // SAFETY: the handler is live; the schema is valid for the call.
+        unsafe { ((*self.handler).on_schema.unwrap())(self.handler, &mut schema) }
+    }
+
+    /// Offers one counted task (or the end when `array` is None).
+    fn task(&self, array: Option<DeviceArray>) -> c_int {
+        let on_next_task = unsafe {
+            // SAFETY: the handler struct is alive (the Rust stream keeps it so).
+            (*self.handler).on_next_task.unwrap()
+        };
+        match array {
+            None => {
+                // SAFETY: as above; NULL is the end of the stream.
+                unsafe { on_next_task(self.handler, std::ptr::null_mut(), std::ptr::null()) }
+            }
+            Some(array) => {
+                let mut task = new_task(array);
+                // SAFETY: as above; the task is valid during the call.
+                unsafe { on_next_task(self.handler, &mut task, std::ptr::null()) }
+            }
+        }
+    }
+
+    fn on_error(&self, code: c_int, message: &CStr) {
+        // SAFETY: the handler struct is alive; the message is valid for the call.
+        unsafe {
+            ((*self.handler).on_error.unwrap())(self.handler, code, message.as_ptr(), std::ptr::null())
+        }
+    }
+
+    fn release(&self) {
+        // SAFETY: the handler struct is alive (checked by the callers' use of the stream).
+        unsafe { ((*self.handler).release.unwrap())(self.handler) }
+    }
+
+    fn requested(&self) -> i64 {
+        self.counters.requested.load(Ordering::SeqCst)
+    }
+
+    fn cancels(&self) -> usize {
+        self.counters.cancels.load(Ordering::SeqCst)
+    }
+}
+
+fn counted(i: i32) -> (DeviceArray, Arc<AtomicUsize>) {
+    count_releases(cpu::export_batch_array(&batch(i)))
+}
+
+#[test]
+fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
+    let _w = watchdog("consumer_capacity");
+    let (handler, mut stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.requested(), 0, "nothing is requested before on_schema");
+    assert_eq!(fake.on_schema(), 0);
+    assert_eq!(fake.requested(), 2);
+    assert_eq!(stream.device_type(), Some(ArrowDeviceType::CPU));
+    let (a0, c0) = counted(0);
+    let (a1, c1) = counted(1);
+    let (a2, c2) = counted(2);
+    assert_eq!(fake.task(Some(a0)), 0);
+    assert_eq!(fake.task(Some(a1)), 0);
+    // A third task was not requested: refused, and cleaned up at once.
+    assert_eq!(fake.task(Some(a2)), errno::EINVAL);
+    assert_eq!(c2.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.requested(), 2, "nothing extra requested before items are taken");
+    // The two queued tasks are extracted when polled, then the violation is reported.
+    let first = block_on(stream.next()).unwrap().unwrap();
+    assert_eq!(cpu::import_record_batch_with_schema(first, schema()).unwrap(), batch(0));
+    assert_eq!(c0.load(Ordering::SeqCst), 1);
+    let second = block_on(stream.next()).unwrap().unwrap();
+    drop(second);
+    assert_eq!(c1.load(Ordering::SeqCst), 1);
+    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    assert!(block_on(stream.next()).is_none());
+    // After the failure the consumer requests nothing more.
+    assert_eq!(fake.requested(), 2);
+    fake.release();
+    // Callbacks after release: ignored safely while the stream is alive.
+    let (late, late_count) = counted(9);
+    assert_eq!(fake.task(Some(late)), errno::EINVAL);
+    assert_eq!(late_count.load(Ordering::SeqCst), 1, "a late task is still cleaned up");
+    fake.on_error(errno::EIO, c"late error");
+    assert_eq!(fake.on_schema(), errno::EINVAL);
+    fake.release();
+    assert!(block_on(stream.next()).is_none());
+    assert_eq!(fake.cancels(), 0, "a failed stream is not cancelled");
+    drop(stream);
+}
+
+#[test]
+fn consumer_requests_one_more_per_item_taken() {
+    let _w = watchdog("consumer_replenish");
+    let (handler, mut stream) = async_handler(3);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.on_schema(), 0);
+    let mut counts = Vec::new();
+    for i in 0..3 {
+        let (a, c) = counted(i);
+        counts.push(c);
+        assert_eq!(fake.task(Some(a)), 0);
+    }
+    for i in 0..3 {
+        let array = block_on(stream.next()).unwrap().unwrap();
+        assert_eq!(fake.requested(), 3 + i + 1);
+        drop(array);
+    }
+    assert_eq!(fake.task(None), 0);
+    assert!(block_on(stream.next()).is_none());
+    // on_next_task after the end is refused and the task cleaned up.
+    let (a, c) = counted(7);
+    assert_eq!(fake.task(Some(a)), errno::EINVAL);
+    assert_eq!(c.load(Ordering::SeqCst), 1);
+    // on_error after the end is ignored.
+    fake.on_error(errno::EIO, c"too late");
+    assert!(block_on(stream.next()).is_none());
+    fake.release();
+    drop(stream);
+    assert_eq!(fake.cancels(), 0, "an ended stream is not cancelled");
+    assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+}
+
+#[test]
+fn producer_errors_and_early_release_reach_the_rust_side() {
+    let _w = watchdog("consumer_errors");
+    // on_error: an Err item with the code and the copied message, then the end.
+    let (handler, mut stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.on_schema(), 0);
+    let (a, c) = counted(0);
+    assert_eq!(fake.task(Some(a)), 0);
+    fake.on_error(errno::EIO, c"backend failed");
+    fake.release();
+    assert!(block_on(stream.next()).unwrap().is_ok());
+    match block_on(stream.next()) {
+        Some(Err(Error::Callback { operation: "on_error", code, message })) => {
+            assert_eq!(code, errno::EIO);
+            assert_eq!(message, "backend failed");
+        }
+        other => panic!("expected the producer's error, got {other:?}"),
+    }
+    assert!(block_on(stream.next()).is_none());
+    assert_eq!(c.load(Ordering::SeqCst), 1);
+    drop(stream);
+
+    // on_error before on_schema: schema() fails with it.
+    let (handler, stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    fake.on_error(errno::ENOMEM, c"no memory");
+    fake.release();
+    assert!(matches!(
+        block_on(stream.schema()),
+        Err(Error::Callback { code, .. }) if code == errno::ENOMEM
+    ));
+    drop(stream);
+
+    // release without end (a cancelled producer): ECANCELED.
+    let (handler, mut stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.on_schema(), 0);
+    fake.release();
+    assert!(matches!(
+        block_on(stream.next()),
+        Some(Err(Error::Callback { operation: "release", code, .. })) if code == errno::ECANCELED
+    ));
+    assert!(block_on(stream.next()).is_none());
+    drop(stream);
+}
+
+#[test]
+fn consumer_rejects_tasks_before_the_schema() {
+    let _w = watchdog("task_before_schema");
+    let (handler, mut stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    let (a, c) = counted(0);
+    assert_eq!(fake.task(Some(a)), errno::EINVAL);
+    assert_eq!(c.load(Ordering::SeqCst), 1);
+    assert!(matches!(block_on(stream.schema()), Err(Error::Protocol(_))));
+    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    fake.release();
+    assert!(block_on(stream.next()).is_none());
+}
+
+#[test]
+fn dropping_the_consumer_stream_cancels_once_and_cleans_up() {
+    let _w = watchdog("consumer_drop_fake");
+    let (handler, mut stream) = async_handler(3);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.on_schema(), 0);
+    let mut counts = Vec::new();
+    for i in 0..3 {
+        let (a, c) = counted(i);
+        counts.push(c);
+        assert_eq!(fake.task(Some(a)), 0);
+    }
+    let first = block_on(stream.next()).unwrap().unwrap();
+    drop(stream);
+    assert_eq!(fake.cancels(), 1);
+    assert_eq!(counts[0].load(Ordering::SeqCst), 0, "the taken array is ours");
+    assert_eq!(counts[1].load(Ordering::SeqCst), 1, "queued tasks are extracted with NULL");
+    assert_eq!(counts[2].load(Ordering::SeqCst), 1);
+    drop(first);
+    assert_eq!(counts[0].load(Ordering::SeqCst), 1);
+    // A task still in flight after cancel is accepted and discarded.
+    let (a, c) = counted(3);
+    assert_eq!(fake.task(Some(a)), 0);
+    assert_eq!(c.load(Ordering::SeqCst), 1);
+    fake.release(); // frees the handler: the stream is gone too
+}
+
+#[test]
+fn dropping_the_consumer_stream_cancels_a_real_producer() {
+    let _w = watchdog("consumer_drop_real");
+    let ledger = Arc::new(Ledger::default());
+    let source_ledger = ledger.clone();
+    let source = stream::iter(0..).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+    let (handler, mut stream) = async_handler(4);
+    // SAFETY: handed over.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, handler.into_raw()) }
+            .unwrap();
+    for i in 0..5 {
+        let array = block_on(stream.next()).unwrap().unwrap();
+        assert_eq!(cpu::import_record_batch_with_schema(array, schema()).unwrap(), batch(i));
+    }
+    drop(stream);
+    // A clean cancel: Ok, and release came (join waits for it).
+    producer.join().unwrap();
+    assert!(ledger.exported() >= 5);
+    assert_eq!(ledger.released(), ledger.exported(), "nothing leaks");
+}
+
+#[test]
+fn cancel_by_the_producer_owner_truncates_the_rust_stream() {
+    let _w = watchdog("owner_cancel");
+    let source = stream::iter(0..).map(|i| Ok::<_, ArrowError>(batch(i)));
+    let (handler, mut stream) = async_record_batch_handler(2);
+    // SAFETY: handed over.
+    let producer = unsafe { produce_record_batches(schema(), source, handler.into_raw()) }.unwrap();
+    assert_eq!(block_on(stream.next()).unwrap().unwrap(), batch(0));
+    producer.cancel();
+    producer.join().unwrap();
+    let rest: Vec<_> = block_on(stream.collect());
+    let last = rest.last().expect("an error item at least");
+    assert!(
+        matches!(last, Err(Error::Callback { operation: "release", code, .. }) if *code == errno::ECANCELED),
+        "{last:?}"
+    );
+    assert!(rest[..rest.len() - 1].iter().all(|b| b.is_ok()));
+}
+
+#[test]
+fn dropping_an_unused_handler_ends_the_stream() {
+    let _w = watchdog("unused_handler");
+    let (handler, mut stream) = async_handler(2);
+    drop(handler);
+    assert!(matches!(block_on(stream.schema()), Err(Error::Protocol(_))));
+    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    assert!(block_on(stream.next()).is_none());
+}
+
+#[test]
+fn dropping_the_stream_before_the_schema_refuses_on_schema() {
+    let _w = watchdog("drop_before_schema");
+    let (handler, stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    drop(stream);
+    assert_eq!(fake.on_schema(), errno::ECANCELED);
+    assert_eq!(fake.requested(), 0);
+    assert_eq!(fake.cancels(), 0);
+    fake.release();
+}
