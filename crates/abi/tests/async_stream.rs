@@ -37,7 +37,10 @@ fn schema() -> SchemaRef {
             Field::new("id", DataType::Int32, false),
             Field::new("name", DataType::Utf8, true),
         ])
-        .with_metadata(HashMap::from([("origin".to_string(), "async-test".to_string())])),
+        .with_metadata(HashMap::from([(
+            "origin".to_string(),
+            "async-test".to_string(),
+        )])),
     )
 }
 
@@ -52,8 +55,11 @@ fn batch(i: i32) -> RecordBatch {
             names.append_null();
         }
     }
-    RecordBatch::try_new(schema(), vec![Arc::new(ids.finish()), Arc::new(names.finish())])
-        .unwrap()
+    RecordBatch::try_new(
+        schema(),
+        vec![Arc::new(ids.finish()), Arc::new(names.finish())],
+    )
+    .unwrap()
 }
 
 /// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
@@ -188,7 +194,10 @@ impl Recorder {
         let (guard, timeout) = cv
             .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(30), |r| !*r)
             .unwrap();
-        assert!(!timeout.timed_out() && *guard, "the producer never released the handler");
+        assert!(
+            !timeout.timed_out() && *guard,
+            "the producer never released the handler"
+        );
     }
 
     fn log_snapshot(&self) -> Vec<String> {
@@ -198,7 +207,11 @@ impl Recorder {
     fn assert_clean(&self) {
         let v = self.violations.lock().unwrap();
         assert!(v.is_empty(), "protocol violations: {v:?}");
-        assert_eq!(self.releases.load(Ordering::SeqCst), 1, "release exactly once");
+        assert_eq!(
+            self.releases.load(Ordering::SeqCst),
+            1,
+            "release exactly once"
+        );
     }
 
     fn batches(&self) -> Vec<RecordBatch> {
@@ -277,7 +290,10 @@ unsafe extern "C" fn rec_on_next_task(
             // SAFETY: first and only extraction, into a writable struct.
             let rc = unsafe { extract(&mut copy, &mut out) };
             r.extract_codes.lock().unwrap().push(rc);
-            r.arrays.lock().unwrap().push(DeviceArray::try_new(out).unwrap());
+            r.arrays
+                .lock()
+                .unwrap()
+                .push(DeviceArray::try_new(out).unwrap());
         }
         Extract::NullThenTwice => {
             // SAFETY: extraction with NULL out; then a forbidden second one on the task.
@@ -292,7 +308,13 @@ unsafe extern "C" fn rec_on_next_task(
             }
         }
     }
-    let tasks = r.log.lock().unwrap().iter().filter(|e| *e == "task").count();
+    let tasks = r
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| *e == "task")
+        .count();
     if r.config.cancel_storm_at == Some(tasks) {
         let producer = r.producer.load(Ordering::SeqCst) as usize;
         std::thread::scope(|s| {
@@ -398,7 +420,10 @@ fn round_trip_record_batches_keeps_values_and_metadata() {
     let got_schema = block_on(stream.schema()).unwrap();
     assert_eq!(got_schema.as_ref(), schema().as_ref());
     assert_eq!(got_schema.metadata()["origin"], "async-test");
-    assert_eq!(stream.device_stream().device_type(), Some(ArrowDeviceType::CPU));
+    assert_eq!(
+        stream.device_stream().device_type(),
+        Some(ArrowDeviceType::CPU)
+    );
     let got: Vec<RecordBatch> = block_on(stream.by_ref().map(|b| b.unwrap()).collect());
     assert_eq!(got, batches);
     assert_eq!(got[0].schema().metadata()["origin"], "async-test");
@@ -455,12 +480,17 @@ fn mismatched_batch_is_reported_to_the_consumer() {
     let (handler, stream) = async_record_batch_handler(4);
     let items = vec![Ok::<_, ArrowError>(batch(0)), Ok(other)];
     // SAFETY: handed over.
-    let producer = unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
+    let producer =
+        unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
     let got: Vec<_> = block_on(stream.collect());
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].as_ref().unwrap(), &batch(0));
     match &got[1] {
-        Err(Error::Callback { operation: "on_error", code, message }) => {
+        Err(Error::Callback {
+            operation: "on_error",
+            code,
+            message,
+        }) => {
             assert_eq!(*code, errno::EINVAL);
             assert!(message.contains("do not match"), "{message}");
         }
@@ -491,7 +521,13 @@ fn back_pressure_and_request_from_inside_on_next_task() {
     assert_eq!(log[0], "schema");
     assert_eq!(count(&log, "task"), 10);
     assert_eq!(&log[11..], ["end", "release"]);
-    assert!(h.recorder.extract_codes.lock().unwrap().iter().all(|&rc| rc == 0));
+    assert!(h
+        .recorder
+        .extract_codes
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|&rc| rc == 0));
     assert_eq!(h.recorder.batches(), (0..10).map(batch).collect::<Vec<_>>());
     let got_schema = h.recorder.schema.lock().unwrap().clone().unwrap();
     assert_eq!(got_schema.metadata()["origin"], "async-test");
@@ -535,7 +571,9 @@ fn consumer_that_never_requests_can_be_cancelled_without_leaks() {
     let _w = watchdog("never_requests");
     let h = recorder(Config::default());
     let ledger = Arc::new(Ledger::default());
-    let arrays: Vec<_> = (0..3).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    let arrays: Vec<_> = (0..3)
+        .map(|i| Ok::<_, Error>(ledger.export(&batch(i))))
+        .collect();
     // SAFETY: the handler outlives the producer.
     let producer =
         unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
@@ -549,7 +587,11 @@ fn consumer_that_never_requests_can_be_cancelled_without_leaks() {
     h.recorder.assert_clean();
     assert_eq!(h.recorder.log_snapshot(), ["schema", "release"]);
     assert_eq!(ledger.exported(), 3);
-    assert_eq!(ledger.released(), 3, "the unrequested arrays are released with the source");
+    assert_eq!(
+        ledger.released(),
+        3,
+        "the unrequested arrays are released with the source"
+    );
 }
 
 #[test]
@@ -565,12 +607,18 @@ fn request_zero_or_negative_is_einval_then_release() {
         let producer = unsafe { produce_record_batch_iter(schema(), items, h.raw) }.unwrap();
         h.recorder.wait_released();
         let result = producer.join();
-        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(Error::InvalidArgument(_))),
+            "{result:?}"
+        );
         h.recorder.assert_clean();
         let log = h.recorder.log_snapshot();
         assert_eq!(log.len(), 3, "{log:?}");
         assert_eq!(log[0], "schema");
-        assert!(log[1].starts_with(&format!("error {}: ", errno::EINVAL)), "{log:?}");
+        assert!(
+            log[1].starts_with(&format!("error {}: ", errno::EINVAL)),
+            "{log:?}"
+        );
         assert!(log[1].contains(&format!("got {n}")), "{log:?}");
         assert_eq!(log[2], "release");
     }
@@ -595,7 +643,10 @@ fn cancel_is_idempotent_and_thread_safe_without_on_error() {
     producer.join().unwrap();
     h.recorder.assert_clean();
     // No task after the cancel, no end task, no error: just release.
-    assert_eq!(h.recorder.log_snapshot(), ["schema", "task", "task", "release"]);
+    assert_eq!(
+        h.recorder.log_snapshot(),
+        ["schema", "task", "task", "release"]
+    );
     drop(h.recorder.batches());
     assert_eq!(ledger.released(), ledger.exported());
 }
@@ -620,12 +671,18 @@ fn source_error_is_reported_with_its_code_and_message() {
     let producer = unsafe { produce_record_batch_iter(schema(), items, h.raw) }.unwrap();
     h.recorder.wait_released();
     let result = producer.join();
-    assert!(matches!(&result, Err(e) if e.to_string().contains("disk gone")), "{result:?}");
+    assert!(
+        matches!(&result, Err(e) if e.to_string().contains("disk gone")),
+        "{result:?}"
+    );
     h.recorder.assert_clean();
     let log = h.recorder.log_snapshot();
     assert_eq!(log.len(), 5, "{log:?}");
     assert_eq!(&log[..3], ["schema", "task", "task"]);
-    assert!(log[3].starts_with(&format!("error {}: ", errno::EIO)), "{log:?}");
+    assert!(
+        log[3].starts_with(&format!("error {}: ", errno::EIO)),
+        "{log:?}"
+    );
     assert!(log[3].contains("disk gone"), "{log:?}");
     assert_eq!(log[4], "release");
 }
@@ -639,12 +696,17 @@ fn source_error_reaches_the_rust_consumer() {
     ];
     let (handler, stream) = async_record_batch_handler(2);
     // SAFETY: handed over.
-    let producer = unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
+    let producer =
+        unsafe { produce_record_batch_iter(schema(), items, handler.into_raw()) }.unwrap();
     let got: Vec<_> = block_on(stream.collect());
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].as_ref().unwrap(), &batch(0));
     match &got[1] {
-        Err(Error::Callback { operation: "on_error", code, message }) => {
+        Err(Error::Callback {
+            operation: "on_error",
+            code,
+            message,
+        }) => {
             assert_eq!(*code, errno::EINVAL);
             assert!(message.contains("bad batch"), "{message}");
         }
@@ -662,7 +724,9 @@ fn on_schema_error_means_release_only() {
         ..Default::default()
     });
     let ledger = Arc::new(Ledger::default());
-    let arrays: Vec<_> = (0..3).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    let arrays: Vec<_> = (0..3)
+        .map(|i| Ok::<_, Error>(ledger.export(&batch(i))))
+        .collect();
     // SAFETY: the handler outlives the producer.
     let producer =
         unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
@@ -695,12 +759,18 @@ fn panic_in_the_source_becomes_on_error() {
     let producer = unsafe { produce_record_batches(schema(), source, h.raw) }.unwrap();
     h.recorder.wait_released();
     let result = producer.join();
-    assert!(matches!(&result, Err(Error::Panic(m)) if m.contains("source exploded")), "{result:?}");
+    assert!(
+        matches!(&result, Err(Error::Panic(m)) if m.contains("source exploded")),
+        "{result:?}"
+    );
     h.recorder.assert_clean();
     let log = h.recorder.log_snapshot();
     assert_eq!(log.len(), 4, "{log:?}");
     assert_eq!(&log[..2], ["schema", "task"]);
-    assert!(log[2].starts_with(&format!("error {}: ", errno::EIO)), "{log:?}");
+    assert!(
+        log[2].starts_with(&format!("error {}: ", errno::EIO)),
+        "{log:?}"
+    );
     assert!(log[2].contains("source exploded at 1"), "{log:?}");
     assert_eq!(log[3], "release");
 }
@@ -714,7 +784,9 @@ fn extract_data_with_null_out_releases_and_a_second_call_fails() {
         ..Default::default()
     });
     let ledger = Arc::new(Ledger::default());
-    let arrays: Vec<_> = (0..4).map(|i| Ok::<_, Error>(ledger.export(&batch(i)))).collect();
+    let arrays: Vec<_> = (0..4)
+        .map(|i| Ok::<_, Error>(ledger.export(&batch(i))))
+        .collect();
     // SAFETY: the handler outlives the producer.
     let producer =
         unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
@@ -724,7 +796,11 @@ fn extract_data_with_null_out_releases_and_a_second_call_fails() {
     h.recorder.assert_clean();
     let codes = h.recorder.extract_codes.lock().unwrap().clone();
     assert_eq!(codes, [0, errno::EINVAL].repeat(4));
-    assert_eq!(ledger.released(), 4, "released by the NULL extraction, exactly once");
+    assert_eq!(
+        ledger.released(),
+        4,
+        "released by the NULL extraction, exactly once"
+    );
 }
 
 #[test]
@@ -739,16 +815,25 @@ fn task_extraction_is_exactly_once_across_copies() {
     assert_eq!(unsafe { extract(&mut copy, &mut out) }, 0);
     assert!(copy.private_data.is_null());
     // SAFETY: second extraction through the original and through the copy: detected.
-    assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, errno::EINVAL);
+    assert_eq!(
+        unsafe { extract(&mut task, std::ptr::null_mut()) },
+        errno::EINVAL
+    );
     let mut again = ArrowDeviceArray::empty();
     // SAFETY: as above.
     assert_eq!(unsafe { extract(&mut copy, &mut again) }, errno::EINVAL);
     // SAFETY: a NULL task is rejected.
-    assert_eq!(unsafe { extract(std::ptr::null_mut(), &mut again) }, errno::EINVAL);
+    assert_eq!(
+        unsafe { extract(std::ptr::null_mut(), &mut again) },
+        errno::EINVAL
+    );
     assert!(again.is_released());
     assert_eq!(count.load(Ordering::SeqCst), 0);
     let array = DeviceArray::try_new(out).unwrap();
-    assert_eq!(cpu::import_record_batch_with_schema(array, schema()).unwrap(), batch(3));
+    assert_eq!(
+        cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+        batch(3)
+    );
     assert_eq!(count.load(Ordering::SeqCst), 1);
 
     let (array, count) = count_releases(cpu::export_batch_array(&batch(1)));
@@ -757,7 +842,10 @@ fn task_extraction_is_exactly_once_across_copies() {
     assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, 0);
     assert_eq!(count.load(Ordering::SeqCst), 1);
     // SAFETY: second call: detected, no double release.
-    assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, errno::EINVAL);
+    assert_eq!(
+        unsafe { extract(&mut task, std::ptr::null_mut()) },
+        errno::EINVAL
+    );
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
@@ -854,7 +942,12 @@ impl FakeProducer {
     fn on_error(&self, code: c_int, message: &CStr) {
         // SAFETY: the handler struct is alive; the message is valid for the call.
         unsafe {
-            ((*self.handler).on_error.unwrap())(self.handler, code, message.as_ptr(), std::ptr::null())
+            ((*self.handler).on_error.unwrap())(
+                self.handler,
+                code,
+                message.as_ptr(),
+                std::ptr::null(),
+            )
         }
     }
 
@@ -893,15 +986,25 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     // A third task was not requested: refused, and cleaned up at once.
     assert_eq!(fake.task(Some(a2)), errno::EINVAL);
     assert_eq!(c2.load(Ordering::SeqCst), 1);
-    assert_eq!(fake.requested(), 2, "nothing extra requested before items are taken");
+    assert_eq!(
+        fake.requested(),
+        2,
+        "nothing extra requested before items are taken"
+    );
     // The two queued tasks are extracted when polled, then the violation is reported.
     let first = block_on(stream.next()).unwrap().unwrap();
-    assert_eq!(cpu::import_record_batch_with_schema(first, schema()).unwrap(), batch(0));
+    assert_eq!(
+        cpu::import_record_batch_with_schema(first, schema()).unwrap(),
+        batch(0)
+    );
     assert_eq!(c0.load(Ordering::SeqCst), 1);
     let second = block_on(stream.next()).unwrap().unwrap();
     drop(second);
     assert_eq!(c1.load(Ordering::SeqCst), 1);
-    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    assert!(matches!(
+        block_on(stream.next()),
+        Some(Err(Error::Protocol(_)))
+    ));
     assert!(block_on(stream.next()).is_none());
     // After the failure the consumer requests nothing more.
     assert_eq!(fake.requested(), 2);
@@ -909,7 +1012,11 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     // Callbacks after release: ignored safely while the stream is alive.
     let (late, late_count) = counted(9);
     assert_eq!(fake.task(Some(late)), errno::EINVAL);
-    assert_eq!(late_count.load(Ordering::SeqCst), 1, "a late task is still cleaned up");
+    assert_eq!(
+        late_count.load(Ordering::SeqCst),
+        1,
+        "a late task is still cleaned up"
+    );
     fake.on_error(errno::EIO, c"late error");
     assert_eq!(fake.on_schema(), errno::EINVAL);
     fake.release();
@@ -963,7 +1070,11 @@ fn producer_errors_and_early_release_reach_the_rust_side() {
     fake.release();
     assert!(block_on(stream.next()).unwrap().is_ok());
     match block_on(stream.next()) {
-        Some(Err(Error::Callback { operation: "on_error", code, message })) => {
+        Some(Err(Error::Callback {
+            operation: "on_error",
+            code,
+            message,
+        })) => {
             assert_eq!(code, errno::EIO);
             assert_eq!(message, "backend failed");
         }
@@ -1006,7 +1117,10 @@ fn consumer_rejects_tasks_before_the_schema() {
     assert_eq!(fake.task(Some(a)), errno::EINVAL);
     assert_eq!(c.load(Ordering::SeqCst), 1);
     assert!(matches!(block_on(stream.schema()), Err(Error::Protocol(_))));
-    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    assert!(matches!(
+        block_on(stream.next()),
+        Some(Err(Error::Protocol(_)))
+    ));
     fake.release();
     assert!(block_on(stream.next()).is_none());
 }
@@ -1026,8 +1140,16 @@ fn dropping_the_consumer_stream_cancels_once_and_cleans_up() {
     let first = block_on(stream.next()).unwrap().unwrap();
     drop(stream);
     assert_eq!(fake.cancels(), 1);
-    assert_eq!(counts[0].load(Ordering::SeqCst), 0, "the taken array is ours");
-    assert_eq!(counts[1].load(Ordering::SeqCst), 1, "queued tasks are extracted with NULL");
+    assert_eq!(
+        counts[0].load(Ordering::SeqCst),
+        0,
+        "the taken array is ours"
+    );
+    assert_eq!(
+        counts[1].load(Ordering::SeqCst),
+        1,
+        "queued tasks are extracted with NULL"
+    );
     assert_eq!(counts[2].load(Ordering::SeqCst), 1);
     drop(first);
     assert_eq!(counts[0].load(Ordering::SeqCst), 1);
@@ -1051,7 +1173,10 @@ fn dropping_the_consumer_stream_cancels_a_real_producer() {
             .unwrap();
     for i in 0..5 {
         let array = block_on(stream.next()).unwrap().unwrap();
-        assert_eq!(cpu::import_record_batch_with_schema(array, schema()).unwrap(), batch(i));
+        assert_eq!(
+            cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+            batch(i)
+        );
     }
     drop(stream);
     // A clean cancel: Ok, and release came (join waits for it).
@@ -1085,7 +1210,10 @@ fn dropping_an_unused_handler_ends_the_stream() {
     let (handler, mut stream) = async_handler(2);
     drop(handler);
     assert!(matches!(block_on(stream.schema()), Err(Error::Protocol(_))));
-    assert!(matches!(block_on(stream.next()), Some(Err(Error::Protocol(_)))));
+    assert!(matches!(
+        block_on(stream.next()),
+        Some(Err(Error::Protocol(_)))
+    ));
     assert!(block_on(stream.next()).is_none());
 }
 
