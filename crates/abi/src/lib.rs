@@ -13,6 +13,7 @@ pub mod async_stream;
 mod device_array;
 pub mod device_type;
 pub mod error;
+pub mod export;
 
 pub use abi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
@@ -23,5 +24,6 @@ pub use device_type::ArrowDeviceType;
 pub use error::{Error, Result};
 pub mod boundary;
 pub mod cpu;
+pub mod device;
 pub mod layout;
 pub mod stream;

@@ -1,4 +1,10 @@
 //! # devarrow-bridge
 //!
-//! arrow-rs record batches to a device and back (filled by the bridge issue).
+//! arrow-rs record batches to a device and back, over one device abstraction
+//! ([`devarrow_abi::device::Device`]) that the CPU and CUDA implement.
 #![warn(missing_docs)]
+
+pub mod plan;
+pub mod transfer;
+
+pub use transfer::{DeviceBatch, Transfer, TransferOptions};

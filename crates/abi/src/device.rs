@@ -1,0 +1,243 @@
+//! One device abstraction for the CPU and CUDA (in the spirit of nanoarrow's small device
+//! vtable): allocate memory on the device, copy between host and device on the device's
+//! own stream, and mark when enqueued work is done with a sync event.
+//!
+//! The bridge (arrow-rs record batches to a device and back) is written once against
+//! [`Device`]; [`CpuDevice`] implements it with host memory, so the whole bridge logic runs
+//! in CI without a GPU, and `devarrow-cuda` implements it on CUDA.
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::abi::ArrowDeviceType;
+use crate::error::{Error, Result};
+
+/// Alignment of every device allocation and of every buffer packed into one (64 bytes,
+/// as the Arrow columnar format recommends).
+pub const BUFFER_ALIGNMENT: usize = 64;
+
+/// Memory on a device: freed when the last reference drops.
+pub trait DeviceMemory: Send + Sync + fmt::Debug {
+    /// The address of the first byte on the device (a host pointer for the CPU).
+    fn address(&self) -> *mut c_void;
+    /// The size in bytes.
+    fn len(&self) -> usize;
+    /// Whether the allocation is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The concrete type, for device implementations that need it back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Page-locked (pinned) host memory the device can DMA from and to directly; plain host
+/// memory on the CPU device.
+pub trait StagingMemory: Send + fmt::Debug {
+    /// The memory, writable by the host.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// The memory, readable by the host.
+    fn as_slice(&self) -> &[u8];
+}
+
+/// A point in a device's stream of work: done once everything enqueued before it is.
+pub trait SyncEvent: Send + Sync + fmt::Debug {
+    /// What `ArrowDeviceArray.sync_event` should hold for this event (NULL when the data
+    /// is ready as soon as the call returns, as on the CPU). For CUDA: a `CUevent*`.
+    fn as_sync_event_ptr(&self) -> *mut c_void;
+    /// Blocks the calling host thread until the event has completed.
+    fn wait_host(&self) -> Result<()>;
+}
+
+/// A device data can be moved to and from. Copies are enqueued on the device's own stream
+/// in call order; host memory passed to a copy must stay valid until an event recorded
+/// after it has completed (or [`Device::synchronize`] returned).
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The `ArrowDeviceType` of memory this device allocates.
+    fn device_type(&self) -> ArrowDeviceType;
+    /// The `device_id` of arrays on this device (-1 for the CPU).
+    fn device_id(&self) -> i64;
+    /// Allocates `len` bytes (uninitialized), aligned to [`BUFFER_ALIGNMENT`].
+    fn allocate(&self, len: usize) -> Result<Arc<dyn DeviceMemory>>;
+    /// Allocates host staging memory the device can copy from and to without another
+    /// copy (pinned on CUDA).
+    fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>>;
+    /// Enqueues a copy of `len` bytes from host memory `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes until the copy has completed; `dst`
+    /// must be valid device memory for `len` bytes.
+    unsafe fn copy_to_device(&self, src: *const u8, dst: *mut c_void, len: usize) -> Result<()>;
+    /// Enqueues a copy of `len` bytes from device address `src` to host memory `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes until the copy has completed, and not
+    /// read before; `src` must be valid device memory for `len` bytes.
+    unsafe fn copy_to_host(&self, src: *const c_void, dst: *mut u8, len: usize) -> Result<()>;
+    /// Records an event after all work enqueued so far.
+    fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
+    /// Makes later work on this device's stream wait for a producer's `sync_event`
+    /// (without blocking the host). NULL means the data is ready.
+    ///
+    /// # Safety
+    /// A non-NULL `sync_event` must point to a live event of this device's type.
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()>;
+    /// Blocks the host until all work enqueued on this device's stream has completed.
+    fn synchronize(&self) -> Result<()>;
+    /// How many host-device copies this device has enqueued since it was created: lets
+    /// tests assert that a transfer moved its buffers in few copies.
+    fn copy_count(&self) -> u64;
+}
+
+/// The CPU as a [`Device`]: "device" memory is host memory, copies are `memcpy`, events
+/// are complete at once (and exported as a NULL `sync_event`).
+#[derive(Debug, Default)]
+pub struct CpuDevice {
+    copies: AtomicU64,
+}
+
+impl CpuDevice {
+    /// A CPU device.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// A host allocation aligned to [`BUFFER_ALIGNMENT`].
+#[derive(Debug)]
+pub struct HostMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: HostMemory exclusively owns its allocation; the raw pointer is not shared
+// with any thread-affine resource.
+unsafe impl Send for HostMemory {}
+// SAFETY: shared references only expose the address and length.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGNMENT`].
+    pub fn zeroed(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self {
+                ptr: std::ptr::null_mut::<u8>().wrapping_add(BUFFER_ALIGNMENT),
+                len: 0,
+            });
+        }
+        let layout = Self::layout(len)?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Arrow(arrow_schema::ArrowError::MemoryError(
+                format!("cannot allocate {len} bytes of host memory"),
+            )));
+        }
+        Ok(Self { ptr, len })
+    }
+
+    fn layout(len: usize) -> Result<Layout> {
+        Layout::from_size_align(len, BUFFER_ALIGNMENT)
+            .map_err(|e| Error::InvalidArgument(format!("allocation of {len} bytes: {e}")))
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr,
+                    Self::layout(self.len).expect("valid at allocation"),
+                )
+            };
+        }
+    }
+}
+
+impl DeviceMemory for HostMemory {
+    fn address(&self) -> *mut c_void {
+        self.ptr.cast()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl StagingMemory for HostMemory {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes (or dangling and aligned for len 0) and
+        // exclusively borrowed through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// The CPU's event: always complete.
+#[derive(Debug)]
+pub struct CpuEvent;
+
+impl SyncEvent for CpuEvent {
+    fn as_sync_event_ptr(&self) -> *mut c_void {
+        std::ptr::null_mut()
+    }
+    fn wait_host(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Device for CpuDevice {
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CPU
+    }
+    fn device_id(&self) -> i64 {
+        crate::cpu::CPU_DEVICE_ID
+    }
+    fn allocate(&self, len: usize) -> Result<Arc<dyn DeviceMemory>> {
+        Ok(Arc::new(HostMemory::zeroed(len)?))
+    }
+    fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(HostMemory::zeroed(len)?))
+    }
+    unsafe fn copy_to_device(&self, src: *const u8, dst: *mut c_void, len: usize) -> Result<()> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller guarantees both ranges are valid; they are distinct
+        // allocations (staging or user memory, and device memory).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), len) };
+        Ok(())
+    }
+    unsafe fn copy_to_host(&self, src: *const c_void, dst: *mut u8, len: usize) -> Result<()> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as in `copy_to_device`.
+        unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, len) };
+        Ok(())
+    }
+    fn record_event(&self) -> Result<Arc<dyn SyncEvent>> {
+        Ok(Arc::new(CpuEvent))
+    }
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()> {
+        if sync_event.is_null() {
+            Ok(())
+        } else {
+            Err(Error::UnexpectedSyncEvent {
+                device_type: ArrowDeviceType::CPU,
+            })
+        }
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+}

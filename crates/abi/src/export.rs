@@ -1,0 +1,123 @@
+//! Exporting an array tree whose buffers live anywhere (device memory included) as an
+//! `ArrowDeviceArray`, without arrow-rs ever seeing the buffers.
+//!
+//! The producer describes the tree with [`ArrayNode`]s (buffer addresses on the device)
+//! and hands over an owner that keeps the memory, and the sync event, alive. Every
+//! exported struct, children included, has its own `release` (a consumer may move
+//! children out, as the C data interface allows); the owner is dropped when the last of
+//! them is released.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use crate::abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType};
+use crate::boundary::swallow_panic;
+use crate::device_array::DeviceArray;
+use crate::error::Result;
+
+/// One array of a tree to export.
+#[derive(Debug, Clone, Default)]
+pub struct ArrayNode {
+    /// Logical length.
+    pub length: i64,
+    /// Null count (-1 if unknown).
+    pub null_count: i64,
+    /// Logical offset.
+    pub offset: i64,
+    /// Buffer addresses in C data interface order (NULL allowed where the spec allows).
+    pub buffers: Vec<*const c_void>,
+    /// Children.
+    pub children: Vec<ArrayNode>,
+    /// Dictionary of a dictionary-encoded array.
+    pub dictionary: Option<Box<ArrayNode>>,
+}
+
+/// What keeps the exported memory alive: anything, dropped after the last release.
+pub type Owner = Arc<dyn Any + Send + Sync>;
+
+struct NodePrivate {
+    buffers: Box<[*const c_void]>,
+    children: Box<[*mut ArrowArray]>,
+    dictionary: *mut ArrowArray,
+    _owner: Owner,
+}
+
+fn export_node(node: ArrayNode, owner: &Owner) -> ArrowArray {
+    let children: Box<[*mut ArrowArray]> = node
+        .children
+        .into_iter()
+        .map(|c| Box::into_raw(Box::new(export_node(c, owner))))
+        .collect();
+    let dictionary = node.dictionary.map_or(std::ptr::null_mut(), |d| {
+        Box::into_raw(Box::new(export_node(*d, owner)))
+    });
+    let mut private = Box::new(NodePrivate {
+        buffers: node.buffers.into_boxed_slice(),
+        children,
+        dictionary,
+        _owner: owner.clone(),
+    });
+    ArrowArray {
+        length: node.length,
+        null_count: node.null_count,
+        offset: node.offset,
+        n_buffers: private.buffers.len() as i64,
+        n_children: private.children.len() as i64,
+        buffers: private.buffers.as_mut_ptr(),
+        children: private.children.as_mut_ptr(),
+        dictionary,
+        release: Some(release_node),
+        private_data: Box::into_raw(private).cast(),
+    }
+}
+
+unsafe extern "C" fn release_node(array: *mut ArrowArray) {
+    swallow_panic("in ArrowArray.release", || {
+        // SAFETY: called by a consumer on a struct we exported (or a moved copy of it).
+        let Some(array) = (unsafe { array.as_mut() }) else {
+            return;
+        };
+        if array.release.is_none() || array.private_data.is_null() {
+            return;
+        }
+        // SAFETY: private_data is the Box<NodePrivate> made by `export_node`, freed only here.
+        let private = unsafe { Box::from_raw(array.private_data.cast::<NodePrivate>()) };
+        for &child in private
+            .children
+            .iter()
+            .chain(std::iter::once(&private.dictionary))
+        {
+            if child.is_null() {
+                continue;
+            }
+            // SAFETY: each child was boxed by `export_node`; if a consumer moved it out it
+            // is marked released here and its new owner releases the moved copy.
+            let mut child = unsafe { Box::from_raw(child) };
+            if let Some(release) = child.release {
+                // SAFETY: the child is unreleased and ours.
+                unsafe { release(&mut *child) };
+            }
+        }
+        array.release = None;
+        array.private_data = std::ptr::null_mut();
+    })
+}
+
+/// Exports `root` as a device array on `device_type`/`device_id` with `sync_event`; the
+/// `owner` (memory, event, ...) is kept alive until every exported struct is released.
+pub fn export_tree(
+    root: ArrayNode,
+    owner: Owner,
+    device_type: ArrowDeviceType,
+    device_id: i64,
+    sync_event: *mut c_void,
+) -> Result<DeviceArray> {
+    DeviceArray::try_new(ArrowDeviceArray {
+        array: export_node(root, &owner),
+        device_id,
+        device_type,
+        sync_event,
+        reserved: [0; 3],
+    })
+}

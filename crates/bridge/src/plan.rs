@@ -1,0 +1,357 @@
+//! Planning a transfer: which bytes of an arrow-rs array a device copy of it needs.
+//!
+//! The planner walks the array tree once and produces, for every buffer of the C data
+//! interface layout, the exact bytes the *slice* needs, placed at 64-byte aligned offsets
+//! of one packed image. Slices move only their bytes: fixed-width values are cut to the
+//! slice, bitmaps are realigned to bit 0, offsets are rebased to start at 0 and their
+//! children cut to the range they address (lists, list views, dense unions, run-end
+//! encoded arrays), and every node of the result has offset 0.
+//!
+//! Buffers are referenced, not copied, when they can be used as they are (zero-copy
+//! `Buffer` slices); only rebased offsets and realigned bitmaps are computed on the host.
+
+use std::collections::HashMap;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int16Type, Int32Type, Int64Type};
+use arrow_array::{make_array, Array};
+use arrow_buffer::{ArrowNativeType, Buffer};
+use arrow_data::ArrayData;
+use arrow_schema::{DataType, UnionMode};
+use devarrow_abi::device::BUFFER_ALIGNMENT;
+use devarrow_abi::{Error, Result};
+
+/// A buffer of a planned node: where its bytes lie in the packed image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Byte offset in the packed image (a multiple of 64).
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// One array of the planned tree, with offset 0 and buffers in C data interface order
+/// (`None`: a NULL buffer, e.g. the validity bitmap of an array without nulls).
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The array's type.
+    pub data_type: DataType,
+    /// The array's length.
+    pub len: usize,
+    /// The array's null count.
+    pub null_count: usize,
+    /// The buffers, in the order of the C data interface.
+    pub buffers: Vec<Option<Placement>>,
+    /// The children.
+    pub children: Vec<Node>,
+    /// The dictionary of a dictionary-encoded array.
+    pub dictionary: Option<Box<Node>>,
+}
+
+/// A packed image: the segments to copy and where.
+#[derive(Debug, Default)]
+pub struct Packer {
+    /// `(bytes, offset in the image)`, in image order.
+    pub segments: Vec<(Buffer, usize)>,
+    /// The image size in bytes.
+    pub total: usize,
+}
+
+impl Packer {
+    fn push(&mut self, bytes: Buffer) -> Option<Placement> {
+        let len = bytes.len();
+        let offset = self.total.next_multiple_of(BUFFER_ALIGNMENT);
+        self.total = offset + len;
+        if len > 0 {
+            self.segments.push((bytes, offset));
+        }
+        Some(Placement { offset, len })
+    }
+
+    /// Bytes that will actually be copied (the image minus alignment padding).
+    pub fn payload_bytes(&self) -> usize {
+        self.segments.iter().map(|(b, _)| b.len()).sum()
+    }
+}
+
+/// A planned transfer: the packed image and the tree that points into it.
+#[derive(Debug)]
+pub struct Plan {
+    /// The bytes to copy.
+    pub image: Packer,
+    /// The array tree.
+    pub root: Node,
+}
+
+/// Plans the transfer of `data` (any type; sliced or not).
+pub fn plan_array(data: &ArrayData) -> Result<Plan> {
+    let mut image = Packer::default();
+    let root = plan_node(data, &mut image)?;
+    Ok(Plan { image, root })
+}
+
+fn typed<T: ArrowNativeType>(buffer: &Buffer, start: usize, len: usize) -> Result<&[T]> {
+    let all: &[T] = buffer.typed_data();
+    all.get(start..start + len).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "buffer of {} bytes is too short for {len} items at {start}",
+            buffer.len()
+        ))
+    })
+}
+
+/// The `len` items of `width` bytes starting at item `start`, zero-copy.
+fn cut(buffer: &Buffer, start: usize, len: usize, width: usize) -> Result<Buffer> {
+    let (from, bytes) = (start * width, len * width);
+    if from + bytes > buffer.len() {
+        return Err(Error::InvalidArgument(format!(
+            "buffer of {} bytes is too short for bytes {from}..{}",
+            buffer.len(),
+            from + bytes
+        )));
+    }
+    Ok(buffer.slice_with_length(from, bytes))
+}
+
+/// Offsets `[start, start + len]` rebased to start at 0: zero-copy when they already do.
+fn rebase<O: ArrowNativeType + std::ops::Sub<Output = O>>(
+    buffer: &Buffer,
+    start: usize,
+    len: usize,
+) -> Result<(Buffer, usize, usize)> {
+    let offsets: &[O] = typed(buffer, start, len + 1)?;
+    let first = offsets[0];
+    let (lo, hi) = (first.as_usize(), offsets[len].as_usize());
+    if hi < lo {
+        return Err(Error::InvalidArgument("offsets decrease".into()));
+    }
+    let rebased = if lo == 0 {
+        cut(buffer, start, len + 1, std::mem::size_of::<O>())?
+    } else {
+        Buffer::from_vec(offsets.iter().map(|&o| o - first).collect::<Vec<O>>())
+    };
+    Ok((rebased, lo, hi))
+}
+
+fn validity(data: &ArrayData, image: &mut Packer) -> Option<Placement> {
+    let nulls = data.nulls().filter(|n| n.null_count() > 0)?;
+    // `NullBuffer` carries its own offset: realign to bit 0 (zero-copy when byte-aligned).
+    image.push(nulls.inner().sliced())
+}
+
+fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
+    let (start, len) = (data.offset(), data.len());
+    let data_type = data.data_type().clone();
+    let mut buffers = Vec::new();
+    let mut children = Vec::new();
+    let mut dictionary = None;
+    let buffer = |i: usize| -> Result<&Buffer> {
+        data.buffers()
+            .get(i)
+            .ok_or_else(|| Error::InvalidArgument(format!("{data_type} array has no buffer {i}")))
+    };
+    match &data_type {
+        DataType::Null => {}
+        DataType::Boolean => {
+            buffers.push(validity(data, image));
+            buffers.push(image.push(buffer(0)?.bit_slice(start, len)));
+        }
+        DataType::Utf8 | DataType::Binary => {
+            buffers.push(validity(data, image));
+            let (offsets, lo, hi) = rebase::<i32>(buffer(0)?, start, len)?;
+            buffers.push(image.push(offsets));
+            buffers.push(image.push(cut(buffer(1)?, lo, hi - lo, 1)?));
+        }
+        DataType::LargeUtf8 | DataType::LargeBinary => {
+            buffers.push(validity(data, image));
+            let (offsets, lo, hi) = rebase::<i64>(buffer(0)?, start, len)?;
+            buffers.push(image.push(offsets));
+            buffers.push(image.push(cut(buffer(1)?, lo, hi - lo, 1)?));
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            buffers.push(validity(data, image));
+            buffers.push(image.push(cut(buffer(0)?, start, len, 16)?));
+            let variadic = &data.buffers()[1..];
+            for b in variadic {
+                buffers.push(image.push(b.clone()));
+            }
+            let sizes: Vec<i64> = variadic.iter().map(|b| b.len() as i64).collect();
+            buffers.push(image.push(Buffer::from_vec(sizes)));
+        }
+        DataType::List(_) | DataType::Map(_, _) | DataType::LargeList(_) => {
+            buffers.push(validity(data, image));
+            let (offsets, lo, hi) = if matches!(data_type, DataType::LargeList(_)) {
+                rebase::<i64>(buffer(0)?, start, len)?
+            } else {
+                rebase::<i32>(buffer(0)?, start, len)?
+            };
+            buffers.push(image.push(offsets));
+            children.push(plan_node(&data.child_data()[0].slice(lo, hi - lo), image)?);
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            buffers.push(validity(data, image));
+            let large = matches!(data_type, DataType::LargeListView(_));
+            let (offsets, sizes): (Vec<i64>, Vec<i64>) = if large {
+                (
+                    typed::<i64>(buffer(0)?, start, len)?.to_vec(),
+                    typed::<i64>(buffer(1)?, start, len)?.to_vec(),
+                )
+            } else {
+                (
+                    typed::<i32>(buffer(0)?, start, len)?
+                        .iter()
+                        .map(|&o| o as i64)
+                        .collect(),
+                    typed::<i32>(buffer(1)?, start, len)?
+                        .iter()
+                        .map(|&s| s as i64)
+                        .collect(),
+                )
+            };
+            // The child range the views address (empty views address nothing).
+            let used = || offsets.iter().zip(&sizes).filter(|(_, &s)| s > 0);
+            let lo = used().map(|(&o, _)| o).min().unwrap_or(0);
+            let hi = used().map(|(&o, &s)| o + s).max().unwrap_or(0);
+            let rebased: Vec<i64> = offsets
+                .iter()
+                .zip(&sizes)
+                .map(|(&o, &s)| if s > 0 { o - lo } else { 0 })
+                .collect();
+            if large {
+                buffers.push(image.push(Buffer::from_vec(rebased)));
+                buffers.push(image.push(cut(buffer(1)?, start, len, 8)?));
+            } else {
+                let rebased: Vec<i32> = rebased.into_iter().map(|o| o as i32).collect();
+                buffers.push(image.push(Buffer::from_vec(rebased)));
+                buffers.push(image.push(cut(buffer(1)?, start, len, 4)?));
+            }
+            let child = &data.child_data()[0];
+            children.push(plan_node(
+                &child.slice(lo as usize, (hi - lo) as usize),
+                image,
+            )?);
+        }
+        DataType::FixedSizeList(_, n) => {
+            buffers.push(validity(data, image));
+            let n = *n as usize;
+            children.push(plan_node(
+                &data.child_data()[0].slice(start * n, len * n),
+                image,
+            )?);
+        }
+        DataType::Struct(_) => {
+            buffers.push(validity(data, image));
+            for child in data.child_data() {
+                children.push(plan_node(&child.slice(start, len), image)?);
+            }
+        }
+        DataType::Union(fields, UnionMode::Sparse) => {
+            buffers.push(image.push(cut(buffer(0)?, start, len, 1)?));
+            debug_assert_eq!(fields.len(), data.child_data().len());
+            for child in data.child_data() {
+                children.push(plan_node(&child.slice(start, len), image)?);
+            }
+        }
+        DataType::Union(fields, UnionMode::Dense) => {
+            let type_ids: &[i8] = typed(buffer(0)?, start, len)?;
+            let offsets: &[i32] = typed(buffer(1)?, start, len)?;
+            // The range of each child the slice addresses.
+            let mut ranges: HashMap<i8, (i32, i32)> = HashMap::new();
+            for (&id, &o) in type_ids.iter().zip(offsets) {
+                let r = ranges.entry(id).or_insert((o, o + 1));
+                r.0 = r.0.min(o);
+                r.1 = r.1.max(o + 1);
+            }
+            let rebased: Vec<i32> = type_ids
+                .iter()
+                .zip(offsets)
+                .map(|(id, &o)| o - ranges[id].0)
+                .collect();
+            buffers.push(image.push(cut(buffer(0)?, start, len, 1)?));
+            buffers.push(image.push(Buffer::from_vec(rebased)));
+            for ((id, _), child) in fields.iter().zip(data.child_data()) {
+                let (lo, hi) = ranges.get(&id).copied().unwrap_or((0, 0));
+                children.push(plan_node(
+                    &child.slice(lo as usize, (hi - lo) as usize),
+                    image,
+                )?);
+            }
+        }
+        DataType::Dictionary(key, _) => {
+            buffers.push(validity(data, image));
+            let width = key.primitive_width().expect("dictionary keys are integers");
+            buffers.push(image.push(cut(buffer(0)?, start, len, width)?));
+            // The dictionary is shared by every slice of the array: it travels whole.
+            dictionary = Some(Box::new(plan_node(&data.child_data()[0], image)?));
+        }
+        DataType::RunEndEncoded(_, _) => {
+            let run_ends = make_array(data.child_data()[0].clone());
+            let ends: Vec<i64> = match run_ends.data_type() {
+                DataType::Int16 => run_ends
+                    .as_primitive::<Int16Type>()
+                    .values()
+                    .iter()
+                    .map(|&e| e as i64)
+                    .collect(),
+                DataType::Int32 => run_ends
+                    .as_primitive::<Int32Type>()
+                    .values()
+                    .iter()
+                    .map(|&e| e as i64)
+                    .collect(),
+                DataType::Int64 => run_ends.as_primitive::<Int64Type>().values().to_vec(),
+                other => return Err(Error::InvalidArgument(format!("run ends of type {other}"))),
+            };
+            let (lo, hi) = (start as i64, (start + len) as i64);
+            // Physical runs [first, last] cover logical [lo, hi).
+            let first = ends.partition_point(|&e| e <= lo);
+            let last = if len == 0 {
+                first
+            } else {
+                ends.partition_point(|&e| e < hi) + 1
+            };
+            let new_ends: Vec<i64> = ends[first..last.min(ends.len())]
+                .iter()
+                .map(|&e| (e - lo).min(len as i64))
+                .collect();
+            let runs = new_ends.len();
+            let ends_buffer = match run_ends.data_type() {
+                DataType::Int16 => {
+                    Buffer::from_vec(new_ends.iter().map(|&e| e as i16).collect::<Vec<_>>())
+                }
+                DataType::Int32 => {
+                    Buffer::from_vec(new_ends.iter().map(|&e| e as i32).collect::<Vec<_>>())
+                }
+                _ => Buffer::from_vec(new_ends),
+            };
+            children.push(Node {
+                data_type: run_ends.data_type().clone(),
+                len: runs,
+                null_count: 0,
+                buffers: vec![None, image.push(ends_buffer)],
+                children: vec![],
+                dictionary: None,
+            });
+            children.push(plan_node(&data.child_data()[1].slice(first, runs), image)?);
+        }
+        dt => {
+            let width = dt
+                .primitive_width()
+                .or(match dt {
+                    DataType::FixedSizeBinary(n) => Some(*n as usize),
+                    _ => None,
+                })
+                .ok_or_else(|| Error::InvalidArgument(format!("unsupported data type {dt}")))?;
+            buffers.push(validity(data, image));
+            buffers.push(image.push(cut(buffer(0)?, start, len, width)?));
+        }
+    }
+    Ok(Node {
+        data_type,
+        len,
+        null_count: data.null_count(),
+        buffers,
+        children,
+        dictionary,
+    })
+}

@@ -1,0 +1,151 @@
+//! The bridge on the CPU device: the same planning, packing and rebuilding code that runs
+//! on CUDA, checked in CI.
+
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use devarrow_abi::cpu;
+use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_bridge::plan::plan_array;
+use devarrow_bridge::{Transfer, TransferOptions};
+use devarrow_interop::sample;
+
+fn transfer() -> (Arc<CpuDevice>, Transfer) {
+    let device = Arc::new(CpuDevice::new());
+    let transfer = Transfer::new(device.clone(), TransferOptions::default());
+    (device, transfer)
+}
+
+fn round_trip(batch: &RecordBatch) -> RecordBatch {
+    let (_, mut transfer) = transfer();
+    let on_device = transfer.to_device(batch).unwrap();
+    assert_eq!(on_device.num_rows(), batch.num_rows());
+    let back = transfer.to_host(&on_device).unwrap();
+    for column in back.columns() {
+        column.to_data().validate_full().unwrap();
+    }
+    back
+}
+
+#[test]
+fn every_type_round_trips() {
+    let batch = sample::every_type_batch();
+    let back = round_trip(&batch);
+    if let Some(diff) = sample::describe_difference(&batch, &back) {
+        panic!("{diff}");
+    }
+    assert_eq!(back, batch);
+}
+
+#[test]
+fn every_slice_of_every_type_round_trips() {
+    let batch = sample::every_type_batch();
+    let n = batch.num_rows();
+    for offset in 0..=n {
+        for len in [0, 1, 2, 3, n - offset] {
+            if offset + len > n {
+                continue;
+            }
+            let slice = batch.slice(offset, len);
+            let back = round_trip(&slice);
+            if let Some(diff) = sample::describe_difference(&slice, &back) {
+                panic!("slice {offset}+{len}: {diff}");
+            }
+            assert_eq!(back, slice, "slice {offset}+{len}");
+        }
+    }
+}
+
+#[test]
+fn device_batch_exports_and_imports_as_a_cpu_device_array() {
+    let batch = sample::every_type_batch().slice(1, 3);
+    let (_, mut transfer) = transfer();
+    let on_device = transfer.to_device(&batch).unwrap();
+    let (array, schema) = on_device.export().unwrap();
+    drop(on_device); // the export keeps the memory alive
+    let back = cpu::import_record_batch(array, &schema).unwrap();
+    assert_eq!(back, batch);
+}
+
+fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
+    RecordBatch::try_from_iter((0..columns).map(|c| {
+        let col: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..rows as i64).map(|i| (i % 7 != 0).then_some(i * c as i64)),
+        ));
+        (format!("c{c}"), col)
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_hundred_small_columns_move_in_one_copy() {
+    let batch = wide_batch(100, 1000);
+    let (device, mut transfer) = transfer();
+    let on_device = transfer.to_device(&batch).unwrap();
+    assert_eq!(device.copy_count(), 1, "one DMA for the whole batch");
+    let back = transfer.to_host(&on_device).unwrap();
+    assert_eq!(device.copy_count(), 2, "and one back");
+    assert_eq!(back, batch);
+}
+
+#[test]
+fn staging_is_bounded_and_chunks_are_pipelined() {
+    let batch = wide_batch(4, 100_000); // ~3.3 MB
+    let device = Arc::new(CpuDevice::new());
+    let mut transfer = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            staging_bytes: 1 << 20,
+        },
+    );
+    let on_device = transfer.to_device(&batch).unwrap();
+    let copies = device.copy_count();
+    let expected = on_device.device_bytes().div_ceil(1 << 19) as u64;
+    assert_eq!(copies, expected, "one copy per 512 KiB staging chunk");
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+}
+
+#[test]
+fn a_slice_moves_only_its_bytes() {
+    let rows = 100_000;
+    let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..rows).map(|i| format!("value-{i}")),
+    ));
+    let ints: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..rows as i64).map(|i| (i % 3 != 0).then_some(i)),
+    ));
+    let batch = RecordBatch::try_from_iter([("s", strings), ("i", ints)]).unwrap();
+    let full = plan_array(&arrow_array::StructArray::from(batch.clone()).into_data()).unwrap();
+    let slice = batch.slice(rows / 2 + 3, 1000);
+    let part = plan_array(&arrow_array::StructArray::from(slice.clone()).into_data()).unwrap();
+    let ratio = part.image.payload_bytes() as f64 / full.image.payload_bytes() as f64;
+    assert!(
+        ratio < 0.0125,
+        "a 1% slice moved {:.2}% of the bytes",
+        ratio * 100.0
+    );
+    assert_eq!(round_trip(&slice), slice);
+}
+
+#[test]
+fn every_type_slices_move_bytes_proportional_to_the_slice() {
+    // Repeat the sample so slices are small relative to the whole.
+    let base = sample::every_type_batch();
+    let big = arrow_select_concat(&vec![base.clone(); 64]);
+    let full = plan_array(&arrow_array::StructArray::from(big.clone()).into_data()).unwrap();
+    let part = plan_array(
+        &arrow_array::StructArray::from(big.slice(base.num_rows() * 10 + 1, 2)).into_data(),
+    )
+    .unwrap();
+    // Dictionaries travel whole (shared by every slice); everything else is cut.
+    assert!(
+        part.image.payload_bytes() * 8 < full.image.payload_bytes(),
+        "slice {} bytes vs whole {}",
+        part.image.payload_bytes(),
+        full.image.payload_bytes()
+    );
+}
+
+fn arrow_select_concat(batches: &[RecordBatch]) -> RecordBatch {
+    arrow_select::concat::concat_batches(&batches[0].schema(), batches).unwrap()
+}
