@@ -922,10 +922,8 @@ impl FakeProducer {
 
     /// Offers one counted task (or the end when `array` is None).
     fn task(&self, array: Option<DeviceArray>) -> c_int {
-        let on_next_task = unsafe {
-            // SAFETY: the handler struct is alive (the Rust stream keeps it so).
-            (*self.handler).on_next_task.unwrap()
-        };
+        // SAFETY: the handler struct is alive (the Rust stream keeps it so).
+        let on_next_task = unsafe { (*self.handler).on_next_task.unwrap() };
         match array {
             None => {
                 // SAFETY: as above; NULL is the end of the stream.

@@ -66,10 +66,8 @@ fn a_child_moved_out_outlives_its_parent() {
     )
     .unwrap();
     // Move child 0 out, as a consumer may.
-    let child_ptr = unsafe {
-        // SAFETY: the exported array has two valid children.
-        *array.array().children
-    };
+    // SAFETY: the exported array has two valid children.
+    let child_ptr = unsafe { *array.array().children };
     // SAFETY: the child is a valid, unreleased ArrowArray owned by the export.
     let mut moved: ArrowArray = unsafe { std::ptr::replace(child_ptr, ArrowArray::empty()) };
     drop(array);
