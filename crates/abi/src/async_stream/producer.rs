@@ -171,8 +171,8 @@ impl ProducerShared {
             if let Some(n) = demand.invalid_request {
                 return Wait::Invalid(n);
             }
-            if true {
-                demand.outstanding = demand.outstanding.saturating_sub(1);
+            if demand.outstanding > 0 {
+                demand.outstanding -= 1;
                 return Wait::Serve;
             }
             demand = self
