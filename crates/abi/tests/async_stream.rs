@@ -17,7 +17,8 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use common::count_releases;
 use devarrow_abi::async_stream::{
     async_handler, async_record_batch_handler, new_task, produce_record_batch_iter,
-    produce_record_batches, spawn_producer,
+    produce_record_batches, spawn_producer, spawn_producer_into, AsyncDeviceArrayStream,
+    AsyncRecordBatchStream, AsyncStreamHandler, ProducerHandle,
 };
 use devarrow_abi::error::errno;
 use devarrow_abi::{
@@ -438,10 +439,7 @@ fn round_trip_device_arrays_release_every_array_once() {
     let source_ledger = ledger.clone();
     let source = stream::iter(0..12).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
     let (handler, mut stream) = async_handler(3);
-    // SAFETY: handed over.
-    let producer =
-        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, handler.into_raw()) }
-            .unwrap();
+    let producer = spawn_producer_into(schema(), ArrowDeviceType::CPU, source, handler).unwrap();
     let mut n = 0;
     while let Some(array) = block_on(stream.next()) {
         let array = array.unwrap();
@@ -1225,4 +1223,15 @@ fn dropping_the_stream_before_the_schema_refuses_on_schema() {
     assert_eq!(fake.requested(), 0);
     assert_eq!(fake.cancels(), 0);
     fake.release();
+}
+
+#[test]
+fn the_rust_sides_are_send() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<AsyncDeviceArrayStream>();
+    sync::<AsyncDeviceArrayStream>();
+    send::<AsyncRecordBatchStream>();
+    send::<AsyncStreamHandler>();
+    send::<ProducerHandle>();
 }

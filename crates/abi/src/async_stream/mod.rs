@@ -29,7 +29,11 @@
 //!   same task (or on any copy of it) finds nothing and returns `EINVAL` instead of
 //!   freeing twice. A task whose `on_next_task` returned non-zero is reclaimed by the
 //!   producer. A consumer that never calls `extract_data` leaks its array (the
-//!   specification makes that call mandatory).
+//!   specification makes that call mandatory). A failing `extract_data` (only ever a
+//!   repeated call) returns its code but does not end the stream with `on_error`.
+//! - The producer ignores the consumer's `cancel`/`request` only in the sense the
+//!   specification requires (no-ops after `cancel`); calling either after the handler's
+//!   `release` is a use after free, as the specification forbids it.
 //! - The consumer takes ownership of the schema in `on_schema` (also when it fails),
 //!   requests its capacity from inside `on_schema`, then one more unit per item taken, so
 //!   at most `capacity` tasks are ever queued. Tasks are copied out of `on_next_task` and
@@ -49,7 +53,8 @@ pub use consumer::{
     AsyncStreamHandler,
 };
 pub use producer::{
-    new_task, produce_record_batch_iter, produce_record_batches, spawn_producer, ProducerHandle,
+    new_task, produce_record_batch_iter, produce_record_batches, spawn_producer,
+    spawn_producer_into, ProducerHandle,
 };
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

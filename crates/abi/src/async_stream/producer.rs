@@ -17,6 +17,7 @@ use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 
 use super::lock;
+use super::AsyncStreamHandler;
 use crate::abi::{
     ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
     ArrowDeviceType, ArrowSchema,
@@ -602,6 +603,23 @@ where
         .spawn(move || driver.run())
         .map_err(|e| Error::InvalidArgument(format!("cannot start the producer thread: {e}")))?;
     Ok(ProducerHandle { thread, shared })
+}
+
+/// [`spawn_producer`] into a handler made by [`async_handler`](super::async_handler): safe,
+/// since such a handler stays valid until its `release`.
+pub fn spawn_producer_into<S, E>(
+    schema: SchemaRef,
+    device_type: ArrowDeviceType,
+    arrays: S,
+    handler: AsyncStreamHandler,
+) -> Result<ProducerHandle>
+where
+    S: Stream<Item = Result<DeviceArray, E>> + Send + 'static,
+    E: Into<Error> + 'static,
+{
+    // SAFETY: a handler from `async_handler` is valid, and owned by the C side (hence by
+    // this producer) from `into_raw` until its `release`.
+    unsafe { spawn_producer(schema, device_type, arrays, handler.into_raw()) }
 }
 
 /// [`spawn_producer`] for arrow-rs record batches on the CPU: each batch is exported
