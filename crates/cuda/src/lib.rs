@@ -1,4 +1,37 @@
 //! # devarrow-cuda
 //!
-//! CUDA for the Arrow C Device Data Interface (filled by the CUDA issue).
+//! Where devarrow meets the GPU: the Apache Arrow C Device Data Interface on CUDA,
+//! through [cudarc](https://docs.rs/cudarc) (loaded dynamically: this crate builds, and
+//! its non-GPU tests pass, on machines without CUDA; every entry point returns
+//! [`CudaError::NoDriver`] there instead of panicking).
+//!
+//! - [`CudaDevice`]: a device opened on its **primary** context (interoperable with the
+//!   CUDA runtime and libraries such as libcudf), [`list_devices`], [`device_count`].
+//! - Memory ([`memory`]): [`DeviceBuffer`] (stream-ordered where memory pools are
+//!   supported), [`PinnedHostBuffer`] (`ARROW_DEVICE_CUDA_HOST`), [`ManagedBuffer`]
+//!   (`ARROW_DEVICE_CUDA_MANAGED`) and [`ForeignBuffer`] (a view of someone else's memory
+//!   kept alive by its owner). Out of memory is [`CudaError::OutOfMemory`].
+//! - The C Device interface: [`export_array_data`] (an event recorded on the producing
+//!   stream, `sync_event` pointing to it, everything kept alive until `release`) and
+//!   [`ImportedArray`] (the consumer stream waits on the producer's event; buffer views
+//!   keep the producer's array unreleased).
+//! - [`kernels`]: hand-written PTX for validity bitmaps and copies, embedded at build
+//!   time and loaded once per context, with CPU reference implementations.
 #![warn(missing_docs)]
+
+mod device;
+mod error;
+mod export;
+mod import;
+pub mod kernels;
+pub mod memory;
+
+pub use cudarc;
+pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+pub use device::{device_count, driver_available, list_devices, CudaDevice, DeviceInfo};
+pub use error::{CudaError, Result};
+pub use export::export_array_data;
+pub use import::ImportedArray;
+pub use memory::{
+    DeviceBuffer, DeviceMemory, DeviceMemoryMut, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
+};

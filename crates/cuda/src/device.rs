@@ -1,0 +1,287 @@
+//! Opening CUDA devices on their primary context, and listing them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+
+use crate::error::{CudaError, DriverResultExt, Result};
+
+/// Whether the CUDA driver library can be loaded on this machine (checked once).
+///
+/// Every entry point of this crate checks it before its first driver call, because
+/// cudarc panics when `libcuda` is missing.
+pub fn driver_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries to dlopen the driver library by its
+        // well-known names; it has no other side effect and no precondition.
+        unsafe { sys::is_culib_present() }
+    })
+}
+
+/// Loads and initializes the driver (`cuInit`), or says why it cannot.
+pub(crate) fn init_driver() -> Result<()> {
+    if !driver_available() {
+        return Err(CudaError::NoDriver);
+    }
+    result::init().call("cuInit")
+}
+
+/// The number of CUDA devices (0 when the driver is present but sees no device).
+pub fn device_count() -> Result<usize> {
+    match init_driver() {
+        Ok(()) => {}
+        Err(CudaError::NoDevice) => return Ok(0),
+        Err(e) => return Err(e),
+    }
+    let n = result::device::get_count().call("cuDeviceGetCount")?;
+    Ok(n.max(0) as usize)
+}
+
+/// What [`list_devices`] reports about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The CUDA ordinal (the `device_id` of the Arrow C Device interface).
+    pub id: usize,
+    /// The marketing name (e.g. `NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub compute_capability: (i32, i32),
+    /// Total device memory in bytes.
+    pub total_memory: usize,
+    /// Whether stream-ordered allocation (memory pools) is supported.
+    pub memory_pools: bool,
+    /// Whether managed (unified) memory is supported.
+    pub managed_memory: bool,
+}
+
+/// Lists the CUDA devices without creating contexts on them.
+pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    let count = device_count()?;
+    let mut out = Vec::with_capacity(count);
+    for id in 0..count {
+        let dev = result::device::get(id as i32).call("cuDeviceGet")?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+            // SAFETY: `dev` is a valid device handle from cuDeviceGet and `a` a valid
+            // attribute enum value.
+            unsafe { result::device::get_attribute(dev, a) }.call("cuDeviceGetAttribute")
+        };
+        out.push(DeviceInfo {
+            id,
+            name: result::device::get_name(dev).call("cuDeviceGetName")?,
+            compute_capability: (
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            // SAFETY: `dev` is a valid device handle from cuDeviceGet.
+            total_memory: unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
+            memory_pools: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?
+                > 0,
+            managed_memory: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? > 0,
+        });
+    }
+    Ok(out)
+}
+
+struct DeviceInner {
+    ctx: Arc<CudaContext>,
+    id: usize,
+    name: String,
+    multiprocessors: u32,
+    managed_memory: bool,
+}
+
+/// A CUDA device opened on its **primary** context (`cuDevicePrimaryCtxRetain`, through
+/// cudarc's [`CudaContext::new`]), so its pointers, streams and events interoperate with
+/// the CUDA runtime and the libraries built on it (libcudf, CuPy, PyTorch, ...).
+///
+/// Cheap to clone; every clone (and every [`CudaDevice::open`] of the same id while one
+/// is alive) shares one [`CudaContext`].
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("id", &self.inner.id)
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+impl PartialEq for CudaDevice {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.ctx.cu_ctx() == other.inner.ctx.cu_ctx()
+    }
+}
+
+impl Eq for CudaDevice {}
+
+fn open_devices() -> &'static Mutex<HashMap<usize, Weak<DeviceInner>>> {
+    static OPEN: OnceLock<Mutex<HashMap<usize, Weak<DeviceInner>>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+}
+
+impl CudaDevice {
+    /// Opens device `id` on its primary context.
+    ///
+    /// Fails with [`CudaError::NoDriver`] when libcuda is missing,
+    /// [`CudaError::NoDevice`] when there is no device at all, and
+    /// [`CudaError::InvalidDeviceId`] when `id` is out of range; never panics.
+    pub fn open(id: usize) -> Result<Self> {
+        let count = device_count()?;
+        if count == 0 {
+            return Err(CudaError::NoDevice);
+        }
+        if id >= count {
+            return Err(CudaError::InvalidDeviceId { id, count });
+        }
+        let mut open = open_devices().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(inner) = open.get(&id).and_then(Weak::upgrade) {
+            return Ok(Self { inner });
+        }
+        let ctx = CudaContext::new(id).call("cuDevicePrimaryCtxRetain")?;
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .call("cuDeviceGetAttribute")?
+            .max(1) as u32;
+        let managed_memory = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)
+            .call("cuDeviceGetAttribute")?
+            > 0;
+        let name = ctx.name().call("cuDeviceGetName")?;
+        let inner = Arc::new(DeviceInner {
+            ctx,
+            id,
+            name,
+            multiprocessors,
+            managed_memory,
+        });
+        open.insert(id, Arc::downgrade(&inner));
+        Ok(Self { inner })
+    }
+
+    /// The device that `stream` belongs to.
+    pub fn of_stream(stream: &CudaStream) -> Result<Self> {
+        Self::open(stream.context().ordinal())
+    }
+
+    /// The CUDA ordinal.
+    pub fn id(&self) -> usize {
+        self.inner.id
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The cudarc context (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The raw `CUcontext` (the primary context; do not destroy it).
+    pub fn cu_context(&self) -> sys::CUcontext {
+        self.inner.ctx.cu_ctx()
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        self.inner
+            .ctx
+            .compute_capability()
+            .call("cuDeviceGetAttribute")
+    }
+
+    /// The number of streaming multiprocessors (used to size kernel grids).
+    pub fn multiprocessor_count(&self) -> u32 {
+        self.inner.multiprocessors
+    }
+
+    /// Whether device buffers are allocated stream-ordered (`cuMemAllocAsync`) from the
+    /// device's memory pool.
+    pub fn supports_memory_pools(&self) -> bool {
+        self.inner.ctx.has_async_alloc()
+    }
+
+    /// Whether managed memory ([`crate::ManagedBuffer`]) is supported.
+    pub fn supports_managed_memory(&self) -> bool {
+        self.inner.managed_memory
+    }
+
+    /// `(free, total)` device memory in bytes (`cuMemGetInfo`).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.inner.ctx.mem_get_info().call("cuMemGetInfo")
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub fn bind_to_thread(&self) -> Result<()> {
+        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")
+    }
+
+    /// Creates a new non-blocking stream.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.inner.ctx.new_stream().call("cuStreamCreate")
+    }
+
+    /// The legacy default (NULL) stream of the context.
+    pub fn default_stream(&self) -> Arc<CudaStream> {
+        self.inner.ctx.default_stream()
+    }
+
+    /// Waits for all work on the device's context to finish.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.ctx.synchronize().call("cuCtxSynchronize")
+    }
+
+    /// Returns the unused memory of the device's default memory pool to the system
+    /// (`cuMemPoolTrimTo(pool, 0)`), e.g. before measuring free memory. A no-op on
+    /// devices without memory pools.
+    pub fn trim_memory_pool(&self) -> Result<()> {
+        if !self.supports_memory_pools() {
+            return Ok(());
+        }
+        self.bind_to_thread()?;
+        // SAFETY: the device handle is valid (it belongs to our live context).
+        let pool = unsafe { result::device::get_default_mem_pool(self.inner.ctx.cu_device()) }
+            .call("cuDeviceGetDefaultMemPool")?;
+        // SAFETY: `pool` is the device's default pool, valid for the process lifetime.
+        unsafe { result::mem_pool::trim_to(pool, 0) }.call("cuMemPoolTrimTo")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_gpu_is_an_error_not_a_panic() {
+        // On a machine with a GPU this opens device 0; without, it must be a typed error.
+        match CudaDevice::open(0) {
+            Ok(dev) => assert_eq!(dev.id(), 0),
+            Err(e) => assert!(
+                matches!(e, CudaError::NoDriver | CudaError::NoDevice),
+                "unexpected error {e:?}"
+            ),
+        }
+        match CudaDevice::open(usize::MAX / 2) {
+            Ok(_) => panic!("device id out of range opened"),
+            Err(e) => assert!(matches!(
+                e,
+                CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
+            )),
+        }
+    }
+
+    #[test]
+    fn listing_without_gpu_is_an_error_not_a_panic() {
+        match list_devices() {
+            Ok(list) => assert_eq!(list.len(), device_count().unwrap()),
+            Err(e) => assert!(matches!(e, CudaError::NoDriver), "unexpected error {e:?}"),
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Exporting device-resident Arrow data as an `ArrowDeviceArray` with a CUDA sync event.
+
+use std::ffi::c_void;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use arrow_data::ArrayData;
+use arrow_data::ffi::FFI_ArrowArray;
+use arrow_schema::DataType;
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
+
+use crate::error::{CudaError, DriverResultExt, Result};
+
+/// What the exported array's `private_data` owns: arrow-rs's export of the `ArrayData`
+/// (whose buffers own the device memory) and the sync event.
+struct ExportPrivate {
+    /// arrow-rs's `FFI_ArrowArray` of the data (moved in; released in `drop`).
+    inner: ArrowArray,
+    /// The `CUevent` handle; `sync_event` points here.
+    event_handle: sys::CUevent,
+    /// Destroys the event when dropped (binding its context).
+    _event: CudaEvent,
+}
+
+impl Drop for ExportPrivate {
+    fn drop(&mut self) {
+        if let Some(release) = self.inner.release {
+            // SAFETY: `inner` is arrow-rs's unreleased export, owned by us; its release
+            // frees the ArrayData clone (and so, with the last reference, the device
+            // buffers, each binding its own context).
+            unsafe { release(&mut self.inner) };
+            self.inner.release = None;
+        }
+    }
+}
+
+/// The `release` callback of exported CUDA arrays. Callable from any thread; never
+/// unwinds into C.
+unsafe extern "C" fn release_exported(array: *mut ArrowArray) {
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the C data interface calls release with a pointer to the (possibly
+        // moved) struct we produced, or we get NULL and do nothing.
+        let Some(array) = (unsafe { array.as_mut() }) else {
+            return;
+        };
+        if array.release.is_none() {
+            return;
+        }
+        let private = array.private_data.cast::<ExportPrivate>();
+        array.private_data = std::ptr::null_mut();
+        array.release = None;
+        if !private.is_null() {
+            // SAFETY: `private_data` was set from Box::into_raw in `export_array_data` and
+            // is reclaimed exactly once (release is now NULL).
+            drop(unsafe { Box::from_raw(private) });
+        }
+    }));
+    // A panic cannot cross the C boundary; the resources of a panicking release leak.
+    let _ = result;
+}
+
+/// Checks that arrow-rs can export `data` without reading any buffer on the host.
+fn check_exportable(data: &ArrayData, path: &str) -> Result<()> {
+    if let Some(nulls) = data.nulls() {
+        if nulls.offset() != data.offset() {
+            return Err(CudaError::InvalidArgument(format!(
+                "{path}: the validity bitmap offset ({}) differs from the array offset ({}); \
+                 arrow-rs would realign it on the host",
+                nulls.offset(),
+                data.offset()
+            )));
+        }
+    }
+    if matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView) {
+        return Err(CudaError::InvalidArgument(format!(
+            "{path}: view types are not exported from CUDA memory (arrow-rs puts the \
+             variadic buffer sizes in host memory)"
+        )));
+    }
+    for (i, child) in data.child_data().iter().enumerate() {
+        check_exportable(child, &format!("{path}.children[{i}]"))?;
+    }
+    Ok(())
+}
+
+/// Exports `data`, whose buffers live in CUDA memory of `device_type`
+/// (`ARROW_DEVICE_CUDA`, `ARROW_DEVICE_CUDA_HOST` or `ARROW_DEVICE_CUDA_MANAGED`) on the
+/// device of `stream`, as an [`ArrowDeviceArray`] (wrapped in a [`DeviceArray`]):
+///
+/// - an event is recorded on `stream` now, so every piece of work already enqueued on
+///   `stream` (the work that writes the data) is ordered before it; `sync_event` points
+///   to that `CUevent`;
+/// - `device_id` is the stream's device;
+/// - the `ArrayData` (so its buffers, e.g. [`crate::DeviceBuffer`]s wrapped with
+///   `into_arrow_buffer`) and the event stay alive until the consumer calls `release`,
+///   which may happen on any thread and binds the right context itself.
+///
+/// Build `data` without host reads: `ArrayData::builder(..).build_unchecked()` with
+/// an explicit `null_count` (compute it with [`crate::kernels::count_set_bits`]) and the
+/// validity bitmap at the array's own offset. Data that arrow-rs could only export by
+/// reading buffers on the host is refused with [`CudaError::InvalidArgument`].
+///
+/// Consumers must finish reading the buffers before they call `release` (the device
+/// memory is then freed in order on the stream each buffer was allocated on).
+pub fn export_array_data(
+    data: ArrayData,
+    device_type: ArrowDeviceType,
+    stream: &Arc<CudaStream>,
+) -> Result<DeviceArray> {
+    if !device_type.is_cuda() {
+        return Err(CudaError::UnsupportedDeviceType {
+            found: device_type,
+            expected: "ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST or ARROW_DEVICE_CUDA_MANAGED",
+        });
+    }
+    check_exportable(&data, "array")?;
+    let ctx = stream.context();
+    let event = ctx.new_event(None).call("cuEventCreate")?;
+    event.record(stream).call("cuEventRecord")?;
+    let inner = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
+    drop(data);
+    let private = Box::into_raw(Box::new(ExportPrivate {
+        event_handle: event.cu_event(),
+        inner,
+        _event: event,
+    }));
+    // SAFETY: `private` is a live, uniquely owned Box; we only read plain fields of the
+    // inner struct and take the address of `event_handle`, which is stable until the
+    // Box is freed in `release_exported`.
+    let (root, sync_event) = unsafe {
+        let p = &mut *private;
+        (
+            ArrowArray {
+                length: p.inner.length,
+                null_count: p.inner.null_count,
+                offset: p.inner.offset,
+                n_buffers: p.inner.n_buffers,
+                n_children: p.inner.n_children,
+                buffers: p.inner.buffers,
+                children: p.inner.children,
+                dictionary: p.inner.dictionary,
+                release: Some(release_exported),
+                private_data: private.cast::<c_void>(),
+            },
+            (&mut p.event_handle as *mut sys::CUevent).cast::<c_void>(),
+        )
+    };
+    let raw = ArrowDeviceArray {
+        array: root,
+        device_id: ctx.ordinal() as i64,
+        device_type,
+        sync_event,
+        reserved: [0; 3],
+    };
+    // `try_new` only fails on a released struct, and `root.release` is set.
+    Ok(DeviceArray::try_new(raw)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_buffer::{Buffer, NullBuffer};
+
+    #[test]
+    fn host_realigning_exports_are_refused_before_any_cuda_call() {
+        // A validity bitmap whose offset differs from the array's would be realigned by
+        // arrow-rs on the host; the check runs before the event is created, so it works
+        // without a GPU.
+        let nulls = NullBuffer::from(vec![true, false, true, true, false, true, true, true, true]);
+        let data = ArrayData::builder(DataType::Int8)
+            .len(9)
+            .add_buffer(Buffer::from(vec![0u8; 9]))
+            .nulls(Some(nulls))
+            .build()
+            .unwrap()
+            .slice(1, 8);
+        // slicing keeps the offsets equal: exportable
+        assert!(check_exportable(&data, "array").is_ok());
+        let view = ArrayData::new_empty(&DataType::Utf8View);
+        assert!(matches!(
+            check_exportable(&view, "array"),
+            Err(CudaError::InvalidArgument(_))
+        ));
+    }
+}

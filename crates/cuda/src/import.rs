@@ -1,0 +1,218 @@
+//! Importing a foreign CUDA `ArrowDeviceArray` zero-copy.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arrow_buffer::alloc::Allocation;
+use cudarc::driver::{result, sys, CudaStream};
+use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
+
+use crate::error::{CudaError, DriverResultExt, Result};
+use crate::memory::ForeignBuffer;
+
+/// Owns the imported array; its drop is where the producer's `release` runs.
+struct ImportShared {
+    array: DeviceArray,
+    stream: Arc<CudaStream>,
+    event: sys::CUevent,
+    host_synchronized: AtomicBool,
+}
+
+// SAFETY: `event` is a CUDA event handle, which the driver lets any thread use; the rest
+// is Send (DeviceArray, Arc<CudaStream>, AtomicBool).
+unsafe impl Send for ImportShared {}
+// SAFETY: shared access only reads the handle and calls thread-safe driver functions.
+unsafe impl Sync for ImportShared {}
+
+impl Drop for ImportShared {
+    fn drop(&mut self) {
+        // Work the consumer enqueued on its stream may still read the buffers: let it
+        // finish before the producer frees them. (Work on other streams must be ordered
+        // before the last view is dropped.) `array` is released right after, when the
+        // fields drop.
+        let ctx = self.stream.context();
+        ctx.record_err(self.stream.synchronize());
+    }
+}
+
+/// A foreign `ArrowDeviceArray` of `ARROW_DEVICE_CUDA`, `ARROW_DEVICE_CUDA_HOST` or
+/// `ARROW_DEVICE_CUDA_MANAGED`, imported zero-copy for a consumer stream.
+///
+/// Importing makes the consumer stream wait on the producer's `sync_event`
+/// (`cuStreamWaitEvent`: no host blocking); a NULL `sync_event` means the data is
+/// already safe to read. Work enqueued on that stream afterwards sees the data.
+///
+/// Cheap to clone. The producer's `release` runs when the last clone **and** the last
+/// buffer view ([`ImportedArray::buffer`]) is dropped, after the consumer stream's
+/// queued work has finished.
+///
+/// The struct tree (`array()`, its `child(i)` and `dictionary()`) is in host memory and
+/// may be walked freely; buffer contents may not be read on the host unless the device
+/// type is host-accessible and [`ImportedArray::synchronize_host`] has returned.
+#[derive(Clone)]
+pub struct ImportedArray {
+    shared: Arc<ImportShared>,
+}
+
+impl std::fmt::Debug for ImportedArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedArray")
+            .field("device_type", &self.device_type())
+            .field("device_id", &self.device_id())
+            .field("length", &self.array().length)
+            .field("sync_event", &self.shared.event)
+            .finish()
+    }
+}
+
+impl ImportedArray {
+    /// Imports `array` for consumption on `stream`.
+    ///
+    /// Fails (releasing `array`) when the device type is not a CUDA type, or when CUDA
+    /// device memory lives on another device than the stream's.
+    pub fn import(array: DeviceArray, stream: &Arc<CudaStream>) -> Result<Self> {
+        let device_type = array.device_type();
+        if !device_type.is_cuda() {
+            return Err(CudaError::UnsupportedDeviceType {
+                found: device_type,
+                expected: "ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST or ARROW_DEVICE_CUDA_MANAGED",
+            });
+        }
+        let ctx = stream.context();
+        let ordinal = ctx.ordinal() as i64;
+        if device_type == ArrowDeviceType::CUDA && array.device_id() != ordinal {
+            return Err(CudaError::DeviceMismatch {
+                expected: ordinal,
+                found: array.device_id(),
+            });
+        }
+        let sync_event = array.sync_event();
+        let event: sys::CUevent = if sync_event.is_null() {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: for the CUDA device types a non-NULL `sync_event` points to a
+            // `cudaEvent_t` (== `CUevent`) that the producer keeps alive until release,
+            // and we hold the array (unreleased) for as long as we use the event.
+            unsafe { *sync_event.cast::<sys::CUevent>() }
+        };
+        if !event.is_null() {
+            ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+            // SAFETY: the stream is live (we hold it) and the event is the producer's
+            // live event (see above); waiting does not block the host.
+            unsafe {
+                result::stream::wait_event(
+                    stream.cu_stream(),
+                    event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .call("cuStreamWaitEvent")?;
+        }
+        Ok(Self {
+            shared: Arc::new(ImportShared {
+                array,
+                stream: stream.clone(),
+                event,
+                host_synchronized: AtomicBool::new(event.is_null()),
+            }),
+        })
+    }
+
+    /// Moves the device array out of `ptr` (marking it released) and imports it.
+    ///
+    /// # Safety
+    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArray` whose contents
+    /// follow the C Device data interface.
+    pub unsafe fn import_raw(ptr: *mut ArrowDeviceArray, stream: &Arc<CudaStream>) -> Result<Self> {
+        // SAFETY: the caller's guarantee is exactly `from_raw`'s.
+        let array = unsafe { DeviceArray::from_raw(ptr) }?;
+        Self::import(array, stream)
+    }
+
+    /// The root `ArrowArray` (walk `child(i)` and `dictionary()` from here).
+    pub fn array(&self) -> &ArrowArray {
+        self.shared.array.array()
+    }
+
+    /// The whole imported device array.
+    pub fn device_array(&self) -> &DeviceArray {
+        &self.shared.array
+    }
+
+    /// The device type of every buffer.
+    pub fn device_type(&self) -> ArrowDeviceType {
+        self.shared.array.device_type()
+    }
+
+    /// The producer's device id.
+    pub fn device_id(&self) -> i64 {
+        self.shared.array.device_id()
+    }
+
+    /// The consumer stream the import waits on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.shared.stream
+    }
+
+    /// The producer's event (NULL when `sync_event` was NULL).
+    pub fn sync_event(&self) -> sys::CUevent {
+        self.shared.event
+    }
+
+    /// Blocks the host until the producer's event has completed, after which
+    /// `ARROW_DEVICE_CUDA_HOST` and `ARROW_DEVICE_CUDA_MANAGED` buffers may be read from
+    /// the host (views made afterwards have [`ForeignBuffer::host_slice`]).
+    pub fn synchronize_host(&self) -> Result<()> {
+        if !self.shared.event.is_null() {
+            self.shared
+                .stream
+                .context()
+                .bind_to_thread()
+                .call("cuCtxSetCurrent")?;
+            // SAFETY: the producer's event stays alive until release, which cannot run
+            // while we hold `shared`.
+            unsafe { result::event::synchronize(self.shared.event) }.call("cuEventSynchronize")?;
+        }
+        self.shared.host_synchronized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the producer's work is known complete (no event, or
+    /// [`ImportedArray::synchronize_host`] returned).
+    pub fn is_host_synchronized(&self) -> bool {
+        self.shared.host_synchronized.load(Ordering::Acquire)
+    }
+
+    /// What keeps the import alive (and the producer's release pending): hand it to
+    /// anything that must hold the buffers, e.g. arrow-rs `Buffer::from_custom_allocation`.
+    pub fn owner(&self) -> Arc<dyn Allocation> {
+        self.shared.clone()
+    }
+
+    /// A view of the first `len` bytes of buffer `index` of `node`, holding the import;
+    /// `None` when that buffer pointer is NULL (or `index >= n_buffers`).
+    ///
+    /// # Safety
+    /// `node` must be [`ImportedArray::array`] or reachable from it through children and
+    /// dictionaries, and the buffer must hold at least `len` bytes (which the caller
+    /// derives from the schema, `length` and `offset`).
+    pub unsafe fn buffer(&self, node: &ArrowArray, index: usize, len: usize) -> Option<ForeignBuffer> {
+        let ptr = node.buffer(index);
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: the buffer belongs to the imported array (caller's guarantee), which
+        // the owner keeps unreleased as long as the view lives; the producer promises
+        // the data is immutable; host readability follows the synchronization state.
+        Some(unsafe {
+            ForeignBuffer::new(
+                ptr as u64,
+                len,
+                self.device_type(),
+                self.device_id(),
+                self.is_host_synchronized(),
+                self.owner(),
+            )
+        })
+    }
+}

@@ -1,0 +1,531 @@
+//! The PTX kernels of `kernels/` and how to launch them.
+//!
+//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`],
+//! [`TESTING_PTX`]) and JIT-loaded through cudarc the first time a kernel is launched
+//! in a context, once per context ([`Kernels::for_context`]).
+//!
+//! Two levels of API:
+//! - `launch_*` (`unsafe`): enqueue one kernel on a stream with raw device addresses and
+//!   return at once — what pipelines and benchmarks use.
+//! - the safe wrappers ([`count_set_bits`], [`copy_bitmap`], ...): check lengths, device
+//!   and alignment, launch, and return after the work completed (so host-visible memory
+//!   is never raced).
+//!
+//! Every kernel has a CPU reference implementation in [`reference`], the oracle of the
+//! GPU tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
+//! 8 * multiprocessors)` blocks with grid-stride loops (see the header of each `.ptx`).
+
+pub mod reference;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{CudaError, DriverResultExt, Result};
+use crate::memory::{DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+pub use reference::{CopySegment, MAX_COPY_PIECE};
+
+/// `kernels/validity.ptx`: bit counting, bitmap realignment, pack and unpack.
+pub const VALIDITY_PTX: &str = include_str!("../../../../kernels/validity.ptx");
+/// `kernels/copy.ptx`: batched copy and offset rebasing.
+pub const COPY_PTX: &str = include_str!("../../../../kernels/copy.ptx");
+/// `kernels/testing.ptx`: kernels the GPU tests use (a spinning producer).
+pub const TESTING_PTX: &str = include_str!("../../../../kernels/testing.ptx");
+
+/// Threads per block of every launch.
+pub const BLOCK_SIZE: u32 = 256;
+
+/// Resident blocks per multiprocessor the grids are sized for (8 x 256 = 2048 threads).
+const BLOCKS_PER_SM: u32 = 8;
+
+/// The kernels, loaded into one context.
+#[derive(Debug)]
+pub struct Kernels {
+    multiprocessors: u32,
+    count_set_bits: CudaFunction,
+    copy_bitmap: CudaFunction,
+    unpack_bits: CudaFunction,
+    pack_bools: CudaFunction,
+    batched_copy: CudaFunction,
+    rebase_i32: CudaFunction,
+    rebase_i64: CudaFunction,
+    spin_fill_u32: CudaFunction,
+    _modules: [Arc<CudaModule>; 3],
+}
+
+fn loaded() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
+    static LOADED: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+impl Kernels {
+    /// The kernels of `ctx`, JIT-loading the embedded PTX on first use in that context.
+    ///
+    /// Loaded modules are cached for the life of the process (keeping their context
+    /// retained, as the CUDA runtime keeps a primary context).
+    pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
+        let key = ctx.cu_ctx() as usize;
+        let mut map = loaded().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = map.get(&key) {
+            return Ok(k.clone());
+        }
+        let load = |src: &str| {
+            ctx.load_module(Ptx::from_src(src))
+                .call("cuModuleLoadData")
+        };
+        let validity = load(VALIDITY_PTX)?;
+        let copy = load(COPY_PTX)?;
+        let testing = load(TESTING_PTX)?;
+        let f = |m: &Arc<CudaModule>, name: &str| m.load_function(name).call("cuModuleGetFunction");
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .call("cuDeviceGetAttribute")?
+            .max(1) as u32;
+        let k = Arc::new(Kernels {
+            multiprocessors,
+            count_set_bits: f(&validity, "dvx_count_set_bits")?,
+            copy_bitmap: f(&validity, "dvx_copy_bitmap")?,
+            unpack_bits: f(&validity, "dvx_unpack_bits")?,
+            pack_bools: f(&validity, "dvx_pack_bools")?,
+            batched_copy: f(&copy, "dvx_batched_copy")?,
+            rebase_i32: f(&copy, "dvx_rebase_offsets_i32")?,
+            rebase_i64: f(&copy, "dvx_rebase_offsets_i64")?,
+            spin_fill_u32: f(&testing, "dvx_spin_fill_u32")?,
+            _modules: [validity, copy, testing],
+        });
+        map.insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// The kernels of `stream`'s context.
+    pub fn for_stream(stream: &CudaStream) -> Result<Arc<Self>> {
+        Self::for_context(stream.context())
+    }
+
+    /// The launch configuration for `items` work items (grid-stride kernels).
+    pub fn config(&self, items: u64) -> LaunchConfig {
+        let max_blocks = (BLOCKS_PER_SM * self.multiprocessors) as u64;
+        let blocks = items.div_ceil(BLOCK_SIZE as u64).clamp(1, max_blocks);
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (BLOCK_SIZE, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// Enqueues `dvx_count_set_bits`: adds the number of set bits of bits
+/// `[offset, offset + len)` of the bitmap at `bitmap` to the `u64` at `out`.
+/// Nothing is launched when `len == 0`.
+///
+/// # Safety
+/// `bitmap` must be device-accessible for `ceil((offset + len) / 8)` bytes and `out`
+/// for 8 writable bytes (zeroed by the caller for a plain count) until the kernel
+/// completes.
+pub unsafe fn launch_count_set_bits(
+    stream: &CudaStream,
+    bitmap: u64,
+    offset: u64,
+    len: u64,
+    out: u64,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(len.div_ceil(128) + 1);
+    let mut b = stream.launch_builder(&k.count_set_bits);
+    b.arg(&bitmap).arg(&offset).arg(&len).arg(&out);
+    // SAFETY: the argument list matches the kernel's (u64, u64, u64, u64); the ranges are
+    // the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_copy_bitmap`: bits `[src_offset, src_offset + len)` at `src` to bits
+/// `[0, len)` at `dst` (exactly `ceil(len/8)` bytes written, trailing bits zero).
+///
+/// # Safety
+/// `src` must be readable for `ceil((src_offset + len) / 8)` bytes and `dst` writable for
+/// `ceil(len / 8)` bytes, not overlapping, until the kernel completes.
+pub unsafe fn launch_copy_bitmap(
+    stream: &CudaStream,
+    src: u64,
+    src_offset: u64,
+    len: u64,
+    dst: u64,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(len.div_ceil(8).div_ceil(16));
+    let mut b = stream.launch_builder(&k.copy_bitmap);
+    b.arg(&src).arg(&src_offset).arg(&len).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_unpack_bits`: one byte (0 or 1) per bit of bits
+/// `[src_offset, src_offset + len)` at `src`, written to `dst[0..len]`.
+///
+/// # Safety
+/// `src` readable for `ceil((src_offset + len) / 8)` bytes, `dst` writable for `len`
+/// bytes, not overlapping, until the kernel completes.
+pub unsafe fn launch_unpack_bits(
+    stream: &CudaStream,
+    src: u64,
+    src_offset: u64,
+    len: u64,
+    dst: u64,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(len.div_ceil(32));
+    let mut b = stream.launch_builder(&k.unpack_bits);
+    b.arg(&src).arg(&src_offset).arg(&len).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_pack_bools`: the `len` one-byte booleans at `src` (nonzero = true) to a
+/// bitmap at `dst` (exactly `ceil(len/8)` bytes written, trailing bits zero).
+///
+/// # Safety
+/// `src` readable for `len` bytes, `dst` writable for `ceil(len / 8)` bytes, not
+/// overlapping, until the kernel completes.
+pub unsafe fn launch_pack_bools(stream: &CudaStream, src: u64, len: u64, dst: u64) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(len.div_ceil(32));
+    let mut b = stream.launch_builder(&k.pack_bools);
+    b.arg(&src).arg(&len).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_batched_copy` over `n` [`CopySegment`] descriptors already in device
+/// memory at `segments` (one warp per descriptor; split long copies with
+/// [`reference::split_segments`] first, as [`batched_copy`] does).
+///
+/// # Safety
+/// `segments` must hold `n` descriptors readable by the device, and each descriptor's
+/// ranges must be valid (source readable, destination writable, destinations not
+/// overlapping each other or any source) until the kernel completes.
+pub unsafe fn launch_batched_copy(stream: &CudaStream, segments: u64, n: u64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(n * 32);
+    let mut b = stream.launch_builder(&k.batched_copy);
+    b.arg(&segments).arg(&n);
+    // SAFETY: arguments match (u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_rebase_offsets_i32`: `dst[i] = src[i] - base` for `i < n`.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` 4-byte-aligned `i32`s until the kernel
+/// completes; they may be the same address (in place) but must not otherwise overlap.
+pub unsafe fn launch_rebase_offsets_i32(
+    stream: &CudaStream,
+    src: u64,
+    n: u64,
+    base: i32,
+    dst: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(n.div_ceil(4));
+    let mut b = stream.launch_builder(&k.rebase_i32);
+    b.arg(&src).arg(&n).arg(&base).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u32, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_rebase_offsets_i64`: `dst[i] = src[i] - base` for `i < n`.
+///
+/// # Safety
+/// As [`launch_rebase_offsets_i32`], with 8-byte-aligned `i64`s.
+pub unsafe fn launch_rebase_offsets_i64(
+    stream: &CudaStream,
+    src: u64,
+    n: u64,
+    base: i64,
+    dst: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.config(n.div_ceil(2));
+    let mut b = stream.launch_builder(&k.rebase_i64);
+    b.arg(&src).arg(&n).arg(&base).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Kernels for tests of the synchronization (not used by the library itself).
+pub mod testing {
+    use super::*;
+
+    /// Enqueues `dvx_spin_fill_u32` (one block): spins on the GPU for `spin_ns`
+    /// nanoseconds, then writes `dst[i] = value + i` for `i < n` (`u32`s). Keeps a
+    /// producer stream busy so tests can show that a consumer really waits on the
+    /// producer's event.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `4 * n` bytes until the kernel completes.
+    pub unsafe fn launch_spin_fill_u32(
+        stream: &CudaStream,
+        dst: u64,
+        n: u64,
+        value: u32,
+        spin_ns: u64,
+    ) -> Result<()> {
+        let k = Kernels::for_stream(stream)?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (BLOCK_SIZE, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&k.spin_fill_u32);
+        b.arg(&dst).arg(&n).arg(&value).arg(&spin_ns);
+        // SAFETY: arguments match (u64, u64, u32, u64); `dst` is the caller's guarantee.
+        unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+        Ok(())
+    }
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(CudaError::InvalidArgument(format!(
+            "{what} holds {have} bytes, {need} are needed"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a kernel on `stream`'s device can address `mem` (CUDA memory must be on
+/// the same device; pinned and managed memory is visible to every device).
+fn check_device(stream: &CudaStream, mem: &impl DeviceMemory) -> Result<()> {
+    let expected = stream.context().ordinal() as i64;
+    let t = mem.device_type();
+    if !t.is_cuda() {
+        return Err(CudaError::UnsupportedDeviceType {
+            found: t,
+            expected: "ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST or ARROW_DEVICE_CUDA_MANAGED",
+        });
+    }
+    if t == devarrow_abi::ArrowDeviceType::CUDA && mem.device_id() != expected {
+        return Err(CudaError::DeviceMismatch {
+            expected,
+            found: mem.device_id(),
+        });
+    }
+    Ok(())
+}
+
+fn checked_bits(offset: usize, len: usize) -> Result<usize> {
+    offset
+        .checked_add(len)
+        .map(|b| b.div_ceil(8))
+        .ok_or_else(|| CudaError::InvalidArgument("bit range overflows".into()))
+}
+
+fn synchronize(stream: &CudaStream) -> Result<()> {
+    stream.synchronize().call("cuStreamSynchronize")
+}
+
+/// Counts the set bits of bits `[offset, offset + len)` of `bitmap` on the GPU (a null
+/// count is `len` minus this). Blocks until done.
+pub fn count_set_bits(
+    stream: &Arc<CudaStream>,
+    bitmap: &impl DeviceMemory,
+    offset: usize,
+    len: usize,
+) -> Result<u64> {
+    check_device(stream, bitmap)?;
+    check_len("bitmap", bitmap.len(), checked_bits(offset, len)?)?;
+    if len == 0 {
+        return Ok(0);
+    }
+    let counter = DeviceBuffer::zeroed(stream, 8)?;
+    // SAFETY: the bitmap holds the bytes checked above and is borrowed until we
+    // synchronize; the counter is ours, zeroed, 8 bytes.
+    unsafe {
+        launch_count_set_bits(
+            stream,
+            bitmap.device_ptr(),
+            offset as u64,
+            len as u64,
+            counter.device_ptr(),
+        )?
+    };
+    let mut out = [0u64; 1];
+    counter.copy_to_host(stream, &mut out)?;
+    Ok(out[0])
+}
+
+/// Copies bits `[src_offset, src_offset + len)` of `src` to bits `[0, len)` of `dst`
+/// (realigning a sliced validity bitmap); writes `ceil(len/8)` bytes, trailing bits
+/// zero. Blocks until done.
+pub fn copy_bitmap(
+    stream: &Arc<CudaStream>,
+    src: &impl DeviceMemory,
+    src_offset: usize,
+    len: usize,
+    dst: &mut impl DeviceMemoryMut,
+) -> Result<()> {
+    check_device(stream, src)?;
+    check_device(stream, dst)?;
+    check_len("source bitmap", src.len(), checked_bits(src_offset, len)?)?;
+    check_len("destination bitmap", dst.len(), len.div_ceil(8))?;
+    // SAFETY: lengths checked above; `dst` is exclusively borrowed and `src` borrowed
+    // until we synchronize; `&mut dst` and `&src` cannot alias.
+    unsafe {
+        launch_copy_bitmap(
+            stream,
+            src.device_ptr(),
+            src_offset as u64,
+            len as u64,
+            dst.device_ptr(),
+        )?
+    };
+    synchronize(stream)
+}
+
+/// Unpacks bits `[src_offset, src_offset + len)` of `src` into `len` bytes (0 or 1) at the
+/// start of `dst`. Blocks until done.
+pub fn unpack_bits(
+    stream: &Arc<CudaStream>,
+    src: &impl DeviceMemory,
+    src_offset: usize,
+    len: usize,
+    dst: &mut impl DeviceMemoryMut,
+) -> Result<()> {
+    check_device(stream, src)?;
+    check_device(stream, dst)?;
+    check_len("source bitmap", src.len(), checked_bits(src_offset, len)?)?;
+    check_len("destination", dst.len(), len)?;
+    // SAFETY: lengths checked; borrows last until we synchronize.
+    unsafe {
+        launch_unpack_bits(
+            stream,
+            src.device_ptr(),
+            src_offset as u64,
+            len as u64,
+            dst.device_ptr(),
+        )?
+    };
+    synchronize(stream)
+}
+
+/// Packs the first `len` one-byte booleans of `src` (nonzero = true) into a bitmap at the
+/// start of `dst`; writes `ceil(len/8)` bytes, trailing bits zero. Blocks until done.
+pub fn pack_bools(
+    stream: &Arc<CudaStream>,
+    src: &impl DeviceMemory,
+    len: usize,
+    dst: &mut impl DeviceMemoryMut,
+) -> Result<()> {
+    check_device(stream, src)?;
+    check_device(stream, dst)?;
+    check_len("source", src.len(), len)?;
+    check_len("destination bitmap", dst.len(), len.div_ceil(8))?;
+    // SAFETY: lengths checked; borrows last until we synchronize.
+    unsafe { launch_pack_bools(stream, src.device_ptr(), len as u64, dst.device_ptr())? };
+    synchronize(stream)
+}
+
+fn check_offsets(
+    stream: &CudaStream,
+    src: &impl DeviceMemory,
+    dst: &impl DeviceMemory,
+    n: usize,
+    size: usize,
+) -> Result<()> {
+    check_device(stream, src)?;
+    check_device(stream, dst)?;
+    let bytes = n
+        .checked_mul(size)
+        .ok_or_else(|| CudaError::InvalidArgument("offset count overflows".into()))?;
+    check_len("source offsets", src.len(), bytes)?;
+    check_len("destination offsets", dst.len(), bytes)?;
+    if n > 0 && (src.device_ptr() % size as u64 != 0 || dst.device_ptr() % size as u64 != 0) {
+        return Err(CudaError::InvalidArgument(format!(
+            "offsets must be {size}-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// `dst[i] = src[i] - base` for the first `n` `i32` offsets (rebasing the offsets of a
+/// sliced variable-length array to start at 0). Blocks until done.
+pub fn rebase_offsets_i32(
+    stream: &Arc<CudaStream>,
+    src: &impl DeviceMemory,
+    n: usize,
+    base: i32,
+    dst: &mut impl DeviceMemoryMut,
+) -> Result<()> {
+    check_offsets(stream, src, dst, n, 4)?;
+    // SAFETY: lengths and alignment checked; borrows last until we synchronize.
+    unsafe { launch_rebase_offsets_i32(stream, src.device_ptr(), n as u64, base, dst.device_ptr())? };
+    synchronize(stream)
+}
+
+/// `dst[i] = src[i] - base` for the first `n` `i64` offsets. Blocks until done.
+pub fn rebase_offsets_i64(
+    stream: &Arc<CudaStream>,
+    src: &impl DeviceMemory,
+    n: usize,
+    base: i64,
+    dst: &mut impl DeviceMemoryMut,
+) -> Result<()> {
+    check_offsets(stream, src, dst, n, 8)?;
+    // SAFETY: lengths and alignment checked; borrows last until we synchronize.
+    unsafe { launch_rebase_offsets_i64(stream, src.device_ptr(), n as u64, base, dst.device_ptr())? };
+    synchronize(stream)
+}
+
+/// Copies every segment in one kernel launch: splits them into pieces of at most
+/// [`MAX_COPY_PIECE`] bytes, uploads the descriptors (stream-ordered) and enqueues
+/// `dvx_batched_copy`. Returns once the work is enqueued (the descriptor table is freed
+/// in stream order after the kernel).
+///
+/// # Safety
+/// Every segment's source must be readable and destination writable by `stream`'s device
+/// for `len` bytes until the copy completes, and no destination may overlap another
+/// destination or a source.
+pub unsafe fn batched_copy(stream: &Arc<CudaStream>, segments: &[CopySegment]) -> Result<()> {
+    let pieces = reference::split_segments(segments, MAX_COPY_PIECE);
+    if pieces.is_empty() {
+        return Ok(());
+    }
+    let mut table = DeviceBuffer::alloc(stream, std::mem::size_of_val(&pieces[..]))?;
+    let flat: Vec<u64> = pieces.iter().flat_map(|p| [p.src, p.dst, p.len]).collect();
+    table.copy_from_host(stream, &flat)?;
+    // SAFETY: the table holds `pieces.len()` descriptors and is freed in stream order
+    // after this launch (dropped below, freed on `stream`); the ranges are the caller's
+    // guarantee.
+    unsafe { launch_batched_copy(stream, table.device_ptr(), pieces.len() as u64) }
+}

@@ -1,0 +1,645 @@
+//! Device, pinned host, managed and foreign (borrowed) CUDA memory.
+//!
+//! All four implement [`DeviceMemory`] (a device-visible address range with its Arrow
+//! device placement), which is what the kernels of [`crate::kernels`] take. The owning
+//! ones free their memory on drop, binding the right context themselves, from any
+//! thread; wrapped into an arrow-rs [`Buffer`] (`into_arrow_buffer`) they are freed when
+//! the last arrow-rs reference goes, which is how the CUDA export hands buffers to the
+//! C Device interface.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow_buffer::alloc::Allocation;
+use arrow_buffer::Buffer;
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DeviceRepr};
+use devarrow_abi::ArrowDeviceType;
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, DriverResultExt, Result};
+
+/// A range of memory that CUDA kernels can address, with its Arrow device placement.
+pub trait DeviceMemory {
+    /// The device-visible address of the first byte (0 for an empty range).
+    fn device_ptr(&self) -> u64;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the range is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// `ARROW_DEVICE_CUDA`, `ARROW_DEVICE_CUDA_HOST` or `ARROW_DEVICE_CUDA_MANAGED`.
+    fn device_type(&self) -> ArrowDeviceType;
+    /// The CUDA ordinal the memory belongs to.
+    fn device_id(&self) -> i64;
+}
+
+/// Memory this process owns and may write (kernels take it as an output).
+pub trait DeviceMemoryMut: DeviceMemory {}
+
+/// The address arrow-rs gets for an empty buffer: non-null, never dereferenced.
+fn dangling() -> NonNull<u8> {
+    NonNull::<u64>::dangling().cast()
+}
+
+/// Copies `bytes` bytes between any two UVA addresses (device, pinned or managed memory,
+/// or pageable host memory) on `stream`.
+///
+/// # Safety
+/// Both ranges must be valid for `bytes` bytes until the copy completes.
+unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller guarantees both ranges; with unified addressing the driver
+    // infers the direction of the copy from the addresses.
+    unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }
+        .result()
+        .call("cuMemcpyAsync")
+}
+
+fn sync(stream: &CudaStream) -> Result<()> {
+    stream.synchronize().call("cuStreamSynchronize")
+}
+
+/// Device memory (`ARROW_DEVICE_CUDA`) owned by this process.
+///
+/// Allocated stream-ordered (`cuMemAllocAsync` on the given stream, from the device's
+/// default memory pool) when the device supports memory pools, else with `cuMemAlloc`.
+/// Dropping it frees it in stream order on the allocation stream (`cuMemFreeAsync`), or
+/// after synchronizing that stream (`cuMemFree`); work on *other* streams that uses the
+/// buffer must be ordered before the drop (e.g. by an event the allocation stream waits
+/// on, or by synchronizing). Addresses are at least 256-byte aligned.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    stream_ordered: bool,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("device", &self.stream.context().ordinal())
+            .field("stream_ordered", &self.stream_ordered)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Allocates `len` uninitialized bytes on the device of `stream`, ordered on
+    /// `stream`. Out of memory is [`CudaError::OutOfMemory`].
+    pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
+        let ctx = stream.context();
+        ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let stream_ordered = ctx.has_async_alloc();
+        let ptr = if len == 0 {
+            0
+        } else if stream_ordered {
+            // SAFETY: the stream belongs to the current context; the memory is only
+            // handed out as an address (never read as Rust values).
+            unsafe { result::malloc_async(stream.cu_stream(), len) }
+                .alloc("cuMemAllocAsync", len)?
+        } else {
+            // SAFETY: as above, with the current context bound.
+            unsafe { result::malloc_sync(len) }.alloc("cuMemAlloc", len)?
+        };
+        Ok(Self {
+            ptr,
+            len,
+            stream: stream.clone(),
+            stream_ordered,
+        })
+    }
+
+    /// Allocates `len` bytes set to zero (`cuMemsetD8Async` on `stream`).
+    pub fn zeroed(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
+        let mut buf = Self::alloc(stream, len)?;
+        buf.memset(stream, 0)?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer holding a copy of `data`; returns once the copy is complete.
+    pub fn from_host<T: DeviceRepr>(stream: &Arc<CudaStream>, data: &[T]) -> Result<Self> {
+        let bytes = std::mem::size_of_val(data);
+        let mut buf = Self::alloc(stream, bytes)?;
+        buf.copy_from_host(stream, data)?;
+        Ok(buf)
+    }
+
+    /// Overwrites the start of the buffer with `data`; returns once the copy is complete.
+    pub fn copy_from_host<T: DeviceRepr>(&mut self, stream: &CudaStream, data: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(data);
+        if bytes > self.len {
+            return Err(CudaError::InvalidArgument(format!(
+                "copying {bytes} bytes into a device buffer of {} bytes",
+                self.len
+            )));
+        }
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: the destination holds at least `bytes` bytes (checked above) and the
+        // source slice outlives the copy, which completes before we return.
+        unsafe { memcpy_async(self.ptr, data.as_ptr() as u64, bytes, stream)? };
+        sync(stream)
+    }
+
+    /// Copies the whole buffer to a new `Vec<u8>` on `stream` (blocking).
+    pub fn to_host(&self, stream: &CudaStream) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        self.copy_to_host(stream, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the first `dst.len()` bytes of the buffer into `dst` on `stream`
+    /// (blocking).
+    pub fn copy_to_host<T: DeviceRepr>(&self, stream: &CudaStream, dst: &mut [T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(dst);
+        if bytes > self.len {
+            return Err(CudaError::InvalidArgument(format!(
+                "copying {bytes} bytes out of a device buffer of {} bytes",
+                self.len
+            )));
+        }
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: `dst` is valid for `bytes` bytes and outlives the copy (we synchronize
+        // before returning); the source holds at least `bytes` bytes.
+        unsafe { memcpy_async(dst.as_mut_ptr() as u64, self.ptr, bytes, stream)? };
+        sync(stream)
+    }
+
+    /// Sets every byte to `value` on `stream` (asynchronous; device memory is never
+    /// read by the host, so no host-visible race is possible).
+    pub fn memset(&mut self, stream: &CudaStream, value: u8) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: the range is our live allocation; the stream belongs to the bound
+        // context.
+        unsafe { result::memset_d8_async(self.ptr, value, self.len, stream.cu_stream()) }
+            .call("cuMemsetD8Async")
+    }
+
+    /// The stream the buffer was allocated on (and will be freed on).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether it came from the stream-ordered allocator.
+    pub fn is_stream_ordered(&self) -> bool {
+        self.stream_ordered
+    }
+
+    /// Turns the buffer into an arrow-rs [`Buffer`] that owns it: the device memory is
+    /// freed when the last clone of the `Buffer` (or of an `ArrayData` holding it) is
+    /// dropped.
+    ///
+    /// # Safety
+    /// The returned `Buffer` points to **device** memory: it must never be read on the
+    /// host (no `as_slice`, no arrow-rs kernel, no `ArrayData::validate`, no arrow-rs
+    /// `from_ffi`, no slicing of a `NullBuffer` over it). Only its address and length may
+    /// be used, as the CUDA export does.
+    pub unsafe fn into_arrow_buffer(self) -> Buffer {
+        let len = self.len;
+        let ptr = NonNull::new(self.ptr as *mut u8).unwrap_or_else(dangling);
+        // SAFETY: `ptr..ptr+len` stays allocated as long as the owner (`self`, moved into
+        // the Arc) lives; the caller promises never to dereference it on the host.
+        unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(self)) }
+    }
+}
+
+impl DeviceMemory for DeviceBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA
+    }
+    fn device_id(&self) -> i64 {
+        self.stream.context().ordinal() as i64
+    }
+}
+
+impl DeviceMemoryMut for DeviceBuffer {}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let ctx = self.stream.context();
+        // Errors cannot be reported from drop; cudarc records them on the context.
+        ctx.record_err(ctx.bind_to_thread());
+        if self.stream_ordered {
+            // SAFETY: allocated by cuMemAllocAsync on this stream and freed exactly once,
+            // in stream order after the work queued on it.
+            ctx.record_err(unsafe { result::free_async(self.ptr, self.stream.cu_stream()) });
+        } else {
+            ctx.record_err(self.stream.synchronize());
+            // SAFETY: allocated by cuMemAlloc, freed exactly once, after its stream's
+            // work completed.
+            ctx.record_err(unsafe { result::free_sync(self.ptr) });
+        }
+    }
+}
+
+/// Pinned (page-locked) host memory, `ARROW_DEVICE_CUDA_HOST` (`cuMemHostAlloc` with
+/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`; deliberately **not**
+/// write-combined, so host reads stay fast). Readable and writable from the host and,
+/// through its device address, from kernels.
+pub struct PinnedHostBuffer {
+    ptr: *mut u8,
+    device_ptr: u64,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value; freeing it binds the
+// context, and CUDA allows that from any thread.
+unsafe impl Send for PinnedHostBuffer {}
+// SAFETY: shared references only read (`as_slice`); writes need `&mut`.
+unsafe impl Sync for PinnedHostBuffer {}
+
+impl std::fmt::Debug for PinnedHostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedHostBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PinnedHostBuffer {
+    /// Allocates `len` zeroed bytes of pinned host memory, mapped for `device`.
+    pub fn alloc(device: &CudaDevice, len: usize) -> Result<Self> {
+        device.bind_to_thread()?;
+        if len == 0 {
+            return Ok(Self {
+                ptr: dangling().as_ptr(),
+                device_ptr: 0,
+                len: 0,
+                ctx: device.context().clone(),
+            });
+        }
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: the context is bound; the memory is zeroed below before any read.
+        let ptr = unsafe { result::malloc_host(len, flags) }.alloc("cuMemHostAlloc", len)?;
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` was just returned by cuMemHostAlloc with DEVICEMAP.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }.result();
+        let this = Self {
+            ptr: ptr.cast(),
+            device_ptr,
+            len,
+            ctx: device.context().clone(),
+        };
+        mapped.call("cuMemHostGetDevicePointer")?;
+        // SAFETY: `ptr` is valid for `len` writable bytes, owned by `this`.
+        unsafe { std::ptr::write_bytes(this.ptr, 0, len) };
+        Ok(this)
+    }
+
+    /// Allocates pinned memory holding a copy of `data`.
+    pub fn from_slice(device: &CudaDevice, data: &[u8]) -> Result<Self> {
+        let mut buf = Self::alloc(device, data.len())?;
+        buf.as_mut_slice().copy_from_slice(data);
+        Ok(buf)
+    }
+
+    /// The bytes, from the host.
+    ///
+    /// Device work writing the buffer must have completed (this crate's safe kernel
+    /// wrappers return only after their work is done).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes (or dangling with len 0) for our lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, mutably, from the host.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Turns the buffer into an arrow-rs [`Buffer`] that owns it (host-readable).
+    pub fn into_arrow_buffer(self) -> Buffer {
+        let len = self.len;
+        let ptr = NonNull::new(self.ptr).unwrap_or_else(dangling);
+        // SAFETY: `ptr..ptr+len` is host memory owned by `self`, which the Arc keeps
+        // alive as long as the Buffer; it is readable from the host.
+        unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(self)) }
+    }
+}
+
+impl DeviceMemory for PinnedHostBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA_HOST
+    }
+    fn device_id(&self) -> i64 {
+        self.ctx.ordinal() as i64
+    }
+}
+
+impl DeviceMemoryMut for PinnedHostBuffer {}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: allocated by cuMemHostAlloc and freed exactly once.
+        self.ctx
+            .record_err(unsafe { result::free_host(self.ptr.cast::<c_void>()) });
+    }
+}
+
+/// Managed (unified) memory, `ARROW_DEVICE_CUDA_MANAGED` (`cuMemAllocManaged`,
+/// `CU_MEM_ATTACH_GLOBAL`). Addressable from the host and every device.
+pub struct ManagedBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl std::fmt::Debug for ManagedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ManagedBuffer {
+    /// Allocates `len` bytes of managed memory, zeroed from the host.
+    ///
+    /// [`CudaError::Unsupported`] on devices without managed memory.
+    pub fn alloc(device: &CudaDevice, len: usize) -> Result<Self> {
+        if !device.supports_managed_memory() {
+            return Err(CudaError::Unsupported("managed memory"));
+        }
+        device.bind_to_thread()?;
+        let ptr = if len == 0 {
+            0
+        } else {
+            // SAFETY: the context is bound; the memory is zeroed before any read.
+            unsafe { result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+                .alloc("cuMemAllocManaged", len)?
+        };
+        let this = Self {
+            ptr,
+            len,
+            ctx: device.context().clone(),
+        };
+        // Freshly allocated managed memory is not in use by any kernel, so the host may
+        // write it even on devices without concurrent managed access.
+        if len > 0 {
+            // SAFETY: `ptr` is valid for `len` bytes, host-accessible, and unused.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, len) };
+        }
+        Ok(this)
+    }
+
+    /// The bytes, from the host.
+    ///
+    /// # Safety
+    /// No device work may be accessing the buffer (synchronize the streams that used it
+    /// first): on devices without concurrent managed access a host access while any
+    /// kernel runs faults, and on others it races.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: valid for `len` bytes; the caller guarantees no concurrent device access.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The bytes, mutably, from the host.
+    ///
+    /// # Safety
+    /// As for [`ManagedBuffer::as_slice`].
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: valid for `len` bytes, exclusive through `&mut self`; the caller
+        // guarantees no concurrent device access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+
+    /// Turns the buffer into an arrow-rs [`Buffer`] that owns it.
+    ///
+    /// # Safety
+    /// The host may read the `Buffer` only while no device work accesses the memory.
+    pub unsafe fn into_arrow_buffer(self) -> Buffer {
+        let len = self.len;
+        let ptr = NonNull::new(self.ptr as *mut u8).unwrap_or_else(dangling);
+        // SAFETY: the range stays allocated as long as the Arc'd owner; host access rules
+        // are the caller's.
+        unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(self)) }
+    }
+}
+
+impl DeviceMemory for ManagedBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA_MANAGED
+    }
+    fn device_id(&self) -> i64 {
+        self.ctx.ordinal() as i64
+    }
+}
+
+impl DeviceMemoryMut for ManagedBuffer {}
+
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: allocated by cuMemAllocManaged, freed exactly once.
+        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+    }
+}
+
+/// A non-owning view of memory someone else allocated (a foreign producer's buffer, a
+/// pointer from another library), kept valid by an `owner` it holds: the memory lives
+/// at least as long as any clone of the view.
+///
+/// Views of an imported array ([`crate::ImportedArray::buffer`]) hold the import, so the
+/// producer's `release` runs only after the last view is dropped.
+#[derive(Clone)]
+pub struct ForeignBuffer {
+    ptr: u64,
+    len: usize,
+    device_type: ArrowDeviceType,
+    device_id: i64,
+    host_readable: bool,
+    owner: Arc<dyn Allocation>,
+}
+
+impl std::fmt::Debug for ForeignBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("device_type", &self.device_type)
+            .field("device_id", &self.device_id)
+            .field("host_readable", &self.host_readable)
+            .finish()
+    }
+}
+
+impl ForeignBuffer {
+    /// Wraps `len` bytes at `ptr`, kept alive by `owner`.
+    ///
+    /// `host_readable` says the bytes may be read from the host right now (pinned or
+    /// managed memory whose producer event has been synchronized).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be memory of `device_type` on `device_id` that stays valid
+    /// and unmodified as long as `owner` is alive; when `host_readable`, it must be
+    /// host-readable for that long.
+    pub unsafe fn new(
+        ptr: u64,
+        len: usize,
+        device_type: ArrowDeviceType,
+        device_id: i64,
+        host_readable: bool,
+        owner: Arc<dyn Allocation>,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            device_type,
+            device_id,
+            host_readable: host_readable && device_type.is_host_accessible(),
+            owner,
+        }
+    }
+
+    /// What keeps the memory alive.
+    pub fn owner(&self) -> &Arc<dyn Allocation> {
+        &self.owner
+    }
+
+    /// The bytes, when they may be read from the host (pinned or managed memory after
+    /// its sync event completed); `None` otherwise.
+    pub fn host_slice(&self) -> Option<&[u8]> {
+        if !self.host_readable {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: `new`'s contract: host-readable and valid while `owner` (held by self)
+        // lives.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) })
+    }
+
+    /// Copies the bytes to the host on `stream` (blocking), whatever the memory type.
+    pub fn to_host(&self, stream: &CudaStream) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: the source is valid for `len` bytes while we hold the owner; `out` is
+        // ours and outlives the copy (we synchronize before returning).
+        unsafe { memcpy_async(out.as_mut_ptr() as u64, self.ptr, self.len, stream)? };
+        sync(stream)?;
+        Ok(out)
+    }
+
+    /// A view of `len` bytes starting `offset` bytes in, sharing the owner.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Self> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(CudaError::InvalidArgument(format!(
+                "slice {offset}+{len} of a {}-byte buffer",
+                self.len
+            )));
+        }
+        let mut out = self.clone();
+        out.ptr = if len == 0 { self.ptr } else { self.ptr + offset as u64 };
+        out.len = len;
+        Ok(out)
+    }
+
+    /// Turns the view into an arrow-rs [`Buffer`] that holds the owner.
+    ///
+    /// # Safety
+    /// Unless [`ForeignBuffer::host_slice`] is `Some`, the `Buffer` points to memory the
+    /// host must not read; see [`DeviceBuffer::into_arrow_buffer`].
+    pub unsafe fn into_arrow_buffer(self) -> Buffer {
+        let len = self.len;
+        let ptr = NonNull::new(self.ptr as *mut u8).unwrap_or_else(dangling);
+        let owner: Arc<ForeignBuffer> = Arc::new(self);
+        // SAFETY: the memory stays valid while the view (and so its owner) lives, which
+        // the Arc ties to the Buffer; host access is the caller's responsibility.
+        unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
+    }
+}
+
+impl DeviceMemory for ForeignBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        self.device_type
+    }
+    fn device_id(&self) -> i64 {
+        self.device_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_buffer_holds_its_owner() {
+        let data = vec![1u8, 2, 3, 4];
+        let ptr = data.as_ptr() as u64;
+        let owner: Arc<dyn Allocation> = Arc::new(data);
+        // SAFETY: the Vec (host memory) lives as long as `owner`, and is never modified.
+        let view = unsafe {
+            ForeignBuffer::new(ptr, 4, ArrowDeviceType::CUDA_HOST, 0, true, owner.clone())
+        };
+        assert_eq!(Arc::strong_count(&owner), 2);
+        assert_eq!(view.host_slice(), Some(&[1u8, 2, 3, 4][..]));
+        let tail = view.slice(1, 3).unwrap();
+        assert_eq!(tail.host_slice(), Some(&[2u8, 3, 4][..]));
+        assert!(view.slice(2, 3).is_err());
+        drop(view);
+        // SAFETY: as above; CUDA device memory is never host-readable.
+        let dev = unsafe { ForeignBuffer::new(ptr, 4, ArrowDeviceType::CUDA, 0, true, owner.clone()) };
+        assert_eq!(dev.host_slice(), None);
+        // SAFETY: the Buffer is only inspected for its address and length.
+        let arrow = unsafe { tail.into_arrow_buffer() };
+        assert_eq!(arrow.len(), 3);
+        assert_eq!(arrow.as_ptr() as u64, ptr + 1);
+        drop(dev);
+        assert_eq!(Arc::strong_count(&owner), 2);
+        drop(arrow);
+        assert_eq!(Arc::strong_count(&owner), 1);
+    }
+}
