@@ -324,6 +324,28 @@ pub unsafe extern "C" fn devarrow_interop_echo_device_stream(
     })
 }
 
+/// Re-exports what a [`DeviceArrayStreamReader`] reads. Unlike `stream::export_reader`,
+/// which sees the reader's errors as `ArrowError`s (reported as `EINVAL`), this keeps the
+/// foreign stream's own error code.
+struct RelaySource(DeviceArrayStreamReader);
+
+impl DeviceBatchSource for RelaySource {
+    fn schema(&self) -> SchemaRef {
+        arrow_array::RecordBatchReader::schema(&self.0)
+    }
+
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CPU
+    }
+
+    fn next_array(&mut self) -> Option<Result<DeviceArray>> {
+        self.0
+            .next_batch()
+            .map(|batch| batch.map(|b| cpu::export_batch_array(&b)))
+            .transpose()
+    }
+}
+
 /// Relays a foreign CPU `ArrowDeviceArrayStream` through devarrow lazily: `out` is a
 /// devarrow device stream whose every `get_next` pulls one array from the foreign stream
 /// with `DeviceArrayStreamReader`, imports (validates) it and exports it again. Errors of
@@ -342,7 +364,7 @@ pub unsafe extern "C" fn devarrow_interop_relay_device_stream(
         // SAFETY: forwarded to the caller; the stream is moved in first.
         let reader = unsafe { DeviceArrayStreamReader::from_raw(stream)? };
         check_out(out, "ArrowDeviceArrayStream out")?;
-        let relayed = stream::export_reader(Box::new(reader));
+        let relayed = stream::export_stream(RelaySource(reader));
         // SAFETY: `out` is non-null and valid for writes (caller contract).
         unsafe { relayed.move_into(out) };
         Ok(())
