@@ -26,13 +26,13 @@ fn show(output: &Output) -> String {
     )
 }
 
-/// Prints why the test is skipped, or fails when pyarrow is required.
-fn skip(message: &str) {
+/// Prints `skipping: <reason>`, or fails when pyarrow is required.
+fn skip(reason: &str) {
     assert!(
         !pyarrow_required(),
-        "DEVARROW_REQUIRE_PYARROW=1 but {message}"
+        "DEVARROW_REQUIRE_PYARROW=1 but {reason}"
     );
-    println!("{message}");
+    println!("skipping: {reason}");
 }
 
 /// `Some(reason)` when the interpreter cannot import pyarrow or cffi.
@@ -88,11 +88,11 @@ fn cdylib() -> PathBuf {
 fn pyarrow_interop() {
     let python = python();
     if let Some(why) = missing_module(&python, "pyarrow") {
-        skip(&format!("skipping: pyarrow not installed ({why})"));
+        skip(&format!("pyarrow not installed ({why})"));
         return;
     }
     if let Some(why) = missing_module(&python, "cffi") {
-        skip(&format!("skipping: cffi not installed ({why})"));
+        skip(&format!("cffi not installed ({why})"));
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/test_pyarrow_interop.py");
