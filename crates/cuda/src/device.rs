@@ -76,8 +76,9 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
             ),
             // SAFETY: `dev` is a valid device handle from cuDeviceGet.
             total_memory: unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
-            memory_pools: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?
-                > 0,
+            memory_pools: attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )? > 0,
             managed_memory: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? > 0,
         });
     }

@@ -162,7 +162,10 @@ mod tests {
     #[test]
     fn converts_to_abi_error() {
         let e: devarrow_abi::Error = CudaError::NoDriver.into();
-        assert!(matches!(e, devarrow_abi::Error::Device { device: "CUDA", .. }));
+        assert!(matches!(
+            e,
+            devarrow_abi::Error::Device { device: "CUDA", .. }
+        ));
         assert_eq!(e.errno(), devarrow_abi::error::errno::EIO);
         let e: devarrow_abi::Error = CudaError::UnsupportedDeviceType {
             found: ArrowDeviceType::METAL,

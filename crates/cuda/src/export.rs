@@ -4,8 +4,8 @@ use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use arrow_data::ArrayData;
 use arrow_data::ffi::FFI_ArrowArray;
+use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};

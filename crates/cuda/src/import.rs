@@ -196,7 +196,12 @@ impl ImportedArray {
     /// `node` must be [`ImportedArray::array`] or reachable from it through children and
     /// dictionaries, and the buffer must hold at least `len` bytes (which the caller
     /// derives from the schema, `length` and `offset`).
-    pub unsafe fn buffer(&self, node: &ArrowArray, index: usize, len: usize) -> Option<ForeignBuffer> {
+    pub unsafe fn buffer(
+        &self,
+        node: &ArrowArray,
+        index: usize,
+        len: usize,
+    ) -> Option<ForeignBuffer> {
         let ptr = node.buffer(index);
         if ptr.is_null() {
             return None;

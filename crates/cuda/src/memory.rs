@@ -576,7 +576,11 @@ impl ForeignBuffer {
             )));
         }
         let mut out = self.clone();
-        out.ptr = if len == 0 { self.ptr } else { self.ptr + offset as u64 };
+        out.ptr = if len == 0 {
+            self.ptr
+        } else {
+            self.ptr + offset as u64
+        };
         out.len = len;
         Ok(out)
     }
@@ -631,7 +635,8 @@ mod tests {
         assert!(view.slice(2, 3).is_err());
         drop(view);
         // SAFETY: as above; CUDA device memory is never host-readable.
-        let dev = unsafe { ForeignBuffer::new(ptr, 4, ArrowDeviceType::CUDA, 0, true, owner.clone()) };
+        let dev =
+            unsafe { ForeignBuffer::new(ptr, 4, ArrowDeviceType::CUDA, 0, true, owner.clone()) };
         assert_eq!(dev.host_slice(), None);
         // SAFETY: the Buffer is only inspected for its address and length.
         let arrow = unsafe { tail.into_arrow_buffer() };

@@ -73,10 +73,7 @@ impl Kernels {
         if let Some(k) = map.get(&key) {
             return Ok(k.clone());
         }
-        let load = |src: &str| {
-            ctx.load_module(Ptx::from_src(src))
-                .call("cuModuleLoadData")
-        };
+        let load = |src: &str| ctx.load_module(Ptx::from_src(src)).call("cuModuleLoadData");
         let validity = load(VALIDITY_PTX)?;
         let copy = load(COPY_PTX)?;
         let testing = load(TESTING_PTX)?;
@@ -470,7 +467,10 @@ fn check_offsets(
         .ok_or_else(|| CudaError::InvalidArgument("offset count overflows".into()))?;
     check_len("source offsets", src.len(), bytes)?;
     check_len("destination offsets", dst.len(), bytes)?;
-    if n > 0 && (src.device_ptr() % size as u64 != 0 || dst.device_ptr() % size as u64 != 0) {
+    if n > 0
+        && (!src.device_ptr().is_multiple_of(size as u64)
+            || !dst.device_ptr().is_multiple_of(size as u64))
+    {
         return Err(CudaError::InvalidArgument(format!(
             "offsets must be {size}-byte aligned"
         )));
@@ -489,7 +489,9 @@ pub fn rebase_offsets_i32(
 ) -> Result<()> {
     check_offsets(stream, src, dst, n, 4)?;
     // SAFETY: lengths and alignment checked; borrows last until we synchronize.
-    unsafe { launch_rebase_offsets_i32(stream, src.device_ptr(), n as u64, base, dst.device_ptr())? };
+    unsafe {
+        launch_rebase_offsets_i32(stream, src.device_ptr(), n as u64, base, dst.device_ptr())?
+    };
     synchronize(stream)
 }
 
@@ -503,7 +505,9 @@ pub fn rebase_offsets_i64(
 ) -> Result<()> {
     check_offsets(stream, src, dst, n, 8)?;
     // SAFETY: lengths and alignment checked; borrows last until we synchronize.
-    unsafe { launch_rebase_offsets_i64(stream, src.device_ptr(), n as u64, base, dst.device_ptr())? };
+    unsafe {
+        launch_rebase_offsets_i64(stream, src.device_ptr(), n as u64, base, dst.device_ptr())?
+    };
     synchronize(stream)
 }
 

@@ -30,7 +30,9 @@ pub mod naive {
 
     /// The number of set bits in bits `[offset, offset + len)`.
     pub fn count_set_bits(bitmap: &[u8], offset: usize, len: usize) -> u64 {
-        (offset..offset + len).filter(|&i| get_bit(bitmap, i)).count() as u64
+        (offset..offset + len)
+            .filter(|&i| get_bit(bitmap, i))
+            .count() as u64
     }
 
     /// Bits `[offset, offset + len)` as a new bitmap starting at bit 0, the bits of the
@@ -252,7 +254,7 @@ pub fn copy_bitmap_chunked(
     let out_bytes = len.div_ceil(8);
     let out_chunks = out_bytes.div_ceil(16);
     let limit = dst_addr + out_bytes;
-    let dst_aligned = dst_addr % 16 == 0;
+    let dst_aligned = dst_addr.is_multiple_of(16);
     for k in 0..out_chunks {
         let c0 = a + 16 * k;
         let mut x = [0u32; 8];
@@ -308,7 +310,7 @@ pub fn unpack_bits_chunked(
     let lead = ((first - a4) * 8 + src_offset % 8) as u32;
     let groups = len.div_ceil(32);
     let limit = dst_addr + len;
-    let dst_aligned = dst_addr % 16 == 0;
+    let dst_aligned = dst_addr.is_multiple_of(16);
     for g in 0..groups {
         let w0 = a4 + 4 * g;
         let x0 = mem.word_or_guarded(w0, first, end);
@@ -348,8 +350,8 @@ pub fn pack_bools_chunked(src: &[u8], src_addr: u64, dst: &mut [u8], dst_addr: u
     let groups = len.div_ceil(32);
     let limit = dst_addr + len.div_ceil(8);
     let src_end = src_addr + len;
-    let src_aligned = src_addr % 16 == 0;
-    let dst_aligned4 = dst_addr % 4 == 0;
+    let src_aligned = src_addr.is_multiple_of(16);
+    let dst_aligned4 = dst_addr.is_multiple_of(4);
     for g in 0..groups {
         let base = src_addr + 32 * g;
         let full = 32 * g + 32 <= len;
@@ -501,8 +503,9 @@ pub fn copy_segment_chunked(src: &[u8], src_addr: u64, dst: &mut [u8], dst_addr:
         let shift = (8 * r) as u32;
         for i in 0..nb {
             let base = s4 + 16 * i;
-            let w: [u32; 5] =
-                std::array::from_fn(|m| mem.word_or_guarded(base + 4 * m as u64, src_addr, src_end));
+            let w: [u32; 5] = std::array::from_fn(|m| {
+                mem.word_or_guarded(base + 4 * m as u64, src_addr, src_end)
+            });
             for j in 0..4 {
                 let o = funnel_right(w[j], w[j + 1], shift);
                 out.store_word(d + 16 * i + 4 * j as u64, o, dst_addr, dst_end);
@@ -572,7 +575,7 @@ pub fn rebase_offsets_chunked<T: OffsetValue>(
 ) {
     let n = src.len();
     assert!(dst.len() >= n);
-    assert!(src_addr % T::SIZE == 0 && dst_addr % T::SIZE == 0);
+    assert!(src_addr.is_multiple_of(T::SIZE) && dst_addr.is_multiple_of(T::SIZE));
     if (src_addr ^ dst_addr) & 15 == 0 {
         let per_vector = (16 / T::SIZE) as usize;
         let head = (((dst_addr.wrapping_neg() & 15) / T::SIZE) as usize).min(n);
@@ -583,7 +586,11 @@ pub fn rebase_offsets_chunked<T: OffsetValue>(
         let tail = (n - head) % per_vector;
         for v in 0..nv {
             let at = head + per_vector * v;
-            assert_eq!((dst_addr + at as u64 * T::SIZE) % 16, 0, "unaligned vector store");
+            assert_eq!(
+                (dst_addr + at as u64 * T::SIZE) % 16,
+                0,
+                "unaligned vector store"
+            );
             for e in 0..per_vector {
                 dst[at + e] = src[at + e].rebase(base);
             }
@@ -681,7 +688,9 @@ mod tests {
         // every alignment x every bit offset, a few lengths
         for align in 0..16u64 {
             for offset in 0..140usize {
-                for len in [1usize, 7, 8, 9, 31, 32, 33, 127, 128, 129, 255, 256, 257, 1000] {
+                for len in [
+                    1usize, 7, 8, 9, 31, 32, 33, 127, 128, 129, 255, 256, 257, 1000,
+                ] {
                     let bitmap = rng.bitmap(bitmap_bytes(offset + len));
                     assert_eq!(
                         count_set_bits_chunked(&bitmap, 0x4000 + align, offset as u64, len as u64),
@@ -715,7 +724,10 @@ mod tests {
                 &expected[..],
                 "len {len} offset {offset} src_align {src_align} dst_align {dst_align}"
             );
-            assert!(dst[expected.len()..].iter().all(|&b| b == 0xA5), "wrote past the end");
+            assert!(
+                dst[expected.len()..].iter().all(|&b| b == 0xA5),
+                "wrote past the end"
+            );
         };
         for len in lengths() {
             let offset = rng.below(300) as usize;
@@ -730,7 +742,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(copy_bitmap(&[0b1010_1100, 0xFF], 2, 9), vec![0b1110_1011, 0b1]);
+        assert_eq!(
+            copy_bitmap(&[0b1010_1100, 0xFF], 2, 9),
+            vec![0b1110_1011, 0b1]
+        );
     }
 
     #[test]
@@ -748,7 +763,11 @@ mod tests {
                 &mut dst,
                 0x20_0000 + dst_align,
             );
-            assert_eq!(&dst[..len], &expected[..], "len {len} offset {offset} sa {src_align}");
+            assert_eq!(
+                &dst[..len],
+                &expected[..],
+                "len {len} offset {offset} sa {src_align}"
+            );
             assert!(dst[len..].iter().all(|&b| b == 0xA5), "wrote past the end");
         };
         for len in lengths() {
@@ -775,12 +794,18 @@ mod tests {
                 let bools: Vec<u8> = match rng.below(3) {
                     0 => rng.bytes(len),
                     1 => (0..len).map(|_| rng.below(2) as u8).collect(),
-                    _ => (0..len).map(|_| [0u8, 1, 0x80, 0x10][rng.below(4) as usize]).collect(),
+                    _ => (0..len)
+                        .map(|_| [0u8, 1, 0x80, 0x10][rng.below(4) as usize])
+                        .collect(),
                 };
                 let expected = naive::pack_bools(&bools);
                 let mut dst = vec![0xA5u8; expected.len() + 9];
                 pack_bools_chunked(&bools, 0x4_0000 + sa, &mut dst, 0x9_0000 + da);
-                assert_eq!(&dst[..expected.len()], &expected[..], "len {len} sa {sa} da {da}");
+                assert_eq!(
+                    &dst[..expected.len()],
+                    &expected[..],
+                    "len {len} sa {sa} da {da}"
+                );
                 assert!(dst[expected.len()..].iter().all(|&b| b == 0xA5));
             }
         }
@@ -833,18 +858,46 @@ mod tests {
     #[test]
     fn split_segments_covers_each_segment_exactly() {
         let segs = [
-            CopySegment { src: 0, dst: 1000, len: 0 },
-            CopySegment { src: 10, dst: 2000, len: 5 },
-            CopySegment { src: 100, dst: 9000, len: 33 },
+            CopySegment {
+                src: 0,
+                dst: 1000,
+                len: 0,
+            },
+            CopySegment {
+                src: 10,
+                dst: 2000,
+                len: 5,
+            },
+            CopySegment {
+                src: 100,
+                dst: 9000,
+                len: 33,
+            },
         ];
         let pieces = split_segments(&segs, 16);
         assert_eq!(
             pieces,
             vec![
-                CopySegment { src: 10, dst: 2000, len: 5 },
-                CopySegment { src: 100, dst: 9000, len: 16 },
-                CopySegment { src: 116, dst: 9016, len: 16 },
-                CopySegment { src: 132, dst: 9032, len: 1 },
+                CopySegment {
+                    src: 10,
+                    dst: 2000,
+                    len: 5
+                },
+                CopySegment {
+                    src: 100,
+                    dst: 9000,
+                    len: 16
+                },
+                CopySegment {
+                    src: 116,
+                    dst: 9016,
+                    len: 16
+                },
+                CopySegment {
+                    src: 132,
+                    dst: 9032,
+                    len: 1
+                },
             ]
         );
     }

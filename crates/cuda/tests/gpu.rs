@@ -1,0 +1,818 @@
+//! The GPU tests of devarrow-cuda, in one test binary.
+//!
+//! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
+//! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_buffer::alloc::Allocation;
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
+use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
+use devarrow_cuda::cudarc::driver::{result, sys};
+use devarrow_cuda::kernels::{self, reference, CopySegment, Kernels};
+use devarrow_cuda::{
+    export_array_data, list_devices, CudaDevice, CudaError, CudaStream, DeviceBuffer, DeviceMemory,
+    ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
+};
+
+/// Device 0, or `None` after printing why the test is skipped (panics instead when
+/// `DEVARROW_REQUIRE_GPU=1`).
+fn gpu() -> Option<CudaDevice> {
+    match CudaDevice::open(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            if std::env::var("DEVARROW_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("DEVARROW_REQUIRE_GPU=1 but no GPU is usable: {e}");
+            }
+            println!("skipping: {e}");
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+macro_rules! gpu_or_skip {
+    () => {
+        match gpu() {
+            Some(dev) => dev,
+            None => return,
+        }
+    };
+}
+
+/// SplitMix64, for reproducible random inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Lengths (in bits or elements) around every boundary the kernels care about.
+fn lengths() -> Vec<usize> {
+    let mut v: Vec<usize> = (0..=70).collect();
+    for m in [
+        127usize,
+        128,
+        129,
+        255,
+        256,
+        257,
+        511,
+        512,
+        513,
+        1000,
+        1023,
+        1024,
+        1025,
+        4095,
+        4096,
+        4097,
+        8191,
+        32768,
+        65_535,
+        65_536,
+        65_537,
+        100_003,
+        1 << 20,
+    ] {
+        v.push(m);
+    }
+    v.push((1 << 22) + 77);
+    v
+}
+
+/// A view of `len` bytes starting `shift` bytes into `buf`, holding `buf`.
+fn view(buf: &Arc<DeviceBuffer>, shift: usize, len: usize) -> ForeignBuffer {
+    assert!(shift + len <= buf.len());
+    let owner: Arc<dyn Allocation> = buf.clone();
+    // SAFETY: the range lies inside `buf`, which the view keeps alive; nothing writes it
+    // while the view is used.
+    unsafe {
+        ForeignBuffer::new(
+            buf.device_ptr() + shift as u64,
+            len,
+            ArrowDeviceType::CUDA,
+            buf.device_id(),
+            false,
+            owner,
+        )
+    }
+}
+
+/// `bytes` uploaded to a fresh device buffer at `shift` bytes past a 256-aligned start.
+fn upload_at(stream: &Arc<CudaStream>, bytes: &[u8], shift: usize) -> (Arc<DeviceBuffer>, u64) {
+    let mut padded = vec![0xEEu8; shift];
+    padded.extend_from_slice(bytes);
+    let buf = Arc::new(DeviceBuffer::from_host(stream, &padded).unwrap());
+    let ptr = buf.device_ptr() + shift as u64;
+    (buf, ptr)
+}
+
+fn download(stream: &Arc<CudaStream>, buf: &DeviceBuffer) -> Vec<u8> {
+    buf.to_host(stream).unwrap()
+}
+
+/// Free device memory after synchronizing and trimming the pool.
+fn free_memory(dev: &CudaDevice) -> usize {
+    dev.synchronize().unwrap();
+    dev.trim_memory_pool().unwrap();
+    dev.memory_info().unwrap().0
+}
+
+#[test]
+fn devices_are_listed_and_opened_on_the_primary_context() {
+    let dev = gpu_or_skip!();
+    let list = list_devices().unwrap();
+    assert!(!list.is_empty());
+    assert_eq!(list[0].id, 0);
+    assert!(list[0].total_memory > 0);
+    println!("device 0: {:?}", list[0]);
+    assert!(dev.context().is_primary());
+    // The primary context is the one the runtime and other libraries use.
+    // SAFETY: device 0 exists; the retain is balanced by the release below.
+    let primary = unsafe { result::primary_ctx::retain(dev.context().cu_device()) }.unwrap();
+    assert_eq!(primary, dev.cu_context());
+    // SAFETY: balances the retain above.
+    unsafe { result::primary_ctx::release(dev.context().cu_device()) }.unwrap();
+    let again = CudaDevice::open(0).unwrap();
+    assert_eq!(again, dev);
+    match CudaDevice::open(list.len()) {
+        Err(CudaError::InvalidDeviceId { id, count }) => {
+            assert_eq!((id, count), (list.len(), list.len()))
+        }
+        other => panic!("expected InvalidDeviceId, got {other:?}"),
+    }
+    let k1 = Kernels::for_context(dev.context()).unwrap();
+    let k2 = Kernels::for_context(again.context()).unwrap();
+    assert!(Arc::ptr_eq(&k1, &k2), "kernels are loaded once per context");
+}
+
+#[test]
+fn device_pinned_and_managed_buffers_round_trip() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(11);
+    for len in [0usize, 1, 7, 255, 4096, (1 << 20) + 3] {
+        let data = rng.bytes(len);
+        let buf = DeviceBuffer::from_host(&stream, &data).unwrap();
+        assert_eq!(buf.len(), len);
+        assert_eq!(buf.device_ptr() % 256, 0);
+        assert_eq!(download(&stream, &buf), data);
+        let mut z = DeviceBuffer::zeroed(&stream, len).unwrap();
+        assert!(download(&stream, &z).iter().all(|&b| b == 0));
+        z.memset(&stream, 0x5A).unwrap();
+        assert!(download(&stream, &z).iter().all(|&b| b == 0x5A));
+
+        // pinned -> device -> pinned through the batched copy kernel
+        let pinned = PinnedHostBuffer::from_slice(&dev, &data).unwrap();
+        assert_eq!(pinned.device_type(), ArrowDeviceType::CUDA_HOST);
+        let dbuf = DeviceBuffer::alloc(&stream, len).unwrap();
+        let mut back = PinnedHostBuffer::alloc(&dev, len).unwrap();
+        // SAFETY: all three ranges are live for `len` bytes and distinct; we synchronize
+        // before reading or dropping them.
+        unsafe {
+            kernels::batched_copy(
+                &stream,
+                &[CopySegment {
+                    src: pinned.device_ptr(),
+                    dst: dbuf.device_ptr(),
+                    len: len as u64,
+                }],
+            )
+            .unwrap();
+            kernels::batched_copy(
+                &stream,
+                &[CopySegment {
+                    src: dbuf.device_ptr(),
+                    dst: back.device_ptr(),
+                    len: len as u64,
+                }],
+            )
+            .unwrap();
+        }
+        stream.synchronize().unwrap();
+        assert_eq!(back.as_mut_slice(), &data[..]);
+
+        if dev.supports_managed_memory() {
+            let mut managed = ManagedBuffer::alloc(&dev, len).unwrap();
+            // SAFETY: no device work uses the fresh managed buffer.
+            unsafe { managed.as_mut_slice() }.copy_from_slice(&data);
+            let out = DeviceBuffer::alloc(&stream, len).unwrap();
+            // SAFETY: both ranges live and distinct; synchronized below.
+            unsafe {
+                kernels::batched_copy(
+                    &stream,
+                    &[CopySegment {
+                        src: managed.device_ptr(),
+                        dst: out.device_ptr(),
+                        len: len as u64,
+                    }],
+                )
+                .unwrap();
+            }
+            assert_eq!(download(&stream, &out), data);
+        }
+    }
+}
+
+#[test]
+fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let before = free_memory(&dev);
+    let (_, total) = dev.memory_info().unwrap();
+    for bytes in [total * 2, total + (1 << 30)] {
+        match DeviceBuffer::alloc(&stream, bytes) {
+            Err(CudaError::OutOfMemory { bytes: b }) => assert_eq!(b, bytes),
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+    }
+    // the device still works
+    let ok = DeviceBuffer::from_host(&stream, &[1u8, 2, 3]).unwrap();
+    assert_eq!(download(&stream, &ok), vec![1, 2, 3]);
+    drop(ok);
+    let after = free_memory(&dev);
+    assert!(
+        after + (4 << 20) >= before,
+        "free memory dropped from {before} to {after}"
+    );
+}
+
+/// An `Int32` array of `n` values in device memory, with a validity bitmap whose null
+/// count the GPU computes.
+fn int32_array(
+    stream: &Arc<CudaStream>,
+    values: DeviceBuffer,
+    validity: &[u8],
+    n: usize,
+) -> ArrayData {
+    let bitmap = DeviceBuffer::from_host(stream, validity).unwrap();
+    let valid = kernels::count_set_bits(stream, &bitmap, 0, n).unwrap() as usize;
+    assert_eq!(valid as u64, reference::count_set_bits(validity, 0, n));
+    // SAFETY: the buffers are device memory, never read on the host; the layout (values
+    // of 4*n bytes, bitmap of ceil(n/8) bytes, null count computed above) is valid.
+    unsafe {
+        ArrayData::builder(DataType::Int32)
+            .len(n)
+            .add_buffer(values.into_arrow_buffer())
+            .null_bit_buffer(Some(bitmap.into_arrow_buffer()))
+            .null_count(n - valid)
+            .build_unchecked()
+    }
+}
+
+#[test]
+fn export_then_import_honours_the_sync_event() {
+    let dev = gpu_or_skip!();
+    let producer = dev.new_stream().unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let n = 1 << 16;
+    let value = 0x1234_0000u32;
+    let values = DeviceBuffer::zeroed(&producer, 4 * n).unwrap();
+    let values_ptr = values.device_ptr();
+    let validity: Vec<u8> = (0..n.div_ceil(8)).map(|i| (i * 37) as u8).collect();
+    // (count_set_bits synchronizes `producer`: the spinning producer is launched after it)
+    let data = int32_array(&producer, values, &validity, n);
+    // SAFETY: `values_ptr` stays owned by `data` (and then the export) until release.
+    unsafe {
+        kernels::testing::launch_spin_fill_u32(&producer, values_ptr, n as u64, value, 300_000_000)
+            .unwrap()
+    };
+    let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer).unwrap();
+    assert_eq!(exported.device_type(), ArrowDeviceType::CUDA);
+    assert_eq!(exported.device_id(), 0);
+    assert_eq!(exported.array().length, n as i64);
+    assert_eq!(exported.array().n_buffers, 2);
+    assert_eq!(exported.array().buffer(1) as u64, values_ptr);
+    assert!(!exported.sync_event().is_null());
+    // SAFETY: sync_event points to the CUevent of the export.
+    let event = unsafe { *exported.sync_event().cast::<sys::CUevent>() };
+    // SAFETY: the event is alive (the export is unreleased).
+    let still_running = unsafe { result::event::query(event) };
+    assert_eq!(
+        still_running,
+        Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
+        "the producer kernel should still be spinning"
+    );
+
+    let t = Instant::now();
+    let imported = ImportedArray::import(exported, &consumer).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(150),
+        "import must not block the host"
+    );
+    assert_eq!(imported.sync_event(), event);
+    assert!(!imported.is_host_synchronized());
+    // SAFETY: the root's buffer 1 holds n i32 values.
+    let view = unsafe { imported.buffer(imported.array(), 1, 4 * n) }.unwrap();
+    assert!(view.host_slice().is_none());
+    let out = DeviceBuffer::alloc(&consumer, 4 * n).unwrap();
+    // SAFETY: both ranges live (the view holds the import) and distinct.
+    unsafe {
+        kernels::batched_copy(
+            &consumer,
+            &[CopySegment {
+                src: view.device_ptr(),
+                dst: out.device_ptr(),
+                len: 4 * n as u64,
+            }],
+        )
+        .unwrap();
+    }
+    let mut got = vec![0u32; n];
+    out.copy_to_host(&consumer, &mut got).unwrap();
+    let expected: Vec<u32> = (0..n as u32).map(|i| value.wrapping_add(i)).collect();
+    assert_eq!(
+        got, expected,
+        "the consumer read before the producer finished"
+    );
+    // validity bitmap, through the import
+    // SAFETY: buffer 0 of the root is the validity bitmap of ceil(n/8) bytes.
+    let bits = unsafe { imported.buffer(imported.array(), 0, n.div_ceil(8)) }.unwrap();
+    assert_eq!(bits.to_host(&consumer).unwrap(), validity);
+    assert_eq!(
+        kernels::count_set_bits(&consumer, &bits, 0, n).unwrap(),
+        n as u64 - imported.array().null_count as u64
+    );
+    drop(imported);
+    drop(view);
+    drop(bits);
+}
+
+#[test]
+fn release_runs_on_another_thread_and_frees_the_memory() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let big = 64 << 20;
+    // warm up (kernels, pools)
+    let warm =
+        export_array_data(uint8_array(&stream, 1024), ArrowDeviceType::CUDA, &stream).unwrap();
+    drop(warm);
+    let before = free_memory(&dev);
+    let exported =
+        export_array_data(uint8_array(&stream, big), ArrowDeviceType::CUDA, &stream).unwrap();
+    let during = free_memory(&dev);
+    assert!(
+        during + big / 2 <= before,
+        "64 MiB should be in use ({before} -> {during})"
+    );
+    std::thread::spawn(move || {
+        // A fresh thread has no current context: release must bind it itself.
+        drop(exported);
+    })
+    .join()
+    .unwrap();
+    // the same through a raw struct moved to the other thread and released by C-style call
+    let raw = export_array_data(uint8_array(&stream, big), ArrowDeviceType::CUDA, &stream)
+        .unwrap()
+        .into_raw();
+    let raw = SendRaw(raw);
+    std::thread::spawn(move || {
+        let mut raw = raw;
+        let release = raw.0.array.release.unwrap();
+        // SAFETY: the struct is unreleased and ours; release is the producer's callback.
+        unsafe { release(&mut raw.0.array) };
+        assert!(raw.0.array.release.is_none());
+    })
+    .join()
+    .unwrap();
+    assert!(dev.context().check_err().is_ok());
+    let after = free_memory(&dev);
+    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+}
+
+struct SendRaw(ArrowDeviceArray);
+// SAFETY: the C data interface allows releasing on any thread.
+unsafe impl Send for SendRaw {}
+
+/// A `UInt8` array of `len` bytes of device memory (zeroed, no validity).
+fn uint8_array(stream: &Arc<CudaStream>, len: usize) -> ArrayData {
+    let values = DeviceBuffer::zeroed(stream, len).unwrap();
+    // SAFETY: device memory never read on the host; a valid UInt8 layout without nulls.
+    unsafe {
+        ArrayData::builder(DataType::UInt8)
+            .len(len)
+            .add_buffer(values.into_arrow_buffer())
+            .build_unchecked()
+    }
+}
+
+#[test]
+fn ten_thousand_export_import_cycles_leave_device_memory_unchanged() {
+    let dev = gpu_or_skip!();
+    let producer = dev.new_stream().unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let cycle = |len: usize| {
+        let exported = export_array_data(
+            uint8_array(&producer, len),
+            ArrowDeviceType::CUDA,
+            &producer,
+        )
+        .unwrap();
+        let imported = ImportedArray::import(exported, &consumer).unwrap();
+        // SAFETY: buffer 1 holds `len` bytes.
+        let v = unsafe { imported.buffer(imported.array(), 1, len) }.unwrap();
+        drop(imported);
+        assert_eq!(v.len(), len);
+        drop(v);
+    };
+    cycle(1 << 16);
+    let before = free_memory(&dev);
+    for i in 0..10_000 {
+        cycle((1 << 16) + (i % 7) * 1000);
+    }
+    assert!(dev.context().check_err().is_ok());
+    let after = free_memory(&dev);
+    println!("free device memory before {before}, after {after}");
+    assert!(after + (2 << 20) >= before, "leaked: {before} -> {after}");
+}
+
+#[test]
+fn host_and_managed_exports_are_host_readable_after_synchronization() {
+    let dev = gpu_or_skip!();
+    let producer = dev.new_stream().unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let n = 4096usize;
+    let pinned = PinnedHostBuffer::alloc(&dev, 4 * n).unwrap();
+    // SAFETY: the pinned buffer holds n u32s and is owned by the export until release.
+    unsafe {
+        kernels::testing::launch_spin_fill_u32(
+            &producer,
+            pinned.device_ptr(),
+            n as u64,
+            7,
+            50_000_000,
+        )
+        .unwrap()
+    };
+    let data = ArrayData::builder(DataType::UInt32)
+        .len(n)
+        .add_buffer(pinned.into_arrow_buffer());
+    // SAFETY: no host read happens before the event is synchronized below.
+    let data = unsafe { data.build_unchecked() };
+    let exported = export_array_data(data, ArrowDeviceType::CUDA_HOST, &producer).unwrap();
+    let imported = ImportedArray::import(exported, &consumer).unwrap();
+    imported.synchronize_host().unwrap();
+    assert!(imported.is_host_synchronized());
+    // SAFETY: buffer 1 holds n u32s.
+    let v = unsafe { imported.buffer(imported.array(), 1, 4 * n) }.unwrap();
+    let bytes = v
+        .host_slice()
+        .expect("pinned memory is host-readable after sync");
+    let got: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, (0..n as u32).map(|i| 7 + i).collect::<Vec<_>>());
+    drop((imported, v));
+
+    if dev.supports_managed_memory() {
+        let managed = ManagedBuffer::alloc(&dev, 4 * n).unwrap();
+        // SAFETY: as above, for managed memory.
+        unsafe {
+            kernels::testing::launch_spin_fill_u32(
+                &producer,
+                managed.device_ptr(),
+                n as u64,
+                9,
+                1_000_000,
+            )
+            .unwrap()
+        };
+        // SAFETY: never read on the host before synchronization.
+        let data = unsafe {
+            ArrayData::builder(DataType::UInt32)
+                .len(n)
+                .add_buffer(managed.into_arrow_buffer())
+                .build_unchecked()
+        };
+        let exported = export_array_data(data, ArrowDeviceType::CUDA_MANAGED, &producer).unwrap();
+        assert_eq!(exported.device_type(), ArrowDeviceType::CUDA_MANAGED);
+        let imported = ImportedArray::import(exported, &consumer).unwrap();
+        imported.synchronize_host().unwrap();
+        // SAFETY: buffer 1 holds n u32s.
+        let v = unsafe { imported.buffer(imported.array(), 1, 4 * n) }.unwrap();
+        let bytes = v.host_slice().unwrap();
+        assert_eq!(
+            u32::from_le_bytes(bytes[4 * 100..4 * 101].try_into().unwrap()),
+            109
+        );
+        drop((imported, v));
+    }
+}
+
+#[test]
+fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let exported =
+        export_array_data(uint8_array(&stream, 100), ArrowDeviceType::CUDA, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let mut raw = exported.into_raw();
+    raw.sync_event = std::ptr::null_mut();
+    let imported = ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream).unwrap();
+    assert!(imported.sync_event().is_null());
+    assert!(imported.is_host_synchronized());
+    // SAFETY: buffer 1 holds 100 bytes.
+    let v = unsafe { imported.buffer(imported.array(), 1, 100) }.unwrap();
+    assert_eq!(v.to_host(&stream).unwrap(), vec![0u8; 100]);
+    drop((imported, v));
+
+    let mut raw = export_array_data(uint8_array(&stream, 8), ArrowDeviceType::CUDA, &stream)
+        .unwrap()
+        .into_raw();
+    raw.device_id = 1000;
+    match ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream) {
+        Err(CudaError::DeviceMismatch {
+            expected: 0,
+            found: 1000,
+        }) => {}
+        other => panic!("expected DeviceMismatch, got {other:?}"),
+    }
+    let mut raw = export_array_data(uint8_array(&stream, 8), ArrowDeviceType::CUDA, &stream)
+        .unwrap()
+        .into_raw();
+    raw.device_type = ArrowDeviceType::ROCM;
+    assert!(matches!(
+        ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream),
+        Err(CudaError::UnsupportedDeviceType { .. })
+    ));
+    // exporting as a non-CUDA device type is refused too
+    assert!(matches!(
+        export_array_data(uint8_array(&stream, 8), ArrowDeviceType::CPU, &stream),
+        Err(CudaError::UnsupportedDeviceType { .. })
+    ));
+}
+
+// ----------------------------------------------------------------------------------------
+// Kernels against their CPU oracles
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn count_set_bits_matches_the_oracle() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(21);
+    for len in lengths() {
+        for _ in 0..2 {
+            let offset = rng.below(300) as usize;
+            let shift = rng.below(17) as usize;
+            let bytes = reference::bitmap_bytes(offset + len);
+            let host = match rng.below(3) {
+                0 => vec![0xFF; bytes],
+                _ => rng.bytes(bytes),
+            };
+            let (buf, _) = upload_at(&stream, &host, shift);
+            let v = view(&buf, shift, bytes);
+            let got = kernels::count_set_bits(&stream, &v, offset, len).unwrap();
+            assert_eq!(
+                got,
+                reference::count_set_bits(&host, offset, len),
+                "len {len} offset {offset} shift {shift}"
+            );
+        }
+    }
+    // 64 MiB bitmap
+    let host = rng.bytes(64 << 20);
+    let buf = DeviceBuffer::from_host(&stream, &host).unwrap();
+    let len = (host.len() * 8) - 13;
+    assert_eq!(
+        kernels::count_set_bits(&stream, &buf, 5, len).unwrap(),
+        reference::count_set_bits(&host, 5, len)
+    );
+}
+
+#[test]
+fn copy_bitmap_matches_the_oracle() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(22);
+    for len in lengths() {
+        let offset = rng.below(300) as usize;
+        let shift = rng.below(17) as usize;
+        let dst_shift = [0usize, 0, 4, 1][rng.below(4) as usize];
+        let src_host = rng.bytes(reference::bitmap_bytes(offset + len));
+        let expected = reference::copy_bitmap(&src_host, offset, len);
+        let (src, src_ptr) = upload_at(&stream, &src_host, shift);
+        let out_len = expected.len() + 32;
+        let (dst, dst_ptr) = upload_at(&stream, &vec![0xA5u8; out_len], dst_shift);
+        // SAFETY: the ranges lie in `src` and `dst`, distinct, alive until synchronized.
+        unsafe {
+            kernels::launch_copy_bitmap(&stream, src_ptr, offset as u64, len as u64, dst_ptr)
+        }
+        .unwrap();
+        let got = download(&stream, &dst);
+        let got = &got[dst_shift..];
+        assert_eq!(
+            &got[..expected.len()],
+            &expected[..],
+            "len {len} offset {offset} shift {shift}"
+        );
+        assert!(
+            got[expected.len()..].iter().all(|&b| b == 0xA5),
+            "wrote past the end"
+        );
+        drop(src);
+    }
+    // safe wrapper, 64 MiB
+    let host = rng.bytes(64 << 20);
+    let src = DeviceBuffer::from_host(&stream, &host).unwrap();
+    let len = host.len() * 8 - 100;
+    let mut dst = DeviceBuffer::alloc(&stream, reference::bitmap_bytes(len)).unwrap();
+    kernels::copy_bitmap(&stream, &src, 3, len, &mut dst).unwrap();
+    assert_eq!(
+        download(&stream, &dst),
+        reference::copy_bitmap(&host, 3, len)
+    );
+}
+
+#[test]
+fn unpack_and_pack_match_the_oracle() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(23);
+    for len in lengths() {
+        // unpack
+        let offset = rng.below(300) as usize;
+        let shift = rng.below(17) as usize;
+        let dst_shift = [0usize, 0, 8, 3][rng.below(4) as usize];
+        let src_host = rng.bytes(reference::bitmap_bytes(offset + len));
+        let expected = reference::unpack_bits(&src_host, offset, len);
+        let (src, src_ptr) = upload_at(&stream, &src_host, shift);
+        let (dst, dst_ptr) = upload_at(&stream, &vec![0xA5u8; len + 40], dst_shift);
+        // SAFETY: ranges inside live, distinct buffers; synchronized by the download.
+        unsafe {
+            kernels::launch_unpack_bits(&stream, src_ptr, offset as u64, len as u64, dst_ptr)
+        }
+        .unwrap();
+        let got = download(&stream, &dst);
+        let got = &got[dst_shift..];
+        assert_eq!(
+            &got[..len],
+            &expected[..],
+            "unpack len {len} offset {offset} shift {shift}"
+        );
+        assert!(got[len..].iter().all(|&b| b == 0xA5));
+        drop(src);
+
+        // pack
+        let shift = [0usize, 0, 5, 16][rng.below(4) as usize];
+        let dst_shift = [0usize, 0, 4, 2][rng.below(4) as usize];
+        let bools: Vec<u8> = rng
+            .bytes(len)
+            .iter()
+            .map(|&b| if b < 100 { 0 } else { b & 3 })
+            .collect();
+        let expected = reference::pack_bools(&bools);
+        let (src, src_ptr) = upload_at(&stream, &bools, shift);
+        let (dst, dst_ptr) = upload_at(&stream, &vec![0xA5u8; expected.len() + 9], dst_shift);
+        // SAFETY: ranges inside live, distinct buffers; synchronized by the download.
+        unsafe { kernels::launch_pack_bools(&stream, src_ptr, len as u64, dst_ptr) }.unwrap();
+        let got = download(&stream, &dst);
+        let got = &got[dst_shift..];
+        assert_eq!(
+            &got[..expected.len()],
+            &expected[..],
+            "pack len {len} shift {shift}"
+        );
+        assert!(got[expected.len()..].iter().all(|&b| b == 0xA5));
+        drop(src);
+    }
+    // safe wrappers round trip, 64 MiB of booleans
+    let bools: Vec<u8> = rng.bytes(64 << 20).iter().map(|b| b & 1).collect();
+    let src = DeviceBuffer::from_host(&stream, &bools).unwrap();
+    let mut bits = DeviceBuffer::alloc(&stream, bools.len() / 8).unwrap();
+    kernels::pack_bools(&stream, &src, bools.len(), &mut bits).unwrap();
+    assert_eq!(download(&stream, &bits), reference::pack_bools(&bools));
+    let mut back = DeviceBuffer::alloc(&stream, bools.len()).unwrap();
+    kernels::unpack_bits(&stream, &bits, 0, bools.len(), &mut back).unwrap();
+    assert_eq!(download(&stream, &back), bools);
+}
+
+#[test]
+fn batched_copy_matches_the_oracle() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(24);
+    let mut sizes: Vec<usize> = (0..600).map(|_| rng.below(300) as usize).collect();
+    sizes.extend((0..50).map(|_| rng.below(100_000) as usize));
+    sizes.extend([16 * 1024, 16 * 1024 + 1, 8 << 20, 0, 1, 15, 16, 17]);
+    let total: usize = sizes.iter().map(|s| s + 64).sum();
+    let src_host = rng.bytes(total);
+    let src = DeviceBuffer::from_host(&stream, &src_host).unwrap();
+    let dst = DeviceBuffer::zeroed(&stream, total).unwrap();
+    let mut segments = Vec::new();
+    let mut expected = vec![0u8; total];
+    let (mut s_at, mut d_at) = (0usize, 0usize);
+    for &len in &sizes {
+        let s = s_at + rng.below(32) as usize;
+        let d = d_at + rng.below(32) as usize;
+        segments.push(CopySegment {
+            src: src.device_ptr() + s as u64,
+            dst: dst.device_ptr() + d as u64,
+            len: len as u64,
+        });
+        expected[d..d + len].copy_from_slice(&src_host[s..s + len]);
+        s_at += len + 64;
+        d_at += len + 64;
+    }
+    // SAFETY: every segment lies inside `src` / `dst`, destinations are disjoint; the
+    // download synchronizes before the buffers drop.
+    unsafe { kernels::batched_copy(&stream, &segments) }.unwrap();
+    assert_eq!(download(&stream, &dst), expected);
+}
+
+#[test]
+fn rebase_offsets_match_the_oracle() {
+    let dev = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let mut rng = Rng(25);
+    for n in lengths().into_iter().filter(|&n| n <= 1 << 20) {
+        let o32: Vec<i32> = (0..n).map(|_| rng.next() as i32).collect();
+        let o64: Vec<i64> = (0..n).map(|_| rng.next() as i64).collect();
+        let (b32, b64) = (rng.next() as i32, rng.next() as i64);
+        for (src_shift, dst_shift) in [(0usize, 0usize), (4, 4), (12, 0), (4, 8)] {
+            let bytes: Vec<u8> = o32.iter().flat_map(|o| o.to_le_bytes()).collect();
+            let (src, src_ptr) = upload_at(&stream, &bytes, src_shift);
+            let (dst, dst_ptr) = upload_at(&stream, &vec![0u8; 4 * n], dst_shift);
+            // SAFETY: n aligned i32s in each buffer; synchronized by the download.
+            unsafe { kernels::launch_rebase_offsets_i32(&stream, src_ptr, n as u64, b32, dst_ptr) }
+                .unwrap();
+            let got: Vec<i32> = download(&stream, &dst)[dst_shift..]
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(
+                got,
+                reference::rebase_offsets_i32(&o32, b32),
+                "i32 n {n} shifts {src_shift} {dst_shift}"
+            );
+            drop(src);
+        }
+        for (src_shift, dst_shift) in [(0usize, 0usize), (8, 8), (8, 0)] {
+            let bytes: Vec<u8> = o64.iter().flat_map(|o| o.to_le_bytes()).collect();
+            let (src, src_ptr) = upload_at(&stream, &bytes, src_shift);
+            let (dst, dst_ptr) = upload_at(&stream, &vec![0u8; 8 * n], dst_shift);
+            // SAFETY: n aligned i64s in each buffer; synchronized by the download.
+            unsafe { kernels::launch_rebase_offsets_i64(&stream, src_ptr, n as u64, b64, dst_ptr) }
+                .unwrap();
+            let got: Vec<i64> = download(&stream, &dst)[dst_shift..]
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(
+                got,
+                reference::rebase_offsets_i64(&o64, b64),
+                "i64 n {n} shifts {src_shift} {dst_shift}"
+            );
+            drop(src);
+        }
+    }
+    // in place
+    let offsets: Vec<i32> = (100..100 + 1000).collect();
+    let buf = DeviceBuffer::from_host(&stream, &offsets).unwrap();
+    // SAFETY: 1000 aligned i32s, rebased in place; synchronized by the copy below.
+    unsafe {
+        kernels::launch_rebase_offsets_i32(&stream, buf.device_ptr(), 1000, 100, buf.device_ptr())
+    }
+    .unwrap();
+    let mut got = vec![0i32; 1000];
+    buf.copy_to_host(&stream, &mut got).unwrap();
+    assert_eq!(got, (0..1000).collect::<Vec<i32>>());
+    // safe wrappers
+    let offsets64: Vec<i64> = (7..7 + 1000).collect();
+    let src = view(
+        &Arc::new(DeviceBuffer::from_host(&stream, &offsets64).unwrap()),
+        8,
+        7992,
+    );
+    let mut dst = DeviceBuffer::alloc(&stream, 7992).unwrap();
+    kernels::rebase_offsets_i64(&stream, &src, 999, 8, &mut dst).unwrap();
+    let mut got = vec![0i64; 999];
+    dst.copy_to_host(&stream, &mut got).unwrap();
+    assert_eq!(got, (0..999).collect::<Vec<i64>>());
+    let mut dst32 = DeviceBuffer::alloc(&stream, 4000).unwrap();
+    kernels::rebase_offsets_i32(&stream, &buf, 1000, -5, &mut dst32).unwrap();
+    let mut got32 = vec![0i32; 1000];
+    dst32.copy_to_host(&stream, &mut got32).unwrap();
+    assert_eq!(got32, (5..1005).collect::<Vec<i32>>());
+}
