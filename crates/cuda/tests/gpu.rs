@@ -3,7 +3,7 @@
 //! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
 //! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::alloc::Allocation;
@@ -17,11 +17,16 @@ use devarrow_cuda::{
     ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
 };
 
-/// Device 0, or `None` after printing why the test is skipped (panics instead when
-/// `DEVARROW_REQUIRE_GPU=1`).
-fn gpu() -> Option<CudaDevice> {
+/// Serializes the tests: several measure free device memory, which concurrent tests
+/// would disturb.
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+
+/// Device 0 with the test lock held, or `None` after printing why the test is skipped
+/// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
+fn gpu() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
+    let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     match CudaDevice::open(0) {
-        Ok(dev) => Some(dev),
+        Ok(dev) => Some((guard, dev)),
         Err(e) => {
             if std::env::var("DEVARROW_REQUIRE_GPU").as_deref() == Ok("1") {
                 panic!("DEVARROW_REQUIRE_GPU=1 but no GPU is usable: {e}");
@@ -36,7 +41,7 @@ fn gpu() -> Option<CudaDevice> {
 macro_rules! gpu_or_skip {
     () => {
         match gpu() {
-            Some(dev) => dev,
+            Some(held) => held,
             None => return,
         }
     };
@@ -140,7 +145,7 @@ fn free_memory(dev: &CudaDevice) -> usize {
 
 #[test]
 fn devices_are_listed_and_opened_on_the_primary_context() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let list = list_devices().unwrap();
     assert!(!list.is_empty());
     assert_eq!(list[0].id, 0);
@@ -168,7 +173,7 @@ fn devices_are_listed_and_opened_on_the_primary_context() {
 
 #[test]
 fn device_pinned_and_managed_buffers_round_trip() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(11);
     for len in [0usize, 1, 7, 255, 4096, (1 << 20) + 3] {
@@ -236,7 +241,7 @@ fn device_pinned_and_managed_buffers_round_trip() {
 
 #[test]
 fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let before = free_memory(&dev);
     let (_, total) = dev.memory_info().unwrap();
@@ -282,7 +287,7 @@ fn int32_array(
 
 #[test]
 fn export_then_import_honours_the_sync_event() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let producer = dev.new_stream().unwrap();
     let consumer = dev.new_stream().unwrap();
     let n = 1 << 16;
@@ -360,7 +365,7 @@ fn export_then_import_honours_the_sync_event() {
 
 #[test]
 fn release_runs_on_another_thread_and_frees_the_memory() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let big = 64 << 20;
     // warm up (kernels, pools)
@@ -418,7 +423,7 @@ fn uint8_array(stream: &Arc<CudaStream>, len: usize) -> ArrayData {
 
 #[test]
 fn ten_thousand_export_import_cycles_leave_device_memory_unchanged() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let producer = dev.new_stream().unwrap();
     let consumer = dev.new_stream().unwrap();
     let cycle = |len: usize| {
@@ -448,7 +453,7 @@ fn ten_thousand_export_import_cycles_leave_device_memory_unchanged() {
 
 #[test]
 fn host_and_managed_exports_are_host_readable_after_synchronization() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let producer = dev.new_stream().unwrap();
     let consumer = dev.new_stream().unwrap();
     let n = 4096usize;
@@ -522,7 +527,7 @@ fn host_and_managed_exports_are_host_readable_after_synchronization() {
 
 #[test]
 fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let exported =
         export_array_data(uint8_array(&stream, 100), ArrowDeviceType::CUDA, &stream).unwrap();
@@ -569,7 +574,7 @@ fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
 
 #[test]
 fn count_set_bits_matches_the_oracle() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(21);
     for len in lengths() {
@@ -603,7 +608,7 @@ fn count_set_bits_matches_the_oracle() {
 
 #[test]
 fn copy_bitmap_matches_the_oracle() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(22);
     for len in lengths() {
@@ -647,7 +652,7 @@ fn copy_bitmap_matches_the_oracle() {
 
 #[test]
 fn unpack_and_pack_match_the_oracle() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(23);
     for len in lengths() {
@@ -710,7 +715,7 @@ fn unpack_and_pack_match_the_oracle() {
 
 #[test]
 fn batched_copy_matches_the_oracle() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(24);
     let mut sizes: Vec<usize> = (0..600).map(|_| rng.below(300) as usize).collect();
@@ -743,7 +748,7 @@ fn batched_copy_matches_the_oracle() {
 
 #[test]
 fn rebase_offsets_match_the_oracle() {
-    let dev = gpu_or_skip!();
+    let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(25);
     for n in lengths().into_iter().filter(|&n| n <= 1 << 20) {
