@@ -2,9 +2,12 @@
 //! CPU, with nulls, extension and field metadata and schema metadata. Shared by the
 //! pyarrow interoperability tests and Rust tests.
 //!
-//! Nothing is excluded for pyarrow 26: every type below crosses pyarrow's
+//! No type is excluded for pyarrow 26: every type below crosses pyarrow's
 //! `_export_to_c_device` / `_import_from_c_device` both ways (see
-//! `python/test_pyarrow_interop.py`).
+//! `python/test_pyarrow_interop.py`). The one concession is that the empty sample is an
+//! empty slice at offset 0, not at the end (see [`sample_data`]). pyarrow itself cannot
+//! build month and day-time interval arrays (no type factory, no Python array class), so
+//! Python's own every-type batch lacks them; they cross inside this batch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
