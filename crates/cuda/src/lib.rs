@@ -17,6 +17,10 @@
 //!   keep the producer's array unreleased).
 //! - [`kernels`]: hand-written PTX for validity bitmaps and copies, embedded at build
 //!   time and loaded once per context, with CPU reference implementations.
+//! - [`CudaTransferDevice`]: one device and its own stream as a
+//!   [`devarrow_abi::device::Device`] (stream-ordered device memory, pinned staging,
+//!   asynchronous copies, `CUevent` sync events), which `devarrow-bridge` moves record
+//!   batches through.
 #![warn(missing_docs)]
 
 mod device;
@@ -25,6 +29,7 @@ mod export;
 mod import;
 pub mod kernels;
 pub mod memory;
+mod transfer_device;
 
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
@@ -34,4 +39,7 @@ pub use export::export_array_data;
 pub use import::ImportedArray;
 pub use memory::{
     DeviceBuffer, DeviceMemory, DeviceMemoryMut, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
+};
+pub use transfer_device::{
+    CopyBaseline, CudaSyncEvent, CudaTransferDevice, PinnedStaging, TransferMemory,
 };

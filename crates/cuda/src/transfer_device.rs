@@ -1,0 +1,440 @@
+//! [`CudaTransferDevice`]: one CUDA device and its own stream as a
+//! [`devarrow_abi::device::Device`], so the bridge (`devarrow-bridge`, written once
+//! against that trait) moves record batches to and from the GPU.
+//!
+//! - device memory: [`DeviceBuffer`], stream-ordered on the device's stream and freed in
+//!   stream order when the last reference drops;
+//! - staging memory: [`PinnedHostBuffer`] (page-locked, not write-combined), so copies are
+//!   true asynchronous DMA;
+//! - copies: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on the stream;
+//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`) recorded on the stream, exported as
+//!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
+//!   Interface requires for `ARROW_DEVICE_CUDA`.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+use devarrow_abi::device::{Device, DeviceMemory as AbiDeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::ArrowDeviceType;
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, DriverResultExt, Result};
+use crate::memory::{DeviceBuffer, DeviceMemory as _, PinnedHostBuffer};
+
+/// A CUDA device with its own non-blocking stream, as a [`devarrow_abi::device::Device`].
+///
+/// Every copy, allocation and event of the device is enqueued on that one stream, in call
+/// order. Memory it allocates outlives it (each allocation holds the stream), so a
+/// `DeviceBatch` exported from it stays valid after the device is dropped.
+///
+/// Cheap to share behind an `Arc`; usable from any thread (every call binds the device's
+/// primary context on the calling thread first).
+pub struct CudaTransferDevice {
+    device: CudaDevice,
+    stream: Arc<CudaStream>,
+    copies: AtomicU64,
+}
+
+impl std::fmt::Debug for CudaTransferDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaTransferDevice")
+            .field("device", &self.device)
+            .field("stream", &self.stream.cu_stream())
+            .field("copies", &self.copies.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl CudaTransferDevice {
+    /// Opens CUDA device `id` (on its primary context) with a new non-blocking stream.
+    ///
+    /// Fails with [`CudaError::NoDriver`] when libcuda is missing, [`CudaError::NoDevice`]
+    /// when there is no device, [`CudaError::InvalidDeviceId`] when `id` is out of range;
+    /// never panics.
+    pub fn open(id: usize) -> Result<Self> {
+        Self::new(CudaDevice::open(id)?)
+    }
+
+    /// Wraps an opened device, creating the device's own non-blocking stream.
+    pub fn new(device: CudaDevice) -> Result<Self> {
+        let stream = device.new_stream()?;
+        Ok(Self {
+            device,
+            stream,
+            copies: AtomicU64::new(0),
+        })
+    }
+
+    /// The CUDA device.
+    pub fn cuda_device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// The stream every copy and event of this device is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.device.bind_to_thread()
+    }
+
+    /// Measures the raw bandwidth baseline devarrow's staged transfers are compared with:
+    /// one `cuMemcpyHtoDAsync` and one `cuMemcpyDtoHAsync` of `bytes` bytes between a
+    /// pinned host buffer and a device buffer on this device's stream, each followed by
+    /// `cuStreamSynchronize`, best of `reps` (at least 1). Does not count as copies of
+    /// [`Device::copy_count`].
+    pub fn pinned_copy_baseline(&self, bytes: usize, reps: usize) -> Result<CopyBaseline> {
+        let mut host = PinnedHostBuffer::alloc(&self.device, bytes)?;
+        for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let device = DeviceBuffer::alloc(&self.stream, bytes)?;
+        let stream = self.stream.cu_stream();
+        let mut best = CopyBaseline {
+            bytes,
+            host_to_device: Duration::MAX,
+            device_to_host: Duration::MAX,
+        };
+        self.bind()?;
+        self.stream.synchronize().call("cuStreamSynchronize")?;
+        for _ in 0..reps.max(1) {
+            if bytes == 0 {
+                best.host_to_device = Duration::ZERO;
+                best.device_to_host = Duration::ZERO;
+                break;
+            }
+            let start = Instant::now();
+            // SAFETY: `host` is pinned memory of `bytes` bytes and `device` device memory
+            // of `bytes` bytes, both owned here and alive until the synchronize below;
+            // the stream belongs to the bound context.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    device.device_ptr(),
+                    host.as_slice().as_ptr().cast(),
+                    bytes,
+                    stream,
+                )
+            }
+            .result()
+            .call("cuMemcpyHtoDAsync")?;
+            self.stream.synchronize().call("cuStreamSynchronize")?;
+            best.host_to_device = best.host_to_device.min(start.elapsed());
+            let start = Instant::now();
+            // SAFETY: as above; the host buffer is not read until the synchronize below.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    host.as_mut_slice().as_mut_ptr().cast(),
+                    device.device_ptr(),
+                    bytes,
+                    stream,
+                )
+            }
+            .result()
+            .call("cuMemcpyDtoHAsync")?;
+            self.stream.synchronize().call("cuStreamSynchronize")?;
+            best.device_to_host = best.device_to_host.min(start.elapsed());
+        }
+        if host
+            .as_slice()
+            .iter()
+            .enumerate()
+            .any(|(i, &b)| b != i as u8)
+        {
+            return Err(CudaError::Abi(
+                "the pinned-memory baseline round trip changed the bytes".into(),
+            ));
+        }
+        drop(device);
+        self.stream.synchronize().call("cuStreamSynchronize")?;
+        Ok(best)
+    }
+}
+
+/// What [`CudaTransferDevice::pinned_copy_baseline`] measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyBaseline {
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// Best host-to-device time (pinned source), including the stream synchronization.
+    pub host_to_device: Duration,
+    /// Best device-to-host time (pinned destination), including the stream
+    /// synchronization.
+    pub device_to_host: Duration,
+}
+
+/// Device memory of a [`CudaTransferDevice`]: a [`DeviceBuffer`] seen through
+/// [`devarrow_abi::device::DeviceMemory`] (the address is the `CUdeviceptr`).
+#[derive(Debug)]
+pub struct TransferMemory {
+    buffer: DeviceBuffer,
+    len: usize,
+}
+
+impl TransferMemory {
+    /// The underlying device buffer.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buffer
+    }
+}
+
+impl AbiDeviceMemory for TransferMemory {
+    fn address(&self) -> *mut c_void {
+        self.buffer.device_ptr() as *mut c_void
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Pinned host staging memory of a [`CudaTransferDevice`].
+#[derive(Debug)]
+pub struct PinnedStaging(PinnedHostBuffer);
+
+impl PinnedStaging {
+    /// The underlying pinned buffer.
+    pub fn buffer(&self) -> &PinnedHostBuffer {
+        &self.0
+    }
+}
+
+impl StagingMemory for PinnedStaging {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// A `CUevent` recorded on a [`CudaTransferDevice`]'s stream.
+///
+/// [`SyncEvent::as_sync_event_ptr`] points to a heap copy of the `CUevent` handle that
+/// lives (and stays at the same address) as long as this value, and the event itself is
+/// destroyed only when this value drops.
+#[derive(Debug)]
+pub struct CudaSyncEvent {
+    /// Where `sync_event` points: the handle, boxed so its address never changes.
+    handle: Box<sys::CUevent>,
+    event: CudaEvent,
+}
+
+// SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which cudarc makes
+// Send and Sync); CUDA event handles may be used from any thread, and the box is never
+// written after construction.
+unsafe impl Send for CudaSyncEvent {}
+// SAFETY: as above; shared access only reads the handle and calls thread-safe driver
+// functions.
+unsafe impl Sync for CudaSyncEvent {}
+
+impl CudaSyncEvent {
+    /// The `CUevent` handle (do not destroy it).
+    pub fn cu_event(&self) -> sys::CUevent {
+        *self.handle
+    }
+
+    /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.event.try_is_complete().call("cuEventQuery")
+    }
+}
+
+impl SyncEvent for CudaSyncEvent {
+    fn as_sync_event_ptr(&self) -> *mut c_void {
+        (&*self.handle as *const sys::CUevent).cast_mut().cast()
+    }
+    fn wait_host(&self) -> devarrow_abi::Result<()> {
+        self.event.synchronize().call("cuEventSynchronize")?;
+        Ok(())
+    }
+}
+
+impl Device for CudaTransferDevice {
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA
+    }
+
+    fn device_id(&self) -> i64 {
+        self.device.id() as i64
+    }
+
+    /// Allocates `len` bytes of device memory, stream-ordered on the device's stream (at
+    /// least one byte is allocated, so even an empty allocation has a real device
+    /// address; `len()` reports `len`). CUDA allocations are 256-byte aligned.
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn AbiDeviceMemory>> {
+        let buffer = DeviceBuffer::alloc(&self.stream, len.max(1))?;
+        Ok(Arc::new(TransferMemory { buffer, len }))
+    }
+
+    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(PinnedStaging(PinnedHostBuffer::alloc(
+            &self.device,
+            len,
+        )?)))
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        if src.is_null() || dst.is_null() {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {len} bytes to the device with a NULL pointer"
+            ))
+            .into());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `src` is readable for `len` bytes until the copy
+        // completes and `dst` is device memory of `len` bytes; the stream belongs to the
+        // context bound above.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst as sys::CUdeviceptr,
+                src.cast(),
+                len,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .call("cuMemcpyHtoDAsync")?;
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        src: *const c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        if src.is_null() || dst.is_null() {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {len} bytes to the host with a NULL pointer"
+            ))
+            .into());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `dst` is writable for `len` bytes (and not read)
+        // until the copy completes and `src` is device memory of `len` bytes; the stream
+        // belongs to the context bound above.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.cast(),
+                src as sys::CUdeviceptr,
+                len,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .call("cuMemcpyDtoHAsync")?;
+        Ok(())
+    }
+
+    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        let event = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")?;
+        event.record(&self.stream).call("cuEventRecord")?;
+        Ok(Arc::new(CudaSyncEvent {
+            handle: Box::new(event.cu_event()),
+            event,
+        }))
+    }
+
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
+        if sync_event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees a non-NULL `sync_event` points to a live CUevent
+        // (the C Device interface's `CUevent*` for ARROW_DEVICE_CUDA).
+        let event = unsafe { *sync_event.cast::<sys::CUevent>() };
+        self.bind()?;
+        // SAFETY: the stream is ours and alive; the event is live (see above); waiting
+        // enqueues a dependency and does not block the host.
+        unsafe {
+            result::stream::wait_event(
+                self.stream.cu_stream(),
+                event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .call("cuStreamWaitEvent")?;
+        Ok(())
+    }
+
+    fn synchronize(&self) -> devarrow_abi::Result<()> {
+        self.stream.synchronize().call("cuStreamSynchronize")?;
+        Ok(())
+    }
+
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_a_gpu_is_a_typed_error_not_a_panic() {
+        match CudaTransferDevice::open(0) {
+            Ok(dev) => {
+                assert_eq!(dev.device_type(), ArrowDeviceType::CUDA);
+                assert_eq!(dev.device_id(), 0);
+                assert_eq!(dev.copy_count(), 0);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, CudaError::NoDriver | CudaError::NoDevice),
+                    "unexpected error {e:?}"
+                );
+                if !crate::driver_available() {
+                    assert!(matches!(e, CudaError::NoDriver), "{e:?}");
+                }
+                let abi: devarrow_abi::Error = e.into();
+                assert!(
+                    matches!(abi, devarrow_abi::Error::Device { device: "CUDA", .. }),
+                    "{abi:?}"
+                );
+            }
+        }
+        match CudaTransferDevice::open(usize::MAX / 2) {
+            Ok(_) => panic!("an out-of-range device id opened"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
+                ),
+                "unexpected error {e:?}"
+            ),
+        }
+    }
+
+    #[test]
+    fn the_device_is_usable_as_a_trait_object() {
+        fn assert_device<T: Device + 'static>() {}
+        assert_device::<CudaTransferDevice>();
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CudaSyncEvent>();
+        assert_send_sync::<TransferMemory>();
+    }
+}
