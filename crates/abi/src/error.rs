@@ -103,7 +103,7 @@ pub enum Error {
     Schema(#[source] ArrowError),
     /// The data does not pass arrow-rs validation, or another arrow-rs error.
     #[error(transparent)]
-    Arrow(#[from] ArrowError),
+    Arrow(ArrowError),
     /// A stream or async callback of a foreign producer or consumer returned an error code.
     #[error("{operation} failed with code {code} ({}): {message}", errno_name(*.code))]
     Callback {
@@ -184,6 +184,19 @@ fn errno_name(code: i32) -> &'static str {
         errno::ENOSYS => "ENOSYS",
         errno::ECANCELED => "ECANCELED",
         _ => "errno",
+    }
+}
+
+impl From<ArrowError> for Error {
+    /// Keeps a devarrow error that travelled inside an `ArrowError::ExternalError` (as
+    /// through a `RecordBatchReader`) as itself, so its errno code survives.
+    fn from(e: ArrowError) -> Self {
+        match e {
+            ArrowError::ExternalError(inner) if inner.is::<Error>() => {
+                *inner.downcast::<Error>().expect("checked by is::<Error>()")
+            }
+            e => Error::Arrow(e),
+        }
     }
 }
 

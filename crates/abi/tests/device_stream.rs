@@ -296,3 +296,26 @@ fn misbehaving_foreign_producers() {
         "each stream released once"
     );
 }
+
+#[test]
+fn relaying_a_device_stream_keeps_the_source_errno() {
+    // A devarrow error travels through a RecordBatchReader as ArrowError::ExternalError;
+    // re-exporting that reader must report the original code, not EINVAL.
+    let failing = export_reader(reader(vec![
+        Ok(batch(0, 1)),
+        Err(ArrowError::IoError(
+            "lost".into(),
+            std::io::Error::other("x"),
+        )),
+    ]));
+    let relay = DeviceArrayStreamReader::try_new(failing).unwrap();
+    let mut relayed = export_reader(Box::new(relay));
+    assert!(relayed.next_array().unwrap().is_some());
+    match relayed.next_array().unwrap_err() {
+        Error::Callback { code, message, .. } => {
+            assert_eq!(code, errno::EIO);
+            assert!(message.contains("lost"), "{message}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
