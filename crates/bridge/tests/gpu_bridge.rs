@@ -19,25 +19,10 @@ use devarrow_cuda::{
 };
 use devarrow_interop::sample;
 
-/// Serializes the tests: several measure free device memory, which concurrent tests
-/// would disturb.
-static GPU_LOCK: Mutex<()> = Mutex::new(());
-
-/// A transfer device on CUDA device 0 with the test lock held, or `None` after printing
-/// why the test is skipped (panics instead when `DEVARROW_REQUIRE_GPU=1`).
+/// Device 0 with the test lock held, or `None` after printing why the test is skipped
+/// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
 fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
-    let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    match CudaTransferDevice::open(0) {
-        Ok(dev) => Some((guard, Arc::new(dev))),
-        Err(e) => {
-            if std::env::var("DEVARROW_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("DEVARROW_REQUIRE_GPU=1 but no GPU is usable: {e}");
-            }
-            println!("skipping: {e}");
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    devarrow_cuda::gpu_test::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
 }
 
 macro_rules! gpu_or_skip {

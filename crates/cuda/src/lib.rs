@@ -26,6 +26,7 @@
 mod device;
 mod error;
 mod export;
+pub mod gpu_test;
 mod import;
 pub mod kernels;
 pub mod memory;

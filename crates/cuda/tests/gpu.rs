@@ -3,7 +3,7 @@
 //! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
 //! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::alloc::Allocation;
@@ -17,25 +17,10 @@ use devarrow_cuda::{
     ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
 };
 
-/// Serializes the tests: several measure free device memory, which concurrent tests
-/// would disturb.
-static GPU_LOCK: Mutex<()> = Mutex::new(());
-
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
 fn gpu() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
-    let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    match CudaDevice::open(0) {
-        Ok(dev) => Some((guard, dev)),
-        Err(e) => {
-            if std::env::var("DEVARROW_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("DEVARROW_REQUIRE_GPU=1 but no GPU is usable: {e}");
-            }
-            println!("skipping: {e}");
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    devarrow_cuda::gpu_test::open_or_skip(|| CudaDevice::open(0))
 }
 
 macro_rules! gpu_or_skip {
