@@ -15,7 +15,7 @@ use devarrow_abi::ArrowDeviceType;
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
-    kernels, CudaDevice, CudaTransferDevice, DeviceBuffer, DeviceMemory as _, ImportedArray,
+    kernels, CudaDevice, CudaMemory as _, CudaTransferDevice, DeviceBuffer, ImportedArray,
 };
 use devarrow_interop::sample;
 

@@ -39,7 +39,7 @@ pub use error::{CudaError, Result};
 pub use export::export_array_data;
 pub use import::ImportedArray;
 pub use memory::{
-    DeviceBuffer, DeviceMemory, DeviceMemoryMut, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
+    CudaMemory, CudaMemoryMut, DeviceBuffer, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
 };
 pub use transfer_device::{
     CopyBaseline, CudaSyncEvent, CudaTransferDevice, PinnedStaging, TransferMemory,

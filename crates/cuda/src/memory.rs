@@ -1,6 +1,6 @@
 //! Device, pinned host, managed and foreign (borrowed) CUDA memory.
 //!
-//! All four implement [`DeviceMemory`] (a device-visible address range with its Arrow
+//! All four implement [`CudaMemory`] (a device-visible address range with its Arrow
 //! device placement), which is what the kernels of [`crate::kernels`] take. The owning
 //! ones free their memory on drop, binding the right context themselves, from any
 //! thread; wrapped into an arrow-rs [`Buffer`] (`into_arrow_buffer`) they are freed when
@@ -20,7 +20,7 @@ use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
 
 /// A range of memory that CUDA kernels can address, with its Arrow device placement.
-pub trait DeviceMemory {
+pub trait CudaMemory {
     /// The device-visible address of the first byte (0 for an empty range).
     fn device_ptr(&self) -> u64;
     /// The length in bytes.
@@ -36,7 +36,7 @@ pub trait DeviceMemory {
 }
 
 /// Memory this process owns and may write (kernels take it as an output).
-pub trait DeviceMemoryMut: DeviceMemory {}
+pub trait CudaMemoryMut: CudaMemory {}
 
 /// The address arrow-rs gets for an empty buffer: non-null, never dereferenced.
 fn dangling() -> NonNull<u8> {
@@ -211,7 +211,7 @@ impl DeviceBuffer {
     }
 }
 
-impl DeviceMemory for DeviceBuffer {
+impl CudaMemory for DeviceBuffer {
     fn device_ptr(&self) -> u64 {
         self.ptr
     }
@@ -226,7 +226,7 @@ impl DeviceMemory for DeviceBuffer {
     }
 }
 
-impl DeviceMemoryMut for DeviceBuffer {}
+impl CudaMemoryMut for DeviceBuffer {}
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
@@ -337,7 +337,7 @@ impl PinnedHostBuffer {
     }
 }
 
-impl DeviceMemory for PinnedHostBuffer {
+impl CudaMemory for PinnedHostBuffer {
     fn device_ptr(&self) -> u64 {
         self.device_ptr
     }
@@ -352,7 +352,7 @@ impl DeviceMemory for PinnedHostBuffer {
     }
 }
 
-impl DeviceMemoryMut for PinnedHostBuffer {}
+impl CudaMemoryMut for PinnedHostBuffer {}
 
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
@@ -453,7 +453,7 @@ impl ManagedBuffer {
     }
 }
 
-impl DeviceMemory for ManagedBuffer {
+impl CudaMemory for ManagedBuffer {
     fn device_ptr(&self) -> u64 {
         self.ptr
     }
@@ -468,7 +468,7 @@ impl DeviceMemory for ManagedBuffer {
     }
 }
 
-impl DeviceMemoryMut for ManagedBuffer {}
+impl CudaMemoryMut for ManagedBuffer {}
 
 impl Drop for ManagedBuffer {
     fn drop(&mut self) {
@@ -600,7 +600,7 @@ impl ForeignBuffer {
     }
 }
 
-impl DeviceMemory for ForeignBuffer {
+impl CudaMemory for ForeignBuffer {
     fn device_ptr(&self) -> u64 {
         self.ptr
     }

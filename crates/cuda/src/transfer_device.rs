@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
-use devarrow_abi::device::{Device, DeviceMemory as AbiDeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::ArrowDeviceType;
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
-use crate::memory::{DeviceBuffer, DeviceMemory as _, PinnedHostBuffer};
+use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 
 /// A CUDA device with its own non-blocking stream, as a [`devarrow_abi::device::Device`].
 ///
@@ -182,7 +182,7 @@ impl TransferMemory {
     }
 }
 
-impl AbiDeviceMemory for TransferMemory {
+impl DeviceMemory for TransferMemory {
     fn address(&self) -> *mut c_void {
         self.buffer.device_ptr() as *mut c_void
     }
@@ -268,7 +268,7 @@ impl Device for CudaTransferDevice {
     /// Allocates `len` bytes of device memory, stream-ordered on the device's stream (at
     /// least one byte is allocated, so even an empty allocation has a real device
     /// address; `len()` reports `len`). CUDA allocations are 256-byte aligned.
-    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn AbiDeviceMemory>> {
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
         let buffer = DeviceBuffer::alloc(&self.stream, len.max(1))?;
         Ok(Arc::new(TransferMemory { buffer, len }))
     }

@@ -13,7 +13,7 @@ use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::kernels::{self, reference, CopySegment, Kernels};
 use devarrow_cuda::{
-    export_array_data, list_devices, CudaDevice, CudaError, CudaStream, DeviceBuffer, DeviceMemory,
+    export_array_data, list_devices, CudaDevice, CudaError, CudaMemory, CudaStream, DeviceBuffer,
     ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
 };
 

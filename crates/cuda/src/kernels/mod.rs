@@ -11,7 +11,7 @@
 //!   and alignment, launch, and return after the work completed (so host-visible memory
 //!   is never raced).
 //!
-//! Every kernel has a CPU reference implementation in [`reference`], the oracle of the
+//! Every kernel has a CPU reference implementation in [`reference`](mod@reference), the oracle of the
 //! GPU tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
 //! 8 * multiprocessors)` blocks with grid-stride loops (see the header of each `.ptx`).
 
@@ -26,7 +26,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaError, DriverResultExt, Result};
-use crate::memory::{DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+use crate::memory::{CudaMemory, CudaMemoryMut, DeviceBuffer};
 pub use reference::{CopySegment, MAX_COPY_PIECE};
 
 /// `kernels/validity.ptx`: bit counting, bitmap realignment, pack and unpack.
@@ -323,7 +323,7 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 
 /// Checks that a kernel on `stream`'s device can address `mem` (CUDA memory must be on
 /// the same device; pinned and managed memory is visible to every device).
-fn check_device(stream: &CudaStream, mem: &impl DeviceMemory) -> Result<()> {
+fn check_device(stream: &CudaStream, mem: &impl CudaMemory) -> Result<()> {
     let expected = stream.context().ordinal() as i64;
     let t = mem.device_type();
     if !t.is_cuda() {
@@ -356,7 +356,7 @@ fn synchronize(stream: &CudaStream) -> Result<()> {
 /// count is `len` minus this). Blocks until done.
 pub fn count_set_bits(
     stream: &Arc<CudaStream>,
-    bitmap: &impl DeviceMemory,
+    bitmap: &impl CudaMemory,
     offset: usize,
     len: usize,
 ) -> Result<u64> {
@@ -387,10 +387,10 @@ pub fn count_set_bits(
 /// zero. Blocks until done.
 pub fn copy_bitmap(
     stream: &Arc<CudaStream>,
-    src: &impl DeviceMemory,
+    src: &impl CudaMemory,
     src_offset: usize,
     len: usize,
-    dst: &mut impl DeviceMemoryMut,
+    dst: &mut impl CudaMemoryMut,
 ) -> Result<()> {
     check_device(stream, src)?;
     check_device(stream, dst)?;
@@ -414,10 +414,10 @@ pub fn copy_bitmap(
 /// start of `dst`. Blocks until done.
 pub fn unpack_bits(
     stream: &Arc<CudaStream>,
-    src: &impl DeviceMemory,
+    src: &impl CudaMemory,
     src_offset: usize,
     len: usize,
-    dst: &mut impl DeviceMemoryMut,
+    dst: &mut impl CudaMemoryMut,
 ) -> Result<()> {
     check_device(stream, src)?;
     check_device(stream, dst)?;
@@ -440,9 +440,9 @@ pub fn unpack_bits(
 /// start of `dst`; writes `ceil(len/8)` bytes, trailing bits zero. Blocks until done.
 pub fn pack_bools(
     stream: &Arc<CudaStream>,
-    src: &impl DeviceMemory,
+    src: &impl CudaMemory,
     len: usize,
-    dst: &mut impl DeviceMemoryMut,
+    dst: &mut impl CudaMemoryMut,
 ) -> Result<()> {
     check_device(stream, src)?;
     check_device(stream, dst)?;
@@ -455,8 +455,8 @@ pub fn pack_bools(
 
 fn check_offsets(
     stream: &CudaStream,
-    src: &impl DeviceMemory,
-    dst: &impl DeviceMemory,
+    src: &impl CudaMemory,
+    dst: &impl CudaMemory,
     n: usize,
     size: usize,
 ) -> Result<()> {
@@ -482,10 +482,10 @@ fn check_offsets(
 /// sliced variable-length array to start at 0). Blocks until done.
 pub fn rebase_offsets_i32(
     stream: &Arc<CudaStream>,
-    src: &impl DeviceMemory,
+    src: &impl CudaMemory,
     n: usize,
     base: i32,
-    dst: &mut impl DeviceMemoryMut,
+    dst: &mut impl CudaMemoryMut,
 ) -> Result<()> {
     check_offsets(stream, src, dst, n, 4)?;
     // SAFETY: lengths and alignment checked; borrows last until we synchronize.
@@ -498,10 +498,10 @@ pub fn rebase_offsets_i32(
 /// `dst[i] = src[i] - base` for the first `n` `i64` offsets. Blocks until done.
 pub fn rebase_offsets_i64(
     stream: &Arc<CudaStream>,
-    src: &impl DeviceMemory,
+    src: &impl CudaMemory,
     n: usize,
     base: i64,
-    dst: &mut impl DeviceMemoryMut,
+    dst: &mut impl CudaMemoryMut,
 ) -> Result<()> {
     check_offsets(stream, src, dst, n, 8)?;
     // SAFETY: lengths and alignment checked; borrows last until we synchronize.
