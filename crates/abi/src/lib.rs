@@ -20,6 +20,7 @@ pub use abi::{
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
 pub use device_array::DeviceArray;
+pub use stream::DeviceArrayStream;
 pub use device_type::ArrowDeviceType;
 pub use error::{Error, Result};
 pub mod boundary;
