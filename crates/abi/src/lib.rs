@@ -20,9 +20,9 @@ pub use abi::{
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
 pub use device_array::DeviceArray;
-pub use stream::DeviceArrayStream;
 pub use device_type::ArrowDeviceType;
 pub use error::{Error, Result};
+pub use stream::DeviceArrayStream;
 pub mod boundary;
 pub mod cpu;
 pub mod device;
