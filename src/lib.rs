@@ -4,6 +4,8 @@ pub use devarrow_abi as abi;
 pub use devarrow_bridge as bridge;
 pub use devarrow_cuda as cuda;
 
+pub mod tpch;
+
 /// The git commit this build was made from (`unknown` outside a git checkout).
 pub const GIT_COMMIT: &str = env!("DEVARROW_GIT_COMMIT");
 

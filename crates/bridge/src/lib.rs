@@ -4,6 +4,7 @@
 //! ([`devarrow_abi::device::Device`]) that the CPU and CUDA implement.
 #![warn(missing_docs)]
 
+pub mod baseline;
 pub mod plan;
 pub mod transfer;
 
