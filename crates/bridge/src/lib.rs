@@ -2,10 +2,20 @@
 //!
 //! arrow-rs record batches to a device and back, over one device abstraction
 //! ([`devarrow_abi::device::Device`]) that the CPU and CUDA implement.
+//!
+//! - [`transfer`]: one batch at a time ([`Transfer`], [`DeviceBatch`]).
+//! - [`stream`]: device streams (`ArrowDeviceArrayStream`) whose uploads overlap the
+//!   consumer's work ([`Uploader`], [`export_reader_to_device`]).
+//! - [`async_stream`]: the async device stream on a device ([`UploadStream`],
+//!   [`spawn_device_producer`]).
 #![warn(missing_docs)]
 
+pub mod async_stream;
 pub mod baseline;
 pub mod plan;
+pub mod stream;
 pub mod transfer;
 
+pub use async_stream::{spawn_device_producer, spawn_device_producer_into, UploadStream};
+pub use stream::{export_reader_to_device, StreamOptions, Uploader, DEFAULT_READ_AHEAD};
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};
