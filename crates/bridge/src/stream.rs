@@ -220,6 +220,7 @@ fn work(
 ) {
     let _finish = FinishGuard(shared.clone());
     let mut transfer = Transfer::new(device, options);
+    let mut failure = None;
     while shared.wait_for_demand() {
         let item = match catch_unwind(AssertUnwindSafe(|| pull(&shared))) {
             Ok(None) => break,
@@ -230,19 +231,24 @@ fn work(
             Ok(Some(Err(error))) => Err(error),
             Err(payload) => Err(Error::from_panic(payload)),
         };
-        let failed = item.is_err();
-        shared.push(item);
-        if failed {
-            break;
+        match item {
+            Ok(batch) => shared.push(Ok(batch)),
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
         }
     }
-    // The source and the staging memory go before the consumer sees the end.
+    // The source and the staging memory go before the consumer sees the end or the error.
     swallow_panic("while dropping a device stream's source", move || {
         drop(pull)
     });
     swallow_panic("while dropping a device stream's transfer", move || {
         drop(transfer)
     });
+    if let Some(error) = failure {
+        shared.push(Err(error));
+    }
 }
 
 /// The consumer side of an upload pipeline: a background thread that pulls host batches

@@ -1,0 +1,921 @@
+//! Device streams on the CPU device: the uploading producers (sync and async) against the
+//! abi's CPU consumers and the bridge's device consumers: round trips of every type and
+//! slice, the read-ahead bound, errors mid-stream with their errno, early drops (no leak,
+//! no deadlock) and back-pressure.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, RecordBatchReader};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use devarrow_abi::async_stream::async_record_batch_handler;
+use devarrow_abi::device::{CpuDevice, Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::error::errno;
+use devarrow_abi::stream::DeviceArrayStreamReader;
+use devarrow_abi::{cpu, ArrowDeviceArrayStream, ArrowDeviceType, Error};
+use devarrow_bridge::{
+    export_reader_to_device, spawn_device_producer_into, StreamOptions, Transfer, TransferOptions,
+    UploadStream, Uploader,
+};
+use devarrow_interop::sample;
+use futures::executor::block_on;
+use futures::{stream, Stream, StreamExt};
+
+// ---------------------------------------------------------------------------------------
+// Test data, devices, readers and guards
+// ---------------------------------------------------------------------------------------
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, true),
+        Field::new("j", DataType::Int64, false),
+    ]))
+}
+
+fn batch(k: usize) -> RecordBatch {
+    let rows = 100 + k % 7;
+    let i: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..rows as i64).map(|r| (r % 5 != 0).then_some(r * k as i64)),
+    ));
+    let j: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        (0..rows as i64).map(|r| r - k as i64),
+    ));
+    RecordBatch::try_new(schema(), vec![i, j]).unwrap()
+}
+
+/// Every slice of the every-type batch, and the samples: one stream of many batches.
+fn every_type_batches() -> Vec<RecordBatch> {
+    let whole = sample::every_type_batch();
+    let n = whole.num_rows();
+    let mut batches = sample::sample_batches();
+    batches.push(sample::sliced_every_type_batch());
+    for offset in 0..=n {
+        for len in [0, 1, 2, 3, n - offset] {
+            if offset + len <= n {
+                batches.push(whole.slice(offset, len));
+            }
+        }
+    }
+    batches
+}
+
+fn reader_of(batches: &[RecordBatch]) -> Box<dyn RecordBatchReader + Send> {
+    let schema = batches[0].schema();
+    Box::new(RecordBatchIterator::new(
+        batches.iter().cloned().map(Ok).collect::<Vec<_>>(),
+        schema,
+    ))
+}
+
+fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
+    assert_eq!(expected.len(), actual.len(), "number of batches");
+    for (k, (e, a)) in expected.iter().zip(actual).enumerate() {
+        if let Some(diff) = sample::describe_difference(e, a) {
+            panic!("batch {k}: {diff}");
+        }
+        assert_eq!(e, a, "batch {k}");
+    }
+}
+
+/// The CPU device, counting its live allocations (device and staging memory), and
+/// optionally failing its allocations after a number of them.
+#[derive(Debug, Default)]
+struct CountingDevice {
+    inner: CpuDevice,
+    live: Arc<AtomicUsize>,
+    allocations: AtomicUsize,
+    fail_after: Option<usize>,
+}
+
+impl CountingDevice {
+    fn failing_after(n: usize) -> Self {
+        Self {
+            fail_after: Some(n),
+            ..Self::default()
+        }
+    }
+    fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug)]
+struct Counted<T> {
+    inner: T,
+    live: Arc<AtomicUsize>,
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
+    fn address(&self) -> *mut c_void {
+        self.inner.address()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl StagingMemory for Counted<Box<dyn StagingMemory>> {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.inner.as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.inner.as_slice()
+    }
+}
+
+impl Device for CountingDevice {
+    fn device_type(&self) -> ArrowDeviceType {
+        self.inner.device_type()
+    }
+    fn device_id(&self) -> i64 {
+        self.inner.device_id()
+    }
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
+        let n = self.allocations.fetch_add(1, Ordering::SeqCst);
+        if self.fail_after.is_some_and(|limit| n >= limit) {
+            return Err(Error::Device {
+                device: "TEST",
+                message: format!("allocation {n} of {len} bytes refused"),
+            });
+        }
+        let inner = self.inner.allocate(len)?;
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(Counted {
+            inner,
+            live: self.live.clone(),
+        }))
+    }
+    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        let inner = self.inner.allocate_staging(len)?;
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(Counted {
+            inner,
+            live: self.live.clone(),
+        }))
+    }
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_device(src, dst, len) }
+    }
+    unsafe fn copy_to_host(
+        &self,
+        src: *const c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_host(src, dst, len) }
+    }
+    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        self.inner.record_event()
+    }
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.wait_sync_event(sync_event) }
+    }
+    fn synchronize(&self) -> devarrow_abi::Result<()> {
+        self.inner.synchronize()
+    }
+    fn copy_count(&self) -> u64 {
+        self.inner.copy_count()
+    }
+}
+
+type Make = Box<dyn FnMut(usize) -> Option<Result<RecordBatch, ArrowError>> + Send>;
+
+/// A reader that counts its pulls (`next` calls) and its drops.
+struct CountingReader {
+    schema: SchemaRef,
+    make: Make,
+    pulls: Arc<AtomicUsize>,
+    drops: Arc<AtomicUsize>,
+    delay: Duration,
+}
+
+#[derive(Clone, Default)]
+struct Counters {
+    pulls: Arc<AtomicUsize>,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Counters {
+    fn pulls(&self) -> usize {
+        self.pulls.load(Ordering::SeqCst)
+    }
+    fn drops(&self) -> usize {
+        self.drops.load(Ordering::SeqCst)
+    }
+    fn reader(&self, make: Make) -> Box<dyn RecordBatchReader + Send> {
+        Box::new(CountingReader {
+            schema: schema(),
+            make,
+            pulls: self.pulls.clone(),
+            drops: self.drops.clone(),
+            delay: Duration::ZERO,
+        })
+    }
+    fn slow_reader(&self, delay: Duration, make: Make) -> Box<dyn RecordBatchReader + Send> {
+        Box::new(CountingReader {
+            schema: schema(),
+            make,
+            pulls: self.pulls.clone(),
+            drops: self.drops.clone(),
+            delay,
+        })
+    }
+    /// Waits until the pulls reach `expected`, then checks they stay there.
+    fn settle_at(&self, expected: usize, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pulls() < expected && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(self.pulls(), expected, "{what}");
+    }
+}
+
+impl Iterator for CountingReader {
+    type Item = Result<RecordBatch, ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let k = self.pulls.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        (self.make)(k)
+    }
+}
+
+impl RecordBatchReader for CountingReader {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+impl Drop for CountingReader {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn first(n: usize) -> Make {
+    Box::new(move |k| (k < n).then(|| Ok(batch(k))))
+}
+
+fn endless() -> Make {
+    Box::new(|k| Some(Ok(batch(k))))
+}
+
+/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
+struct Watchdog(Option<mpsc::Sender<()>>);
+
+fn watchdog(name: &'static str) -> Watchdog {
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
+            eprintln!("test {name} deadlocked");
+            std::process::abort();
+        }
+    });
+    Watchdog(Some(tx))
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn cpu() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new())
+}
+
+fn download_all(
+    batches: impl IntoIterator<Item = devarrow_abi::Result<devarrow_bridge::DeviceBatch>>,
+) -> Vec<RecordBatch> {
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    batches
+        .into_iter()
+        .map(|b| transfer.to_host(&b.unwrap()).unwrap())
+        .collect()
+}
+
+/// Moves a stream through a raw C struct, as a foreign consumer would receive it.
+fn through_c(stream: devarrow_abi::DeviceArrayStream) -> DeviceArrayStreamReader {
+    let mut raw = ArrowDeviceArrayStream::empty();
+    // SAFETY: `raw` is writable.
+    unsafe { stream.move_into(&mut raw) };
+    // SAFETY: `raw` holds an unreleased stream.
+    let reader = unsafe { DeviceArrayStreamReader::from_raw(&mut raw) }.unwrap();
+    assert!(raw.is_released());
+    reader
+}
+
+// ---------------------------------------------------------------------------------------
+// The device stream producer
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn every_type_and_slice_round_trips_through_the_c_stream() {
+    let _w = watchdog("every_type_and_slice_round_trips_through_the_c_stream");
+    let batches = every_type_batches();
+    for read_ahead in [0, 1, 2, 5] {
+        let stream = export_reader_to_device(
+            reader_of(&batches),
+            cpu(),
+            StreamOptions::default().with_read_ahead(read_ahead),
+        )
+        .unwrap();
+        assert_eq!(stream.device_type(), ArrowDeviceType::CPU);
+        let reader = through_c(stream);
+        assert_eq!(
+            reader.schema(),
+            sample::every_type_schema(),
+            "metadata kept"
+        );
+        let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();
+        assert_batches_eq(&batches, &back);
+    }
+}
+
+#[test]
+fn the_uploader_iterates_device_batches() {
+    let _w = watchdog("the_uploader_iterates_device_batches");
+    let batches: Vec<RecordBatch> = (0..20).map(batch).collect();
+    let device = Arc::new(CountingDevice::default());
+    let uploader = Uploader::spawn(
+        reader_of(&batches),
+        device.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(uploader.schema(), schema());
+    assert_eq!(uploader.device().device_type(), ArrowDeviceType::CPU);
+    let on_device: Vec<_> = uploader.collect::<Result<_, _>>().unwrap();
+    assert!(on_device.iter().all(|b| b.schema() == schema()));
+    assert_eq!(
+        device.live(),
+        on_device.len(),
+        "one allocation per batch held; staging freed with the thread"
+    );
+    assert_batches_eq(&batches, &download_all(on_device.into_iter().map(Ok)));
+    assert_eq!(device.live(), 0);
+}
+
+#[test]
+fn small_staging_chunks_round_trip() {
+    let batches: Vec<RecordBatch> = (0..6).map(|k| batch(k * 1000)).collect();
+    let options = StreamOptions {
+        read_ahead: 3,
+        transfer: TransferOptions { staging_bytes: 256 },
+    };
+    let reader = through_c(export_reader_to_device(reader_of(&batches), cpu(), options).unwrap());
+    let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();
+    assert_batches_eq(&batches, &back);
+}
+
+#[test]
+fn read_ahead_is_bounded_by_the_consumer_requests() {
+    let _w = watchdog("read_ahead_is_bounded_by_the_consumer_requests");
+    for read_ahead in [0, 1, 2, 4] {
+        let counters = Counters::default();
+        let mut uploader = Uploader::spawn(
+            counters.reader(endless()),
+            cpu(),
+            StreamOptions::default().with_read_ahead(read_ahead),
+        )
+        .unwrap();
+        counters.settle_at(
+            read_ahead,
+            "before any request, read_ahead batches are uploaded",
+        );
+        for k in 1..=5 {
+            let b = uploader.next_batch().unwrap().unwrap();
+            assert_eq!(b.num_rows(), batch(k - 1).num_rows());
+            counters.settle_at(k + read_ahead, "after k requests");
+        }
+        drop(uploader);
+        assert_eq!(counters.drops(), 1);
+    }
+}
+
+#[test]
+fn read_ahead_through_the_c_stream_counts_get_next_calls() {
+    let _w = watchdog("read_ahead_through_the_c_stream_counts_get_next_calls");
+    let counters = Counters::default();
+    let mut stream =
+        export_reader_to_device(counters.reader(first(6)), cpu(), StreamOptions::default())
+            .unwrap();
+    counters.settle_at(2, "default read-ahead: 2");
+    let schema_ffi = stream.schema().unwrap();
+    assert_eq!(Schema::try_from(&schema_ffi).unwrap(), *schema());
+    counters.settle_at(2, "get_schema is not a request");
+    for k in 0..6 {
+        let array = stream.next_array().unwrap().unwrap();
+        assert_eq!(array.device_type(), ArrowDeviceType::CPU);
+        assert!(array.sync_event().is_null(), "no event on the CPU");
+        let back = cpu::import_record_batch_with_schema(array, schema()).unwrap();
+        assert_eq!(back, batch(k));
+        // 6 batches then the end: the 7th pull returns None.
+        counters.settle_at((k + 1 + 2).min(7), "after k + 1 get_next calls");
+    }
+    assert!(stream.next_array().unwrap().is_none());
+    assert!(
+        stream.next_array().unwrap().is_none(),
+        "the end stays the end"
+    );
+    assert_eq!(counters.drops(), 1, "the reader is dropped at its end");
+}
+
+fn io_error(message: &str) -> ArrowError {
+    ArrowError::IoError(message.into(), std::io::Error::other(message.to_string()))
+}
+
+#[test]
+fn a_reader_error_mid_stream_is_get_next_with_its_errno() {
+    let _w = watchdog("a_reader_error_mid_stream_is_get_next_with_its_errno");
+    let cases: Vec<(ArrowError, i32, &str)> = vec![
+        (io_error("disk on fire"), errno::EIO, "disk on fire"),
+        (
+            ArrowError::MemoryError("no room".into()),
+            errno::ENOMEM,
+            "no room",
+        ),
+        (
+            ArrowError::ComputeError("bad row".into()),
+            errno::EINVAL,
+            "bad row",
+        ),
+        (
+            ArrowError::ExternalError(Box::new(Error::Callback {
+                operation: "get_next",
+                code: errno::ECANCELED,
+                message: "upstream cancelled".into(),
+            })),
+            errno::ECANCELED,
+            "upstream cancelled",
+        ),
+    ];
+    for (error, code, fragment) in cases {
+        let counters = Counters::default();
+        let mut error = Some(error);
+        let make: Make = Box::new(move |k| match k {
+            0 | 1 => Some(Ok(batch(k))),
+            2 => Some(Err(error.take().unwrap())),
+            _ => Some(Ok(batch(k))),
+        });
+        let mut stream =
+            export_reader_to_device(counters.reader(make), cpu(), StreamOptions::default())
+                .unwrap();
+        for k in 0..2 {
+            let array = stream.next_array().unwrap().unwrap();
+            assert_eq!(
+                cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+                batch(k)
+            );
+        }
+        match stream.next_array() {
+            Err(Error::Callback {
+                operation: "get_next",
+                code: c,
+                message: m,
+            }) => {
+                assert_eq!(c, code, "{m}");
+                assert!(m.contains(fragment), "{m} should mention {fragment}");
+            }
+            other => panic!("expected the reader's error, got {other:?}"),
+        }
+        match stream.next_array() {
+            Err(Error::Callback { code: c, .. }) => assert_eq!(c, code, "the error sticks"),
+            other => panic!("expected the error again, got {other:?}"),
+        }
+        assert_eq!(counters.pulls(), 3, "the thread stops at the error");
+        assert_eq!(counters.drops(), 1, "and drops the reader");
+        drop(stream);
+    }
+}
+
+#[test]
+fn a_reader_error_ends_the_abi_reader_and_the_uploader() {
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Ok(batch(0))),
+        1 => Some(Err(io_error("broken pipe"))),
+        _ => None,
+    });
+    let counters = Counters::default();
+    let mut reader = through_c(
+        export_reader_to_device(counters.reader(make), cpu(), StreamOptions::default()).unwrap(),
+    );
+    assert_eq!(reader.next().unwrap().unwrap(), batch(0));
+    let err = reader.next().unwrap().unwrap_err();
+    assert!(err.to_string().contains("broken pipe"), "{err}");
+    assert!(reader.next().is_none());
+
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Ok(batch(0))),
+        1 => Some(Err(io_error("broken pipe"))),
+        _ => None,
+    });
+    let mut uploader = Uploader::spawn(
+        Counters::default().reader(make),
+        cpu(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    assert!(uploader.next_batch().unwrap().is_some());
+    let err = uploader.next_batch().unwrap_err();
+    assert_eq!(err.errno(), errno::EIO);
+    assert!(
+        uploader.next_batch().unwrap().is_none(),
+        "the iterator ends"
+    );
+}
+
+#[test]
+fn a_batch_of_another_schema_is_einval() {
+    let other =
+        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef)])
+            .unwrap();
+    let make: Make = Box::new(move |k| match k {
+        0 => Some(Ok(batch(0))),
+        1 => Some(Ok(other.clone())),
+        _ => None,
+    });
+    let mut stream = export_reader_to_device(
+        Counters::default().reader(make),
+        cpu(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    assert!(stream.next_array().unwrap().is_some());
+    match stream.next_array() {
+        Err(Error::Callback { code, message, .. }) => {
+            assert_eq!(code, errno::EINVAL);
+            assert!(message.contains("schema"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_panicking_reader_is_eio_and_the_stream_stays_usable() {
+    let _w = watchdog("a_panicking_reader_is_eio_and_the_stream_stays_usable");
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Ok(batch(0))),
+        _ => panic!("reader bug"),
+    });
+    let counters = Counters::default();
+    let mut stream =
+        export_reader_to_device(counters.reader(make), cpu(), StreamOptions::default()).unwrap();
+    assert!(stream.next_array().unwrap().is_some());
+    match stream.next_array() {
+        Err(Error::Callback { code, message, .. }) => {
+            assert_eq!(code, errno::EIO);
+            assert!(message.contains("reader bug"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(stream);
+    assert_eq!(counters.drops(), 1);
+}
+
+#[test]
+fn an_upload_error_is_get_next_with_eio() {
+    let _w = watchdog("an_upload_error_is_get_next_with_eio");
+    // Two batches fit, the third allocation fails.
+    let device = Arc::new(CountingDevice::failing_after(2));
+    let counters = Counters::default();
+    let mut stream = export_reader_to_device(
+        counters.reader(first(10)),
+        device.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|_| stream.next_array().unwrap().unwrap())
+        .collect();
+    match stream.next_array() {
+        Err(Error::Callback { code, message, .. }) => {
+            assert_eq!(code, errno::EIO);
+            assert!(message.contains("refused"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(counters.drops(), 1);
+    assert_eq!(device.live(), 2, "only the two exported batches remain");
+    for (k, array) in held.into_iter().enumerate() {
+        assert_eq!(
+            cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+            batch(k)
+        );
+    }
+    drop(stream);
+    assert_eq!(device.live(), 0);
+}
+
+#[test]
+fn releasing_the_stream_early_stops_the_thread_without_leaks() {
+    let _w = watchdog("releasing_the_stream_early_stops_the_thread_without_leaks");
+    for read_ahead in [0, 1, 2, 8] {
+        for taken in [0, 1, 3] {
+            let device = Arc::new(CountingDevice::default());
+            let counters = Counters::default();
+            let mut stream = export_reader_to_device(
+                counters.reader(endless()),
+                device.clone(),
+                StreamOptions::default().with_read_ahead(read_ahead),
+            )
+            .unwrap();
+            let held: Vec<_> = (0..taken)
+                .map(|_| stream.next_array().unwrap().unwrap())
+                .collect();
+            counters.settle_at(taken + read_ahead, "the thread waits for demand");
+            drop(stream); // release: stop, join
+            assert_eq!(counters.drops(), 1, "the reader is dropped by the release");
+            assert_eq!(
+                device.live(),
+                taken,
+                "read-ahead batches and staging are freed; the taken arrays are not"
+            );
+            // Arrays outlive their stream.
+            for (k, array) in held.into_iter().enumerate() {
+                assert_eq!(
+                    cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+                    batch(k)
+                );
+            }
+            assert_eq!(device.live(), 0, "every release ran");
+        }
+    }
+}
+
+#[test]
+fn dropping_the_uploader_while_the_reader_is_busy_waits_for_it() {
+    let _w = watchdog("dropping_the_uploader_while_the_reader_is_busy_waits_for_it");
+    let counters = Counters::default();
+    let device = Arc::new(CountingDevice::default());
+    let uploader = Uploader::spawn(
+        counters.slow_reader(Duration::from_millis(100), endless()),
+        device.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20)); // inside the first next()
+    drop(uploader);
+    assert_eq!(counters.drops(), 1);
+    assert_eq!(device.live(), 0);
+    assert!(counters.pulls() <= 1);
+}
+
+#[test]
+fn the_c_stream_feeds_the_abi_reader_from_another_thread() {
+    let _w = watchdog("the_c_stream_feeds_the_abi_reader_from_another_thread");
+    let batches: Vec<RecordBatch> = (0..50).map(batch).collect();
+    let stream =
+        export_reader_to_device(reader_of(&batches), cpu(), StreamOptions::default()).unwrap();
+    let back =
+        std::thread::spawn(move || through_c(stream).collect::<Result<Vec<_>, _>>().unwrap())
+            .join()
+            .unwrap();
+    assert_batches_eq(&batches, &back);
+}
+
+// ---------------------------------------------------------------------------------------
+// The async producer
+// ---------------------------------------------------------------------------------------
+
+/// A stream of batches counting its pulls (items yielded) and drops.
+struct CountingStream<S> {
+    inner: S,
+    counters: Counters,
+}
+
+impl<S: Stream + Unpin> Stream for CountingStream<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        let polled = self.inner.poll_next_unpin(cx);
+        if let std::task::Poll::Ready(Some(_)) = &polled {
+            self.counters.pulls.fetch_add(1, Ordering::SeqCst);
+        }
+        polled
+    }
+}
+
+impl<S> Drop for CountingStream<S> {
+    fn drop(&mut self) {
+        self.counters.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn counting<S>(inner: S, counters: &Counters) -> CountingStream<S> {
+    CountingStream {
+        inner,
+        counters: counters.clone(),
+    }
+}
+
+#[test]
+fn the_upload_stream_round_trips_every_type() {
+    let _w = watchdog("the_upload_stream_round_trips_every_type");
+    let batches = every_type_batches();
+    let uploads = UploadStream::spawn(
+        batches[0].schema(),
+        stream::iter(batches.clone().into_iter().map(Ok::<_, ArrowError>)),
+        cpu(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(uploads.schema(), batches[0].schema());
+    let on_device: Vec<_> = block_on(uploads.collect::<Vec<_>>());
+    assert_batches_eq(&batches, &download_all(on_device));
+}
+
+#[test]
+fn the_async_producer_feeds_the_abi_record_batch_handler() {
+    let _w = watchdog("the_async_producer_feeds_the_abi_record_batch_handler");
+    let batches = every_type_batches();
+    for capacity in [1, 3] {
+        let (handler, consumer) = async_record_batch_handler(capacity);
+        let producer = spawn_device_producer_into(
+            batches[0].schema(),
+            stream::iter(batches.clone().into_iter().map(Ok::<_, ArrowError>)),
+            cpu(),
+            StreamOptions::default(),
+            handler,
+        )
+        .unwrap();
+        assert_eq!(
+            block_on(consumer.schema()).unwrap(),
+            sample::every_type_schema()
+        );
+        let back: Vec<RecordBatch> = block_on(consumer.map(|b| b.unwrap()).collect::<Vec<_>>());
+        assert_batches_eq(&batches, &back);
+        producer.join().unwrap();
+    }
+}
+
+#[test]
+fn the_async_producer_honours_back_pressure() {
+    let _w = watchdog("the_async_producer_honours_back_pressure");
+    for (capacity, read_ahead) in [(1, 0), (1, 2), (3, 1)] {
+        let counters = Counters::default();
+        let source = counting(
+            stream::iter((0..).map(|k| Ok::<_, ArrowError>(batch(k)))),
+            &counters,
+        );
+        let (handler, mut consumer) = async_record_batch_handler(capacity);
+        let producer = spawn_device_producer_into(
+            schema(),
+            source,
+            cpu(),
+            StreamOptions::default().with_read_ahead(read_ahead),
+            handler,
+        )
+        .unwrap();
+        // The handler requests `capacity` tasks on the schema; the uploads run
+        // `read_ahead` ahead of the tasks requested.
+        counters.settle_at(capacity + read_ahead, "before anything is taken");
+        for k in 0..4 {
+            let b = block_on(consumer.next()).unwrap().unwrap();
+            assert_eq!(b, batch(k));
+            counters.settle_at(capacity + k + 1 + read_ahead, "after k + 1 taken");
+        }
+        drop(consumer); // cancels the producer
+        producer.join().unwrap();
+        assert_eq!(counters.drops(), 1, "the source is dropped");
+    }
+}
+
+#[test]
+fn an_error_of_the_async_source_reaches_the_handler_with_its_errno() {
+    let _w = watchdog("an_error_of_the_async_source_reaches_the_handler_with_its_errno");
+    let items: Vec<Result<RecordBatch, ArrowError>> = vec![
+        Ok(batch(0)),
+        Ok(batch(1)),
+        Err(ArrowError::MemoryError("out of room".into())),
+        Ok(batch(3)),
+    ];
+    let (handler, consumer) = async_record_batch_handler(2);
+    let producer = spawn_device_producer_into(
+        schema(),
+        stream::iter(items),
+        cpu(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let got: Vec<_> = block_on(consumer.collect::<Vec<_>>());
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0].as_ref().unwrap(), &batch(0));
+    assert_eq!(got[1].as_ref().unwrap(), &batch(1));
+    match &got[2] {
+        Err(Error::Callback {
+            operation: "on_error",
+            code,
+            message,
+        }) => {
+            assert_eq!(*code, errno::ENOMEM);
+            assert!(message.contains("out of room"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(producer.join().unwrap_err().errno(), errno::ENOMEM);
+}
+
+#[test]
+fn an_upload_error_reaches_the_async_handler() {
+    let _w = watchdog("an_upload_error_reaches_the_async_handler");
+    let device = Arc::new(CountingDevice::failing_after(1));
+    let (handler, consumer) = async_record_batch_handler(1);
+    let producer = spawn_device_producer_into(
+        schema(),
+        stream::iter((0..5).map(|k| Ok::<_, ArrowError>(batch(k)))),
+        device.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let got: Vec<_> = block_on(consumer.collect::<Vec<_>>());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap(), &batch(0));
+    match &got[1] {
+        Err(Error::Callback { code, message, .. }) => {
+            assert_eq!(*code, errno::EIO);
+            assert!(message.contains("refused"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(producer.join().is_err());
+    drop(got);
+    assert_eq!(device.live(), 0);
+}
+
+#[test]
+fn dropping_the_async_consumer_early_stops_a_pending_source() {
+    let _w = watchdog("dropping_the_async_consumer_early_stops_a_pending_source");
+    let counters = Counters::default();
+    let device = Arc::new(CountingDevice::default());
+    // Two batches, then a source that never yields again.
+    let source = counting(
+        stream::iter((0..2).map(|k| Ok::<_, ArrowError>(batch(k)))).chain(stream::pending()),
+        &counters,
+    );
+    let (handler, mut consumer) = async_record_batch_handler(4);
+    let producer = spawn_device_producer_into(
+        schema(),
+        source,
+        device.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    assert_eq!(block_on(consumer.next()).unwrap().unwrap(), batch(0));
+    assert_eq!(block_on(consumer.next()).unwrap().unwrap(), batch(1));
+    counters.settle_at(2, "the source is pending");
+    drop(consumer);
+    producer.join().unwrap();
+    assert_eq!(counters.drops(), 1);
+    assert_eq!(device.live(), 0, "no batch or staging memory leaked");
+}
+
+#[test]
+fn dropping_the_upload_stream_early_frees_everything() {
+    let _w = watchdog("dropping_the_upload_stream_early_frees_everything");
+    let counters = Counters::default();
+    let device = Arc::new(CountingDevice::default());
+    let mut uploads = UploadStream::spawn(
+        schema(),
+        counting(
+            stream::iter((0..).map(|k| Ok::<_, ArrowError>(batch(k)))),
+            &counters,
+        ),
+        device.clone(),
+        StreamOptions::default().with_read_ahead(3),
+    )
+    .unwrap();
+    let first = block_on(uploads.next()).unwrap().unwrap();
+    counters.settle_at(4, "one taken, three ahead");
+    drop(uploads);
+    assert_eq!(counters.drops(), 1);
+    assert_eq!(device.live(), 1, "only the batch taken");
+    drop(first);
+    assert_eq!(device.live(), 0);
+}
