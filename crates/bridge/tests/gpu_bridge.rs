@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::ArrowDeviceType;
-use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow_bridge::{
+    export_reader_to_device, spawn_device_producer_into, DeviceBatch, StreamOptions, Transfer,
+    TransferOptions, Uploader,
+};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
     kernels, CudaDevice, CudaMemory as _, CudaTransferDevice, DeviceBuffer, ImportedArray,
@@ -395,4 +398,316 @@ fn imports_release_the_device_memory_when_dropped() {
     let after = free_memory(&dev);
     println!("free device memory before {before}, after {after}");
     assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device streams on CUDA
+// ---------------------------------------------------------------------------------------
+
+/// A producer device of its own: the same GPU, another stream (uploads do not queue
+/// behind the consumer's work, nor behind other tests' copies).
+fn upload_device(device: &CudaTransferDevice) -> Arc<CudaTransferDevice> {
+    Arc::new(CudaTransferDevice::new(device.cuda_device().clone()).unwrap())
+}
+
+fn every_type_batches() -> Vec<RecordBatch> {
+    let whole = sample::every_type_batch();
+    let n = whole.num_rows();
+    let mut batches = sample::sample_batches();
+    for offset in 0..=n {
+        for len in [1, n - offset] {
+            if offset + len <= n {
+                batches.push(whole.slice(offset, len));
+            }
+        }
+    }
+    batches
+}
+
+fn reader_of(batches: &[RecordBatch]) -> Box<dyn arrow_array::RecordBatchReader + Send> {
+    Box::new(arrow_array::RecordBatchIterator::new(
+        batches.iter().cloned().map(Ok).collect::<Vec<_>>(),
+        batches[0].schema(),
+    ))
+}
+
+#[test]
+fn every_type_streams_to_cuda_with_read_ahead() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let producer = upload_device(&device);
+    let batches = every_type_batches();
+    // The Rust side: uploaded on the background thread, downloaded here.
+    let mut transfer = transfer(&device);
+    let uploader = Uploader::spawn(
+        reader_of(&batches),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    for (k, (expected, on_device)) in batches.iter().zip(uploader).enumerate() {
+        let on_device = on_device.unwrap();
+        assert_eq!(on_device.device().device_type(), ArrowDeviceType::CUDA);
+        let back = transfer.to_host(&on_device).unwrap();
+        if let Some(diff) = sample::describe_difference(expected, &back) {
+            panic!("batch {k}: {diff}");
+        }
+        assert_eq!(&back, expected, "batch {k}");
+    }
+    // The C side: ARROW_DEVICE_CUDA arrays, each with a live CUevent marking its upload.
+    let consumer = dev.new_stream().unwrap();
+    let mut stream = export_reader_to_device(
+        reader_of(&batches),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(stream.device_type(), ArrowDeviceType::CUDA);
+    let mut n = 0;
+    while let Some(array) = stream.next_array().unwrap() {
+        assert_eq!(array.device_type(), ArrowDeviceType::CUDA);
+        assert_eq!(array.device_id(), device.device_id());
+        assert_eq!(array.array().length, batches[n].num_rows() as i64);
+        assert_eq!(array.array().n_children, batches[n].num_columns() as i64);
+        let event = event_of(array.sync_event());
+        let imported = ImportedArray::import(array, &consumer).unwrap();
+        assert_eq!(imported.sync_event(), event);
+        imported.synchronize_host().unwrap();
+        n += 1;
+    }
+    assert_eq!(n, batches.len());
+    drop(stream);
+    assert!(dev.context().check_err().is_ok());
+}
+
+#[test]
+fn releasing_a_cuda_stream_early_frees_its_read_ahead() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let producer = upload_device(&device);
+    let batch = wide_batch(4, 1 << 20); // 32 MiB per batch
+    let endless = std::iter::repeat_with(move || Ok::<_, arrow_schema::ArrowError>(batch.clone()));
+    let reader = || -> Box<dyn arrow_array::RecordBatchReader + Send> {
+        Box::new(arrow_array::RecordBatchIterator::new(
+            endless.clone().take(1000),
+            wide_batch(4, 1).schema(),
+        ))
+    };
+    // Warm up the pool and the pinned staging allocator.
+    drop(export_reader_to_device(reader(), producer.clone(), StreamOptions::default()).unwrap());
+    let before = free_memory(&dev);
+    for read_ahead in [0, 2, 4] {
+        let mut stream = export_reader_to_device(
+            reader(),
+            producer.clone(),
+            StreamOptions::default().with_read_ahead(read_ahead),
+        )
+        .unwrap();
+        let first = stream.next_array().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(200)); // let the read-ahead happen
+        drop(stream);
+        drop(first);
+        let after = free_memory(&dev);
+        assert!(
+            after + (8 << 20) >= before,
+            "read_ahead {read_ahead}: leaked {before} -> {after}"
+        );
+    }
+    assert!(dev.context().check_err().is_ok());
+}
+
+/// Batches of `columns` nullable Int64 columns (every 7th row null), sliced so bitmaps
+/// need realigning on upload.
+fn overlap_batches(n: usize, columns: usize, rows: usize) -> Vec<RecordBatch> {
+    (0..n)
+        .map(|k| wide_batch(columns, rows + 16).slice(k % 8, rows))
+        .collect()
+}
+
+/// The number of valid rows of every column of every batch, as the GPU should count them.
+fn expected_valid_rows(batches: &[RecordBatch]) -> Vec<u64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.columns()
+                .iter()
+                .map(|c| (c.len() - c.null_count()) as u64)
+        })
+        .collect()
+}
+
+/// Enqueues on the import's consumer stream a count of the valid rows of each column of
+/// `imported` (a struct array of nullable columns) into `counts[first + c]`, and keeps the
+/// stream busy for `spin_ns` more (the consumer's "work").
+fn enqueue_consumer_work(
+    imported: &ImportedArray,
+    counts: &DeviceBuffer,
+    first: usize,
+    scratch: &DeviceBuffer,
+    spin_ns: u64,
+) -> Vec<Option<u64>> {
+    let stream = imported.stream().clone();
+    let mut no_bitmap = Vec::new();
+    for c in 0..imported.array().n_children as usize {
+        let node = imported.array().child(c).unwrap();
+        let len = node.length as usize;
+        let offset = node.offset as usize;
+        // SAFETY: buffer 0 of a nullable Int64 child is its validity bitmap, covering
+        // offset + length bits.
+        match unsafe { imported.buffer(node, 0, (offset + len).div_ceil(8)) } {
+            Some(bitmap) => {
+                // SAFETY: the bitmap holds the bits counted; `counts` holds 8 bytes per
+                // column of every batch, zeroed, alive until the stream is synchronized;
+                // the import made this stream wait on the producer's event.
+                unsafe {
+                    kernels::launch_count_set_bits(
+                        &stream,
+                        bitmap.device_ptr(),
+                        offset as u64,
+                        len as u64,
+                        counts.device_ptr() + 8 * (first + c) as u64,
+                    )
+                    .unwrap()
+                };
+                no_bitmap.push(None);
+            }
+            None => no_bitmap.push(Some(len as u64)),
+        }
+    }
+    if spin_ns > 0 {
+        // SAFETY: `scratch` holds 4 * 256 bytes and outlives the stream's work.
+        unsafe {
+            kernels::testing::launch_spin_fill_u32(&stream, scratch.device_ptr(), 256, 1, spin_ns)
+                .unwrap()
+        };
+    }
+    no_bitmap
+}
+
+#[test]
+fn a_streamed_consumer_computes_on_every_uploaded_batch() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let producer = upload_device(&device);
+    let consumer = dev.new_stream().unwrap();
+    kernels::Kernels::for_stream(&consumer).unwrap(); // load the modules before timing
+    let (n, columns, rows) = (24, 4, 1 << 18);
+    let batches = overlap_batches(n, columns, rows);
+    let expected = expected_valid_rows(&batches);
+    let counts = DeviceBuffer::zeroed(&consumer, 8 * n * columns).unwrap();
+    let scratch = DeviceBuffer::zeroed(&consumer, 4 * 256).unwrap();
+    // Hold the upload stream back so the first uploads are still in flight when their
+    // arrays reach the consumer: a consumer that did not wait on sync_event would count
+    // garbage. (Best effort: should the background thread's first pinned allocation
+    // synchronize the context, the spin is merely over earlier.)
+    let spin = DeviceBuffer::zeroed(producer.stream(), 4 * 256).unwrap();
+    // SAFETY: `spin` holds 4 * 256 bytes and lives until the upload stream is synchronized.
+    unsafe {
+        kernels::testing::launch_spin_fill_u32(
+            producer.stream(),
+            spin.device_ptr(),
+            256,
+            3,
+            100_000_000,
+        )
+        .unwrap()
+    };
+    let start = Instant::now();
+    let mut stream = export_reader_to_device(
+        reader_of(&batches),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut host_counts = vec![None; n * columns];
+    let mut previous: Option<ImportedArray> = None;
+    let mut k = 0;
+    while let Some(array) = stream.next_array().unwrap() {
+        let imported = ImportedArray::import(array, &consumer).unwrap();
+        let no_bitmap = enqueue_consumer_work(&imported, &counts, k * columns, &scratch, 1_000_000);
+        for (c, v) in no_bitmap.into_iter().enumerate() {
+            host_counts[k * columns + c] = v;
+        }
+        // Batch k - 1 is released once its work is done (the import's drop synchronizes
+        // the consumer stream); batch k's work is queued and k + 1, k + 2 are uploading.
+        drop(previous.replace(imported));
+        k += 1;
+    }
+    drop(previous);
+    assert_eq!(k, n);
+    consumer.synchronize().unwrap();
+    println!("{n} batches streamed and counted in {:?}", start.elapsed());
+    let mut got = vec![0u64; n * columns];
+    counts.copy_to_host(&consumer, &mut got).unwrap();
+    for (i, v) in host_counts.into_iter().enumerate() {
+        if let Some(v) = v {
+            got[i] = v;
+        }
+    }
+    assert_eq!(got, expected, "valid rows per column, counted on the GPU");
+    drop(stream);
+    producer.synchronize().unwrap();
+    drop(spin);
+    assert!(dev.context().check_err().is_ok());
+}
+
+#[test]
+fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let producer = upload_device(&device);
+    let consumer = dev.new_stream().unwrap();
+    let (n, columns, rows) = (12, 3, 1 << 16);
+    let batches = overlap_batches(n, columns, rows);
+    let expected = expected_valid_rows(&batches);
+    let counts = DeviceBuffer::zeroed(&consumer, 8 * n * columns).unwrap();
+    let scratch = DeviceBuffer::zeroed(&consumer, 4 * 256).unwrap();
+    let (handler, arrays) = devarrow_abi::async_stream::async_handler(2);
+    let handle = spawn_device_producer_into(
+        batches[0].schema(),
+        futures::stream::iter(
+            batches
+                .clone()
+                .into_iter()
+                .map(Ok::<_, arrow_schema::ArrowError>),
+        ),
+        producer.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let imported: Vec<ImportedArray> = futures::executor::block_on(async {
+        use futures::StreamExt;
+        assert_eq!(arrays.schema().await.unwrap(), batches[0].schema());
+        arrays
+            .map(|array| {
+                let array = array.unwrap();
+                assert_eq!(array.device_type(), ArrowDeviceType::CUDA);
+                event_of(array.sync_event());
+                ImportedArray::import(array, &consumer).unwrap()
+            })
+            .collect()
+            .await
+    });
+    handle.join().unwrap();
+    assert_eq!(imported.len(), n);
+    let mut host_counts = vec![None; n * columns];
+    for (k, imported) in imported.iter().enumerate() {
+        for (c, v) in enqueue_consumer_work(imported, &counts, k * columns, &scratch, 0)
+            .into_iter()
+            .enumerate()
+        {
+            host_counts[k * columns + c] = v;
+        }
+    }
+    drop(imported);
+    let mut got = vec![0u64; n * columns];
+    counts.copy_to_host(&consumer, &mut got).unwrap();
+    for (i, v) in host_counts.into_iter().enumerate() {
+        if let Some(v) = v {
+            got[i] = v;
+        }
+    }
+    assert_eq!(got, expected);
+    assert!(dev.context().check_err().is_ok());
 }
