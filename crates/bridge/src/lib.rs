@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
+mod import;
 pub mod plan;
 pub mod transfer;
 
