@@ -460,34 +460,37 @@ impl ForeignNode {
             && self.buffers[0] != 0
     }
 
-    /// The bytes the buffers of this array and its descendants address.
+    /// The bytes the buffers of this array and its descendants address (the ranges its
+    /// items use, so a slice counts only its own bytes; children count whole).
     fn addressed_bytes(&self) -> usize {
-        let end = self.offset + self.length;
+        let (start, end) = (self.offset, self.offset + self.length);
         let dt = &self.data_type;
         let value_type = match dt {
             DataType::Dictionary(key, _) => key.as_ref(),
             dt => dt,
         };
         let w = offset_width(dt);
+        let items = |width: usize| self.length.saturating_mul(width);
         let mut total = 0usize;
         for (i, role) in buffer_roles(dt).into_iter().enumerate() {
             let n = match role {
-                BufferRole::Validity if self.has_validity() => end.div_ceil(8),
+                BufferRole::Validity if self.has_validity() => end.div_ceil(8) - start / 8,
                 BufferRole::Validity => 0,
-                BufferRole::Values => fixed_bit_width(value_type)
-                    .map_or(0, |bits| end.saturating_mul(bits).div_ceil(8)),
+                BufferRole::Values => fixed_bit_width(value_type).map_or(0, |bits| {
+                    end.saturating_mul(bits).div_ceil(8) - start.saturating_mul(bits) / 8
+                }),
                 BufferRole::Offsets => match dt {
-                    DataType::Union(_, _) => end.saturating_mul(4),
-                    DataType::ListView(_) | DataType::LargeListView(_) => end.saturating_mul(w),
-                    _ => end.saturating_add(1).saturating_mul(w),
+                    DataType::Union(_, _) => items(4),
+                    DataType::ListView(_) | DataType::LargeListView(_) => items(w),
+                    _ => items(w).saturating_add(w),
                 },
-                BufferRole::Sizes => end.saturating_mul(w),
+                BufferRole::Sizes => items(w),
                 BufferRole::Data => match self.extent {
-                    Extent::Offsets { last, .. } => last,
+                    Extent::Offsets { first, last } => last - first,
                     _ => 0,
                 },
-                BufferRole::TypeIds => end,
-                BufferRole::Views => end.saturating_mul(16),
+                BufferRole::TypeIds => self.length,
+                BufferRole::Views => items(16),
                 BufferRole::VariadicSizes => 0,
             };
             if self.buffers[i] != 0 {
