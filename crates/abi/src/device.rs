@@ -52,6 +52,18 @@ pub trait SyncEvent: Send + Sync + fmt::Debug {
     fn wait_host(&self) -> Result<()>;
 }
 
+/// One copy of [`Device::copy_on_device`]: `len` bytes from device address `src` to
+/// device address `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// The source address on the device.
+    pub src: *const c_void,
+    /// The destination address on the device.
+    pub dst: *mut c_void,
+    /// The number of bytes.
+    pub len: usize,
+}
+
 /// A device data can be moved to and from. Copies are enqueued on the device's own stream
 /// in call order; host memory passed to a copy must stay valid until an event recorded
 /// after it has completed (or [`Device::synchronize`] returned).
@@ -77,6 +89,45 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// `dst` must be valid for writes of `len` bytes until the copy has completed, and not
     /// read before; `src` must be valid device memory for `len` bytes.
     unsafe fn copy_to_host(&self, src: *const c_void, dst: *mut u8, len: usize) -> Result<()>;
+    /// Enqueues every copy of `copies` from device memory to device memory, as one
+    /// operation where the device has one (one `dvx_batched_copy` kernel launch on CUDA,
+    /// `memcpy`s on the CPU). Not counted by [`Device::copy_count`], which counts
+    /// host-device copies.
+    ///
+    /// The default goes through host staging memory (a copy to the host per segment, a
+    /// host wait, a copy back per segment, a host wait): correct on any device, but slow
+    /// and blocking; devices override it.
+    ///
+    /// # Safety
+    /// Every source must be device memory readable for its `len` bytes and every
+    /// destination device memory writable for its `len` bytes until the copy has
+    /// completed; no destination may overlap another destination or any source.
+    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<()> {
+        let total: usize = copies.iter().map(|c| c.len).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        let mut staging = self.allocate_staging(total)?;
+        let base = staging.as_mut_slice().as_mut_ptr();
+        let mut at = 0;
+        for c in copies {
+            // SAFETY: the source is the caller's guarantee; the staging range `at..at +
+            // len` lies inside the `total` bytes allocated above, is not read before
+            // the wait below, and the staging memory outlives the copy (we wait).
+            unsafe { self.copy_to_host(c.src, base.add(at), c.len)? };
+            at += c.len;
+        }
+        self.record_event()?.wait_host()?;
+        let mut at = 0;
+        for c in copies {
+            // SAFETY: the staging bytes were written by the completed copies above; the
+            // destination is the caller's guarantee; we wait for the copies below before
+            // the staging memory is freed.
+            unsafe { self.copy_to_device(base.add(at), c.dst, c.len)? };
+            at += c.len;
+        }
+        self.record_event()?.wait_host()
+    }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
     /// Makes later work on this device's stream wait for a producer's `sync_event`
@@ -220,6 +271,17 @@ impl Device for CpuDevice {
         self.copies.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as in `copy_to_device`.
         unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, len) };
+        Ok(())
+    }
+    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<()> {
+        for c in copies {
+            if c.len == 0 {
+                continue;
+            }
+            // SAFETY: the caller guarantees each source is readable and each destination
+            // writable for `len` bytes, and that no destination overlaps a source.
+            unsafe { std::ptr::copy_nonoverlapping(c.src.cast::<u8>(), c.dst.cast::<u8>(), c.len) };
+        }
         Ok(())
     }
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>> {

@@ -30,6 +30,17 @@ pub enum Error {
         /// What the call accepts.
         accepted: String,
     },
+    /// The data lives on a device of the accepted type, but on another device (its
+    /// `device_id` differs).
+    #[error("data on {device_type} device {found} is not accepted here (expected device {expected})")]
+    DeviceMismatch {
+        /// The device type of the data.
+        device_type: ArrowDeviceType,
+        /// The `device_id` accepted.
+        expected: i64,
+        /// The `device_id` of the data.
+        found: i64,
+    },
     /// A `sync_event` was given where the device type has no event type.
     #[error("{device_type} has no event type, but sync_event is not NULL")]
     UnexpectedSyncEvent {

@@ -12,6 +12,7 @@
 
 pub mod async_stream;
 pub mod baseline;
+mod import;
 pub mod plan;
 pub mod stream;
 pub mod transfer;

@@ -30,16 +30,29 @@ pub struct Placement {
     pub len: usize,
 }
 
-/// One array of the planned tree, with offset 0 and buffers in C data interface order
-/// (`None`: a NULL buffer, e.g. the validity bitmap of an array without nulls).
+/// One array of the planned tree, with buffers in C data interface order (`None`: a NULL
+/// buffer, e.g. the validity bitmap of an array without nulls).
+///
+/// The planner produces nodes with offset 0, exact null counts and offsets that start at
+/// 0. An imported batch packed for download on the device (where only whole bytes can be
+/// copied) may need the last three fields: a small `offset` (bitmaps are cut at a byte
+/// boundary), a `rebase` of its offsets, and an unknown null count.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// The array's type.
     pub data_type: DataType,
     /// The array's length.
     pub len: usize,
-    /// The array's null count.
-    pub null_count: usize,
+    /// The array's null count (`None`: unknown, counted from the validity bitmap when the
+    /// array is rebuilt on the host).
+    pub null_count: Option<usize>,
+    /// The array's logical offset into its buffers and children, as in the C data
+    /// interface (0 from the planner).
+    pub offset: usize,
+    /// For arrays with offsets (strings, binaries, lists, maps) and list views: a value
+    /// subtracted from every offset when the array is rebuilt on the host (list views
+    /// also get offset 0 for their empty views); `None` from the planner.
+    pub rebase: Option<i64>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
@@ -327,7 +340,9 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             children.push(Node {
                 data_type: run_ends.data_type().clone(),
                 len: runs,
-                null_count: 0,
+                null_count: Some(0),
+                offset: 0,
+                rebase: None,
                 buffers: vec![None, image.push(ends_buffer)],
                 children: vec![],
                 dictionary: None,
@@ -349,7 +364,9 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
     Ok(Node {
         data_type,
         len,
-        null_count: data.null_count(),
+        null_count: Some(data.null_count()),
+        offset: 0,
+        rebase: None,
         buffers,
         children,
         dictionary,

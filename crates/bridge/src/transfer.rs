@@ -18,6 +18,7 @@ use devarrow_abi::export::{export_tree, ArrayNode};
 use devarrow_abi::layout::{buffer_roles, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
 
+use crate::import::Foreign;
 use crate::plan::{plan_array, Node, Packer};
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
@@ -55,14 +56,40 @@ pub struct Transfer {
 
 /// A record batch resident on a device: its schema, and an array tree whose buffers lie
 /// in device memory, ready once `event` has completed.
+///
+/// Either packed (made by [`Transfer::to_device`]: every buffer in one allocation) or
+/// imported (made by [`DeviceBatch::import`]: the buffers of a foreign `ArrowDeviceArray`,
+/// zero-copy, kept alive until the last clone of the batch and the last export of it are
+/// dropped). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct DeviceBatch {
-    schema: SchemaRef,
-    num_rows: usize,
-    root: Node,
-    memory: Arc<dyn DeviceMemory>,
-    event: Arc<dyn SyncEvent>,
-    device: Arc<dyn Device>,
+    pub(crate) schema: SchemaRef,
+    pub(crate) num_rows: usize,
+    pub(crate) storage: Storage,
+    pub(crate) event: Arc<dyn SyncEvent>,
+    pub(crate) device: Arc<dyn Device>,
+}
+
+/// Where the buffers of a [`DeviceBatch`] lie.
+#[derive(Debug, Clone)]
+pub(crate) enum Storage {
+    /// In one allocation, at the placements of a planned tree.
+    Packed {
+        root: Arc<Node>,
+        memory: Arc<dyn DeviceMemory>,
+    },
+    /// In the buffers of a foreign array, kept alive (unreleased) by the batch.
+    Foreign(Arc<Foreign>),
+}
+
+/// What [`Transfer::to_host`] downloads: one packed image on the device, the tree that
+/// points into it, and the event its data is ready after.
+pub(crate) struct Download {
+    pub(crate) schema: SchemaRef,
+    pub(crate) num_rows: usize,
+    pub(crate) root: Arc<Node>,
+    pub(crate) memory: Arc<dyn DeviceMemory>,
+    pub(crate) event: Arc<dyn SyncEvent>,
 }
 
 impl DeviceBatch {
@@ -82,37 +109,77 @@ impl DeviceBatch {
     pub fn event(&self) -> &Arc<dyn SyncEvent> {
         &self.event
     }
-    /// Bytes of device memory the batch occupies.
+    /// Bytes of device memory the batch occupies (for an imported batch: the bytes its
+    /// arrays address in the foreign buffers).
     pub fn device_bytes(&self) -> usize {
-        self.memory.len()
+        match &self.storage {
+            Storage::Packed { memory, .. } => memory.len(),
+            Storage::Foreign(foreign) => foreign.device_bytes(),
+        }
+    }
+
+    /// Whether the batch was imported ([`DeviceBatch::import`]) rather than packed by a
+    /// [`Transfer`].
+    pub fn is_imported(&self) -> bool {
+        matches!(self.storage, Storage::Foreign(_))
     }
 
     /// Exports the batch as an `ArrowDeviceArray` (a struct array; `sync_event` set to the
-    /// batch's event) and its `ArrowSchema`. Zero-copy: the device memory stays alive until
-    /// the consumer releases the array.
+    /// batch's event) and its `ArrowSchema`. Zero-copy: the device memory (for an imported
+    /// batch, the foreign array, unreleased) stays alive until the consumer releases the
+    /// array.
     pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
         let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
-        let base = self.memory.address() as usize;
-        let root = export_node(&self.root, base);
         let sync_event = self.event.as_sync_event_ptr();
-        let owner: devarrow_abi::export::Owner =
-            Arc::new((self.memory.clone(), self.event.clone()));
-        let array = export_tree(
-            root,
-            owner,
-            self.device.device_type(),
-            self.device.device_id(),
-            sync_event,
-        )?;
+        let (root, owner, device_type, device_id): (_, devarrow_abi::export::Owner, _, _) =
+            match &self.storage {
+                Storage::Packed { root, memory } => (
+                    export_node(root, memory.address() as usize),
+                    Arc::new((memory.clone(), self.event.clone())),
+                    self.device.device_type(),
+                    self.device.device_id(),
+                ),
+                Storage::Foreign(foreign) => (
+                    foreign.export_root(),
+                    Arc::new((foreign.clone(), self.event.clone())),
+                    foreign.device_type(),
+                    foreign.device_id(),
+                ),
+            };
+        let array = export_tree(root, owner, device_type, device_id, sync_event)?;
         Ok((array, schema))
+    }
+
+    /// What [`Transfer::to_host`] downloads: the packed image itself, or for an imported
+    /// batch a packed copy of the bytes it addresses, made on `device` (one batched copy).
+    pub(crate) fn download(&self, device: &Arc<dyn Device>) -> Result<Download> {
+        match &self.storage {
+            Storage::Packed { root, memory } => Ok(Download {
+                schema: self.schema.clone(),
+                num_rows: self.num_rows,
+                root: root.clone(),
+                memory: memory.clone(),
+                event: self.event.clone(),
+            }),
+            Storage::Foreign(foreign) => {
+                let (root, memory, event) = foreign.pack(device, &self.event)?;
+                Ok(Download {
+                    schema: self.schema.clone(),
+                    num_rows: self.num_rows,
+                    root: Arc::new(root),
+                    memory,
+                    event,
+                })
+            }
+        }
     }
 }
 
 fn export_node(node: &Node, base: usize) -> ArrayNode {
     ArrayNode {
         length: node.len as i64,
-        null_count: node.null_count as i64,
-        offset: 0,
+        null_count: node.null_count.map_or(-1, |n| n as i64),
+        offset: node.offset as i64,
         buffers: node
             .buffers
             .iter()
@@ -174,8 +241,10 @@ impl Transfer {
         Ok(DeviceBatch {
             schema: batch.schema(),
             num_rows: batch.num_rows(),
-            root: plan.root,
-            memory,
+            storage: Storage::Packed {
+                root: Arc::new(plan.root),
+                memory,
+            },
             event,
             device: self.device.clone(),
         })
@@ -220,7 +289,11 @@ impl Transfer {
     }
 
     /// Moves a device-resident batch back to host memory (ordinary arrow-rs buffers).
+    ///
+    /// An imported batch is first packed on the device (one batched copy of the bytes its
+    /// arrays address into one allocation), then moved like a packed one.
     pub fn to_host(&mut self, batch: &DeviceBatch) -> Result<RecordBatch> {
+        let batch = &batch.download(&self.device)?;
         let total = batch.memory.len();
         // SAFETY: the pointer comes from the batch's own live event.
         unsafe {
@@ -283,8 +356,14 @@ impl Drop for Transfer {
     }
 }
 
-/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image.
+/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image,
+/// validated (a panic of arrow-rs on malformed foreign data becomes an error).
 fn build_host_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build_node(node, host)))
+        .map_err(Error::from_panic)?
+}
+
+fn build_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     let slice =
         |p: &Option<crate::plan::Placement>| p.map(|p| host.slice_with_length(p.offset, p.len));
     let roles = buffer_roles(&node.data_type);
@@ -308,17 +387,90 @@ fn build_host_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     let mut children: Vec<ArrayData> = node
         .children
         .iter()
-        .map(|c| build_host_node(c, host))
+        .map(|c| build_node(c, host))
         .collect::<Result<_>>()?;
     if let Some(d) = &node.dictionary {
-        children.push(build_host_node(d, host)?);
+        children.push(build_node(d, host)?);
     }
-    let builder = ArrayData::builder(node.data_type.clone())
+    if let Some(base) = node.rebase {
+        rebase_offsets(&node.data_type, &mut buffers, base)?;
+    }
+    let mut builder = ArrayData::builder(node.data_type.clone())
         .len(node.len)
+        .offset(node.offset)
         .null_bit_buffer(validity)
-        .null_count(node.null_count)
         .buffers(buffers)
         .child_data(children)
         .align_buffers(true);
+    if let Some(null_count) = node.null_count {
+        builder = builder.null_count(null_count);
+    }
     builder.build().map_err(Error::from)
+}
+
+/// Offsets (4 or 8 bytes each, native-endian) as `i64`s, whatever the buffer's alignment.
+fn read_offsets(buffer: &Buffer, width: usize) -> impl Iterator<Item = i64> + '_ {
+    buffer.as_slice().chunks_exact(width).map(move |b| {
+        if width == 4 {
+            i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64
+        } else {
+            i64::from_ne_bytes(b.try_into().expect("8 bytes"))
+        }
+    })
+}
+
+fn offsets_buffer(values: impl Iterator<Item = i64>, width: usize) -> Buffer {
+    if width == 4 {
+        // Truncation is intended: rebased 32-bit offsets wrap as the producer's would.
+        Buffer::from_vec(values.map(|v| v as i32).collect::<Vec<i32>>())
+    } else {
+        Buffer::from_vec(values.collect::<Vec<i64>>())
+    }
+}
+
+/// Applies a node's `rebase` to its buffers (validity already removed): offsets minus
+/// `base`; for list views, offsets minus `base` where the size is positive, else 0.
+fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Result<()> {
+    let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
+    match data_type {
+        DataType::Utf8
+        | DataType::Binary
+        | DataType::List(_)
+        | DataType::Map(_, _)
+        | DataType::LargeUtf8
+        | DataType::LargeBinary
+        | DataType::LargeList(_) => {
+            let width = offset_width(data_type);
+            let offsets = buffers.first_mut().ok_or_else(missing)?;
+            *offsets = offsets_buffer(
+                read_offsets(offsets, width).map(|o| o.wrapping_sub(base)),
+                width,
+            );
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            let width = offset_width(data_type);
+            let [offsets, sizes, ..] = buffers else {
+                return Err(missing());
+            };
+            *offsets = offsets_buffer(
+                read_offsets(offsets, width)
+                    .zip(read_offsets(sizes, width))
+                    .map(|(o, s)| if s > 0 { o.wrapping_sub(base) } else { 0 }),
+                width,
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The width in bytes of the offsets of a variable-length type.
+pub(crate) fn offset_width(data_type: &DataType) -> usize {
+    match data_type {
+        DataType::LargeUtf8
+        | DataType::LargeBinary
+        | DataType::LargeList(_)
+        | DataType::LargeListView(_) => 8,
+        _ => 4,
+    }
 }

@@ -14,15 +14,16 @@
 use std::any::Any;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::ArrowDeviceType;
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
+use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 
 /// A CUDA device with its own non-blocking stream, as a [`devarrow_abi::device::Device`].
@@ -37,6 +38,25 @@ pub struct CudaTransferDevice {
     device: CudaDevice,
     stream: Arc<CudaStream>,
     copies: AtomicU64,
+    descriptors: Mutex<DescriptorStaging>,
+}
+
+/// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
+/// uploaded from (reused by every call), and the event after its last upload: the next
+/// call overwrites it only once that upload has completed.
+#[derive(Default)]
+struct DescriptorStaging {
+    buffer: Option<PinnedHostBuffer>,
+    uploaded: Option<CudaEvent>,
+}
+
+impl Drop for DescriptorStaging {
+    fn drop(&mut self) {
+        // The last upload may still read the pinned buffer: let it finish first.
+        if let Some(event) = self.uploaded.take() {
+            let _ = event.synchronize();
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaTransferDevice {
@@ -66,6 +86,7 @@ impl CudaTransferDevice {
             device,
             stream,
             copies: AtomicU64::new(0),
+            descriptors: Mutex::new(DescriptorStaging::default()),
         })
     }
 
@@ -343,6 +364,91 @@ impl Device for CudaTransferDevice {
         }
         .result()
         .call("cuMemcpyDtoHAsync")?;
+        Ok(())
+    }
+
+    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (long ones
+    /// split in pieces of [`MAX_COPY_PIECE`] bytes). The descriptor table is written to
+    /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
+    /// device table (freed in stream order after the kernel): nothing blocks the host,
+    /// unless the previous call's upload has not yet run.
+    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
+        let segments: Vec<CopySegment> = copies
+            .iter()
+            .filter(|c| c.len > 0)
+            .map(|c| CopySegment {
+                src: c.src as u64,
+                dst: c.dst as u64,
+                len: c.len as u64,
+            })
+            .collect();
+        if segments.is_empty() {
+            return Ok(());
+        }
+        if segments.iter().any(|s| s.src == 0 || s.dst == 0) {
+            return Err(CudaError::InvalidArgument(
+                "copy on the device with a NULL pointer".into(),
+            )
+            .into());
+        }
+        let pieces = kernels::reference::split_segments(&segments, MAX_COPY_PIECE);
+        let bytes = std::mem::size_of_val(&pieces[..]);
+        self.bind()?;
+        let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(event) = staging.uploaded.take() {
+            event.synchronize().call("cuEventSynchronize")?;
+        }
+        if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
+            staging.buffer = None;
+            staging.buffer = Some(PinnedHostBuffer::alloc(
+                &self.device,
+                bytes.next_power_of_two().max(4096),
+            )?);
+        }
+        let host = staging.buffer.as_mut().expect("allocated above");
+        for (out, piece) in host.as_mut_slice().chunks_exact_mut(24).zip(&pieces) {
+            out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
+            out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
+            out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
+        }
+        let table = DeviceBuffer::alloc(&self.stream, bytes)?;
+        // SAFETY: `host` is pinned memory of at least `bytes` bytes that is not written
+        // again before the event recorded next has completed (see above); `table` is a
+        // fresh device allocation of `bytes` bytes on this stream; the context is bound.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                table.device_ptr(),
+                host.as_slice().as_ptr().cast(),
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .call("cuMemcpyHtoDAsync")?;
+        let recorded = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")
+            .and_then(|event| {
+                event.record(&self.stream).call("cuEventRecord")?;
+                Ok(event)
+            });
+        match recorded {
+            Ok(event) => staging.uploaded = Some(event),
+            Err(e) => {
+                // Without an event the pinned table must not be reused before the upload
+                // ran: wait for it here.
+                let _ = self.stream.synchronize();
+                return Err(e.into());
+            }
+        }
+        drop(staging);
+        // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
+        // in stream order) and is freed in stream order after it (dropped below); the
+        // ranges are the caller's guarantee.
+        unsafe { kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64) }?;
+        drop(table);
         Ok(())
     }
 

@@ -1,0 +1,756 @@
+//! Importing a foreign `ArrowDeviceArray` as a device-resident [`DeviceBatch`], zero-copy.
+//!
+//! [`DeviceBatch::import`] checks the array against the device (type and id) and against
+//! the schema (a struct array whose children match the fields, buffer and child counts
+//! per type: [`devarrow_abi::layout::validate_structure`]), makes the device's stream
+//! wait on the array's `sync_event` (no host blocking), and keeps the array, unreleased,
+//! for as long as the batch or an export of it lives.
+//!
+//! Some sizes live on the device, not in the structs: the first and last offsets of
+//! variable-length arrays (strings, binaries, lists, maps), the offsets and sizes of list
+//! views, the sizes of the variadic buffers of view types. They are gathered on the
+//! device into one small scratch buffer by one batched copy ([`Device::copy_on_device`]),
+//! read back with **one** device-to-host copy and one event wait for the whole batch, and
+//! validated (negative or decreasing offsets, ranges past the end of a child, ... are
+//! [`Error::InvalidOffsets`]).
+//!
+//! Moving an imported batch to the host ([`crate::Transfer::to_host`]) first packs, on the
+//! device and with one batched copy, the bytes its arrays address into one allocation
+//! (fixed-width values and bitmaps cut to the array's range at byte granularity, data
+//! buffers and list children cut to the range the offsets address, whole dictionaries,
+//! dense-union and run-end-encoded children), then downloads that image like a batch made
+//! by [`crate::Transfer::to_device`]. What only arithmetic could cut (offsets that do not
+//! start at 0) is rebased on the host, after the download.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{DataType, Schema, SchemaRef, UnionMode};
+use devarrow_abi::device::{Device, DeviceCopy, DeviceMemory, SyncEvent, BUFFER_ALIGNMENT};
+use devarrow_abi::export::ArrayNode;
+use devarrow_abi::layout::{self, buffer_roles, child_types, fixed_bit_width, BufferRole};
+use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
+
+use crate::plan::{Node, Placement};
+use crate::transfer::{offset_width, DeviceBatch, Storage};
+
+impl DeviceBatch {
+    /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
+    /// zero-copy.
+    ///
+    /// The array must be on `device`: `ARROW_DEVICE_CPU` on the CPU device; on a CUDA
+    /// device `ARROW_DEVICE_CUDA` with the device's id, or `ARROW_DEVICE_CUDA_HOST` /
+    /// `ARROW_DEVICE_CUDA_MANAGED`; otherwise the device's own type and id. Its structure
+    /// must match the schema, and its offsets (read from the device in one copy) must be
+    /// in range. The device's stream waits on the array's `sync_event`; the batch's
+    /// [`DeviceBatch::event`] is recorded after that wait.
+    ///
+    /// The array is consumed: its `release` runs exactly once, when the last clone of the
+    /// batch and the last export of it ([`DeviceBatch::export`]) are dropped, or before
+    /// this returns an error.
+    pub fn import(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: SchemaRef,
+    ) -> Result<DeviceBatch> {
+        check_device(device.as_ref(), &array)?;
+        let struct_type = DataType::Struct(schema.fields().clone());
+        layout::validate_structure(array.array(), &struct_type, "array")?;
+        let root_nulls = array.array().null_count;
+        if root_nulls > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a record batch cannot have top-level nulls, but the struct array has \
+                 {root_nulls}"
+            )));
+        }
+        let mut reads = Reads::default();
+        let mut root = walk(array.array(), &struct_type, &mut reads)?;
+        // A record batch has no top-level validity: never read it.
+        root.null_count = 0;
+        // SAFETY: `check_device` accepted the array's device type for this device, so a
+        // non-NULL `sync_event` is an event of this device's kind; the producer keeps it
+        // alive until release, which cannot run while we hold `array`.
+        unsafe { device.wait_sync_event(array.sync_event())? };
+        let event = device.record_event()?;
+        let bytes = read_back(device.as_ref(), &reads)?;
+        settle(&mut root, &bytes, "array")?;
+        Ok(DeviceBatch {
+            schema,
+            num_rows: root.length,
+            storage: Storage::Foreign(Arc::new(Foreign {
+                array,
+                root,
+                device: device.clone(),
+                last_use: Mutex::new(None),
+            })),
+            event,
+            device,
+        })
+    }
+
+    /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose
+    /// metadata becomes the batch's). A released schema is [`Error::Released`]; the array
+    /// is released on error, as by `import`.
+    pub fn import_with_ffi_schema(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: &FFI_ArrowSchema,
+    ) -> Result<DeviceBatch> {
+        devarrow_abi::cpu::check_schema(schema)?;
+        let schema = Schema::try_from(schema).map_err(Error::Schema)?;
+        Self::import(device, array, Arc::new(schema))
+    }
+}
+
+/// Checks that `device` can use the buffers of `array` where they are.
+fn check_device(device: &dyn Device, array: &DeviceArray) -> Result<()> {
+    let (found, id) = (array.device_type(), array.device_id());
+    let own = device.device_type();
+    let accepted: &[ArrowDeviceType] = match own {
+        ArrowDeviceType::CUDA => &[
+            ArrowDeviceType::CUDA,
+            ArrowDeviceType::CUDA_HOST,
+            ArrowDeviceType::CUDA_MANAGED,
+        ],
+        ArrowDeviceType::ROCM => &[ArrowDeviceType::ROCM, ArrowDeviceType::ROCM_HOST],
+        _ => std::slice::from_ref(&own),
+    };
+    if !accepted.contains(&found) {
+        return Err(Error::UnsupportedDevice {
+            found,
+            accepted: accepted
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    // Device memory must be this very device's; host memory (the CPU's, pinned, managed)
+    // is visible to it whatever the id.
+    if found == own && own != ArrowDeviceType::CPU && id != device.device_id() {
+        return Err(Error::DeviceMismatch {
+            device_type: found,
+            expected: device.device_id(),
+            found: id,
+        });
+    }
+    Ok(())
+}
+
+/// The foreign array behind an imported [`DeviceBatch`]: released when dropped.
+#[derive(Debug)]
+pub(crate) struct Foreign {
+    /// Dropped (released) after `Drop::drop` below has run.
+    array: DeviceArray,
+    root: ForeignNode,
+    device: Arc<dyn Device>,
+    /// The event after the last device work that read the foreign buffers (a pack for
+    /// download): waited for before the producer's release frees them.
+    last_use: Mutex<Option<Arc<dyn SyncEvent>>>,
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        let last = self.last_use.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(event) = last.take() {
+            if event.wait_host().is_err() {
+                let _ = self.device.synchronize();
+            }
+        }
+    }
+}
+
+/// What the bridge knows of one foreign array (a struct of the imported tree).
+#[derive(Debug)]
+struct ForeignNode {
+    data_type: DataType,
+    length: usize,
+    offset: usize,
+    null_count: i64,
+    /// Every buffer address (0 for NULL), in C data interface order.
+    buffers: Vec<usize>,
+    children: Vec<ForeignNode>,
+    dictionary: Option<Box<ForeignNode>>,
+    /// Where this node's device-resident sizes were gathered in the scratch buffer.
+    reads: Vec<usize>,
+    /// Those sizes, once read back and validated.
+    extent: Extent,
+}
+
+/// Device-resident sizes of a [`ForeignNode`], read back and validated at import.
+#[derive(Debug, Default)]
+enum Extent {
+    /// Nothing on the device sizes this node's buffers.
+    #[default]
+    None,
+    /// The first and last offsets of the array's range (strings, binaries, lists, maps):
+    /// the data bytes or child items it addresses.
+    Offsets { first: usize, last: usize },
+    /// The child range the non-empty views of a list view address (`lo..hi`).
+    Views { lo: usize, hi: usize },
+    /// The sizes of the variadic buffers of a view type.
+    Variadic(Vec<usize>),
+}
+
+/// The gather list of an import: `(source address, length, position in the scratch)`.
+#[derive(Debug, Default)]
+struct Reads {
+    copies: Vec<(usize, usize, usize)>,
+    total: usize,
+}
+
+impl Reads {
+    fn push(&mut self, src: usize, len: usize) -> usize {
+        let at = self.total.next_multiple_of(8);
+        self.total = at + len;
+        self.copies.push((src, len, at));
+        at
+    }
+}
+
+fn overflow(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what} overflows the address space"))
+}
+
+/// `items * width`, or an error when it overflows.
+fn bytes(items: usize, width: usize) -> Result<usize> {
+    items.checked_mul(width).ok_or_else(|| overflow("a buffer size"))
+}
+
+/// `addr + offset`, or an error when it overflows.
+fn address(addr: usize, offset: usize) -> Result<usize> {
+    addr.checked_add(offset)
+        .ok_or_else(|| overflow("a buffer address"))
+}
+
+fn is_offsets_type(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::Binary
+            | DataType::LargeUtf8
+            | DataType::LargeBinary
+            | DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::Map(_, _)
+    )
+}
+
+/// Builds the node tree of a structurally valid `array` of `data_type`, adding the
+/// device-resident sizes it needs to `reads`.
+fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> Result<ForeignNode> {
+    // `validate_structure` checked: non-negative, `offset + length` does not overflow,
+    // buffer and child counts, and non-NULL buffers where bytes are needed.
+    let (offset, length) = (array.offset as usize, array.length as usize);
+    let end = offset + length;
+    let buffers: Vec<usize> = (0..array.n_buffers as usize)
+        .map(|i| array.buffer(i) as usize)
+        .collect();
+    let mut at = Vec::new();
+    match data_type {
+        dt if is_offsets_type(dt) => {
+            let w = offset_width(dt);
+            at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w));
+            at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w));
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) if length > 0 => {
+            let w = offset_width(data_type);
+            let (from, len) = (bytes(offset, w)?, bytes(length, w)?);
+            at.push(reads.push(address(buffers[1], from)?, len));
+            at.push(reads.push(address(buffers[2], from)?, len));
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            let variadic = buffers.len() - 3;
+            if variadic > 0 {
+                at.push(reads.push(buffers[buffers.len() - 1], bytes(variadic, 8)?));
+            }
+        }
+        _ => {}
+    }
+    let children = child_types(data_type)
+        .into_iter()
+        .enumerate()
+        .map(|(i, child_type)| {
+            let child = array.child(i).ok_or(Error::NullPointer {
+                what: "ArrowArray child",
+            })?;
+            walk(child, child_type, reads)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let dictionary = match data_type {
+        DataType::Dictionary(_, value_type) => {
+            let dict = array.dictionary().ok_or(Error::NullPointer {
+                what: "ArrowArray dictionary",
+            })?;
+            Some(Box::new(walk(dict, value_type, reads)?))
+        }
+        _ => None,
+    };
+    Ok(ForeignNode {
+        data_type: data_type.clone(),
+        length,
+        offset,
+        null_count: array.null_count,
+        buffers,
+        children,
+        dictionary,
+        reads: at,
+        extent: Extent::None,
+    })
+}
+
+/// Gathers every read on the device into one scratch buffer (one batched copy), copies it
+/// to the host in one copy and waits for it once.
+fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
+    if reads.copies.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scratch = device.allocate(reads.total)?;
+    let base = scratch.address() as usize;
+    let copies: Vec<DeviceCopy> = reads
+        .copies
+        .iter()
+        .map(|&(src, len, at)| DeviceCopy {
+            src: src as *const c_void,
+            dst: (base + at) as *mut c_void,
+            len,
+        })
+        .collect();
+    let mut staging = device.allocate_staging(reads.total)?;
+    let result = (|| {
+        // SAFETY: every source is a range the C data interface guarantees for the
+        // structurally validated array (offsets `offset` and `offset + length`, the list
+        // views' offsets and sizes, the variadic sizes), kept alive by the caller; the
+        // destinations are disjoint ranges of the fresh scratch allocation, which is
+        // dropped only after the wait below.
+        unsafe { device.copy_on_device(&copies)? };
+        // SAFETY: the scratch holds `total` bytes written by the copy above (in stream
+        // order); the staging memory holds `total` bytes and is read only after the wait.
+        unsafe {
+            device.copy_to_host(
+                scratch.address(),
+                staging.as_mut_slice().as_mut_ptr(),
+                reads.total,
+            )?
+        };
+        device.record_event()?.wait_host()
+    })();
+    if let Err(e) = result {
+        // Enqueued copies may still read the foreign buffers, which the caller releases
+        // when it returns this error: let them finish first.
+        let _ = device.synchronize();
+        return Err(e);
+    }
+    Ok(staging.as_slice()[..reads.total].to_vec())
+}
+
+/// An integer of `width` bytes (4 or 8, native-endian) at `at` in the read-back bytes.
+fn read_int(bytes: &[u8], at: usize, width: usize) -> Result<i64> {
+    let b = bytes
+        .get(at..at + width)
+        .ok_or_else(|| Error::InvalidArgument("a read-back value is missing".into()))?;
+    Ok(if width == 4 {
+        i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64
+    } else {
+        i64::from_ne_bytes(b.try_into().expect("8 bytes"))
+    })
+}
+
+/// Validates the read-back sizes of `node` and its descendants, and records them.
+fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
+    let bad = |message: String| Error::InvalidOffsets {
+        path: path.to_string(),
+        message,
+    };
+    let dt = node.data_type.clone();
+    match &dt {
+        dt if is_offsets_type(dt) => {
+            let w = offset_width(dt);
+            let first = read_int(bytes, node.reads[0], w)?;
+            let last = read_int(bytes, node.reads[1], w)?;
+            if first < 0 {
+                return Err(bad(format!("first offset {first} is negative")));
+            }
+            if last < first {
+                return Err(bad(format!(
+                    "last offset {last} is less than the first offset {first}"
+                )));
+            }
+            let (first, last) = (first as usize, last as usize);
+            if let Some(child) = node.children.first() {
+                if last > child.length {
+                    return Err(bad(format!(
+                        "last offset {last} is past the end of the child (length {})",
+                        child.length
+                    )));
+                }
+            } else if last > first && node.buffers[2] == 0 {
+                return Err(Error::NullBuffer {
+                    path: path.to_string(),
+                    index: 2,
+                    role: BufferRole::Data.name(),
+                    bytes: last,
+                });
+            }
+            node.extent = Extent::Offsets { first, last };
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            let w = offset_width(&dt);
+            let child_len = node.children[0].length as i64;
+            let (mut lo, mut hi) = (i64::MAX, 0);
+            for i in 0..node.length {
+                let o = read_int(bytes, node.reads[0] + i * w, w)?;
+                let s = read_int(bytes, node.reads[1] + i * w, w)?;
+                if o < 0 || s < 0 || o.checked_add(s).is_none_or(|e| e > child_len) {
+                    return Err(bad(format!(
+                        "list view {i} (offset {o}, size {s}) is outside the child (length \
+                         {child_len})"
+                    )));
+                }
+                if s > 0 {
+                    lo = lo.min(o);
+                    hi = hi.max(o + s);
+                }
+            }
+            if lo > hi {
+                (lo, hi) = (0, 0); // no view addresses the child
+            }
+            node.extent = Extent::Views {
+                lo: lo as usize,
+                hi: hi as usize,
+            };
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            let variadic = node.buffers.len() - 3;
+            let mut sizes = Vec::with_capacity(variadic);
+            for i in 0..variadic {
+                let s = read_int(bytes, node.reads[0] + 8 * i, 8)?;
+                if s < 0 {
+                    return Err(bad(format!("variadic buffer {i} has negative size {s}")));
+                }
+                if s > 0 && node.buffers[2 + i] == 0 {
+                    return Err(Error::NullBuffer {
+                        path: path.to_string(),
+                        index: 2 + i,
+                        role: BufferRole::Data.name(),
+                        bytes: s as usize,
+                    });
+                }
+                sizes.push(s as usize);
+            }
+            node.extent = Extent::Variadic(sizes);
+        }
+        _ => {}
+    }
+    for (i, child) in node.children.iter_mut().enumerate() {
+        settle(child, bytes, &format!("{path}.children[{i}]"))?;
+    }
+    if let Some(dict) = &mut node.dictionary {
+        settle(dict, bytes, &format!("{path}.dictionary"))?;
+    }
+    Ok(())
+}
+
+impl ForeignNode {
+    /// Whether the validity bitmap is to be read (the array may have nulls and has one).
+    fn has_validity(&self) -> bool {
+        buffer_roles(&self.data_type).first() == Some(&BufferRole::Validity)
+            && self.null_count != 0
+            && self.buffers[0] != 0
+    }
+
+    /// The bytes the buffers of this array and its descendants address (the ranges its
+    /// items use, so a slice counts only its own bytes; children count whole).
+    fn addressed_bytes(&self) -> usize {
+        let (start, end) = (self.offset, self.offset + self.length);
+        let dt = &self.data_type;
+        let value_type = match dt {
+            DataType::Dictionary(key, _) => key.as_ref(),
+            dt => dt,
+        };
+        let w = offset_width(dt);
+        let items = |width: usize| self.length.saturating_mul(width);
+        let mut total = 0usize;
+        for (i, role) in buffer_roles(dt).into_iter().enumerate() {
+            let n = match role {
+                BufferRole::Validity if self.has_validity() => end.div_ceil(8) - start / 8,
+                BufferRole::Validity => 0,
+                BufferRole::Values => fixed_bit_width(value_type).map_or(0, |bits| {
+                    end.saturating_mul(bits).div_ceil(8) - start.saturating_mul(bits) / 8
+                }),
+                BufferRole::Offsets => match dt {
+                    DataType::Union(_, _) => items(4),
+                    DataType::ListView(_) | DataType::LargeListView(_) => items(w),
+                    _ => items(w).saturating_add(w),
+                },
+                BufferRole::Sizes => items(w),
+                BufferRole::Data => match self.extent {
+                    Extent::Offsets { first, last } => last - first,
+                    _ => 0,
+                },
+                BufferRole::TypeIds => self.length,
+                BufferRole::Views => items(16),
+                BufferRole::VariadicSizes => 0,
+            };
+            if self.buffers[i] != 0 {
+                total = total.saturating_add(n);
+            }
+        }
+        if let Extent::Variadic(sizes) = &self.extent {
+            total = sizes
+                .iter()
+                .fold(total, |t, s| t.saturating_add(*s))
+                .saturating_add(8 * sizes.len());
+        }
+        self.children
+            .iter()
+            .chain(self.dictionary.as_deref())
+            .fold(total, |t, c| t.saturating_add(c.addressed_bytes()))
+    }
+
+    /// The array as it is, for re-export.
+    fn export(&self) -> ArrayNode {
+        ArrayNode {
+            length: self.length as i64,
+            null_count: self.null_count,
+            offset: self.offset as i64,
+            buffers: self
+                .buffers
+                .iter()
+                .map(|&b| b as *const c_void)
+                .collect(),
+            children: self.children.iter().map(|c| c.export()).collect(),
+            dictionary: self.dictionary.as_ref().map(|d| Box::new(d.export())),
+        }
+    }
+}
+
+/// A packed image to fill on the device: `(source address, offset in the image, length)`.
+#[derive(Debug, Default)]
+struct Image {
+    copies: Vec<(usize, usize, usize)>,
+    total: usize,
+}
+
+impl Image {
+    /// Places `len` bytes from device address `src` at the next 64-byte boundary.
+    fn push(&mut self, src: usize, len: usize) -> Option<Placement> {
+        let offset = self.total.next_multiple_of(BUFFER_ALIGNMENT);
+        self.total = offset + len;
+        if len > 0 {
+            self.copies.push((src, offset, len));
+        }
+        Some(Placement { offset, len })
+    }
+}
+
+/// Plans the packed copy of items `l..l + n` of `node` (logical indices, i.e. after the
+/// node's own offset): the bytes they need go to `image`, the returned tree points there.
+///
+/// Every range stays inside what the import validated: `l + n <= node.length`, children
+/// are cut to ranges their parent's structure or read-back offsets guarantee.
+fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Result<Node> {
+    if l.checked_add(n).is_none_or(|e| e > node.length) {
+        return Err(Error::InvalidArgument(format!(
+            "items {l}..{l}+{n} of an array of length {}",
+            node.length
+        )));
+    }
+    let dt = &node.data_type;
+    let p = node.offset + l; // the first item, physically
+    let has_validity = node.has_validity();
+    // Bitmaps can only be cut at a byte boundary: start every buffer (and child) up to 7
+    // items early and keep that as the node's offset.
+    let base = if has_validity || *dt == DataType::Boolean {
+        p & !7
+    } else {
+        p
+    };
+    let (off, m) = (p - base, n + (p - base));
+    let whole = l == 0 && n == node.length;
+    let null_count = if !has_validity {
+        Some(0)
+    } else if whole && node.null_count >= 0 {
+        Some(node.null_count as usize)
+    } else {
+        None
+    };
+    let addr = |i: usize, from: usize| address(node.buffers[i], from);
+    let mut buffers = Vec::new();
+    let mut children = Vec::new();
+    let mut dictionary = None;
+    let mut offset = off;
+    let mut rebase = None;
+    if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
+        buffers.push(if has_validity {
+            image.push(addr(0, base / 8)?, m.div_ceil(8))
+        } else {
+            None
+        });
+    }
+    match dt {
+        DataType::Null => {}
+        DataType::Boolean => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))),
+        dt if is_offsets_type(dt) => {
+            let w = offset_width(dt);
+            let Extent::Offsets { first, last } = node.extent else {
+                return Err(Error::InvalidArgument(format!("{dt} offsets were not read")));
+            };
+            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?));
+            if let Some(child) = node.children.first() {
+                children.push(pack_node(child, first, last - first, image)?);
+            } else {
+                buffers.push(image.push(addr(2, first)?, last - first));
+            }
+            rebase = (first > 0).then_some(first as i64);
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            buffers.push(image.push(addr(1, bytes(base, 16)?)?, bytes(m, 16)?));
+            let Extent::Variadic(sizes) = &node.extent else {
+                return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
+            };
+            for (i, &size) in sizes.iter().enumerate() {
+                buffers.push(image.push(node.buffers[2 + i], size));
+            }
+            buffers.push(image.push(node.buffers[node.buffers.len() - 1], 8 * sizes.len()));
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            let w = offset_width(dt);
+            let (lo, hi) = match node.extent {
+                Extent::Views { lo, hi } => (lo, hi),
+                _ => (0, 0),
+            };
+            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m, w)?));
+            buffers.push(image.push(addr(2, bytes(base, w)?)?, bytes(m, w)?));
+            children.push(pack_node(&node.children[0], lo, hi - lo, image)?);
+            rebase = Some(lo as i64);
+        }
+        DataType::FixedSizeList(_, k) => {
+            let k = *k as usize;
+            children.push(pack_node(&node.children[0], bytes(base, k)?, bytes(m, k)?, image)?);
+        }
+        DataType::Struct(_) => {
+            for child in &node.children {
+                children.push(pack_node(child, base, m, image)?);
+            }
+        }
+        DataType::Union(_, mode) => {
+            buffers.push(image.push(addr(0, p)?, n));
+            if *mode == UnionMode::Dense {
+                buffers.push(image.push(addr(1, bytes(p, 4)?)?, bytes(n, 4)?));
+            }
+            for child in &node.children {
+                children.push(match mode {
+                    UnionMode::Sparse => pack_node(child, p, n, image)?,
+                    // Dense offsets address the whole child.
+                    UnionMode::Dense => pack_node(child, 0, child.length, image)?,
+                });
+            }
+        }
+        DataType::Dictionary(key, _) => {
+            let width = key.primitive_width().ok_or_else(|| {
+                Error::InvalidArgument(format!("dictionary keys of type {key}"))
+            })?;
+            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
+            let dict = node.dictionary.as_deref().ok_or(Error::NullPointer {
+                what: "ArrowArray dictionary",
+            })?;
+            dictionary = Some(Box::new(pack_node(dict, 0, dict.length, image)?));
+        }
+        DataType::RunEndEncoded(_, _) => {
+            // Run ends are logical positions: keep the children whole and the offset.
+            for child in &node.children {
+                children.push(pack_node(child, 0, child.length, image)?);
+            }
+            offset = p;
+        }
+        dt => {
+            let bits = fixed_bit_width(dt)
+                .ok_or_else(|| Error::InvalidArgument(format!("unsupported data type {dt}")))?;
+            let width = bits / 8;
+            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
+        }
+    }
+    Ok(Node {
+        data_type: dt.clone(),
+        len: n,
+        null_count,
+        offset,
+        rebase,
+        buffers,
+        children,
+        dictionary,
+    })
+}
+
+impl Foreign {
+    /// The device type of the foreign buffers.
+    pub(crate) fn device_type(&self) -> ArrowDeviceType {
+        self.array.device_type()
+    }
+
+    /// The device id of the foreign buffers.
+    pub(crate) fn device_id(&self) -> i64 {
+        self.array.device_id()
+    }
+
+    /// The bytes the imported arrays address in the foreign buffers.
+    pub(crate) fn device_bytes(&self) -> usize {
+        self.root.addressed_bytes()
+    }
+
+    /// The imported tree as it is, for re-export.
+    pub(crate) fn export_root(&self) -> ArrayNode {
+        self.root.export()
+    }
+
+    /// Packs the bytes the batch addresses into one fresh allocation on `device` with one
+    /// batched copy, enqueued after `ready` (the batch's event): returns the tree over the
+    /// packed image, the image, and the event after the copy.
+    pub(crate) fn pack(
+        &self,
+        device: &Arc<dyn Device>,
+        ready: &Arc<dyn SyncEvent>,
+    ) -> Result<(Node, Arc<dyn DeviceMemory>, Arc<dyn SyncEvent>)> {
+        let mut image = Image::default();
+        let root = pack_node(&self.root, 0, self.root.length, &mut image)?;
+        let memory = device.allocate(image.total)?;
+        let base = memory.address() as usize;
+        let copies: Vec<DeviceCopy> = image
+            .copies
+            .iter()
+            .map(|&(src, at, len)| DeviceCopy {
+                src: src as *const c_void,
+                dst: (base + at) as *mut c_void,
+                len,
+            })
+            .collect();
+        let mut last_use = self.last_use.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(previous) = last_use.take() {
+            previous.wait_host()?;
+        }
+        let enqueued = (|| {
+            // SAFETY: `ready` is the batch's own live event (held by the caller), of the
+            // kind of the device the batch was imported on.
+            unsafe { device.wait_sync_event(ready.as_sync_event_ptr())? };
+            // SAFETY: every source range lies inside what the import validated for the
+            // foreign buffers (kept alive, unreleased, by `self`; their release waits for
+            // the event recorded below); the destinations are disjoint 64-byte aligned
+            // ranges of the fresh allocation of `image.total` bytes.
+            unsafe { device.copy_on_device(&copies)? };
+            device.record_event()
+        })();
+        let event = match enqueued {
+            Ok(event) => event,
+            Err(e) => {
+                // Without an event to wait for, make sure no copy still reads the foreign
+                // buffers when they are released.
+                let _ = device.synchronize();
+                return Err(e);
+            }
+        };
+        *last_use = Some(event.clone());
+        Ok((root, memory, event))
+    }
+}

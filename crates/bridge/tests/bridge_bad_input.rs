@@ -1,0 +1,494 @@
+//! Importing malformed foreign arrays as device batches (CPU device): every case is a
+//! typed error, the foreign `release` runs exactly once, and the producer's buffers are
+//! all freed (their reference counts come back to what they were before the export).
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    Array, ArrayRef, Int32Array, ListArray, RecordBatch, StringArray, StringViewArray,
+};
+use arrow_buffer::Buffer;
+use arrow_data::ArrayData;
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+use common::{count_releases, releases, CountingDevice};
+use devarrow_abi::cpu;
+use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
+use devarrow_bridge::DeviceBatch;
+
+/// Every buffer of `data` and its descendants (clones: they share the allocations).
+fn all_buffers(data: &ArrayData, out: &mut Vec<Buffer>) {
+    out.extend(data.buffers().iter().cloned());
+    if let Some(nulls) = data.nulls() {
+        out.push(nulls.buffer().clone());
+    }
+    for child in data.child_data() {
+        all_buffers(child, out);
+    }
+}
+
+/// Exports the struct array `data`, lets `corrupt` damage the C struct, imports it with
+/// `schema` on `device`, and checks the release count and that every buffer of `data`
+/// is referenced as often as before. Returns the import error.
+fn import_corrupted_on(
+    device: Arc<dyn Device>,
+    data: &ArrayData,
+    schema: SchemaRef,
+    corrupt: impl FnOnce(&mut ArrowDeviceArray),
+) -> Error {
+    let mut buffers = Vec::new();
+    all_buffers(data, &mut buffers);
+    let counts: Vec<usize> = buffers.iter().map(|b| b.strong_count()).collect();
+    let (exported, count) = count_releases(cpu::export_array_data(data));
+    let mut raw = exported.into_raw();
+    corrupt(&mut raw);
+    let array = DeviceArray::try_new(raw).unwrap();
+    let err = DeviceBatch::import(device, array, schema).unwrap_err();
+    assert_eq!(releases(&count), 1, "released exactly once after: {err}");
+    let after: Vec<usize> = buffers.iter().map(|b| b.strong_count()).collect();
+    assert_eq!(counts, after, "buffers still referenced after: {err}");
+    err
+}
+
+fn import_corrupted(
+    data: &ArrayData,
+    schema: SchemaRef,
+    corrupt: impl FnOnce(&mut ArrowDeviceArray),
+) -> Error {
+    import_corrupted_on(Arc::new(CpuDevice::new()), data, schema, corrupt)
+}
+
+/// A record batch's struct data and schema.
+fn batch_data(batch: &RecordBatch) -> (ArrayData, SchemaRef) {
+    (
+        arrow_array::StructArray::from(batch.clone()).into_data(),
+        batch.schema(),
+    )
+}
+
+fn ints_and_strings() -> RecordBatch {
+    RecordBatch::try_from_iter([
+        (
+            "i",
+            Arc::new(Int32Array::from(vec![Some(1), None, Some(3)])) as ArrayRef,
+        ),
+        (
+            "s",
+            Arc::new(StringArray::from(vec![Some("ab"), None, Some("cde")])) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+/// A struct array with one column, built without validation (the column may be
+/// malformed on purpose), and its schema.
+fn one_column(name: &str, column: ArrayData) -> (ArrayData, SchemaRef) {
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        name,
+        column.data_type().clone(),
+        true,
+    )]));
+    let len = column.len();
+    let builder = ArrayData::builder(DataType::Struct(schema.fields().clone()))
+        .len(len)
+        .child_data(vec![column]);
+    // SAFETY: the struct itself is well formed (one child of its length); the child may
+    // not be, which is what the tests feed to the importer (never to arrow-rs readers).
+    (unsafe { builder.build_unchecked() }, schema)
+}
+
+/// A Utf8 array over `data` with raw (possibly invalid) `offsets`.
+fn utf8(offsets: &[i32], data: &[u8]) -> ArrayData {
+    let builder = ArrayData::builder(DataType::Utf8)
+        .len(offsets.len() - 1)
+        .add_buffer(Buffer::from_slice_ref(offsets))
+        .add_buffer(Buffer::from_slice_ref(data));
+    // SAFETY: the buffer counts match the type; the offsets are only read by the
+    // importer under test, which must reject them.
+    unsafe { builder.build_unchecked() }
+}
+
+/// The child `i` of the root of `raw`.
+fn child_mut(raw: &mut ArrowDeviceArray, i: usize) -> &mut ArrowArray {
+    assert!((i as i64) < raw.array.n_children);
+    // SAFETY: `i` is in range and the exporter filled `children` with valid pointers.
+    unsafe { &mut **raw.array.children.add(i) }
+}
+
+#[test]
+fn schema_with_another_field_count() {
+    let (data, _) = batch_data(&ints_and_strings());
+    let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int32, true)]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(
+            err,
+            Error::ChildCount {
+                expected: 1,
+                found: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn schema_with_another_field_type() {
+    let (data, _) = batch_data(&ints_and_strings());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Utf8, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::BufferCount { ref path, found: 2, .. } if path == "array.children[0]"),
+        "{err}"
+    );
+    // A nested type where a leaf was exported.
+    let item = Arc::new(Field::new("item", DataType::Int32, true));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::List(item), true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(matches!(err, Error::ChildCount { .. }), "{err}");
+}
+
+#[test]
+fn buffers_that_do_not_fit_the_schema() {
+    let (data, schema) = batch_data(&ints_and_strings());
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        child_mut(raw, 0).n_buffers = 1
+    });
+    assert!(
+        matches!(err, Error::BufferCount { ref expected, found: 1, .. } if expected == "2"),
+        "{err}"
+    );
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        child_mut(raw, 1).n_buffers = 4
+    });
+    assert!(matches!(err, Error::BufferCount { found: 4, .. }), "{err}");
+    // The values buffer of an int32 column is NULL.
+    let err = import_corrupted(&data, schema, |raw| {
+        let child = child_mut(raw, 0);
+        // SAFETY: the int32 child has two buffer slots (arrow-rs's own pointer array,
+        // not read by its release).
+        unsafe { *child.buffers.add(1) = std::ptr::null() };
+    });
+    assert!(
+        matches!(err, Error::NullBuffer { index: 1, bytes: 12, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn children_that_do_not_fit_the_schema() {
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+        Some(vec![Some(1), Some(2)]),
+        None,
+    ]);
+    let batch = RecordBatch::try_from_iter([("l", Arc::new(list) as ArrayRef)]).unwrap();
+    let (data, schema) = batch_data(&batch);
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        child_mut(raw, 0).n_children = 0
+    });
+    assert!(
+        matches!(err, Error::ChildCount { expected: 1, found: 0, ref path, .. } if path == "array.children[0]"),
+        "{err}"
+    );
+    let err = import_corrupted(&data, schema.clone(), |raw| raw.array.n_children = 3);
+    assert!(matches!(err, Error::ChildCount { found: 3, .. }), "{err}");
+    // A child shorter than the struct.
+    let err = import_corrupted(&data, schema.clone(), |raw| raw.array.length = 5);
+    assert!(
+        matches!(err, Error::InvalidField { field: "length", .. }),
+        "{err}"
+    );
+    let err = import_corrupted(&data, schema, |raw| child_mut(raw, 0).offset = -1);
+    assert!(
+        matches!(err, Error::InvalidField { field: "offset", value: -1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_device_type() {
+    let (data, schema) = batch_data(&ints_and_strings());
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        raw.device_type = ArrowDeviceType::CUDA;
+        raw.device_id = 0;
+    });
+    assert!(
+        matches!(err, Error::UnsupportedDevice { found, .. } if found == ArrowDeviceType::CUDA),
+        "{err}"
+    );
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        raw.device_type = ArrowDeviceType(99)
+    });
+    assert!(err.to_string().contains("UNKNOWN(99)"), "{err}");
+    // A CPU array must not carry a sync event.
+    let mut event = 0u64;
+    let err = import_corrupted(&data, schema, |raw| {
+        raw.sync_event = (&mut event as *mut u64).cast()
+    });
+    assert!(matches!(err, Error::UnexpectedSyncEvent { .. }), "{err}");
+}
+
+#[test]
+fn wrong_device_id() {
+    // A device posing as ROCm device 1 (its memory is the CPU's, so host-side types work).
+    let rocm = || {
+        let mut device = CountingDevice::default();
+        device.pose_as = Some((ArrowDeviceType::ROCM, 1));
+        Arc::new(device)
+    };
+    let (data, schema) = batch_data(&ints_and_strings());
+    let err = import_corrupted_on(rocm(), &data, schema.clone(), |raw| {
+        raw.device_type = ArrowDeviceType::ROCM;
+        raw.device_id = 0;
+    });
+    assert!(
+        matches!(
+            err,
+            Error::DeviceMismatch {
+                expected: 1,
+                found: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Pinned host memory of any device is accepted.
+    let (array, count) = count_releases(cpu::export_array_data(&data));
+    let mut raw = array.into_raw();
+    raw.device_type = ArrowDeviceType::ROCM_HOST;
+    raw.device_id = 0;
+    let batch = DeviceBatch::import(rocm(), DeviceArray::try_new(raw).unwrap(), schema).unwrap();
+    assert_eq!(batch.num_rows(), 3);
+    drop(batch);
+    assert_eq!(releases(&count), 1);
+}
+
+#[test]
+fn last_offset_before_the_first() {
+    let (data, schema) = one_column("s", utf8(&[5, 6, 2], b"abcdefgh"));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0]" && message.contains("less than the first")),
+        "{err}"
+    );
+}
+
+#[test]
+fn negative_first_offset() {
+    let (data, schema) = one_column("s", utf8(&[-1, 0, 2], b"ab"));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("negative")),
+        "{err}"
+    );
+}
+
+#[test]
+fn string_data_missing_where_offsets_address_bytes() {
+    let (data, schema) = one_column("s", utf8(&[0, 3, 5], b"abcde"));
+    let err = import_corrupted(&data, schema, |raw| {
+        let child = child_mut(raw, 0);
+        // SAFETY: the utf8 child has three buffer slots (arrow-rs's pointer array).
+        unsafe { *child.buffers.add(2) = std::ptr::null() };
+    });
+    assert!(
+        matches!(err, Error::NullBuffer { index: 2, bytes: 5, .. }),
+        "{err}"
+    );
+}
+
+fn list_of(child: ArrayData, offsets: &[i32]) -> ArrayData {
+    let field = Arc::new(Field::new("item", child.data_type().clone(), true));
+    let builder = ArrayData::builder(DataType::List(field))
+        .len(offsets.len() - 1)
+        .add_buffer(Buffer::from_slice_ref(offsets))
+        .child_data(vec![child]);
+    // SAFETY: buffer and child counts match the type; the offsets are only read by the
+    // importer under test.
+    unsafe { builder.build_unchecked() }
+}
+
+#[test]
+fn list_offsets_past_the_child() {
+    let child = Int32Array::from(vec![1, 2, 3]).into_data();
+    let (data, schema) = one_column("l", list_of(child, &[0, 2, 10]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0]" && message.contains("past the end of the child")),
+        "{err}"
+    );
+    // The same, with the child sliced: its offset shortens it.
+    let child = Int32Array::from(vec![1, 2, 3, 4, 5]).into_data().slice(3, 2);
+    let (data, schema) = one_column("l", list_of(child, &[0, 1, 3]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("(length 2)")),
+        "{err}"
+    );
+}
+
+#[test]
+fn nested_offsets_out_of_range_name_their_path() {
+    let strings = utf8(&[1, 2, 0], b"ab");
+    let (data, schema) = one_column("l", list_of(strings, &[0, 2]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, .. } if path == "array.children[0].children[0]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn list_view_outside_its_child() {
+    let field = Arc::new(Field::new("item", DataType::Int32, true));
+    let builder = ArrayData::builder(DataType::ListView(field))
+        .len(2)
+        .add_buffer(Buffer::from_slice_ref([0i32, 2]))
+        .add_buffer(Buffer::from_slice_ref([1i32, 5]))
+        .child_data(vec![Int32Array::from(vec![1, 2, 3]).into_data()]);
+    // SAFETY: buffer and child counts match; the views are only read by the importer.
+    let view = unsafe { builder.build_unchecked() };
+    let (data, schema) = one_column("v", view);
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. }
+            if message.contains("list view 1 (offset 2, size 5)")),
+        "{err}"
+    );
+}
+
+#[test]
+fn negative_variadic_buffer_size() {
+    let views = StringViewArray::from(vec![Some("a string longer than twelve bytes"), None]);
+    let batch = RecordBatch::try_from_iter([("v", Arc::new(views) as ArrayRef)]).unwrap();
+    let (data, schema) = batch_data(&batch);
+    let sizes = [-7i64];
+    let err = import_corrupted(&data, schema, |raw| {
+        let child = child_mut(raw, 0);
+        assert_eq!(child.n_buffers, 4, "validity, views, one data buffer, sizes");
+        // SAFETY: slot 3 is the variadic sizes slot of arrow-rs's pointer array; `sizes`
+        // outlives the import.
+        unsafe { *child.buffers.add(3) = sizes.as_ptr().cast() };
+    });
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("negative size -7")),
+        "{err}"
+    );
+}
+
+#[test]
+fn top_level_nulls() {
+    let (data, schema) = batch_data(&ints_and_strings());
+    let err = import_corrupted(&data, schema, |raw| raw.array.null_count = 1);
+    // The struct claims a null but has no validity bitmap, or has one: either way an error.
+    assert!(
+        matches!(
+            err,
+            Error::NullBuffer { .. } | Error::InvalidArgument(_)
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_released_child() {
+    let (data, schema) = batch_data(&ints_and_strings());
+    let mut buffers = Vec::new();
+    all_buffers(&data, &mut buffers);
+    let counts: Vec<usize> = buffers.iter().map(|b| b.strong_count()).collect();
+    let (exported, count) = count_releases(cpu::export_array_data(&data));
+    let mut raw = exported.into_raw();
+    // A consumer may move a child out (leaving it released), as the spec allows.
+    let mut moved = std::mem::replace(child_mut(&mut raw, 1), ArrowArray::empty());
+    let array = DeviceArray::try_new(raw).unwrap();
+    let err = DeviceBatch::import(Arc::new(CpuDevice::new()), array, schema).unwrap_err();
+    assert_eq!(releases(&count), 1);
+    assert!(
+        matches!(
+            err,
+            Error::Released {
+                what: "ArrowArray child"
+            }
+        ),
+        "{err}"
+    );
+    // The moved-out child is ours to release.
+    let release = moved.release.expect("moved out unreleased");
+    // SAFETY: `moved` is an unreleased array we own.
+    unsafe { release(&mut moved) };
+    assert!(moved.is_released());
+    let after: Vec<usize> = buffers.iter().map(|b| b.strong_count()).collect();
+    assert_eq!(counts, after, "nothing of the export is left");
+}
+
+#[test]
+fn a_released_array_or_schema() {
+    // A released device array cannot even be owned, so it never reaches the importer.
+    let err = DeviceArray::try_new(ArrowDeviceArray::empty()).unwrap_err();
+    assert!(matches!(err, Error::Released { .. }), "{err}");
+    // A released schema.
+    let (array, _schema) = cpu::export_record_batch(&ints_and_strings()).unwrap();
+    let (array, count) = count_releases(array);
+    let err = DeviceBatch::import_with_ffi_schema(
+        Arc::new(CpuDevice::new()),
+        array,
+        &FFI_ArrowSchema::empty(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Released {
+                what: "ArrowSchema"
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(releases(&count), 1);
+    // A schema that is not a struct.
+    let (array, _schema) = cpu::export_record_batch(&ints_and_strings()).unwrap();
+    let (array, count) = count_releases(array);
+    let schema = FFI_ArrowSchema::try_from(&DataType::Int32).unwrap();
+    let err = DeviceBatch::import_with_ffi_schema(Arc::new(CpuDevice::new()), array, &schema)
+        .unwrap_err();
+    assert!(matches!(err, Error::Schema(_)), "{err}");
+    assert_eq!(releases(&count), 1);
+}
+
+#[test]
+fn invalid_values_found_on_the_host_are_typed_errors_too() {
+    // Offsets in range at both ends but decreasing in the middle pass the import (only
+    // the ends are read back) and fail, typed, when the batch is moved to the host.
+    let (data, schema) = one_column("s", utf8(&[0, 4, 1, 5], b"abcde"));
+    let (array, count) = count_releases(cpu::export_array_data(&data));
+    let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let batch = DeviceBatch::import(device.clone(), array, schema).unwrap();
+    let mut transfer =
+        devarrow_bridge::Transfer::new(device, devarrow_bridge::TransferOptions::default());
+    let err = transfer.to_host(&batch).unwrap_err();
+    assert!(matches!(err, Error::Arrow(_)), "{err}");
+    drop(batch);
+    assert_eq!(releases(&count), 1);
+    // A struct type whose fields differ only in their Rust-side names still imports.
+    let fields = Fields::from(vec![Field::new("renamed", DataType::Int32, true)]);
+    let ints = Int32Array::from(vec![1, 2]).into_data();
+    let (data, _) = one_column("i", ints);
+    let schema = Arc::new(Schema::new(fields));
+    let batch =
+        DeviceBatch::import(Arc::new(CpuDevice::new()), cpu::export_array_data(&data), schema)
+            .unwrap();
+    assert_eq!(batch.schema().field(0).name(), "renamed");
+}

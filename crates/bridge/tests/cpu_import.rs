@@ -1,0 +1,227 @@
+//! Importing foreign arrays as device batches on the CPU device: zero-copy, the sizes
+//! that live on the device read back in one copy, and the foreign release run exactly
+//! once, when the last user is gone.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    Array, ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+};
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field};
+use common::{count_releases, releases, CountingDevice};
+use devarrow_abi::cpu;
+use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow_interop::sample;
+
+fn cpu() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new())
+}
+
+/// Exports `data` (a struct array, sliced or not) as a CPU device array, imports it with
+/// `schema`, moves it to the host and checks it equals `expected`; the foreign release
+/// runs once, when the batch is dropped.
+fn import_round_trip(data: &arrow_data::ArrayData, expected: &RecordBatch) {
+    let device = CountingDevice::new();
+    let (array, count) = count_releases(cpu::export_array_data(data));
+    let batch = DeviceBatch::import(device.clone(), array, expected.schema()).unwrap();
+    assert!(batch.is_imported());
+    assert_eq!(batch.num_rows(), expected.num_rows());
+    assert!(
+        device.host_copies() <= 1 && device.on_device_copies() == device.host_copies(),
+        "one gather and one read-back at most ({} on the device, {} to the host)",
+        device.on_device_copies(),
+        device.host_copies()
+    );
+    let (before_on, before_host) = (device.on_device_copies(), device.host_copies());
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let back = transfer.to_host(&batch).unwrap();
+    assert_eq!(device.on_device_copies() - before_on, 1, "one packing copy");
+    assert!(device.host_copies() - before_host <= 1, "one download");
+    for column in back.columns() {
+        column.to_data().validate_full().unwrap();
+    }
+    if let Some(diff) = sample::describe_difference(expected, &back) {
+        panic!("{diff}");
+    }
+    assert_eq!(releases(&count), 0, "the batch keeps the foreign array");
+    drop(batch);
+    assert_eq!(releases(&count), 1);
+}
+
+#[test]
+fn every_type_imports_zero_copy_and_comes_back() {
+    let batch = sample::every_type_batch();
+    let data = StructArray::from(batch.clone()).into_data();
+    import_round_trip(&data, &batch);
+}
+
+#[test]
+fn every_slice_of_every_type_imports_with_its_offsets() {
+    let batch = sample::every_type_batch();
+    let whole = StructArray::from(batch.clone()).into_data();
+    let n = batch.num_rows();
+    for offset in 0..=n {
+        for len in 0..=n - offset {
+            // An ArrayData slice keeps nonzero offsets in the children across the C
+            // interface (a RecordBatch slice does too, in each column).
+            import_round_trip(&whole.slice(offset, len), &batch.slice(offset, len));
+            let sliced = StructArray::from(batch.slice(offset, len)).into_data();
+            import_round_trip(&sliced, &batch.slice(offset, len));
+        }
+    }
+}
+
+#[test]
+fn the_sizes_on_the_device_are_read_back_in_one_copy() {
+    let batch = sample::every_type_batch();
+    let device = CountingDevice::new();
+    let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert_eq!(device.on_device_copies(), 1, "one gather on the device");
+    assert_eq!(device.host_copies(), 1, "one device-to-host copy");
+    assert_eq!(device.copy_count(), 1);
+    assert_eq!(imported.schema(), batch.schema());
+
+    // Fixed-width columns need nothing from the device.
+    let ints = RecordBatch::try_from_iter([(
+        "i",
+        Arc::new(Int64Array::from(vec![Some(1), None, Some(3)])) as ArrayRef,
+    )])
+    .unwrap();
+    let device = CountingDevice::new();
+    let (array, schema) = cpu::export_record_batch(&ints).unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert_eq!((device.on_device_copies(), device.host_copies()), (0, 0));
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    assert_eq!(transfer.to_host(&imported).unwrap(), ints);
+}
+
+#[test]
+fn clones_and_exports_keep_the_foreign_array_until_the_last_is_dropped() {
+    let batch = sample::every_type_batch().slice(1, 4);
+    let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+    let (array, count) = count_releases(array);
+    let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+    let clone = imported.clone();
+    let (exported, exported_schema) = imported.export().unwrap();
+    drop(imported);
+    drop(clone);
+    assert_eq!(releases(&count), 0, "the export holds the foreign array");
+    // The re-export is the foreign array itself (same buffers, same offsets).
+    let back = cpu::import_record_batch(exported, &exported_schema).unwrap();
+    assert_eq!(back, batch);
+    assert_eq!(releases(&count), 0, "arrow-rs still holds the buffers");
+    drop(back);
+    assert_eq!(releases(&count), 1);
+}
+
+#[test]
+fn a_transferred_batch_exports_and_imports_again() {
+    let batch = sample::every_type_batch();
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    for b in sample::sample_batches() {
+        let on_device = transfer.to_device(&b).unwrap();
+        let (array, schema) = on_device.export().unwrap();
+        drop(on_device);
+        let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+        assert_eq!(imported.num_rows(), b.num_rows());
+        assert_eq!(transfer.to_host(&imported).unwrap(), b);
+        // And round again: imported -> export -> import.
+        let (array, schema) = imported.export().unwrap();
+        let again = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+        drop(imported);
+        assert_eq!(transfer.to_host(&again).unwrap(), b);
+    }
+    assert_eq!(batch.num_columns(), sample::every_type_schema().fields().len());
+}
+
+#[test]
+fn nested_children_with_their_own_offsets() {
+    // list<int32> over a child sliced at 3, itself sliced: offsets at every level.
+    let values = Int32Array::from_iter((0..40).map(|i| (i % 5 != 0).then_some(i)));
+    let child = values.slice(3, 30);
+    let list = ListArray::new(
+        Arc::new(Field::new("item", DataType::Int32, true)),
+        OffsetBuffer::new(ScalarBuffer::from(vec![2, 5, 5, 11, 20, 29])),
+        Arc::new(child),
+        Some(vec![true, false, true, true, true].into()),
+    );
+    let strings = StringArray::from_iter((0..40).map(|i| (i % 3 != 0).then(|| "x".repeat(i))));
+    let batch = RecordBatch::try_from_iter([
+        ("list", Arc::new(list) as ArrayRef),
+        ("s", Arc::new(strings.slice(7, 5)) as ArrayRef),
+    ])
+    .unwrap();
+    for (o, l) in [(0, 5), (1, 3), (4, 1), (5, 0)] {
+        let data = StructArray::from(batch.clone()).into_data().slice(o, l);
+        import_round_trip(&data, &batch.slice(o, l));
+    }
+    let lists = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+        Some(vec![Some(1)]),
+        None,
+        Some(vec![]),
+    ]);
+    let batch = RecordBatch::try_from_iter([("l", Arc::new(lists) as ArrayRef)]).unwrap();
+    import_round_trip(&StructArray::from(batch.clone()).into_data(), &batch);
+}
+
+#[test]
+fn a_root_struct_with_an_offset_imports_its_rows() {
+    let batch = sample::every_type_batch();
+    let n = batch.num_rows();
+    for offset in 0..=n {
+        let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+        let (array, count) = count_releases(array);
+        let mut raw = array.into_raw();
+        // The C interface lets the root struct carry the slice itself.
+        raw.array.offset = offset as i64;
+        raw.array.length = (n - offset) as i64;
+        let array = devarrow_abi::DeviceArray::try_new(raw).unwrap();
+        let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+        let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+        let back = transfer.to_host(&imported).unwrap();
+        let expected = batch.slice(offset, n - offset);
+        if let Some(diff) = sample::describe_difference(&expected, &back) {
+            panic!("offset {offset}: {diff}");
+        }
+        // The re-export keeps the root's offset.
+        let (exported, schema) = imported.export().unwrap();
+        assert_eq!(exported.array().offset, offset as i64);
+        assert_eq!(cpu::import_record_batch(exported, &schema).unwrap(), expected);
+        drop(imported);
+        assert_eq!(releases(&count), 1);
+    }
+}
+
+#[test]
+fn an_imported_slice_moves_only_its_bytes() {
+    let rows = 100_000;
+    let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..rows).map(|i| format!("value-{i}")),
+    ));
+    let ints: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..rows as i64).map(|i| (i % 3 != 0).then_some(i)),
+    ));
+    let batch = RecordBatch::try_from_iter([("s", strings), ("i", ints)]).unwrap();
+    let moved = |b: &RecordBatch| {
+        let device = CountingDevice::new();
+        let (array, schema) = cpu::export_record_batch(b).unwrap();
+        let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+        let gathered = device.on_device_bytes();
+        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        assert_eq!(&transfer.to_host(&imported).unwrap(), b);
+        (device.on_device_bytes() - gathered, imported.device_bytes())
+    };
+    let (whole, whole_bytes) = moved(&batch);
+    let (part, part_bytes) = moved(&batch.slice(rows / 2 + 3, 1000));
+    assert!(
+        (part as f64) < 0.0125 * whole as f64,
+        "a 1% slice packed {part} bytes of {whole}"
+    );
+    assert!((part_bytes as f64) < 0.0125 * whole_bytes as f64);
+}
