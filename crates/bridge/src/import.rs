@@ -215,7 +215,9 @@ fn overflow(what: &str) -> Error {
 
 /// `items * width`, or an error when it overflows.
 fn bytes(items: usize, width: usize) -> Result<usize> {
-    items.checked_mul(width).ok_or_else(|| overflow("a buffer size"))
+    items
+        .checked_mul(width)
+        .ok_or_else(|| overflow("a buffer size"))
 }
 
 /// `addr + offset`, or an error when it overflows.
@@ -515,11 +517,7 @@ impl ForeignNode {
             length: self.length as i64,
             null_count: self.null_count,
             offset: self.offset as i64,
-            buffers: self
-                .buffers
-                .iter()
-                .map(|&b| b as *const c_void)
-                .collect(),
+            buffers: self.buffers.iter().map(|&b| b as *const c_void).collect(),
             children: self.children.iter().map(|c| c.export()).collect(),
             dictionary: self.dictionary.as_ref().map(|d| Box::new(d.export())),
         }
@@ -595,7 +593,9 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
         dt if is_offsets_type(dt) => {
             let w = offset_width(dt);
             let Extent::Offsets { first, last } = node.extent else {
-                return Err(Error::InvalidArgument(format!("{dt} offsets were not read")));
+                return Err(Error::InvalidArgument(format!(
+                    "{dt} offsets were not read"
+                )));
             };
             buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?));
             if let Some(child) = node.children.first() {
@@ -628,7 +628,12 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
         }
         DataType::FixedSizeList(_, k) => {
             let k = *k as usize;
-            children.push(pack_node(&node.children[0], bytes(base, k)?, bytes(m, k)?, image)?);
+            children.push(pack_node(
+                &node.children[0],
+                bytes(base, k)?,
+                bytes(m, k)?,
+                image,
+            )?);
         }
         DataType::Struct(_) => {
             for child in &node.children {
@@ -649,9 +654,9 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             }
         }
         DataType::Dictionary(key, _) => {
-            let width = key.primitive_width().ok_or_else(|| {
-                Error::InvalidArgument(format!("dictionary keys of type {key}"))
-            })?;
+            let width = key
+                .primitive_width()
+                .ok_or_else(|| Error::InvalidArgument(format!("dictionary keys of type {key}")))?;
             buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
             let dict = node.dictionary.as_deref().ok_or(Error::NullPointer {
                 what: "ArrowArray dictionary",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use devarrow_abi::async_stream::async_record_batch_handler;
-use devarrow_abi::device::{CpuDevice, Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::error::errno;
 use devarrow_abi::stream::DeviceArrayStreamReader;
 use devarrow_abi::{cpu, ArrowDeviceArrayStream, ArrowDeviceType, Error};
@@ -181,6 +181,10 @@ impl Device for CountingDevice {
     ) -> devarrow_abi::Result<()> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_to_host(src, dst, len) }
+    }
+    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_on_device(copies) }
     }
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
         self.inner.record_event()
