@@ -10,20 +10,27 @@
 //!   [`devarrow_abi::async_stream::spawn_producer`]: the consumer's `request(n)` is the
 //!   back-pressure (the producer polls the upload stream only for requested tasks), and
 //!   uploads run at most `read_ahead` batches ahead of those requests.
+//! - [`device_batch_handler`]: the consumer side, a handler whose producer's arrays
+//!   arrive as a [`futures::Stream`] of [`DeviceBatch`]es on a device
+//!   ([`AsyncDeviceBatchStream`]), imported zero-copy off the executor's threads, and
+//!   optionally downloaded to record batches ([`AsyncHostBatchStream`]).
 
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use devarrow_abi::async_stream::{spawn_producer, AsyncStreamHandler, ProducerHandle};
+use devarrow_abi::async_stream::{
+    async_handler, spawn_producer, AsyncDeviceArrayStream, AsyncStreamHandler, ProducerHandle,
+};
 use devarrow_abi::device::Device;
 use devarrow_abi::{ArrowAsyncDeviceStreamHandler, DeviceArray, Error, Result};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 
 use crate::stream::{Pipeline, Pull, StreamOptions};
-use crate::transfer::DeviceBatch;
+use crate::transfer::{DeviceBatch, Transfer, TransferOptions};
 
 /// Record batches from a [`futures::Stream`] uploaded to a device on a background
 /// thread, as a [`futures::Stream`] of [`DeviceBatch`]es.
@@ -145,4 +152,297 @@ where
     // SAFETY: a handler from `async_handler` is valid, and owned by the C side (hence by
     // this producer) from `into_raw` until its `release`.
     unsafe { spawn_device_producer(schema, batches, device, options, handler.into_raw()) }
+}
+
+// ---------------------------------------------------------------------------------------
+// The async consumer on a device
+// ---------------------------------------------------------------------------------------
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread that runs the imports (and downloads) of an async consumer, so that polling
+/// never blocks on the device: an import reads a few sizes back from the device after
+/// waiting for the producer's event, a download waits for its copies.
+#[derive(Debug)]
+struct Offload {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Offload {
+    fn spawn() -> Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("devarrow-import".into())
+            .spawn(move || {
+                for job in queue {
+                    job();
+                }
+            })
+            .map_err(|e| {
+                Error::Arrow(arrow_schema::ArrowError::IoError(
+                    format!("cannot start the import thread: {e}"),
+                    e,
+                ))
+            })?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs `f` on the thread; its result (or its panic, as an error) arrives on the
+    /// receiver.
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> futures::channel::oneshot::Receiver<Result<T>> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .unwrap_or_else(|payload| Err(Error::from_panic(payload)));
+            // A receiver dropped meanwhile drops the result here (releasing it).
+            let _ = tx.send(result);
+        });
+        if let Some(jobs) = &self.jobs {
+            // A send error drops the job and its sender: the receiver reports it.
+            let _ = jobs.send(job);
+        }
+        rx
+    }
+}
+
+impl Drop for Offload {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread after the job in progress, if any.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the offload thread makes of each array.
+type Convert<T> = Arc<dyn Fn(DeviceArray, SchemaRef) -> Result<T> + Send + Sync>;
+
+/// The common part of the async consumers: arrays from an [`AsyncDeviceArrayStream`],
+/// converted one at a time on the offload thread.
+struct Converting<T> {
+    inner: AsyncDeviceArrayStream,
+    schema: Option<SchemaRef>,
+    convert: Convert<T>,
+    pending: Option<futures::channel::oneshot::Receiver<Result<T>>>,
+    done: bool,
+    // Dropped last: waits for the conversion in progress.
+    offload: Offload,
+}
+
+impl<T: Send + 'static> Converting<T> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.pending.is_none() {
+            let schema = match &self.schema {
+                Some(schema) => schema.clone(),
+                None => match self.inner.poll_schema(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => {
+                        self.done = true;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    Poll::Ready(Ok(schema)) => {
+                        self.schema = Some(schema.clone());
+                        schema
+                    }
+                },
+            };
+            let array = match self.inner.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Some(Ok(array))) => array,
+            };
+            let convert = self.convert.clone();
+            self.pending = Some(self.offload.run(move || convert(array, schema)));
+        }
+        let pending = self.pending.as_mut().expect("set above");
+        let result = match pending.poll_unpin(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(result)) => result,
+            Poll::Ready(Err(_cancelled)) => Err(Error::Panic(
+                "the import thread stopped before converting an array".into(),
+            )),
+        };
+        self.pending = None;
+        if result.is_err() {
+            self.done = true;
+        }
+        Poll::Ready(Some(result))
+    }
+}
+
+/// Creates an async consumer on `device`: a handler to pass to an async producer
+/// (devarrow's or a foreign one), and the [`futures::Stream`] of the [`DeviceBatch`]es
+/// it delivers, imported zero-copy ([`DeviceBatch::import`]).
+///
+/// Back-pressure is the abi consumer's ([`async_handler`]): `capacity` tasks requested
+/// ahead, one more per batch taken. Each array is imported on a thread of the stream's
+/// own (polling never blocks on the device); the import makes `device`'s stream wait on
+/// the array's `sync_event`, and the batch's [`DeviceBatch::event`] follows that wait.
+/// Fails only when that thread cannot be started.
+pub fn device_batch_handler(
+    device: Arc<dyn Device>,
+    capacity: usize,
+) -> Result<(AsyncStreamHandler, AsyncDeviceBatchStream)> {
+    let offload = Offload::spawn()?;
+    let (handler, arrays) = async_handler(capacity);
+    let import_device = device.clone();
+    let convert: Convert<DeviceBatch> =
+        Arc::new(move |array, schema| DeviceBatch::import(import_device.clone(), array, schema));
+    Ok((
+        handler,
+        AsyncDeviceBatchStream {
+            inner: Converting {
+                inner: arrays,
+                schema: None,
+                convert,
+                pending: None,
+                done: false,
+                offload,
+            },
+            device,
+        },
+    ))
+}
+
+/// The device batches an async producer delivers to a handler made by
+/// [`device_batch_handler`], as a [`futures::Stream`].
+///
+/// A producer's `on_error` (or a failed import) is an error item after which the stream
+/// ends. Dropping it before the end cancels the producer (as [`AsyncDeviceArrayStream`]
+/// does) and waits for an import in progress.
+pub struct AsyncDeviceBatchStream {
+    inner: Converting<DeviceBatch>,
+    device: Arc<dyn Device>,
+}
+
+impl std::fmt::Debug for AsyncDeviceBatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncDeviceBatchStream")
+            .field("device", &self.device)
+            .field("arrays", &self.inner.inner)
+            .field("done", &self.inner.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncDeviceBatchStream {
+    /// Waits for the producer's schema.
+    pub fn schema(&self) -> impl Future<Output = Result<SchemaRef>> + '_ {
+        self.inner.inner.schema()
+    }
+
+    /// The device the batches are imported on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The array stream underneath (device type, capacity).
+    pub fn device_arrays(&self) -> &AsyncDeviceArrayStream {
+        &self.inner.inner
+    }
+
+    /// Downloads every batch to host memory (on the import thread, with a [`Transfer`]
+    /// of `options`): a [`futures::Stream`] of arrow-rs record batches.
+    pub fn into_record_batches(self, options: TransferOptions) -> AsyncHostBatchStream {
+        let AsyncDeviceBatchStream { inner, device } = self;
+        let Converting {
+            inner: arrays,
+            schema,
+            convert,
+            pending,
+            done,
+            offload,
+        } = inner;
+        let transfer = Arc::new(Mutex::new(Transfer::new(device.clone(), options)));
+        let pending = pending.map(|rx| {
+            let transfer = transfer.clone();
+            // The import already queued runs first (one thread, jobs in order): download
+            // its batch right after.
+            offload.run(move || {
+                let batch = futures::executor::block_on(rx).unwrap_or_else(|_| {
+                    Err(Error::Panic(
+                        "the import thread stopped before converting an array".into(),
+                    ))
+                })?;
+                to_host(&transfer, &batch)
+            })
+        });
+        let download: Convert<RecordBatch> = Arc::new(move |array, schema| {
+            let batch = convert(array, schema)?;
+            to_host(&transfer, &batch)
+        });
+        AsyncHostBatchStream {
+            inner: Converting {
+                inner: arrays,
+                schema,
+                convert: download,
+                pending,
+                done,
+                offload,
+            },
+        }
+    }
+}
+
+fn to_host(transfer: &Mutex<Transfer>, batch: &DeviceBatch) -> Result<RecordBatch> {
+    transfer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .to_host(batch)
+}
+
+impl Stream for AsyncDeviceBatchStream {
+    type Item = Result<DeviceBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next(cx)
+    }
+}
+
+/// The record batches of an [`AsyncDeviceBatchStream`] downloaded to host memory (see
+/// [`AsyncDeviceBatchStream::into_record_batches`]).
+pub struct AsyncHostBatchStream {
+    inner: Converting<RecordBatch>,
+}
+
+impl std::fmt::Debug for AsyncHostBatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncHostBatchStream")
+            .field("arrays", &self.inner.inner)
+            .field("done", &self.inner.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncHostBatchStream {
+    /// Waits for the producer's schema.
+    pub fn schema(&self) -> impl Future<Output = Result<SchemaRef>> + '_ {
+        self.inner.inner.schema()
+    }
+}
+
+impl Stream for AsyncHostBatchStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next(cx)
+    }
 }

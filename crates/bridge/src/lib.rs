@@ -5,9 +5,10 @@
 //!
 //! - [`transfer`]: one batch at a time ([`Transfer`], [`DeviceBatch`]).
 //! - [`stream`]: device streams (`ArrowDeviceArrayStream`) whose uploads overlap the
-//!   consumer's work ([`Uploader`], [`export_reader_to_device`]).
-//! - [`async_stream`]: the async device stream on a device ([`UploadStream`],
-//!   [`spawn_device_producer`]).
+//!   consumer's work ([`Uploader`], [`export_reader_to_device`]), and their consumer
+//!   ([`DeviceStreamReader`], [`HostStreamReader`]).
+//! - [`async_stream`]: the async device stream on a device, both sides ([`UploadStream`],
+//!   [`spawn_device_producer`]; [`device_batch_handler`], [`AsyncDeviceBatchStream`]).
 #![warn(missing_docs)]
 
 pub mod async_stream;
@@ -17,6 +18,12 @@ pub mod plan;
 pub mod stream;
 pub mod transfer;
 
-pub use async_stream::{spawn_device_producer, spawn_device_producer_into, UploadStream};
-pub use stream::{export_reader_to_device, StreamOptions, Uploader, DEFAULT_READ_AHEAD};
+pub use async_stream::{
+    device_batch_handler, spawn_device_producer, spawn_device_producer_into,
+    AsyncDeviceBatchStream, AsyncHostBatchStream, UploadStream,
+};
+pub use stream::{
+    export_reader_to_device, DeviceStreamReader, HostStreamReader, StreamOptions, Uploader,
+    DEFAULT_READ_AHEAD,
+};
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};

@@ -9,6 +9,10 @@
 //!   `ARROW_DEVICE_CUDA` on a `CudaTransferDevice`), each array's `sync_event` marking
 //!   its upload.
 //! - The async producer ([`crate::async_stream`]) shares the same upload pipeline.
+//! - [`DeviceStreamReader`] is the consumer side: a (foreign or devarrow) C device stream
+//!   as an iterator of device-resident [`DeviceBatch`]es ([`DeviceBatch::import`], each
+//!   waited on by event), and [`HostStreamReader`] the same downloaded to arrow-rs
+//!   memory (a `RecordBatchReader`).
 //!
 //! # Read-ahead
 //!
@@ -506,4 +510,178 @@ pub fn export_reader_to_device(
     options: StreamOptions,
 ) -> Result<DeviceArrayStream> {
     Ok(export_stream(Uploader::spawn(reader, device, options)?))
+}
+
+// ---------------------------------------------------------------------------------------
+// The device stream consumer
+// ---------------------------------------------------------------------------------------
+
+/// Whether `device` can import arrays of `found` (the rule of [`DeviceBatch::import`]:
+/// its own type, and the host-visible types of its family).
+pub(crate) fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Result<()> {
+    let own = device.device_type();
+    let accepted: &[ArrowDeviceType] = match own {
+        ArrowDeviceType::CUDA => &[
+            ArrowDeviceType::CUDA,
+            ArrowDeviceType::CUDA_HOST,
+            ArrowDeviceType::CUDA_MANAGED,
+        ],
+        ArrowDeviceType::ROCM => &[ArrowDeviceType::ROCM, ArrowDeviceType::ROCM_HOST],
+        _ => std::slice::from_ref(&own),
+    };
+    if accepted.contains(&found) {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDevice {
+            found,
+            accepted: accepted
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+}
+
+/// Reads a (foreign or devarrow) C device stream as an iterator of device-resident
+/// [`DeviceBatch`]es on `device`, zero-copy ([`DeviceBatch::import`]).
+///
+/// Each batch is waited on by event: the import makes `device`'s stream wait on the
+/// array's `sync_event` (without blocking the host) and the batch's
+/// [`DeviceBatch::event`] is recorded after that wait, so work enqueued on `device`'s
+/// stream sees the data, and work on another stream must wait on the batch's event. A
+/// batch keeps its array (unreleased) until it is dropped; the C stream may be released
+/// before its batches.
+///
+/// After the first error (of `get_next` or of an import) or the end, it yields nothing
+/// more. [`DeviceStreamReader::into_host`] downloads each batch to arrow-rs memory.
+#[derive(Debug)]
+pub struct DeviceStreamReader {
+    stream: DeviceArrayStream,
+    schema: SchemaRef,
+    device: Arc<dyn Device>,
+    done: bool,
+}
+
+impl DeviceStreamReader {
+    /// Reads the stream's schema. Fails when `device` cannot import arrays of the
+    /// stream's device type ([`Error::UnsupportedDevice`]), or `get_schema` fails (the
+    /// stream is then released).
+    pub fn try_new(mut stream: DeviceArrayStream, device: Arc<dyn Device>) -> Result<Self> {
+        check_stream_device(device.as_ref(), stream.device_type())?;
+        let ffi = stream.schema()?;
+        devarrow_abi::cpu::check_schema(&ffi)?;
+        let schema = Arc::new(arrow_schema::Schema::try_from(&ffi).map_err(Error::Schema)?);
+        Ok(Self {
+            stream,
+            schema,
+            device,
+            done: false,
+        })
+    }
+
+    /// Moves a foreign stream out of `ptr` (marking it released) and reads its schema.
+    ///
+    /// # Safety
+    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArrayStream`.
+    pub unsafe fn from_raw(
+        ptr: *mut devarrow_abi::ArrowDeviceArrayStream,
+        device: Arc<dyn Device>,
+    ) -> Result<Self> {
+        // SAFETY: forwarded to the caller.
+        let stream = unsafe { DeviceArrayStream::from_raw(ptr)? };
+        Self::try_new(stream, device)
+    }
+
+    /// The stream's schema (with its metadata).
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The device the batches are imported on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The stream's device type.
+    pub fn device_type(&self) -> ArrowDeviceType {
+        self.stream.device_type()
+    }
+
+    /// The next batch: `Ok(None)` at the end, and after an error.
+    pub fn next_batch(&mut self) -> Result<Option<DeviceBatch>> {
+        if self.done {
+            return Ok(None);
+        }
+        let result = self.stream.next_array().and_then(|array| {
+            array
+                .map(|array| DeviceBatch::import(self.device.clone(), array, self.schema.clone()))
+                .transpose()
+        });
+        if !matches!(result, Ok(Some(_))) {
+            self.done = true;
+        }
+        result
+    }
+
+    /// Downloads every batch to host memory with a [`Transfer`] of `options`: an arrow-rs
+    /// `RecordBatchReader`.
+    pub fn into_host(self, options: TransferOptions) -> HostStreamReader {
+        let transfer = Transfer::new(self.device.clone(), options);
+        HostStreamReader {
+            inner: self,
+            transfer,
+        }
+    }
+}
+
+impl Iterator for DeviceStreamReader {
+    type Item = Result<DeviceBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().transpose()
+    }
+}
+
+/// A C device stream read through [`DeviceStreamReader`] and downloaded batch by batch
+/// ([`Transfer::to_host`], which waits for the batch's event): an arrow-rs
+/// `RecordBatchReader` whose errors are devarrow [`Error`]s in
+/// `ArrowError::ExternalError` (or the `ArrowError` itself).
+#[derive(Debug)]
+pub struct HostStreamReader {
+    inner: DeviceStreamReader,
+    transfer: Transfer,
+}
+
+impl HostStreamReader {
+    /// The next batch in host memory: `Ok(None)` at the end, and after an error.
+    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        let Some(batch) = self.inner.next_batch()? else {
+            return Ok(None);
+        };
+        let result = self.transfer.to_host(&batch);
+        if result.is_err() {
+            self.inner.done = true;
+        }
+        result.map(Some)
+    }
+
+    /// The device reader underneath.
+    pub fn device_reader(&self) -> &DeviceStreamReader {
+        &self.inner
+    }
+}
+
+impl Iterator for HostStreamReader {
+    type Item = std::result::Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().map_err(ArrowError::from).transpose()
+    }
+}
+
+impl RecordBatchReader for HostStreamReader {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
 }

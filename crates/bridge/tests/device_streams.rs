@@ -3,6 +3,8 @@
 //! slice, the read-ahead bound, errors mid-stream with their errno, early drops (no leak,
 //! no deadlock) and back-pressure.
 
+mod common;
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -13,11 +15,11 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use devarrow_abi::async_stream::async_record_batch_handler;
 use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::error::errno;
-use devarrow_abi::stream::DeviceArrayStreamReader;
+use devarrow_abi::stream::{export_stream, DeviceArrayStreamReader, DeviceBatchSource};
 use devarrow_abi::{cpu, ArrowDeviceArrayStream, ArrowDeviceType, Error};
 use devarrow_bridge::{
-    export_reader_to_device, spawn_device_producer_into, StreamOptions, Transfer, TransferOptions,
-    UploadStream, Uploader,
+    device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,
+    DeviceStreamReader, StreamOptions, Transfer, TransferOptions, UploadStream, Uploader,
 };
 use devarrow_interop::sample;
 use futures::executor::block_on;
@@ -922,4 +924,342 @@ fn dropping_the_upload_stream_early_frees_everything() {
     assert_eq!(device.live(), 1, "only the batch taken");
     drop(first);
     assert_eq!(device.live(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// The consumers: a C device stream as device batches, an async producer as a stream
+// ---------------------------------------------------------------------------------------
+
+/// Relays a C device stream, counting the release calls of every array it passes on.
+struct CountingRelay {
+    inner: devarrow_abi::DeviceArrayStream,
+    schema: SchemaRef,
+    releases: Arc<std::sync::Mutex<Vec<Arc<AtomicUsize>>>>,
+}
+
+impl DeviceBatchSource for CountingRelay {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        self.inner.device_type()
+    }
+    fn next_array(&mut self) -> Option<devarrow_abi::Result<devarrow_abi::DeviceArray>> {
+        self.inner.next_array().transpose().map(|array| {
+            array.map(|array| {
+                let (array, count) = common::count_releases(array);
+                self.releases.lock().unwrap().push(count);
+                array
+            })
+        })
+    }
+}
+
+fn release_counts(releases: &std::sync::Mutex<Vec<Arc<AtomicUsize>>>) -> Vec<usize> {
+    releases
+        .lock()
+        .unwrap()
+        .iter()
+        .map(common::releases)
+        .collect()
+}
+
+#[test]
+fn producer_to_device_reader_round_trips_every_type() {
+    let _w = watchdog("producer_to_device_reader_round_trips_every_type");
+    let batches = every_type_batches();
+    let producer = Arc::new(CountingDevice::default());
+    let stream = export_reader_to_device(
+        reader_of(&batches),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut raw = ArrowDeviceArrayStream::empty();
+    // SAFETY: `raw` is writable.
+    unsafe { stream.move_into(&mut raw) };
+    // SAFETY: `raw` holds an unreleased stream.
+    let reader = unsafe { DeviceStreamReader::from_raw(&mut raw, cpu()) }.unwrap();
+    assert_eq!(reader.schema(), sample::every_type_schema());
+    assert_eq!(reader.device_type(), ArrowDeviceType::CPU);
+    let on_device: Vec<DeviceBatch> = reader.collect::<Result<_, _>>().unwrap();
+    assert_eq!(
+        producer.live(),
+        on_device.len(),
+        "the imported batches hold the producer's memory, zero-copy"
+    );
+    assert!(on_device
+        .iter()
+        .all(|b| b.schema() == sample::every_type_schema()));
+    assert_batches_eq(&batches, &download_all(on_device.into_iter().map(Ok)));
+    assert_eq!(producer.live(), 0, "every array released");
+}
+
+#[test]
+fn producer_to_host_reader_round_trips_and_releases_each_array_once() {
+    let _w = watchdog("producer_to_host_reader_round_trips_and_releases_each_array_once");
+    let batches = every_type_batches();
+    let releases = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let relay = CountingRelay {
+        inner: export_reader_to_device(reader_of(&batches), cpu(), StreamOptions::default())
+            .unwrap(),
+        schema: batches[0].schema(),
+        releases: releases.clone(),
+    };
+    let reader = DeviceStreamReader::try_new(export_stream(relay), cpu())
+        .unwrap()
+        .into_host(TransferOptions::default());
+    assert_eq!(reader.schema(), sample::every_type_schema());
+    let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();
+    assert_batches_eq(&batches, &back);
+    let counts = release_counts(&releases);
+    assert_eq!(counts.len(), batches.len());
+    assert!(counts.iter().all(|&n| n == 1), "{counts:?}");
+}
+
+#[test]
+fn the_device_reader_reads_the_abi_cpu_producer() {
+    let batches = every_type_batches();
+    let reader = DeviceStreamReader::try_new(
+        devarrow_abi::stream::export_reader(reader_of(&batches)),
+        cpu(),
+    )
+    .unwrap();
+    let back: Vec<RecordBatch> = reader
+        .into_host(TransferOptions::default())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_batches_eq(&batches, &back);
+}
+
+#[test]
+fn the_device_reader_reports_errors_with_their_errno_then_ends() {
+    let _w = watchdog("the_device_reader_reports_errors_with_their_errno_then_ends");
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Ok(batch(0))),
+        1 => Some(Err(io_error("sector not found"))),
+        _ => Some(Ok(batch(k))),
+    });
+    let stream = export_reader_to_device(
+        Counters::default().reader(make),
+        cpu(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut reader = DeviceStreamReader::try_new(stream, cpu()).unwrap();
+    let first = reader.next_batch().unwrap().unwrap();
+    match reader.next_batch() {
+        Err(Error::Callback {
+            operation: "get_next",
+            code,
+            message,
+        }) => {
+            assert_eq!(code, errno::EIO);
+            assert!(message.contains("sector not found"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        reader.next_batch().unwrap().is_none(),
+        "fused after the error"
+    );
+    assert!(reader.next().is_none());
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    assert_eq!(transfer.to_host(&first).unwrap(), batch(0));
+
+    // Through the host reader, the error is an ArrowError carrying the devarrow error.
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Err(ArrowError::MemoryError("full".into()))),
+        _ => None,
+    });
+    let stream = export_reader_to_device(
+        Counters::default().reader(make),
+        cpu(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut host = DeviceStreamReader::try_new(stream, cpu())
+        .unwrap()
+        .into_host(TransferOptions::default());
+    let err = Error::from(host.next().unwrap().unwrap_err());
+    assert_eq!(err.errno(), errno::ENOMEM, "{err}");
+    assert!(host.next().is_none());
+}
+
+/// A source that claims a device type and yields nothing.
+struct Claiming(ArrowDeviceType);
+
+impl DeviceBatchSource for Claiming {
+    fn schema(&self) -> SchemaRef {
+        schema()
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        self.0
+    }
+    fn next_array(&mut self) -> Option<devarrow_abi::Result<devarrow_abi::DeviceArray>> {
+        None
+    }
+}
+
+#[test]
+fn the_device_reader_refuses_a_stream_of_another_device() {
+    for claimed in [
+        ArrowDeviceType::CUDA,
+        ArrowDeviceType::CUDA_HOST,
+        ArrowDeviceType::ROCM,
+    ] {
+        match DeviceStreamReader::try_new(export_stream(Claiming(claimed)), cpu()) {
+            Err(Error::UnsupportedDevice { found, .. }) => assert_eq!(found, claimed),
+            other => panic!("{other:?}"),
+        }
+    }
+    let reader =
+        DeviceStreamReader::try_new(export_stream(Claiming(ArrowDeviceType::CPU)), cpu()).unwrap();
+    assert_eq!(reader.count(), 0);
+}
+
+#[test]
+fn an_early_dropped_device_reader_releases_its_stream_and_arrays() {
+    let _w = watchdog("an_early_dropped_device_reader_releases_its_stream_and_arrays");
+    let producer = Arc::new(CountingDevice::default());
+    let counters = Counters::default();
+    let stream = export_reader_to_device(
+        counters.reader(endless()),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let mut reader = DeviceStreamReader::try_new(stream, cpu()).unwrap();
+    let kept = reader.next_batch().unwrap().unwrap();
+    drop(reader);
+    assert_eq!(counters.drops(), 1, "the producer's thread stopped");
+    assert_eq!(producer.live(), 1, "only the batch kept");
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    assert_eq!(transfer.to_host(&kept).unwrap(), batch(0));
+    drop(kept);
+    assert_eq!(producer.live(), 0);
+}
+
+#[test]
+fn async_producer_to_async_device_consumer_round_trips_every_type() {
+    let _w = watchdog("async_producer_to_async_device_consumer_round_trips_every_type");
+    let batches = every_type_batches();
+    for capacity in [1, 4] {
+        let producer_device = Arc::new(CountingDevice::default());
+        let (handler, consumer) = device_batch_handler(cpu(), capacity).unwrap();
+        let producer = spawn_device_producer_into(
+            batches[0].schema(),
+            stream::iter(batches.clone().into_iter().map(Ok::<_, ArrowError>)),
+            producer_device.clone(),
+            StreamOptions::default(),
+            handler,
+        )
+        .unwrap();
+        assert_eq!(
+            block_on(consumer.schema()).unwrap(),
+            sample::every_type_schema()
+        );
+        assert_eq!(consumer.device().device_type(), ArrowDeviceType::CPU);
+        let on_device: Vec<_> = block_on(consumer.collect::<Vec<_>>());
+        producer.join().unwrap();
+        assert_eq!(producer_device.live(), batches.len(), "zero-copy imports");
+        assert_batches_eq(&batches, &download_all(on_device));
+        assert_eq!(producer_device.live(), 0, "every array released");
+    }
+}
+
+#[test]
+fn async_producer_to_async_host_consumer_round_trips() {
+    let _w = watchdog("async_producer_to_async_host_consumer_round_trips");
+    let batches = every_type_batches();
+    let (handler, consumer) = device_batch_handler(cpu(), 2).unwrap();
+    let producer = spawn_device_producer_into(
+        batches[0].schema(),
+        stream::iter(batches.clone().into_iter().map(Ok::<_, ArrowError>)),
+        cpu(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let mut consumer = consumer;
+    // One batch taken on the device, then the rest downloaded.
+    let first = block_on(consumer.next()).unwrap().unwrap();
+    let host = consumer.into_record_batches(TransferOptions::default());
+    assert_eq!(
+        block_on(host.schema()).unwrap(),
+        sample::every_type_schema()
+    );
+    let mut back = vec![Transfer::new(cpu(), TransferOptions::default())
+        .to_host(&first)
+        .unwrap()];
+    back.extend(block_on(host.map(|b| b.unwrap()).collect::<Vec<_>>()));
+    assert_batches_eq(&batches, &back);
+    producer.join().unwrap();
+}
+
+#[test]
+fn the_async_device_consumer_applies_back_pressure() {
+    let _w = watchdog("the_async_device_consumer_applies_back_pressure");
+    for (capacity, read_ahead) in [(1, 0), (2, 2)] {
+        let counters = Counters::default();
+        let producer_device = Arc::new(CountingDevice::default());
+        let source = counting(
+            stream::iter((0..).map(|k| Ok::<_, ArrowError>(batch(k)))),
+            &counters,
+        );
+        let (handler, mut consumer) = device_batch_handler(cpu(), capacity).unwrap();
+        let producer = spawn_device_producer_into(
+            schema(),
+            source,
+            producer_device.clone(),
+            StreamOptions::default().with_read_ahead(read_ahead),
+            handler,
+        )
+        .unwrap();
+        counters.settle_at(capacity + read_ahead, "nothing taken yet");
+        let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+        for k in 0..3 {
+            let b = block_on(consumer.next()).unwrap().unwrap();
+            assert_eq!(transfer.to_host(&b).unwrap(), batch(k));
+            counters.settle_at(capacity + k + 1 + read_ahead, "after k + 1 taken");
+        }
+        drop(consumer); // cancels the producer, releases the queued arrays
+        producer.join().unwrap();
+        assert_eq!(counters.drops(), 1);
+        assert_eq!(producer_device.live(), 0, "nothing leaked");
+    }
+}
+
+#[test]
+fn the_async_device_consumer_reads_the_abi_cpu_producer_and_its_errors() {
+    let _w = watchdog("the_async_device_consumer_reads_the_abi_cpu_producer_and_its_errors");
+    let items: Vec<Result<RecordBatch, ArrowError>> =
+        vec![Ok(batch(0)), Ok(batch(1)), Err(io_error("link down"))];
+    let (handler, consumer) = device_batch_handler(cpu(), 2).unwrap();
+    // SAFETY: a handler from `device_batch_handler` stays valid until its release.
+    let producer = unsafe {
+        devarrow_abi::async_stream::produce_record_batch_iter(schema(), items, handler.into_raw())
+    }
+    .unwrap();
+    let got: Vec<_> = block_on(consumer.collect::<Vec<_>>());
+    assert_eq!(got.len(), 3);
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    for (k, on_device) in got.iter().take(2).enumerate() {
+        assert_eq!(
+            transfer.to_host(on_device.as_ref().unwrap()).unwrap(),
+            batch(k)
+        );
+    }
+    match &got[2] {
+        Err(Error::Callback {
+            operation: "on_error",
+            code,
+            message,
+        }) => {
+            assert_eq!(*code, errno::EIO);
+            assert!(message.contains("link down"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(producer.join().is_err());
 }
