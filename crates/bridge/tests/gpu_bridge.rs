@@ -13,8 +13,8 @@ use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::ArrowDeviceType;
 use devarrow_bridge::{
-    export_reader_to_device, spawn_device_producer_into, DeviceBatch, StreamOptions, Transfer,
-    TransferOptions, Uploader,
+    device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,
+    DeviceStreamReader, StreamOptions, Transfer, TransferOptions, Uploader,
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
@@ -709,5 +709,62 @@ fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
         }
     }
     assert_eq!(got, expected);
+    assert!(dev.context().check_err().is_ok());
+}
+
+#[test]
+fn cuda_streams_round_trip_from_producer_to_consumers() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let producer = upload_device(&device);
+    let batches = every_type_batches();
+    // The device stream: ARROW_DEVICE_CUDA arrays imported on the consumer's device (its
+    // stream waits on each sync_event), then downloaded.
+    let stream = export_reader_to_device(
+        reader_of(&batches),
+        producer.clone(),
+        StreamOptions::default(),
+    )
+    .unwrap();
+    let reader = DeviceStreamReader::try_new(stream, device.clone()).unwrap();
+    assert_eq!(reader.device_type(), ArrowDeviceType::CUDA);
+    assert_eq!(reader.schema(), sample::every_type_schema());
+    let back: Vec<RecordBatch> = reader
+        .into_host(TransferOptions::default())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(back.len(), batches.len());
+    for (k, (expected, back)) in batches.iter().zip(&back).enumerate() {
+        if let Some(diff) = sample::describe_difference(expected, back) {
+            panic!("batch {k}: {diff}");
+        }
+        assert_eq!(back, expected, "batch {k}");
+    }
+    // The async device stream, the same way.
+    let (handler, consumer) = device_batch_handler(device.clone(), 2).unwrap();
+    let handle = spawn_device_producer_into(
+        batches[0].schema(),
+        futures::stream::iter(
+            batches
+                .clone()
+                .into_iter()
+                .map(Ok::<_, arrow_schema::ArrowError>),
+        ),
+        producer.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let back: Vec<RecordBatch> = futures::executor::block_on(async {
+        use futures::StreamExt;
+        consumer
+            .into_record_batches(TransferOptions::default())
+            .map(|b| b.unwrap())
+            .collect()
+            .await
+    });
+    handle.join().unwrap();
+    assert_eq!(back, batches);
+    producer.synchronize().unwrap();
     assert!(dev.context().check_err().is_ok());
 }
