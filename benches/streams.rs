@@ -202,17 +202,15 @@ fn bench_cuda(c: &mut Criterion, device: Arc<CudaTransferDevice>) {
                 let options = StreamOptions::default().with_read_ahead(read_ahead);
                 let mut stream =
                     export_reader_to_device(reader_of(&batches), upload.clone(), options).unwrap();
-                let mut previous = None;
                 let mut k = 0;
                 while let Some(array) = stream.next_array().unwrap() {
                     let imported = ImportedArray::import(array, &consumer.stream).unwrap();
                     consumer.enqueue(&imported, k);
-                    // Batch k - 1 is released after its work; k's work is queued while
-                    // the next batches upload.
-                    drop(previous.replace(imported));
+                    // Waits for batch k's work (then releases it) while the background
+                    // thread uploads the next batches on the upload stream.
+                    drop(imported);
                     k += 1;
                 }
-                drop(previous);
             })
         });
     }

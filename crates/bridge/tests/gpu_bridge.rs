@@ -620,7 +620,6 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
     )
     .unwrap();
     let mut host_counts = vec![None; n * columns];
-    let mut previous: Option<ImportedArray> = None;
     let mut k = 0;
     while let Some(array) = stream.next_array().unwrap() {
         let imported = ImportedArray::import(array, &consumer).unwrap();
@@ -628,12 +627,12 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
         for (c, v) in no_bitmap.into_iter().enumerate() {
             host_counts[k * columns + c] = v;
         }
-        // Batch k - 1 is released once its work is done (the import's drop synchronizes
-        // the consumer stream); batch k's work is queued and k + 1, k + 2 are uploading.
-        drop(previous.replace(imported));
+        // The import's drop waits for the consumer stream (batch k's work) before the
+        // array is released; meanwhile the background thread uploads k + 1 and k + 2 on
+        // the upload stream.
+        drop(imported);
         k += 1;
     }
-    drop(previous);
     assert_eq!(k, n);
     consumer.synchronize().unwrap();
     println!("{n} batches streamed and counted in {:?}", start.elapsed());
