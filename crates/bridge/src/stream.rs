@@ -23,16 +23,24 @@
 //! device (and the staging memory packed); on CUDA they complete asynchronously on the
 //! device's stream and the batch's event marks their completion.
 //!
+//! Device memory in use by a stream is therefore bounded by the batches the consumer
+//! holds plus `read_ahead` uploaded ones; staging memory by the transfer's
+//! [`TransferOptions::staging_bytes`].
+//!
 //! On CUDA, give the producer a device with a stream of its own (a `CudaTransferDevice`
 //! made for it, e.g. `CudaTransferDevice::new(cuda_device.clone())`), so uploads do not
 //! queue behind the consumer's work; the consumer runs its work on its own stream after
-//! waiting on each array's `sync_event`.
+//! waiting on each array's `sync_event`. A batch's memory is freed in the order of the
+//! upload stream when the consumer releases its array, so (as the specification asks of
+//! any consumer) work that reads it must be complete, or ordered before, by then.
 //!
 //! # Errors and shutdown
 //!
 //! An error of the source (or of an upload, or a panic in either) is delivered in order,
 //! after the batches uploaded before it, and ends the stream: the background thread
-//! stops. Through the C stream it is the return code of `get_next` (the error's errno:
+//! stops, and drops the source, before the error is delivered. An error that travelled
+//! through the reader as a devarrow [`Error`] (in `ArrowError::ExternalError`) keeps its
+//! errno. Through the C stream it is the return code of `get_next` (the error's errno:
 //! `EIO` for I/O and device errors, `ENOMEM` for out of memory, `EINVAL` otherwise) with
 //! the message from `get_last_error`; later `get_next` calls fail again with the same
 //! code. Dropping the producer (releasing the C stream) stops the background thread and
