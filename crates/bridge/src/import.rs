@@ -27,13 +27,13 @@ use std::sync::{Arc, Mutex};
 
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Schema, SchemaRef, UnionMode};
-use devarrow_abi::device::{Device, DeviceCopy, DeviceMemory, SyncEvent, BUFFER_ALIGNMENT};
+use devarrow_abi::device::{Device, DeviceCopy, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::export::ArrayNode;
 use devarrow_abi::layout::{self, buffer_roles, child_types, fixed_bit_width, BufferRole};
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
 use crate::plan::{Node, Placement};
-use crate::transfer::{offset_width, DeviceBatch, Storage};
+use crate::transfer::{offset_width, DeviceBatch, Download, Storage};
 
 impl DeviceBatch {
     /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
@@ -215,7 +215,9 @@ fn overflow(what: &str) -> Error {
 
 /// `items * width`, or an error when it overflows.
 fn bytes(items: usize, width: usize) -> Result<usize> {
-    items.checked_mul(width).ok_or_else(|| overflow("a buffer size"))
+    items
+        .checked_mul(width)
+        .ok_or_else(|| overflow("a buffer size"))
 }
 
 /// `addr + offset`, or an error when it overflows.
@@ -317,7 +319,9 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
             len,
         })
         .collect();
-    let mut staging = device.allocate_staging(reads.total)?;
+    // Ordinary host memory: a few bytes per array, not worth a pinned allocation (the copy
+    // to pageable memory may return only once done; we wait for it right after anyway).
+    let mut host = vec![0u8; reads.total];
     let result = (|| {
         // SAFETY: every source is a range the C data interface guarantees for the
         // structurally validated array (offsets `offset` and `offset + length`, the list
@@ -326,14 +330,8 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
         // dropped only after the wait below.
         unsafe { device.copy_on_device(&copies)? };
         // SAFETY: the scratch holds `total` bytes written by the copy above (in stream
-        // order); the staging memory holds `total` bytes and is read only after the wait.
-        unsafe {
-            device.copy_to_host(
-                scratch.address(),
-                staging.as_mut_slice().as_mut_ptr(),
-                reads.total,
-            )?
-        };
+        // order); `host` holds `total` bytes and is read only after the wait.
+        unsafe { device.copy_to_host(scratch.address(), host.as_mut_ptr(), reads.total)? };
         device.record_event()?.wait_host()
     })();
     if let Err(e) = result {
@@ -342,7 +340,7 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
         let _ = device.synchronize();
         return Err(e);
     }
-    Ok(staging.as_slice()[..reads.total].to_vec())
+    Ok(host)
 }
 
 /// An integer of `width` bytes (4 or 8, native-endian) at `at` in the read-back bytes.
@@ -515,11 +513,7 @@ impl ForeignNode {
             length: self.length as i64,
             null_count: self.null_count,
             offset: self.offset as i64,
-            buffers: self
-                .buffers
-                .iter()
-                .map(|&b| b as *const c_void)
-                .collect(),
+            buffers: self.buffers.iter().map(|&b| b as *const c_void).collect(),
             children: self.children.iter().map(|c| c.export()).collect(),
             dictionary: self.dictionary.as_ref().map(|d| Box::new(d.export())),
         }
@@ -595,7 +589,9 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
         dt if is_offsets_type(dt) => {
             let w = offset_width(dt);
             let Extent::Offsets { first, last } = node.extent else {
-                return Err(Error::InvalidArgument(format!("{dt} offsets were not read")));
+                return Err(Error::InvalidArgument(format!(
+                    "{dt} offsets were not read"
+                )));
             };
             buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?));
             if let Some(child) = node.children.first() {
@@ -628,7 +624,12 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
         }
         DataType::FixedSizeList(_, k) => {
             let k = *k as usize;
-            children.push(pack_node(&node.children[0], bytes(base, k)?, bytes(m, k)?, image)?);
+            children.push(pack_node(
+                &node.children[0],
+                bytes(base, k)?,
+                bytes(m, k)?,
+                image,
+            )?);
         }
         DataType::Struct(_) => {
             for child in &node.children {
@@ -649,9 +650,9 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             }
         }
         DataType::Dictionary(key, _) => {
-            let width = key.primitive_width().ok_or_else(|| {
-                Error::InvalidArgument(format!("dictionary keys of type {key}"))
-            })?;
+            let width = key
+                .primitive_width()
+                .ok_or_else(|| Error::InvalidArgument(format!("dictionary keys of type {key}")))?;
             buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
             let dict = node.dictionary.as_deref().ok_or(Error::NullPointer {
                 what: "ArrowArray dictionary",
@@ -705,14 +706,11 @@ impl Foreign {
         self.root.export()
     }
 
-    /// Packs the bytes the batch addresses into one fresh allocation on `device` with one
-    /// batched copy, enqueued after `ready` (the batch's event): returns the tree over the
-    /// packed image, the image, and the event after the copy.
-    pub(crate) fn pack(
-        &self,
-        device: &Arc<dyn Device>,
-        ready: &Arc<dyn SyncEvent>,
-    ) -> Result<(Node, Arc<dyn DeviceMemory>, Arc<dyn SyncEvent>)> {
+    /// Packs the bytes `batch` (whose foreign array this is) addresses into one fresh
+    /// allocation on `device` with one batched copy, enqueued after the batch's event:
+    /// returns the packed image, the tree over it, and the event after the copy.
+    pub(crate) fn pack(&self, device: &Arc<dyn Device>, batch: &DeviceBatch) -> Result<Download> {
+        let ready = &batch.event;
         let mut image = Image::default();
         let root = pack_node(&self.root, 0, self.root.length, &mut image)?;
         let memory = device.allocate(image.total)?;
@@ -751,6 +749,12 @@ impl Foreign {
             }
         };
         *last_use = Some(event.clone());
-        Ok((root, memory, event))
+        Ok(Download {
+            schema: batch.schema.clone(),
+            num_rows: batch.num_rows,
+            root: Arc::new(root),
+            memory,
+            event,
+        })
     }
 }

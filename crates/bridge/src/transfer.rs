@@ -161,16 +161,7 @@ impl DeviceBatch {
                 memory: memory.clone(),
                 event: self.event.clone(),
             }),
-            Storage::Foreign(foreign) => {
-                let (root, memory, event) = foreign.pack(device, &self.event)?;
-                Ok(Download {
-                    schema: self.schema.clone(),
-                    num_rows: self.num_rows,
-                    root: Arc::new(root),
-                    memory,
-                    event,
-                })
-            }
+            Storage::Foreign(foreign) => foreign.pack(device, self),
         }
     }
 }

@@ -162,16 +162,12 @@ fn schema_with_another_field_type() {
 #[test]
 fn buffers_that_do_not_fit_the_schema() {
     let (data, schema) = batch_data(&ints_and_strings());
-    let err = import_corrupted(&data, schema.clone(), |raw| {
-        child_mut(raw, 0).n_buffers = 1
-    });
+    let err = import_corrupted(&data, schema.clone(), |raw| child_mut(raw, 0).n_buffers = 1);
     assert!(
         matches!(err, Error::BufferCount { ref expected, found: 1, .. } if expected == "2"),
         "{err}"
     );
-    let err = import_corrupted(&data, schema.clone(), |raw| {
-        child_mut(raw, 1).n_buffers = 4
-    });
+    let err = import_corrupted(&data, schema.clone(), |raw| child_mut(raw, 1).n_buffers = 4);
     assert!(matches!(err, Error::BufferCount { found: 4, .. }), "{err}");
     // The values buffer of an int32 column is NULL.
     let err = import_corrupted(&data, schema, |raw| {
@@ -181,17 +177,22 @@ fn buffers_that_do_not_fit_the_schema() {
         unsafe { *child.buffers.add(1) = std::ptr::null() };
     });
     assert!(
-        matches!(err, Error::NullBuffer { index: 1, bytes: 12, .. }),
+        matches!(
+            err,
+            Error::NullBuffer {
+                index: 1,
+                bytes: 12,
+                ..
+            }
+        ),
         "{err}"
     );
 }
 
 #[test]
 fn children_that_do_not_fit_the_schema() {
-    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
-        Some(vec![Some(1), Some(2)]),
-        None,
-    ]);
+    let list =
+        ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1), Some(2)]), None]);
     let batch = RecordBatch::try_from_iter([("l", Arc::new(list) as ArrayRef)]).unwrap();
     let (data, schema) = batch_data(&batch);
     let err = import_corrupted(&data, schema.clone(), |raw| {
@@ -206,12 +207,25 @@ fn children_that_do_not_fit_the_schema() {
     // A child shorter than the struct.
     let err = import_corrupted(&data, schema.clone(), |raw| raw.array.length = 5);
     assert!(
-        matches!(err, Error::InvalidField { field: "length", .. }),
+        matches!(
+            err,
+            Error::InvalidField {
+                field: "length",
+                ..
+            }
+        ),
         "{err}"
     );
     let err = import_corrupted(&data, schema, |raw| child_mut(raw, 0).offset = -1);
     assert!(
-        matches!(err, Error::InvalidField { field: "offset", value: -1, .. }),
+        matches!(
+            err,
+            Error::InvalidField {
+                field: "offset",
+                value: -1,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -304,7 +318,14 @@ fn string_data_missing_where_offsets_address_bytes() {
         unsafe { *child.buffers.add(2) = std::ptr::null() };
     });
     assert!(
-        matches!(err, Error::NullBuffer { index: 2, bytes: 5, .. }),
+        matches!(
+            err,
+            Error::NullBuffer {
+                index: 2,
+                bytes: 5,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -331,7 +352,9 @@ fn list_offsets_past_the_child() {
         "{err}"
     );
     // The same, with the child sliced: its offset shortens it.
-    let child = Int32Array::from(vec![1, 2, 3, 4, 5]).into_data().slice(3, 2);
+    let child = Int32Array::from(vec![1, 2, 3, 4, 5])
+        .into_data()
+        .slice(3, 2);
     let (data, schema) = one_column("l", list_of(child, &[0, 1, 3]));
     let err = import_corrupted(&data, schema, |_| {});
     assert!(
@@ -378,7 +401,10 @@ fn negative_variadic_buffer_size() {
     let sizes = [-7i64];
     let err = import_corrupted(&data, schema, |raw| {
         let child = child_mut(raw, 0);
-        assert_eq!(child.n_buffers, 4, "validity, views, one data buffer, sizes");
+        assert_eq!(
+            child.n_buffers, 4,
+            "validity, views, one data buffer, sizes"
+        );
         // SAFETY: slot 3 is the variadic sizes slot of arrow-rs's pointer array; `sizes`
         // outlives the import.
         unsafe { *child.buffers.add(3) = sizes.as_ptr().cast() };
@@ -395,10 +421,7 @@ fn top_level_nulls() {
     let err = import_corrupted(&data, schema, |raw| raw.array.null_count = 1);
     // The struct claims a null but has no validity bitmap, or has one: either way an error.
     assert!(
-        matches!(
-            err,
-            Error::NullBuffer { .. } | Error::InvalidArgument(_)
-        ),
+        matches!(err, Error::NullBuffer { .. } | Error::InvalidArgument(_)),
         "{err}"
     );
 }
@@ -487,8 +510,11 @@ fn invalid_values_found_on_the_host_are_typed_errors_too() {
     let ints = Int32Array::from(vec![1, 2]).into_data();
     let (data, _) = one_column("i", ints);
     let schema = Arc::new(Schema::new(fields));
-    let batch =
-        DeviceBatch::import(Arc::new(CpuDevice::new()), cpu::export_array_data(&data), schema)
-            .unwrap();
+    let batch = DeviceBatch::import(
+        Arc::new(CpuDevice::new()),
+        cpu::export_array_data(&data),
+        schema,
+    )
+    .unwrap();
     assert_eq!(batch.schema().field(0).name(), "renamed");
 }

@@ -43,13 +43,21 @@ fn check(case: &Case) {
 
     // Host -> device -> host.
     let on_device = transfer.to_device(batch).unwrap();
-    assert_same(batch, &transfer.to_host(&on_device).unwrap(), "to_device/to_host");
+    assert_same(
+        batch,
+        &transfer.to_host(&on_device).unwrap(),
+        "to_device/to_host",
+    );
 
     // Packed batch -> export -> import -> host.
     let (array, schema) = on_device.export().unwrap();
     drop(on_device);
     let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
-    assert_same(batch, &transfer.to_host(&imported).unwrap(), "export/import/to_host");
+    assert_same(
+        batch,
+        &transfer.to_host(&imported).unwrap(),
+        "export/import/to_host",
+    );
     drop(imported);
 
     // Zero-copy CPU export (offsets at every level) -> import -> host; the foreign array
@@ -59,7 +67,11 @@ fn check(case: &Case) {
     let imported = DeviceBatch::import(counting.clone(), array, batch.schema()).unwrap();
     assert!(counting.host_copies() <= 1, "one read-back at most");
     let mut transfer = Transfer::new(counting.clone(), TransferOptions::default());
-    assert_same(batch, &transfer.to_host(&imported).unwrap(), "cpu export/import/to_host");
+    assert_same(
+        batch,
+        &transfer.to_host(&imported).unwrap(),
+        "cpu export/import/to_host",
+    );
     let (exported, schema) = imported.export().unwrap();
     assert_eq!(exported.array().offset, case.data.offset() as i64);
     drop(imported);

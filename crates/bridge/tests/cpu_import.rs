@@ -137,7 +137,10 @@ fn a_transferred_batch_exports_and_imports_again() {
         drop(imported);
         assert_eq!(transfer.to_host(&again).unwrap(), b);
     }
-    assert_eq!(batch.num_columns(), sample::every_type_schema().fields().len());
+    assert_eq!(
+        batch.num_columns(),
+        sample::every_type_schema().fields().len()
+    );
 }
 
 #[test]
@@ -192,7 +195,10 @@ fn a_root_struct_with_an_offset_imports_its_rows() {
         // The re-export keeps the root's offset.
         let (exported, schema) = imported.export().unwrap();
         assert_eq!(exported.array().offset, offset as i64);
-        assert_eq!(cpu::import_record_batch(exported, &schema).unwrap(), expected);
+        assert_eq!(
+            cpu::import_record_batch(exported, &schema).unwrap(),
+            expected
+        );
         drop(imported);
         assert_eq!(releases(&count), 1);
     }

@@ -447,7 +447,9 @@ impl Device for CudaTransferDevice {
         // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
         // in stream order) and is freed in stream order after it (dropped below); the
         // ranges are the caller's guarantee.
-        unsafe { kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64) }?;
+        unsafe {
+            kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64)
+        }?;
         drop(table);
         Ok(())
     }

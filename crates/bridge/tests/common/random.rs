@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BinaryViewBuilder, StringViewBuilder};
 use arrow_array::types::{
-    ArrowDictionaryKeyType, Int16Type, Int32Type, Int64Type, Int8Type, RunEndIndexType,
-    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    ArrowDictionaryKeyType, Int16Type, Int32Type, Int64Type, Int8Type, RunEndIndexType, UInt16Type,
+    UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{
     make_array, Array, BooleanArray, DictionaryArray, FixedSizeListArray, GenericBinaryArray,
@@ -372,8 +372,7 @@ fn exact_data(rng: &mut StdRng, data_type: &DataType, len: usize) -> ArrayData {
                 sizes.push(size);
             }
             if matches!(data_type, DataType::ListView(_)) {
-                let cast =
-                    |v: Vec<usize>| ScalarBuffer::from_iter(v.into_iter().map(|x| x as i32));
+                let cast = |v: Vec<usize>| ScalarBuffer::from_iter(v.into_iter().map(|x| x as i32));
                 let a = GenericListViewArray::<i32>::try_new(
                     f.clone(),
                     cast(offsets),
@@ -383,8 +382,7 @@ fn exact_data(rng: &mut StdRng, data_type: &DataType, len: usize) -> ArrayData {
                 );
                 with_children(&a.unwrap(), vec![child])
             } else {
-                let cast =
-                    |v: Vec<usize>| ScalarBuffer::from_iter(v.into_iter().map(|x| x as i64));
+                let cast = |v: Vec<usize>| ScalarBuffer::from_iter(v.into_iter().map(|x| x as i64));
                 let a = GenericListViewArray::<i64>::try_new(
                     f.clone(),
                     cast(offsets),
