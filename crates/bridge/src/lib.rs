@@ -8,8 +8,9 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
-mod import;
 pub mod plan;
 pub mod transfer;
 
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};
+
+mod import;
