@@ -1,10 +1,7 @@
 //! # devarrow-bridge
 //!
 //! arrow-rs record batches to a device and back, over one device abstraction
-//! ([`devarrow_abi::device::Device`]) that the CPU and CUDA implement; and foreign
-//! `ArrowDeviceArray`s imported zero-copy as device-resident batches
-//! ([`DeviceBatch::import`]): validated against their schema, the sizes that live on the
-//! device read back in one copy, the producer's release run once the last user is gone.
+//! ([`devarrow_abi::device::Device`]) that the CPU and CUDA implement.
 #![warn(missing_docs)]
 
 pub mod baseline;
