@@ -103,30 +103,41 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// destination device memory writable for its `len` bytes until the copy has
     /// completed; no destination may overlap another destination or any source.
     unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<()> {
-        let total: usize = copies.iter().map(|c| c.len).sum();
+        let copies: Vec<&DeviceCopy> = copies.iter().filter(|c| c.len > 0).collect();
+        let total = copies
+            .iter()
+            .try_fold(0usize, |t, c| t.checked_add(c.len))
+            .ok_or_else(|| Error::InvalidArgument("copies on the device overflow".into()))?;
         if total == 0 {
             return Ok(());
         }
         let mut staging = self.allocate_staging(total)?;
         let base = staging.as_mut_slice().as_mut_ptr();
-        let mut at = 0;
-        for c in copies {
-            // SAFETY: the source is the caller's guarantee; the staging range `at..at +
-            // len` lies inside the `total` bytes allocated above, is not read before
-            // the wait below, and the staging memory outlives the copy (we wait).
-            unsafe { self.copy_to_host(c.src, base.add(at), c.len)? };
-            at += c.len;
+        let result = (|| {
+            let mut at = 0;
+            for c in &copies {
+                // SAFETY: the source is the caller's guarantee; the staging range `at..at
+                // + len` lies inside the `total` bytes allocated above, is not read before
+                // the wait below, and the staging memory outlives the copy (we wait).
+                unsafe { self.copy_to_host(c.src, base.add(at), c.len)? };
+                at += c.len;
+            }
+            self.record_event()?.wait_host()?;
+            let mut at = 0;
+            for c in &copies {
+                // SAFETY: the staging bytes were written by the completed copies above;
+                // the destination is the caller's guarantee; we wait for the copies below
+                // before the staging memory is freed.
+                unsafe { self.copy_to_device(base.add(at), c.dst, c.len)? };
+                at += c.len;
+            }
+            self.record_event()?.wait_host()
+        })();
+        if result.is_err() {
+            // Copies may still use the staging memory, freed when we return.
+            let _ = self.synchronize();
         }
-        self.record_event()?.wait_host()?;
-        let mut at = 0;
-        for c in copies {
-            // SAFETY: the staging bytes were written by the completed copies above; the
-            // destination is the caller's guarantee; we wait for the copies below before
-            // the staging memory is freed.
-            unsafe { self.copy_to_device(base.add(at), c.dst, c.len)? };
-            at += c.len;
-        }
-        self.record_event()?.wait_host()
+        result
     }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;

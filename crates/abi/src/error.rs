@@ -32,7 +32,9 @@ pub enum Error {
     },
     /// The data lives on a device of the accepted type, but on another device (its
     /// `device_id` differs).
-    #[error("data on {device_type} device {found} is not accepted here (expected device {expected})")]
+    #[error(
+        "data on {device_type} device {found} is not accepted here (expected device {expected})"
+    )]
     DeviceMismatch {
         /// The device type of the data.
         device_type: ArrowDeviceType,

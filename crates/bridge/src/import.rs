@@ -27,13 +27,13 @@ use std::sync::{Arc, Mutex};
 
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Schema, SchemaRef, UnionMode};
-use devarrow_abi::device::{Device, DeviceCopy, DeviceMemory, SyncEvent, BUFFER_ALIGNMENT};
+use devarrow_abi::device::{Device, DeviceCopy, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::export::ArrayNode;
 use devarrow_abi::layout::{self, buffer_roles, child_types, fixed_bit_width, BufferRole};
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
 use crate::plan::{Node, Placement};
-use crate::transfer::{offset_width, DeviceBatch, Storage};
+use crate::transfer::{offset_width, DeviceBatch, Download, Storage};
 
 impl DeviceBatch {
     /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
@@ -319,7 +319,9 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
             len,
         })
         .collect();
-    let mut staging = device.allocate_staging(reads.total)?;
+    // Ordinary host memory: a few bytes per array, not worth a pinned allocation (the copy
+    // to pageable memory may return only once done; we wait for it right after anyway).
+    let mut host = vec![0u8; reads.total];
     let result = (|| {
         // SAFETY: every source is a range the C data interface guarantees for the
         // structurally validated array (offsets `offset` and `offset + length`, the list
@@ -328,14 +330,8 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
         // dropped only after the wait below.
         unsafe { device.copy_on_device(&copies)? };
         // SAFETY: the scratch holds `total` bytes written by the copy above (in stream
-        // order); the staging memory holds `total` bytes and is read only after the wait.
-        unsafe {
-            device.copy_to_host(
-                scratch.address(),
-                staging.as_mut_slice().as_mut_ptr(),
-                reads.total,
-            )?
-        };
+        // order); `host` holds `total` bytes and is read only after the wait.
+        unsafe { device.copy_to_host(scratch.address(), host.as_mut_ptr(), reads.total)? };
         device.record_event()?.wait_host()
     })();
     if let Err(e) = result {
@@ -344,7 +340,7 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
         let _ = device.synchronize();
         return Err(e);
     }
-    Ok(staging.as_slice()[..reads.total].to_vec())
+    Ok(host)
 }
 
 /// An integer of `width` bytes (4 or 8, native-endian) at `at` in the read-back bytes.
@@ -710,14 +706,11 @@ impl Foreign {
         self.root.export()
     }
 
-    /// Packs the bytes the batch addresses into one fresh allocation on `device` with one
-    /// batched copy, enqueued after `ready` (the batch's event): returns the tree over the
-    /// packed image, the image, and the event after the copy.
-    pub(crate) fn pack(
-        &self,
-        device: &Arc<dyn Device>,
-        ready: &Arc<dyn SyncEvent>,
-    ) -> Result<(Node, Arc<dyn DeviceMemory>, Arc<dyn SyncEvent>)> {
+    /// Packs the bytes `batch` (whose foreign array this is) addresses into one fresh
+    /// allocation on `device` with one batched copy, enqueued after the batch's event:
+    /// returns the packed image, the tree over it, and the event after the copy.
+    pub(crate) fn pack(&self, device: &Arc<dyn Device>, batch: &DeviceBatch) -> Result<Download> {
+        let ready = &batch.event;
         let mut image = Image::default();
         let root = pack_node(&self.root, 0, self.root.length, &mut image)?;
         let memory = device.allocate(image.total)?;
@@ -756,6 +749,12 @@ impl Foreign {
             }
         };
         *last_use = Some(event.clone());
-        Ok((root, memory, event))
+        Ok(Download {
+            schema: batch.schema.clone(),
+            num_rows: batch.num_rows,
+            root: Arc::new(root),
+            memory,
+            event,
+        })
     }
 }

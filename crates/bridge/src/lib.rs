@@ -13,7 +13,6 @@
 
 pub mod async_stream;
 pub mod baseline;
-mod import;
 pub mod plan;
 pub mod stream;
 pub mod transfer;
@@ -27,3 +26,5 @@ pub use stream::{
     DEFAULT_READ_AHEAD,
 };
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};
+
+mod import;

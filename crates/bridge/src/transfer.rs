@@ -18,7 +18,6 @@ use devarrow_abi::export::{export_tree, ArrayNode};
 use devarrow_abi::layout::{buffer_roles, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
 
-use crate::import::Foreign;
 use crate::plan::{plan_array, Node, Packer};
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
@@ -79,7 +78,7 @@ pub(crate) enum Storage {
         memory: Arc<dyn DeviceMemory>,
     },
     /// In the buffers of a foreign array, kept alive (unreleased) by the batch.
-    Foreign(Arc<Foreign>),
+    Foreign(Arc<crate::import::Foreign>),
 }
 
 /// What [`Transfer::to_host`] downloads: one packed image on the device, the tree that
@@ -161,16 +160,7 @@ impl DeviceBatch {
                 memory: memory.clone(),
                 event: self.event.clone(),
             }),
-            Storage::Foreign(foreign) => {
-                let (root, memory, event) = foreign.pack(device, &self.event)?;
-                Ok(Download {
-                    schema: self.schema.clone(),
-                    num_rows: self.num_rows,
-                    root: Arc::new(root),
-                    memory,
-                    event,
-                })
-            }
+            Storage::Foreign(foreign) => foreign.pack(device, self),
         }
     }
 }
@@ -356,14 +346,8 @@ impl Drop for Transfer {
     }
 }
 
-/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image,
-/// validated (a panic of arrow-rs on malformed foreign data becomes an error).
-fn build_host_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build_node(node, host)))
-        .map_err(Error::from_panic)?
-}
-
-fn build_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
+/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image.
+pub(crate) fn build_host_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     let slice =
         |p: &Option<crate::plan::Placement>| p.map(|p| host.slice_with_length(p.offset, p.len));
     let roles = buffer_roles(&node.data_type);
@@ -387,10 +371,10 @@ fn build_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     let mut children: Vec<ArrayData> = node
         .children
         .iter()
-        .map(|c| build_node(c, host))
+        .map(|c| build_host_node(c, host))
         .collect::<Result<_>>()?;
     if let Some(d) = &node.dictionary {
-        children.push(build_node(d, host)?);
+        children.push(build_host_node(d, host)?);
     }
     if let Some(base) = node.rebase {
         rebase_offsets(&node.data_type, &mut buffers, base)?;
@@ -405,7 +389,10 @@ fn build_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     if let Some(null_count) = node.null_count {
         builder = builder.null_count(null_count);
     }
-    builder.build().map_err(Error::from)
+    // Validated; a panic of arrow-rs on malformed (foreign) data becomes an error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()))
+        .map_err(Error::from_panic)?
+        .map_err(Error::from)
 }
 
 /// Offsets (4 or 8 bytes each, native-endian) as `i64`s, whatever the buffer's alignment.

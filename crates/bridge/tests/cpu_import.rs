@@ -231,3 +231,23 @@ fn an_imported_slice_moves_only_its_bytes() {
     );
     assert!((part_bytes as f64) < 0.0125 * whole_bytes as f64);
 }
+
+#[test]
+fn imported_batches_move_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<DeviceBatch>();
+    let batch = sample::every_type_batch();
+    let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+    let (array, count) = count_releases(array);
+    let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+    let clone = imported.clone();
+    let back = std::thread::spawn(move || {
+        let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+        transfer.to_host(&clone).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(back, batch);
+    std::thread::spawn(move || drop(imported)).join().unwrap();
+    assert_eq!(releases(&count), 1);
+}

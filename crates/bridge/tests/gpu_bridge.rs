@@ -2,8 +2,27 @@
 //! packing and rebuilding code that `cpu_bridge.rs` checks on the CPU device, now with
 //! device memory, pinned staging, asynchronous copies and `CUevent` sync events.
 //!
+//! Foreign arrays (device or pinned memory, offsets at every level, a sync event) are
+//! imported zero-copy with `DeviceBatch::import` and moved back to the host.
+//!
 //! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
 //! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
+
+mod common;
+
+// What the import tests use.
+use arrow_array::StringArray;
+use arrow_buffer::{BooleanBuffer, Buffer};
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
+use common::random::{random_batch, seeds, SeedReport};
+use common::{count_releases, releases};
+use devarrow_abi::device::DeviceCopy;
+use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::layout::{buffer_roles, BufferRole};
+use devarrow_abi::DeviceArray;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -129,6 +148,339 @@ fn a_hundred_small_columns_move_in_one_copy_each_way() {
     assert_eq!(back, batch);
 }
 
+// ---- Importing foreign arrays (DeviceBatch::import) on CUDA ----
+
+/// Where [`upload_as_foreign`] puts a foreign array's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Memory {
+    /// Device memory: `ARROW_DEVICE_CUDA`.
+    Device,
+    /// Pinned host memory: `ARROW_DEVICE_CUDA_HOST`.
+    Pinned,
+}
+
+/// The buffers of an upload, kept alive by the export.
+#[derive(Default)]
+struct Uploaded {
+    device: Vec<Arc<dyn DeviceMemory>>,
+    pinned: Mutex<Vec<Box<dyn StagingMemory>>>,
+}
+
+fn upload_bytes(
+    device: &CudaTransferDevice,
+    memory: Memory,
+    owned: &mut Uploaded,
+    bytes: &[u8],
+) -> *const c_void {
+    match memory {
+        Memory::Device => {
+            let mem = device.allocate(bytes.len()).unwrap();
+            // SAFETY: `bytes` outlives the copy (the upload synchronizes before it
+            // returns); the allocation holds `bytes.len()` bytes.
+            unsafe { device.copy_to_device(bytes.as_ptr(), mem.address(), bytes.len()) }.unwrap();
+            let address = mem.address().cast_const();
+            owned.device.push(mem);
+            address
+        }
+        Memory::Pinned => {
+            let mut mem = device.allocate_staging(bytes.len().max(1)).unwrap();
+            mem.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+            let address = mem.as_slice().as_ptr().cast();
+            owned.pinned.lock().unwrap().push(mem);
+            address
+        }
+    }
+}
+
+/// The validity bitmap of `data` with its bits at `data.offset()`, as the C data
+/// interface places them.
+fn validity_bytes(data: &ArrayData) -> Option<Buffer> {
+    let nulls = data.nulls()?;
+    if nulls.offset() == data.offset() {
+        return Some(nulls.buffer().clone());
+    }
+    let bits = (0..data.offset() + data.len())
+        .map(|i| i < data.offset() || nulls.is_valid(i - data.offset()));
+    Some(BooleanBuffer::from_iter(bits).into_inner())
+}
+
+fn upload_node(
+    device: &CudaTransferDevice,
+    memory: Memory,
+    owned: &mut Uploaded,
+    data: &ArrayData,
+) -> ArrayNode {
+    let dt = data.data_type();
+    let mut buffers = Vec::new();
+    if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
+        buffers.push(validity_bytes(data).map_or(std::ptr::null(), |b| {
+            upload_bytes(device, memory, owned, b.as_slice())
+        }));
+    }
+    for b in data.buffers() {
+        buffers.push(upload_bytes(device, memory, owned, b.as_slice()));
+    }
+    if matches!(dt, DataType::Utf8View | DataType::BinaryView) {
+        let sizes: Vec<i64> = data.buffers()[1..].iter().map(|b| b.len() as i64).collect();
+        let sizes = Buffer::from_vec(sizes);
+        buffers.push(upload_bytes(device, memory, owned, sizes.as_slice()));
+    }
+    let (children, dictionary) = if let DataType::Dictionary(_, _) = dt {
+        let dict = upload_node(device, memory, owned, &data.child_data()[0]);
+        (Vec::new(), Some(Box::new(dict)))
+    } else {
+        let children = data
+            .child_data()
+            .iter()
+            .map(|c| upload_node(device, memory, owned, c))
+            .collect();
+        (children, None)
+    };
+    ArrayNode {
+        length: data.len() as i64,
+        null_count: data.null_count() as i64,
+        offset: data.offset() as i64,
+        buffers,
+        children,
+        dictionary,
+    }
+}
+
+/// Copies every buffer of `data` whole (offsets kept at every level) to device or pinned
+/// memory and exports the tree as a foreign producer would: an `ArrowDeviceArray` of
+/// `ARROW_DEVICE_CUDA` (this device) or `ARROW_DEVICE_CUDA_HOST`, with a sync event.
+fn upload_as_foreign(
+    device: &Arc<CudaTransferDevice>,
+    data: &ArrayData,
+    memory: Memory,
+) -> DeviceArray {
+    let mut owned = Uploaded::default();
+    let root = upload_node(device, memory, &mut owned, data);
+    device.synchronize().unwrap();
+    let event = device.record_event().unwrap();
+    let sync_event = event.as_sync_event_ptr();
+    let device_type = match memory {
+        Memory::Device => ArrowDeviceType::CUDA,
+        Memory::Pinned => ArrowDeviceType::CUDA_HOST,
+    };
+    export_tree(
+        root,
+        Arc::new((owned.device, owned.pinned, event)),
+        device_type,
+        device.device_id(),
+        sync_event,
+    )
+    .unwrap()
+}
+
+fn assert_same(expected: &RecordBatch, actual: &RecordBatch, what: &str) {
+    for column in actual.columns() {
+        if let Err(e) = column.to_data().validate_full() {
+            panic!("{what}: invalid result column {}: {e}", column.data_type());
+        }
+    }
+    if let Some(diff) = sample::describe_difference(expected, actual) {
+        panic!("{what}: {diff}");
+    }
+}
+
+#[test]
+fn copy_on_device_copies_every_segment_in_one_launch() {
+    let (_lock, device) = gpu_or_skip!();
+    let n = 3 << 20;
+    let pattern: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8).collect();
+    let src = device.allocate(n).unwrap();
+    let dst = device.allocate(n).unwrap();
+    // SAFETY: both allocations hold `n` bytes; `pattern` outlives the synchronize below.
+    unsafe { device.copy_to_device(pattern.as_ptr(), src.address(), n) }.unwrap();
+    let at = |m: &Arc<dyn DeviceMemory>, o: usize| (m.address() as usize + o) as *mut c_void;
+    // Odd offsets and lengths, an empty segment, one longer than a kernel piece.
+    let segments = [
+        (1, 3, 1),
+        (17, 64, 250),
+        (0, 1000, 0),
+        (5000, 9001, 2 << 20),
+        (999, 7, 33),
+    ];
+    let copies: Vec<DeviceCopy> = segments
+        .iter()
+        .map(|&(from, to, len)| DeviceCopy {
+            src: at(&src, from),
+            dst: at(&dst, to),
+            len,
+        })
+        .collect();
+    // SAFETY: every range lies inside its allocation; destinations do not overlap each
+    // other (checked by construction) and are in another allocation than the sources.
+    unsafe { device.copy_on_device(&copies) }.unwrap();
+    // SAFETY: nothing to copy.
+    unsafe { device.copy_on_device(&[]) }.unwrap();
+    let mut back = vec![0u8; n];
+    // SAFETY: `back` holds `n` bytes and is read after the synchronize below.
+    unsafe { device.copy_to_host(dst.address(), back.as_mut_ptr(), n) }.unwrap();
+    device.synchronize().unwrap();
+    for (from, to, len) in segments {
+        assert_eq!(
+            back[to..to + len],
+            pattern[from..from + len],
+            "segment {from} -> {to} ({len} bytes)"
+        );
+    }
+    assert_eq!(
+        device.copy_count(),
+        2,
+        "on-device copies are not host copies"
+    );
+    assert!(device.cuda_device().context().check_err().is_ok());
+}
+
+#[test]
+fn a_cuda_batch_exports_and_imports_again_with_one_read_back() {
+    let (_lock, device) = gpu_or_skip!();
+    let batch = sample::every_type_batch();
+    let mut transfer = transfer(&device);
+    let n = batch.num_rows();
+    for (offset, len) in [(0, n), (1, 4), (2, 1), (0, 0), (n, 0)] {
+        let b = batch.slice(offset, len);
+        let on_device = transfer.to_device(&b).unwrap();
+        let (array, schema) = on_device.export().unwrap();
+        drop(on_device);
+        let (array, count) = count_releases(array);
+        let before = device.copy_count();
+        let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+        assert_eq!(
+            device.copy_count() - before,
+            1,
+            "one read-back for the batch"
+        );
+        assert!(imported.is_imported());
+        let back = transfer.to_host(&imported).unwrap();
+        assert_same(&b, &back, &format!("slice {offset}+{len}"));
+        // Re-exported: the same device buffers, kept alive by the export.
+        let (again, schema) = imported.export().unwrap();
+        drop(imported);
+        assert_eq!(releases(&count), 0);
+        let again = DeviceBatch::import_with_ffi_schema(device.clone(), again, &schema).unwrap();
+        assert_same(&b, &transfer.to_host(&again).unwrap(), "re-export");
+        drop(again);
+        assert_eq!(releases(&count), 1);
+    }
+}
+
+#[test]
+fn random_foreign_batches_import_zero_copy_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let mut transfer = transfer(&device);
+    for seed in seeds(0x5eed_9000, 60) {
+        let _report = SeedReport(seed);
+        let case = random_batch(&mut StdRng::seed_from_u64(seed));
+        for memory in [Memory::Device, Memory::Pinned] {
+            let array = upload_as_foreign(&device, &case.data, memory);
+            let (array, count) = count_releases(array);
+            let before = device.copy_count();
+            let imported = DeviceBatch::import(device.clone(), array, case.batch.schema())
+                .unwrap_or_else(|e| panic!("{memory:?}: {e}"));
+            assert!(device.copy_count() - before <= 1, "one read-back at most");
+            let back = transfer.to_host(&imported).unwrap();
+            assert_same(&case.batch, &back, &format!("{memory:?}"));
+            drop(imported);
+            assert_eq!(releases(&count), 1);
+        }
+    }
+    assert!(device.cuda_device().context().check_err().is_ok());
+}
+
+#[test]
+fn import_waits_on_the_producer_without_blocking_the_host() {
+    let (_lock, device) = gpu_or_skip!();
+    // The producer: the same GPU, another stream.
+    let producer = Arc::new(CudaTransferDevice::new(device.cuda_device().clone()).unwrap());
+    let batch = wide_batch(3, 1 << 16);
+    let mut produce = transfer(&producer);
+    let mut consume = transfer(&device);
+    // Warm up everything that could synchronize: staging, memory pools, kernel modules.
+    let warm = produce.to_device(&batch).unwrap();
+    let (array, schema) = warm.export().unwrap();
+    let warm = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert_eq!(consume.to_host(&warm).unwrap(), batch);
+    drop(warm);
+    let scratch = DeviceBuffer::alloc(producer.stream(), 4 * 1024).unwrap();
+    // SAFETY: `scratch` holds 4 * 1024 bytes and lives until the producer synchronizes.
+    unsafe {
+        kernels::testing::launch_spin_fill_u32(
+            producer.stream(),
+            scratch.device_ptr(),
+            1024,
+            7,
+            300_000_000,
+        )
+        .unwrap()
+    };
+    let on_device = produce.to_device(&batch).unwrap();
+    let (array, schema) = on_device.export().unwrap();
+    let (array, count) = count_releases(array);
+    let event = event_of(array.sync_event());
+    drop(on_device);
+    let t = Instant::now();
+    // Int64 columns: no size lives on the device, so nothing is read back.
+    let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(150),
+        "import must not block the host"
+    );
+    // SAFETY: the event is alive (the import holds the export).
+    let pending = unsafe { result::event::query(event) };
+    assert_eq!(
+        pending,
+        Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
+        "the producer should still be spinning"
+    );
+    // The consumer's copies wait for the producer's.
+    assert_eq!(consume.to_host(&imported).unwrap(), batch);
+    drop(imported);
+    assert_eq!(releases(&count), 1);
+    producer.synchronize().unwrap();
+    drop(scratch);
+
+    // With strings the offsets are read back: once, after the producer's event.
+    let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..10_000).map(|i| format!("s{i}")),
+    ));
+    let batch = RecordBatch::try_from_iter([("s", strings)]).unwrap();
+    let on_device = produce.to_device(&batch).unwrap();
+    let (array, schema) = on_device.export().unwrap();
+    let before = device.copy_count();
+    let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert_eq!(device.copy_count() - before, 1);
+    assert_eq!(consume.to_host(&imported).unwrap(), batch);
+}
+
+#[test]
+fn imported_batches_release_the_foreign_memory() {
+    let (_lock, device) = gpu_or_skip!();
+    let dev = device.cuda_device().clone();
+    let mut transfer = transfer(&device);
+    let batch = sample::every_type_batch();
+    let data = arrow_array::StructArray::from(batch.clone()).into_data();
+    let cycle = |transfer: &mut Transfer| {
+        let array = upload_as_foreign(&device, &data, Memory::Device);
+        let (array, count) = count_releases(array);
+        let imported = DeviceBatch::import(device.clone(), array, batch.schema()).unwrap();
+        assert_eq!(transfer.to_host(&imported).unwrap(), batch);
+        // Released from another thread, with no current context.
+        std::thread::spawn(move || drop(imported)).join().unwrap();
+        assert_eq!(releases(&count), 1);
+    };
+    cycle(&mut transfer);
+    let before = free_memory(&dev);
+    for _ in 0..300 {
+        cycle(&mut transfer);
+    }
+    let after = free_memory(&dev);
+    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+    assert!(dev.context().check_err().is_ok());
+}
+
 /// A device that records the staging allocations of the CUDA device it wraps.
 #[derive(Debug)]
 struct RecordingDevice {
@@ -167,6 +519,10 @@ impl Device for RecordingDevice {
     ) -> devarrow_abi::Result<()> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_to_host(src, dst, len) }
+    }
+    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_on_device(copies) }
     }
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
         self.inner.record_event()

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
-use devarrow_abi::device::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::ArrowDeviceType;
 
 use crate::device::CudaDevice;
@@ -372,7 +372,10 @@ impl Device for CudaTransferDevice {
     /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
     /// device table (freed in stream order after the kernel): nothing blocks the host,
     /// unless the previous call's upload has not yet run.
-    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
+    unsafe fn copy_on_device(
+        &self,
+        copies: &[devarrow_abi::device::DeviceCopy],
+    ) -> devarrow_abi::Result<()> {
         let segments: Vec<CopySegment> = copies
             .iter()
             .filter(|c| c.len > 0)
@@ -447,7 +450,9 @@ impl Device for CudaTransferDevice {
         // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
         // in stream order) and is freed in stream order after it (dropped below); the
         // ranges are the caller's guarantee.
-        unsafe { kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64) }?;
+        unsafe {
+            kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64)
+        }?;
         drop(table);
         Ok(())
     }

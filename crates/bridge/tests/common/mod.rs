@@ -2,6 +2,8 @@
 //! device that counts what the bridge asks of it.
 #![allow(dead_code)]
 
+pub mod random;
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
