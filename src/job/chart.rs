@@ -285,7 +285,7 @@ mod tests {
             {
                 return Err(format!("bad tag name {name:?}"));
             }
-            if body.matches('"').count() % 2 != 0 {
+            if !body.matches('"').count().is_multiple_of(2) {
                 return Err(format!("unbalanced quotes in <{tag}>"));
             }
             check_text(&body.replace('"', ""))?;

@@ -273,7 +273,8 @@ pub(crate) mod tests {
         let dir = TempDir::new();
         let input = [sample(1000, 0), sample(500, 1000)];
         let whole = rebatch(&input, 1500).unwrap();
-        let cases: [(&str, fn(&Path, &[RecordBatch]), Format); 3] = [
+        type Writer = fn(&Path, &[RecordBatch]);
+        let cases: [(&str, Writer, Format); 3] = [
             ("t.parquet", write_parquet, Format::Parquet),
             ("t.arrow", write_ipc_file, Format::IpcFile),
             ("t.arrows", write_ipc_stream, Format::IpcStream),
@@ -361,7 +362,7 @@ pub(crate) mod tests {
         let views = StringViewArray::from_iter_values(long.iter());
         let batch = RecordBatch::try_from_iter([("s", Arc::new(views) as ArrayRef)]).unwrap();
         let whole = batch.get_array_memory_size();
-        let out = rebatch(&[batch.clone()], 64).unwrap();
+        let out = rebatch(std::slice::from_ref(&batch), 64).unwrap();
         assert_eq!(out.len(), 64);
         assert_eq!(out[3], batch.slice(192, 64));
         assert!(

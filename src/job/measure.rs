@@ -45,6 +45,16 @@ impl Method {
         }
     }
 
+    /// The short name printed above a column.
+    pub fn short_label(self) -> &'static str {
+        match self {
+            Self::Devarrow => "devarrow",
+            Self::Pinned => "raw pinned",
+            Self::Pageable => "raw pageable",
+            Self::BufferByBuffer => "buffer by buf.",
+        }
+    }
+
     /// The name printed.
     pub fn label(self) -> &'static str {
         match self {

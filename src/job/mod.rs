@@ -275,24 +275,22 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     let mut first = first;
     let count = options.batch_sizes.len();
     for (i, &rows) in options.batch_sizes.iter().enumerate() {
+        progress.begin(&format!(
+            "[{}/{count}] {} rows per batch",
+            i + 1,
+            report::thousands(rows as u64)
+        ));
         let batches = match first.take() {
             Some(batches) => batches,
             None => {
-                progress.begin(&format!(
-                    "preparing batches of {} rows",
-                    report::thousands(rows as u64)
-                ));
-                let batches = source.batches(rows)?;
-                progress.end();
-                batches
+                progress.part(match &source {
+                    Source::Tpch(_) => "generating",
+                    Source::File(_) => "cutting",
+                });
+                source.batches(rows)?
             }
         };
-        progress.begin(&format!(
-            "[{}/{count}] {} rows per batch, {}",
-            i + 1,
-            report::thousands(rows as u64),
-            report::count(batches.len(), "batch", "batches")
-        ));
+        progress.part(&report::count(batches.len(), "batch", "batches"));
         let point =
             measure::measure_point(&selected.device, &batches, rows, options.reps, progress)?;
         if export_check.is_none() {
@@ -317,16 +315,15 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     };
     if let Some(path) = &run.options.chart {
         let title = format!(
-            "Host-device transfer: {} on {}",
-            run.data.describe(),
-            run.device.name
+            "Host-device transfer bandwidth on the {} ({})",
+            run.device.name, run.device.id
         );
         let subtitle = format!(
-            "devarrow {} (commit {}), best of {}; {}",
+            "{}; devarrow {} (commit {}), best of {}",
+            run.data.short(),
             env!("CARGO_PKG_VERSION"),
             devarrow::GIT_COMMIT,
             run.options.reps,
-            run.device.id
         );
         write_file(path, "chart", &chart::svg(&run.points, &title, &subtitle))?;
     }

@@ -40,13 +40,23 @@ pub struct DataInfo {
 }
 
 impl DataInfo {
-    /// A one-line description.
-    pub fn describe(&self) -> String {
-        let what = match (&self.path, self.scale) {
+    /// What the data is: the file, or the table and scale.
+    fn what(&self) -> String {
+        match (&self.path, self.scale) {
             (Some(path), _) => format!("{path} ({})", self.kind),
             (None, Some(scale)) => format!("TPC-H lineitem, scale {scale}"),
             (None, None) => self.kind.clone(),
-        };
+        }
+    }
+
+    /// A short description: what and how many rows.
+    pub fn short(&self) -> String {
+        format!("{}, {}", self.what(), count(self.rows, "row", "rows"))
+    }
+
+    /// A one-line description.
+    pub fn describe(&self) -> String {
+        let what = self.what();
         format!(
             "{what}: {} rows, {} columns, {:.1} MB of Arrow buffers",
             thousands(self.rows as u64),
@@ -77,7 +87,7 @@ pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -108,9 +118,9 @@ pub fn human_duration(d: Duration) -> String {
 
 /// `1024` as `1K`, `1048576` as `1M`, others as they are.
 pub fn short_rows(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()
@@ -169,6 +179,13 @@ impl Run {
         }
         if let Some(check) = &self.export_check {
             let _ = writeln!(out, "{check}");
+        }
+        if self.device.id == "cpu" {
+            let _ = writeln!(
+                out,
+                "note: on the CPU device every copy is a memcpy within host memory, so these \
+                 figures show devarrow's host-side costs, not a host-device link"
+            );
         }
         if let Some(path) = &o.chart {
             let _ = writeln!(out, "chart:   {}", path.display());
@@ -261,10 +278,10 @@ impl Run {
 fn point_table(out: &mut String, p: &Point) {
     let _ = writeln!(
         out,
-        "{} rows per batch: {} of {}",
+        "{} rows per batch: {} in {}",
         thousands(p.batch_rows as u64),
-        count(p.batches, "batch", "batches"),
-        count(p.rows, "row", "rows")
+        count(p.rows, "row", "rows"),
+        count(p.batches, "batch", "batches")
     );
     let _ = writeln!(
         out,
@@ -302,9 +319,9 @@ fn sweep_table(out: &mut String, points: &[Point]) {
     );
     let _ = write!(out, "  {:>10} {:>8}", "", "");
     for method in Method::ALL {
-        let _ = write!(out, "  {:^15}", method.label());
+        let _ = write!(out, "  {:^15}", method.short_label());
     }
-    let _ = writeln!(out, "  {:^13}", "devarrow %");
+    let _ = writeln!(out, "  {:^13}", "% of pinned");
     let _ = write!(out, "  {:>10} {:>8}", "rows/batch", "batches");
     for _ in Method::ALL {
         let _ = write!(out, "  {:>7} {:>7}", "H2D", "D2H");
@@ -432,7 +449,7 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(
-            text.contains("65,536 rows per batch: 4 batches of 262,144 rows"),
+            text.contains("65,536 rows per batch: 262,144 rows in 4 batches"),
             "{text}"
         );
         for label in [
