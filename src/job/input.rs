@@ -39,7 +39,8 @@ impl Format {
 /// Decides the format of `path` from its magic bytes, else from its extension.
 pub fn detect_format(path: &Path) -> Result<Format, JobError> {
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| JobError::new(format!("{shown}: {e}")))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| JobError::new(format!("cannot read the input {shown}: {e}")))?;
     if meta.is_dir() {
         return Err(JobError::new(format!("{shown} is a directory, not a file")));
     }

@@ -16,6 +16,13 @@ pub const DEFAULT_BATCH_ROWS: usize = 64 << 10;
 /// in steps of 4.
 pub const DEFAULT_SWEEP: [usize; 6] = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
 
+/// Examples shown at the end of `--help`.
+const EXAMPLES: &str = "Examples:
+  devarrow                                  lineitem at scale 0.1, 64K rows per batch
+  devarrow --device cpu --scale 0.01 --json -
+  devarrow --chart sweep.svg --json sweep.json
+  devarrow --input data.parquet --batch-size 64K,1M";
+
 /// Largest accepted `--batch-size`.
 const MAX_BATCH_ROWS: usize = 1 << 30;
 
@@ -23,7 +30,7 @@ const MAX_BATCH_ROWS: usize = 1 << 30;
 /// devarrow, beside raw pinned and pageable copies of the same byte count and a
 /// buffer-by-buffer copy, and checks that every batch comes back equal.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "devarrow", version, about, long_about = None)]
+#[command(name = "devarrow", version, after_help = EXAMPLES)]
 pub struct Cli {
     /// TPC-H scale factor of the generated `lineitem` table (1.0 is about 6 million rows)
     /// [default: 0.1]
