@@ -288,3 +288,45 @@ fn an_input_without_rows_is_an_error() {
     let stderr = assert_one_line_error(&devarrow(&["--input", &path]), 1);
     assert!(stderr.contains("holds no rows"), "{stderr}");
 }
+
+#[test]
+fn lineitem_from_an_arrow_ipc_file_cut_into_other_batch_sizes() {
+    let dir = TempDir::new("lineitem");
+    let path = dir.path("lineitem.arrow");
+    let batches = devarrow::tpch::lineitem(0.001, 4000);
+    let mut w = arrow_ipc::writer::FileWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        &devarrow::tpch::lineitem_schema(),
+    )
+    .unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.finish().unwrap();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+
+    let out = devarrow(&[
+        "--input",
+        &path,
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--batch-size",
+        "1000,5K",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["data"]["kind"], "arrow-ipc-file");
+    assert_eq!(v["data"]["rows"], rows);
+    assert_eq!(v["data"]["columns"], 16);
+    for p in v["points"].as_array().unwrap() {
+        let size = p["batch_rows"].as_u64().unwrap() as usize;
+        assert_eq!(p["batches"], rows.div_ceil(size), "{p}");
+        assert_eq!(p["rows"], rows);
+        assert_eq!(p["max_batch_rows"], size);
+        assert_eq!(p["verified"], true);
+    }
+}

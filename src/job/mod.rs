@@ -173,6 +173,20 @@ fn check_writable(path: &Path, what: &str) -> Result<(), JobError> {
     Ok(())
 }
 
+/// Writes to stdout; a reader that went away (`devarrow | head`) is not an error.
+fn print_stdout(text: &str) -> Result<(), JobError> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(JobError::new(format!("cannot write to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn write_file(path: &Path, what: &str, contents: &str) -> Result<(), JobError> {
     std::fs::write(path, contents).map_err(|e| {
         JobError::new(format!(
@@ -327,15 +341,16 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         );
         write_file(path, "chart", &chart::svg(&run.points, &title, &subtitle))?;
     }
-    let json = || serde_json::to_string_pretty(&run.json()).expect("JSON values serialize");
-    match &run.options.json {
-        Some(JsonTarget::Stdout) => println!("{}", json()),
+    let json = || serde_json::to_string_pretty(&run.json()).expect("JSON values serialize") + "\n";
+    let stdout = match &run.options.json {
+        Some(JsonTarget::Stdout) => json(),
         Some(JsonTarget::File(path)) => {
-            write_file(path, "JSON", &(json() + "\n"))?;
-            print!("{}", run.text());
+            write_file(path, "JSON", &json())?;
+            run.text()
         }
-        None => print!("{}", run.text()),
-    }
+        None => run.text(),
+    };
+    print_stdout(&stdout)?;
     Ok(())
 }
 
