@@ -272,6 +272,12 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             ));
             let batches = devarrow::tpch::lineitem(options.scale, rows);
             progress.end();
+            if batches.iter().all(|b| b.num_rows() == 0) {
+                return Err(JobError::new(format!(
+                    "TPC-H lineitem at scale {} has no rows: use a larger --scale",
+                    options.scale
+                )));
+            }
             let data = DataInfo {
                 kind: "tpch-lineitem".into(),
                 path: None,

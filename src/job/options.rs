@@ -23,6 +23,13 @@ const EXAMPLES: &str = "Examples:
   devarrow --chart sweep.svg --json sweep.json
   devarrow --input data.parquet --batch-size 64K,1M";
 
+/// Smallest accepted `--scale` (about 6,000 rows; the generator fails on much smaller
+/// scales).
+const MIN_SCALE: f64 = 0.001;
+
+/// Largest accepted `--scale`.
+const MAX_SCALE: f64 = 1000.0;
+
 /// Largest accepted `--batch-size`.
 const MAX_BATCH_ROWS: usize = 1 << 30;
 
@@ -32,8 +39,8 @@ const MAX_BATCH_ROWS: usize = 1 << 30;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "devarrow", version, after_help = EXAMPLES)]
 pub struct Cli {
-    /// TPC-H scale factor of the generated `lineitem` table (1.0 is about 6 million rows)
-    /// [default: 0.1]
+    /// TPC-H scale factor of the generated `lineitem` table, 0.001 to 1000 (1.0 is about
+    /// 6 million rows) [default: 0.1]
     #[arg(long, value_parser = parse_scale, conflicts_with = "input")]
     pub scale: Option<f64>,
 
@@ -157,8 +164,10 @@ impl Cli {
 /// Parses a positive, finite scale factor.
 pub fn parse_scale(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 1000.0 => Ok(v),
-        Ok(_) => Err("the scale must be a number in (0, 1000]".into()),
+        Ok(v) if (MIN_SCALE..=MAX_SCALE).contains(&v) => Ok(v),
+        Ok(_) => Err(format!(
+            "the scale must be between {MIN_SCALE} and {MAX_SCALE}"
+        )),
         Err(_) => Err("the scale must be a number (e.g. 0.1)".into()),
     }
 }
@@ -335,6 +344,8 @@ mod tests {
     fn bad_options_are_errors() {
         for args in [
             &["--scale", "0"][..],
+            &["--scale", "0.00001"],
+            &["--scale", "inf"],
             &["--scale", "-1"],
             &["--scale", "nan"],
             &["--scale", "x"],

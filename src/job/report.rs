@@ -237,6 +237,14 @@ impl Run {
         json!({
             "devarrow_version": env!("CARGO_PKG_VERSION"),
             "commit": devarrow::GIT_COMMIT,
+            "unix_time": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            "host": {
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            },
             "device": {
                 "id": self.device.id,
                 "name": self.device.name,
@@ -489,6 +497,8 @@ pub(crate) mod tests {
         // Round trip through text: what `--json` writes parses.
         let v: Value = serde_json::from_str(&serde_json::to_string_pretty(&v).unwrap()).unwrap();
         assert_eq!(v["commit"], devarrow::GIT_COMMIT);
+        assert!(v["unix_time"].as_u64().unwrap() > 1_600_000_000);
+        assert!(v["host"]["cpus"].as_u64().unwrap() >= 1);
         assert_eq!(v["device"]["id"], "cpu");
         assert_eq!(v["device"]["cuda_unavailable"], "no driver");
         assert!(v["device"]["cuda_devices"].is_null());
