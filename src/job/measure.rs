@@ -1,0 +1,468 @@
+//! The measurements: devarrow's transfer of a set of batches each way, raw pinned and
+//! pageable copies of the same byte count, and the buffer-by-buffer baseline, all on
+//! one device, each timed until its copies have completed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use devarrow::abi::device::Device;
+use devarrow::bridge::baseline::{BufferByBuffer, RawCopy};
+use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+
+use super::{JobError, Progress};
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// devarrow's `Transfer` (packed, staged through pinned memory, asynchronous).
+    Devarrow,
+    /// One raw copy of all the bytes from or to pinned (staging) memory: the link's
+    /// ceiling.
+    Pinned,
+    /// One raw copy of all the bytes from or to pageable memory.
+    Pageable,
+    /// One allocation and one synchronous copy per Arrow buffer.
+    BufferByBuffer,
+}
+
+impl Method {
+    /// Every method, in the order reported.
+    pub const ALL: [Method; 4] = [
+        Method::Devarrow,
+        Method::Pinned,
+        Method::Pageable,
+        Method::BufferByBuffer,
+    ];
+
+    /// The identifier used in JSON and in the chart.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Devarrow => "devarrow",
+            Self::Pinned => "pinned",
+            Self::Pageable => "pageable",
+            Self::BufferByBuffer => "buffer_by_buffer",
+        }
+    }
+
+    /// The short name printed above a column.
+    pub fn short_label(self) -> &'static str {
+        match self {
+            Self::Devarrow => "devarrow",
+            Self::Pinned => "raw pinned",
+            Self::Pageable => "raw pageable",
+            Self::BufferByBuffer => "buffer by buf.",
+        }
+    }
+
+    /// The name printed.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Devarrow => "devarrow",
+            Self::Pinned => "raw pinned copy",
+            Self::Pageable => "raw pageable copy",
+            Self::BufferByBuffer => "buffer by buffer",
+        }
+    }
+}
+
+/// A direction of transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Host to device.
+    HostToDevice,
+    /// Device to host.
+    DeviceToHost,
+}
+
+impl Direction {
+    /// Both directions, in the order reported.
+    pub const ALL: [Direction; 2] = [Direction::HostToDevice, Direction::DeviceToHost];
+
+    /// The identifier used in JSON and in the chart.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::HostToDevice => "host_to_device",
+            Self::DeviceToHost => "device_to_host",
+        }
+    }
+
+    /// The name printed.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::HostToDevice => "host -> device",
+            Self::DeviceToHost => "device -> host",
+        }
+    }
+
+    /// The short name printed in tables and legends.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::HostToDevice => "H2D",
+            Self::DeviceToHost => "D2H",
+        }
+    }
+}
+
+/// The timings of one method in one direction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// What was measured.
+    pub method: Method,
+    /// Which way.
+    pub direction: Direction,
+    /// Bytes moved per repetition.
+    pub bytes: usize,
+    /// Copies issued per repetition.
+    pub copies: u64,
+    /// The time of every timed repetition (the warm-up excluded).
+    pub times: Vec<Duration>,
+}
+
+impl Timing {
+    /// The fastest repetition.
+    pub fn best(&self) -> Duration {
+        self.times.iter().copied().min().unwrap_or_default()
+    }
+
+    /// The median repetition.
+    pub fn median(&self) -> Duration {
+        let mut t = self.times.clone();
+        t.sort_unstable();
+        t.get(t.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// Bandwidth of the best repetition in GB/s (10^9 bytes per second).
+    pub fn gbps(&self) -> f64 {
+        gbps(self.bytes, self.best())
+    }
+}
+
+/// `bytes` in `time`, in GB/s (0 for a zero time).
+pub fn gbps(bytes: usize, time: Duration) -> f64 {
+    let s = time.as_secs_f64();
+    if s > 0.0 {
+        bytes as f64 / s / 1e9
+    } else {
+        0.0
+    }
+}
+
+/// Every measurement at one batch size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    /// The batch size asked for, in rows.
+    pub batch_rows: usize,
+    /// The number of batches.
+    pub batches: usize,
+    /// Rows in all batches.
+    pub rows: usize,
+    /// The largest batch, in rows.
+    pub max_batch_rows: usize,
+    /// Every method in both directions.
+    pub timings: Vec<Timing>,
+    /// Whether every batch came back from the device equal to the input.
+    pub verified: bool,
+}
+
+impl Point {
+    /// The timing of `method` in `direction`.
+    pub fn timing(&self, method: Method, direction: Direction) -> Option<&Timing> {
+        self.timings
+            .iter()
+            .find(|t| t.method == method && t.direction == direction)
+    }
+
+    /// `method`'s bandwidth as a percentage of the pinned copy's, in `direction`.
+    pub fn percent_of_pinned(&self, method: Method, direction: Direction) -> Option<f64> {
+        let pinned = self.timing(Method::Pinned, direction)?.gbps();
+        let this = self.timing(method, direction)?.gbps();
+        (pinned > 0.0).then(|| 100.0 * this / pinned)
+    }
+}
+
+fn abi(what: &str) -> impl Fn(devarrow::abi::Error) -> JobError + '_ {
+    move |e| JobError::new(format!("{what}: {e}"))
+}
+
+/// Runs `reps + 1` repetitions of `f` on `state` (the first is a warm-up), each after
+/// an untimed `reset` of it, and returns the times of the timed ones.
+fn repeat<S>(
+    reps: usize,
+    state: &mut S,
+    mut reset: impl FnMut(&mut S) -> Result<(), JobError>,
+    mut f: impl FnMut(&mut S) -> Result<(), JobError>,
+) -> Result<Vec<Duration>, JobError> {
+    let mut times = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        reset(state)?;
+        let start = Instant::now();
+        f(state)?;
+        let elapsed = start.elapsed();
+        if rep > 0 {
+            times.push(elapsed);
+        }
+    }
+    Ok(times)
+}
+
+/// Measures every method on `batches` (one batch size), checking that devarrow brings
+/// every batch back equal.
+pub fn measure_point(
+    device: &Arc<dyn Device>,
+    batches: &[RecordBatch],
+    batch_rows: usize,
+    reps: usize,
+    progress: &Progress,
+) -> Result<Point, JobError> {
+    let sync = || {
+        device
+            .synchronize()
+            .map_err(abi("synchronizing the device"))
+    };
+    let mut timings = Vec::with_capacity(8);
+
+    // devarrow, host to device: `to_device` returns once the copies are enqueued, so the
+    // time runs until the events of every batch have completed.
+    progress.part("devarrow");
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
+    let mut copies = 0;
+    let times = repeat(
+        reps,
+        &mut on_device,
+        |on_device| {
+            // Free the last repetition's device memory outside the timed region.
+            on_device.clear();
+            sync()
+        },
+        |on_device| {
+            let before = device.copy_count();
+            for batch in batches {
+                on_device.push(
+                    transfer
+                        .to_device(batch)
+                        .map_err(abi("moving a batch to the device"))?,
+                );
+            }
+            for batch in on_device.iter() {
+                batch
+                    .event()
+                    .wait_host()
+                    .map_err(abi("waiting for a transfer"))?;
+            }
+            copies = device.copy_count() - before;
+            Ok(())
+        },
+    )?;
+    let bytes: usize = on_device.iter().map(DeviceBatch::device_bytes).sum();
+    timings.push(Timing {
+        method: Method::Devarrow,
+        direction: Direction::HostToDevice,
+        bytes,
+        copies,
+        times,
+    });
+
+    // devarrow, device to host: `to_host` returns the rebuilt batch once copied.
+    let mut back: Vec<RecordBatch> = Vec::with_capacity(batches.len());
+    let times = repeat(
+        reps,
+        &mut back,
+        |back| {
+            back.clear();
+            Ok(())
+        },
+        |back| {
+            let before = device.copy_count();
+            for batch in &on_device {
+                back.push(
+                    transfer
+                        .to_host(batch)
+                        .map_err(abi("moving a batch back to the host"))?,
+                );
+            }
+            copies = device.copy_count() - before;
+            Ok(())
+        },
+    )?;
+    timings.push(Timing {
+        method: Method::Devarrow,
+        direction: Direction::DeviceToHost,
+        bytes,
+        copies,
+        times,
+    });
+    if let Some(i) = (0..batches.len()).find(|&i| back[i] != batches[i]) {
+        return Err(JobError::new(format!(
+            "batch {i} of {} rows came back from the {} device different from the input",
+            batches[i].num_rows(),
+            device.device_type()
+        )));
+    }
+    drop((back, on_device, transfer));
+    sync()?;
+
+    // Raw copies of the same byte count, in one copy each.
+    progress.part("raw copies");
+    let mut raw =
+        RawCopy::new(device.clone(), bytes).map_err(abi("allocating the raw copy buffers"))?;
+    type Step = fn(&mut RawCopy) -> devarrow::abi::Result<()>;
+    let steps: [(Method, Direction, Step); 4] = [
+        (
+            Method::Pinned,
+            Direction::HostToDevice,
+            RawCopy::pinned_to_device,
+        ),
+        (
+            Method::Pinned,
+            Direction::DeviceToHost,
+            RawCopy::pinned_to_host,
+        ),
+        (
+            Method::Pageable,
+            Direction::HostToDevice,
+            RawCopy::pageable_to_device,
+        ),
+        (
+            Method::Pageable,
+            Direction::DeviceToHost,
+            RawCopy::pageable_to_host,
+        ),
+    ];
+    for (method, direction, step) in steps {
+        let times = repeat(
+            reps,
+            &mut raw,
+            |_| Ok(()),
+            |raw| step(raw).map_err(abi("a raw copy")),
+        )?;
+        timings.push(Timing {
+            method,
+            direction,
+            bytes,
+            copies: 1,
+            times,
+        });
+    }
+    drop(raw);
+
+    // Buffer by buffer: one allocation and one synchronous copy per buffer.
+    progress.part("buffer by buffer");
+    let per_batch: Vec<BufferByBuffer> = batches
+        .iter()
+        .map(|b| BufferByBuffer::new(device.clone(), b))
+        .collect();
+    let bbb_bytes: usize = per_batch.iter().map(BufferByBuffer::bytes).sum();
+    let bbb_copies: u64 = per_batch.iter().map(|b| b.buffer_count() as u64).sum();
+    let mut on_device = Vec::with_capacity(per_batch.len());
+    let times = repeat(
+        reps,
+        &mut on_device,
+        |on_device| {
+            on_device.clear();
+            sync()
+        },
+        |on_device| {
+            for b in &per_batch {
+                on_device.push(b.to_device().map_err(abi("a buffer-by-buffer copy"))?);
+            }
+            Ok(())
+        },
+    )?;
+    timings.push(Timing {
+        method: Method::BufferByBuffer,
+        direction: Direction::HostToDevice,
+        bytes: bbb_bytes,
+        copies: bbb_copies,
+        times,
+    });
+    let mut moved = 0;
+    let times = repeat(
+        reps,
+        &mut moved,
+        |moved| {
+            *moved = 0;
+            Ok(())
+        },
+        |moved| {
+            for (b, memory) in per_batch.iter().zip(&on_device) {
+                let host = b.to_host(memory).map_err(abi("a buffer-by-buffer copy"))?;
+                *moved += host.iter().map(Vec::len).sum::<usize>();
+            }
+            Ok(())
+        },
+    )?;
+    if moved != bbb_bytes {
+        return Err(JobError::new(format!(
+            "the buffer-by-buffer baseline moved {moved} bytes back instead of {bbb_bytes}"
+        )));
+    }
+    timings.push(Timing {
+        method: Method::BufferByBuffer,
+        direction: Direction::DeviceToHost,
+        bytes: bbb_bytes,
+        copies: bbb_copies,
+        times,
+    });
+    drop(on_device);
+    sync()?;
+
+    Ok(Point {
+        batch_rows,
+        batches: batches.len(),
+        rows: batches.iter().map(|b| b.num_rows()).sum(),
+        max_batch_rows: batches.iter().map(|b| b.num_rows()).max().unwrap_or(0),
+        timings,
+        verified: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devarrow::abi::device::CpuDevice;
+
+    #[test]
+    fn every_method_both_ways_on_the_cpu_device() {
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+        let batches = devarrow::tpch::lineitem(0.001, 2000);
+        let point = measure_point(&device, &batches, 2000, 2, &Progress::off()).unwrap();
+        assert!(point.verified);
+        assert_eq!(point.batches, batches.len());
+        assert!(point.rows > 5000);
+        assert_eq!(point.timings.len(), 8);
+        for method in Method::ALL {
+            for direction in Direction::ALL {
+                let t = point.timing(method, direction).unwrap();
+                assert_eq!(t.times.len(), 2);
+                assert!(t.bytes > 0 && t.copies > 0, "{t:?}");
+                assert!(t.best() <= t.median());
+            }
+        }
+        let dev = point
+            .timing(Method::Devarrow, Direction::HostToDevice)
+            .unwrap();
+        assert_eq!(
+            dev.bytes,
+            point
+                .timing(Method::Pinned, Direction::HostToDevice)
+                .unwrap()
+                .bytes
+        );
+        let bbb = point
+            .timing(Method::BufferByBuffer, Direction::HostToDevice)
+            .unwrap();
+        assert!(bbb.copies > dev.copies, "{} vs {}", bbb.copies, dev.copies);
+        assert_eq!(
+            point.percent_of_pinned(Method::Pinned, Direction::DeviceToHost),
+            Some(100.0)
+        );
+    }
+
+    #[test]
+    fn bandwidth() {
+        assert_eq!(gbps(2_000_000_000, Duration::from_secs(2)), 1.0);
+        assert_eq!(gbps(1, Duration::ZERO), 0.0);
+    }
+}

@@ -1,0 +1,400 @@
+//! The main job: builds or reads Arrow data, moves it to a device and back with devarrow
+//! at one or more batch sizes, beside raw pinned and pageable copies of the same byte
+//! count and a buffer-by-buffer copy, checks it comes back equal, and reports a table,
+//! JSON and an SVG chart.
+//!
+//! - [`options`]: the command line;
+//! - [`device`]: choosing the device (CUDA when there is one, else the CPU device);
+//! - [`input`]: generated TPC-H `lineitem`, or a Parquet / Arrow IPC file;
+//! - [`measure`]: the timed transfers;
+//! - [`report`]: the table and the JSON;
+//! - [`chart`]: the SVG chart.
+
+pub mod chart;
+pub mod device;
+pub mod input;
+pub mod measure;
+pub mod options;
+pub mod report;
+
+use std::cell::Cell;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use clap::Parser as _;
+use devarrow::abi::cpu;
+use devarrow::bridge::{Transfer, TransferOptions};
+use devarrow::cuda::ImportedArray;
+
+use self::device::Selected;
+use self::options::{Cli, JsonTarget, Options};
+use self::report::{DataInfo, DeviceInfo, Run};
+
+/// A failure of the job: one line for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobError(String);
+
+impl JobError {
+    /// An error saying `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // One line, whatever the source error looked like.
+        f.write_str(&self.0.replace('\n', " "))
+    }
+}
+
+impl std::error::Error for JobError {}
+
+/// Progress on stderr: one line per stage, the parts of a stage on that line.
+#[derive(Debug)]
+pub struct Progress {
+    enabled: bool,
+    stage: Cell<Option<Instant>>,
+    parts: Cell<usize>,
+}
+
+impl Progress {
+    /// Progress printed when `enabled`.
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            stage: Cell::new(None),
+            parts: Cell::new(0),
+        }
+    }
+
+    /// No progress.
+    #[cfg(test)]
+    pub fn off() -> Self {
+        Self::new(false)
+    }
+
+    /// Starts a stage: prints `what` (no newline yet).
+    pub fn begin(&self, what: &str) {
+        if self.enabled {
+            eprint!("devarrow: {what}");
+            let _ = std::io::stderr().flush();
+        }
+        self.stage.set(Some(Instant::now()));
+        self.parts.set(0);
+    }
+
+    /// Notes a part of the current stage.
+    pub fn part(&self, what: &str) {
+        if self.enabled {
+            let sep = if self.parts.get() == 0 { ": " } else { ", " };
+            eprint!("{sep}{what}");
+            let _ = std::io::stderr().flush();
+        }
+        self.parts.set(self.parts.get() + 1);
+    }
+
+    /// Ends a line left open by a stage that failed, so an error prints on its own line.
+    pub fn interrupt(&self) {
+        if self.stage.take().is_some() && self.enabled {
+            eprintln!();
+        }
+    }
+
+    /// Ends the stage with its duration.
+    pub fn end(&self) {
+        if let Some(start) = self.stage.take() {
+            if self.enabled {
+                eprintln!(" ({:.1} s)", start.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// A line of its own.
+    pub fn note(&self, what: &str) {
+        if self.enabled {
+            eprintln!("devarrow: {what}");
+        }
+    }
+}
+
+/// Runs the job from the process's command line: the exit code is 0 on success, 1 on a
+/// failure (one line on stderr), 2 on a bad command line.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // clap's first line is the error; the rest is usage we shorten to a hint.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("bad command line");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("devarrow: error: {first} (see devarrow --help)");
+            return ExitCode::from(2);
+        }
+    };
+    let options = cli.resolve();
+    let progress = Progress::new(options.progress);
+    match run(options, &progress) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            progress.interrupt();
+            eprintln!("devarrow: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Checks that `path` can be written to, before the run spends time measuring.
+fn check_writable(path: &Path, what: &str) -> Result<(), JobError> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        if !parent.is_dir() {
+            return Err(JobError::new(format!(
+                "cannot write the {what} to {}: {} is not a directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
+    if path.is_dir() {
+        return Err(JobError::new(format!(
+            "cannot write the {what} to {}: it is a directory",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes to stdout; a reader that went away (`devarrow | head`) is not an error.
+fn print_stdout(text: &str) -> Result<(), JobError> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(JobError::new(format!("cannot write to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn write_file(path: &Path, what: &str, contents: &str) -> Result<(), JobError> {
+    std::fs::write(path, contents).map_err(|e| {
+        JobError::new(format!(
+            "cannot write the {what} to {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// The data, in batches of one size.
+enum Source {
+    /// TPC-H `lineitem`, generated at every batch size (batches as the generator emits
+    /// them, one set per thread, so the last batch of each set may be shorter).
+    Tpch(f64),
+    /// A file's batches, cut to every batch size.
+    File(Vec<RecordBatch>),
+}
+
+impl Source {
+    fn batches(&self, rows: usize) -> Result<Vec<RecordBatch>, JobError> {
+        match self {
+            Self::Tpch(scale) => Ok(devarrow::tpch::lineitem(*scale, rows)),
+            Self::File(batches) => input::rebatch(batches, rows)
+                .map_err(|e| JobError::new(format!("cutting the input into batches: {e}"))),
+        }
+    }
+}
+
+/// Runs the job with resolved options, showing `progress`.
+pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
+    if let Some(JsonTarget::File(path)) = &options.json {
+        check_writable(path, "JSON")?;
+    }
+    if let Some(path) = &options.chart {
+        check_writable(path, "chart")?;
+    }
+    // A file is read before the device opens, so that a bad file is its only message.
+    let loaded = match &options.input {
+        Some(path) => {
+            let start = Instant::now();
+            let (format, batches) = input::load(path)?;
+            if batches.iter().all(|b| b.num_rows() == 0) {
+                return Err(JobError::new(format!(
+                    "{} holds no rows: nothing to transfer",
+                    path.display()
+                )));
+            }
+            progress.note(&format!(
+                "read {} ({}) in {:.1} s",
+                path.display(),
+                format.name(),
+                start.elapsed().as_secs_f64()
+            ));
+            Some((path, format, batches))
+        }
+        None => None,
+    };
+
+    let selected = device::select(options.device)?;
+    match &selected.fallback {
+        Some(why) => progress.note(&format!("{why}; running on the CPU device")),
+        None => progress.note(&format!("running on {} ({})", selected.name, selected.id)),
+    }
+
+    let (source, data, first) = match loaded {
+        Some((path, format, batches)) => {
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            let data = DataInfo {
+                kind: format.name().into(),
+                path: Some(path.display().to_string()),
+                scale: None,
+                rows,
+                columns: batches[0].num_columns(),
+                arrow_bytes: devarrow::tpch::batch_bytes(&batches),
+            };
+            (Source::File(batches), data, None)
+        }
+        None => {
+            let rows = options.batch_sizes[0];
+            progress.begin(&format!(
+                "generating TPC-H lineitem at scale {}",
+                options.scale
+            ));
+            let batches = devarrow::tpch::lineitem(options.scale, rows);
+            progress.end();
+            if batches.iter().all(|b| b.num_rows() == 0) {
+                return Err(JobError::new(format!(
+                    "TPC-H lineitem at scale {} has no rows: use a larger --scale",
+                    options.scale
+                )));
+            }
+            let data = DataInfo {
+                kind: "tpch-lineitem".into(),
+                path: None,
+                scale: Some(options.scale),
+                rows: batches.iter().map(|b| b.num_rows()).sum(),
+                columns: devarrow::tpch::lineitem_schema().fields().len(),
+                arrow_bytes: devarrow::tpch::batch_bytes(&batches),
+            };
+            (Source::Tpch(options.scale), data, Some(batches))
+        }
+    };
+
+    let mut points = Vec::with_capacity(options.batch_sizes.len());
+    let mut export_check = None;
+    let mut first = first;
+    let count = options.batch_sizes.len();
+    for (i, &rows) in options.batch_sizes.iter().enumerate() {
+        progress.begin(&format!(
+            "[{}/{count}] {} rows per batch",
+            i + 1,
+            report::thousands(rows as u64)
+        ));
+        let batches = match first.take() {
+            Some(batches) => batches,
+            None => {
+                progress.part(match &source {
+                    Source::Tpch(_) => "generating",
+                    Source::File(_) => "cutting",
+                });
+                source.batches(rows)?
+            }
+        };
+        progress.part(&report::count(batches.len(), "batch", "batches"));
+        let point =
+            measure::measure_point(&selected.device, &batches, rows, options.reps, progress)?;
+        if export_check.is_none() {
+            progress.part("export/import");
+            export_check = Some(check_export(&selected, &batches[0])?);
+        }
+        progress.end();
+        points.push(point);
+    }
+
+    let run = Run {
+        device: DeviceInfo {
+            id: selected.id.clone(),
+            name: selected.name.clone(),
+            cuda_summary: selected.cuda_summary.clone(),
+            fallback: selected.fallback.clone(),
+        },
+        data,
+        points,
+        export_check,
+        options,
+    };
+    if let Some(path) = &run.options.chart {
+        let title = format!(
+            "Host-device transfer bandwidth on the {} ({})",
+            run.device.name, run.device.id
+        );
+        let subtitle = format!(
+            "{}; devarrow {} (commit {}), best of {}",
+            run.data.short(),
+            env!("CARGO_PKG_VERSION"),
+            devarrow::GIT_COMMIT,
+            run.options.reps,
+        );
+        write_file(path, "chart", &chart::svg(&run.points, &title, &subtitle))?;
+    }
+    let json = || serde_json::to_string_pretty(&run.json()).expect("JSON values serialize") + "\n";
+    let stdout = match &run.options.json {
+        Some(JsonTarget::Stdout) => json(),
+        Some(JsonTarget::File(path)) => {
+            write_file(path, "JSON", &json())?;
+            run.text()
+        }
+        None => run.text(),
+    };
+    print_stdout(&stdout)?;
+    Ok(())
+}
+
+/// Exports `batch`, moved to the device, through the C Device Data Interface and imports
+/// it again: on the CPU device back into a record batch compared with the input, on CUDA
+/// onto a consumer stream that waits on the batch's event.
+fn check_export(selected: &Selected, batch: &RecordBatch) -> Result<String, JobError> {
+    let fail = |e: &dyn std::fmt::Display| JobError::new(format!("export/import check: {e}"));
+    let mut transfer = Transfer::new(selected.device.clone(), TransferOptions::default());
+    let on_device = transfer.to_device(batch).map_err(|e| fail(&e))?;
+    let start = Instant::now();
+    let (array, schema) = on_device.export().map_err(|e| fail(&e))?;
+    match &selected.cuda {
+        None => {
+            let back = cpu::import_record_batch(array, &schema).map_err(|e| fail(&e))?;
+            if &back != batch {
+                return Err(fail(&"the imported batch differs from the input"));
+            }
+        }
+        Some(cuda) => {
+            let consumer = cuda.cuda_device().new_stream().map_err(|e| fail(&e))?;
+            let imported = ImportedArray::import(array, &consumer).map_err(|e| fail(&e))?;
+            imported.synchronize_host().map_err(|e| fail(&e))?;
+            if imported.device_type() != on_device.device().device_type()
+                || imported.array().length != batch.num_rows() as i64
+            {
+                return Err(fail(
+                    &"the imported array does not match the exported batch",
+                ));
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    Ok(format!(
+        "ok: a device batch exported as an ArrowDeviceArray ({}, device {}) and imported \
+         again in {}",
+        on_device.device().device_type(),
+        on_device.device().device_id(),
+        report::human_duration(elapsed)
+    ))
+}

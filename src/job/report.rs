@@ -1,0 +1,538 @@
+//! What a run prints (a table) and writes (JSON).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::measure::{Direction, Method, Point};
+use super::options::{JsonTarget, Options};
+
+/// The device a run used, as reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// `cuda:N` or `cpu`.
+    pub id: String,
+    /// The GPU's name, or `CPU device`.
+    pub name: String,
+    /// The machine's CUDA devices (one line), or why there are none.
+    pub cuda_summary: Result<String, String>,
+    /// Why `auto` fell back to the CPU device.
+    pub fallback: Option<String>,
+}
+
+/// The data a run moved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataInfo {
+    /// `tpch-lineitem` or the input file's format.
+    pub kind: String,
+    /// The input file.
+    pub path: Option<String>,
+    /// The TPC-H scale of generated data.
+    pub scale: Option<f64>,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub columns: usize,
+    /// Bytes of Arrow buffers the data holds in host memory (capacity, before cutting
+    /// it into batches).
+    pub arrow_bytes: usize,
+}
+
+impl DataInfo {
+    /// What the data is: the file, or the table and scale.
+    fn what(&self) -> String {
+        match (&self.path, self.scale) {
+            (Some(path), _) => format!("{path} ({})", self.kind),
+            (None, Some(scale)) => format!("TPC-H lineitem, scale {scale}"),
+            (None, None) => self.kind.clone(),
+        }
+    }
+
+    /// A short description: what and how many rows.
+    pub fn short(&self) -> String {
+        format!("{}, {}", self.what(), count(self.rows, "row", "rows"))
+    }
+
+    /// A one-line description.
+    pub fn describe(&self) -> String {
+        let what = self.what();
+        format!(
+            "{what}: {} rows, {} columns, {:.1} MB of Arrow buffers",
+            thousands(self.rows as u64),
+            self.columns,
+            self.arrow_bytes as f64 / 1e6
+        )
+    }
+}
+
+/// Everything a run reports.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The options, resolved.
+    pub options: Options,
+    /// The device.
+    pub device: DeviceInfo,
+    /// The data.
+    pub data: DataInfo,
+    /// One point per batch size.
+    pub points: Vec<Point>,
+    /// The result of exporting a device batch through the C Device Data Interface and
+    /// importing it.
+    pub export_check: Option<String>,
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `n` and the noun, singular or plural: `1 batch`, `2,048 batches`.
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!(
+        "{} {}",
+        thousands(n as u64),
+        if n == 1 { one } else { many }
+    )
+}
+
+/// A duration with a unit that keeps 4 or 5 significant digits.
+pub fn human_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{:.3} us", s * 1e6)
+    }
+}
+
+/// `1024` as `1K`, `1048576` as `1M`, others as they are.
+pub fn short_rows(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{}M", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
+}
+
+impl Run {
+    /// The device line.
+    fn device_line(&self) -> String {
+        let d = &self.device;
+        match (&d.fallback, &d.cuda_summary) {
+            (Some(why), _) => format!("{} ({why})", d.name),
+            (None, _) if d.id != "cpu" => format!("{} ({})", d.name, d.id),
+            (None, Ok(summary)) => format!("{} (as asked; CUDA: {summary})", d.name),
+            (None, Err(reason)) => format!("{} (as asked; no CUDA device: {reason})", d.name),
+        }
+    }
+
+    /// The human-readable report (what stdout shows).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let o = &self.options;
+        let _ = writeln!(
+            out,
+            "devarrow {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            devarrow::GIT_COMMIT
+        );
+        let _ = writeln!(out, "device:  {}", self.device_line());
+        if let (Ok(summary), true) = (&self.device.cuda_summary, self.device.id != "cpu") {
+            let _ = writeln!(out, "CUDA:    {summary}");
+        }
+        let _ = writeln!(out, "data:    {}", self.data.describe());
+        let _ = writeln!(
+            out,
+            "timing:  best of {} after 1 warm-up; GB/s = 10^9 bytes/s; raw copies move the same \
+             bytes in one copy",
+            o.reps
+        );
+        if let [point] = self.points.as_slice() {
+            out.push('\n');
+            point_table(&mut out, point);
+        } else {
+            out.push('\n');
+            sweep_table(&mut out, &self.points);
+        }
+        out.push('\n');
+        if self.points.iter().all(|p| p.verified) {
+            let batches: usize = self.points.iter().map(|p| p.batches).sum();
+            let _ = writeln!(
+                out,
+                "ok: every batch ({}) came back from the {} equal to the input",
+                count(batches, "batch", "batches"),
+                self.device.name
+            );
+        }
+        if let Some(check) = &self.export_check {
+            let _ = writeln!(out, "{check}");
+        }
+        if self.device.id == "cpu" {
+            let _ = writeln!(
+                out,
+                "note: on the CPU device every copy is a memcpy within host memory, so these \
+                 figures show devarrow's host-side costs, not a host-device link"
+            );
+        }
+        if let Some(path) = &o.chart {
+            let _ = writeln!(out, "chart:   {}", path.display());
+        }
+        if let Some(JsonTarget::File(path)) = &o.json {
+            let _ = writeln!(out, "json:    {}", path.display());
+        }
+        out
+    }
+
+    /// Every measurement, the device, the commit and the options, as JSON.
+    pub fn json(&self) -> Value {
+        let o = &self.options;
+        let (cuda_devices, cuda_unavailable) = match &self.device.cuda_summary {
+            Ok(s) => (Value::from(s.as_str()), Value::Null),
+            Err(e) => (Value::Null, Value::from(e.as_str())),
+        };
+        let points: Vec<Value> = self
+            .points
+            .iter()
+            .map(|p| {
+                let measurements: Vec<Value> = p
+                    .timings
+                    .iter()
+                    .map(|t| {
+                        json!({
+                            "method": t.method.key(),
+                            "direction": t.direction.key(),
+                            "bytes": t.bytes,
+                            "copies": t.copies,
+                            "best_s": t.best().as_secs_f64(),
+                            "median_s": t.median().as_secs_f64(),
+                            "times_s": t.times.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
+                            "gbps": t.gbps(),
+                            "percent_of_pinned": p.percent_of_pinned(t.method, t.direction),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "batch_rows": p.batch_rows,
+                    "batches": p.batches,
+                    "rows": p.rows,
+                    "max_batch_rows": p.max_batch_rows,
+                    "verified": p.verified,
+                    "measurements": measurements,
+                })
+            })
+            .collect();
+        json!({
+            "devarrow_version": env!("CARGO_PKG_VERSION"),
+            "commit": devarrow::GIT_COMMIT,
+            "unix_time": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            "host": {
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            },
+            "device": {
+                "id": self.device.id,
+                "name": self.device.name,
+                "cuda_devices": cuda_devices,
+                "cuda_unavailable": cuda_unavailable,
+                "fallback_reason": self.device.fallback,
+            },
+            "options": {
+                "device": o.device.to_string(),
+                "scale": if o.input.is_none() { Value::from(o.scale) } else { Value::Null },
+                "batch_sizes": o.batch_sizes,
+                "reps": o.reps,
+                "warmup_reps": 1,
+                "input": o.input.as_ref().map(|p| p.display().to_string()),
+                "chart": o.chart.as_ref().map(|p| p.display().to_string()),
+                "json": match &o.json {
+                    Some(JsonTarget::Stdout) => Value::from("-"),
+                    Some(JsonTarget::File(p)) => Value::from(p.display().to_string()),
+                    None => Value::Null,
+                },
+            },
+            "data": {
+                "kind": self.data.kind,
+                "path": self.data.path,
+                "scale": self.data.scale,
+                "rows": self.data.rows,
+                "columns": self.data.columns,
+                "arrow_bytes": self.data.arrow_bytes,
+            },
+            "units": { "time": "seconds", "bandwidth": "GB/s (1e9 bytes per second, best repetition)" },
+            "points": points,
+            "export_check": self.export_check,
+        })
+    }
+}
+
+/// The table of one batch size: bytes, time, GB/s and share of pinned per method and
+/// direction.
+fn point_table(out: &mut String, p: &Point) {
+    let _ = writeln!(
+        out,
+        "{} rows per batch: {} in {}",
+        thousands(p.batch_rows as u64),
+        count(p.rows, "row", "rows"),
+        count(p.batches, "batch", "batches")
+    );
+    let _ = writeln!(
+        out,
+        "  {:<15} {:<18} {:>7} {:>14} {:>12} {:>8} {:>9}",
+        "direction", "method", "copies", "bytes", "time", "GB/s", "of pinned"
+    );
+    for direction in Direction::ALL {
+        for (i, method) in Method::ALL.into_iter().enumerate() {
+            let Some(t) = p.timing(method, direction) else {
+                continue;
+            };
+            let share = p
+                .percent_of_pinned(method, direction)
+                .map_or_else(|| "-".to_string(), |s| format!("{s:.1}%"));
+            let _ = writeln!(
+                out,
+                "  {:<15} {:<18} {:>7} {:>14} {:>12} {:>8.2} {:>9}",
+                if i == 0 { direction.label() } else { "" },
+                method.label(),
+                thousands(t.copies),
+                thousands(t.bytes as u64),
+                human_duration(t.best()),
+                t.gbps(),
+                share
+            );
+        }
+    }
+}
+
+/// The table of a sweep: GB/s per method, direction and batch size.
+fn sweep_table(out: &mut String, points: &[Point]) {
+    let _ = writeln!(
+        out,
+        "GB/s by batch size (best repetition); % = devarrow's share of the pinned copy"
+    );
+    let _ = write!(out, "  {:>10} {:>8}", "", "");
+    for method in Method::ALL {
+        let _ = write!(out, "  {:^15}", method.short_label());
+    }
+    let _ = writeln!(out, "  {:^13}", "% of pinned");
+    let _ = write!(out, "  {:>10} {:>8}", "rows/batch", "batches");
+    for _ in Method::ALL {
+        let _ = write!(out, "  {:>7} {:>7}", "H2D", "D2H");
+    }
+    let _ = writeln!(out, "  {:>6} {:>6}", "H2D", "D2H");
+    for p in points {
+        let _ = write!(
+            out,
+            "  {:>10} {:>8}",
+            thousands(p.batch_rows as u64),
+            thousands(p.batches as u64)
+        );
+        for method in Method::ALL {
+            for direction in Direction::ALL {
+                match p.timing(method, direction) {
+                    Some(t) => {
+                        let _ = write!(out, " {:>7.2}", t.gbps());
+                    }
+                    None => {
+                        let _ = write!(out, " {:>7}", "-");
+                    }
+                }
+            }
+            out.push(' ');
+        }
+        out.push(' ');
+        for direction in Direction::ALL {
+            match p.percent_of_pinned(Method::Devarrow, direction) {
+                Some(s) => {
+                    let _ = write!(out, " {:>5.0}%", s);
+                }
+                None => {
+                    let _ = write!(out, " {:>6}", "-");
+                }
+            }
+        }
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::job::measure::Timing;
+    use crate::job::options::DeviceChoice;
+
+    pub(crate) fn sample_point(batch_rows: usize, scale: f64) -> Point {
+        let mut timings = Vec::new();
+        for (m, method) in Method::ALL.into_iter().enumerate() {
+            for (d, direction) in Direction::ALL.into_iter().enumerate() {
+                timings.push(Timing {
+                    method,
+                    direction,
+                    bytes: 1_000_000,
+                    copies: 1 + m as u64,
+                    times: vec![
+                        Duration::from_micros(((100 + 10 * m + d) as f64 * scale) as u64),
+                        Duration::from_micros(200),
+                    ],
+                });
+            }
+        }
+        Point {
+            batch_rows,
+            batches: 4,
+            rows: 4 * batch_rows,
+            max_batch_rows: batch_rows,
+            timings,
+            verified: true,
+        }
+    }
+
+    pub(crate) fn sample_run(points: Vec<Point>) -> Run {
+        Run {
+            options: Options {
+                device: DeviceChoice::Auto,
+                scale: 0.1,
+                batch_sizes: points.iter().map(|p| p.batch_rows).collect(),
+                reps: 2,
+                input: None,
+                json: Some(JsonTarget::Stdout),
+                chart: None,
+                progress: false,
+            },
+            device: DeviceInfo {
+                id: "cpu".into(),
+                name: "CPU device".into(),
+                cuda_summary: Err("no driver".into()),
+                fallback: Some("no CUDA device found: no driver".into()),
+            },
+            data: DataInfo {
+                kind: "tpch-lineitem".into(),
+                path: None,
+                scale: Some(0.1),
+                rows: 600_572,
+                columns: 16,
+                arrow_bytes: 138_000_000,
+            },
+            points,
+            export_check: Some("export: ok".into()),
+        }
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(human_duration(Duration::from_micros(1500)), "1.500 ms");
+        assert_eq!(human_duration(Duration::from_nanos(1500)), "1.500 us");
+        assert_eq!(human_duration(Duration::from_millis(2500)), "2.500 s");
+        assert_eq!(short_rows(1024), "1K");
+        assert_eq!(short_rows(1 << 20), "1M");
+        assert_eq!(short_rows(1000), "1000");
+        assert_eq!(count(1, "batch", "batches"), "1 batch");
+        assert_eq!(count(1000, "batch", "batches"), "1,000 batches");
+    }
+
+    #[test]
+    fn the_table_has_every_method_and_direction() {
+        let text = sample_run(vec![sample_point(65536, 1.0)]).text();
+        assert!(
+            text.contains("CPU device (no CUDA device found: no driver)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("65,536 rows per batch: 262,144 rows in 4 batches"),
+            "{text}"
+        );
+        for label in [
+            "devarrow",
+            "raw pinned copy",
+            "raw pageable copy",
+            "buffer by buffer",
+        ] {
+            let rows = text
+                .lines()
+                .filter(|l| l.contains(&format!(" {label} ")))
+                .count();
+            assert_eq!(rows, 2, "{label}: {text}");
+        }
+        assert!(text.contains("host -> device") && text.contains("device -> host"));
+        // pinned H2D: 1 MB in 110 us = 9.09 GB/s; devarrow: 100 us = 10 GB/s = 110%.
+        assert!(text.contains("9.09"), "{text}");
+        assert!(text.contains("110.0%"), "{text}");
+        assert!(
+            text.contains("ok: every batch (4 batches) came back"),
+            "{text}"
+        );
+
+        let sweep = sample_run(vec![sample_point(1024, 1.0), sample_point(4096, 0.5)]).text();
+        assert!(sweep.contains("rows/batch"), "{sweep}");
+        assert!(sweep.contains("4,096"), "{sweep}");
+        assert!(
+            sweep.contains("ok: every batch (8 batches) came back"),
+            "{sweep}"
+        );
+    }
+
+    #[test]
+    fn json_shape() {
+        let run = sample_run(vec![sample_point(1024, 1.0), sample_point(4096, 0.5)]);
+        let v = run.json();
+        // Round trip through text: what `--json` writes parses.
+        let v: Value = serde_json::from_str(&serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        assert_eq!(v["commit"], devarrow::GIT_COMMIT);
+        assert!(v["unix_time"].as_u64().unwrap() > 1_600_000_000);
+        assert!(v["host"]["cpus"].as_u64().unwrap() >= 1);
+        assert_eq!(v["device"]["id"], "cpu");
+        assert_eq!(v["device"]["cuda_unavailable"], "no driver");
+        assert!(v["device"]["cuda_devices"].is_null());
+        assert_eq!(v["options"]["device"], "auto");
+        assert_eq!(v["options"]["batch_sizes"], json!([1024, 4096]));
+        assert_eq!(v["options"]["reps"], 2);
+        assert_eq!(v["options"]["json"], "-");
+        assert_eq!(v["data"]["rows"], 600_572);
+        let points = v["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2);
+        for p in points {
+            assert_eq!(p["verified"], true);
+            let m = p["measurements"].as_array().unwrap();
+            assert_eq!(m.len(), 8);
+            for x in m {
+                for key in [
+                    "method",
+                    "direction",
+                    "bytes",
+                    "copies",
+                    "best_s",
+                    "median_s",
+                    "gbps",
+                ] {
+                    assert!(!x[key].is_null(), "{key}: {x}");
+                }
+                assert_eq!(x["times_s"].as_array().unwrap().len(), 2);
+                assert!(x["percent_of_pinned"].as_f64().unwrap() > 0.0);
+            }
+            let pinned = m
+                .iter()
+                .find(|x| x["method"] == "pinned" && x["direction"] == "host_to_device")
+                .unwrap();
+            assert_eq!(pinned["percent_of_pinned"], 100.0);
+        }
+    }
+}

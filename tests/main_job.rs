@@ -1,0 +1,332 @@
+//! The main job (`devarrow`), run as a process: exit codes, the CPU fallback message,
+//! one-line errors, `--json -`, `--chart`, `--input`. Small scales, so it is quick in a
+//! debug build.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+
+fn devarrow(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_devarrow"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("the devarrow binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Whether this machine has a CUDA device that the job would pick.
+fn has_gpu() -> bool {
+    devarrow::cuda_device_summary().is_ok()
+}
+
+/// A directory of its own under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("devarrow-main-job-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A failure: non-zero exit, exactly one line on stderr, starting `devarrow: error:`,
+/// and no panic.
+fn assert_one_line_error(out: &Output, code: i32) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    assert!(stderr.starts_with("devarrow: error: "), "stderr: {stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
+    stderr
+}
+
+#[test]
+fn a_plain_run_succeeds_and_names_its_device() {
+    let out = devarrow(&["--scale", "0.001", "--reps", "1"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    if has_gpu() {
+        assert!(stdout.contains("(cuda:0)"), "{stdout}");
+    } else {
+        assert!(
+            stdout.contains("device:  CPU device (no CUDA device found: "),
+            "{stdout}"
+        );
+        assert!(stderr.contains("running on the CPU device"), "{stderr}");
+    }
+    assert!(
+        stdout.contains(&format!("commit {}", devarrow::GIT_COMMIT)),
+        "{stdout}"
+    );
+    assert!(stdout.contains("TPC-H lineitem, scale 0.001"), "{stdout}");
+    for row in [
+        "devarrow",
+        "raw pinned copy",
+        "raw pageable copy",
+        "buffer by buffer",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    assert!(stdout.contains("came back from the") && stdout.contains("equal to the input"));
+    assert!(stderr.contains("generating TPC-H lineitem"), "{stderr}");
+}
+
+#[test]
+fn json_to_stdout_parses_and_silences_stderr() {
+    let out = devarrow(&[
+        "--scale", "0.001", "--reps", "2", "--device", "cpu", "--json", "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.stderr.is_empty(), "stderr: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(v["commit"], devarrow::GIT_COMMIT);
+    assert_eq!(v["device"]["id"], "cpu");
+    assert_eq!(v["options"]["scale"], 0.001);
+    assert_eq!(v["options"]["reps"], 2);
+    assert!(v["data"]["rows"].as_u64().unwrap() > 5000);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 1);
+    assert_eq!(points[0]["verified"], true);
+    let measurements = points[0]["measurements"].as_array().unwrap();
+    assert_eq!(measurements.len(), 8);
+    for m in measurements {
+        assert_eq!(m["times_s"].as_array().unwrap().len(), 2, "{m}");
+        assert!(m["bytes"].as_u64().unwrap() > 0, "{m}");
+    }
+}
+
+#[test]
+fn chart_json_file_and_input_file() {
+    let dir = TempDir::new("files");
+    // A small Parquet file as input.
+    let input = dir.path("small.parquet");
+    let batch = RecordBatch::try_from_iter([
+        ("x", Arc::new(Int32Array::from_iter(0..5000)) as ArrayRef),
+        (
+            "s",
+            Arc::new(StringArray::from_iter(
+                (0..5000).map(|i| (i % 3 != 0).then(|| format!("s{i}"))),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&input).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+
+    let (chart, json) = (dir.path("chart.svg"), dir.path("out.json"));
+    let out = devarrow(&[
+        "--input",
+        &input,
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--batch-size",
+        "1K..4K",
+        "--chart",
+        &chart,
+        "--json",
+        &json,
+        "--quiet",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    assert!(out.stderr.is_empty(), "--quiet: {}", text(&out.stderr));
+    assert!(
+        stdout.contains("small.parquet (parquet): 5,000 rows, 2 columns"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("rows/batch"),
+        "a sweep prints its table: {stdout}"
+    );
+
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 8);
+    for method in ["devarrow", "pinned", "pageable", "buffer_by_buffer"] {
+        assert!(
+            svg.contains(&format!("data-method=\"{method}\"")),
+            "{method}"
+        );
+    }
+
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["data"]["kind"], "parquet");
+    assert!(v["options"]["scale"].is_null());
+    let points = v["points"].as_array().unwrap();
+    let sizes: Vec<u64> = points
+        .iter()
+        .map(|p| p["batch_rows"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1024, 2048, 4096]);
+    assert_eq!(points[0]["batches"], 5); // 5000 rows in batches of 1024
+}
+
+#[test]
+fn a_bad_input_path_is_a_one_line_error() {
+    let out = devarrow(&["--input", "/nonexistent/devarrow/lineitem.parquet"]);
+    let stderr = assert_one_line_error(&out, 1);
+    assert!(
+        stderr.contains("/nonexistent/devarrow/lineitem.parquet"),
+        "{stderr}"
+    );
+
+    let dir = TempDir::new("bad");
+    let garbage = dir.path("garbage.bin");
+    std::fs::write(&garbage, b"this is not arrow").unwrap();
+    let stderr = assert_one_line_error(&devarrow(&["--input", &garbage]), 1);
+    assert!(stderr.contains("neither Parquet nor Arrow IPC"), "{stderr}");
+
+    let fake = dir.path("fake.arrow");
+    std::fs::write(&fake, b"this is not arrow").unwrap();
+    let stderr = assert_one_line_error(&devarrow(&["--input", &fake]), 1);
+    assert!(
+        stderr.contains("cannot read") && stderr.contains("fake.arrow"),
+        "{stderr}"
+    );
+
+    let stderr = assert_one_line_error(
+        &devarrow(&["--scale", "0.001", "--chart", "/nonexistent/devarrow/c.svg"]),
+        1,
+    );
+    assert!(stderr.contains("not a directory"), "{stderr}");
+}
+
+#[test]
+fn bad_options_are_one_line_errors_with_exit_code_2() {
+    for args in [
+        &["--device", "tpu"][..],
+        &["--scale", "-1"],
+        &["--batch-size", "lots"],
+        &["--no-such-option"],
+        &["--reps", "0"],
+    ] {
+        let stderr = assert_one_line_error(&devarrow(args), 2);
+        assert!(stderr.contains("--help"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn an_explicit_cuda_device_that_is_missing_is_an_error() {
+    if has_gpu() {
+        // cuda:99 does not exist on any machine this runs on.
+        let stderr =
+            assert_one_line_error(&devarrow(&["--device", "cuda:99", "--scale", "0.001"]), 1);
+        assert!(stderr.contains("cuda:99 is not available"), "{stderr}");
+    } else {
+        let stderr =
+            assert_one_line_error(&devarrow(&["--device", "cuda:0", "--scale", "0.001"]), 1);
+        assert!(stderr.contains("cuda:0 is not available"), "{stderr}");
+    }
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let out = devarrow(&["--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for option in [
+        "--scale",
+        "--device",
+        "--batch-size",
+        "--reps",
+        "--input",
+        "--json",
+        "--chart",
+    ] {
+        assert!(help.contains(option), "{option}: {help}");
+    }
+    assert!(devarrow(&["--version"]).status.success());
+}
+
+#[test]
+fn an_input_without_rows_is_an_error() {
+    let dir = TempDir::new("empty");
+    let path = dir.path("empty.arrows");
+    let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+        "x",
+        arrow_schema::DataType::Int32,
+        false,
+    )]));
+    let mut w =
+        arrow_ipc::writer::StreamWriter::try_new(std::fs::File::create(&path).unwrap(), &schema)
+            .unwrap();
+    w.finish().unwrap();
+    let stderr = assert_one_line_error(&devarrow(&["--input", &path]), 1);
+    assert!(stderr.contains("holds no rows"), "{stderr}");
+}
+
+#[test]
+fn lineitem_from_an_arrow_ipc_file_cut_into_other_batch_sizes() {
+    let dir = TempDir::new("lineitem");
+    let path = dir.path("lineitem.arrow");
+    let batches = devarrow::tpch::lineitem(0.001, 4000);
+    let mut w = arrow_ipc::writer::FileWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        &devarrow::tpch::lineitem_schema(),
+    )
+    .unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.finish().unwrap();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+
+    let out = devarrow(&[
+        "--input",
+        &path,
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--batch-size",
+        "1000,5K",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["data"]["kind"], "arrow-ipc-file");
+    assert_eq!(v["data"]["rows"], rows);
+    assert_eq!(v["data"]["columns"], 16);
+    for p in v["points"].as_array().unwrap() {
+        let size = p["batch_rows"].as_u64().unwrap() as usize;
+        assert_eq!(p["batches"], rows.div_ceil(size), "{p}");
+        assert_eq!(p["rows"], rows);
+        assert_eq!(p["max_batch_rows"], size);
+        assert_eq!(p["verified"], true);
+    }
+}
