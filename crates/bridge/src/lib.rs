@@ -5,7 +5,10 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod pack;
+pub mod pinned;
 pub mod plan;
 pub mod transfer;
 
+pub use pinned::{pin_batch, pinned_buffer};
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::pinned::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
 use crate::device::CudaDevice;
@@ -194,15 +195,49 @@ impl DeviceMemory for TransferMemory {
     }
 }
 
-/// Pinned host staging memory of a [`CudaTransferDevice`].
+/// Pinned host staging memory of a [`CudaTransferDevice`], registered (while it lives) in
+/// the process-wide registry [`CudaTransferDevice::is_pinned`] answers from.
 #[derive(Debug)]
 pub struct PinnedStaging(PinnedHostBuffer);
 
 impl PinnedStaging {
+    fn new(buffer: PinnedHostBuffer) -> Self {
+        CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
+        Self(buffer)
+    }
+
     /// The underlying pinned buffer.
     pub fn buffer(&self) -> &PinnedHostBuffer {
         &self.0
     }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        CUDA_PINNED.unregister(self.0.as_slice().as_ptr());
+    }
+}
+
+/// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
+/// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaTransferDevice`]) can DMA it.
+static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
+
+/// Whether the driver reports `addr` as page-locked host memory (`cuPointerGetAttribute`
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is `CU_MEMORYTYPE_HOST`): `cuMemHostAlloc`ed or
+/// `cuMemHostRegister`ed memory of any library. Pageable memory makes the query fail.
+fn driver_reports_pinned(addr: usize) -> bool {
+    let mut memory_type: u32 = 0;
+    // SAFETY: the attribute MEMORY_TYPE writes one `unsigned int` to `data`, which points
+    // to our local; the driver only looks the address up (never dereferences it).
+    let status = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut memory_type as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr as sys::CUdeviceptr,
+        )
+    };
+    status == sys::CUresult::CUDA_SUCCESS
+        && memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
 }
 
 impl StagingMemory for PinnedStaging {
@@ -274,7 +309,7 @@ impl Device for CudaTransferDevice {
     }
 
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        Ok(Box::new(PinnedStaging(PinnedHostBuffer::alloc(
+        Ok(Box::new(PinnedStaging::new(PinnedHostBuffer::alloc(
             &self.device,
             len,
         )?)))
@@ -387,6 +422,23 @@ impl Device for CudaTransferDevice {
 
     fn copy_count(&self) -> u64 {
         self.copies.load(Ordering::Relaxed)
+    }
+
+    /// `true` for ranges inside one live staging allocation of any `CudaTransferDevice`
+    /// (a registry lookup, no driver call); otherwise asks the driver whether the first
+    /// and the last byte are page-locked host memory (`cuPointerGetAttribute`), which
+    /// also finds memory other libraries pinned. A false positive (two pinned allocations
+    /// with pageable memory between them) would only make the copy slower: the driver
+    /// copies pageable memory correctly too.
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        if CUDA_PINNED.contains(ptr, len) {
+            return true;
+        }
+        if len == 0 || ptr.is_null() || self.bind().is_err() {
+            return false;
+        }
+        let first = ptr as usize;
+        driver_reports_pinned(first) && driver_reports_pinned(first.wrapping_add(len - 1))
     }
 }
 
