@@ -222,9 +222,12 @@ impl Drop for PinnedStaging {
 /// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaTransferDevice`]) can DMA it.
 static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
 
-/// Whether the driver reports `addr` as page-locked host memory (`cuPointerGetAttribute`
-/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is `CU_MEMORYTYPE_HOST`): `cuMemHostAlloc`ed or
-/// `cuMemHostRegister`ed memory of any library. Pageable memory makes the query fail.
+/// Whether the driver reports `addr` as page-locked host memory from `cuMemHostAlloc`
+/// (of any library): `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)` is
+/// `CU_MEMORYTYPE_HOST` **and** `cuMemHostGetFlags` knows the allocation. The second
+/// check keeps pageable memory out on systems with HMM (where the driver may know
+/// pageable addresses too); it also leaves out `cuMemHostRegister`ed memory, which then
+/// takes the (correct, only slower) staged path.
 fn driver_reports_pinned(addr: usize) -> bool {
     let mut memory_type: u32 = 0;
     // SAFETY: the attribute MEMORY_TYPE writes one `unsigned int` to `data`, which points
@@ -236,8 +239,16 @@ fn driver_reports_pinned(addr: usize) -> bool {
             addr as sys::CUdeviceptr,
         )
     };
+    if status != sys::CUresult::CUDA_SUCCESS
+        || memory_type != sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+    {
+        return false;
+    }
+    let mut flags: std::ffi::c_uint = 0;
+    // SAFETY: writes the allocation flags to our local; the driver only looks the address
+    // up.
+    let status = unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) };
     status == sys::CUresult::CUDA_SUCCESS
-        && memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
 }
 
 impl StagingMemory for PinnedStaging {
@@ -426,10 +437,10 @@ impl Device for CudaTransferDevice {
 
     /// `true` for ranges inside one live staging allocation of any `CudaTransferDevice`
     /// (a registry lookup, no driver call); otherwise asks the driver whether the first
-    /// and the last byte are page-locked host memory (`cuPointerGetAttribute`), which
-    /// also finds memory other libraries pinned. A false positive (two pinned allocations
-    /// with pageable memory between them) would only make the copy slower: the driver
-    /// copies pageable memory correctly too.
+    /// and the last byte lie in `cuMemHostAlloc`ed memory (`cuPointerGetAttribute`,
+    /// `cuMemHostGetFlags`), which also finds memory other libraries pinned. A false
+    /// positive (two pinned allocations with pageable memory between them) would only
+    /// make the copy slower: the driver copies pageable memory correctly too.
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         if CUDA_PINNED.contains(ptr, len) {
             return true;
