@@ -5,6 +5,9 @@
 //! on CUDA): while chunk *k* is copied by the device, chunk *k + 1* is packed on the host.
 //! Small buffers therefore travel together in one copy, a slice moves only its bytes, and
 //! no copy waits for another except to reuse a staging buffer.
+//!
+//! Chunks are packed and unpacked on several threads ([`crate::pack`]), and buffers that
+//! already lie in pinned memory are copied straight from it ([`crate::pinned`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
