@@ -21,6 +21,7 @@ use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent, BUFFE
 use devarrow_abi::export::{export_tree, ArrayNode};
 use devarrow_abi::layout::{buffer_roles, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
+use rayon::prelude::*;
 
 use crate::pack::{copy_to_uninit, pack_window, Parallelism};
 use crate::pinned::{direct_runs, staged_groups};
@@ -432,11 +433,20 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer) -> Result<ArrayData> {
     if matches!(node.data_type, DataType::Utf8View | DataType::BinaryView) {
         buffers.pop(); // the variadic sizes: arrow-rs keeps them as buffer lengths
     }
-    let mut children: Vec<ArrayData> = node
-        .children
-        .iter()
-        .map(|c| build_host_node(c, host))
-        .collect::<Result<_>>()?;
+    // Building validates every array (UTF-8, offsets): the bulk of `to_host`'s host time
+    // for string-heavy batches. Columns of a large batch are built on several threads.
+    let mut children: Vec<ArrayData> =
+        if node.children.len() > 1 && host.len() >= DEFAULT_PARALLEL_MIN_BYTES {
+            node.children
+                .par_iter()
+                .map(|c| build_host_node(c, host))
+                .collect::<Result<_>>()?
+        } else {
+            node.children
+                .iter()
+                .map(|c| build_host_node(c, host))
+                .collect::<Result<_>>()?
+        };
     if let Some(d) = &node.dictionary {
         children.push(build_host_node(d, host)?);
     }
