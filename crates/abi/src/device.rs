@@ -99,8 +99,10 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`Device::allocate_staging`] or other pinned memory the driver knows), so that a
     /// transfer may copy them without packing them into staging memory first.
     ///
-    /// Only a performance hint: copies of any host memory are correct, `false` only means
-    /// they would be slow or synchronous. The default (for devices that do not track
+    /// `true` promises that the whole range lies inside **one** live allocation of such
+    /// memory (callers may then copy the range in one piece, bytes between their own
+    /// buffers included); when unsure, answer `false`, which is always correct: copies
+    /// of any host memory work, only slower. The default (for devices that do not track
     /// pinned memory) is `false`. Never dereferences `ptr`.
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         let _ = (ptr, len);

@@ -222,33 +222,47 @@ impl Drop for PinnedStaging {
 /// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaTransferDevice`]) can DMA it.
 static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
 
-/// Whether the driver reports `addr` as page-locked host memory from `cuMemHostAlloc`
-/// (of any library): `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)` is
-/// `CU_MEMORYTYPE_HOST` **and** `cuMemHostGetFlags` knows the allocation. The second
-/// check keeps pageable memory out on systems with HMM (where the driver may know
-/// pageable addresses too); it also leaves out `cuMemHostRegister`ed memory, which then
-/// takes the (correct, only slower) staged path.
-fn driver_reports_pinned(addr: usize) -> bool {
-    let mut memory_type: u32 = 0;
-    // SAFETY: the attribute MEMORY_TYPE writes one `unsigned int` to `data`, which points
-    // to our local; the driver only looks the address up (never dereferences it).
+/// One `cuPointerGetAttribute` query of `addr`: the attribute's value, or `None` when the
+/// driver does not know the address.
+fn pointer_attribute<T: Default>(attribute: sys::CUpointer_attribute, addr: usize) -> Option<T> {
+    let mut value = T::default();
+    // SAFETY: `T` is the type the attribute writes (the callers pair MEMORY_TYPE with
+    // `u32` and BUFFER_ID with `u64`), `data` points to our local; the driver only looks
+    // the address up (never dereferences it).
     let status = unsafe {
         sys::cuPointerGetAttribute(
-            (&mut memory_type as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            (&mut value as *mut T).cast(),
+            attribute,
             addr as sys::CUdeviceptr,
         )
     };
-    if status != sys::CUresult::CUDA_SUCCESS
-        || memory_type != sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
-    {
-        return false;
-    }
-    let mut flags: std::ffi::c_uint = 0;
-    // SAFETY: writes the allocation flags to our local; the driver only looks the address
-    // up.
-    let status = unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) };
-    status == sys::CUresult::CUDA_SUCCESS
+    (status == sys::CUresult::CUDA_SUCCESS).then_some(value)
+}
+
+/// Whether the driver reports `first..=last` as inside one page-locked host allocation
+/// from `cuMemHostAlloc` (of any library): both ends have
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` `CU_MEMORYTYPE_HOST`, `cuMemHostGetFlags` knows
+/// them, and they have the same `CU_POINTER_ATTRIBUTE_BUFFER_ID` (one allocation). The
+/// `cuMemHostGetFlags` check keeps pageable memory out on systems with HMM (where the
+/// driver may know pageable addresses too); it also leaves out `cuMemHostRegister`ed
+/// memory, which then takes the (correct, only slower) staged path.
+fn driver_reports_pinned(first: usize, last: usize) -> bool {
+    use sys::CUpointer_attribute::{
+        CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    };
+    let pinned_host = |addr: usize| {
+        let host = pointer_attribute::<u32>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
+            == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32);
+        let mut flags: std::ffi::c_uint = 0;
+        // SAFETY: writes the allocation flags to our local; the driver only looks the
+        // address up.
+        host && unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) }
+            == sys::CUresult::CUDA_SUCCESS
+    };
+    let buffer_id = |addr: usize| pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_BUFFER_ID, addr);
+    pinned_host(first)
+        && pinned_host(last)
+        && buffer_id(first).is_some_and(|id| buffer_id(last) == Some(id))
 }
 
 impl StagingMemory for PinnedStaging {
@@ -437,10 +451,9 @@ impl Device for CudaTransferDevice {
 
     /// `true` for ranges inside one live staging allocation of any `CudaTransferDevice`
     /// (a registry lookup, no driver call); otherwise asks the driver whether the first
-    /// and the last byte lie in `cuMemHostAlloc`ed memory (`cuPointerGetAttribute`,
-    /// `cuMemHostGetFlags`), which also finds memory other libraries pinned. A false
-    /// positive (two pinned allocations with pageable memory between them) would only
-    /// make the copy slower: the driver copies pageable memory correctly too.
+    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttribute`
+    /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
+    /// libraries pinned. Any doubt (a failed query) answers `false`.
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         if CUDA_PINNED.contains(ptr, len) {
             return true;
@@ -449,7 +462,9 @@ impl Device for CudaTransferDevice {
             return false;
         }
         let first = ptr as usize;
-        driver_reports_pinned(first) && driver_reports_pinned(first.wrapping_add(len - 1))
+        first
+            .checked_add(len - 1)
+            .is_some_and(|last| driver_reports_pinned(first, last))
     }
 }
 
