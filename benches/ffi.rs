@@ -1,6 +1,14 @@
 //! Criterion benchmarks of the C Device Data Interface on the CPU device: export plus
 //! validated import of a 100-column batch (CPU time per call), and the bridge's staged
 //! transfer to the CPU device and back (the same code path CUDA uses).
+//!
+//! And on the benchmark device (CUDA device 0, or the CPU device with a printed note):
+//! export of a 100-column [`DeviceBatch`](devarrow::bridge::DeviceBatch) as an
+//! `ArrowDeviceArray` plus its import by a consumer (`ImportedArray::import` on CUDA,
+//! making the consumer stream wait on the batch's event; the validated CPU import on the
+//! CPU device), CPU time per call.
+
+mod common;
 
 use std::sync::Arc;
 
@@ -48,5 +56,34 @@ fn bridge(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, export_import, bridge);
+fn device_export_import(c: &mut Criterion) {
+    let dev = common::BenchDevice::open("ffi");
+    let batch = batch(100, 1000);
+    let mut transfer = Transfer::new(dev.device(), TransferOptions::default());
+    let on_device = transfer.to_device(&batch).unwrap();
+    on_device.event().wait_host().unwrap();
+    let name = format!("{}/device export+import/100 columns", dev.label());
+    match &dev {
+        common::BenchDevice::Cuda(cuda) => {
+            let consumer = cuda.cuda_device().new_stream().unwrap();
+            c.bench_function(&name, |b| {
+                b.iter(|| {
+                    let (array, schema) = on_device.export().unwrap();
+                    let imported = devarrow::cuda::ImportedArray::import(array, &consumer);
+                    (imported.unwrap(), schema)
+                })
+            });
+        }
+        common::BenchDevice::Cpu(_) => {
+            c.bench_function(&name, |b| {
+                b.iter(|| {
+                    let (array, schema) = on_device.export().unwrap();
+                    cpu::import_record_batch(array, &schema).unwrap()
+                })
+            });
+        }
+    }
+}
+
+criterion_group!(benches, export_import, bridge, device_export_import);
 criterion_main!(benches);

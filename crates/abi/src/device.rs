@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::abi::ArrowDeviceType;
 use crate::error::{Error, Result};
+use crate::pinned::PinnedRegistry;
 
 /// Alignment of every device allocation and of every buffer packed into one (64 bytes,
 /// as the Arrow columnar format recommends).
@@ -152,6 +153,23 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// How many host-device copies this device has enqueued since it was created: lets
     /// tests assert that a transfer moved its buffers in few copies.
     fn copy_count(&self) -> u64;
+
+    // ---- Pinned host memory: what the device can DMA directly (issue #4) ----
+
+    /// Whether the `len` host bytes at `ptr` lie in memory this device can copy from and
+    /// to directly at full speed (page-locked memory: on CUDA, staging memory from
+    /// [`Device::allocate_staging`] or other pinned memory the driver knows), so that a
+    /// transfer may copy them without packing them into staging memory first.
+    ///
+    /// `true` promises that the whole range lies inside **one** live allocation of such
+    /// memory (callers may then copy the range in one piece, bytes between their own
+    /// buffers included); when unsure, answer `false`, which is always correct: copies
+    /// of any host memory work, only slower. The default (for devices that do not track
+    /// pinned memory) is `false`. Never dereferences `ptr`.
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        let _ = (ptr, len);
+        false
+    }
 }
 
 /// The CPU as a [`Device`]: "device" memory is host memory, copies are `memcpy`, events
@@ -269,7 +287,7 @@ impl Device for CpuDevice {
         Ok(Arc::new(HostMemory::zeroed(len)?))
     }
     fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
-        Ok(Box::new(HostMemory::zeroed(len)?))
+        Ok(Box::new(CpuStaging::new(len)?))
     }
     unsafe fn copy_to_device(&self, src: *const u8, dst: *mut c_void, len: usize) -> Result<()> {
         self.copies.fetch_add(1, Ordering::Relaxed);
@@ -312,5 +330,44 @@ impl Device for CpuDevice {
     }
     fn copy_count(&self) -> u64 {
         self.copies.load(Ordering::Relaxed)
+    }
+
+    /// The CPU's own staging allocations (any [`CpuDevice`]'s) count as pinned, nothing
+    /// else: the CPU device stands in for a GPU in tests, where ordinary (pageable)
+    /// memory must go through staging as it does on CUDA.
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        CPU_STAGING.contains(ptr, len)
+    }
+}
+
+/// The live staging allocations of every [`CpuDevice`].
+static CPU_STAGING: PinnedRegistry = PinnedRegistry::new();
+
+/// Staging memory of the [`CpuDevice`]: [`HostMemory`] registered as "pinned" while it
+/// lives (see [`Device::is_pinned`]).
+#[derive(Debug)]
+pub struct CpuStaging(HostMemory);
+
+impl CpuStaging {
+    /// Allocates `len` zeroed bytes and registers them.
+    pub fn new(len: usize) -> Result<Self> {
+        let memory = HostMemory::zeroed(len)?;
+        CPU_STAGING.register(memory.ptr, memory.len);
+        Ok(Self(memory))
+    }
+}
+
+impl Drop for CpuStaging {
+    fn drop(&mut self) {
+        CPU_STAGING.unregister(self.0.ptr);
+    }
+}
+
+impl StagingMemory for CpuStaging {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
     }
 }

@@ -27,4 +27,5 @@ pub mod boundary;
 pub mod cpu;
 pub mod device;
 pub mod layout;
+pub mod pinned;
 pub mod stream;

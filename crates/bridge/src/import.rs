@@ -755,6 +755,7 @@ impl Foreign {
             root: Arc::new(root),
             memory,
             event,
+            trusted: false,
         })
     }
 }

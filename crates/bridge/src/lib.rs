@@ -13,6 +13,8 @@
 
 pub mod async_stream;
 pub mod baseline;
+pub mod pack;
+pub mod pinned;
 pub mod plan;
 pub mod stream;
 pub mod transfer;
@@ -21,6 +23,7 @@ pub use async_stream::{
     device_batch_handler, spawn_device_producer, spawn_device_producer_into,
     AsyncDeviceBatchStream, AsyncHostBatchStream, UploadStream,
 };
+pub use pinned::{pin_batch, pinned_buffer};
 pub use stream::{
     export_reader_to_device, DeviceStreamReader, HostStreamReader, StreamOptions, Uploader,
     DEFAULT_READ_AHEAD,

@@ -96,6 +96,7 @@ fn staging_is_bounded_and_chunks_are_pipelined() {
         device.clone(),
         TransferOptions {
             staging_bytes: 1 << 20,
+            ..Default::default()
         },
     );
     let on_device = transfer.to_device(&batch).unwrap();

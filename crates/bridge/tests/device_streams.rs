@@ -388,7 +388,10 @@ fn small_staging_chunks_round_trip() {
     let batches: Vec<RecordBatch> = (0..6).map(|k| batch(k * 1000)).collect();
     let options = StreamOptions {
         read_ahead: 3,
-        transfer: TransferOptions { staging_bytes: 256 },
+        transfer: TransferOptions {
+            staging_bytes: 256,
+            ..Default::default()
+        },
     };
     let reader = through_c(export_reader_to_device(reader_of(&batches), cpu(), options).unwrap());
     let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();

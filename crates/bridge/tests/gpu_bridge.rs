@@ -552,6 +552,7 @@ fn staging_is_bounded_and_copies_are_chunked() {
         recording.clone(),
         TransferOptions {
             staging_bytes: bound,
+            ..Default::default()
         },
     );
     let on_device = transfer.to_device(&batch).unwrap();

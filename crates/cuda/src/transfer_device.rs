@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::pinned::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
 use crate::device::CudaDevice;
@@ -215,15 +216,74 @@ impl DeviceMemory for TransferMemory {
     }
 }
 
-/// Pinned host staging memory of a [`CudaTransferDevice`].
+/// Pinned host staging memory of a [`CudaTransferDevice`], registered (while it lives) in
+/// the process-wide registry [`CudaTransferDevice::is_pinned`] answers from.
 #[derive(Debug)]
 pub struct PinnedStaging(PinnedHostBuffer);
 
 impl PinnedStaging {
+    fn new(buffer: PinnedHostBuffer) -> Self {
+        CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
+        Self(buffer)
+    }
+
     /// The underlying pinned buffer.
     pub fn buffer(&self) -> &PinnedHostBuffer {
         &self.0
     }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        CUDA_PINNED.unregister(self.0.as_slice().as_ptr());
+    }
+}
+
+/// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
+/// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaTransferDevice`]) can DMA it.
+static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
+
+/// One `cuPointerGetAttribute` query of `addr`: the attribute's value, or `None` when the
+/// driver does not know the address.
+fn pointer_attribute<T: Default>(attribute: sys::CUpointer_attribute, addr: usize) -> Option<T> {
+    let mut value = T::default();
+    // SAFETY: `T` is the type the attribute writes (the callers pair MEMORY_TYPE with
+    // `u32` and BUFFER_ID with `u64`), `data` points to our local; the driver only looks
+    // the address up (never dereferences it).
+    let status = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut value as *mut T).cast(),
+            attribute,
+            addr as sys::CUdeviceptr,
+        )
+    };
+    (status == sys::CUresult::CUDA_SUCCESS).then_some(value)
+}
+
+/// Whether the driver reports `first..=last` as inside one page-locked host allocation
+/// from `cuMemHostAlloc` (of any library): both ends have
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` `CU_MEMORYTYPE_HOST`, `cuMemHostGetFlags` knows
+/// them, and they have the same `CU_POINTER_ATTRIBUTE_BUFFER_ID` (one allocation). The
+/// `cuMemHostGetFlags` check keeps pageable memory out on systems with HMM (where the
+/// driver may know pageable addresses too); it also leaves out `cuMemHostRegister`ed
+/// memory, which then takes the (correct, only slower) staged path.
+fn driver_reports_pinned(first: usize, last: usize) -> bool {
+    use sys::CUpointer_attribute::{
+        CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    };
+    let pinned_host = |addr: usize| {
+        let host = pointer_attribute::<u32>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
+            == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32);
+        let mut flags: std::ffi::c_uint = 0;
+        // SAFETY: writes the allocation flags to our local; the driver only looks the
+        // address up.
+        host && unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) }
+            == sys::CUresult::CUDA_SUCCESS
+    };
+    let buffer_id = |addr: usize| pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_BUFFER_ID, addr);
+    pinned_host(first)
+        && pinned_host(last)
+        && buffer_id(first).is_some_and(|id| buffer_id(last) == Some(id))
 }
 
 impl StagingMemory for PinnedStaging {
@@ -295,7 +355,7 @@ impl Device for CudaTransferDevice {
     }
 
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        Ok(Box::new(PinnedStaging(PinnedHostBuffer::alloc(
+        Ok(Box::new(PinnedStaging::new(PinnedHostBuffer::alloc(
             &self.device,
             len,
         )?)))
@@ -498,6 +558,24 @@ impl Device for CudaTransferDevice {
 
     fn copy_count(&self) -> u64 {
         self.copies.load(Ordering::Relaxed)
+    }
+
+    /// `true` for ranges inside one live staging allocation of any `CudaTransferDevice`
+    /// (a registry lookup, no driver call); otherwise asks the driver whether the first
+    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttribute`
+    /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
+    /// libraries pinned. Any doubt (a failed query) answers `false`.
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        if CUDA_PINNED.contains(ptr, len) {
+            return true;
+        }
+        if len == 0 || ptr.is_null() || self.bind().is_err() {
+            return false;
+        }
+        let first = ptr as usize;
+        first
+            .checked_add(len - 1)
+            .is_some_and(|last| driver_reports_pinned(first, last))
     }
 }
 

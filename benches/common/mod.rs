@@ -1,0 +1,84 @@
+//! What the benchmarks share: the device they run on (CUDA device 0, or the CPU device
+//! with a printed note when there is none) and the size knob.
+
+#![allow(dead_code)] // each bench uses a part
+
+use std::sync::Arc;
+
+use devarrow::abi::device::{CpuDevice, Device};
+use devarrow::cuda::CudaTransferDevice;
+
+/// The device a benchmark runs on.
+pub enum BenchDevice {
+    /// CUDA device 0.
+    Cuda(Arc<CudaTransferDevice>),
+    /// No GPU here: the CPU device (the same bridge code, host memcpys for copies).
+    Cpu(Arc<CpuDevice>),
+}
+
+impl BenchDevice {
+    /// CUDA device 0 when the driver and a device are there, else the CPU device; prints
+    /// which, and why.
+    pub fn open(bench: &str) -> Self {
+        if !devarrow::cuda::driver_available() {
+            println!("[{bench}] no CUDA driver on this machine: benchmarking the CPU device");
+            return Self::Cpu(Arc::new(CpuDevice::new()));
+        }
+        match CudaTransferDevice::open(0) {
+            Ok(device) => {
+                println!(
+                    "[{bench}] benchmarking CUDA device 0 ({})",
+                    device.cuda_device().name()
+                );
+                Self::Cuda(Arc::new(device))
+            }
+            Err(e) => {
+                println!(
+                    "[{bench}] CUDA device 0 does not open ({e}): benchmarking the CPU device"
+                );
+                Self::Cpu(Arc::new(CpuDevice::new()))
+            }
+        }
+    }
+
+    /// The device as the bridge sees it.
+    pub fn device(&self) -> Arc<dyn Device> {
+        match self {
+            Self::Cuda(d) => d.clone(),
+            Self::Cpu(d) => d.clone(),
+        }
+    }
+
+    /// Whether this is a GPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Self::Cuda(_))
+    }
+
+    /// `cuda` or `cpu`, for benchmark names.
+    pub fn label(&self) -> &'static str {
+        if self.is_gpu() {
+            "cuda"
+        } else {
+            "cpu"
+        }
+    }
+}
+
+/// `DEVARROW_BENCH_SCALE` (a positive number), else 1.0 on a GPU and `cpu_default` on the
+/// CPU device (so a CPU-only run stays short). Sizes of every shape scale with it; for
+/// TPC-H `lineitem` it is the scale factor.
+pub fn scale(gpu: bool, cpu_default: f64) -> f64 {
+    match std::env::var("DEVARROW_BENCH_SCALE") {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => s,
+            _ => panic!("DEVARROW_BENCH_SCALE={v:?} is not a positive number"),
+        },
+        Err(_) if gpu => 1.0,
+        Err(_) => cpu_default,
+    }
+}
+
+/// `n` scaled by `scale`, at least `min`.
+pub fn scaled(n: usize, scale: f64, min: usize) -> usize {
+    ((n as f64 * scale) as usize).max(min)
+}

@@ -1,0 +1,338 @@
+//! Criterion benchmarks of host-to-device and device-to-host transfers of record batches:
+//! devarrow's [`Transfer`] (staged, and from a batch already in pinned memory,
+//! [`pin_batch`]) beside the baselines of [`devarrow::bridge::baseline`]: one raw copy of
+//! the same byte count from pinned and from pageable memory, and buffer-by-buffer copies.
+//!
+//! Shapes: `wide` (4 × Int64/Float64, 16 M rows), `narrow` (100 × Int32, 200 k rows),
+//! `strings` (Utf8 of realistic lengths, 4 M rows), `nested` (List<List<Int32>> and
+//! List<Struct<Int32, Float64>>, 1 M rows) and TPC-H `lineitem` (scale factor 1). Every
+//! size is multiplied by `DEVARROW_BENCH_SCALE` (default 1.0 on a GPU; 0.05 on the CPU
+//! device, so a CPU-only run stays short). Runs on CUDA device 0, or on the CPU device
+//! (with a printed note) when there is none.
+//!
+//! `devarrow-serial-2x32MiB` is the engine as it was before parallel packing (one thread,
+//! two 32 MiB chunks), and the `pack/*` groups time packing alone (serial vs parallel).
+//!
+//! Throughput is the bytes each method moves: the device image for devarrow and the raw
+//! copies, the whole arrow-rs buffers for buffer-by-buffer. Every host-to-device sample
+//! ends when its copies have completed (the last event waited for).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
+    StructArray,
+};
+use arrow_buffer::{NullBuffer, OffsetBuffer};
+use arrow_schema::{DataType, Field, Fields};
+use common::{scale, scaled, BenchDevice};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use devarrow::bridge::baseline::{BufferByBuffer, RawCopy};
+use devarrow::bridge::pack::{pack_window, Parallelism};
+use devarrow::bridge::plan::plan_array;
+use devarrow::bridge::{pin_batch, DeviceBatch, Transfer, TransferOptions};
+
+/// A small deterministic generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn nulls(&mut self, len: usize, per_mille: u64) -> Option<NullBuffer> {
+        Some(NullBuffer::from_iter(
+            (0..len).map(|_| self.below(1000) >= per_mille),
+        ))
+    }
+}
+
+fn batch<N: AsRef<str>>(columns: Vec<(N, ArrayRef)>) -> RecordBatch {
+    RecordBatch::try_from_iter(columns).expect("valid batch")
+}
+
+/// 4 wide columns: Int64 and Float64, with and without nulls.
+fn wide(rows: usize) -> RecordBatch {
+    let mut rng = Rng(1);
+    let ints = || (0..rows as i64).map(|i| i.wrapping_mul(2_654_435_761));
+    let floats = || (0..rows).map(|i| i as f64 * 0.25);
+    batch(vec![
+        ("id", Arc::new(Int64Array::from_iter_values(ints()))),
+        (
+            "qty",
+            Arc::new(Int64Array::new(ints().collect(), rng.nulls(rows, 10))),
+        ),
+        ("price", Arc::new(Float64Array::from_iter_values(floats()))),
+        (
+            "discount",
+            Arc::new(Float64Array::new(floats().collect(), rng.nulls(rows, 50))),
+        ),
+    ])
+}
+
+/// 100 narrow Int32 columns, every fourth with nulls.
+fn narrow(rows: usize) -> RecordBatch {
+    let mut rng = Rng(2);
+    batch(
+        (0..100)
+            .map(|c| {
+                let values = (0..rows as i32).map(|i| i ^ c).collect();
+                let nulls = if c % 4 == 0 {
+                    rng.nulls(rows, 20)
+                } else {
+                    None
+                };
+                let column: ArrayRef = Arc::new(Int32Array::new(values, nulls));
+                (format!("c{c}"), column)
+            })
+            .collect(),
+    )
+}
+
+/// Strings of realistic lengths: names (5-20 bytes), comments (10-100 bytes, 5% null),
+/// short codes (1-3 bytes), beside an Int64 key.
+fn strings(rows: usize) -> RecordBatch {
+    let mut rng = Rng(3);
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let text = |rng: &mut Rng, lo: u64, hi: u64| -> String {
+        let len = lo + rng.below(hi - lo + 1);
+        (0..len)
+            .map(|_| ALPHABET[rng.below(ALPHABET.len() as u64) as usize] as char)
+            .collect()
+    };
+    let names: StringArray = (0..rows).map(|_| Some(text(&mut rng, 5, 20))).collect();
+    let comments: StringArray = (0..rows)
+        .map(|_| (rng.below(100) >= 5).then(|| text(&mut rng, 10, 100)))
+        .collect();
+    let codes: StringArray = (0..rows).map(|_| Some(text(&mut rng, 1, 3))).collect();
+    batch(vec![
+        (
+            "key",
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+        ),
+        ("name", Arc::new(names)),
+        ("comment", Arc::new(comments)),
+        ("code", Arc::new(codes)),
+    ])
+}
+
+/// Nested lists: List<List<Int32>> (0-4 lists of 0-8 values) and List<Struct<x: Int32,
+/// y: Float64>> (0-6 structs), 2% null rows each.
+fn nested(rows: usize) -> RecordBatch {
+    let mut rng = Rng(4);
+    let outer: Vec<usize> = (0..rows).map(|_| rng.below(5) as usize).collect();
+    let inner: Vec<usize> = (0..outer.iter().sum::<usize>())
+        .map(|_| rng.below(9) as usize)
+        .collect();
+    let values =
+        Int32Array::from_iter_values((0..inner.iter().sum::<usize>() as i32).map(|i| i * 3));
+    let item = Arc::new(Field::new("item", DataType::Int32, false));
+    let inner_list = ListArray::new(
+        item,
+        OffsetBuffer::from_lengths(inner),
+        Arc::new(values),
+        None,
+    );
+    let inner_field = Arc::new(Field::new("item", inner_list.data_type().clone(), false));
+    let lists = ListArray::new(
+        inner_field,
+        OffsetBuffer::from_lengths(outer),
+        Arc::new(inner_list),
+        rng.nulls(rows, 20),
+    );
+
+    let counts: Vec<usize> = (0..rows).map(|_| rng.below(7) as usize).collect();
+    let n = counts.iter().sum::<usize>();
+    let fields = Fields::from(vec![
+        Field::new("x", DataType::Int32, false),
+        Field::new("y", DataType::Float64, true),
+    ]);
+    let structs = StructArray::new(
+        fields.clone(),
+        vec![
+            Arc::new(Int32Array::from_iter_values(0..n as i32)),
+            Arc::new(Float64Array::new(
+                (0..n).map(|i| i as f64 / 7.0).collect(),
+                rng.nulls(n, 30),
+            )),
+        ],
+        None,
+    );
+    let struct_field = Arc::new(Field::new("item", DataType::Struct(fields), false));
+    let points = ListArray::new(
+        struct_field,
+        OffsetBuffer::from_lengths(counts),
+        Arc::new(structs),
+        rng.nulls(rows, 20),
+    );
+    batch(vec![
+        ("lists", Arc::new(lists)),
+        ("points", Arc::new(points)),
+    ])
+}
+
+fn to_device_all(transfer: &mut Transfer, batches: &[RecordBatch]) -> Vec<DeviceBatch> {
+    let on_device: Vec<DeviceBatch> = batches
+        .iter()
+        .map(|b| transfer.to_device(b).expect("to_device"))
+        .collect();
+    // One stream: the last batch's event completes after every copy before it.
+    if let Some(last) = on_device.last() {
+        last.event().wait_host().expect("wait");
+    }
+    on_device
+}
+
+fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<RecordBatch>) {
+    let device = dev.device();
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    // The engine as it was before parallel packing: one thread, 2 chunks of 32 MiB.
+    let mut serial = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            chunk_bytes: 32 << 20,
+            pack_threads: 1,
+            ..Default::default()
+        },
+    );
+    let on_device = to_device_all(&mut transfer, &batches);
+    let bytes: usize = on_device.iter().map(|d| d.device_bytes()).sum();
+    let pinned: Vec<RecordBatch> = batches
+        .iter()
+        .map(|b| pin_batch(device.as_ref(), b).expect("pin_batch"))
+        .collect();
+    let mut raw = RawCopy::new(device.clone(), bytes).expect("raw copy buffers");
+    let bbb: Vec<BufferByBuffer> = batches
+        .iter()
+        .map(|b| BufferByBuffer::new(device.clone(), b))
+        .collect();
+    let bbb_bytes: usize = bbb.iter().map(|b| b.bytes()).sum();
+    let bbb_on_device: Vec<_> = bbb.iter().map(|b| b.to_device().expect("bbb")).collect();
+    println!(
+        "[transfer/{name}] {} batch(es), {} rows, {:.1} MiB on the device, {} buffers",
+        batches.len(),
+        batches.iter().map(|b| b.num_rows()).sum::<usize>(),
+        bytes as f64 / (1 << 20) as f64,
+        bbb.iter().map(|b| b.buffer_count()).sum::<usize>()
+    );
+
+    let mut group = c.benchmark_group(format!("transfer/{}/{name}", dev.label()));
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    if bytes >= 64 << 20 {
+        group.sample_size(10);
+    }
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("h2d/devarrow", |b| {
+        b.iter_with_large_drop(|| to_device_all(&mut transfer, &batches))
+    });
+    group.bench_function("h2d/devarrow-serial-2x32MiB", |b| {
+        b.iter_with_large_drop(|| to_device_all(&mut serial, &batches))
+    });
+    group.bench_function("h2d/devarrow-pinned-batch", |b| {
+        b.iter_with_large_drop(|| to_device_all(&mut transfer, &pinned))
+    });
+    group.bench_function("h2d/raw-pinned", |b| {
+        b.iter(|| raw.pinned_to_device().expect("copy"))
+    });
+    group.bench_function("h2d/raw-pageable", |b| {
+        b.iter(|| raw.pageable_to_device().expect("copy"))
+    });
+    group.throughput(Throughput::Bytes(bbb_bytes as u64));
+    group.bench_function("h2d/buffer-by-buffer", |b| {
+        b.iter_with_large_drop(|| {
+            bbb.iter()
+                .map(|x| x.to_device().expect("copy"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("d2h/devarrow", |b| {
+        b.iter_with_large_drop(|| {
+            on_device
+                .iter()
+                .map(|d| transfer.to_host(d).expect("to_host"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.bench_function("d2h/devarrow-serial-2x32MiB", |b| {
+        b.iter_with_large_drop(|| {
+            on_device
+                .iter()
+                .map(|d| serial.to_host(d).expect("to_host"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.bench_function("d2h/raw-pinned", |b| {
+        b.iter(|| raw.pinned_to_host().expect("copy"))
+    });
+    group.bench_function("d2h/raw-pageable", |b| {
+        b.iter(|| raw.pageable_to_host().expect("copy"))
+    });
+    group.throughput(Throughput::Bytes(bbb_bytes as u64));
+    group.bench_function("d2h/buffer-by-buffer", |b| {
+        b.iter_with_large_drop(|| {
+            bbb.iter()
+                .zip(&bbb_on_device)
+                .map(|(x, d)| x.to_host(d).expect("copy"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.finish();
+
+    // Packing alone (host work only): the whole image of each batch into one buffer.
+    let plans: Vec<_> = batches
+        .iter()
+        .map(|b| plan_array(&StructArray::from(b.clone()).into_data()).expect("plan"))
+        .collect();
+    let largest = plans.iter().map(|p| p.image.total).max().unwrap_or(0);
+    let mut out = vec![0u8; largest];
+    let mut group = c.benchmark_group(format!("pack/{name}"));
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Bytes(
+        plans.iter().map(|p| p.image.payload_bytes() as u64).sum(),
+    ));
+    for (label, parallelism) in [
+        ("serial", Parallelism::serial()),
+        ("parallel", Parallelism::new(0, 1 << 20)),
+    ] {
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                for plan in &plans {
+                    let image = &plan.image;
+                    pack_window(&image.segments, 0, &mut out[..image.total], parallelism);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+fn transfers(c: &mut Criterion) {
+    let dev = BenchDevice::open("transfer");
+    let s = scale(dev.is_gpu(), 0.05);
+    if !dev.is_gpu() {
+        println!(
+            "[transfer] scale {s} (DEVARROW_BENCH_SCALE); CPU-device numbers measure host \
+             packing and memcpy, not a PCIe link"
+        );
+    }
+    bench_shape(c, &dev, "wide", vec![wide(scaled(16 << 20, s, 1024))]);
+    bench_shape(c, &dev, "narrow", vec![narrow(scaled(200_000, s, 1000))]);
+    bench_shape(c, &dev, "strings", vec![strings(scaled(4 << 20, s, 1024))]);
+    bench_shape(c, &dev, "nested", vec![nested(scaled(1 << 20, s, 1024))]);
+    bench_shape(c, &dev, "lineitem", devarrow::tpch::lineitem(s, 1 << 20));
+}
+
+criterion_group!(benches, transfers);
+criterion_main!(benches);

@@ -1,0 +1,245 @@
+//! The pinned fast path: record batches whose buffers already lie in memory the device can
+//! DMA directly, so a transfer copies them straight to the device with no staging copy.
+//!
+//! Staging costs one host copy of every byte (packing), which parallel packing makes fast
+//! but not free. A producer that builds its batches in pinned memory skips it:
+//!
+//! - [`pin_batch`] copies a batch once into **one** pinned allocation of the device
+//!   (page-locked on CUDA), laid out exactly as the device image a [`Transfer`] makes of
+//!   it (buffers cut to the slice, offsets rebased, 64-byte aligned), and returns it as an
+//!   ordinary arrow-rs [`RecordBatch`] over that memory. Transferring it is then **one**
+//!   DMA (plus one small staged copy for the few buffers a plan always recomputes, such as
+//!   the variadic sizes of view types), whatever the number of columns.
+//! - [`pinned_buffer`] allocates one pinned arrow-rs [`Buffer`] for a producer to fill in
+//!   place (e.g. a decoder writing a column), to build arrays from.
+//!
+//! How a [`Transfer`] uses it: after planning, consecutive segments of the image that lie
+//! in host memory at the same displacement as in the image (as `pin_batch` lays them out)
+//! are merged into runs; a run (or a lone segment) of at least
+//! [`TransferOptions::direct_min_bytes`] that the device reports pinned
+//! ([`Device::is_pinned`]) is copied directly from the batch's memory, in one copy. The
+//! rest travels packed through staging as usual. The transfer keeps the batch's buffers
+//! alive until those copies have completed.
+//!
+//! [`Transfer`]: crate::Transfer
+//! [`TransferOptions::direct_min_bytes`]: crate::TransferOptions::direct_min_bytes
+
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{Array, RecordBatch, RecordBatchOptions, StructArray};
+use arrow_buffer::alloc::Allocation;
+use arrow_buffer::Buffer;
+use devarrow_abi::device::{Device, StagingMemory};
+use devarrow_abi::{Error, Result};
+
+use crate::pack::{pack_window, Parallelism};
+use crate::plan::plan_array;
+use crate::transfer::build_host_node;
+
+/// Keeps a staging allocation alive behind arrow-rs [`Buffer`]s. Never accessed: the
+/// mutex only makes the (`Send`) allocation `Sync`, as [`Allocation`] requires.
+struct StagingOwner(#[allow(dead_code)] Mutex<Box<dyn StagingMemory>>);
+
+/// Allocates `len` bytes of `device`'s staging memory (pinned on CUDA; zeroed), lets
+/// `init` fill them, and returns them as an arrow-rs [`Buffer`] that owns the allocation
+/// (freed when the last clone or slice of the `Buffer` drops).
+///
+/// Arrays built over such buffers (e.g. `Int64Array::new(ScalarBuffer::new(buffer, 0,
+/// n), None)`) are transferred by [`crate::Transfer::to_device`] without staging copies
+/// when their buffers are at least [`crate::TransferOptions::direct_min_bytes`] long.
+pub fn pinned_buffer(
+    device: &dyn Device,
+    len: usize,
+    init: impl FnOnce(&mut [u8]),
+) -> Result<Buffer> {
+    let mut staging = device.allocate_staging(len)?;
+    let bytes = staging.as_mut_slice();
+    if bytes.len() < len {
+        return Err(Error::InvalidArgument(format!(
+            "the device returned {} bytes of staging memory for {len}",
+            bytes.len()
+        )));
+    }
+    let bytes = &mut bytes[..len];
+    init(bytes);
+    let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
+    let owner: Arc<dyn Allocation> = Arc::new(StagingOwner(Mutex::new(staging)));
+    // SAFETY: `ptr` is valid for `len` initialized (zeroed, then written by `init`) bytes
+    // of the staging allocation, which `owner` keeps alive and never touches again (the
+    // box moved into it does not move the memory it points to); the Buffer ties the
+    // owner's lifetime to its own.
+    Ok(unsafe { Buffer::from_custom_allocation(ptr, len, owner) })
+}
+
+/// Copies `batch` into one staging (pinned, on CUDA) allocation of `device`, laid out as a
+/// [`crate::Transfer`] lays it out on the device, and returns the copy: equal to `batch`
+/// (same schema and values; slices are cut to their rows, so every array has offset 0).
+///
+/// The copy is packed on up to 8 threads. Transferring the result to a device copies its
+/// buffers directly, in about one copy (see the [module docs](self)). Worth it when a
+/// batch is transferred more than once, or when the producer can build it here in the
+/// first place; for a single transfer it costs about what staging costs.
+pub fn pin_batch(device: &dyn Device, batch: &RecordBatch) -> Result<RecordBatch> {
+    let data = StructArray::from(batch.clone()).into_data();
+    let plan = plan_array(&data)?;
+    let image = &plan.image;
+    let parallelism = Parallelism::new(0, 1 << 20);
+    let memory = pinned_buffer(device, image.total, |out| {
+        pack_window(&image.segments, 0, out, parallelism)
+    })?;
+    let root = build_host_node(&plan.root, &memory, true)?;
+    let columns = StructArray::from(root).columns().to_vec();
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
+}
+
+/// Bytes of the buffers a transfer of `batch` moves (its planned payload), and how many of
+/// them lie in memory `device` reports pinned.
+pub fn pinned_bytes(device: &dyn Device, batch: &RecordBatch) -> Result<(usize, usize)> {
+    let data = StructArray::from(batch.clone()).into_data();
+    let plan = plan_array(&data)?;
+    let pinned = plan
+        .image
+        .segments
+        .iter()
+        .filter(|(b, _)| device.is_pinned(b.as_ptr(), b.len()))
+        .map(|(b, _)| b.len())
+        .sum();
+    Ok((pinned, plan.image.payload_bytes()))
+}
+
+/// Segments of a packed image that a transfer copies straight from host memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DirectRun {
+    /// The segments (indices into the image's segments).
+    pub segments: Range<usize>,
+    /// The image range they cover: from the first's start to the last's end.
+    pub image: Range<usize>,
+    /// Where the range starts in host memory.
+    pub host: *const u8,
+}
+
+/// The runs of `segments` (in image order) to copy directly: maximal groups of consecutive
+/// segments lying in host memory at one displacement from their image offsets, spanning at
+/// least `min_bytes`, that `device` reports pinned as a whole; or, when a group is not,
+/// its single segments that are and have `min_bytes`. Returned in image order.
+pub(crate) fn direct_runs(
+    device: &dyn Device,
+    segments: &[(Buffer, usize)],
+    min_bytes: usize,
+) -> Vec<DirectRun> {
+    let displacement = |i: usize| (segments[i].0.as_ptr() as usize).wrapping_sub(segments[i].1);
+    let run = |r: Range<usize>| {
+        let (first, last) = (&segments[r.start], &segments[r.end - 1]);
+        DirectRun {
+            image: first.1..last.1 + last.0.len(),
+            host: first.0.as_ptr(),
+            segments: r,
+        }
+    };
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < segments.len() {
+        let mut j = i + 1;
+        while j < segments.len() && displacement(j) == displacement(i) {
+            j += 1;
+        }
+        let group = run(i..j);
+        let span = group.image.len();
+        if span >= min_bytes {
+            if device.is_pinned(group.host, span) {
+                runs.push(group);
+            } else if j - i > 1 {
+                runs.extend(
+                    (i..j)
+                        .filter(|&s| {
+                            let b = &segments[s].0;
+                            b.len() >= min_bytes && device.is_pinned(b.as_ptr(), b.len())
+                        })
+                        .map(|s| run(s..s + 1)),
+                );
+            }
+        }
+        i = j;
+    }
+    runs
+}
+
+/// The index ranges of the segments between `runs` (non-empty ones only).
+pub(crate) fn staged_groups(segments: usize, runs: &[DirectRun]) -> Vec<Range<usize>> {
+    let mut groups = Vec::with_capacity(runs.len() + 1);
+    let mut next = 0;
+    for run in runs {
+        if run.segments.start > next {
+            groups.push(next..run.segments.start);
+        }
+        next = run.segments.end;
+    }
+    if segments > next {
+        groups.push(next..segments);
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+    use devarrow_abi::device::CpuDevice;
+
+    #[test]
+    fn runs_merge_contiguous_pinned_segments_only() {
+        let device = CpuDevice::new();
+        let pinned = pinned_buffer(&device, 4096, |b| b.fill(1)).unwrap();
+        let pageable = Buffer::from_vec(vec![0u8; 4096]);
+        let segments = vec![
+            (pinned.slice_with_length(0, 100), 0),
+            (pinned.slice_with_length(128, 1000), 128), // same displacement: one run
+            (pageable.slice_with_length(0, 2000), 1152),
+            (pinned.slice_with_length(3200, 10), 3200), // too small alone
+            (pinned.slice_with_length(3300, 700), 3300),
+        ];
+        let runs = direct_runs(&device, &segments, 500);
+        assert_eq!(runs.len(), 2, "{runs:?}");
+        assert_eq!(runs[0].segments, 0..2);
+        assert_eq!(runs[0].image, 0..1128);
+        assert_eq!(runs[0].host, pinned.as_ptr());
+        // Segments 3 and 4 lie at one displacement (3200 - 3200 == 3300 - 3300).
+        assert_eq!(runs[1].segments, 3..5);
+        assert_eq!(staged_groups(segments.len(), &runs), vec![2..3]);
+        assert!(direct_runs(&device, &segments, 5000).is_empty());
+        assert_eq!(staged_groups(5, &[]), vec![0..5]);
+    }
+
+    #[test]
+    fn pinned_batches_are_equal_and_pinned() {
+        let device = CpuDevice::new();
+        let batch = RecordBatch::try_from_iter([
+            (
+                "i",
+                Arc::new(Int64Array::from_iter(
+                    (0..1000).map(|i| (i % 3 != 0).then_some(i)),
+                )) as _,
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(
+                    (0..1000).map(|i| format!("s{i}")),
+                )) as _,
+            ),
+        ])
+        .unwrap();
+        let slice = batch.slice(7, 500);
+        let pinned = pin_batch(&device, &slice).unwrap();
+        assert_eq!(pinned, slice);
+        let (on, of) = pinned_bytes(&device, &pinned).unwrap();
+        assert_eq!(on, of, "every buffer of a pinned batch is pinned");
+        assert_eq!(pinned_bytes(&device, &slice).unwrap().0, 0);
+    }
+}

@@ -1,0 +1,259 @@
+//! The pinned fast path and parallel packing on the CPU device: batches in pinned
+//! (staging) memory skip the staging copy, everything still round-trips exactly.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_buffer::ScalarBuffer;
+use devarrow_abi::device::{CpuDevice, Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::ArrowDeviceType;
+use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
+use devarrow_bridge::{Transfer, TransferOptions};
+use devarrow_interop::sample;
+
+/// The CPU device, counting staging allocations and the bytes each copy moves.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: CpuDevice,
+    staging_allocations: AtomicU64,
+    bytes_to_device: AtomicU64,
+}
+
+impl Device for Counting {
+    fn device_type(&self) -> ArrowDeviceType {
+        self.inner.device_type()
+    }
+    fn device_id(&self) -> i64 {
+        self.inner.device_id()
+    }
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
+        self.inner.allocate(len)
+    }
+    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        self.staging_allocations.fetch_add(1, Ordering::Relaxed);
+        self.inner.allocate_staging(len)
+    }
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut std::ffi::c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        self.bytes_to_device
+            .fetch_add(len as u64, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_device(src, dst, len) }
+    }
+    unsafe fn copy_to_host(
+        &self,
+        src: *const std::ffi::c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_host(src, dst, len) }
+    }
+    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        self.inner.record_event()
+    }
+    unsafe fn wait_sync_event(
+        &self,
+        sync_event: *mut std::ffi::c_void,
+    ) -> devarrow_abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.wait_sync_event(sync_event) }
+    }
+    fn synchronize(&self) -> devarrow_abi::Result<()> {
+        self.inner.synchronize()
+    }
+    fn copy_count(&self) -> u64 {
+        self.inner.copy_count()
+    }
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        self.inner.is_pinned(ptr, len)
+    }
+}
+
+fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
+    RecordBatch::try_from_iter((0..columns).map(|c| {
+        let col: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..rows as i64).map(|i| (i % 7 != 0).then_some(i * c as i64)),
+        ));
+        (format!("c{c}"), col)
+    }))
+    .unwrap()
+}
+
+fn counting() -> (Arc<Counting>, Transfer) {
+    let device = Arc::new(Counting::default());
+    let transfer = Transfer::new(device.clone(), TransferOptions::default());
+    (device, transfer)
+}
+
+#[test]
+fn a_pinned_batch_moves_in_one_copy_without_staging() {
+    let batch = wide_batch(100, 1000); // ~900 KB in 200 buffers
+    let pinned = pin_batch(&CpuDevice::new(), &batch).unwrap();
+    assert_eq!(pinned, batch);
+    let (on, of) = pinned_bytes(&CpuDevice::new(), &pinned).unwrap();
+    assert_eq!(on, of);
+
+    let (device, mut transfer) = counting();
+    let on_device = transfer.to_device(&pinned).unwrap();
+    assert_eq!(
+        device.copy_count(),
+        1,
+        "one direct copy for the whole batch"
+    );
+    assert_eq!(
+        device.staging_allocations.load(Ordering::Relaxed),
+        0,
+        "no staging used"
+    );
+    drop(pinned); // the transfer keeps the source alive until its copy completed
+    let back = transfer.to_host(&on_device).unwrap();
+    assert_eq!(back, batch);
+    // The same batch from pageable memory: one staged copy.
+    let (device, mut transfer) = counting();
+    let again = transfer.to_device(&batch).unwrap();
+    assert_eq!(device.copy_count(), 1);
+    assert_eq!(device.staging_allocations.load(Ordering::Relaxed), 1);
+    assert_eq!(transfer.to_host(&again).unwrap(), batch);
+}
+
+#[test]
+fn every_type_and_slice_round_trips_pinned() {
+    let batch = sample::every_type_batch();
+    let options = TransferOptions {
+        direct_min_bytes: 1, // everything pinned goes direct, however small
+        ..Default::default()
+    };
+    for (offset, len) in [(0, batch.num_rows()), (1, 3), (2, 0), (3, 2)] {
+        let slice = batch.slice(offset, len);
+        let pinned = pin_batch(&CpuDevice::new(), &slice).unwrap();
+        assert_eq!(pinned, slice);
+        let device = Arc::new(Counting::default());
+        let mut transfer = Transfer::new(device.clone(), options);
+        let on_device = transfer.to_device(&pinned).unwrap();
+        let back = transfer.to_host(&on_device).unwrap();
+        for column in back.columns() {
+            column.to_data().validate_full().unwrap();
+        }
+        if let Some(diff) = sample::describe_difference(&slice, &back) {
+            panic!("slice {offset}+{len}: {diff}");
+        }
+        assert_eq!(back, slice, "slice {offset}+{len}");
+    }
+}
+
+#[test]
+fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
+    let rows = 200_000; // 1.6 MB per column
+    let device = CpuDevice::new();
+    let big = pinned_buffer(&device, rows * 8, |b| {
+        for (i, v) in b.chunks_exact_mut(8).enumerate() {
+            v.copy_from_slice(&(i as i64 * 3).to_le_bytes());
+        }
+    })
+    .unwrap();
+    let pinned_col: ArrayRef = Arc::new(Int64Array::new(ScalarBuffer::new(big, 0, rows), None));
+    let pageable_col: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows as i64));
+    let small: ArrayRef = Arc::new(StringArray::from_iter_values((0..rows).map(|i| {
+        if i % 2 == 0 {
+            "a"
+        } else {
+            "bb"
+        }
+    })));
+    let batch = RecordBatch::try_from_iter([
+        ("small", small),
+        ("pinned", pinned_col),
+        ("pageable", pageable_col),
+    ])
+    .unwrap();
+    let (counting, mut transfer) = counting();
+    let on_device = transfer.to_device(&batch).unwrap();
+    // The strings (before the pinned column) are one staged copy, the pinned column one
+    // direct copy, the pageable column one staged copy.
+    assert_eq!(counting.copy_count(), 3);
+    assert_eq!(
+        counting.bytes_to_device.load(Ordering::Relaxed) as usize,
+        batch
+            .columns()
+            .iter()
+            .map(|c| c.to_data().buffers().iter().map(|b| b.len()).sum::<usize>())
+            .sum::<usize>()
+            + 64
+            - (rows + 1) * 4 % 64, // padding after the string offsets
+        "every byte copied once"
+    );
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+
+    // Direct copies off: everything staged, one copy (the batch fits one chunk).
+    let counting = Arc::new(Counting::default());
+    let mut transfer = Transfer::new(
+        counting.clone(),
+        TransferOptions {
+            direct_min_bytes: usize::MAX,
+            ..Default::default()
+        },
+    );
+    let on_device = transfer.to_device(&batch).unwrap();
+    assert_eq!(counting.copy_count(), 1);
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+}
+
+#[test]
+fn parallel_packing_with_small_chunks_round_trips() {
+    let batch = wide_batch(6, 300_000); // ~15 MB
+    let strings: ArrayRef = Arc::new(StringArray::from_iter(
+        (0..300_000).map(|i| (i % 5 != 0).then(|| "x".repeat(i % 37))),
+    ));
+    let batch = RecordBatch::try_from_iter(
+        batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .zip(batch.columns().iter().cloned())
+            .chain([("s".to_string(), strings)]),
+    )
+    .unwrap();
+    for (staging, chunk, threads) in [
+        (1 << 20, 256 << 10, 4),
+        (4 << 20, 1 << 20, 3),
+        (64 << 20, 8 << 20, 0),
+        (8 << 20, 8 << 20, 1),
+    ] {
+        let device = Arc::new(Counting::default());
+        let mut transfer = Transfer::new(
+            device.clone(),
+            TransferOptions {
+                staging_bytes: staging,
+                chunk_bytes: chunk,
+                pack_threads: threads,
+                parallel_min_bytes: 0,
+                ..Default::default()
+            },
+        );
+        let on_device = transfer.to_device(&batch).unwrap();
+        let chunk = chunk.min(staging / 2);
+        let copies = device.copy_count();
+        assert_eq!(
+            copies as usize,
+            on_device.device_bytes().div_ceil(chunk),
+            "one copy per chunk ({staging}, {chunk})"
+        );
+        assert!(
+            device.staging_allocations.load(Ordering::Relaxed) as usize <= staging / chunk,
+            "staging stays within its bound"
+        );
+        let back = transfer.to_host(&on_device).unwrap();
+        assert_eq!(back, batch, "({staging}, {chunk}, {threads})");
+        // A second batch reuses the staging buffers.
+        let before = device.staging_allocations.load(Ordering::Relaxed);
+        let _ = transfer.to_device(&batch).unwrap();
+        assert_eq!(device.staging_allocations.load(Ordering::Relaxed), before);
+    }
+}
