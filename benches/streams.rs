@@ -21,7 +21,10 @@ use std::time::Duration;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use devarrow::abi::device::{CpuDevice, Device};
 use devarrow::abi::{cpu, DeviceArray};
 use devarrow::bridge::{export_reader_to_device, StreamOptions, Transfer, TransferOptions};
@@ -59,6 +62,46 @@ fn payload_bytes(batches: &[RecordBatch]) -> u64 {
         .sum()
 }
 
+/// Benchmarks `consume` (given each batch exported on `device`, and its index) over
+/// `batches`, moved one at a time (`sequential`) and through a device stream
+/// (`streamed/read_ahead=R`); what `consume` returns is folded into a black box.
+fn bench_modes(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    batches: &[RecordBatch],
+    device: &Arc<dyn Device>,
+    mut consume: impl FnMut(DeviceArray, usize) -> i64,
+) {
+    let shape = format!("{BATCHES}x{COLUMNS}x{}", batches[0].num_rows());
+    group.bench_function(BenchmarkId::new("sequential", &shape), |b| {
+        b.iter(|| {
+            // A transfer per pass, as a stream has one per stream (staging included).
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let mut acc = 0;
+            for (k, batch) in batches.iter().enumerate() {
+                let (array, _) = transfer.to_device(batch).unwrap().export().unwrap();
+                acc ^= consume(array, k);
+            }
+            black_box(acc)
+        })
+    });
+    for read_ahead in [0, 2] {
+        let id = BenchmarkId::new(format!("streamed/read_ahead={read_ahead}"), &shape);
+        group.bench_function(id, |b| {
+            b.iter(|| {
+                let options = StreamOptions::default().with_read_ahead(read_ahead);
+                let mut stream =
+                    export_reader_to_device(reader_of(batches), device.clone(), options).unwrap();
+                let (mut acc, mut k) = (0, 0);
+                while let Some(array) = stream.next_array().unwrap() {
+                    acc ^= consume(array, k);
+                    k += 1;
+                }
+                black_box(acc)
+            })
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // CPU device
 // ---------------------------------------------------------------------------------------
@@ -86,34 +129,9 @@ fn bench_cpu(c: &mut Criterion) {
     let mut group = c.benchmark_group("streams/cpu");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(payload_bytes(&batches)));
-    let shape = format!("{BATCHES}x{COLUMNS}x{}", batches[0].num_rows());
-    group.bench_function(BenchmarkId::new("sequential", &shape), |b| {
-        b.iter(|| {
-            // A transfer per pass, as a stream has one per stream (staging included).
-            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
-            let mut acc = 0;
-            for batch in &batches {
-                let (array, _) = transfer.to_device(batch).unwrap().export().unwrap();
-                acc ^= cpu_work(array, schema.clone());
-            }
-            black_box(acc)
-        })
+    bench_modes(&mut group, &batches, &device, |array, _| {
+        cpu_work(array, schema.clone())
     });
-    for read_ahead in [0, 2] {
-        let id = BenchmarkId::new(format!("streamed/read_ahead={read_ahead}"), &shape);
-        group.bench_function(id, |b| {
-            b.iter(|| {
-                let options = StreamOptions::default().with_read_ahead(read_ahead);
-                let mut stream =
-                    export_reader_to_device(reader_of(&batches), device.clone(), options).unwrap();
-                let mut acc = 0;
-                while let Some(array) = stream.next_array().unwrap() {
-                    acc ^= cpu_work(array, schema.clone());
-                }
-                black_box(acc)
-            })
-        });
-    }
     group.finish();
 }
 
@@ -183,37 +201,15 @@ fn bench_cuda(c: &mut Criterion, device: Arc<CudaTransferDevice>) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
     group.throughput(Throughput::Bytes(payload_bytes(&batches)));
-    let shape = format!("{BATCHES}x{COLUMNS}x{}", batches[0].num_rows());
-    group.bench_function(BenchmarkId::new("sequential", &shape), |b| {
-        b.iter(|| {
-            let mut transfer = Transfer::new(upload.clone(), TransferOptions::default());
-            for (k, batch) in batches.iter().enumerate() {
-                let (array, _) = transfer.to_device(batch).unwrap().export().unwrap();
-                let imported = ImportedArray::import(array, &consumer.stream).unwrap();
-                consumer.enqueue(&imported, k);
-                drop(imported); // synchronizes the consumer stream: strictly one at a time
-            }
-        })
+    bench_modes(&mut group, &batches, &upload, |array, k| {
+        let imported = ImportedArray::import(array, &consumer.stream).unwrap();
+        consumer.enqueue(&imported, k);
+        // Waits for batch k's work (then releases it): sequential, strictly one batch at a
+        // time; streamed, while the background thread uploads the next batches on the
+        // upload stream.
+        drop(imported);
+        0
     });
-    for read_ahead in [0, 2] {
-        let id = BenchmarkId::new(format!("streamed/read_ahead={read_ahead}"), &shape);
-        group.bench_function(id, |b| {
-            b.iter(|| {
-                let options = StreamOptions::default().with_read_ahead(read_ahead);
-                let mut stream =
-                    export_reader_to_device(reader_of(&batches), upload.clone(), options).unwrap();
-                let mut k = 0;
-                while let Some(array) = stream.next_array().unwrap() {
-                    let imported = ImportedArray::import(array, &consumer.stream).unwrap();
-                    consumer.enqueue(&imported, k);
-                    // Waits for batch k's work (then releases it) while the background
-                    // thread uploads the next batches on the upload stream.
-                    drop(imported);
-                    k += 1;
-                }
-            })
-        });
-    }
     group.finish();
     consumer.stream.synchronize().expect("synchronize");
 }

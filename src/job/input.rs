@@ -228,41 +228,40 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    fn write_parquet(path: &Path, batches: &[RecordBatch]) {
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            File::create(path).unwrap(),
-            batches[0].schema(),
-            None,
-        )
-        .unwrap();
+    /// Writes every batch with `w`, then closes it (writing the footer, if any).
+    fn write_all(mut w: impl arrow_array::RecordBatchWriter, batches: &[RecordBatch]) {
         for b in batches {
             w.write(b).unwrap();
         }
         w.close().unwrap();
     }
 
+    fn write_parquet(path: &Path, batches: &[RecordBatch]) {
+        let w = parquet::arrow::ArrowWriter::try_new(
+            File::create(path).unwrap(),
+            batches[0].schema(),
+            None,
+        )
+        .unwrap();
+        write_all(w, batches);
+    }
+
     fn write_ipc_file(path: &Path, batches: &[RecordBatch]) {
-        let mut w = arrow_ipc::writer::FileWriter::try_new(
+        let w = arrow_ipc::writer::FileWriter::try_new(
             File::create(path).unwrap(),
             &batches[0].schema(),
         )
         .unwrap();
-        for b in batches {
-            w.write(b).unwrap();
-        }
-        w.finish().unwrap();
+        write_all(w, batches);
     }
 
     fn write_ipc_stream(path: &Path, batches: &[RecordBatch]) {
-        let mut w = arrow_ipc::writer::StreamWriter::try_new(
+        let w = arrow_ipc::writer::StreamWriter::try_new(
             File::create(path).unwrap(),
             &batches[0].schema(),
         )
         .unwrap();
-        for b in batches {
-            w.write(b).unwrap();
-        }
-        w.finish().unwrap();
+        write_all(w, batches);
     }
 
     fn rows_of(batches: &[RecordBatch]) -> usize {

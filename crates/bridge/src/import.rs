@@ -107,25 +107,7 @@ impl DeviceBatch {
 fn check_device(device: &dyn Device, array: &DeviceArray) -> Result<()> {
     let (found, id) = (array.device_type(), array.device_id());
     let own = device.device_type();
-    let accepted: &[ArrowDeviceType] = match own {
-        ArrowDeviceType::CUDA => &[
-            ArrowDeviceType::CUDA,
-            ArrowDeviceType::CUDA_HOST,
-            ArrowDeviceType::CUDA_MANAGED,
-        ],
-        ArrowDeviceType::ROCM => &[ArrowDeviceType::ROCM, ArrowDeviceType::ROCM_HOST],
-        _ => std::slice::from_ref(&own),
-    };
-    if !accepted.contains(&found) {
-        return Err(Error::UnsupportedDevice {
-            found,
-            accepted: accepted
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
-    }
+    crate::stream::check_stream_device(device, found)?;
     // Device memory must be this very device's; host memory (the CPU's, pinned, managed)
     // is visible to it whatever the id.
     if found == own && own != ArrowDeviceType::CPU && id != device.device_id() {

@@ -14,7 +14,7 @@ use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
-use common::{count_releases, releases, CountingDevice};
+use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
@@ -256,11 +256,7 @@ fn wrong_device_type() {
 #[test]
 fn wrong_device_id() {
     // A device posing as ROCm device 1 (its memory is the CPU's, so host-side types work).
-    let rocm = || {
-        let mut device = CountingDevice::default();
-        device.pose_as = Some((ArrowDeviceType::ROCM, 1));
-        Arc::new(device)
-    };
+    let rocm = || Arc::new(InstrumentedDevice::default().posing_as(ArrowDeviceType::ROCM, 1));
     let (data, schema) = batch_data(&ints_and_strings());
     let err = import_corrupted_on(rocm(), &data, schema.clone(), |raw| {
         raw.device_type = ArrowDeviceType::ROCM;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arrow_array::{new_empty_array, Array, RecordBatch, StructArray};
 use arrow_schema::{Field, Schema};
 use common::random::{batch_of, random_batch, seeds, type_of_kind, Case, SeedReport, KINDS};
-use common::{count_releases, releases, CountingDevice};
+use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
@@ -62,7 +62,7 @@ fn check(case: &Case) {
 
     // Zero-copy CPU export (offsets at every level) -> import -> host; the foreign array
     // is released once, after the last user.
-    let counting = CountingDevice::new();
+    let counting = InstrumentedDevice::new();
     let (array, count) = count_releases(cpu::export_array_data(&case.data));
     let imported = DeviceBatch::import(counting.clone(), array, batch.schema()).unwrap();
     assert!(counting.host_copies() <= 1, "one read-back at most");

@@ -12,7 +12,7 @@ use arrow_array::{
 };
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field};
-use common::{count_releases, releases, CountingDevice};
+use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
@@ -26,7 +26,7 @@ fn cpu() -> Arc<dyn Device> {
 /// `schema`, moves it to the host and checks it equals `expected`; the foreign release
 /// runs once, when the batch is dropped.
 fn import_round_trip(data: &arrow_data::ArrayData, expected: &RecordBatch) {
-    let device = CountingDevice::new();
+    let device = InstrumentedDevice::new();
     let (array, count) = count_releases(cpu::export_array_data(data));
     let batch = DeviceBatch::import(device.clone(), array, expected.schema()).unwrap();
     assert!(batch.is_imported());
@@ -79,7 +79,7 @@ fn every_slice_of_every_type_imports_with_its_offsets() {
 #[test]
 fn the_sizes_on_the_device_are_read_back_in_one_copy() {
     let batch = sample::every_type_batch();
-    let device = CountingDevice::new();
+    let device = InstrumentedDevice::new();
     let (array, schema) = cpu::export_record_batch(&batch).unwrap();
     let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
     assert_eq!(device.on_device_copies(), 1, "one gather on the device");
@@ -93,7 +93,7 @@ fn the_sizes_on_the_device_are_read_back_in_one_copy() {
         Arc::new(Int64Array::from(vec![Some(1), None, Some(3)])) as ArrayRef,
     )])
     .unwrap();
-    let device = CountingDevice::new();
+    let device = InstrumentedDevice::new();
     let (array, schema) = cpu::export_record_batch(&ints).unwrap();
     let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
     assert_eq!((device.on_device_copies(), device.host_copies()), (0, 0));
@@ -215,7 +215,7 @@ fn an_imported_slice_moves_only_its_bytes() {
     ));
     let batch = RecordBatch::try_from_iter([("s", strings), ("i", ints)]).unwrap();
     let moved = |b: &RecordBatch| {
-        let device = CountingDevice::new();
+        let device = InstrumentedDevice::new();
         let (array, schema) = cpu::export_record_batch(b).unwrap();
         let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
         let gathered = device.on_device_bytes();

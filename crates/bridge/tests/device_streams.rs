@@ -5,15 +5,15 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, RecordBatchReader};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use common::{assert_batches_eq, reader_of, InstrumentedDevice};
 use devarrow_abi::async_stream::async_record_batch_handler;
-use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::error::errno;
 use devarrow_abi::stream::{export_stream, DeviceArrayStreamReader, DeviceBatchSource};
 use devarrow_abi::{cpu, ArrowDeviceArrayStream, ArrowDeviceType, Error};
@@ -61,146 +61,6 @@ fn every_type_batches() -> Vec<RecordBatch> {
         }
     }
     batches
-}
-
-fn reader_of(batches: &[RecordBatch]) -> Box<dyn RecordBatchReader + Send> {
-    let schema = batches[0].schema();
-    Box::new(RecordBatchIterator::new(
-        batches.iter().cloned().map(Ok).collect::<Vec<_>>(),
-        schema,
-    ))
-}
-
-fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
-    assert_eq!(expected.len(), actual.len(), "number of batches");
-    for (k, (e, a)) in expected.iter().zip(actual).enumerate() {
-        if let Some(diff) = sample::describe_difference(e, a) {
-            panic!("batch {k}: {diff}");
-        }
-        assert_eq!(e, a, "batch {k}");
-    }
-}
-
-/// The CPU device, counting its live allocations (device and staging memory), and
-/// optionally failing its allocations after a number of them.
-#[derive(Debug, Default)]
-struct CountingDevice {
-    inner: CpuDevice,
-    live: Arc<AtomicUsize>,
-    allocations: AtomicUsize,
-    fail_after: Option<usize>,
-}
-
-impl CountingDevice {
-    fn failing_after(n: usize) -> Self {
-        Self {
-            fail_after: Some(n),
-            ..Self::default()
-        }
-    }
-    fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
-    }
-}
-
-#[derive(Debug)]
-struct Counted<T> {
-    inner: T,
-    live: Arc<AtomicUsize>,
-}
-
-impl<T> Drop for Counted<T> {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
-    fn address(&self) -> *mut c_void {
-        self.inner.address()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl StagingMemory for Counted<Box<dyn StagingMemory>> {
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.inner.as_mut_slice()
-    }
-    fn as_slice(&self) -> &[u8] {
-        self.inner.as_slice()
-    }
-}
-
-impl Device for CountingDevice {
-    fn device_type(&self) -> ArrowDeviceType {
-        self.inner.device_type()
-    }
-    fn device_id(&self) -> i64 {
-        self.inner.device_id()
-    }
-    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
-        let n = self.allocations.fetch_add(1, Ordering::SeqCst);
-        if self.fail_after.is_some_and(|limit| n >= limit) {
-            return Err(Error::Device {
-                device: "TEST",
-                message: format!("allocation {n} of {len} bytes refused"),
-            });
-        }
-        let inner = self.inner.allocate(len)?;
-        self.live.fetch_add(1, Ordering::SeqCst);
-        Ok(Arc::new(Counted {
-            inner,
-            live: self.live.clone(),
-        }))
-    }
-    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        let inner = self.inner.allocate_staging(len)?;
-        self.live.fetch_add(1, Ordering::SeqCst);
-        Ok(Box::new(Counted {
-            inner,
-            live: self.live.clone(),
-        }))
-    }
-    unsafe fn copy_to_device(
-        &self,
-        src: *const u8,
-        dst: *mut c_void,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_device(src, dst, len) }
-    }
-    unsafe fn copy_to_host(
-        &self,
-        src: *const c_void,
-        dst: *mut u8,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_host(src, dst, len) }
-    }
-    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_on_device(copies) }
-    }
-    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
-        self.inner.record_event()
-    }
-    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.wait_sync_event(sync_event) }
-    }
-    fn synchronize(&self) -> devarrow_abi::Result<()> {
-        self.inner.synchronize()
-    }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
-    }
 }
 
 type Make = Box<dyn FnMut(usize) -> Option<Result<RecordBatch, ArrowError>> + Send>;
@@ -363,7 +223,7 @@ fn every_type_and_slice_round_trips_through_the_c_stream() {
 fn the_uploader_iterates_device_batches() {
     let _w = watchdog("the_uploader_iterates_device_batches");
     let batches: Vec<RecordBatch> = (0..20).map(batch).collect();
-    let device = Arc::new(CountingDevice::default());
+    let device = InstrumentedDevice::new();
     let uploader = Uploader::spawn(
         reader_of(&batches),
         device.clone(),
@@ -607,7 +467,7 @@ fn a_panicking_reader_is_eio_and_the_stream_stays_usable() {
 fn an_upload_error_is_get_next_with_eio() {
     let _w = watchdog("an_upload_error_is_get_next_with_eio");
     // Two batches fit, the third allocation fails.
-    let device = Arc::new(CountingDevice::failing_after(2));
+    let device = Arc::new(InstrumentedDevice::default().failing_allocations_after(2));
     let counters = Counters::default();
     let mut stream = export_reader_to_device(
         counters.reader(first(10)),
@@ -642,7 +502,7 @@ fn releasing_the_stream_early_stops_the_thread_without_leaks() {
     let _w = watchdog("releasing_the_stream_early_stops_the_thread_without_leaks");
     for read_ahead in [0, 1, 2, 8] {
         for taken in [0, 1, 3] {
-            let device = Arc::new(CountingDevice::default());
+            let device = InstrumentedDevice::new();
             let counters = Counters::default();
             let mut stream = export_reader_to_device(
                 counters.reader(endless()),
@@ -677,7 +537,7 @@ fn releasing_the_stream_early_stops_the_thread_without_leaks() {
 fn dropping_the_uploader_while_the_reader_is_busy_waits_for_it() {
     let _w = watchdog("dropping_the_uploader_while_the_reader_is_busy_waits_for_it");
     let counters = Counters::default();
-    let device = Arc::new(CountingDevice::default());
+    let device = InstrumentedDevice::new();
     let uploader = Uploader::spawn(
         counters.slow_reader(Duration::from_millis(100), endless()),
         device.clone(),
@@ -852,7 +712,7 @@ fn an_error_of_the_async_source_reaches_the_handler_with_its_errno() {
 #[test]
 fn an_upload_error_reaches_the_async_handler() {
     let _w = watchdog("an_upload_error_reaches_the_async_handler");
-    let device = Arc::new(CountingDevice::failing_after(1));
+    let device = Arc::new(InstrumentedDevice::default().failing_allocations_after(1));
     let (handler, consumer) = async_record_batch_handler(1);
     let producer = spawn_device_producer_into(
         schema(),
@@ -881,7 +741,7 @@ fn an_upload_error_reaches_the_async_handler() {
 fn dropping_the_async_consumer_early_stops_a_pending_source() {
     let _w = watchdog("dropping_the_async_consumer_early_stops_a_pending_source");
     let counters = Counters::default();
-    let device = Arc::new(CountingDevice::default());
+    let device = InstrumentedDevice::new();
     // Two batches, then a source that never yields again.
     let source = counting(
         stream::iter((0..2).map(|k| Ok::<_, ArrowError>(batch(k)))).chain(stream::pending()),
@@ -909,7 +769,7 @@ fn dropping_the_async_consumer_early_stops_a_pending_source() {
 fn dropping_the_upload_stream_early_frees_everything() {
     let _w = watchdog("dropping_the_upload_stream_early_frees_everything");
     let counters = Counters::default();
-    let device = Arc::new(CountingDevice::default());
+    let device = InstrumentedDevice::new();
     let mut uploads = UploadStream::spawn(
         schema(),
         counting(
@@ -971,7 +831,7 @@ fn release_counts(releases: &std::sync::Mutex<Vec<Arc<AtomicUsize>>>) -> Vec<usi
 fn producer_to_device_reader_round_trips_every_type() {
     let _w = watchdog("producer_to_device_reader_round_trips_every_type");
     let batches = every_type_batches();
-    let producer = Arc::new(CountingDevice::default());
+    let producer = InstrumentedDevice::new();
     let stream = export_reader_to_device(
         reader_of(&batches),
         producer.clone(),
@@ -1124,7 +984,7 @@ fn the_device_reader_refuses_a_stream_of_another_device() {
 #[test]
 fn an_early_dropped_device_reader_releases_its_stream_and_arrays() {
     let _w = watchdog("an_early_dropped_device_reader_releases_its_stream_and_arrays");
-    let producer = Arc::new(CountingDevice::default());
+    let producer = InstrumentedDevice::new();
     let counters = Counters::default();
     let stream = export_reader_to_device(
         counters.reader(endless()),
@@ -1148,7 +1008,7 @@ fn async_producer_to_async_device_consumer_round_trips_every_type() {
     let _w = watchdog("async_producer_to_async_device_consumer_round_trips_every_type");
     let batches = every_type_batches();
     for capacity in [1, 4] {
-        let producer_device = Arc::new(CountingDevice::default());
+        let producer_device = InstrumentedDevice::new();
         let (handler, consumer) = device_batch_handler(cpu(), capacity).unwrap();
         let producer = spawn_device_producer_into(
             batches[0].schema(),
@@ -1205,7 +1065,7 @@ fn the_async_device_consumer_applies_back_pressure() {
     let _w = watchdog("the_async_device_consumer_applies_back_pressure");
     for (capacity, read_ahead) in [(1, 0), (2, 2)] {
         let counters = Counters::default();
-        let producer_device = Arc::new(CountingDevice::default());
+        let producer_device = InstrumentedDevice::new();
         let source = counting(
             stream::iter((0..).map(|k| Ok::<_, ArrowError>(batch(k)))),
             &counters,

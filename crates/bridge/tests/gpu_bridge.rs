@@ -16,7 +16,10 @@ use arrow_buffer::{BooleanBuffer, Buffer};
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use common::random::{random_batch, seeds, SeedReport};
-use common::{count_releases, releases};
+use common::{
+    assert_batches_eq, count_releases, gpu_or_skip, reader_of, releases, InstrumentedDevice,
+};
+use devarrow_abi::async_stream::{AsyncStreamHandler, ProducerHandle};
 use devarrow_abi::device::DeviceCopy;
 use devarrow_abi::export::{export_tree, ArrayNode};
 use devarrow_abi::layout::{buffer_roles, BufferRole};
@@ -25,11 +28,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{Device, DeviceMemory, StagingMemory};
 use devarrow_abi::ArrowDeviceType;
 use devarrow_bridge::{
     device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,
@@ -37,24 +40,10 @@ use devarrow_bridge::{
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
-    kernels, CudaDevice, CudaMemory as _, CudaTransferDevice, DeviceBuffer, ImportedArray,
+    kernels, CudaDevice, CudaMemory as _, CudaStream, CudaTransferDevice, DeviceBuffer,
+    ImportedArray,
 };
 use devarrow_interop::sample;
-
-/// Device 0 with the test lock held, or `None` after printing why the test is skipped
-/// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
-fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
-    devarrow_cuda::gpu_test::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
-}
-
-macro_rules! gpu_or_skip {
-    () => {
-        match gpu() {
-            Some(held) => held,
-            None => return,
-        }
-    };
-}
 
 fn transfer(device: &Arc<CudaTransferDevice>) -> Transfer {
     Transfer::new(device.clone(), TransferOptions::default())
@@ -481,73 +470,12 @@ fn imported_batches_release_the_foreign_memory() {
     assert!(dev.context().check_err().is_ok());
 }
 
-/// A device that records the staging allocations of the CUDA device it wraps.
-#[derive(Debug)]
-struct RecordingDevice {
-    inner: Arc<CudaTransferDevice>,
-    staging: Mutex<Vec<usize>>,
-}
-
-impl Device for RecordingDevice {
-    fn device_type(&self) -> ArrowDeviceType {
-        self.inner.device_type()
-    }
-    fn device_id(&self) -> i64 {
-        self.inner.device_id()
-    }
-    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
-        self.inner.allocate(len)
-    }
-    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        self.staging.lock().unwrap().push(len);
-        self.inner.allocate_staging(len)
-    }
-    unsafe fn copy_to_device(
-        &self,
-        src: *const u8,
-        dst: *mut c_void,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_device(src, dst, len) }
-    }
-    unsafe fn copy_to_host(
-        &self,
-        src: *const c_void,
-        dst: *mut u8,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_host(src, dst, len) }
-    }
-    unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_on_device(copies) }
-    }
-    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
-        self.inner.record_event()
-    }
-    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.wait_sync_event(sync_event) }
-    }
-    fn synchronize(&self) -> devarrow_abi::Result<()> {
-        self.inner.synchronize()
-    }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
-    }
-}
-
 #[test]
 fn staging_is_bounded_and_copies_are_chunked() {
     let (_lock, device) = gpu_or_skip!();
     let batch = wide_batch(4, 100_000); // ~3.3 MB
     let bound = 1 << 20;
-    let recording = Arc::new(RecordingDevice {
-        inner: device.clone(),
-        staging: Mutex::new(Vec::new()),
-    });
+    let recording = Arc::new(InstrumentedDevice::wrapping(device.clone()));
     let mut transfer = Transfer::new(
         recording.clone(),
         TransferOptions {
@@ -562,7 +490,7 @@ fn staging_is_bounded_and_copies_are_chunked() {
     let back = transfer.to_host(&on_device).unwrap();
     assert_eq!(device.copy_count(), 2 * chunks, "and as many back");
     assert_eq!(back, batch);
-    let staging = recording.staging.lock().unwrap().clone();
+    let staging = recording.staging_sizes();
     assert!(
         staging.len() <= 2 && staging.iter().sum::<usize>() <= bound,
         "staging allocations {staging:?} exceed the {bound}-byte bound"
@@ -570,7 +498,7 @@ fn staging_is_bounded_and_copies_are_chunked() {
     // A second batch reuses the staging buffers.
     let again = transfer.to_device(&batch).unwrap();
     assert_eq!(transfer.to_host(&again).unwrap(), batch);
-    assert_eq!(recording.staging.lock().unwrap().len(), staging.len());
+    assert_eq!(recording.staging_allocations(), staging.len());
 }
 
 #[test]
@@ -781,11 +709,26 @@ fn every_type_batches() -> Vec<RecordBatch> {
     batches
 }
 
-fn reader_of(batches: &[RecordBatch]) -> Box<dyn arrow_array::RecordBatchReader + Send> {
-    Box::new(arrow_array::RecordBatchIterator::new(
-        batches.iter().cloned().map(Ok).collect::<Vec<_>>(),
+/// Spawns an async producer uploading `batches` on `producer` into `handler`.
+fn spawn_producer(
+    batches: &[RecordBatch],
+    producer: &Arc<CudaTransferDevice>,
+    handler: AsyncStreamHandler,
+) -> ProducerHandle {
+    spawn_device_producer_into(
         batches[0].schema(),
-    ))
+        futures::stream::iter(
+            batches
+                .iter()
+                .cloned()
+                .map(Ok::<_, arrow_schema::ArrowError>)
+                .collect::<Vec<_>>(),
+        ),
+        producer.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -893,6 +836,23 @@ fn expected_valid_rows(batches: &[RecordBatch]) -> Vec<u64> {
         .collect()
 }
 
+/// The valid rows per column: those `counts` holds (counted on `consumer`), except where
+/// `host_counts` has one (columns without a bitmap, counted on the host).
+fn valid_rows(
+    counts: &DeviceBuffer,
+    consumer: &CudaStream,
+    host_counts: Vec<Option<u64>>,
+) -> Vec<u64> {
+    let mut got = vec![0u64; host_counts.len()];
+    counts.copy_to_host(consumer, &mut got).unwrap();
+    for (i, v) in host_counts.into_iter().enumerate() {
+        if let Some(v) = v {
+            got[i] = v;
+        }
+    }
+    got
+}
+
 /// Enqueues on the import's consumer stream a count of the valid rows of each column of
 /// `imported` (a struct array of nullable columns) into `counts[first + c]`, and keeps the
 /// stream busy for `spin_ns` more (the consumer's "work").
@@ -993,13 +953,7 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
     assert_eq!(k, n);
     consumer.synchronize().unwrap();
     println!("{n} batches streamed and counted in {:?}", start.elapsed());
-    let mut got = vec![0u64; n * columns];
-    counts.copy_to_host(&consumer, &mut got).unwrap();
-    for (i, v) in host_counts.into_iter().enumerate() {
-        if let Some(v) = v {
-            got[i] = v;
-        }
-    }
+    let got = valid_rows(&counts, &consumer, host_counts);
     assert_eq!(got, expected, "valid rows per column, counted on the GPU");
     drop(stream);
     producer.synchronize().unwrap();
@@ -1019,19 +973,7 @@ fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
     let counts = DeviceBuffer::zeroed(&consumer, 8 * n * columns).unwrap();
     let scratch = DeviceBuffer::zeroed(&consumer, 4 * 256).unwrap();
     let (handler, arrays) = devarrow_abi::async_stream::async_handler(2);
-    let handle = spawn_device_producer_into(
-        batches[0].schema(),
-        futures::stream::iter(
-            batches
-                .clone()
-                .into_iter()
-                .map(Ok::<_, arrow_schema::ArrowError>),
-        ),
-        producer.clone(),
-        StreamOptions::default(),
-        handler,
-    )
-    .unwrap();
+    let handle = spawn_producer(&batches, &producer, handler);
     let imported: Vec<ImportedArray> = futures::executor::block_on(async {
         use futures::StreamExt;
         assert_eq!(arrays.schema().await.unwrap(), batches[0].schema());
@@ -1057,13 +999,7 @@ fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
         }
     }
     drop(imported);
-    let mut got = vec![0u64; n * columns];
-    counts.copy_to_host(&consumer, &mut got).unwrap();
-    for (i, v) in host_counts.into_iter().enumerate() {
-        if let Some(v) = v {
-            got[i] = v;
-        }
-    }
+    let got = valid_rows(&counts, &consumer, host_counts);
     assert_eq!(got, expected);
     assert!(dev.context().check_err().is_ok());
 }
@@ -1089,28 +1025,10 @@ fn cuda_streams_round_trip_from_producer_to_consumers() {
         .into_host(TransferOptions::default())
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(back.len(), batches.len());
-    for (k, (expected, back)) in batches.iter().zip(&back).enumerate() {
-        if let Some(diff) = sample::describe_difference(expected, back) {
-            panic!("batch {k}: {diff}");
-        }
-        assert_eq!(back, expected, "batch {k}");
-    }
+    assert_batches_eq(&batches, &back);
     // The async device stream, the same way.
     let (handler, consumer) = device_batch_handler(device.clone(), 2).unwrap();
-    let handle = spawn_device_producer_into(
-        batches[0].schema(),
-        futures::stream::iter(
-            batches
-                .clone()
-                .into_iter()
-                .map(Ok::<_, arrow_schema::ArrowError>),
-        ),
-        producer.clone(),
-        StreamOptions::default(),
-        handler,
-    )
-    .unwrap();
+    let handle = spawn_producer(&batches, &producer, handler);
     let back: Vec<RecordBatch> = futures::executor::block_on(async {
         use futures::StreamExt;
         consumer

@@ -6,27 +6,17 @@
 //! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
 //! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
 
-use std::sync::{Arc, MutexGuard};
+mod common;
+
+use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use common::gpu_or_skip;
 use devarrow_abi::device::Device;
 use devarrow_bridge::pinned::{pin_batch, pinned_bytes};
 use devarrow_bridge::{Transfer, TransferOptions};
-use devarrow_cuda::{CudaTransferDevice, PinnedHostBuffer};
+use devarrow_cuda::PinnedHostBuffer;
 use devarrow_interop::sample;
-
-fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
-    devarrow_cuda::gpu_test::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
-}
-
-macro_rules! gpu_or_skip {
-    () => {
-        match gpu() {
-            Some(held) => held,
-            None => return,
-        }
-    };
-}
 
 fn big_batch(rows: usize) -> RecordBatch {
     let ints: ArrayRef = Arc::new(Int64Array::from_iter(

@@ -1,79 +1,17 @@
 //! The pinned fast path and parallel packing on the CPU device: batches in pinned
 //! (staging) memory skip the staging copy, everything still round-trips exactly.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::ScalarBuffer;
-use devarrow_abi::device::{CpuDevice, Device, DeviceMemory, StagingMemory, SyncEvent};
-use devarrow_abi::ArrowDeviceType;
+use common::InstrumentedDevice;
+use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
 use devarrow_bridge::{Transfer, TransferOptions};
 use devarrow_interop::sample;
-
-/// The CPU device, counting staging allocations and the bytes each copy moves.
-#[derive(Debug, Default)]
-struct Counting {
-    inner: CpuDevice,
-    staging_allocations: AtomicU64,
-    bytes_to_device: AtomicU64,
-}
-
-impl Device for Counting {
-    fn device_type(&self) -> ArrowDeviceType {
-        self.inner.device_type()
-    }
-    fn device_id(&self) -> i64 {
-        self.inner.device_id()
-    }
-    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
-        self.inner.allocate(len)
-    }
-    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        self.staging_allocations.fetch_add(1, Ordering::Relaxed);
-        self.inner.allocate_staging(len)
-    }
-    unsafe fn copy_to_device(
-        &self,
-        src: *const u8,
-        dst: *mut std::ffi::c_void,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        self.bytes_to_device
-            .fetch_add(len as u64, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_device(src, dst, len) }
-    }
-    unsafe fn copy_to_host(
-        &self,
-        src: *const std::ffi::c_void,
-        dst: *mut u8,
-        len: usize,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.copy_to_host(src, dst, len) }
-    }
-    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
-        self.inner.record_event()
-    }
-    unsafe fn wait_sync_event(
-        &self,
-        sync_event: *mut std::ffi::c_void,
-    ) -> devarrow_abi::Result<()> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.wait_sync_event(sync_event) }
-    }
-    fn synchronize(&self) -> devarrow_abi::Result<()> {
-        self.inner.synchronize()
-    }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
-    }
-    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
-        self.inner.is_pinned(ptr, len)
-    }
-}
 
 fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
     RecordBatch::try_from_iter((0..columns).map(|c| {
@@ -85,8 +23,8 @@ fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
     .unwrap()
 }
 
-fn counting() -> (Arc<Counting>, Transfer) {
-    let device = Arc::new(Counting::default());
+fn counting() -> (Arc<InstrumentedDevice>, Transfer) {
+    let device = Arc::new(InstrumentedDevice::default().reporting_pinned());
     let transfer = Transfer::new(device.clone(), TransferOptions::default());
     (device, transfer)
 }
@@ -106,11 +44,7 @@ fn a_pinned_batch_moves_in_one_copy_without_staging() {
         1,
         "one direct copy for the whole batch"
     );
-    assert_eq!(
-        device.staging_allocations.load(Ordering::Relaxed),
-        0,
-        "no staging used"
-    );
+    assert_eq!(device.staging_allocations(), 0, "no staging used");
     drop(pinned); // the transfer keeps the source alive until its copy completed
     let back = transfer.to_host(&on_device).unwrap();
     assert_eq!(back, batch);
@@ -118,7 +52,7 @@ fn a_pinned_batch_moves_in_one_copy_without_staging() {
     let (device, mut transfer) = counting();
     let again = transfer.to_device(&batch).unwrap();
     assert_eq!(device.copy_count(), 1);
-    assert_eq!(device.staging_allocations.load(Ordering::Relaxed), 1);
+    assert_eq!(device.staging_allocations(), 1);
     assert_eq!(transfer.to_host(&again).unwrap(), batch);
 }
 
@@ -133,7 +67,7 @@ fn every_type_and_slice_round_trips_pinned() {
         let slice = batch.slice(offset, len);
         let pinned = pin_batch(&CpuDevice::new(), &slice).unwrap();
         assert_eq!(pinned, slice);
-        let device = Arc::new(Counting::default());
+        let device = Arc::new(InstrumentedDevice::default().reporting_pinned());
         let mut transfer = Transfer::new(device.clone(), options);
         let on_device = transfer.to_device(&pinned).unwrap();
         let back = transfer.to_host(&on_device).unwrap();
@@ -178,7 +112,7 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
     // direct copy, the pageable column one staged copy.
     assert_eq!(counting.copy_count(), 3);
     assert_eq!(
-        counting.bytes_to_device.load(Ordering::Relaxed) as usize,
+        counting.bytes_to_device() as usize,
         batch
             .columns()
             .iter()
@@ -191,7 +125,7 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
     assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
 
     // Direct copies off: everything staged, one copy (the batch fits one chunk).
-    let counting = Arc::new(Counting::default());
+    let counting = Arc::new(InstrumentedDevice::default().reporting_pinned());
     let mut transfer = Transfer::new(
         counting.clone(),
         TransferOptions {
@@ -226,7 +160,7 @@ fn parallel_packing_with_small_chunks_round_trips() {
         (64 << 20, 8 << 20, 0),
         (8 << 20, 8 << 20, 1),
     ] {
-        let device = Arc::new(Counting::default());
+        let device = Arc::new(InstrumentedDevice::default().reporting_pinned());
         let mut transfer = Transfer::new(
             device.clone(),
             TransferOptions {
@@ -246,14 +180,14 @@ fn parallel_packing_with_small_chunks_round_trips() {
             "one copy per chunk ({staging}, {chunk})"
         );
         assert!(
-            device.staging_allocations.load(Ordering::Relaxed) as usize <= staging / chunk,
+            device.staging_allocations() <= staging / chunk,
             "staging stays within its bound"
         );
         let back = transfer.to_host(&on_device).unwrap();
         assert_eq!(back, batch, "({staging}, {chunk}, {threads})");
         // A second batch reuses the staging buffers.
-        let before = device.staging_allocations.load(Ordering::Relaxed);
+        let before = device.staging_allocations();
         let _ = transfer.to_device(&batch).unwrap();
-        assert_eq!(device.staging_allocations.load(Ordering::Relaxed), before);
+        assert_eq!(device.staging_allocations(), before);
     }
 }

@@ -1,70 +1,148 @@
-//! Test support for the bridge: counting the release calls of exported arrays, and a
-//! device that counts what the bridge asks of it.
+//! Test support for the bridge: counting the release calls of exported arrays (shared
+//! with the abi's tests), a device that counts what the bridge asks of it, and the GPU
+//! skip logic of the CUDA test binaries.
 #![allow(dead_code)]
 
 pub mod random;
 
+#[path = "../../../abi/tests/common/mod.rs"]
+mod abi_common;
+
+#[allow(unused_imports)]
+pub use abi_common::{count_releases, releases};
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
-use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray};
+use devarrow_abi::{ArrowDeviceType, Error};
+use devarrow_cuda::CudaTransferDevice;
 
-struct Counted {
-    release: unsafe extern "C" fn(*mut ArrowArray),
-    private_data: *mut c_void,
-    count: Arc<AtomicUsize>,
+/// Device 0 with the test lock held, or `None` after printing why the test is skipped
+/// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
+pub fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
+    devarrow_cuda::gpu_test::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
 }
 
-unsafe extern "C" fn counting_release(array: *mut ArrowArray) {
-    // SAFETY: installed by `count_releases` on an unreleased array whose private data is a
-    // Box<Counted>; the original release and private data are restored before chaining.
-    unsafe {
-        let array = &mut *array;
-        let counted = Box::from_raw(array.private_data.cast::<Counted>());
-        array.private_data = counted.private_data;
-        array.release = Some(counted.release);
-        (counted.release)(array);
-        counted.count.fetch_add(1, Ordering::SeqCst);
+/// [`gpu`], or returns from the test.
+#[allow(unused_macros)]
+macro_rules! gpu_or_skip {
+    () => {
+        match $crate::common::gpu() {
+            Some(held) => held,
+            None => return,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use gpu_or_skip;
+
+/// A reader of `batches` (at least one).
+pub fn reader_of(batches: &[RecordBatch]) -> Box<dyn RecordBatchReader + Send> {
+    Box::new(RecordBatchIterator::new(
+        batches.iter().cloned().map(Ok).collect::<Vec<_>>(),
+        batches[0].schema(),
+    ))
+}
+
+/// Asserts the batches are equal, saying where they differ first.
+pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
+    assert_eq!(expected.len(), actual.len(), "number of batches");
+    for (k, (e, a)) in expected.iter().zip(actual).enumerate() {
+        if let Some(diff) = devarrow_interop::sample::describe_difference(e, a) {
+            panic!("batch {k}: {diff}");
+        }
+        assert_eq!(e, a, "batch {k}");
     }
 }
 
-/// Wraps the release callback of `array` so calls are counted.
-pub fn count_releases(array: DeviceArray) -> (DeviceArray, Arc<AtomicUsize>) {
-    let count = Arc::new(AtomicUsize::new(0));
-    let mut raw = array.into_raw();
-    let counted = Box::new(Counted {
-        release: raw.array.release.expect("unreleased"),
-        private_data: raw.array.private_data,
-        count: count.clone(),
-    });
-    raw.array.private_data = Box::into_raw(counted).cast();
-    raw.array.release = Some(counting_release);
-    (DeviceArray::try_new(raw).unwrap(), count)
-}
-
-/// The number of release calls so far.
-pub fn releases(count: &Arc<AtomicUsize>) -> usize {
-    count.load(Ordering::SeqCst)
-}
-
-/// The CPU device, counting its on-device batched copies and its device-to-host copies,
-/// and optionally posing as another device type and id.
-#[derive(Debug, Default)]
-pub struct CountingDevice {
-    inner: CpuDevice,
-    /// `(device type, device id)` to report instead of the CPU's.
+/// A device wrapping another one (the CPU device by default), forwarding every call and
+/// counting what is asked of it: allocations (and the live ones, device and staging
+/// memory), staging sizes, bytes copied to the device, copies to the host and batched
+/// copies on the device. Optionally it poses as another device type and id, refuses
+/// allocations after a number of them, or reports the inner device's pinned memory
+/// (otherwise it reports none, as the trait's default does).
+#[derive(Debug)]
+pub struct InstrumentedDevice {
+    inner: Arc<dyn Device>,
+    /// `(device type, device id)` to report instead of the inner device's.
     pub pose_as: Option<(ArrowDeviceType, i64)>,
+    /// Refuse every `allocate` from this many on.
+    pub fail_allocations_after: Option<usize>,
+    /// Forward `is_pinned` to the inner device.
+    pub report_pinned: bool,
+    allocations: AtomicUsize,
+    live: Arc<AtomicUsize>,
+    staging: Mutex<Vec<usize>>,
+    bytes_to_device: AtomicU64,
+    to_host: AtomicU64,
     on_device: AtomicU64,
     on_device_bytes: AtomicU64,
-    to_host: AtomicU64,
 }
 
-impl CountingDevice {
-    /// A counting CPU device.
+impl Default for InstrumentedDevice {
+    fn default() -> Self {
+        Self::wrapping(Arc::new(CpuDevice::new()))
+    }
+}
+
+impl InstrumentedDevice {
+    /// An instrumented CPU device.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+    /// Instruments `inner`.
+    pub fn wrapping(inner: Arc<dyn Device>) -> Self {
+        Self {
+            inner,
+            pose_as: None,
+            fail_allocations_after: None,
+            report_pinned: false,
+            allocations: AtomicUsize::new(0),
+            live: Arc::new(AtomicUsize::new(0)),
+            staging: Mutex::new(Vec::new()),
+            bytes_to_device: AtomicU64::new(0),
+            to_host: AtomicU64::new(0),
+            on_device: AtomicU64::new(0),
+            on_device_bytes: AtomicU64::new(0),
+        }
+    }
+    /// Reports `device_type` and `device_id` instead of the inner device's.
+    pub fn posing_as(mut self, device_type: ArrowDeviceType, device_id: i64) -> Self {
+        self.pose_as = Some((device_type, device_id));
+        self
+    }
+    /// Refuses every `allocate` after the first `n`.
+    pub fn failing_allocations_after(mut self, n: usize) -> Self {
+        self.fail_allocations_after = Some(n);
+        self
+    }
+    /// Reports the inner device's pinned memory as pinned.
+    pub fn reporting_pinned(mut self) -> Self {
+        self.report_pinned = true;
+        self
+    }
+    /// Device and staging allocations still alive.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+    /// The sizes of the staging allocations so far.
+    pub fn staging_sizes(&self) -> Vec<usize> {
+        self.staging.lock().unwrap().clone()
+    }
+    /// Calls of `allocate_staging` so far.
+    pub fn staging_allocations(&self) -> usize {
+        self.staging.lock().unwrap().len()
+    }
+    /// Bytes copied by `copy_to_device` so far.
+    pub fn bytes_to_device(&self) -> u64 {
+        self.bytes_to_device.load(Ordering::SeqCst)
+    }
+    /// Calls of `copy_to_host` so far.
+    pub fn host_copies(&self) -> u64 {
+        self.to_host.load(Ordering::SeqCst)
     }
     /// Calls of `copy_on_device` so far.
     pub fn on_device_copies(&self) -> u64 {
@@ -74,13 +152,53 @@ impl CountingDevice {
     pub fn on_device_bytes(&self) -> u64 {
         self.on_device_bytes.load(Ordering::SeqCst)
     }
-    /// Calls of `copy_to_host` so far.
-    pub fn host_copies(&self) -> u64 {
-        self.to_host.load(Ordering::SeqCst)
+}
+
+/// Memory of an [`InstrumentedDevice`]: the inner device's, counted live until dropped.
+#[derive(Debug)]
+struct Counted<T> {
+    inner: T,
+    live: Arc<AtomicUsize>,
+}
+
+impl<T> Counted<T> {
+    fn new(inner: T, live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::SeqCst);
+        Self {
+            inner,
+            live: live.clone(),
+        }
     }
 }
 
-impl Device for CountingDevice {
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
+    fn address(&self) -> *mut c_void {
+        self.inner.address()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl StagingMemory for Counted<Box<dyn StagingMemory>> {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.inner.as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.inner.as_slice()
+    }
+}
+
+impl Device for InstrumentedDevice {
     fn device_type(&self) -> ArrowDeviceType {
         self.pose_as.map_or(self.inner.device_type(), |p| p.0)
     }
@@ -88,10 +206,20 @@ impl Device for CountingDevice {
         self.pose_as.map_or(self.inner.device_id(), |p| p.1)
     }
     fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
-        self.inner.allocate(len)
+        let n = self.allocations.fetch_add(1, Ordering::SeqCst);
+        if self.fail_allocations_after.is_some_and(|limit| n >= limit) {
+            return Err(Error::Device {
+                device: "TEST",
+                message: format!("allocation {n} of {len} bytes refused"),
+            });
+        }
+        let inner = self.inner.allocate(len)?;
+        Ok(Arc::new(Counted::new(inner, &self.live)))
     }
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        self.inner.allocate_staging(len)
+        self.staging.lock().unwrap().push(len);
+        let inner = self.inner.allocate_staging(len)?;
+        Ok(Box::new(Counted::new(inner, &self.live)))
     }
     unsafe fn copy_to_device(
         &self,
@@ -99,6 +227,7 @@ impl Device for CountingDevice {
         dst: *mut c_void,
         len: usize,
     ) -> devarrow_abi::Result<()> {
+        self.bytes_to_device.fetch_add(len as u64, Ordering::SeqCst);
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_to_device(src, dst, len) }
     }
@@ -132,5 +261,8 @@ impl Device for CountingDevice {
     }
     fn copy_count(&self) -> u64 {
         self.inner.copy_count()
+    }
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        self.report_pinned && self.inner.is_pinned(ptr, len)
     }
 }
