@@ -305,11 +305,10 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
     // to pageable memory may return only once done; we wait for it right after anyway).
     let mut host = vec![0u8; reads.total];
     let result = (|| {
-        // SAFETY: every source is a range the C data interface guarantees for the
-        // structurally validated array (offsets `offset` and `offset + length`, the list
-        // views' offsets and sizes, the variadic sizes), kept alive by the caller; the
-        // destinations are disjoint ranges of the fresh scratch allocation, which is
-        // dropped only after the wait below.
+        // Sources: ranges the C data interface guarantees for the validated array
+        // (offsets at `offset` and `offset + length`, list-view offsets and sizes, variadic
+        // sizes), kept alive by the caller; the scratch is dropped only after the wait.
+        // SAFETY: sources are valid as above; destinations are disjoint scratch ranges.
         unsafe { device.copy_on_device(&copies)? };
         // SAFETY: the scratch holds `total` bytes written by the copy above (in stream
         // order); `host` holds `total` bytes and is read only after the wait.
@@ -714,10 +713,10 @@ impl Foreign {
             // SAFETY: `ready` is the batch's own live event (held by the caller), of the
             // kind of the device the batch was imported on.
             unsafe { device.wait_sync_event(ready.as_sync_event_ptr())? };
-            // SAFETY: every source range lies inside what the import validated for the
-            // foreign buffers (kept alive, unreleased, by `self`; their release waits for
-            // the event recorded below); the destinations are disjoint 64-byte aligned
-            // ranges of the fresh allocation of `image.total` bytes.
+            // Sources lie inside what the import validated for the foreign buffers, kept
+            // alive (unreleased) by `self` until the event recorded below has completed.
+            // SAFETY: sources valid as above; destinations are disjoint aligned ranges of
+            // the fresh allocation of `image.total` bytes.
             unsafe { device.copy_on_device(&copies)? };
             device.record_event()
         })();

@@ -66,10 +66,10 @@ pub fn pinned_buffer(
     init(bytes);
     let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
     let owner: Arc<dyn Allocation> = Arc::new(StagingOwner(Mutex::new(staging)));
-    // SAFETY: `ptr` is valid for `len` initialized (zeroed, then written by `init`) bytes
-    // of the staging allocation, which `owner` keeps alive and never touches again (the
-    // box moved into it does not move the memory it points to); the Buffer ties the
-    // owner's lifetime to its own.
+    // `owner` keeps the staging allocation alive and never touches it again (moving the
+    // box does not move the memory it points to); the Buffer ties its lifetime to its own.
+    // SAFETY: `ptr` is valid for `len` initialized bytes (zeroed, then written by `init`)
+    // for as long as `owner` lives.
     Ok(unsafe { Buffer::from_custom_allocation(ptr, len, owner) })
 }
 

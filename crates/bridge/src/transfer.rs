@@ -337,11 +337,11 @@ impl Transfer {
         if !runs.is_empty() {
             let mut sources = Vec::new();
             for run in &runs {
-                // SAFETY: `run.host` is valid for the run's span: its segments lie at one
-                // displacement inside one allocation that `is_pinned` vouched for, held by
-                // the segments' buffers, which `retain` keeps alive until the event
-                // recorded below (after this copy) completes. The destination lies inside
-                // the device region of `total` bytes.
+                // The run's segments lie at one displacement inside one allocation that
+                // `is_pinned` vouched for; `retain` keeps their buffers alive until the
+                // event recorded below (after this copy) completes.
+                // SAFETY: `run.host` is valid for the run's span as above; the
+                // destination lies inside the device region of `total` bytes.
                 unsafe {
                     device.copy_to_device(
                         run.host,
@@ -373,10 +373,10 @@ impl Transfer {
                 let out = &mut staging.as_mut_slice()[..window_end - window_start];
                 pack_window(segments, window_start, out, parallelism);
                 let dst = (base + window_start) as *mut std::ffi::c_void;
-                // SAFETY: the staging buffer holds the `window_end - window_start` packed
-                // bytes and stays untouched until the event recorded below completes
-                // (`stage` waits for it); `dst` lies inside the freshly allocated device
-                // region of `total` bytes, outside every direct run.
+                // The staging buffer stays untouched until the event recorded below
+                // completes (`stage` waits for it before reuse).
+                // SAFETY: `out` holds the packed window; `dst` lies inside the fresh
+                // device region of `total` bytes, outside every direct run.
                 unsafe { device.copy_to_device(out.as_ptr(), dst, out.len())? };
                 self.stages[k % stages].pending = Some(device.record_event()?);
                 window_start = window_end;
@@ -539,11 +539,10 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Resu
     // Debug builds (the tests) validate trusted trees too, so a planner bug shows up as
     // a validation error there rather than as undefined behaviour.
     if trusted && !cfg!(debug_assertions) {
-        // SAFETY: `trusted` means this crate planned the tree from valid arrow-rs data
-        // and `host` holds the bytes it packed, unchanged (device memory of an exported
-        // batch is read-only to its consumers, as the C data interface requires), so
-        // every invariant `build` would check held when the planner read the input and
-        // still holds.
+        // `trusted`: this crate planned the tree from valid arrow-rs data and `host` holds
+        // the bytes it packed, unchanged (exported device memory is read-only to consumers).
+        // SAFETY: so every invariant `build` would check held when the planner read the
+        // input, and still holds.
         builder = unsafe { builder.skip_validation(true) };
     }
     // Validated; a panic of arrow-rs on malformed (foreign) data becomes an error.
