@@ -86,7 +86,9 @@ pub fn fixed_bit_width(data_type: &DataType) -> Option<usize> {
     })
 }
 
-fn offset_width(data_type: &DataType) -> usize {
+/// The width in bytes of the offsets (and list-view sizes) of a variable-length type: 8
+/// for the `Large` types, else 4.
+pub fn offset_width(data_type: &DataType) -> usize {
     match data_type {
         DataType::LargeUtf8
         | DataType::LargeBinary

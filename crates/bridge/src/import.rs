@@ -29,11 +29,13 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Schema, SchemaRef, UnionMode};
 use devarrow_abi::device::{Device, DeviceCopy, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::export::ArrayNode;
-use devarrow_abi::layout::{self, buffer_roles, child_types, fixed_bit_width, BufferRole};
+use devarrow_abi::layout::{
+    self, buffer_roles, child_types, fixed_bit_width, offset_width, BufferRole,
+};
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
 use crate::plan::{Node, Placement};
-use crate::transfer::{offset_width, DeviceBatch, Download, Storage};
+use crate::transfer::{DeviceBatch, Download, Storage};
 
 impl DeviceBatch {
     /// Imports a foreign struct array (a record batch) of `schema` living on `device`,

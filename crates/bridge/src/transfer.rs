@@ -19,7 +19,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, SchemaRef};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::export::{export_tree, ArrayNode};
-use devarrow_abi::layout::{buffer_roles, BufferRole};
+use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
 use rayon::prelude::*;
 
@@ -605,15 +605,4 @@ fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Re
         _ => {}
     }
     Ok(())
-}
-
-/// The width in bytes of the offsets of a variable-length type.
-pub(crate) fn offset_width(data_type: &DataType) -> usize {
-    match data_type {
-        DataType::LargeUtf8
-        | DataType::LargeBinary
-        | DataType::LargeList(_)
-        | DataType::LargeListView(_) => 8,
-        _ => 4,
-    }
 }

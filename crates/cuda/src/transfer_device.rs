@@ -105,6 +105,22 @@ impl CudaTransferDevice {
         self.device.bind_to_thread()
     }
 
+    /// What every host-device copy does first: counts it, refuses NULL pointers, and
+    /// binds the context. `Ok(false)`: nothing to copy (`len == 0`).
+    fn begin_copy(&self, null_pointer: bool, len: usize, towards: &str) -> Result<bool> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(false);
+        }
+        if null_pointer {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {len} bytes to the {towards} with a NULL pointer"
+            )));
+        }
+        self.bind()?;
+        Ok(true)
+    }
+
     /// Measures the raw bandwidth baseline devarrow's staged transfers are compared with:
     /// one `cuMemcpyHtoDAsync` and one `cuMemcpyDtoHAsync` of `bytes` bytes between a
     /// pinned host buffer and a device buffer on this device's stream, each followed by
@@ -367,17 +383,9 @@ impl Device for CudaTransferDevice {
         dst: *mut c_void,
         len: usize,
     ) -> devarrow_abi::Result<()> {
-        self.copies.fetch_add(1, Ordering::Relaxed);
-        if len == 0 {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "device")? {
             return Ok(());
         }
-        if src.is_null() || dst.is_null() {
-            return Err(CudaError::InvalidArgument(format!(
-                "copy of {len} bytes to the device with a NULL pointer"
-            ))
-            .into());
-        }
-        self.bind()?;
         // SAFETY: the caller guarantees `src` is readable for `len` bytes until the copy
         // completes and `dst` is device memory of `len` bytes; the stream belongs to the
         // context bound above.
@@ -400,17 +408,9 @@ impl Device for CudaTransferDevice {
         dst: *mut u8,
         len: usize,
     ) -> devarrow_abi::Result<()> {
-        self.copies.fetch_add(1, Ordering::Relaxed);
-        if len == 0 {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "host")? {
             return Ok(());
         }
-        if src.is_null() || dst.is_null() {
-            return Err(CudaError::InvalidArgument(format!(
-                "copy of {len} bytes to the host with a NULL pointer"
-            ))
-            .into());
-        }
-        self.bind()?;
         // SAFETY: the caller guarantees `dst` is writable for `len` bytes (and not read)
         // until the copy completes and `src` is device memory of `len` bytes; the stream
         // belongs to the context bound above.

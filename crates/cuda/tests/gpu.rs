@@ -32,29 +32,8 @@ macro_rules! gpu_or_skip {
     };
 }
 
-/// SplitMix64, for reproducible random inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(n);
-        v
-    }
-}
+/// Reproducible random inputs, the generator the oracles are tested with.
+use devarrow_cuda::kernels::reference::SplitMix64 as Rng;
 
 /// Lengths (in bits or elements) around every boundary the kernels care about.
 fn lengths() -> Vec<usize> {
@@ -737,9 +716,9 @@ fn rebase_offsets_match_the_oracle() {
     let stream = dev.new_stream().unwrap();
     let mut rng = Rng(25);
     for n in lengths().into_iter().filter(|&n| n <= 1 << 20) {
-        let o32: Vec<i32> = (0..n).map(|_| rng.next() as i32).collect();
-        let o64: Vec<i64> = (0..n).map(|_| rng.next() as i64).collect();
-        let (b32, b64) = (rng.next() as i32, rng.next() as i64);
+        let o32: Vec<i32> = (0..n).map(|_| rng.next_u64() as i32).collect();
+        let o64: Vec<i64> = (0..n).map(|_| rng.next_u64() as i64).collect();
+        let (b32, b64) = (rng.next_u64() as i32, rng.next_u64() as i64);
         for (src_shift, dst_shift) in [(0usize, 0usize), (4, 4), (12, 0), (4, 8)] {
             let bytes: Vec<u8> = o32.iter().flat_map(|o| o.to_le_bytes()).collect();
             let (src, src_ptr) = upload_at(&stream, &bytes, src_shift);

@@ -622,40 +622,57 @@ pub fn rebase_offsets_i64(offsets: &[i64], base: i64) -> Vec<i64> {
     out
 }
 
+/// SplitMix64: a tiny deterministic generator of the random inputs the kernels are
+/// tested with, here against the naive definitions and on a GPU against these oracles
+/// (`tests/gpu.rs`): the same seed gives the same inputs everywhere.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+
+    /// `n` bitmap bytes biased towards runs of zeros and ones, with sparse and dense
+    /// regions (one of four modes per call).
+    pub fn bitmap(&mut self, n: usize) -> Vec<u8> {
+        let mode = self.below(4);
+        (0..n)
+            .map(|_| match mode {
+                0 => self.next_u64() as u8,
+                1 => 0xFF ^ (1 << self.below(8)) as u8,
+                2 => (self.below(16) == 0) as u8,
+                _ => [0u8, 0xFF][self.below(2) as usize],
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// SplitMix64: a tiny deterministic generator for the random inputs.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
-        /// Bytes biased towards runs of zeros and ones, with sparse and dense regions.
-        fn bitmap(&mut self, n: usize) -> Vec<u8> {
-            let mode = self.below(4);
-            (0..n)
-                .map(|_| match mode {
-                    0 => self.next() as u8,
-                    1 => 0xFF ^ (1 << self.below(8)) as u8,
-                    2 => (self.below(16) == 0) as u8,
-                    _ => [0u8, 0xFF][self.below(2) as usize],
-                })
-                .collect()
-        }
-    }
+    use super::SplitMix64 as Rng;
 
     /// Lengths that cover 0, 1, every length up to 300, and sizes around multiples of
     /// 8, 32, 128, 256 (the block size) and larger.
@@ -906,10 +923,10 @@ mod tests {
     fn rebase_offsets_match_naive_for_every_alignment() {
         let mut rng = Rng(7);
         for n in lengths().into_iter().filter(|&l| l < 10_000) {
-            let src32: Vec<i32> = (0..n).map(|_| rng.next() as i32).collect();
-            let src64: Vec<i64> = (0..n).map(|_| rng.next() as i64).collect();
-            let b32 = rng.next() as i32;
-            let b64 = rng.next() as i64;
+            let src32: Vec<i32> = (0..n).map(|_| rng.next_u64() as i32).collect();
+            let src64: Vec<i64> = (0..n).map(|_| rng.next_u64() as i64).collect();
+            let b32 = rng.next_u64() as i32;
+            let b64 = rng.next_u64() as i64;
             for (sa, da) in [(0u64, 0u64), (4, 4), (8, 8), (12, 0), (4, 8), (0, 12)] {
                 let mut out = vec![0i32; n];
                 rebase_offsets_chunked(&src32, 0x1000 + sa, b32, &mut out, 0x9000 + da);
