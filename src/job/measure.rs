@@ -177,7 +177,8 @@ impl Point {
     pub fn percent_of_pinned(&self, method: Method, direction: Direction) -> Option<f64> {
         let pinned = self.timing(Method::Pinned, direction)?.gbps();
         let this = self.timing(method, direction)?.gbps();
-        (pinned > 0.0).then(|| 100.0 * this / pinned)
+        // Ratio first: the pinned copy against itself is exactly 100.
+        (pinned > 0.0).then(|| this / pinned * 100.0)
     }
 }
 
