@@ -1,1 +1,56 @@
-//! The emulated CUDA driver API (see the crate docs). Filled in by the driver work.
+//! The emulated CUDA driver API: `extern "C"` functions with the names and signatures of
+//! the NVIDIA driver's (`cuInit`, `cuMemAlloc_v2`, `cuLaunchKernel`, ...), as cudarc's
+//! `driver::sys` loads them by name from `libcuda.so`.
+//!
+//! Built as the cdylib `libdevarrow_emu.so` and linked as `libcuda.so` /
+//! `libcuda.so.1` by `.ci/emulated-gpu`, it is what cudarc `dlopen`s in place of the
+//! driver. It emulates **one** device (ordinal 0), H100-like, and aims to be strict where
+//! the real driver's contract is strict, so that devarrow's bugs show up as errors or
+//! wrong data instead of passing silently:
+//!
+//! - **Contexts** ([`context`]): the primary context is retained and released with a
+//!   reference count and destroyed (all its memory, streams, events and modules freed)
+//!   when the count drops to zero; each thread has its own current context (a stack).
+//!   Every call that needs a context fails with `CUDA_ERROR_INVALID_CONTEXT` on a thread
+//!   where none is current. A kernel fault or an illegal copy found while a stream runs
+//!   is *sticky*: every later call in that context returns it, as on a real GPU.
+//! - **Memory** ([`memory`]): device memory lives at fake, non-canonical addresses
+//!   (from `0x000d_0000_0000_0000`, 256-byte aligned, never reused, separated by unmapped
+//!   gaps) backed by host memory inside the emulator, so a host dereference of a device
+//!   pointer crashes; fresh allocations are filled with a poison byte (`0xCD`), not
+//!   zeros. Pinned and managed memory are real page-aligned host allocations (device
+//!   pointer == host pointer). Every copy and every kernel access must lie inside one
+//!   live allocation (copies may also name plain host memory), else
+//!   `CUDA_ERROR_ILLEGAL_ADDRESS`. Device memory is accounted exactly
+//!   (`cuMemGetInfo_v2`), with the stream-ordered allocator's pool: memory freed with
+//!   `cuMemFreeAsync` stays reserved by the pool until a synchronization releases it
+//!   above the release threshold, or `cuMemPoolTrimTo`. The total comes from
+//!   `DEVARROW_EMU_MEM_BYTES` (default 8 GiB; `K`, `M`, `G` suffixes allowed).
+//! - **Streams and events** ([`stream`]): each stream is a queue with its own worker
+//!   thread running its operations in order (copies, memsets, kernels, event records,
+//!   waits on events, host functions, stream-ordered allocations and frees); the legacy
+//!   NULL stream synchronizes with blocking streams. `DEVARROW_EMU_DELAY_US` (default 0)
+//!   delays every stream operation by that many microseconds, which makes a missing
+//!   wait or synchronization show up as wrong data. API calls from a host function
+//!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`.
+//! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
+//!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
+//!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
+//!   against the allocation table. Faults are printed to stderr.
+//!
+//! Every function catches panics and returns `CUDA_ERROR_UNKNOWN` (printing the panic)
+//! instead of unwinding into C.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_snake_case)]
+
+mod alloc;
+pub mod context;
+pub mod device;
+pub mod memory;
+pub mod module;
+mod queue;
+mod state;
+pub mod stream;
+
+pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
+pub use state::{config_delay, config_total_memory};

@@ -1,0 +1,592 @@
+//! The allocation table: device memory at fake addresses, pinned and managed host
+//! memory, the default memory pool's accounting, and the checked [`Memory`] kernels
+//! access global memory through.
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use crate::ptx::{Fault, Memory};
+
+use super::state::{lock, R};
+use cudarc::driver::sys::CUresult::*;
+
+/// The first fake device address. Addresses from here to [`DEVICE_ADDRESS_END`] are
+/// non-canonical on x86-64 with 4-level paging (and never mapped by Linux otherwise):
+/// a host dereference of a device pointer crashes.
+pub const DEVICE_ADDRESS_BASE: u64 = 0x000d_0000_0000_0000;
+
+/// The end of the fake device address range.
+pub const DEVICE_ADDRESS_END: u64 = 0x000e_0000_0000_0000;
+
+/// The byte fresh allocations are filled with (device memory is not zeroed by CUDA).
+pub const POISON: u8 = 0xCD;
+
+/// Unmapped space left after each device allocation, so that an access past the end
+/// never lands in the next one.
+const GAP: u64 = 64 << 10;
+
+/// Device allocations are aligned (and accounted) to this.
+const DEVICE_ALIGN: usize = 256;
+
+/// Host (pinned, managed) allocations are page-aligned.
+const HOST_ALIGN: usize = 4096;
+
+/// What kind of memory an allocation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `cuMemAlloc` (`pooled: false`) or `cuMemAllocAsync` (`pooled: true`).
+    Device { pooled: bool },
+    /// `cuMemAllocHost` / `cuMemHostAlloc`, with its flags.
+    Pinned { flags: u32 },
+    /// `cuMemAllocManaged`.
+    Managed,
+}
+
+impl Kind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::Device { pooled: false } => "device allocation",
+            Kind::Device { pooled: true } => "stream-ordered device allocation",
+            Kind::Pinned { .. } => "pinned host allocation",
+            Kind::Managed => "managed allocation",
+        }
+    }
+
+    pub fn is_device(self) -> bool {
+        matches!(self, Kind::Device { .. })
+    }
+}
+
+/// Allocation states.
+const PENDING: u8 = 0;
+const LIVE: u8 = 1;
+const FREEING: u8 = 2;
+const FREED: u8 = 3;
+
+/// One allocation. Its backing memory lives as long as the last `Arc` (a stream
+/// operation may still hold it after the free), but accesses are checked against
+/// [`Alloc::state`].
+pub(crate) struct Alloc {
+    /// A process-wide unique id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
+    pub id: u64,
+    /// The address kernels and copies use (== the host address for host kinds).
+    pub addr: u64,
+    /// The size asked for.
+    pub size: usize,
+    pub kind: Kind,
+    /// The owning context.
+    pub ctx: u64,
+    backing: NonNull<u8>,
+    layout: Layout,
+    state: AtomicU8,
+}
+
+// SAFETY: the backing memory is a plain heap block owned by this value; concurrent
+// accesses go through raw pointers (a data race there is a race of the emulated program,
+// as on a GPU).
+unsafe impl Send for Alloc {}
+// SAFETY: as above; shared references only hand out raw pointers.
+unsafe impl Sync for Alloc {}
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        // SAFETY: `backing` was allocated with `layout` by `std::alloc::alloc` and is
+        // freed exactly once, here.
+        unsafe { std::alloc::dealloc(self.backing.as_ptr(), self.layout) };
+    }
+}
+
+impl Alloc {
+    /// The end address (exclusive).
+    pub fn end(&self) -> u64 {
+        self.addr + self.size as u64
+    }
+
+    /// A pointer to byte `offset` of the backing memory.
+    pub fn ptr(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.size);
+        self.backing.as_ptr().wrapping_add(offset)
+    }
+
+    /// Whether new work may still be enqueued on it (no free requested).
+    pub fn usable(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), PENDING | LIVE)
+    }
+
+    /// Marks a stream-ordered allocation allocated (its allocation ran on its stream).
+    pub fn make_live(&self) {
+        let _ = self
+            .state
+            .compare_exchange(PENDING, LIVE, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Why an access cannot happen now, if it cannot.
+    pub fn state_problem(&self) -> Option<&'static str> {
+        match self.state.load(Ordering::Acquire) {
+            PENDING => Some("before its stream-ordered allocation ran (cuMemAllocAsync on another stream without ordering?)"),
+            FREED => Some("after it was freed"),
+            _ => None,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {:#x} of {} bytes",
+            self.kind.describe(),
+            self.addr,
+            self.size
+        )
+    }
+}
+
+/// The default memory pool's and the device's accounting, in bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Accounting {
+    /// Live `cuMemAlloc` memory.
+    pub sync_used: u64,
+    /// Live stream-ordered memory.
+    pub pool_used: u64,
+    /// Memory the pool keeps reserved after stream-ordered frees.
+    pub pool_free: u64,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    pub pool_threshold: u64,
+    pub reserved_high: u64,
+    pub used_high: u64,
+    /// The three `CU_MEMPOOL_ATTR_REUSE_*` flags.
+    pub reuse: [i32; 3],
+}
+
+impl Accounting {
+    fn update_highs(&mut self) {
+        self.used_high = self.used_high.max(self.pool_used);
+        self.reserved_high = self.reserved_high.max(self.pool_used + self.pool_free);
+    }
+}
+
+fn accounted(size: usize) -> u64 {
+    size.div_ceil(DEVICE_ALIGN) as u64 * DEVICE_ALIGN as u64
+}
+
+/// Every live allocation of the process.
+pub(crate) struct MemTable {
+    total: u64,
+    live: RwLock<BTreeMap<u64, Arc<Alloc>>>,
+    /// Freed device ranges (addresses are never reused), for error messages.
+    freed: Mutex<BTreeMap<u64, (usize, &'static str)>>,
+    next_addr: Mutex<u64>,
+    next_id: AtomicU64,
+    pub acct: Mutex<Accounting>,
+}
+
+impl MemTable {
+    pub fn new(total: u64) -> Self {
+        Self {
+            total,
+            live: RwLock::new(BTreeMap::new()),
+            freed: Mutex::new(BTreeMap::new()),
+            next_addr: Mutex::new(DEVICE_ADDRESS_BASE),
+            next_id: AtomicU64::new(1),
+            acct: Mutex::new(Accounting {
+                reuse: [1, 1, 1],
+                ..Accounting::default()
+            }),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// `(free, total)` device memory.
+    pub fn info(&self) -> (u64, u64) {
+        let a = lock(&self.acct);
+        let used = a.sync_used + a.pool_used + a.pool_free;
+        (self.total.saturating_sub(used), self.total)
+    }
+
+    fn backing(size: usize, align: usize) -> R<(NonNull<u8>, Layout)> {
+        let layout =
+            Layout::from_size_align(size.max(1), align).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        // SAFETY: `layout` has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = NonNull::new(ptr).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        // SAFETY: `ptr` is valid for `layout.size()` writable bytes.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), POISON, layout.size()) };
+        Ok((ptr, layout))
+    }
+
+    fn insert(&self, alloc: Arc<Alloc>) {
+        self.live
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(alloc.addr, alloc);
+    }
+
+    /// Allocates device memory; stream-ordered (`pooled`) allocations start pending.
+    pub fn alloc_device(&self, size: usize, ctx: u64, pooled: bool) -> R<Arc<Alloc>> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let need = accounted(size);
+        {
+            let mut a = lock(&self.acct);
+            let in_use = a.sync_used + a.pool_used + a.pool_free;
+            if pooled {
+                let reuse = a.pool_free.min(need);
+                if in_use - reuse + need > self.total {
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                a.pool_free -= reuse;
+                a.pool_used += need;
+                a.update_highs();
+            } else {
+                if in_use + need > self.total {
+                    // Under pressure the pool gives its unused memory back.
+                    if in_use - a.pool_free + need > self.total {
+                        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    }
+                    a.pool_free = 0;
+                }
+                a.sync_used += need;
+            }
+        }
+        let undo = |this: &Self| {
+            let mut a = lock(&this.acct);
+            if pooled {
+                a.pool_used -= need;
+            } else {
+                a.sync_used -= need;
+            }
+        };
+        let (backing, layout) = match Self::backing(size, DEVICE_ALIGN) {
+            Ok(b) => b,
+            Err(e) => {
+                undo(self);
+                return Err(e);
+            }
+        };
+        let addr = {
+            let mut next = lock(&self.next_addr);
+            let addr = *next;
+            let span = accounted(size) + GAP;
+            if addr + span > DEVICE_ADDRESS_END {
+                drop(next);
+                undo(self);
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            *next += span;
+            addr
+        };
+        let alloc = Arc::new(Alloc {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            addr,
+            size,
+            kind: Kind::Device { pooled },
+            ctx,
+            backing,
+            layout,
+            state: AtomicU8::new(if pooled { PENDING } else { LIVE }),
+        });
+        self.insert(alloc.clone());
+        Ok(alloc)
+    }
+
+    /// Allocates pinned or managed (host) memory.
+    pub fn alloc_host(&self, size: usize, ctx: u64, kind: Kind) -> R<Arc<Alloc>> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (backing, layout) = Self::backing(size, HOST_ALIGN)?;
+        let alloc = Arc::new(Alloc {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            addr: backing.as_ptr() as u64,
+            size,
+            kind,
+            ctx,
+            backing,
+            layout,
+            state: AtomicU8::new(LIVE),
+        });
+        self.insert(alloc.clone());
+        Ok(alloc)
+    }
+
+    /// The live allocation containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<Arc<Alloc>> {
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+        let (_, a) = live.range(..=addr).next_back()?;
+        (addr < a.end()).then(|| a.clone())
+    }
+
+    /// The live allocation holding all of `addr..addr+len` (`len` > 0), and the offset
+    /// of `addr` in it; `Err` says why not.
+    pub fn find_range(&self, addr: u64, len: usize) -> Result<(Arc<Alloc>, usize), String> {
+        match self.find(addr) {
+            Some(a) if addr.checked_add(len as u64).is_some_and(|end| end <= a.end()) => {
+                let offset = (addr - a.addr) as usize;
+                Ok((a, offset))
+            }
+            _ => Err(self.describe(addr, len)),
+        }
+    }
+
+    /// Says where `addr..addr+len` lies, for an error message.
+    pub fn describe(&self, addr: u64, len: usize) -> String {
+        let range = format!("{addr:#x}..{:#x}", addr.wrapping_add(len as u64));
+        if let Some(a) = self.find(addr) {
+            return format!(
+                "{range} runs {} bytes past the end of {}",
+                addr + len as u64 - a.end(),
+                a.describe()
+            );
+        }
+        if (DEVICE_ADDRESS_BASE..DEVICE_ADDRESS_END).contains(&addr) {
+            let freed = lock(&self.freed);
+            if let Some((&base, &(size, what))) = freed.range(..=addr).next_back() {
+                if addr < base + size as u64 {
+                    return format!("{range} is in {what} {base:#x} of {size} bytes, already freed");
+                }
+            }
+            let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, a)) = live.range(..=addr).next_back() {
+                return format!(
+                    "{range} is not in any live allocation ({} bytes past the end of {})",
+                    addr - a.end(),
+                    a.describe()
+                );
+            }
+            return format!("{range} is not in any live device allocation");
+        }
+        format!("{range} is not device-accessible memory (not in any live allocation)")
+    }
+
+    /// Starts freeing the allocation based exactly at `addr` when `accept(kind)`:
+    /// marks it so that no new work may use it, and returns it.
+    pub fn begin_free(&self, addr: u64, accept: impl Fn(Kind) -> bool) -> R<Arc<Alloc>> {
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+        let a = live.get(&addr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !accept(a.kind) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let from = a.state.load(Ordering::Acquire);
+        if !matches!(from, PENDING | LIVE)
+            || a
+                .state
+                .compare_exchange(from, FREEING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(a.clone())
+    }
+
+    /// Finishes freeing `a` (its memory is released when the last `Arc` drops).
+    pub fn finish_free(&self, a: &Alloc) {
+        if a.state.swap(FREED, Ordering::AcqRel) == FREED {
+            return;
+        }
+        self.live
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&a.addr);
+        if let Kind::Device { pooled } = a.kind {
+            lock(&self.freed).insert(a.addr, (a.size, a.kind.describe()));
+            let mut acct = lock(&self.acct);
+            let n = accounted(a.size);
+            if pooled {
+                acct.pool_used -= n;
+                acct.pool_free += n;
+            } else {
+                acct.sync_used -= n;
+            }
+        }
+    }
+
+    /// Frees every allocation of context `ctx` (the context is being destroyed) and
+    /// releases the pool's reserve.
+    pub fn free_all_of(&self, ctx: u64) {
+        let mine: Vec<Arc<Alloc>> = self
+            .live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|a| a.ctx == ctx)
+            .cloned()
+            .collect();
+        for a in mine {
+            self.finish_free(&a);
+        }
+        lock(&self.acct).pool_free = 0;
+    }
+
+    /// At a synchronization, the pool releases what it holds above its threshold.
+    pub fn release_pool_at_sync(&self) {
+        let mut a = lock(&self.acct);
+        if a.pool_free > a.pool_threshold {
+            a.pool_free = a.pool_threshold;
+        }
+    }
+
+    /// `cuMemPoolTrimTo`.
+    pub fn trim_pool(&self, min_keep: u64) {
+        let mut a = lock(&self.acct);
+        let keep_free = min_keep.saturating_sub(a.pool_used);
+        a.pool_free = a.pool_free.min(keep_free);
+    }
+
+    /// Every live allocation, by address.
+    pub fn snapshot(&self) -> Vec<Arc<Alloc>> {
+        self.live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+/// The monotonic clock behind `%globaltimer` (nanoseconds, starting near one second).
+pub(crate) fn global_timer_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    1_000_000_000 + epoch.elapsed().as_nanos() as u64
+}
+
+/// Global memory as a kernel sees it: every live allocation at launch (and any made
+/// since), each access checked for bounds and for the allocation's state.
+pub(crate) struct KernelMemory<'a> {
+    table: &'a MemTable,
+    snapshot: Vec<Arc<Alloc>>,
+    /// Allocations found after the launch, kept alive while the kernel runs.
+    extra: Mutex<Vec<Arc<Alloc>>>,
+}
+
+impl<'a> KernelMemory<'a> {
+    pub fn new(table: &'a MemTable) -> Self {
+        Self {
+            table,
+            snapshot: table.snapshot(),
+            extra: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn fault(addr: u64, size: usize, what: &str, detail: String) -> Fault {
+        Fault {
+            addr,
+            size,
+            kind: format!("{what} [{detail}]"),
+        }
+    }
+
+    /// The host pointer for `addr..addr+size`, or the fault.
+    fn resolve(&self, addr: u64, size: usize, what: &str) -> Result<*mut u8, Fault> {
+        let i = self.snapshot.partition_point(|a| a.addr <= addr);
+        let hit = i
+            .checked_sub(1)
+            .map(|i| &self.snapshot[i])
+            .filter(|a| addr < a.end());
+        let ptr_of = |a: &Alloc| -> Result<*mut u8, Fault> {
+            if addr + size as u64 > a.end() {
+                return Err(Self::fault(
+                    addr,
+                    size,
+                    &format!("out-of-bounds {what}"),
+                    format!(
+                        "{} bytes past the end of {}",
+                        addr + size as u64 - a.end(),
+                        a.describe()
+                    ),
+                ));
+            }
+            if let Some(problem) = a.state_problem() {
+                return Err(Self::fault(
+                    addr,
+                    size,
+                    &format!("invalid {what}"),
+                    format!("access to {} {problem}", a.describe()),
+                ));
+            }
+            Ok(a.ptr((addr - a.addr) as usize))
+        };
+        if let Some(a) = hit {
+            return ptr_of(a);
+        }
+        // Not live at launch: maybe allocated since.
+        match self.table.find(addr) {
+            Some(a) => {
+                let p = ptr_of(&a);
+                lock(&self.extra).push(a);
+                p
+            }
+            None => Err(Self::fault(
+                addr,
+                size,
+                &format!("invalid {what}"),
+                self.table.describe(addr, size),
+            )),
+        }
+    }
+}
+
+impl Memory for KernelMemory<'_> {
+    fn load(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let p = self.resolve(addr, buf.len(), "load")?;
+        // SAFETY: `p` points to `buf.len()` bytes inside a live allocation, kept alive by
+        // the snapshot; `buf` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn store(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let p = self.resolve(addr, data.len(), "store")?;
+        // SAFETY: as in `load`, for writes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn atomic_add_u64(&self, addr: u64, value: u64) -> Result<u64, Fault> {
+        if addr % 8 != 0 {
+            return Err(Self::fault(
+                addr,
+                8,
+                "misaligned atomic",
+                "atomics must be naturally aligned".into(),
+            ));
+        }
+        let p = self.resolve(addr, 8, "atomic")?;
+        // SAFETY: `p` is 8-byte aligned (checked above; allocations are at least
+        // 256-byte aligned) and valid for 8 bytes while the snapshot lives; every
+        // concurrent atomic access to it goes through an atomic type too.
+        let atomic = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Ok(atomic.fetch_add(value, Ordering::SeqCst))
+    }
+
+    fn atomic_add_u32(&self, addr: u64, value: u32) -> Result<u32, Fault> {
+        if addr % 4 != 0 {
+            return Err(Self::fault(
+                addr,
+                4,
+                "misaligned atomic",
+                "atomics must be naturally aligned".into(),
+            ));
+        }
+        let p = self.resolve(addr, 4, "atomic")?;
+        // SAFETY: as in `atomic_add_u64`, with 4 bytes.
+        let atomic = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) };
+        Ok(atomic.fetch_add(value, Ordering::SeqCst))
+    }
+
+    fn global_timer_ns(&self) -> u64 {
+        global_timer_ns()
+    }
+}

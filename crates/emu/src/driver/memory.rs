@@ -1,0 +1,842 @@
+//! Memory: allocation and free (device, stream-ordered, pinned, managed), the default
+//! memory pool, pointer attributes, copies and memsets.
+
+use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{
+    CUcontext, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUresult,
+    CUstream,
+};
+
+use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
+use super::queue::{Endpoint, Op};
+use super::state::*;
+
+/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: u32 = 0x7;
+
+fn is_device_address(p: u64) -> bool {
+    (DEVICE_ADDRESS_BASE..DEVICE_ADDRESS_END).contains(&p)
+}
+
+/// Allocates device memory (`cuMemAlloc`): never zeroed (filled with
+/// [`super::POISON`]), 256-byte aligned, at an address the host cannot dereference.
+///
+/// # Safety
+/// `dptr` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    api("cuMemAlloc_v2", || {
+        let ctx = current_context()?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let a = driver().mem.alloc_device(bytesize, ctx.handle(), false)?;
+        // SAFETY: the caller's out-pointer (non-NULL).
+        unsafe { out(dptr, a.addr) }
+    })
+}
+
+/// Frees device or managed memory (`cuMemFree`), after all work of the context has
+/// completed (the real call synchronizes too). Freeing anything but the base address of
+/// a live device or managed allocation is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// None beyond the driver API's (the address is only looked up).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    api("cuMemFree_v2", || {
+        let ctx = current_context_any()?;
+        if dptr == 0 {
+            return Ok(());
+        }
+        let mem = &driver().mem;
+        let a = mem
+            .begin_free(dptr, |k| k.is_device() || k == Kind::Managed)
+            .inspect_err(|_| bad_free("cuMemFree_v2", mem, dptr))?;
+        ctx.drain();
+        mem.finish_free(&a);
+        ctx.shared.sticky()
+    })
+}
+
+fn bad_free(call: &str, mem: &MemTable, addr: u64) {
+    let what = match mem.find(addr) {
+        Some(a) if a.addr == addr => format!("{} (wrong kind of memory for this call)", a.describe()),
+        Some(a) => format!("{addr:#x}, inside {} but not its start", a.describe()),
+        None => mem.describe(addr, 1),
+    };
+    eprintln!("devarrow-emu: {call}: invalid free of {what}");
+}
+
+fn alloc_async(call: &'static str, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> R {
+    let ctx = current_context()?;
+    let stream = ctx.stream(stream as u64)?;
+    if dptr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let a = driver().mem.alloc_device(bytesize, ctx.handle(), true)?;
+    ctx.enqueue(&stream, Op::AllocReady(a.clone()));
+    let _ = call;
+    // SAFETY: the caller's out-pointer (non-NULL).
+    unsafe { out(dptr, a.addr) }
+}
+
+/// Allocates device memory from the default pool in stream order (`cuMemAllocAsync`):
+/// the address is returned at once, but the memory may be used only by work ordered
+/// after the allocation on `hStream` (work running earlier faults).
+///
+/// # Safety
+/// `dptr` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemAllocAsync", || {
+        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream)
+    })
+}
+
+/// [`cuMemAllocAsync`] from an explicit pool (only the default pool exists).
+///
+/// # Safety
+/// `dptr` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemAllocFromPoolAsync", || {
+        if pool as u64 != DEFAULT_POOL {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream)
+    })
+}
+
+/// Frees device memory in stream order (`cuMemFreeAsync`): no new work may use it after
+/// this call; work already enqueued before the free on `hStream` may. The memory returns
+/// to the pool when the free runs.
+///
+/// # Safety
+/// None beyond the driver API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    api("cuMemFreeAsync", || {
+        let ctx = current_context_any()?;
+        let stream = ctx.stream(hStream as u64)?;
+        let mem = &driver().mem;
+        let a = mem
+            .begin_free(dptr, Kind::is_device)
+            .inspect_err(|_| bad_free("cuMemFreeAsync", mem, dptr))?;
+        ctx.enqueue(&stream, Op::Free(a));
+        ctx.shared.sticky()
+    })
+}
+
+/// Allocates managed memory (`cuMemAllocManaged`): a page-aligned host allocation,
+/// accessible from kernels and the host at the same address.
+///
+/// # Safety
+/// `dptr` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    api("cuMemAllocManaged", || {
+        let ctx = current_context()?;
+        if dptr.is_null() || !(flags == 1 || flags == 2) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let a = driver()
+            .mem
+            .alloc_host(bytesize, ctx.handle(), Kind::Managed)?;
+        // SAFETY: the caller's out-pointer (non-NULL).
+        unsafe { out(dptr, a.addr) }
+    })
+}
+
+fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
+    let ctx = current_context()?;
+    if pp.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let a = driver()
+        .mem
+        .alloc_host(bytesize, ctx.handle(), Kind::Pinned { flags })?;
+    // SAFETY: the caller's out-pointer (non-NULL).
+    unsafe { out(pp, a.addr as *mut c_void) }
+}
+
+/// Allocates pinned host memory (`cuMemAllocHost`, flags 0).
+///
+/// # Safety
+/// `pp` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    api("cuMemAllocHost_v2", || host_alloc(pp, bytesize, 0))
+}
+
+/// Allocates pinned host memory with `CU_MEMHOSTALLOC_*` flags (recorded for
+/// `cuMemHostGetFlags`). Its device address is its host address.
+///
+/// # Safety
+/// `pp` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    Flags: c_uint,
+) -> CUresult {
+    api("cuMemHostAlloc", || host_alloc(pp, bytesize, Flags))
+}
+
+/// Frees pinned host memory, after all work of the context has completed.
+///
+/// # Safety
+/// None beyond the driver API's (the address is only looked up).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    api("cuMemFreeHost", || {
+        let ctx = current_context_any()?;
+        let mem = &driver().mem;
+        let a = mem
+            .begin_free(p as u64, |k| matches!(k, Kind::Pinned { .. }))
+            .inspect_err(|_| bad_free("cuMemFreeHost", mem, p as u64))?;
+        ctx.drain();
+        mem.finish_free(&a);
+        ctx.shared.sticky()
+    })
+}
+
+fn pinned_at(p: u64) -> R<(Arc<Alloc>, u32)> {
+    match driver().mem.find(p) {
+        Some(a) => match a.kind {
+            Kind::Pinned { flags } => Ok((a, flags)),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        },
+        None => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// The flags pinned memory was allocated with (`CUDA_ERROR_INVALID_VALUE` for anything
+/// that is not inside a `cuMemHostAlloc` / `cuMemAllocHost` allocation).
+///
+/// # Safety
+/// `pFlags` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(pFlags: *mut c_uint, p: *mut c_void) -> CUresult {
+    api("cuMemHostGetFlags", || {
+        current_context_any()?;
+        let (_, flags) = pinned_at(p as u64)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { out(pFlags, flags) }
+    })
+}
+
+/// The device address of pinned memory: the same address (unified addressing).
+///
+/// # Safety
+/// `pdptr` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    Flags: c_uint,
+) -> CUresult {
+    api("cuMemHostGetDevicePointer_v2", || {
+        current_context()?;
+        if Flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        pinned_at(p as u64)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { out(pdptr, p as u64) }
+    })
+}
+
+/// Free and total device memory: exactly the live device allocations (rounded to 256
+/// bytes) and the memory the pool holds are in use.
+///
+/// # Safety
+/// The pointers must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    api("cuMemGetInfo_v2", || {
+        current_context()?;
+        let (f, t) = driver().mem.info();
+        // SAFETY: the caller's out-pointers.
+        unsafe {
+            out(free, f as usize)?;
+            out(total, t as usize)
+        }
+    })
+}
+
+/// The base and size of the allocation containing `dptr`.
+///
+/// # Safety
+/// The pointers must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    pbase: *mut CUdeviceptr,
+    psize: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    api("cuMemGetAddressRange_v2", || {
+        current_context()?;
+        let a = driver().mem.find(dptr).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        // SAFETY: the caller's out-pointers (each may be NULL).
+        unsafe {
+            if !pbase.is_null() {
+                out(pbase, a.addr)?;
+            }
+            if !psize.is_null() {
+                out(psize, a.size)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// One attribute of the allocation containing `ptr` (`CUDA_ERROR_INVALID_VALUE` for
+/// memory the driver does not know, such as pageable host memory).
+///
+/// # Safety
+/// `data` must be NULL or valid for a write of the attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    api("cuPointerGetAttribute", || {
+        require_init()?;
+        let a = driver().mem.find(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !a.usable() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let device = a.kind.is_device();
+        // SAFETY (every write below): `data` is the caller's out-pointer, valid for the
+        // attribute's documented type.
+        unsafe {
+            match attribute as i32 {
+                1 => out(data.cast::<CUcontext>(), a.ctx as CUcontext),
+                2 => out(data.cast::<u32>(), if matches!(a.kind, Kind::Pinned { .. }) { 1 } else { 2 }),
+                3 => out(data.cast::<CUdeviceptr>(), ptr),
+                4 if device => Err(CUDA_ERROR_INVALID_VALUE),
+                4 => out(data.cast::<*mut c_void>(), ptr as *mut c_void),
+                6 => out(data.cast::<u32>(), 0),
+                7 => out(data.cast::<u64>(), a.id),
+                8 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Managed)),
+                9 => out(data.cast::<i32>(), DEVICE),
+                10 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Device { pooled: false })),
+                11 => out(data.cast::<CUdeviceptr>(), a.addr),
+                12 => out(data.cast::<usize>(), a.size),
+                13 => out(data.cast::<u32>(), 1),
+                14 => out(data.cast::<u64>(), 0),
+                15 => out(data.cast::<u32>(), u32::from(device)),
+                16 => out(data.cast::<i32>(), 3),
+                17 if a.kind == (Kind::Device { pooled: true }) => {
+                    out(data.cast::<CUmemoryPool>(), DEFAULT_POOL as CUmemoryPool)
+                }
+                18 => out(data.cast::<usize>(), a.size),
+                19 => out(data.cast::<*mut c_void>(), a.addr as *mut c_void),
+                20 => out(data.cast::<u64>(), a.id),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+    })
+}
+
+fn check_pool(pool: CUmemoryPool) -> R {
+    require_init()?;
+    if pool as u64 == DEFAULT_POOL {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// Releases the pool's unused memory until it holds at most `minBytesToKeep`.
+///
+/// # Safety
+/// None beyond the driver API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
+    api("cuMemPoolTrimTo", || {
+        check_pool(pool)?;
+        driver().mem.trim_pool(minBytesToKeep as u64);
+        Ok(())
+    })
+}
+
+/// Sets a pool attribute (reuse flags, release threshold, resets of the high marks).
+///
+/// # Safety
+/// `value` must point to the attribute's type (`int` or `cuuint64_t`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    api("cuMemPoolSetAttribute", || {
+        check_pool(pool)?;
+        if value.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let attr = attr as u32;
+        let (v32, v64) = if (1..=3).contains(&attr) {
+            // SAFETY: for the reuse attributes `value` points to an `int`.
+            (unsafe { value.cast::<i32>().read() }, 0)
+        } else {
+            // SAFETY: for the other attributes `value` points to a `cuuint64_t`.
+            (0, unsafe { value.cast::<u64>().read() })
+        };
+        let mut a = lock(&driver().mem.acct);
+        match attr {
+            1..=3 => a.reuse[attr as usize - 1] = v32,
+            4 => a.pool_threshold = v64,
+            6 if v64 == 0 => a.reserved_high = a.pool_used + a.pool_free,
+            8 if v64 == 0 => a.used_high = a.pool_used,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    })
+}
+
+/// Reads a pool attribute.
+///
+/// # Safety
+/// `value` must point to the attribute's type (`int` or `cuuint64_t`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    api("cuMemPoolGetAttribute", || {
+        check_pool(pool)?;
+        let a = lock(&driver().mem.acct);
+        // SAFETY (every write below): `value` is the caller's out-pointer for the
+        // attribute's type.
+        unsafe {
+            match attr as u32 {
+                n @ 1..=3 => out(value.cast::<i32>(), a.reuse[n as usize - 1]),
+                4 => out(value.cast::<u64>(), a.pool_threshold),
+                5 => out(value.cast::<u64>(), a.pool_used + a.pool_free),
+                6 => out(value.cast::<u64>(), a.reserved_high),
+                7 => out(value.cast::<u64>(), a.pool_used),
+                8 => out(value.cast::<u64>(), a.used_high),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+    })
+}
+
+// ------------------------------------------------------------------------------------
+// Copies and memsets
+// ------------------------------------------------------------------------------------
+
+/// What one end of a copy may be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Device-accessible memory: device, pinned or managed (`CUdeviceptr`).
+    Device,
+    /// A host pointer: pageable, pinned or managed, never device memory.
+    Host,
+    /// Either (unified addressing: `cuMemcpy`, `cuMemcpyAsync`).
+    Any,
+}
+
+/// Classifies one end of a copy of `len` (> 0) bytes.
+fn endpoint(call: &str, which: &str, p: u64, len: usize, role: Role) -> R<Endpoint> {
+    if p == 0 {
+        eprintln!("devarrow-emu: {call}: NULL {which}");
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mem = &driver().mem;
+    let registered = is_device_address(p) || mem.find(p).is_some();
+    if !registered {
+        if role == Role::Device {
+            eprintln!(
+                "devarrow-emu: {call}: the {which} {}",
+                mem.describe(p, len)
+            );
+            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+        return Ok(Endpoint::Host(p as usize));
+    }
+    match mem.find_range(p, len) {
+        Ok((a, _)) if !a.usable() => {
+            eprintln!(
+                "devarrow-emu: {call}: the {which} {p:#x}..{:#x} is in {}, whose free was already requested",
+                p + len as u64,
+                a.describe()
+            );
+            Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+        }
+        Ok((a, _)) if role == Role::Host && a.kind.is_device() => {
+            eprintln!(
+                "devarrow-emu: {call}: the {which} (a host pointer) is in {}",
+                a.describe()
+            );
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+        Ok((a, offset)) => Ok(Endpoint::Mem(a, offset)),
+        Err(why) => {
+            eprintln!("devarrow-emu: {call}: the {which} {why}");
+            Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+        }
+    }
+}
+
+/// Every copy: checks both ends now, stages a pageable source now (as the driver does),
+/// enqueues the copy, and returns once it ran when `sync` or when the destination is
+/// pageable host memory.
+#[allow(clippy::too_many_arguments)]
+fn copy(
+    call: &'static str,
+    dst: u64,
+    dst_role: Role,
+    src: u64,
+    src_role: Role,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+) -> R {
+    let ctx = current_context()?;
+    let stream = ctx.stream(stream as u64)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let dst = endpoint(call, "destination", dst, len, dst_role)?;
+    let src = match endpoint(call, "source", src, len, src_role)? {
+        Endpoint::Host(p) => {
+            let mut staged = vec![0u8; len];
+            // SAFETY: the caller guarantees `len` readable bytes at the source host
+            // pointer for the duration of the call.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, staged.as_mut_ptr(), len) };
+            Endpoint::Staged(staged)
+        }
+        other => other,
+    };
+    let wait = sync || matches!(dst, Endpoint::Host(_));
+    let seq = ctx.enqueue(
+        &stream,
+        Op::Copy {
+            dst,
+            src,
+            len,
+            call,
+        },
+    );
+    if wait {
+        stream.wait_seq(seq);
+        ctx.shared.sticky()?;
+    }
+    Ok(())
+}
+
+/// Copies between any two addresses (unified addressing), synchronously.
+///
+/// # Safety
+/// Host ranges must be valid for `ByteCount` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult {
+    api("cuMemcpy", || {
+        copy("cuMemcpy", dst, Role::Any, src, Role::Any, ByteCount, std::ptr::null_mut(), true)
+    })
+}
+
+/// Copies between any two addresses (unified addressing) on `hStream`.
+///
+/// # Safety
+/// Host ranges must be valid for `ByteCount` bytes until the copy has run.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemcpyAsync", || {
+        copy("cuMemcpyAsync", dst, Role::Any, src, Role::Any, ByteCount, hStream, false)
+    })
+}
+
+/// Host to device, synchronous.
+///
+/// # Safety
+/// `srcHost` must be valid for `ByteCount` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+) -> CUresult {
+    api("cuMemcpyHtoD_v2", || {
+        copy(
+            "cuMemcpyHtoD_v2",
+            dstDevice,
+            Role::Device,
+            srcHost as u64,
+            Role::Host,
+            ByteCount,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+/// Host to device on `hStream`: a pageable source is read during the call, a pinned
+/// one when the copy runs.
+///
+/// # Safety
+/// `srcHost` must be valid for `ByteCount` bytes (until the copy ran, if pinned).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemcpyHtoDAsync_v2", || {
+        copy(
+            "cuMemcpyHtoDAsync_v2",
+            dstDevice,
+            Role::Device,
+            srcHost as u64,
+            Role::Host,
+            ByteCount,
+            hStream,
+            false,
+        )
+    })
+}
+
+/// Device to host, synchronous.
+///
+/// # Safety
+/// `dstHost` must be valid for `ByteCount` bytes of writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    api("cuMemcpyDtoH_v2", || {
+        copy(
+            "cuMemcpyDtoH_v2",
+            dstHost as u64,
+            Role::Host,
+            srcDevice,
+            Role::Device,
+            ByteCount,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+/// Device to host on `hStream`: into pageable memory it completes before returning,
+/// into pinned memory it runs asynchronously.
+///
+/// # Safety
+/// `dstHost` must be valid for `ByteCount` bytes of writes (until the copy ran).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemcpyDtoHAsync_v2", || {
+        copy(
+            "cuMemcpyDtoHAsync_v2",
+            dstHost as u64,
+            Role::Host,
+            srcDevice,
+            Role::Device,
+            ByteCount,
+            hStream,
+            false,
+        )
+    })
+}
+
+/// Device to device, synchronous.
+///
+/// # Safety
+/// None beyond the driver API's (both ends are checked device addresses).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    api("cuMemcpyDtoD_v2", || {
+        copy(
+            "cuMemcpyDtoD_v2",
+            dstDevice,
+            Role::Device,
+            srcDevice,
+            Role::Device,
+            ByteCount,
+            std::ptr::null_mut(),
+            true,
+        )
+    })
+}
+
+/// Device to device on `hStream`.
+///
+/// # Safety
+/// None beyond the driver API's (both ends are checked device addresses).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemcpyDtoDAsync_v2", || {
+        copy(
+            "cuMemcpyDtoDAsync_v2",
+            dstDevice,
+            Role::Device,
+            srcDevice,
+            Role::Device,
+            ByteCount,
+            hStream,
+            false,
+        )
+    })
+}
+
+fn memset(
+    call: &'static str,
+    dst: u64,
+    pattern: [u8; 4],
+    elem: usize,
+    count: usize,
+    stream: CUstream,
+    sync: bool,
+) -> R {
+    let ctx = current_context()?;
+    let stream = ctx.stream(stream as u64)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if dst % elem as u64 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let len = count.checked_mul(elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let dst = endpoint(call, "destination", dst, len, Role::Device)?;
+    let seq = ctx.enqueue(
+        &stream,
+        Op::Memset {
+            dst,
+            pattern,
+            elem,
+            count,
+            call,
+        },
+    );
+    if sync {
+        stream.wait_seq(seq);
+        ctx.shared.sticky()?;
+    }
+    Ok(())
+}
+
+/// Sets `N` bytes to `uc`, synchronously.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) -> CUresult {
+    api("cuMemsetD8_v2", || {
+        memset("cuMemsetD8_v2", dstDevice, [uc, 0, 0, 0], 1, N, std::ptr::null_mut(), true)
+    })
+}
+
+/// Sets `N` bytes to `uc` on `hStream`.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8Async(
+    dstDevice: CUdeviceptr,
+    uc: c_uchar,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemsetD8Async", || {
+        memset("cuMemsetD8Async", dstDevice, [uc, 0, 0, 0], 1, N, hStream, false)
+    })
+}
+
+/// Sets `N` 16-bit values, synchronously.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16_v2(dstDevice: CUdeviceptr, us: c_ushort, N: usize) -> CUresult {
+    api("cuMemsetD16_v2", || {
+        let b = us.to_ne_bytes();
+        memset("cuMemsetD16_v2", dstDevice, [b[0], b[1], 0, 0], 2, N, std::ptr::null_mut(), true)
+    })
+}
+
+/// Sets `N` 16-bit values on `hStream`.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16Async(
+    dstDevice: CUdeviceptr,
+    us: c_ushort,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemsetD16Async", || {
+        let b = us.to_ne_bytes();
+        memset("cuMemsetD16Async", dstDevice, [b[0], b[1], 0, 0], 2, N, hStream, false)
+    })
+}
+
+/// Sets `N` 32-bit values, synchronously.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) -> CUresult {
+    api("cuMemsetD32_v2", || {
+        memset("cuMemsetD32_v2", dstDevice, ui.to_ne_bytes(), 4, N, std::ptr::null_mut(), true)
+    })
+}
+
+/// Sets `N` 32-bit values on `hStream`.
+///
+/// # Safety
+/// None beyond the driver API's (the range is checked).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32Async(
+    dstDevice: CUdeviceptr,
+    ui: c_uint,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    api("cuMemsetD32Async", || {
+        memset("cuMemsetD32Async", dstDevice, ui.to_ne_bytes(), 4, N, hStream, false)
+    })
+}
