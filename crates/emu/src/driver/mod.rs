@@ -30,8 +30,9 @@
 //!   thread running its operations in order (copies, memsets, kernels, event records,
 //!   waits on events, host functions, stream-ordered allocations and frees); the legacy
 //!   NULL stream synchronizes with blocking streams. `DEVARROW_EMU_DELAY_US` (default 0)
-//!   delays every stream operation by that many microseconds, which makes a missing
-//!   wait or synchronization show up as wrong data. API calls from a host function
+//!   delays every stream operation by that many microseconds, plus a pseudo-random
+//!   part of up to `DEVARROW_EMU_JITTER_US` (default 0), which makes a missing wait or
+//!   synchronization show up as wrong data or a fault. API calls from a host function
 //!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`.
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the

@@ -31,7 +31,7 @@ impl Endpoint {
             Endpoint::Mem(a, offset) => match a.state_problem() {
                 None => Ok(a.ptr(*offset)),
                 Some(problem) => Err(format!(
-                    "copy {role} {:#x}..{:#x} in {} {problem}",
+                    "the {role} {:#x}..{:#x} is in {} and accessed {problem}",
                     a.addr + *offset as u64,
                     a.addr + (*offset + len) as u64,
                     a.describe()
@@ -173,6 +173,11 @@ impl Stream {
     pub fn shutdown(&self) {
         lock(&self.queue).shutdown = true;
         self.changed.notify_all();
+    }
+
+    /// Whether the worker has exited (after a shutdown, once the queue was drained).
+    pub fn has_exited(&self) -> bool {
+        lock(&self.queue).exited
     }
 
     /// Blocks until the worker has exited.

@@ -35,6 +35,7 @@ pub(crate) const DEFAULT_POOL: u64 = 0x00e0_0000_0000_0010;
 struct Config {
     total_memory: u64,
     delay: Duration,
+    jitter_us: u64,
 }
 
 fn parse_bytes(text: &str) -> Option<u64> {
@@ -60,16 +61,17 @@ fn config() -> &'static Config {
             }),
             Err(_) => 8 << 30,
         };
-        let delay = match std::env::var("DEVARROW_EMU_DELAY_US") {
+        let micros = |name: &str| match std::env::var(name) {
             Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
-                eprintln!("devarrow-emu: ignoring DEVARROW_EMU_DELAY_US={v:?} (not a number)");
+                eprintln!("devarrow-emu: ignoring {name}={v:?} (not a number)");
                 0
             }),
             Err(_) => 0,
         };
         Config {
             total_memory,
-            delay: Duration::from_micros(delay),
+            delay: Duration::from_micros(micros("DEVARROW_EMU_DELAY_US")),
+            jitter_us: micros("DEVARROW_EMU_JITTER_US"),
         }
     })
 }
@@ -79,9 +81,21 @@ pub fn config_total_memory() -> u64 {
     config().total_memory
 }
 
-/// The delay before every stream operation (`DEVARROW_EMU_DELAY_US`, default 0).
+/// The delay before a stream operation: `DEVARROW_EMU_DELAY_US` (default 0) plus a
+/// pseudo-random part of up to `DEVARROW_EMU_JITTER_US` (default 0), which varies how
+/// the streams interleave from one operation to the next.
 pub fn config_delay() -> Duration {
-    config().delay
+    let c = config();
+    if c.jitter_us == 0 {
+        return c.delay;
+    }
+    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+    // SplitMix64 over a shared counter: cheap, and good enough to shuffle timings.
+    let mut z = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    c.delay + Duration::from_micros(z % (c.jitter_us + 1))
 }
 
 /// Locks a mutex, ignoring poisoning (a panic caught at the API boundary must not make
@@ -122,7 +136,9 @@ pub(crate) struct Context {
     pub shared: Arc<CtxShared>,
     /// The legacy NULL stream.
     pub null_stream: Arc<Stream>,
-    /// Streams created in the context (not the NULL stream).
+    /// Streams created in the context (not the NULL stream), including destroyed ones
+    /// whose worker still runs the work enqueued before the destroy (a context
+    /// synchronization or destruction waits for that work too).
     pub streams: Mutex<Vec<Arc<Stream>>>,
     pub flags: AtomicU32,
     pub limits: Mutex<HashMap<u32, usize>>,
@@ -134,10 +150,13 @@ impl Context {
         self.shared.handle
     }
 
-    /// Every stream of the context, the NULL stream first.
+    /// Every stream of the context, the NULL stream first (destroyed streams whose
+    /// work has all run are forgotten here).
     pub fn all_streams(&self) -> Vec<Arc<Stream>> {
+        let mut streams = lock(&self.streams);
+        streams.retain(|s| !s.has_exited());
         let mut v = vec![self.null_stream.clone()];
-        v.extend(lock(&self.streams).iter().cloned());
+        v.extend(streams.iter().cloned());
         v
     }
 
@@ -162,10 +181,10 @@ impl Context {
             }
         };
         if stream.legacy {
-            let blocking: Vec<Arc<Stream>> = lock(&self.streams)
-                .iter()
+            let blocking: Vec<Arc<Stream>> = self
+                .all_streams()
+                .into_iter()
                 .filter(|s| s.is_blocking())
-                .cloned()
                 .collect();
             blocking.iter().for_each(wait_for);
         } else if stream.is_blocking() {

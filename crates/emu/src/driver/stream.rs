@@ -66,7 +66,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
         }
         let stream = ctx.stream(h)?;
         driver().remove(h);
-        lock(&ctx.streams).retain(|s| !Arc::ptr_eq(s, &stream));
+        // It stays in the context's list until its worker has run the work enqueued.
         stream.shutdown();
         ctx.shared.sticky()
     })

@@ -1,0 +1,624 @@
+//! The emulated driver, called directly (in process, no `dlopen`): the CUDA semantics it
+//! promises, and the misuse it must catch.
+//!
+//! The emulator is process-global (one device, one primary context), so every test holds
+//! one lock and retains the primary context for its duration.
+
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{
+    CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUmemPool_attribute,
+    CUmemoryPool, CUmodule, CUpointer_attribute, CUresult, CUstream,
+};
+use devarrow_emu::driver::context::*;
+use devarrow_emu::driver::device::*;
+use devarrow_emu::driver::memory::*;
+use devarrow_emu::driver::module::*;
+use devarrow_emu::driver::stream::*;
+use devarrow_emu::driver::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
+
+use CUresult::*;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// Checks a driver call.
+fn ck(r: CUresult) {
+    assert_eq!(r, CUDA_SUCCESS);
+}
+
+/// The emulator with the primary context retained and current on this thread.
+struct Emu {
+    _lock: MutexGuard<'static, ()>,
+    ctx: CUcontext,
+}
+
+impl Emu {
+    fn new() -> Self {
+        let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: plain driver calls with valid out-pointers.
+        unsafe {
+            ck(cuInit(0));
+            ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+            ck(cuCtxSetCurrent(ctx));
+        }
+        Emu { _lock: lock, ctx }
+    }
+
+    fn stream(&self, flags: u32) -> CUstream {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        ck(unsafe { cuStreamCreate(&mut s, flags) });
+        s
+    }
+
+    fn event(&self) -> CUevent {
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        ck(unsafe { cuEventCreate(&mut e, 0) });
+        e
+    }
+
+    fn alloc(&self, len: usize) -> CUdeviceptr {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        ck(unsafe { cuMemAlloc_v2(&mut p, len) });
+        p
+    }
+
+    fn pinned(&self, len: usize) -> &'static mut [u8] {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the memory is page-aligned host memory of `len`
+        // bytes, freed only by `free_pinned`.
+        unsafe {
+            ck(cuMemHostAlloc(&mut p, len, 0));
+            std::slice::from_raw_parts_mut(p.cast::<u8>(), len)
+        }
+    }
+
+    fn free_memory(&self) -> usize {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        ck(unsafe { cuMemGetInfo_v2(&mut free, &mut total) });
+        free
+    }
+
+    fn download(&self, p: CUdeviceptr, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` holds `len` bytes.
+        ck(unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, len) });
+        out
+    }
+
+    fn upload(&self, p: CUdeviceptr, data: &[u8]) {
+        // SAFETY: `data` holds `data.len()` bytes.
+        ck(unsafe { cuMemcpyHtoD_v2(p, data.as_ptr().cast(), data.len()) });
+    }
+}
+
+impl Drop for Emu {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain of `new`.
+        unsafe { cuDevicePrimaryCtxRelease_v2(0) };
+    }
+}
+
+/// A host function that blocks its stream until opened.
+struct Gate {
+    open: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Gate {
+    /// Enqueues the gate on `stream`: nothing after it runs until [`Gate::open`].
+    fn block(stream: CUstream) -> Arc<Gate> {
+        unsafe extern "C" fn wait(data: *mut c_void) {
+            // SAFETY: `data` is the Arc leaked by `block`, reclaimed exactly once here.
+            let gate = unsafe { Arc::from_raw(data.cast::<Gate>()) };
+            let mut open = gate.open.lock().unwrap();
+            while !*open {
+                open = gate.changed.wait(open).unwrap();
+            }
+        }
+        let gate = Arc::new(Gate {
+            open: Mutex::new(false),
+            changed: Condvar::new(),
+        });
+        let data = Arc::into_raw(gate.clone()) as *mut c_void;
+        // SAFETY: `wait` takes ownership of one reference of the gate.
+        ck(unsafe { cuLaunchHostFunc(stream, Some(wait), data) });
+        gate
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+}
+
+#[test]
+fn the_device_is_one_h100_like_gpu() {
+    let _emu = Emu::new();
+    let mut n = 0;
+    let mut v = 0;
+    let mut name = [0 as std::ffi::c_char; 128];
+    let mut total = 0usize;
+    // SAFETY: valid out-pointers and buffer sizes.
+    unsafe {
+        ck(cuDeviceGetCount(&mut n));
+        assert_eq!(n, 1);
+        let mut dev = -1;
+        ck(cuDeviceGet(&mut dev, 0));
+        assert_eq!(dev, 0);
+        assert_eq!(cuDeviceGet(&mut dev, 1), CUDA_ERROR_INVALID_DEVICE);
+        ck(cuDeviceGetName(name.as_mut_ptr(), 128, 0));
+        assert_eq!(
+            CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
+            DEVICE_NAME
+        );
+        ck(cuDeviceTotalMem_v2(&mut total, 0));
+        assert!(total > 0);
+        for (attr, want) in [
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9),
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132),
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32),
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024),
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1),
+            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1),
+        ] {
+            ck(cuDeviceGetAttribute(&mut v, attr, 0));
+            assert_eq!(v, want, "{attr:?}");
+        }
+        assert_eq!(
+            cuDeviceGetAttribute(
+                &mut v,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+                3
+            ),
+            CUDA_ERROR_INVALID_DEVICE
+        );
+        let mut s: *const std::ffi::c_char = std::ptr::null();
+        ck(cuGetErrorName(CUDA_ERROR_ILLEGAL_ADDRESS, &mut s));
+        assert_eq!(
+            CStr::from_ptr(s).to_str().unwrap(),
+            "CUDA_ERROR_ILLEGAL_ADDRESS"
+        );
+        ck(cuGetErrorString(CUDA_ERROR_ILLEGAL_ADDRESS, &mut s));
+        assert!(CStr::from_ptr(s).to_str().unwrap().contains("illegal memory access"));
+        ck(cuDriverGetVersion(&mut v));
+        assert_eq!(v, 12080);
+    }
+}
+
+#[test]
+fn calls_need_a_current_context_on_the_calling_thread() {
+    let emu = Emu::new();
+    let p = emu.alloc(64);
+    let ctx = emu.ctx as usize;
+    std::thread::spawn(move || {
+        let mut q: CUdeviceptr = 0;
+        let mut current: CUcontext = 1 as CUcontext;
+        // SAFETY: valid out-pointers; `p` is a live allocation.
+        unsafe {
+            ck(cuCtxGetCurrent(&mut current));
+            assert!(current.is_null(), "a new thread has no current context");
+            assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_INVALID_CONTEXT);
+            assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_CONTEXT);
+            let mut s: CUstream = std::ptr::null_mut();
+            assert_eq!(cuStreamCreate(&mut s, 1), CUDA_ERROR_INVALID_CONTEXT);
+            ck(cuCtxSetCurrent(ctx as CUcontext));
+            ck(cuMemFree_v2(p));
+            ck(cuCtxSetCurrent(std::ptr::null_mut()));
+            assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_INVALID_CONTEXT);
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn device_memory_is_poisoned_aligned_and_not_host_addressable() {
+    let emu = Emu::new();
+    let p = emu.alloc(1000);
+    assert_eq!(p % 256, 0);
+    assert!((DEVICE_ADDRESS_BASE..DEVICE_ADDRESS_END).contains(&p));
+    assert!(emu.download(p, 1000).iter().all(|&b| b == POISON));
+    let data: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+    emu.upload(p, &data);
+    assert_eq!(emu.download(p, 1000), data);
+    // SAFETY: every call below is given ranges it checks (and rejects).
+    unsafe {
+        let mut out = vec![0u8; 1001];
+        assert_eq!(
+            cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, 1001),
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            "one byte past the end"
+        );
+        assert_eq!(
+            cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p + 1000, 1),
+            CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(
+            cuMemcpyHtoD_v2(p + 1, out.as_ptr().cast(), 1000),
+            CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(cuMemFree_v2(p + 256), CUDA_ERROR_INVALID_VALUE);
+        ck(cuMemFree_v2(p));
+        assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE, "double free");
+        assert_eq!(
+            cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, 8),
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            "use after free"
+        );
+        let mut v = 0u32;
+        assert_eq!(
+            cuPointerGetAttribute(
+                (&mut v as *mut u32).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                out.as_ptr() as u64
+            ),
+            CUDA_ERROR_INVALID_VALUE,
+            "pageable host memory is unknown to the driver"
+        );
+    }
+}
+
+/// A child process dereferencing a device pointer on the host crashes.
+#[test]
+fn a_host_dereference_of_device_memory_crashes() {
+    if std::env::var_os("EMU_DEREF_CHILD").is_some() {
+        let emu = Emu::new();
+        let p = emu.alloc(64);
+        // SAFETY: deliberately invalid: this must crash the (child) process.
+        let v = unsafe { std::ptr::read_volatile(p as *const u8) };
+        println!("read {v} from device memory on the host");
+        std::process::exit(0);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_host_dereference_of_device_memory_crashes",
+            "--nocapture",
+        ])
+        .env("EMU_DEREF_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(11), "SIGSEGV expected: {out:?}");
+}
+
+#[test]
+fn memory_is_accounted_exactly_and_runs_out() {
+    let emu = Emu::new();
+    let before = emu.free_memory();
+    let p = emu.alloc(1 << 20);
+    assert_eq!(emu.free_memory(), before - (1 << 20));
+    let q = emu.alloc(100);
+    assert_eq!(emu.free_memory(), before - (1 << 20) - 256);
+    let mut total = 0usize;
+    let mut r: CUdeviceptr = 0;
+    // SAFETY: valid out-pointers; frees of our allocations.
+    unsafe {
+        ck(cuDeviceTotalMem_v2(&mut total, 0));
+        assert_eq!(cuMemAlloc_v2(&mut r, total), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(cuMemAlloc_v2(&mut r, 0), CUDA_ERROR_INVALID_VALUE);
+        ck(cuMemFree_v2(p));
+        ck(cuMemFree_v2(q));
+    }
+    assert_eq!(emu.free_memory(), before);
+}
+
+#[test]
+fn the_pool_keeps_freed_memory_until_a_synchronization_or_a_trim() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let before = emu.free_memory();
+    let mut p: CUdeviceptr = 0;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; the allocation is freed once.
+    unsafe {
+        ck(cuMemAllocAsync(&mut p, 4 << 20, s));
+        assert_eq!(emu.free_memory(), before - (4 << 20));
+        ck(cuMemFreeAsync(p, s));
+        assert_eq!(
+            cuMemFreeAsync(p, s),
+            CUDA_ERROR_INVALID_VALUE,
+            "double free"
+        );
+        ck(cuStreamSynchronize(s));
+        // released at the synchronization (release threshold 0)
+        assert_eq!(emu.free_memory(), before);
+        ck(cuDeviceGetDefaultMemPool(&mut pool, 0));
+        let mut threshold: u64 = u64::MAX;
+        ck(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        ));
+        ck(cuMemAllocAsync(&mut p, 4 << 20, s));
+        ck(cuMemFreeAsync(p, s));
+        ck(cuStreamSynchronize(s));
+        assert_eq!(emu.free_memory(), before - (4 << 20), "kept by the pool");
+        ck(cuMemPoolTrimTo(pool, 0));
+        assert_eq!(emu.free_memory(), before);
+        threshold = 0;
+        ck(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        ));
+        ck(cuStreamDestroy_v2(s));
+    }
+}
+
+#[test]
+fn streams_run_in_order_and_events_report_progress() {
+    let emu = Emu::new();
+    let (a, b) = (emu.stream(1), emu.stream(1));
+    let p = emu.alloc(8);
+    let e = emu.event();
+    // SAFETY: valid handles and ranges; `host` outlives the synchronizations below.
+    unsafe {
+        assert_eq!(cuEventQuery(e), CUDA_SUCCESS, "never recorded: complete");
+        let gate = Gate::block(a);
+        let one = [1u8; 8];
+        ck(cuMemcpyHtoDAsync_v2(p, one.as_ptr().cast(), 8, a));
+        ck(cuEventRecord(e, a));
+        assert_eq!(cuStreamQuery(a), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        // b waits for a's copy: its copy reads 1s once the gate opens
+        ck(cuStreamWaitEvent(b, e, 0));
+        // destroying a waited-on event is fine
+        ck(cuEventDestroy_v2(e));
+        let host = emu.pinned(8);
+        host.fill(0);
+        ck(cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), p, 8, b));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(cuStreamQuery(b), CUDA_ERROR_NOT_READY, "b waits on a");
+        assert_eq!(host, &[0u8; 8], "into pinned memory: asynchronous");
+        gate.open();
+        ck(cuStreamSynchronize(b));
+        assert_eq!(host, &[1u8; 8]);
+        ck(cuMemFreeHost(host.as_mut_ptr().cast()));
+        ck(cuStreamDestroy_v2(a));
+        ck(cuStreamDestroy_v2(b));
+        ck(cuMemFree_v2(p));
+    }
+}
+
+#[test]
+fn pageable_copies_stage_at_the_call_and_complete_before_returning() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let p = emu.alloc(8);
+    // SAFETY: valid handles and ranges.
+    unsafe {
+        let gate = Gate::block(s);
+        let mut pageable = [7u8; 8];
+        let pinned = emu.pinned(8);
+        pinned.fill(7);
+        ck(cuMemcpyHtoDAsync_v2(p, pageable.as_ptr().cast(), 4, s));
+        ck(cuMemcpyHtoDAsync_v2(p + 4, pinned.as_ptr().cast(), 4, s));
+        // changed after the calls, before the copies ran
+        pageable.fill(9);
+        pinned.fill(9);
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                gate.open();
+            })
+        };
+        let t = Instant::now();
+        let mut out = [0u8; 8];
+        // into pageable memory: returns once the copy (after the gate) ran
+        ck(cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), p, 8, s));
+        assert!(t.elapsed() >= Duration::from_millis(40));
+        assert_eq!(out, [7, 7, 7, 7, 9, 9, 9, 9], "pageable staged at the call, pinned read later");
+        opener.join().unwrap();
+        ck(cuMemFreeHost(pinned.as_mut_ptr().cast()));
+        ck(cuMemFree_v2(p));
+        ck(cuStreamDestroy_v2(s));
+    }
+}
+
+#[test]
+fn the_legacy_null_stream_waits_for_blocking_streams_only() {
+    let emu = Emu::new();
+    let (blocking, nonblocking) = (emu.stream(0), emu.stream(1));
+    // SAFETY: valid handles.
+    unsafe {
+        let gate = Gate::block(blocking);
+        let gate2 = Gate::block(nonblocking);
+        let e = emu.event();
+        ck(cuEventRecord(e, std::ptr::null_mut()));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY, "NULL stream waits for the blocking stream");
+        gate.open();
+        ck(cuEventSynchronize(e));
+        // the non-blocking stream is still blocked, and did not hold the NULL stream
+        assert_eq!(cuStreamQuery(nonblocking), CUDA_ERROR_NOT_READY);
+        gate2.open();
+        ck(cuCtxSynchronize());
+        ck(cuEventDestroy_v2(e));
+        ck(cuStreamDestroy_v2(blocking));
+        ck(cuStreamDestroy_v2(nonblocking));
+    }
+}
+
+#[test]
+fn host_functions_may_not_call_the_driver() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    static SEEN: Mutex<Option<CUresult>> = Mutex::new(None);
+    unsafe extern "C" fn call(_: *mut c_void) {
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        *SEEN.lock().unwrap() = Some(unsafe { cuDeviceGetCount(&mut n) });
+    }
+    // SAFETY: `call` takes no data.
+    unsafe {
+        ck(cuLaunchHostFunc(s, Some(call), std::ptr::null_mut()));
+        ck(cuStreamSynchronize(s));
+        ck(cuStreamDestroy_v2(s));
+    }
+    assert_eq!(*SEEN.lock().unwrap(), Some(CUDA_ERROR_NOT_PERMITTED));
+}
+
+#[test]
+fn pinned_and_managed_memory_are_known_by_their_attributes() {
+    let emu = Emu::new();
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let mut m: CUdeviceptr = 0;
+    let d = emu.alloc(16);
+    // SAFETY: valid out-pointers of the attribute types.
+    unsafe {
+        ck(cuMemHostAlloc(&mut p, 10000, 0x3));
+        assert_eq!(p as usize % 4096, 0);
+        let mut flags = 0u32;
+        ck(cuMemHostGetFlags(&mut flags, p.cast::<u8>().add(9999).cast()));
+        assert_eq!(flags, 0x3);
+        let mut dp: CUdeviceptr = 0;
+        ck(cuMemHostGetDevicePointer_v2(&mut dp, p, 0));
+        assert_eq!(dp, p as u64, "unified addressing");
+        let attr = |ptr: u64, a: CUpointer_attribute| {
+            let mut v = 0u64;
+            let r = cuPointerGetAttribute((&mut v as *mut u64).cast(), a, ptr);
+            (r, v)
+        };
+        use CUpointer_attribute::*;
+        assert_eq!(attr(p as u64 + 5, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).1 as u32, 1);
+        assert_eq!(attr(d, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).1 as u32, 2);
+        assert_eq!(
+            attr(d, CU_POINTER_ATTRIBUTE_HOST_POINTER).0,
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let (first, last) = (
+            attr(p as u64, CU_POINTER_ATTRIBUTE_BUFFER_ID),
+            attr(p as u64 + 9999, CU_POINTER_ATTRIBUTE_BUFFER_ID),
+        );
+        assert_eq!(first, last);
+        assert_ne!(first.1, attr(d, CU_POINTER_ATTRIBUTE_BUFFER_ID).1);
+        assert_eq!(attr(d + 3, CU_POINTER_ATTRIBUTE_CONTEXT).1, emu.ctx as u64);
+        assert_eq!(
+            attr(p as u64 + 10000, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).0,
+            CUDA_ERROR_INVALID_VALUE,
+            "one past the end"
+        );
+        let mut f = 0u32;
+        assert_eq!(
+            cuMemHostGetFlags(&mut f, d as *mut c_void),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ck(cuMemAllocManaged(&mut m, 64, 1));
+        assert_eq!(attr(m, CU_POINTER_ATTRIBUTE_IS_MANAGED).1 as u32, 1);
+        // managed memory is host memory too
+        std::ptr::write_bytes(m as *mut u8, 3, 64);
+        assert_eq!(emu.download(m, 4), vec![3; 4]);
+        assert_eq!(cuMemFree_v2(p as u64), CUDA_ERROR_INVALID_VALUE, "pinned is not cuMemFree'd");
+        ck(cuMemFreeHost(p));
+        ck(cuMemFree_v2(m));
+        ck(cuMemFree_v2(d));
+    }
+}
+
+#[test]
+fn stream_ordered_memory_is_usable_only_in_stream_order() {
+    let emu = Emu::new();
+    let (a, b) = (emu.stream(1), emu.stream(1));
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: valid handles and ranges; the context is reset at the end (sticky error).
+    unsafe {
+        let gate = Gate::block(a);
+        ck(cuMemAllocAsync(&mut p, 64, a));
+        ck(cuMemFreeAsync(p, a));
+        let data = [1u8; 64];
+        assert_eq!(
+            cuMemcpyHtoDAsync_v2(p, data.as_ptr().cast(), 64, b),
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            "no new work after the free was requested"
+        );
+        gate.open();
+        ck(cuStreamSynchronize(a));
+
+        // Used on stream b before its allocation ran on (blocked) stream a: a fault.
+        let gate = Gate::block(a);
+        ck(cuMemAllocAsync(&mut p, 64, a));
+        ck(cuMemcpyHtoDAsync_v2(p, data.as_ptr().cast(), 64, b));
+        assert_eq!(cuStreamSynchronize(b), CUDA_ERROR_ILLEGAL_ADDRESS);
+        gate.open();
+        // sticky: the context is unusable now
+        let mut q: CUdeviceptr = 0;
+        assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+        ck(cuDevicePrimaryCtxReset_v2(0));
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        assert_ne!(ctx, emu.ctx, "a new context");
+        ck(cuCtxSetCurrent(ctx));
+        ck(cuMemAlloc_v2(&mut q, 8));
+        ck(cuMemFree_v2(q));
+    }
+}
+
+/// A kernel's out-of-bounds store is a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`; in bounds, the
+/// kernel computes what it should.
+#[test]
+fn kernels_run_on_the_stream_and_faults_are_sticky() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(devarrow_cuda::kernels::TESTING_PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let n: u64 = 1000;
+    let p = emu.alloc(4 * n as usize);
+    // SAFETY: valid handles; the parameters match dvx_spin_fill_u32(u64, u64, u32, u64).
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        assert_eq!(
+            cuModuleGetFunction(&mut f, module, c"no_such_kernel".as_ptr()),
+            CUDA_ERROR_NOT_FOUND
+        );
+        ck(cuModuleGetFunction(&mut f, module, c"dvx_spin_fill_u32".as_ptr()));
+        let launch = |dst: u64, n: u64| {
+            let (mut dst, mut n, mut value, mut spin) = (dst, n, 5u32, 0u64);
+            let mut params: [*mut c_void; 4] = [
+                (&mut dst as *mut u64).cast(),
+                (&mut n as *mut u64).cast(),
+                (&mut value as *mut u32).cast(),
+                (&mut spin as *mut u64).cast(),
+            ];
+            cuLaunchKernel(
+                f,
+                2,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(
+            cuLaunchKernel(f, 1, 1, 1, 2048, 1, 1, 0, s, std::ptr::null_mut(), std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_VALUE,
+            "too many threads per block"
+        );
+        ck(launch(p, n));
+        ck(cuStreamSynchronize(s));
+        let got = emu.download(p, 4 * n as usize);
+        let want: Vec<u8> = (0..n as u32).flat_map(|i| (5 + i).to_le_bytes()).collect();
+        assert_eq!(got, want);
+        // one element too many
+        ck(launch(p, n + 1));
+        assert_eq!(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(cuStreamQuery(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        ck(cuDevicePrimaryCtxReset_v2(0));
+    }
+}
