@@ -154,29 +154,37 @@ fn the_device_is_one_h100_like_gpu() {
         assert_eq!(dev, 0);
         assert_eq!(cuDeviceGet(&mut dev, 1), CUDA_ERROR_INVALID_DEVICE);
         ck(cuDeviceGetName(name.as_mut_ptr(), 128, 0));
-        assert_eq!(
-            CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
-            DEVICE_NAME
-        );
+        assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), DEVICE_NAME);
         ck(cuDeviceTotalMem_v2(&mut total, 0));
         assert!(total > 0);
         for (attr, want) in [
-            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9),
-            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132),
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                9,
+            ),
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                132,
+            ),
             (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32),
-            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024),
-            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1),
-            (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1),
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                1024,
+            ),
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+                1,
+            ),
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                1,
+            ),
         ] {
             ck(cuDeviceGetAttribute(&mut v, attr, 0));
             assert_eq!(v, want, "{attr:?}");
         }
         assert_eq!(
-            cuDeviceGetAttribute(
-                &mut v,
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
-                3
-            ),
+            cuDeviceGetAttribute(&mut v, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 3),
             CUDA_ERROR_INVALID_DEVICE
         );
         let mut s: *const std::ffi::c_char = std::ptr::null();
@@ -186,7 +194,10 @@ fn the_device_is_one_h100_like_gpu() {
             "CUDA_ERROR_ILLEGAL_ADDRESS"
         );
         ck(cuGetErrorString(CUDA_ERROR_ILLEGAL_ADDRESS, &mut s));
-        assert!(CStr::from_ptr(s).to_str().unwrap().contains("illegal memory access"));
+        assert!(CStr::from_ptr(s)
+            .to_str()
+            .unwrap()
+            .contains("illegal memory access"));
         ck(cuDriverGetVersion(&mut v));
         assert_eq!(v, 12080);
     }
@@ -417,7 +428,11 @@ fn pageable_copies_stage_at_the_call_and_complete_before_returning() {
         // into pageable memory: returns once the copy (after the gate) ran
         ck(cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), p, 8, s));
         assert!(t.elapsed() >= Duration::from_millis(40));
-        assert_eq!(out, [7, 7, 7, 7, 9, 9, 9, 9], "pageable staged at the call, pinned read later");
+        assert_eq!(
+            out,
+            [7, 7, 7, 7, 9, 9, 9, 9],
+            "pageable staged at the call, pinned read later"
+        );
         opener.join().unwrap();
         ck(cuMemFreeHost(pinned.as_mut_ptr().cast()));
         ck(cuMemFree_v2(p));
@@ -436,7 +451,11 @@ fn the_legacy_null_stream_waits_for_blocking_streams_only() {
         let e = emu.event();
         ck(cuEventRecord(e, std::ptr::null_mut()));
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY, "NULL stream waits for the blocking stream");
+        assert_eq!(
+            cuEventQuery(e),
+            CUDA_ERROR_NOT_READY,
+            "NULL stream waits for the blocking stream"
+        );
         gate.open();
         ck(cuEventSynchronize(e));
         // the non-blocking stream is still blocked, and did not hold the NULL stream
@@ -479,7 +498,10 @@ fn pinned_and_managed_memory_are_known_by_their_attributes() {
         ck(cuMemHostAlloc(&mut p, 10000, 0x3));
         assert_eq!(p as usize % 4096, 0);
         let mut flags = 0u32;
-        ck(cuMemHostGetFlags(&mut flags, p.cast::<u8>().add(9999).cast()));
+        ck(cuMemHostGetFlags(
+            &mut flags,
+            p.cast::<u8>().add(9999).cast(),
+        ));
         assert_eq!(flags, 0x3);
         let mut dp: CUdeviceptr = 0;
         ck(cuMemHostGetDevicePointer_v2(&mut dp, p, 0));
@@ -490,7 +512,10 @@ fn pinned_and_managed_memory_are_known_by_their_attributes() {
             (r, v)
         };
         use CUpointer_attribute::*;
-        assert_eq!(attr(p as u64 + 5, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).1 as u32, 1);
+        assert_eq!(
+            attr(p as u64 + 5, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).1 as u32,
+            1
+        );
         assert_eq!(attr(d, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).1 as u32, 2);
         assert_eq!(
             attr(d, CU_POINTER_ATTRIBUTE_HOST_POINTER).0,
@@ -518,7 +543,11 @@ fn pinned_and_managed_memory_are_known_by_their_attributes() {
         // managed memory is host memory too
         std::ptr::write_bytes(m as *mut u8, 3, 64);
         assert_eq!(emu.download(m, 4), vec![3; 4]);
-        assert_eq!(cuMemFree_v2(p as u64), CUDA_ERROR_INVALID_VALUE, "pinned is not cuMemFree'd");
+        assert_eq!(
+            cuMemFree_v2(p as u64),
+            CUDA_ERROR_INVALID_VALUE,
+            "pinned is not cuMemFree'd"
+        );
         ck(cuMemFreeHost(p));
         ck(cuMemFree_v2(m));
         ck(cuMemFree_v2(d));
@@ -582,7 +611,11 @@ fn kernels_run_on_the_stream_and_faults_are_sticky() {
             cuModuleGetFunction(&mut f, module, c"no_such_kernel".as_ptr()),
             CUDA_ERROR_NOT_FOUND
         );
-        ck(cuModuleGetFunction(&mut f, module, c"dvx_spin_fill_u32".as_ptr()));
+        ck(cuModuleGetFunction(
+            &mut f,
+            module,
+            c"dvx_spin_fill_u32".as_ptr(),
+        ));
         let launch = |dst: u64, n: u64| {
             let (mut dst, mut n, mut value, mut spin) = (dst, n, 5u32, 0u64);
             let mut params: [*mut c_void; 4] = [
@@ -606,7 +639,19 @@ fn kernels_run_on_the_stream_and_faults_are_sticky() {
             )
         };
         assert_eq!(
-            cuLaunchKernel(f, 1, 1, 1, 2048, 1, 1, 0, s, std::ptr::null_mut(), std::ptr::null_mut()),
+            cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                2048,
+                1,
+                1,
+                0,
+                s,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
             CUDA_ERROR_INVALID_VALUE,
             "too many threads per block"
         );

@@ -326,7 +326,11 @@ impl MemTable {
     /// of `addr` in it; `Err` says why not.
     pub fn find_range(&self, addr: u64, len: usize) -> Result<(Arc<Alloc>, usize), String> {
         match self.find(addr) {
-            Some(a) if addr.checked_add(len as u64).is_some_and(|end| end <= a.end()) => {
+            Some(a)
+                if addr
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= a.end()) =>
+            {
                 let offset = (addr - a.addr) as usize;
                 Ok((a, offset))
             }
@@ -348,7 +352,9 @@ impl MemTable {
             let freed = lock(&self.freed);
             if let Some((&base, &(size, what))) = freed.range(..=addr).next_back() {
                 if addr < base + size as u64 {
-                    return format!("{range} is in {what} {base:#x} of {size} bytes, already freed");
+                    return format!(
+                        "{range} is in {what} {base:#x} of {size} bytes, already freed"
+                    );
                 }
             }
             let live = self.live.read().unwrap_or_else(|e| e.into_inner());
@@ -374,8 +380,7 @@ impl MemTable {
         }
         let from = a.state.load(Ordering::Acquire);
         if !matches!(from, PENDING | LIVE)
-            || a
-                .state
+            || a.state
                 .compare_exchange(from, FREEING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
         {
@@ -555,7 +560,7 @@ impl Memory for KernelMemory<'_> {
     }
 
     fn atomic_add_u64(&self, addr: u64, value: u64) -> Result<u64, Fault> {
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(Self::fault(
                 addr,
                 8,
@@ -572,7 +577,7 @@ impl Memory for KernelMemory<'_> {
     }
 
     fn atomic_add_u32(&self, addr: u64, value: u32) -> Result<u32, Fault> {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return Err(Self::fault(
                 addr,
                 4,

@@ -219,13 +219,13 @@ pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 
 fn default_limit(limit: u32) -> usize {
     match limit {
-        0 => 1024,          // STACK_SIZE
-        1 => 1 << 20,       // PRINTF_FIFO_SIZE
-        2 => 8 << 20,       // MALLOC_HEAP_SIZE
-        3 => 2,             // DEV_RUNTIME_SYNC_DEPTH
-        4 => 2048,          // DEV_RUNTIME_PENDING_LAUNCH_COUNT
-        5 => 64,            // MAX_L2_FETCH_GRANULARITY
-        6 => 0,             // PERSISTING_L2_CACHE_SIZE
+        0 => 1024,    // STACK_SIZE
+        1 => 1 << 20, // PRINTF_FIFO_SIZE
+        2 => 8 << 20, // MALLOC_HEAP_SIZE
+        3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
+        4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+        5 => 64,      // MAX_L2_FETCH_GRANULARITY
+        6 => 0,       // PERSISTING_L2_CACHE_SIZE
         _ => 0,
     }
 }

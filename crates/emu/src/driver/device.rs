@@ -214,84 +214,84 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 /// meaningful value for.
 pub fn attribute_value(attribute: u32) -> i32 {
     match attribute {
-        1 => 1024,                   // MAX_THREADS_PER_BLOCK
-        2 | 3 => 1024,               // MAX_BLOCK_DIM_X, _Y
-        4 => 64,                     // MAX_BLOCK_DIM_Z
-        5 => i32::MAX,               // MAX_GRID_DIM_X
-        6 | 7 => 65535,              // MAX_GRID_DIM_Y, _Z
-        8 => 48 << 10,               // MAX_SHARED_MEMORY_PER_BLOCK
-        9 => 64 << 10,               // TOTAL_CONSTANT_MEMORY
-        10 => 32,                    // WARP_SIZE
-        11 => i32::MAX,              // MAX_PITCH
-        12 => 65536,                 // MAX_REGISTERS_PER_BLOCK
-        13 => 1_980_000,             // CLOCK_RATE (kHz)
-        14 | 30 => 512,              // TEXTURE_ALIGNMENT, SURFACE_ALIGNMENT
-        15 => 1,                     // GPU_OVERLAP
-        16 => 132,                   // MULTIPROCESSOR_COUNT
-        17 | 18 => 0,                // KERNEL_EXEC_TIMEOUT, INTEGRATED
-        19 => 1,                     // CAN_MAP_HOST_MEMORY
-        20 => 0,                     // COMPUTE_MODE (default)
-        21 | 22 => 131072,           // MAXIMUM_TEXTURE1D_WIDTH, 2D_WIDTH
-        23 => 65536,                 // MAXIMUM_TEXTURE2D_HEIGHT
-        24..=26 => 16384,            // MAXIMUM_TEXTURE3D_*
-        27 | 28 => 32768,            // MAXIMUM_TEXTURE2D_LAYERED_WIDTH/HEIGHT
-        29 => 2048,                  // MAXIMUM_TEXTURE2D_LAYERED_LAYERS
-        31 | 32 => 1,                // CONCURRENT_KERNELS, ECC_ENABLED
-        33..=35 => 0,                // PCI_BUS_ID, PCI_DEVICE_ID, TCC_DRIVER
-        36 => 2_619_000,             // MEMORY_CLOCK_RATE (kHz)
-        37 => 5120,                  // GLOBAL_MEMORY_BUS_WIDTH
-        38 => 50 << 20,              // L2_CACHE_SIZE
-        39 => 2048,                  // MAX_THREADS_PER_MULTIPROCESSOR
-        40 => 3,                     // ASYNC_ENGINE_COUNT
-        41 => 1,                     // UNIFIED_ADDRESSING
-        42 => 32768,                 // MAXIMUM_TEXTURE1D_LAYERED_WIDTH
-        43 => 2048,                  // MAXIMUM_TEXTURE1D_LAYERED_LAYERS
-        44 => 1,                     // CAN_TEX2D_GATHER
-        45 | 46 => 32768,            // MAXIMUM_TEXTURE2D_GATHER_*
-        47 | 48 => 8192,             // MAXIMUM_TEXTURE3D_*_ALTERNATE
-        49 => 32768,                 // MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE
-        50 => 0,                     // PCI_DOMAIN_ID
-        51 => 32,                    // TEXTURE_PITCH_ALIGNMENT
-        52 | 53 => 32768,            // MAXIMUM_TEXTURECUBEMAP_*
-        54 => 2046,                  // MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS
-        55 => 32768,                 // MAXIMUM_SURFACE1D_WIDTH
-        56 => 131072,                // MAXIMUM_SURFACE2D_WIDTH
-        57 => 65536,                 // MAXIMUM_SURFACE2D_HEIGHT
-        58..=60 => 16384,            // MAXIMUM_SURFACE3D_*
-        61 => 32768,                 // MAXIMUM_SURFACE1D_LAYERED_WIDTH
-        62 => 2048,                  // MAXIMUM_SURFACE1D_LAYERED_LAYERS
-        63 | 64 => 32768,            // MAXIMUM_SURFACE2D_LAYERED_WIDTH/HEIGHT
-        65 => 2048,                  // MAXIMUM_SURFACE2D_LAYERED_LAYERS
-        66 | 67 => 32768,            // MAXIMUM_SURFACECUBEMAP_*
-        68 => 2046,                  // MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS
-        69 => 1 << 28,               // MAXIMUM_TEXTURE1D_LINEAR_WIDTH
-        70 => 131072,                // MAXIMUM_TEXTURE2D_LINEAR_WIDTH
-        71 => 65000,                 // MAXIMUM_TEXTURE2D_LINEAR_HEIGHT
-        72 => 2_097_120,             // MAXIMUM_TEXTURE2D_LINEAR_PITCH
-        73 | 74 | 77 => 32768,       // MAXIMUM_TEXTURE*_MIPMAPPED_*
-        75 => 9,                     // COMPUTE_CAPABILITY_MAJOR
-        76 => 0,                     // COMPUTE_CAPABILITY_MINOR
-        78..=80 => 1,                // STREAM_PRIORITIES, GLOBAL_L1, LOCAL_L1
-        81 => 233_472,               // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-        82 => 65536,                 // MAX_REGISTERS_PER_MULTIPROCESSOR
-        83 => 1,                     // MANAGED_MEMORY
-        84 | 85 | 86 => 0,           // MULTI_GPU_BOARD(_GROUP_ID), HOST_NATIVE_ATOMIC
-        87 => 2,                     // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
-        88 => 0,                     // PAGEABLE_MEMORY_ACCESS: kernels cannot read pageable memory
-        89..=95 => 1,                // CONCURRENT_MANAGED_ACCESS .. COOPERATIVE_LAUNCH
-        96 => 1,                     // COOPERATIVE_MULTI_DEVICE_LAUNCH
-        97 => 232_448,               // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        98 => 0,                     // CAN_FLUSH_REMOTE_WRITES
-        99 => 1,                     // HOST_REGISTER_SUPPORTED
-        100 | 101 => 0,              // PAGEABLE_..._HOST_PAGE_TABLES, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
-        102 | 103 => 1,              // VIRTUAL_ADDRESS_MANAGEMENT, POSIX_FILE_DESCRIPTOR handles
-        104 | 105 => 0,              // WIN32 handles
-        106 => 32,                   // MAX_BLOCKS_PER_MULTIPROCESSOR
-        107 => 1,                    // GENERIC_COMPRESSION_SUPPORTED
-        108 => 32_505_856,           // MAX_PERSISTING_L2_CACHE_SIZE
-        109 => 134_213_632,          // MAX_ACCESS_POLICY_WINDOW_SIZE
-        110 => 1,                    // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-        111 => 1024,                 // RESERVED_SHARED_MEMORY_PER_BLOCK
+        1 => 1024,             // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,         // MAX_BLOCK_DIM_X, _Y
+        4 => 64,               // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,         // MAX_GRID_DIM_X
+        6 | 7 => 65535,        // MAX_GRID_DIM_Y, _Z
+        8 => 48 << 10,         // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 64 << 10,         // TOTAL_CONSTANT_MEMORY
+        10 => 32,              // WARP_SIZE
+        11 => i32::MAX,        // MAX_PITCH
+        12 => 65536,           // MAX_REGISTERS_PER_BLOCK
+        13 => 1_980_000,       // CLOCK_RATE (kHz)
+        14 | 30 => 512,        // TEXTURE_ALIGNMENT, SURFACE_ALIGNMENT
+        15 => 1,               // GPU_OVERLAP
+        16 => 132,             // MULTIPROCESSOR_COUNT
+        17 | 18 => 0,          // KERNEL_EXEC_TIMEOUT, INTEGRATED
+        19 => 1,               // CAN_MAP_HOST_MEMORY
+        20 => 0,               // COMPUTE_MODE (default)
+        21 | 22 => 131072,     // MAXIMUM_TEXTURE1D_WIDTH, 2D_WIDTH
+        23 => 65536,           // MAXIMUM_TEXTURE2D_HEIGHT
+        24..=26 => 16384,      // MAXIMUM_TEXTURE3D_*
+        27 | 28 => 32768,      // MAXIMUM_TEXTURE2D_LAYERED_WIDTH/HEIGHT
+        29 => 2048,            // MAXIMUM_TEXTURE2D_LAYERED_LAYERS
+        31 | 32 => 1,          // CONCURRENT_KERNELS, ECC_ENABLED
+        33..=35 => 0,          // PCI_BUS_ID, PCI_DEVICE_ID, TCC_DRIVER
+        36 => 2_619_000,       // MEMORY_CLOCK_RATE (kHz)
+        37 => 5120,            // GLOBAL_MEMORY_BUS_WIDTH
+        38 => 50 << 20,        // L2_CACHE_SIZE
+        39 => 2048,            // MAX_THREADS_PER_MULTIPROCESSOR
+        40 => 3,               // ASYNC_ENGINE_COUNT
+        41 => 1,               // UNIFIED_ADDRESSING
+        42 => 32768,           // MAXIMUM_TEXTURE1D_LAYERED_WIDTH
+        43 => 2048,            // MAXIMUM_TEXTURE1D_LAYERED_LAYERS
+        44 => 1,               // CAN_TEX2D_GATHER
+        45 | 46 => 32768,      // MAXIMUM_TEXTURE2D_GATHER_*
+        47 | 48 => 8192,       // MAXIMUM_TEXTURE3D_*_ALTERNATE
+        49 => 32768,           // MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE
+        50 => 0,               // PCI_DOMAIN_ID
+        51 => 32,              // TEXTURE_PITCH_ALIGNMENT
+        52 | 53 => 32768,      // MAXIMUM_TEXTURECUBEMAP_*
+        54 => 2046,            // MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS
+        55 => 32768,           // MAXIMUM_SURFACE1D_WIDTH
+        56 => 131072,          // MAXIMUM_SURFACE2D_WIDTH
+        57 => 65536,           // MAXIMUM_SURFACE2D_HEIGHT
+        58..=60 => 16384,      // MAXIMUM_SURFACE3D_*
+        61 => 32768,           // MAXIMUM_SURFACE1D_LAYERED_WIDTH
+        62 => 2048,            // MAXIMUM_SURFACE1D_LAYERED_LAYERS
+        63 | 64 => 32768,      // MAXIMUM_SURFACE2D_LAYERED_WIDTH/HEIGHT
+        65 => 2048,            // MAXIMUM_SURFACE2D_LAYERED_LAYERS
+        66 | 67 => 32768,      // MAXIMUM_SURFACECUBEMAP_*
+        68 => 2046,            // MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS
+        69 => 1 << 28,         // MAXIMUM_TEXTURE1D_LINEAR_WIDTH
+        70 => 131072,          // MAXIMUM_TEXTURE2D_LINEAR_WIDTH
+        71 => 65000,           // MAXIMUM_TEXTURE2D_LINEAR_HEIGHT
+        72 => 2_097_120,       // MAXIMUM_TEXTURE2D_LINEAR_PITCH
+        73 | 74 | 77 => 32768, // MAXIMUM_TEXTURE*_MIPMAPPED_*
+        75 => 9,               // COMPUTE_CAPABILITY_MAJOR
+        76 => 0,               // COMPUTE_CAPABILITY_MINOR
+        78..=80 => 1,          // STREAM_PRIORITIES, GLOBAL_L1, LOCAL_L1
+        81 => 233_472,         // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+        82 => 65536,           // MAX_REGISTERS_PER_MULTIPROCESSOR
+        83 => 1,               // MANAGED_MEMORY
+        84..=86 => 0,          // MULTI_GPU_BOARD(_GROUP_ID), HOST_NATIVE_ATOMIC
+        87 => 2,               // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
+        88 => 0,               // PAGEABLE_MEMORY_ACCESS: kernels cannot read pageable memory
+        89..=95 => 1,          // CONCURRENT_MANAGED_ACCESS .. COOPERATIVE_LAUNCH
+        96 => 1,               // COOPERATIVE_MULTI_DEVICE_LAUNCH
+        97 => 232_448,         // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        98 => 0,               // CAN_FLUSH_REMOTE_WRITES
+        99 => 1,               // HOST_REGISTER_SUPPORTED
+        100 | 101 => 0,        // PAGEABLE_..._HOST_PAGE_TABLES, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
+        102 | 103 => 1,        // VIRTUAL_ADDRESS_MANAGEMENT, POSIX_FILE_DESCRIPTOR handles
+        104 | 105 => 0,        // WIN32 handles
+        106 => 32,             // MAX_BLOCKS_PER_MULTIPROCESSOR
+        107 => 1,              // GENERIC_COMPRESSION_SUPPORTED
+        108 => 32_505_856,     // MAX_PERSISTING_L2_CACHE_SIZE
+        109 => 134_213_632,    // MAX_ACCESS_POLICY_WINDOW_SIZE
+        110 => 1,              // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+        111 => 1024,           // RESERVED_SHARED_MEMORY_PER_BLOCK
         112..=116 => 1, // SPARSE_CUDA_ARRAY .. MEMORY_POOLS_SUPPORTED, GPU_DIRECT_RDMA_SUPPORTED
         117 => 1,       // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
         118 => 0,       // GPU_DIRECT_RDMA_WRITES_ORDERING
@@ -346,7 +346,10 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
 /// # Safety
 /// `pool_out` must be NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetMemPool(
+    pool_out: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
     api("cuDeviceGetMemPool", || {
         require_init()?;
         check_device(dev)?;

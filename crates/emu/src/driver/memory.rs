@@ -63,7 +63,9 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 
 fn bad_free(call: &str, mem: &MemTable, addr: u64) {
     let what = match mem.find(addr) {
-        Some(a) if a.addr == addr => format!("{} (wrong kind of memory for this call)", a.describe()),
+        Some(a) if a.addr == addr => {
+            format!("{} (wrong kind of memory for this call)", a.describe())
+        }
         Some(a) => format!("{addr:#x}, inside {} but not its start", a.describe()),
         None => mem.describe(addr, 1),
     };
@@ -329,7 +331,14 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         unsafe {
             match attribute as i32 {
                 1 => out(data.cast::<CUcontext>(), a.ctx as CUcontext),
-                2 => out(data.cast::<u32>(), if matches!(a.kind, Kind::Pinned { .. }) { 1 } else { 2 }),
+                2 => out(
+                    data.cast::<u32>(),
+                    if matches!(a.kind, Kind::Pinned { .. }) {
+                        1
+                    } else {
+                        2
+                    },
+                ),
                 3 => out(data.cast::<CUdeviceptr>(), ptr),
                 4 if device => Err(CUDA_ERROR_INVALID_VALUE),
                 4 => out(data.cast::<*mut c_void>(), ptr as *mut c_void),
@@ -337,7 +346,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 7 => out(data.cast::<u64>(), a.id),
                 8 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Managed)),
                 9 => out(data.cast::<i32>(), DEVICE),
-                10 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Device { pooled: false })),
+                10 => out(
+                    data.cast::<u32>(),
+                    u32::from(a.kind == Kind::Device { pooled: false }),
+                ),
                 11 => out(data.cast::<CUdeviceptr>(), a.addr),
                 12 => out(data.cast::<usize>(), a.size),
                 13 => out(data.cast::<u32>(), 1),
@@ -467,10 +479,7 @@ fn endpoint(call: &str, which: &str, p: u64, len: usize, role: Role) -> R<Endpoi
     let registered = is_device_address(p) || mem.find(p).is_some();
     if !registered {
         if role == Role::Device {
-            eprintln!(
-                "devarrow-emu: {call}: the {which} {}",
-                mem.describe(p, len)
-            );
+            eprintln!("devarrow-emu: {call}: the {which} {}", mem.describe(p, len));
             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
         }
         return Ok(Endpoint::Host(p as usize));
@@ -551,9 +560,22 @@ fn copy(
 /// # Safety
 /// Host ranges must be valid for `ByteCount` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
     api("cuMemcpy", || {
-        copy("cuMemcpy", dst, Role::Any, src, Role::Any, ByteCount, std::ptr::null_mut(), true)
+        copy(
+            "cuMemcpy",
+            dst,
+            Role::Any,
+            src,
+            Role::Any,
+            ByteCount,
+            std::ptr::null_mut(),
+            true,
+        )
     })
 }
 
@@ -569,7 +591,16 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemcpyAsync", || {
-        copy("cuMemcpyAsync", dst, Role::Any, src, Role::Any, ByteCount, hStream, false)
+        copy(
+            "cuMemcpyAsync",
+            dst,
+            Role::Any,
+            src,
+            Role::Any,
+            ByteCount,
+            hStream,
+            false,
+        )
     })
 }
 
@@ -736,7 +767,7 @@ fn memset(
     if count == 0 {
         return Ok(());
     }
-    if dst % elem as u64 != 0 {
+    if !dst.is_multiple_of(elem as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let len = count.checked_mul(elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -765,7 +796,15 @@ fn memset(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) -> CUresult {
     api("cuMemsetD8_v2", || {
-        memset("cuMemsetD8_v2", dstDevice, [uc, 0, 0, 0], 1, N, std::ptr::null_mut(), true)
+        memset(
+            "cuMemsetD8_v2",
+            dstDevice,
+            [uc, 0, 0, 0],
+            1,
+            N,
+            std::ptr::null_mut(),
+            true,
+        )
     })
 }
 
@@ -781,7 +820,15 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemsetD8Async", || {
-        memset("cuMemsetD8Async", dstDevice, [uc, 0, 0, 0], 1, N, hStream, false)
+        memset(
+            "cuMemsetD8Async",
+            dstDevice,
+            [uc, 0, 0, 0],
+            1,
+            N,
+            hStream,
+            false,
+        )
     })
 }
 
@@ -790,10 +837,22 @@ pub unsafe extern "C" fn cuMemsetD8Async(
 /// # Safety
 /// None beyond the driver API's (the range is checked).
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD16_v2(dstDevice: CUdeviceptr, us: c_ushort, N: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD16_v2(
+    dstDevice: CUdeviceptr,
+    us: c_ushort,
+    N: usize,
+) -> CUresult {
     api("cuMemsetD16_v2", || {
         let b = us.to_ne_bytes();
-        memset("cuMemsetD16_v2", dstDevice, [b[0], b[1], 0, 0], 2, N, std::ptr::null_mut(), true)
+        memset(
+            "cuMemsetD16_v2",
+            dstDevice,
+            [b[0], b[1], 0, 0],
+            2,
+            N,
+            std::ptr::null_mut(),
+            true,
+        )
     })
 }
 
@@ -810,7 +869,15 @@ pub unsafe extern "C" fn cuMemsetD16Async(
 ) -> CUresult {
     api("cuMemsetD16Async", || {
         let b = us.to_ne_bytes();
-        memset("cuMemsetD16Async", dstDevice, [b[0], b[1], 0, 0], 2, N, hStream, false)
+        memset(
+            "cuMemsetD16Async",
+            dstDevice,
+            [b[0], b[1], 0, 0],
+            2,
+            N,
+            hStream,
+            false,
+        )
     })
 }
 
@@ -821,7 +888,15 @@ pub unsafe extern "C" fn cuMemsetD16Async(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) -> CUresult {
     api("cuMemsetD32_v2", || {
-        memset("cuMemsetD32_v2", dstDevice, ui.to_ne_bytes(), 4, N, std::ptr::null_mut(), true)
+        memset(
+            "cuMemsetD32_v2",
+            dstDevice,
+            ui.to_ne_bytes(),
+            4,
+            N,
+            std::ptr::null_mut(),
+            true,
+        )
     })
 }
 
@@ -837,6 +912,14 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemsetD32Async", || {
-        memset("cuMemsetD32Async", dstDevice, ui.to_ne_bytes(), 4, N, hStream, false)
+        memset(
+            "cuMemsetD32Async",
+            dstDevice,
+            ui.to_ne_bytes(),
+            4,
+            N,
+            hStream,
+            false,
+        )
     })
 }

@@ -60,7 +60,9 @@ fn load(pmod: *mut CUmodule, image: *const c_void) -> R {
             return Err(CUDA_ERROR_INVALID_PTX);
         }
         Err(p) => {
-            eprintln!("devarrow-emu: cuModuleLoadData: internal error: the PTX parser panicked: {p}");
+            eprintln!(
+                "devarrow-emu: cuModuleLoadData: internal error: the PTX parser panicked: {p}"
+            );
             return Err(CUDA_ERROR_INVALID_PTX);
         }
     };
@@ -246,7 +248,10 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
 /// # Safety
 /// None beyond the driver API's.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncSetCacheConfig(hfunc: CUfunction, _config: CUfunc_cache) -> CUresult {
+pub unsafe extern "C" fn cuFuncSetCacheConfig(
+    hfunc: CUfunction,
+    _config: CUfunc_cache,
+) -> CUresult {
     api("cuFuncSetCacheConfig", || {
         current_context()?;
         function(hfunc).map(|_| ())

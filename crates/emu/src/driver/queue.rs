@@ -280,7 +280,11 @@ impl Stream {
             } => {
                 // SAFETY: as for host functions (cuStreamAddCallback).
                 if let Err(p) = catch(|| unsafe {
-                    f(stream_handle as cudarc::driver::sys::CUstream, CUDA_SUCCESS, data as *mut c_void)
+                    f(
+                        stream_handle as cudarc::driver::sys::CUstream,
+                        CUDA_SUCCESS,
+                        data as *mut c_void,
+                    )
                 }) {
                     eprintln!("devarrow-emu: a stream callback panicked: {p}");
                 }

@@ -54,9 +54,7 @@ fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         let total_memory = match std::env::var("DEVARROW_EMU_MEM_BYTES") {
             Ok(v) => parse_bytes(&v).filter(|&b| b > 0).unwrap_or_else(|| {
-                eprintln!(
-                    "devarrow-emu: ignoring DEVARROW_EMU_MEM_BYTES={v:?} (not a byte count)"
-                );
+                eprintln!("devarrow-emu: ignoring DEVARROW_EMU_MEM_BYTES={v:?} (not a byte count)");
                 8 << 30
             }),
             Err(_) => 8 << 30,

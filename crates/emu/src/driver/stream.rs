@@ -3,9 +3,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
-use cudarc::driver::sys::{
-    CUcontext, CUevent, CUhostFn, CUresult, CUstream, CUstreamCallback,
-};
+use cudarc::driver::sys::{CUcontext, CUevent, CUhostFn, CUresult, CUstream, CUstreamCallback};
 
 use super::queue::{Event, Op, Stream};
 use super::state::*;
@@ -20,7 +18,13 @@ fn create_stream(phStream: *mut CUstream, flags: c_uint, priority: c_int) -> R {
     }
     let d = driver();
     let handle = d.new_handle();
-    let stream = Stream::spawn(handle, ctx.shared.clone(), flags, priority.clamp(-5, 0), false);
+    let stream = Stream::spawn(
+        handle,
+        ctx.shared.clone(),
+        flags,
+        priority.clamp(-5, 0),
+        false,
+    );
     lock(&ctx.streams).push(stream.clone());
     d.insert(handle, Object::Stream(stream));
     // SAFETY: the caller's out-pointer (non-NULL).
