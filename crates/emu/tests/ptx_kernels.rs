@@ -214,9 +214,9 @@ fn standard(items: u64) -> Geo {
 }
 
 /// The standard geometry and one other valid one: a single block, an odd-sized grid,
-/// blocks of 32 or of 1024 threads.
+/// blocks of 32 or of 1024 threads, or any multiple of 32 threads and a random grid.
 fn geometries(items: u64, rng: &mut SplitMix64) -> [Geo; 2] {
-    let alt = match rng.below(5) {
+    let alt = match rng.below(6) {
         0 => Geo {
             grid: 1,
             block: 256,
@@ -233,7 +233,13 @@ fn geometries(items: u64, rng: &mut SplitMix64) -> [Geo; 2] {
             grid: items.div_ceil(1024).clamp(1, 8 * SMS) as u32,
             block: 1024,
         },
-        _ => Geo { grid: 1, block: 32 },
+        _ => {
+            let block = 32 * (1 + rng.below(32) as u32);
+            Geo {
+                grid: items.div_ceil(block as u64).clamp(1, 1 + rng.below(40)) as u32,
+                block,
+            }
+        }
     };
     [standard(items), alt]
 }

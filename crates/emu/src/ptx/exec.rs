@@ -8,6 +8,9 @@ use std::sync::Mutex;
 use super::inst::*;
 use super::{Dims, ExecError, Fault, Memory};
 
+/// The byte shared memory starts filled with.
+const SHARED_POISON: u8 = 0xCD;
+
 /// Deepest `.func` call nesting before a thread faults.
 const MAX_CALL_DEPTH: usize = 1024;
 
@@ -464,7 +467,7 @@ impl Launch<'_> {
                         r!(s.q) = nv as u64;
                     }
                 }
-                Op::PredOp { op, d, a, b } => r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64,
+                Op::PredLogic { op, d, a, b } => r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64,
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
                 Op::Cvt {
                     d,
@@ -846,8 +849,9 @@ impl Launch<'_> {
         let nthreads = (bx * by * bz) as usize;
         let nwarps = nthreads.div_ceil(32);
         st.block = block;
+        // shared memory is undefined at block start: junk, not zeros
         st.shared.clear();
-        st.shared.resize(self.shared_bytes, 0);
+        st.shared.resize(self.shared_bytes, SHARED_POISON);
         st.threads.resize_with(nthreads, Thread::default);
         for (i, t) in st.threads.iter_mut().enumerate() {
             let i32_ = i as u32;

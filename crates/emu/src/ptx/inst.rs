@@ -228,7 +228,7 @@ pub(crate) enum Op {
         b: Slot,
     },
     SetpFull(Box<SetpFull>),
-    PredOp {
+    PredLogic {
         op: BoolOp,
         d: Slot,
         a: Slot,

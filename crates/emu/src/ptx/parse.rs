@@ -176,6 +176,16 @@ fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+/// The initial value of a register: PTX leaves registers undefined, so they start as
+/// junk (predicates as false) rather than zero, which a kernel must not rely on.
+fn poison(bits: u8) -> u64 {
+    if bits == 1 {
+        0
+    } else {
+        0xDEAD_BEEF_DEAD_BEEF & mask(bits)
+    }
+}
+
 fn mask(bits: u8) -> u64 {
     if bits >= 64 {
         u64::MAX
@@ -858,7 +868,7 @@ impl<'a> Parser<'a> {
             return perr(line, format!("`{name}` is a special register"));
         }
         let slot = fc
-            .new_slot(SlotKind::Reg(bits), 0)
+            .new_slot(SlotKind::Reg(bits), poison(bits))
             .map_err(|m| ParseError { line, message: m })?;
         self.declare(fc, name, Sym::Reg { slot, bits }, line)
     }
@@ -1224,7 +1234,7 @@ impl<'a> Parser<'a> {
                         "or" => BoolOp::Or,
                         _ => BoolOp::Xor,
                     };
-                    return Ok(Op::PredOp { op, d, a, b });
+                    return Ok(Op::PredLogic { op, d, a, b });
                 }
                 let t = int_ty!(|_| true);
                 let op = match base {
