@@ -1234,84 +1234,155 @@ fn invalid_launches_are_rejected() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Speed (run with `cargo test --release -p devarrow-emu --test ptx_kernels -- --ignored --nocapture`)
+// Large inputs and speed (run with
+// `cargo test -p devarrow-emu --test ptx_kernels -- --ignored --nocapture`)
 // ---------------------------------------------------------------------------------------
+
+/// Launches with the geometry of a 132-multiprocessor GPU (H100), reporting speed.
+fn timed(m: &Module, name: &str, items: u64, params: &[Vec<u8>], mem: &TestMem, workers: usize) {
+    let grid = items.div_ceil(BLOCK_SIZE as u64).clamp(1, 8 * 132) as u32;
+    let dims = Dims {
+        grid: [grid, 1, 1],
+        block: [BLOCK_SIZE, 1, 1],
+        shared_bytes: 0,
+    };
+    let t = Instant::now();
+    let s = m
+        .launch_with_stats(name, dims, params, mem, workers)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let dt = t.elapsed().as_secs_f64();
+    println!(
+        "{name:<24} workers {workers}: {dt:6.2} s, {:6} M instructions, {:4.0} M instructions/s",
+        s.instructions / 1_000_000,
+        s.instructions as f64 / dt / 1e6
+    );
+}
 
 #[test]
 #[ignore]
-fn interpreter_speed() {
+fn large_inputs_and_speed() {
+    const MIB: u64 = 1 << 20;
     let mut rng = SplitMix64(19);
-    let n: u64 = 16 << 20;
+    let n = 64 * MIB;
     let data = rng.bytes(n as usize + 64);
-    for workers in [1usize, 0] {
-        for (what, sa, da) in [("aligned copy", 0u64, 0u64), ("shifted copy", 3, 0)] {
-            let mut mem = TestMem::new();
-            mem.map(SRC, &data[..n as usize + 16], Access::Read);
-            mem.map(DST, &vec![0; n as usize + 16], Access::Write);
-            let segs = [CopySegment {
+    let workers = std::env::var("EMU_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for (sa, da) in [(0u64, 0u64), (3, 0)] {
+        let mut mem = TestMem::new();
+        mem.map(SRC + sa, &data[..n as usize], Access::Read);
+        mem.map(DST + da, &vec![0; n as usize], Access::Write);
+        let pieces = split_segments(
+            &[CopySegment {
                 src: SRC + sa,
                 dst: DST + da,
                 len: n,
-            }];
-            let pieces = split_segments(&segs, MAX_COPY_PIECE);
-            let table: Vec<u8> = pieces
-                .iter()
-                .flat_map(|p| [p.src, p.dst, p.len])
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            mem.map(TABLE, &table, Access::Read);
-            let geo = standard(32 * pieces.len() as u64);
-            let dims = Dims {
-                grid: [geo.grid, 1, 1],
-                block: [geo.block, 1, 1],
-                shared_bytes: 0,
-            };
-            let t = Instant::now();
-            let s = copy_module()
-                .launch_with_stats(
-                    "dvx_batched_copy",
-                    dims,
-                    &[p64(TABLE), p64(pieces.len() as u64)],
-                    &mem,
-                    workers,
-                )
-                .unwrap();
-            let dt = t.elapsed().as_secs_f64();
-            println!(
-                "{what} of {} MiB, workers {workers}: {:.2} s, {} M instructions, {:.0} M instructions/s",
-                n >> 20,
-                dt,
-                s.instructions / 1_000_000,
-                s.instructions as f64 / dt / 1e6
-            );
-        }
+            }],
+            MAX_COPY_PIECE,
+        );
+        let table: Vec<u8> = pieces
+            .iter()
+            .flat_map(|p| [p.src, p.dst, p.len])
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        mem.map(TABLE, &table, Access::Read);
+        let np = pieces.len() as u64;
+        timed(
+            copy_module(),
+            "dvx_batched_copy",
+            32 * np,
+            &[p64(TABLE), p64(np)],
+            &mem,
+            workers,
+        );
+        assert!(
+            mem.bytes(DST + da, n) == data[..n as usize],
+            "batched copy sa {sa}"
+        );
+    }
+    {
         let mut mem = TestMem::new();
-        mem.map(SRC, &data[..n as usize], Access::Read);
+        mem.map(SRC + 5, &data[..n as usize], Access::Read);
         mem.map(OUT, &[0; 8], Access::ReadWrite);
         let len = 8 * n - 20;
-        let geo = standard(len.div_ceil(128) + 1);
-        let dims = Dims {
-            grid: [geo.grid, 1, 1],
-            block: [geo.block, 1, 1],
-            shared_bytes: 0,
-        };
-        let t = Instant::now();
-        let s = validity_module()
-            .launch_with_stats(
-                "dvx_count_set_bits",
-                dims,
-                &[p64(SRC), p64(3), p64(len), p64(OUT)],
-                &mem,
-                workers,
-            )
-            .unwrap();
-        let dt = t.elapsed().as_secs_f64();
-        println!(
-            "count_set_bits of {} MiB, workers {workers}: {:.2} s, {} M instructions, {:.0} M instructions/s",
-            n >> 20,
-            dt,
-            s.instructions / 1_000_000,
-            s.instructions as f64 / dt / 1e6
+        timed(
+            validity_module(),
+            "dvx_count_set_bits",
+            len.div_ceil(128) + 1,
+            &[p64(SRC + 5), p64(3), p64(len), p64(OUT)],
+            &mem,
+            workers,
         );
+        let got = u64::from_le_bytes(mem.bytes(OUT, 8).try_into().unwrap());
+        assert_eq!(got, naive::count_set_bits(&data, 3, len as usize));
+    }
+    {
+        let mut mem = TestMem::new();
+        mem.map(SRC + 1, &data[..n as usize], Access::Read);
+        let len = 8 * n - 30;
+        let out = len.div_ceil(8);
+        mem.map(DST, &vec![0; out as usize], Access::Write);
+        timed(
+            validity_module(),
+            "dvx_copy_bitmap",
+            out.div_ceil(16),
+            &[p64(SRC + 1), p64(13), p64(len), p64(DST)],
+            &mem,
+            workers,
+        );
+        assert!(mem.bytes(DST, out) == naive::copy_bitmap(&data, 13, len as usize));
+    }
+    {
+        let bits = 8 * n / 4;
+        let mut mem = TestMem::new();
+        mem.map(SRC, &data[..(bits / 8) as usize + 1], Access::Read);
+        mem.map(DST, &vec![0; bits as usize], Access::Write);
+        timed(
+            validity_module(),
+            "dvx_unpack_bits",
+            bits.div_ceil(32),
+            &[p64(SRC), p64(5), p64(bits), p64(DST)],
+            &mem,
+            workers,
+        );
+        assert!(mem.bytes(DST, bits) == naive::unpack_bits(&data, 5, bits as usize));
+    }
+    {
+        let mut mem = TestMem::new();
+        mem.map(SRC, &data[..n as usize], Access::Read);
+        mem.map(DST, &vec![0; (n / 8) as usize], Access::Write);
+        timed(
+            validity_module(),
+            "dvx_pack_bools",
+            n.div_ceil(32),
+            &[p64(SRC), p64(n), p64(DST)],
+            &mem,
+            workers,
+        );
+        assert!(mem.bytes(DST, n / 8) == naive::pack_bools(&data[..n as usize]));
+    }
+    for (sa, da) in [(4u64, 4u64), (0, 4)] {
+        let cnt = n / 4;
+        let mut mem = TestMem::new();
+        mem.map(SRC + sa, &data[..n as usize], Access::Read);
+        mem.map(DST + da, &vec![0; n as usize], Access::Write);
+        timed(
+            copy_module(),
+            "dvx_rebase_offsets_i32",
+            cnt.div_ceil(4),
+            &[p64(SRC + sa), p64(cnt), p32(12345), p64(DST + da)],
+            &mem,
+            workers,
+        );
+        let v: Vec<i32> = data[..n as usize]
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want: Vec<u8> = naive::rebase_offsets_i32(&v, 12345)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert!(mem.bytes(DST + da, n) == want, "rebase sa {sa} da {da}");
     }
 }

@@ -86,10 +86,21 @@ fn ext(v: u64, size: u8, signed: bool, dbits: u8) -> u64 {
     }
 }
 
+/// The little-endian value of 1, 2, 4 or 8 bytes.
+#[inline(always)]
 fn le(buf: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b[..buf.len()].copy_from_slice(buf);
-    u64::from_le_bytes(b)
+    match *buf {
+        [a] => a as u64,
+        [a, b] => u16::from_le_bytes([a, b]) as u64,
+        [a, b, c, d] => u32::from_le_bytes([a, b, c, d]) as u64,
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => {
+            let mut b = [0u8; 8];
+            let n = buf.len().min(8);
+            b[..n].copy_from_slice(&buf[..n]);
+            u64::from_le_bytes(b)
+        }
+    }
 }
 
 fn misaligned(addr: u64, size: usize, store: bool) -> Fault {
@@ -276,42 +287,44 @@ fn boolop(op: BoolOp, a: bool, b: bool) -> bool {
     }
 }
 
-/// `bfe`: `len` bits of `a` from `pos` (both limited to 0..255), sign-extended from the
-/// last extracted bit when signed.
+fn low_mask(n: u32) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// `bfe`: `len` bits of `a` (`bits` wide) from `pos` (both taken modulo 256), zero- or
+/// sign-extended (from bit `min(pos + len - 1, msb)`) to `bits`.
 fn bfe(a: u64, pos: u32, len: u32, signed: bool, bits: u32) -> u64 {
     let pos = pos & 0xff;
     let len = len & 0xff;
-    let msb = bits - 1;
-    let sbit = if !signed || len == 0 {
-        0
-    } else {
-        (a >> (pos + len - 1).min(msb)) & 1
-    };
-    let mut d = 0u64;
-    for i in 0..bits {
-        let bit = if i < len && pos + i <= msb {
-            (a >> (pos + i)) & 1
-        } else {
-            sbit
-        };
-        d |= bit << i;
+    if len == 0 {
+        return 0;
     }
-    d
+    let msb = bits - 1;
+    // the bits that come from `a`
+    let n = if pos > msb { 0 } else { len.min(bits - pos) };
+    let field = if n == 0 { 0 } else { (a >> pos) & low_mask(n) };
+    let sbit = signed && (a >> (pos + len - 1).min(msb)) & 1 == 1;
+    if sbit {
+        (field | !low_mask(n)) & low_mask(bits)
+    } else {
+        field
+    }
 }
 
-/// `bfi`: `b` with `len` bits at `pos` replaced by the low bits of `a`.
+/// `bfi`: `b` with the bits `[pos, pos + len)` (those below `bits`) replaced by the low
+/// bits of `a`.
 fn bfi(a: u64, b: u64, pos: u32, len: u32, bits: u32) -> u64 {
     let pos = pos & 0xff;
     let len = len & 0xff;
-    let mut d = b;
-    for i in 0..len {
-        if pos + i >= bits {
-            break;
-        }
-        let bit = (a >> i) & 1;
-        d = (d & !(1u64 << (pos + i))) | (bit << (pos + i));
+    if pos >= bits {
+        return b;
     }
-    d
+    let m = low_mask(len.min(bits - pos)) << pos;
+    (b & !m) | ((a << pos) & m)
 }
 
 /// `shf.{l,r}.{clamp,wrap}.b32 d, a, b, c`.
@@ -325,8 +338,27 @@ fn shf(left: bool, clamp: bool, a: u32, b: u32, c: u32) -> u32 {
     }
 }
 
-fn write_bytes(params: &mut [u8], off: usize, v: u64, size: usize) {
-    params[off..off + size].copy_from_slice(&v.to_le_bytes()[..size]);
+/// Writes the low `size` (1, 2, 4 or 8) bytes of `v` at `buf[off..]`, little-endian.
+#[inline(always)]
+fn write_bytes(buf: &mut [u8], off: usize, v: u64, size: usize) {
+    match size {
+        1 => buf[off] = v as u8,
+        2 => buf[off..off + 2].copy_from_slice(&(v as u16).to_le_bytes()),
+        4 => buf[off..off + 4].copy_from_slice(&(v as u32).to_le_bytes()),
+        8 => buf[off..off + 8].copy_from_slice(&v.to_le_bytes()),
+        _ => buf[off..off + size].copy_from_slice(&v.to_le_bytes()[..size.min(8)]),
+    }
+}
+
+/// Copies `size` bytes within `buf` (parameter passing: usually one scalar).
+#[inline(always)]
+fn copy_param(buf: &mut [u8], src: usize, dst: usize, size: usize) {
+    if size <= 8 && size.is_power_of_two() {
+        let v = le(&buf[src..src + size]);
+        write_bytes(buf, dst, v, size);
+    } else {
+        buf.copy_within(src..src + size, dst);
+    }
 }
 
 impl Launch<'_> {
@@ -359,9 +391,11 @@ impl Launch<'_> {
         let params = &mut t.params;
         let stack = &mut t.stack;
         let mut count: u64 = 0;
+        // the current frame's registers (re-sliced after calls and returns)
+        let mut fr: &mut [u64] = &mut regs[rb..];
         macro_rules! r {
             ($s:expr) => {
-                regs[rb + $s as usize]
+                fr[$s as usize]
             };
         }
         macro_rules! fail {
@@ -467,7 +501,9 @@ impl Launch<'_> {
                         r!(s.q) = nv as u64;
                     }
                 }
-                Op::PredLogic { op, d, a, b } => r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64,
+                Op::PredLogic { op, d, a, b } => {
+                    r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64
+                }
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
                 Op::Cvt {
                     d,
@@ -545,7 +581,7 @@ impl Launch<'_> {
                     let es = *esize as usize;
                     let mut buf = [0u8; 16];
                     for (k, &s) in a.iter().take(*n as usize).enumerate() {
-                        buf[k * es..(k + 1) * es].copy_from_slice(&r!(s).to_le_bytes()[..es]);
+                        write_bytes(&mut buf, k * es, r!(s), es);
                     }
                     if let Err(f) = store(self, shared, *space, addr, &buf[..es * *n as usize]) {
                         fail!(f);
@@ -631,18 +667,19 @@ impl Launch<'_> {
                     }
                     let nrb = regs.len();
                     let npb = params.len();
-                    regs.extend_from_slice(&callee.init);
-                    regs.copy_within(rb..rb + NSPECIAL, nrb);
+                    // the callee's frame: the same special registers, then its own slots
+                    regs.extend_from_within(rb..rb + NSPECIAL);
+                    regs.extend_from_slice(&callee.init[NSPECIAL..]);
                     params.resize(npb + callee.param_bytes as usize, 0);
                     for (arg, &(foff, fsize)) in ci.args.iter().zip(&callee.args) {
                         let dst = npb + foff as usize;
                         match *arg {
                             ArgRef::Param { off, .. } => {
                                 let src = pb + off as usize;
-                                params.copy_within(src..src + fsize as usize, dst);
+                                copy_param(params, src, dst, fsize as usize);
                             }
                             ArgRef::Slot { slot, .. } => {
-                                write_bytes(params, dst, r!(slot), fsize as usize)
+                                write_bytes(params, dst, regs[rb + slot as usize], fsize as usize)
                             }
                         }
                     }
@@ -654,21 +691,22 @@ impl Launch<'_> {
                     });
                     rb = nrb;
                     pb = npb;
+                    fr = &mut regs[rb..];
                     pc = callee.entry_pc as usize;
                     continue;
                 }
                 Op::Ret => {
-                    let Some(fr) = stack.pop() else {
+                    let Some(frame) = stack.pop() else {
                         break Status::Exited;
                     };
-                    let ci = &prog.calls[fr.call as usize];
+                    let ci = &prog.calls[frame.call as usize];
                     let callee = &prog.funcs[ci.func as usize];
-                    let (crb, cpb) = (fr.rb as usize, fr.pb as usize);
+                    let (crb, cpb) = (frame.rb as usize, frame.pb as usize);
                     for (ret, &(foff, fsize)) in ci.rets.iter().zip(&callee.rets) {
                         let src = pb + foff as usize;
                         match *ret {
                             ArgRef::Param { off, .. } => {
-                                params.copy_within(src..src + fsize as usize, cpb + off as usize);
+                                copy_param(params, src, cpb + off as usize, fsize as usize);
                             }
                             ArgRef::Slot { slot, .. } => {
                                 regs[crb + slot as usize] = le(&params[src..src + fsize as usize]);
@@ -679,7 +717,8 @@ impl Launch<'_> {
                     params.truncate(pb);
                     rb = crb;
                     pb = cpb;
-                    pc = fr.ret_pc as usize;
+                    fr = &mut regs[rb..];
+                    pc = frame.ret_pc as usize;
                     continue;
                 }
                 Op::Exit => break Status::Exited,
