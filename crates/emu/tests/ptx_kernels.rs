@@ -975,6 +975,83 @@ fn dynamic_shared_memory_follows_static() {
     }
 }
 
+#[test]
+fn three_dimensional_indices() {
+    let src = ".version 7.0\n.target sm_70\n.address_size 64\n\
+               .visible .entry k(.param .u64 p_out)\n{\n.reg .b32 %r<20>;\n.reg .b64 %rd<8>;\n\
+               ld.param.u64 %rd0, [p_out];\n\
+               mov.u32 %r1, %tid.x; mov.u32 %r2, %tid.y; mov.u32 %r3, %tid.z;\n\
+               mov.u32 %r4, %ntid.x; mov.u32 %r5, %ntid.y; mov.u32 %r6, %ntid.z;\n\
+               mov.u32 %r7, %ctaid.x; mov.u32 %r8, %ctaid.y; mov.u32 %r9, %ctaid.z;\n\
+               mov.u32 %r10, %nctaid.x; mov.u32 %r11, %nctaid.y; mov.u32 %r12, %laneid; mov.u32 %r13, %warpid;\n\
+               // linear block and thread ids\n\
+               mad.lo.u32 %r14, %r9, %r11, %r8; mad.lo.u32 %r14, %r14, %r10, %r7;\n\
+               mad.lo.u32 %r15, %r3, %r5, %r2; mad.lo.u32 %r15, %r15, %r4, %r1;\n\
+               mul.lo.u32 %r16, %r4, %r5; mul.lo.u32 %r16, %r16, %r6;\n\
+               mad.lo.u32 %r17, %r14, %r16, %r15;\n\
+               // out[global] = laneid | warpid << 8 | linear thread << 16\n\
+               shl.b32 %r18, %r13, 8; or.b32 %r18, %r18, %r12; shl.b32 %r19, %r15, 16; or.b32 %r18, %r18, %r19;\n\
+               mul.wide.u32 %rd1, %r17, 4; add.u64 %rd1, %rd0, %rd1; st.global.u32 [%rd1], %r18;\n\
+               ret;\n}\n";
+    let m = Module::parse(src).unwrap();
+    let (grid, block) = ([3u32, 2, 2], [5u32, 4, 3]);
+    let per_block = 60u64;
+    let total = 12 * per_block;
+    let mut mem = TestMem::new();
+    mem.map_dst(OUT, 4 * total);
+    m.launch(
+        "k",
+        Dims {
+            grid,
+            block,
+            shared_bytes: 0,
+        },
+        &[p64(OUT)],
+        &mem,
+    )
+    .unwrap();
+    let (got, guards) = mem.dst(OUT, 4 * total);
+    assert!(guards);
+    for (i, w) in got.chunks(4).enumerate() {
+        let w = u32::from_le_bytes(w.try_into().unwrap());
+        let t = (i as u64 % per_block) as u32;
+        assert_eq!(w, (t % 32) | (t / 32) << 8 | t << 16, "thread {i}");
+    }
+}
+
+#[test]
+fn empty_inputs_do_nothing() {
+    // lengths of 0 (the Rust side launches nothing then, but the kernels must cope);
+    // the destination is empty, so any store hits a guard or faults
+    let mut rng = SplitMix64(20);
+    let geo = Geo {
+        grid: 1,
+        block: 256,
+    };
+    check_copy_bitmap(&mut rng, 0, 5, 3, 0, geo);
+    check_unpack(&mut rng, 0, 5, 3, 0, geo);
+    check_pack(&mut rng, 0, 0, 0, geo);
+    check_rebase::<4>(&mut rng, 0, 4, 4, false, geo);
+    check_rebase::<4>(&mut rng, 0, 4, 8, false, geo);
+    check_rebase::<8>(&mut rng, 0, 8, 8, false, geo);
+    let mut mem = TestMem::new();
+    mem.map(TABLE, &[0; 24], Access::Read);
+    run(
+        copy_module(),
+        "dvx_batched_copy",
+        geo,
+        &[p64(TABLE), p64(0)],
+        &mem,
+    )
+    .unwrap();
+}
+
+#[test]
+fn modules_are_shared_between_threads() {
+    fn check<T: Send + Sync>() {}
+    check::<Module>();
+}
+
 // ---------------------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------------------

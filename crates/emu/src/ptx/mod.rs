@@ -5,6 +5,38 @@
 //! - [`Module::kernel`] describes one `.entry`: its parameters' sizes in order.
 //! - [`Module::launch`] runs a grid to completion on the calling thread, reading and
 //!   writing global memory only through a [`Memory`].
+//!
+//! # How it works
+//!
+//! Parsing resolves every name: registers become slots of a flat per-frame `u64` array
+//! (immediates and the special registers `%tid`, `%ntid`, `%ctaid`, `%nctaid`,
+//! `%laneid`, `%warpid`, `%nwarpid` are slots too), labels become instruction indices,
+//! `.param` names become byte offsets and calls become argument layouts. Anything it does
+//! not implement is a [`ParseError`] naming the line — never ignored.
+//!
+//! Blocks run in parallel on host threads (one per available core, or
+//! [`Module::launch_with_stats`]'s limit). Within a block each thread runs alone until it
+//! exits or reaches a collective, then the collectives whose participants have all
+//! arrived complete:
+//! - `shfl.sync` exchanges within a warp (32 consecutive linear thread ids) once every
+//!   lane of its membermask waits at a `shfl.sync` with the same mask; a lane of the mask
+//!   that exited or does not exist (a partial warp) makes it a [`ExecError::Deadlock`],
+//!   as does a mask without the executing lane. Results follow the ISA's pseudocode
+//!   (`c` packs the clamp value and the segment mask).
+//! - `bar.sync` completes once every non-exited thread of the block waits at the same
+//!   barrier.
+//!
+//! If no thread can continue, the launch fails with [`ExecError::Deadlock`].
+//!
+//! Memory: every global access goes through [`Memory`] with its full size (a `.v4.u32`
+//! is one 16-byte access) after the interpreter checked natural alignment (address a
+//! multiple of the access size, as the hardware requires). Shared memory is per block:
+//! the module's static `.shared` variables from address 0, then `dims.shared_bytes` of
+//! dynamic (`.extern .shared`) memory, every access bounds- and alignment-checked.
+//! Generic addresses (`ld` without a state space) are global addresses and
+//! `cvta.to.global` is the identity. Registers start as junk (`0xDEADBEEF...`,
+//! predicates false) and shared memory as `0xCD` bytes, as nothing may rely on their
+//! initial values.
 
 use thiserror::Error;
 
