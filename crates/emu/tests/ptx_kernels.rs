@@ -853,12 +853,19 @@ fn sign_extending_loads_and_calls() {
     let body = "mov.u32 %r1, 0xFF; st.global.u8 [%rd0], %r1; ld.global.s8 %r2, [%rd0]; cvt.s64.s32 %rd1, %r2;\n\
                 st.global.u64 [%rd0], %rd1;\n\
                 ld.global.u16 %r3, [%rd0+2]; cvt.u64.u32 %rd2, %r3; st.global.u64 [%rd0+8], %rd2;\n\
+                ld.global.s32 %rd5, [%rd0+4]; st.global.u32 [%rd0+24], %rd5; ld.global.u32 %rd6, [%rd0+4];\n\
+                sub.u64 %rd5, %rd5, %rd6; st.global.u64 [%rd0+32], %rd5;\n\
                 { .param .b64 pa; .param .b32 pb; .param .b64 pr;\n\
                   mov.u64 %rd3, 1000; st.param.b64 [pa], %rd3; st.param.b32 [pb], 7;\n\
                   call (pr), f, (pa, pb); ld.param.b64 %rd4, [pr]; }\n\
                 st.global.u64 [%rd0+16], %rd4;";
-    let got = run_snippet(decls, body, 1, 3);
-    assert_eq!(got, vec![u64::MAX, 0xFFFF, 1007]);
+    let got = run_snippet(decls, body, 1, 5);
+    // ld.s32 into a 64-bit register sign-extends, ld.u32 zero-extends; st.u32 of a
+    // 64-bit register stores its low half
+    assert_eq!(
+        got,
+        vec![u64::MAX, 0xFFFF, 1007, 0xFFFF_FFFF, 0xFFFF_FFFF_0000_0000]
+    );
 }
 
 /// CUDA's `__shfl_*_sync(var, x, width)` definitions, to check the interpreter's

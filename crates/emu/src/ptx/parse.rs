@@ -1772,11 +1772,10 @@ impl<'a> Parser<'a> {
             return unsupported();
         }
         let size = t.bytes() as u8;
-        let w = if t.bits >= 32 {
-            W::Exact(t.bits)
-        } else {
-            W::AtLeast(t.bits)
-        };
+        // scalars: a register wider than the type is zero- or sign-extended (ld) or
+        // truncated (st); vector elements must have the type's width
+        let ws = W::AtLeast(t.bits);
+        let w = if t.bits >= 32 { W::Exact(t.bits) } else { ws };
         if (size as u32) * (vec as u32) > 16 {
             return perr(
                 line,
@@ -1800,7 +1799,7 @@ impl<'a> Parser<'a> {
             }
             let (kernel, off) = self.param_address(fc, addr, size as u32, line)?;
             if is_ld {
-                let (d, dbits) = self.dst(fc, data, w, line)?;
+                let (d, dbits) = self.dst(fc, data, ws, line)?;
                 return Ok(Op::LdParam {
                     kernel,
                     size,
@@ -1813,14 +1812,14 @@ impl<'a> Parser<'a> {
             if kernel {
                 return perr(line, "kernel parameters are read-only");
             }
-            let a = self.src(fc, data, w, line)?;
+            let a = self.src(fc, data, ws, line)?;
             return Ok(Op::StParam { size, a, off });
         }
         let space = space.unwrap_or(Space::Global);
         let (base, off) = self.address(fc, addr, space, line)?;
         if vec == 1 {
             return if is_ld {
-                let (d, dbits) = self.dst(fc, data, w, line)?;
+                let (d, dbits) = self.dst(fc, data, ws, line)?;
                 Ok(Op::Ld {
                     space,
                     size,
@@ -1831,7 +1830,7 @@ impl<'a> Parser<'a> {
                     off,
                 })
             } else {
-                let a = self.src(fc, data, w, line)?;
+                let a = self.src(fc, data, ws, line)?;
                 Ok(Op::St {
                     space,
                     size,
