@@ -991,27 +991,36 @@ pub(crate) fn launch(
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<(u64, ExecError)>> = Mutex::new(None);
     let total = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                let mut st = BlockState::default();
-                while !stop.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= nblocks {
-                        break;
-                    }
-                    if let Err(e) = l.run_block(&mut st, index(i)) {
-                        stop.store(true, Ordering::Relaxed);
-                        let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
-                        if g.as_ref().is_none_or(|(j, _)| i < *j) {
-                            *g = Some((i, e));
-                        }
-                        break;
-                    }
+    let work = || {
+        let mut st = BlockState::default();
+        while !stop.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= nblocks {
+                break;
+            }
+            if let Err(e) = l.run_block(&mut st, index(i)) {
+                stop.store(true, Ordering::Relaxed);
+                let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                if g.as_ref().is_none_or(|(j, _)| i < *j) {
+                    *g = Some((i, e));
                 }
-                total.fetch_add(st.executed, Ordering::Relaxed);
-            });
+                break;
+            }
         }
+        total.fetch_add(st.executed, Ordering::Relaxed);
+    };
+    std::thread::scope(|s| {
+        // the calling thread is one of the workers; fewer helpers if the OS refuses some
+        for _ in 1..workers {
+            if std::thread::Builder::new()
+                .name("ptx-block".into())
+                .spawn_scoped(s, work)
+                .is_err()
+            {
+                break;
+            }
+        }
+        work();
     });
     match first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some((_, e)) => Err(e),
