@@ -11,7 +11,6 @@ use cudarc::driver::sys::{
 
 use crate::ptx::{self, Dims};
 
-use super::device::attribute_value;
 use super::queue::Op;
 use super::state::*;
 
@@ -31,12 +30,17 @@ pub(crate) struct Function {
     pub name: String,
     /// The size of each parameter, in order.
     pub params: Vec<usize>,
+    /// Bytes of static `.shared` memory per block.
+    static_shared: i32,
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
     max_dynamic_shared: AtomicI32,
 }
 
-/// The default dynamic shared memory limit of a launch (48 KiB).
-const DEFAULT_DYNAMIC_SHARED: i32 = 48 << 10;
+/// Shared memory a block may use (static and dynamic) without opting in: 48 KiB.
+const DEFAULT_SHARED: i32 = 48 << 10;
+
+/// Shared memory a block may use after opting in (`cuFuncSetAttribute`).
+const OPTIN_SHARED: i32 = 227 << 10;
 
 fn load(pmod: *mut CUmodule, image: *const c_void) -> R {
     let ctx = current_context()?;
@@ -156,8 +160,13 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         let handle = match functions.get(name) {
             Some(&h) => h,
             None => {
-                let params = match catch(|| m.ptx.kernel(name).map(|p| p.to_vec())) {
-                    Ok(Some(params)) => params,
+                let found = catch(|| {
+                    m.ptx
+                        .kernel(name)
+                        .map(|p| (p.to_vec(), m.ptx.static_shared_bytes()))
+                });
+                let (params, static_shared) = match found {
+                    Ok(Some(found)) => found,
                     Ok(None) => return Err(CUDA_ERROR_NOT_FOUND),
                     Err(p) => {
                         eprintln!("devarrow-emu: cuModuleGetFunction: internal error: {p}");
@@ -173,7 +182,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(
                         module: m.clone(),
                         name: name.to_string(),
                         params: params.iter().map(|p| p.size).collect(),
-                        max_dynamic_shared: AtomicI32::new(DEFAULT_DYNAMIC_SHARED),
+                        static_shared: static_shared as i32,
+                        max_dynamic_shared: AtomicI32::new(
+                            (DEFAULT_SHARED - static_shared as i32).max(0),
+                        ),
                     })),
                 );
                 functions.insert(name.to_string(), handle);
@@ -207,7 +219,8 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
         let f = function(hfunc)?;
         let v = match attrib as u32 {
             0 => 1024,
-            1..=3 => 0,
+            1 => f.static_shared,
+            2 | 3 => 0,
             4 => 32,
             5 => 70,
             6 => 90,
@@ -234,7 +247,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
         current_context()?;
         let f = function(hfunc)?;
         if attrib as u32 == 8 {
-            if !(0..=attribute_value(97)).contains(&value) {
+            if !(0..=OPTIN_SHARED - f.static_shared).contains(&value) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             f.max_dynamic_shared.store(value, Ordering::Relaxed);

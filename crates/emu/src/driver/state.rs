@@ -248,8 +248,9 @@ pub(crate) struct Driver {
     pub mem: MemTable,
 }
 
+static DRIVER: OnceLock<Driver> = OnceLock::new();
+
 pub(crate) fn driver() -> &'static Driver {
-    static DRIVER: OnceLock<Driver> = OnceLock::new();
     DRIVER.get_or_init(|| Driver {
         initialized: AtomicBool::new(false),
         primary: Mutex::new(Primary::default()),
@@ -345,7 +346,20 @@ impl Driver {
     /// Waits for the context's work, then frees everything it owns.
     fn destroy_context(&self, ctx: &Arc<Context>) {
         ctx.shared.destroyed.store(true, Ordering::Release);
-        self.remove_all_of(ctx.handle());
+        let left = self.remove_all_of(ctx.handle());
+        let owns_memory = || self.mem.snapshot().iter().any(|a| a.ctx == ctx.handle());
+        if report_leaks() && (left.len() > 1 || owns_memory()) {
+            let left = left
+                .iter()
+                .filter(|o| !matches!(o, Object::Context(_)))
+                .cloned()
+                .collect::<Vec<_>>();
+            self.report(
+                "at the destruction of the primary context",
+                &left,
+                Some(ctx.handle()),
+            );
+        }
         for s in ctx.all_streams() {
             s.shutdown();
         }
@@ -356,6 +370,76 @@ impl Driver {
         self.mem.free_all_of(ctx.handle());
     }
 }
+
+/// Whether `DEVARROW_EMU_REPORT_LEAKS` is set: what is still alive when the primary
+/// context is destroyed, and at process exit, is then printed to stderr.
+fn report_leaks() -> bool {
+    static REPORT: OnceLock<bool> = OnceLock::new();
+    *REPORT.get_or_init(|| std::env::var_os("DEVARROW_EMU_REPORT_LEAKS").is_some())
+}
+
+impl Driver {
+    /// Prints the objects and allocations (of context `ctx`, or all) still alive.
+    fn report(&self, when: &str, objects: &[Object], ctx: Option<u64>) {
+        let mut counts = [0usize; 4];
+        for o in objects {
+            match o {
+                Object::Stream(_) => counts[0] += 1,
+                Object::Event(_) => counts[1] += 1,
+                Object::Module(_) => counts[2] += 1,
+                Object::Function(_) => counts[3] += 1,
+                Object::Context(_) => {}
+            }
+        }
+        let allocations: Vec<_> = self
+            .mem
+            .snapshot()
+            .into_iter()
+            .filter(|a| ctx.is_none_or(|c| a.ctx == c))
+            .collect();
+        let bytes: usize = allocations.iter().map(|a| a.size).sum();
+        eprintln!(
+            "devarrow-emu: still alive {when} (pid {}): {} streams, {} events, {} modules \
+             ({} functions), {} allocations of {bytes} bytes{}",
+            std::process::id(),
+            counts[0],
+            counts[1],
+            counts[2],
+            counts[3],
+            allocations.len(),
+            if allocations.is_empty() { "" } else { ":" }
+        );
+        for a in allocations.iter().take(20) {
+            eprintln!("devarrow-emu:   {}", a.describe());
+        }
+        if allocations.len() > 20 {
+            eprintln!("devarrow-emu:   ... and {} more", allocations.len() - 20);
+        }
+    }
+}
+
+/// Runs at process exit (from `.fini_array`): the leak report.
+extern "C" fn report_at_exit() {
+    if !report_leaks() {
+        return;
+    }
+    if let Some(d) = DRIVER.get() {
+        let objects: Vec<Object> = lock(&d.objects).values().cloned().collect();
+        let live_contexts = objects
+            .iter()
+            .filter(|o| matches!(o, Object::Context(_)))
+            .count();
+        d.report(
+            &format!("at exit ({live_contexts} live contexts)"),
+            &objects,
+            None,
+        );
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static REPORT_AT_EXIT: extern "C" fn() = report_at_exit;
 
 thread_local! {
     /// The calling thread's context stack (handles); the top is current.
