@@ -287,12 +287,13 @@ fn a_host_dereference_of_device_memory_crashes() {
         println!("read {v} from device memory on the host");
         std::process::exit(0);
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
+    // Through a shell, to keep the crash from dumping core.
+    let out = std::process::Command::new("sh")
         .args([
-            "--exact",
-            "a_host_dereference_of_device_memory_crashes",
-            "--nocapture",
+            "-c",
+            "ulimit -c 0; exec \"$0\" --exact a_host_dereference_of_device_memory_crashes --nocapture",
         ])
+        .arg(std::env::current_exe().unwrap())
         .env("EMU_DEREF_CHILD", "1")
         .output()
         .unwrap();
@@ -666,4 +667,100 @@ fn kernels_run_on_the_stream_and_faults_are_sticky() {
         assert_eq!(cuStreamQuery(s), CUDA_ERROR_ILLEGAL_ADDRESS);
         ck(cuDevicePrimaryCtxReset_v2(0));
     }
+}
+
+#[test]
+fn events_time_the_work_between_them() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let (start, end) = (emu.event(), emu.event());
+    let mut untimed: CUevent = std::ptr::null_mut();
+    let mut ms = -1.0f32;
+    // SAFETY: valid handles and out-pointers.
+    unsafe {
+        ck(cuEventCreate(&mut untimed, 2));
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, start, end),
+            CUDA_ERROR_INVALID_HANDLE,
+            "not recorded"
+        );
+        let gate = Gate::block(s);
+        ck(cuEventRecord(start, s));
+        unsafe extern "C" fn nap(_: *mut c_void) {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        ck(cuLaunchHostFunc(s, Some(nap), std::ptr::null_mut()));
+        ck(cuEventRecord(end, s));
+        ck(cuEventRecord(untimed, s));
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, start, end),
+            CUDA_ERROR_NOT_READY
+        );
+        gate.open();
+        ck(cuEventSynchronize(end));
+        ck(cuEventElapsedTime(&mut ms, start, end));
+        assert!((25.0..2000.0).contains(&ms), "{ms} ms");
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, start, untimed),
+            CUDA_ERROR_INVALID_HANDLE,
+            "CU_EVENT_DISABLE_TIMING"
+        );
+        for e in [start, end, untimed] {
+            ck(cuEventDestroy_v2(e));
+        }
+        assert_eq!(cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+        ck(cuStreamDestroy_v2(s));
+    }
+}
+
+#[test]
+fn modules_parse_ptx_and_unloading_invalidates_their_functions() {
+    let emu = Emu::new();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let src = std::ffi::CString::new(devarrow_cuda::kernels::COPY_PTX).unwrap();
+    // SAFETY: NUL-terminated images, valid out-pointers and handles.
+    unsafe {
+        assert_eq!(
+            cuModuleLoadData(&mut module, c"this is not PTX".as_ptr().cast()),
+            CUDA_ERROR_INVALID_PTX
+        );
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(
+            &mut f,
+            module,
+            c"dvx_batched_copy".as_ptr(),
+        ));
+        let mut again: CUfunction = std::ptr::null_mut();
+        ck(cuModuleGetFunction(
+            &mut again,
+            module,
+            c"dvx_batched_copy".as_ptr(),
+        ));
+        assert_eq!(f, again, "one handle per function");
+        assert_eq!(
+            cuModuleGetFunction(&mut again, module, c"dvx_ld_word".as_ptr()),
+            CUDA_ERROR_NOT_FOUND,
+            "a .func is not an entry"
+        );
+        ck(cuModuleUnload(module));
+        assert_eq!(
+            cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(cuModuleUnload(module), CUDA_ERROR_INVALID_HANDLE);
+    }
+    drop(emu);
 }
