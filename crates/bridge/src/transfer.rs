@@ -306,8 +306,8 @@ impl Transfer {
         let data = StructArray::from(batch.clone()).into_data();
         let plan = plan_array(&data)?;
         let memory = self.device.allocate(plan.image.total)?;
-        self.upload(&plan.image, memory.as_ref())?;
-        let event = self.device.record_event()?;
+        let uploaded = self.upload(&plan.image, memory.as_ref());
+        let event = self.settle(uploaded.and_then(|()| self.device.record_event()))?;
         Ok(DeviceBatch {
             schema: batch.schema(),
             num_rows: batch.num_rows(),
@@ -318,6 +318,25 @@ impl Transfer {
             event,
             device: self.device.clone(),
         })
+    }
+
+    /// Passes `result` through; on an error, first waits for everything already enqueued
+    /// on the device. A copy enqueued before the step that failed (typically a copy whose
+    /// event could not be recorded) is tracked by nothing else: without the wait, it would
+    /// still read or write the caller's buffers (a batch it may free on another stream
+    /// as soon as the error returns, host buffers of direct copies) and the staging
+    /// buffers (reused by the next call) after the error returned.
+    fn settle<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            // If this fails too the device is unusable; the stages' events stay, for
+            // `Drop` to try again.
+            if self.device.synchronize().is_ok() {
+                for stage in &mut self.stages {
+                    stage.pending = None;
+                }
+            }
+        }
+        result
     }
 
     fn upload(&mut self, image: &Packer, memory: &dyn DeviceMemory) -> Result<()> {
@@ -452,7 +471,8 @@ impl Transfer {
             self.device
                 .wait_sync_event(batch.event.as_sync_event_ptr())?
         };
-        let host = self.download(batch.memory.address(), total)?;
+        let downloaded = self.download(batch.memory.address(), total);
+        let host = self.settle(downloaded)?;
         let data = build_host_node(&batch.root, &host, batch.trusted)?;
         let strukt = StructArray::from(data);
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows));

@@ -1042,3 +1042,58 @@ fn cuda_streams_round_trip_from_producer_to_consumers() {
     producer.synchronize().unwrap();
     assert!(dev.context().check_err().is_ok());
 }
+
+/// A transfer that fails after enqueueing a copy (here: its event cannot be recorded)
+/// returns only once that copy is done: the caller may free the batch (on another
+/// stream) or the host buffers as soon as the error returns, and the staging buffer is
+/// reused by the next call.
+#[test]
+fn a_failed_transfer_leaves_no_copy_running() {
+    let (_lock, device) = gpu_or_skip!();
+    let batch = wide_batch(4, 1 << 14);
+    let producer = upload_device(&device);
+    let on_device = transfer(&producer).to_device(&batch).unwrap();
+    producer.synchronize().unwrap();
+    let scratch = DeviceBuffer::alloc(device.stream(), 4 * 1024).unwrap();
+    let failing: Arc<dyn Device> =
+        Arc::new(common::InstrumentedDevice::wrapping(device.clone()).failing_events_after(0));
+    for direction in ["to_host", "to_device"] {
+        // Keep the device's stream busy, so that the copy is still pending when the event
+        // fails.
+        // SAFETY: `scratch` holds 4 * 1024 bytes and outlives the kernel (synchronized
+        // below at the latest).
+        unsafe {
+            kernels::testing::launch_spin_fill_u32(
+                device.stream(),
+                scratch.device_ptr(),
+                1024,
+                7,
+                20_000_000,
+            )
+            .unwrap()
+        };
+        let spun = device.stream().record_event(None).unwrap();
+        let mut t = Transfer::new(failing.clone(), TransferOptions::default());
+        let failed = match direction {
+            "to_host" => t.to_host(&on_device).map(|_| ()),
+            _ => t.to_device(&batch).map(|_| ()),
+        };
+        assert!(failed.is_err(), "{direction}: the event was refused");
+        // The copy was enqueued after the spinning kernel: done only if the kernel is.
+        assert!(
+            spun.try_is_complete().unwrap(),
+            "{direction} returned its error with a copy still running"
+        );
+        drop(t);
+    }
+    drop(on_device);
+    device.synchronize().unwrap();
+    // The batch is still there and the context healthy.
+    assert_eq!(
+        transfer(&device)
+            .to_host(&transfer(&device).to_device(&batch).unwrap())
+            .unwrap(),
+        batch
+    );
+    assert!(device.cuda_device().context().check_err().is_ok());
+}

@@ -71,9 +71,12 @@ pub struct InstrumentedDevice {
     pub pose_as: Option<(ArrowDeviceType, i64)>,
     /// Refuse every `allocate` from this many on.
     pub fail_allocations_after: Option<usize>,
+    /// Fail every `record_event` from this many on.
+    pub fail_events_after: Option<usize>,
     /// Forward `is_pinned` to the inner device.
     pub report_pinned: bool,
     allocations: AtomicUsize,
+    events: AtomicUsize,
     live: Arc<AtomicUsize>,
     staging: Mutex<Vec<usize>>,
     bytes_to_device: AtomicU64,
@@ -99,8 +102,10 @@ impl InstrumentedDevice {
             inner,
             pose_as: None,
             fail_allocations_after: None,
+            fail_events_after: None,
             report_pinned: false,
             allocations: AtomicUsize::new(0),
+            events: AtomicUsize::new(0),
             live: Arc::new(AtomicUsize::new(0)),
             staging: Mutex::new(Vec::new()),
             bytes_to_device: AtomicU64::new(0),
@@ -117,6 +122,11 @@ impl InstrumentedDevice {
     /// Refuses every `allocate` after the first `n`.
     pub fn failing_allocations_after(mut self, n: usize) -> Self {
         self.fail_allocations_after = Some(n);
+        self
+    }
+    /// Fails every `record_event` after the first `n`.
+    pub fn failing_events_after(mut self, n: usize) -> Self {
+        self.fail_events_after = Some(n);
         self
     }
     /// Reports the inner device's pinned memory as pinned.
@@ -250,6 +260,13 @@ impl Device for InstrumentedDevice {
         unsafe { self.inner.copy_on_device(copies) }
     }
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        let n = self.events.fetch_add(1, Ordering::SeqCst);
+        if self.fail_events_after.is_some_and(|limit| n >= limit) {
+            return Err(Error::Device {
+                device: "TEST",
+                message: format!("event {n} refused"),
+            });
+        }
         self.inner.record_event()
     }
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {

@@ -378,7 +378,11 @@ pub fn count_set_bits(
         )?
     };
     let mut out = [0u64; 1];
-    counter.copy_to_host(stream, &mut out)?;
+    if let Err(e) = counter.copy_to_host(stream, &mut out) {
+        // The kernel may still read the caller's bitmap: it must be done before we return.
+        let _ = synchronize(stream);
+        return Err(e);
+    }
     Ok(out[0])
 }
 

@@ -32,6 +32,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
         if dptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        inject("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
         let a = driver().mem.alloc_device(bytesize, ctx.handle(), false)?;
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
@@ -78,9 +79,9 @@ fn alloc_async(call: &'static str, dptr: *mut CUdeviceptr, bytesize: usize, stre
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
     let a = driver().mem.alloc_device(bytesize, ctx.handle(), true)?;
     ctx.enqueue(&stream, Op::AllocReady(a.clone()));
-    let _ = call;
     // SAFETY: the caller's out-pointer (non-NULL).
     unsafe { out(dptr, a.addr) }
 }
@@ -170,6 +171,7 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
     if pp.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    inject("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY)?;
     let a = driver()
         .mem
         .alloc_host(bytesize, ctx.handle(), Kind::Pinned { flags })?;
@@ -527,6 +529,7 @@ fn copy(
     if len == 0 {
         return Ok(());
     }
+    inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
     let dst = endpoint(call, "destination", dst, len, dst_role)?;
     let src = match endpoint(call, "source", src, len, src_role)? {
         Endpoint::Host(p) => {

@@ -347,6 +347,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             eprintln!("devarrow-emu: cuLaunchKernel: `extra` parameters are not emulated");
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
+        inject("cuLaunchKernel", CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)?;
         let grid = [gridDimX, gridDimY, gridDimZ];
         let block = [blockDimX, blockDimY, blockDimZ];
         check_dims(&func, grid, block, sharedMemBytes)?;

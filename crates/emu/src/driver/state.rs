@@ -96,6 +96,26 @@ pub fn config_delay() -> Duration {
     c.delay + Duration::from_micros(z % (c.jitter_us + 1))
 }
 
+/// Failure injection (`DEVARROW_EMU_FAIL_EVERY=N`): every `N`th call of the fallible
+/// driver functions that take part fails with `code`, as a real driver may under
+/// memory pressure, so that the error paths of the caller run (and are checked for
+/// leaks, use-after-free and panics). `Ok` otherwise (and always when unset).
+pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
+    static EVERY: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let every = *EVERY.get_or_init(|| {
+        std::env::var("DEVARROW_EMU_FAIL_EVERY")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    });
+    if every == 0 || (COUNT.fetch_add(1, Ordering::Relaxed) + 1) % every != 0 {
+        return Ok(());
+    }
+    eprintln!("devarrow-emu: injected failure: {call} returns {code:?}");
+    Err(code)
+}
+
 /// Locks a mutex, ignoring poisoning (a panic caught at the API boundary must not make
 /// the emulator unusable).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

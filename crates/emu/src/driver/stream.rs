@@ -16,6 +16,7 @@ fn create_stream(phStream: *mut CUstream, flags: c_uint, priority: c_int) -> R {
     if phStream.is_null() || flags & !NON_BLOCKING != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    inject("cuStreamCreate", CUDA_ERROR_OUT_OF_MEMORY)?;
     let d = driver();
     let handle = d.new_handle();
     let stream = Stream::spawn(
@@ -134,6 +135,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let event = event(hEvent)?;
+        inject("cuStreamWaitEvent", CUDA_ERROR_OUT_OF_MEMORY)?;
         if let Some((on, seq)) = event.wait_point() {
             if !Arc::ptr_eq(&on, &stream) {
                 ctx.enqueue(&stream, Op::Wait { stream: on, seq });
@@ -273,6 +275,7 @@ pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> 
         if phEvent.is_null() || Flags & !0x7 != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        inject("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY)?;
         let d = driver();
         let handle = d.new_handle();
         d.insert(
@@ -291,6 +294,7 @@ fn record(hEvent: CUevent, hStream: CUstream) -> R {
     if event.ctx != ctx.handle() {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
+    inject("cuEventRecord", CUDA_ERROR_OUT_OF_MEMORY)?;
     event.record(&stream, |op| ctx.enqueue(&stream, op));
     Ok(())
 }
