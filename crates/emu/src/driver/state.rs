@@ -109,7 +109,7 @@ pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     });
-    if every == 0 || (COUNT.fetch_add(1, Ordering::Relaxed) + 1) % every != 0 {
+    if every == 0 || !(COUNT.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every) {
         return Ok(());
     }
     eprintln!("devarrow-emu: injected failure: {call} returns {code:?}");
