@@ -343,20 +343,35 @@ fn count_set_bits_matches_naive() {
     check_count(&mut rng, len, 5, 3, standard(len.div_ceil(128) + 1));
 }
 
-fn check_copy_bitmap(rng: &mut SplitMix64, len: u64, offset: u64, sa: u64, da: u64, geo: Geo) {
-    let src = rng.bitmap((offset + len).div_ceil(8) as usize);
-    let expected = naive::copy_bitmap(&src, offset as usize, len as usize);
+/// Runs a validity kernel with parameters `(src, offset, len, dst)` that reads bits
+/// `[offset, offset + len)` of `src` and writes exactly `expected.len()` bytes at `dst`.
+#[allow(clippy::too_many_arguments)]
+fn check_from_bitmap(
+    kernel: &str,
+    src: &[u8],
+    expected: &[u8],
+    len: u64,
+    offset: u64,
+    sa: u64,
+    da: u64,
+    geo: Geo,
+) {
     let mut mem = TestMem::new();
-    map_bits(&mut mem, &src, SRC + sa, offset, len);
+    map_bits(&mut mem, src, SRC + sa, offset, len);
     let out = expected.len() as u64;
     mem.map_dst(DST + da, out);
     let params = [p64(SRC + sa), p64(offset), p64(len), p64(DST + da)];
-    let ctx = format!("len {len} offset {offset} sa {sa} da {da} {geo:?}");
-    run(validity_module(), "dvx_copy_bitmap", geo, &params, &mem)
-        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    let ctx = format!("{kernel}: len {len} offset {offset} sa {sa} da {da} {geo:?}");
+    run(validity_module(), kernel, geo, &params, &mem).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let (got, guards) = mem.dst(DST + da, out);
     assert_eq!(got, expected, "{ctx}");
     assert!(guards, "{ctx}: wrote outside the destination");
+}
+
+fn check_copy_bitmap(rng: &mut SplitMix64, len: u64, offset: u64, sa: u64, da: u64, geo: Geo) {
+    let src = rng.bitmap((offset + len).div_ceil(8) as usize);
+    let expected = naive::copy_bitmap(&src, offset as usize, len as usize);
+    check_from_bitmap("dvx_copy_bitmap", &src, &expected, len, offset, sa, da, geo);
 }
 
 #[test]
@@ -386,16 +401,7 @@ fn copy_bitmap_matches_naive() {
 fn check_unpack(rng: &mut SplitMix64, len: u64, offset: u64, sa: u64, da: u64, geo: Geo) {
     let src = rng.bitmap((offset + len).div_ceil(8) as usize);
     let expected = naive::unpack_bits(&src, offset as usize, len as usize);
-    let mut mem = TestMem::new();
-    map_bits(&mut mem, &src, SRC + sa, offset, len);
-    mem.map_dst(DST + da, len);
-    let params = [p64(SRC + sa), p64(offset), p64(len), p64(DST + da)];
-    let ctx = format!("len {len} offset {offset} sa {sa} da {da} {geo:?}");
-    run(validity_module(), "dvx_unpack_bits", geo, &params, &mem)
-        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
-    let (got, guards) = mem.dst(DST + da, len);
-    assert_eq!(got, expected, "{ctx}");
-    assert!(guards, "{ctx}: wrote outside the destination");
+    check_from_bitmap("dvx_unpack_bits", &src, &expected, len, offset, sa, da, geo);
 }
 
 #[test]
