@@ -1,6 +1,7 @@
 //! The interpreter: blocks run in parallel (each on one host thread), the threads of a
-//! block one after the other, each until it exits or reaches a collective (`bar.sync`,
-//! `shfl.sync`); collectives complete once every participant has arrived.
+//! block one after the other, each until it exits, reaches a collective (`bar.sync`,
+//! `shfl.sync`) or reads the clock (`%globaltimer`, so that timed spins overlap); collectives
+//! complete once every participant has arrived.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -420,7 +421,14 @@ impl Launch<'_> {
                     r!(*lo) = v & 0xFFFF_FFFF;
                     r!(*hi) = v >> 32;
                 }
-                Op::Timer { d } => r!(*d) = self.mem.global_timer_ns(),
+                Op::Timer { d } => {
+                    // A thread that reads the clock yields: threads of a block then take
+                    // turns through a timed spin (as they would run at once on a GPU)
+                    // instead of each spinning its full time after the one before.
+                    r!(*d) = self.mem.global_timer_ns();
+                    pc += 1;
+                    break Status::Ready;
+                }
                 Op::Alu32 { op, d, a, b } => {
                     r!(*d) = alu32(*op, r!(*a) as u32, r!(*b) as u32) as u64
                 }
@@ -925,18 +933,20 @@ impl Launch<'_> {
             t.status = Status::Ready;
         }
         loop {
+            // a thread that yielded (read the clock) is still ready: that is progress
+            let mut progress = false;
             for i in 0..nthreads {
                 if st.threads[i].status == Status::Ready {
                     let s = self
                         .run(st, i)
                         .map_err(|(pc, f)| self.fault(st, st.threads[i].tid, pc, f))?;
                     st.threads[i].status = s;
+                    progress |= s == Status::Ready;
                 }
             }
             if st.threads.iter().all(|t| t.status == Status::Exited) {
                 return Ok(());
             }
-            let mut progress = false;
             for w in 0..nwarps {
                 progress |= self.resolve_shfl(st, w)?;
             }
