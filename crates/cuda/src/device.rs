@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
+use crate::context::DropInContext;
 use crate::error::{CudaError, DriverResultExt, Result};
 
 /// Whether the CUDA driver library can be loaded on this machine (checked once).
@@ -86,7 +87,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
 }
 
 struct DeviceInner {
-    ctx: Arc<CudaContext>,
+    ctx: DropInContext<Arc<CudaContext>>,
     id: usize,
     name: String,
     multiprocessors: u32,
@@ -155,7 +156,7 @@ impl CudaDevice {
             > 0;
         let name = ctx.name().call("cuDeviceGetName")?;
         let inner = Arc::new(DeviceInner {
-            ctx,
+            ctx: DropInContext::new(ctx),
             id,
             name,
             multiprocessors,
@@ -216,12 +217,13 @@ impl CudaDevice {
 
     /// `(free, total)` device memory in bytes (`cuMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.inner.ctx.mem_get_info().call("cuMemGetInfo")
+        self.bind_to_thread()?;
+        result::mem_get_info().call("cuMemGetInfo")
     }
 
     /// Makes this device's context current on the calling thread.
     pub fn bind_to_thread(&self) -> Result<()> {
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")
+        crate::context::bind(&self.inner.ctx).call("cuCtxSetCurrent")
     }
 
     /// Creates a new non-blocking stream.
@@ -236,7 +238,8 @@ impl CudaDevice {
 
     /// Waits for all work on the device's context to finish.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.ctx.synchronize().call("cuCtxSynchronize")
+        self.bind_to_thread()?;
+        result::ctx::synchronize().call("cuCtxSynchronize")
     }
 
     /// Returns the unused memory of the device's default memory pool to the system

@@ -122,6 +122,16 @@ impl From<CudaError> for devarrow_abi::Error {
                 }
             }
             CudaError::InvalidArgument(m) => devarrow_abi::Error::InvalidArgument(m),
+            // Out of memory stays out of memory (ENOMEM at the C boundary), as on the CPU
+            // device.
+            e @ CudaError::OutOfMemory { .. } => devarrow_abi::Error::Arrow(
+                arrow_schema::ArrowError::MemoryError(format!("CUDA: {e}")),
+            ),
+            CudaError::DeviceMismatch { expected, found } => devarrow_abi::Error::DeviceMismatch {
+                device_type: ArrowDeviceType::CUDA,
+                expected,
+                found,
+            },
             other => devarrow_abi::Error::Device {
                 device: "CUDA",
                 message: other.to_string(),
@@ -173,5 +183,21 @@ mod tests {
         }
         .into();
         assert!(matches!(e, devarrow_abi::Error::UnsupportedDevice { .. }));
+        let e: devarrow_abi::Error = CudaError::OutOfMemory { bytes: 7 }.into();
+        assert_eq!(e.errno(), devarrow_abi::error::errno::ENOMEM);
+        assert!(e.to_string().contains("out of memory allocating 7 bytes"));
+        let e: devarrow_abi::Error = CudaError::DeviceMismatch {
+            expected: 0,
+            found: 1,
+        }
+        .into();
+        assert!(matches!(
+            e,
+            devarrow_abi::Error::DeviceMismatch {
+                expected: 0,
+                found: 1,
+                ..
+            }
+        ));
     }
 }

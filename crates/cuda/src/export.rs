@@ -10,6 +10,7 @@ use arrow_schema::DataType;
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 
+use crate::context::{ContextGuard, DropInContext};
 use crate::error::{CudaError, DriverResultExt, Result};
 
 /// What the exported array's `private_data` owns: arrow-rs's export of the `ArrayData`
@@ -20,7 +21,7 @@ struct ExportPrivate {
     /// The `CUevent` handle; `sync_event` points here.
     event_handle: sys::CUevent,
     /// Destroys the event when dropped (binding its context).
-    _event: CudaEvent,
+    _event: DropInContext<CudaEvent>,
 }
 
 impl Drop for ExportPrivate {
@@ -53,7 +54,12 @@ unsafe extern "C" fn release_exported(array: *mut ArrowArray) {
         if !private.is_null() {
             // SAFETY: `private_data` was set from Box::into_raw in `export_array_data` and
             // is reclaimed exactly once (release is now NULL).
-            drop(unsafe { Box::from_raw(private) });
+            let private = unsafe { Box::from_raw(private) };
+            // The consumer may release on any thread, one busy with another device or
+            // context: bind the event's context for the drops (each buffer binds its own
+            // too), then make the caller's current context current again.
+            let _bound = ContextGuard::enter(private._event.context());
+            drop(private);
         }
     }));
     // A panic cannot cross the C boundary; the resources of a panicking release leak.
@@ -123,7 +129,7 @@ pub fn export_array_data(
     let private = Box::into_raw(Box::new(ExportPrivate {
         event_handle: event.cu_event(),
         inner,
-        _event: event,
+        _event: DropInContext::new(event),
     }));
     // SAFETY: `private` is a live, uniquely owned Box; we only read plain fields of the
     // inner struct and take the address of `event_handle`, which is stable until the

@@ -7,13 +7,14 @@ use arrow_buffer::alloc::Allocation;
 use cudarc::driver::{result, sys, CudaStream};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 
+use crate::context::{self, ContextGuard, DropInContext};
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::memory::ForeignBuffer;
 
 /// Owns the imported array; its drop is where the producer's `release` runs.
 struct ImportShared {
     array: DeviceArray,
-    stream: Arc<CudaStream>,
+    stream: DropInContext<Arc<CudaStream>>,
     event: sys::CUevent,
     host_synchronized: AtomicBool,
 }
@@ -30,8 +31,12 @@ impl Drop for ImportShared {
         // finish before the producer frees them. (Work on other streams must be ordered
         // before the last view is dropped.) `array` is released right after, when the
         // fields drop.
-        let ctx = self.stream.context();
-        ctx.record_err(self.stream.synchronize());
+        // Bound through a guard: the last view may drop on a thread busy with another
+        // context. (If synchronizing fails, the context is broken and runs nothing more.)
+        if let Ok(_bound) = ContextGuard::enter(self.stream.context()) {
+            // SAFETY: the stream is live (we hold it) and its context is bound.
+            let _ = unsafe { result::stream::synchronize(self.stream.cu_stream()) };
+        }
     }
 }
 
@@ -44,7 +49,10 @@ impl Drop for ImportShared {
 ///
 /// Cheap to clone. The producer's `release` runs when the last clone **and** the last
 /// buffer view ([`ImportedArray::buffer`]) is dropped, after the consumer stream's
-/// queued work has finished.
+/// queued work has finished. Buffer views carry the producer's event: using one on
+/// another stream (a kernel of [`crate::kernels`], [`ForeignBuffer::to_host`]) makes that
+/// stream wait on it too; work on other streams must still be finished before the last
+/// view is dropped.
 ///
 /// The struct tree (`array()`, its `child(i)` and `dictionary()`) is in host memory and
 /// may be walked freely; buffer contents may not be read on the host unless the device
@@ -96,7 +104,7 @@ impl ImportedArray {
             unsafe { *sync_event.cast::<sys::CUevent>() }
         };
         if !event.is_null() {
-            ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+            context::bind(ctx).call("cuCtxSetCurrent")?;
             // SAFETY: the stream is live (we hold it) and the event is the producer's
             // live event (see above); waiting does not block the host.
             unsafe {
@@ -111,7 +119,7 @@ impl ImportedArray {
         Ok(Self {
             shared: Arc::new(ImportShared {
                 array,
-                stream: stream.clone(),
+                stream: DropInContext::new(stream.clone()),
                 event,
                 host_synchronized: AtomicBool::new(event.is_null()),
             }),
@@ -160,21 +168,39 @@ impl ImportedArray {
     }
 
     /// Blocks the host until the producer's event has completed, after which
-    /// `ARROW_DEVICE_CUDA_HOST` and `ARROW_DEVICE_CUDA_MANAGED` buffers may be read from
-    /// the host (views made afterwards have [`ForeignBuffer::host_slice`]).
+    /// `ARROW_DEVICE_CUDA_HOST` buffers, and `ARROW_DEVICE_CUDA_MANAGED` buffers on devices
+    /// with concurrent managed access, may be read from the host (views made afterwards
+    /// have [`ForeignBuffer::host_slice`]).
     pub fn synchronize_host(&self) -> Result<()> {
         if !self.shared.event.is_null() {
-            self.shared
-                .stream
-                .context()
-                .bind_to_thread()
-                .call("cuCtxSetCurrent")?;
+            context::bind(self.shared.stream.context()).call("cuCtxSetCurrent")?;
             // SAFETY: the producer's event stays alive until release, which cannot run
             // while we hold `shared`.
             unsafe { result::event::synchronize(self.shared.event) }.call("cuEventSynchronize")?;
         }
         self.shared.host_synchronized.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether the host may read this device type's memory while kernels of the context
+    /// may run: pinned memory always; managed memory only on devices with concurrent
+    /// managed access (elsewhere a host access while any kernel runs faults).
+    fn host_may_read(&self) -> bool {
+        match self.device_type() {
+            ArrowDeviceType::CUDA_HOST => true,
+            ArrowDeviceType::CUDA_MANAGED => {
+                let dev = self.shared.stream.context().cu_device();
+                // SAFETY: the device handle belongs to the live context of our stream.
+                unsafe {
+                    result::device::get_attribute(
+                        dev,
+                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+                    )
+                }
+                .is_ok_and(|v| v > 0)
+            }
+            _ => false,
+        }
     }
 
     /// Whether the producer's work is known complete (no event, or
@@ -208,16 +234,18 @@ impl ImportedArray {
         }
         // SAFETY: the buffer belongs to the imported array (caller's guarantee), which
         // the owner keeps unreleased as long as the view lives; the producer promises
-        // the data is immutable; host readability follows the synchronization state.
+        // the data is immutable; host readability follows the synchronization state. The
+        // producer's event lives until release, which the owner holds back.
         Some(unsafe {
             ForeignBuffer::new(
                 ptr as u64,
                 len,
                 self.device_type(),
                 self.device_id(),
-                self.is_host_synchronized(),
+                self.is_host_synchronized() && self.host_may_read(),
                 self.owner(),
             )
+            .with_ready_event(self.shared.event)
         })
     }
 }

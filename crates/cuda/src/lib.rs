@@ -23,6 +23,7 @@
 //!   batches through.
 #![warn(missing_docs)]
 
+mod context;
 mod device;
 mod error;
 mod export;

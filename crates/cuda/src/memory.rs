@@ -16,6 +16,7 @@ use arrow_buffer::Buffer;
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DeviceRepr};
 use devarrow_abi::ArrowDeviceType;
 
+use crate::context::{self, ContextGuard, DropInContext};
 use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
 
@@ -33,6 +34,36 @@ pub trait CudaMemory {
     fn device_type(&self) -> ArrowDeviceType;
     /// The CUDA ordinal the memory belongs to.
     fn device_id(&self) -> i64;
+    /// Orders `stream` after the work that makes the memory ready to use, without blocking
+    /// the host: for a [`DeviceBuffer`] used on another stream than its own, the work
+    /// queued on its own stream so far (its stream-ordered allocation, its writes); for a
+    /// [`ForeignBuffer`] of an import, the producer's `sync_event`. Every function of this
+    /// crate that takes memory and a stream calls it.
+    fn order_on(&self, stream: &CudaStream) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
+}
+
+/// Makes `waiter` wait (on the device, not the host) for the work queued on `stream` so
+/// far. A no-op when they are the same stream.
+pub(crate) fn stream_waits_for(waiter: &CudaStream, stream: &CudaStream) -> Result<()> {
+    if waiter.cu_stream() == stream.cu_stream() {
+        return Ok(());
+    }
+    context::bind(stream.context()).call("cuCtxSetCurrent")?;
+    let event = stream.context().new_event(None).call("cuEventCreate")?;
+    event.record(stream).call("cuEventRecord")?;
+    // SAFETY: both handles are live; the driver keeps what the wait needs after the
+    // event is destroyed (destroying a recorded event is allowed while it is pending).
+    unsafe {
+        result::stream::wait_event(
+            waiter.cu_stream(),
+            event.cu_event(),
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .call("cuStreamWaitEvent")
 }
 
 /// Memory this process owns and may write (kernels take it as an output).
@@ -60,7 +91,7 @@ unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) ->
 }
 
 fn sync(stream: &CudaStream) -> Result<()> {
-    stream.synchronize().call("cuStreamSynchronize")
+    context::sync_stream(stream).call("cuStreamSynchronize")
 }
 
 /// Device memory (`ARROW_DEVICE_CUDA`) owned by this process.
@@ -74,7 +105,7 @@ fn sync(stream: &CudaStream) -> Result<()> {
 pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     len: usize,
-    stream: Arc<CudaStream>,
+    stream: DropInContext<Arc<CudaStream>>,
     stream_ordered: bool,
 }
 
@@ -94,7 +125,7 @@ impl DeviceBuffer {
     /// `stream`. Out of memory is [`CudaError::OutOfMemory`].
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
         let ctx = stream.context();
-        ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        context::bind(ctx).call("cuCtxSetCurrent")?;
         let stream_ordered = ctx.has_async_alloc();
         let ptr = if len == 0 {
             0
@@ -110,7 +141,7 @@ impl DeviceBuffer {
         Ok(Self {
             ptr,
             len,
-            stream: stream.clone(),
+            stream: DropInContext::new(stream.clone()),
             stream_ordered,
         })
     }
@@ -139,7 +170,8 @@ impl DeviceBuffer {
                 self.len
             )));
         }
-        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        self.order_on(stream)?;
+        context::bind(stream.context()).call("cuCtxSetCurrent")?;
         // SAFETY: the destination holds at least `bytes` bytes (checked above) and the
         // source slice outlives the copy, which completes before we return.
         unsafe { memcpy_async(self.ptr, data.as_ptr() as u64, bytes, stream)? };
@@ -163,7 +195,8 @@ impl DeviceBuffer {
                 self.len
             )));
         }
-        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        self.order_on(stream)?;
+        context::bind(stream.context()).call("cuCtxSetCurrent")?;
         // SAFETY: `dst` is valid for `bytes` bytes and outlives the copy (we synchronize
         // before returning); the source holds at least `bytes` bytes.
         unsafe { memcpy_async(dst.as_mut_ptr() as u64, self.ptr, bytes, stream)? };
@@ -176,11 +209,14 @@ impl DeviceBuffer {
         if self.len == 0 {
             return Ok(());
         }
-        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        self.order_on(stream)?;
+        context::bind(stream.context()).call("cuCtxSetCurrent")?;
         // SAFETY: the range is our live allocation; the stream belongs to the bound
         // context.
         unsafe { result::memset_d8_async(self.ptr, value, self.len, stream.cu_stream()) }
-            .call("cuMemsetD8Async")
+            .call("cuMemsetD8Async")?;
+        // The buffer is freed in order on its own stream: order that after the memset.
+        stream_waits_for(&self.stream, stream)
     }
 
     /// The stream the buffer was allocated on (and will be freed on).
@@ -224,6 +260,9 @@ impl CudaMemory for DeviceBuffer {
     fn device_id(&self) -> i64 {
         self.stream.context().ordinal() as i64
     }
+    fn order_on(&self, stream: &CudaStream) -> Result<()> {
+        stream_waits_for(stream, &self.stream)
+    }
 }
 
 impl CudaMemoryMut for DeviceBuffer {}
@@ -233,18 +272,20 @@ impl Drop for DeviceBuffer {
         if self.ptr == 0 {
             return;
         }
-        let ctx = self.stream.context();
-        // Errors cannot be reported from drop; cudarc records them on the context.
-        ctx.record_err(ctx.bind_to_thread());
+        // Errors cannot be reported from drop, and are not recorded on the shared context
+        // (see `crate::context`); without the context bound the memory leaks rather than
+        // being freed in the wrong context.
+        let Ok(_bound) = ContextGuard::enter(self.stream.context()) else {
+            return;
+        };
         if self.stream_ordered {
             // SAFETY: allocated by cuMemAllocAsync on this stream and freed exactly once,
             // in stream order after the work queued on it.
-            ctx.record_err(unsafe { result::free_async(self.ptr, self.stream.cu_stream()) });
-        } else {
-            ctx.record_err(self.stream.synchronize());
+            let _ = unsafe { result::free_async(self.ptr, self.stream.cu_stream()) };
+        } else if context::sync_stream(&self.stream).is_ok() {
             // SAFETY: allocated by cuMemAlloc, freed exactly once, after its stream's
             // work completed.
-            ctx.record_err(unsafe { result::free_sync(self.ptr) });
+            let _ = unsafe { result::free_sync(self.ptr) };
         }
     }
 }
@@ -257,7 +298,7 @@ pub struct PinnedHostBuffer {
     ptr: *mut u8,
     device_ptr: u64,
     len: usize,
-    ctx: Arc<CudaContext>,
+    ctx: DropInContext<Arc<CudaContext>>,
 }
 
 // SAFETY: the allocation is plain host memory owned by this value; freeing it binds the
@@ -284,7 +325,7 @@ impl PinnedHostBuffer {
                 ptr: dangling().as_ptr(),
                 device_ptr: 0,
                 len: 0,
-                ctx: device.context().clone(),
+                ctx: DropInContext::new(device.context().clone()),
             });
         }
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
@@ -297,7 +338,7 @@ impl PinnedHostBuffer {
             ptr: ptr.cast(),
             device_ptr,
             len,
-            ctx: device.context().clone(),
+            ctx: DropInContext::new(device.context().clone()),
         };
         mapped.call("cuMemHostGetDevicePointer")?;
         // SAFETY: `ptr` is valid for `len` writable bytes, owned by `this`.
@@ -359,10 +400,11 @@ impl Drop for PinnedHostBuffer {
         if self.len == 0 {
             return;
         }
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let Ok(_bound) = ContextGuard::enter(&self.ctx) else {
+            return;
+        };
         // SAFETY: allocated by cuMemHostAlloc and freed exactly once.
-        self.ctx
-            .record_err(unsafe { result::free_host(self.ptr.cast::<c_void>()) });
+        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
     }
 }
 
@@ -371,7 +413,7 @@ impl Drop for PinnedHostBuffer {
 pub struct ManagedBuffer {
     ptr: sys::CUdeviceptr,
     len: usize,
-    ctx: Arc<CudaContext>,
+    ctx: DropInContext<Arc<CudaContext>>,
 }
 
 impl std::fmt::Debug for ManagedBuffer {
@@ -402,13 +444,13 @@ impl ManagedBuffer {
         let this = Self {
             ptr,
             len,
-            ctx: device.context().clone(),
+            ctx: DropInContext::new(device.context().clone()),
         };
-        // Freshly allocated managed memory is not in use by any kernel, so the host may
-        // write it even on devices without concurrent managed access.
+        // Zeroed by the device (`cuMemsetD8`, synchronous): on devices without concurrent
+        // managed access a host write while any kernel of the context runs would fault.
         if len > 0 {
-            // SAFETY: `ptr` is valid for `len` bytes, host-accessible, and unused.
-            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, len) };
+            // SAFETY: `ptr` is our live allocation of `len` bytes; the context is bound.
+            unsafe { result::memset_d8_sync(ptr, 0, len) }.call("cuMemsetD8")?;
         }
         Ok(this)
     }
@@ -475,9 +517,11 @@ impl Drop for ManagedBuffer {
         if self.ptr == 0 {
             return;
         }
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let Ok(_bound) = ContextGuard::enter(&self.ctx) else {
+            return;
+        };
         // SAFETY: allocated by cuMemAllocManaged, freed exactly once.
-        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+        let _ = unsafe { result::free_sync(self.ptr) };
     }
 }
 
@@ -494,6 +538,10 @@ pub struct ForeignBuffer {
     device_type: ArrowDeviceType,
     device_id: i64,
     host_readable: bool,
+    /// The `CUevent` the memory is ready after (the producer's `sync_event` of an import;
+    /// 0 for none), kept alive by `owner`. A plain handle value, so the view stays `Send`
+    /// and `Sync` (CUDA event handles may be used from any thread).
+    ready_event: u64,
     owner: Arc<dyn Allocation>,
 }
 
@@ -533,8 +581,20 @@ impl ForeignBuffer {
             device_type,
             device_id,
             host_readable: host_readable && device_type.is_host_accessible(),
+            ready_event: 0,
             owner,
         }
+    }
+
+    /// Sets the event the memory is ready after: [`CudaMemory::order_on`] (and so every
+    /// use of the view on a stream) makes the stream wait on it (`cuStreamWaitEvent`).
+    ///
+    /// # Safety
+    /// `event` must be NULL or a `CUevent` that stays valid as long as the view's owner is
+    /// alive.
+    pub unsafe fn with_ready_event(mut self, event: sys::CUevent) -> Self {
+        self.ready_event = event as u64;
+        self
     }
 
     /// What keeps the memory alive.
@@ -559,7 +619,8 @@ impl ForeignBuffer {
     /// Copies the bytes to the host on `stream` (blocking), whatever the memory type.
     pub fn to_host(&self, stream: &CudaStream) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
-        stream.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        self.order_on(stream)?;
+        context::bind(stream.context()).call("cuCtxSetCurrent")?;
         // SAFETY: the source is valid for `len` bytes while we hold the owner; `out` is
         // ours and outlives the copy (we synchronize before returning).
         unsafe { memcpy_async(out.as_mut_ptr() as u64, self.ptr, self.len, stream)? };
@@ -612,6 +673,22 @@ impl CudaMemory for ForeignBuffer {
     }
     fn device_id(&self) -> i64 {
         self.device_id
+    }
+    fn order_on(&self, stream: &CudaStream) -> Result<()> {
+        if self.ready_event == 0 {
+            return Ok(());
+        }
+        context::bind(stream.context()).call("cuCtxSetCurrent")?;
+        // SAFETY: the event stays valid while the owner lives (`with_ready_event`'s
+        // contract), and we hold the owner; waiting does not block the host.
+        unsafe {
+            result::stream::wait_event(
+                stream.cu_stream(),
+                self.ready_event as sys::CUevent,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .call("cuStreamWaitEvent")
     }
 }
 

@@ -22,6 +22,7 @@ use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::pinned::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
+use crate::context::{self, ContextGuard, DropInContext};
 use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
@@ -37,7 +38,7 @@ use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 /// primary context on the calling thread first).
 pub struct CudaTransferDevice {
     device: CudaDevice,
-    stream: Arc<CudaStream>,
+    stream: DropInContext<Arc<CudaStream>>,
     copies: AtomicU64,
     descriptors: Mutex<DescriptorStaging>,
 }
@@ -55,7 +56,10 @@ impl Drop for DescriptorStaging {
     fn drop(&mut self) {
         // The last upload may still read the pinned buffer: let it finish first.
         if let Some(event) = self.uploaded.take() {
-            let _ = event.synchronize();
+            if let Ok(_bound) = ContextGuard::enter(event.context()) {
+                // SAFETY: the event is live (we own it) and its context is bound.
+                let _ = unsafe { result::event::synchronize(event.cu_event()) };
+            }
         }
     }
 }
@@ -85,7 +89,7 @@ impl CudaTransferDevice {
         let stream = device.new_stream()?;
         Ok(Self {
             device,
-            stream,
+            stream: DropInContext::new(stream),
             copies: AtomicU64::new(0),
             descriptors: Mutex::new(DescriptorStaging::default()),
         })
@@ -139,7 +143,7 @@ impl CudaTransferDevice {
             device_to_host: Duration::MAX,
         };
         self.bind()?;
-        self.stream.synchronize().call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
         for _ in 0..reps.max(1) {
             if bytes == 0 {
                 best.host_to_device = Duration::ZERO;
@@ -160,7 +164,7 @@ impl CudaTransferDevice {
             }
             .result()
             .call("cuMemcpyHtoDAsync")?;
-            self.stream.synchronize().call("cuStreamSynchronize")?;
+            context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
             best.host_to_device = best.host_to_device.min(start.elapsed());
             let start = Instant::now();
             // SAFETY: as above; the host buffer is not read until the synchronize below.
@@ -174,7 +178,7 @@ impl CudaTransferDevice {
             }
             .result()
             .call("cuMemcpyDtoHAsync")?;
-            self.stream.synchronize().call("cuStreamSynchronize")?;
+            context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
             best.device_to_host = best.device_to_host.min(start.elapsed());
         }
         if host
@@ -188,7 +192,7 @@ impl CudaTransferDevice {
             ));
         }
         drop(device);
-        self.stream.synchronize().call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
         Ok(best)
     }
 }
@@ -320,7 +324,7 @@ impl StagingMemory for PinnedStaging {
 pub struct CudaSyncEvent {
     /// Where `sync_event` points: the handle, boxed so its address never changes.
     handle: Box<sys::CUevent>,
-    event: CudaEvent,
+    event: DropInContext<CudaEvent>,
 }
 
 // SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which cudarc makes
@@ -348,7 +352,7 @@ impl SyncEvent for CudaSyncEvent {
         (&*self.handle as *const sys::CUevent).cast_mut().cast()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
-        self.event.synchronize().call("cuEventSynchronize")?;
+        context::sync_event(&self.event).call("cuEventSynchronize")?;
         Ok(())
     }
 }
@@ -459,7 +463,7 @@ impl Device for CudaTransferDevice {
         self.bind()?;
         let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(event) = staging.uploaded.take() {
-            event.synchronize().call("cuEventSynchronize")?;
+            context::sync_event(&event).call("cuEventSynchronize")?;
         }
         if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
             staging.buffer = None;
@@ -502,7 +506,7 @@ impl Device for CudaTransferDevice {
             Err(e) => {
                 // Without an event the pinned table must not be reused before the upload
                 // ran: wait for it here.
-                let _ = self.stream.synchronize();
+                let _ = context::sync_stream(&self.stream);
                 return Err(e.into());
             }
         }
@@ -526,7 +530,7 @@ impl Device for CudaTransferDevice {
         event.record(&self.stream).call("cuEventRecord")?;
         Ok(Arc::new(CudaSyncEvent {
             handle: Box::new(event.cu_event()),
-            event,
+            event: DropInContext::new(event),
         }))
     }
 
@@ -552,7 +556,7 @@ impl Device for CudaTransferDevice {
     }
 
     fn synchronize(&self) -> devarrow_abi::Result<()> {
-        self.stream.synchronize().call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
         Ok(())
     }
 

@@ -328,6 +328,40 @@ fn export_then_import_honours_the_sync_event() {
 }
 
 #[test]
+fn views_of_an_import_order_any_stream_after_the_producer() {
+    let (_lock, dev) = gpu_or_skip!();
+    let producer = dev.new_stream().unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let other = dev.new_stream().unwrap();
+    let n = 1 << 12;
+    let value = 0x0abc_0000u32;
+    let values = DeviceBuffer::zeroed(&producer, 4 * n).unwrap();
+    let values_ptr = values.device_ptr();
+    let validity = vec![0xffu8; n.div_ceil(8)];
+    let data = int32_array(&producer, values, &validity, n);
+    // SAFETY: `values_ptr` stays owned by `data` (and then the export) until release.
+    unsafe {
+        kernels::testing::launch_spin_fill_u32(&producer, values_ptr, n as u64, value, 200_000_000)
+            .unwrap()
+    };
+    let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer).unwrap();
+    let imported = ImportedArray::import(exported, &consumer).unwrap();
+    // SAFETY: the root's buffer 1 holds n i32 values.
+    let view = unsafe { imported.buffer(imported.array(), 1, 4 * n) }.unwrap();
+    // read on a third stream, which the import itself did not order: the view does
+    let got = view.to_host(&other).unwrap();
+    let expected: Vec<u8> = (0..n as u32)
+        .flat_map(|i| value.wrapping_add(i).to_le_bytes())
+        .collect();
+    assert!(
+        got == expected,
+        "read on another stream before the producer finished"
+    );
+    drop(view);
+    drop(imported);
+}
+
+#[test]
 fn release_runs_on_another_thread_and_frees_the_memory() {
     let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
@@ -345,26 +379,38 @@ fn release_runs_on_another_thread_and_frees_the_memory() {
         "64 MiB should be in use ({before} -> {during})"
     );
     std::thread::spawn(move || {
-        // A fresh thread has no current context: release must bind it itself.
+        // A fresh thread has no current context: release must bind it itself, and leave
+        // the thread as it found it (no context current).
+        assert_eq!(cudarc::driver::result::ctx::get_current().unwrap(), None);
         drop(exported);
+        assert_eq!(cudarc::driver::result::ctx::get_current().unwrap(), None);
     })
     .join()
     .unwrap();
-    // the same through a raw struct moved to the other thread and released by C-style call
+    assert!(dev.context().check_err().is_ok());
+    // the same through a raw struct moved to the other thread and released by C-style
+    // call, with an unrelated error left recorded on the context (cudarc's
+    // `bind_to_thread` would return it instead of binding): release still binds, frees,
+    // and leaves the thread without a current context
     let raw = export_array_data(uint8_array(&stream, big), ArrowDeviceType::CUDA, &stream)
         .unwrap()
         .into_raw();
     let raw = SendRaw(raw);
+    dev.context()
+        .record_err::<()>(Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        )));
     std::thread::spawn(move || {
         let mut raw = raw;
         let release = raw.0.array.release.unwrap();
         // SAFETY: the struct is unreleased and ours; release is the producer's callback.
         unsafe { release(&mut raw.0.array) };
         assert!(raw.0.array.release.is_none());
+        assert_eq!(cudarc::driver::result::ctx::get_current().unwrap(), None);
     })
     .join()
     .unwrap();
-    assert!(dev.context().check_err().is_ok());
+    let _ = dev.context().check_err(); // the injected error
     let after = free_memory(&dev);
     assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
 }

@@ -323,6 +323,8 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 
 /// Checks that a kernel on `stream`'s device can address `mem` (CUDA memory must be on
 /// the same device; pinned and managed memory is visible to every device).
+/// Checks that `mem` can be used on `stream`'s device, and orders `stream` after the work
+/// that makes it ready ([`CudaMemory::order_on`]).
 fn check_device(stream: &CudaStream, mem: &impl CudaMemory) -> Result<()> {
     let expected = stream.context().ordinal() as i64;
     let t = mem.device_type();
@@ -338,7 +340,8 @@ fn check_device(stream: &CudaStream, mem: &impl CudaMemory) -> Result<()> {
             found: mem.device_id(),
         });
     }
-    Ok(())
+    // e.g. an imported buffer used on another stream than the import's
+    mem.order_on(stream)
 }
 
 fn checked_bits(offset: usize, len: usize) -> Result<usize> {
@@ -349,7 +352,7 @@ fn checked_bits(offset: usize, len: usize) -> Result<usize> {
 }
 
 fn synchronize(stream: &CudaStream) -> Result<()> {
-    stream.synchronize().call("cuStreamSynchronize")
+    crate::context::sync_stream(stream).call("cuStreamSynchronize")
 }
 
 /// Counts the set bits of bits `[offset, offset + len)` of `bitmap` on the GPU (a null
@@ -517,8 +520,10 @@ pub fn rebase_offsets_i64(
 
 /// Copies every segment in one kernel launch: splits them into pieces of at most
 /// [`MAX_COPY_PIECE`] bytes, uploads the descriptors (stream-ordered) and enqueues
-/// `dvx_batched_copy`. Returns once the work is enqueued (the descriptor table is freed
-/// in stream order after the kernel).
+/// `dvx_batched_copy`. The descriptor upload is synchronous (from pageable memory); the
+/// copy itself is enqueued, and this returns without waiting for it (the descriptor table
+/// is freed in stream order after the kernel). [`crate::CudaTransferDevice`]'s
+/// `copy_on_device` uploads from reused pinned memory instead, without blocking.
 ///
 /// # Safety
 /// Every segment's source must be readable and destination writable by `stream`'s device
