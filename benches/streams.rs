@@ -153,7 +153,8 @@ impl GpuConsumer {
     /// columns imported on the consumer stream).
     fn enqueue(&self, imported: &ImportedArray, k: usize) {
         for c in 0..imported.array().n_children as usize {
-            let node = imported.array().child(c).expect("a child per column");
+            // SAFETY: the array of an import (a DeviceArray) is well-formed.
+            let node = unsafe { imported.array().child(c) }.expect("a child per column");
             let (offset, len) = (node.offset as usize, node.length as usize);
             // SAFETY: buffer 0 of a nullable Int64 child is its validity bitmap, covering
             // offset + length bits; NULL (no nulls) is skipped.

@@ -21,6 +21,24 @@ pub type ArrowSchema = FFI_ArrowSchema;
 /// between the two without copying with [`ArrowArray::into_ffi`] and
 /// [`ArrowArray::from_ffi`]. Like the C struct it owns nothing by itself: dropping it does
 /// **not** call `release` (wrap it in a [`crate::DeviceArray`] for that).
+///
+/// # Well-formed arrays
+///
+/// Every field is public, so safe code can put any address in `buffers`, `children`,
+/// `dictionary` or `release`. The functions that follow those pointers
+/// ([`ArrowArray::buffer`], [`ArrowArray::child`], [`ArrowArray::dictionary`],
+/// [`crate::layout::validate_structure`], ...) are therefore `unsafe`, and require the
+/// struct to be **well-formed**: filled by a producer following the C data interface (or
+/// by devarrow's exporters), and not released, so that
+///
+/// - a non-NULL `buffers` points to `n_buffers` readable buffer pointers,
+/// - a non-NULL `children` points to `n_children` readable pointers, each NULL or pointing
+///   to an `ArrowArray` that is released or itself well-formed,
+/// - a non-NULL `dictionary` points to an `ArrowArray` that is released or well-formed,
+///
+/// all of it living (and not mutated) at least as long as the borrow of the struct. This
+/// says nothing about the buffers themselves (their sizes, contents or device), nor that
+/// the counts match any schema: checking those is the job of [`crate::layout`].
 #[repr(C)]
 #[derive(Debug)]
 pub struct ArrowArray {
@@ -78,7 +96,13 @@ impl ArrowArray {
 
     /// Converts into arrow-rs's [`FFI_ArrowArray`] without copying; ownership (the duty to
     /// call `release`) moves with it.
-    pub fn into_ffi(self) -> FFI_ArrowArray {
+    ///
+    /// # Safety
+    /// `self` must be released, or [well-formed](ArrowArray#well-formed-arrays) with a
+    /// `release` callback that is sound to call once: arrow-rs's safe API follows the
+    /// struct's pointers and its `Drop` calls `release`.
+    pub unsafe fn into_ffi(self) -> FFI_ArrowArray {
+        // The caller guarantees the pointers arrow-rs will follow are valid.
         // SAFETY: both types are #[repr(C)] with the ten fields of the C `struct ArrowArray`
         // in the same order (sizes and alignments are asserted above); the release callback
         // types differ only in the pointee type of their argument, which is ABI-identical.
@@ -92,28 +116,49 @@ impl ArrowArray {
     }
 
     /// Buffer pointer `i`, or NULL when `buffers` is NULL or `i` is out of range.
-    pub fn buffer(&self, i: usize) -> *const c_void {
+    ///
+    /// # Safety
+    /// `self` must be [well-formed](ArrowArray#well-formed-arrays): filled by a producer
+    /// following the C data interface and not released, so that a non-NULL `buffers` points
+    /// to `n_buffers` pointers.
+    pub unsafe fn buffer(&self, i: usize) -> *const c_void {
         if self.buffers.is_null() || i as i64 >= self.n_buffers {
             return std::ptr::null();
         }
-        // SAFETY: the C data interface guarantees `buffers` points to `n_buffers` pointers,
-        // and `i < n_buffers` was checked above.
+        // SAFETY: the caller guarantees a well-formed struct, whose non-NULL `buffers`
+        // points to `n_buffers` pointers; `i < n_buffers` was checked above.
         unsafe { *self.buffers.add(i) }
     }
 
     /// Child `i`, or `None` when `children` is NULL, `i` is out of range or the slot is NULL.
-    pub fn child(&self, i: usize) -> Option<&ArrowArray> {
+    ///
+    /// The child may be released; check [`ArrowArray::is_released`] before following its
+    /// own pointers.
+    ///
+    /// # Safety
+    /// `self` must be [well-formed](ArrowArray#well-formed-arrays): filled by a producer
+    /// following the C data interface and not released, so that a non-NULL `children`
+    /// points to `n_children` pointers, each NULL or pointing to a live `ArrowArray`.
+    pub unsafe fn child(&self, i: usize) -> Option<&ArrowArray> {
         if self.children.is_null() || i as i64 >= self.n_children {
             return None;
         }
-        // SAFETY: `children` points to `n_children` pointers (C data interface), `i` is in
-        // range, and each non-null child pointer points to a valid ArrowArray owned by self.
+        // SAFETY: the caller guarantees a well-formed struct: `children` points to
+        // `n_children` pointers (and `i` is in range), each NULL or pointing to a valid
+        // ArrowArray that lives as long as `self`.
         unsafe { (*self.children.add(i)).as_ref() }
     }
 
-    /// The dictionary, if any.
-    pub fn dictionary(&self) -> Option<&ArrowArray> {
-        // SAFETY: a non-null `dictionary` points to a valid ArrowArray owned by self.
+    /// The dictionary, if any. It may be released; check [`ArrowArray::is_released`]
+    /// before following its own pointers.
+    ///
+    /// # Safety
+    /// `self` must be [well-formed](ArrowArray#well-formed-arrays): filled by a producer
+    /// following the C data interface and not released, so that a non-NULL `dictionary`
+    /// points to a live `ArrowArray`.
+    pub unsafe fn dictionary(&self) -> Option<&ArrowArray> {
+        // SAFETY: the caller guarantees a well-formed struct, whose non-NULL `dictionary`
+        // points to a valid ArrowArray that lives as long as `self`.
         unsafe { self.dictionary.as_ref() }
     }
 }

@@ -1,5 +1,6 @@
 //! Helpers for code called from C: nothing may unwind across the boundary.
 
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Result};
@@ -11,13 +12,71 @@ pub fn catch_panic<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
 
 /// Runs `f` for its side effects, swallowing (and reporting on stderr) any panic: for
 /// callbacks such as `release` that have no way to report an error.
+///
+/// Nothing here can unwind: the report is written with `writeln!` (an unwritable stderr,
+/// e.g. a closed pipe, is ignored rather than panicking as `eprintln!` would), and the
+/// panic payload is dropped under `catch_unwind` too, since its `Drop` may itself panic
+/// (such a second payload is leaked).
 pub fn swallow_panic(what: &str, f: impl FnOnce()) {
-    if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-        eprintln!(
-            "devarrow: {}",
-            Error::from_panic(p)
-                .to_string()
-                .replace("at the C boundary", what)
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
+        let message = panic_message(&*payload);
+        let _ = writeln!(
+            std::io::stderr(),
+            "devarrow: panic caught {what}: {message}"
         );
+        drop_payload(payload);
+    }
+}
+
+/// The message of a panic payload (`&str` or `String`), without consuming it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "non-string panic payload"
+    }
+}
+
+/// Drops a panic payload without letting a panic in its `Drop` escape: the payload of
+/// such a second panic is forgotten (leaked) instead of dropped.
+pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(second) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(second);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic payload whose `Drop` panics again.
+    struct PanicsOnDrop;
+
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("payload drop exploded");
+        }
+    }
+
+    #[test]
+    fn swallow_panic_survives_a_payload_whose_drop_panics() {
+        // Would unwind out of `swallow_panic` (and abort at a C boundary) if the payload
+        // were dropped outside `catch_unwind`.
+        swallow_panic("in a test", || std::panic::panic_any(PanicsOnDrop));
+    }
+
+    #[test]
+    fn catch_panic_survives_a_payload_whose_drop_panics() {
+        let err = catch_panic::<()>(|| std::panic::panic_any(PanicsOnDrop)).unwrap_err();
+        assert!(matches!(err, Error::Panic(_)), "{err}");
+    }
+
+    #[test]
+    fn swallow_panic_runs_the_closure() {
+        let mut ran = false;
+        swallow_panic("in a test", || ran = true);
+        assert!(ran);
     }
 }

@@ -25,12 +25,16 @@ pub const CPU_DEVICE_ID: i64 = -1;
 /// Exports arrow-rs array data as a CPU device array, zero-copy (the buffers are shared
 /// with `data` and kept alive until `release`).
 pub fn export_array_data(data: &ArrayData) -> DeviceArray {
-    DeviceArray::from_ffi(
-        FFI_ArrowArray::new(data),
-        ArrowDeviceType::CPU,
-        CPU_DEVICE_ID,
-        std::ptr::null_mut(),
-    )
+    // SAFETY: arrow-rs's `ArrayData` lives in host memory, so the CPU placement with no
+    // sync event is true.
+    unsafe {
+        DeviceArray::from_ffi(
+            FFI_ArrowArray::new(data),
+            ArrowDeviceType::CPU,
+            CPU_DEVICE_ID,
+            std::ptr::null_mut(),
+        )
+    }
     .expect("FFI_ArrowArray::new always returns an unreleased array")
 }
 
@@ -91,8 +95,10 @@ fn check_cpu(array: &DeviceArray) -> Result<()> {
 /// sharing it drops; on error it is released before returning.
 pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayRef> {
     check_cpu(&array)?;
-    // SAFETY: CPU buffers are host-readable; the C data interface sizes them from the
-    // structs, which `validate_host_offsets` checks before reading any offset.
+    // `validate_host_offsets` checks the structs before reading any offset.
+    // SAFETY: a DeviceArray's array is well-formed, its buffers on its device and sized as
+    // the C data interface says for the structs (contract of the unsafe
+    // `DeviceArray::try_new`); CPU buffers are host-readable.
     unsafe { layout::validate_host_offsets(array.array(), data_type, "array")? };
     let (ffi, ..) = array.into_ffi();
     let data_type = data_type.clone();
@@ -100,7 +106,8 @@ pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<Array
     // moved into arrow-rs and released by it (also while unwinding).
     let data = catch_unwind(AssertUnwindSafe(move || {
         // SAFETY: the structure and the offsets were validated against `data_type` above,
-        // so arrow-rs reads only buffer ranges the C data interface guarantees.
+        // so arrow-rs reads only buffer ranges that `DeviceArray::try_new`'s contract
+        // guarantees (buffers as large as the C data interface requires).
         unsafe { from_ffi_and_data_type(ffi, data_type) }
     }))
     .map_err(Error::from_panic)??;

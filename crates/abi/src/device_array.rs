@@ -11,13 +11,22 @@ use crate::error::{Error, Result};
 /// from a raw pointer ([`DeviceArray::from_raw`]) marks the source released, as the
 /// specification's "Moving an array" requires; moving one out ([`DeviceArray::move_into`],
 /// [`DeviceArray::into_raw`]) hands the duty to release to the receiver.
+///
+/// # Invariant
+///
+/// A `DeviceArray` always holds an array that meets the contract of
+/// [`DeviceArray::try_new`] (a C Device Data Interface array from a conforming producer):
+/// safe code relies on it to follow the struct's pointers, read host-readable buffers
+/// (after [`crate::layout`] has checked the layout against the schema), wait on
+/// `sync_event` and call `release`. The constructors that cannot check it are `unsafe`.
 #[derive(Debug)]
 pub struct DeviceArray {
     raw: ArrowDeviceArray,
 }
 
-// SAFETY: the C data interface lets the release callback run on any thread, and the struct
-// itself is plain data in CPU memory; arrow-rs makes the same promise for FFI_ArrowArray.
+// SAFETY: the release callbacks may run on any thread (contract of the unsafe `try_new`,
+// as the C data interface allows), and the struct itself is plain data in CPU memory;
+// arrow-rs makes the same promise for FFI_ArrowArray.
 unsafe impl Send for DeviceArray {}
 // SAFETY: `&DeviceArray` only reads plain fields; nothing mutates through a shared reference.
 unsafe impl Sync for DeviceArray {}
@@ -27,7 +36,25 @@ impl DeviceArray {
     ///
     /// Fails with [`Error::Released`] when the array is released (there is then nothing to
     /// own and nothing to release).
-    pub fn try_new(raw: ArrowDeviceArray) -> Result<Self> {
+    ///
+    /// # Safety
+    /// `raw` must be released, or filled by a producer following the C Device Data
+    /// Interface and not released since:
+    /// - `raw.array` is [well-formed](ArrowArray#well-formed-arrays) (its `buffers`,
+    ///   `children` and `dictionary` pointers valid for the counts it states);
+    /// - its buffers live on the device `device_type`/`device_id` name and, for as long as
+    ///   it is unreleased, hold at least the bytes the C data interface gives them for each
+    ///   struct's (non-negative) `length` and `offset`, and, for the data buffer of a
+    ///   variable-length type, up to its last offset;
+    /// - if `device_type` has an event type, `sync_event` is NULL or points to a live event
+    ///   of that type;
+    /// - its `release` callbacks may be called once each, from any thread.
+    ///
+    /// The layout itself need not be right: buffer and child counts against a schema,
+    /// negative or overflowing lengths and offsets, NULL buffers, non-monotonic offsets and
+    /// a `sync_event` on a device without events are what importers check, with typed
+    /// errors.
+    pub unsafe fn try_new(raw: ArrowDeviceArray) -> Result<Self> {
         if raw.is_released() {
             return Err(Error::Released {
                 what: "ArrowDeviceArray",
@@ -40,7 +67,8 @@ impl DeviceArray {
     /// to NULL without being called).
     ///
     /// # Safety
-    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArray`.
+    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArray` that meets the
+    /// contract of [`DeviceArray::try_new`].
     pub unsafe fn from_raw(ptr: *mut ArrowDeviceArray) -> Result<Self> {
         if ptr.is_null() {
             return Err(Error::NullPointer {
@@ -50,24 +78,37 @@ impl DeviceArray {
         // SAFETY: the caller guarantees `ptr` is valid for reads and writes. Reading it
         // bitwise and then writing a released struct back is the spec's "move".
         let raw = unsafe { std::ptr::replace(ptr, ArrowDeviceArray::empty()) };
-        Self::try_new(raw)
+        // SAFETY: the caller guarantees the struct meets `try_new`'s contract.
+        unsafe { Self::try_new(raw) }
     }
 
     /// Wraps an arrow-rs [`FFI_ArrowArray`] with its device placement. Every `reserved`
     /// word is zeroed.
-    pub fn from_ffi(
+    ///
+    /// # Safety
+    /// The placement must be true: the buffers of `array` live on the device
+    /// `device_type`/`device_id` name (an `FFI_ArrowArray` made by arrow-rs from its own
+    /// `ArrayData` has host memory: use [`crate::ArrowDeviceType::CPU`] and
+    /// [`crate::cpu::CPU_DEVICE_ID`]), and `sync_event` is as [`DeviceArray::try_new`]
+    /// requires (NULL, or for a device type with events a pointer to a live event).
+    pub unsafe fn from_ffi(
         array: FFI_ArrowArray,
         device_type: ArrowDeviceType,
         device_id: i64,
         sync_event: *mut c_void,
     ) -> Result<Self> {
-        Self::try_new(ArrowDeviceArray {
-            array: ArrowArray::from_ffi(array),
-            device_id,
-            device_type,
-            sync_event,
-            reserved: [0; 3],
-        })
+        // SAFETY: an `FFI_ArrowArray` is released or well-formed (arrow-rs builds it from
+        // valid `ArrayData`, or its unsafe `from_raw` caller vouched for it), with buffers
+        // sized for its structs; the caller guarantees the placement and the event.
+        unsafe {
+            Self::try_new(ArrowDeviceArray {
+                array: ArrowArray::from_ffi(array),
+                device_id,
+                device_type,
+                sync_event,
+                reserved: [0; 3],
+            })
+        }
     }
 
     /// The device type the buffers live on.
@@ -85,7 +126,9 @@ impl DeviceArray {
         self.raw.sync_event
     }
 
-    /// The embedded `ArrowArray` (structs in CPU memory, buffers on the device).
+    /// The embedded `ArrowArray` (structs in CPU memory, buffers on the device). It is
+    /// [well-formed](ArrowArray#well-formed-arrays) and unreleased, as
+    /// [`DeviceArray::try_new`] requires, so its pointers may be followed.
     pub fn array(&self) -> &ArrowArray {
         &self.raw.array
     }
@@ -118,7 +161,9 @@ impl DeviceArray {
     pub fn into_ffi(self) -> (FFI_ArrowArray, ArrowDeviceType, i64, *mut c_void) {
         let raw = self.into_raw();
         (
-            raw.array.into_ffi(),
+            // SAFETY: a DeviceArray holds a well-formed, unreleased array whose release
+            // may be called once (the contract of `try_new`); ownership moves to arrow-rs.
+            unsafe { raw.array.into_ffi() },
             raw.device_type,
             raw.device_id,
             raw.sync_event,
@@ -129,8 +174,9 @@ impl DeviceArray {
 impl Drop for DeviceArray {
     fn drop(&mut self) {
         if let Some(release) = self.raw.array.release {
-            // SAFETY: the struct is unreleased and owned by us; the callback is the
-            // producer's and receives a pointer to the (moved) struct, as the spec allows.
+            // SAFETY: the struct is unreleased and owned by us, and its release may be called
+            // once (contract of `try_new`); the callback is the producer's and receives a
+            // pointer to the (moved) struct, as the spec allows.
             unsafe { release(&mut self.raw.array) };
             // A conforming producer marks it released; make sure regardless.
             self.raw.array.release = None;

@@ -162,20 +162,33 @@ impl Error {
         }
     }
 
+    /// The code to return from a C callback for this error: [`Error::errno`], except that
+    /// a code of 0 (which would read as success, e.g. an [`Error::Callback`] whose peer
+    /// reported 0) becomes `EIO`.
+    pub(crate) fn c_code(&self) -> i32 {
+        match self.errno() {
+            0 => errno::EIO,
+            code => code,
+        }
+    }
+
     /// Turns a caught panic payload into [`Error::Panic`].
+    ///
+    /// The payload is dropped without unwinding, even if its `Drop` panics (that second
+    /// payload is leaked), so this is safe to call at the C boundary.
     pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
-        let msg = if let Some(s) = payload.downcast_ref::<&str>() {
-            (*s).to_string()
-        } else if let Some(s) = payload.downcast_ref::<String>() {
-            s.clone()
-        } else {
-            "non-string panic payload".to_string()
-        };
+        let msg = crate::boundary::panic_message(&*payload).to_string();
+        crate::boundary::drop_payload(payload);
         Error::Panic(msg)
     }
 }
 
-/// The errno values the interface uses (Linux numbering, as the C side sees them).
+/// The errno values the interface uses, as the C side of the target platform numbers them.
+///
+/// `EIO`, `ENOMEM` and `EINVAL` are the same everywhere devarrow runs. `ENOSYS` and
+/// `ECANCELED` differ: Apple platforms (macOS, iOS) get their own numbers; every other
+/// target gets the Linux numbers, which are right on Linux (where devarrow is built and
+/// tested) and Android, but not on, e.g., the BSDs or Windows.
 pub mod errno {
     /// I/O error: a failure of the producer's source.
     pub const EIO: i32 = 5;
@@ -183,10 +196,18 @@ pub mod errno {
     pub const ENOMEM: i32 = 12;
     /// Invalid argument: malformed data or a bad call.
     pub const EINVAL: i32 = 22;
-    /// Function not implemented: an unsupported device or feature.
+    /// Function not implemented: an unsupported device or feature (Linux: 38).
+    #[cfg(not(target_vendor = "apple"))]
     pub const ENOSYS: i32 = 38;
-    /// Operation canceled.
+    /// Function not implemented: an unsupported device or feature (Apple: 78).
+    #[cfg(target_vendor = "apple")]
+    pub const ENOSYS: i32 = 78;
+    /// Operation canceled (Linux: 125).
+    #[cfg(not(target_vendor = "apple"))]
     pub const ECANCELED: i32 = 125;
+    /// Operation canceled (Apple: 89).
+    #[cfg(target_vendor = "apple")]
+    pub const ECANCELED: i32 = 89;
 }
 
 fn errno_name(code: i32) -> &'static str {
@@ -219,5 +240,54 @@ impl From<Error> for ArrowError {
             Error::Arrow(a) => a,
             e => ArrowError::ExternalError(Box::new(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The platform's own `strerror` names each code as expected, so the numbers are the
+    /// C side's on this target.
+    #[test]
+    fn errno_values_are_the_platforms() {
+        let text = |code| std::io::Error::from_raw_os_error(code).to_string();
+        assert!(
+            text(errno::EIO).contains("nput/output"),
+            "{}",
+            text(errno::EIO)
+        );
+        assert!(
+            text(errno::ENOMEM).contains("memory"),
+            "{}",
+            text(errno::ENOMEM)
+        );
+        assert!(
+            text(errno::EINVAL).contains("nvalid argument"),
+            "{}",
+            text(errno::EINVAL)
+        );
+        assert!(
+            text(errno::ENOSYS).contains("not implemented"),
+            "{}",
+            text(errno::ENOSYS)
+        );
+        assert!(
+            text(errno::ECANCELED).contains("anceled"),
+            "{}",
+            text(errno::ECANCELED)
+        );
+    }
+
+    #[test]
+    fn a_zero_code_is_never_returned_to_c() {
+        let err = Error::Callback {
+            operation: "get_next",
+            code: 0,
+            message: String::new(),
+        };
+        assert_eq!(err.errno(), 0);
+        assert_eq!(err.c_code(), errno::EIO);
+        assert_eq!(Error::Protocol(String::new()).c_code(), errno::EINVAL);
     }
 }

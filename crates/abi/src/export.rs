@@ -106,18 +106,36 @@ unsafe extern "C" fn release_node(array: *mut ArrowArray) {
 
 /// Exports `root` as a device array on `device_type`/`device_id` with `sync_event`; the
 /// `owner` (memory, event, ...) is kept alive until every exported struct is released.
-pub fn export_tree(
+///
+/// The structs are built here, so they are well-formed whatever `root` holds; the counts
+/// need not fit any schema (importers check that). The buffer addresses, though, are
+/// taken on trust.
+///
+/// # Safety
+/// As [`DeviceArray::try_new`] requires of the buffers and the event:
+/// - every non-NULL buffer address of `root` (children and dictionaries included) points to
+///   memory on the device `device_type`/`device_id` name, kept alive by `owner`, holding
+///   at least the bytes the C data interface gives it for its node's (non-negative)
+///   `length` and `offset` and, for the data buffer of a variable-length type, up to its
+///   last offset;
+/// - if `device_type` has an event type, `sync_event` is NULL or points to a live event
+///   of that type, kept alive by `owner`.
+pub unsafe fn export_tree(
     root: ArrayNode,
     owner: Owner,
     device_type: ArrowDeviceType,
     device_id: i64,
     sync_event: *mut c_void,
 ) -> Result<DeviceArray> {
-    DeviceArray::try_new(ArrowDeviceArray {
+    let raw = ArrowDeviceArray {
         array: export_node(root, &owner),
         device_id,
         device_type,
         sync_event,
         reserved: [0; 3],
-    })
+    };
+    // SAFETY: `export_node` builds well-formed structs (pointer arrays boxed with the
+    // counts it states, each child and dictionary exported the same way) whose `release`
+    // may run once from any thread; the caller guarantees the buffers and the event.
+    unsafe { DeviceArray::try_new(raw) }
 }

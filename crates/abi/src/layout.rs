@@ -4,12 +4,16 @@
 //! - [`validate_structure`] reads only the structs (which live in CPU memory even for
 //!   device arrays): buffer and child counts, the dictionary, `length`, `offset` and
 //!   `null_count`, and NULL buffers where the layout needs bytes whose size is known from
-//!   the structs alone. Safe for any device type.
+//!   the structs alone. Works for any device type.
 //! - [`validate_host_offsets`] additionally reads offset buffers (so only for memory the
 //!   host can read): offsets must be non-negative, monotonic, and within their child.
 //!
 //! After both pass, arrow-rs can import the array without reading out of bounds, and its
 //! `validate_full` checks the rest (UTF-8, dictionary keys, union type ids, ...).
+//!
+//! Both are `unsafe`: they follow the struct's pointers, which must be those of a
+//! [well-formed](crate::ArrowArray#well-formed-arrays) array (one from a producer following
+//! the C data interface). The array in a [`crate::DeviceArray`] always is.
 
 use std::ffi::c_void;
 
@@ -120,15 +124,30 @@ fn child_path(path: &str, i: usize) -> String {
 
 /// Checks the structs of `array` against `data_type` without reading any buffer.
 ///
-/// `path` names the array in error messages (e.g. `"array"`).
-pub fn validate_structure(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+/// `path` names the array in error messages (e.g. `"array"`). A released array is reported
+/// as [`Error::Released`].
+///
+/// # Safety
+/// `array` must be released, or [well-formed](crate::ArrowArray#well-formed-arrays): filled
+/// by a producer following the C data interface and not released, so that its `buffers`,
+/// `children` and `dictionary` pointers are valid for the counts it states (whether those
+/// counts fit `data_type` is what this checks). The array of a [`crate::DeviceArray`]
+/// always is. The buffers are never read, so they may live on any device.
+pub unsafe fn validate_structure(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &str,
+) -> Result<()> {
     if array.is_released() {
         return Err(Error::Released { what: "ArrowArray" });
     }
-    validate_node(array, data_type, path)
+    // SAFETY: the caller guarantees an unreleased array is well-formed.
+    unsafe { validate_node(array, data_type, path) }
 }
 
-fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+/// # Safety
+/// `array` must be well-formed and unreleased (see [`validate_structure`]).
+unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
     let invalid = |field: &'static str, value: i64| Error::InvalidField {
         path: path.to_string(),
         field,
@@ -204,7 +223,8 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
             // Sized by the offsets; checked by `validate_host_offsets`.
             BufferRole::Data | BufferRole::VariadicSizes => 0,
         };
-        if bytes > 0 && array.buffer(index).is_null() {
+        // SAFETY: `array` is well-formed (contract of this function).
+        if bytes > 0 && unsafe { array.buffer(index) }.is_null() {
             return Err(Error::NullBuffer {
                 path: path.to_string(),
                 index,
@@ -215,7 +235,8 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
     }
     if variadic {
         let sizes_index = array.n_buffers as usize - 1;
-        if sizes_index > roles.len() && array.buffer(sizes_index).is_null() {
+        // SAFETY: `array` is well-formed (contract of this function).
+        if sizes_index > roles.len() && unsafe { array.buffer(sizes_index) }.is_null() {
             return Err(Error::NullBuffer {
                 path: path.to_string(),
                 index: sizes_index,
@@ -237,7 +258,8 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
     }
     for (i, child_type) in children.iter().enumerate() {
         let child_path = child_path(path, i);
-        let child = array.child(i).ok_or_else(|| Error::NullPointer {
+        // SAFETY: `array` is well-formed (contract of this function).
+        let child = unsafe { array.child(i) }.ok_or_else(|| Error::NullPointer {
             what: "ArrowArray child",
         })?;
         if child.is_released() {
@@ -245,7 +267,9 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
                 what: "ArrowArray child",
             });
         }
-        validate_node(child, child_type, &child_path)?;
+        // SAFETY: an unreleased child of a well-formed array is well-formed (C data
+        // interface), and it was checked unreleased just above.
+        unsafe { validate_node(child, child_type, &child_path)? };
         // Children that are indexed positionally must be long enough.
         let needed = match data_type {
             DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(end),
@@ -264,7 +288,8 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
     }
 
     // Dictionary.
-    match (data_type, array.dictionary()) {
+    // SAFETY: `array` is well-formed (contract of this function).
+    match (data_type, unsafe { array.dictionary() }) {
         (DataType::Dictionary(_, value_type), Some(dict)) => {
             let dict_path = format!("{path}.dictionary");
             if dict.is_released() {
@@ -272,7 +297,9 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
                     what: "ArrowArray dictionary",
                 });
             }
-            validate_node(dict, value_type, &dict_path)?;
+            // SAFETY: an unreleased dictionary of a well-formed array is well-formed (C
+            // data interface), and it was checked unreleased just above.
+            unsafe { validate_node(dict, value_type, &dict_path)? };
         }
         (DataType::Dictionary(_, _), None) => {
             return Err(Error::Dictionary {
@@ -296,14 +323,16 @@ fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result
 /// lists, and the data buffer must be non-NULL when they address bytes.
 ///
 /// # Safety
-/// The buffers must be readable by the host CPU (CPU, `CUDA_HOST` or `CUDA_MANAGED` after
-/// synchronization) and at least as large as the C data interface says for the structs.
+/// As for [`validate_structure`] (`array` released or well-formed), and the buffers must
+/// be readable by the host CPU (CPU, `CUDA_HOST` or `CUDA_MANAGED` after synchronization)
+/// and at least as large as the C data interface says for the structs.
 pub unsafe fn validate_host_offsets(
     array: &ArrowArray,
     data_type: &DataType,
     path: &str,
 ) -> Result<()> {
-    validate_structure(array, data_type, path)?;
+    // SAFETY: the caller guarantees `array` is released or well-formed.
+    unsafe { validate_structure(array, data_type, path)? };
     // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
     unsafe { check_offsets_node(array, data_type, path) }
 }
@@ -323,6 +352,10 @@ unsafe fn offset_at(ptr: *const c_void, width: usize, i: usize) -> i64 {
     }
 }
 
+/// # Safety
+/// `array` must be well-formed, unreleased and structurally valid for `data_type` (as
+/// [`validate_structure`] checked), with host-readable buffers of the sizes the C data
+/// interface gives them.
 unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
     let bad = |message: String| Error::InvalidOffsets {
         path: path.to_string(),
@@ -339,9 +372,11 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         | DataType::LargeList(_)
         | DataType::Map(_, _) => {
             let width = offset_width(data_type);
-            let ptr = array.buffer(1);
+            // SAFETY: `array` is well-formed (contract of this function).
+            let ptr = unsafe { array.buffer(1) };
             // SAFETY (all reads below): validate_structure checked the offsets buffer is
-            // non-NULL, and the C data interface sizes it for offset + length + 1 items.
+            // non-NULL, and the caller guarantees it holds offset + length + 1 items, as
+            // the C data interface sizes it (for a DeviceArray: `try_new`'s contract).
             let first = unsafe { offset_at(ptr, width, start) };
             if first < 0 {
                 return Err(bad(format!("first offset {first} is negative")));
@@ -359,7 +394,8 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
             }
             match data_type {
                 DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => {
-                    let child = array.child(0).expect("checked by validate_structure");
+                    // SAFETY: `array` is well-formed (contract of this function).
+                    let child = unsafe { array.child(0) }.expect("checked by validate_structure");
                     if last > child.length {
                         return Err(bad(format!(
                             "last offset {last} is past the end of the child (length {})",
@@ -368,7 +404,8 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
                     }
                 }
                 _ => {
-                    if last > first && array.buffer(2).is_null() {
+                    // SAFETY: `array` is well-formed (contract of this function).
+                    if last > first && unsafe { array.buffer(2) }.is_null() {
                         return Err(Error::NullBuffer {
                             path: path.to_string(),
                             index: 2,
@@ -381,9 +418,11 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         }
         DataType::ListView(_) | DataType::LargeListView(_) => {
             let width = offset_width(data_type);
-            let child_len = array.child(0).map(|c| c.length).unwrap_or(0);
+            // SAFETY: `array` is well-formed (contract of this function).
+            let child_len = unsafe { array.child(0) }.map(|c| c.length).unwrap_or(0);
             for i in 0..len {
-                // SAFETY: offsets and sizes hold offset + length items (checked non-NULL).
+                // SAFETY: `array` is well-formed, and its offsets and sizes buffers hold
+                // offset + length items (checked non-NULL).
                 let (o, s) = unsafe {
                     (
                         offset_at(array.buffer(1), width, start + i),
@@ -399,14 +438,16 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         }
         DataType::Utf8View | DataType::BinaryView => {
             let n_variadic = array.n_buffers as usize - 3;
-            let sizes_ptr = array.buffer(array.n_buffers as usize - 1);
+            // SAFETY: `array` is well-formed (contract of this function).
+            let sizes_ptr = unsafe { array.buffer(array.n_buffers as usize - 1) };
             for i in 0..n_variadic {
                 // SAFETY: the variadic sizes buffer holds one int64 per variadic buffer.
                 let s = unsafe { offset_at(sizes_ptr, 8, i) };
                 if s < 0 {
                     return Err(bad(format!("variadic buffer {i} has negative size {s}")));
                 }
-                if s > 0 && array.buffer(2 + i).is_null() {
+                // SAFETY: `array` is well-formed (contract of this function).
+                if s > 0 && unsafe { array.buffer(2 + i) }.is_null() {
                     return Err(Error::NullBuffer {
                         path: path.to_string(),
                         index: 2 + i,
@@ -419,11 +460,15 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         _ => {}
     }
     for (i, child_type) in child_types(data_type).into_iter().enumerate() {
-        let child = array.child(i).expect("checked by validate_structure");
-        // SAFETY: same guarantees as for the parent.
+        // SAFETY: `array` is well-formed (contract of this function).
+        let child = unsafe { array.child(i) }.expect("checked by validate_structure");
+        // SAFETY: same guarantees as for the parent (validate_structure checked the child
+        // unreleased, hence well-formed, and valid for its type).
         unsafe { check_offsets_node(child, child_type, &child_path(path, i))? };
     }
-    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, array.dictionary()) {
+    // SAFETY: `array` is well-formed (contract of this function).
+    let dictionary = unsafe { array.dictionary() };
+    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
         // SAFETY: same guarantees as for the parent.
         unsafe { check_offsets_node(dict, value_type, &format!("{path}.dictionary"))? };
     }

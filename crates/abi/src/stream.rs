@@ -11,6 +11,7 @@
 //! `get_last_error` and `release`.
 
 use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
@@ -18,7 +19,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 use crate::abi::{ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType};
-use crate::boundary::{catch_panic, swallow_panic};
+use crate::boundary::{catch_panic, drop_payload, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
@@ -74,10 +75,19 @@ struct ProducerState {
 }
 
 impl ProducerState {
+    /// Records `err` for `get_last_error` and returns its (non-zero) code.
+    ///
+    /// Formatting and dropping the error run under `catch_unwind`: either may call user
+    /// code (an `ArrowError::ExternalError` from a source).
     fn fail(&mut self, err: Error) -> c_int {
-        let msg = err.to_string().replace('\0', " ");
+        let code = err.c_code();
+        let msg = catch_unwind(AssertUnwindSafe(move || err.to_string())).unwrap_or_else(|p| {
+            drop_payload(p);
+            "the error's message could not be formatted (its Display panicked)".into()
+        });
+        let msg = msg.replace('\0', " ");
         self.last_error = Some(CString::new(msg).expect("NULs were replaced"));
-        err.errno()
+        code
     }
 }
 
@@ -126,18 +136,21 @@ unsafe extern "C" fn stream_get_schema(
     let Some(state) = (unsafe { producer_state(stream) }) else {
         return crate::error::errno::EINVAL;
     };
-    if out.is_null() {
-        return state.fail(Error::NullPointer {
-            what: "ArrowSchema out",
-        });
-    }
-    let schema = state.source.schema();
-    match catch_panic(|| Ok(FFI_ArrowSchema::try_from(schema.as_ref())?)) {
-        Ok(ffi) => {
-            // SAFETY: `out` is non-null and points to consumer-allocated storage.
-            unsafe { std::ptr::write(out, ffi) };
-            0
+    // Everything that runs user code (the source's `schema()`) is inside the guard.
+    let result = catch_panic(|| {
+        if out.is_null() {
+            return Err(Error::NullPointer {
+                what: "ArrowSchema out",
+            });
         }
+        let schema = state.source.schema();
+        let ffi = FFI_ArrowSchema::try_from(schema.as_ref())?;
+        // SAFETY: `out` is non-null and points to consumer-allocated storage.
+        unsafe { std::ptr::write(out, ffi) };
+        Ok(())
+    });
+    match result {
+        Ok(()) => 0,
         Err(e) => state.fail(e),
     }
 }
@@ -150,31 +163,36 @@ unsafe extern "C" fn stream_get_next(
     let Some(state) = (unsafe { producer_state(stream) }) else {
         return crate::error::errno::EINVAL;
     };
-    if out.is_null() {
-        return state.fail(Error::NullPointer {
-            what: "ArrowDeviceArray out",
-        });
-    }
-    let device_type = state.source.device_type();
-    match catch_panic(|| state.source.next_array().transpose()) {
-        Ok(Some(array)) if array.device_type() != device_type => {
-            state.fail(Error::UnsupportedDevice {
+    // Everything that runs user code (the source's `device_type()` and `next_array()`,
+    // and the release of a refused array) is inside the guard.
+    let result = catch_panic(|| {
+        if out.is_null() {
+            return Err(Error::NullPointer {
+                what: "ArrowDeviceArray out",
+            });
+        }
+        let device_type = state.source.device_type();
+        match state.source.next_array().transpose()? {
+            Some(array) if array.device_type() != device_type => Err(Error::UnsupportedDevice {
                 found: array.device_type(),
                 accepted: device_type.to_string(),
-            })
+            }),
+            Some(array) => {
+                // SAFETY: `out` is non-null consumer storage; ownership moves to the consumer.
+                unsafe { array.move_into(out) };
+                Ok(())
+            }
+            None => {
+                let mut end = ArrowDeviceArray::empty();
+                end.device_type = device_type;
+                // SAFETY: as above; a released array marks the end of the stream.
+                unsafe { std::ptr::write(out, end) };
+                Ok(())
+            }
         }
-        Ok(Some(array)) => {
-            // SAFETY: `out` is non-null consumer storage; ownership moves to the consumer.
-            unsafe { array.move_into(out) };
-            0
-        }
-        Ok(None) => {
-            let mut end = ArrowDeviceArray::empty();
-            end.device_type = device_type;
-            // SAFETY: as above; a released array marks the end of the stream.
-            unsafe { std::ptr::write(out, end) };
-            0
-        }
+    });
+    match result {
+        Ok(()) => 0,
         Err(e) => state.fail(e),
     }
 }
@@ -221,8 +239,18 @@ pub struct DeviceArrayStream {
 unsafe impl Send for DeviceArrayStream {}
 
 impl DeviceArrayStream {
-    /// Takes ownership of a stream by value; fails if it is released.
-    pub fn try_new(raw: ArrowDeviceArrayStream) -> Result<Self> {
+    /// Takes ownership of a stream by value; fails with [`Error::Released`] if it is
+    /// released, and with [`Error::NullPointer`] (after releasing it) if it lacks a
+    /// callback.
+    ///
+    /// # Safety
+    /// `raw` must be released, or filled by a producer following the C Device Data
+    /// Interface and not released since: its callbacks are sound to call as the interface
+    /// describes (serialized, from any thread, with `private_data` as the producer left
+    /// it), and every array `get_next` returns meets the contract of
+    /// [`DeviceArray::try_new`] (devarrow wraps them without further checks of their
+    /// pointers).
+    pub unsafe fn try_new(raw: ArrowDeviceArrayStream) -> Result<Self> {
         if raw.is_released() {
             return Err(Error::Released {
                 what: "ArrowDeviceArrayStream",
@@ -241,7 +269,8 @@ impl DeviceArrayStream {
     /// Moves a stream out of `ptr`, marking the source released.
     ///
     /// # Safety
-    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArrayStream`.
+    /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArrayStream` that meets
+    /// the contract of [`DeviceArrayStream::try_new`].
     pub unsafe fn from_raw(ptr: *mut ArrowDeviceArrayStream) -> Result<Self> {
         if ptr.is_null() {
             return Err(Error::NullPointer {
@@ -250,7 +279,8 @@ impl DeviceArrayStream {
         }
         // SAFETY: the caller guarantees validity; replacing with a released struct is a move.
         let raw = unsafe { std::ptr::replace(ptr, ArrowDeviceArrayStream::empty()) };
-        Self::try_new(raw)
+        // SAFETY: the caller guarantees the stream meets `try_new`'s contract.
+        unsafe { Self::try_new(raw) }
     }
 
     /// Gives up ownership; whoever holds the result must release it.
@@ -319,7 +349,9 @@ impl DeviceArrayStream {
         let code = unsafe { get_next(&mut self.raw, &mut out) };
         if code != 0 {
             // A conforming producer leaves `out` released on error; release it if not.
-            drop(DeviceArray::try_new(out));
+            // SAFETY: `out` is released or was filled by the stream's producer, whose
+            // arrays meet `DeviceArray::try_new`'s contract (contract of `Self::try_new`).
+            drop(unsafe { DeviceArray::try_new(out) });
             return Err(Error::Callback {
                 operation: "get_next",
                 code,
@@ -329,7 +361,9 @@ impl DeviceArrayStream {
         if out.is_released() {
             return Ok(None);
         }
-        let array = DeviceArray::try_new(out)?;
+        // SAFETY: `out` was filled by the stream's producer, whose arrays meet
+        // `DeviceArray::try_new`'s contract (contract of `Self::try_new`).
+        let array = unsafe { DeviceArray::try_new(out) }?;
         if array.device_type() != self.raw.device_type {
             return Err(Error::UnsupportedDevice {
                 found: array.device_type(),

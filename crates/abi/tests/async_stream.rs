@@ -291,10 +291,10 @@ unsafe extern "C" fn rec_on_next_task(
             // SAFETY: first and only extraction, into a writable struct.
             let rc = unsafe { extract(&mut copy, &mut out) };
             r.extract_codes.lock().unwrap().push(rc);
-            r.arrays
-                .lock()
-                .unwrap()
-                .push(DeviceArray::try_new(out).unwrap());
+            // SAFETY: `out` was filled by devarrow's producer from a DeviceArray of its
+            // source, so it meets `try_new`'s contract.
+            let array = unsafe { DeviceArray::try_new(out) }.unwrap();
+            r.arrays.lock().unwrap().push(array);
         }
         Extract::NullThenTwice => {
             // SAFETY: extraction with NULL out; then a forbidden second one on the task.
@@ -456,6 +456,29 @@ fn round_trip_device_arrays_release_every_array_once() {
 }
 
 #[test]
+fn handler_release_field_is_null_after_release() {
+    let _w = watchdog("handler_release_null");
+    let (handler, mut stream) = async_record_batch_handler(2);
+    let raw = handler.into_raw();
+    // SAFETY: the handler is live (the stream owns it) and handed over to the producer.
+    assert!(unsafe { (*raw).release }.is_some());
+    // SAFETY: handed over.
+    let producer =
+        unsafe { produce_record_batch_iter(schema(), [Ok::<_, ArrowError>(batch(0))], raw) }
+            .unwrap();
+    let got: Vec<RecordBatch> = block_on(stream.by_ref().map(|b| b.unwrap()).collect());
+    assert_eq!(got, [batch(0)]);
+    producer.join().unwrap();
+    // SAFETY: the producer has released the handler, but the struct lives as long as the
+    // Rust stream, which is still alive here.
+    assert!(
+        unsafe { (*raw).release }.is_none(),
+        "release marks the handler released"
+    );
+    drop(stream);
+}
+
+#[test]
 fn record_batches_from_an_async_stream() {
     let _w = watchdog("async_source");
     let source = stream::iter(0..4).then(|i| async move { Ok::<_, ArrowError>(batch(i)) });
@@ -562,6 +585,37 @@ fn producer_stops_at_the_requested_total() {
     assert_eq!(log, ["schema", "task", "task", "task", "release"]);
     drop(h.recorder.batches());
     assert_eq!(ledger.released(), ledger.exported());
+}
+
+#[test]
+fn the_end_of_the_stream_takes_one_requested_unit() {
+    let _w = watchdog("end_takes_a_unit");
+    let h = recorder(Config {
+        request_on_schema: Some(3),
+        ..Default::default()
+    });
+    let batches: Vec<_> = (0..3).map(|i| Ok::<_, ArrowError>(batch(i))).collect();
+    // SAFETY: the handler lives until TestHandler drops (after release).
+    let producer = unsafe { produce_record_batch_iter(schema(), batches, h.raw) }.unwrap();
+    while count(&h.recorder.log_snapshot(), "task") < 3 {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        h.recorder.log_snapshot(),
+        ["schema", "task", "task", "task"],
+        "exactly 3 requested for 3 batches: no end yet"
+    );
+    assert!(!producer.is_finished());
+    // The producer is live (not released), so the consumer may request.
+    h.recorder.request(1);
+    h.recorder.wait_released();
+    producer.join().unwrap();
+    h.recorder.assert_clean();
+    assert_eq!(
+        h.recorder.log_snapshot(),
+        ["schema", "task", "task", "task", "end", "release"]
+    );
 }
 
 #[test]
@@ -827,7 +881,8 @@ fn task_extraction_is_exactly_once_across_copies() {
     );
     assert!(again.is_released());
     assert_eq!(count.load(Ordering::SeqCst), 0);
-    let array = DeviceArray::try_new(out).unwrap();
+    // SAFETY: `out` was filled by `extract_data` from the DeviceArray given to `new_task`.
+    let array = unsafe { DeviceArray::try_new(out) }.unwrap();
     assert_eq!(
         cpu::import_record_batch_with_schema(array, schema()).unwrap(),
         batch(3)
@@ -891,6 +946,9 @@ struct FakeProducer {
     _raw: Box<ArrowAsyncProducer>,
     counters: Arc<FakeCounters>,
     handler: *mut ArrowAsyncDeviceStreamHandler,
+    /// The handler's `release`, copied at the start (as a C producer may keep it), so a
+    /// repeated release can be tried after the field reads NULL.
+    release: unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler),
 }
 
 impl FakeProducer {
@@ -905,10 +963,13 @@ impl FakeProducer {
         });
         // SAFETY: the handler is live (from async_handler).
         unsafe { (*handler).producer = &mut *raw };
+        // SAFETY: as above.
+        let release = unsafe { (*handler).release }.expect("an unreleased handler");
         Self {
             _raw: raw,
             counters,
             handler,
+            release,
         }
     }
 
@@ -949,7 +1010,13 @@ impl FakeProducer {
 
     fn release(&self) {
         // SAFETY: the handler struct is alive (checked by the callers' use of the stream).
-        unsafe { ((*self.handler).release.unwrap())(self.handler) }
+        unsafe { (self.release)(self.handler) }
+    }
+
+    /// Whether the handler's `release` field is NULL (the struct marked released).
+    fn release_is_null(&self) -> bool {
+        // SAFETY: the handler struct is alive while the Rust stream is (callers keep it).
+        unsafe { (*self.handler).release.is_none() }
     }
 
     fn requested(&self) -> i64 {
@@ -1004,7 +1071,9 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     assert!(block_on(stream.next()).is_none());
     // After the failure the consumer requests nothing more.
     assert_eq!(fake.requested(), 2);
+    assert!(!fake.release_is_null());
     fake.release();
+    assert!(fake.release_is_null(), "release marks the handler released");
     // Callbacks after release: ignored safely while the stream is alive.
     let (late, late_count) = counted(9);
     assert_eq!(fake.task(Some(late)), errno::EINVAL);
@@ -1015,7 +1084,9 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     );
     fake.on_error(errno::EIO, c"late error");
     assert_eq!(fake.on_schema(), errno::EINVAL);
+    // A second release (through a copy of the callback) is a no-op.
     fake.release();
+    assert!(fake.release_is_null());
     assert!(block_on(stream.next()).is_none());
     assert_eq!(fake.cancels(), 0, "a failed stream is not cancelled");
     drop(stream);

@@ -30,7 +30,13 @@ fn import_corrupted_with_schema(
     let (exported, count) = count_releases(exported);
     let mut raw = exported.into_raw();
     corrupt(&mut raw);
-    let device_array = DeviceArray::try_new(raw).unwrap();
+    // Every corruption in this file keeps the pointers valid for their counts: it lowers
+    // counts, nulls pointers, or changes what the importer rejects before reading the bytes
+    // it governs (negative lengths and offsets, a shorter child, a foreign device type, a
+    // sync event on the CPU, whose pointee is never read).
+    // SAFETY: `raw` came from a DeviceArray, and the corruption (see above) leaves it
+    // well-formed with nothing the importer reads before rejecting it.
+    let device_array = unsafe { DeviceArray::try_new(raw) }.unwrap();
     let err = cpu::import_array(device_array, schema).unwrap_err();
     assert_eq!(releases(&count), 1, "released exactly once after: {err}");
     err
@@ -46,7 +52,8 @@ fn strings() -> StringArray {
 
 #[test]
 fn released_struct_is_detected() {
-    let err = DeviceArray::try_new(ArrowDeviceArray::empty()).unwrap_err();
+    // SAFETY: a released array is always allowed (and refused).
+    let err = unsafe { DeviceArray::try_new(ArrowDeviceArray::empty()) }.unwrap_err();
     assert!(matches!(err, Error::Released { .. }), "{err}");
     assert!(err.to_string().contains("released"));
 }
@@ -174,7 +181,9 @@ fn unknown_null_count_is_accepted() {
     let (exported, schema) = cpu::export_array(&ints()).unwrap();
     let mut raw = exported.into_raw();
     raw.array.null_count = -1;
-    let back = cpu::import_array(DeviceArray::try_new(raw).unwrap(), &schema).unwrap();
+    // SAFETY: `raw` came from a DeviceArray; an unknown null count (-1) keeps it valid.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let back = cpu::import_array(array, &schema).unwrap();
     assert_eq!(back.null_count(), 1, "computed from the bitmap");
 }
 

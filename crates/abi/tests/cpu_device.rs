@@ -199,8 +199,10 @@ fn arrow_rs_produces_the_embedded_array() {
     let data = StructArray::from(batch.clone()).into_data();
     let (ffi, _) = to_ffi(&data).unwrap();
     let schema = FFI_ArrowSchema::try_from(batch.schema().as_ref()).unwrap();
+    // SAFETY: arrow-rs exported host memory, so the CPU placement (no event) is true.
     let device =
-        DeviceArray::from_ffi(ffi, ArrowDeviceType::CPU, -1, std::ptr::null_mut()).unwrap();
+        unsafe { DeviceArray::from_ffi(ffi, ArrowDeviceType::CPU, -1, std::ptr::null_mut()) }
+            .unwrap();
     let back = cpu::import_record_batch(device, &schema).unwrap();
     assert_eq!(back, batch);
 }

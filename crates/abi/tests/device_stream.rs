@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use arrow_array::{
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use devarrow_abi::error::errno;
+use devarrow_abi::export::{export_tree, ArrayNode};
 use devarrow_abi::stream::{
     export_reader, export_stream, DeviceArrayStream, DeviceArrayStreamReader, DeviceBatchSource,
 };
@@ -168,6 +170,25 @@ fn a_panic_in_the_source_is_an_error_code_not_an_unwind() {
     }
 }
 
+/// An empty struct array of [`schema`] on `device_type`, all of whose buffers are NULL
+/// (so it may claim any device).
+fn empty_batch_on(device_type: ArrowDeviceType) -> DeviceArray {
+    let column = || ArrayNode {
+        buffers: vec![std::ptr::null(); 2],
+        ..Default::default()
+    };
+    let mut name = column();
+    name.buffers.push(std::ptr::null());
+    let root = ArrayNode {
+        buffers: vec![std::ptr::null()],
+        children: vec![column(), name],
+        ..Default::default()
+    };
+    // SAFETY: every buffer address is NULL and there is no sync event, so the array
+    // claims no memory on `device_type` at all.
+    unsafe { export_tree(root, Arc::new(()), device_type, 0, std::ptr::null_mut()) }.unwrap()
+}
+
 struct WrongDeviceSource;
 
 impl DeviceBatchSource for WrongDeviceSource {
@@ -178,9 +199,7 @@ impl DeviceBatchSource for WrongDeviceSource {
         ArrowDeviceType::CPU
     }
     fn next_array(&mut self) -> Option<devarrow_abi::Result<DeviceArray>> {
-        let mut raw = cpu::export_batch_array(&batch(0, 1)).into_raw();
-        raw.device_type = ArrowDeviceType::METAL;
-        Some(DeviceArray::try_new(raw))
+        Some(Ok(empty_batch_on(ArrowDeviceType::METAL)))
     }
 }
 
@@ -195,14 +214,17 @@ fn producer_refuses_arrays_of_another_device() {
 fn non_cpu_stream_is_refused_by_the_cpu_reader() {
     let mut raw = export_reader(reader(vec![])).into_raw();
     raw.device_type = ArrowDeviceType::CUDA;
-    let stream = DeviceArrayStream::try_new(raw).unwrap();
+    // SAFETY: our own exported stream; only its device type label changed, and the arrays
+    // it returns are true CPU arrays (which a consumer checks against that label).
+    let stream = unsafe { DeviceArrayStream::try_new(raw) }.unwrap();
     let err = DeviceArrayStreamReader::try_new(stream).unwrap_err();
     assert!(matches!(err, Error::UnsupportedDevice { .. }), "{err}");
 }
 
 #[test]
 fn released_stream_is_detected() {
-    let err = DeviceArrayStream::try_new(ArrowDeviceArrayStream::empty()).unwrap_err();
+    // SAFETY: a released stream is always allowed (and refused).
+    let err = unsafe { DeviceArrayStream::try_new(ArrowDeviceArrayStream::empty()) }.unwrap_err();
     assert!(matches!(err, Error::Released { .. }), "{err}");
     // SAFETY: NULL is explicitly allowed and reported.
     let err = unsafe { DeviceArrayStream::from_raw(std::ptr::null_mut()) }.unwrap_err();
@@ -225,8 +247,7 @@ unsafe extern "C" fn foreign_get_next_wrong_device(
     _: *mut ArrowDeviceArrayStream,
     out: *mut ArrowDeviceArray,
 ) -> c_int {
-    let mut raw = cpu::export_batch_array(&batch(0, 2)).into_raw();
-    raw.device_type = ArrowDeviceType::CUDA;
+    let raw = empty_batch_on(ArrowDeviceType::CUDA).into_raw();
     // SAFETY: the consumer passes a writable device array.
     unsafe { std::ptr::write(out, raw) };
     0
@@ -249,6 +270,8 @@ unsafe extern "C" fn foreign_release(stream: *mut ArrowDeviceArrayStream) {
     unsafe { (*stream).release = None };
 }
 
+/// A foreign stream whose callbacks follow the interface (they write only valid structs
+/// into the consumer's storage) but `get_next` misbehaves at the protocol level.
 fn foreign(
     get_next: unsafe extern "C" fn(*mut ArrowDeviceArrayStream, *mut ArrowDeviceArray) -> c_int,
 ) -> ArrowDeviceArrayStream {
@@ -266,15 +289,17 @@ fn foreign(
 fn misbehaving_foreign_producers() {
     let before = FOREIGN_RELEASES.load(Ordering::SeqCst);
     // An array whose device type differs from the stream's.
-    let mut reader = DeviceArrayStreamReader::try_new(
-        DeviceArrayStream::try_new(foreign(foreign_get_next_wrong_device)).unwrap(),
-    )
-    .unwrap();
+    // SAFETY: the foreign callbacks follow the interface (see `foreign`), and the array
+    // `foreign_get_next_wrong_device` returns has only NULL buffers.
+    let stream = unsafe { DeviceArrayStream::try_new(foreign(foreign_get_next_wrong_device)) };
+    let mut reader = DeviceArrayStreamReader::try_new(stream.unwrap()).unwrap();
     let err = reader.next().unwrap().unwrap_err();
     assert!(err.to_string().contains("ARROW_DEVICE_CUDA"), "{err}");
     drop(reader);
     // An error code with a message from get_last_error.
-    let mut stream = DeviceArrayStream::try_new(foreign(foreign_get_next_fails)).unwrap();
+    // SAFETY: the foreign callbacks follow the interface; `get_next` returns no array.
+    let mut stream =
+        unsafe { DeviceArrayStream::try_new(foreign(foreign_get_next_fails)) }.unwrap();
     match stream.next_array().unwrap_err() {
         Error::Callback { code, message, .. } => {
             assert_eq!(code, errno::ENOMEM);
@@ -286,10 +311,9 @@ fn misbehaving_foreign_producers() {
     // A stream missing a mandatory callback is released and refused.
     let mut incomplete = foreign(foreign_get_next_fails);
     incomplete.get_schema = None;
-    assert!(matches!(
-        DeviceArrayStream::try_new(incomplete),
-        Err(Error::NullPointer { .. })
-    ));
+    // SAFETY: the callbacks present follow the interface; only `release` is ever called.
+    let refused = unsafe { DeviceArrayStream::try_new(incomplete) };
+    assert!(matches!(refused, Err(Error::NullPointer { .. })));
     assert_eq!(
         FOREIGN_RELEASES.load(Ordering::SeqCst) - before,
         3,
@@ -318,4 +342,160 @@ fn relaying_a_device_stream_keeps_the_source_errno() {
         }
         other => panic!("unexpected {other}"),
     }
+}
+
+/// A source whose `schema()` panics, or whose `device_type()` panics once the stream is
+/// exported (`export_stream` asks it once).
+struct PanicsInMetadata {
+    schema_panics: bool,
+    device_type_calls: Cell<usize>,
+}
+
+impl PanicsInMetadata {
+    fn schema_panics() -> Self {
+        Self {
+            schema_panics: true,
+            device_type_calls: Cell::new(0),
+        }
+    }
+
+    fn device_type_panics() -> Self {
+        Self {
+            schema_panics: false,
+            device_type_calls: Cell::new(0),
+        }
+    }
+}
+
+impl DeviceBatchSource for PanicsInMetadata {
+    fn schema(&self) -> SchemaRef {
+        if self.schema_panics {
+            panic!("schema() exploded");
+        }
+        schema()
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        let calls = self.device_type_calls.get();
+        self.device_type_calls.set(calls + 1);
+        if !self.schema_panics && calls > 0 {
+            panic!("device_type() exploded");
+        }
+        ArrowDeviceType::CPU
+    }
+    fn next_array(&mut self) -> Option<devarrow_abi::Result<DeviceArray>> {
+        None
+    }
+}
+
+/// The message `get_last_error` reports on `raw` right now.
+///
+/// # Safety
+/// `raw` must be an unreleased stream.
+unsafe fn last_error_of(raw: &mut ArrowDeviceArrayStream) -> String {
+    // SAFETY: per the contract; the message is copied at once.
+    unsafe {
+        let msg = (raw.get_last_error.unwrap())(raw);
+        assert!(!msg.is_null(), "get_last_error has a message");
+        CStr::from_ptr(msg).to_string_lossy().into_owned()
+    }
+}
+
+/// Asserts `err` is a `get_next`/`get_schema` failure with EIO mentioning `needle`.
+fn assert_eio(err: Error, operation: &str, needle: &str) {
+    match err {
+        Error::Callback {
+            operation: op,
+            code,
+            message,
+        } => {
+            assert_eq!((op, code), (operation, errno::EIO));
+            assert!(message.contains(needle), "{message}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
+fn a_panic_in_the_source_schema_is_an_error_code_not_an_abort() {
+    let mut raw = export_stream(PanicsInMetadata::schema_panics()).into_raw();
+    // SAFETY: `raw` is our unreleased stream; `out` is a valid released schema.
+    unsafe {
+        let mut out = FFI_ArrowSchema::empty();
+        let code = (raw.get_schema.unwrap())(&mut raw, &mut out);
+        assert_eq!(code, errno::EIO);
+        assert!(out.release().is_none(), "out is left released");
+        let message = last_error_of(&mut raw);
+        assert!(message.contains("schema() exploded"), "{message}");
+        (raw.release.unwrap())(&mut raw);
+    }
+    // And through the safe consumer.
+    let mut stream = export_stream(PanicsInMetadata::schema_panics());
+    assert_eio(
+        stream.schema().unwrap_err(),
+        "get_schema",
+        "schema() exploded",
+    );
+}
+
+#[test]
+fn a_panic_in_the_source_device_type_is_an_error_code_not_an_abort() {
+    let mut raw = export_stream(PanicsInMetadata::device_type_panics()).into_raw();
+    // SAFETY: `raw` is our unreleased stream; `out` is a valid released array.
+    unsafe {
+        let mut out = ArrowDeviceArray::empty();
+        let code = (raw.get_next.unwrap())(&mut raw, &mut out);
+        assert_eq!(code, errno::EIO);
+        assert!(out.is_released(), "out is left released");
+        let message = last_error_of(&mut raw);
+        assert!(message.contains("device_type() exploded"), "{message}");
+        (raw.release.unwrap())(&mut raw);
+    }
+    // And through the safe consumer.
+    let mut stream = export_stream(PanicsInMetadata::device_type_panics());
+    assert_eio(
+        stream.next_array().unwrap_err(),
+        "get_next",
+        "device_type() exploded",
+    );
+}
+
+/// A source that fails with an `Error::Callback` of code 0 (as relaying a peer that
+/// reported 0 could produce).
+struct FailsWithCodeZero;
+
+impl DeviceBatchSource for FailsWithCodeZero {
+    fn schema(&self) -> SchemaRef {
+        schema()
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CPU
+    }
+    fn next_array(&mut self) -> Option<devarrow_abi::Result<DeviceArray>> {
+        Some(Err(Error::Callback {
+            operation: "upstream",
+            code: 0,
+            message: "zero is not an error code".into(),
+        }))
+    }
+}
+
+#[test]
+fn an_error_with_code_zero_is_reported_as_eio_not_success() {
+    let mut raw = export_stream(FailsWithCodeZero).into_raw();
+    // SAFETY: `raw` is our unreleased stream; `out` is a valid released array.
+    unsafe {
+        let mut out = ArrowDeviceArray::empty();
+        let code = (raw.get_next.unwrap())(&mut raw, &mut out);
+        assert_eq!(code, errno::EIO, "0 would claim `out` was written");
+        assert!(out.is_released());
+        let message = last_error_of(&mut raw);
+        assert!(message.contains("zero is not an error code"), "{message}");
+        (raw.release.unwrap())(&mut raw);
+    }
+    let mut stream = export_stream(FailsWithCodeZero);
+    assert_eio(
+        stream.next_array().unwrap_err(),
+        "get_next",
+        "zero is not an error code",
+    );
 }

@@ -58,7 +58,9 @@ impl DeviceBatch {
     ) -> Result<DeviceBatch> {
         check_device(device.as_ref(), &array)?;
         let struct_type = DataType::Struct(schema.fields().clone());
-        layout::validate_structure(array.array(), &struct_type, "array")?;
+        // SAFETY: the array of a DeviceArray is well-formed (contract of the unsafe
+        // `DeviceArray::try_new`).
+        unsafe { layout::validate_structure(array.array(), &struct_type, "array")? };
         let root_nulls = array.array().null_count;
         if root_nulls > 0 {
             return Err(Error::InvalidArgument(format!(
@@ -67,7 +69,8 @@ impl DeviceBatch {
             )));
         }
         let mut reads = Reads::default();
-        let mut root = walk(array.array(), &struct_type, &mut reads)?;
+        // SAFETY: well-formed (see above), and just validated against `struct_type`.
+        let mut root = unsafe { walk(array.array(), &struct_type, &mut reads) }?;
         // A record batch has no top-level validity: never read it.
         root.null_count = 0;
         // SAFETY: `check_device` accepted the array's device type for this device, so a
@@ -225,13 +228,18 @@ fn is_offsets_type(data_type: &DataType) -> bool {
 
 /// Builds the node tree of a structurally valid `array` of `data_type`, adding the
 /// device-resident sizes it needs to `reads`.
-fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> Result<ForeignNode> {
+///
+/// # Safety
+/// `array` must be well-formed (its pointers valid for its counts, as in a
+/// [`DeviceArray`]) and have passed [`layout::validate_structure`] for `data_type`.
+unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> Result<ForeignNode> {
     // `validate_structure` checked: non-negative, `offset + length` does not overflow,
     // buffer and child counts, and non-NULL buffers where bytes are needed.
     let (offset, length) = (array.offset as usize, array.length as usize);
     let end = offset + length;
     let buffers: Vec<usize> = (0..array.n_buffers as usize)
-        .map(|i| array.buffer(i) as usize)
+        // SAFETY: `array` is well-formed (contract of this function).
+        .map(|i| unsafe { array.buffer(i) } as usize)
         .collect();
     let mut at = Vec::new();
     match data_type {
@@ -258,18 +266,23 @@ fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> Result<F
         .into_iter()
         .enumerate()
         .map(|(i, child_type)| {
-            let child = array.child(i).ok_or(Error::NullPointer {
+            // SAFETY: `array` is well-formed (contract of this function).
+            let child = unsafe { array.child(i) }.ok_or(Error::NullPointer {
                 what: "ArrowArray child",
             })?;
-            walk(child, child_type, reads)
+            // SAFETY: validate_structure checked the child unreleased, hence well-formed
+            // (C data interface), and valid for `child_type`.
+            unsafe { walk(child, child_type, reads) }
         })
         .collect::<Result<Vec<_>>>()?;
     let dictionary = match data_type {
         DataType::Dictionary(_, value_type) => {
-            let dict = array.dictionary().ok_or(Error::NullPointer {
+            // SAFETY: `array` is well-formed (contract of this function).
+            let dict = unsafe { array.dictionary() }.ok_or(Error::NullPointer {
                 what: "ArrowArray dictionary",
             })?;
-            Some(Box::new(walk(dict, value_type, reads)?))
+            // SAFETY: as for the children: unreleased (checked), well-formed and valid.
+            Some(Box::new(unsafe { walk(dict, value_type, reads) }?))
         }
         _ => None,
     };
@@ -307,7 +320,7 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
     // to pageable memory may return only once done; we wait for it right after anyway).
     let mut host = vec![0u8; reads.total];
     let result = (|| {
-        // Sources: ranges the C data interface guarantees for the validated array
+        // Sources: ranges `DeviceArray::try_new`'s contract guarantees for the validated array
         // (offsets at `offset` and `offset + length`, list-view offsets and sizes, variadic
         // sizes), kept alive by the caller; the scratch is dropped only after the wait.
         // SAFETY: sources are valid as above; destinations are disjoint scratch ranges.

@@ -201,7 +201,13 @@ impl DeviceBatch {
                     foreign.device_id(),
                 ),
             };
-        let array = export_tree(root, owner, device_type, device_id, sync_event)?;
+        // Packed: the addresses lie in `memory`, an allocation of `device` laid out by this
+        // crate's plan for the batch's own arrays (each buffer sized for its node). Foreign:
+        // the tree is the imported DeviceArray's own, lengths and offsets included.
+        // SAFETY: so the buffers meet `export_tree`'s contract (for foreign ones, by
+        // `DeviceArray::try_new`'s); the owner keeps them and the batch's event alive, and
+        // `sync_event` is that event's pointer, of the device's kind.
+        let array = unsafe { export_tree(root, owner, device_type, device_id, sync_event) }?;
         Ok((array, schema))
     }
 

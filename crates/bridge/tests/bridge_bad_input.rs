@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use arrow_array::types::Int32Type;
@@ -46,7 +47,15 @@ fn import_corrupted_on(
     let (exported, count) = count_releases(cpu::export_array_data(data));
     let mut raw = exported.into_raw();
     corrupt(&mut raw);
-    let array = DeviceArray::try_new(raw).unwrap();
+    // Every corruption in this file keeps the pointers valid for their counts (a raised
+    // count is backed by caller-owned slots that outlive the import), lengthens only a
+    // struct without buffers, or changes what the importer must refuse before reading the
+    // bytes it governs: lowered counts, NULL pointers, negative lengths and offsets, bad
+    // offsets within their buffers, a foreign device label (refused before the buffers or
+    // the event are touched), a sync event on the CPU (its pointee is never read).
+    // SAFETY: `raw` came from a DeviceArray, and the corruption (see above) leaves it
+    // well-formed with nothing the importer reads before rejecting it.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
     let err = DeviceBatch::import(device, array, schema).unwrap_err();
     assert_eq!(releases(&count), 1, "released exactly once after: {err}");
     let after: Vec<usize> = buffers.iter().map(|b| b.strong_count()).collect();
@@ -167,7 +176,19 @@ fn buffers_that_do_not_fit_the_schema() {
         matches!(err, Error::BufferCount { ref expected, found: 1, .. } if expected == "2"),
         "{err}"
     );
-    let err = import_corrupted(&data, schema.clone(), |raw| child_mut(raw, 1).n_buffers = 4);
+    // One buffer too many, backed by a slot of our own (arrow-rs's release frees its
+    // pointer arrays through its private data, not through `buffers`).
+    let mut slots = [std::ptr::null::<c_void>(); 4];
+    let slots_ptr = slots.as_mut_ptr();
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        let child = child_mut(raw, 1);
+        assert_eq!(child.n_buffers, 3);
+        // SAFETY: the utf8 child has three buffer slots; `slots` has room for four and
+        // outlives the import.
+        unsafe { std::ptr::copy_nonoverlapping(child.buffers, slots_ptr, 3) };
+        child.buffers = slots_ptr;
+        child.n_buffers = 4;
+    });
     assert!(matches!(err, Error::BufferCount { found: 4, .. }), "{err}");
     // The values buffer of an int32 column is NULL.
     let err = import_corrupted(&data, schema, |raw| {
@@ -202,10 +223,24 @@ fn children_that_do_not_fit_the_schema() {
         matches!(err, Error::ChildCount { expected: 1, found: 0, ref path, .. } if path == "array.children[0]"),
         "{err}"
     );
-    let err = import_corrupted(&data, schema.clone(), |raw| raw.array.n_children = 3);
-    assert!(matches!(err, Error::ChildCount { found: 3, .. }), "{err}");
-    // A child shorter than the struct.
-    let err = import_corrupted(&data, schema.clone(), |raw| raw.array.length = 5);
+    // One child too many, backed by a (NULL) slot of our own, as above.
+    let mut slots = [std::ptr::null_mut::<ArrowArray>(); 2];
+    let slots_ptr = slots.as_mut_ptr();
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        assert_eq!(raw.array.n_children, 1);
+        // SAFETY: the struct has one child slot; `slots` has room for two and outlives
+        // the import.
+        unsafe { std::ptr::copy_nonoverlapping(raw.array.children, slots_ptr, 1) };
+        raw.array.children = slots_ptr;
+        raw.array.n_children = 2;
+    });
+    assert!(matches!(err, Error::ChildCount { found: 2, .. }), "{err}");
+    // A child shorter than the struct (whose only buffer, its validity, is NULL).
+    let err = import_corrupted(&data, schema.clone(), |raw| {
+        // SAFETY: the struct has one buffer slot (arrow-rs's pointer array).
+        assert!(unsafe { *raw.array.buffers }.is_null());
+        raw.array.length = 5;
+    });
     assert!(
         matches!(
             err,
@@ -278,7 +313,10 @@ fn wrong_device_id() {
     let mut raw = array.into_raw();
     raw.device_type = ArrowDeviceType::ROCM_HOST;
     raw.device_id = 0;
-    let batch = DeviceBatch::import(rocm(), DeviceArray::try_new(raw).unwrap(), schema).unwrap();
+    // SAFETY: `raw` came from a DeviceArray of host memory; `ROCM_HOST` labels host memory
+    // too, which is what this importing device reads.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let batch = DeviceBatch::import(rocm(), array, schema).unwrap();
     assert_eq!(batch.num_rows(), 3);
     drop(batch);
     assert_eq!(releases(&count), 1);
@@ -432,7 +470,9 @@ fn a_released_child() {
     let mut raw = exported.into_raw();
     // A consumer may move a child out (leaving it released), as the spec allows.
     let mut moved = std::mem::replace(child_mut(&mut raw, 1), ArrowArray::empty());
-    let array = DeviceArray::try_new(raw).unwrap();
+    // SAFETY: `raw` came from a DeviceArray; a child moved out leaves a released struct
+    // behind, which keeps the parent well-formed.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
     let err = DeviceBatch::import(Arc::new(CpuDevice::new()), array, schema).unwrap_err();
     assert_eq!(releases(&count), 1);
     assert!(
@@ -456,7 +496,8 @@ fn a_released_child() {
 #[test]
 fn a_released_array_or_schema() {
     // A released device array cannot even be owned, so it never reaches the importer.
-    let err = DeviceArray::try_new(ArrowDeviceArray::empty()).unwrap_err();
+    // SAFETY: a released array is always allowed (and refused).
+    let err = unsafe { DeviceArray::try_new(ArrowDeviceArray::empty()) }.unwrap_err();
     assert!(matches!(err, Error::Released { .. }), "{err}");
     // A released schema.
     let (array, _schema) = cpu::export_record_batch(&ints_and_strings()).unwrap();

@@ -184,7 +184,9 @@ fn a_root_struct_with_an_offset_imports_its_rows() {
         // The C interface lets the root struct carry the slice itself.
         raw.array.offset = offset as i64;
         raw.array.length = (n - offset) as i64;
-        let array = devarrow_abi::DeviceArray::try_new(raw).unwrap();
+        // SAFETY: `raw` came from a DeviceArray; `offset + length` stays `n`, so every
+        // buffer still covers the rows the struct addresses.
+        let array = unsafe { devarrow_abi::DeviceArray::try_new(raw) }.unwrap();
         let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
         let mut transfer = Transfer::new(cpu(), TransferOptions::default());
         let back = transfer.to_host(&imported).unwrap();

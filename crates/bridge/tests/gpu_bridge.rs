@@ -252,13 +252,18 @@ fn upload_as_foreign(
         Memory::Device => ArrowDeviceType::CUDA,
         Memory::Pinned => ArrowDeviceType::CUDA_HOST,
     };
-    export_tree(
-        root,
-        Arc::new((owned.device, owned.pinned, event)),
-        device_type,
-        device.device_id(),
-        sync_event,
-    )
+    // SAFETY: every buffer address is a whole copy of a buffer of valid `data` (so sized
+    // for its node) in this device's memory (CUDA) or pinned host memory (CUDA_HOST), kept
+    // alive by the owner with the event `sync_event` points to.
+    unsafe {
+        export_tree(
+            root,
+            Arc::new((owned.device, owned.pinned, event)),
+            device_type,
+            device.device_id(),
+            sync_event,
+        )
+    }
     .unwrap()
 }
 
@@ -588,7 +593,8 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     assert_eq!(imported.sync_event(), event);
     for (c, column) in batch.columns().iter().enumerate() {
         let column = column.as_any().downcast_ref::<Int64Array>().unwrap();
-        let node = imported.array().child(c).unwrap();
+        // SAFETY: the array of an import (a DeviceArray) is well-formed.
+        let node = unsafe { imported.array().child(c) }.unwrap();
         assert_eq!(node.length, rows as i64);
         assert_eq!(node.offset, 0);
         assert_eq!(node.null_count, column.null_count() as i64);
@@ -646,7 +652,8 @@ fn imports_release_the_device_memory_when_dropped() {
         let (exported, _) = on_device.export().unwrap();
         drop(on_device);
         let imported = ImportedArray::import(exported, &consumer).unwrap();
-        let node = imported.array().child(0).unwrap();
+        // SAFETY: the array of an import (a DeviceArray) is well-formed.
+        let node = unsafe { imported.array().child(0) }.unwrap();
         // SAFETY: buffer 1 of the Int64 child holds num_rows values.
         let v = unsafe { imported.buffer(node, 1, 8 * batch.num_rows()) }.unwrap();
         drop(imported);
@@ -866,7 +873,8 @@ fn enqueue_consumer_work(
     let stream = imported.stream().clone();
     let mut no_bitmap = Vec::new();
     for c in 0..imported.array().n_children as usize {
-        let node = imported.array().child(c).unwrap();
+        // SAFETY: the array of an import (a DeviceArray) is well-formed.
+        let node = unsafe { imported.array().child(c) }.unwrap();
         let len = node.length as usize;
         let offset = node.offset as usize;
         // SAFETY: buffer 0 of a nullable Int64 child is its validity bitmap, covering

@@ -159,8 +159,13 @@ pub fn export_array_data(
         sync_event,
         reserved: [0; 3],
     };
-    // `try_new` only fails on a released struct, and `root.release` is set.
-    Ok(DeviceArray::try_new(raw)?)
+    // `try_new` only fails on a released struct, and `root.release` is set. The buffers are
+    // the CUDA memory of `device_type` on the stream's device this function requires
+    // (device memory gets into an `ArrayData` only through the unsafe `into_arrow_buffer`).
+    // SAFETY: `root` is arrow-rs's export of `data` (well-formed, buffers sized for its
+    // structs) with our release, callable once from any thread; `sync_event` points to
+    // the event just recorded, alive in `private` until release.
+    Ok(unsafe { DeviceArray::try_new(raw) }?)
 }
 
 #[cfg(test)]

@@ -98,9 +98,10 @@ impl ImportedArray {
         let event: sys::CUevent = if sync_event.is_null() {
             std::ptr::null_mut()
         } else {
-            // SAFETY: for the CUDA device types a non-NULL `sync_event` points to a
-            // `cudaEvent_t` (== `CUevent`) that the producer keeps alive until release,
-            // and we hold the array (unreleased) for as long as we use the event.
+            // We hold the array (unreleased) for as long as we use the event.
+            // SAFETY: a DeviceArray's non-NULL `sync_event` points to a live event of its
+            // device type (contract of `DeviceArray::try_new`): for the CUDA types a
+            // `cudaEvent_t` (== `CUevent`), kept alive by the producer until release.
             unsafe { *sync_event.cast::<sys::CUevent>() }
         };
         if !event.is_null() {
@@ -130,7 +131,8 @@ impl ImportedArray {
     ///
     /// # Safety
     /// `ptr` must be NULL or point to a valid, writable `ArrowDeviceArray` whose contents
-    /// follow the C Device data interface.
+    /// follow the C Device data interface (the contract of
+    /// [`DeviceArray::try_new`](devarrow_abi::DeviceArray::try_new)).
     pub unsafe fn import_raw(ptr: *mut ArrowDeviceArray, stream: &Arc<CudaStream>) -> Result<Self> {
         // SAFETY: the caller's guarantee is exactly `from_raw`'s.
         let array = unsafe { DeviceArray::from_raw(ptr) }?;
@@ -228,7 +230,9 @@ impl ImportedArray {
         index: usize,
         len: usize,
     ) -> Option<ForeignBuffer> {
-        let ptr = node.buffer(index);
+        // SAFETY: `node` is the imported DeviceArray's array or reachable from it (caller's
+        // guarantee), hence well-formed (contract of `DeviceArray::try_new`).
+        let ptr = unsafe { node.buffer(index) };
         if ptr.is_null() {
             return None;
         }

@@ -271,7 +271,8 @@ fn export_then_import_honours_the_sync_event() {
     assert_eq!(exported.device_id(), 0);
     assert_eq!(exported.array().length, n as i64);
     assert_eq!(exported.array().n_buffers, 2);
-    assert_eq!(exported.array().buffer(1) as u64, values_ptr);
+    // SAFETY: the array of a DeviceArray is well-formed.
+    assert_eq!(unsafe { exported.array().buffer(1) } as u64, values_ptr);
     assert!(!exported.sync_event().is_null());
     // SAFETY: sync_event points to the CUevent of the export.
     let event = unsafe { *exported.sync_event().cast::<sys::CUevent>() };
@@ -544,7 +545,10 @@ fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
     stream.synchronize().unwrap();
     let mut raw = exported.into_raw();
     raw.sync_event = std::ptr::null_mut();
-    let imported = ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream).unwrap();
+    // SAFETY: `raw` came from a DeviceArray; a NULL sync event is allowed, and true here
+    // (the stream that wrote the data was synchronized above).
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let imported = ImportedArray::import(array, &stream).unwrap();
     assert!(imported.sync_event().is_null());
     assert!(imported.is_host_synchronized());
     // SAFETY: buffer 1 holds 100 bytes.
@@ -556,7 +560,10 @@ fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
         .unwrap()
         .into_raw();
     raw.device_id = 1000;
-    match ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream) {
+    // SAFETY: `raw` came from a DeviceArray; only its device id is false, which the
+    // importer refuses before touching the buffers or the event.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    match ImportedArray::import(array, &stream) {
         Err(CudaError::DeviceMismatch {
             expected: 0,
             found: 1000,
@@ -567,8 +574,11 @@ fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
         .unwrap()
         .into_raw();
     raw.device_type = ArrowDeviceType::ROCM;
+    // SAFETY: `raw` came from a DeviceArray; only its device type is false, which the
+    // importer refuses before touching the buffers or the event.
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
     assert!(matches!(
-        ImportedArray::import(DeviceArray::try_new(raw).unwrap(), &stream),
+        ImportedArray::import(array, &stream),
         Err(CudaError::UnsupportedDeviceType { .. })
     ));
     // exporting as a non-CUDA device type is refused too

@@ -382,10 +382,7 @@ unsafe fn shared_of(handler: *mut ArrowAsyncDeviceStreamHandler) -> Option<Arc<S
 fn code_of(result: Result<()>) -> c_int {
     match result {
         Ok(()) => 0,
-        Err(e) => match e.errno() {
-            0 => errno::EIO,
-            code => code,
-        },
+        Err(e) => e.c_code(),
     }
 }
 
@@ -431,7 +428,7 @@ unsafe extern "C" fn on_next_task(
     });
     match result {
         Ok(()) => code,
-        Err(e) => e.errno(),
+        Err(e) => e.c_code(),
     }
 }
 
@@ -472,6 +469,10 @@ unsafe extern "C" fn release(handler: *mut ArrowAsyncDeviceStreamHandler) {
         // SAFETY: the pointer is the C side's strong count from `async_handler`, taken
         // exactly once thanks to the swap above.
         let shared = unsafe { Arc::from_raw(ptr as *const Shared) };
+        // SAFETY: the producer passes our handler, which `shared` owns, so it is alive
+        // until `shared` drops below; callbacks are serialized (spec), so nothing else
+        // touches it now. A NULL `release` marks the handler released (spec).
+        unsafe { (*handler).release = None };
         shared.on_release();
         // Dropping the last reference frees the handler struct: nothing uses it after.
         drop(shared);
@@ -518,6 +519,13 @@ impl Drop for AsyncStreamHandler {
 /// [`Error::Callback`] item (`operation` `"on_error"`, its code and message), a protocol
 /// violation an [`Error::Protocol`] item, and a `release` before the end of the stream an
 /// [`Error::Callback`] with `ECANCELED`; the stream ends after such an item.
+///
+/// The NULL task that ends the stream takes one requested unit, like a task (see
+/// [`spawn_producer`](super::spawn_producer)); since this consumer requests one more unit
+/// for every item taken, `capacity` units are outstanding whenever its queue is empty, so
+/// the end always arrives once the items before it are taken. Dropping
+/// the stream early cancels the producer; devarrow's producer then stops at once and
+/// releases the handler.
 pub fn async_handler(capacity: usize) -> (AsyncStreamHandler, AsyncDeviceArrayStream) {
     let handler = Box::into_raw(Box::new(ArrowAsyncDeviceStreamHandler {
         on_schema: Some(on_schema),
@@ -563,7 +571,10 @@ pub fn async_record_batch_handler(capacity: usize) -> (AsyncStreamHandler, Async
 /// as a [`futures::Stream`].
 ///
 /// Dropping it before the end extracts (with NULL) the tasks still queued and cancels the
-/// producer once; the producer's `release` then frees the handler.
+/// producer once; the producer's `release` then frees the handler. devarrow's producer
+/// stops at once on `cancel` (at most one task already under way still arrives, and is
+/// discarded); the end of the stream (a NULL task) takes one requested unit, which this
+/// stream has outstanding whenever its queue is empty.
 pub struct AsyncDeviceArrayStream {
     shared: Arc<Shared>,
     done: bool,
@@ -625,14 +636,18 @@ impl AsyncDeviceArrayStream {
         let rc = task.extract(&mut out);
         if rc != 0 {
             // Release whatever a failing producer may have left there.
-            drop(DeviceArray::try_new(out));
+            // SAFETY: `out` is released or was filled by the task's producer; whoever
+            // drives our handler's (unsafe) callbacks takes on the C data interface's
+            // rules, so its arrays meet `DeviceArray::try_new`'s contract.
+            drop(unsafe { DeviceArray::try_new(out) });
             return Err(Error::Callback {
                 operation: "extract_data",
                 code: rc,
                 message: String::new(),
             });
         }
-        let array = DeviceArray::try_new(out).map_err(|_| {
+        // SAFETY: as above: the array comes from the producer driving our handler.
+        let array = unsafe { DeviceArray::try_new(out) }.map_err(|_| {
             Error::Protocol("extract_data returned 0 but left the array released".into())
         })?;
         let expected = self.device_type();

@@ -13,12 +13,13 @@
 //!
 //! - The producer calls `on_schema` first (with `handler->producer` already set), then
 //!   one `on_next_task` per requested unit, the end of the stream as a NULL task (which
-//!   also takes one requested unit), and `release` as the very last call; it frees its
-//!   `ArrowAsyncProducer` only after `release` returned. Every handler call comes from the
-//!   producer's driver thread, never from inside `request` or `cancel`.
+//!   also takes one requested unit: a consumer that requests exactly the `N` arrays it
+//!   expects must request one more to see the end), and `release` as the very last call;
+//!   it frees its `ArrowAsyncProducer` only after `release` returned. Every handler call
+//!   comes from the producer's driver thread, never from inside `request` or `cancel`.
 //! - `request(n)` with `n <= 0` is answered by `on_error(EINVAL)` and `release`, from the
 //!   driver thread. `request` after `cancel` is a no-op.
-//! - `cancel` is idempotent and thread-safe; the producer stops before the next
+//! - `cancel` is idempotent and thread-safe; the producer stops at once, before the next
 //!   `on_next_task` (a task in flight when `cancel` is called may still arrive), drops its
 //!   source and calls `release` without `on_error` and without the NULL end task.
 //! - An error from the source (or a panic in it) becomes `on_error(code, message)` then

@@ -25,7 +25,7 @@ use crate::abi::{
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
-use crate::error::{errno, Error, Result};
+use crate::error::{Error, Result};
 
 // ---------------------------------------------------------------------------------------
 // Tasks
@@ -92,7 +92,7 @@ unsafe extern "C" fn extract_data(task: *mut ArrowAsyncTask, out: *mut ArrowDevi
     });
     match result {
         Ok(()) => 0,
-        Err(e) => e.errno(),
+        Err(e) => e.c_code(),
     }
 }
 
@@ -237,10 +237,7 @@ type BoxedArrays = Pin<Box<dyn Stream<Item = Result<DeviceArray>> + Send>>;
 /// # Safety
 /// `handler` must be a live handler whose `on_error` is `on_error`.
 unsafe fn report(handler: *mut ArrowAsyncDeviceStreamHandler, on_error: OnError, error: &Error) {
-    let code = match error.errno() {
-        0 => errno::EIO,
-        code => code,
-    };
+    let code = error.c_code();
     let message =
         CString::new(error.to_string().replace('\0', "\\0")).expect("interior NULs were replaced");
     // SAFETY: per the contract; the message outlives the call, metadata is NULL.
@@ -478,8 +475,9 @@ impl std::fmt::Debug for ProducerShared {
 }
 
 impl ProducerHandle {
-    /// Cancels the producer, as the consumer's `cancel` would: it stops before its next
-    /// `on_next_task`, then calls `release` without `on_error`. Idempotent.
+    /// Cancels the producer, as the consumer's `cancel` would: it stops at once (no further
+    /// `on_next_task`, not even the NULL end task, beyond one already under way), then
+    /// calls `release` without `on_error`. Idempotent.
     pub fn cancel(&self) {
         self.shared.cancel();
     }
@@ -515,6 +513,23 @@ impl ProducerHandle {
 /// Fails with [`Error::NullPointer`] for a NULL handler, [`Error::Released`] when it has
 /// no `release` callback, and otherwise when the schema cannot be exported or the thread
 /// cannot be started.
+///
+/// # Demand and the end of the stream
+///
+/// Every `on_next_task` call takes one unit the consumer requested, **including the NULL
+/// task that marks the end of the stream**. A consumer that requests exactly the `N`
+/// arrays it expects gets them, but not the end (nor the `release` after it): the
+/// producer waits for one more unit first. Such a consumer must request `N + 1`, or one
+/// more after the last array. ([`async_handler`](super::async_handler)'s consumer
+/// requests one more unit per item taken, so it always sees the end.)
+///
+/// # Cancellation
+///
+/// After `cancel` (the consumer's, or [`ProducerHandle::cancel`]) the producer stops at
+/// once: it stops waiting for demand or for the source, makes no further `on_next_task`
+/// call (only one already under way when `cancel` was called may still complete), sends
+/// neither the NULL end task nor `on_error`, drops the source and calls `release`.
+/// Later `request` and `cancel` calls (before `release`) are no-ops.
 ///
 /// # Safety
 /// `handler` must be NULL or point to a valid `ArrowAsyncDeviceStreamHandler` that stays
@@ -606,7 +621,8 @@ where
 }
 
 /// [`spawn_producer`] into a handler made by [`async_handler`](super::async_handler): safe,
-/// since such a handler stays valid until its `release`.
+/// since such a handler stays valid until its `release`. Demand, the end of the stream and
+/// cancellation work as [`spawn_producer`] describes.
 pub fn spawn_producer_into<S, E>(
     schema: SchemaRef,
     device_type: ArrowDeviceType,

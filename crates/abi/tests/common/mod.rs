@@ -37,7 +37,9 @@ pub fn count_releases(array: DeviceArray) -> (DeviceArray, Arc<AtomicUsize>) {
     });
     raw.array.private_data = Box::into_raw(counted).cast();
     raw.array.release = Some(counting_release);
-    (DeviceArray::try_new(raw).unwrap(), count)
+    // SAFETY: `raw` came from a DeviceArray (so it meets `try_new`'s contract); only its
+    // release callback was wrapped, and `counting_release` chains to the original once.
+    (unsafe { DeviceArray::try_new(raw) }.unwrap(), count)
 }
 
 /// The number of release calls so far.
