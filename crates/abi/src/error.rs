@@ -127,6 +127,15 @@ pub enum Error {
         /// The peer's message (from `get_last_error` or `on_error`), or empty.
         message: String,
     },
+    /// An earlier error reported again, unchanged: the errno code and message it was first
+    /// reported with (e.g. by a stream's `get_next` after its first failure).
+    #[error("{message}")]
+    Repeated {
+        /// The errno-compatible code of the first report.
+        code: i32,
+        /// The first report's message (that error's `Display`).
+        message: String,
+    },
     /// The peer broke the protocol (e.g. called a callback twice, or out of order).
     #[error("protocol violation: {0}")]
     Protocol(String),
@@ -154,6 +163,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Callback { code, .. } => *code,
+            Error::Repeated { code, .. } => *code,
             Error::UnsupportedDevice { .. } => errno::ENOSYS,
             Error::Panic(_) | Error::Device { .. } => errno::EIO,
             Error::Arrow(ArrowError::IoError(..)) => errno::EIO,

@@ -85,7 +85,7 @@ pub fn buffer_roles(data_type: &DataType) -> Vec<BufferRole> {
 pub fn fixed_bit_width(data_type: &DataType) -> Option<usize> {
     Some(match data_type {
         DataType::Boolean => 1,
-        DataType::FixedSizeBinary(n) => (*n as usize) * 8,
+        DataType::FixedSizeBinary(n) => usize::try_from(*n).ok()?.checked_mul(8)?,
         dt => dt.primitive_width()? * 8,
     })
 }
@@ -120,6 +120,19 @@ pub fn child_types(data_type: &DataType) -> Vec<&DataType> {
 
 fn child_path(path: &str, i: usize) -> String {
     format!("{path}.children[{i}]")
+}
+
+/// A fixed size (of a `FixedSizeBinary` or a `FixedSizeList`) must not be negative: a
+/// schema `"w:-1"` parses, but sizes no buffer.
+fn check_fixed_size(data_type: &DataType, path: &str) -> Result<()> {
+    match data_type {
+        DataType::FixedSizeBinary(n) | DataType::FixedSizeList(_, n) if *n < 0 => {
+            Err(Error::Schema(arrow_schema::ArrowError::SchemaError(
+                format!("{path}: {data_type} has a negative size {n}"),
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks the structs of `array` against `data_type` without reading any buffer.
@@ -165,6 +178,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
     if array.null_count < -1 || array.null_count > array.length {
         return Err(invalid("null_count", array.null_count));
     }
+    check_fixed_size(data_type, path)?;
 
     // Buffers.
     let roles = buffer_roles(data_type);

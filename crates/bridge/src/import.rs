@@ -14,13 +14,34 @@
 //! validated (negative or decreasing offsets, ranges past the end of a child, ... are
 //! [`Error::InvalidOffsets`]).
 //!
+//! The sizes of the whole download are planned at import too, with checked arithmetic:
+//! offsets that address more than the address space holds (`[0, i64::MAX]` in two
+//! columns) are an error, never a wrapped size.
+//!
 //! Moving an imported batch to the host ([`crate::Transfer::to_host`]) first packs, on the
-//! device and with one batched copy, the bytes its arrays address into one allocation
-//! (fixed-width values and bitmaps cut to the array's range at byte granularity, data
-//! buffers and list children cut to the range the offsets address, whole dictionaries,
-//! dense-union and run-end-encoded children), then downloads that image like a batch made
-//! by [`crate::Transfer::to_device`]. What only arithmetic could cut (offsets that do not
-//! start at 0) is rebased on the host, after the download.
+//! device and with one batched copy, the bytes its arrays address into one allocation:
+//! fixed-width values, bitmaps (at byte granularity), offsets, list-view sizes and views
+//! cut to the range being moved; the data buffer or child of an array with offsets cut to
+//! what its offsets address over the array's own `offset` and `length` (see below), a
+//! list view's child likewise; whole dictionaries, dense-union and run-end-encoded
+//! children, and the variadic buffers of view types. Then it downloads that image like a
+//! batch made by [`crate::Transfer::to_device`]. What only arithmetic could cut (offsets
+//! that do not start at 0) is rebased on the host, after the download.
+//!
+//! # Limits: what a slice moves
+//!
+//! Only the sizes at an array's own bounds are read back (two offsets per variable-length
+//! array, the views of a list view), in the one read-back of the import. So the data of
+//! a variable-length array is cut to its own `offset` and `length` as the producer
+//! exported them, not to the part of it a sliced parent uses: a column sliced by its
+//! producer (as arrow-rs exports `RecordBatch::slice`) moves only its bytes, but an array
+//! nested under a sliced parent moves all the data its own range addresses, e.g. every
+//! string of the columns of a root struct with an offset, of the children of a sliced
+//! struct column, of the `utf8` child of a sliced `list<utf8>`. Cutting those would need
+//! the offsets at bounds derived from the parent's, read back after the parent's (one
+//! more device round trip per nesting level); it is not done. Neither are the variadic
+//! buffers of view types cut (that needs the views themselves). Fixed-width values and
+//! bitmaps are cut at every level. [`DeviceBatch::device_bytes`] counts the same way.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -51,6 +72,13 @@ impl DeviceBatch {
     /// The array is consumed: its `release` runs exactly once, when the last clone of the
     /// batch and the last export of it ([`DeviceBatch::export`]) are dropped, or before
     /// this returns an error.
+    ///
+    /// Arrays whose offsets address more bytes than one allocation can hold (in all, for
+    /// the batch's download) are an error. [`crate::Transfer::to_host`] moves the bytes
+    /// the arrays address, cut to each array's own `offset` and `length`: an array nested
+    /// under a sliced parent (a root struct with an offset, a sliced struct or list
+    /// column) moves all the variable-length data its own range addresses, and view
+    /// types all their variadic buffers.
     pub fn import(
         device: Arc<dyn Device>,
         array: DeviceArray,
@@ -80,6 +108,10 @@ impl DeviceBatch {
         let event = device.record_event()?;
         let bytes = read_back(device.as_ref(), &reads)?;
         settle(&mut root, &bytes, "array")?;
+        // The sizes just read may address more than the address space holds (offsets
+        // [0, i64::MAX] in two columns): plan the download once, without copying, so such
+        // an array is an error now rather than when it is moved to the host.
+        pack_node(&root, 0, root.length, &mut Image::default())?;
         Ok(DeviceBatch {
             schema,
             num_rows: root.length,
@@ -133,17 +165,34 @@ pub(crate) struct Foreign {
     root: ForeignNode,
     device: Arc<dyn Device>,
     /// The event after the last device work that read the foreign buffers (a pack for
-    /// download): waited for before the producer's release frees them.
-    last_use: Mutex<Option<Arc<dyn SyncEvent>>>,
+    /// download), and the device that work ran on: waited for before the producer's
+    /// release frees them.
+    last_use: Mutex<Option<LastUse>>,
+}
+
+/// The last device work that read the buffers of a [`Foreign`] array: its event, and the
+/// device it was enqueued on (synchronized when the event cannot be waited for).
+#[derive(Debug)]
+struct LastUse {
+    event: Arc<dyn SyncEvent>,
+    device: Arc<dyn Device>,
+}
+
+impl LastUse {
+    /// Waits for the work; when the event fails, synchronizes its device instead (and
+    /// returns the event's error, the work being then done or the device unusable).
+    fn wait(&self) -> Result<()> {
+        self.event.wait_host().inspect_err(|_| {
+            let _ = self.device.synchronize();
+        })
+    }
 }
 
 impl Drop for Foreign {
     fn drop(&mut self) {
         let last = self.last_use.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some(event) = last.take() {
-            if event.wait_host().is_err() {
-                let _ = self.device.synchronize();
-            }
+        if let Some(last) = last.take() {
+            let _ = last.wait();
         }
     }
 }
@@ -188,16 +237,38 @@ struct Reads {
 }
 
 impl Reads {
-    fn push(&mut self, src: usize, len: usize) -> usize {
-        let at = self.total.next_multiple_of(8);
-        self.total = at + len;
+    /// Adds a read of `len` bytes at device address `src`; returns where it lands in the
+    /// scratch, or an error when the scratch would outgrow the address space.
+    fn push(&mut self, src: usize, len: usize) -> Result<usize> {
+        let (at, total) = place(self.total, 8, len, "the sizes read back from the device")?;
+        self.total = total;
         self.copies.push((src, len, at));
-        at
+        Ok(at)
     }
 }
 
 fn overflow(what: &str) -> Error {
     Error::InvalidArgument(format!("{what} overflows the address space"))
+}
+
+/// Where `len` bytes go after `total` bytes, at the next multiple of `align`, and the new
+/// total: checked, so that no size wraps. A single range, and the whole, must fit in
+/// `isize::MAX` bytes (what one allocation, and a pointer offset, can span).
+fn place(total: usize, align: usize, len: usize, what: &str) -> Result<(usize, usize)> {
+    const MAX: usize = isize::MAX as usize;
+    if len > MAX {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: a range of {len} bytes is larger than isize::MAX"
+        )));
+    }
+    let at = total
+        .checked_next_multiple_of(align)
+        .ok_or_else(|| overflow(what))?;
+    let end = at
+        .checked_add(len)
+        .filter(|&end| end <= MAX)
+        .ok_or_else(|| overflow(what))?;
+    Ok((at, end))
 }
 
 /// `items * width`, or an error when it overflows.
@@ -245,19 +316,19 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
     match data_type {
         dt if is_offsets_type(dt) => {
             let w = offset_width(dt);
-            at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w));
-            at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w));
+            at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
+            at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w)?);
         }
         DataType::ListView(_) | DataType::LargeListView(_) if length > 0 => {
             let w = offset_width(data_type);
             let (from, len) = (bytes(offset, w)?, bytes(length, w)?);
-            at.push(reads.push(address(buffers[1], from)?, len));
-            at.push(reads.push(address(buffers[2], from)?, len));
+            at.push(reads.push(address(buffers[1], from)?, len)?);
+            at.push(reads.push(address(buffers[2], from)?, len)?);
         }
         DataType::Utf8View | DataType::BinaryView => {
             let variadic = buffers.len() - 3;
             if variadic > 0 {
-                at.push(reads.push(buffers[buffers.len() - 1], bytes(variadic, 8)?));
+                at.push(reads.push(buffers[buffers.len() - 1], bytes(variadic, 8)?)?);
             }
         }
         _ => {}
@@ -318,7 +389,15 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
         .collect();
     // Ordinary host memory: a few bytes per array, not worth a pinned allocation (the copy
     // to pageable memory may return only once done; we wait for it right after anyway).
-    let mut host = vec![0u8; reads.total];
+    // Foreign lengths size it (list views): an allocation failure is an error, not an abort.
+    let mut host = Vec::new();
+    host.try_reserve_exact(reads.total).map_err(|e| {
+        Error::Arrow(arrow_schema::ArrowError::MemoryError(format!(
+            "{} bytes for the sizes read back from the device: {e}",
+            reads.total
+        )))
+    })?;
+    host.resize(reads.total, 0u8);
     let result = (|| {
         // Sources: ranges `DeviceArray::try_new`'s contract guarantees for the validated array
         // (offsets at `offset` and `offset + length`, list-view offsets and sizes, variadic
@@ -454,8 +533,10 @@ impl ForeignNode {
             && self.buffers[0] != 0
     }
 
-    /// The bytes the buffers of this array and its descendants address (the ranges its
-    /// items use, so a slice counts only its own bytes; children count whole).
+    /// The bytes the buffers of this array and its descendants address, each array over
+    /// its own `offset` and `length` (a slice counts only its own items; a child counts
+    /// over its whole own range, whatever part of it the parent uses), the variadic
+    /// buffers of view types whole. Saturating: only a measure.
     fn addressed_bytes(&self) -> usize {
         let (start, end) = (self.offset, self.offset + self.length);
         let dt = &self.data_type;
@@ -524,14 +605,16 @@ struct Image {
 }
 
 impl Image {
-    /// Places `len` bytes from device address `src` at the next 64-byte boundary.
-    fn push(&mut self, src: usize, len: usize) -> Option<Placement> {
-        let offset = self.total.next_multiple_of(BUFFER_ALIGNMENT);
-        self.total = offset + len;
+    /// Places `len` bytes from device address `src` at the next 64-byte boundary; an
+    /// error when the image would outgrow the address space (sizes come from foreign
+    /// offsets, which may address anything).
+    fn push(&mut self, src: usize, len: usize) -> Result<Option<Placement>> {
+        let (offset, total) = place(self.total, BUFFER_ALIGNMENT, len, "the packed image")?;
+        self.total = total;
         if len > 0 {
             self.copies.push((src, offset, len));
         }
-        Some(Placement { offset, len })
+        Ok(Some(Placement { offset, len }))
     }
 }
 
@@ -574,14 +657,14 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
     let mut rebase = None;
     if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
         buffers.push(if has_validity {
-            image.push(addr(0, base / 8)?, m.div_ceil(8))
+            image.push(addr(0, base / 8)?, m.div_ceil(8))?
         } else {
             None
         });
     }
     match dt {
         DataType::Null => {}
-        DataType::Boolean => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))),
+        DataType::Boolean => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
         dt if is_offsets_type(dt) => {
             let w = offset_width(dt);
             let Extent::Offsets { first, last } = node.extent else {
@@ -589,23 +672,23 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
                     "{dt} offsets were not read"
                 )));
             };
-            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?));
+            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?);
             if let Some(child) = node.children.first() {
                 children.push(pack_node(child, first, last - first, image)?);
             } else {
-                buffers.push(image.push(addr(2, first)?, last - first));
+                buffers.push(image.push(addr(2, first)?, last - first)?);
             }
             rebase = (first > 0).then_some(first as i64);
         }
         DataType::Utf8View | DataType::BinaryView => {
-            buffers.push(image.push(addr(1, bytes(base, 16)?)?, bytes(m, 16)?));
+            buffers.push(image.push(addr(1, bytes(base, 16)?)?, bytes(m, 16)?)?);
             let Extent::Variadic(sizes) = &node.extent else {
                 return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
             };
             for (i, &size) in sizes.iter().enumerate() {
-                buffers.push(image.push(node.buffers[2 + i], size));
+                buffers.push(image.push(node.buffers[2 + i], size)?);
             }
-            buffers.push(image.push(node.buffers[node.buffers.len() - 1], 8 * sizes.len()));
+            buffers.push(image.push(node.buffers[node.buffers.len() - 1], 8 * sizes.len())?);
         }
         DataType::ListView(_) | DataType::LargeListView(_) => {
             let w = offset_width(dt);
@@ -613,13 +696,14 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
                 Extent::Views { lo, hi } => (lo, hi),
                 _ => (0, 0),
             };
-            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m, w)?));
-            buffers.push(image.push(addr(2, bytes(base, w)?)?, bytes(m, w)?));
+            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m, w)?)?);
+            buffers.push(image.push(addr(2, bytes(base, w)?)?, bytes(m, w)?)?);
             children.push(pack_node(&node.children[0], lo, hi - lo, image)?);
             rebase = Some(lo as i64);
         }
         DataType::FixedSizeList(_, k) => {
-            let k = *k as usize;
+            let k = usize::try_from(*k)
+                .map_err(|_| Error::InvalidArgument(format!("{dt} has a negative list size")))?;
             children.push(pack_node(
                 &node.children[0],
                 bytes(base, k)?,
@@ -633,9 +717,9 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             }
         }
         DataType::Union(_, mode) => {
-            buffers.push(image.push(addr(0, p)?, n));
+            buffers.push(image.push(addr(0, p)?, n)?);
             if *mode == UnionMode::Dense {
-                buffers.push(image.push(addr(1, bytes(p, 4)?)?, bytes(n, 4)?));
+                buffers.push(image.push(addr(1, bytes(p, 4)?)?, bytes(n, 4)?)?);
             }
             for child in &node.children {
                 children.push(match mode {
@@ -649,7 +733,7 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             let width = key
                 .primitive_width()
                 .ok_or_else(|| Error::InvalidArgument(format!("dictionary keys of type {key}")))?;
-            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
+            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?)?);
             let dict = node.dictionary.as_deref().ok_or(Error::NullPointer {
                 what: "ArrowArray dictionary",
             })?;
@@ -666,7 +750,7 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             let bits = fixed_bit_width(dt)
                 .ok_or_else(|| Error::InvalidArgument(format!("unsupported data type {dt}")))?;
             let width = bits / 8;
-            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?));
+            buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?)?);
         }
     }
     Ok(Node {
@@ -692,7 +776,10 @@ impl Foreign {
         self.array.device_id()
     }
 
-    /// The bytes the imported arrays address in the foreign buffers.
+    /// The bytes the imported arrays address in the foreign buffers, as
+    /// [`ForeignNode::addressed_bytes`] counts them: each array over its own range,
+    /// children over their whole own range. An approximation of what a download packs
+    /// (see the module documentation), not its exact size.
     pub(crate) fn device_bytes(&self) -> usize {
         self.root.addressed_bytes()
     }
@@ -705,7 +792,12 @@ impl Foreign {
     /// Packs the bytes `batch` (whose foreign array this is) addresses into one fresh
     /// allocation on `device` with one batched copy, enqueued after the batch's event:
     /// returns the packed image, the tree over it, and the event after the copy.
+    ///
+    /// `device` must be the device the array was imported on (same type and id; see
+    /// [`crate::transfer::check_same_device`]): another device could not address its
+    /// buffers.
     pub(crate) fn pack(&self, device: &Arc<dyn Device>, batch: &DeviceBatch) -> Result<Download> {
+        crate::transfer::check_same_device(self.device.as_ref(), device.as_ref())?;
         let ready = &batch.event;
         let mut image = Image::default();
         let root = pack_node(&self.root, 0, self.root.length, &mut image)?;
@@ -721,15 +813,17 @@ impl Foreign {
             })
             .collect();
         let mut last_use = self.last_use.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(previous) = last_use.take() {
-            previous.wait_host()?;
+        if let Some(previous) = last_use.as_ref() {
+            // Kept on error, so that `Drop` still waits for (or synchronizes) that work.
+            previous.wait()?;
         }
         let enqueued = (|| {
             // SAFETY: `ready` is the batch's own live event (held by the caller), of the
             // kind of the device the batch was imported on.
             unsafe { device.wait_sync_event(ready.as_sync_event_ptr())? };
             // Sources lie inside what the import validated for the foreign buffers, kept
-            // alive (unreleased) by `self` until the event recorded below has completed.
+            // alive (unreleased) by `self` until the event recorded below has completed;
+            // `device` is the import's device (checked above), so it addresses them.
             // SAFETY: sources valid as above; destinations are disjoint aligned ranges of
             // the fresh allocation of `image.total` bytes.
             unsafe { device.copy_on_device(&copies)? };
@@ -744,7 +838,10 @@ impl Foreign {
                 return Err(e);
             }
         };
-        *last_use = Some(event.clone());
+        *last_use = Some(LastUse {
+            event: event.clone(),
+            device: device.clone(),
+        });
         Ok(Download {
             schema: batch.schema.clone(),
             num_rows: batch.num_rows,

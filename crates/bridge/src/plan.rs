@@ -7,8 +7,15 @@
 //! children cut to the range they address (lists, list views, dense unions, run-end
 //! encoded arrays), and every node of the result has offset 0.
 //!
+//! The variadic buffers of view types (`Utf8View`, `BinaryView`) are referenced by the
+//! views wherever they point: they travel whole, unless the slice's views reference less
+//! than half of their bytes; then the referenced bytes are compacted into new buffers and
+//! the views rewritten (arrow-rs's `gc`), so that what a view slice moves stays
+//! proportional to the slice too. (Only dictionaries, shared by every slice, travel whole.)
+//!
 //! Buffers are referenced, not copied, when they can be used as they are (zero-copy
-//! `Buffer` slices); only rebased offsets and realigned bitmaps are computed on the host.
+//! `Buffer` slices); only rebased offsets, realigned bitmaps and compacted views are
+//! computed on the host.
 
 use std::collections::HashMap;
 
@@ -146,6 +153,43 @@ fn rebase<O: ArrowNativeType + std::ops::Sub<Output = O>>(
     Ok((rebased, lo, hi))
 }
 
+/// For a slice of a view array (`Utf8View`, `BinaryView`) whose views reference less than
+/// half the bytes of its variadic buffers: a copy with only the referenced bytes, in new
+/// buffers, and its views rewritten (arrow-rs's `gc`), so that the bytes moved are
+/// proportional to the slice. `None` when the buffers are used as they are (most of their
+/// bytes are referenced, so rewriting would cost more than it saves).
+fn compact_views(data: &ArrayData) -> Option<ArrayData> {
+    let held = data
+        .buffers()
+        .get(1..)?
+        .iter()
+        .map(|b| b.len())
+        .sum::<usize>();
+    if held == 0 {
+        return None;
+    }
+    let array = make_array(data.clone());
+    let compacted = match data.data_type() {
+        DataType::Utf8View => {
+            let views = array.as_string_view_opt()?;
+            // Bytes of the non-inline views (counted once per view, as `gc` copies them).
+            if views.total_buffer_bytes_used().saturating_mul(2) >= held {
+                return None;
+            }
+            views.gc().into_data()
+        }
+        DataType::BinaryView => {
+            let views = array.as_binary_view_opt()?;
+            if views.total_buffer_bytes_used().saturating_mul(2) >= held {
+                return None;
+            }
+            views.gc().into_data()
+        }
+        _ => return None,
+    };
+    Some(compacted)
+}
+
 fn validity(data: &ArrayData, image: &mut Packer) -> Option<Placement> {
     let nulls = data.nulls().filter(|n| n.null_count() > 0)?;
     // `NullBuffer` carries its own offset: realign to bit 0 (zero-copy when byte-aligned).
@@ -182,9 +226,18 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             buffers.push(image.push(cut(buffer(1)?, lo, hi - lo, 1)?));
         }
         DataType::Utf8View | DataType::BinaryView => {
+            // A slice whose views use little of the variadic buffers moves a compacted
+            // copy of what they use instead (views rewritten, offset 0).
+            let compacted = compact_views(data);
+            let data = compacted.as_ref().unwrap_or(data);
+            let (start, len) = (data.offset(), data.len());
+            let [views, variadic @ ..] = data.buffers() else {
+                return Err(Error::InvalidArgument(format!(
+                    "{data_type} array has no views buffer"
+                )));
+            };
             buffers.push(validity(data, image));
-            buffers.push(image.push(cut(buffer(0)?, start, len, 16)?));
-            let variadic = &data.buffers()[1..];
+            buffers.push(image.push(cut(views, start, len, 16)?));
             for b in variadic {
                 buffers.push(image.push(b.clone()));
             }
@@ -246,7 +299,8 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
         }
         DataType::FixedSizeList(_, n) => {
             buffers.push(validity(data, image));
-            let n = *n as usize;
+            let n = usize::try_from(*n)
+                .map_err(|_| Error::InvalidArgument(format!("{data_type} has a negative size")))?;
             children.push(plan_node(
                 &data.child_data()[0].slice(start * n, len * n),
                 image,
@@ -353,7 +407,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             let width = dt
                 .primitive_width()
                 .or(match dt {
-                    DataType::FixedSizeBinary(n) => Some(*n as usize),
+                    DataType::FixedSizeBinary(n) => usize::try_from(*n).ok(),
                     _ => None,
                 })
                 .ok_or_else(|| Error::InvalidArgument(format!("unsupported data type {dt}")))?;
@@ -361,10 +415,17 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             buffers.push(image.push(cut(buffer(0)?, start, len, width)?));
         }
     }
+    // A null array is all nulls without a bitmap: arrow-rs counts none, the C data
+    // interface (and arrow-rs's own FFI export) says `length`.
+    let null_count = if data_type == DataType::Null {
+        len
+    } else {
+        data.null_count()
+    };
     Ok(Node {
         data_type,
         len,
-        null_count: Some(data.null_count()),
+        null_count: Some(null_count),
         offset: 0,
         rebase: None,
         buffers,

@@ -429,12 +429,12 @@ impl Drop for Pipeline {
 ///
 /// An iterator of [`DeviceBatch`]es (which ends after the first error), and a
 /// [`DeviceBatchSource`] for [`export_stream`] (whose `get_next` keeps failing after the
-/// first error).
+/// first error, with its errno code and message).
 #[derive(Debug)]
 pub struct Uploader {
     pipeline: Pipeline,
-    /// The errno and message of the error that ended the C stream, repeated by later
-    /// `get_next` calls.
+    /// The errno and message of the error that ended the C stream, repeated unchanged by
+    /// later `get_next` calls ([`Error::Repeated`]).
     failure: Option<(i32, String)>,
 }
 
@@ -491,10 +491,10 @@ impl DeviceBatchSource for Uploader {
 
     fn next_array(&mut self) -> Option<Result<DeviceArray>> {
         if let Some((code, message)) = &self.failure {
-            return Some(Err(Error::Callback {
-                operation: "get_next",
+            // The same errno and message as the first failure: it is ours, not a peer's.
+            return Some(Err(Error::Repeated {
                 code: *code,
-                message: format!("the stream failed earlier: {message}"),
+                message: message.clone(),
             }));
         }
         let item = self

@@ -164,8 +164,16 @@ impl DeviceBatch {
     pub fn event(&self) -> &Arc<dyn SyncEvent> {
         &self.event
     }
-    /// Bytes of device memory the batch occupies (for an imported batch: the bytes its
-    /// arrays address in the foreign buffers).
+    /// Bytes of device memory the batch occupies.
+    ///
+    /// For an imported batch: the bytes of the foreign buffers its arrays address, each
+    /// array counted over its own `offset` and `length` as imported (a column sliced by
+    /// its producer counts only its slice), every child and dictionary over its own
+    /// whole range (not only the part a sliced parent uses), view types with all their
+    /// variadic buffers. It approximates what [`Transfer::to_host`] packs and moves,
+    /// which can be a little more (bitmapped arrays are cut at byte boundaries: up to 7
+    /// more items per buffer) or less (fixed-width children are cut to the range their
+    /// parent uses). See [`DeviceBatch::import`] for what a slice of it moves.
     pub fn device_bytes(&self) -> usize {
         match &self.storage {
             Storage::Packed { memory, .. } => memory.len(),
@@ -226,6 +234,28 @@ impl DeviceBatch {
             Storage::Foreign(foreign) => foreign.pack(device, self),
         }
     }
+}
+
+/// Checks that `device` can copy the memory of a batch on `home`: both must be the same
+/// device (device type and id; two handles on one device may differ, e.g. in their
+/// streams). [`Error::UnsupportedDevice`] for another device type,
+/// [`Error::DeviceMismatch`] for another id.
+pub(crate) fn check_same_device(home: &dyn Device, device: &dyn Device) -> Result<()> {
+    let (found, id) = (home.device_type(), home.device_id());
+    if found != device.device_type() {
+        return Err(Error::UnsupportedDevice {
+            found,
+            accepted: format!("{} (the transfer's device)", device.device_type()),
+        });
+    }
+    if id != device.device_id() {
+        return Err(Error::DeviceMismatch {
+            device_type: found,
+            expected: device.device_id(),
+            found: id,
+        });
+    }
+    Ok(())
 }
 
 fn export_node(node: &Node, base: usize) -> ArrayNode {
@@ -469,7 +499,12 @@ impl Transfer {
     ///
     /// An imported batch is first packed on the device (one batched copy of the bytes its
     /// arrays address into one allocation), then moved like a packed one.
+    ///
+    /// The batch must live on this transfer's device (same device type and id):
+    /// otherwise [`Error::UnsupportedDevice`] (another type) or [`Error::DeviceMismatch`]
+    /// (another id), as this device cannot copy another one's memory.
     pub fn to_host(&mut self, batch: &DeviceBatch) -> Result<RecordBatch> {
+        check_same_device(batch.device.as_ref(), self.device.as_ref())?;
         let batch = &batch.download(&self.device)?;
         let total = batch.memory.len();
         // SAFETY: the pointer comes from the batch's own live event.

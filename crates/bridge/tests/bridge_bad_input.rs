@@ -555,3 +555,120 @@ fn invalid_values_found_on_the_host_are_typed_errors_too() {
     .unwrap();
     assert_eq!(batch.schema().field(0).name(), "renamed");
 }
+
+/// A struct array of `columns`, built without validation (they may be malformed on
+/// purpose), and its schema.
+fn columns(columns: Vec<(&str, ArrayData)>) -> (ArrayData, SchemaRef) {
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(name, c)| Field::new(*name, c.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let len = columns.first().map_or(0, |(_, c)| c.len());
+    let builder = ArrayData::builder(DataType::Struct(schema.fields().clone()))
+        .len(len)
+        .child_data(columns.into_iter().map(|(_, c)| c).collect());
+    // SAFETY: the struct itself is well formed (children of its length); the children
+    // may not be, which is what the tests feed to the importer.
+    (unsafe { builder.build_unchecked() }, schema)
+}
+
+/// A LargeBinary array over `data` with raw (possibly invalid) `offsets`.
+fn large_binary(offsets: &[i64], data: &[u8]) -> ArrayData {
+    let builder = ArrayData::builder(DataType::LargeBinary)
+        .len(offsets.len() - 1)
+        .add_buffer(Buffer::from_slice_ref(offsets))
+        .add_buffer(Buffer::from_slice_ref(data));
+    // SAFETY: the buffer counts match the type; the offsets are only read by the
+    // importer under test.
+    unsafe { builder.build_unchecked() }
+}
+
+#[test]
+fn offsets_that_address_more_than_the_address_space_are_an_error() {
+    // Each column addresses i64::MAX bytes: the download's sizes would wrap (two columns)
+    // or exceed isize::MAX (one), and a wrapped size would allocate a tiny image that the
+    // packing copy then overruns. Rejected at import, before any copy of the data.
+    let huge = || large_binary(&[0, i64::MAX], b"ab");
+    let cases = [
+        columns(vec![("a", huge()), ("b", huge())]),
+        columns(vec![("a", huge())]),
+        columns(vec![
+            ("s", utf8(&[0, 2], b"ab")),
+            ("a", large_binary(&[1, i64::MAX], b"ab")),
+        ]),
+    ];
+    for (data, schema) in cases {
+        let device = InstrumentedDevice::new();
+        let err = import_corrupted_on(device.clone(), &data, schema, |_| {});
+        assert!(
+            matches!(err, Error::InvalidArgument(ref m) if m.contains("overflows the address space")),
+            "{err}"
+        );
+        assert_eq!(
+            device.on_device_copies(),
+            1,
+            "only the read-back of the offsets"
+        );
+    }
+}
+
+#[test]
+fn list_view_lengths_that_overflow_the_read_back_are_an_error() {
+    let field = Arc::new(Field::new("item", DataType::Int32, true));
+    let builder = ArrayData::builder(DataType::ListView(field))
+        .len(2)
+        .add_buffer(Buffer::from_slice_ref([0i32, 1]))
+        .add_buffer(Buffer::from_slice_ref([1i32, 2]))
+        .child_data(vec![Int32Array::from(vec![1, 2, 3]).into_data()]);
+    // SAFETY: buffer and child counts match; the views are only read by the importer.
+    let view = unsafe { builder.build_unchecked() };
+    let (data, schema) = one_column("v", view);
+    // A list view claiming 2^61 (2^60) items: its offsets and sizes to read back are
+    // 2^63 (2^62) bytes each, which wrapped (overflowed isize) the scratch size.
+    for (length, fragment) in [
+        (1i64 << 61, "larger than isize::MAX"),
+        (1i64 << 60, "overflows the address space"),
+    ] {
+        let device = InstrumentedDevice::new();
+        let err = import_corrupted_on(device.clone(), &data, schema.clone(), |raw| {
+            child_mut(raw, 0).length = length
+        });
+        assert!(
+            matches!(err, Error::InvalidArgument(ref m) if m.contains(fragment)),
+            "{err}"
+        );
+        assert_eq!(device.on_device_copies(), 0, "nothing was copied");
+    }
+}
+
+#[test]
+fn negative_fixed_sizes_are_an_error() {
+    let fsb = arrow_array::FixedSizeBinaryArray::try_from_iter([b"ab", b"cd"].into_iter()).unwrap();
+    let fsl = arrow_array::FixedSizeListArray::from_iter_primitive::<Int32Type, _, _>(
+        [Some([Some(1), Some(2)]), None],
+        2,
+    );
+    let item = Arc::new(Field::new("item", DataType::Int32, true));
+    for (column, negative) in [
+        (Arc::new(fsb) as ArrayRef, DataType::FixedSizeBinary(-1)),
+        (Arc::new(fsl) as ArrayRef, DataType::FixedSizeList(item, -1)),
+    ] {
+        let batch = RecordBatch::try_from_iter([("c", column)]).unwrap();
+        let (data, _) = batch_data(&batch);
+        let schema = Arc::new(Schema::new(vec![Field::new("c", negative.clone(), true)]));
+        let err = import_corrupted(&data, schema.clone(), |_| {});
+        assert!(
+            matches!(err, Error::Schema(ref e) if e.to_string().contains("negative size -1")),
+            "{negative}: {err}"
+        );
+        // The same through a C schema ("w:-1", "+w:-1"), which arrow-rs parses.
+        let ffi = FFI_ArrowSchema::try_from(schema.as_ref()).unwrap();
+        let (array, count) = count_releases(cpu::export_array_data(&data));
+        let err = DeviceBatch::import_with_ffi_schema(Arc::new(CpuDevice::new()), array, &ffi)
+            .unwrap_err();
+        assert!(matches!(err, Error::Schema(_)), "{negative}: {err}");
+        assert_eq!(releases(&count), 1);
+    }
+}

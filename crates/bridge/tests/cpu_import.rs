@@ -15,6 +15,7 @@ use arrow_schema::{DataType, Field};
 use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_abi::{ArrowDeviceType, Error};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
 use devarrow_interop::sample;
 
@@ -252,4 +253,102 @@ fn imported_batches_move_between_threads() {
     assert_eq!(back, batch);
     std::thread::spawn(move || drop(imported)).join().unwrap();
     assert_eq!(releases(&count), 1);
+}
+
+fn ints_and_strings() -> RecordBatch {
+    RecordBatch::try_from_iter([
+        (
+            "i",
+            Arc::new(Int64Array::from(vec![Some(1), None, Some(3)])) as ArrayRef,
+        ),
+        (
+            "s",
+            Arc::new(StringArray::from(vec![Some("ab"), None, Some("cde")])) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+/// A device posing as ROCm device `id` (its memory is the CPU's).
+fn rocm(id: i64) -> Arc<InstrumentedDevice> {
+    Arc::new(InstrumentedDevice::default().posing_as(ArrowDeviceType::ROCM, id))
+}
+
+#[test]
+fn a_transfer_refuses_a_batch_on_another_device() {
+    let batch = ints_and_strings();
+    let check = |on_device: &DeviceBatch| {
+        // Another device type: its memory is not the CPU's to copy.
+        let mut on_cpu = Transfer::new(cpu(), TransferOptions::default());
+        let err = on_cpu.to_host(on_device).unwrap_err();
+        assert!(
+            matches!(err, Error::UnsupportedDevice { found, .. } if found == ArrowDeviceType::ROCM),
+            "{err}"
+        );
+        // Another device of the same type.
+        let other = rocm(0);
+        let err = Transfer::new(other.clone(), TransferOptions::default())
+            .to_host(on_device)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::DeviceMismatch {
+                    expected: 0,
+                    found: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            (other.on_device_copies(), other.host_copies()),
+            (0, 0),
+            "nothing was copied"
+        );
+        // Another handle on the same device is fine.
+        let mut same = Transfer::new(rocm(1), TransferOptions::default());
+        assert_eq!(same.to_host(on_device).unwrap(), batch);
+    };
+    // Packed by a transfer.
+    let on_rocm = Transfer::new(rocm(1), TransferOptions::default())
+        .to_device(&batch)
+        .unwrap();
+    check(&on_rocm);
+    // Imported: the export of that batch (a ROCm device 1 array).
+    let (array, _schema) = on_rocm.export().unwrap();
+    drop(on_rocm);
+    let (array, count) = count_releases(array);
+    let imported = DeviceBatch::import(rocm(1), array, batch.schema()).unwrap();
+    assert!(imported.is_imported());
+    check(&imported);
+    drop(imported);
+    assert_eq!(releases(&count), 1);
+}
+
+#[test]
+fn the_release_waits_for_the_last_pack_even_after_a_failed_wait() {
+    let batch = ints_and_strings();
+    let home = InstrumentedDevice::new();
+    let (array, count) = count_releases(cpu::export_record_batch(&batch).unwrap().0);
+    let imported = DeviceBatch::import(home.clone(), array, batch.schema()).unwrap();
+    // Another handle on the same device (another stream, on a GPU) packs the download.
+    let copier = InstrumentedDevice::new();
+    let mut transfer = Transfer::new(copier.clone(), TransferOptions::default());
+    assert_eq!(transfer.to_host(&imported).unwrap(), batch);
+    // The next download cannot wait for the last pack's event: an error...
+    copier.fail_waits(true);
+    let err = transfer.to_host(&imported).unwrap_err();
+    assert!(matches!(err, Error::Device { .. }), "{err}");
+    drop(transfer);
+    // ... after which the release still makes sure that pack is done, on its device.
+    let (home_syncs, copier_syncs) = (home.synchronizations(), copier.synchronizations());
+    drop(imported);
+    assert_eq!(releases(&count), 1);
+    assert_eq!(
+        copier.synchronizations(),
+        copier_syncs + 1,
+        "the packing device is synchronized when its event fails"
+    );
+    assert_eq!(home.synchronizations(), home_syncs);
 }

@@ -358,7 +358,7 @@ fn a_reader_error_mid_stream_is_get_next_with_its_errno() {
                 batch(k)
             );
         }
-        match stream.next_array() {
+        let first = match stream.next_array() {
             Err(Error::Callback {
                 operation: "get_next",
                 code: c,
@@ -366,17 +366,59 @@ fn a_reader_error_mid_stream_is_get_next_with_its_errno() {
             }) => {
                 assert_eq!(c, code, "{m}");
                 assert!(m.contains(fragment), "{m} should mention {fragment}");
+                m
             }
             other => panic!("expected the reader's error, got {other:?}"),
-        }
-        match stream.next_array() {
-            Err(Error::Callback { code: c, .. }) => assert_eq!(c, code, "the error sticks"),
-            other => panic!("expected the error again, got {other:?}"),
+        };
+        // Later calls replay the first failure unchanged: same errno, same message.
+        for _ in 0..2 {
+            match stream.next_array() {
+                Err(Error::Callback {
+                    operation: "get_next",
+                    code: c,
+                    message: m,
+                }) => {
+                    assert_eq!(c, code, "the error sticks");
+                    assert_eq!(m, first, "the message sticks, unwrapped");
+                }
+                other => panic!("expected the error again, got {other:?}"),
+            }
         }
         assert_eq!(counters.pulls(), 3, "the thread stops at the error");
         assert_eq!(counters.drops(), 1, "and drops the reader");
         drop(stream);
     }
+}
+
+#[test]
+fn an_uploader_source_replays_its_first_error_unchanged() {
+    let make: Make = Box::new(|k| match k {
+        0 => Some(Ok(batch(0))),
+        1 => Some(Err(ArrowError::MemoryError("no room".into()))),
+        _ => Some(Ok(batch(k))),
+    });
+    let counters = Counters::default();
+    let mut uploader =
+        Uploader::spawn(counters.reader(make), cpu(), StreamOptions::default()).unwrap();
+    assert!(DeviceBatchSource::next_array(&mut uploader)
+        .unwrap()
+        .is_ok());
+    let first = DeviceBatchSource::next_array(&mut uploader)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(first.errno(), errno::ENOMEM, "{first}");
+    for _ in 0..2 {
+        let again = DeviceBatchSource::next_array(&mut uploader)
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(again, Error::Repeated { .. }),
+            "not a peer's: {again:?}"
+        );
+        assert_eq!(again.errno(), first.errno());
+        assert_eq!(again.to_string(), first.to_string());
+    }
+    assert_eq!(counters.pulls(), 2, "nothing is pulled after the error");
 }
 
 #[test]

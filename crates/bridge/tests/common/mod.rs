@@ -12,7 +12,7 @@ mod abi_common;
 pub use abi_common::{count_releases, releases};
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
@@ -61,8 +61,9 @@ pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
 /// A device wrapping another one (the CPU device by default), forwarding every call and
 /// counting what is asked of it: allocations (and the live ones, device and staging
 /// memory), staging sizes, bytes copied to the device, copies to the host and batched
-/// copies on the device. Optionally it poses as another device type and id, refuses
-/// allocations after a number of them, or reports the inner device's pinned memory
+/// copies on the device, synchronizations. Optionally it poses as another device type and
+/// id, refuses allocations after a number of them, fails the host waits of its events
+/// ([`InstrumentedDevice::fail_waits`]), or reports the inner device's pinned memory
 /// (otherwise it reports none, as the trait's default does).
 #[derive(Debug)]
 pub struct InstrumentedDevice {
@@ -75,6 +76,9 @@ pub struct InstrumentedDevice {
     pub fail_events_after: Option<usize>,
     /// Forward `is_pinned` to the inner device.
     pub report_pinned: bool,
+    /// While set, `wait_host` fails on every event this device recorded (before or after).
+    fail_waits: Arc<AtomicBool>,
+    synchronizations: AtomicU64,
     allocations: AtomicUsize,
     events: AtomicUsize,
     live: Arc<AtomicUsize>,
@@ -104,6 +108,8 @@ impl InstrumentedDevice {
             fail_allocations_after: None,
             fail_events_after: None,
             report_pinned: false,
+            fail_waits: Arc::new(AtomicBool::new(false)),
+            synchronizations: AtomicU64::new(0),
             allocations: AtomicUsize::new(0),
             events: AtomicUsize::new(0),
             live: Arc::new(AtomicUsize::new(0)),
@@ -161,6 +167,38 @@ impl InstrumentedDevice {
     /// Bytes copied by `copy_on_device` so far.
     pub fn on_device_bytes(&self) -> u64 {
         self.on_device_bytes.load(Ordering::SeqCst)
+    }
+    /// Makes `wait_host` fail (`true`) or work again (`false`) on every event this device
+    /// recorded.
+    pub fn fail_waits(&self, fail: bool) {
+        self.fail_waits.store(fail, Ordering::SeqCst);
+    }
+    /// Calls of `synchronize` so far.
+    pub fn synchronizations(&self) -> u64 {
+        self.synchronizations.load(Ordering::SeqCst)
+    }
+}
+
+/// An event of an [`InstrumentedDevice`]: the inner device's, whose host wait fails while
+/// the device's `fail_waits` is set.
+#[derive(Debug)]
+struct FailableEvent {
+    inner: Arc<dyn SyncEvent>,
+    fail: Arc<AtomicBool>,
+}
+
+impl SyncEvent for FailableEvent {
+    fn as_sync_event_ptr(&self) -> *mut c_void {
+        self.inner.as_sync_event_ptr()
+    }
+    fn wait_host(&self) -> devarrow_abi::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::Device {
+                device: "TEST",
+                message: "event wait refused".into(),
+            });
+        }
+        self.inner.wait_host()
     }
 }
 
@@ -267,13 +305,17 @@ impl Device for InstrumentedDevice {
                 message: format!("event {n} refused"),
             });
         }
-        self.inner.record_event()
+        Ok(Arc::new(FailableEvent {
+            inner: self.inner.record_event()?,
+            fail: self.fail_waits.clone(),
+        }))
     }
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.wait_sync_event(sync_event) }
     }
     fn synchronize(&self) -> devarrow_abi::Result<()> {
+        self.synchronizations.fetch_add(1, Ordering::SeqCst);
         self.inner.synchronize()
     }
     fn copy_count(&self) -> u64 {
