@@ -236,10 +236,9 @@ impl ImportedArray {
         if ptr.is_null() {
             return None;
         }
-        // SAFETY: the buffer belongs to the imported array (caller's guarantee), which
-        // the owner keeps unreleased as long as the view lives; the producer promises
-        // the data is immutable; host readability follows the synchronization state. The
-        // producer's event lives until release, which the owner holds back.
+        // SAFETY: the buffer belongs to the imported array (caller's guarantee), kept
+        // unreleased by the owner while the view lives; the data is immutable; host
+        // readability follows the synchronization state; the event lives until release.
         Some(unsafe {
             ForeignBuffer::new(
                 ptr as u64,
