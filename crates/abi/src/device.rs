@@ -22,7 +22,12 @@ use crate::pinned::PinnedRegistry;
 pub const BUFFER_ALIGNMENT: usize = 64;
 
 /// Memory on a device: freed when the last reference drops.
-pub trait DeviceMemory: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// Code that copies to and from device memory (the bridge) trusts implementations:
+/// `address()` must return the same address on every call, the start of at least `len()`
+/// bytes of the device's memory that stay allocated for as long as the value lives.
+pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug {
     /// The address of the first byte on the device (a host pointer for the CPU).
     fn address(&self) -> *mut c_void;
     /// The size in bytes.
@@ -37,7 +42,12 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
 
 /// Page-locked (pinned) host memory the device can DMA from and to directly; plain host
 /// memory on the CPU device.
-pub trait StagingMemory: Send + fmt::Debug {
+///
+/// # Safety
+/// Devices copy to and from staging memory asynchronously, through the pointer of a slice
+/// taken earlier: both slices must cover the same memory on every call (no reallocation),
+/// which stays allocated for as long as the value lives.
+pub unsafe trait StagingMemory: Send + fmt::Debug {
     /// The memory, writable by the host.
     fn as_mut_slice(&mut self) -> &mut [u8];
     /// The memory, readable by the host.
@@ -45,7 +55,13 @@ pub trait StagingMemory: Send + fmt::Debug {
 }
 
 /// A point in a device's stream of work: done once everything enqueued before it is.
-pub trait SyncEvent: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// Callers free or reuse memory once `wait_host` returns `Ok`: it must return `Ok` only
+/// after all work enqueued on the device before the event was recorded has completed.
+/// `as_sync_event_ptr` must be NULL or point to a live event of the device's type (for
+/// CUDA, a `CUevent`) for as long as the value lives.
+pub unsafe trait SyncEvent: Send + Sync + fmt::Debug {
     /// What `ArrowDeviceArray.sync_event` should hold for this event (NULL when the data
     /// is ready as soon as the call returns, as on the CPU). For CUDA: a `CUevent*`.
     fn as_sync_event_ptr(&self) -> *mut c_void;
@@ -68,7 +84,17 @@ pub struct DeviceCopy {
 /// A device data can be moved to and from. Copies are enqueued on the device's own stream
 /// in call order; host memory passed to a copy must stay valid until an event recorded
 /// after it has completed (or [`Device::synchronize`] returned).
-pub trait Device: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// The bridge's unsafe code relies on what implementations promise here:
+/// - `allocate(len)` returns memory of this device (`device_type`, `device_id`) of at least
+///   `len` bytes aligned to [`BUFFER_ALIGNMENT`]; `allocate_staging(len)` returns at least
+///   `len` bytes;
+/// - copies and events are ordered on one stream in call order: an event from
+///   `record_event` completes only after every copy enqueued before it, and `synchronize`
+///   returns `Ok` only once all enqueued work has completed;
+/// - `is_pinned` answers `true` only as its documentation says.
+pub unsafe trait Device: Send + Sync + fmt::Debug {
     /// The `ArrowDeviceType` of memory this device allocates.
     fn device_type(&self) -> ArrowDeviceType;
     /// The `device_id` of arrays on this device (-1 for the CPU).
@@ -239,7 +265,8 @@ impl Drop for HostMemory {
     }
 }
 
-impl DeviceMemory for HostMemory {
+// SAFETY: the address is fixed at allocation and owned (freed on drop) by the value.
+unsafe impl DeviceMemory for HostMemory {
     fn address(&self) -> *mut c_void {
         self.ptr.cast()
     }
@@ -251,7 +278,8 @@ impl DeviceMemory for HostMemory {
     }
 }
 
-impl StagingMemory for HostMemory {
+// SAFETY: both slices cover the one allocation the value owns, never reallocated.
+unsafe impl StagingMemory for HostMemory {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is valid for `len` bytes (or dangling and aligned for len 0) and
         // exclusively borrowed through `&mut self`.
@@ -267,7 +295,8 @@ impl StagingMemory for HostMemory {
 #[derive(Debug)]
 pub struct CpuEvent;
 
-impl SyncEvent for CpuEvent {
+// SAFETY: CPU copies are complete when the copy call returns; the pointer is NULL.
+unsafe impl SyncEvent for CpuEvent {
     fn as_sync_event_ptr(&self) -> *mut c_void {
         std::ptr::null_mut()
     }
@@ -276,7 +305,9 @@ impl SyncEvent for CpuEvent {
     }
 }
 
-impl Device for CpuDevice {
+// SAFETY: allocations are aligned host memory of the size asked for; copies are
+// `memcpy`s complete when the call returns, so every event and `synchronize` is complete.
+unsafe impl Device for CpuDevice {
     fn device_type(&self) -> ArrowDeviceType {
         ArrowDeviceType::CPU
     }
@@ -363,7 +394,8 @@ impl Drop for CpuStaging {
     }
 }
 
-impl StagingMemory for CpuStaging {
+// SAFETY: delegates to the `HostMemory` it owns.
+unsafe impl StagingMemory for CpuStaging {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         self.0.as_mut_slice()
     }

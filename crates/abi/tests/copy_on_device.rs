@@ -11,7 +11,8 @@ use devarrow_abi::{ArrowDeviceType, Result};
 #[derive(Debug, Default)]
 struct Minimal(CpuDevice);
 
-impl Device for Minimal {
+// SAFETY: delegates every call to a `CpuDevice`.
+unsafe impl Device for Minimal {
     fn device_type(&self) -> ArrowDeviceType {
         self.0.device_type()
     }

@@ -224,7 +224,9 @@ impl TransferMemory {
     }
 }
 
-impl DeviceMemory for TransferMemory {
+// SAFETY: the address is the device allocation the value owns (freed in stream order
+// on drop), fixed at allocation.
+unsafe impl DeviceMemory for TransferMemory {
     fn address(&self) -> *mut c_void {
         self.buffer.device_ptr() as *mut c_void
     }
@@ -306,7 +308,8 @@ fn driver_reports_pinned(first: usize, last: usize) -> bool {
         && buffer_id(first).is_some_and(|id| buffer_id(last) == Some(id))
 }
 
-impl StagingMemory for PinnedStaging {
+// SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
+unsafe impl StagingMemory for PinnedStaging {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         self.0.as_mut_slice()
     }
@@ -347,7 +350,9 @@ impl CudaSyncEvent {
     }
 }
 
-impl SyncEvent for CudaSyncEvent {
+// SAFETY: `wait_host` is `cuEventSynchronize` on an event recorded after the work; the
+// pointer is the boxed `CUevent` handle of the event the value owns.
+unsafe impl SyncEvent for CudaSyncEvent {
     fn as_sync_event_ptr(&self) -> *mut c_void {
         (&*self.handle as *const sys::CUevent).cast_mut().cast()
     }
@@ -357,7 +362,10 @@ impl SyncEvent for CudaSyncEvent {
     }
 }
 
-impl Device for CudaTransferDevice {
+// SAFETY: allocations are `cuMemAlloc(Async)` of the size asked for (256-byte aligned),
+// staging is pinned memory of at least that size, and every copy and event is enqueued
+// on the device's one stream in call order; `is_pinned` asks the driver.
+unsafe impl Device for CudaTransferDevice {
     fn device_type(&self) -> ArrowDeviceType {
         ArrowDeviceType::CUDA
     }

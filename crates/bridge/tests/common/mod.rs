@@ -187,7 +187,8 @@ struct FailableEvent {
     fail: Arc<AtomicBool>,
 }
 
-impl SyncEvent for FailableEvent {
+// SAFETY: waits on the wrapped event (or fails); the pointer is the wrapped event's.
+unsafe impl SyncEvent for FailableEvent {
     fn as_sync_event_ptr(&self) -> *mut c_void {
         self.inner.as_sync_event_ptr()
     }
@@ -225,7 +226,8 @@ impl<T> Drop for Counted<T> {
     }
 }
 
-impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
+// SAFETY: delegates to the wrapped memory.
+unsafe impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
     fn address(&self) -> *mut c_void {
         self.inner.address()
     }
@@ -237,7 +239,8 @@ impl DeviceMemory for Counted<Arc<dyn DeviceMemory>> {
     }
 }
 
-impl StagingMemory for Counted<Box<dyn StagingMemory>> {
+// SAFETY: delegates to the wrapped memory.
+unsafe impl StagingMemory for Counted<Box<dyn StagingMemory>> {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         self.inner.as_mut_slice()
     }
@@ -246,7 +249,9 @@ impl StagingMemory for Counted<Box<dyn StagingMemory>> {
     }
 }
 
-impl Device for InstrumentedDevice {
+// SAFETY: delegates to the wrapped device, only counting calls and injecting failures
+// (errors, which the contract allows).
+unsafe impl Device for InstrumentedDevice {
     fn device_type(&self) -> ArrowDeviceType {
         self.pose_as.map_or(self.inner.device_type(), |p| p.0)
     }
