@@ -168,6 +168,15 @@ fn compact_views(data: &ArrayData) -> Option<ArrayData> {
     if held == 0 {
         return None;
     }
+    // Most view arrays use most of their buffers: decide that from a sample of the views
+    // (a full scan costs more than the array's DMA), and scan in full only when the sample
+    // says compacting may pay off.
+    let views = data.buffers().first()?.as_slice().get(
+        data.offset().checked_mul(16)?..data.offset().checked_add(data.len())?.checked_mul(16)?,
+    )?;
+    if estimated_view_bytes(views).saturating_mul(2) >= held {
+        return None;
+    }
     let array = make_array(data.clone());
     let compacted = match data.data_type() {
         DataType::Utf8View => {
@@ -188,6 +197,32 @@ fn compact_views(data: &ArrayData) -> Option<ArrayData> {
         _ => return None,
     };
     Some(compacted)
+}
+
+/// Views sampled by [`estimated_view_bytes`]: every view of arrays up to this long.
+const VIEW_SAMPLE: usize = 1024;
+
+/// An estimate of the variadic bytes the 16-byte `views` reference (the lengths of the
+/// views that are not inline, as `gc` counts them): exact up to [`VIEW_SAMPLE`] views,
+/// else extrapolated from that many evenly spaced ones.
+fn estimated_view_bytes(views: &[u8]) -> usize {
+    let outline = |v: &[u8]| {
+        // a view starts with its length, a little-endian i32
+        let len = u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize;
+        if len > 12 {
+            len
+        } else {
+            0
+        }
+    };
+    let views = views.chunks_exact(16);
+    let n = views.len();
+    if n <= VIEW_SAMPLE {
+        return views.map(outline).sum();
+    }
+    let step = n / VIEW_SAMPLE;
+    let sampled: usize = views.step_by(step).take(VIEW_SAMPLE).map(outline).sum();
+    sampled.saturating_mul(step)
 }
 
 fn validity(data: &ArrayData, image: &mut Packer) -> Option<Placement> {
@@ -432,4 +467,31 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
         children,
         dictionary,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::StringViewArray;
+
+    fn views_of(array: &StringViewArray) -> &[u8] {
+        array.views().inner().as_slice()
+    }
+
+    #[test]
+    fn view_bytes_are_exact_for_short_arrays_and_estimated_for_long_ones() {
+        let short = StringViewArray::from(vec!["inline", "a string of twenty-one", "", "x"]);
+        assert_eq!(estimated_view_bytes(views_of(&short)), 22);
+        let values: Vec<String> = (0..100_000).map(|i| format!("{i:0>20}")).collect();
+        let long = StringViewArray::from_iter_values(&values);
+        assert_eq!(long.total_buffer_bytes_used(), 2_000_000);
+        let estimate = estimated_view_bytes(views_of(&long));
+        assert!(
+            (1_900_000..=2_000_000).contains(&estimate),
+            "estimate {estimate}"
+        );
+        // a slice of the long array: its views are all sampled
+        let slice = long.slice(10, 100);
+        assert_eq!(estimated_view_bytes(views_of(&slice)), 2_000);
+    }
 }
