@@ -109,15 +109,18 @@ impl DeviceBatch {
         let bytes = read_back(device.as_ref(), &reads)?;
         settle(&mut root, &bytes, "array")?;
         // The sizes just read may address more than the address space holds (offsets
-        // [0, i64::MAX] in two columns): plan the download once, without copying, so such
-        // an array is an error now rather than when it is moved to the host.
-        pack_node(&root, 0, root.length, &mut Image::default())?;
+        // [0, i64::MAX] in two columns): plan the download now (kept for every download),
+        // so such an array is an error here rather than when it is moved to the host.
+        let mut image = Image::default();
+        let packed = Arc::new(pack_node(&root, 0, root.length, &mut image)?);
         Ok(DeviceBatch {
             schema,
             num_rows: root.length,
             storage: Storage::Foreign(Arc::new(Foreign {
                 array,
                 root,
+                packed,
+                image,
                 device: device.clone(),
                 last_use: Mutex::new(None),
             })),
@@ -163,6 +166,10 @@ pub(crate) struct Foreign {
     /// Dropped (released) after `Drop::drop` below has run.
     array: DeviceArray,
     root: ForeignNode,
+    /// The tree of a download: where each buffer lies in the packed image.
+    packed: Arc<Node>,
+    /// The copies that pack the image, from the foreign buffers, and its size.
+    image: Image,
     device: Arc<dyn Device>,
     /// The event after the last device work that read the foreign buffers (a pack for
     /// download), and the device that work ran on: waited for before the producer's
@@ -799,8 +806,7 @@ impl Foreign {
     pub(crate) fn pack(&self, device: &Arc<dyn Device>, batch: &DeviceBatch) -> Result<Download> {
         crate::transfer::check_same_device(self.device.as_ref(), device.as_ref())?;
         let ready = &batch.event;
-        let mut image = Image::default();
-        let root = pack_node(&self.root, 0, self.root.length, &mut image)?;
+        let image = &self.image;
         let memory = device.allocate(image.total)?;
         let base = memory.address() as usize;
         let copies: Vec<DeviceCopy> = image
@@ -845,7 +851,7 @@ impl Foreign {
         Ok(Download {
             schema: batch.schema.clone(),
             num_rows: batch.num_rows,
-            root: Arc::new(root),
+            root: self.packed.clone(),
             memory,
             event,
             trusted: false,

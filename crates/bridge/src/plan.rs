@@ -20,8 +20,9 @@
 use std::collections::HashMap;
 
 use arrow_array::cast::AsArray;
+use arrow_array::types::ByteViewType;
 use arrow_array::types::{Int16Type, Int32Type, Int64Type};
-use arrow_array::{make_array, Array};
+use arrow_array::{make_array, Array, GenericByteViewArray};
 use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionMode};
@@ -178,25 +179,20 @@ fn compact_views(data: &ArrayData) -> Option<ArrayData> {
         return None;
     }
     let array = make_array(data.clone());
-    let compacted = match data.data_type() {
-        DataType::Utf8View => {
-            let views = array.as_string_view_opt()?;
-            // Bytes of the non-inline views (counted once per view, as `gc` copies them).
-            if views.total_buffer_bytes_used().saturating_mul(2) >= held {
-                return None;
-            }
-            views.gc().into_data()
-        }
-        DataType::BinaryView => {
-            let views = array.as_binary_view_opt()?;
-            if views.total_buffer_bytes_used().saturating_mul(2) >= held {
-                return None;
-            }
-            views.gc().into_data()
-        }
-        _ => return None,
-    };
-    Some(compacted)
+    match data.data_type() {
+        DataType::Utf8View => compact_if_worth_it(array.as_string_view_opt()?, held),
+        DataType::BinaryView => compact_if_worth_it(array.as_binary_view_opt()?, held),
+        _ => None,
+    }
+}
+
+/// `views` with only the bytes its views reference (arrow-rs's `gc`), when that is less
+/// than half of the `held` variadic bytes (counted exactly, once per view as `gc` copies).
+fn compact_if_worth_it<T: ByteViewType + ?Sized>(
+    views: &GenericByteViewArray<T>,
+    held: usize,
+) -> Option<ArrayData> {
+    (views.total_buffer_bytes_used().saturating_mul(2) < held).then(|| views.gc().into_data())
 }
 
 /// Views sampled by [`estimated_view_bytes`]: every view of arrays up to this long.

@@ -25,6 +25,27 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
     Ok(())
 }
 
+/// Makes `stream` wait (on the device: the host is not blocked) for `event`, binding the
+/// stream's context first.
+///
+/// # Safety
+/// `event` must be a live `CUevent` (one the driver may still be recording is fine).
+pub(crate) unsafe fn stream_wait_event(
+    stream: &CudaStream,
+    event: sys::CUevent,
+) -> Result<(), DriverError> {
+    bind(stream.context())?;
+    // SAFETY: the stream is live (borrowed) and its context bound; the event is live
+    // (the caller's guarantee).
+    unsafe {
+        result::stream::wait_event(
+            stream.cu_stream(),
+            event,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+}
+
 /// Blocks until all work queued on `stream` has completed.
 pub(crate) fn sync_stream(stream: &CudaStream) -> Result<(), DriverError> {
     bind(stream.context())?;

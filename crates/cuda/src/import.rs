@@ -105,17 +105,8 @@ impl ImportedArray {
             unsafe { *sync_event.cast::<sys::CUevent>() }
         };
         if !event.is_null() {
-            context::bind(ctx).call("cuCtxSetCurrent")?;
-            // SAFETY: the stream is live (we hold it) and the event is the producer's
-            // live event (see above); waiting does not block the host.
-            unsafe {
-                result::stream::wait_event(
-                    stream.cu_stream(),
-                    event,
-                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
-            }
-            .call("cuStreamWaitEvent")?;
+            // SAFETY: the event is the producer's live event (see above).
+            unsafe { context::stream_wait_event(stream, event) }.call("cuStreamWaitEvent")?;
         }
         Ok(Self {
             shared: Arc::new(ImportShared {

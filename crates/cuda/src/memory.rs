@@ -52,18 +52,10 @@ pub(crate) fn stream_waits_for(waiter: &CudaStream, stream: &CudaStream) -> Resu
         return Ok(());
     }
     context::bind(stream.context()).call("cuCtxSetCurrent")?;
-    let event = stream.context().new_event(None).call("cuEventCreate")?;
-    event.record(stream).call("cuEventRecord")?;
-    // SAFETY: both handles are live; the driver keeps what the wait needs after the
-    // event is destroyed (destroying a recorded event is allowed while it is pending).
-    unsafe {
-        result::stream::wait_event(
-            waiter.cu_stream(),
-            event.cu_event(),
-            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-        )
-    }
-    .call("cuStreamWaitEvent")
+    let event = stream.record_event(None).call("cuEventRecord")?;
+    // SAFETY: the event is live until the end of this function; the driver keeps what the
+    // wait needs after it is destroyed (destroying a pending recorded event is allowed).
+    unsafe { context::stream_wait_event(waiter, event.cu_event()) }.call("cuStreamWaitEvent")
 }
 
 /// Memory this process owns and may write (kernels take it as an output).
@@ -678,17 +670,10 @@ impl CudaMemory for ForeignBuffer {
         if self.ready_event == 0 {
             return Ok(());
         }
-        context::bind(stream.context()).call("cuCtxSetCurrent")?;
         // SAFETY: the event stays valid while the owner lives (`with_ready_event`'s
-        // contract), and we hold the owner; waiting does not block the host.
-        unsafe {
-            result::stream::wait_event(
-                stream.cu_stream(),
-                self.ready_event as sys::CUevent,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .call("cuStreamWaitEvent")
+        // contract), and we hold the owner.
+        unsafe { context::stream_wait_event(stream, self.ready_event as sys::CUevent) }
+            .call("cuStreamWaitEvent")
     }
 }
 

@@ -549,17 +549,9 @@ unsafe impl Device for CudaTransferDevice {
         // SAFETY: the caller guarantees a non-NULL `sync_event` points to a live CUevent
         // (the C Device interface's `CUevent*` for ARROW_DEVICE_CUDA).
         let event = unsafe { *sync_event.cast::<sys::CUevent>() };
-        self.bind()?;
-        // SAFETY: the stream is ours and alive; the event is live (see above); waiting
-        // enqueues a dependency and does not block the host.
-        unsafe {
-            result::stream::wait_event(
-                self.stream.cu_stream(),
-                event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .call("cuStreamWaitEvent")?;
+        // SAFETY: the event is live (see above); waiting enqueues a dependency on our
+        // stream and does not block the host.
+        unsafe { context::stream_wait_event(&self.stream, event) }.call("cuStreamWaitEvent")?;
         Ok(())
     }
 
