@@ -23,7 +23,7 @@ use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
 use rayon::prelude::*;
 
-use crate::pack::{copy_to_uninit, pack_window, Parallelism};
+use crate::pack::{advise_huge_pages, copy_to_uninit, pack_window, Parallelism};
 use crate::pinned::{direct_runs, staged_groups};
 use crate::plan::{plan_array, Node, Packer};
 
@@ -478,6 +478,7 @@ impl Transfer {
                 total,
             )
         };
+        advise_huge_pages(out);
         for (k, &(s, e)) in windows.iter().enumerate() {
             let stage = &mut self.stages[k % stages];
             if let Some(event) = stage.pending.take() {
