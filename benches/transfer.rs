@@ -11,7 +11,10 @@
 //! (with a printed note) when there is none.
 //!
 //! `devarrow-serial-2x32MiB` is the engine as it was before parallel packing (one thread,
-//! two 32 MiB chunks), and the `pack/*` groups time packing alone (serial vs parallel).
+//! two 32 MiB chunks), `devarrow-equal-chunks` the default engine without the ramp of
+//! small first and last chunks (`first_chunk_bytes: 0`, one call per batch), `d2h/devarrow`
+//! is one `to_host_batches` call and `d2h/devarrow-per-batch` one `to_host` per batch,
+//! and the `pack/*` groups time packing alone (serial vs parallel).
 //!
 //! Throughput is the bytes each method moves: the device image for devarrow and the raw
 //! copies, the whole arrow-rs buffers for buffer-by-buffer. Every host-to-device sample
@@ -204,6 +207,14 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
             ..Default::default()
         },
     );
+    // The default engine with every chunk the same size (no ramp at the ends).
+    let mut equal = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            first_chunk_bytes: 0,
+            ..Default::default()
+        },
+    );
     let on_device = to_device_all(&mut transfer, &batches);
     let bytes: usize = on_device.iter().map(|d| d.device_bytes()).sum();
     let pinned: Vec<RecordBatch> = batches
@@ -238,6 +249,9 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     group.bench_function("h2d/devarrow-serial-2x32MiB", |b| {
         b.iter_with_large_drop(|| to_device_all(&mut serial, &batches))
     });
+    group.bench_function("h2d/devarrow-equal-chunks", |b| {
+        b.iter_with_large_drop(|| to_device_all(&mut equal, &batches))
+    });
     group.bench_function("h2d/devarrow-pinned-batch", |b| {
         b.iter_with_large_drop(|| to_device_all(&mut transfer, &pinned))
     });
@@ -257,6 +271,9 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     });
     group.throughput(Throughput::Bytes(bytes as u64));
     group.bench_function("d2h/devarrow", |b| {
+        b.iter_with_large_drop(|| transfer.to_host_batches(&on_device).expect("to_host"))
+    });
+    group.bench_function("d2h/devarrow-per-batch", |b| {
         b.iter_with_large_drop(|| {
             on_device
                 .iter()
@@ -269,6 +286,14 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
             on_device
                 .iter()
                 .map(|d| serial.to_host(d).expect("to_host"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.bench_function("d2h/devarrow-equal-chunks", |b| {
+        b.iter_with_large_drop(|| {
+            on_device
+                .iter()
+                .map(|d| equal.to_host(d).expect("to_host"))
                 .collect::<Vec<_>>()
         })
     });

@@ -265,7 +265,8 @@ pub fn measure_point(
         times,
     });
 
-    // devarrow, device to host: `to_host` returns the rebuilt batch once copied.
+    // devarrow, device to host: `to_host_batches` moves every batch in one pipeline and
+    // returns the rebuilt batches once copied.
     let mut back: Vec<RecordBatch> = Vec::with_capacity(batches.len());
     let times = repeat(
         reps,
@@ -276,13 +277,11 @@ pub fn measure_point(
         },
         |back| {
             let before = device.copy_count();
-            for batch in &on_device {
-                back.push(
-                    transfer
-                        .to_host(batch)
-                        .map_err(abi("moving a batch back to the host"))?,
-                );
-            }
+            back.extend(
+                transfer
+                    .to_host_batches(&on_device)
+                    .map_err(abi("moving the batches back to the host"))?,
+            );
             copies = device.copy_count() - before;
             Ok(())
         },

@@ -121,6 +121,66 @@ pub fn copy_to_uninit(dst: &mut [MaybeUninit<u8>], src: &[u8], parallelism: Para
         .for_each(|(d, s)| copy(d, s));
 }
 
+/// Cuts the byte range `start..end` into the windows of one copy each: at most `max`
+/// bytes, and, when the range is more than 4 × `first` and `first < max`, ramped: the
+/// first windows are `first`, `2 × first`, `4 × first`, ... bytes up to `max`, and the
+/// last ones the same sizes in reverse order.
+///
+/// A chunked copy through staging is a pipeline: the copy engine waits for the first
+/// chunk to be packed (to the device), or the host for the first chunk to arrive (to the
+/// host), and the last chunk's copy (or unpack) overlaps nothing. With 8 MiB chunks those
+/// two exposed steps take about 360 µs at 50 GB/s and 8 threads, a third of the time of
+/// a whole 13 MB batch; ramped windows of 1 MiB at both ends expose about 45 µs, for a
+/// few more copies of a few µs each.
+pub fn windows(start: usize, end: usize, first: usize, max: usize) -> Vec<(usize, usize)> {
+    ramped_windows(start, end, first, max, true, true)
+}
+
+/// [`windows`], ramped only at the start (`head`) and/or only at the end (`tail`): the
+/// windows of a range copied in the middle of a longer pipeline need no ramp.
+pub fn ramped_windows(
+    start: usize,
+    end: usize,
+    first: usize,
+    max: usize,
+    head: bool,
+    tail: bool,
+) -> Vec<(usize, usize)> {
+    let max = max.max(1);
+    let len = end.saturating_sub(start);
+    let mut front = Vec::new();
+    let mut back = Vec::new();
+    let mut rest = len;
+    if (head || tail) && first > 0 && first < max && len > 4 * first {
+        let mut size = first;
+        while size < max && rest > 0 {
+            for (side, ramp) in [(&mut front, head), (&mut back, tail)] {
+                let take = size.min(rest);
+                if ramp && take > 0 {
+                    side.push(take);
+                    rest -= take;
+                }
+            }
+            size = size.saturating_mul(2);
+        }
+    }
+    let middle = rest.div_ceil(max);
+    let mut sizes = front;
+    // The middle in equal windows of at most `max` bytes (the first ones one byte larger
+    // where `rest` does not divide evenly).
+    sizes.extend((0..middle).map(|i| rest / middle + usize::from(i < rest % middle)));
+    sizes.extend(back.into_iter().rev());
+    let mut at = start;
+    sizes
+        .into_iter()
+        .map(|size| {
+            let window = (at, at + size);
+            at += size;
+            window
+        })
+        .collect()
+}
+
 /// The size of a transparent huge page on the hosts devarrow targets (x86-64, and
 /// aarch64 with 4 KiB base pages).
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
@@ -187,6 +247,83 @@ mod tests {
             out[*at..at + b.len()].copy_from_slice(b.as_slice());
         }
         out
+    }
+
+    #[test]
+    fn windows_tile_the_range_and_ramp_at_both_ends() {
+        const M: usize = 1 << 20;
+        for (start, len, first, max) in [
+            (0, 0, M, 8 * M),
+            (5, 1, M, 8 * M),
+            (0, 4 * M, M, 8 * M),
+            (0, 4 * M + 1, M, 8 * M),
+            (64, 5 * M, M, 8 * M),
+            (0, 13 * M + 77, M, 8 * M),
+            (0, 200 * M + 3, M, 8 * M),
+            (3, 100 * M, 0, 8 * M),
+            (0, 100 * M, 8 * M, 8 * M),
+            (0, 1000, 1, 1),
+            (7, 100_000, 64, 4096),
+        ] {
+            let w = windows(start, start + len, first, max);
+            // Contiguous, non-empty, within `max`, covering exactly `start..start + len`.
+            let mut at = start;
+            for &(s, e) in &w {
+                assert_eq!(s, at);
+                assert!(e > s && e - s <= max.max(1), "{w:?}");
+                at = e;
+            }
+            assert_eq!(at, start + len);
+            let sizes: Vec<usize> = w.iter().map(|(s, e)| e - s).collect();
+            if first > 0 && first < max && len > 4 * first {
+                assert_eq!(sizes[0], first, "{sizes:?}");
+                assert!(*sizes.last().unwrap() <= first, "{sizes:?}");
+                // Doubling towards the middle from both ends.
+                for pair in sizes.windows(2).take(3) {
+                    assert!(pair[1] <= 2 * pair[0].max(first), "{sizes:?}");
+                }
+            } else if len > 0 {
+                assert_eq!(sizes.len(), len.div_ceil(max.max(1)), "{sizes:?}");
+            }
+        }
+        let sizes: Vec<usize> = windows(0, 200 * M, M, 8 * M)
+            .iter()
+            .map(|(s, e)| e - s)
+            .collect();
+        assert_eq!(&sizes[..3], &[M, 2 * M, 4 * M]);
+        assert!(sizes[3..sizes.len() - 3]
+            .iter()
+            .all(|&s| s > 7 * M && s <= 8 * M));
+        assert_eq!(&sizes[sizes.len() - 3..], &[4 * M, 2 * M, M]);
+    }
+
+    #[test]
+    fn windows_ramp_only_at_the_ends_asked_for() {
+        const M: usize = 1 << 20;
+        let sizes = |head, tail| -> Vec<usize> {
+            ramped_windows(0, 40 * M, M, 8 * M, head, tail)
+                .iter()
+                .map(|(s, e)| e - s)
+                .collect()
+        };
+        let both = sizes(true, true);
+        assert_eq!((both[0], both[both.len() - 1]), (M, M));
+        let head = sizes(true, false);
+        assert_eq!(&head[..3], &[M, 2 * M, 4 * M]);
+        assert!(
+            head[3..].iter().all(|&s| s > 6 * M && s <= 8 * M),
+            "{head:?}"
+        );
+        let tail = sizes(false, true);
+        assert_eq!(&tail[tail.len() - 3..], &[4 * M, 2 * M, M]);
+        assert!(
+            tail[..tail.len() - 3].iter().all(|&s| s > 6 * M),
+            "{tail:?}"
+        );
+        assert_eq!(sizes(false, false), vec![8 * M; 5]);
+        for v in [both, head, tail] {
+            assert_eq!(v.iter().sum::<usize>(), 40 * M);
+        }
     }
 
     #[test]

@@ -23,7 +23,9 @@ use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
 use devarrow_abi::{DeviceArray, Error, Result};
 use rayon::prelude::*;
 
-use crate::pack::{advise_huge_pages, copy_to_uninit, pack_window, Parallelism};
+use crate::pack::{
+    advise_huge_pages, copy_to_uninit, pack_window, ramped_windows, windows, Parallelism,
+};
 use crate::pinned::{direct_runs, staged_groups};
 use crate::plan::{plan_array, Node, Packer};
 
@@ -33,6 +35,10 @@ pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 /// Default size of one staging chunk (one copy): 8 MiB, so the default 64 MiB of staging
 /// is 8 chunks in flight.
 pub const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+
+/// Default size of the first and last chunks of a copy: 1 MiB (see
+/// [`TransferOptions::first_chunk_bytes`]).
+pub const DEFAULT_FIRST_CHUNK_BYTES: usize = 1 << 20;
 
 /// Default size from which a pack or unpack is split over several threads: 1 MiB.
 pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 1 << 20;
@@ -55,11 +61,18 @@ pub struct TransferOptions {
     ///
     /// Smaller chunks pipeline better: the first pack and the last copy are not
     /// overlapped with anything, so with 2 × 32 MiB a 64 MiB batch hardly overlaps at
-    /// all, while with 8 × 8 MiB only 1/8 of it is exposed, and the host may run up to 8
+    /// all, while with 8 × 8 MiB only 1/8 of it is exposed (less with the ramp of
+    /// [`first_chunk_bytes`](Self::first_chunk_bytes)), and the host may run up to 8
     /// chunks ahead of the copy engine, which absorbs jitter of either. Chunks must stay
     /// large enough that the fixed cost of a copy (a few µs of driver and DMA setup) is
     /// small: an 8 MiB copy takes about 160 µs at 50 GB/s, so that cost stays near 2-3%.
     pub chunk_bytes: usize,
+    /// The size of the first and the last chunk of a copy of more than 4 × this size:
+    /// chunks then grow from this size, doubling, up to `chunk_bytes`, and shrink the same
+    /// way at the end, so that the copy engine starts after a small pack (or the host
+    /// starts unpacking after a small copy) and the last step, which overlaps nothing, is
+    /// short. 0, or a value of at least `chunk_bytes`, cuts every copy in equal chunks.
+    pub first_chunk_bytes: usize,
     /// The most threads one chunk is packed or unpacked with (threads of the rayon global
     /// pool); 0 (the default): the pool's size, at most 8.
     pub pack_threads: usize,
@@ -78,6 +91,7 @@ impl Default for TransferOptions {
         Self {
             staging_bytes: DEFAULT_STAGING_BYTES,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            first_chunk_bytes: DEFAULT_FIRST_CHUNK_BYTES,
             pack_threads: 0,
             parallel_min_bytes: DEFAULT_PARALLEL_MIN_BYTES,
             direct_min_bytes: DEFAULT_DIRECT_MIN_BYTES,
@@ -421,9 +435,10 @@ impl Transfer {
         for group in staged_groups(image.segments.len(), &runs) {
             let segments = &image.segments[group];
             let (first, last) = (&segments[0], &segments[segments.len() - 1]);
-            let (mut window_start, end) = (first.1, last.1 + last.0.len());
-            while window_start < end {
-                let window_end = (window_start + chunk).min(end);
+            let (start, end) = (first.1, last.1 + last.0.len());
+            for (window_start, window_end) in
+                windows(start, end, self.options.first_chunk_bytes, chunk)
+            {
                 let staging = self.stage(k % stages, chunk)?;
                 let out = &mut staging.as_mut_slice()[..window_end - window_start];
                 pack_window(segments, window_start, out, parallelism);
@@ -434,32 +449,39 @@ impl Transfer {
                 // device region of `total` bytes, outside every direct run.
                 unsafe { device.copy_to_device(out.as_ptr(), dst, out.len())? };
                 self.stages[k % stages].pending = Some(device.record_event()?);
-                window_start = window_end;
                 k += 1;
             }
         }
         Ok(())
     }
 
-    /// Copies `total` bytes of device memory at `src` to a new host buffer through the
-    /// staging chunks: up to one copy per staging buffer in flight, each chunk unpacked
-    /// (in parallel) as soon as its copy completes, and the slot refilled at once. The
-    /// host buffer is not zero-filled first: every byte is written by the unpacking.
-    fn download(&mut self, src: *const std::ffi::c_void, total: usize) -> Result<Buffer> {
-        let mut host = MutableBuffer::with_capacity(total);
-        if total == 0 {
-            return Ok(host.into());
-        }
-        let (chunk, stages) = self.geometry(total);
-        let windows: Vec<(usize, usize)> = (0..total)
-            .step_by(chunk)
-            .map(|s| (s, (s + chunk).min(total)))
+    /// Copies each `(src, len)` range of device memory to a new host buffer through the
+    /// staging chunks, all ranges in one pipeline: up to one copy per staging buffer in
+    /// flight, each chunk unpacked (in parallel) as soon as its copy completes and its
+    /// slot refilled at once, so the copies of range k + 1 run while range k is
+    /// unpacked. Only the first and the last chunk of the whole call are ramped (see
+    /// [`windows`]). The host buffers are not zero-filled first: every byte is written by
+    /// the unpacking.
+    fn download(&mut self, sources: &[(*const std::ffi::c_void, usize)]) -> Result<Vec<Buffer>> {
+        let largest = sources.iter().map(|&(_, len)| len).max().unwrap_or(0);
+        let (chunk, stages) = self.geometry(largest);
+        let last = sources.len().saturating_sub(1);
+        // (source, start, end) of every copy, in order.
+        let windows: Vec<(usize, usize, usize)> = sources
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &(_, len))| {
+                let (head, tail) = (i == 0, i == last);
+                ramped_windows(0, len, self.options.first_chunk_bytes, chunk, head, tail)
+                    .into_iter()
+                    .map(move |(s, e)| (i, s, e))
+            })
             .collect();
         let enqueue = |this: &mut Self, k: usize| -> Result<()> {
-            let (s, e) = windows[k];
+            let (i, s, e) = windows[k];
             let device = this.device.clone();
             let staging = this.stage(k % stages, chunk)?;
-            let from = (src as usize + s) as *const std::ffi::c_void;
+            let from = (sources[i].0 as usize + s) as *const std::ffi::c_void;
             // SAFETY: the staging buffer is not read until the event recorded next has
             // completed; the source range lies inside the caller's device memory.
             unsafe { device.copy_to_host(from, staging.as_mut_slice().as_mut_ptr(), e - s)? };
@@ -469,31 +491,54 @@ impl Transfer {
         for k in 0..windows.len().min(stages) {
             enqueue(self, k)?;
         }
+        let mut hosts: Vec<MutableBuffer> = sources
+            .iter()
+            .map(|&(_, len)| MutableBuffer::with_capacity(len))
+            .collect();
+        let mut outs: Vec<&mut [std::mem::MaybeUninit<u8>]> = hosts
+            .iter_mut()
+            .zip(sources)
+            .map(|(host, &(_, len))| {
+                // SAFETY: the buffer has capacity for `len` bytes; they are viewed as
+                // uninitialized bytes and only written (never read) below.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        host.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
+                        len,
+                    )
+                };
+                advise_huge_pages(out);
+                out
+            })
+            .collect();
         let parallelism = self.parallelism();
-        // SAFETY: the buffer has capacity for `total` bytes; they are viewed as
-        // uninitialized bytes and only written (never read) below.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(
-                host.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
-                total,
-            )
-        };
-        advise_huge_pages(out);
-        for (k, &(s, e)) in windows.iter().enumerate() {
+        for (k, &(i, s, e)) in windows.iter().enumerate() {
             let stage = &mut self.stages[k % stages];
             if let Some(event) = stage.pending.take() {
                 event.wait_host()?;
             }
             let staging = stage.memory.as_ref().expect("enqueued");
-            copy_to_uninit(&mut out[s..e], &staging.as_slice()[..e - s], parallelism);
+            copy_to_uninit(
+                &mut outs[i][s..e],
+                &staging.as_slice()[..e - s],
+                parallelism,
+            );
             if k + stages < windows.len() {
                 enqueue(self, k + stages)?;
             }
         }
-        // SAFETY: the windows cover `0..total` and each was copied in full above, from
-        // staging memory (initialized at allocation, then written by the copy).
-        unsafe { host.set_len(total) };
-        Ok(host.into())
+        drop(outs);
+        Ok(hosts
+            .into_iter()
+            .zip(sources)
+            .map(|(mut host, &(_, len))| {
+                // SAFETY: the windows of this source cover `0..len` and each was copied
+                // in full above, from staging memory (initialized at allocation, then
+                // written by the copy).
+                unsafe { host.set_len(len) };
+                host.into()
+            })
+            .collect())
     }
 
     /// Moves a device-resident batch back to host memory (ordinary arrow-rs buffers).
@@ -505,24 +550,54 @@ impl Transfer {
     /// otherwise [`Error::UnsupportedDevice`] (another type) or [`Error::DeviceMismatch`]
     /// (another id), as this device cannot copy another one's memory.
     pub fn to_host(&mut self, batch: &DeviceBatch) -> Result<RecordBatch> {
-        check_same_device(batch.device.as_ref(), self.device.as_ref())?;
-        let batch = &batch.download(&self.device)?;
-        let total = batch.memory.len();
-        // SAFETY: the pointer comes from the batch's own live event.
-        unsafe {
-            self.device
-                .wait_sync_event(batch.event.as_sync_event_ptr())?
-        };
-        let downloaded = self.download(batch.memory.address(), total);
-        let host = self.settle(downloaded)?;
-        let data = build_host_node(&batch.root, &host, batch.trusted)?;
-        let strukt = StructArray::from(data);
-        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows));
-        Ok(RecordBatch::try_new_with_options(
-            batch.schema.clone(),
-            strukt.columns().to_vec(),
-            &options,
-        )?)
+        let mut batches = self.to_host_batches(std::slice::from_ref(batch))?;
+        Ok(batches.pop().expect("one batch in, one out"))
+    }
+
+    /// Moves several device-resident batches back to host memory, in one pipeline: the
+    /// copies of batch k + 1 run while batch k is unpacked, so the copy engine does not
+    /// idle between batches as it does between calls of [`Transfer::to_host`] (which has
+    /// to wait for a batch's first chunk, and leaves its last unpack overlapping
+    /// nothing). Prefer it for many batches of a few MB.
+    ///
+    /// The result is in the order of `batches`. Every batch must live on this transfer's
+    /// device, as for [`Transfer::to_host`]; the first error returns, and no batch is
+    /// returned then.
+    pub fn to_host_batches(&mut self, batches: &[DeviceBatch]) -> Result<Vec<RecordBatch>> {
+        for batch in batches {
+            check_same_device(batch.device.as_ref(), self.device.as_ref())?;
+        }
+        let downloads = batches
+            .iter()
+            .map(|batch| batch.download(&self.device))
+            .collect::<Result<Vec<_>>>()?;
+        for download in &downloads {
+            // SAFETY: the pointer comes from the download's own live event.
+            unsafe {
+                self.device
+                    .wait_sync_event(download.event.as_sync_event_ptr())?
+            };
+        }
+        let sources: Vec<_> = downloads
+            .iter()
+            .map(|d| (d.memory.address().cast_const(), d.memory.len()))
+            .collect();
+        let downloaded = self.download(&sources);
+        let hosts = self.settle(downloaded)?;
+        downloads
+            .iter()
+            .zip(&hosts)
+            .map(|(download, host)| {
+                let data = build_host_node(&download.root, host, download.trusted)?;
+                let strukt = StructArray::from(data);
+                let options = RecordBatchOptions::new().with_row_count(Some(download.num_rows));
+                Ok(RecordBatch::try_new_with_options(
+                    download.schema.clone(),
+                    strukt.columns().to_vec(),
+                    &options,
+                )?)
+            })
+            .collect()
     }
 }
 

@@ -12,8 +12,10 @@ use arrow_array::{
 use common::InstrumentedDevice;
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_bridge::pack::ramped_windows;
 use devarrow_bridge::plan::plan_array;
-use devarrow_bridge::{Transfer, TransferOptions};
+use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};
+use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
 use devarrow_interop::sample;
 
 fn transfer() -> (Arc<CpuDevice>, Transfer) {
@@ -92,6 +94,69 @@ fn a_hundred_small_columns_move_in_one_copy() {
     let back = transfer.to_host(&on_device).unwrap();
     assert_eq!(device.copy_count(), 2, "and one back");
     assert_eq!(back, batch);
+}
+
+#[test]
+fn many_batches_come_back_in_one_pipeline() {
+    // Batches of about 5.7 MB (one of them sliced, one empty, one imported): `to_host`
+    // ramps the chunks of each at both ends, `to_host_batches` only the first and the
+    // last of the whole call.
+    let sizes = [100_000, 0, 100_003, 120_000];
+    let mut batches: Vec<RecordBatch> = sizes.iter().map(|&n| wide_batch(7, n)).collect();
+    batches[3] = batches[3].slice(7, 100_001);
+    let (device, mut transfer) = transfer();
+    let mut on_device: Vec<DeviceBatch> = batches
+        .iter()
+        .map(|b| transfer.to_device(b).unwrap())
+        .collect();
+    let (array, schema) = on_device[2].export().unwrap();
+    on_device[2] = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    assert!(on_device[2].is_imported());
+
+    let before = device.copy_count();
+    let one_by_one: Vec<RecordBatch> = on_device
+        .iter()
+        .map(|d| transfer.to_host(d).unwrap())
+        .collect();
+    let separate = device.copy_count() - before;
+    let before = device.copy_count();
+    let together = transfer.to_host_batches(&on_device).unwrap();
+    let pipelined = device.copy_count() - before;
+    assert_eq!(one_by_one, batches);
+    assert_eq!(together, batches);
+    for batch in &together {
+        for column in batch.columns() {
+            column.to_data().validate_full().unwrap();
+        }
+    }
+    // The copies: the image of every batch in windows, ramped as described.
+    let images: Vec<usize> = on_device.iter().map(|d| d.device_bytes()).collect();
+    assert!(images
+        .iter()
+        .all(|&b| b == 0 || b > 4 * DEFAULT_FIRST_CHUNK_BYTES));
+    let chunks = |len: usize, head: bool, tail: bool| {
+        ramped_windows(
+            0,
+            len,
+            DEFAULT_FIRST_CHUNK_BYTES,
+            DEFAULT_CHUNK_BYTES,
+            head,
+            tail,
+        )
+        .len()
+    };
+    let last = images.len() - 1;
+    let expected_separate: usize = images.iter().map(|&b| chunks(b, true, true)).sum();
+    let expected_pipelined: usize = images
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| chunks(b, i == 0, i == last))
+        .sum();
+    assert_eq!(separate as usize, expected_separate);
+    assert_eq!(pipelined as usize, expected_pipelined);
+    assert!(pipelined < separate, "{pipelined} < {separate}");
+
+    assert_eq!(transfer.to_host_batches(&[]).unwrap(), []);
 }
 
 #[test]

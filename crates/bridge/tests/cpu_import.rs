@@ -306,9 +306,27 @@ fn a_transfer_refuses_a_batch_on_another_device() {
             (0, 0),
             "nothing was copied"
         );
+        // So is a list with one batch of another device: nothing is copied.
+        let other = rocm(0);
+        let mut on_other = Transfer::new(other.clone(), TransferOptions::default());
+        let here = on_other.to_device(&batch).unwrap();
+        let copies = (other.on_device_copies(), other.host_copies());
+        let err = on_other
+            .to_host_batches(&[here.clone(), on_device.clone()])
+            .unwrap_err();
+        assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
+        assert_eq!((other.on_device_copies(), other.host_copies()), copies);
+        assert_eq!(
+            on_other.to_host_batches(&[here]).unwrap(),
+            std::slice::from_ref(&batch)
+        );
         // Another handle on the same device is fine.
         let mut same = Transfer::new(rocm(1), TransferOptions::default());
         assert_eq!(same.to_host(on_device).unwrap(), batch);
+        let both = same
+            .to_host_batches(&[on_device.clone(), on_device.clone()])
+            .unwrap();
+        assert_eq!(both, [batch.clone(), batch.clone()]);
     };
     // Packed by a transfer.
     let on_rocm = Transfer::new(rocm(1), TransferOptions::default())

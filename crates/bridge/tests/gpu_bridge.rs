@@ -507,6 +507,44 @@ fn staging_is_bounded_and_copies_are_chunked() {
 }
 
 #[test]
+fn many_batches_come_back_in_one_pipeline_through_few_stages() {
+    let (_lock, device) = gpu_or_skip!();
+    // 4 stages of 256 KiB, ramped from 64 KiB: the copies of the next batch are in
+    // flight (into stages that the previous batch's chunks used) while a batch is
+    // unpacked, so a stage reused before its copy completed shows as wrong data.
+    let options = TransferOptions {
+        staging_bytes: 1 << 20,
+        chunk_bytes: 256 << 10,
+        first_chunk_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let mut transfer = Transfer::new(device.clone(), options);
+    let mut batches: Vec<RecordBatch> = (0..5).map(|i| wide_batch(3, 20_000 + 777 * i)).collect();
+    batches.push(wide_batch(3, 0));
+    batches.extend(every_type_batches());
+    let mut on_device: Vec<DeviceBatch> = batches
+        .iter()
+        .map(|b| transfer.to_device(b).unwrap())
+        .collect();
+    // One of them imported (packed on the device before its download).
+    let (array, schema) = on_device[2].export().unwrap();
+    on_device[2] = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+    let before = device.copy_count();
+    let back = transfer.to_host_batches(&on_device).unwrap();
+    assert!(
+        device.copy_count() - before > 4 * 4,
+        "the stages were reused"
+    );
+    assert_eq!(back.len(), batches.len());
+    for (i, (expected, actual)) in batches.iter().zip(&back).enumerate() {
+        assert_same(expected, actual, &format!("batch {i}"));
+    }
+    // On another Transfer (other stages, same device).
+    let mut other = Transfer::new(device.clone(), options);
+    assert_eq!(other.to_host_batches(&on_device).unwrap(), back);
+}
+
+#[test]
 fn the_sync_event_is_a_stable_pointer_to_a_live_cuevent() {
     let (_lock, device) = gpu_or_skip!();
     let event = device.record_event().unwrap();

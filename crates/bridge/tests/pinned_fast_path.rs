@@ -9,7 +9,9 @@ use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::ScalarBuffer;
 use common::InstrumentedDevice;
 use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_bridge::pack::windows;
 use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
+use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};
 use devarrow_bridge::{Transfer, TransferOptions};
 use devarrow_interop::sample;
 
@@ -124,18 +126,29 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
     );
     assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
 
-    // Direct copies off: everything staged, one copy (the batch fits one chunk).
-    let counting = Arc::new(InstrumentedDevice::default().reporting_pinned());
-    let mut transfer = Transfer::new(
-        counting.clone(),
-        TransferOptions {
-            direct_min_bytes: usize::MAX,
-            ..Default::default()
-        },
-    );
-    let on_device = transfer.to_device(&batch).unwrap();
-    assert_eq!(counting.copy_count(), 1);
-    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    // Direct copies off: everything staged, one copy (the batch fits one chunk) with
+    // equal chunks; with ramped chunks (the default), 1 MiB, 2 MiB, ... from both ends.
+    for first_chunk_bytes in [0, DEFAULT_FIRST_CHUNK_BYTES] {
+        let counting = Arc::new(InstrumentedDevice::default().reporting_pinned());
+        let mut transfer = Transfer::new(
+            counting.clone(),
+            TransferOptions {
+                direct_min_bytes: usize::MAX,
+                first_chunk_bytes,
+                ..Default::default()
+            },
+        );
+        let on_device = transfer.to_device(&batch).unwrap();
+        let bytes = on_device.device_bytes();
+        assert!(bytes > 4 * DEFAULT_FIRST_CHUNK_BYTES && bytes < DEFAULT_CHUNK_BYTES);
+        let expected = if first_chunk_bytes == 0 {
+            1
+        } else {
+            windows(0, bytes, first_chunk_bytes, DEFAULT_CHUNK_BYTES).len()
+        };
+        assert_eq!(counting.copy_count() as usize, expected);
+        assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    }
 }
 
 #[test]
@@ -176,9 +189,18 @@ fn parallel_packing_with_small_chunks_round_trips() {
         let copies = device.copy_count();
         assert_eq!(
             copies as usize,
-            on_device.device_bytes().div_ceil(chunk),
+            windows(
+                0,
+                on_device.device_bytes(),
+                DEFAULT_FIRST_CHUNK_BYTES,
+                chunk
+            )
+            .len(),
             "one copy per chunk ({staging}, {chunk})"
         );
+        if chunk <= DEFAULT_FIRST_CHUNK_BYTES {
+            assert_eq!(copies as usize, on_device.device_bytes().div_ceil(chunk));
+        }
         assert!(
             device.staging_allocations() <= staging / chunk,
             "staging stays within its bound"
