@@ -7,7 +7,8 @@
 //! `strings` (Utf8 of realistic lengths, 4 M rows), `nested` (List<List<Int32>> and
 //! List<Struct<Int32, Float64>>, 1 M rows) and TPC-H `lineitem` (scale factor 1). Every
 //! size is multiplied by `DEVARROW_BENCH_SCALE` (default 1.0 on a GPU; 0.05 on the CPU
-//! device, so a CPU-only run stays short). Runs on CUDA device 0, or on the CPU device
+//! device, so a CPU-only run stays short); `DEVARROW_BENCH_SHAPES=lineitem,wide` runs only
+//! the shapes named. Runs on CUDA device 0, or on the CPU device
 //! (with a printed note) when there is none.
 //!
 //! `devarrow-serial-2x32MiB` is the engine as it was before parallel packing (one thread,
@@ -352,11 +353,26 @@ fn transfers(c: &mut Criterion) {
              packing and memcpy, not a PCIe link"
         );
     }
-    bench_shape(c, &dev, "wide", vec![wide(scaled(16 << 20, s, 1024))]);
-    bench_shape(c, &dev, "narrow", vec![narrow(scaled(200_000, s, 1000))]);
-    bench_shape(c, &dev, "strings", vec![strings(scaled(4 << 20, s, 1024))]);
-    bench_shape(c, &dev, "nested", vec![nested(scaled(1 << 20, s, 1024))]);
-    bench_shape(c, &dev, "lineitem", devarrow::tpch::lineitem(s, 1 << 20));
+    // DEVARROW_BENCH_SHAPES=lineitem,wide runs only those shapes (data is generated only
+    // for them), so a run can be split across calls of limited length.
+    let only = std::env::var("DEVARROW_BENCH_SHAPES").ok();
+    let wanted = |shape: &str| {
+        only.as_deref()
+            .is_none_or(|list| list.split(',').any(|s| s.trim() == shape))
+    };
+    for name in ["wide", "narrow", "strings", "nested", "lineitem"] {
+        if !wanted(name) {
+            continue;
+        }
+        let batches = match name {
+            "wide" => vec![wide(scaled(16 << 20, s, 1024))],
+            "narrow" => vec![narrow(scaled(200_000, s, 1000))],
+            "strings" => vec![strings(scaled(4 << 20, s, 1024))],
+            "nested" => vec![nested(scaled(1 << 20, s, 1024))],
+            _ => devarrow::tpch::lineitem(s, 1 << 20),
+        };
+        bench_shape(c, &dev, name, batches);
+    }
 }
 
 criterion_group!(benches, transfers);
