@@ -210,11 +210,12 @@ pub fn advise_huge_pages(range: &mut [MaybeUninit<u8>]) {
     }
     #[cfg(target_os = "linux")]
     {
+        // `MADV_HUGEPAGE` only changes how the kernel backs the pages: contents,
+        // permissions and mapping are unchanged, so no Rust reference is invalidated. Its
+        // result is advisory: an error (no THP support, memory not anonymous) leaves
+        // everything as it was.
         // SAFETY: `begin..end` lies inside `range`, memory this process owns and holds
-        // exclusively, and is page-aligned as `madvise` requires. `MADV_HUGEPAGE` only
-        // changes how the kernel backs the pages: contents, permissions and mapping are
-        // unchanged, so no Rust reference is invalidated. Its result is advisory: an
-        // error (no THP support, memory not anonymous) leaves everything as it was.
+        // exclusively, and is page-aligned as `madvise` requires; see above.
         unsafe {
             libc::madvise(begin as *mut libc::c_void, end - begin, libc::MADV_HUGEPAGE);
         }
