@@ -151,7 +151,7 @@ pub fn ramped_windows(
     let mut front = Vec::new();
     let mut back = Vec::new();
     let mut rest = len;
-    if (head || tail) && first > 0 && first < max && len > 4 * first {
+    if (head || tail) && first > 0 && first < max && len > first.saturating_mul(4) {
         let mut size = first;
         while size < max && rest > 0 {
             for (side, ramp) in [(&mut front, head), (&mut back, tail)] {
