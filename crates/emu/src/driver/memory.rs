@@ -542,7 +542,7 @@ fn copy(
         other => other,
     };
     let wait = sync || matches!(dst, Endpoint::Host(_));
-    let seq = ctx.enqueue(
+    ctx.submit(
         &stream,
         Op::Copy {
             dst,
@@ -550,12 +550,8 @@ fn copy(
             len,
             call,
         },
-    );
-    if wait {
-        stream.wait_seq(seq);
-        ctx.shared.sticky()?;
-    }
-    Ok(())
+        wait,
+    )
 }
 
 /// Copies between any two addresses (unified addressing), synchronously.
@@ -775,7 +771,7 @@ fn memset(
     }
     let len = count.checked_mul(elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let dst = endpoint(call, "destination", dst, len, Role::Device)?;
-    let seq = ctx.enqueue(
+    ctx.submit(
         &stream,
         Op::Memset {
             dst,
@@ -784,12 +780,8 @@ fn memset(
             count,
             call,
         },
-    );
-    if sync {
-        stream.wait_seq(seq);
-        ctx.shared.sticky()?;
-    }
-    Ok(())
+        sync,
+    )
 }
 
 /// Sets `N` bytes to `uc`, synchronously.

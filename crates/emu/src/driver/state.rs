@@ -211,6 +211,17 @@ impl Context {
         stream.push(op)
     }
 
+    /// Enqueues `op` on `stream` as [`Context::enqueue`] does and, for a synchronous
+    /// call (`wait`), waits for it and returns the context's sticky error, if any.
+    pub fn submit(&self, stream: &Arc<Stream>, op: Op, wait: bool) -> R {
+        let seq = self.enqueue(stream, op);
+        if wait {
+            stream.wait_seq(seq);
+            self.shared.sticky()?;
+        }
+        Ok(())
+    }
+
     /// The stream a `CUstream` handle names in this context (NULL and
     /// `CU_STREAM_LEGACY` are the legacy NULL stream).
     pub fn stream(&self, handle: u64) -> R<Arc<Stream>> {

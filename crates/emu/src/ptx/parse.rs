@@ -277,6 +277,20 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// The size of a parameter of `elem` bytes, times the optional `[n]` array suffix
+    /// that follows its name (1 to 4096 elements).
+    fn param_size(&mut self, elem: u32, line: usize) -> PResult<u32> {
+        if !self.eat_punct(b'[') {
+            return Ok(elem);
+        }
+        let n = self.expect_uint()?;
+        self.expect_punct(b']')?;
+        if n == 0 || n > 4096 {
+            return perr(line, "bad parameter array size");
+        }
+        Ok(elem * n as u32)
+    }
+
     fn eat_punct(&mut self, c: u8) -> bool {
         if self.peek().is_some_and(|t| t.is_punct(c)) {
             self.pos += 1;
@@ -503,15 +517,7 @@ impl<'a> Parser<'a> {
                 line: name.line,
                 message: format!("parameter `{}` has no type", name.text),
             })?;
-            let mut size = ty.bytes();
-            if self.eat_punct(b'[') {
-                let n = self.expect_uint()?;
-                self.expect_punct(b']')?;
-                if n == 0 || n > 4096 {
-                    return perr(name.line, "bad parameter array size");
-                }
-                size *= n as u32;
-            }
+            let size = self.param_size(ty.bytes(), name.line)?;
             let align = if align == 0 { ty.bytes() } else { align };
             out.push(ParamDecl {
                 name: name.text,
@@ -775,15 +781,7 @@ impl<'a> Parser<'a> {
                     line: t.line,
                     message: "missing type in .param".into(),
                 })?;
-                let mut size = ty.bytes();
-                if self.eat_punct(b'[') {
-                    let n = self.expect_uint()?;
-                    self.expect_punct(b']')?;
-                    if n == 0 || n > 4096 {
-                        return perr(t.line, "bad .param array size");
-                    }
-                    size *= n as u32;
-                }
+                let size = self.param_size(ty.bytes(), t.line)?;
                 self.expect_punct(b';')?;
                 let align = if align == 0 { ty.bytes() } else { align };
                 let off = fc.alloc_param(size, align).map_err(|m| ParseError {
