@@ -624,6 +624,17 @@ fn count_set_bits_matches_the_oracle() {
         kernels::count_set_bits(&stream, &buf, 5, len).unwrap(),
         reference::count_set_bits(&host, 5, len)
     );
+    // The counter is added to atomically, so it must be 8-byte aligned: a typed error,
+    // not a misaligned-address fault.
+    let counter = DeviceBuffer::from_host(&stream, &[0u8; 16]).unwrap();
+    // SAFETY: both ranges are live device memory; the call is refused before any launch.
+    let misaligned = unsafe {
+        kernels::launch_count_set_bits(&stream, buf.device_ptr(), 0, 8, counter.device_ptr() + 4)
+    };
+    assert!(
+        matches!(misaligned, Err(CudaError::InvalidArgument(_))),
+        "{misaligned:?}"
+    );
 }
 
 #[test]

@@ -13,7 +13,10 @@
 //!
 //! Every kernel has a CPU reference implementation in [`reference`](mod@reference), the oracle of the
 //! GPU tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
-//! 8 * multiprocessors)` blocks with grid-stride loops (see the header of each `.ptx`).
+//! resident blocks per multiprocessor * multiprocessors)` blocks with grid-stride loops
+//! (see the header of each `.ptx`). The resident blocks are the driver's occupancy of
+//! each kernel, so a grid fills the device in one wave whatever registers the JIT gave
+//! the kernel.
 
 pub mod reference;
 
@@ -39,21 +42,52 @@ pub const TESTING_PTX: &str = include_str!("../../../../kernels/testing.ptx");
 /// Threads per block of every launch.
 pub const BLOCK_SIZE: u32 = 256;
 
-/// Resident blocks per multiprocessor the grids are sized for (8 x 256 = 2048 threads).
-const BLOCKS_PER_SM: u32 = 8;
+/// One loaded kernel and the largest grid that is resident at once on the device.
+#[derive(Debug)]
+struct Kernel {
+    function: CudaFunction,
+    /// Resident blocks of [`BLOCK_SIZE`] threads per multiprocessor (the driver's
+    /// occupancy for this kernel's registers) times the multiprocessors.
+    max_blocks: u32,
+}
+
+impl Kernel {
+    fn load(module: &Arc<CudaModule>, name: &str, multiprocessors: u32) -> Result<Self> {
+        let function = module.load_function(name).call("cuModuleGetFunction")?;
+        let per_multiprocessor = function
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK_SIZE, 0, None)
+            .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(Kernel {
+            function,
+            max_blocks: per_multiprocessor.max(1).saturating_mul(multiprocessors),
+        })
+    }
+
+    /// The launch configuration for `items` work items (grid-stride kernels): one block
+    /// per [`BLOCK_SIZE`] items, at most one resident wave.
+    fn config(&self, items: u64) -> LaunchConfig {
+        let blocks = items
+            .div_ceil(BLOCK_SIZE as u64)
+            .clamp(1, self.max_blocks as u64);
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (BLOCK_SIZE, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
 
 /// The kernels, loaded into one context.
 #[derive(Debug)]
 pub struct Kernels {
-    multiprocessors: u32,
-    count_set_bits: CudaFunction,
-    copy_bitmap: CudaFunction,
-    unpack_bits: CudaFunction,
-    pack_bools: CudaFunction,
-    batched_copy: CudaFunction,
-    rebase_i32: CudaFunction,
-    rebase_i64: CudaFunction,
-    spin_fill_u32: CudaFunction,
+    count_set_bits: Kernel,
+    copy_bitmap: Kernel,
+    unpack_bits: Kernel,
+    pack_bools: Kernel,
+    batched_copy: Kernel,
+    rebase_i32: Kernel,
+    rebase_i64: Kernel,
+    spin_fill_u32: Kernel,
     _modules: [Arc<CudaModule>; 3],
 }
 
@@ -77,13 +111,12 @@ impl Kernels {
         let validity = load(VALIDITY_PTX)?;
         let copy = load(COPY_PTX)?;
         let testing = load(TESTING_PTX)?;
-        let f = |m: &Arc<CudaModule>, name: &str| m.load_function(name).call("cuModuleGetFunction");
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")?
             .max(1) as u32;
+        let f = |m: &Arc<CudaModule>, name: &str| Kernel::load(m, name, multiprocessors);
         let k = Arc::new(Kernels {
-            multiprocessors,
             count_set_bits: f(&validity, "dvx_count_set_bits")?,
             copy_bitmap: f(&validity, "dvx_copy_bitmap")?,
             unpack_bits: f(&validity, "dvx_unpack_bits")?,
@@ -102,17 +135,6 @@ impl Kernels {
     pub fn for_stream(stream: &CudaStream) -> Result<Arc<Self>> {
         Self::for_context(stream.context())
     }
-
-    /// The launch configuration for `items` work items (grid-stride kernels).
-    pub fn config(&self, items: u64) -> LaunchConfig {
-        let max_blocks = (BLOCKS_PER_SM * self.multiprocessors) as u64;
-        let blocks = items.div_ceil(BLOCK_SIZE as u64).clamp(1, max_blocks);
-        LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (BLOCK_SIZE, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
 }
 
 /// Enqueues `dvx_count_set_bits`: adds the number of set bits of bits
@@ -121,8 +143,8 @@ impl Kernels {
 ///
 /// # Safety
 /// `bitmap` must be device-accessible for `ceil((offset + len) / 8)` bytes and `out`
-/// for 8 writable bytes (zeroed by the caller for a plain count) until the kernel
-/// completes.
+/// for 8 writable, 8-byte-aligned bytes (the kernel adds to it atomically; zeroed by the
+/// caller for a plain count) until the kernel completes.
 pub unsafe fn launch_count_set_bits(
     stream: &CudaStream,
     bitmap: u64,
@@ -133,9 +155,14 @@ pub unsafe fn launch_count_set_bits(
     if len == 0 {
         return Ok(());
     }
+    if !out.is_multiple_of(8) {
+        return Err(CudaError::InvalidArgument(format!(
+            "the bit counter at {out:#x} is not 8-byte aligned"
+        )));
+    }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(len.div_ceil(128) + 1);
-    let mut b = stream.launch_builder(&k.count_set_bits);
+    let cfg = k.count_set_bits.config(len.div_ceil(128) + 1);
+    let mut b = stream.launch_builder(&k.count_set_bits.function);
     b.arg(&bitmap).arg(&offset).arg(&len).arg(&out);
     // SAFETY: the argument list matches the kernel's (u64, u64, u64, u64); the ranges are
     // the caller's guarantee.
@@ -160,8 +187,8 @@ pub unsafe fn launch_copy_bitmap(
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(len.div_ceil(8).div_ceil(16));
-    let mut b = stream.launch_builder(&k.copy_bitmap);
+    let cfg = k.copy_bitmap.config(len.div_ceil(8).div_ceil(16));
+    let mut b = stream.launch_builder(&k.copy_bitmap.function);
     b.arg(&src).arg(&src_offset).arg(&len).arg(&dst);
     // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -185,8 +212,8 @@ pub unsafe fn launch_unpack_bits(
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(len.div_ceil(32));
-    let mut b = stream.launch_builder(&k.unpack_bits);
+    let cfg = k.unpack_bits.config(len.div_ceil(32));
+    let mut b = stream.launch_builder(&k.unpack_bits.function);
     b.arg(&src).arg(&src_offset).arg(&len).arg(&dst);
     // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -204,8 +231,8 @@ pub unsafe fn launch_pack_bools(stream: &CudaStream, src: u64, len: u64, dst: u6
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(len.div_ceil(32));
-    let mut b = stream.launch_builder(&k.pack_bools);
+    let cfg = k.pack_bools.config(len.div_ceil(32));
+    let mut b = stream.launch_builder(&k.pack_bools.function);
     b.arg(&src).arg(&len).arg(&dst);
     // SAFETY: arguments match (u64, u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -225,8 +252,8 @@ pub unsafe fn launch_batched_copy(stream: &CudaStream, segments: u64, n: u64) ->
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(n * 32);
-    let mut b = stream.launch_builder(&k.batched_copy);
+    let cfg = k.batched_copy.config(n * 32);
+    let mut b = stream.launch_builder(&k.batched_copy.function);
     b.arg(&segments).arg(&n);
     // SAFETY: arguments match (u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -249,8 +276,8 @@ pub unsafe fn launch_rebase_offsets_i32(
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(n.div_ceil(4));
-    let mut b = stream.launch_builder(&k.rebase_i32);
+    let cfg = k.rebase_i32.config(n.div_ceil(4));
+    let mut b = stream.launch_builder(&k.rebase_i32.function);
     b.arg(&src).arg(&n).arg(&base).arg(&dst);
     // SAFETY: arguments match (u64, u64, u32, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -272,8 +299,8 @@ pub unsafe fn launch_rebase_offsets_i64(
         return Ok(());
     }
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.config(n.div_ceil(2));
-    let mut b = stream.launch_builder(&k.rebase_i64);
+    let cfg = k.rebase_i64.config(n.div_ceil(2));
+    let mut b = stream.launch_builder(&k.rebase_i64.function);
     b.arg(&src).arg(&n).arg(&base).arg(&dst);
     // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
@@ -304,7 +331,7 @@ pub mod testing {
             block_dim: (BLOCK_SIZE, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(&k.spin_fill_u32);
+        let mut b = stream.launch_builder(&k.spin_fill_u32.function);
         b.arg(&dst).arg(&n).arg(&value).arg(&spin_ns);
         // SAFETY: arguments match (u64, u64, u32, u64); `dst` is the caller's guarantee.
         unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;

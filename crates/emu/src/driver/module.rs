@@ -293,6 +293,25 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     })
 }
 
+/// As [`cuOccupancyMaxActiveBlocksPerMultiprocessor`]; the flags (caching mode) change
+/// nothing on the emulated device.
+///
+/// # Safety
+/// As [`cuOccupancyMaxActiveBlocksPerMultiprocessor`].
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    numBlocks: *mut c_int,
+    func: CUfunction,
+    blockSize: c_int,
+    dynamicSMemSize: usize,
+    _flags: std::ffi::c_uint,
+) -> CUresult {
+    // SAFETY: the caller's contract is the one of the call without flags.
+    unsafe {
+        cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize)
+    }
+}
+
 fn check_dims(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> R {
     let block_ok = block.iter().all(|&d| d > 0)
         && block[0] <= 1024
