@@ -29,3 +29,30 @@ pub fn open_or_skip<T, E: std::fmt::Display>(
         }
     }
 }
+
+/// Whether the tests run under `compute-sanitizer`: `DEVARROW_UNDER_SANITIZER=1`, or the
+/// tool's injection library named in `CUDA_INJECTION64_PATH` or `LD_PRELOAD`.
+///
+/// The sanitizer reports every driver call that returns an error, and a run with
+/// `--error-exitcode` then fails even when every test passes. Tests that provoke a
+/// driver error on purpose (out of device memory) or assert one (`CUDA_ERROR_NOT_READY`
+/// from a query of a running kernel's event) skip that part under the sanitizer and say
+/// so; the plain GPU run checks it.
+pub fn under_sanitizer() -> bool {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    var("DEVARROW_UNDER_SANITIZER") == "1"
+        || ["CUDA_INJECTION64_PATH", "LD_PRELOAD"]
+            .iter()
+            .any(|name| var(name).to_ascii_lowercase().contains("sanitizer"))
+}
+
+/// `true` when the part of a test named `what` runs: always, except under
+/// [`under_sanitizer`], where it prints `skipping under compute-sanitizer: <what>`.
+pub fn unless_sanitized(what: &str) -> bool {
+    if under_sanitizer() {
+        println!("skipping under compute-sanitizer: {what}");
+        false
+    } else {
+        true
+    }
+}

@@ -438,11 +438,18 @@ impl ManagedBuffer {
             len,
             ctx: DropInContext::new(device.context().clone()),
         };
-        // Zeroed by the device (`cuMemsetD8`, synchronous): on devices without concurrent
-        // managed access a host write while any kernel of the context runs would fault.
+        // Zeroed by the device (`cuMemsetD8`), not the host: on devices without
+        // concurrent managed access a host write while any kernel of the context runs
+        // would fault. `cuMemsetD8` may return before the memset completes (the API's
+        // synchronization rules promise otherwise only for pinned host memory), so the
+        // legacy stream it ran on is synchronized: a host write or a kernel on another
+        // stream right after `alloc` must not be overwritten by the zeroing.
         if len > 0 {
             // SAFETY: `ptr` is our live allocation of `len` bytes; the context is bound.
             unsafe { result::memset_d8_sync(ptr, 0, len) }.call("cuMemsetD8")?;
+            // SAFETY: the NULL handle is the context's legacy default stream.
+            unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+                .call("cuStreamSynchronize")?;
         }
         Ok(this)
     }

@@ -265,47 +265,60 @@ impl Drop for PinnedStaging {
 /// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaTransferDevice`]) can DMA it.
 static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
 
-/// One `cuPointerGetAttribute` query of `addr`: the attribute's value, or `None` when the
-/// driver does not know the address.
-fn pointer_attribute<T: Default>(attribute: sys::CUpointer_attribute, addr: usize) -> Option<T> {
-    let mut value = T::default();
-    // SAFETY: `T` is the type the attribute writes (the callers pair MEMORY_TYPE with
-    // `u32` and BUFFER_ID with `u64`), `data` points to our local; the driver only looks
-    // the address up (never dereferences it).
+/// The memory type (`CU_MEMORYTYPE_*`, 0 when the driver does not know the address)
+/// and the buffer id (0 when unknown) of `addr`, in one `cuPointerGetAttributes` call.
+/// Unlike `cuPointerGetAttribute`, it answers pageable memory with zeros and
+/// `CUDA_SUCCESS`, so asking about ordinary memory raises no driver error (which
+/// `compute-sanitizer` would report in every user's run).
+fn pointer_type_and_buffer(addr: usize) -> (u32, u64) {
+    let mut memory_type: u32 = 0;
+    let mut buffer_id: u64 = 0;
+    let mut attributes = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    let mut data: [*mut c_void; 2] = [
+        (&mut memory_type as *mut u32).cast(),
+        (&mut buffer_id as *mut u64).cast(),
+    ];
+    // SAFETY: two attributes, each paired with a local of the type it writes (MEMORY_TYPE
+    // a 32-bit enum, BUFFER_ID a u64); the driver only looks the address up.
     let status = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut value as *mut T).cast(),
-            attribute,
+        sys::cuPointerGetAttributes(
+            2,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
             addr as sys::CUdeviceptr,
         )
     };
-    (status == sys::CUresult::CUDA_SUCCESS).then_some(value)
+    if status == sys::CUresult::CUDA_SUCCESS {
+        (memory_type, buffer_id)
+    } else {
+        (0, 0)
+    }
 }
 
 /// Whether the driver reports `first..=last` as inside one page-locked host allocation
-/// from `cuMemHostAlloc` (of any library): both ends have
-/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` `CU_MEMORYTYPE_HOST`, `cuMemHostGetFlags` knows
-/// them, and they have the same `CU_POINTER_ATTRIBUTE_BUFFER_ID` (one allocation). The
-/// `cuMemHostGetFlags` check keeps pageable memory out on systems with HMM (where the
-/// driver may know pageable addresses too); it also leaves out `cuMemHostRegister`ed
-/// memory, which then takes the (correct, only slower) staged path.
+/// from `cuMemHostAlloc` (of any library): both ends are `CU_MEMORYTYPE_HOST` with the
+/// same nonzero buffer id (one allocation), and `cuMemHostGetFlags` knows the
+/// allocation. That last check, made only for memory already reported as host memory,
+/// keeps pageable memory out on systems with HMM (where the driver may know pageable
+/// addresses too); it also leaves out `cuMemHostRegister`ed memory, which then takes
+/// the (correct, only slower) staged path.
 fn driver_reports_pinned(first: usize, last: usize) -> bool {
-    use sys::CUpointer_attribute::{
-        CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-    };
-    let pinned_host = |addr: usize| {
-        let host = pointer_attribute::<u32>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
-            == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32);
-        let mut flags: std::ffi::c_uint = 0;
-        // SAFETY: writes the allocation flags to our local; the driver only looks the
-        // address up.
-        host && unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) }
-            == sys::CUresult::CUDA_SUCCESS
-    };
-    let buffer_id = |addr: usize| pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_BUFFER_ID, addr);
-    pinned_host(first)
-        && pinned_host(last)
-        && buffer_id(first).is_some_and(|id| buffer_id(last) == Some(id))
+    let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+    let (first_type, first_buffer) = pointer_type_and_buffer(first);
+    if first_type != host || first_buffer == 0 {
+        return false;
+    }
+    if pointer_type_and_buffer(last) != (first_type, first_buffer) {
+        return false;
+    }
+    let mut flags: std::ffi::c_uint = 0;
+    // SAFETY: writes the allocation flags to our local; the driver only looks the
+    // address up.
+    let status = unsafe { sys::cuMemHostGetFlags(&mut flags, first as *mut c_void) };
+    status == sys::CUresult::CUDA_SUCCESS
 }
 
 // SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
@@ -566,7 +579,7 @@ unsafe impl Device for CudaTransferDevice {
 
     /// `true` for ranges inside one live staging allocation of any `CudaTransferDevice`
     /// (a registry lookup, no driver call); otherwise asks the driver whether the first
-    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttribute`
+    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttributes`
     /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
     /// libraries pinned. Any doubt (a failed query) answers `false`.
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{
     CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUmemPool_attribute,
-    CUmemoryPool, CUmodule, CUpointer_attribute, CUresult, CUstream,
+    CUmemoryPool, CUmemorytype, CUmodule, CUpointer_attribute, CUresult, CUstream,
 };
 use devarrow_emu::driver::context::*;
 use devarrow_emu::driver::device::*;
@@ -273,6 +273,38 @@ fn device_memory_is_poisoned_aligned_and_not_host_addressable() {
             CUDA_ERROR_INVALID_VALUE,
             "pageable host memory is unknown to the driver"
         );
+        // Several attributes at once: pageable memory reads as zeros, without an error.
+        let mut memory_type = 7u32;
+        let mut buffer_id = 7u64;
+        let mut attributes = [
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        ];
+        let mut data: [*mut c_void; 2] = [
+            (&mut memory_type as *mut u32).cast(),
+            (&mut buffer_id as *mut u64).cast(),
+        ];
+        ck(cuPointerGetAttributes(
+            2,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            out.as_ptr() as u64,
+        ));
+        assert_eq!((memory_type, buffer_id), (0, 0));
+        let q = emu.alloc(64);
+        ck(cuPointerGetAttributes(
+            2,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            q + 8,
+        ));
+        assert_eq!(
+            memory_type,
+            CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+            "device memory"
+        );
+        assert_ne!(buffer_id, 0);
+        ck(cuMemFree_v2(q));
     }
 }
 

@@ -321,52 +321,103 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     attribute: CUpointer_attribute,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    api("cuPointerGetAttribute", || {
+    // SAFETY: the caller's contract.
+    api("cuPointerGetAttribute", || unsafe {
+        pointer_attribute(data, attribute, ptr)
+    })
+}
+
+/// The body of [`cuPointerGetAttribute`], shared with [`cuPointerGetAttributes`].
+///
+/// # Safety
+/// As [`cuPointerGetAttribute`].
+unsafe fn pointer_attribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+) -> R {
+    require_init()?;
+    let a = driver().mem.find(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !a.usable() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let device = a.kind.is_device();
+    // SAFETY (every write below): `data` is the caller's out-pointer, valid for the
+    // attribute's documented type.
+    unsafe {
+        match attribute as i32 {
+            1 => out(data.cast::<CUcontext>(), a.ctx as CUcontext),
+            2 => out(
+                data.cast::<u32>(),
+                if matches!(a.kind, Kind::Pinned { .. }) {
+                    1
+                } else {
+                    2
+                },
+            ),
+            3 => out(data.cast::<CUdeviceptr>(), ptr),
+            4 if device => Err(CUDA_ERROR_INVALID_VALUE),
+            4 => out(data.cast::<*mut c_void>(), ptr as *mut c_void),
+            6 => out(data.cast::<u32>(), 0),
+            7 => out(data.cast::<u64>(), a.id),
+            8 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Managed)),
+            9 => out(data.cast::<i32>(), DEVICE),
+            10 => out(
+                data.cast::<u32>(),
+                u32::from(a.kind == Kind::Device { pooled: false }),
+            ),
+            11 => out(data.cast::<CUdeviceptr>(), a.addr),
+            12 => out(data.cast::<usize>(), a.size),
+            13 => out(data.cast::<u32>(), 1),
+            14 => out(data.cast::<u64>(), 0),
+            15 => out(data.cast::<u32>(), u32::from(device)),
+            16 => out(data.cast::<i32>(), 3),
+            17 if a.kind == (Kind::Device { pooled: true }) => {
+                out(data.cast::<CUmemoryPool>(), DEFAULT_POOL as CUmemoryPool)
+            }
+            18 => out(data.cast::<usize>(), a.size),
+            19 => out(data.cast::<*mut c_void>(), a.addr as *mut c_void),
+            20 => out(data.cast::<u64>(), a.id),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+}
+
+/// Several attributes of `ptr` at once. Unlike [`cuPointerGetAttribute`], memory the
+/// driver does not know (pageable host memory) is not an error: every attribute then
+/// reads as zero (NULL), as do attributes that do not apply to the allocation.
+///
+/// # Safety
+/// `attributes` and `data` must each hold `numAttributes` entries, and every `data[i]`
+/// must be valid for a write of the type of `attributes[i]`.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    numAttributes: c_uint,
+    attributes: *mut CUpointer_attribute,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    api("cuPointerGetAttributes", || {
         require_init()?;
-        let a = driver().mem.find(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if !a.usable() {
+        if numAttributes == 0 || attributes.is_null() || data.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let device = a.kind.is_device();
-        // SAFETY (every write below): `data` is the caller's out-pointer, valid for the
-        // attribute's documented type.
-        unsafe {
-            match attribute as i32 {
-                1 => out(data.cast::<CUcontext>(), a.ctx as CUcontext),
-                2 => out(
-                    data.cast::<u32>(),
-                    if matches!(a.kind, Kind::Pinned { .. }) {
-                        1
-                    } else {
-                        2
-                    },
-                ),
-                3 => out(data.cast::<CUdeviceptr>(), ptr),
-                4 if device => Err(CUDA_ERROR_INVALID_VALUE),
-                4 => out(data.cast::<*mut c_void>(), ptr as *mut c_void),
-                6 => out(data.cast::<u32>(), 0),
-                7 => out(data.cast::<u64>(), a.id),
-                8 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Managed)),
-                9 => out(data.cast::<i32>(), DEVICE),
-                10 => out(
-                    data.cast::<u32>(),
-                    u32::from(a.kind == Kind::Device { pooled: false }),
-                ),
-                11 => out(data.cast::<CUdeviceptr>(), a.addr),
-                12 => out(data.cast::<usize>(), a.size),
-                13 => out(data.cast::<u32>(), 1),
-                14 => out(data.cast::<u64>(), 0),
-                15 => out(data.cast::<u32>(), u32::from(device)),
-                16 => out(data.cast::<i32>(), 3),
-                17 if a.kind == (Kind::Device { pooled: true }) => {
-                    out(data.cast::<CUmemoryPool>(), DEFAULT_POOL as CUmemoryPool)
-                }
-                18 => out(data.cast::<usize>(), a.size),
-                19 => out(data.cast::<*mut c_void>(), a.addr as *mut c_void),
-                20 => out(data.cast::<u64>(), a.id),
-                _ => Err(CUDA_ERROR_INVALID_VALUE),
+        for i in 0..numAttributes as usize {
+            // SAFETY: both arrays hold `numAttributes` entries (the caller's contract).
+            let (attribute, slot) = unsafe { (*attributes.add(i), *data.add(i)) };
+            let size = match attribute as i32 {
+                2 | 6 | 8 | 9 | 10 | 13 | 15 | 16 => 4,
+                1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            };
+            // SAFETY: `slot` is valid for the attribute's type (the caller's contract).
+            let known = unsafe { pointer_attribute(slot, attribute, ptr) }.is_ok();
+            if !known && !slot.is_null() {
+                // SAFETY: as above; `size` is the size of the attribute's type.
+                unsafe { std::ptr::write_bytes(slot.cast::<u8>(), 0, size) };
             }
         }
+        Ok(())
     })
 }
 
@@ -770,6 +821,15 @@ fn memset(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let len = count.checked_mul(elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // The "synchronous" memsets are asynchronous with respect to the host except into
+    // pinned host memory (the driver API's synchronization rules): device and managed
+    // targets are only enqueued on the legacy stream, so code that reads or writes them
+    // right after such a memset without synchronizing sees the race here too.
+    let wait = sync
+        && driver()
+            .mem
+            .find(dst)
+            .is_some_and(|a| matches!(a.kind, Kind::Pinned { .. }));
     let dst = endpoint(call, "destination", dst, len, Role::Device)?;
     ctx.submit(
         &stream,
@@ -780,11 +840,11 @@ fn memset(
             count,
             call,
         },
-        sync,
+        wait,
     )
 }
 
-/// Sets `N` bytes to `uc`, synchronously.
+/// Sets `N` bytes to `uc` on the legacy stream; waits only for pinned host memory.
 ///
 /// # Safety
 /// None beyond the driver API's (the range is checked).
@@ -827,7 +887,7 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     })
 }
 
-/// Sets `N` 16-bit values, synchronously.
+/// Sets `N` 16-bit values on the legacy stream; waits only for pinned host memory.
 ///
 /// # Safety
 /// None beyond the driver API's (the range is checked).
@@ -876,7 +936,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
     })
 }
 
-/// Sets `N` 32-bit values, synchronously.
+/// Sets `N` 32-bit values on the legacy stream; waits only for pinned host memory.
 ///
 /// # Safety
 /// None beyond the driver API's (the range is checked).

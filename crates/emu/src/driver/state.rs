@@ -556,6 +556,43 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
+/// Reports every call that returns an error, as `compute-sanitizer` does on a real
+/// driver (where `--error-exitcode` then fails the run): a way to find, without a GPU,
+/// the driver errors a test suite raises. `CUDA_ERROR_NOT_READY` (a query's "not yet")
+/// is left out.
+/// - `DEVARROW_EMU_REPORT_API_ERRORS=1`: one line on stderr per error;
+/// - `DEVARROW_EMU_API_ERROR_LOG=<path>`: the same line appended to that file (stderr of
+///   passing tests is captured by the test harness; the file is not).
+fn report_api_error(name: &str, e: CUresult) {
+    static TARGETS: OnceLock<(bool, Option<String>)> = OnceLock::new();
+    let (to_stderr, log) = TARGETS.get_or_init(|| {
+        (
+            std::env::var("DEVARROW_EMU_REPORT_API_ERRORS").is_ok_and(|v| v == "1"),
+            std::env::var("DEVARROW_EMU_API_ERROR_LOG")
+                .ok()
+                .filter(|p| !p.is_empty()),
+        )
+    });
+    if e == CUDA_ERROR_NOT_READY || (!to_stderr && log.is_none()) {
+        return;
+    }
+    let line = format!("devarrow-emu: API error: {name} returned {e:?}");
+    if *to_stderr {
+        eprintln!("{line}");
+    }
+    if let Some(path) = log {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        if let Ok(mut file) = file {
+            // One write per line: appends from several processes do not interleave.
+            let _ = file.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
 /// Runs the body of driver call `name`: refuses calls from stream workers (host
 /// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
@@ -568,7 +605,10 @@ pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
     }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(e)) => e,
+        Ok(Err(e)) => {
+            report_api_error(name, e);
+            e
+        }
         Err(p) => {
             eprintln!(
                 "devarrow-emu: internal error in {name}: {} (returning CUDA_ERROR_UNKNOWN)",
