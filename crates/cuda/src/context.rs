@@ -149,3 +149,22 @@ impl<T: InContext> Drop for DropInContext<T> {
         unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
     }
 }
+
+/// The handle of the per-thread default stream (`CU_STREAM_PER_THREAD`, cudarc's
+/// `CudaContext::per_thread_stream`).
+const PER_THREAD_STREAM: usize = 0x2;
+
+/// Refuses the per-thread default stream where devarrow keeps a stream to use later:
+/// that handle names the stream of whichever thread uses it, and devarrow frees memory
+/// and waits on it from the thread that drops or releases (often another one), which
+/// would order the work on the wrong stream.
+pub(crate) fn check_keepable(stream: &CudaStream, what: &str) -> crate::Result<()> {
+    if stream.cu_stream() as usize == PER_THREAD_STREAM {
+        return Err(crate::CudaError::InvalidArgument(format!(
+            "{what}: the per-thread default stream (CU_STREAM_PER_THREAD) names another \
+             stream on every thread, and devarrow uses this stream later, possibly from \
+             another thread; pass a created stream (or the legacy default stream)"
+        )));
+    }
+    Ok(())
+}

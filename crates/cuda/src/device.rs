@@ -146,6 +146,14 @@ impl CudaDevice {
             return Ok(Self { inner });
         }
         let ctx = CudaContext::new(id).call("cuDevicePrimaryCtxRetain")?;
+        // cudarc's event tracking orders its own `CudaSlice`s across streams, and makes
+        // the first `new_stream` of a context run `cuCtxSynchronize`: on the shared
+        // primary context that would wait for every library's work (PyTorch's, libcudf's)
+        // and hang if any of it waits on the host.
+        // SAFETY: devarrow creates no `CudaSlice`; it orders streams with its own events
+        // (export, import, staging), so nothing relies on the tracking. This value of
+        // `CudaContext` is devarrow's own.
+        unsafe { ctx.disable_event_tracking() };
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")?

@@ -76,8 +76,10 @@ impl std::fmt::Debug for ImportedArray {
 impl ImportedArray {
     /// Imports `array` for consumption on `stream`.
     ///
-    /// Fails (releasing `array`) when the device type is not a CUDA type, or when CUDA
-    /// device memory lives on another device than the stream's.
+    /// Fails (releasing `array`) when the device type is not a CUDA type, when CUDA
+    /// device memory lives on another device than the stream's, or when `stream` is the
+    /// per-thread default stream (the last view, dropped on any thread, synchronizes
+    /// `stream` before the producer's release runs).
     pub fn import(array: DeviceArray, stream: &Arc<CudaStream>) -> Result<Self> {
         let device_type = array.device_type();
         if !device_type.is_cuda() {
@@ -86,6 +88,7 @@ impl ImportedArray {
                 expected: "ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST or ARROW_DEVICE_CUDA_MANAGED",
             });
         }
+        context::check_keepable(stream, "ImportedArray::import")?;
         let ctx = stream.context();
         let ordinal = ctx.ordinal() as i64;
         if device_type == ArrowDeviceType::CUDA && array.device_id() != ordinal {

@@ -114,8 +114,11 @@ impl std::fmt::Debug for DeviceBuffer {
 
 impl DeviceBuffer {
     /// Allocates `len` uninitialized bytes on the device of `stream`, ordered on
-    /// `stream`. Out of memory is [`CudaError::OutOfMemory`].
+    /// `stream`. Out of memory is [`CudaError::OutOfMemory`]; the per-thread default
+    /// stream is refused ([`CudaError::InvalidArgument`]): the buffer is freed on its
+    /// stream by whichever thread drops it.
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
+        context::check_keepable(stream, "DeviceBuffer::alloc")?;
         let ctx = stream.context();
         context::bind(ctx).call("cuCtxSetCurrent")?;
         let stream_ordered = ctx.has_async_alloc();

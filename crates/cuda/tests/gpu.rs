@@ -543,7 +543,7 @@ fn host_and_managed_exports_are_host_readable_after_synchronization() {
 }
 
 #[test]
-fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
+fn a_null_sync_event_means_already_safe_and_foreign_devices_or_per_thread_streams_are_refused() {
     let (_lock, dev) = gpu_or_skip!();
     let stream = dev.new_stream().unwrap();
     let exported =
@@ -591,6 +591,18 @@ fn a_null_sync_event_means_already_safe_and_foreign_devices_are_refused() {
     assert!(matches!(
         export_array_data(uint8_array(&stream, 8), ArrowDeviceType::CPU, &stream),
         Err(CudaError::UnsupportedDeviceType { .. })
+    ));
+    // The per-thread default stream names another stream on every thread: refused where
+    // devarrow keeps a stream to free or wait on later (from whichever thread drops).
+    let per_thread = dev.context().per_thread_stream();
+    assert!(matches!(
+        DeviceBuffer::alloc(&per_thread, 64),
+        Err(CudaError::InvalidArgument(_))
+    ));
+    let array = export_array_data(uint8_array(&stream, 8), ArrowDeviceType::CUDA, &stream).unwrap();
+    assert!(matches!(
+        ImportedArray::import(array, &per_thread),
+        Err(CudaError::InvalidArgument(_))
     ));
 }
 
