@@ -308,9 +308,15 @@ impl Transfer {
 
     /// The chunk size and the number of staging buffers for an image of `total` bytes.
     fn geometry(&self, total: usize) -> (usize, usize) {
+        let chunk = self.full_chunk();
+        let stages = self.options.staging_bytes.max(2 * BUFFER_ALIGNMENT) / chunk;
+        (chunk.min(total.max(1)), stages)
+    }
+
+    /// The configured chunk size, clamped so that at least two chunks fit the bound.
+    fn full_chunk(&self) -> usize {
         let bound = self.options.staging_bytes.max(2 * BUFFER_ALIGNMENT);
-        let chunk = self.options.chunk_bytes.clamp(BUFFER_ALIGNMENT, bound / 2);
-        (chunk.min(total.max(1)), bound / chunk)
+        self.options.chunk_bytes.clamp(BUFFER_ALIGNMENT, bound / 2)
     }
 
     fn parallelism(&self) -> Parallelism {
@@ -318,7 +324,13 @@ impl Transfer {
     }
 
     /// Takes stage `i`, waiting for its last copy to finish and allocating it if needed.
+    ///
+    /// A stage is allocated once at the full chunk size, whatever the first transfer
+    /// needs: growing it later would free and allocate pinned memory in the middle of a
+    /// pipeline, and `cuMemFreeHost` / `cuMemHostAlloc` stall every stream of the device
+    /// (other libraries' work too).
     fn stage(&mut self, i: usize, chunk: usize) -> Result<&mut Box<dyn StagingMemory>> {
+        let size = chunk.max(self.full_chunk());
         if self.stages.len() <= i {
             self.stages.resize_with(i + 1, Stage::default);
         }
@@ -332,7 +344,7 @@ impl Transfer {
             .is_none_or(|m| m.as_slice().len() < chunk)
         {
             stage.memory = None;
-            stage.memory = Some(self.device.allocate_staging(chunk)?);
+            stage.memory = Some(self.device.allocate_staging(size)?);
         }
         Ok(stage.memory.as_mut().expect("allocated above"))
     }

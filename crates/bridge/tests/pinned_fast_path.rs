@@ -213,3 +213,32 @@ fn parallel_packing_with_small_chunks_round_trips() {
         assert_eq!(device.staging_allocations(), before);
     }
 }
+
+#[test]
+fn staging_is_allocated_once_at_full_chunk_size() {
+    // A small batch first, then larger ones with ramped chunks, in both directions:
+    // every stage is allocated once, at the full chunk size, and never regrown (freeing
+    // and allocating pinned memory mid-pipeline stalls every stream of a GPU).
+    let device = Arc::new(InstrumentedDevice::default());
+    let (staging, chunk) = (8 << 20, 2 << 20);
+    let mut transfer = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            staging_bytes: staging,
+            chunk_bytes: chunk,
+            first_chunk_bytes: 256 << 10,
+            ..Default::default()
+        },
+    );
+    for rows in [100, 1_000, 400_000, 100, 1_500_000] {
+        let batch = wide_batch(3, rows);
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    }
+    let sizes = device.staging_sizes();
+    assert!(
+        !sizes.is_empty() && sizes.len() <= staging / chunk,
+        "{sizes:?}"
+    );
+    assert!(sizes.iter().all(|&s| s == chunk), "{sizes:?}");
+}

@@ -486,11 +486,13 @@ unsafe impl Device for CudaTransferDevice {
         if let Some(event) = staging.uploaded.take() {
             context::sync_event(&event).call("cuEventSynchronize")?;
         }
+        // 64 KiB (2,730 descriptors) from the start, doubling past that: regrowing frees
+        // and allocates pinned memory, which stalls every stream of the device.
         if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
             staging.buffer = None;
             staging.buffer = Some(PinnedHostBuffer::alloc(
                 &self.device,
-                bytes.next_power_of_two().max(4096),
+                bytes.next_power_of_two().max(64 << 10),
             )?);
         }
         let host = staging.buffer.as_mut().expect("allocated above");
