@@ -250,14 +250,18 @@ impl CudaDevice {
         result::ctx::synchronize().call("cuCtxSynchronize")
     }
 
-    /// Returns the unused memory of the device's default memory pool to the system
-    /// (`cuMemPoolTrimTo(pool, 0)`), e.g. before measuring free memory. A no-op on
+    /// Returns the unused memory of devarrow's memory pool of the device (which keeps
+    /// freed [`DeviceBuffer`](crate::DeviceBuffer) memory for reuse, see [`crate::pool`])
+    /// and of the device's default pool to the system (`cuMemPoolTrimTo(pool, 0)`), e.g.
+    /// before measuring free memory or handing memory to another library. Memory whose
+    /// stream-ordered free has not yet run stays reserved: synchronize first. A no-op on
     /// devices without memory pools.
     pub fn trim_memory_pool(&self) -> Result<()> {
         if !self.supports_memory_pools() {
             return Ok(());
         }
         self.bind_to_thread()?;
+        crate::pool::trim(self.context(), 0).call("cuMemPoolTrimTo")?;
         // SAFETY: the device handle is valid (it belongs to our live context).
         let pool = unsafe { result::device::get_default_mem_pool(self.inner.ctx.cu_device()) }
             .call("cuDeviceGetDefaultMemPool")?;

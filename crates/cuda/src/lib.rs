@@ -8,7 +8,7 @@
 //! - [`CudaDevice`]: a device opened on its **primary** context (interoperable with the
 //!   CUDA runtime and libraries such as libcudf), [`list_devices`], [`device_count`].
 //! - Memory ([`memory`]): [`DeviceBuffer`] (stream-ordered where memory pools are
-//!   supported), [`PinnedHostBuffer`] (`ARROW_DEVICE_CUDA_HOST`), [`ManagedBuffer`]
+//!   supported, from devarrow's own [`pool`] that keeps freed memory for reuse), [`PinnedHostBuffer`] (`ARROW_DEVICE_CUDA_HOST`), [`ManagedBuffer`]
 //!   (`ARROW_DEVICE_CUDA_MANAGED`) and [`ForeignBuffer`] (a view of someone else's memory
 //!   kept alive by its owner). Out of memory is [`CudaError::OutOfMemory`].
 //! - The C Device interface: [`export_array_data`] (an event recorded on the producing
@@ -31,6 +31,7 @@ pub mod gpu_test;
 mod import;
 pub mod kernels;
 pub mod memory;
+pub mod pool;
 mod transfer_device;
 
 pub use cudarc;

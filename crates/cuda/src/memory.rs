@@ -19,6 +19,7 @@ use devarrow_abi::ArrowDeviceType;
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::device::CudaDevice;
 use crate::error::{CudaError, DriverResultExt, Result};
+use crate::pool;
 
 /// A range of memory that CUDA kernels can address, with its Arrow device placement.
 pub trait CudaMemory {
@@ -88,8 +89,9 @@ fn sync(stream: &CudaStream) -> Result<()> {
 
 /// Device memory (`ARROW_DEVICE_CUDA`) owned by this process.
 ///
-/// Allocated stream-ordered (`cuMemAllocAsync` on the given stream, from the device's
-/// default memory pool) when the device supports memory pools, else with `cuMemAlloc`.
+/// Allocated stream-ordered (`cuMemAllocFromPoolAsync` on the given stream, from
+/// devarrow's memory pool of the device, which keeps freed memory for reuse: see
+/// [`crate::pool`]) when the device supports memory pools, else with `cuMemAlloc`.
 /// Dropping it frees it in stream order on the allocation stream (`cuMemFreeAsync`), or
 /// after synchronizing that stream (`cuMemFree`); work on *other* streams that uses the
 /// buffer must be ordered before the drop (e.g. by an event the allocation stream waits
@@ -125,10 +127,21 @@ impl DeviceBuffer {
         let ptr = if len == 0 {
             0
         } else if stream_ordered {
-            // SAFETY: the stream belongs to the current context; the memory is only
-            // handed out as an address (never read as Rust values).
-            unsafe { result::malloc_async(stream.cu_stream(), len) }
-                .alloc("cuMemAllocAsync", len)?
+            let pool = pool::pool_of(ctx).call("cuMemPoolCreate")?;
+            // SAFETY: the pool is one of this device's, the stream belongs to the current
+            // context; the memory is only handed out as an address (never read as Rust
+            // values).
+            let alloc = || unsafe { result::mem_pool::alloc_async(pool, len, stream.cu_stream()) };
+            match alloc() {
+                // The pool keeps freed memory for reuse: out of memory, it gives back
+                // what it holds unused, and the allocation is tried once more.
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    pool::trim(ctx, 0).call("cuMemPoolTrimTo")?;
+                    alloc()
+                }
+                allocated => allocated,
+            }
+            .alloc("cuMemAllocFromPoolAsync", len)?
         } else {
             // SAFETY: as above, with the current context bound.
             unsafe { result::malloc_sync(len) }.alloc("cuMemAlloc", len)?

@@ -205,6 +205,39 @@ fn device_pinned_and_managed_buffers_round_trip() {
 }
 
 #[test]
+fn freed_device_memory_is_kept_for_reuse_until_trimmed() {
+    let (_lock, dev) = gpu_or_skip!();
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let stream = dev.new_stream().unwrap();
+    let before = free_memory(&dev);
+    let bytes = 256 << 20;
+    drop(DeviceBuffer::alloc(&stream, bytes).unwrap());
+    // A synchronization: the default pool (release threshold 0) would give the memory
+    // back here, and the next allocation would map it again.
+    stream.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let (kept, _) = dev.memory_info().unwrap();
+    assert!(
+        kept + bytes / 2 <= before,
+        "devarrow's pool released its memory at a synchronization ({before} -> {kept} free)"
+    );
+    // Reused, not mapped again: free memory does not drop further.
+    drop(DeviceBuffer::alloc(&stream, bytes).unwrap());
+    stream.synchronize().unwrap();
+    let (reused, _) = dev.memory_info().unwrap();
+    assert!(reused + (4 << 20) >= kept, "{kept} -> {reused} free");
+    // Trimming gives it back.
+    let after = free_memory(&dev);
+    assert!(
+        after + (4 << 20) >= before,
+        "{before} -> {after} free after trimming"
+    );
+}
+
+#[test]
 fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
     let (_lock, dev) = gpu_or_skip!();
     if !unless_sanitized("provoking CUDA_ERROR_OUT_OF_MEMORY (reported as an API error)") {

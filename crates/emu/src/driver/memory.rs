@@ -103,7 +103,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     })
 }
 
-/// [`cuMemAllocAsync`] from an explicit pool (only the default pool exists).
+/// [`cuMemAllocAsync`] from an explicit pool (the default pool or a created one).
 ///
 /// # Safety
 /// `dptr` must be NULL or valid for a write.
@@ -115,9 +115,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemAllocFromPoolAsync", || {
-        if pool as u64 != DEFAULT_POOL {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        check_pool(pool)?;
         alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream)
     })
 }
@@ -421,13 +419,71 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     })
 }
 
+/// Pools made with [`cuMemPoolCreate`] and not destroyed.
+static CREATED_POOLS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
 fn check_pool(pool: CUmemoryPool) -> R {
     require_init()?;
-    if pool as u64 == DEFAULT_POOL {
+    if pool as u64 == DEFAULT_POOL || lock(&CREATED_POOLS).contains(&(pool as u64)) {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_VALUE)
     }
+}
+
+/// Creates a pool of device memory on the emulated device (`allocType` pinned, location
+/// the device, no handle types). Limitation: every pool shares the default pool's
+/// accounting (its reserve, release threshold and high marks); pool handles are checked.
+///
+/// # Safety
+/// `pool` must be NULL or valid for a write, `poolProps` NULL or valid for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    poolProps: *const cudarc::driver::sys::CUmemPoolProps,
+) -> CUresult {
+    api("cuMemPoolCreate", || {
+        require_init()?;
+        if poolProps.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, the caller's pointer to the properties.
+        let props = unsafe { &*poolProps };
+        use cudarc::driver::sys::{
+            CUmemAllocationHandleType, CUmemAllocationType, CUmemLocationType,
+        };
+        if props.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            || props.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+            || props.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+            || props.location.id != DEVICE
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = DEFAULT_POOL + 0x10 * n;
+        lock(&CREATED_POOLS).push(handle);
+        // SAFETY: the caller's out-pointer.
+        unsafe { out(pool, handle as CUmemoryPool) }
+    })
+}
+
+/// Destroys a pool made with [`cuMemPoolCreate`] (the default pool cannot be).
+///
+/// # Safety
+/// None beyond the driver API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    api("cuMemPoolDestroy", || {
+        require_init()?;
+        let mut created = lock(&CREATED_POOLS);
+        let at = created
+            .iter()
+            .position(|&p| p == pool as u64)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        created.remove(at);
+        Ok(())
+    })
 }
 
 /// Releases the pool's unused memory until it holds at most `minBytesToKeep`.
