@@ -39,7 +39,7 @@ use devarrow_bridge::{
     DeviceStreamReader, StreamOptions, Transfer, TransferOptions, Uploader,
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
-use devarrow_cuda::gpu_test::unless_sanitized;
+use devarrow_cuda::gpu_test::assert_still_running;
 use devarrow_cuda::{
     kernels, CudaDevice, CudaMemory as _, CudaStream, CudaTransferDevice, DeviceBuffer,
     ImportedArray,
@@ -423,15 +423,8 @@ fn import_waits_on_the_producer_without_blocking_the_host() {
         t.elapsed() < Duration::from_millis(150),
         "import must not block the host"
     );
-    if unless_sanitized("asserting CUDA_ERROR_NOT_READY of the running producer") {
-        // SAFETY: the event is alive (the import holds the export).
-        let pending = unsafe { result::event::query(event) };
-        assert_eq!(
-            pending,
-            Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
-            "the producer should still be spinning"
-        );
-    }
+    // SAFETY: the event is alive (the import holds the export).
+    unsafe { assert_still_running(event, "the producer should still be spinning") };
     // The consumer's copies wait for the producer's.
     assert_eq!(consume.to_host(&imported).unwrap(), batch);
     drop(imported);
@@ -613,15 +606,13 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     assert_eq!(exported.array().length, rows as i64);
     assert_eq!(exported.array().n_children, 3);
     let event = event_of(exported.sync_event());
-    if unless_sanitized("asserting CUDA_ERROR_NOT_READY of the waiting copies") {
-        // SAFETY: the event is alive (the export is unreleased).
-        let pending = unsafe { result::event::query(event) };
-        assert_eq!(
-            pending,
-            Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
-            "the copies should still wait behind the spinning kernel"
-        );
-    }
+    // SAFETY: the event is alive (the export is unreleased).
+    unsafe {
+        assert_still_running(
+            event,
+            "the copies should still wait behind the spinning kernel",
+        )
+    };
     drop(on_device); // the export keeps the memory and the event alive
 
     let t = Instant::now();

@@ -56,3 +56,22 @@ pub fn unless_sanitized(what: &str) -> bool {
         true
     }
 }
+
+/// Asserts that the work recorded before `event` is still running: `cuEventQuery`
+/// answers `CUDA_ERROR_NOT_READY`. Skipped (and said) under [`under_sanitizer`], which
+/// would report that answer as a driver error.
+///
+/// # Safety
+/// `event` must be a live `CUevent`.
+pub unsafe fn assert_still_running(event: cudarc::driver::sys::CUevent, what: &str) {
+    use cudarc::driver::{result, sys};
+    if unless_sanitized(&format!("asserting CUDA_ERROR_NOT_READY: {what}")) {
+        // SAFETY: the caller's guarantee.
+        let state = unsafe { result::event::query(event) };
+        assert_eq!(
+            state,
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
+            "{what}"
+        );
+    }
+}

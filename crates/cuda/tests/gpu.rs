@@ -11,7 +11,7 @@ use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
-use devarrow_cuda::gpu_test::unless_sanitized;
+use devarrow_cuda::gpu_test::{assert_still_running, unless_sanitized};
 use devarrow_cuda::kernels::{self, reference, CopySegment, Kernels};
 use devarrow_cuda::{
     export_array_data, list_devices, CudaDevice, CudaError, CudaMemory, CudaStream, DeviceBuffer,
@@ -313,15 +313,8 @@ fn export_then_import_honours_the_sync_event() {
     assert!(!exported.sync_event().is_null());
     // SAFETY: sync_event points to the CUevent of the export.
     let event = unsafe { *exported.sync_event().cast::<sys::CUevent>() };
-    if unless_sanitized("asserting CUDA_ERROR_NOT_READY of the running producer") {
-        // SAFETY: the event is alive (the export is unreleased).
-        let still_running = unsafe { result::event::query(event) };
-        assert_eq!(
-            still_running,
-            Err(result::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)),
-            "the producer kernel should still be spinning"
-        );
-    }
+    // SAFETY: the event is alive (the export is unreleased).
+    unsafe { assert_still_running(event, "the producer kernel should still be spinning") };
 
     let t = Instant::now();
     let imported = ImportedArray::import(exported, &consumer).unwrap();
