@@ -1,6 +1,6 @@
 """pyarrow <-> devarrow interoperability over the Arrow C Device Data Interface.
 
-Drives ``libdevarrow_interop.so`` (crates/interop) through cffi:
+Drives ``libdevarrow_interop.so`` (tests/interop) through cffi:
 
 * arrays, Rust -> Python -> Rust: devarrow exports the "every type" sample batches
   (``devarrow_interop::sample``) as ``ArrowDeviceArray``; pyarrow imports them with
