@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Assembles every kernels/*.ptx with ptxas for sm_70 and sm_90 and fails on any error.
+# Assembles every kernels/*.ptx (and the test kernels, tests/support/*.ptx) with ptxas for sm_70 and sm_90 and fails on any error.
 #
 # Uses `ptxas` from PATH (or $PTXAS) when present; otherwise installs the pinned
 # nvidia-cuda-nvcc-cu12 wheel (which ships ptxas, no GPU or driver needed) into a venv
@@ -42,7 +42,7 @@ fi
 echo "using $PTXAS_BIN ($("$PTXAS_BIN" --version | tail -n 1))"
 
 shopt -s nullglob
-files=("$ROOT"/kernels/*.ptx)
+files=("$ROOT"/kernels/*.ptx "$ROOT"/tests/support/*.ptx)
 if [[ ${#files[@]} -eq 0 ]]; then
     echo "error: no kernels/*.ptx found" >&2
     exit 1
@@ -55,9 +55,9 @@ for f in "${files[@]}"; do
     for arch in sm_70 sm_90; do
         name="$(basename "$f" .ptx)"
         if "$PTXAS_BIN" -arch="$arch" -O3 --warn-on-spills -o "$out/$name.$arch.cubin" "$f"; then
-            echo "ok    $arch  kernels/$(basename "$f")"
+            echo "ok    $arch  ${f#"$ROOT"/}"
         else
-            echo "FAIL  $arch  kernels/$(basename "$f")" >&2
+            echo "FAIL  $arch  ${f#"$ROOT"/}" >&2
             status=1
         fi
     done

@@ -23,8 +23,9 @@ use std::time::Duration;
 use common::BenchDevice;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use devarrow::cuda::cudarc::driver::sys;
-use devarrow::cuda::kernels::{self, reference, CopySegment, MAX_COPY_PIECE};
+use devarrow::cuda::kernels::{self, CopySegment, MAX_COPY_PIECE};
 use devarrow::cuda::{CudaMemory, CudaStream, CudaTransferDevice, DeviceBuffer};
+use devarrow_testing::kernel_oracles as reference;
 
 fn sizes(gpu: bool) -> Vec<usize> {
     match std::env::var("DEVARROW_BENCH_KERNEL_MIB") {
@@ -100,7 +101,7 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaTransferDevice) {
         let (s, d) = (src.device_ptr(), dst.device_ptr());
         let bits = (n as u64) * 8;
 
-        let pieces = reference::split_segments(
+        let pieces = kernels::split_segments(
             &segment_layout(n)
                 .into_iter()
                 .map(|(at, len)| CopySegment {

@@ -175,7 +175,7 @@ impl GpuConsumer {
         }
         // SAFETY: `scratch` holds 4 * 256 bytes and outlives the stream's work.
         unsafe {
-            kernels::testing::launch_spin_fill_u32(
+            devarrow_testing::spin::launch_spin_fill_u32(
                 &self.stream,
                 self.scratch.device_ptr(),
                 256,

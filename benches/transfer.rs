@@ -1,6 +1,6 @@
 //! Criterion benchmarks of host-to-device and device-to-host transfers of record batches:
 //! devarrow's [`Transfer`] (staged, and from a batch already in pinned memory,
-//! [`pin_batch`]) beside the baselines of [`devarrow::bridge::baseline`]: one raw copy of
+//! [`pin_batch`]) beside the baselines of [`devarrow_cli::baseline`]: one raw copy of
 //! the same byte count from pinned and from pageable memory, and buffer-by-buffer copies.
 //!
 //! Shapes: `wide` (4 × Int64/Float64, 16 M rows), `narrow` (100 × Int32, 200 k rows),
@@ -34,10 +34,10 @@ use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Fields};
 use common::{scale, scaled, BenchDevice};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use devarrow::bridge::baseline::{BufferByBuffer, RawCopy};
 use devarrow::bridge::pack::{pack_window, Parallelism};
 use devarrow::bridge::plan::plan_array;
 use devarrow::bridge::{pin_batch, DeviceBatch, Transfer, TransferOptions};
+use devarrow_cli::baseline::{BufferByBuffer, RawCopy};
 
 /// A small deterministic generator (splitmix64).
 struct Rng(u64);
@@ -369,7 +369,7 @@ fn transfers(c: &mut Criterion) {
             "narrow" => vec![narrow(scaled(200_000, s, 1000))],
             "strings" => vec![strings(scaled(4 << 20, s, 1024))],
             "nested" => vec![nested(scaled(1 << 20, s, 1024))],
-            _ => devarrow::tpch::lineitem(s, 1 << 20),
+            _ => devarrow_cli::tpch::lineitem(s, 1 << 20),
         };
         bench_shape(c, &dev, name, batches);
     }

@@ -388,7 +388,7 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
             let width = offset_width(data_type);
             // SAFETY: `array` is well-formed (contract of this function).
             let ptr = unsafe { array.buffer(1) };
-            // SAFETY (all reads below): validate_structure checked the offsets buffer is
+            // SAFETY: (for all reads below) validate_structure checked the offsets buffer is
             // non-NULL, and the caller guarantees it holds offset + length + 1 items, as
             // the C data interface sizes it (for a DeviceArray: `try_new`'s contract).
             let first = unsafe { offset_at(ptr, width, start) };

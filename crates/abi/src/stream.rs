@@ -40,6 +40,14 @@ pub struct CpuReaderSource {
     reader: Box<dyn RecordBatchReader + Send>,
 }
 
+impl std::fmt::Debug for CpuReaderSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuReaderSource")
+            .field("schema", &self.reader.schema())
+            .finish_non_exhaustive()
+    }
+}
+
 impl CpuReaderSource {
     /// Wraps a reader.
     pub fn new(reader: Box<dyn RecordBatchReader + Send>) -> Self {

@@ -1,8 +1,6 @@
 //! The async device stream: the producer and the consumer against each other, and each
 //! against a hand-written C-style peer, well-behaved or not.
 
-mod common;
-
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -14,7 +12,6 @@ use arrow_array::builder::{Int32Builder, StringBuilder};
 use arrow_array::RecordBatch;
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
-use common::count_releases;
 use devarrow_abi::async_stream::{
     async_handler, async_record_batch_handler, new_task, produce_record_batch_iter,
     produce_record_batches, spawn_producer, spawn_producer_into, AsyncDeviceArrayStream,
@@ -25,6 +22,7 @@ use devarrow_abi::{
     cpu, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
     ArrowDeviceType, ArrowSchema, DeviceArray, Error,
 };
+use devarrow_testing::release::count_releases;
 use futures::executor::block_on;
 use futures::{stream, StreamExt};
 
@@ -469,9 +467,9 @@ fn handler_release_field_is_null_after_release() {
     let got: Vec<RecordBatch> = block_on(stream.by_ref().map(|b| b.unwrap()).collect());
     assert_eq!(got, [batch(0)]);
     producer.join().unwrap();
-    // SAFETY: the producer has released the handler, but the struct lives as long as the
-    // Rust stream, which is still alive here.
     assert!(
+        // SAFETY: the producer has released the handler, but the struct lives as long as the
+        // Rust stream, which is still alive here.
         unsafe { (*raw).release }.is_none(),
         "release marks the handler released"
     );
@@ -866,16 +864,16 @@ fn task_extraction_is_exactly_once_across_copies() {
     // SAFETY: first extraction (through the copy), into a writable struct.
     assert_eq!(unsafe { extract(&mut copy, &mut out) }, 0);
     assert!(copy.private_data.is_null());
-    // SAFETY: second extraction through the original and through the copy: detected.
     assert_eq!(
+        // SAFETY: second extraction through the original and through the copy: detected.
         unsafe { extract(&mut task, std::ptr::null_mut()) },
         errno::EINVAL
     );
     let mut again = ArrowDeviceArray::empty();
     // SAFETY: as above.
     assert_eq!(unsafe { extract(&mut copy, &mut again) }, errno::EINVAL);
-    // SAFETY: a NULL task is rejected.
     assert_eq!(
+        // SAFETY: a NULL task is rejected.
         unsafe { extract(std::ptr::null_mut(), &mut again) },
         errno::EINVAL
     );
@@ -894,8 +892,8 @@ fn task_extraction_is_exactly_once_across_copies() {
     // SAFETY: NULL out: the task only cleans up.
     assert_eq!(unsafe { extract(&mut task, std::ptr::null_mut()) }, 0);
     assert_eq!(count.load(Ordering::SeqCst), 1);
-    // SAFETY: second call: detected, no double release.
     assert_eq!(
+        // SAFETY: second call: detected, no double release.
         unsafe { extract(&mut task, std::ptr::null_mut()) },
         errno::EINVAL
     );

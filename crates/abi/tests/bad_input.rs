@@ -1,8 +1,6 @@
 //! Importing malformed structs: each case gets a clear typed error, and the struct is
 //! still released exactly once.
 
-mod common;
-
 use std::sync::Arc;
 
 use arrow_array::types::Int32Type;
@@ -11,9 +9,9 @@ use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::DataType;
-use common::{count_releases, releases};
 use devarrow_abi::cpu;
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
+use devarrow_testing::release::{count_releases, releases};
 
 /// Exports `array`, lets `corrupt` damage the C struct, imports it, and checks the
 /// release count. Returns the import error.

@@ -1,8 +1,6 @@
 //! The CPU device end to end: export and import of arrays and record batches, ownership
 //! and release discipline, and interoperation with arrow-rs's own C data interface.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -13,9 +11,9 @@ use arrow_array::{
 };
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Schema};
-use common::{count_releases, releases};
 use devarrow_abi::cpu::{self, CPU_DEVICE_ID};
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
+use devarrow_testing::release::{count_releases, releases};
 
 fn sample_batch() -> RecordBatch {
     let ints: ArrayRef = Arc::new(Int32Array::from(vec![

@@ -1,8 +1,6 @@
 //! The device stream (`ArrowDeviceArrayStream`) on the CPU: producer and consumer, end of
 //! stream, errors with `get_last_error`, release discipline, and misbehaving peers.
 
-mod common;
-
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -12,10 +12,10 @@
 #![warn(missing_docs)]
 
 pub mod async_stream;
-pub mod baseline;
 pub mod pack;
 pub mod pinned;
 pub mod plan;
+pub mod select;
 pub mod stream;
 pub mod transfer;
 

@@ -20,7 +20,7 @@ use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
-use devarrow_interop::sample::describe_difference;
+use devarrow_testing::sample::describe_difference;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

@@ -16,7 +16,7 @@ use devarrow_bridge::pack::ramped_windows;
 use devarrow_bridge::plan::plan_array;
 use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
-use devarrow_interop::sample;
+use devarrow_testing::sample;
 
 fn transfer() -> (Arc<CpuDevice>, Transfer) {
     let device = Arc::new(CpuDevice::new());

@@ -17,7 +17,7 @@ use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::{ArrowDeviceType, Error};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
-use devarrow_interop::sample;
+use devarrow_testing::sample;
 
 fn cpu() -> Arc<dyn Device> {
     Arc::new(CpuDevice::new())

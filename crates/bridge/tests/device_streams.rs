@@ -21,7 +21,7 @@ use devarrow_bridge::{
     device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,
     DeviceStreamReader, StreamOptions, Transfer, TransferOptions, UploadStream, Uploader,
 };
-use devarrow_interop::sample;
+use devarrow_testing::sample;
 use futures::executor::block_on;
 use futures::{stream, Stream, StreamExt};
 

@@ -39,12 +39,12 @@ use devarrow_bridge::{
     DeviceStreamReader, StreamOptions, Transfer, TransferOptions, Uploader,
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
-use devarrow_cuda::gpu_test::assert_still_running;
 use devarrow_cuda::{
     kernels, CudaDevice, CudaMemory as _, CudaStream, CudaTransferDevice, DeviceBuffer,
     ImportedArray,
 };
-use devarrow_interop::sample;
+use devarrow_testing::gpu::assert_still_running;
+use devarrow_testing::sample;
 
 fn transfer(device: &Arc<CudaTransferDevice>) -> Transfer {
     Transfer::new(device.clone(), TransferOptions::default())
@@ -402,7 +402,7 @@ fn import_waits_on_the_producer_without_blocking_the_host() {
     let scratch = DeviceBuffer::alloc(producer.stream(), 4 * 1024).unwrap();
     // SAFETY: `scratch` holds 4 * 1024 bytes and lives until the producer synchronizes.
     unsafe {
-        kernels::testing::launch_spin_fill_u32(
+        devarrow_testing::spin::launch_spin_fill_u32(
             producer.stream(),
             scratch.device_ptr(),
             1024,
@@ -590,7 +590,7 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     // SAFETY: `scratch` holds 4 * 1024 bytes and lives until the end of the test (after
     // the stream is synchronized).
     unsafe {
-        kernels::testing::launch_spin_fill_u32(
+        devarrow_testing::spin::launch_spin_fill_u32(
             device.stream(),
             scratch.device_ptr(),
             1024,
@@ -933,8 +933,14 @@ fn enqueue_consumer_work(
     if spin_ns > 0 {
         // SAFETY: `scratch` holds 4 * 256 bytes and outlives the stream's work.
         unsafe {
-            kernels::testing::launch_spin_fill_u32(&stream, scratch.device_ptr(), 256, 1, spin_ns)
-                .unwrap()
+            devarrow_testing::spin::launch_spin_fill_u32(
+                &stream,
+                scratch.device_ptr(),
+                256,
+                1,
+                spin_ns,
+            )
+            .unwrap()
         };
     }
     no_bitmap
@@ -959,7 +965,7 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
     let spin = DeviceBuffer::zeroed(producer.stream(), 4 * 256).unwrap();
     // SAFETY: `spin` holds 4 * 256 bytes and lives until the upload stream is synchronized.
     unsafe {
-        kernels::testing::launch_spin_fill_u32(
+        devarrow_testing::spin::launch_spin_fill_u32(
             producer.stream(),
             spin.device_ptr(),
             256,
@@ -1102,7 +1108,7 @@ fn a_failed_transfer_leaves_no_copy_running() {
         // SAFETY: `scratch` holds 4 * 1024 bytes and outlives the kernel (synchronized
         // below at the latest).
         unsafe {
-            kernels::testing::launch_spin_fill_u32(
+            devarrow_testing::spin::launch_spin_fill_u32(
                 device.stream(),
                 scratch.device_ptr(),
                 1024,

@@ -16,7 +16,7 @@ use devarrow_abi::device::Device;
 use devarrow_bridge::pinned::{pin_batch, pinned_bytes};
 use devarrow_bridge::{Transfer, TransferOptions};
 use devarrow_cuda::PinnedHostBuffer;
-use devarrow_interop::sample;
+use devarrow_testing::sample;
 
 fn big_batch(rows: usize) -> RecordBatch {
     let ints: ArrayRef = Arc::new(Int64Array::from_iter(

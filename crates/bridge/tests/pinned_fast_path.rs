@@ -13,7 +13,7 @@ use devarrow_bridge::pack::windows;
 use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
 use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};
 use devarrow_bridge::{Transfer, TransferOptions};
-use devarrow_interop::sample;
+use devarrow_testing::sample;
 
 fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
     RecordBatch::try_from_iter((0..columns).map(|c| {

@@ -27,7 +27,7 @@ mod context;
 mod device;
 mod error;
 mod export;
-pub mod gpu_test;
+
 mod import;
 pub mod kernels;
 pub mod memory;

@@ -479,7 +479,7 @@ unsafe impl Device for CudaTransferDevice {
             )
             .into());
         }
-        let pieces = kernels::reference::split_segments(&segments, MAX_COPY_PIECE);
+        let pieces = kernels::split_segments(&segments, MAX_COPY_PIECE);
         let bytes = std::mem::size_of_val(&pieces[..]);
         self.bind()?;
         let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());

@@ -11,17 +11,18 @@ use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
-use devarrow_cuda::gpu_test::{assert_still_running, unless_sanitized};
-use devarrow_cuda::kernels::{self, reference, CopySegment, Kernels};
+use devarrow_cuda::kernels::{self, CopySegment, Kernels};
 use devarrow_cuda::{
     export_array_data, list_devices, CudaDevice, CudaError, CudaMemory, CudaStream, DeviceBuffer,
     ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
 };
+use devarrow_testing::gpu::{assert_still_running, unless_sanitized};
+use devarrow_testing::kernel_oracles as reference;
 
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
 fn gpu() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
-    devarrow_cuda::gpu_test::open_or_skip(|| CudaDevice::open(0))
+    devarrow_testing::gpu::open_or_skip(|| CudaDevice::open(0))
 }
 
 macro_rules! gpu_or_skip {
@@ -34,7 +35,7 @@ macro_rules! gpu_or_skip {
 }
 
 /// Reproducible random inputs, the generator the oracles are tested with.
-use devarrow_cuda::kernels::reference::SplitMix64 as Rng;
+use devarrow_testing::kernel_oracles::SplitMix64 as Rng;
 
 /// Lengths (in bits or elements) around every boundary the kernels care about.
 fn lengths() -> Vec<usize> {
@@ -300,8 +301,14 @@ fn export_then_import_honours_the_sync_event() {
     let data = int32_array(&producer, values, &validity, n);
     // SAFETY: `values_ptr` stays owned by `data` (and then the export) until release.
     unsafe {
-        kernels::testing::launch_spin_fill_u32(&producer, values_ptr, n as u64, value, 300_000_000)
-            .unwrap()
+        devarrow_testing::spin::launch_spin_fill_u32(
+            &producer,
+            values_ptr,
+            n as u64,
+            value,
+            300_000_000,
+        )
+        .unwrap()
     };
     let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer).unwrap();
     assert_eq!(exported.device_type(), ArrowDeviceType::CUDA);
@@ -374,8 +381,14 @@ fn views_of_an_import_order_any_stream_after_the_producer() {
     let data = int32_array(&producer, values, &validity, n);
     // SAFETY: `values_ptr` stays owned by `data` (and then the export) until release.
     unsafe {
-        kernels::testing::launch_spin_fill_u32(&producer, values_ptr, n as u64, value, 200_000_000)
-            .unwrap()
+        devarrow_testing::spin::launch_spin_fill_u32(
+            &producer,
+            values_ptr,
+            n as u64,
+            value,
+            200_000_000,
+        )
+        .unwrap()
     };
     let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer).unwrap();
     let imported = ImportedArray::import(exported, &consumer).unwrap();
@@ -503,7 +516,7 @@ fn host_and_managed_exports_are_host_readable_after_synchronization() {
     let pinned = PinnedHostBuffer::alloc(&dev, 4 * n).unwrap();
     // SAFETY: the pinned buffer holds n u32s and is owned by the export until release.
     unsafe {
-        kernels::testing::launch_spin_fill_u32(
+        devarrow_testing::spin::launch_spin_fill_u32(
             &producer,
             pinned.device_ptr(),
             n as u64,
@@ -537,7 +550,7 @@ fn host_and_managed_exports_are_host_readable_after_synchronization() {
         let managed = ManagedBuffer::alloc(&dev, 4 * n).unwrap();
         // SAFETY: as above, for managed memory.
         unsafe {
-            kernels::testing::launch_spin_fill_u32(
+            devarrow_testing::spin::launch_spin_fill_u32(
                 &producer,
                 managed.device_ptr(),
                 n as u64,

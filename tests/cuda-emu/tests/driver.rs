@@ -632,7 +632,7 @@ fn stream_ordered_memory_is_usable_only_in_stream_order() {
 fn kernels_run_on_the_stream_and_faults_are_sticky() {
     let emu = Emu::new();
     let s = emu.stream(1);
-    let src = std::ffi::CString::new(devarrow_cuda::kernels::TESTING_PTX).unwrap();
+    let src = std::ffi::CString::new(include_str!("../../support/testing.ptx")).unwrap();
     let mut module: CUmodule = std::ptr::null_mut();
     let mut f: CUfunction = std::ptr::null_mut();
     let n: u64 = 1000;
@@ -750,7 +750,7 @@ fn modules_parse_ptx_and_unloading_invalidates_their_functions() {
     let emu = Emu::new();
     let mut module: CUmodule = std::ptr::null_mut();
     let mut f: CUfunction = std::ptr::null_mut();
-    let src = std::ffi::CString::new(devarrow_cuda::kernels::COPY_PTX).unwrap();
+    let src = std::ffi::CString::new(include_str!("../../../kernels/copy.ptx")).unwrap();
     // SAFETY: NUL-terminated images, valid out-pointers and handles.
     unsafe {
         assert_eq!(

@@ -4,11 +4,11 @@
 //! against other Arrow implementations: `python/test_pyarrow_interop.py` drives it from
 //! pyarrow (run by `tests/pyarrow.rs`).
 //!
-//! - [`sample`]: the "every type" record batch, also for Rust tests.
+//! - [`sample`]: the "every type" record batches (from the test-support crate
+//!   `devarrow-testing`).
 //! - [`capi`]: the exported `devarrow_interop_*` C functions (device arrays both ways,
 //!   device streams both ways, and arrow-rs's plain C stream as the reference).
 #![warn(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capi;
-pub mod sample;
+pub use devarrow_testing::sample;

@@ -1,15 +1,12 @@
 //! Test support for the bridge: counting the release calls of exported arrays (shared
-//! with the abi's tests), a device that counts what the bridge asks of it, and the GPU
+//! with the abi's tests, from `devarrow-testing`), a device that counts what the bridge asks of it, and the GPU
 //! skip logic of the CUDA test binaries.
 #![allow(dead_code)]
 
-pub mod random;
-
-#[path = "../../../abi/tests/common/mod.rs"]
-mod abi_common;
-
 #[allow(unused_imports)]
-pub use abi_common::{count_releases, releases};
+pub use devarrow_testing::random;
+#[allow(unused_imports)]
+pub use devarrow_testing::release::{count_releases, releases};
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +20,7 @@ use devarrow_cuda::CudaTransferDevice;
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
 pub fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
-    devarrow_cuda::gpu_test::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
+    devarrow_testing::gpu::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
 }
 
 /// [`gpu`], or returns from the test.
@@ -51,7 +48,7 @@ pub fn reader_of(batches: &[RecordBatch]) -> Box<dyn RecordBatchReader + Send> {
 pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
     assert_eq!(expected.len(), actual.len(), "number of batches");
     for (k, (e, a)) in expected.iter().zip(actual).enumerate() {
-        if let Some(diff) = devarrow_interop::sample::describe_difference(e, a) {
+        if let Some(diff) = devarrow_testing::sample::describe_difference(e, a) {
             panic!("batch {k}: {diff}");
         }
         assert_eq!(e, a, "batch {k}");

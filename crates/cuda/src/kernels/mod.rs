@@ -1,7 +1,6 @@
 //! The PTX kernels of `kernels/` and how to launch them.
 //!
-//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`],
-//! [`TESTING_PTX`]) and JIT-loaded through cudarc the first time a kernel is launched
+//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`]) and JIT-loaded through cudarc the first time a kernel is launched
 //! in a context, once per context ([`Kernels::for_context`]).
 //!
 //! Two levels of API:
@@ -11,14 +10,15 @@
 //!   and alignment, launch, and return after the work completed (so host-visible memory
 //!   is never raced).
 //!
-//! Every kernel has a CPU reference implementation in [`reference`](mod@reference), the oracle of the
-//! GPU tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
+//! Every kernel has a CPU reference implementation in the test-support crate
+//! (`tests/support`, `devarrow_testing::kernel_oracles`), the oracle of the GPU tests
+//! and of the emulated-driver tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
 //! resident blocks per multiprocessor * multiprocessors)` blocks with grid-stride loops
 //! (see the header of each `.ptx`). The resident blocks are the driver's occupancy of
 //! each kernel, so a grid fills the device in one wave whatever registers the JIT gave
 //! the kernel.
 
-pub mod reference;
+mod segments;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,14 +30,12 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::memory::{CudaMemory, CudaMemoryMut, DeviceBuffer};
-pub use reference::{CopySegment, MAX_COPY_PIECE};
+pub use segments::{split_segments, CopySegment, MAX_COPY_PIECE};
 
 /// `kernels/validity.ptx`: bit counting, bitmap realignment, pack and unpack.
 pub const VALIDITY_PTX: &str = include_str!("../../../../kernels/validity.ptx");
 /// `kernels/copy.ptx`: batched copy and offset rebasing.
 pub const COPY_PTX: &str = include_str!("../../../../kernels/copy.ptx");
-/// `kernels/testing.ptx`: kernels the GPU tests use (a spinning producer).
-pub const TESTING_PTX: &str = include_str!("../../../../kernels/testing.ptx");
 
 /// Threads per block of every launch.
 pub const BLOCK_SIZE: u32 = 256;
@@ -87,8 +85,7 @@ pub struct Kernels {
     batched_copy: Kernel,
     rebase_i32: Kernel,
     rebase_i64: Kernel,
-    spin_fill_u32: Kernel,
-    _modules: [Arc<CudaModule>; 3],
+    _modules: [Arc<CudaModule>; 2],
 }
 
 fn loaded() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
@@ -110,7 +107,6 @@ impl Kernels {
         let load = |src: &str| ctx.load_module(Ptx::from_src(src)).call("cuModuleLoadData");
         let validity = load(VALIDITY_PTX)?;
         let copy = load(COPY_PTX)?;
-        let testing = load(TESTING_PTX)?;
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")?
@@ -124,8 +120,7 @@ impl Kernels {
             batched_copy: f(&copy, "dvx_batched_copy")?,
             rebase_i32: f(&copy, "dvx_rebase_offsets_i32")?,
             rebase_i64: f(&copy, "dvx_rebase_offsets_i64")?,
-            spin_fill_u32: f(&testing, "dvx_spin_fill_u32")?,
-            _modules: [validity, copy, testing],
+            _modules: [validity, copy],
         });
         map.insert(key, k.clone());
         Ok(k)
@@ -241,7 +236,7 @@ pub unsafe fn launch_pack_bools(stream: &CudaStream, src: u64, len: u64, dst: u6
 
 /// Enqueues `dvx_batched_copy` over `n` [`CopySegment`] descriptors already in device
 /// memory at `segments` (one warp per descriptor; split long copies with
-/// [`reference::split_segments`] first, as [`batched_copy`] does).
+/// [`split_segments`] first, as [`batched_copy`] does).
 ///
 /// # Safety
 /// `segments` must hold `n` descriptors readable by the device, and each descriptor's
@@ -305,38 +300,6 @@ pub unsafe fn launch_rebase_offsets_i64(
     // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
     Ok(())
-}
-
-/// Kernels for tests of the synchronization (not used by the library itself).
-pub mod testing {
-    use super::*;
-
-    /// Enqueues `dvx_spin_fill_u32` (one block): spins on the GPU for `spin_ns`
-    /// nanoseconds, then writes `dst[i] = value + i` for `i < n` (`u32`s). Keeps a
-    /// producer stream busy so tests can show that a consumer really waits on the
-    /// producer's event.
-    ///
-    /// # Safety
-    /// `dst` must be writable for `4 * n` bytes until the kernel completes.
-    pub unsafe fn launch_spin_fill_u32(
-        stream: &CudaStream,
-        dst: u64,
-        n: u64,
-        value: u32,
-        spin_ns: u64,
-    ) -> Result<()> {
-        let k = Kernels::for_stream(stream)?;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (BLOCK_SIZE, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&k.spin_fill_u32.function);
-        b.arg(&dst).arg(&n).arg(&value).arg(&spin_ns);
-        // SAFETY: arguments match (u64, u64, u32, u64); `dst` is the caller's guarantee.
-        unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
-        Ok(())
-    }
 }
 
 fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
@@ -557,7 +520,7 @@ pub fn rebase_offsets_i64(
 /// for `len` bytes until the copy completes, and no destination may overlap another
 /// destination or a source.
 pub unsafe fn batched_copy(stream: &Arc<CudaStream>, segments: &[CopySegment]) -> Result<()> {
-    let pieces = reference::split_segments(segments, MAX_COPY_PIECE);
+    let pieces = split_segments(segments, MAX_COPY_PIECE);
     if pieces.is_empty() {
         return Ok(());
     }

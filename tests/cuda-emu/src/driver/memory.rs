@@ -340,7 +340,7 @@ unsafe fn pointer_attribute(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let device = a.kind.is_device();
-    // SAFETY (every write below): `data` is the caller's out-pointer, valid for the
+    // SAFETY: (every write below) `data` is the caller's out-pointer, valid for the
     // attribute's documented type.
     unsafe {
         match attribute as i32 {
@@ -547,7 +547,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     api("cuMemPoolGetAttribute", || {
         check_pool(pool)?;
         let a = lock(&driver().mem.acct);
-        // SAFETY (every write below): `value` is the caller's out-pointer for the
+        // SAFETY: (every write below) `value` is the caller's out-pointer for the
         // attribute's type.
         unsafe {
             match attr as u32 {

@@ -208,7 +208,7 @@ enum Source {
 impl Source {
     fn batches(&self, rows: usize) -> Result<Vec<RecordBatch>, JobError> {
         match self {
-            Self::Tpch(scale) => Ok(devarrow::tpch::lineitem(*scale, rows)),
+            Self::Tpch(scale) => Ok(crate::tpch::lineitem(*scale, rows)),
             Self::File(batches) => input::rebatch(batches, rows)
                 .map_err(|e| JobError::new(format!("cutting the input into batches: {e}"))),
         }
@@ -260,7 +260,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
                 scale: None,
                 rows,
                 columns: batches[0].num_columns(),
-                arrow_bytes: devarrow::tpch::batch_bytes(&batches),
+                arrow_bytes: crate::tpch::batch_bytes(&batches),
             };
             (Source::File(batches), data, None)
         }
@@ -270,7 +270,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
                 "generating TPC-H lineitem at scale {}",
                 options.scale
             ));
-            let batches = devarrow::tpch::lineitem(options.scale, rows);
+            let batches = crate::tpch::lineitem(options.scale, rows);
             progress.end();
             if batches.iter().all(|b| b.num_rows() == 0) {
                 return Err(JobError::new(format!(
@@ -283,8 +283,8 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
                 path: None,
                 scale: Some(options.scale),
                 rows: batches.iter().map(|b| b.num_rows()).sum(),
-                columns: devarrow::tpch::lineitem_schema().fields().len(),
-                arrow_bytes: devarrow::tpch::batch_bytes(&batches),
+                columns: crate::tpch::lineitem_schema().fields().len(),
+                arrow_bytes: crate::tpch::batch_bytes(&batches),
             };
             (Source::Tpch(options.scale), data, Some(batches))
         }

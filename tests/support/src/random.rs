@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 /// Prints the seed of a failing case while the panic unwinds.
+#[derive(Debug)]
 pub struct SeedReport(pub u64);
 
 impl Drop for SeedReport {
@@ -521,6 +522,7 @@ pub fn random_batch(rng: &mut StdRng) -> Case {
 
 /// A batch, and the struct array data it is exported from (with offsets kept at every
 /// level, the root's included).
+#[derive(Debug)]
 pub struct Case {
     /// The batch.
     pub batch: RecordBatch,
@@ -528,6 +530,7 @@ pub struct Case {
     pub data: ArrayData,
 }
 
+/// A batch of random columns of the given types.
 pub fn batch_of(rng: &mut StdRng, types: Vec<DataType>) -> Case {
     let rows = rng.random_range(0..30);
     let fields: Fields = types

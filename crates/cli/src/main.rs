@@ -6,8 +6,6 @@
 //! It runs on CUDA device 0 when one opens and on the CPU device otherwise, saying why.
 //! `devarrow --help` lists the options; the logic lives in the `job` modules.
 
-mod job;
-
 fn main() -> std::process::ExitCode {
     // A bug is reported in one line, like every other failure (no backtrace).
     std::panic::set_hook(Box::new(|info| {
@@ -26,5 +24,5 @@ fn main() -> std::process::ExitCode {
             message.replace('\n', " ")
         );
     }));
-    job::main()
+    devarrow_cli::run()
 }

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use devarrow_cuda::kernels::reference::{
-    naive, split_segments, CopySegment, SplitMix64, MAX_COPY_PIECE,
+use devarrow_cuda::kernels::{
+    split_segments, CopySegment, BLOCK_SIZE, COPY_PTX, MAX_COPY_PIECE, VALIDITY_PTX,
 };
-use devarrow_cuda::kernels::{BLOCK_SIZE, COPY_PTX, TESTING_PTX, VALIDITY_PTX};
 use devarrow_emu::ptx::{Dims, ExecError, Fault, Memory, Module};
+use devarrow_testing::kernel_oracles::{naive, SplitMix64};
+use devarrow_testing::spin::TESTING_PTX;
 
 // ---------------------------------------------------------------------------------------
 // A test memory: a few regions at chosen device addresses

@@ -1,5 +1,4 @@
 //! Test support: counting release calls of exported arrays.
-#![allow(dead_code)]
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};

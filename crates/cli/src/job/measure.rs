@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::baseline::{BufferByBuffer, RawCopy};
 use arrow_array::RecordBatch;
 use devarrow::abi::device::Device;
-use devarrow::bridge::baseline::{BufferByBuffer, RawCopy};
 use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
 
 use super::{JobError, Progress};
@@ -426,7 +426,7 @@ mod tests {
     #[test]
     fn every_method_both_ways_on_the_cpu_device() {
         let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
-        let batches = devarrow::tpch::lineitem(0.001, 2000);
+        let batches = crate::tpch::lineitem(0.001, 2000);
         let point = measure_point(&device, &batches, 2000, 2, &Progress::off()).unwrap();
         assert!(point.verified);
         assert_eq!(point.batches, batches.len());

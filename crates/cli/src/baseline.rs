@@ -14,8 +14,8 @@ use std::sync::Arc;
 use arrow_array::{Array, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory};
-use devarrow_abi::Result;
+use devarrow::abi::device::{Device, DeviceMemory, StagingMemory};
+use devarrow::abi::Result;
 
 /// Raw copies of one byte count between the host and a device.
 #[derive(Debug)]
@@ -179,7 +179,7 @@ fn collect_buffers(data: &ArrayData, out: &mut Vec<Buffer>) {
 mod tests {
     use super::*;
     use arrow_array::{Int32Array, StringArray};
-    use devarrow_abi::device::CpuDevice;
+    use devarrow::abi::device::CpuDevice;
 
     #[test]
     fn baselines_copy_every_byte_on_the_cpu_device() {

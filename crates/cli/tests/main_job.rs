@@ -22,7 +22,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// Whether this machine has a CUDA device that the job would pick.
 fn has_gpu() -> bool {
-    devarrow::cuda_device_summary().is_ok()
+    devarrow::bridge::select::cuda_summary().is_ok()
 }
 
 /// A directory of its own under the system temp dir, removed on drop.
@@ -293,10 +293,10 @@ fn an_input_without_rows_is_an_error() {
 fn lineitem_from_an_arrow_ipc_file_cut_into_other_batch_sizes() {
     let dir = TempDir::new("lineitem");
     let path = dir.path("lineitem.arrow");
-    let batches = devarrow::tpch::lineitem(0.001, 4000);
+    let batches = devarrow_cli::tpch::lineitem(0.001, 4000);
     let mut w = arrow_ipc::writer::FileWriter::try_new(
         std::fs::File::create(&path).unwrap(),
-        &devarrow::tpch::lineitem_schema(),
+        &devarrow_cli::tpch::lineitem_schema(),
     )
     .unwrap();
     for b in &batches {

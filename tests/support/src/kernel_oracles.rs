@@ -14,6 +14,8 @@
 //! algorithm at the slices' own host addresses. Unit tests check every chunked function
 //! against [`naive`] over random inputs, lengths, bit offsets and alignments.
 
+use devarrow_cuda::kernels::{split_segments, CopySegment, MAX_COPY_PIECE};
+
 /// Bit `i` of an Arrow (LSB-first) bitmap.
 pub fn get_bit(bitmap: &[u8], i: usize) -> bool {
     bitmap[i / 8] & (1 << (i % 8)) != 0
@@ -428,43 +430,6 @@ pub fn pack_bools(bools: &[u8]) -> Vec<u8> {
     out
 }
 
-/// One copy of the batched copy kernel: `len` bytes from `src` to `dst` (device or
-/// UVA addresses). `#[repr(C)]`, 24 bytes: the descriptor layout `dvx_batched_copy`
-/// reads.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CopySegment {
-    /// Source address.
-    pub src: u64,
-    /// Destination address.
-    pub dst: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<CopySegment>() == 24);
-
-/// Splits segments into pieces of at most `max_piece` bytes (empty segments are
-/// dropped), so that one long segment spreads over many warps. Piece boundaries are
-/// multiples of `max_piece` from the segment start.
-pub fn split_segments(segments: &[CopySegment], max_piece: u64) -> Vec<CopySegment> {
-    assert!(max_piece > 0);
-    let mut out = Vec::with_capacity(segments.len());
-    for s in segments {
-        let mut done = 0;
-        while done < s.len {
-            let len = (s.len - done).min(max_piece);
-            out.push(CopySegment {
-                src: s.src + done,
-                dst: s.dst + done,
-                len,
-            });
-            done += len;
-        }
-    }
-    out
-}
-
 /// What one warp of `dvx_batched_copy` does for one descriptor: copies `src` (at virtual
 /// address `src_addr`) to the start of `dst` (at `dst_addr`): head bytes, 16-byte body
 /// chunks (vector or funnel-shifted words), tail bytes.
@@ -517,9 +482,6 @@ pub fn copy_segment_chunked(src: &[u8], src_addr: u64, dst: &mut [u8], dst_addr:
         out.store_byte(d + off, mem.byte(s + off));
     }
 }
-
-/// The largest piece one warp of the batched copy gets (16 KiB).
-pub const MAX_COPY_PIECE: u64 = 16 * 1024;
 
 /// Copies every `srcs[i]` into the start of `dsts[i]` the way `dvx_batched_copy` does
 /// (split into pieces of at most [`MAX_COPY_PIECE`], then one

@@ -1,0 +1,20 @@
+//! # devarrow-testing
+//!
+//! What devarrow's test binaries, benches and test-support crates share, kept out of the
+//! product crates (`publish = false`; only ever a dev-dependency):
+//!
+//! - [`gpu`]: the one rule for tests that need a GPU (skip with a printed reason, or fail
+//!   under `DEVARROW_REQUIRE_GPU=1`), and compute-sanitizer awareness;
+//! - [`release`]: counting the `release` calls of exported arrays;
+//! - [`sample`]: the "every type" record batches; [`random`]: seeded random batches;
+//! - [`kernel_oracles`]: CPU reference implementations of the PTX kernels;
+//! - [`spin`]: a spinning producer kernel (`testing.ptx`) that keeps a stream busy, so a
+//!   test can show that a consumer really waits on the producer's event.
+#![warn(missing_docs)]
+
+pub mod gpu;
+pub mod kernel_oracles;
+pub mod random;
+pub mod release;
+pub mod sample;
+pub mod spin;
