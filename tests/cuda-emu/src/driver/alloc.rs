@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::ptx::{Fault, Memory};
 
-use super::state::{lock, R};
+use super::common::{lock, R};
 use cudarc::driver::sys::CUresult::*;
 
 /// The first fake device address. Addresses from here to [`DEVICE_ADDRESS_END`] are

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUfunc_cache, CUlimit, CUresult};
 
+use super::common::*;
 use super::state::*;
 
 /// Retains the device's primary context (creating it on first use; a context destroyed

@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice, CUdevice_attribute, CUmemoryPool, CUresult, CUuuid};
 
+use super::common::*;
 use super::state::*;
 
 /// The emulated device's name.

@@ -10,6 +10,7 @@ use cudarc::driver::sys::{
 };
 
 use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
+use super::common::*;
 use super::queue::{Endpoint, Op};
 use super::state::*;
 

@@ -44,14 +44,23 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_snake_case)]
 
+// Internal layers (no module uses one that uses it back): the leaves `common` (result
+// type, locking, the API-call wrapper) and `config`; the data types `alloc` (the
+// allocation table) and `kernel` (loaded modules and functions); `queue` (streams, their
+// operations, events) on those; `state` (the handle table, contexts, the global driver)
+// on top. The API modules after them use these layers and never each other.
 mod alloc;
+mod common;
+mod config;
+mod kernel;
+mod queue;
+mod state;
+
 pub mod context;
 pub mod device;
 pub mod memory;
 pub mod module;
-mod queue;
-mod state;
 pub mod stream;
 
 pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
-pub use state::{config_delay, config_total_memory};
+pub use config::{config_delay, config_total_memory};

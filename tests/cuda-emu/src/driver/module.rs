@@ -11,30 +11,10 @@ use cudarc::driver::sys::{
 
 use crate::ptx::{self, Dims};
 
+use super::common::*;
+use super::kernel::{Function, LoadedModule};
 use super::queue::Op;
 use super::state::*;
-
-/// A loaded module.
-pub(crate) struct LoadedModule {
-    pub handle: u64,
-    pub ctx: u64,
-    pub ptx: ptx::Module,
-    /// Function handles already handed out, by name.
-    functions: Mutex<HashMap<String, u64>>,
-}
-
-/// A kernel of a loaded module.
-pub(crate) struct Function {
-    pub ctx: u64,
-    pub module: Arc<LoadedModule>,
-    pub name: String,
-    /// The size of each parameter, in order.
-    pub params: Vec<usize>,
-    /// Bytes of static `.shared` memory per block.
-    static_shared: i32,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
-    max_dynamic_shared: AtomicI32,
-}
 
 /// Shared memory a block may use (static and dynamic) without opting in: 48 KiB.
 const DEFAULT_SHARED: i32 = 48 << 10;

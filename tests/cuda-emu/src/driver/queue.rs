@@ -1,8 +1,12 @@
-//! Streams (in-order queues, each run by its own worker thread), their operations, and
-//! events.
+//! Streams (in-order queues, each run by its own worker thread), their operations,
+//! events, and what a context shares with its streams ([`CtxShared`]).
+//!
+//! It does not know the global driver state: a stream is given the allocation table its
+//! operations access when it is spawned.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -10,9 +14,46 @@ use cudarc::driver::sys::CUresult::{self, *};
 
 use crate::ptx::{Dims, ExecError};
 
-use super::alloc::{Alloc, KernelMemory};
-use super::module::Function;
-use super::state::{catch, config_delay, driver, lock, mark_stream_worker, CtxShared, R};
+use super::alloc::{Alloc, KernelMemory, MemTable};
+use super::common::{catch, lock, mark_stream_worker, R};
+use super::config::config_delay;
+use super::kernel::Function;
+
+/// What a context shares with its streams: its handle and its sticky error.
+#[derive(Debug)]
+pub(crate) struct CtxShared {
+    pub handle: u64,
+    sticky: Mutex<Option<CUresult>>,
+    pub destroyed: AtomicBool,
+}
+
+impl CtxShared {
+    /// The shared part of a new context `handle` (no error, not destroyed).
+    pub fn new(handle: u64) -> Self {
+        Self {
+            handle,
+            sticky: Mutex::new(None),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// The sticky error, if a fault happened.
+    pub fn sticky(&self) -> R {
+        match *lock(&self.sticky) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a fault (the first one wins) and prints what happened.
+    pub fn fault(&self, code: CUresult, message: &str) {
+        eprintln!("devarrow-emu: {message} ({code:?}; the context is now unusable)");
+        let mut s = lock(&self.sticky);
+        if s.is_none() {
+            *s = Some(code);
+        }
+    }
+}
 
 /// One end of a copy.
 pub(crate) enum Endpoint {
@@ -96,6 +137,8 @@ struct Queue {
 /// A stream: operations run in order on its worker thread.
 pub(crate) struct Stream {
     pub ctx: Arc<CtxShared>,
+    /// The device's allocation table, which its operations access.
+    mem: &'static MemTable,
     pub flags: u32,
     pub priority: i32,
     /// The legacy NULL stream.
@@ -109,12 +152,14 @@ impl Stream {
     pub fn spawn(
         handle: u64,
         ctx: Arc<CtxShared>,
+        mem: &'static MemTable,
         flags: u32,
         priority: i32,
         legacy: bool,
     ) -> Arc<Stream> {
         let stream = Arc::new(Stream {
             ctx,
+            mem,
             flags,
             priority,
             legacy,
@@ -223,7 +268,7 @@ impl Stream {
             Op::Wait { stream, seq } => stream.wait_seq(seq),
             Op::Record { event, generation } => event.mark_recorded(generation),
             Op::AllocReady(a) => a.make_live(),
-            Op::Free(a) => driver().mem.finish_free(&a),
+            Op::Free(a) => self.mem.finish_free(&a),
             // After a fault the context is unusable: nothing else runs.
             _ if faulted => {}
             Op::Copy {
@@ -293,7 +338,7 @@ impl Stream {
     }
 
     fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>]) {
-        let mem = KernelMemory::new(&driver().mem);
+        let mem = KernelMemory::new(self.mem);
         let started = Instant::now();
         let outcome = catch(|| func.module.ptx.launch(&func.name, dims, params, &mem));
         let (code, message) = match outcome {

@@ -1,24 +1,20 @@
-//! The emulator's global state: configuration, the handle table, the primary context,
-//! the per-thread current context, and the panic-catching wrapper of every API call.
+//! The emulator's global state: the handle table, the primary context, the per-thread
+//! current context, and the leak report.
+//!
+//! The top of the driver's internal layers: it uses the data types of [`super::alloc`],
+//! [`super::kernel`] and [`super::queue`], none of which uses it back; only the API
+//! modules (`context`, `device`, `memory`, `module`, `stream`) sit above it.
 
-use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
-
-use cudarc::driver::sys::CUresult;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::alloc::MemTable;
-use super::module::{Function, LoadedModule};
-use super::queue::{Event, Op, Stream};
-
-/// A driver call's outcome: `Err` holds the `CUresult` to return.
-pub(crate) type R<T = ()> = Result<T, CUresult>;
-
-pub(crate) use CUresult::*;
+use super::common::*;
+use super::config::config_total_memory;
+use super::kernel::{Function, LoadedModule};
+use super::queue::{CtxShared, Event, Op, Stream};
 
 /// The CUDA version the emulator reports (`cuDriverGetVersion`, `cuCtxGetApiVersion`).
 pub(crate) const DRIVER_VERSION: i32 = 12080;
@@ -31,123 +27,6 @@ const HANDLE_BASE: u64 = 0x00e0_0000_0000_0000;
 
 /// The handle of the device's default memory pool.
 pub(crate) const DEFAULT_POOL: u64 = 0x00e0_0000_0000_0010;
-
-struct Config {
-    total_memory: u64,
-    delay: Duration,
-    jitter_us: u64,
-}
-
-fn parse_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let (digits, scale) = match text.chars().last()? {
-        'k' | 'K' => (&text[..text.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&text[..text.len() - 1], 1 << 20),
-        'g' | 'G' => (&text[..text.len() - 1], 1 << 30),
-        _ => (text, 1),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(scale)
-}
-
-fn config() -> &'static Config {
-    static CONFIG: OnceLock<Config> = OnceLock::new();
-    CONFIG.get_or_init(|| {
-        let total_memory = match std::env::var("DEVARROW_EMU_MEM_BYTES") {
-            Ok(v) => parse_bytes(&v).filter(|&b| b > 0).unwrap_or_else(|| {
-                eprintln!("devarrow-emu: ignoring DEVARROW_EMU_MEM_BYTES={v:?} (not a byte count)");
-                8 << 30
-            }),
-            Err(_) => 8 << 30,
-        };
-        let micros = |name: &str| match std::env::var(name) {
-            Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
-                eprintln!("devarrow-emu: ignoring {name}={v:?} (not a number)");
-                0
-            }),
-            Err(_) => 0,
-        };
-        Config {
-            total_memory,
-            delay: Duration::from_micros(micros("DEVARROW_EMU_DELAY_US")),
-            jitter_us: micros("DEVARROW_EMU_JITTER_US"),
-        }
-    })
-}
-
-/// The emulated device's total memory (`DEVARROW_EMU_MEM_BYTES`, default 8 GiB).
-pub fn config_total_memory() -> u64 {
-    config().total_memory
-}
-
-/// The delay before a stream operation: `DEVARROW_EMU_DELAY_US` (default 0) plus a
-/// pseudo-random part of up to `DEVARROW_EMU_JITTER_US` (default 0), which varies how
-/// the streams interleave from one operation to the next.
-pub fn config_delay() -> Duration {
-    let c = config();
-    if c.jitter_us == 0 {
-        return c.delay;
-    }
-    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
-    // SplitMix64 over a shared counter: cheap, and good enough to shuffle timings.
-    let mut z = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    c.delay + Duration::from_micros(z % (c.jitter_us + 1))
-}
-
-/// Failure injection (`DEVARROW_EMU_FAIL_EVERY=N`): every `N`th call of the fallible
-/// driver functions that take part fails with `code`, as a real driver may under
-/// memory pressure, so that the error paths of the caller run (and are checked for
-/// leaks, use-after-free and panics). `Ok` otherwise (and always when unset).
-pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
-    static EVERY: OnceLock<u64> = OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let every = *EVERY.get_or_init(|| {
-        std::env::var("DEVARROW_EMU_FAIL_EVERY")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    });
-    if every == 0 || !(COUNT.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every) {
-        return Ok(());
-    }
-    eprintln!("devarrow-emu: injected failure: {call} returns {code:?}");
-    Err(code)
-}
-
-/// Locks a mutex, ignoring poisoning (a panic caught at the API boundary must not make
-/// the emulator unusable).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What a context shares with its streams: its handle and its sticky error.
-#[derive(Debug)]
-pub(crate) struct CtxShared {
-    pub handle: u64,
-    sticky: Mutex<Option<CUresult>>,
-    pub destroyed: AtomicBool,
-}
-
-impl CtxShared {
-    /// The sticky error, if a fault happened.
-    pub fn sticky(&self) -> R {
-        match *lock(&self.sticky) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// Records a fault (the first one wins) and prints what happened.
-    pub fn fault(&self, code: CUresult, message: &str) {
-        eprintln!("devarrow-emu: {message} ({code:?}; the context is now unusable)");
-        let mut s = lock(&self.sticky);
-        if s.is_none() {
-            *s = Some(code);
-        }
-    }
-}
 
 /// A context (only primary contexts are emulated).
 pub(crate) struct Context {
@@ -324,18 +203,15 @@ impl Driver {
     }
 
     /// Retains the primary context, creating it if needed; returns its handle.
-    pub fn retain_primary(&self) -> u64 {
+    pub fn retain_primary(&'static self) -> u64 {
         let mut p = lock(&self.primary);
         let ctx = match &p.ctx {
             Some(c) => c.clone(),
             None => {
                 let handle = self.new_handle();
-                let shared = Arc::new(CtxShared {
-                    handle,
-                    sticky: Mutex::new(None),
-                    destroyed: AtomicBool::new(false),
-                });
-                let null_stream = Stream::spawn(self.new_handle(), shared.clone(), 0, 0, true);
+                let shared = Arc::new(CtxShared::new(handle));
+                let null_stream =
+                    Stream::spawn(self.new_handle(), shared.clone(), &self.mem, 0, 0, true);
                 let ctx = Arc::new(Context {
                     shared,
                     null_stream,
@@ -475,13 +351,6 @@ static REPORT_AT_EXIT: extern "C" fn() = report_at_exit;
 thread_local! {
     /// The calling thread's context stack (handles); the top is current.
     static CURRENT: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    /// Set on stream workers: driver calls from host functions are not permitted.
-    static IN_STREAM_WORKER: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the calling thread as a stream worker.
-pub(crate) fn mark_stream_worker() {
-    IN_STREAM_WORKER.with(|c| c.set(true));
 }
 
 /// The current context handle of the calling thread (0 when none).
@@ -543,112 +412,5 @@ pub(crate) fn check_device(dev: i32) -> R {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_DEVICE)
-    }
-}
-
-fn panic_message(p: &(dyn Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
-    }
-}
-
-/// Reports every call that returns an error, as `compute-sanitizer` does on a real
-/// driver (where `--error-exitcode` then fails the run): a way to find, without a GPU,
-/// the driver errors a test suite raises. `CUDA_ERROR_NOT_READY` (a query's "not yet")
-/// is left out.
-/// - `DEVARROW_EMU_REPORT_API_ERRORS=1`: one line on stderr per error;
-/// - `DEVARROW_EMU_API_ERROR_LOG=<path>`: the same line appended to that file (stderr of
-///   passing tests is captured by the test harness; the file is not).
-fn report_api_error(name: &str, e: CUresult) {
-    static TARGETS: OnceLock<(bool, Option<String>)> = OnceLock::new();
-    let (to_stderr, log) = TARGETS.get_or_init(|| {
-        (
-            std::env::var("DEVARROW_EMU_REPORT_API_ERRORS").is_ok_and(|v| v == "1"),
-            std::env::var("DEVARROW_EMU_API_ERROR_LOG")
-                .ok()
-                .filter(|p| !p.is_empty()),
-        )
-    });
-    if e == CUDA_ERROR_NOT_READY || (!to_stderr && log.is_none()) {
-        return;
-    }
-    let line = format!("devarrow-emu: API error: {name} returned {e:?}");
-    if *to_stderr {
-        eprintln!("{line}");
-    }
-    if let Some(path) = log {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path);
-        if let Ok(mut file) = file {
-            // One write per line: appends from several processes do not interleave.
-            let _ = file.write_all(format!("{line}\n").as_bytes());
-        }
-    }
-}
-
-/// Runs the body of driver call `name`: refuses calls from stream workers (host
-/// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
-pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
-    if IN_STREAM_WORKER.with(|c| c.get()) {
-        eprintln!(
-            "devarrow-emu: {name} called from a host function running on a stream: \
-             CUDA calls are not permitted there"
-        );
-        return CUDA_ERROR_NOT_PERMITTED;
-    }
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(e)) => {
-            report_api_error(name, e);
-            e
-        }
-        Err(p) => {
-            eprintln!(
-                "devarrow-emu: internal error in {name}: {} (returning CUDA_ERROR_UNKNOWN)",
-                panic_message(p.as_ref())
-            );
-            CUDA_ERROR_UNKNOWN
-        }
-    }
-}
-
-/// Catches a panic of `body` (an emulator or interpreter bug), returning its message.
-pub(crate) fn catch<T>(body: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(body)).map_err(|p| panic_message(p.as_ref()))
-}
-
-/// Writes `value` through the out-pointer `p` (`CUDA_ERROR_INVALID_VALUE` if NULL).
-///
-/// # Safety
-/// `p` must be NULL or valid for a write of `T` (the driver API's contract for its
-/// out-parameters).
-pub(crate) unsafe fn out<T>(p: *mut T, value: T) -> R {
-    if p.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL and valid for writes by the caller's contract; `write` does not
-    // read or drop the old (possibly uninitialized) value.
-    unsafe { p.write(value) };
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn byte_counts_parse() {
-        assert_eq!(parse_bytes("123"), Some(123));
-        assert_eq!(parse_bytes("4K"), Some(4096));
-        assert_eq!(parse_bytes(" 2g "), Some(2 << 30));
-        assert_eq!(parse_bytes("x"), None);
-        assert_eq!(parse_bytes(""), None);
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUcontext, CUevent, CUhostFn, CUresult, CUstream, CUstreamCallback};
 
+use super::common::*;
 use super::queue::{Event, Op, Stream};
 use super::state::*;
 
@@ -22,6 +23,7 @@ fn create_stream(phStream: *mut CUstream, flags: c_uint, priority: c_int) -> R {
     let stream = Stream::spawn(
         handle,
         ctx.shared.clone(),
+        &d.mem,
         flags,
         priority.clamp(-5, 0),
         false,

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::inst::*;
-use super::{Dims, ExecError, Fault, Memory};
+use super::types::{Dims, ExecError, Fault, Memory};
 
 /// The byte shared memory starts filled with.
 const SHARED_POISON: u8 = 0xCD;

@@ -374,7 +374,7 @@ pub(crate) struct Func {
 #[derive(Debug, Clone)]
 pub(crate) struct KernelDef {
     pub func: u32,
-    pub params: Vec<super::Param>,
+    pub params: Vec<super::types::Param>,
     /// Offset of each parameter in the kernel parameter buffer.
     pub offsets: Vec<u32>,
     pub param_bytes: u32,

@@ -1,7 +1,7 @@
 //! The PTX tokenizer: identifiers (dotted names, `%` registers, `$` labels), numbers,
 //! strings and punctuation, with comments removed and 1-based line numbers kept.
 
-use super::ParseError;
+use super::types::ParseError;
 
 /// What a token is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,148 @@
+//! The primitives every other driver module shares: the result type [`R`] and the
+//! `CUresult` codes, the failure injection, poison-free locking, the panic-catching
+//! wrapper of every API call ([`api`]), [`catch`], the out-parameter writer [`out`],
+//! and the mark of stream worker threads (where API calls are not permitted).
+//!
+//! A leaf module: it depends on no other module of the crate.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use cudarc::driver::sys::CUresult;
+
+/// A driver call's outcome: `Err` holds the `CUresult` to return.
+pub(crate) type R<T = ()> = Result<T, CUresult>;
+
+pub(crate) use CUresult::*;
+
+/// Failure injection (`DEVARROW_EMU_FAIL_EVERY=N`): every `N`th call of the fallible
+/// driver functions that take part fails with `code`, as a real driver may under
+/// memory pressure, so that the error paths of the caller run (and are checked for
+/// leaks, use-after-free and panics). `Ok` otherwise (and always when unset).
+pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
+    static EVERY: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let every = *EVERY.get_or_init(|| {
+        std::env::var("DEVARROW_EMU_FAIL_EVERY")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    });
+    if every == 0 || !(COUNT.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every) {
+        return Ok(());
+    }
+    eprintln!("devarrow-emu: injected failure: {call} returns {code:?}");
+    Err(code)
+}
+
+/// Locks a mutex, ignoring poisoning (a panic caught at the API boundary must not make
+/// the emulator unusable).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// Set on stream workers: driver calls from host functions are not permitted.
+    static IN_STREAM_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a stream worker.
+pub(crate) fn mark_stream_worker() {
+    IN_STREAM_WORKER.with(|c| c.set(true));
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+/// Reports every call that returns an error, as `compute-sanitizer` does on a real
+/// driver (where `--error-exitcode` then fails the run): a way to find, without a GPU,
+/// the driver errors a test suite raises. `CUDA_ERROR_NOT_READY` (a query's "not yet")
+/// is left out.
+/// - `DEVARROW_EMU_REPORT_API_ERRORS=1`: one line on stderr per error;
+/// - `DEVARROW_EMU_API_ERROR_LOG=<path>`: the same line appended to that file (stderr of
+///   passing tests is captured by the test harness; the file is not).
+fn report_api_error(name: &str, e: CUresult) {
+    static TARGETS: OnceLock<(bool, Option<String>)> = OnceLock::new();
+    let (to_stderr, log) = TARGETS.get_or_init(|| {
+        (
+            std::env::var("DEVARROW_EMU_REPORT_API_ERRORS").is_ok_and(|v| v == "1"),
+            std::env::var("DEVARROW_EMU_API_ERROR_LOG")
+                .ok()
+                .filter(|p| !p.is_empty()),
+        )
+    });
+    if e == CUDA_ERROR_NOT_READY || (!to_stderr && log.is_none()) {
+        return;
+    }
+    let line = format!("devarrow-emu: API error: {name} returned {e:?}");
+    if *to_stderr {
+        eprintln!("{line}");
+    }
+    if let Some(path) = log {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        if let Ok(mut file) = file {
+            // One write per line: appends from several processes do not interleave.
+            let _ = file.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+/// Runs the body of driver call `name`: refuses calls from stream workers (host
+/// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
+pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
+    if IN_STREAM_WORKER.with(|c| c.get()) {
+        eprintln!(
+            "devarrow-emu: {name} called from a host function running on a stream: \
+             CUDA calls are not permitted there"
+        );
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(e)) => {
+            report_api_error(name, e);
+            e
+        }
+        Err(p) => {
+            eprintln!(
+                "devarrow-emu: internal error in {name}: {} (returning CUDA_ERROR_UNKNOWN)",
+                panic_message(p.as_ref())
+            );
+            CUDA_ERROR_UNKNOWN
+        }
+    }
+}
+
+/// Catches a panic of `body` (an emulator or interpreter bug), returning its message.
+pub(crate) fn catch<T>(body: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(body)).map_err(|p| panic_message(p.as_ref()))
+}
+
+/// Writes `value` through the out-pointer `p` (`CUDA_ERROR_INVALID_VALUE` if NULL).
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T` (the driver API's contract for its
+/// out-parameters).
+pub(crate) unsafe fn out<T>(p: *mut T, value: T) -> R {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL and valid for writes by the caller's contract; `write` does not
+    // read or drop the old (possibly uninitialized) value.
+    unsafe { p.write(value) };
+    Ok(())
+}
