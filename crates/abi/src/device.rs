@@ -1,6 +1,8 @@
 //! One device abstraction for the CPU and CUDA (in the spirit of nanoarrow's small device
 //! vtable): allocate memory on the device, copy between host and device on the device's
-//! own stream, and mark when enqueued work is done with a sync event.
+//! own stream, and mark when enqueued work is done with a sync event. With it, the checks
+//! that data lies where a device can use it: on that very device ([`check_same_device`]),
+//! or in memory of a type it can import ([`check_stream_device`]).
 //!
 //! The bridge (arrow-rs record batches to a device and back) is written once against
 //! [`Device`]; [`CpuDevice`] implements it with host memory, so the whole bridge logic runs
@@ -195,6 +197,71 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         let _ = (ptr, len);
         false
+    }
+}
+
+// ---- Same-device checks ----
+
+/// Checks that `device` can copy the memory of data living on `home` (a batch `home`
+/// allocated, or imported on): both must be the same device, by device type and id. Two
+/// handles on one device that differ otherwise (e.g. in their streams) pass.
+///
+/// # Errors
+/// [`Error::UnsupportedDevice`] when the device types differ (accepting `device`'s type,
+/// named "the transfer's device" as the bridge's transfers call this),
+/// [`Error::DeviceMismatch`] when the ids differ: a device cannot copy another one's
+/// memory.
+pub fn check_same_device(home: &dyn Device, device: &dyn Device) -> Result<()> {
+    let (found, id) = (home.device_type(), home.device_id());
+    if found != device.device_type() {
+        return Err(Error::UnsupportedDevice {
+            found,
+            accepted: format!("{} (the transfer's device)", device.device_type()),
+        });
+    }
+    if id != device.device_id() {
+        return Err(Error::DeviceMismatch {
+            device_type: found,
+            expected: device.device_id(),
+            found: id,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `device` can import arrays whose memory is of type `found` (the
+/// `device_type` of an `ArrowDeviceArray` or of an `ArrowDeviceArrayStream`): the device's
+/// own type, or a host-visible type of its family (`ARROW_DEVICE_CUDA_HOST` and
+/// `ARROW_DEVICE_CUDA_MANAGED` for a CUDA device, `ARROW_DEVICE_ROCM_HOST` for a ROCm
+/// one).
+///
+/// Only the type is checked: an array of the device's own (non-CPU) type must also have
+/// the device's id, which a stream's type alone does not tell.
+///
+/// # Errors
+/// [`Error::UnsupportedDevice`], listing the accepted types.
+pub fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Result<()> {
+    let own = device.device_type();
+    let accepted: &[ArrowDeviceType] = match own {
+        ArrowDeviceType::CUDA => &[
+            ArrowDeviceType::CUDA,
+            ArrowDeviceType::CUDA_HOST,
+            ArrowDeviceType::CUDA_MANAGED,
+        ],
+        ArrowDeviceType::ROCM => &[ArrowDeviceType::ROCM, ArrowDeviceType::ROCM_HOST],
+        _ => std::slice::from_ref(&own),
+    };
+    if accepted.contains(&found) {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDevice {
+            found,
+            accepted: accepted
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 }
 
@@ -401,5 +468,26 @@ unsafe impl StagingMemory for CpuStaging {
     }
     fn as_slice(&self) -> &[u8] {
         self.0.as_slice()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_device_checks() {
+        let cpu = CpuDevice::new();
+        assert!(check_same_device(&cpu, &CpuDevice::new()).is_ok());
+        assert!(check_stream_device(&cpu, ArrowDeviceType::CPU).is_ok());
+        let err = check_stream_device(&cpu, ArrowDeviceType::CUDA).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::UnsupportedDevice { found: ArrowDeviceType::CUDA, accepted }
+                    if *accepted == ArrowDeviceType::CPU.to_string()
+            ),
+            "{err:?}"
+        );
     }
 }

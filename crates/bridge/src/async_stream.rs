@@ -29,8 +29,9 @@ use devarrow_abi::device::Device;
 use devarrow_abi::{ArrowAsyncDeviceStreamHandler, DeviceArray, Error, Result};
 use futures::{FutureExt, Stream, StreamExt};
 
+use crate::batch::DeviceBatch;
 use crate::stream::{Pipeline, Pull, StreamOptions};
-use crate::transfer::{DeviceBatch, Transfer, TransferOptions};
+use crate::transfer::{Transfer, TransferOptions};
 
 /// Record batches from a [`futures::Stream`] uploaded to a device on a background
 /// thread, as a [`futures::Stream`] of [`DeviceBatch`]es.

@@ -30,4 +30,6 @@ pub use stream::{
 };
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};
 
-mod import;
+mod batch;
+mod foreign;
+mod host;

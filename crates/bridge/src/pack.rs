@@ -19,6 +19,11 @@ pub const MIN_PART_BYTES: usize = 256 << 10;
 /// 8 threads already copy well above what a PCIe 5 link moves.
 pub const DEFAULT_MAX_THREADS: usize = 8;
 
+/// Default size from which a pack or unpack is split over several threads: 1 MiB (see
+/// [`TransferOptions::parallel_min_bytes`](crate::TransferOptions::parallel_min_bytes)).
+/// A download rebuilds the columns of an image at least this large on several threads.
+pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 1 << 20;
+
 /// How many threads a copy may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parallelism {

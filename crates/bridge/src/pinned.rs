@@ -28,15 +28,15 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, RecordBatch, RecordBatchOptions, StructArray};
+use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_buffer::alloc::Allocation;
 use arrow_buffer::Buffer;
 use devarrow_abi::device::{Device, StagingMemory};
 use devarrow_abi::{Error, Result};
 
+use crate::host::host_batch;
 use crate::pack::{pack_window, Parallelism};
 use crate::plan::plan_array;
-use crate::transfer::build_host_node;
 
 /// Keeps a staging allocation alive behind arrow-rs [`Buffer`]s. Never accessed: the
 /// mutex only makes the (`Send`) allocation `Sync`, as [`Allocation`] requires.
@@ -89,14 +89,7 @@ pub fn pin_batch(device: &dyn Device, batch: &RecordBatch) -> Result<RecordBatch
     let memory = pinned_buffer(device, image.total, |out| {
         pack_window(&image.segments, 0, out, parallelism)
     })?;
-    let root = build_host_node(&plan.root, &memory, true)?;
-    let columns = StructArray::from(root).columns().to_vec();
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    Ok(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &options,
-    )?)
+    host_batch(batch.schema(), batch.num_rows(), &plan.root, &memory, true)
 }
 
 /// Bytes of the buffers a transfer of `batch` moves (its planned payload), and how many of

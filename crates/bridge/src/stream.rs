@@ -8,7 +8,8 @@
 //!   exports it as a C `ArrowDeviceArrayStream` of the device's type (e.g.
 //!   `ARROW_DEVICE_CUDA` on a `CudaTransferDevice`), each array's `sync_event` marking
 //!   its upload.
-//! - The async producer ([`crate::async_stream`]) shares the same upload pipeline.
+//! - The async producer ([`UploadStream`](crate::UploadStream)) shares the same upload
+//!   pipeline.
 //! - [`DeviceStreamReader`] is the consumer side: a (foreign or devarrow) C device stream
 //!   as an iterator of device-resident [`DeviceBatch`]es ([`DeviceBatch::import`], each
 //!   waited on by event), and [`HostStreamReader`] the same downloaded to arrow-rs
@@ -56,17 +57,18 @@ use std::thread::JoinHandle;
 use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
 use devarrow_abi::boundary::swallow_panic;
-use devarrow_abi::device::Device;
+use devarrow_abi::device::{check_stream_device, Device};
 use devarrow_abi::stream::{export_stream, DeviceBatchSource};
 use devarrow_abi::{ArrowDeviceType, DeviceArray, DeviceArrayStream, Error, Result};
 use futures::task::AtomicWaker;
 
-use crate::transfer::{DeviceBatch, Transfer, TransferOptions};
+use crate::batch::DeviceBatch;
+use crate::transfer::{Transfer, TransferOptions};
 
 /// Default number of batches a producer uploads ahead of the consumer: 2.
 pub const DEFAULT_READ_AHEAD: usize = 2;
 
-/// Options of the uploading producers ([`Uploader`], [`crate::async_stream::UploadStream`]).
+/// Options of the uploading producers ([`Uploader`], [`UploadStream`](crate::UploadStream)).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
     /// How many batches the background thread may upload ahead of the consumer's
@@ -523,33 +525,6 @@ pub fn export_reader_to_device(
 // ---------------------------------------------------------------------------------------
 // The device stream consumer
 // ---------------------------------------------------------------------------------------
-
-/// Whether `device` can import arrays of `found` (the rule of [`DeviceBatch::import`]:
-/// its own type, and the host-visible types of its family).
-pub(crate) fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Result<()> {
-    let own = device.device_type();
-    let accepted: &[ArrowDeviceType] = match own {
-        ArrowDeviceType::CUDA => &[
-            ArrowDeviceType::CUDA,
-            ArrowDeviceType::CUDA_HOST,
-            ArrowDeviceType::CUDA_MANAGED,
-        ],
-        ArrowDeviceType::ROCM => &[ArrowDeviceType::ROCM, ArrowDeviceType::ROCM_HOST],
-        _ => std::slice::from_ref(&own),
-    };
-    if accepted.contains(&found) {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedDevice {
-            found,
-            accepted: accepted
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-    }
-}
 
 /// Reads a (foreign or devarrow) C device stream as an iterator of device-resident
 /// [`DeviceBatch`]es on `device`, zero-copy ([`DeviceBatch::import`]).

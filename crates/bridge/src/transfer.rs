@@ -1,4 +1,5 @@
-//! Moving record batches between the host and a [`Device`], and the device-resident batch.
+//! Moving record batches between the host and a [`Device`]: [`Transfer`], which makes and
+//! downloads device-resident batches ([`DeviceBatch`], re-exported here).
 //!
 //! A transfer plans the batch ([`crate::plan`]), allocates one device region for all its
 //! buffers, and streams the packed image through a bounded set of staging buffers (pinned
@@ -12,22 +13,23 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow_array::{Array, RecordBatch, RecordBatchOptions, StructArray};
+use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_buffer::{Buffer, MutableBuffer};
-use arrow_data::ArrayData;
-use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{DataType, SchemaRef};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
-use devarrow_abi::export::{export_tree, ArrayNode};
-use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
-use devarrow_abi::{DeviceArray, Error, Result};
-use rayon::prelude::*;
+use devarrow_abi::device::{
+    check_same_device, Device, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT,
+};
+use devarrow_abi::Result;
 
+pub use crate::batch::DeviceBatch;
+use crate::batch::Storage;
+use crate::host::host_batch;
+#[doc(inline)]
+pub use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
 use crate::pack::{
     advise_huge_pages, copy_to_uninit, pack_window, ramped_windows, windows, Parallelism,
 };
 use crate::pinned::{direct_runs, staged_groups};
-use crate::plan::{plan_array, Node, Packer};
+use crate::plan::{plan_array, Packer};
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
@@ -39,9 +41,6 @@ pub const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
 /// Default size of the first and last chunks of a copy: 1 MiB (see
 /// [`TransferOptions::first_chunk_bytes`]).
 pub const DEFAULT_FIRST_CHUNK_BYTES: usize = 1 << 20;
-
-/// Default size from which a pack or unpack is split over several threads: 1 MiB.
-pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 1 << 20;
 
 /// Default size from which pinned host memory is copied directly: 256 KiB.
 pub const DEFAULT_DIRECT_MIN_BYTES: usize = 256 << 10;
@@ -117,177 +116,6 @@ pub struct Transfer {
     stages: Vec<Stage>,
     /// Host buffers that direct copies read, kept alive until the event completes.
     retained: VecDeque<(Arc<dyn SyncEvent>, Vec<Buffer>)>,
-}
-
-/// A record batch resident on a device: its schema, and an array tree whose buffers lie
-/// in device memory, ready once `event` has completed.
-///
-/// Either packed (made by [`Transfer::to_device`]: every buffer in one allocation) or
-/// imported (made by [`DeviceBatch::import`]: the buffers of a foreign `ArrowDeviceArray`,
-/// zero-copy, kept alive until the last clone of the batch and the last export of it are
-/// dropped). Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct DeviceBatch {
-    pub(crate) schema: SchemaRef,
-    pub(crate) num_rows: usize,
-    pub(crate) storage: Storage,
-    pub(crate) event: Arc<dyn SyncEvent>,
-    pub(crate) device: Arc<dyn Device>,
-}
-
-/// Where the buffers of a [`DeviceBatch`] lie.
-#[derive(Debug, Clone)]
-pub(crate) enum Storage {
-    /// In one allocation, at the placements of a planned tree.
-    Packed {
-        root: Arc<Node>,
-        memory: Arc<dyn DeviceMemory>,
-    },
-    /// In the buffers of a foreign array, kept alive (unreleased) by the batch.
-    Foreign(Arc<crate::import::Foreign>),
-}
-
-/// What [`Transfer::to_host`] downloads: one packed image on the device, the tree that
-/// points into it, and the event its data is ready after.
-pub(crate) struct Download {
-    pub(crate) schema: SchemaRef,
-    pub(crate) num_rows: usize,
-    pub(crate) root: Arc<Node>,
-    pub(crate) memory: Arc<dyn DeviceMemory>,
-    pub(crate) event: Arc<dyn SyncEvent>,
-    /// Whether the image was planned by this crate from valid arrow-rs data (a batch
-    /// [`Transfer::to_device`] uploaded), so rebuilding it on the host needs no validation.
-    /// `false` for foreign data.
-    pub(crate) trusted: bool,
-}
-
-impl DeviceBatch {
-    /// The schema (with its metadata).
-    pub fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-    /// The number of rows.
-    pub fn num_rows(&self) -> usize {
-        self.num_rows
-    }
-    /// The device the batch lives on.
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.device
-    }
-    /// The event that marks the batch's data as written.
-    pub fn event(&self) -> &Arc<dyn SyncEvent> {
-        &self.event
-    }
-    /// Bytes of device memory the batch occupies.
-    ///
-    /// For an imported batch: the bytes of the foreign buffers its arrays address, each
-    /// array counted over its own `offset` and `length` as imported (a column sliced by
-    /// its producer counts only its slice), every child and dictionary over its own
-    /// whole range (not only the part a sliced parent uses), view types with all their
-    /// variadic buffers. It approximates what [`Transfer::to_host`] packs and moves,
-    /// which can be a little more (bitmapped arrays are cut at byte boundaries: up to 7
-    /// more items per buffer) or less (fixed-width children are cut to the range their
-    /// parent uses). See [`DeviceBatch::import`] for what a slice of it moves.
-    pub fn device_bytes(&self) -> usize {
-        match &self.storage {
-            Storage::Packed { memory, .. } => memory.len(),
-            Storage::Foreign(foreign) => foreign.device_bytes(),
-        }
-    }
-
-    /// Whether the batch was imported ([`DeviceBatch::import`]) rather than packed by a
-    /// [`Transfer`].
-    pub fn is_imported(&self) -> bool {
-        matches!(self.storage, Storage::Foreign(_))
-    }
-
-    /// Exports the batch as an `ArrowDeviceArray` (a struct array; `sync_event` set to the
-    /// batch's event) and its `ArrowSchema`. Zero-copy: the device memory (for an imported
-    /// batch, the foreign array, unreleased) stays alive until the consumer releases the
-    /// array.
-    pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
-        let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
-        let sync_event = self.event.as_sync_event_ptr();
-        let (root, owner, device_type, device_id): (_, devarrow_abi::export::Owner, _, _) =
-            match &self.storage {
-                Storage::Packed { root, memory } => (
-                    export_node(root, memory.address() as usize),
-                    Arc::new((memory.clone(), self.event.clone())),
-                    self.device.device_type(),
-                    self.device.device_id(),
-                ),
-                Storage::Foreign(foreign) => (
-                    foreign.export_root(),
-                    Arc::new((foreign.clone(), self.event.clone())),
-                    foreign.device_type(),
-                    foreign.device_id(),
-                ),
-            };
-        // Packed: the addresses lie in `memory`, an allocation of `device` laid out by this
-        // crate's plan for the batch's own arrays (each buffer sized for its node). Foreign:
-        // the tree is the imported DeviceArray's own, lengths and offsets included.
-        // SAFETY: so the buffers meet `export_tree`'s contract (for foreign ones, by
-        // `DeviceArray::try_new`'s); the owner keeps them and the batch's event alive, and
-        // `sync_event` is that event's pointer, of the device's kind.
-        let array = unsafe { export_tree(root, owner, device_type, device_id, sync_event) }?;
-        Ok((array, schema))
-    }
-
-    /// What [`Transfer::to_host`] downloads: the packed image itself, or for an imported
-    /// batch a packed copy of the bytes it addresses, made on `device` (one batched copy).
-    pub(crate) fn download(&self, device: &Arc<dyn Device>) -> Result<Download> {
-        match &self.storage {
-            Storage::Packed { root, memory } => Ok(Download {
-                schema: self.schema.clone(),
-                num_rows: self.num_rows,
-                root: root.clone(),
-                memory: memory.clone(),
-                event: self.event.clone(),
-                trusted: true,
-            }),
-            Storage::Foreign(foreign) => foreign.pack(device, self),
-        }
-    }
-}
-
-/// Checks that `device` can copy the memory of a batch on `home`: both must be the same
-/// device (device type and id; two handles on one device may differ, e.g. in their
-/// streams). [`Error::UnsupportedDevice`] for another device type,
-/// [`Error::DeviceMismatch`] for another id.
-pub(crate) fn check_same_device(home: &dyn Device, device: &dyn Device) -> Result<()> {
-    let (found, id) = (home.device_type(), home.device_id());
-    if found != device.device_type() {
-        return Err(Error::UnsupportedDevice {
-            found,
-            accepted: format!("{} (the transfer's device)", device.device_type()),
-        });
-    }
-    if id != device.device_id() {
-        return Err(Error::DeviceMismatch {
-            device_type: found,
-            expected: device.device_id(),
-            found: id,
-        });
-    }
-    Ok(())
-}
-
-fn export_node(node: &Node, base: usize) -> ArrayNode {
-    ArrayNode {
-        length: node.len as i64,
-        null_count: node.null_count.map_or(-1, |n| n as i64),
-        offset: node.offset as i64,
-        buffers: node
-            .buffers
-            .iter()
-            .map(|p| p.map_or(std::ptr::null(), |p| (base + p.offset) as *const _))
-            .collect(),
-        children: node.children.iter().map(|c| export_node(c, base)).collect(),
-        dictionary: node
-            .dictionary
-            .as_ref()
-            .map(|d| Box::new(export_node(d, base))),
-    }
 }
 
 impl Transfer {
@@ -559,7 +387,8 @@ impl Transfer {
     /// arrays address into one allocation), then moved like a packed one.
     ///
     /// The batch must live on this transfer's device (same device type and id):
-    /// otherwise [`Error::UnsupportedDevice`] (another type) or [`Error::DeviceMismatch`]
+    /// otherwise [`Error::UnsupportedDevice`](devarrow_abi::Error::UnsupportedDevice)
+    /// (another type) or [`Error::DeviceMismatch`](devarrow_abi::Error::DeviceMismatch)
     /// (another id), as this device cannot copy another one's memory.
     pub fn to_host(&mut self, batch: &DeviceBatch) -> Result<RecordBatch> {
         let mut batches = self.to_host_batches(std::slice::from_ref(batch))?;
@@ -600,14 +429,13 @@ impl Transfer {
             .iter()
             .zip(&hosts)
             .map(|(download, host)| {
-                let data = build_host_node(&download.root, host, download.trusted)?;
-                let strukt = StructArray::from(data);
-                let options = RecordBatchOptions::new().with_row_count(Some(download.num_rows));
-                Ok(RecordBatch::try_new_with_options(
+                host_batch(
                     download.schema.clone(),
-                    strukt.columns().to_vec(),
-                    &options,
-                )?)
+                    download.num_rows,
+                    &download.root,
+                    host,
+                    download.trusted,
+                )
             })
             .collect()
     }
@@ -626,132 +454,4 @@ impl Drop for Transfer {
             let _ = event.wait_host();
         }
     }
-}
-
-/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image.
-///
-/// `trusted`: the tree was planned by this crate from arrow-rs data that was valid (its
-/// `ArrayData` invariants held), and the image is a byte-for-byte copy of what the planner
-/// packed, so the arrays are built without validating them again (UTF-8, offsets: the bulk
-/// of `to_host`'s host time otherwise). Foreign data is always validated in full.
-pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Result<ArrayData> {
-    let slice =
-        |p: &Option<crate::plan::Placement>| p.map(|p| host.slice_with_length(p.offset, p.len));
-    let roles = buffer_roles(&node.data_type);
-    let has_validity = roles.first() == Some(&BufferRole::Validity);
-    let mut buffers: Vec<Buffer> = node
-        .buffers
-        .iter()
-        .map(|p| slice(p).unwrap_or_default())
-        .collect();
-    let validity = if has_validity {
-        slice(&node.buffers[0])
-    } else {
-        None
-    };
-    if has_validity {
-        buffers.remove(0);
-    }
-    if matches!(node.data_type, DataType::Utf8View | DataType::BinaryView) {
-        buffers.pop(); // the variadic sizes: arrow-rs keeps them as buffer lengths
-    }
-    // Building validates every array (UTF-8, offsets): the bulk of `to_host`'s host time
-    // for string-heavy batches. Columns of a large batch are built on several threads.
-    let mut children: Vec<ArrayData> =
-        if node.children.len() > 1 && host.len() >= DEFAULT_PARALLEL_MIN_BYTES {
-            node.children
-                .par_iter()
-                .map(|c| build_host_node(c, host, trusted))
-                .collect::<Result<_>>()?
-        } else {
-            node.children
-                .iter()
-                .map(|c| build_host_node(c, host, trusted))
-                .collect::<Result<_>>()?
-        };
-    if let Some(d) = &node.dictionary {
-        children.push(build_host_node(d, host, trusted)?);
-    }
-    if let Some(base) = node.rebase {
-        rebase_offsets(&node.data_type, &mut buffers, base)?;
-    }
-    let mut builder = ArrayData::builder(node.data_type.clone())
-        .len(node.len)
-        .offset(node.offset)
-        .null_bit_buffer(validity)
-        .buffers(buffers)
-        .child_data(children)
-        .align_buffers(true);
-    if let Some(null_count) = node.null_count {
-        builder = builder.null_count(null_count);
-    }
-    // Debug builds (the tests) validate trusted trees too, so a planner bug shows up as
-    // a validation error there rather than as undefined behaviour.
-    if trusted && !cfg!(debug_assertions) {
-        // `trusted`: this crate planned the tree from valid arrow-rs data and `host` holds
-        // the bytes it packed, unchanged (exported device memory is read-only to consumers).
-        // SAFETY: so every invariant `build` would check held when the planner read the
-        // input, and still holds.
-        builder = unsafe { builder.skip_validation(true) };
-    }
-    // Validated; a panic of arrow-rs on malformed (foreign) data becomes an error.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()))
-        .map_err(Error::from_panic)?
-        .map_err(Error::from)
-}
-
-/// Offsets (4 or 8 bytes each, native-endian) as `i64`s, whatever the buffer's alignment.
-fn read_offsets(buffer: &Buffer, width: usize) -> impl Iterator<Item = i64> + '_ {
-    buffer.as_slice().chunks_exact(width).map(move |b| {
-        if width == 4 {
-            i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64
-        } else {
-            i64::from_ne_bytes(b.try_into().expect("8 bytes"))
-        }
-    })
-}
-
-fn offsets_buffer(values: impl Iterator<Item = i64>, width: usize) -> Buffer {
-    if width == 4 {
-        // Truncation is intended: rebased 32-bit offsets wrap as the producer's would.
-        Buffer::from_vec(values.map(|v| v as i32).collect::<Vec<i32>>())
-    } else {
-        Buffer::from_vec(values.collect::<Vec<i64>>())
-    }
-}
-
-/// Applies a node's `rebase` to its buffers (validity already removed): offsets minus
-/// `base`; for list views, offsets minus `base` where the size is positive, else 0.
-fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Result<()> {
-    let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
-    match data_type {
-        DataType::Utf8
-        | DataType::Binary
-        | DataType::List(_)
-        | DataType::Map(_, _)
-        | DataType::LargeUtf8
-        | DataType::LargeBinary
-        | DataType::LargeList(_) => {
-            let width = offset_width(data_type);
-            let offsets = buffers.first_mut().ok_or_else(missing)?;
-            *offsets = offsets_buffer(
-                read_offsets(offsets, width).map(|o| o.wrapping_sub(base)),
-                width,
-            );
-        }
-        DataType::ListView(_) | DataType::LargeListView(_) => {
-            let width = offset_width(data_type);
-            let [offsets, sizes, ..] = buffers else {
-                return Err(missing());
-            };
-            *offsets = offsets_buffer(
-                read_offsets(offsets, width)
-                    .zip(read_offsets(sizes, width))
-                    .map(|(o, s)| if s > 0 { o.wrapping_sub(base) } else { 0 }),
-                width,
-            );
-        }
-        _ => {}
-    }
-    Ok(())
 }

@@ -1,6 +1,10 @@
-//! Importing a foreign `ArrowDeviceArray` as a device-resident [`DeviceBatch`], zero-copy.
+//! Importing a foreign `ArrowDeviceArray` zero-copy: the [`Foreign`] array that a
+//! device-resident [`DeviceBatch`](crate::DeviceBatch) imported by
+//! [`DeviceBatch::import`](crate::DeviceBatch::import) keeps its buffers in, and how its
+//! bytes are packed on the device for a download. It knows nothing of the batch that
+//! holds it.
 //!
-//! [`DeviceBatch::import`] checks the array against the device (type and id) and against
+//! [`Foreign::import`] checks the array against the device (type and id) and against
 //! the schema (a struct array whose children match the fields, buffer and child counts
 //! per type: [`devarrow_abi::layout::validate_structure`]), makes the device's stream
 //! wait on the array's `sync_event` (no host blocking), and keeps the array, unreleased,
@@ -41,14 +45,17 @@
 //! the offsets at bounds derived from the parent's, read back after the parent's (one
 //! more device round trip per nesting level); it is not done. Neither are the variadic
 //! buffers of view types cut (that needs the views themselves). Fixed-width values and
-//! bitmaps are cut at every level. [`DeviceBatch::device_bytes`] counts the same way.
+//! bitmaps are cut at every level.
+//! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the same way.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{DataType, Schema, SchemaRef, UnionMode};
-use devarrow_abi::device::{Device, DeviceCopy, SyncEvent, BUFFER_ALIGNMENT};
+use arrow_schema::{DataType, Schema, UnionMode};
+use devarrow_abi::device::{
+    check_same_device, check_stream_device, Device, DeviceCopy, DeviceMemory, SyncEvent,
+    BUFFER_ALIGNMENT,
+};
 use devarrow_abi::export::ArrayNode;
 use devarrow_abi::layout::{
     self, buffer_roles, child_types, fixed_bit_width, offset_width, BufferRole,
@@ -56,34 +63,18 @@ use devarrow_abi::layout::{
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
 use crate::plan::{Node, Placement};
-use crate::transfer::{DeviceBatch, Download, Storage};
 
-impl DeviceBatch {
+impl Foreign {
     /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
-    /// zero-copy.
-    ///
-    /// The array must be on `device`: `ARROW_DEVICE_CPU` on the CPU device; on a CUDA
-    /// device `ARROW_DEVICE_CUDA` with the device's id, or `ARROW_DEVICE_CUDA_HOST` /
-    /// `ARROW_DEVICE_CUDA_MANAGED`; otherwise the device's own type and id. Its structure
-    /// must match the schema, and its offsets (read from the device in one copy) must be
-    /// in range. The device's stream waits on the array's `sync_event`; the batch's
-    /// [`DeviceBatch::event`] is recorded after that wait.
-    ///
-    /// The array is consumed: its `release` runs exactly once, when the last clone of the
-    /// batch and the last export of it ([`DeviceBatch::export`]) are dropped, or before
-    /// this returns an error.
-    ///
-    /// Arrays whose offsets address more bytes than one allocation can hold (in all, for
-    /// the batch's download) are an error. [`crate::Transfer::to_host`] moves the bytes
-    /// the arrays address, cut to each array's own `offset` and `length`: an array nested
-    /// under a sliced parent (a root struct with an offset, a sliced struct or list
-    /// column) moves all the variable-length data its own range addresses, and view
-    /// types all their variadic buffers.
-    pub fn import(
-        device: Arc<dyn Device>,
+    /// zero-copy: the work of [`DeviceBatch::import`](crate::DeviceBatch::import), which
+    /// documents the rules. Returns the array, kept unreleased until the result drops,
+    /// and the event recorded on `device` after its stream waited on the array's
+    /// `sync_event`. On error the array is released before this returns.
+    pub(crate) fn import(
+        device: &Arc<dyn Device>,
         array: DeviceArray,
-        schema: SchemaRef,
-    ) -> Result<DeviceBatch> {
+        schema: &Schema,
+    ) -> Result<(Foreign, Arc<dyn SyncEvent>)> {
         check_device(device.as_ref(), &array)?;
         let struct_type = DataType::Struct(schema.fields().clone());
         // SAFETY: the array of a DeviceArray is well-formed (contract of the unsafe
@@ -113,33 +104,15 @@ impl DeviceBatch {
         // so such an array is an error here rather than when it is moved to the host.
         let mut image = Image::default();
         let packed = Arc::new(pack_node(&root, 0, root.length, &mut image)?);
-        Ok(DeviceBatch {
-            schema,
-            num_rows: root.length,
-            storage: Storage::Foreign(Arc::new(Foreign {
-                array,
-                root,
-                packed,
-                image,
-                device: device.clone(),
-                last_use: Mutex::new(None),
-            })),
-            event,
-            device,
-        })
-    }
-
-    /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose
-    /// metadata becomes the batch's). A released schema is [`Error::Released`]; the array
-    /// is released on error, as by `import`.
-    pub fn import_with_ffi_schema(
-        device: Arc<dyn Device>,
-        array: DeviceArray,
-        schema: &FFI_ArrowSchema,
-    ) -> Result<DeviceBatch> {
-        devarrow_abi::cpu::check_schema(schema)?;
-        let schema = Schema::try_from(schema).map_err(Error::Schema)?;
-        Self::import(device, array, Arc::new(schema))
+        let foreign = Foreign {
+            array,
+            root,
+            packed,
+            image,
+            device: device.clone(),
+            last_use: Mutex::new(None),
+        };
+        Ok((foreign, event))
     }
 }
 
@@ -147,7 +120,7 @@ impl DeviceBatch {
 fn check_device(device: &dyn Device, array: &DeviceArray) -> Result<()> {
     let (found, id) = (array.device_type(), array.device_id());
     let own = device.device_type();
-    crate::stream::check_stream_device(device, found)?;
+    check_stream_device(device, found)?;
     // Device memory must be this very device's; host memory (the CPU's, pinned, managed)
     // is visible to it whatever the id.
     if found == own && own != ArrowDeviceType::CPU && id != device.device_id() {
@@ -160,7 +133,8 @@ fn check_device(device: &dyn Device, array: &DeviceArray) -> Result<()> {
     Ok(())
 }
 
-/// The foreign array behind an imported [`DeviceBatch`]: released when dropped.
+/// The foreign array behind an imported [`DeviceBatch`](crate::DeviceBatch): released
+/// when dropped.
 #[derive(Debug)]
 pub(crate) struct Foreign {
     /// Dropped (released) after `Drop::drop` below has run.
@@ -175,6 +149,17 @@ pub(crate) struct Foreign {
     /// download), and the device that work ran on: waited for before the producer's
     /// release frees them.
     last_use: Mutex<Option<LastUse>>,
+}
+
+/// A packed copy of the bytes a [`Foreign`] array addresses, made by [`Foreign::pack`]
+/// for a download.
+pub(crate) struct PackedCopy {
+    /// The tree over the image: where each buffer lies in it.
+    pub(crate) root: Arc<Node>,
+    /// The image: one fresh allocation on the device.
+    pub(crate) memory: Arc<dyn DeviceMemory>,
+    /// The event after the copy that fills the image.
+    pub(crate) event: Arc<dyn SyncEvent>,
 }
 
 /// The last device work that read the buffers of a [`Foreign`] array: its event, and the
@@ -773,6 +758,11 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
 }
 
 impl Foreign {
+    /// The number of items of the root array (the batch's rows).
+    pub(crate) fn num_rows(&self) -> usize {
+        self.root.length
+    }
+
     /// The device type of the foreign buffers.
     pub(crate) fn device_type(&self) -> ArrowDeviceType {
         self.array.device_type()
@@ -796,16 +786,18 @@ impl Foreign {
         self.root.export()
     }
 
-    /// Packs the bytes `batch` (whose foreign array this is) addresses into one fresh
-    /// allocation on `device` with one batched copy, enqueued after the batch's event:
-    /// returns the packed image, the tree over it, and the event after the copy.
+    /// Packs the bytes the imported arrays address into one fresh allocation on `device`
+    /// with one batched copy, enqueued after `ready` (the event of the batch holding this
+    /// array): returns the packed image, the tree over it, and the event after the copy.
     ///
     /// `device` must be the device the array was imported on (same type and id; see
-    /// [`crate::transfer::check_same_device`]): another device could not address its
-    /// buffers.
-    pub(crate) fn pack(&self, device: &Arc<dyn Device>, batch: &DeviceBatch) -> Result<Download> {
-        crate::transfer::check_same_device(self.device.as_ref(), device.as_ref())?;
-        let ready = &batch.event;
+    /// [`check_same_device`]): another device could not address its buffers.
+    pub(crate) fn pack(
+        &self,
+        device: &Arc<dyn Device>,
+        ready: &Arc<dyn SyncEvent>,
+    ) -> Result<PackedCopy> {
+        check_same_device(self.device.as_ref(), device.as_ref())?;
         let image = &self.image;
         let memory = device.allocate(image.total)?;
         let base = memory.address() as usize;
@@ -848,13 +840,10 @@ impl Foreign {
             event: event.clone(),
             device: device.clone(),
         });
-        Ok(Download {
-            schema: batch.schema.clone(),
-            num_rows: batch.num_rows,
+        Ok(PackedCopy {
             root: self.packed.clone(),
             memory,
             event,
-            trusted: false,
         })
     }
 }

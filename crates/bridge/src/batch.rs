@@ -1,0 +1,210 @@
+//! The device-resident record batch ([`DeviceBatch`]) and what keeps its memory alive
+//! ([`Storage`]): one allocation a transfer packed the batch into, or the buffers of a
+//! foreign array, imported zero-copy ([`crate::foreign`]).
+//!
+//! Re-exported as `devarrow_bridge::DeviceBatch` and
+//! `devarrow_bridge::transfer::DeviceBatch`.
+
+use std::sync::Arc;
+
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{Schema, SchemaRef};
+use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
+use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::{DeviceArray, Error, Result};
+
+use crate::foreign::Foreign;
+use crate::host::Download;
+use crate::plan::Node;
+
+/// A record batch resident on a device: its schema, and an array tree whose buffers lie
+/// in device memory, ready once `event` has completed.
+///
+/// Either packed (made by [`Transfer::to_device`](crate::Transfer::to_device): every
+/// buffer in one allocation) or imported (made by [`DeviceBatch::import`]: the buffers of
+/// a foreign `ArrowDeviceArray`, zero-copy, kept alive until the last clone of the batch
+/// and the last export of it are dropped). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DeviceBatch {
+    pub(crate) schema: SchemaRef,
+    pub(crate) num_rows: usize,
+    pub(crate) storage: Storage,
+    pub(crate) event: Arc<dyn SyncEvent>,
+    pub(crate) device: Arc<dyn Device>,
+}
+
+/// Where the buffers of a [`DeviceBatch`] lie.
+#[derive(Debug, Clone)]
+pub(crate) enum Storage {
+    /// In one allocation, at the placements of a planned tree.
+    Packed {
+        root: Arc<Node>,
+        memory: Arc<dyn DeviceMemory>,
+    },
+    /// In the buffers of a foreign array, kept alive (unreleased) by the batch.
+    Foreign(Arc<Foreign>),
+}
+
+impl DeviceBatch {
+    /// The schema (with its metadata).
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    /// The number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+    /// The device the batch lives on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+    /// The event that marks the batch's data as written.
+    pub fn event(&self) -> &Arc<dyn SyncEvent> {
+        &self.event
+    }
+    /// Bytes of device memory the batch occupies.
+    ///
+    /// For an imported batch: the bytes of the foreign buffers its arrays address, each
+    /// array counted over its own `offset` and `length` as imported (a column sliced by
+    /// its producer counts only its slice), every child and dictionary over its own
+    /// whole range (not only the part a sliced parent uses), view types with all their
+    /// variadic buffers. It approximates what
+    /// [`Transfer::to_host`](crate::Transfer::to_host) packs and moves,
+    /// which can be a little more (bitmapped arrays are cut at byte boundaries: up to 7
+    /// more items per buffer) or less (fixed-width children are cut to the range their
+    /// parent uses). See [`DeviceBatch::import`] for what a slice of it moves.
+    pub fn device_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Packed { memory, .. } => memory.len(),
+            Storage::Foreign(foreign) => foreign.device_bytes(),
+        }
+    }
+
+    /// Whether the batch was imported ([`DeviceBatch::import`]) rather than packed by a
+    /// [`Transfer`](crate::Transfer).
+    pub fn is_imported(&self) -> bool {
+        matches!(self.storage, Storage::Foreign(_))
+    }
+
+    /// Exports the batch as an `ArrowDeviceArray` (a struct array; `sync_event` set to the
+    /// batch's event) and its `ArrowSchema`. Zero-copy: the device memory (for an imported
+    /// batch, the foreign array, unreleased) stays alive until the consumer releases the
+    /// array.
+    pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
+        let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
+        let sync_event = self.event.as_sync_event_ptr();
+        let (root, owner, device_type, device_id): (_, devarrow_abi::export::Owner, _, _) =
+            match &self.storage {
+                Storage::Packed { root, memory } => (
+                    export_node(root, memory.address() as usize),
+                    Arc::new((memory.clone(), self.event.clone())),
+                    self.device.device_type(),
+                    self.device.device_id(),
+                ),
+                Storage::Foreign(foreign) => (
+                    foreign.export_root(),
+                    Arc::new((foreign.clone(), self.event.clone())),
+                    foreign.device_type(),
+                    foreign.device_id(),
+                ),
+            };
+        // Packed: the addresses lie in `memory`, an allocation of `device` laid out by this
+        // crate's plan for the batch's own arrays (each buffer sized for its node). Foreign:
+        // the tree is the imported DeviceArray's own, lengths and offsets included.
+        // SAFETY: so the buffers meet `export_tree`'s contract (for foreign ones, by
+        // `DeviceArray::try_new`'s); the owner keeps them and the batch's event alive, and
+        // `sync_event` is that event's pointer, of the device's kind.
+        let array = unsafe { export_tree(root, owner, device_type, device_id, sync_event) }?;
+        Ok((array, schema))
+    }
+
+    /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
+    /// zero-copy.
+    ///
+    /// The array must be on `device`: `ARROW_DEVICE_CPU` on the CPU device; on a CUDA
+    /// device `ARROW_DEVICE_CUDA` with the device's id, or `ARROW_DEVICE_CUDA_HOST` /
+    /// `ARROW_DEVICE_CUDA_MANAGED`; otherwise the device's own type and id. Its structure
+    /// must match the schema, and its offsets (read from the device in one copy) must be
+    /// in range. The device's stream waits on the array's `sync_event`; the batch's
+    /// [`DeviceBatch::event`] is recorded after that wait.
+    ///
+    /// The array is consumed: its `release` runs exactly once, when the last clone of the
+    /// batch and the last export of it ([`DeviceBatch::export`]) are dropped, or before
+    /// this returns an error.
+    ///
+    /// Arrays whose offsets address more bytes than one allocation can hold (in all, for
+    /// the batch's download) are an error. [`crate::Transfer::to_host`] moves the bytes
+    /// the arrays address, cut to each array's own `offset` and `length`: an array nested
+    /// under a sliced parent (a root struct with an offset, a sliced struct or list
+    /// column) moves all the variable-length data its own range addresses, and view
+    /// types all their variadic buffers.
+    pub fn import(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: SchemaRef,
+    ) -> Result<DeviceBatch> {
+        let (foreign, event) = Foreign::import(&device, array, &schema)?;
+        Ok(DeviceBatch {
+            schema,
+            num_rows: foreign.num_rows(),
+            storage: Storage::Foreign(Arc::new(foreign)),
+            event,
+            device,
+        })
+    }
+
+    /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose
+    /// metadata becomes the batch's). A released schema is [`Error::Released`]; the array
+    /// is released on error, as by `import`.
+    pub fn import_with_ffi_schema(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: &FFI_ArrowSchema,
+    ) -> Result<DeviceBatch> {
+        devarrow_abi::cpu::check_schema(schema)?;
+        let schema = Schema::try_from(schema).map_err(Error::Schema)?;
+        Self::import(device, array, Arc::new(schema))
+    }
+
+    /// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: the packed image
+    /// itself, or for an imported batch a packed copy of the bytes it addresses, made on
+    /// `device` (one batched copy).
+    pub(crate) fn download(&self, device: &Arc<dyn Device>) -> Result<Download> {
+        let (root, memory, event, trusted) = match &self.storage {
+            Storage::Packed { root, memory } => {
+                (root.clone(), memory.clone(), self.event.clone(), true)
+            }
+            Storage::Foreign(foreign) => {
+                let packed = foreign.pack(device, &self.event)?;
+                (packed.root, packed.memory, packed.event, false)
+            }
+        };
+        Ok(Download {
+            schema: self.schema.clone(),
+            num_rows: self.num_rows,
+            root,
+            memory,
+            event,
+            trusted,
+        })
+    }
+}
+
+/// The tree of a packed batch for export: the placements of `node` as addresses from `base`.
+fn export_node(node: &Node, base: usize) -> ArrayNode {
+    ArrayNode {
+        length: node.len as i64,
+        null_count: node.null_count.map_or(-1, |n| n as i64),
+        offset: node.offset as i64,
+        buffers: node
+            .buffers
+            .iter()
+            .map(|p| p.map_or(std::ptr::null(), |p| (base + p.offset) as *const _))
+            .collect(),
+        children: node.children.iter().map(|c| export_node(c, base)).collect(),
+        dictionary: node
+            .dictionary
+            .as_ref()
+            .map(|d| Box::new(export_node(d, base))),
+    }
+}

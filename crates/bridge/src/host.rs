@@ -1,0 +1,181 @@
+//! Downloads to the host: what a download moves ([`Download`]: one packed image on the
+//! device and the tree that points into it), and the host side of it, rebuilding arrow-rs
+//! arrays from a host copy of such an image ([`build_host_node`], [`host_batch`]).
+//!
+//! The copies themselves run through a transfer's staging buffers
+//! ([`Transfer::to_host`](crate::Transfer::to_host)); [`pin_batch`](crate::pin_batch)
+//! rebuilds a batch packed into pinned memory the same way.
+
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, RecordBatchOptions, StructArray};
+use arrow_buffer::Buffer;
+use arrow_data::ArrayData;
+use arrow_schema::{DataType, SchemaRef};
+use devarrow_abi::device::{DeviceMemory, SyncEvent};
+use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
+use devarrow_abi::{Error, Result};
+use rayon::prelude::*;
+
+use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
+use crate::plan::{Node, Placement};
+
+/// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: one packed image on the
+/// device, the tree that points into it, and the event its data is ready after.
+pub(crate) struct Download {
+    pub(crate) schema: SchemaRef,
+    pub(crate) num_rows: usize,
+    pub(crate) root: Arc<Node>,
+    pub(crate) memory: Arc<dyn DeviceMemory>,
+    pub(crate) event: Arc<dyn SyncEvent>,
+    /// Whether the image was planned by this crate from valid arrow-rs data (a batch
+    /// [`Transfer::to_device`](crate::Transfer::to_device) uploaded), so rebuilding it on
+    /// the host needs no validation. `false` for foreign data.
+    pub(crate) trusted: bool,
+}
+
+/// Rebuilds a record batch of `schema` and `num_rows` rows from the planned tree `root`
+/// over `host`, a host copy of its image (see [`build_host_node`] for `trusted`).
+pub(crate) fn host_batch(
+    schema: SchemaRef,
+    num_rows: usize,
+    root: &Node,
+    host: &Buffer,
+    trusted: bool,
+) -> Result<RecordBatch> {
+    let data = build_host_node(root, host, trusted)?;
+    let strukt = StructArray::from(data);
+    let options = RecordBatchOptions::new().with_row_count(Some(num_rows));
+    Ok(RecordBatch::try_new_with_options(
+        schema,
+        strukt.columns().to_vec(),
+        &options,
+    )?)
+}
+
+/// Rebuilds arrow-rs array data from a planned tree over a host copy of its image.
+///
+/// `trusted`: the tree was planned by this crate from arrow-rs data that was valid (its
+/// `ArrayData` invariants held), and the image is a byte-for-byte copy of what the planner
+/// packed, so the arrays are built without validating them again (UTF-8, offsets: the bulk
+/// of `to_host`'s host time otherwise). Foreign data is always validated in full.
+pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Result<ArrayData> {
+    let slice = |p: &Option<Placement>| p.map(|p| host.slice_with_length(p.offset, p.len));
+    let roles = buffer_roles(&node.data_type);
+    let has_validity = roles.first() == Some(&BufferRole::Validity);
+    let mut buffers: Vec<Buffer> = node
+        .buffers
+        .iter()
+        .map(|p| slice(p).unwrap_or_default())
+        .collect();
+    let validity = if has_validity {
+        slice(&node.buffers[0])
+    } else {
+        None
+    };
+    if has_validity {
+        buffers.remove(0);
+    }
+    if matches!(node.data_type, DataType::Utf8View | DataType::BinaryView) {
+        buffers.pop(); // the variadic sizes: arrow-rs keeps them as buffer lengths
+    }
+    // Building validates every array (UTF-8, offsets): the bulk of `to_host`'s host time
+    // for string-heavy batches. Columns of a large batch are built on several threads.
+    let mut children: Vec<ArrayData> =
+        if node.children.len() > 1 && host.len() >= DEFAULT_PARALLEL_MIN_BYTES {
+            node.children
+                .par_iter()
+                .map(|c| build_host_node(c, host, trusted))
+                .collect::<Result<_>>()?
+        } else {
+            node.children
+                .iter()
+                .map(|c| build_host_node(c, host, trusted))
+                .collect::<Result<_>>()?
+        };
+    if let Some(d) = &node.dictionary {
+        children.push(build_host_node(d, host, trusted)?);
+    }
+    if let Some(base) = node.rebase {
+        rebase_offsets(&node.data_type, &mut buffers, base)?;
+    }
+    let mut builder = ArrayData::builder(node.data_type.clone())
+        .len(node.len)
+        .offset(node.offset)
+        .null_bit_buffer(validity)
+        .buffers(buffers)
+        .child_data(children)
+        .align_buffers(true);
+    if let Some(null_count) = node.null_count {
+        builder = builder.null_count(null_count);
+    }
+    // Debug builds (the tests) validate trusted trees too, so a planner bug shows up as
+    // a validation error there rather than as undefined behaviour.
+    if trusted && !cfg!(debug_assertions) {
+        // `trusted`: this crate planned the tree from valid arrow-rs data and `host` holds
+        // the bytes it packed, unchanged (exported device memory is read-only to consumers).
+        // SAFETY: so every invariant `build` would check held when the planner read the
+        // input, and still holds.
+        builder = unsafe { builder.skip_validation(true) };
+    }
+    // Validated; a panic of arrow-rs on malformed (foreign) data becomes an error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()))
+        .map_err(Error::from_panic)?
+        .map_err(Error::from)
+}
+
+/// Offsets (4 or 8 bytes each, native-endian) as `i64`s, whatever the buffer's alignment.
+fn read_offsets(buffer: &Buffer, width: usize) -> impl Iterator<Item = i64> + '_ {
+    buffer.as_slice().chunks_exact(width).map(move |b| {
+        if width == 4 {
+            i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64
+        } else {
+            i64::from_ne_bytes(b.try_into().expect("8 bytes"))
+        }
+    })
+}
+
+fn offsets_buffer(values: impl Iterator<Item = i64>, width: usize) -> Buffer {
+    if width == 4 {
+        // Truncation is intended: rebased 32-bit offsets wrap as the producer's would.
+        Buffer::from_vec(values.map(|v| v as i32).collect::<Vec<i32>>())
+    } else {
+        Buffer::from_vec(values.collect::<Vec<i64>>())
+    }
+}
+
+/// Applies a node's `rebase` to its buffers (validity already removed): offsets minus
+/// `base`; for list views, offsets minus `base` where the size is positive, else 0.
+fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Result<()> {
+    let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
+    match data_type {
+        DataType::Utf8
+        | DataType::Binary
+        | DataType::List(_)
+        | DataType::Map(_, _)
+        | DataType::LargeUtf8
+        | DataType::LargeBinary
+        | DataType::LargeList(_) => {
+            let width = offset_width(data_type);
+            let offsets = buffers.first_mut().ok_or_else(missing)?;
+            *offsets = offsets_buffer(
+                read_offsets(offsets, width).map(|o| o.wrapping_sub(base)),
+                width,
+            );
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            let width = offset_width(data_type);
+            let [offsets, sizes, ..] = buffers else {
+                return Err(missing());
+            };
+            *offsets = offsets_buffer(
+                read_offsets(offsets, width)
+                    .zip(read_offsets(sizes, width))
+                    .map(|(o, s)| if s > 0 { o.wrapping_sub(base) } else { 0 }),
+                width,
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
