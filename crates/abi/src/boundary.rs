@@ -4,6 +4,7 @@ use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Result};
+use crate::panic::{drop_payload, panic_message};
 
 /// Runs `f`, turning a panic into [`Error::Panic`].
 pub fn catch_panic<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -25,25 +26,6 @@ pub fn swallow_panic(what: &str, f: impl FnOnce()) {
             "devarrow: panic caught {what}: {message}"
         );
         drop_payload(payload);
-    }
-}
-
-/// The message of a panic payload (`&str` or `String`), without consuming it.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s
-    } else {
-        "non-string panic payload"
-    }
-}
-
-/// Drops a panic payload without letting a panic in its `Drop` escape: the payload of
-/// such a second panic is forgotten (leaked) instead of dropped.
-pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(second) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(second);
     }
 }
 

@@ -187,8 +187,8 @@ impl Error {
     /// The payload is dropped without unwinding, even if its `Drop` panics (that second
     /// payload is leaked), so this is safe to call at the C boundary.
     pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
-        let msg = crate::boundary::panic_message(&*payload).to_string();
-        crate::boundary::drop_payload(payload);
+        let msg = crate::panic::panic_message(&*payload).to_string();
+        crate::panic::drop_payload(payload);
         Error::Panic(msg)
     }
 }

@@ -27,5 +27,6 @@ pub mod boundary;
 pub mod cpu;
 pub mod device;
 pub mod layout;
+mod panic;
 pub mod pinned;
 pub mod stream;

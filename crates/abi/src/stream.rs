@@ -19,10 +19,11 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 use crate::abi::{ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType};
-use crate::boundary::{catch_panic, drop_payload, swallow_panic};
+use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
+use crate::panic::drop_payload;
 
 /// What a device stream producer draws from: a schema and a sequence of struct arrays
 /// (one per record batch) on one device type.
