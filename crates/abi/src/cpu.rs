@@ -14,9 +14,9 @@ use arrow_data::ArrayData;
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::abi::ArrowDeviceType;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
+use crate::ffi::ArrowDeviceType;
 use crate::layout;
 
 /// The `device_id` of CPU arrays.

@@ -2,8 +2,8 @@
 
 use std::ffi::c_void;
 
-use crate::abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, FFI_ArrowArray};
 use crate::error::{Error, Result};
+use crate::ffi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, FFI_ArrowArray};
 
 /// An owned, unreleased `ArrowDeviceArray`.
 ///

@@ -19,8 +19,8 @@ use std::ffi::c_void;
 
 use arrow_schema::{DataType, UnionMode};
 
-use crate::abi::ArrowArray;
 use crate::error::{Error, Result};
+use crate::ffi::ArrowArray;
 
 /// What a buffer of a layout holds; used in error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

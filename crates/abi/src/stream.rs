@@ -18,11 +18,11 @@ use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
-use crate::abi::{ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType};
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
+use crate::ffi::{ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType};
 use crate::panic::drop_payload;
 
 /// What a device stream producer draws from: a schema and a sequence of struct arrays

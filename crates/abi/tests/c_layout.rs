@@ -20,7 +20,7 @@ use arrow_array::ffi_stream::FFI_ArrowArrayStream;
 use arrow_array::{Int32Array, RecordBatch, RecordBatchIterator};
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Schema};
-use devarrow_abi::abi::FFI_ArrowArray;
+use devarrow_abi::ffi::FFI_ArrowArray;
 use devarrow_abi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType,

@@ -12,7 +12,7 @@ use arrow_array::{
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use devarrow_abi::error::errno;
-use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::stream::{
     export_reader, export_stream, DeviceArrayStream, DeviceArrayStreamReader, DeviceBatchSource,
 };

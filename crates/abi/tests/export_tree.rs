@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray};
 
 /// Keeps the values of the exported tree alive, and counts its drops.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{Schema, SchemaRef};
 use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
-use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{DeviceArray, Error, Result};
 
 use crate::foreign::Foreign;
@@ -93,7 +93,7 @@ impl DeviceBatch {
     pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
         let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
         let sync_event = self.event.as_sync_event_ptr();
-        let (root, owner, device_type, device_id): (_, devarrow_abi::export::Owner, _, _) =
+        let (root, owner, device_type, device_id): (_, devarrow_abi::export_tree::Owner, _, _) =
             match &self.storage {
                 Storage::Packed { root, memory } => (
                     export_node(root, memory.address() as usize),

@@ -56,7 +56,7 @@ use devarrow_abi::device::{
     check_same_device, check_stream_device, Device, DeviceCopy, DeviceMemory, SyncEvent,
     BUFFER_ALIGNMENT,
 };
-use devarrow_abi::export::ArrayNode;
+use devarrow_abi::export_tree::ArrayNode;
 use devarrow_abi::layout::{
     self, buffer_roles, child_types, fixed_bit_width, offset_width, BufferRole,
 };

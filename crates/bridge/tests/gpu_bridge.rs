@@ -21,7 +21,7 @@ use common::{
 };
 use devarrow_abi::async_stream::{AsyncStreamHandler, ProducerHandle};
 use devarrow_abi::device::DeviceCopy;
-use devarrow_abi::export::{export_tree, ArrayNode};
+use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::layout::{buffer_roles, BufferRole};
 use devarrow_abi::DeviceArray;
 use rand::rngs::StdRng;

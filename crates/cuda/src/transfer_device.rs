@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
-use devarrow_abi::pinned::PinnedRegistry;
+use devarrow_abi::pinned_registry::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
 use crate::context::{self, ContextGuard, DropInContext};

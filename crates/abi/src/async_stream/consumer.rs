@@ -16,14 +16,14 @@ use arrow_schema::{ArrowError, Schema, SchemaRef};
 use futures::Stream;
 
 use super::lock;
-use crate::abi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{errno, Error, Result};
+use crate::ffi::{
+    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
+    ArrowDeviceType, ArrowSchema,
+};
 
 /// Why a stream ended early; turned into a fresh [`Error`] wherever it is reported.
 #[derive(Clone, Debug)]

@@ -18,14 +18,14 @@ use futures::{Stream, StreamExt};
 
 use super::lock;
 use super::AsyncStreamHandler;
-use crate::abi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
+use crate::ffi::{
+    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
+    ArrowDeviceType, ArrowSchema,
+};
 
 // ---------------------------------------------------------------------------------------
 // Tasks

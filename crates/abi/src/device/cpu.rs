@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
-use crate::abi::ArrowDeviceType;
 use crate::error::{Error, Result};
-use crate::pinned::PinnedRegistry;
+use crate::ffi::ArrowDeviceType;
+use crate::pinned_registry::PinnedRegistry;
 
 /// The CPU as a [`Device`]: "device" memory is host memory, copies are `memcpy`, events
 /// are complete at once (and exported as a NULL `sync_event`).

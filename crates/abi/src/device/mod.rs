@@ -13,8 +13,8 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::abi::ArrowDeviceType;
 use crate::error::{Error, Result};
+use crate::ffi::ArrowDeviceType;
 
 /// Alignment of every device allocation and of every buffer packed into one (64 bytes,
 /// as the Arrow columnar format recommends).

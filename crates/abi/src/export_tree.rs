@@ -11,10 +11,10 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use crate::abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType};
 use crate::boundary::swallow_panic;
 use crate::device_array::DeviceArray;
 use crate::error::Result;
+use crate::ffi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType};
 
 /// One array of a tree to export.
 #[derive(Debug, Clone, Default)]
