@@ -145,13 +145,17 @@ pub enum Error {
     /// Invalid argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// A device-specific failure (CUDA errors and the like), from the device crates.
-    #[error("{device} error: {message}")]
+    /// A device-specific failure (CUDA errors and the like), from the device crates,
+    /// which keep their own error as the source (e.g. `devarrow_cuda::CudaError`, whose
+    /// own source is the driver's error); a plain message boxes as well
+    /// (`"what failed".into()`).
+    #[error("{device} error: {source}")]
     Device {
         /// The device (e.g. `CUDA`).
         device: &'static str,
-        /// What failed.
-        message: String,
+        /// What failed: the device crate's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 }
 

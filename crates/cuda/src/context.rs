@@ -13,14 +13,17 @@
 //! own (another device, another context), bind through a [`ContextGuard`], which makes the
 //! caller's current context current again when it is dropped.
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+
+use crate::driver;
+use crate::error::Result;
 
 /// Makes `ctx` current on the calling thread (no-op if it already is); the previous
 /// current context is not restored.
-pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
-    if result::ctx::get_current()? != Some(ctx.cu_ctx()) {
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    if driver::ctx_get_current()? != Some(ctx.cu_ctx()) {
         // SAFETY: `ctx` is a live context (we hold a reference), so its handle is valid.
-        unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
+        unsafe { driver::ctx_set_current(ctx.cu_ctx()) }?;
     }
     Ok(())
 }
@@ -30,34 +33,25 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
 ///
 /// # Safety
 /// `event` must be a live `CUevent` (one the driver may still be recording is fine).
-pub(crate) unsafe fn stream_wait_event(
-    stream: &CudaStream,
-    event: sys::CUevent,
-) -> Result<(), DriverError> {
+pub(crate) unsafe fn stream_wait_event(stream: &CudaStream, event: sys::CUevent) -> Result<()> {
     bind(stream.context())?;
     // SAFETY: the stream is live (borrowed) and its context bound; the event is live
     // (the caller's guarantee).
-    unsafe {
-        result::stream::wait_event(
-            stream.cu_stream(),
-            event,
-            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-        )
-    }
+    unsafe { driver::stream_wait_event(stream.cu_stream(), event) }
 }
 
 /// Blocks until all work queued on `stream` has completed.
-pub(crate) fn sync_stream(stream: &CudaStream) -> Result<(), DriverError> {
+pub(crate) fn sync_stream(stream: &CudaStream) -> Result<()> {
     bind(stream.context())?;
     // SAFETY: the stream is live (borrowed) and belongs to the context bound above.
-    unsafe { result::stream::synchronize(stream.cu_stream()) }
+    unsafe { driver::stream_synchronize(stream.cu_stream()) }
 }
 
 /// Blocks until `event` has completed.
-pub(crate) fn sync_event(event: &CudaEvent) -> Result<(), DriverError> {
+pub(crate) fn sync_event(event: &CudaEvent) -> Result<()> {
     bind(event.context())?;
     // SAFETY: the event is live (borrowed) and belongs to the context bound above.
-    unsafe { result::event::synchronize(event.cu_event()) }
+    unsafe { driver::event_synchronize(event.cu_event()) }
 }
 
 /// A context made current for a scope: dropping the guard makes the thread's previous
@@ -69,13 +63,13 @@ pub(crate) struct ContextGuard {
 
 impl ContextGuard {
     /// Makes `ctx` current until the guard drops.
-    pub(crate) fn enter(ctx: &CudaContext) -> Result<Self, DriverError> {
-        let previous = result::ctx::get_current()?;
+    pub(crate) fn enter(ctx: &CudaContext) -> Result<Self> {
+        let previous = driver::ctx_get_current()?;
         if previous == Some(ctx.cu_ctx()) {
             return Ok(Self { previous: None });
         }
         // SAFETY: `ctx` is a live context (we hold a reference), so its handle is valid.
-        unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
+        unsafe { driver::ctx_set_current(ctx.cu_ctx()) }?;
         Ok(Self {
             previous: Some(previous.unwrap_or(std::ptr::null_mut())),
         })
@@ -88,7 +82,7 @@ impl Drop for ContextGuard {
             // SAFETY: `previous` was current on this thread when the guard was made (or
             // NULL, which unbinds); a context current on a thread is one the thread's owner
             // keeps alive while it uses it.
-            let _ = unsafe { result::ctx::set_current(previous) };
+            let _ = unsafe { driver::ctx_set_current(previous) };
         }
     }
 }

@@ -3,9 +3,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaStream};
 
 use crate::context::DropInContext;
+use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
 
 /// Whether the CUDA driver library can be loaded on this machine (checked once).
@@ -14,11 +15,7 @@ use crate::error::{CudaError, DriverResultExt, Result};
 /// cudarc panics when `libcuda` is missing.
 pub fn driver_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        // SAFETY: `is_culib_present` only tries to dlopen the driver library by its
-        // well-known names; it has no other side effect and no precondition.
-        unsafe { sys::is_culib_present() }
-    })
+    *PRESENT.get_or_init(driver::culib_present)
 }
 
 /// Loads and initializes the driver (`cuInit`), or says why it cannot.
@@ -26,7 +23,7 @@ pub(crate) fn init_driver() -> Result<()> {
     if !driver_available() {
         return Err(CudaError::NoDriver);
     }
-    result::init().call("cuInit")
+    driver::init()
 }
 
 /// The number of CUDA devices (0 when the driver is present but sees no device).
@@ -36,7 +33,7 @@ pub fn device_count() -> Result<usize> {
         Err(CudaError::NoDevice) => return Ok(0),
         Err(e) => return Err(e),
     }
-    let n = result::device::get_count().call("cuDeviceGetCount")?;
+    let n = driver::device_get_count()?;
     Ok(n.max(0) as usize)
 }
 
@@ -62,21 +59,16 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let count = device_count()?;
     let mut out = Vec::with_capacity(count);
     for id in 0..count {
-        let dev = result::device::get(id as i32).call("cuDeviceGet")?;
-        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
-            // SAFETY: `dev` is a valid device handle from cuDeviceGet and `a` a valid
-            // attribute enum value.
-            unsafe { result::device::get_attribute(dev, a) }.call("cuDeviceGetAttribute")
-        };
+        let dev = driver::device_get(id as i32)?;
+        let attr = |a: sys::CUdevice_attribute| driver::device_get_attribute(dev, a);
         out.push(DeviceInfo {
             id,
-            name: result::device::get_name(dev).call("cuDeviceGetName")?,
+            name: driver::device_get_name(dev)?,
             compute_capability: (
                 attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
                 attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             ),
-            // SAFETY: `dev` is a valid device handle from cuDeviceGet.
-            total_memory: unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
+            total_memory: driver::device_total_mem(dev)?,
             memory_pools: attr(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
             )? > 0,
@@ -226,12 +218,12 @@ impl CudaDevice {
     /// `(free, total)` device memory in bytes (`cuMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.bind_to_thread()?;
-        result::mem_get_info().call("cuMemGetInfo")
+        driver::mem_get_info()
     }
 
     /// Makes this device's context current on the calling thread.
     pub fn bind_to_thread(&self) -> Result<()> {
-        crate::context::bind(&self.inner.ctx).call("cuCtxSetCurrent")
+        crate::context::bind(&self.inner.ctx)
     }
 
     /// Creates a new non-blocking stream.
@@ -247,7 +239,7 @@ impl CudaDevice {
     /// Waits for all work on the device's context to finish.
     pub fn synchronize(&self) -> Result<()> {
         self.bind_to_thread()?;
-        result::ctx::synchronize().call("cuCtxSynchronize")
+        driver::ctx_synchronize()
     }
 
     /// Returns the unused memory of devarrow's memory pool of the device (which keeps
@@ -261,12 +253,10 @@ impl CudaDevice {
             return Ok(());
         }
         self.bind_to_thread()?;
-        crate::pool::trim(self.context(), 0).call("cuMemPoolTrimTo")?;
-        // SAFETY: the device handle is valid (it belongs to our live context).
-        let pool = unsafe { result::device::get_default_mem_pool(self.inner.ctx.cu_device()) }
-            .call("cuDeviceGetDefaultMemPool")?;
+        crate::pool::trim(self.context(), 0)?;
+        let pool = driver::device_get_default_mem_pool(self.inner.ctx.cu_device())?;
         // SAFETY: `pool` is the device's default pool, valid for the process lifetime.
-        unsafe { result::mem_pool::trim_to(pool, 0) }.call("cuMemPoolTrimTo")
+        unsafe { driver::mem_pool_trim_to(pool, 0) }
     }
 }
 

@@ -1,11 +1,17 @@
 //! [`CudaError`]: everything that can go wrong talking to CUDA, as a typed error.
 
-use cudarc::driver::{result::DriverError, sys};
+use cudarc::driver::{sys, DriverError};
 use devarrow_abi::ArrowDeviceType;
 
 /// A failure of the CUDA layer. Never a panic: a missing driver, a missing device and
 /// an exhausted device memory are all reported here.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// A failed driver call keeps cudarc's [`DriverError`] as its
+/// [`source`](std::error::Error::source) ([`CudaError::driver_result`] gives its
+/// `CUresult`), and an error of the ABI layer is kept as it is ([`CudaError::Abi`]), so
+/// the cause and its errno code survive conversions to [`devarrow_abi::Error`] and
+/// arrow-rs's `ArrowError` and back.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// The CUDA driver library (`libcuda.so`) could not be loaded.
@@ -28,15 +34,14 @@ pub enum CudaError {
         /// The size of the failed allocation.
         bytes: usize,
     },
-    /// A CUDA driver call failed.
-    #[error("{call} failed: {name} ({code})")]
+    /// A CUDA driver call failed (e.g. `cuMemcpy failed: CUDA_ERROR_INVALID_VALUE (1)`).
+    #[error("{call} failed: {name:?} ({code})", name = .source.0, code = .source.0 as u32)]
     Driver {
         /// The driver call (e.g. `cuMemAllocAsync`).
         call: &'static str,
-        /// The numeric `CUresult`.
-        code: u32,
-        /// The `CUresult` name (e.g. `CUDA_ERROR_INVALID_VALUE`).
-        name: String,
+        /// cudarc's error, holding the `CUresult` the call returned.
+        #[source]
+        source: DriverError,
     },
     /// The data lives on a device type this call does not handle.
     #[error("unsupported device type {found} (expected {expected})")]
@@ -60,9 +65,50 @@ pub enum CudaError {
     /// A bad argument (length, alignment, layout the CUDA export cannot represent, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// An error of the Arrow C Device interface layer.
-    #[error("{0}")]
-    Abi(String),
+    /// An error of the Arrow C Device interface layer, kept as it is (its errno code
+    /// included). Converting it back to a [`devarrow_abi::Error`] gives that error.
+    #[error(transparent)]
+    Abi(devarrow_abi::Error),
+}
+
+/// Like a derived `Debug`, except that the [`DriverError`] of [`CudaError::Driver`] is
+/// shown by its `CUresult` only: cudarc's `Debug` (and `Display`) of a `DriverError` asks
+/// the driver for its description, and would panic where the driver library is missing.
+impl std::fmt::Debug for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoDriver => f.write_str("NoDriver"),
+            Self::NoDevice => f.write_str("NoDevice"),
+            Self::InvalidDeviceId { id, count } => f
+                .debug_struct("InvalidDeviceId")
+                .field("id", id)
+                .field("count", count)
+                .finish(),
+            Self::OutOfMemory { bytes } => {
+                f.debug_struct("OutOfMemory").field("bytes", bytes).finish()
+            }
+            Self::Driver { call, source } => f
+                .debug_struct("Driver")
+                .field("call", call)
+                .field("source", &format_args!("DriverError({:?})", source.0))
+                .finish(),
+            Self::UnsupportedDeviceType { found, expected } => f
+                .debug_struct("UnsupportedDeviceType")
+                .field("found", found)
+                .field("expected", expected)
+                .finish(),
+            Self::DeviceMismatch { expected, found } => f
+                .debug_struct("DeviceMismatch")
+                .field("expected", expected)
+                .field("found", found)
+                .finish(),
+            Self::Unsupported(what) => f.debug_tuple("Unsupported").field(what).finish(),
+            Self::InvalidArgument(message) => {
+                f.debug_tuple("InvalidArgument").field(message).finish()
+            }
+            Self::Abi(e) => f.debug_tuple("Abi").field(e).finish(),
+        }
+    }
 }
 
 /// `Result` with [`CudaError`].
@@ -79,11 +125,18 @@ impl CudaError {
         match (err.0, bytes) {
             (sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY, Some(bytes)) => Self::OutOfMemory { bytes },
             (sys::CUresult::CUDA_ERROR_NO_DEVICE, _) => Self::NoDevice,
-            (code, _) => Self::Driver {
-                call,
-                code: code as u32,
-                name: format!("{code:?}"),
-            },
+            _ => Self::Driver { call, source: err },
+        }
+    }
+
+    /// The `CUresult` of the failed driver call of a [`CudaError::Driver`]; `None` for
+    /// every other variant (including [`CudaError::OutOfMemory`] and
+    /// [`CudaError::NoDevice`], which the driver's `CUDA_ERROR_OUT_OF_MEMORY` and
+    /// `CUDA_ERROR_NO_DEVICE` become).
+    pub fn driver_result(&self) -> Option<sys::CUresult> {
+        match self {
+            Self::Driver { source, .. } => Some(source.0),
+            _ => None,
         }
     }
 
@@ -132,17 +185,27 @@ impl From<CudaError> for devarrow_abi::Error {
                 expected,
                 found,
             },
+            // An ABI error that passed through the CUDA layer comes back as it was.
+            CudaError::Abi(e) => e,
             other => devarrow_abi::Error::Device {
                 device: "CUDA",
-                message: other.to_string(),
+                source: Box::new(other),
             },
         }
     }
 }
 
 impl From<devarrow_abi::Error> for CudaError {
+    /// [`CudaError::Abi`], except that a [`devarrow_abi::Error::Device`] made from a
+    /// `CudaError` gives that `CudaError` back, so round trips do not nest.
     fn from(e: devarrow_abi::Error) -> Self {
-        CudaError::Abi(e.to_string())
+        match e {
+            devarrow_abi::Error::Device { device, source } => match source.downcast() {
+                Ok(cuda) => *cuda,
+                Err(source) => CudaError::Abi(devarrow_abi::Error::Device { device, source }),
+            },
+            e => CudaError::Abi(e),
+        }
     }
 }
 
@@ -199,5 +262,118 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The errors of a source chain, outermost first.
+    fn chain<'a>(
+        e: &'a (dyn std::error::Error + 'static),
+    ) -> Vec<&'a (dyn std::error::Error + 'static)> {
+        let mut out = vec![e];
+        while let Some(next) = out.last().unwrap().source() {
+            out.push(next);
+        }
+        out
+    }
+
+    #[test]
+    fn a_driver_error_survives_a_round_trip_through_abi_and_arrow_errors() {
+        use arrow_schema::ArrowError;
+        use devarrow_abi::error::errno;
+        let invalid = sys::CUresult::CUDA_ERROR_INVALID_VALUE;
+        let e = CudaError::driver("cuMemcpy", DriverError(invalid));
+        assert_eq!(e.driver_result(), Some(invalid));
+        // Debug shows the CUresult without asking the (here missing) driver library.
+        assert!(
+            format!("{e:?}").contains("CUDA_ERROR_INVALID_VALUE"),
+            "{e:?}"
+        );
+
+        let abi: devarrow_abi::Error = e.into();
+        assert_eq!(abi.errno(), errno::EIO);
+        assert_eq!(
+            abi.to_string(),
+            "CUDA error: cuMemcpy failed: CUDA_ERROR_INVALID_VALUE (1)"
+        );
+        let arrow: ArrowError = abi.into();
+        // ArrowError -> devarrow_abi::Error -> CudaError -> DriverError.
+        let links = chain(&arrow);
+        assert_eq!(links.len(), 4, "{arrow:?}");
+        assert!(links[1].is::<devarrow_abi::Error>());
+        let cuda = links[2].downcast_ref::<CudaError>().expect("a CudaError");
+        assert_eq!(cuda.driver_result(), Some(invalid));
+        assert_eq!(
+            links[3].downcast_ref::<DriverError>().map(|d| d.0),
+            Some(invalid)
+        );
+
+        let abi = devarrow_abi::Error::from(arrow);
+        assert_eq!(abi.errno(), errno::EIO);
+        let back = CudaError::from(abi);
+        assert!(
+            matches!(
+                back,
+                CudaError::Driver {
+                    call: "cuMemcpy",
+                    ..
+                }
+            ),
+            "{back:?}"
+        );
+        assert_eq!(back.driver_result(), Some(invalid));
+        assert_eq!(
+            back.to_string(),
+            "cuMemcpy failed: CUDA_ERROR_INVALID_VALUE (1)"
+        );
+        let links = chain(&back);
+        assert_eq!(links.len(), 2);
+        assert_eq!(
+            links[1].downcast_ref::<DriverError>().map(|d| d.0),
+            Some(invalid)
+        );
+        // Once more: the round trip does not nest.
+        let again = CudaError::from(devarrow_abi::Error::from(back));
+        assert!(matches!(again, CudaError::Driver { .. }), "{again:?}");
+    }
+
+    #[test]
+    fn an_abi_error_keeps_its_errno_through_cuda_and_arrow_errors() {
+        use arrow_schema::ArrowError;
+        use devarrow_abi::error::errno;
+        let callback = || devarrow_abi::Error::Callback {
+            operation: "get_next",
+            code: errno::ENOMEM,
+            message: "the producer ran out of memory".into(),
+        };
+        let e = CudaError::from(callback());
+        assert!(
+            matches!(&e, CudaError::Abi(devarrow_abi::Error::Callback { .. })),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), callback().to_string());
+        assert_eq!(e.driver_result(), None);
+
+        let abi: devarrow_abi::Error = e.into();
+        assert!(
+            matches!(abi, devarrow_abi::Error::Callback { .. }),
+            "{abi:?}"
+        );
+        assert_eq!(abi.errno(), errno::ENOMEM);
+        let arrow: ArrowError = abi.into();
+        let back = CudaError::from(devarrow_abi::Error::from(arrow));
+        assert_eq!(devarrow_abi::Error::from(back).errno(), errno::ENOMEM);
+
+        // A device error of another crate stays what it is.
+        let other = devarrow_abi::Error::Device {
+            device: "TEST",
+            source: "refused".into(),
+        };
+        let e = CudaError::from(other);
+        assert_eq!(e.to_string(), "TEST error: refused");
+        let abi: devarrow_abi::Error = e.into();
+        assert!(
+            matches!(abi, devarrow_abi::Error::Device { device: "TEST", .. }),
+            "{abi:?}"
+        );
+        assert_eq!(abi.errno(), errno::EIO);
     }
 }

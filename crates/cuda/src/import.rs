@@ -4,11 +4,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arrow_buffer::alloc::Allocation;
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{sys, CudaStream};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 
 use crate::context::{self, ContextGuard, DropInContext};
-use crate::error::{CudaError, DriverResultExt, Result};
+use crate::driver;
+use crate::error::{CudaError, Result};
 use crate::memory::ForeignBuffer;
 
 /// Owns the imported array; its drop is where the producer's `release` runs.
@@ -35,7 +36,7 @@ impl Drop for ImportShared {
         // context. (If synchronizing fails, the context is broken and runs nothing more.)
         if let Ok(_bound) = ContextGuard::enter(self.stream.context()) {
             // SAFETY: the stream is live (we hold it) and its context is bound.
-            let _ = unsafe { result::stream::synchronize(self.stream.cu_stream()) };
+            let _ = unsafe { driver::stream_synchronize(self.stream.cu_stream()) };
         }
     }
 }
@@ -109,7 +110,7 @@ impl ImportedArray {
         };
         if !event.is_null() {
             // SAFETY: the event is the producer's live event (see above).
-            unsafe { context::stream_wait_event(stream, event) }.call("cuStreamWaitEvent")?;
+            unsafe { context::stream_wait_event(stream, event) }?;
         }
         Ok(Self {
             shared: Arc::new(ImportShared {
@@ -169,10 +170,10 @@ impl ImportedArray {
     /// have [`ForeignBuffer::host_slice`]).
     pub fn synchronize_host(&self) -> Result<()> {
         if !self.shared.event.is_null() {
-            context::bind(self.shared.stream.context()).call("cuCtxSetCurrent")?;
+            context::bind(self.shared.stream.context())?;
             // SAFETY: the producer's event stays alive until release, which cannot run
             // while we hold `shared`.
-            unsafe { result::event::synchronize(self.shared.event) }.call("cuEventSynchronize")?;
+            unsafe { driver::event_synchronize(self.shared.event) }?;
         }
         self.shared.host_synchronized.store(true, Ordering::Release);
         Ok(())
@@ -186,13 +187,10 @@ impl ImportedArray {
             ArrowDeviceType::CUDA_HOST => true,
             ArrowDeviceType::CUDA_MANAGED => {
                 let dev = self.shared.stream.context().cu_device();
-                // SAFETY: the device handle belongs to the live context of our stream.
-                unsafe {
-                    result::device::get_attribute(
-                        dev,
-                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
-                    )
-                }
+                driver::device_get_attribute(
+                    dev,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+                )
                 .is_ok_and(|v| v > 0)
             }
             _ => false,

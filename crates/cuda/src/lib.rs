@@ -25,6 +25,7 @@
 
 mod context;
 mod device;
+mod driver;
 mod error;
 mod export;
 

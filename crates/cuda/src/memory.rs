@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use arrow_buffer::alloc::Allocation;
 use arrow_buffer::Buffer;
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DeviceRepr};
+use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr};
 use devarrow_abi::ArrowDeviceType;
 
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::device::CudaDevice;
+use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::pool;
 
@@ -52,11 +53,11 @@ pub(crate) fn stream_waits_for(waiter: &CudaStream, stream: &CudaStream) -> Resu
     if waiter.cu_stream() == stream.cu_stream() {
         return Ok(());
     }
-    context::bind(stream.context()).call("cuCtxSetCurrent")?;
+    context::bind(stream.context())?;
     let event = stream.record_event(None).call("cuEventRecord")?;
     // SAFETY: the event is live until the end of this function; the driver keeps what the
     // wait needs after it is destroyed (destroying a pending recorded event is allowed).
-    unsafe { context::stream_wait_event(waiter, event.cu_event()) }.call("cuStreamWaitEvent")
+    unsafe { context::stream_wait_event(waiter, event.cu_event()) }
 }
 
 /// Memory this process owns and may write (kernels take it as an output).
@@ -78,13 +79,11 @@ unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) ->
     }
     // SAFETY: the caller guarantees both ranges; with unified addressing the driver
     // infers the direction of the copy from the addresses.
-    unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }
-        .result()
-        .call("cuMemcpyAsync")
+    unsafe { driver::memcpy_async(dst, src, bytes, stream.cu_stream()) }
 }
 
 fn sync(stream: &CudaStream) -> Result<()> {
-    context::sync_stream(stream).call("cuStreamSynchronize")
+    context::sync_stream(stream)
 }
 
 /// Device memory (`ARROW_DEVICE_CUDA`) owned by this process.
@@ -122,29 +121,27 @@ impl DeviceBuffer {
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
         context::check_keepable(stream, "DeviceBuffer::alloc")?;
         let ctx = stream.context();
-        context::bind(ctx).call("cuCtxSetCurrent")?;
+        context::bind(ctx)?;
         let stream_ordered = ctx.has_async_alloc();
         let ptr = if len == 0 {
             0
         } else if stream_ordered {
-            let pool = pool::pool_of(ctx).call("cuMemPoolCreate")?;
+            let pool = pool::pool_of(ctx)?;
             // SAFETY: the pool is one of this device's, the stream belongs to the current
-            // context; the memory is only handed out as an address (never read as Rust
-            // values).
-            let alloc = || unsafe { result::mem_pool::alloc_async(pool, len, stream.cu_stream()) };
+            // context (both live); the memory is only handed out as an address.
+            let alloc =
+                || unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) };
             match alloc() {
                 // The pool keeps freed memory for reuse: out of memory, it gives back
                 // what it holds unused, and the allocation is tried once more.
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                    pool::trim(ctx, 0).call("cuMemPoolTrimTo")?;
+                Err(e) if e.is_out_of_memory() => {
+                    pool::trim(ctx, 0)?;
                     alloc()
                 }
                 allocated => allocated,
-            }
-            .alloc("cuMemAllocFromPoolAsync", len)?
+            }?
         } else {
-            // SAFETY: as above, with the current context bound.
-            unsafe { result::malloc_sync(len) }.alloc("cuMemAlloc", len)?
+            driver::mem_alloc(len)?
         };
         Ok(Self {
             ptr,
@@ -179,7 +176,7 @@ impl DeviceBuffer {
             )));
         }
         self.order_on(stream)?;
-        context::bind(stream.context()).call("cuCtxSetCurrent")?;
+        context::bind(stream.context())?;
         // SAFETY: the destination holds at least `bytes` bytes (checked above) and the
         // source slice outlives the copy, which completes before we return.
         unsafe { memcpy_async(self.ptr, data.as_ptr() as u64, bytes, stream)? };
@@ -204,7 +201,7 @@ impl DeviceBuffer {
             )));
         }
         self.order_on(stream)?;
-        context::bind(stream.context()).call("cuCtxSetCurrent")?;
+        context::bind(stream.context())?;
         // SAFETY: `dst` is valid for `bytes` bytes and outlives the copy (we synchronize
         // before returning); the source holds at least `bytes` bytes.
         unsafe { memcpy_async(dst.as_mut_ptr() as u64, self.ptr, bytes, stream)? };
@@ -218,11 +215,10 @@ impl DeviceBuffer {
             return Ok(());
         }
         self.order_on(stream)?;
-        context::bind(stream.context()).call("cuCtxSetCurrent")?;
+        context::bind(stream.context())?;
         // SAFETY: the range is our live allocation; the stream belongs to the bound
         // context.
-        unsafe { result::memset_d8_async(self.ptr, value, self.len, stream.cu_stream()) }
-            .call("cuMemsetD8Async")?;
+        unsafe { driver::memset_d8_async(self.ptr, value, self.len, stream.cu_stream()) }?;
         // The buffer is freed in order on its own stream: order that after the memset.
         stream_waits_for(&self.stream, stream)
     }
@@ -289,11 +285,11 @@ impl Drop for DeviceBuffer {
         if self.stream_ordered {
             // SAFETY: allocated by cuMemAllocAsync on this stream and freed exactly once,
             // in stream order after the work queued on it.
-            let _ = unsafe { result::free_async(self.ptr, self.stream.cu_stream()) };
+            let _ = unsafe { driver::mem_free_async(self.ptr, self.stream.cu_stream()) };
         } else if context::sync_stream(&self.stream).is_ok() {
             // SAFETY: allocated by cuMemAlloc, freed exactly once, after its stream's
             // work completed.
-            let _ = unsafe { result::free_sync(self.ptr) };
+            let _ = unsafe { driver::mem_free(self.ptr) };
         }
     }
 }
@@ -337,18 +333,16 @@ impl PinnedHostBuffer {
             });
         }
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: the context is bound; the memory is zeroed below before any read.
-        let ptr = unsafe { result::malloc_host(len, flags) }.alloc("cuMemHostAlloc", len)?;
-        let mut device_ptr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` was just returned by cuMemHostAlloc with DEVICEMAP.
-        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }.result();
-        let this = Self {
+        // The context is bound; the memory is zeroed below before any read.
+        let ptr = driver::mem_host_alloc(len, flags)?;
+        let mut this = Self {
             ptr: ptr.cast(),
-            device_ptr,
+            device_ptr: 0,
             len,
             ctx: DropInContext::new(device.context().clone()),
         };
-        mapped.call("cuMemHostGetDevicePointer")?;
+        // Mapped with DEVICEMAP; on failure, dropping `this` frees the allocation.
+        this.device_ptr = driver::mem_host_get_device_pointer(ptr)?;
         // SAFETY: `ptr` is valid for `len` writable bytes, owned by `this`.
         unsafe { std::ptr::write_bytes(this.ptr, 0, len) };
         Ok(this)
@@ -412,7 +406,7 @@ impl Drop for PinnedHostBuffer {
             return;
         };
         // SAFETY: allocated by cuMemHostAlloc and freed exactly once.
-        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
+        let _ = unsafe { driver::mem_free_host(self.ptr.cast::<c_void>()) };
     }
 }
 
@@ -445,9 +439,8 @@ impl ManagedBuffer {
         let ptr = if len == 0 {
             0
         } else {
-            // SAFETY: the context is bound; the memory is zeroed before any read.
-            unsafe { result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                .alloc("cuMemAllocManaged", len)?
+            // The context is bound; the memory is zeroed before any read.
+            driver::mem_alloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)?
         };
         let this = Self {
             ptr,
@@ -462,10 +455,9 @@ impl ManagedBuffer {
         // stream right after `alloc` must not be overwritten by the zeroing.
         if len > 0 {
             // SAFETY: `ptr` is our live allocation of `len` bytes; the context is bound.
-            unsafe { result::memset_d8_sync(ptr, 0, len) }.call("cuMemsetD8")?;
+            unsafe { driver::memset_d8(ptr, 0, len) }?;
             // SAFETY: the NULL handle is the context's legacy default stream.
-            unsafe { result::stream::synchronize(std::ptr::null_mut()) }
-                .call("cuStreamSynchronize")?;
+            unsafe { driver::stream_synchronize(std::ptr::null_mut()) }?;
         }
         Ok(this)
     }
@@ -536,7 +528,7 @@ impl Drop for ManagedBuffer {
             return;
         };
         // SAFETY: allocated by cuMemAllocManaged, freed exactly once.
-        let _ = unsafe { result::free_sync(self.ptr) };
+        let _ = unsafe { driver::mem_free(self.ptr) };
     }
 }
 
@@ -635,7 +627,7 @@ impl ForeignBuffer {
     pub fn to_host(&self, stream: &CudaStream) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
         self.order_on(stream)?;
-        context::bind(stream.context()).call("cuCtxSetCurrent")?;
+        context::bind(stream.context())?;
         // SAFETY: the source is valid for `len` bytes while we hold the owner; `out` is
         // ours and outlives the copy (we synchronize before returning).
         unsafe { memcpy_async(out.as_mut_ptr() as u64, self.ptr, self.len, stream)? };
@@ -696,7 +688,6 @@ impl CudaMemory for ForeignBuffer {
         // SAFETY: the event stays valid while the owner lives (`with_ready_event`'s
         // contract), and we hold the owner.
         unsafe { context::stream_wait_event(stream, self.ready_event as sys::CUevent) }
-            .call("cuStreamWaitEvent")
     }
 }
 

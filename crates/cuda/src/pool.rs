@@ -16,7 +16,10 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::driver::{result, sys, CudaContext, DriverError};
+use cudarc::driver::{sys, CudaContext};
+
+use crate::driver;
+use crate::error::Result;
 
 /// A pool handle; pools are never destroyed.
 #[derive(Clone, Copy)]
@@ -32,7 +35,7 @@ fn pools() -> &'static Mutex<HashMap<usize, Pool>> {
 
 /// devarrow's pool of the device of `ctx` (created on first use), or the device's
 /// default pool where a pool cannot be created. `ctx` must be current.
-pub(crate) fn pool_of(ctx: &CudaContext) -> Result<sys::CUmemoryPool, DriverError> {
+pub(crate) fn pool_of(ctx: &CudaContext) -> Result<sys::CUmemoryPool> {
     let ordinal = ctx.ordinal();
     let mut pools = pools().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(pool) = pools.get(&ordinal) {
@@ -40,36 +43,21 @@ pub(crate) fn pool_of(ctx: &CudaContext) -> Result<sys::CUmemoryPool, DriverErro
     }
     let pool = match create(ordinal) {
         Ok(pool) => pool,
-        // SAFETY: the device handle belongs to the live context.
-        Err(_) => unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }?,
+        Err(_) => driver::device_get_default_mem_pool(ctx.cu_device())?,
     };
     pools.insert(ordinal, Pool(pool));
     Ok(pool)
 }
 
 /// A pool of device memory on `ordinal` that keeps what is freed into it.
-fn create(ordinal: usize) -> Result<sys::CUmemoryPool, DriverError> {
-    // SAFETY: CUmemPoolProps is plain data (enums whose zero value is valid, a NULL
-    // pointer, sizes and reserved bytes); zero is the documented default of every field.
-    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = ordinal as i32;
-    // SAFETY: `props` is a valid, fully initialized CUmemPoolProps.
-    let pool = unsafe { result::mem_pool::create(&props) }?;
-    let mut threshold = u64::MAX;
-    // SAFETY: `pool` is the pool just created; RELEASE_THRESHOLD takes a u64.
-    let set = unsafe {
-        result::mem_pool::set_attribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        )
-    };
+fn create(ordinal: usize) -> Result<sys::CUmemoryPool> {
+    let pool = driver::mem_pool_create(ordinal)?;
+    // SAFETY: `pool` is the pool just created.
+    let set = unsafe { driver::mem_pool_set_release_threshold(pool, u64::MAX) };
     if let Err(e) = set {
-        // SAFETY: nothing was allocated from the pool.
-        let _ = unsafe { result::mem_pool::destroy(pool) };
+        // SAFETY: the pool was just created, nothing was allocated from it, and it is
+        // not used again.
+        let _ = unsafe { driver::mem_pool_destroy(pool) };
         return Err(e);
     }
     Ok(pool)
@@ -77,7 +65,7 @@ fn create(ordinal: usize) -> Result<sys::CUmemoryPool, DriverError> {
 
 /// Returns the unused memory of devarrow's pool of `ctx`'s device (if created) to the
 /// system, keeping at most `keep` bytes reserved. `ctx` must be current.
-pub(crate) fn trim(ctx: &CudaContext, keep: usize) -> Result<(), DriverError> {
+pub(crate) fn trim(ctx: &CudaContext, keep: usize) -> Result<()> {
     let pool = pools()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -85,7 +73,7 @@ pub(crate) fn trim(ctx: &CudaContext, keep: usize) -> Result<(), DriverError> {
         .copied();
     match pool {
         // SAFETY: pools are never destroyed.
-        Some(pool) => unsafe { result::mem_pool::trim_to(pool.0, keep) },
+        Some(pool) => unsafe { driver::mem_pool_trim_to(pool.0, keep) },
         None => Ok(()),
     }
 }

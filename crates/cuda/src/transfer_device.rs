@@ -17,13 +17,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
 use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::pinned_registry::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::device::CudaDevice;
+use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
@@ -58,7 +59,7 @@ impl Drop for DescriptorStaging {
         if let Some(event) = self.uploaded.take() {
             if let Ok(_bound) = ContextGuard::enter(event.context()) {
                 // SAFETY: the event is live (we own it) and its context is bound.
-                let _ = unsafe { result::event::synchronize(event.cu_event()) };
+                let _ = unsafe { driver::event_synchronize(event.cu_event()) };
             }
         }
     }
@@ -143,7 +144,7 @@ impl CudaTransferDevice {
             device_to_host: Duration::MAX,
         };
         self.bind()?;
-        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream)?;
         for _ in 0..reps.max(1) {
             if bytes == 0 {
                 best.host_to_device = Duration::ZERO;
@@ -155,30 +156,26 @@ impl CudaTransferDevice {
             // of `bytes` bytes, both owned here and alive until the synchronize below;
             // the stream belongs to the bound context.
             unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
+                driver::memcpy_htod_async(
                     device.device_ptr(),
                     host.as_slice().as_ptr().cast(),
                     bytes,
                     stream,
                 )
-            }
-            .result()
-            .call("cuMemcpyHtoDAsync")?;
-            context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
+            }?;
+            context::sync_stream(&self.stream)?;
             best.host_to_device = best.host_to_device.min(start.elapsed());
             let start = Instant::now();
             // SAFETY: as above; the host buffer is not read until the synchronize below.
             unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
+                driver::memcpy_dtoh_async(
                     host.as_mut_slice().as_mut_ptr().cast(),
                     device.device_ptr(),
                     bytes,
                     stream,
                 )
-            }
-            .result()
-            .call("cuMemcpyDtoHAsync")?;
-            context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
+            }?;
+            context::sync_stream(&self.stream)?;
             best.device_to_host = best.device_to_host.min(start.elapsed());
         }
         if host
@@ -187,12 +184,13 @@ impl CudaTransferDevice {
             .enumerate()
             .any(|(i, &b)| b != i as u8)
         {
-            return Err(CudaError::Abi(
-                "the pinned-memory baseline round trip changed the bytes".into(),
-            ));
+            return Err(CudaError::Abi(devarrow_abi::Error::Device {
+                device: "CUDA",
+                source: "the pinned-memory baseline round trip changed the bytes".into(),
+            }));
         }
         drop(device);
-        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream)?;
         Ok(best)
     }
 }
@@ -271,31 +269,7 @@ static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
 /// `CUDA_SUCCESS`, so asking about ordinary memory raises no driver error (which
 /// `compute-sanitizer` would report in every user's run).
 fn pointer_type_and_buffer(addr: usize) -> (u32, u64) {
-    let mut memory_type: u32 = 0;
-    let mut buffer_id: u64 = 0;
-    let mut attributes = [
-        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-    ];
-    let mut data: [*mut c_void; 2] = [
-        (&mut memory_type as *mut u32).cast(),
-        (&mut buffer_id as *mut u64).cast(),
-    ];
-    // SAFETY: two attributes, each paired with a local of the type it writes (MEMORY_TYPE
-    // a 32-bit enum, BUFFER_ID a u64); the driver only looks the address up.
-    let status = unsafe {
-        sys::cuPointerGetAttributes(
-            2,
-            attributes.as_mut_ptr(),
-            data.as_mut_ptr(),
-            addr as sys::CUdeviceptr,
-        )
-    };
-    if status == sys::CUresult::CUDA_SUCCESS {
-        (memory_type, buffer_id)
-    } else {
-        (0, 0)
-    }
+    driver::pointer_memory_type_and_buffer_id(addr).unwrap_or((0, 0))
 }
 
 /// Whether the driver reports `first..=last` as inside one page-locked host allocation
@@ -314,11 +288,7 @@ fn driver_reports_pinned(first: usize, last: usize) -> bool {
     if pointer_type_and_buffer(last) != (first_type, first_buffer) {
         return false;
     }
-    let mut flags: std::ffi::c_uint = 0;
-    // SAFETY: writes the allocation flags to our local; the driver only looks the
-    // address up.
-    let status = unsafe { sys::cuMemHostGetFlags(&mut flags, first as *mut c_void) };
-    status == sys::CUresult::CUDA_SUCCESS
+    driver::mem_host_get_flags(first as *const c_void).is_ok()
 }
 
 // SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
@@ -370,7 +340,7 @@ unsafe impl SyncEvent for CudaSyncEvent {
         (&*self.handle as *const sys::CUevent).cast_mut().cast()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
-        context::sync_event(&self.event).call("cuEventSynchronize")?;
+        context::sync_event(&self.event)?;
         Ok(())
     }
 }
@@ -415,15 +385,13 @@ unsafe impl Device for CudaTransferDevice {
         // completes and `dst` is device memory of `len` bytes; the stream belongs to the
         // context bound above.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+            driver::memcpy_htod_async(
                 dst as sys::CUdeviceptr,
                 src.cast(),
                 len,
                 self.stream.cu_stream(),
             )
-        }
-        .result()
-        .call("cuMemcpyHtoDAsync")?;
+        }?;
         Ok(())
     }
 
@@ -440,15 +408,13 @@ unsafe impl Device for CudaTransferDevice {
         // until the copy completes and `src` is device memory of `len` bytes; the stream
         // belongs to the context bound above.
         unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
+            driver::memcpy_dtoh_async(
                 dst.cast(),
                 src as sys::CUdeviceptr,
                 len,
                 self.stream.cu_stream(),
             )
-        }
-        .result()
-        .call("cuMemcpyDtoHAsync")?;
+        }?;
         Ok(())
     }
 
@@ -484,7 +450,7 @@ unsafe impl Device for CudaTransferDevice {
         self.bind()?;
         let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(event) = staging.uploaded.take() {
-            context::sync_event(&event).call("cuEventSynchronize")?;
+            context::sync_event(&event)?;
         }
         // 64 KiB (2,730 descriptors) from the start, doubling past that: regrowing frees
         // and allocates pinned memory, which stalls every stream of the device.
@@ -506,15 +472,13 @@ unsafe impl Device for CudaTransferDevice {
         // again before the event recorded next has completed (see above); `table` is a
         // fresh device allocation of `bytes` bytes on this stream; the context is bound.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+            driver::memcpy_htod_async(
                 table.device_ptr(),
                 host.as_slice().as_ptr().cast(),
                 bytes,
                 self.stream.cu_stream(),
             )
-        }
-        .result()
-        .call("cuMemcpyHtoDAsync")?;
+        }?;
         let recorded = self
             .device
             .context()
@@ -566,12 +530,12 @@ unsafe impl Device for CudaTransferDevice {
         let event = unsafe { *sync_event.cast::<sys::CUevent>() };
         // SAFETY: the event is live (see above); waiting enqueues a dependency on our
         // stream and does not block the host.
-        unsafe { context::stream_wait_event(&self.stream, event) }.call("cuStreamWaitEvent")?;
+        unsafe { context::stream_wait_event(&self.stream, event) }?;
         Ok(())
     }
 
     fn synchronize(&self) -> devarrow_abi::Result<()> {
-        context::sync_stream(&self.stream).call("cuStreamSynchronize")?;
+        context::sync_stream(&self.stream)?;
         Ok(())
     }
 

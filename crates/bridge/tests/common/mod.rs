@@ -193,7 +193,7 @@ unsafe impl SyncEvent for FailableEvent {
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::Device {
                 device: "TEST",
-                message: "event wait refused".into(),
+                source: "event wait refused".into(),
             });
         }
         self.inner.wait_host()
@@ -260,7 +260,7 @@ unsafe impl Device for InstrumentedDevice {
         if self.fail_allocations_after.is_some_and(|limit| n >= limit) {
             return Err(Error::Device {
                 device: "TEST",
-                message: format!("allocation {n} of {len} bytes refused"),
+                source: format!("allocation {n} of {len} bytes refused").into(),
             });
         }
         let inner = self.inner.allocate(len)?;
@@ -304,7 +304,7 @@ unsafe impl Device for InstrumentedDevice {
         if self.fail_events_after.is_some_and(|limit| n >= limit) {
             return Err(Error::Device {
                 device: "TEST",
-                message: format!("event {n} refused"),
+                source: format!("event {n} refused").into(),
             });
         }
         Ok(Arc::new(FailableEvent {

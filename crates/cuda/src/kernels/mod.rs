@@ -342,7 +342,7 @@ fn checked_bits(offset: usize, len: usize) -> Result<usize> {
 }
 
 fn synchronize(stream: &CudaStream) -> Result<()> {
-    crate::context::sync_stream(stream).call("cuStreamSynchronize")
+    crate::context::sync_stream(stream)
 }
 
 /// Counts the set bits of bits `[offset, offset + len)` of `bitmap` on the GPU (a null

@@ -1,0 +1,433 @@
+//! The thin layer over the CUDA driver API: the only code of this crate that calls the
+//! driver (cudarc's `sys::cu*` and `result::*` functions), modelled on cudarc's own
+//! `driver::result`. Everything else uses these functions and cudarc's safe types
+//! ([`CudaContext`](cudarc::driver::CudaContext), [`CudaStream`](cudarc::driver::CudaStream),
+//! [`CudaEvent`](cudarc::driver::CudaEvent), ...).
+//!
+//! - One small function per driver call, named after it (`cuMemAllocFromPoolAsync` is
+//!   [`mem_alloc_from_pool_async`]), returning [`crate::Result`]: a failure is
+//!   [`CudaError::Driver`](crate::CudaError::Driver) naming the call, with cudarc's
+//!   `DriverError` as its source; `CUDA_ERROR_NO_DEVICE` is
+//!   [`CudaError::NoDevice`](crate::CudaError::NoDevice), and the out of memory of an
+//!   allocation [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory) with its size.
+//! - A function is `unsafe` when it takes a handle (context, stream, event, pool) or an
+//!   address that the driver uses, which the caller must keep valid; functions that take
+//!   only values (sizes, ordinals, attributes, flags), or only look an address up, are
+//!   safe.
+//! - Every function but [`culib_present`] needs the driver library (cudarc panics where
+//!   it cannot be loaded): the crate's entry points check
+//!   [`driver_available`](crate::driver_available) before their first driver call.
+//!   Functions that allocate, copy or use a stream need the right context current
+//!   (`crate::context::bind`).
+
+use std::ffi::{c_uint, c_void};
+
+use cudarc::driver::{result, sys};
+
+use crate::error::{DriverResultExt, Result};
+
+// ---------------------------------------------------------------------------------------
+// The library and initialization
+// ---------------------------------------------------------------------------------------
+
+/// Whether the driver library (`libcuda`) can be loaded; no driver call.
+pub(crate) fn culib_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its
+    // well-known names; it has no other side effect and no precondition.
+    unsafe { sys::is_culib_present() }
+}
+
+/// `cuInit(0)`.
+pub(crate) fn init() -> Result<()> {
+    result::init().call("cuInit")
+}
+
+// ---------------------------------------------------------------------------------------
+// Devices
+// ---------------------------------------------------------------------------------------
+
+/// `cuDeviceGetCount`: the number of devices.
+pub(crate) fn device_get_count() -> Result<i32> {
+    result::device::get_count().call("cuDeviceGetCount")
+}
+
+/// `cuDeviceGet`: the device of `ordinal`.
+pub(crate) fn device_get(ordinal: i32) -> Result<sys::CUdevice> {
+    result::device::get(ordinal).call("cuDeviceGet")
+}
+
+/// `cuDeviceGetAttribute`: attribute `attribute` of `device`.
+pub(crate) fn device_get_attribute(
+    device: sys::CUdevice,
+    attribute: sys::CUdevice_attribute,
+) -> Result<i32> {
+    // SAFETY: a CUdevice is a plain ordinal, which the driver checks (an invalid one is
+    // CUDA_ERROR_INVALID_DEVICE); the attribute is a valid enum value, and the result is
+    // written to a local.
+    unsafe { result::device::get_attribute(device, attribute) }.call("cuDeviceGetAttribute")
+}
+
+/// `cuDeviceGetName`: the device's name.
+pub(crate) fn device_get_name(device: sys::CUdevice) -> Result<String> {
+    result::device::get_name(device).call("cuDeviceGetName")
+}
+
+/// `cuDeviceTotalMem`: the device's memory in bytes.
+pub(crate) fn device_total_mem(device: sys::CUdevice) -> Result<usize> {
+    // SAFETY: as in `device_get_attribute`, the driver checks the ordinal.
+    unsafe { result::device::total_mem(device) }.call("cuDeviceTotalMem")
+}
+
+/// `cuDeviceGetDefaultMemPool`: the device's default memory pool (which lives as long as
+/// the process).
+pub(crate) fn device_get_default_mem_pool(device: sys::CUdevice) -> Result<sys::CUmemoryPool> {
+    // SAFETY: as in `device_get_attribute`, the driver checks the ordinal.
+    unsafe { result::device::get_default_mem_pool(device) }.call("cuDeviceGetDefaultMemPool")
+}
+
+// ---------------------------------------------------------------------------------------
+// Contexts
+// ---------------------------------------------------------------------------------------
+
+/// `cuCtxGetCurrent`: the context current on the calling thread, if any.
+pub(crate) fn ctx_get_current() -> Result<Option<sys::CUcontext>> {
+    result::ctx::get_current().call("cuCtxGetCurrent")
+}
+
+/// `cuCtxSetCurrent`: makes `ctx` current on the calling thread (NULL unbinds).
+///
+/// # Safety
+/// `ctx` must be NULL or a live context.
+pub(crate) unsafe fn ctx_set_current(ctx: sys::CUcontext) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::ctx::set_current(ctx) }.call("cuCtxSetCurrent")
+}
+
+/// `cuCtxSynchronize`: waits for all work of the current context.
+pub(crate) fn ctx_synchronize() -> Result<()> {
+    result::ctx::synchronize().call("cuCtxSynchronize")
+}
+
+/// `cuMemGetInfo`: `(free, total)` memory of the current context's device, in bytes.
+pub(crate) fn mem_get_info() -> Result<(usize, usize)> {
+    result::mem_get_info().call("cuMemGetInfo")
+}
+
+// ---------------------------------------------------------------------------------------
+// Streams and events
+// ---------------------------------------------------------------------------------------
+
+/// `cuStreamSynchronize`: blocks until the work queued on `stream` has completed.
+///
+/// # Safety
+/// `stream` must be a live stream of the current context, or NULL (the current
+/// context's legacy default stream).
+pub(crate) unsafe fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::stream::synchronize(stream) }.call("cuStreamSynchronize")
+}
+
+/// `cuStreamWaitEvent(stream, event, CU_EVENT_WAIT_DEFAULT)`: work queued on `stream`
+/// afterwards waits (on the device) for `event`.
+///
+/// # Safety
+/// `stream` must be a live stream of the current context and `event` a live event (one
+/// the driver may still be recording is fine).
+pub(crate) unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        result::stream::wait_event(
+            stream,
+            event,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .call("cuStreamWaitEvent")
+}
+
+/// `cuEventSynchronize`: blocks until `event` has completed.
+///
+/// # Safety
+/// `event` must be a live event.
+pub(crate) unsafe fn event_synchronize(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::event::synchronize(event) }.call("cuEventSynchronize")
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory pools and stream-ordered allocation
+// ---------------------------------------------------------------------------------------
+
+/// `cuMemPoolCreate`: a new pool of device memory (pinned allocations, no export handle
+/// types) on device `ordinal`, with the default attributes.
+pub(crate) fn mem_pool_create(ordinal: usize) -> Result<sys::CUmemoryPool> {
+    // SAFETY: CUmemPoolProps is plain data (enums whose zero value is valid, a NULL
+    // pointer, sizes and reserved bytes); zero is the documented default of every field.
+    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = ordinal as i32;
+    // SAFETY: `props` is a valid, fully initialized CUmemPoolProps, read only during
+    // the call.
+    unsafe { result::mem_pool::create(&props) }.call("cuMemPoolCreate")
+}
+
+/// `cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)`: how much
+/// unused memory the pool keeps reserved at a synchronization.
+///
+/// # Safety
+/// `pool` must be a live pool.
+pub(crate) unsafe fn mem_pool_set_release_threshold(
+    pool: sys::CUmemoryPool,
+    bytes: u64,
+) -> Result<()> {
+    let mut threshold = bytes;
+    // SAFETY: the pool is live (the caller's guarantee); RELEASE_THRESHOLD takes a u64,
+    // which `threshold` is, read only during the call.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .call("cuMemPoolSetAttribute")
+}
+
+/// `cuMemPoolDestroy`.
+///
+/// # Safety
+/// `pool` must be a live pool that is not a device's default pool, and is not used
+/// afterwards.
+pub(crate) unsafe fn mem_pool_destroy(pool: sys::CUmemoryPool) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::mem_pool::destroy(pool) }.call("cuMemPoolDestroy")
+}
+
+/// `cuMemPoolTrimTo`: returns the pool's unused memory to the system, keeping at most
+/// `keep` bytes reserved.
+///
+/// # Safety
+/// `pool` must be a live pool.
+pub(crate) unsafe fn mem_pool_trim_to(pool: sys::CUmemoryPool, keep: usize) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::mem_pool::trim_to(pool, keep) }.call("cuMemPoolTrimTo")
+}
+
+/// `cuMemAllocFromPoolAsync`: `bytes` uninitialized bytes from `pool`, ordered on
+/// `stream`. Out of memory is [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+///
+/// # Safety
+/// `pool` must be a live pool of the current context's device and `stream` a live
+/// stream of the current context.
+pub(crate) unsafe fn mem_alloc_from_pool_async(
+    pool: sys::CUmemoryPool,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<sys::CUdeviceptr> {
+    // SAFETY: the caller's guarantee; the memory is returned as an address only.
+    unsafe { result::mem_pool::alloc_async(pool, bytes, stream) }
+        .alloc("cuMemAllocFromPoolAsync", bytes)
+}
+
+/// `cuMemFreeAsync`: frees `ptr` in stream order on `stream`.
+///
+/// # Safety
+/// `ptr` must come from a stream-ordered allocation not yet freed, used afterwards only
+/// by work queued before on `stream`; `stream` must be a live stream of the current
+/// context.
+pub(crate) unsafe fn mem_free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::free_async(ptr, stream) }.call("cuMemFreeAsync")
+}
+
+// ---------------------------------------------------------------------------------------
+// Device, pinned host and managed memory
+// ---------------------------------------------------------------------------------------
+
+/// `cuMemAlloc`: `bytes` uninitialized bytes of device memory in the current context.
+/// Out of memory is [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+pub(crate) fn mem_alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
+    // SAFETY: the memory is returned as an address only, never read as Rust values.
+    unsafe { result::malloc_sync(bytes) }.alloc("cuMemAlloc", bytes)
+}
+
+/// `cuMemFree`.
+///
+/// # Safety
+/// `ptr` must come from [`mem_alloc`] or [`mem_alloc_managed`], not yet freed, with all
+/// work using it completed, and not be used afterwards.
+pub(crate) unsafe fn mem_free(ptr: sys::CUdeviceptr) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::free_sync(ptr) }.call("cuMemFree")
+}
+
+/// `cuMemHostAlloc`: `bytes` uninitialized bytes of page-locked host memory with
+/// `flags` (`CU_MEMHOSTALLOC_*`). Out of memory is
+/// [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+pub(crate) fn mem_host_alloc(bytes: usize, flags: c_uint) -> Result<*mut c_void> {
+    // SAFETY: the memory is returned as a raw pointer only, never read here.
+    unsafe { result::malloc_host(bytes, flags) }.alloc("cuMemHostAlloc", bytes)
+}
+
+/// `cuMemHostGetDevicePointer`: the device address of page-locked memory allocated
+/// with `CU_MEMHOSTALLOC_DEVICEMAP`.
+pub(crate) fn mem_host_get_device_pointer(ptr: *mut c_void) -> Result<sys::CUdeviceptr> {
+    let mut device_ptr: sys::CUdeviceptr = 0;
+    // SAFETY: the driver only looks the address up (an unknown one is an error) and
+    // writes the answer to our local.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }
+        .result()
+        .call("cuMemHostGetDevicePointer")?;
+    Ok(device_ptr)
+}
+
+/// `cuMemHostGetFlags`: the flags of the page-locked allocation holding `ptr`; an error
+/// for any other address.
+pub(crate) fn mem_host_get_flags(ptr: *const c_void) -> Result<c_uint> {
+    let mut flags: c_uint = 0;
+    // SAFETY: the driver only looks the address up and writes the allocation flags to
+    // our local.
+    unsafe { sys::cuMemHostGetFlags(&mut flags, ptr.cast_mut()) }
+        .result()
+        .call("cuMemHostGetFlags")?;
+    Ok(flags)
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// `ptr` must come from [`mem_host_alloc`], not yet freed, with all work using it
+/// completed, and not be used afterwards.
+pub(crate) unsafe fn mem_free_host(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::free_host(ptr) }.call("cuMemFreeHost")
+}
+
+/// `cuMemAllocManaged`: `bytes` uninitialized bytes of managed memory attached with
+/// `flags`. Out of memory is [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+pub(crate) fn mem_alloc_managed(
+    bytes: usize,
+    flags: sys::CUmemAttach_flags,
+) -> Result<sys::CUdeviceptr> {
+    // SAFETY: the memory is returned as an address only, never read here.
+    unsafe { result::malloc_managed(bytes, flags) }.alloc("cuMemAllocManaged", bytes)
+}
+
+/// `cuPointerGetAttributes` for `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` and
+/// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of `addr`, in one call: the memory type
+/// (`CU_MEMORYTYPE_*`, 0 when the driver does not know the address) and the buffer id
+/// (0 when unknown). Unlike `cuPointerGetAttribute`, it answers pageable memory with
+/// zeros and `CUDA_SUCCESS`.
+pub(crate) fn pointer_memory_type_and_buffer_id(addr: usize) -> Result<(u32, u64)> {
+    let mut memory_type: u32 = 0;
+    let mut buffer_id: u64 = 0;
+    let mut attributes = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    let mut data: [*mut c_void; 2] = [
+        (&mut memory_type as *mut u32).cast(),
+        (&mut buffer_id as *mut u64).cast(),
+    ];
+    // SAFETY: two attributes, each paired with a local of the type it writes (MEMORY_TYPE
+    // a 32-bit enum, BUFFER_ID a u64); the driver only looks the address up.
+    unsafe {
+        sys::cuPointerGetAttributes(
+            2,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            addr as sys::CUdeviceptr,
+        )
+    }
+    .result()
+    .call("cuPointerGetAttributes")?;
+    Ok((memory_type, buffer_id))
+}
+
+// ---------------------------------------------------------------------------------------
+// Copies and memsets
+// ---------------------------------------------------------------------------------------
+
+/// `cuMemcpyAsync`: copies `bytes` bytes between two unified addresses (device, pinned,
+/// managed or pageable host memory; the driver infers the direction) on `stream`.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `bytes` bytes until the copy
+/// completes; `stream` must be a live stream of the current context.
+pub(crate) unsafe fn memcpy_async(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) }
+        .result()
+        .call("cuMemcpyAsync")
+}
+
+/// `cuMemcpyHtoDAsync`: copies `bytes` bytes from host memory at `src` to device memory
+/// at `dst` on `stream`.
+///
+/// # Safety
+/// `src` must be readable for `bytes` bytes (and not written) and `dst` device memory
+/// writable for `bytes` bytes until the copy completes; `stream` must be a live stream of
+/// the current context.
+pub(crate) unsafe fn memcpy_htod_async(
+    dst: sys::CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) }
+        .result()
+        .call("cuMemcpyHtoDAsync")
+}
+
+/// `cuMemcpyDtoHAsync`: copies `bytes` bytes from device memory at `src` to host memory
+/// at `dst` on `stream`.
+///
+/// # Safety
+/// `dst` must be writable for `bytes` bytes (and not otherwise accessed) and `src`
+/// device memory readable for `bytes` bytes until the copy completes; `stream` must be a
+/// live stream of the current context.
+pub(crate) unsafe fn memcpy_dtoh_async(
+    dst: *mut c_void,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream) }
+        .result()
+        .call("cuMemcpyDtoHAsync")
+}
+
+/// `cuMemsetD8Async`: sets `bytes` bytes at `ptr` to `value` on `stream`.
+///
+/// # Safety
+/// `ptr` must be device-accessible memory writable for `bytes` bytes until the memset
+/// completes; `stream` must be a live stream of the current context.
+pub(crate) unsafe fn memset_d8_async(
+    ptr: sys::CUdeviceptr,
+    value: u8,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::memset_d8_async(ptr, value, bytes, stream) }.call("cuMemsetD8Async")
+}
+
+/// `cuMemsetD8`: sets `bytes` bytes at `ptr` to `value`, on the current context's legacy
+/// default stream (the call may return before the memset completes).
+///
+/// # Safety
+/// `ptr` must be device-accessible memory writable for `bytes` bytes until the memset
+/// completes.
+pub(crate) unsafe fn memset_d8(ptr: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::memset_d8_sync(ptr, value, bytes) }.call("cuMemsetD8")
+}
