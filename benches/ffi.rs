@@ -65,7 +65,7 @@ fn device_export_import(c: &mut Criterion) {
     let name = format!("{}/device export+import/100 columns", dev.label());
     match &dev {
         common::BenchDevice::Cuda(cuda) => {
-            let consumer = cuda.cuda_device().new_stream().unwrap();
+            let consumer = cuda.primary_context().new_stream().unwrap();
             c.bench_function(&name, |b| {
                 b.iter(|| {
                     let (array, schema) = on_device.export().unwrap();

@@ -24,7 +24,7 @@ use common::BenchDevice;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use devarrow::cuda::cudarc::driver::sys;
 use devarrow::cuda::kernels::{self, CopySegment, MAX_COPY_PIECE};
-use devarrow::cuda::{CudaMemory, CudaStream, CudaTransferDevice, DeviceBuffer};
+use devarrow::cuda::{CudaDevice, CudaMemory, CudaStream, DeviceBuffer};
 use devarrow_testing::kernel_oracles as reference;
 
 fn sizes(gpu: bool) -> Vec<usize> {
@@ -85,8 +85,8 @@ fn sync(stream: &CudaStream) {
     stream.synchronize().expect("cuStreamSynchronize");
 }
 
-fn gpu_kernels(c: &mut Criterion, device: &CudaTransferDevice) {
-    let stream: Arc<CudaStream> = device.cuda_device().new_stream().expect("stream");
+fn gpu_kernels(c: &mut Criterion, device: &CudaDevice) {
+    let stream: Arc<CudaStream> = device.primary_context().new_stream().expect("stream");
     for mib in sizes(true) {
         let n = mib << 20;
         let alloc = |len: usize| {
@@ -117,7 +117,7 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaTransferDevice) {
 
         let mut group = c.benchmark_group(format!("kernels/cuda/{mib}MiB"));
         configure(&mut group, n);
-        device.cuda_device().bind_to_thread().expect("bind");
+        device.primary_context().bind_to_thread().expect("bind");
         group.bench_function("d2d", |b| {
             b.iter(|| {
                 // SAFETY: both buffers hold `n + 8` bytes and live until after the

@@ -29,7 +29,7 @@ use devarrow::abi::device::{CpuDevice, Device};
 use devarrow::abi::{cpu, DeviceArray};
 use devarrow::bridge::{export_reader_to_device, StreamOptions, Transfer, TransferOptions};
 use devarrow::cuda::ImportedArray;
-use devarrow::cuda::{kernels, CudaMemory as _, CudaStream, CudaTransferDevice, DeviceBuffer};
+use devarrow::cuda::{kernels, CudaDevice, CudaMemory as _, CudaStream, DeviceBuffer};
 
 const BATCHES: usize = 16;
 const COLUMNS: usize = 4;
@@ -187,8 +187,8 @@ impl GpuConsumer {
     }
 }
 
-fn bench_cuda(c: &mut Criterion, device: Arc<CudaTransferDevice>) {
-    let dev = device.cuda_device().clone();
+fn bench_cuda(c: &mut Criterion, device: Arc<CudaDevice>) {
+    let dev = device.primary_context().clone();
     let consumer = GpuConsumer {
         stream: dev.new_stream().expect("a consumer stream"),
         counts: DeviceBuffer::zeroed(device.stream(), 8 * BATCHES * COLUMNS).expect("counts"),
@@ -216,12 +216,12 @@ fn bench_cuda(c: &mut Criterion, device: Arc<CudaTransferDevice>) {
 }
 
 fn streams(c: &mut Criterion) {
-    match CudaTransferDevice::open(0) {
+    match CudaDevice::open(0) {
         Ok(device) => {
             eprintln!(
                 "streams bench: on CUDA device 0 ({}), consumer work = valid-row counts plus a \
                  {} ms spin per batch",
-                device.cuda_device().name(),
+                device.primary_context().name(),
                 SPIN_NS as f64 / 1e6
             );
             bench_cuda(c, Arc::new(device));

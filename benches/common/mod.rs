@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use devarrow::abi::device::{CpuDevice, Device};
-use devarrow::cuda::CudaTransferDevice;
+use devarrow::cuda::CudaDevice;
 
 /// The device a benchmark runs on.
 pub enum BenchDevice {
     /// CUDA device 0.
-    Cuda(Arc<CudaTransferDevice>),
+    Cuda(Arc<CudaDevice>),
     /// No GPU here: the CPU device (the same bridge code, host memcpys for copies).
     Cpu(Arc<CpuDevice>),
 }
@@ -24,11 +24,11 @@ impl BenchDevice {
             println!("[{bench}] no CUDA driver on this machine: benchmarking the CPU device");
             return Self::Cpu(Arc::new(CpuDevice::new()));
         }
-        match CudaTransferDevice::open(0) {
+        match CudaDevice::open(0) {
             Ok(device) => {
                 println!(
                     "[{bench}] benchmarking CUDA device 0 ({})",
-                    device.cuda_device().name()
+                    device.primary_context().name()
                 );
                 Self::Cuda(Arc::new(device))
             }

@@ -39,7 +39,7 @@ pub struct SelectedDevice {
     pub device: Arc<dyn Device>,
     /// The same device when it is a CUDA device.
     #[cfg(feature = "cuda")]
-    pub cuda: Option<Arc<devarrow_cuda::CudaTransferDevice>>,
+    pub cuda: Option<Arc<devarrow_cuda::CudaDevice>>,
     /// `cuda:N` or `cpu`.
     pub id: String,
     /// The GPU's name, or `CPU device`.
@@ -111,10 +111,10 @@ fn cpu(cuda_summary: Result<String, String>, fallback: Option<String>) -> Select
 
 #[cfg(feature = "cuda")]
 fn cuda(id: usize, cuda_summary: Result<String, String>) -> Result<SelectedDevice, String> {
-    let device = devarrow_cuda::CudaTransferDevice::open(id).map_err(|e| e.to_string())?;
+    let device = devarrow_cuda::CudaDevice::open(id).map_err(|e| e.to_string())?;
     let device = Arc::new(device);
     Ok(SelectedDevice {
-        name: device.cuda_device().name().to_string(),
+        name: device.primary_context().name().to_string(),
         device: device.clone(),
         cuda: Some(device),
         id: format!("cuda:{id}"),

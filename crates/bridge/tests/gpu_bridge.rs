@@ -1,4 +1,4 @@
-//! The bridge on CUDA ([`CudaTransferDevice`]), in one test binary: the same planning,
+//! The bridge on CUDA ([`CudaDevice`]), in one test binary: the same planning,
 //! packing and rebuilding code that `cpu_bridge.rs` checks on the CPU device, now with
 //! device memory, pinned staging, asynchronous copies and `CUevent` sync events.
 //!
@@ -40,13 +40,12 @@ use devarrow_bridge::{
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
-    kernels, CudaDevice, CudaMemory as _, CudaStream, CudaTransferDevice, DeviceBuffer,
-    ImportedArray,
+    kernels, CudaDevice, CudaMemory as _, CudaStream, DeviceBuffer, ImportedArray, PrimaryContext,
 };
 use devarrow_testing::gpu::assert_still_running;
 use devarrow_testing::sample;
 
-fn transfer(device: &Arc<CudaTransferDevice>) -> Transfer {
+fn transfer(device: &Arc<CudaDevice>) -> Transfer {
     Transfer::new(device.clone(), TransferOptions::default())
 }
 
@@ -73,7 +72,7 @@ fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
 }
 
 /// Free device memory after synchronizing and trimming the pool.
-fn free_memory(dev: &CudaDevice) -> usize {
+fn free_memory(dev: &PrimaryContext) -> usize {
     dev.synchronize().unwrap();
     dev.trim_memory_pool().unwrap();
     dev.memory_info().unwrap().0
@@ -100,7 +99,7 @@ fn every_type_round_trips_through_cuda() {
         panic!("{diff}");
     }
     assert_eq!(back, batch);
-    assert!(device.cuda_device().context().check_err().is_ok());
+    assert!(device.primary_context().context().check_err().is_ok());
 }
 
 #[test]
@@ -157,7 +156,7 @@ struct Uploaded {
 }
 
 fn upload_bytes(
-    device: &CudaTransferDevice,
+    device: &CudaDevice,
     memory: Memory,
     owned: &mut Uploaded,
     bytes: &[u8],
@@ -195,7 +194,7 @@ fn validity_bytes(data: &ArrayData) -> Option<Buffer> {
 }
 
 fn upload_node(
-    device: &CudaTransferDevice,
+    device: &CudaDevice,
     memory: Memory,
     owned: &mut Uploaded,
     data: &ArrayData,
@@ -239,11 +238,7 @@ fn upload_node(
 /// Copies every buffer of `data` whole (offsets kept at every level) to device or pinned
 /// memory and exports the tree as a foreign producer would: an `ArrowDeviceArray` of
 /// `ARROW_DEVICE_CUDA` (this device) or `ARROW_DEVICE_CUDA_HOST`, with a sync event.
-fn upload_as_foreign(
-    device: &Arc<CudaTransferDevice>,
-    data: &ArrayData,
-    memory: Memory,
-) -> DeviceArray {
+fn upload_as_foreign(device: &Arc<CudaDevice>, data: &ArrayData, memory: Memory) -> DeviceArray {
     let mut owned = Uploaded::default();
     let root = upload_node(device, memory, &mut owned, data);
     device.synchronize().unwrap();
@@ -326,7 +321,7 @@ fn copy_on_device_copies_every_segment_in_one_launch() {
         2,
         "on-device copies are not host copies"
     );
-    assert!(device.cuda_device().context().check_err().is_ok());
+    assert!(device.primary_context().context().check_err().is_ok());
 }
 
 #[test]
@@ -382,14 +377,14 @@ fn random_foreign_batches_import_zero_copy_on_cuda() {
             assert_eq!(releases(&count), 1);
         }
     }
-    assert!(device.cuda_device().context().check_err().is_ok());
+    assert!(device.primary_context().context().check_err().is_ok());
 }
 
 #[test]
 fn import_waits_on_the_producer_without_blocking_the_host() {
     let (_lock, device) = gpu_or_skip!();
     // The producer: the same GPU, another stream.
-    let producer = Arc::new(CudaTransferDevice::new(device.cuda_device().clone()).unwrap());
+    let producer = Arc::new(CudaDevice::new(device.primary_context().clone()).unwrap());
     let batch = wide_batch(3, 1 << 16);
     let mut produce = transfer(&producer);
     let mut consume = transfer(&device);
@@ -448,7 +443,7 @@ fn import_waits_on_the_producer_without_blocking_the_host() {
 #[test]
 fn imported_batches_release_the_foreign_memory() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let mut transfer = transfer(&device);
     let batch = sample::every_type_batch();
     let data = arrow_array::StructArray::from(batch.clone()).into_data();
@@ -564,17 +559,12 @@ fn the_sync_event_is_a_stable_pointer_to_a_live_cuevent() {
     assert!(!empty.address().is_null());
     let staging = device.allocate_staging(4096).unwrap();
     assert_eq!(staging.as_slice().len(), 4096);
-    let baseline = device.pinned_copy_baseline(8 << 20, 2).unwrap();
-    println!("pinned baseline: {baseline:?}");
-    assert!(baseline.host_to_device > Duration::ZERO);
-    assert!(baseline.device_to_host > Duration::ZERO);
-    assert_eq!(device.copy_count(), 0, "the baseline is not a bridge copy");
 }
 
 #[test]
 fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     // Everything that could synchronize the context is created before the spinning
     // producer is launched: the consumer stream, the staging buffers (a warm-up transfer).
     let consumer = dev.new_stream().unwrap();
@@ -653,7 +643,7 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
 #[test]
 fn every_type_batch_exports_as_a_cuda_device_array() {
     let (_lock, device) = gpu_or_skip!();
-    let consumer = device.cuda_device().new_stream().unwrap();
+    let consumer = device.primary_context().new_stream().unwrap();
     let batch = sample::every_type_batch();
     let mut transfer = transfer(&device);
     for b in [batch.clone(), batch.slice(1, 4), batch.slice(0, 0)] {
@@ -675,7 +665,7 @@ fn every_type_batch_exports_as_a_cuda_device_array() {
 #[test]
 fn imports_release_the_device_memory_when_dropped() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let consumer = dev.new_stream().unwrap();
     let mut transfer = transfer(&device);
     let cycle = |transfer: &mut Transfer, batch: &RecordBatch| {
@@ -729,8 +719,8 @@ fn imports_release_the_device_memory_when_dropped() {
 
 /// A producer device of its own: the same GPU, another stream (uploads do not queue
 /// behind the consumer's work, nor behind other tests' copies).
-fn upload_device(device: &CudaTransferDevice) -> Arc<CudaTransferDevice> {
-    Arc::new(CudaTransferDevice::new(device.cuda_device().clone()).unwrap())
+fn upload_device(device: &CudaDevice) -> Arc<CudaDevice> {
+    Arc::new(CudaDevice::new(device.primary_context().clone()).unwrap())
 }
 
 fn every_type_batches() -> Vec<RecordBatch> {
@@ -750,7 +740,7 @@ fn every_type_batches() -> Vec<RecordBatch> {
 /// Spawns an async producer uploading `batches` on `producer` into `handler`.
 fn spawn_producer(
     batches: &[RecordBatch],
-    producer: &Arc<CudaTransferDevice>,
+    producer: &Arc<CudaDevice>,
     handler: AsyncStreamHandler,
 ) -> ProducerHandle {
     spawn_device_producer_into(
@@ -772,7 +762,7 @@ fn spawn_producer(
 #[test]
 fn every_type_streams_to_cuda_with_read_ahead() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let producer = upload_device(&device);
     let batches = every_type_batches();
     // The Rust side: uploaded on the background thread, downloaded here.
@@ -821,7 +811,7 @@ fn every_type_streams_to_cuda_with_read_ahead() {
 #[test]
 fn releasing_a_cuda_stream_early_frees_its_read_ahead() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let producer = upload_device(&device);
     let batch = wide_batch(4, 1 << 20); // 32 MiB per batch
     let endless = std::iter::repeat_with(move || Ok::<_, arrow_schema::ArrowError>(batch.clone()));
@@ -949,7 +939,7 @@ fn enqueue_consumer_work(
 #[test]
 fn a_streamed_consumer_computes_on_every_uploaded_batch() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let producer = upload_device(&device);
     let consumer = dev.new_stream().unwrap();
     kernels::Kernels::for_stream(&consumer).unwrap(); // load the modules before timing
@@ -1009,7 +999,7 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
 #[test]
 fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let producer = upload_device(&device);
     let consumer = dev.new_stream().unwrap();
     let (n, columns, rows) = (12, 3, 1 << 16);
@@ -1052,7 +1042,7 @@ fn the_async_producer_uploads_to_cuda_for_an_async_consumer() {
 #[test]
 fn cuda_streams_round_trip_from_producer_to_consumers() {
     let (_lock, device) = gpu_or_skip!();
-    let dev = device.cuda_device().clone();
+    let dev = device.primary_context().clone();
     let producer = upload_device(&device);
     let batches = every_type_batches();
     // The device stream: ARROW_DEVICE_CUDA arrays imported on the consumer's device (its
@@ -1140,5 +1130,5 @@ fn a_failed_transfer_leaves_no_copy_running() {
             .unwrap(),
         batch
     );
-    assert!(device.cuda_device().context().check_err().is_ok());
+    assert!(device.primary_context().context().check_err().is_ok());
 }

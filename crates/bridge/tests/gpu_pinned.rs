@@ -1,5 +1,5 @@
 //! The pinned fast path and the parallel, many-chunk staging pipeline on CUDA
-//! ([`CudaTransferDevice`]): copies really are asynchronous here, so these tests check
+//! ([`CudaDevice`]): copies really are asynchronous here, so these tests check
 //! that staging buffers are reused only after their copies completed and that direct
 //! copies keep their source memory alive.
 //!
@@ -38,7 +38,7 @@ fn the_driver_and_the_registry_know_pinned_memory() {
     assert!(device.is_pinned(bytes.as_ptr(), bytes.len()));
     assert!(device.is_pinned(bytes[100..].as_ptr(), 1000));
     // Pinned memory the registry does not know: found through the driver.
-    let other = PinnedHostBuffer::alloc(device.cuda_device(), 1 << 16).unwrap();
+    let other = PinnedHostBuffer::alloc(device.primary_context(), 1 << 16).unwrap();
     assert!(device.is_pinned(other.as_slice().as_ptr(), other.as_slice().len()));
     let address = bytes.as_ptr();
     drop(staging);

@@ -1,262 +1,483 @@
-//! Opening CUDA devices on their primary context, and listing them.
+//! [`CudaDevice`]: one CUDA device and its own stream as a
+//! [`devarrow_abi::device::Device`], so the bridge (`devarrow-bridge`, written once
+//! against that trait) moves record batches to and from the GPU.
+//!
+//! - device memory: [`DeviceBuffer`], stream-ordered on the device's stream and freed in
+//!   stream order when the last reference drops;
+//! - staging memory: [`PinnedHostBuffer`] (page-locked, not write-combined), so copies are
+//!   true asynchronous DMA;
+//! - copies: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on the stream;
+//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`) recorded on the stream, exported as
+//!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
+//!   Interface requires for `ARROW_DEVICE_CUDA`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::pinned_registry::PinnedRegistry;
+use devarrow_abi::ArrowDeviceType;
 
-use crate::context::DropInContext;
+use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
+use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
+use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
+use crate::primary_context::PrimaryContext;
 
-/// Whether the CUDA driver library can be loaded on this machine (checked once).
+/// A CUDA device with its own non-blocking stream, as a [`devarrow_abi::device::Device`].
 ///
-/// Every entry point of this crate checks it before its first driver call, because
-/// cudarc panics when `libcuda` is missing.
-pub fn driver_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(driver::culib_present)
-}
-
-/// Loads and initializes the driver (`cuInit`), or says why it cannot.
-pub(crate) fn init_driver() -> Result<()> {
-    if !driver_available() {
-        return Err(CudaError::NoDriver);
-    }
-    driver::init()
-}
-
-/// The number of CUDA devices (0 when the driver is present but sees no device).
-pub fn device_count() -> Result<usize> {
-    match init_driver() {
-        Ok(()) => {}
-        Err(CudaError::NoDevice) => return Ok(0),
-        Err(e) => return Err(e),
-    }
-    let n = driver::device_get_count()?;
-    Ok(n.max(0) as usize)
-}
-
-/// What [`list_devices`] reports about one device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// The CUDA ordinal (the `device_id` of the Arrow C Device interface).
-    pub id: usize,
-    /// The marketing name (e.g. `NVIDIA H100 80GB HBM3`).
-    pub name: String,
-    /// Compute capability `(major, minor)`.
-    pub compute_capability: (i32, i32),
-    /// Total device memory in bytes.
-    pub total_memory: usize,
-    /// Whether stream-ordered allocation (memory pools) is supported.
-    pub memory_pools: bool,
-    /// Whether managed (unified) memory is supported.
-    pub managed_memory: bool,
-}
-
-/// Lists the CUDA devices without creating contexts on them.
-pub fn list_devices() -> Result<Vec<DeviceInfo>> {
-    let count = device_count()?;
-    let mut out = Vec::with_capacity(count);
-    for id in 0..count {
-        let dev = driver::device_get(id as i32)?;
-        let attr = |a: sys::CUdevice_attribute| driver::device_get_attribute(dev, a);
-        out.push(DeviceInfo {
-            id,
-            name: driver::device_get_name(dev)?,
-            compute_capability: (
-                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-            ),
-            total_memory: driver::device_total_mem(dev)?,
-            memory_pools: attr(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            )? > 0,
-            managed_memory: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? > 0,
-        });
-    }
-    Ok(out)
-}
-
-struct DeviceInner {
-    ctx: DropInContext<Arc<CudaContext>>,
-    id: usize,
-    name: String,
-    multiprocessors: u32,
-    managed_memory: bool,
-}
-
-/// A CUDA device opened on its **primary** context (`cuDevicePrimaryCtxRetain`, through
-/// cudarc's [`CudaContext::new`]), so its pointers, streams and events interoperate with
-/// the CUDA runtime and the libraries built on it (libcudf, CuPy, PyTorch, ...).
+/// Every copy, allocation and event of the device is enqueued on that one stream, in call
+/// order. Memory it allocates outlives it (each allocation holds the stream), so a
+/// `DeviceBatch` exported from it stays valid after the device is dropped.
 ///
-/// Cheap to clone; every clone (and every [`CudaDevice::open`] of the same id while one
-/// is alive) shares one [`CudaContext`].
-#[derive(Clone)]
+/// Cheap to share behind an `Arc`; usable from any thread (every call binds the device's
+/// primary context on the calling thread first).
 pub struct CudaDevice {
-    inner: Arc<DeviceInner>,
+    device: PrimaryContext,
+    stream: DropInContext<Arc<CudaStream>>,
+    copies: AtomicU64,
+    descriptors: Mutex<DescriptorStaging>,
+}
+
+/// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
+/// uploaded from (reused by every call), and the event after its last upload: the next
+/// call overwrites it only once that upload has completed.
+#[derive(Default)]
+struct DescriptorStaging {
+    buffer: Option<PinnedHostBuffer>,
+    uploaded: Option<CudaEvent>,
+}
+
+impl Drop for DescriptorStaging {
+    fn drop(&mut self) {
+        // The last upload may still read the pinned buffer: let it finish first.
+        if let Some(event) = self.uploaded.take() {
+            if let Ok(_bound) = ContextGuard::enter(event.context()) {
+                // SAFETY: the event is live (we own it) and its context is bound.
+                let _ = unsafe { driver::event_synchronize(event.cu_event()) };
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")
-            .field("id", &self.inner.id)
-            .field("name", &self.inner.name)
+            .field("device", &self.device)
+            .field("stream", &self.stream.cu_stream())
+            .field("copies", &self.copies.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-impl PartialEq for CudaDevice {
-    fn eq(&self, other: &Self) -> bool {
-        self.inner.ctx.cu_ctx() == other.inner.ctx.cu_ctx()
-    }
-}
-
-impl Eq for CudaDevice {}
-
-fn open_devices() -> &'static Mutex<HashMap<usize, Weak<DeviceInner>>> {
-    static OPEN: OnceLock<Mutex<HashMap<usize, Weak<DeviceInner>>>> = OnceLock::new();
-    OPEN.get_or_init(Default::default)
-}
-
 impl CudaDevice {
-    /// Opens device `id` on its primary context.
+    /// Opens CUDA device `id` (on its primary context) with a new non-blocking stream.
     ///
-    /// Fails with [`CudaError::NoDriver`] when libcuda is missing,
-    /// [`CudaError::NoDevice`] when there is no device at all, and
-    /// [`CudaError::InvalidDeviceId`] when `id` is out of range; never panics.
+    /// Fails with [`CudaError::NoDriver`] when libcuda is missing, [`CudaError::NoDevice`]
+    /// when there is no device, [`CudaError::InvalidDeviceId`] when `id` is out of range;
+    /// never panics.
     pub fn open(id: usize) -> Result<Self> {
-        let count = device_count()?;
-        if count == 0 {
-            return Err(CudaError::NoDevice);
+        Self::new(PrimaryContext::open(id)?)
+    }
+
+    /// Wraps an opened device, creating the device's own non-blocking stream.
+    pub fn new(device: PrimaryContext) -> Result<Self> {
+        let stream = device.new_stream()?;
+        Ok(Self {
+            device,
+            stream: DropInContext::new(stream),
+            copies: AtomicU64::new(0),
+            descriptors: Mutex::new(DescriptorStaging::default()),
+        })
+    }
+
+    /// The CUDA device.
+    pub fn primary_context(&self) -> &PrimaryContext {
+        &self.device
+    }
+
+    /// The stream every copy and event of this device is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.device.bind_to_thread()
+    }
+
+    /// What every host-device copy does first: counts it, refuses NULL pointers, and
+    /// binds the context. `Ok(false)`: nothing to copy (`len == 0`).
+    fn begin_copy(&self, null_pointer: bool, len: usize, towards: &str) -> Result<bool> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(false);
         }
-        if id >= count {
-            return Err(CudaError::InvalidDeviceId { id, count });
+        if null_pointer {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {len} bytes to the {towards} with a NULL pointer"
+            )));
         }
-        let mut open = open_devices().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(inner) = open.get(&id).and_then(Weak::upgrade) {
-            return Ok(Self { inner });
-        }
-        let ctx = CudaContext::new(id).call("cuDevicePrimaryCtxRetain")?;
-        // cudarc's event tracking orders its own `CudaSlice`s across streams, and makes
-        // the first `new_stream` of a context run `cuCtxSynchronize`: on the shared
-        // primary context that would wait for every library's work (PyTorch's, libcudf's)
-        // and hang if any of it waits on the host.
-        // SAFETY: devarrow creates no `CudaSlice`; it orders streams with its own events
-        // (export, import, staging), so nothing relies on the tracking. This value of
-        // `CudaContext` is devarrow's own.
-        unsafe { ctx.disable_event_tracking() };
-        let multiprocessors = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .call("cuDeviceGetAttribute")?
-            .max(1) as u32;
-        let managed_memory = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)
-            .call("cuDeviceGetAttribute")?
-            > 0;
-        let name = ctx.name().call("cuDeviceGetName")?;
-        let inner = Arc::new(DeviceInner {
-            ctx: DropInContext::new(ctx),
-            id,
-            name,
-            multiprocessors,
-            managed_memory,
-        });
-        open.insert(id, Arc::downgrade(&inner));
-        Ok(Self { inner })
+        self.bind()?;
+        Ok(true)
+    }
+}
+
+/// Device memory of a [`CudaDevice`]: a [`DeviceBuffer`] seen through
+/// [`devarrow_abi::device::DeviceMemory`] (the address is the `CUdeviceptr`).
+#[derive(Debug)]
+pub struct TransferMemory {
+    buffer: DeviceBuffer,
+    len: usize,
+}
+
+impl TransferMemory {
+    /// The underlying device buffer.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buffer
+    }
+}
+
+// SAFETY: the address is the device allocation the value owns (freed in stream order
+// on drop), fixed at allocation.
+unsafe impl DeviceMemory for TransferMemory {
+    fn address(&self) -> *mut c_void {
+        self.buffer.device_ptr() as *mut c_void
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Pinned host staging memory of a [`CudaDevice`], registered (while it lives) in
+/// the process-wide registry [`CudaDevice::is_pinned`] answers from.
+#[derive(Debug)]
+pub struct PinnedStaging(PinnedHostBuffer);
+
+impl PinnedStaging {
+    fn new(buffer: PinnedHostBuffer) -> Self {
+        CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
+        Self(buffer)
     }
 
-    /// The device that `stream` belongs to.
-    pub fn of_stream(stream: &CudaStream) -> Result<Self> {
-        Self::open(stream.context().ordinal())
+    /// The underlying pinned buffer.
+    pub fn buffer(&self) -> &PinnedHostBuffer {
+        &self.0
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        CUDA_PINNED.unregister(self.0.as_slice().as_ptr());
+    }
+}
+
+/// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
+/// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaDevice`]) can DMA it.
+static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
+
+/// The memory type (`CU_MEMORYTYPE_*`, 0 when the driver does not know the address)
+/// and the buffer id (0 when unknown) of `addr`, in one `cuPointerGetAttributes` call.
+/// Unlike `cuPointerGetAttribute`, it answers pageable memory with zeros and
+/// `CUDA_SUCCESS`, so asking about ordinary memory raises no driver error (which
+/// `compute-sanitizer` would report in every user's run).
+fn pointer_type_and_buffer(addr: usize) -> (u32, u64) {
+    driver::pointer_memory_type_and_buffer_id(addr).unwrap_or((0, 0))
+}
+
+/// Whether the driver reports `first..=last` as inside one page-locked host allocation
+/// from `cuMemHostAlloc` (of any library): both ends are `CU_MEMORYTYPE_HOST` with the
+/// same nonzero buffer id (one allocation), and `cuMemHostGetFlags` knows the
+/// allocation. That last check, made only for memory already reported as host memory,
+/// keeps pageable memory out on systems with HMM (where the driver may know pageable
+/// addresses too); it also leaves out `cuMemHostRegister`ed memory, which then takes
+/// the (correct, only slower) staged path.
+fn driver_reports_pinned(first: usize, last: usize) -> bool {
+    let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+    let (first_type, first_buffer) = pointer_type_and_buffer(first);
+    if first_type != host || first_buffer == 0 {
+        return false;
+    }
+    if pointer_type_and_buffer(last) != (first_type, first_buffer) {
+        return false;
+    }
+    driver::mem_host_get_flags(first as *const c_void).is_ok()
+}
+
+// SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
+unsafe impl StagingMemory for PinnedStaging {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// A `CUevent` recorded on a [`CudaDevice`]'s stream.
+///
+/// [`SyncEvent::as_sync_event_ptr`] points to a heap copy of the `CUevent` handle that
+/// lives (and stays at the same address) as long as this value, and the event itself is
+/// destroyed only when this value drops.
+#[derive(Debug)]
+pub struct CudaSyncEvent {
+    /// Where `sync_event` points: the handle, boxed so its address never changes.
+    handle: Box<sys::CUevent>,
+    event: DropInContext<CudaEvent>,
+}
+
+// SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which cudarc makes
+// Send and Sync); CUDA event handles may be used from any thread, and the box is never
+// written after construction.
+unsafe impl Send for CudaSyncEvent {}
+// SAFETY: as above; shared access only reads the handle and calls thread-safe driver
+// functions.
+unsafe impl Sync for CudaSyncEvent {}
+
+impl CudaSyncEvent {
+    /// The `CUevent` handle (do not destroy it).
+    pub fn cu_event(&self) -> sys::CUevent {
+        *self.handle
     }
 
-    /// The CUDA ordinal.
-    pub fn id(&self) -> usize {
-        self.inner.id
+    /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.event.try_is_complete().call("cuEventQuery")
+    }
+}
+
+// SAFETY: `wait_host` is `cuEventSynchronize` on an event recorded after the work; the
+// pointer is the boxed `CUevent` handle of the event the value owns.
+unsafe impl SyncEvent for CudaSyncEvent {
+    fn as_sync_event_ptr(&self) -> *mut c_void {
+        (&*self.handle as *const sys::CUevent).cast_mut().cast()
+    }
+    fn wait_host(&self) -> devarrow_abi::Result<()> {
+        context::sync_event(&self.event)?;
+        Ok(())
+    }
+}
+
+// SAFETY: allocations are `cuMemAlloc(Async)` of the size asked for (256-byte aligned),
+// staging is pinned memory of at least that size, and every copy and event is enqueued
+// on the device's one stream in call order; `is_pinned` asks the driver.
+unsafe impl Device for CudaDevice {
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA
     }
 
-    /// The device name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+    fn device_id(&self) -> i64 {
+        self.device.id() as i64
     }
 
-    /// The cudarc context (the device's primary context).
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.inner.ctx
+    /// Allocates `len` bytes of device memory, stream-ordered on the device's stream (at
+    /// least one byte is allocated, so even an empty allocation has a real device
+    /// address; `len()` reports `len`). CUDA allocations are 256-byte aligned.
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
+        let buffer = DeviceBuffer::alloc(&self.stream, len.max(1))?;
+        Ok(Arc::new(TransferMemory { buffer, len }))
     }
 
-    /// The raw `CUcontext` (the primary context; do not destroy it).
-    pub fn cu_context(&self) -> sys::CUcontext {
-        self.inner.ctx.cu_ctx()
+    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(PinnedStaging::new(PinnedHostBuffer::alloc(
+            &self.device,
+            len,
+        )?)))
     }
 
-    /// Compute capability `(major, minor)`.
-    pub fn compute_capability(&self) -> Result<(i32, i32)> {
-        self.inner
-            .ctx
-            .compute_capability()
-            .call("cuDeviceGetAttribute")
-    }
-
-    /// The number of streaming multiprocessors (used to size kernel grids).
-    pub fn multiprocessor_count(&self) -> u32 {
-        self.inner.multiprocessors
-    }
-
-    /// Whether device buffers are allocated stream-ordered (`cuMemAllocAsync`) from the
-    /// device's memory pool.
-    pub fn supports_memory_pools(&self) -> bool {
-        self.inner.ctx.has_async_alloc()
-    }
-
-    /// Whether managed memory ([`crate::ManagedBuffer`]) is supported.
-    pub fn supports_managed_memory(&self) -> bool {
-        self.inner.managed_memory
-    }
-
-    /// `(free, total)` device memory in bytes (`cuMemGetInfo`).
-    pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.bind_to_thread()?;
-        driver::mem_get_info()
-    }
-
-    /// Makes this device's context current on the calling thread.
-    pub fn bind_to_thread(&self) -> Result<()> {
-        crate::context::bind(&self.inner.ctx)
-    }
-
-    /// Creates a new non-blocking stream.
-    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
-        self.inner.ctx.new_stream().call("cuStreamCreate")
-    }
-
-    /// The legacy default (NULL) stream of the context.
-    pub fn default_stream(&self) -> Arc<CudaStream> {
-        self.inner.ctx.default_stream()
-    }
-
-    /// Waits for all work on the device's context to finish.
-    pub fn synchronize(&self) -> Result<()> {
-        self.bind_to_thread()?;
-        driver::ctx_synchronize()
-    }
-
-    /// Returns the unused memory of devarrow's memory pool of the device (which keeps
-    /// freed [`DeviceBuffer`](crate::DeviceBuffer) memory for reuse, see [`crate::pool`])
-    /// and of the device's default pool to the system (`cuMemPoolTrimTo(pool, 0)`), e.g.
-    /// before measuring free memory or handing memory to another library. Memory whose
-    /// stream-ordered free has not yet run stays reserved: synchronize first. A no-op on
-    /// devices without memory pools.
-    pub fn trim_memory_pool(&self) -> Result<()> {
-        if !self.supports_memory_pools() {
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "device")? {
             return Ok(());
         }
-        self.bind_to_thread()?;
-        crate::pool::trim(self.context(), 0)?;
-        let pool = driver::device_get_default_mem_pool(self.inner.ctx.cu_device())?;
-        // SAFETY: `pool` is the device's default pool, valid for the process lifetime.
-        unsafe { driver::mem_pool_trim_to(pool, 0) }
+        // SAFETY: the caller guarantees `src` is readable for `len` bytes until the copy
+        // completes and `dst` is device memory of `len` bytes; the stream belongs to the
+        // context bound above.
+        unsafe {
+            driver::memcpy_htod_async(
+                dst as sys::CUdeviceptr,
+                src.cast(),
+                len,
+                self.stream.cu_stream(),
+            )
+        }?;
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        src: *const c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "host")? {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees `dst` is writable for `len` bytes (and not read)
+        // until the copy completes and `src` is device memory of `len` bytes; the stream
+        // belongs to the context bound above.
+        unsafe {
+            driver::memcpy_dtoh_async(
+                dst.cast(),
+                src as sys::CUdeviceptr,
+                len,
+                self.stream.cu_stream(),
+            )
+        }?;
+        Ok(())
+    }
+
+    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (long ones
+    /// split in pieces of [`MAX_COPY_PIECE`] bytes). The descriptor table is written to
+    /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
+    /// device table (freed in stream order after the kernel): nothing blocks the host,
+    /// unless the previous call's upload has not yet run.
+    unsafe fn copy_on_device(
+        &self,
+        copies: &[devarrow_abi::device::DeviceCopy],
+    ) -> devarrow_abi::Result<()> {
+        let segments: Vec<CopySegment> = copies
+            .iter()
+            .filter(|c| c.len > 0)
+            .map(|c| CopySegment {
+                src: c.src as u64,
+                dst: c.dst as u64,
+                len: c.len as u64,
+            })
+            .collect();
+        if segments.is_empty() {
+            return Ok(());
+        }
+        if segments.iter().any(|s| s.src == 0 || s.dst == 0) {
+            return Err(CudaError::InvalidArgument(
+                "copy on the device with a NULL pointer".into(),
+            )
+            .into());
+        }
+        let pieces = kernels::split_segments(&segments, MAX_COPY_PIECE);
+        let bytes = std::mem::size_of_val(&pieces[..]);
+        self.bind()?;
+        let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(event) = staging.uploaded.take() {
+            context::sync_event(&event)?;
+        }
+        // 64 KiB (2,730 descriptors) from the start, doubling past that: regrowing frees
+        // and allocates pinned memory, which stalls every stream of the device.
+        if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
+            staging.buffer = None;
+            staging.buffer = Some(PinnedHostBuffer::alloc(
+                &self.device,
+                bytes.next_power_of_two().max(64 << 10),
+            )?);
+        }
+        let host = staging.buffer.as_mut().expect("allocated above");
+        for (out, piece) in host.as_mut_slice().chunks_exact_mut(24).zip(&pieces) {
+            out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
+            out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
+            out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
+        }
+        let table = DeviceBuffer::alloc(&self.stream, bytes)?;
+        // SAFETY: `host` is pinned memory of at least `bytes` bytes that is not written
+        // again before the event recorded next has completed (see above); `table` is a
+        // fresh device allocation of `bytes` bytes on this stream; the context is bound.
+        unsafe {
+            driver::memcpy_htod_async(
+                table.device_ptr(),
+                host.as_slice().as_ptr().cast(),
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }?;
+        let recorded = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")
+            .and_then(|event| {
+                event.record(&self.stream).call("cuEventRecord")?;
+                Ok(event)
+            });
+        match recorded {
+            Ok(event) => staging.uploaded = Some(event),
+            Err(e) => {
+                // Without an event the pinned table must not be reused before the upload
+                // ran: wait for it here.
+                let _ = context::sync_stream(&self.stream);
+                return Err(e.into());
+            }
+        }
+        drop(staging);
+        // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
+        // in stream order) and is freed in stream order after it (dropped below); the
+        // ranges are the caller's guarantee.
+        unsafe {
+            kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64)
+        }?;
+        drop(table);
+        Ok(())
+    }
+
+    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        let event = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")?;
+        event.record(&self.stream).call("cuEventRecord")?;
+        Ok(Arc::new(CudaSyncEvent {
+            handle: Box::new(event.cu_event()),
+            event: DropInContext::new(event),
+        }))
+    }
+
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
+        if sync_event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees a non-NULL `sync_event` points to a live CUevent
+        // (the C Device interface's `CUevent*` for ARROW_DEVICE_CUDA).
+        let event = unsafe { *sync_event.cast::<sys::CUevent>() };
+        // SAFETY: the event is live (see above); waiting enqueues a dependency on our
+        // stream and does not block the host.
+        unsafe { context::stream_wait_event(&self.stream, event) }?;
+        Ok(())
+    }
+
+    fn synchronize(&self) -> devarrow_abi::Result<()> {
+        context::sync_stream(&self.stream)?;
+        Ok(())
+    }
+
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    /// `true` for ranges inside one live staging allocation of any `CudaDevice`
+    /// (a registry lookup, no driver call); otherwise asks the driver whether the first
+    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttributes`
+    /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
+    /// libraries pinned. Any doubt (a failed query) answers `false`.
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        if CUDA_PINNED.contains(ptr, len) {
+            return true;
+        }
+        if len == 0 || ptr.is_null() || self.bind().is_err() {
+            return false;
+        }
+        let first = ptr as usize;
+        first
+            .checked_add(len - 1)
+            .is_some_and(|last| driver_reports_pinned(first, last))
     }
 }
 
@@ -265,29 +486,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn open_without_gpu_is_an_error_not_a_panic() {
-        // On a machine with a GPU this opens device 0; without, it must be a typed error.
+    fn open_without_a_gpu_is_a_typed_error_not_a_panic() {
         match CudaDevice::open(0) {
-            Ok(dev) => assert_eq!(dev.id(), 0),
-            Err(e) => assert!(
-                matches!(e, CudaError::NoDriver | CudaError::NoDevice),
-                "unexpected error {e:?}"
-            ),
+            Ok(dev) => {
+                assert_eq!(dev.device_type(), ArrowDeviceType::CUDA);
+                assert_eq!(dev.device_id(), 0);
+                assert_eq!(dev.copy_count(), 0);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, CudaError::NoDriver | CudaError::NoDevice),
+                    "unexpected error {e:?}"
+                );
+                if !crate::driver_available() {
+                    assert!(matches!(e, CudaError::NoDriver), "{e:?}");
+                }
+                let abi: devarrow_abi::Error = e.into();
+                assert!(
+                    matches!(abi, devarrow_abi::Error::Device { device: "CUDA", .. }),
+                    "{abi:?}"
+                );
+            }
         }
         match CudaDevice::open(usize::MAX / 2) {
-            Ok(_) => panic!("device id out of range opened"),
-            Err(e) => assert!(matches!(
-                e,
-                CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
-            )),
+            Ok(_) => panic!("an out-of-range device id opened"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
+                ),
+                "unexpected error {e:?}"
+            ),
         }
     }
 
     #[test]
-    fn listing_without_gpu_is_an_error_not_a_panic() {
-        match list_devices() {
-            Ok(list) => assert_eq!(list.len(), device_count().unwrap()),
-            Err(e) => assert!(matches!(e, CudaError::NoDriver), "unexpected error {e:?}"),
-        }
+    fn the_device_is_usable_as_a_trait_object() {
+        fn assert_device<T: Device + 'static>() {}
+        assert_device::<CudaDevice>();
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CudaSyncEvent>();
+        assert_send_sync::<TransferMemory>();
     }
 }

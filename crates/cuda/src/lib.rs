@@ -5,7 +5,7 @@
 //! its non-GPU tests pass, on machines without CUDA; every entry point returns
 //! [`CudaError::NoDriver`] there instead of panicking).
 //!
-//! - [`CudaDevice`]: a device opened on its **primary** context (interoperable with the
+//! - [`PrimaryContext`]: a device opened on its **primary** context (interoperable with the
 //!   CUDA runtime and libraries such as libcudf), [`list_devices`], [`device_count`].
 //! - Memory ([`memory`]): [`DeviceBuffer`] (stream-ordered where memory pools are
 //!   supported, from devarrow's own [`pool`] that keeps freed memory for reuse), [`PinnedHostBuffer`] (`ARROW_DEVICE_CUDA_HOST`), [`ManagedBuffer`]
@@ -17,7 +17,7 @@
 //!   keep the producer's array unreleased).
 //! - [`kernels`]: hand-written PTX for validity bitmaps and copies, embedded at build
 //!   time and loaded once per context, with CPU reference implementations.
-//! - [`CudaTransferDevice`]: one device and its own stream as a
+//! - [`CudaDevice`]: one device and its own stream as a
 //!   [`devarrow_abi::device::Device`] (stream-ordered device memory, pinned staging,
 //!   asynchronous copies, `CUevent` sync events), which `devarrow-bridge` moves record
 //!   batches through.
@@ -28,22 +28,22 @@ mod device;
 mod driver;
 mod error;
 mod export;
+mod primary_context;
 
 mod import;
 pub mod kernels;
 pub mod memory;
 pub mod pool;
-mod transfer_device;
 
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-pub use device::{device_count, driver_available, list_devices, CudaDevice, DeviceInfo};
+pub use device::{CudaDevice, CudaSyncEvent, PinnedStaging, TransferMemory};
 pub use error::{CudaError, Result};
 pub use export::export_array_data;
 pub use import::ImportedArray;
 pub use memory::{
     CudaMemory, CudaMemoryMut, DeviceBuffer, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
 };
-pub use transfer_device::{
-    CopyBaseline, CudaSyncEvent, CudaTransferDevice, PinnedStaging, TransferMemory,
+pub use primary_context::{
+    device_count, driver_available, list_devices, DeviceInfo, PrimaryContext,
 };

@@ -17,10 +17,10 @@ use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr};
 use devarrow_abi::ArrowDeviceType;
 
 use crate::context::{self, ContextGuard, DropInContext};
-use crate::device::CudaDevice;
 use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::pool;
+use crate::primary_context::PrimaryContext;
 
 /// A range of memory that CUDA kernels can address, with its Arrow device placement.
 pub trait CudaMemory {
@@ -322,7 +322,7 @@ impl std::fmt::Debug for PinnedHostBuffer {
 
 impl PinnedHostBuffer {
     /// Allocates `len` zeroed bytes of pinned host memory, mapped for `device`.
-    pub fn alloc(device: &CudaDevice, len: usize) -> Result<Self> {
+    pub fn alloc(device: &PrimaryContext, len: usize) -> Result<Self> {
         device.bind_to_thread()?;
         if len == 0 {
             return Ok(Self {
@@ -349,7 +349,7 @@ impl PinnedHostBuffer {
     }
 
     /// Allocates pinned memory holding a copy of `data`.
-    pub fn from_slice(device: &CudaDevice, data: &[u8]) -> Result<Self> {
+    pub fn from_slice(device: &PrimaryContext, data: &[u8]) -> Result<Self> {
         let mut buf = Self::alloc(device, data.len())?;
         buf.as_mut_slice().copy_from_slice(data);
         Ok(buf)
@@ -431,7 +431,7 @@ impl ManagedBuffer {
     /// Allocates `len` bytes of managed memory, zeroed from the host.
     ///
     /// [`CudaError::Unsupported`] on devices without managed memory.
-    pub fn alloc(device: &CudaDevice, len: usize) -> Result<Self> {
+    pub fn alloc(device: &PrimaryContext, len: usize) -> Result<Self> {
         if !device.supports_managed_memory() {
             return Err(CudaError::Unsupported("managed memory"));
         }

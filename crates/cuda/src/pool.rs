@@ -7,7 +7,7 @@
 //! `cuMemAllocAsync` maps physical memory again; a transfer pipeline synchronizes on every
 //! staging chunk, so that would happen on every batch. devarrow's pool keeps what it
 //! freed for reuse (threshold `u64::MAX`) until
-//! [`CudaDevice::trim_memory_pool`](crate::CudaDevice::trim_memory_pool) returns it.
+//! [`PrimaryContext::trim_memory_pool`](crate::PrimaryContext::trim_memory_pool) returns it.
 //! Changing the default pool instead would change it for every library in the process.
 //!
 //! Pools live as long as the process, like the default pool. A device where creating

@@ -13,16 +13,16 @@ use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::kernels::{self, CopySegment, Kernels};
 use devarrow_cuda::{
-    export_array_data, list_devices, CudaDevice, CudaError, CudaMemory, CudaStream, DeviceBuffer,
-    ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer,
+    export_array_data, list_devices, CudaError, CudaMemory, CudaStream, DeviceBuffer,
+    ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer, PrimaryContext,
 };
 use devarrow_testing::gpu::{assert_still_running, unless_sanitized};
 use devarrow_testing::kernel_oracles as reference;
 
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
-fn gpu() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
-    devarrow_testing::gpu::open_or_skip(|| CudaDevice::open(0))
+fn gpu() -> Option<(MutexGuard<'static, ()>, PrimaryContext)> {
+    devarrow_testing::gpu::open_or_skip(|| PrimaryContext::open(0))
 }
 
 macro_rules! gpu_or_skip {
@@ -103,7 +103,7 @@ fn download(stream: &Arc<CudaStream>, buf: &DeviceBuffer) -> Vec<u8> {
 }
 
 /// Free device memory after synchronizing and trimming the pool.
-fn free_memory(dev: &CudaDevice) -> usize {
+fn free_memory(dev: &PrimaryContext) -> usize {
     dev.synchronize().unwrap();
     dev.trim_memory_pool().unwrap();
     dev.memory_info().unwrap().0
@@ -124,9 +124,9 @@ fn devices_are_listed_and_opened_on_the_primary_context() {
     assert_eq!(primary, dev.cu_context());
     // SAFETY: balances the retain above.
     unsafe { result::primary_ctx::release(dev.context().cu_device()) }.unwrap();
-    let again = CudaDevice::open(0).unwrap();
+    let again = PrimaryContext::open(0).unwrap();
     assert_eq!(again, dev);
-    match CudaDevice::open(list.len()) {
+    match PrimaryContext::open(list.len()) {
         Err(CudaError::InvalidDeviceId { id, count }) => {
             assert_eq!((id, count), (list.len(), list.len()))
         }

@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
 use devarrow_abi::{ArrowDeviceType, Error};
-use devarrow_cuda::CudaTransferDevice;
+use devarrow_cuda::CudaDevice;
 
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
-pub fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaTransferDevice>)> {
-    devarrow_testing::gpu::open_or_skip(|| CudaTransferDevice::open(0).map(Arc::new))
+pub fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaDevice>)> {
+    devarrow_testing::gpu::open_or_skip(|| CudaDevice::open(0).map(Arc::new))
 }
 
 /// [`gpu`], or returns from the test.

@@ -377,7 +377,7 @@ fn check_export(selected: &Selected, batch: &RecordBatch) -> Result<String, JobE
             }
         }
         Some(cuda) => {
-            let consumer = cuda.cuda_device().new_stream().map_err(|e| fail(&e))?;
+            let consumer = cuda.primary_context().new_stream().map_err(|e| fail(&e))?;
             let imported = ImportedArray::import(array, &consumer).map_err(|e| fail(&e))?;
             imported.synchronize_host().map_err(|e| fail(&e))?;
             if imported.device_type() != on_device.device().device_type()

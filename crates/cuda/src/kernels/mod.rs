@@ -512,7 +512,7 @@ pub fn rebase_offsets_i64(
 /// [`MAX_COPY_PIECE`] bytes, uploads the descriptors (stream-ordered) and enqueues
 /// `dvx_batched_copy`. The descriptor upload is synchronous (from pageable memory); the
 /// copy itself is enqueued, and this returns without waiting for it (the descriptor table
-/// is freed in stream order after the kernel). [`crate::CudaTransferDevice`]'s
+/// is freed in stream order after the kernel). [`crate::CudaDevice`]'s
 /// `copy_on_device` uploads from reused pinned memory instead, without blocking.
 ///
 /// # Safety

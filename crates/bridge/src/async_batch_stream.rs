@@ -3,7 +3,7 @@
 //!
 //! - [`UploadStream`]: a [`futures::Stream`] of [`DeviceBatch`]es uploaded on a
 //!   background thread from a [`futures::Stream`] of `RecordBatch`es, with the bounded
-//!   read-ahead of [`crate::stream`] (polling it never blocks on an upload).
+//!   read-ahead of [`crate::batch_stream`] (polling it never blocks on an upload).
 //! - [`spawn_device_producer`] / [`spawn_device_producer_into`]: drive a (foreign or
 //!   devarrow) `ArrowAsyncDeviceStreamHandler` with those batches, exported as device
 //!   arrays whose `sync_event` marks their upload, through
@@ -30,7 +30,7 @@ use devarrow_abi::{ArrowAsyncDeviceStreamHandler, DeviceArray, Error, Result};
 use futures::{FutureExt, Stream, StreamExt};
 
 use crate::batch::DeviceBatch;
-use crate::stream::{Pipeline, Pull, StreamOptions};
+use crate::batch_stream::{Pipeline, Pull, StreamOptions};
 use crate::transfer::{Transfer, TransferOptions};
 
 /// Record batches from a [`futures::Stream`] uploaded to a device on a background

@@ -6,7 +6,7 @@
 //!   the upload of batch *k + 1* overlaps the consumer's work on batch *k*. It is an
 //!   iterator of [`DeviceBatch`]es, and a [`DeviceBatchSource`]: [`export_reader_to_device`]
 //!   exports it as a C `ArrowDeviceArrayStream` of the device's type (e.g.
-//!   `ARROW_DEVICE_CUDA` on a `CudaTransferDevice`), each array's `sync_event` marking
+//!   `ARROW_DEVICE_CUDA` on a `CudaDevice`), each array's `sync_event` marking
 //!   its upload.
 //! - The async producer ([`UploadStream`](crate::UploadStream)) shares the same upload
 //!   pipeline.
@@ -28,8 +28,8 @@
 //! holds plus `read_ahead` uploaded ones; staging memory by the transfer's
 //! [`TransferOptions::staging_bytes`].
 //!
-//! On CUDA, give the producer a device with a stream of its own (a `CudaTransferDevice`
-//! made for it, e.g. `CudaTransferDevice::new(cuda_device.clone())`), so uploads do not
+//! On CUDA, give the producer a device with a stream of its own (a `CudaDevice`
+//! made for it, e.g. `CudaDevice::new(cuda_device.clone())`), so uploads do not
 //! queue behind the consumer's work; the consumer runs its work on its own stream after
 //! waiting on each array's `sync_event`. A batch's memory is freed in the order of the
 //! upload stream when the consumer releases its array, so (as the specification asks of
