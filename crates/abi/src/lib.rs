@@ -3,9 +3,61 @@
 //! The Apache Arrow C Device Data Interface in Rust: the `#[repr(C)]` structs of the
 //! canonical `abi.h` ([`ffi`]), owning wrappers that release exactly once
 //! ([`DeviceArray`], [`DeviceArrayStream`]), validation of imported arrays against
-//! their schema ([`layout`]), and the CPU device end to end: arrays and record batches
-//! ([`cpu`]), the device stream ([`stream`]) and the async device stream
-//! ([`async_stream`]).
+//! their schema ([`layout`]), the device abstraction the bridge is written against
+//! ([`device`]), and the CPU device end to end: arrays and record batches ([`cpu`]),
+//! the device stream ([`stream`]) and the async device stream ([`async_stream`]).
+//!
+//! ## In four steps
+//!
+//! 1. **Export** an arrow-rs `RecordBatch` as an owned [`DeviceArray`] plus its
+//!    `ArrowSchema` ([`cpu::export_record_batch`]; zero-copy, `ARROW_DEVICE_CPU`).
+//! 2. **Hand it to C**: [`DeviceArray::move_into`] writes the struct into storage the
+//!    consumer owns; from then on the consumer calls `release`, exactly once.
+//! 3. **Take it back**: [`DeviceArray::from_raw`] moves a C struct out (the source is
+//!    marked released) and checks it; [`cpu::import_record_batch`] validates it against
+//!    its schema and rebuilds the batch, zero-copy.
+//! 4. **Stream** many batches: [`stream::export_reader`] turns any `RecordBatchReader`
+//!    into an `ArrowDeviceArrayStream`; [`stream::DeviceArrayStreamReader`] reads one.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow_array::{ArrayRef, Int32Array, RecordBatch, RecordBatchIterator};
+//! use devarrow_abi::stream::{export_reader, DeviceArrayStreamReader};
+//! use devarrow_abi::{cpu, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
+//!
+//! # fn main() -> devarrow_abi::Result<()> {
+//! let column: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(3)]));
+//! let batch = RecordBatch::try_from_iter([("x", column)])?;
+//!
+//! // 1. Export.
+//! let (array, schema) = cpu::export_record_batch(&batch)?;
+//! assert_eq!(array.device_type(), ArrowDeviceType::CPU);
+//!
+//! // 2. Hand it to C: here the "C side" is a struct on our stack.
+//! let mut c_struct = ArrowDeviceArray::empty();
+//! // SAFETY: `c_struct` is valid for writes.
+//! unsafe { array.move_into(&mut c_struct) };
+//!
+//! // 3. Take it back and import it against its schema.
+//! // SAFETY: `c_struct` holds an unreleased device array, as moved in above.
+//! let imported = unsafe { DeviceArray::from_raw(&mut c_struct) }?;
+//! let back = cpu::import_record_batch(imported, &schema)?;
+//! assert_eq!(back, batch);
+//!
+//! // 4. Stream.
+//! let reader = RecordBatchIterator::new([Ok(batch.clone()), Ok(batch.slice(1, 2))], batch.schema());
+//! let stream = export_reader(Box::new(reader));
+//! let rows: usize = DeviceArrayStreamReader::try_new(stream)?
+//!     .map(|b| b.map(|b| b.num_rows()))
+//!     .sum::<Result<usize, _>>()?;
+//! assert_eq!(rows, 5);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Errors are [`Error`]: each has the errno code it is reported with across the C
+//! boundary ([`Error::errno`]) and keeps its cause (`std::error::Error::source`).
 #![warn(missing_docs)]
 
 pub mod async_stream;

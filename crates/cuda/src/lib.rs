@@ -21,6 +21,62 @@
 //!   [`devarrow_abi::device::Device`] (stream-ordered device memory, pinned staging,
 //!   asynchronous copies, `CUevent` sync events), which `devarrow-bridge` moves record
 //!   batches through.
+//!
+//! ## In four steps
+//!
+//! 1. **Open a device**: [`CudaDevice::open`] (device `N` on its primary context, with a
+//!    stream of its own); on a machine without a GPU it returns
+//!    [`CudaError::NoDriver`] or [`CudaError::NoDevice`], never a panic.
+//! 2. **Put data on it**: [`DeviceBuffer::from_host`] (stream-ordered, from devarrow's
+//!    pool), or [`PinnedHostBuffer`] / [`ManagedBuffer`].
+//! 3. **Export** it as an `ArrowDeviceArray` with [`export_array_data`]: a `CUevent` is
+//!    recorded on the producing stream and `sync_event` points to it.
+//! 4. **Import** a device array on your stream with [`ImportedArray::import`]: the stream
+//!    waits on the producer's event (`cuStreamWaitEvent`, no host wait), and the buffers
+//!    keep the producer's array unreleased while they live. To move whole record batches,
+//!    hand the [`CudaDevice`] to `devarrow-bridge`'s `Transfer`.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow_data::ArrayData;
+//! use arrow_schema::DataType;
+//! use devarrow_abi::ArrowDeviceType;
+//! use devarrow_cuda::{export_array_data, CudaDevice, CudaError, DeviceBuffer, ImportedArray};
+//!
+//! # fn main() -> devarrow_cuda::Result<()> {
+//! // 1. Open CUDA device 0, or say why not (this runs on machines without a GPU too).
+//! let device = match CudaDevice::open(0) {
+//!     Ok(device) => device,
+//!     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+//! #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+//!         println!("no GPU here: {e}");
+//!         return Ok(());
+//!     }
+//!     Err(e) => return Err(e),
+//! };
+//! let stream = device.stream().clone();
+//!
+//! // 2. Four i32 values in device memory.
+//! let values = DeviceBuffer::from_host(&stream, &[1i32, 2, 3, 4])?;
+//!
+//! // 3. Export them as an Int32 array (no validity: null_count 0).
+//! // SAFETY: the buffer is device memory that arrow-rs must never read on the host;
+//! // it only travels inside the exported array.
+//! let buffer = unsafe { values.into_arrow_buffer() };
+//! // SAFETY: 4 values of 4 bytes, no nulls: the layout of an Int32 array of length 4.
+//! let data = unsafe {
+//!     ArrayData::builder(DataType::Int32).len(4).null_count(0).add_buffer(buffer).build_unchecked()
+//! };
+//! let array = export_array_data(data, ArrowDeviceType::CUDA, &stream)?;
+//!
+//! // 4. Import on another stream: it waits on the export's event, not the host.
+//! let consumer = device.primary_context().new_stream()?;
+//! let imported = ImportedArray::import(array, &consumer)?;
+//! assert_eq!(imported.array().length, 4);
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 mod context;
