@@ -74,6 +74,7 @@ pub use ffi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
+pub use schema::{move_schema_into, take_schema};
 pub use stream::DeviceArrayStream;
 pub mod boundary;
 pub mod cpu;
@@ -81,4 +82,5 @@ pub mod device;
 pub mod layout;
 mod panic;
 pub mod pinned_registry;
+pub mod schema;
 pub mod stream;

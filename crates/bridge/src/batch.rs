@@ -13,6 +13,7 @@ use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{DeviceArray, Error, Result};
 
+use crate::export_options::{normalize_root_offset, ExportOptions};
 use crate::foreign::Foreign;
 use crate::host::Download;
 use crate::plan::Node;
@@ -91,6 +92,12 @@ impl DeviceBatch {
     /// batch, the foreign array, unreleased) stays alive until the consumer releases the
     /// array.
     pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
+        self.export_with(ExportOptions::default())
+    }
+
+    /// [`DeviceBatch::export`] with [`ExportOptions`] (e.g. a root offset normalized for
+    /// consumers that refuse one).
+    pub fn export_with(&self, options: ExportOptions) -> Result<(DeviceArray, FFI_ArrowSchema)> {
         let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
         let sync_event = self.event.as_sync_event_ptr();
         let (root, owner, device_type, device_id): (_, devarrow_abi::export_tree::Owner, _, _) =
@@ -108,6 +115,11 @@ impl DeviceBatch {
                     foreign.device_id(),
                 ),
             };
+        let root = if options.normalize_root_offset {
+            normalize_root_offset(root)?
+        } else {
+            root
+        };
         // Packed: the addresses lie in `memory`, an allocation of `device` laid out by this
         // crate's plan for the batch's own arrays (each buffer sized for its node). Foreign:
         // the tree is the imported DeviceArray's own, lengths and offsets included.

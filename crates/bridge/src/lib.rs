@@ -78,9 +78,15 @@ pub use batch_stream::{
     export_reader_to_device, DeviceStreamReader, HostStreamReader, StreamOptions, Uploader,
     DEFAULT_READ_AHEAD,
 };
+/// The C `ArrowSchema` (arrow-rs's `FFI_ArrowSchema`), so users need no `arrow-schema`
+/// dependency of their own.
+pub use devarrow_abi::ArrowSchema;
+pub use export_options::ExportOptions;
 pub use pinned::{pin_batch, pinned_buffer};
 pub use transfer::{DeviceBatch, Transfer, TransferOptions};
 
 mod batch;
+mod c_boundary;
+mod export_options;
 mod foreign;
 mod host;

@@ -45,3 +45,58 @@ pub fn count_releases(array: DeviceArray) -> (DeviceArray, Arc<AtomicUsize>) {
 pub fn releases(count: &Arc<AtomicUsize>) -> usize {
     count.load(Ordering::SeqCst)
 }
+
+/// The C layout of `ArrowSchema` (the C data interface's, as arrow-rs's `FFI_ArrowSchema`
+/// whose fields are private), to wrap its `release`.
+#[repr(C)]
+struct CSchema {
+    format: *const std::ffi::c_char,
+    name: *const std::ffi::c_char,
+    metadata: *const std::ffi::c_char,
+    flags: i64,
+    n_children: i64,
+    children: *mut *mut CSchema,
+    dictionary: *mut CSchema,
+    release: Option<unsafe extern "C" fn(*mut CSchema)>,
+    private_data: *mut c_void,
+}
+
+struct CountedSchema {
+    release: unsafe extern "C" fn(*mut CSchema),
+    private_data: *mut c_void,
+    count: Arc<AtomicUsize>,
+}
+
+unsafe extern "C" fn counting_schema_release(schema: *mut CSchema) {
+    // SAFETY: installed by `count_schema_releases` on an unreleased schema whose private
+    // data is a Box<CountedSchema>; the original release and private data are restored
+    // before chaining.
+    unsafe {
+        let schema = &mut *schema;
+        let counted = Box::from_raw(schema.private_data.cast::<CountedSchema>());
+        schema.private_data = counted.private_data;
+        schema.release = Some(counted.release);
+        (counted.release)(schema);
+        counted.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Wraps the release callback of the (unreleased) schema at `schema` so calls are
+/// counted.
+///
+/// # Safety
+/// `schema` must point to a valid, unreleased `ArrowSchema`.
+pub unsafe fn count_schema_releases(schema: *mut devarrow_abi::ArrowSchema) -> Arc<AtomicUsize> {
+    let count = Arc::new(AtomicUsize::new(0));
+    // SAFETY: `FFI_ArrowSchema` is `#[repr(C)]` with the C data interface's layout, which
+    // `CSchema` spells out; the caller guarantees it is valid and unreleased.
+    let raw = unsafe { &mut *schema.cast::<CSchema>() };
+    let counted = Box::new(CountedSchema {
+        release: raw.release.expect("unreleased"),
+        private_data: raw.private_data,
+        count: count.clone(),
+    });
+    raw.private_data = Box::into_raw(counted).cast();
+    raw.release = Some(counting_schema_release);
+    count
+}
