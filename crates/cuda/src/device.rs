@@ -192,22 +192,19 @@ fn pointer_type_and_buffer(addr: usize) -> (u32, u64) {
 }
 
 /// Whether the driver reports `first..=last` as inside one page-locked host allocation
-/// from `cuMemHostAlloc` (of any library): both ends are `CU_MEMORYTYPE_HOST` with the
-/// same nonzero buffer id (one allocation), and `cuMemHostGetFlags` knows the
-/// allocation. That last check, made only for memory already reported as host memory,
-/// keeps pageable memory out on systems with HMM (where the driver may know pageable
-/// addresses too); it also leaves out `cuMemHostRegister`ed memory, which then takes
-/// the (correct, only slower) staged path.
+/// (`cuMemHostAlloc` or `cuMemHostRegister`, of any library): both ends are
+/// `CU_MEMORYTYPE_HOST` with the same nonzero buffer id (one allocation). Pageable memory
+/// is not: the driver reports it as unregistered (type 0), HMM systems included. One
+/// `cuPointerGetAttributes` per end, which never fails for an address it does not know
+/// (`cuMemHostGetFlags`, used before, fails on registered memory: a driver error in
+/// normal operation, which compute-sanitizer reports).
 fn driver_reports_pinned(first: usize, last: usize) -> bool {
     let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
     let (first_type, first_buffer) = pointer_type_and_buffer(first);
     if first_type != host || first_buffer == 0 {
         return false;
     }
-    if pointer_type_and_buffer(last) != (first_type, first_buffer) {
-        return false;
-    }
-    driver::mem_host_get_flags(first as *const c_void).is_ok()
+    pointer_type_and_buffer(last) == (first_type, first_buffer)
 }
 
 // SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.

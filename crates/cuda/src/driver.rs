@@ -195,6 +195,28 @@ pub(crate) unsafe fn mem_pool_set_release_threshold(
     .call("cuMemPoolSetAttribute")
 }
 
+/// `cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)`: whether
+/// the driver may make an allocation wait on the stream that freed the memory it reuses.
+///
+/// # Safety
+/// `pool` must be a live pool.
+pub(crate) unsafe fn mem_pool_set_internal_dependencies(
+    pool: sys::CUmemoryPool,
+    allow: bool,
+) -> Result<()> {
+    let mut value: i32 = allow.into();
+    // SAFETY: the pool is live (the caller's guarantee); the reuse attributes take an
+    // `int`, which `value` is, read only during the call.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+            (&mut value as *mut i32).cast(),
+        )
+    }
+    .call("cuMemPoolSetAttribute")
+}
+
 /// `cuMemPoolDestroy`.
 ///
 /// # Safety
@@ -281,18 +303,6 @@ pub(crate) fn mem_host_get_device_pointer(ptr: *mut c_void) -> Result<sys::CUdev
         .result()
         .call("cuMemHostGetDevicePointer")?;
     Ok(device_ptr)
-}
-
-/// `cuMemHostGetFlags`: the flags of the page-locked allocation holding `ptr`; an error
-/// for any other address.
-pub(crate) fn mem_host_get_flags(ptr: *const c_void) -> Result<c_uint> {
-    let mut flags: c_uint = 0;
-    // SAFETY: the driver only looks the address up and writes the allocation flags to
-    // our local.
-    unsafe { sys::cuMemHostGetFlags(&mut flags, ptr.cast_mut()) }
-        .result()
-        .call("cuMemHostGetFlags")?;
-    Ok(flags)
 }
 
 /// `cuMemFreeHost`.

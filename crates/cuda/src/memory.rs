@@ -127,19 +127,16 @@ impl DeviceBuffer {
             0
         } else if stream_ordered {
             let pool = pool::pool_of(ctx)?;
+            // The pool keeps freed memory for reuse: when the device's free memory is
+            // short of `len`, it first gives back what it holds unused. (Trying first and
+            // trimming on out-of-memory would make a driver call fail in normal
+            // operation, which compute-sanitizer reports in every user's run.)
+            if driver::mem_get_info()?.0 < len {
+                pool::trim(ctx, 0)?;
+            }
             // SAFETY: the pool is one of this device's, the stream belongs to the current
             // context (both live); the memory is only handed out as an address.
-            let alloc =
-                || unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) };
-            match alloc() {
-                // The pool keeps freed memory for reuse: out of memory, it gives back
-                // what it holds unused, and the allocation is tried once more.
-                Err(e) if e.is_out_of_memory() => {
-                    pool::trim(ctx, 0)?;
-                    alloc()
-                }
-                allocated => allocated,
-            }?
+            unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) }?
         } else {
             driver::mem_alloc(len)?
         };

@@ -12,6 +12,7 @@ use arrow_schema::DataType;
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::kernels::{self, CopySegment, Kernels};
+use devarrow_cuda::pool::{self, PoolPolicy};
 use devarrow_cuda::{
     export_array_data, list_devices, CudaError, CudaMemory, CudaStream, DeviceBuffer,
     ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer, PrimaryContext,
@@ -236,6 +237,50 @@ fn freed_device_memory_is_kept_for_reuse_until_trimmed() {
         after + (4 << 20) >= before,
         "{before} -> {after} free after trimming"
     );
+}
+
+#[test]
+fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first() {
+    let (_lock, dev) = gpu_or_skip!();
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let stream = dev.new_stream().unwrap();
+    let before = free_memory(&dev);
+    // A release threshold of 0: what is freed goes back at the next synchronization.
+    pool::set_policy(dev.context(), PoolPolicy::default().release_threshold(0)).unwrap();
+    drop(DeviceBuffer::alloc(&stream, 256 << 20).unwrap());
+    stream.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let (given_back, total) = dev.memory_info().unwrap();
+    assert!(
+        given_back + (4 << 20) >= before,
+        "threshold 0 kept memory: {before} -> {given_back} free"
+    );
+    // Keep everything: then an allocation larger than the free memory, which only fits
+    // once the pool gives back what it holds idle, succeeds (trimmed first, so no
+    // driver call fails: the emulated run's API error log checks that).
+    pool::set_policy(
+        dev.context(),
+        PoolPolicy::default().release_threshold(u64::MAX),
+    )
+    .unwrap();
+    let held = before / 2;
+    drop(DeviceBuffer::alloc(&stream, held).unwrap());
+    stream.synchronize().unwrap();
+    let (free_now, _) = dev.memory_info().unwrap();
+    assert!(
+        free_now + held / 2 <= before,
+        "the pool keeps what was freed"
+    );
+    let big = free_now + held / 2;
+    assert!(big < total);
+    drop(DeviceBuffer::alloc(&stream, big).unwrap());
+    stream.synchronize().unwrap();
+    pool::set_policy(dev.context(), PoolPolicy::default()).unwrap();
+    let after = free_memory(&dev);
+    assert!(after + (4 << 20) >= before, "{before} -> {after} free");
 }
 
 #[test]
