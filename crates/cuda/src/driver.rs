@@ -441,3 +441,41 @@ pub(crate) unsafe fn memset_d8(ptr: sys::CUdeviceptr, value: u8, bytes: usize) -
     // SAFETY: the caller's guarantee.
     unsafe { result::memset_d8_sync(ptr, value, bytes) }.call("cuMemsetD8")
 }
+
+// ---------------------------------------------------------------------------------------
+// Modules
+// ---------------------------------------------------------------------------------------
+
+/// The JIT's error log for `ptx` (`cuModuleLoadDataEx` with `CU_JIT_ERROR_LOG_BUFFER`),
+/// asked for only after a load failed, to say why. `None` when the log is empty or the
+/// load succeeds this time (the module is then unloaded again).
+pub(crate) fn jit_error_log(ptx: &str) -> Option<String> {
+    let image = std::ffi::CString::new(ptx).ok()?;
+    let mut log = vec![0u8; 16 << 10];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated image, two options with their values (the buffer, and its
+    // size passed as the pointer value, as the driver reads it), all live for the call;
+    // the caller has the context current.
+    let loaded = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            image.as_ptr().cast(),
+            2,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if loaded == sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the module was just loaded and is used by nothing else.
+        let _ = unsafe { sys::cuModuleUnload(module) };
+        return None;
+    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
+    (!text.is_empty()).then_some(text)
+}

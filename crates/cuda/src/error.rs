@@ -43,6 +43,17 @@ pub enum CudaError {
         #[source]
         source: DriverError,
     },
+    /// The driver's JIT could not load a PTX module.
+    #[error("loading the PTX module {module} failed: {:?}{}", .source.0, log_suffix(.log))]
+    ModuleLoad {
+        /// The module (`kernels/copy.ptx`, ...).
+        module: &'static str,
+        /// The JIT's error log, empty when it gave none.
+        log: String,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
     /// The data lives on a device type this call does not handle.
     #[error("unsupported device type {found} (expected {expected})")]
     UnsupportedDeviceType {
@@ -92,6 +103,16 @@ impl std::fmt::Debug for CudaError {
                 .field("call", call)
                 .field("source", &format_args!("DriverError({:?})", source.0))
                 .finish(),
+            Self::ModuleLoad {
+                module,
+                log,
+                source,
+            } => f
+                .debug_struct("ModuleLoad")
+                .field("module", module)
+                .field("log", log)
+                .field("source", &format_args!("DriverError({:?})", source.0))
+                .finish(),
             Self::UnsupportedDeviceType { found, expected } => f
                 .debug_struct("UnsupportedDeviceType")
                 .field("found", found)
@@ -108,6 +129,14 @@ impl std::fmt::Debug for CudaError {
             }
             Self::Abi(e) => f.debug_tuple("Abi").field(e).finish(),
         }
+    }
+}
+
+fn log_suffix(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; the JIT says: {log}")
     }
 }
 

@@ -284,6 +284,37 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
 }
 
 #[test]
+fn a_module_that_does_not_load_reports_the_jits_log() {
+    let (_lock, dev) = gpu_or_skip!();
+    if !unless_sanitized("loading invalid PTX (CUDA_ERROR_INVALID_PTX is an API error)") {
+        return;
+    }
+    dev.bind_to_thread().unwrap();
+    let bad =
+        ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry broken() { frobnicate; }\n";
+    match kernels::load_module(dev.context(), "broken.ptx", bad) {
+        Err(CudaError::ModuleLoad {
+            module,
+            log,
+            source,
+        }) => {
+            assert_eq!(module, "broken.ptx");
+            assert!(!log.is_empty(), "the JIT gave no log ({source:?})");
+            let message = CudaError::ModuleLoad {
+                module,
+                log: log.clone(),
+                source,
+            }
+            .to_string();
+            assert!(message.contains(&log), "{message}");
+        }
+        other => panic!("expected ModuleLoad, got {other:?}"),
+    }
+    // devarrow's own kernels still load.
+    Kernels::for_context(dev.context()).unwrap();
+}
+
+#[test]
 fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
     let (_lock, dev) = gpu_or_skip!();
     if !unless_sanitized("provoking CUDA_ERROR_OUT_OF_MEMORY (reported as an API error)") {

@@ -104,9 +104,8 @@ impl Kernels {
         if let Some(k) = map.get(&key) {
             return Ok(k.clone());
         }
-        let load = |src: &str| ctx.load_module(Ptx::from_src(src)).call("cuModuleLoadData");
-        let validity = load(VALIDITY_PTX)?;
-        let copy = load(COPY_PTX)?;
+        let validity = load_module(ctx, "kernels/validity.ptx", VALIDITY_PTX)?;
+        let copy = load_module(ctx, "kernels/copy.ptx", COPY_PTX)?;
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")?
@@ -130,6 +129,21 @@ impl Kernels {
     pub fn for_stream(stream: &CudaStream) -> Result<Arc<Self>> {
         Self::for_context(stream.context())
     }
+}
+
+/// JIT-loads the PTX `src` (named `name` in errors) into `ctx`, as devarrow loads its
+/// own kernels: a failure is [`CudaError::ModuleLoad`] with the JIT's error log.
+pub fn load_module(
+    ctx: &Arc<CudaContext>,
+    name: &'static str,
+    src: &str,
+) -> Result<Arc<CudaModule>> {
+    ctx.load_module(Ptx::from_src(src))
+        .map_err(|source| CudaError::ModuleLoad {
+            module: name,
+            log: crate::driver::jit_error_log(src).unwrap_or_default(),
+            source,
+        })
 }
 
 /// Enqueues `dvx_count_set_bits`: adds the number of set bits of bits

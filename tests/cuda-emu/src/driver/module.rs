@@ -23,6 +23,11 @@ const DEFAULT_SHARED: i32 = 48 << 10;
 const OPTIN_SHARED: i32 = 227 << 10;
 
 fn load(pmod: *mut CUmodule, image: *const c_void) -> R {
+    load_logged(pmod, image, &mut |_| {})
+}
+
+/// [`load`], handing the JIT's error message (the PTX parser's) to `log` on failure.
+fn load_logged(pmod: *mut CUmodule, image: *const c_void, log: &mut dyn FnMut(&str)) -> R {
     let ctx = current_context()?;
     if pmod.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -41,6 +46,7 @@ fn load(pmod: *mut CUmodule, image: *const c_void) -> R {
         Ok(Ok(m)) => m,
         Ok(Err(e)) => {
             eprintln!("devarrow-emu: cuModuleLoadData: invalid PTX: {e}");
+            log(&format!("ptxas fatal   : {e}"));
             return Err(CUDA_ERROR_INVALID_PTX);
         }
         Err(p) => {
@@ -84,11 +90,35 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
 pub unsafe extern "C" fn cuModuleLoadDataEx(
     module: *mut CUmodule,
     image: *const c_void,
-    _numOptions: c_uint,
-    _options: *mut CUjit_option,
-    _optionValues: *mut *mut c_void,
+    num_options: c_uint,
+    options: *mut CUjit_option,
+    option_values: *mut *mut c_void,
 ) -> CUresult {
-    api("cuModuleLoadDataEx", || load(module, image))
+    api("cuModuleLoadDataEx", || {
+        // The error log buffer and its size, the only options the emulator honours (the
+        // others, optimization levels and the like, are accepted and ignored).
+        let (mut buffer, mut size) = (std::ptr::null_mut::<u8>(), 0usize);
+        for i in 0..num_options as usize {
+            // SAFETY: the caller passes `num_options` options and as many values.
+            let (option, value) = unsafe { (*options.add(i), *option_values.add(i)) };
+            match option {
+                CUjit_option::CU_JIT_ERROR_LOG_BUFFER => buffer = value.cast(),
+                // The size is passed as the pointer value itself, as the driver reads it.
+                CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => size = value as usize,
+                _ => {}
+            }
+        }
+        load_logged(module, image, &mut |message| {
+            if !buffer.is_null() && size > 0 {
+                let n = message.len().min(size - 1);
+                // SAFETY: the caller's buffer holds `size` bytes; `n + 1 <= size`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(message.as_ptr(), buffer, n);
+                    *buffer.add(n) = 0;
+                }
+            }
+        })
+    })
 }
 
 fn module(handle: CUmodule) -> R<Arc<LoadedModule>> {
