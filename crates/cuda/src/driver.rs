@@ -113,6 +113,18 @@ pub(crate) fn mem_get_info() -> Result<(usize, usize)> {
     result::mem_get_info().call("cuMemGetInfo")
 }
 
+/// `cuCtxGetId`: the id of `ctx`, unique for the life of the process. Unlike the
+/// `CUcontext` value, which a primary context keeps across `cuDevicePrimaryCtxReset`,
+/// the id of the context created anew after a reset differs.
+pub(crate) fn ctx_get_id(ctx: sys::CUcontext) -> Result<u64> {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: the driver checks `ctx` and writes the id to our local.
+    unsafe { sys::cuCtxGetId(ctx, &mut id) }
+        .result()
+        .call("cuCtxGetId")?;
+    Ok(id)
+}
+
 // ---------------------------------------------------------------------------------------
 // Streams and events
 // ---------------------------------------------------------------------------------------

@@ -616,10 +616,16 @@ fn stream_ordered_memory_is_usable_only_in_stream_order() {
         let mut q: CUdeviceptr = 0;
         assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_ILLEGAL_ADDRESS);
         assert_eq!(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+        let mut old_id = 0;
+        ck(cuCtxGetId(emu.ctx, &mut old_id));
         ck(cuDevicePrimaryCtxReset_v2(0));
         let mut ctx: CUcontext = std::ptr::null_mut();
         ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        assert_ne!(ctx, emu.ctx, "a new context");
+        assert_eq!(ctx, emu.ctx, "the primary context keeps its handle, as the driver's");
+        let mut new_id = 0;
+        ck(cuCtxGetId(ctx, &mut new_id));
+        assert_ne!(new_id, old_id, "a new context behind it");
+        ck(cuDevicePrimaryCtxRelease_v2(0));
         ck(cuCtxSetCurrent(ctx));
         ck(cuMemAlloc_v2(&mut q, 8));
         ck(cuMemFree_v2(q));

@@ -12,9 +12,12 @@ pub const TESTING_PTX: &str = include_str!("../testing.ptx");
 
 /// `dvx_spin_fill_u32` of `stream`'s context, loaded on first use there.
 fn spin_fill_u32(stream: &CudaStream) -> Result<CudaFunction, DriverError> {
-    static LOADED: OnceLock<Mutex<HashMap<usize, CudaFunction>>> = OnceLock::new();
+    static LOADED: OnceLock<Mutex<HashMap<u64, CudaFunction>>> = OnceLock::new();
     let ctx = stream.context();
-    let key = ctx.cu_ctx() as usize;
+    // By context id: a primary context reset keeps the handle but not the module.
+    let mut key = 0;
+    // SAFETY: the driver checks the context and writes the id to our local.
+    unsafe { cudarc::driver::sys::cuCtxGetId(ctx.cu_ctx(), &mut key) }.result()?;
     let mut map = LOADED
         .get_or_init(Default::default)
         .lock()

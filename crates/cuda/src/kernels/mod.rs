@@ -85,24 +85,42 @@ pub struct Kernels {
     batched_copy: Kernel,
     rebase_i32: Kernel,
     rebase_i64: Kernel,
+    /// The context they were loaded in.
+    context: usize,
     _modules: [Arc<CudaModule>; 2],
 }
 
-fn loaded() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
-    static LOADED: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+/// The loaded kernels by context id (`cuCtxGetId`).
+fn loaded() -> &'static Mutex<HashMap<u64, Arc<Kernels>>> {
+    static LOADED: OnceLock<Mutex<HashMap<u64, Arc<Kernels>>>> = OnceLock::new();
     LOADED.get_or_init(Default::default)
 }
 
 impl Kernels {
     /// The kernels of `ctx`, JIT-loading the embedded PTX on first use in that context.
     ///
-    /// Loaded modules are cached for the life of the process (keeping their context
-    /// retained, as the CUDA runtime keeps a primary context).
+    /// Loaded modules are cached for the life of the context (keeping it retained, as
+    /// the CUDA runtime keeps a primary context), by its id (`cuCtxGetId`): after
+    /// `cuDevicePrimaryCtxReset`, the usual recovery from a sticky fault, the primary
+    /// context keeps its `CUcontext` value but not its modules, and its new id loads
+    /// them again. The kernels of the destroyed context are dropped from the cache
+    /// without unloading (their modules went with it).
     pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
-        let key = ctx.cu_ctx() as usize;
+        let handle = ctx.cu_ctx() as usize;
+        let key = crate::driver::ctx_get_id(ctx.cu_ctx())?;
         let mut map = loaded().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = map.get(&key) {
             return Ok(k.clone());
+        }
+        let stale: Vec<u64> = map
+            .iter()
+            .filter(|(_, k)| k.context == handle)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            // Leaked, not dropped: unloading a module of a destroyed context fails, and
+            // cudarc would record that error in the (live) context.
+            std::mem::forget(map.remove(&id));
         }
         let validity = load_module(ctx, "kernels/validity.ptx", VALIDITY_PTX)?;
         let copy = load_module(ctx, "kernels/copy.ptx", COPY_PTX)?;
@@ -119,6 +137,7 @@ impl Kernels {
             batched_copy: f(&copy, "dvx_batched_copy")?,
             rebase_i32: f(&copy, "dvx_rebase_offsets_i32")?,
             rebase_i64: f(&copy, "dvx_rebase_offsets_i64")?,
+            context: handle,
             _modules: [validity, copy],
         });
         map.insert(key, k.clone());

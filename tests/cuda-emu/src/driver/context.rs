@@ -178,6 +178,27 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     })
 }
 
+/// The unique id of `ctx` (the current context when NULL): a primary context created
+/// anew after a reset keeps its handle but gets a new id.
+///
+/// # Safety
+/// `id` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut std::ffi::c_ulonglong) -> CUresult {
+    api("cuCtxGetId", || {
+        let ctx = if ctx.is_null() {
+            current_context_any()?
+        } else {
+            match driver().get(ctx as u64) {
+                Some(Object::Context(c)) => c,
+                _ => return Err(CUDA_ERROR_INVALID_CONTEXT),
+            }
+        };
+        // SAFETY: the caller's out-pointer.
+        unsafe { out(id, ctx.shared.id) }
+    })
+}
+
 /// Blocks until all work of the current context has run; returns its sticky error.
 ///
 /// # Safety

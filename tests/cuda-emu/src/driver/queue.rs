@@ -23,6 +23,9 @@ use super::kernel::Function;
 #[derive(Debug)]
 pub(crate) struct CtxShared {
     pub handle: u64,
+    /// `cuCtxGetId`: unique for the life of the process, unlike the handle, which the
+    /// primary context keeps across a reset.
+    pub id: u64,
     sticky: Mutex<Option<CUresult>>,
     pub destroyed: AtomicBool,
 }
@@ -30,8 +33,10 @@ pub(crate) struct CtxShared {
 impl CtxShared {
     /// The shared part of a new context `handle` (no error, not destroyed).
     pub fn new(handle: u64) -> Self {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             handle,
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             sticky: Mutex::new(None),
             destroyed: AtomicBool::new(false),
         }

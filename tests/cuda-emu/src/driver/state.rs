@@ -147,6 +147,10 @@ pub(crate) struct Primary {
     pub refcount: u32,
     pub ctx: Option<Arc<Context>>,
     pub flags: u32,
+    /// The primary context's handle, the same for the life of the process (as the
+    /// driver's): a context created anew after a reset or a last release gets it again,
+    /// with a new `cuCtxGetId`.
+    pub handle: Option<u64>,
 }
 
 /// The whole emulator.
@@ -207,55 +211,70 @@ impl Driver {
         let mut p = lock(&self.primary);
         let ctx = match &p.ctx {
             Some(c) => c.clone(),
-            None => {
-                let handle = self.new_handle();
-                let shared = Arc::new(CtxShared::new(handle));
-                let null_stream =
-                    Stream::spawn(self.new_handle(), shared.clone(), &self.mem, 0, 0, true);
-                let ctx = Arc::new(Context {
-                    shared,
-                    null_stream,
-                    streams: Mutex::new(Vec::new()),
-                    flags: AtomicU32::new(p.flags),
-                    limits: Mutex::new(HashMap::new()),
-                    cache_config: AtomicU32::new(0),
-                });
-                self.insert(handle, Object::Context(ctx.clone()));
-                p.ctx = Some(ctx.clone());
-                ctx
-            }
+            None => self.new_primary(&mut p),
         };
         p.refcount += 1;
         ctx.handle()
     }
 
+    /// Creates the primary context (under its one handle) and makes it `p.ctx`.
+    fn new_primary(&'static self, p: &mut Primary) -> Arc<Context> {
+        let handle = *p.handle.get_or_insert_with(|| self.new_handle());
+        let shared = Arc::new(CtxShared::new(handle));
+        let null_stream = Stream::spawn(self.new_handle(), shared.clone(), &self.mem, 0, 0, true);
+        let ctx = Arc::new(Context {
+            shared,
+            null_stream,
+            streams: Mutex::new(Vec::new()),
+            flags: AtomicU32::new(p.flags),
+            limits: Mutex::new(HashMap::new()),
+            cache_config: AtomicU32::new(0),
+        });
+        self.insert(handle, Object::Context(ctx.clone()));
+        p.ctx = Some(ctx.clone());
+        ctx
+    }
+
     /// Releases the primary context; destroys it when the count drops to zero.
-    pub fn release_primary(&self, reset: bool) -> R {
+    ///
+    /// A reset destroys it whatever the count (its memory, streams, events and modules
+    /// are gone); those who retained it keep their retain and their handle, which names
+    /// a fresh context from then on (with a new `cuCtxGetId`), as the driver's does.
+    pub fn release_primary(&'static self, reset: bool) -> R {
         let ctx = {
             let mut p = lock(&self.primary);
-            if p.ctx.is_none() {
+            let Some(ctx) = p.ctx.clone() else {
                 return if reset {
                     Ok(())
                 } else {
                     Err(CUDA_ERROR_INVALID_CONTEXT)
                 };
+            };
+            if !reset {
+                p.refcount -= 1;
+                if p.refcount > 0 {
+                    return Ok(());
+                }
             }
-            p.refcount = if reset { 0 } else { p.refcount - 1 };
-            if p.refcount > 0 {
-                return Ok(());
-            }
-            p.ctx.take().expect("checked above")
+            p.ctx = None;
+            ctx
         };
-        self.destroy_context(&ctx);
+        self.destroy_context(&ctx, !reset);
+        let mut p = lock(&self.primary);
+        if reset && p.refcount > 0 && p.ctx.is_none() {
+            self.new_primary(&mut p);
+        }
         Ok(())
     }
 
     /// Waits for the context's work, then frees everything it owns.
-    fn destroy_context(&self, ctx: &Arc<Context>) {
+    /// `report`: whether what it still owns is reported as a leak (not at a reset, which
+    /// destroys live objects on purpose).
+    fn destroy_context(&self, ctx: &Arc<Context>, report: bool) {
         ctx.shared.destroyed.store(true, Ordering::Release);
         let left = self.remove_all_of(ctx.handle());
         let owns_memory = || self.mem.snapshot().iter().any(|a| a.ctx == ctx.handle());
-        if report_leaks() && (left.len() > 1 || owns_memory()) {
+        if report && report_leaks() && (left.len() > 1 || owns_memory()) {
             let left = left
                 .iter()
                 .filter(|o| !matches!(o, Object::Context(_)))
