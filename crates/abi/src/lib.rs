@@ -5,7 +5,7 @@
 //! ([`DeviceArray`], [`DeviceArrayStream`]), validation of imported arrays against
 //! their schema ([`layout`]), and the CPU device end to end: arrays and record batches
 //! ([`cpu`]), the device stream ([`stream`]) and the async device stream
-//! ([`async_stream`]).
+//! ([`async_stream`], with its key/value [`metadata`]).
 #![warn(missing_docs)]
 
 pub mod async_stream;
@@ -22,11 +22,13 @@ pub use ffi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
+pub use metadata::Metadata;
 pub use stream::DeviceArrayStream;
 pub mod boundary;
 pub mod cpu;
 pub mod device;
 pub mod layout;
+pub mod metadata;
 mod panic;
 pub mod pinned_registry;
 pub mod stream;
