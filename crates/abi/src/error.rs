@@ -142,6 +142,10 @@ pub enum Error {
     /// A Rust panic was caught at the C boundary.
     #[error("panic caught at the C boundary: {0}")]
     Panic(String),
+    /// Key/value metadata that is malformed (a negative count or length, bytes that are
+    /// not UTF-8, a count that is not a number) or too large to encode.
+    #[error("invalid metadata: {0}")]
+    Metadata(String),
     /// Invalid argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

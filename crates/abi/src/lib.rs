@@ -5,7 +5,8 @@
 //! ([`DeviceArray`], [`DeviceArrayStream`]), validation of imported arrays against
 //! their schema ([`layout`]), the device abstraction the bridge is written against
 //! ([`device`]), and the CPU device end to end: arrays and record batches ([`cpu`]),
-//! the device stream ([`stream`]) and the async device stream ([`async_stream`]).
+//! the device stream ([`stream`]) and the async device stream ([`async_stream`], with
+//! its key/value [`metadata`]).
 //!
 //! ## In four steps
 //!
@@ -74,12 +75,14 @@ pub use ffi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
+pub use metadata::Metadata;
 pub use schema::{move_schema_into, take_schema};
 pub use stream::DeviceArrayStream;
 pub mod boundary;
 pub mod cpu;
 pub mod device;
 pub mod layout;
+pub mod metadata;
 mod panic;
 pub mod pinned_registry;
 pub mod schema;

@@ -2,7 +2,7 @@
 //! against a hand-written C-style peer, well-behaved or not.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -16,6 +16,9 @@ use devarrow_abi::async_stream::{
     async_handler, async_record_batch_handler, new_task, produce_record_batch_iter,
     produce_record_batches, spawn_producer, spawn_producer_into, AsyncDeviceArrayStream,
     AsyncRecordBatchStream, AsyncStreamHandler, ProducerHandle,
+};
+use devarrow_abi::async_stream::{
+    produce_record_batches_with, spawn_producer_with, Metadata, ProducerOptions, WithMetadata,
 };
 use devarrow_abi::error::errno;
 use devarrow_abi::{
@@ -130,6 +133,11 @@ struct Config {
     extract: Extract,
     /// When this many tasks arrived, cancel from 4 threads (3 times each), then request.
     cancel_storm_at: Option<usize>,
+    /// Refuse (return `EINVAL` from `on_next_task`) the task with this number (1-based).
+    refuse_task: Option<usize>,
+    /// Also extract a refused task with NULL before refusing it (what devarrow's consumer
+    /// used to do; Arrow C++'s consumer never does).
+    extract_refused: bool,
 }
 
 thread_local! {
@@ -148,6 +156,10 @@ struct Recorder {
     arrays: Mutex<Vec<DeviceArray>>,
     extract_codes: Mutex<Vec<c_int>>,
     schema: Mutex<Option<Schema>>,
+    /// `additional_metadata` as seen in `on_schema`.
+    additional_metadata: Mutex<Option<Metadata>>,
+    /// Each task's metadata (`None`: NULL).
+    task_metadata: Mutex<Vec<Option<Metadata>>>,
     releases: AtomicUsize,
     released: (Mutex<bool>, Condvar),
 }
@@ -248,6 +260,11 @@ unsafe extern "C" fn rec_on_schema(
         r.violation("producer not set before on_schema");
     }
     r.producer.store(producer, Ordering::SeqCst);
+    if !producer.is_null() {
+        // SAFETY: the producer is live during on_schema; its metadata is NULL or valid.
+        let metadata = unsafe { Metadata::from_c((*producer).additional_metadata) }.unwrap();
+        *r.additional_metadata.lock().unwrap() = metadata;
+    }
     // SAFETY: valid for the call; moved out.
     let ffi = unsafe { FFI_ArrowSchema::from_raw(schema) };
     *r.schema.lock().unwrap() = Some(Schema::try_from(&ffi).unwrap());
@@ -261,28 +278,42 @@ unsafe extern "C" fn rec_on_schema(
 unsafe extern "C" fn rec_on_next_task(
     handler: *mut ArrowAsyncDeviceStreamHandler,
     task: *mut ArrowAsyncTask,
-    _metadata: *const c_char,
+    metadata: *const c_char,
 ) -> c_int {
     // SAFETY: called by the producer with our handler.
     let r = unsafe { rec(handler) };
     r.enter("on_next_task");
-    let calls = r.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    if calls > r.requested.load(Ordering::SeqCst) {
-        r.violation(format!(
-            "on_next_task call {calls} exceeds the {} requested",
-            r.requested.load(Ordering::SeqCst)
-        ));
-    }
     if task.is_null() {
+        // The end takes no requested unit.
         r.log("end");
         r.leave();
         return 0;
     }
-    r.log("task");
+    let calls = r.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if calls > r.requested.load(Ordering::SeqCst) {
+        r.violation(format!(
+            "task {calls} exceeds the {} requested",
+            r.requested.load(Ordering::SeqCst)
+        ));
+    }
+    // SAFETY: the metadata is NULL or valid for the call.
+    let metadata = unsafe { Metadata::from_c(metadata) }.unwrap();
+    r.task_metadata.lock().unwrap().push(metadata);
     // Copy the task, as a consumer keeping it beyond the call would.
     // SAFETY: the task is valid during the call.
     let mut copy = unsafe { std::ptr::read(task) };
     let extract = copy.extract_data.unwrap();
+    if r.config.refuse_task == Some(calls as usize) {
+        r.log("refused");
+        if r.config.extract_refused {
+            // SAFETY: the one extraction of this task, with NULL out.
+            let rc = unsafe { extract(&mut copy, std::ptr::null_mut()) };
+            r.extract_codes.lock().unwrap().push(rc);
+        }
+        r.leave();
+        return errno::EINVAL;
+    }
+    r.log("task");
     match r.config.extract {
         Extract::Out => {
             let mut out = ArrowDeviceArray::empty();
@@ -585,34 +616,61 @@ fn producer_stops_at_the_requested_total() {
     assert_eq!(ledger.released(), ledger.exported());
 }
 
+/// The NULL end task takes no requested unit (as with Arrow C++'s producer): a consumer
+/// that requests exactly the 3 batches of a 3-batch stream gets the end and `release`.
+/// (This test used to check the opposite, `the_end_of_the_stream_takes_one_requested_unit`.)
 #[test]
-fn the_end_of_the_stream_takes_one_requested_unit() {
-    let _w = watchdog("end_takes_a_unit");
+fn the_end_of_the_stream_needs_no_request() {
+    let _w = watchdog("end_needs_no_request");
+    for n in [0, 1, 3] {
+        let h = recorder(Config {
+            request_on_schema: (n > 0).then_some(n as i64),
+            ..Default::default()
+        });
+        let batches: Vec<_> = (0..n).map(|i| Ok::<_, ArrowError>(batch(i))).collect();
+        // SAFETY: the handler lives until TestHandler drops (after release).
+        let producer = unsafe { produce_record_batch_iter(schema(), batches, h.raw) }.unwrap();
+        h.recorder.wait_released();
+        producer.join().unwrap();
+        h.recorder.assert_clean();
+        let mut expected = vec!["schema"];
+        expected.extend(std::iter::repeat_n("task", n as usize));
+        expected.extend(["end", "release"]);
+        assert_eq!(h.recorder.log_snapshot(), expected, "{n} requested for {n}");
+        assert_eq!(h.recorder.batches(), (0..n).map(batch).collect::<Vec<_>>());
+    }
+}
+
+/// To find the end without a request the producer polls its source one item ahead of the
+/// demand, never more.
+#[test]
+fn the_producer_reads_at_most_one_item_ahead_of_the_demand() {
+    let _w = watchdog("one_ahead");
     let h = recorder(Config {
-        request_on_schema: Some(3),
+        request_on_schema: Some(2),
         ..Default::default()
     });
-    let batches: Vec<_> = (0..3).map(|i| Ok::<_, ArrowError>(batch(i))).collect();
-    // SAFETY: the handler lives until TestHandler drops (after release).
-    let producer = unsafe { produce_record_batch_iter(schema(), batches, h.raw) }.unwrap();
-    while count(&h.recorder.log_snapshot(), "task") < 3 {
+    let ledger = Arc::new(Ledger::default());
+    let source_ledger = ledger.clone();
+    let source = stream::iter(0..).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+    // SAFETY: the handler outlives the producer.
+    let producer =
+        unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, h.raw) }.unwrap();
+    while count(&h.recorder.log_snapshot(), "task") < 2 {
         std::thread::yield_now();
     }
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(
-        h.recorder.log_snapshot(),
-        ["schema", "task", "task", "task"],
-        "exactly 3 requested for 3 batches: no end yet"
-    );
-    assert!(!producer.is_finished());
-    // The producer is live (not released), so the consumer may request.
-    h.recorder.request(1);
+    assert_eq!(count(&h.recorder.log_snapshot(), "task"), 2);
+    assert_eq!(ledger.exported(), 3, "two requested, one read ahead");
+    producer.cancel();
     h.recorder.wait_released();
     producer.join().unwrap();
     h.recorder.assert_clean();
+    drop(h.recorder.batches());
     assert_eq!(
-        h.recorder.log_snapshot(),
-        ["schema", "task", "task", "task", "end", "release"]
+        ledger.released(),
+        3,
+        "the item read ahead is released on cancel"
     );
 }
 
@@ -947,16 +1005,28 @@ struct FakeProducer {
     /// The handler's `release`, copied at the start (as a C producer may keep it), so a
     /// repeated release can be tried after the field reads NULL.
     release: unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler),
+    /// What `additional_metadata` points to.
+    _additional_metadata: Option<Vec<u8>>,
 }
 
 impl FakeProducer {
     fn new(handler: *mut ArrowAsyncDeviceStreamHandler) -> Self {
+        Self::with_additional_metadata(handler, None)
+    }
+
+    /// A fake producer whose `additional_metadata` is `encoded` (NULL for `None`).
+    fn with_additional_metadata(
+        handler: *mut ArrowAsyncDeviceStreamHandler,
+        encoded: Option<Vec<u8>>,
+    ) -> Self {
         let counters = Arc::new(FakeCounters::default());
         let mut raw = Box::new(ArrowAsyncProducer {
             device_type: ArrowDeviceType::CPU,
             request: Some(fake_request),
             cancel: Some(fake_cancel),
-            additional_metadata: std::ptr::null(),
+            additional_metadata: encoded
+                .as_ref()
+                .map_or(std::ptr::null(), |m| m.as_ptr().cast()),
             private_data: Arc::as_ptr(&counters) as *mut c_void,
         });
         // SAFETY: the handler is live (from async_handler).
@@ -968,6 +1038,7 @@ impl FakeProducer {
             counters,
             handler,
             release,
+            _additional_metadata: encoded,
         }
     }
 
@@ -978,18 +1049,37 @@ impl FakeProducer {
     }
 
     /// Offers one counted task (or the end when `array` is None).
+    ///
+    /// A refused task (non-zero return) is still this producer's, which cleans it up
+    /// itself, as Arrow C++'s producer does; that it can (the registry still holds it)
+    /// shows the consumer did not extract it.
     fn task(&self, array: Option<DeviceArray>) -> c_int {
+        self.task_with_metadata(array, None)
+    }
+
+    /// [`FakeProducer::task`] with `metadata` (encoded, or NULL for `None`).
+    fn task_with_metadata(&self, array: Option<DeviceArray>, metadata: Option<&[u8]>) -> c_int {
+        let metadata = metadata.map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>());
         // SAFETY: the handler struct is alive (the Rust stream keeps it so).
         let on_next_task = unsafe { (*self.handler).on_next_task.unwrap() };
         match array {
             None => {
                 // SAFETY: as above; NULL is the end of the stream.
-                unsafe { on_next_task(self.handler, std::ptr::null_mut(), std::ptr::null()) }
+                unsafe { on_next_task(self.handler, std::ptr::null_mut(), metadata) }
             }
             Some(array) => {
                 let mut task = new_task(array);
-                // SAFETY: as above; the task is valid during the call.
-                unsafe { on_next_task(self.handler, &mut task, std::ptr::null()) }
+                // SAFETY: a copy kept by the producer, to clean a refused task up.
+                let mut own = unsafe { std::ptr::read(&task) };
+                // SAFETY: as above; the task and metadata are valid during the call.
+                let rc = unsafe { on_next_task(self.handler, &mut task, metadata) };
+                if rc != 0 {
+                    // SAFETY: the refused task is ours; its one extraction, with NULL out.
+                    let again =
+                        unsafe { (own.extract_data.unwrap())(&mut own, std::ptr::null_mut()) };
+                    assert_eq!(again, 0, "the consumer extracted a task it refused");
+                }
+                rc
             }
         }
     }
@@ -1044,7 +1134,8 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     let (a2, c2) = counted(2);
     assert_eq!(fake.task(Some(a0)), 0);
     assert_eq!(fake.task(Some(a1)), 0);
-    // A third task was not requested: refused, and cleaned up at once.
+    // A third task was not requested: refused, left to the producer, which cleans it up
+    // (`FakeProducer::task` checks the consumer did not extract it).
     assert_eq!(fake.task(Some(a2)), errno::EINVAL);
     assert_eq!(c2.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -1078,7 +1169,7 @@ fn consumer_buffers_at_most_capacity_and_rejects_extra_tasks() {
     assert_eq!(
         late_count.load(Ordering::SeqCst),
         1,
-        "a late task is still cleaned up"
+        "a late task is refused and cleaned up by its producer"
     );
     fake.on_error(errno::EIO, c"late error");
     assert_eq!(fake.on_schema(), errno::EINVAL);
@@ -1303,4 +1394,565 @@ fn the_rust_sides_are_send() {
     send::<AsyncRecordBatchStream>();
     send::<AsyncStreamHandler>();
     send::<ProducerHandle>();
+}
+
+// ---------------------------------------------------------------------------------------
+// Refused tasks belong to their producer
+// ---------------------------------------------------------------------------------------
+
+/// A task as Arrow C++'s producer makes them: `private_data` points to the producer's
+/// data, freed by `extract_data`, or by the producer itself when the consumer refuses the
+/// task. Here "freeing" only counts (the struct lives on), so a second free is seen
+/// instead of done.
+#[derive(Default)]
+struct PointerTask {
+    array: Mutex<Option<DeviceArray>>,
+    extracts: AtomicUsize,
+    frees: AtomicUsize,
+}
+
+impl PointerTask {
+    fn free(&self) {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+        drop(self.array.lock().unwrap().take());
+    }
+}
+
+unsafe extern "C" fn pointer_task_extract(
+    task: *mut ArrowAsyncTask,
+    out: *mut ArrowDeviceArray,
+) -> c_int {
+    // SAFETY: private_data is a PointerTask the test keeps alive.
+    let t = unsafe { &*((*task).private_data as *const PointerTask) };
+    t.extracts.fetch_add(1, Ordering::SeqCst);
+    let array = t.array.lock().unwrap().take();
+    if let (Some(array), false) = (array, out.is_null()) {
+        // SAFETY: a writable ArrowDeviceArray from the consumer.
+        unsafe { array.move_into(out) };
+    }
+    t.free();
+    0
+}
+
+/// Offers a pointer task to `handler`; when it is refused, a producer that `frees_refused`
+/// (Arrow C++'s style) frees it itself, one that does not leaves it to the consumer.
+fn offer_pointer_task(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    i: i32,
+    frees_refused: bool,
+) -> (c_int, Arc<PointerTask>) {
+    let t = Arc::new(PointerTask::default());
+    *t.array.lock().unwrap() = Some(cpu::export_batch_array(&batch(i)));
+    let mut task = ArrowAsyncTask {
+        extract_data: Some(pointer_task_extract),
+        private_data: Arc::as_ptr(&t) as *mut c_void,
+    };
+    // SAFETY: the handler struct is alive (the Rust stream keeps it so); the task is valid
+    // during the call.
+    let rc = unsafe { ((*handler).on_next_task.unwrap())(handler, &mut task, std::ptr::null()) };
+    if rc != 0 && frees_refused {
+        t.free();
+    }
+    (rc, t)
+}
+
+/// devarrow's consumer never extracts a task it refuses: a producer that frees refused
+/// tasks itself (Arrow C++'s) frees each exactly once, and one that expects the consumer
+/// to extract them sees no call (such a producer leaks the task: the protocol decision
+/// makes the producer its owner).
+#[test]
+fn the_consumer_leaves_refused_tasks_to_producers_of_either_style() {
+    let _w = watchdog("refused_tasks_consumer");
+    for frees_refused in [true, false] {
+        let (handler, mut stream) = async_handler(1);
+        let fake = FakeProducer::new(handler.into_raw());
+        // Before the schema: refused.
+        let (rc, early) = offer_pointer_task(fake.handler, 0, frees_refused);
+        assert_eq!(rc, errno::EINVAL);
+        assert_eq!(early.extracts.load(Ordering::SeqCst), 0);
+        drop(stream);
+
+        let (handler, s) = async_handler(1);
+        stream = s;
+        let fake = FakeProducer::new(handler.into_raw());
+        assert_eq!(fake.on_schema(), 0);
+        let (rc, first) = offer_pointer_task(fake.handler, 0, frees_refused);
+        assert_eq!(rc, 0, "requested: accepted");
+        // One more than the one requested: refused.
+        let (rc, extra) = offer_pointer_task(fake.handler, 1, frees_refused);
+        assert_eq!(rc, errno::EINVAL);
+        let got = block_on(stream.next()).unwrap().unwrap();
+        assert_eq!(
+            cpu::import_record_batch_with_schema(got, schema()).unwrap(),
+            batch(0)
+        );
+        assert!(matches!(
+            block_on(stream.next()),
+            Some(Err(Error::Protocol(_)))
+        ));
+        // After the failure (and after release, while the handler struct lives): refused.
+        let (rc, late) = offer_pointer_task(fake.handler, 2, frees_refused);
+        assert_eq!(rc, errno::EINVAL);
+        fake.release();
+        let (rc, after_release) = offer_pointer_task(fake.handler, 3, frees_refused);
+        assert_eq!(rc, errno::EINVAL);
+        drop(stream);
+
+        assert_eq!(first.extracts.load(Ordering::SeqCst), 1);
+        assert_eq!(first.frees.load(Ordering::SeqCst), 1);
+        for refused in [&early, &extra, &late, &after_release] {
+            assert_eq!(
+                refused.extracts.load(Ordering::SeqCst),
+                0,
+                "the consumer extracted a refused task"
+            );
+            let frees = refused.frees.load(Ordering::SeqCst);
+            assert_eq!(frees, usize::from(frees_refused), "freed {frees} times");
+            // A producer that left it to the consumer still holds it: clean up here.
+            refused.free();
+        }
+    }
+}
+
+/// devarrow's producer reclaims a task its consumer refuses, exactly once, whether the
+/// consumer extracted it first (as devarrow's consumer used to) or not (as Arrow C++'s
+/// does); the refusal ends the stream with `release` only.
+#[test]
+fn the_producer_reclaims_refused_tasks_once_for_consumers_of_either_style() {
+    let _w = watchdog("refused_tasks_producer");
+    for extract_refused in [false, true] {
+        let h = recorder(Config {
+            request_on_schema: Some(10),
+            refuse_task: Some(2),
+            extract_refused,
+            ..Default::default()
+        });
+        let ledger = Arc::new(Ledger::default());
+        let arrays: Vec<_> = (0..4)
+            .map(|i| Ok::<_, Error>(ledger.export(&batch(i))))
+            .collect();
+        // SAFETY: the handler outlives the producer.
+        let producer =
+            unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, stream::iter(arrays), h.raw) }
+                .unwrap();
+        h.recorder.wait_released();
+        let result = producer.join();
+        assert!(
+            matches!(result, Err(Error::Callback { operation: "on_next_task", code, .. }) if code == errno::EINVAL),
+            "{result:?}"
+        );
+        h.recorder.assert_clean();
+        assert_eq!(
+            h.recorder.log_snapshot(),
+            ["schema", "task", "refused", "release"]
+        );
+        assert_eq!(h.recorder.batches(), [batch(0)]);
+        assert_eq!(ledger.exported(), 4);
+        assert_eq!(ledger.released(), 4, "everything released, nothing twice");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The producer struct outlives release while tasks are out (Arrow C++'s consumer)
+// ---------------------------------------------------------------------------------------
+
+/// A task copied out of `on_next_task`, moved to the reader.
+struct HeldTask(ArrowAsyncTask);
+
+// SAFETY: tasks may be extracted on any thread (spec).
+unsafe impl Send for HeldTask {}
+
+#[derive(Default)]
+struct CppLikeState {
+    tasks: VecDeque<HeldTask>,
+    end: bool,
+    released: bool,
+}
+
+/// A consumer that behaves as Arrow C++'s `CreateAsyncDeviceStreamHandler` does
+/// (`AsyncRecordBatchIterator` in `cpp/src/arrow/c/bridge.cc`): `on_schema` requests
+/// `queue_size`; `on_next_task` queues a copy of the task and never refuses; `release`
+/// only marks the end of the handler. A reader takes a task from the queue, then calls
+/// `request(1)` on the producer, then extracts the task; for tasks still queued when the
+/// producer released the handler, that `request(1)` comes after `release`.
+#[derive(Default)]
+struct CppLikeConsumer {
+    queue_size: i64,
+    producer: AtomicPtr<ArrowAsyncProducer>,
+    state: Mutex<CppLikeState>,
+    changed: Condvar,
+}
+
+impl CppLikeConsumer {
+    /// The next batch, `None` at the end. With `after_release`, waits for the handler's
+    /// release first (a reader that is late, as Arrow C++'s background reader may be).
+    fn next(&self, after_release: bool) -> Option<RecordBatch> {
+        let mut task = {
+            let mut state = self
+                .changed
+                .wait_while(self.state.lock().unwrap(), |s| {
+                    (after_release && !s.released) || (s.tasks.is_empty() && !s.end)
+                })
+                .unwrap();
+            state.tasks.pop_front()?.0
+        };
+        let producer = self.producer.load(Ordering::SeqCst);
+        // SAFETY: as Arrow C++ does: the producer set in on_schema, called while this task
+        // is held (the struct lives until then), possibly after release.
+        unsafe { ((*producer).request.unwrap())(producer, 1) };
+        let mut out = ArrowDeviceArray::empty();
+        // SAFETY: the task's one extraction, into a writable struct.
+        let rc = unsafe { (task.extract_data.unwrap())(&mut task, &mut out) };
+        assert_eq!(rc, 0);
+        // SAFETY: filled by devarrow's producer from a DeviceArray of its source.
+        let array = unsafe { DeviceArray::try_new(out) }.unwrap();
+        Some(cpu::import_record_batch_with_schema(array, schema()).unwrap())
+    }
+}
+
+/// # Safety
+/// `handler` must be one made by [`cpp_like_handler`], its consumer alive.
+unsafe fn cpp_like<'a>(handler: *mut ArrowAsyncDeviceStreamHandler) -> &'a CppLikeConsumer {
+    // SAFETY: private_data is `Arc::as_ptr` of the consumer, which the test keeps alive.
+    unsafe { &*((*handler).private_data as *const CppLikeConsumer) }
+}
+
+unsafe extern "C" fn cpp_like_on_schema(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    schema: *mut ArrowSchema,
+) -> c_int {
+    // SAFETY: called by the producer with our handler.
+    let c = unsafe { cpp_like(handler) };
+    // SAFETY: valid for the call; moved out and released.
+    drop(unsafe { FFI_ArrowSchema::from_raw(schema) });
+    // SAFETY: the producer set its struct before on_schema.
+    let producer = unsafe { (*handler).producer };
+    c.producer.store(producer, Ordering::SeqCst);
+    // SAFETY: the producer is live during on_schema.
+    unsafe { ((*producer).request.unwrap())(producer, c.queue_size) };
+    0
+}
+
+unsafe extern "C" fn cpp_like_on_next_task(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    task: *mut ArrowAsyncTask,
+    _metadata: *const c_char,
+) -> c_int {
+    // SAFETY: called by the producer with our handler.
+    let c = unsafe { cpp_like(handler) };
+    let mut state = c.state.lock().unwrap();
+    if task.is_null() {
+        state.end = true;
+    } else {
+        // SAFETY: valid during the call; copied to keep it.
+        state
+            .tasks
+            .push_back(HeldTask(unsafe { std::ptr::read(task) }));
+    }
+    c.changed.notify_all();
+    0
+}
+
+unsafe extern "C" fn cpp_like_on_error(
+    _handler: *mut ArrowAsyncDeviceStreamHandler,
+    code: c_int,
+    _message: *const c_char,
+    _metadata: *const c_char,
+) {
+    panic!("unexpected on_error {code}");
+}
+
+unsafe extern "C" fn cpp_like_release(handler: *mut ArrowAsyncDeviceStreamHandler) {
+    // SAFETY: called by the producer with our handler.
+    let c = unsafe { cpp_like(handler) };
+    c.state.lock().unwrap().released = true;
+    c.changed.notify_all();
+}
+
+#[test]
+fn a_consumer_like_arrow_cpp_may_request_after_release_while_it_holds_tasks() {
+    let _w = watchdog("cpp_like_consumer");
+    // (batches, whether the reader starts only after release): Arrow C++'s default queue
+    // size is 5, so 3 batches are all queued when the producer releases the handler.
+    for (n, late_reader) in [(3, true), (12, false), (0, true), (5, true)] {
+        for _ in 0..20 {
+            let consumer = Arc::new(CppLikeConsumer {
+                queue_size: 5,
+                ..Default::default()
+            });
+            let mut handler = Box::new(ArrowAsyncDeviceStreamHandler {
+                on_schema: Some(cpp_like_on_schema),
+                on_next_task: Some(cpp_like_on_next_task),
+                on_error: Some(cpp_like_on_error),
+                release: Some(cpp_like_release),
+                producer: std::ptr::null_mut(),
+                private_data: Arc::as_ptr(&consumer) as *mut c_void,
+            });
+            let ledger = Arc::new(Ledger::default());
+            let source_ledger = ledger.clone();
+            let source =
+                stream::iter(0..n).map(move |i| Ok::<_, Error>(source_ledger.export(&batch(i))));
+            // SAFETY: the handler outlives the producer (it is dropped after the reader
+            // has seen the end and the release).
+            let producer =
+                unsafe { spawn_producer(schema(), ArrowDeviceType::CPU, source, &mut *handler) }
+                    .unwrap();
+            // The handle is dropped: only the tasks keep the producer struct alive.
+            drop(producer);
+            let mut got = Vec::new();
+            while let Some(b) = consumer.next(late_reader) {
+                got.push(b);
+            }
+            assert_eq!(got, (0..n).map(batch).collect::<Vec<_>>());
+            let state = consumer
+                .changed
+                .wait_while(consumer.state.lock().unwrap(), |s| !s.released)
+                .unwrap();
+            assert!(state.end && state.tasks.is_empty());
+            drop(state);
+            drop(got);
+            assert_eq!(ledger.released(), n as usize, "nothing leaks");
+            drop(handler);
+        }
+    }
+}
+
+/// `request` from several threads racing the end of the stream, the producer handle
+/// dropped: every call holds the producer's state for its whole duration (the calls
+/// after `release` come from threads whose consumer still holds a task).
+#[test]
+fn requests_racing_the_end_of_the_stream_are_safe() {
+    let _w = watchdog("request_race");
+    for _ in 0..50 {
+        let consumer = Arc::new(CppLikeConsumer {
+            queue_size: 1,
+            ..Default::default()
+        });
+        let mut handler = Box::new(ArrowAsyncDeviceStreamHandler {
+            on_schema: Some(cpp_like_on_schema),
+            on_next_task: Some(cpp_like_on_next_task),
+            on_error: Some(cpp_like_on_error),
+            release: Some(cpp_like_release),
+            producer: std::ptr::null_mut(),
+            private_data: Arc::as_ptr(&consumer) as *mut c_void,
+        });
+        let source = stream::iter(0..2).map(|i| Ok::<_, ArrowError>(batch(i)));
+        // SAFETY: the handler outlives the producer.
+        drop(unsafe { produce_record_batches(schema(), source, &mut *handler) }.unwrap());
+        // Wait for the first task (requested in on_schema) and hold it.
+        let held = {
+            let mut state = consumer
+                .changed
+                .wait_while(consumer.state.lock().unwrap(), |s| s.tasks.is_empty())
+                .unwrap();
+            state.tasks.pop_front().unwrap()
+        };
+        let producer = consumer.producer.load(Ordering::SeqCst) as usize;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(move || {
+                    let producer = producer as *mut ArrowAsyncProducer;
+                    // SAFETY: the test holds a task of this producer, not yet extracted.
+                    unsafe { ((*producer).request.unwrap())(producer, 1) };
+                });
+            }
+        });
+        let mut got = Vec::new();
+        while let Some(b) = consumer.next(true) {
+            got.push(b);
+        }
+        assert_eq!(got, [batch(1)]);
+        let mut task = held.0;
+        let mut out = ArrowDeviceArray::empty();
+        // SAFETY: the held task's one extraction; the producer struct may go with it.
+        let rc = unsafe { (task.extract_data.unwrap())(&mut task, &mut out) };
+        assert_eq!(rc, 0);
+        // SAFETY: filled by devarrow's producer.
+        let array = unsafe { DeviceArray::try_new(out) }.unwrap();
+        assert_eq!(
+            cpu::import_record_batch_with_schema(array, schema()).unwrap(),
+            batch(0)
+        );
+        drop(handler);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metadata, both ways
+// ---------------------------------------------------------------------------------------
+
+fn batch_metadata(i: usize) -> Metadata {
+    Metadata::new()
+        .with("batch", i.to_string())
+        .with("note", format!("row group {i}"))
+}
+
+#[test]
+fn metadata_travels_with_each_task_and_with_the_stream() {
+    let _w = watchdog("metadata_round_trip");
+    let batches: Vec<RecordBatch> = (0..5).map(batch).collect();
+    let items: Vec<_> = batches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            // Batch 2 carries none: NULL on the wire, empty on arrival.
+            let metadata = if i == 2 {
+                Metadata::new()
+            } else {
+                batch_metadata(i)
+            };
+            Ok::<_, ArrowError>(WithMetadata::new(b.clone(), metadata))
+        })
+        .collect();
+    let options = ProducerOptions::new()
+        .counting(&batches)
+        .with_additional_metadata(Metadata::new().with("source", "unit test"))
+        .with_num_rows(batches.iter().map(|b| b.num_rows() as u64).sum())
+        .with_num_batches(5);
+    let (handler, stream) = async_record_batch_handler(2);
+    assert_eq!(stream.device_stream().additional_metadata(), None);
+    // SAFETY: handed over.
+    let producer = unsafe {
+        produce_record_batches_with(schema(), stream::iter(items), options, handler.into_raw())
+    }
+    .unwrap();
+    block_on(stream.schema()).unwrap();
+    let stream_metadata = stream.device_stream().additional_metadata().unwrap();
+    assert_eq!(stream_metadata.get("source"), Some("unit test"));
+    assert_eq!(
+        stream_metadata.num_rows().unwrap(),
+        Some(batches.iter().map(|b| b.num_rows() as u64).sum())
+    );
+    assert_eq!(stream_metadata.num_batches().unwrap(), Some(5));
+    let got: Vec<WithMetadata<RecordBatch>> =
+        block_on(stream.with_metadata().map(|b| b.unwrap()).collect());
+    assert_eq!(got.len(), 5);
+    for (i, item) in got.iter().enumerate() {
+        assert_eq!(item.data, batches[i]);
+        let expected = if i == 2 {
+            Metadata::new()
+        } else {
+            batch_metadata(i)
+        };
+        assert_eq!(item.metadata, expected, "batch {i}");
+    }
+    producer.join().unwrap();
+}
+
+#[test]
+fn the_producer_passes_metadata_to_a_c_consumer_and_null_when_empty() {
+    let _w = watchdog("metadata_c_consumer");
+    for with_metadata in [true, false] {
+        let h = recorder(Config {
+            request_on_schema: Some(10),
+            ..Default::default()
+        });
+        let items = (0..3).map(move |i| {
+            let metadata = if with_metadata && i != 1 {
+                batch_metadata(i)
+            } else {
+                Metadata::new()
+            };
+            Ok::<_, Error>(WithMetadata::new(
+                cpu::export_batch_array(&batch(i as i32)),
+                metadata,
+            ))
+        });
+        let options = if with_metadata {
+            ProducerOptions::new().with_num_batches(3)
+        } else {
+            ProducerOptions::new()
+        };
+        // SAFETY: the handler outlives the producer.
+        let producer = unsafe {
+            spawn_producer_with(
+                schema(),
+                ArrowDeviceType::CPU,
+                stream::iter(items),
+                options,
+                h.raw,
+            )
+        }
+        .unwrap();
+        h.recorder.wait_released();
+        producer.join().unwrap();
+        h.recorder.assert_clean();
+        let task_metadata = h.recorder.task_metadata.lock().unwrap().clone();
+        let additional = h.recorder.additional_metadata.lock().unwrap().clone();
+        if with_metadata {
+            assert_eq!(
+                task_metadata,
+                [Some(batch_metadata(0)), None, Some(batch_metadata(2))]
+            );
+            assert_eq!(additional, Some(Metadata::new().with_num_batches(3)));
+        } else {
+            assert_eq!(task_metadata, [None, None, None]);
+            assert_eq!(additional, None);
+        }
+        assert_eq!(h.recorder.batches(), (0..3).map(batch).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn the_consumer_reads_foreign_metadata_and_refuses_malformed_metadata() {
+    let _w = watchdog("metadata_foreign");
+    let additional = Metadata::new().with_num_rows(7).encode().unwrap();
+    let (handler, stream) = async_handler(3);
+    let fake = FakeProducer::with_additional_metadata(handler.into_raw(), Some(additional));
+    assert_eq!(fake.on_schema(), 0);
+    assert_eq!(
+        stream.additional_metadata().unwrap().num_rows().unwrap(),
+        Some(7)
+    );
+    let mut stream = stream.with_metadata();
+    let (a0, c0) = counted(0);
+    let m0 = batch_metadata(0).encode().unwrap();
+    assert_eq!(fake.task_with_metadata(Some(a0), Some(&m0)), 0);
+    // A negative key length: undecodable, the task refused (and left to the producer,
+    // which `task_with_metadata` checks), the stream failed.
+    let mut bad = 1i32.to_ne_bytes().to_vec();
+    bad.extend_from_slice(&(-3i32).to_ne_bytes());
+    let (a1, c1) = counted(1);
+    assert_eq!(fake.task_with_metadata(Some(a1), Some(&bad)), errno::EINVAL);
+    assert_eq!(c1.load(Ordering::SeqCst), 1);
+    let first = block_on(stream.next()).unwrap().unwrap();
+    assert_eq!(first.metadata, batch_metadata(0));
+    drop(first);
+    assert_eq!(c0.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        block_on(stream.next()),
+        Some(Err(Error::Metadata(_)))
+    ));
+    assert!(block_on(stream.next()).is_none());
+    fake.release();
+    drop(stream);
+
+    // Malformed additional_metadata (a negative count; the C encoding has no length, so
+    // only bytes its counts announce may be read): on_schema fails, so does the schema.
+    let (handler, stream) = async_handler(3);
+    let bad = (-1i32).to_ne_bytes().to_vec();
+    let fake = FakeProducer::with_additional_metadata(handler.into_raw(), Some(bad));
+    assert_eq!(fake.on_schema(), errno::EINVAL);
+    assert!(matches!(block_on(stream.schema()), Err(Error::Metadata(_))));
+    assert_eq!(fake.requested(), 0);
+    fake.release();
+}
+
+#[test]
+fn the_consumer_accepts_the_end_without_demand() {
+    let _w = watchdog("consumer_end_without_demand");
+    let (handler, mut stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    assert_eq!(fake.on_schema(), 0);
+    let (a0, _) = counted(0);
+    let (a1, _) = counted(1);
+    assert_eq!(fake.task(Some(a0)), 0);
+    assert_eq!(fake.task(Some(a1)), 0);
+    // Both requested units are used; the end needs none.
+    assert_eq!(fake.task(None), 0);
+    assert!(block_on(stream.next()).unwrap().is_ok());
+    assert!(block_on(stream.next()).unwrap().is_ok());
+    assert!(block_on(stream.next()).is_none());
+    fake.release();
+    assert_eq!(fake.cancels(), 0);
 }

@@ -8,8 +8,9 @@
 //!   devarrow) `ArrowAsyncDeviceStreamHandler` with those batches, exported as device
 //!   arrays whose `sync_event` marks their upload, through
 //!   [`devarrow_abi::async_stream::spawn_producer`]: the consumer's `request(n)` is the
-//!   back-pressure (the producer polls the upload stream only for requested tasks), and
-//!   uploads run at most `read_ahead` batches ahead of those requests.
+//!   back-pressure (the producer polls the upload stream for requested tasks, and one
+//!   batch ahead of them to see the end without a request), and uploads run at most
+//!   `read_ahead + 1` batches ahead of those requests.
 //! - [`device_batch_handler`]: the consumer side, a handler whose producer's arrays
 //!   arrive as a [`futures::Stream`] of [`DeviceBatch`]es on a device
 //!   ([`AsyncDeviceBatchStream`]), imported zero-copy off the executor's threads, and
@@ -106,7 +107,8 @@ impl Stream for UploadStream {
 
 /// Starts an async producer on `device`: uploads `batches` as [`UploadStream`] does and
 /// drives `handler` with them through [`spawn_producer`] (see its documentation for the
-/// protocol: `on_schema`, one `on_next_task` per requested unit, a NULL task at the end,
+/// protocol: `on_schema`, one `on_next_task` per requested unit, a NULL task at the end
+/// (requested or not; the producer takes one batch ahead of the demand to see it),
 /// `on_error` for an error of the source or of an upload, `release` last).
 ///
 /// The handler is taken over in every case once it is validated: should the upload

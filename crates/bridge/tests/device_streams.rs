@@ -701,13 +701,14 @@ fn the_async_producer_honours_back_pressure() {
             handler,
         )
         .unwrap();
-        // The handler requests `capacity` tasks on the schema; the uploads run
-        // `read_ahead` ahead of the tasks requested.
-        counters.settle_at(capacity + read_ahead, "before anything is taken");
+        // The handler requests `capacity` tasks on the schema; the abi producer takes one
+        // batch ahead of the demand (to see the end without a request), and the uploads
+        // run `read_ahead` ahead of the producer.
+        counters.settle_at(capacity + 1 + read_ahead, "before anything is taken");
         for k in 0..4 {
             let b = block_on(consumer.next()).unwrap().unwrap();
             assert_eq!(b, batch(k));
-            counters.settle_at(capacity + k + 1 + read_ahead, "after k + 1 taken");
+            counters.settle_at(capacity + k + 2 + read_ahead, "after k + 1 taken");
         }
         drop(consumer); // cancels the producer
         producer.join().unwrap();
@@ -1121,12 +1122,14 @@ fn the_async_device_consumer_applies_back_pressure() {
             handler,
         )
         .unwrap();
-        counters.settle_at(capacity + read_ahead, "nothing taken yet");
+        // `capacity` requested, one more taken by the abi producer ahead of the demand,
+        // `read_ahead` uploads ahead of the producer.
+        counters.settle_at(capacity + 1 + read_ahead, "nothing taken yet");
         let mut transfer = Transfer::new(cpu(), TransferOptions::default());
         for k in 0..3 {
             let b = block_on(consumer.next()).unwrap().unwrap();
             assert_eq!(transfer.to_host(&b).unwrap(), batch(k));
-            counters.settle_at(capacity + k + 1 + read_ahead, "after k + 1 taken");
+            counters.settle_at(capacity + k + 2 + read_ahead, "after k + 1 taken");
         }
         drop(consumer); // cancels the producer, releases the queued arrays
         producer.join().unwrap();

@@ -35,8 +35,7 @@ fn use_the_device(dev: &PrimaryContext) {
 
 #[test]
 fn devarrow_works_again_after_a_primary_context_reset() {
-    let Some((_lock, dev)) = devarrow_testing::gpu::open_or_skip(|| PrimaryContext::open(0))
-    else {
+    let Some((_lock, dev)) = devarrow_testing::gpu::open_or_skip(|| PrimaryContext::open(0)) else {
         return;
     };
     use_the_device(&dev);
@@ -47,7 +46,11 @@ fn devarrow_works_again_after_a_primary_context_reset() {
         .result()
         .unwrap();
     dev.bind_to_thread().unwrap();
-    assert_eq!(dev.cu_context(), handle, "the primary context keeps its handle");
+    assert_eq!(
+        dev.cu_context(),
+        handle,
+        "the primary context keeps its handle"
+    );
     use_the_device(&dev);
     // And a device opened anew works too.
     let again = PrimaryContext::open(0).unwrap();

@@ -621,7 +621,10 @@ fn stream_ordered_memory_is_usable_only_in_stream_order() {
         ck(cuDevicePrimaryCtxReset_v2(0));
         let mut ctx: CUcontext = std::ptr::null_mut();
         ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
-        assert_eq!(ctx, emu.ctx, "the primary context keeps its handle, as the driver's");
+        assert_eq!(
+            ctx, emu.ctx,
+            "the primary context keeps its handle, as the driver's"
+        );
         let mut new_id = 0;
         ck(cuCtxGetId(ctx, &mut new_id));
         assert_ne!(new_id, old_id, "a new context behind it");

@@ -37,7 +37,7 @@ fn set_last_error(message: &str) {
 }
 
 /// Runs `f`, catching panics, and turns its outcome into a return code.
-fn run(f: impl FnOnce() -> Result<()>) -> c_int {
+pub(crate) fn run(f: impl FnOnce() -> Result<()>) -> c_int {
     match catch_panic(f) {
         Ok(()) => {
             set_last_error("");
@@ -54,7 +54,7 @@ fn run(f: impl FnOnce() -> Result<()>) -> c_int {
 }
 
 /// A mismatch between what was received and what was expected.
-fn mismatch(what: &str, details: String) -> Error {
+pub(crate) fn mismatch(what: &str, details: String) -> Error {
     Error::InvalidArgument(format!("{what} differs from the expected data:\n{details}"))
 }
 
@@ -97,7 +97,7 @@ unsafe fn take_array_and_schema(
     Ok((array?, schema?))
 }
 
-fn check_out<T>(ptr: *mut T, what: &'static str) -> Result<()> {
+pub(crate) fn check_out<T>(ptr: *mut T, what: &'static str) -> Result<()> {
     if ptr.is_null() {
         return Err(Error::NullPointer { what });
     }

@@ -15,7 +15,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 use futures::Stream;
 
-use super::lock;
+use super::{lock, WithMetadata};
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
@@ -24,6 +24,7 @@ use crate::ffi::{
     ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
     ArrowDeviceType, ArrowSchema,
 };
+use crate::metadata::Metadata;
 
 /// Why a stream ended early; turned into a fresh [`Error`] wherever it is reported.
 #[derive(Clone, Debug)]
@@ -34,6 +35,8 @@ enum Failure {
     Protocol(String),
     /// The schema from `on_schema` could not be imported.
     Schema(String),
+    /// The producer's metadata (per stream or per task) could not be decoded.
+    Metadata(String),
     /// `release` came before the end of the stream (the producer was cancelled).
     Truncated,
 }
@@ -48,6 +51,7 @@ impl Failure {
             },
             Failure::Protocol(message) => Error::Protocol(message.clone()),
             Failure::Schema(message) => Error::Schema(ArrowError::SchemaError(message.clone())),
+            Failure::Metadata(message) => Error::Metadata(message.clone()),
             Failure::Truncated => Error::Callback {
                 operation: "release",
                 code: errno::ECANCELED,
@@ -79,7 +83,8 @@ impl QueuedTask {
 }
 
 enum Event {
-    Task(QueuedTask),
+    /// A task and the metadata that came with it.
+    Task(QueuedTask, Metadata),
     Failed(Failure),
     End,
 }
@@ -88,6 +93,8 @@ enum Event {
 struct State {
     schema: Option<SchemaRef>,
     device_type: Option<ArrowDeviceType>,
+    /// The producer's `additional_metadata`, read in `on_schema` (`None`: NULL).
+    additional_metadata: Option<Metadata>,
     /// Units requested from the producer so far, and tasks received.
     requested: u64,
     received: u64,
@@ -243,11 +250,19 @@ impl Shared {
                 (false, None) => Err(Failure::Protocol("on_schema got a NULL schema".into())),
                 (false, Some(ffi)) => Schema::try_from(&ffi)
                     .map(Arc::new)
-                    .map_err(|e| Failure::Schema(e.to_string())),
+                    .map_err(|e| Failure::Schema(e.to_string()))
+                    .and_then(|schema| {
+                        // SAFETY: checked non-null; the producer is live during on_schema and
+                        // its `additional_metadata` is NULL or valid metadata (spec).
+                        let metadata = unsafe { Metadata::from_c((*producer).additional_metadata) }
+                            .map_err(|e| Failure::Metadata(format!("additional_metadata: {e}")))?;
+                        Ok((schema, metadata))
+                    }),
             };
             match imported {
-                Ok(schema) => {
+                Ok((schema, metadata)) => {
                     state.schema = Some(schema);
+                    state.additional_metadata = metadata;
                     // SAFETY: checked non-null above; the producer is live during on_schema.
                     state.device_type = Some(unsafe { (*producer).device_type });
                     state.wake_all();
@@ -278,23 +293,34 @@ impl Shared {
         Ok(())
     }
 
-    /// Returns the code for `on_next_task` and whether to discard the task (with NULL).
-    fn on_next_task(&self, task: Option<QueuedTask>) -> (c_int, Option<QueuedTask>) {
+    /// Returns the code for `on_next_task`, and a task to discard (extract with NULL): one
+    /// accepted (code 0) after the Rust stream was dropped. A task refused (non-zero code)
+    /// is never extracted here: it stays its producer's (see the module's protocol
+    /// decisions).
+    ///
+    /// # Safety
+    /// `metadata` must be NULL or valid C metadata for the duration of the call.
+    unsafe fn on_next_task(
+        &self,
+        task: Option<QueuedTask>,
+        metadata: *const c_char,
+    ) -> (c_int, Option<QueuedTask>) {
         let mut state = lock(&self.state);
         if state.dropped {
             return (0, task);
         }
         if state.finished {
-            // After the end, an error or a release: ignore, but clean the task up.
-            return (errno::EINVAL, task);
+            // After the end, an error or a release: refused, the producer keeps it.
+            return (errno::EINVAL, None);
         }
         if state.schema.is_none() {
             state.fail(Failure::Protocol(
                 "on_next_task called before on_schema".into(),
             ));
-            return (errno::EINVAL, task);
+            return (errno::EINVAL, None);
         }
         let Some(task) = task else {
+            // The end takes no requested unit (see the module's protocol decisions).
             state.finished = true;
             state.queue.push_back(Event::End);
             state.wake_all();
@@ -310,10 +336,18 @@ impl Shared {
                 state.requested
             );
             state.fail(Failure::Protocol(message));
-            return (errno::EINVAL, Some(task));
+            return (errno::EINVAL, None);
         }
+        // SAFETY: per the contract.
+        let metadata = match unsafe { Metadata::from_c(metadata) } {
+            Ok(metadata) => metadata.unwrap_or_default(),
+            Err(e) => {
+                state.fail(Failure::Metadata(format!("a task's metadata: {e}")));
+                return (errno::EINVAL, None);
+            }
+        };
         state.received += 1;
-        state.queue.push_back(Event::Task(task));
+        state.queue.push_back(Event::Task(task, metadata));
         state.wake_all();
         (0, None)
     }
@@ -407,21 +441,23 @@ unsafe extern "C" fn on_schema(
 unsafe extern "C" fn on_next_task(
     handler: *mut ArrowAsyncDeviceStreamHandler,
     task: *mut ArrowAsyncTask,
-    _metadata: *const c_char,
+    metadata: *const c_char,
 ) -> c_int {
     let mut code = errno::EINVAL;
     let result = catch_panic(|| {
         // SAFETY: a non-null task is valid during this call; a bitwise copy is how a
         // consumer keeps it (spec), the producer's struct is not used again.
         let copy = (!task.is_null()).then(|| QueuedTask(unsafe { std::ptr::read(task) }));
-        // SAFETY: the producer calls us with our handler.
+        // SAFETY: the producer calls us with our handler. After `release` (a producer
+        // bug) the task is refused and left to its producer.
         let (rc, discard) = match unsafe { shared_of(handler) } {
-            Some(shared) => shared.on_next_task(copy),
-            None => (errno::EINVAL, copy),
+            // SAFETY: `metadata` is NULL or valid metadata for this call (spec).
+            Some(shared) => unsafe { shared.on_next_task(copy, metadata) },
+            None => (errno::EINVAL, None),
         };
         code = rc;
         if let Some(discard) = discard {
-            // The task must still be cleaned up by its producer.
+            // Accepted but unwanted (the Rust stream is gone): ours to clean up.
             discard.extract(std::ptr::null_mut());
         }
         Ok(())
@@ -517,15 +553,19 @@ impl Drop for AsyncStreamHandler {
 /// one more for each item taken, so at most `capacity` tasks are ever queued; each task's
 /// data is extracted when its item is polled. A producer's `on_error` becomes an
 /// [`Error::Callback`] item (`operation` `"on_error"`, its code and message), a protocol
-/// violation an [`Error::Protocol`] item, and a `release` before the end of the stream an
-/// [`Error::Callback`] with `ECANCELED`; the stream ends after such an item.
+/// violation an [`Error::Protocol`] item, undecodable metadata an [`Error::Metadata`]
+/// item, and a `release` before the end of the stream an [`Error::Callback`] with
+/// `ECANCELED`; the stream ends after such an item. A task it refuses (returning non-zero
+/// from `on_next_task`) is left to its producer, never extracted.
 ///
-/// The NULL task that ends the stream takes one requested unit, like a task (see
-/// [`spawn_producer`](super::spawn_producer)); since this consumer requests one more unit
-/// for every item taken, `capacity` units are outstanding whenever its queue is empty, so
-/// the end always arrives once the items before it are taken. Dropping
-/// the stream early cancels the producer; devarrow's producer then stops at once and
-/// releases the handler.
+/// The NULL task that ends the stream needs no requested unit (see the module's protocol
+/// decisions); and since this consumer requests one more unit for every item taken,
+/// `capacity` units are outstanding whenever its queue is empty, so even a producer that
+/// waits for demand before sending the end gets it. The metadata of each task and the
+/// producer's `additional_metadata` are kept
+/// ([`AsyncDeviceArrayStream::with_metadata`],
+/// [`AsyncDeviceArrayStream::additional_metadata`]). Dropping the stream early cancels
+/// the producer; devarrow's producer then stops at once and releases the handler.
 pub fn async_handler(capacity: usize) -> (AsyncStreamHandler, AsyncDeviceArrayStream) {
     let handler = Box::into_raw(Box::new(ArrowAsyncDeviceStreamHandler {
         on_schema: Some(on_schema),
@@ -573,8 +613,11 @@ pub fn async_record_batch_handler(capacity: usize) -> (AsyncStreamHandler, Async
 /// Dropping it before the end extracts (with NULL) the tasks still queued and cancels the
 /// producer once; the producer's `release` then frees the handler. devarrow's producer
 /// stops at once on `cancel` (at most one task already under way still arrives, and is
-/// discarded); the end of the stream (a NULL task) takes one requested unit, which this
-/// stream has outstanding whenever its queue is empty.
+/// discarded).
+///
+/// As a [`futures::Stream`] it yields the arrays alone; [`AsyncDeviceArrayStream::with_metadata`]
+/// (or [`AsyncDeviceArrayStream::poll_next_with_metadata`]) yields them with the metadata
+/// of their tasks.
 pub struct AsyncDeviceArrayStream {
     shared: Arc<Shared>,
     done: bool,
@@ -615,6 +658,13 @@ impl AsyncDeviceArrayStream {
     /// The producer's device type, known once the schema has arrived.
     pub fn device_type(&self) -> Option<ArrowDeviceType> {
         lock(&self.shared.state).device_type
+    }
+
+    /// The producer's stream-level metadata (`ArrowAsyncProducer.additional_metadata`,
+    /// e.g. [`Metadata::num_rows`] and [`Metadata::num_batches`]), copied in `on_schema`:
+    /// `None` before the schema has arrived or when the producer gave NULL.
+    pub fn additional_metadata(&self) -> Option<Metadata> {
+        lock(&self.shared.state).additional_metadata.clone()
     }
 
     /// The most tasks ever queued (and requested ahead).
@@ -662,10 +712,13 @@ impl AsyncDeviceArrayStream {
     }
 }
 
-impl Stream for AsyncDeviceArrayStream {
-    type Item = Result<DeviceArray>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+impl AsyncDeviceArrayStream {
+    /// [`Stream::poll_next`], with the metadata of each array's task (empty when the
+    /// producer passed NULL).
+    pub fn poll_next_with_metadata(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<WithMetadata<DeviceArray>>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -691,10 +744,10 @@ impl Stream for AsyncDeviceArrayStream {
             }
         };
         match event {
-            Event::Task(task) => {
+            Event::Task(task, metadata) => {
                 let item = self.extract(task);
                 self.shared.request(1);
-                Poll::Ready(Some(item))
+                Poll::Ready(Some(item.map(|array| WithMetadata::new(array, metadata))))
             }
             Event::Failed(failure) => Poll::Ready(Some(Err(failure.to_error()))),
             Event::End => {
@@ -702,6 +755,30 @@ impl Stream for AsyncDeviceArrayStream {
                 Poll::Ready(None)
             }
         }
+    }
+
+    /// The next array with the metadata of its task (see
+    /// [`AsyncDeviceArrayStream::poll_next_with_metadata`]).
+    pub fn next_with_metadata(
+        &mut self,
+    ) -> impl Future<Output = Option<Result<WithMetadata<DeviceArray>>>> + '_ {
+        futures::future::poll_fn(move |cx| self.poll_next_with_metadata(cx))
+    }
+
+    /// This stream as a [`futures::Stream`] of arrays with the metadata of their tasks.
+    pub fn with_metadata(
+        mut self,
+    ) -> impl Stream<Item = Result<WithMetadata<DeviceArray>>> + Send + Unpin {
+        futures::stream::poll_fn(move |cx| self.poll_next_with_metadata(cx))
+    }
+}
+
+impl Stream for AsyncDeviceArrayStream {
+    type Item = Result<DeviceArray>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_next_with_metadata(cx)
+            .map(|item| item.map(|item| item.map(|item| item.data)))
     }
 }
 
@@ -714,7 +791,7 @@ impl Drop for AsyncDeviceArrayStream {
                 .queue
                 .drain(..)
                 .filter_map(|event| match event {
-                    Event::Task(task) => Some(task),
+                    Event::Task(task, _) => Some(task),
                     _ => None,
                 })
                 .collect();
@@ -760,10 +837,13 @@ impl AsyncRecordBatchStream {
     }
 }
 
-impl Stream for AsyncRecordBatchStream {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+impl AsyncRecordBatchStream {
+    /// [`Stream::poll_next`], with the metadata of each batch's task (empty when the
+    /// producer passed NULL).
+    pub fn poll_next_with_metadata(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<WithMetadata<RecordBatch>>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -781,10 +861,11 @@ impl Stream for AsyncRecordBatchStream {
                 }
             },
         };
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(array))) => {
-                Poll::Ready(Some(cpu::import_record_batch_with_schema(array, schema)))
-            }
+        match self.inner.poll_next_with_metadata(cx) {
+            Poll::Ready(Some(Ok(WithMetadata { data, metadata }))) => Poll::Ready(Some(
+                cpu::import_record_batch_with_schema(data, schema)
+                    .map(|batch| WithMetadata::new(batch, metadata)),
+            )),
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => {
                 self.done = true;
@@ -792,5 +873,29 @@ impl Stream for AsyncRecordBatchStream {
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    /// The next batch with the metadata of its task (see
+    /// [`AsyncRecordBatchStream::poll_next_with_metadata`]).
+    pub fn next_with_metadata(
+        &mut self,
+    ) -> impl Future<Output = Option<Result<WithMetadata<RecordBatch>>>> + '_ {
+        futures::future::poll_fn(move |cx| self.poll_next_with_metadata(cx))
+    }
+
+    /// This stream as a [`futures::Stream`] of batches with the metadata of their tasks.
+    pub fn with_metadata(
+        mut self,
+    ) -> impl Stream<Item = Result<WithMetadata<RecordBatch>>> + Send + Unpin {
+        futures::stream::poll_fn(move |cx| self.poll_next_with_metadata(cx))
+    }
+}
+
+impl Stream for AsyncRecordBatchStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_next_with_metadata(cx)
+            .map(|item| item.map(|item| item.map(|item| item.data)))
     }
 }

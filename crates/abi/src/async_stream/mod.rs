@@ -4,19 +4,58 @@
 //! - Producer: [`spawn_producer`] drives a consumer's handler from any Rust
 //!   [`futures::Stream`] of [`DeviceArray`](crate::DeviceArray)s on a thread of its own,
 //!   honouring `request(n)` back-pressure and `cancel`; [`produce_record_batches`] and
-//!   [`produce_record_batch_iter`] do so for arrow-rs record batches on the CPU.
+//!   [`produce_record_batch_iter`] do so for arrow-rs record batches on the CPU;
+//!   [`spawn_producer_with`] and [`produce_record_batches_with`] add metadata.
 //! - Consumer: [`async_handler`] builds a handler ([`AsyncStreamHandler`]) whose callbacks
 //!   feed an [`AsyncDeviceArrayStream`], a [`futures::Stream`] with bounded buffering;
 //!   [`AsyncDeviceArrayStream::into_record_batches`] reads a CPU stream as record batches.
 //!
+//! # Metadata
+//!
+//! Both sides carry the interface's metadata ([`Metadata`], encoded as
+//! `ArrowSchema.metadata`): per task ([`WithMetadata`] items: the producer's
+//! [`spawn_producer_with`] / [`produce_record_batches_with`] take them, the consumer's
+//! [`AsyncDeviceArrayStream::with_metadata`] / [`AsyncRecordBatchStream::with_metadata`]
+//! yield them) and per stream (`ArrowAsyncProducer.additional_metadata`:
+//! [`ProducerOptions`] on the producer, [`AsyncDeviceArrayStream::additional_metadata`] on
+//! the consumer), including the stream's row and batch counts when the producer knows
+//! them ([`Metadata::NUM_ROWS`], [`Metadata::NUM_BATCHES`]). Empty metadata is passed as
+//! NULL. `on_error`'s metadata is neither sent nor read.
+//!
 //! # Protocol decisions
 //!
-//! - The producer calls `on_schema` first (with `handler->producer` already set), then
-//!   one `on_next_task` per requested unit, the end of the stream as a NULL task (which
-//!   also takes one requested unit: a consumer that requests exactly the `N` arrays it
-//!   expects must request one more to see the end), and `release` as the very last call;
-//!   it frees its `ArrowAsyncProducer` only after `release` returned. Every handler call
-//!   comes from the producer's driver thread, never from inside `request` or `cancel`.
+//! Where the specification leaves room, devarrow follows what Arrow C++ (26,
+//! `cpp/src/arrow/c/bridge.cc`: `AsyncProducer`, `AsyncRecordBatchIterator`) does, so that
+//! each side works with Arrow C++'s other side.
+//!
+//! - **End of the stream without demand.** The producer calls `on_schema` first (with
+//!   `handler->producer` already set), then one `on_next_task` per requested unit, then
+//!   the end of the stream as a NULL task, which takes **no** requested unit: it is sent
+//!   as soon as the source ends, requested or not (Arrow C++'s producer sends it when its
+//!   generator ends, without waiting for demand; its consumer does not count it). A
+//!   consumer that requests exactly the `N` arrays of an `N`-array stream sees the end.
+//!   To find the end without a request, the producer polls its source one item ahead of
+//!   the demand (as Arrow C++'s does): at most one item is taken from the source before
+//!   it is requested. `release` is the very last call. Every handler call comes from the
+//!   producer's driver thread, never from inside `request` or `cancel`.
+//! - **Lifetime of the producer struct.** The specification promises the
+//!   `ArrowAsyncProducer` only until `release`; Arrow C++'s consumer calls `request(1)`
+//!   for each task it takes from its queue, also after `release` (its own producer keeps
+//!   the struct alive from every task). devarrow's producer struct and the state behind
+//!   it therefore live until `release` **and** until every task handed out has been
+//!   extracted (or reclaimed after a refusal); `request` and `cancel` are no-ops once the
+//!   handler is released. `request` and `cancel` hold a reference to that state for their
+//!   whole duration, so a driver finishing meanwhile cannot free it under them.
+//! - **Refused tasks belong to the producer.** A task whose `on_next_task` returned
+//!   non-zero was not taken: the producer still owns it and cleans it up, and the consumer
+//!   must not call `extract_data` on it. (The specification says the task is owned by
+//!   the producer and that the consumer's `extract_data` call is what hands it over, and a
+//!   non-zero return means the call failed; Arrow C++'s producer frees a refused task's
+//!   private data itself, so a consumer that also extracted it would free it twice.)
+//!   devarrow's consumer never extracts a task it refuses; devarrow's producer reclaims
+//!   every refused task, and since its tasks are registry ids rather than pointers, a
+//!   consumer that extracts a refused task anyway (as devarrow's once did) frees nothing
+//!   twice either.
 //! - `request(n)` with `n <= 0` is answered by `on_error(EINVAL)` and `release`, from the
 //!   driver thread. `request` after `cancel` is a no-op.
 //! - `cancel` is idempotent and thread-safe; the producer stops at once, before the next
@@ -28,37 +67,64 @@
 //! - Tasks are entries of a process-wide registry, their `private_data` being the entry's
 //!   id rather than a pointer: `extract_data` removes the entry, so a second call on the
 //!   same task (or on any copy of it) finds nothing and returns `EINVAL` instead of
-//!   freeing twice. A task whose `on_next_task` returned non-zero is reclaimed by the
-//!   producer. A consumer that never calls `extract_data` leaks its array (the
-//!   specification makes that call mandatory). A failing `extract_data` (only ever a
-//!   repeated call) returns its code but does not end the stream with `on_error`.
-//! - The producer ignores the consumer's `cancel`/`request` only in the sense the
-//!   specification requires (no-ops after `cancel`); calling either after the handler's
-//!   `release` is a use after free, as the specification forbids it.
+//!   freeing twice. A consumer that never calls `extract_data` leaks its array (and keeps
+//!   the producer struct alive; the specification makes that call mandatory). A failing
+//!   `extract_data` (only ever a repeated call) returns its code but does not end the
+//!   stream with `on_error`.
 //! - The consumer takes ownership of the schema in `on_schema` (also when it fails),
-//!   requests its capacity from inside `on_schema`, then one more unit per item taken, so
-//!   at most `capacity` tasks are ever queued. Tasks are copied out of `on_next_task` and
+//!   copies the producer's `additional_metadata` there, requests its capacity from inside
+//!   `on_schema`, then one more unit per item taken, so at most `capacity` tasks are ever
+//!   queued. Tasks are copied out of `on_next_task` (with their metadata, decoded) and
 //!   extracted when the Rust side polls. A producer that breaks the protocol (more tasks
-//!   than requested, tasks after the end, no schema first) gets a non-zero return and the
-//!   Rust side an [`Error::Protocol`](crate::Error::Protocol) item; callbacks after
-//!   `release` are ignored (and their tasks extracted with NULL) for as long as the Rust
-//!   stream is alive, since the handler struct is owned by the stream's shared state.
+//!   than requested, tasks after the end, no schema first, undecodable metadata) gets a
+//!   non-zero return (its task left to it) and the Rust side an
+//!   [`Error::Protocol`](crate::Error::Protocol) (or [`Error::Metadata`](crate::Error::Metadata))
+//!   item; callbacks after `release` are refused for as long as the Rust stream is alive,
+//!   since the handler struct is owned by the stream's shared state. After `release` the
+//!   consumer never calls `request` or `cancel`.
 //! - Dropping the Rust stream extracts (with NULL) every queued task and calls `cancel`
-//!   once (unless the stream already ended); tasks that still arrive are discarded.
+//!   once (unless the stream already ended); tasks that still arrive are accepted
+//!   (return 0) and extracted with NULL at once.
 
 mod consumer;
 mod producer;
 
+pub use crate::metadata::Metadata;
 pub use consumer::{
     async_handler, async_record_batch_handler, AsyncDeviceArrayStream, AsyncRecordBatchStream,
     AsyncStreamHandler,
 };
 pub use producer::{
-    new_task, produce_record_batch_iter, produce_record_batches, spawn_producer,
-    spawn_producer_into, ProducerHandle,
+    new_task, produce_record_batch_iter, produce_record_batches, produce_record_batches_with,
+    spawn_producer, spawn_producer_into, spawn_producer_with, ProducerHandle, ProducerOptions,
 };
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// An item of an async stream with the metadata of its task (`on_next_task`'s
+/// `metadata`): what the producer's [`spawn_producer_with`] takes and the consumer's
+/// [`AsyncDeviceArrayStream::with_metadata`] yields. Empty metadata travels as NULL.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WithMetadata<T> {
+    /// The array or record batch.
+    pub data: T,
+    /// Its task's metadata.
+    pub metadata: Metadata,
+}
+
+impl<T> WithMetadata<T> {
+    /// `data` with `metadata`.
+    pub fn new(data: T, metadata: Metadata) -> Self {
+        Self { data, metadata }
+    }
+}
+
+impl<T> From<T> for WithMetadata<T> {
+    /// `data` without metadata.
+    fn from(data: T) -> Self {
+        Self::new(data, Metadata::new())
+    }
+}
 
 /// Locks `m`, ignoring poisoning: the state it guards stays consistent across the few
 /// panics that can happen while it is held (none of which are in this module).

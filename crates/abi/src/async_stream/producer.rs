@@ -16,8 +16,7 @@ use arrow_schema::SchemaRef;
 use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 
-use super::lock;
-use super::AsyncStreamHandler;
+use super::{lock, AsyncStreamHandler, WithMetadata};
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
 use crate::device_array::DeviceArray;
@@ -26,6 +25,7 @@ use crate::ffi::{
     ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
     ArrowDeviceType, ArrowSchema,
 };
+use crate::metadata::Metadata;
 
 // ---------------------------------------------------------------------------------------
 // Tasks
@@ -35,9 +35,16 @@ use crate::ffi::{
 /// extraction.
 static NEXT_TASK_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// The arrays of the tasks not yet extracted, by id.
-fn pending_tasks() -> &'static Mutex<HashMap<usize, DeviceArray>> {
-    static TASKS: OnceLock<Mutex<HashMap<usize, DeviceArray>>> = OnceLock::new();
+/// A task not yet extracted: its array, and the producer that handed it out, kept alive
+/// until the task is extracted (or reclaimed after a refusal).
+struct PendingTask {
+    array: DeviceArray,
+    _producer: Option<Arc<ProducerShared>>,
+}
+
+/// The tasks not yet extracted, by id.
+fn pending_tasks() -> &'static Mutex<HashMap<usize, PendingTask>> {
+    static TASKS: OnceLock<Mutex<HashMap<usize, PendingTask>>> = OnceLock::new();
     TASKS.get_or_init(Default::default)
 }
 
@@ -50,16 +57,30 @@ fn pending_tasks() -> &'static Mutex<HashMap<usize, DeviceArray>> {
 /// struct whose `private_data` was not made here. A task that is never extracted keeps
 /// its array alive until the process ends.
 pub fn new_task(array: DeviceArray) -> ArrowAsyncTask {
+    register_task(array, None)
+}
+
+/// [`new_task`], keeping `producer` (its `ArrowAsyncProducer` struct included) alive until
+/// the task is extracted or reclaimed.
+fn register_task(array: DeviceArray, producer: Option<Arc<ProducerShared>>) -> ArrowAsyncTask {
     let id = NEXT_TASK_ID.fetch_add(1, Ordering::Relaxed);
-    lock(pending_tasks()).insert(id, array);
+    lock(pending_tasks()).insert(
+        id,
+        PendingTask {
+            array,
+            _producer: producer,
+        },
+    );
     ArrowAsyncTask {
         extract_data: Some(extract_data),
         private_data: std::ptr::without_provenance_mut(id),
     }
 }
 
-/// Removes a task's array from the registry (`None` when already extracted).
-fn take_task(id: usize) -> Option<DeviceArray> {
+/// Removes a task from the registry (`None` when already extracted). The caller drops it
+/// outside the registry's lock: that releases its array (a foreign callback) and maybe
+/// the last reference to its producer.
+fn take_task(id: usize) -> Option<PendingTask> {
     lock(pending_tasks()).remove(&id)
 }
 
@@ -74,7 +95,7 @@ unsafe extern "C" fn extract_data(task: *mut ArrowAsyncTask, out: *mut ArrowDevi
         // the consumer made of it (spec: valid and writable for this call). The id is read
         // and the field cleared, so a repeated call on this very struct sees NULL.
         let id = unsafe { std::mem::replace(&mut (*task).private_data, std::ptr::null_mut()) };
-        let array = take_task(id.addr()).ok_or_else(|| {
+        let pending = take_task(id.addr()).ok_or_else(|| {
             Error::InvalidArgument(
                 "extract_data called on a task that was already extracted (or not made by \
                  this producer)"
@@ -82,12 +103,14 @@ unsafe extern "C" fn extract_data(task: *mut ArrowAsyncTask, out: *mut ArrowDevi
             )
         })?;
         if out.is_null() {
-            drop(array);
+            drop(pending.array);
         } else {
             // SAFETY: a non-null `out` is a consumer-allocated, writable ArrowDeviceArray
             // (spec: extract_data); ownership of the array moves into it.
-            unsafe { array.move_into(out) };
+            unsafe { pending.array.move_into(out) };
         }
+        // `pending._producer` drops here, after the array moved: the producer struct may
+        // be freed now, but this call no longer needs it.
         Ok(())
     });
     match result {
@@ -107,16 +130,41 @@ struct Demand {
     cancelled: bool,
     /// The first `n <= 0` passed to `request`, answered with `on_error(EINVAL)`.
     invalid_request: Option<i64>,
+    /// The handler is (about to be) released: `request` and `cancel` are no-ops.
+    finished: bool,
 }
 
-/// What the driver thread shares with `request`, `cancel` and [`ProducerHandle`].
-#[derive(Default)]
+/// What the driver thread shares with `request`, `cancel`, [`ProducerHandle`] and the
+/// tasks handed out; it owns the `ArrowAsyncProducer` struct, so that struct lives as long
+/// as any of them (see [`spawn_producer`], "Lifetime of the producer struct").
 struct ProducerShared {
     demand: Mutex<Demand>,
     /// Signalled on every change of `demand`.
     changed: Condvar,
     /// Wakes the driver while it waits on the source stream, on cancel or a bad request.
     interrupt: AtomicWaker,
+    /// The struct the consumer sees (from `Box::into_raw`; freed on drop). Its
+    /// `private_data` points to this `ProducerShared`, its `additional_metadata` into
+    /// `_additional_metadata`.
+    raw: *mut ArrowAsyncProducer,
+    /// The encoded `additional_metadata` (`None`: NULL).
+    _additional_metadata: Option<Box<[u8]>>,
+}
+
+// SAFETY: `raw` is a heap struct written only before the `ProducerShared` is shared (in
+// `ProducerShared::new`) and freed only by its drop; the consumer reads it from any
+// thread, as the spec allows. Everything else is a Mutex, a Condvar or an AtomicWaker.
+unsafe impl Send for ProducerShared {}
+// SAFETY: as above.
+unsafe impl Sync for ProducerShared {}
+
+impl Drop for ProducerShared {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from Box::into_raw in `ProducerShared::new`, and the last
+        // reference that could reach it (the driver's, a task's, the handle's or a
+        // running `request`/`cancel` call's) is gone.
+        drop(unsafe { Box::from_raw(self.raw) });
+    }
 }
 
 enum Wait {
@@ -126,40 +174,79 @@ enum Wait {
 }
 
 impl ProducerShared {
+    /// A new state with its `ArrowAsyncProducer` struct (`private_data` pointing back here).
+    fn new(device_type: ArrowDeviceType, additional_metadata: Option<Box<[u8]>>) -> Arc<Self> {
+        let raw = Box::into_raw(Box::new(ArrowAsyncProducer {
+            device_type,
+            request: Some(request),
+            cancel: Some(cancel),
+            additional_metadata: additional_metadata
+                .as_ref()
+                .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>()),
+            private_data: std::ptr::null_mut(),
+        }));
+        let shared = Arc::new(ProducerShared {
+            demand: Mutex::default(),
+            changed: Condvar::new(),
+            interrupt: AtomicWaker::new(),
+            raw,
+            _additional_metadata: additional_metadata,
+        });
+        // SAFETY: `raw` was just allocated and is not shared yet. `private_data` does not
+        // own a reference: the struct lives exactly as long as `shared` (its drop frees
+        // it), so the pointer is valid whenever the struct is.
+        unsafe { (*raw).private_data = Arc::as_ptr(&shared) as *mut c_void };
+        shared
+    }
+
     fn request(&self, n: i64) {
         let mut demand = lock(&self.demand);
-        if demand.cancelled {
+        if demand.cancelled || demand.finished {
             return;
         }
         if n <= 0 {
             demand.invalid_request.get_or_insert(n);
-            drop(demand);
-            self.interrupt.wake();
         } else {
             demand.outstanding = demand.outstanding.saturating_add(n as u64);
-            drop(demand);
+        }
+        drop(demand);
+        // The caller holds a reference to `self` (see `shared_of`), so the state outlives
+        // these signals even if the driver finishes and drops its own meanwhile.
+        if n <= 0 {
+            self.interrupt.wake();
         }
         self.changed.notify_all();
     }
 
     fn cancel(&self) {
         let mut demand = lock(&self.demand);
-        if demand.cancelled {
+        if demand.cancelled || demand.finished {
             return;
         }
         demand.cancelled = true;
         drop(demand);
+        // As in `request`: the caller holds a reference.
         self.interrupt.wake();
         self.changed.notify_all();
     }
 
-    fn is_cancelled(&self) -> bool {
-        lock(&self.demand).cancelled
+    /// Marks the stream finished: later `request` and `cancel` calls are no-ops.
+    fn finish(&self) {
+        lock(&self.demand).finished = true;
+    }
+
+    /// Why the driver must stop (cancelled, or a bad request), if it must.
+    fn stop(&self) -> Option<Wait> {
+        let demand = lock(&self.demand);
+        if demand.cancelled {
+            Some(Wait::Cancelled)
+        } else {
+            demand.invalid_request.map(Wait::Invalid)
+        }
     }
 
     fn interrupted(&self) -> bool {
-        let demand = lock(&self.demand);
-        demand.cancelled || demand.invalid_request.is_some()
+        self.stop().is_some()
     }
 
     /// Blocks until one unit can be served (and takes it), or the stream must stop.
@@ -184,23 +271,33 @@ impl ProducerShared {
     }
 }
 
-/// The `ProducerShared` behind a producer struct made by [`spawn_producer`].
+/// A new reference to the `ProducerShared` behind a producer struct made by
+/// [`spawn_producer`], held by a `request` or `cancel` call for its whole duration.
 ///
 /// # Safety
-/// `producer` must be NULL or an `ArrowAsyncProducer` made by `spawn_producer` whose
-/// handler has not been released yet (spec: the consumer may use it until then).
-unsafe fn shared_of<'a>(producer: *mut ArrowAsyncProducer) -> Option<&'a ProducerShared> {
+/// `producer` must be NULL or an `ArrowAsyncProducer` made by `spawn_producer` that is
+/// still alive: its handler not released yet (spec), or the caller holding a task of it
+/// not yet extracted (devarrow keeps the struct alive for those, see [`spawn_producer`]).
+unsafe fn shared_of(producer: *mut ArrowAsyncProducer) -> Option<Arc<ProducerShared>> {
     if producer.is_null() {
         return None;
     }
-    // SAFETY: per the contract `producer` is live, and its `private_data` holds a strong
-    // count of the Arc<ProducerShared> that the driver drops only after `release`.
-    unsafe { ((*producer).private_data as *const ProducerShared).as_ref() }
+    // SAFETY: per the contract the struct is alive, hence so is the `ProducerShared` that
+    // owns it (the struct is freed only by that state's drop), whose `Arc` its
+    // `private_data` points into: the strong count is positive while we increment it.
+    unsafe {
+        let shared = (*producer).private_data as *const ProducerShared;
+        if shared.is_null() {
+            return None;
+        }
+        Arc::increment_strong_count(shared);
+        Some(Arc::from_raw(shared))
+    }
 }
 
 unsafe extern "C" fn request(producer: *mut ArrowAsyncProducer, n: i64) {
     swallow_panic("in ArrowAsyncProducer.request", || {
-        // SAFETY: the consumer calls `request` on the live producer of its handler.
+        // SAFETY: the consumer calls `request` on a live producer (see `shared_of`).
         if let Some(shared) = unsafe { shared_of(producer) } {
             shared.request(n);
         }
@@ -209,7 +306,7 @@ unsafe extern "C" fn request(producer: *mut ArrowAsyncProducer, n: i64) {
 
 unsafe extern "C" fn cancel(producer: *mut ArrowAsyncProducer) {
     swallow_panic("in ArrowAsyncProducer.cancel", || {
-        // SAFETY: the consumer calls `cancel` on the live producer of its handler.
+        // SAFETY: the consumer calls `cancel` on a live producer (see `shared_of`).
         if let Some(shared) = unsafe { shared_of(producer) } {
             shared.cancel();
         }
@@ -230,7 +327,7 @@ type OnError =
     unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler, c_int, *const c_char, *const c_char);
 type Release = unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler);
 
-type BoxedArrays = Pin<Box<dyn Stream<Item = Result<DeviceArray>> + Send>>;
+type BoxedItems = Pin<Box<dyn Stream<Item = Result<WithMetadata<DeviceArray>>> + Send>>;
 
 /// Reports `error` through `on_error` (the message copied into a C string).
 ///
@@ -245,37 +342,36 @@ unsafe fn report(handler: *mut ArrowAsyncDeviceStreamHandler, on_error: OnError,
 }
 
 /// Makes the last calls of a producer exactly once, also when the driver never runs or
-/// unwinds: `on_error` when an error is pending, then `release`, then frees the
-/// `ArrowAsyncProducer` and its shared state.
+/// unwinds: `on_error` when an error is pending, then `release`. The producer struct is
+/// not freed here: it lives as long as its [`ProducerShared`], which the driver, the
+/// [`ProducerHandle`] and every task not yet extracted hold.
 struct Finisher {
     handler: *mut ArrowAsyncDeviceStreamHandler,
     on_error: OnError,
     release: Release,
-    producer: *mut ArrowAsyncProducer,
+    shared: Arc<ProducerShared>,
+    released: bool,
     /// Reported with `on_error` before `release`.
     pending_error: Option<Error>,
 }
 
 impl Finisher {
     fn finish(&mut self) {
-        if self.producer.is_null() {
+        if self.released {
             return;
         }
+        self.released = true;
         if let Some(error) = self.pending_error.take() {
             // SAFETY: the handler is live until `release` below; it was validated to have
             // this `on_error` when the producer was spawned.
             unsafe { report(self.handler, self.on_error, &error) };
         }
+        // From here on `request` and `cancel` are no-ops (a consumer may still call them
+        // while it holds tasks, as Arrow C++'s does).
+        self.shared.finish();
         // SAFETY: the handler is live and this is the last call on it; `release` was
         // validated when the producer was spawned.
         unsafe { (self.release)(self.handler) };
-        let producer = std::mem::replace(&mut self.producer, std::ptr::null_mut());
-        // SAFETY: `producer` came from Box::into_raw in `spawn_producer`, and its
-        // private_data from Arc::into_raw; the consumer may no longer use either after
-        // `release` (spec: the producer cleans up after calling release).
-        let producer = unsafe { Box::from_raw(producer) };
-        // SAFETY: see above; this drops the strong count the C struct held.
-        drop(unsafe { Arc::from_raw(producer.private_data as *const ProducerShared) });
     }
 }
 
@@ -299,9 +395,8 @@ enum Outcome {
 
 struct Driver {
     // Fields drop in this order: the source first, the finisher (release) last.
-    source: Option<BoxedArrays>,
+    source: Option<BoxedItems>,
     schema: Option<FFI_ArrowSchema>,
-    shared: Arc<ProducerShared>,
     handler: *mut ArrowAsyncDeviceStreamHandler,
     on_schema: OnSchema,
     on_next_task: OnNextTask,
@@ -310,12 +405,16 @@ struct Driver {
     finisher: Finisher,
 }
 
-// SAFETY: the raw pointers are the consumer's handler (which the spec lets the producer
-// call from any thread, serialized — only the driver thread calls it) and the producer
-// struct this driver owns; the source stream and schema are Send.
+// SAFETY: the raw pointer is the consumer's handler, which the spec lets the producer
+// call from any thread, serialized (only the driver thread calls it); the source stream,
+// the schema and the shared state are Send.
 unsafe impl Send for Driver {}
 
 impl Driver {
+    fn shared(&self) -> &ProducerShared {
+        &self.finisher.shared
+    }
+
     fn run(mut self) -> Result<()> {
         // Should `drive` unwind, the finisher reports its pending "stopped unexpectedly".
         let outcome = self.drive();
@@ -337,6 +436,16 @@ impl Driver {
         result
     }
 
+    fn stopped(wait: Wait) -> Option<Outcome> {
+        match wait {
+            Wait::Serve => None,
+            Wait::Cancelled => Some(Outcome::Cancelled),
+            Wait::Invalid(n) => Some(Outcome::Failed(Error::InvalidArgument(format!(
+                "ArrowAsyncProducer.request needs n > 0, got {n}"
+            )))),
+        }
+    }
+
     fn drive(&mut self) -> Outcome {
         let mut schema = self.schema.take().unwrap_or_else(FFI_ArrowSchema::empty);
         // SAFETY: the handler is live; `handler->producer` was set before this first call;
@@ -348,21 +457,21 @@ impl Driver {
             return Outcome::Rejected(callback_error("on_schema", rc));
         }
         loop {
-            match self.shared.wait() {
-                Wait::Serve => {}
-                Wait::Cancelled => return Outcome::Cancelled,
-                Wait::Invalid(n) => {
-                    return Outcome::Failed(Error::InvalidArgument(format!(
-                        "ArrowAsyncProducer.request needs n > 0, got {n}"
-                    )))
-                }
+            // The source is polled before waiting for demand (one item ahead of it, as
+            // Arrow C++'s producer does), so that its end is found and sent without a
+            // request.
+            let next = self.next_item();
+            if let Some(outcome) = self.shared().stop().and_then(Self::stopped) {
+                return outcome;
             }
-            let array = match self.next_array() {
+            let item = match next {
+                // Only when stopped, handled above.
                 Next::Interrupted => continue,
                 Next::Item(Err(error)) => return Outcome::Failed(error),
-                Next::Item(Ok(array)) => array,
+                Next::Item(Ok(item)) => item,
                 Next::End => {
-                    // SAFETY: the handler is live; a NULL task marks the end of the stream.
+                    // SAFETY: the handler is live; a NULL task marks the end of the stream
+                    // (it takes no requested unit).
                     let rc = unsafe {
                         (self.on_next_task)(self.handler, std::ptr::null_mut(), std::ptr::null())
                     };
@@ -372,19 +481,28 @@ impl Driver {
                     };
                 }
             };
-            if let Err(error) = self.check(&array) {
+            if let Err(error) = self.check(&item.data) {
                 return Outcome::Failed(error);
             }
-            if self.shared.is_cancelled() {
-                return Outcome::Cancelled;
+            let metadata = match encode_optional(&item.metadata) {
+                Ok(metadata) => metadata,
+                Err(error) => return Outcome::Failed(error),
+            };
+            if let Some(outcome) = Self::stopped(self.shared().wait()) {
+                return outcome;
             }
-            let mut task = new_task(array);
+            let mut task = register_task(item.data, Some(self.finisher.shared.clone()));
             let id = task.private_data.addr();
-            // SAFETY: the handler is live; the task is valid for the duration of the call
-            // (the consumer copies it to keep it).
-            let rc = unsafe { (self.on_next_task)(self.handler, &mut task, std::ptr::null()) };
+            let metadata_ptr = metadata
+                .as_ref()
+                .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>());
+            // SAFETY: the handler is live; the task and the metadata are valid for the
+            // duration of the call (the consumer copies them to keep them).
+            let rc = unsafe { (self.on_next_task)(self.handler, &mut task, metadata_ptr) };
             if rc != 0 {
-                // The consumer rejected the task: reclaim it unless it was extracted.
+                // The consumer refused the task, so it is still ours (see the module's
+                // protocol decisions): reclaim it. Should the consumer have extracted it
+                // anyway, the registry finds nothing and nothing is freed twice.
                 drop(take_task(id));
                 return Outcome::Rejected(callback_error("on_next_task", rc));
             }
@@ -392,11 +510,11 @@ impl Driver {
     }
 
     /// Polls the source for its next item, giving up when cancelled or on a bad request.
-    fn next_array(&mut self) -> Next {
+    fn next_item(&mut self) -> Next {
         let Some(source) = self.source.as_mut() else {
             return Next::End;
         };
-        let shared = &*self.shared;
+        let shared = &*self.finisher.shared;
         let polled = catch_unwind(AssertUnwindSafe(|| {
             futures::executor::block_on(futures::future::poll_fn(|cx| {
                 shared.interrupt.register(cx.waker());
@@ -440,9 +558,17 @@ impl Driver {
 }
 
 enum Next {
-    Item(Result<DeviceArray>),
+    Item(Result<WithMetadata<DeviceArray>>),
     End,
     Interrupted,
+}
+
+/// The C encoding of `metadata`, `None` (NULL) when it is empty.
+fn encode_optional(metadata: &Metadata) -> Result<Option<Box<[u8]>>> {
+    if metadata.is_empty() {
+        return Ok(None);
+    }
+    metadata.encode().map(|m| Some(m.into_boxed_slice()))
 }
 
 fn callback_error(operation: &'static str, code: c_int) -> Error {
@@ -477,7 +603,8 @@ impl std::fmt::Debug for ProducerShared {
 impl ProducerHandle {
     /// Cancels the producer, as the consumer's `cancel` would: it stops at once (no further
     /// `on_next_task`, not even the NULL end task, beyond one already under way), then
-    /// calls `release` without `on_error`. Idempotent.
+    /// calls `release` without `on_error`. Idempotent; a no-op once the handler is
+    /// released.
     pub fn cancel(&self) {
         self.shared.cancel();
     }
@@ -499,41 +626,57 @@ impl ProducerHandle {
     }
 }
 
+/// Stream-level settings of an async producer ([`spawn_producer_with`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProducerOptions {
+    /// `ArrowAsyncProducer.additional_metadata`, which the consumer can read from
+    /// `on_schema` on (devarrow's: [`AsyncDeviceArrayStream::additional_metadata`](super::AsyncDeviceArrayStream::additional_metadata));
+    /// empty means NULL.
+    pub additional_metadata: Metadata,
+}
+
+impl ProducerOptions {
+    /// No additional metadata.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `metadata` as the `additional_metadata`.
+    pub fn with_additional_metadata(mut self, metadata: Metadata) -> Self {
+        self.additional_metadata = metadata;
+        self
+    }
+
+    /// Announces the stream's total number of rows ([`Metadata::NUM_ROWS`]).
+    pub fn with_num_rows(mut self, rows: u64) -> Self {
+        self.additional_metadata =
+            std::mem::take(&mut self.additional_metadata).with_num_rows(rows);
+        self
+    }
+
+    /// Announces the stream's number of batches ([`Metadata::NUM_BATCHES`]).
+    pub fn with_num_batches(mut self, batches: u64) -> Self {
+        self.additional_metadata =
+            std::mem::take(&mut self.additional_metadata).with_num_batches(batches);
+        self
+    }
+
+    /// Announces the row and batch counts of `batches`, the stream's record batches when
+    /// they are known up front.
+    pub fn counting(self, batches: &[RecordBatch]) -> Self {
+        let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+        self.with_num_rows(rows)
+            .with_num_batches(batches.len() as u64)
+    }
+}
+
 /// Starts an async producer that drives `handler` from `arrays` on a new thread.
 ///
-/// Each item of `arrays` must be a struct array of `schema` (one per record batch) on
-/// `device_type`. The producer sets `handler->producer`, calls `on_schema` with `schema`
-/// (metadata included), then one `on_next_task` per unit the consumer requests, a NULL
-/// task at the end, and `release` last; see the [module documentation](super) for the
-/// rules it follows. An `Err` item, a panic in the stream, or an array on another device
-/// or with the wrong number of children is reported with `on_error` and ends the stream.
-///
-/// The handler is taken over in every case: when this function fails after validating
-/// it (no mandatory callback missing), it has called `on_error` and `release` already.
-/// Fails with [`Error::NullPointer`] for a NULL handler, [`Error::Released`] when it has
-/// no `release` callback, and otherwise when the schema cannot be exported or the thread
-/// cannot be started.
-///
-/// # Demand and the end of the stream
-///
-/// Every `on_next_task` call takes one unit the consumer requested, **including the NULL
-/// task that marks the end of the stream**. A consumer that requests exactly the `N`
-/// arrays it expects gets them, but not the end (nor the `release` after it): the
-/// producer waits for one more unit first. Such a consumer must request `N + 1`, or one
-/// more after the last array. ([`async_handler`](super::async_handler)'s consumer
-/// requests one more unit per item taken, so it always sees the end.)
-///
-/// # Cancellation
-///
-/// After `cancel` (the consumer's, or [`ProducerHandle::cancel`]) the producer stops at
-/// once: it stops waiting for demand or for the source, makes no further `on_next_task`
-/// call (only one already under way when `cancel` was called may still complete), sends
-/// neither the NULL end task nor `on_error`, drops the source and calls `release`.
-/// Later `request` and `cancel` calls (before `release`) are no-ops.
+/// [`spawn_producer_with`] with no metadata: no `additional_metadata`, and NULL metadata
+/// for every task.
 ///
 /// # Safety
-/// `handler` must be NULL or point to a valid `ArrowAsyncDeviceStreamHandler` that stays
-/// valid until its `release` is called (the producer is its sole user until then).
+/// As for [`spawn_producer_with`].
 pub unsafe fn spawn_producer<S, E>(
     schema: SchemaRef,
     device_type: ArrowDeviceType,
@@ -542,6 +685,71 @@ pub unsafe fn spawn_producer<S, E>(
 ) -> Result<ProducerHandle>
 where
     S: Stream<Item = Result<DeviceArray, E>> + Send + 'static,
+    E: Into<Error> + 'static,
+{
+    let items = arrays.map(|item| item.map(WithMetadata::from));
+    // SAFETY: forwarded from the caller.
+    unsafe { spawn_producer_with(schema, device_type, items, ProducerOptions::new(), handler) }
+}
+
+/// Starts an async producer that drives `handler` from `items` on a new thread: arrays
+/// with the metadata of their tasks, and `options`' stream-level metadata.
+///
+/// Each item's array must be a struct array of `schema` (one per record batch) on
+/// `device_type`; its metadata goes with its task (`on_next_task`'s `metadata`, NULL when
+/// empty). The producer sets `handler->producer` (with `options.additional_metadata`),
+/// calls `on_schema` with `schema` (metadata included), then one `on_next_task` per unit
+/// the consumer requests, a NULL task at the end, and `release` last; see the [module
+/// documentation](super) for the rules it follows. An `Err` item, a panic in the stream,
+/// or an array on another device or with the wrong number of children is reported with
+/// `on_error` and ends the stream.
+///
+/// The handler is taken over in every case: when this function fails after validating
+/// it (no mandatory callback missing), it has called `on_error` and `release` already.
+/// Fails with [`Error::NullPointer`] for a NULL handler, [`Error::Released`] when it has
+/// no `release` callback, and otherwise when the schema or the metadata cannot be
+/// exported or the thread cannot be started.
+///
+/// # Demand and the end of the stream
+///
+/// Every task takes one unit the consumer requested; **the NULL task that marks the end
+/// of the stream does not**: it is sent as soon as the source ends, requested or not (as
+/// Arrow C++'s `ExportAsyncRecordBatchReader` does). To find the end without a request,
+/// the producer polls the source one item ahead of the demand: at most one item (the next
+/// task's) is taken from the source before it is requested. A consumer that requests
+/// exactly the `N` arrays of an `N`-array stream gets them, the end and `release`.
+///
+/// # Cancellation
+///
+/// After `cancel` (the consumer's, or [`ProducerHandle::cancel`]) the producer stops at
+/// once: it stops waiting for demand or for the source, makes no further `on_next_task`
+/// call (only one already under way when `cancel` was called may still complete), sends
+/// neither the NULL end task nor `on_error`, drops the source and calls `release`.
+/// Later `request` and `cancel` calls are no-ops.
+///
+/// # Lifetime of the producer struct
+///
+/// The specification promises the `ArrowAsyncProducer` only until the handler's
+/// `release`; Arrow C++'s consumer relies on more: it calls `request(1)` on it for each
+/// task still queued when the stream ended, after `release`. So the struct (and the
+/// state behind it) lives until `release` **and** until every task handed out has been
+/// extracted (or, refused by the consumer, reclaimed), and as long as the
+/// [`ProducerHandle`]; `request` and `cancel` are no-ops once the handler is released. A
+/// task the consumer never extracts keeps its array and the producer struct alive until
+/// the process ends.
+///
+/// # Safety
+/// `handler` must be NULL or point to a valid `ArrowAsyncDeviceStreamHandler` that stays
+/// valid until its `release` is called (the producer is its sole user until then).
+pub unsafe fn spawn_producer_with<S, E>(
+    schema: SchemaRef,
+    device_type: ArrowDeviceType,
+    items: S,
+    options: ProducerOptions,
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+) -> Result<ProducerHandle>
+where
+    S: Stream<Item = Result<WithMetadata<DeviceArray>, E>> + Send + 'static,
     E: Into<Error> + 'static,
 {
     if handler.is_null() {
@@ -571,24 +779,34 @@ where
             "the ArrowAsyncDeviceStreamHandler lacks a mandatory callback".into(),
         ));
     };
-    let shared = Arc::new(ProducerShared::default());
-    let producer = Box::into_raw(Box::new(ArrowAsyncProducer {
-        device_type,
-        request: Some(request),
-        cancel: Some(cancel),
-        additional_metadata: std::ptr::null(),
-        private_data: Arc::into_raw(shared.clone()) as *mut c_void,
-    }));
+    // A metadata that cannot be encoded is reported like a schema that cannot be
+    // exported: on_error and release, through a producer without metadata.
+    let (additional_metadata, metadata_error) = match encode_optional(&options.additional_metadata)
+    {
+        Ok(encoded) => (encoded, None),
+        Err(error) => (None, Some(error)),
+    };
+    let shared = ProducerShared::new(device_type, additional_metadata);
     // SAFETY: the handler is valid and writable; the producer member must be populated
     // before any callback (spec).
-    unsafe { (*handler).producer = producer };
+    unsafe { (*handler).producer = shared.raw };
     let mut finisher = Finisher {
         handler,
         on_error,
         release,
-        producer,
+        shared: shared.clone(),
+        released: false,
         pending_error: None,
     };
+    if let Some(error) = metadata_error {
+        let message = match &error {
+            Error::Metadata(message) => message.clone(),
+            other => other.to_string(),
+        };
+        finisher.pending_error = Some(Error::Metadata(message));
+        finisher.finish();
+        return Err(error);
+    }
     let ffi_schema = match FFI_ArrowSchema::try_from(schema.as_ref()) {
         Ok(s) => s,
         Err(e) => {
@@ -603,9 +821,8 @@ where
         "the async producer's driver thread stopped unexpectedly".into(),
     ));
     let driver = Driver {
-        source: Some(Box::pin(arrays.map(|item| item.map_err(Into::into)))),
+        source: Some(Box::pin(items.map(|item| item.map_err(Into::into)))),
         schema: Some(ffi_schema),
-        shared: shared.clone(),
         handler,
         on_schema,
         on_next_task,
@@ -622,7 +839,7 @@ where
 
 /// [`spawn_producer`] into a handler made by [`async_handler`](super::async_handler): safe,
 /// since such a handler stays valid until its `release`. Demand, the end of the stream and
-/// cancellation work as [`spawn_producer`] describes.
+/// cancellation work as [`spawn_producer_with`] describes.
 pub fn spawn_producer_into<S, E>(
     schema: SchemaRef,
     device_type: ArrowDeviceType,
@@ -643,7 +860,7 @@ where
 /// with `on_error(EINVAL)`.
 ///
 /// # Safety
-/// As for [`spawn_producer`].
+/// As for [`spawn_producer_with`].
 pub unsafe fn produce_record_batches<S, E>(
     schema: SchemaRef,
     batches: S,
@@ -653,26 +870,48 @@ where
     S: Stream<Item = Result<RecordBatch, E>> + Send + 'static,
     E: Into<Error> + 'static,
 {
+    let items = batches.map(|item| item.map(WithMetadata::from));
+    // SAFETY: forwarded from the caller.
+    unsafe { produce_record_batches_with(schema, items, ProducerOptions::new(), handler) }
+}
+
+/// [`produce_record_batches`] with metadata: each batch's goes with its task, `options`'
+/// is the stream's (see [`spawn_producer_with`]).
+///
+/// # Safety
+/// As for [`spawn_producer_with`].
+pub unsafe fn produce_record_batches_with<S, E>(
+    schema: SchemaRef,
+    batches: S,
+    options: ProducerOptions,
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+) -> Result<ProducerHandle>
+where
+    S: Stream<Item = Result<WithMetadata<RecordBatch>, E>> + Send + 'static,
+    E: Into<Error> + 'static,
+{
     let expected = schema.clone();
-    let arrays = batches.map(move |item| {
-        let batch = item.map_err(Into::into)?;
-        if batch.schema().fields() != expected.fields() {
+    let items = batches.map(move |item| {
+        let WithMetadata { data, metadata } = item.map_err(Into::into)?;
+        if data.schema().fields() != expected.fields() {
             return Err(Error::InvalidArgument(format!(
                 "record batch fields {:?} do not match the stream's {:?}",
-                batch.schema().fields(),
+                data.schema().fields(),
                 expected.fields()
             )));
         }
-        Ok(cpu::export_batch_array(&batch))
+        Ok(WithMetadata::new(cpu::export_batch_array(&data), metadata))
     });
     // SAFETY: forwarded from the caller.
-    unsafe { spawn_producer::<_, Error>(schema, ArrowDeviceType::CPU, arrays, handler) }
+    unsafe {
+        spawn_producer_with::<_, Error>(schema, ArrowDeviceType::CPU, items, options, handler)
+    }
 }
 
 /// [`produce_record_batches`] from an iterator (e.g. a `RecordBatchReader`).
 ///
 /// # Safety
-/// As for [`spawn_producer`].
+/// As for [`spawn_producer_with`].
 pub unsafe fn produce_record_batch_iter<I, E>(
     schema: SchemaRef,
     batches: I,
