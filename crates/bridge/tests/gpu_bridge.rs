@@ -1132,3 +1132,76 @@ fn a_failed_transfer_leaves_no_copy_running() {
     );
     assert!(device.primary_context().context().check_err().is_ok());
 }
+
+/// One driver failure injected at every fallible driver call of an upload, an export,
+/// an import and a download in turn (the emulated driver's failure injection): each is
+/// a typed error, no device memory is left behind, the exported array is released
+/// exactly once, and the device works on.
+#[test]
+fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
+    let (_lock, device) = gpu_or_skip!();
+    let Some(injection) = devarrow_testing::gpu::FailureInjection::find() else {
+        println!("skipping: failure injection needs the emulated driver");
+        return;
+    };
+    let batch = sample::every_type_batch();
+    let dev = device.primary_context().clone();
+    let run = |device: &Arc<CudaDevice>| {
+        let mut transfer = transfer(device);
+        let mut released = None;
+        let result = (|| {
+            let on_device = transfer.to_device(&batch)?;
+            let (array, schema) = on_device.export()?;
+            let (array, count) = count_releases(array);
+            released = Some(count);
+            let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema)?;
+            transfer.to_host(&imported)
+        })();
+        (result, released)
+    };
+    // Everything loaded and allocated once (kernels, pools, staging) before measuring.
+    let (warm, _) = run(&device);
+    assert_eq!(warm.unwrap(), batch);
+    let baseline = free_memory(&dev);
+    let mut failures = 0;
+    for n in 1.. {
+        let before = injection.injected_failures();
+        injection.fail_nth_call(n);
+        let (result, released) = run(&device);
+        injection.fail_nth_call(0);
+        if injection.injected_failures() == before {
+            // The operation made fewer than `n` fallible calls: every one has failed once.
+            assert_eq!(result.unwrap(), batch);
+            break;
+        }
+        failures += 1;
+        match result {
+            // A failure the operation recovered from (none expected today) must still
+            // give the right answer.
+            Ok(back) => assert_eq!(back, batch, "call {n}"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    devarrow_abi::Error::Device { .. } | devarrow_abi::Error::Arrow(_)
+                ),
+                "call {n}: not a typed device error: {e:?}"
+            ),
+        }
+        if let Some(count) = released {
+            assert_eq!(releases(&count), 1, "call {n}: the export is released once");
+        }
+        let now = free_memory(&dev);
+        assert!(
+            now + (1 << 20) >= baseline,
+            "call {n}: device memory left behind ({baseline} -> {now} free)"
+        );
+    }
+    assert!(
+        failures >= 10,
+        "only {failures} fallible calls were exercised"
+    );
+    println!("{failures} driver calls failed in turn, each a typed error");
+    // The device works on.
+    let (after, _) = run(&device);
+    assert_eq!(after.unwrap(), batch);
+}

@@ -75,3 +75,59 @@ pub unsafe fn assert_still_running(event: cudarc::driver::sys::CUevent, what: &s
         );
     }
 }
+
+/// Failure injection of the emulated driver (`tests/cuda-emu`): arms the failure of the
+/// `n`th fallible driver call from now, so a test can walk one failure through every
+/// call of an operation. `None` on a real driver, which has no such thing.
+#[derive(Debug, Clone, Copy)]
+pub struct FailureInjection {
+    fail_nth_call: unsafe extern "C" fn(u64),
+    injected_failures: unsafe extern "C" fn() -> u64,
+}
+
+impl FailureInjection {
+    /// The emulator's controls, when the `libcuda.so` in use is the emulator.
+    pub fn find() -> Option<Self> {
+        // SAFETY: dlopen of a library that is already loaded (cudarc opened it) only
+        // bumps its reference count (never dropped: the handle is kept for the process);
+        // the names are NUL-terminated.
+        let lib = unsafe { libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW) };
+        if lib.is_null() {
+            return None;
+        }
+        // SAFETY: a live handle and NUL-terminated names.
+        let (fail, injected) = unsafe {
+            (
+                libc::dlsym(lib, c"devarrow_emu_fail_nth_call".as_ptr()),
+                libc::dlsym(lib, c"devarrow_emu_injected_failures".as_ptr()),
+            )
+        };
+        if fail.is_null() || injected.is_null() {
+            return None;
+        }
+        // SAFETY: the emulator defines both symbols with exactly these signatures.
+        unsafe {
+            Some(Self {
+                fail_nth_call: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64)>(
+                    fail,
+                ),
+                injected_failures: std::mem::transmute::<
+                    *mut libc::c_void,
+                    unsafe extern "C" fn() -> u64,
+                >(injected),
+            })
+        }
+    }
+
+    /// Arms the failure of the `n`th fallible driver call from now (0 disarms).
+    pub fn fail_nth_call(&self, n: u64) {
+        // SAFETY: the emulator's function, which only stores `n`.
+        unsafe { (self.fail_nth_call)(n) }
+    }
+
+    /// How many failures the emulator injected so far.
+    pub fn injected_failures(&self) -> u64 {
+        // SAFETY: the emulator's function, which only reads a counter.
+        unsafe { (self.injected_failures)() }
+    }
+}

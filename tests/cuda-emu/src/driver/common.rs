@@ -22,7 +22,21 @@ pub(crate) use CUresult::*;
 /// driver functions that take part fails with `code`, as a real driver may under
 /// memory pressure, so that the error paths of the caller run (and are checked for
 /// leaks, use-after-free and panics). `Ok` otherwise (and always when unset).
+///
+/// Tests arm one failure themselves with [`devarrow_emu_fail_nth_call`]: the `n`th
+/// fallible call from then on fails, once, so a test can walk the failure through every
+/// call of an operation. Injected failures are not reported as API errors (they are not
+/// the caller's).
 pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
+    if let Ok(previous) = ARMED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n > 0).then(|| n - 1)
+    }) {
+        if previous == 1 {
+            INJECTED.fetch_add(1, Ordering::AcqRel);
+            INJECTING.with(|c| c.set(true));
+            return Err(code);
+        }
+    }
     static EVERY: OnceLock<u64> = OnceLock::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let every = *EVERY.get_or_init(|| {
@@ -35,7 +49,33 @@ pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
         return Ok(());
     }
     eprintln!("devarrow-emu: injected failure: {call} returns {code:?}");
+    INJECTED.fetch_add(1, Ordering::AcqRel);
+    INJECTING.with(|c| c.set(true));
     Err(code)
+}
+
+/// The countdown of [`devarrow_emu_fail_nth_call`] (0: disarmed).
+static ARMED: AtomicU64 = AtomicU64::new(0);
+/// How many failures were injected so far.
+static INJECTED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Set by [`inject`] while the failing call returns, so that it is not reported.
+    static INJECTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Arms one injected failure: the `n`th fallible driver call from now (any thread)
+/// fails, once; 0 disarms. Not a CUDA symbol: tests find it with `dlsym` in the
+/// `libcuda.so` they loaded, and skip where it is missing (a real driver).
+#[no_mangle]
+pub extern "C" fn devarrow_emu_fail_nth_call(n: u64) {
+    ARMED.store(n, Ordering::Release);
+}
+
+/// The number of failures injected so far (armed ones and `DEVARROW_EMU_FAIL_EVERY`'s).
+#[no_mangle]
+pub extern "C" fn devarrow_emu_injected_failures() -> u64 {
+    INJECTED.load(Ordering::Acquire)
 }
 
 /// Locks a mutex, ignoring poisoning (a panic caught at the API boundary must not make
@@ -114,7 +154,9 @@ pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => {
-            report_api_error(name, e);
+            if !INJECTING.with(|c| c.replace(false)) {
+                report_api_error(name, e);
+            }
             e
         }
         Err(p) => {
