@@ -111,6 +111,7 @@ impl Foreign {
             image,
             device: device.clone(),
             last_use: Mutex::new(None),
+            view_uses: Mutex::new(Vec::new()),
         };
         Ok((foreign, event))
     }
@@ -149,6 +150,23 @@ pub(crate) struct Foreign {
     /// download), and the device that work ran on: waited for before the producer's
     /// release frees them.
     last_use: Mutex<Option<LastUse>>,
+    /// The events after the work callers enqueued with views of the buffers (see
+    /// `crate::column`), the last one per stream: waited for before the release too.
+    view_uses: Mutex<Vec<ViewUse>>,
+}
+
+/// The last use of a [`Foreign`] array's buffers through views on one stream of the
+/// caller's: an event recorded there after that work.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct ViewUse {
+    /// The stream, kept alive (so its handle `key` names no other stream meanwhile).
+    pub(crate) _stream: Arc<dyn std::any::Any + Send + Sync>,
+    /// The stream's context and handle: a later use on the same stream supersedes an
+    /// earlier one.
+    pub(crate) key: (usize, usize),
+    /// Recorded on the stream after the work.
+    pub(crate) event: Arc<dyn SyncEvent>,
 }
 
 /// A packed copy of the bytes a [`Foreign`] array addresses, made by [`Foreign::pack`]
@@ -186,20 +204,25 @@ impl Drop for Foreign {
         if let Some(last) = last.take() {
             let _ = last.wait();
         }
+        let views = self.view_uses.get_mut().unwrap_or_else(|e| e.into_inner());
+        for view in views.drain(..) {
+            // A failed wait means the context is unusable, and runs nothing more.
+            let _ = view.event.wait_host();
+        }
     }
 }
 
 /// What the bridge knows of one foreign array (a struct of the imported tree).
 #[derive(Debug)]
-struct ForeignNode {
-    data_type: DataType,
-    length: usize,
-    offset: usize,
-    null_count: i64,
+pub(crate) struct ForeignNode {
+    pub(crate) data_type: DataType,
+    pub(crate) length: usize,
+    pub(crate) offset: usize,
+    pub(crate) null_count: i64,
     /// Every buffer address (0 for NULL), in C data interface order.
-    buffers: Vec<usize>,
-    children: Vec<ForeignNode>,
-    dictionary: Option<Box<ForeignNode>>,
+    pub(crate) buffers: Vec<usize>,
+    pub(crate) children: Vec<ForeignNode>,
+    pub(crate) dictionary: Option<Box<ForeignNode>>,
     /// Where this node's device-resident sizes were gathered in the scratch buffer.
     reads: Vec<usize>,
     /// Those sizes, once read back and validated.
@@ -576,6 +599,44 @@ impl ForeignNode {
             .fold(total, |t, c| t.saturating_add(c.addressed_bytes()))
     }
 
+    /// The bytes from the start of buffer `index` that items `[0, end)` of the array
+    /// address (`end`: the array's `offset + length`, or less), as the C data interface
+    /// lays the buffer out: bitmaps to the byte holding the last bit, values and offsets
+    /// to the last item (offsets one past), the data of offsets types to the last offset
+    /// read back at import, the variadic buffers of view types whole. Saturating: sizes
+    /// of validated arrays never overflow.
+    pub(crate) fn buffer_len(&self, index: usize, end: usize) -> usize {
+        let dt = &self.data_type;
+        let value_type = match dt {
+            DataType::Dictionary(key, _) => key.as_ref(),
+            dt => dt,
+        };
+        let w = offset_width(dt);
+        match buffer_role(dt, index, self.buffers.len()) {
+            BufferRole::Validity => end.div_ceil(8),
+            BufferRole::Values => {
+                fixed_bit_width(value_type).map_or(0, |bits| end.saturating_mul(bits).div_ceil(8))
+            }
+            BufferRole::Offsets => match dt {
+                DataType::Union(_, _) => end.saturating_mul(4),
+                DataType::ListView(_) | DataType::LargeListView(_) => end.saturating_mul(w),
+                _ => end.saturating_add(1).saturating_mul(w),
+            },
+            BufferRole::Sizes => end.saturating_mul(w),
+            BufferRole::TypeIds => end,
+            BufferRole::Views => end.saturating_mul(16),
+            BufferRole::Data => match &self.extent {
+                Extent::Offsets { last, .. } => *last,
+                Extent::Variadic(sizes) => sizes.get(index.wrapping_sub(2)).copied().unwrap_or(0),
+                _ => 0,
+            },
+            BufferRole::VariadicSizes => match &self.extent {
+                Extent::Variadic(sizes) => sizes.len().saturating_mul(8),
+                _ => 0,
+            },
+        }
+    }
+
     /// The array as it is, for re-export.
     fn export(&self) -> ArrayNode {
         ArrayNode {
@@ -757,7 +818,34 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
     })
 }
 
+/// The role of buffer `index` of `n` of an array of `data_type`: the fixed ones of its
+/// layout, then (view types) the variadic data buffers and their sizes, last.
+pub(crate) fn buffer_role(data_type: &DataType, index: usize, n: usize) -> BufferRole {
+    let roles = buffer_roles(data_type);
+    match roles.get(index) {
+        Some(role) => *role,
+        None if index + 1 == n => BufferRole::VariadicSizes,
+        None => BufferRole::Data,
+    }
+}
+
 impl Foreign {
+    /// The imported tree (the root struct array, as imported).
+    pub(crate) fn root(&self) -> &ForeignNode {
+        &self.root
+    }
+
+    /// Records the last use, so far, of the buffers through views on a stream (kept alive
+    /// by the entry): its event, recorded there after that work, is waited for
+    /// before the producer's release. Supersedes the earlier uses on that stream (a
+    /// stream runs its work in order).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn add_view_use(&self, view_use: ViewUse) {
+        let mut uses = self.view_uses.lock().unwrap_or_else(|e| e.into_inner());
+        uses.retain(|u| u.key != view_use.key);
+        uses.push(view_use);
+    }
+
     /// The number of items of the root array (the batch's rows).
     pub(crate) fn num_rows(&self) -> usize {
         self.root.length

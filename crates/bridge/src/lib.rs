@@ -53,6 +53,11 @@
 //!
 //! The modules:
 //! - [`transfer`]: one batch at a time ([`Transfer`], [`DeviceBatch`]).
+//! - Device data you can reach: each column of a [`DeviceBatch`] as a [`DeviceColumn`]
+//!   (data type, rows, null count, children, dictionary) and its buffers as
+//!   [`ColumnBuffer`]s (address, bytes, device); with the `cuda` feature, as cudarc views
+//!   on the caller's stream (`ColumnBuffer::cuda_view`, `DeviceColumn::cuda_values`), and
+//!   batches made of cudarc slices (`DeviceBatch::from_cuda_arrays`).
 //! - [`batch_stream`]: device streams (`ArrowDeviceArrayStream`) whose uploads overlap the
 //!   consumer's work ([`Uploader`], [`export_reader_to_device`]), and their consumer
 //!   ([`DeviceStreamReader`], [`HostStreamReader`]).
@@ -78,6 +83,7 @@ pub use batch_stream::{
     export_reader_to_device, DeviceStreamReader, HostStreamReader, StreamOptions, Uploader,
     DEFAULT_READ_AHEAD,
 };
+pub use column::{ColumnBuffer, DeviceColumn};
 /// The C `ArrowSchema` (arrow-rs's `FFI_ArrowSchema`), so users need no `arrow-schema`
 /// dependency of their own.
 pub use devarrow_abi::ArrowSchema;
@@ -87,6 +93,9 @@ pub use transfer::{DeviceBatch, Transfer, TransferOptions};
 
 mod batch;
 mod c_boundary;
+mod column;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod export_options;
 mod foreign;
 mod host;

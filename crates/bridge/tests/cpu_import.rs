@@ -16,7 +16,7 @@ use common::{count_releases, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::{ArrowDeviceType, Error};
-use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow_bridge::{ColumnBuffer, DeviceBatch, DeviceColumn, Transfer, TransferOptions};
 use devarrow_testing::sample;
 
 fn cpu() -> Arc<dyn Device> {
@@ -369,4 +369,256 @@ fn the_release_waits_for_the_last_pack_even_after_a_failed_wait() {
         "the packing device is synchronized when its event fails"
     );
     assert_eq!(home.synchronizations(), home_syncs);
+}
+
+// ---- Device columns: typed access to the buffers of a device batch ----
+
+/// Checks `column` against the C struct `node` that `DeviceBatch::export` makes of it: the
+/// same buffers (addresses, NULLs), offset, length, null count, children and dictionary.
+/// `root`: the root struct's `(offset, length)` when `column` is a top-level column,
+/// which takes the root's offset on.
+fn assert_column_is_the_export(
+    column: &DeviceColumn<'_>,
+    node: &devarrow_abi::ArrowArray,
+    root: Option<(usize, usize)>,
+    path: &str,
+) {
+    let (extra, rows) = root.unwrap_or((0, node.length as usize));
+    assert_eq!(
+        column.offset(),
+        node.offset as usize + extra,
+        "{path}: offset"
+    );
+    assert_eq!(column.len(), rows, "{path}: length");
+    let whole = extra == 0 && rows == node.length as usize;
+    let expected_nulls = match node.null_count {
+        0 => Some(0),
+        n if whole && n > 0 => Some(n as usize),
+        _ => None,
+    };
+    assert_eq!(column.null_count(), expected_nulls, "{path}: null count");
+    assert_eq!(
+        column.n_buffers(),
+        node.n_buffers as usize,
+        "{path}: n_buffers"
+    );
+    assert_eq!(column.buffers().len(), column.n_buffers());
+    for i in 0..column.n_buffers() {
+        // SAFETY: the node belongs to an unreleased export the caller holds.
+        let expected = unsafe { node.buffer(i) };
+        match column.buffer(i) {
+            None => assert!(expected.is_null(), "{path}: buffer {i} is not NULL"),
+            Some(b) => {
+                assert_eq!(b.as_ptr(), expected, "{path}: buffer {i}");
+                assert_eq!(b.address(), expected as u64);
+                assert_eq!(b.index(), i);
+                assert_eq!(b.device_type(), column.device_type());
+            }
+        }
+    }
+    assert!(column.buffer(column.n_buffers()).is_none());
+    assert_eq!(column.num_children(), node.n_children as usize, "{path}");
+    for (i, child) in column.children().iter().enumerate() {
+        // SAFETY: as above.
+        let expected = unsafe { node.child(i) }.unwrap();
+        assert_column_is_the_export(child, expected, None, &format!("{path}.children[{i}]"));
+    }
+    // SAFETY: as above.
+    match (column.dictionary(), unsafe { node.dictionary() }) {
+        (Some(dict), Some(expected)) => {
+            assert_column_is_the_export(&dict, expected, None, &format!("{path}.dictionary"))
+        }
+        (None, None) => {}
+        (found, expected) => panic!(
+            "{path}: dictionary {} but exported {}",
+            found.is_some(),
+            expected.is_some()
+        ),
+    }
+}
+
+/// Checks every column of `batch` against its export.
+fn assert_columns_are_the_export(batch: &DeviceBatch) {
+    let (exported, _schema) = batch.export().unwrap();
+    let root = exported.array();
+    assert_eq!(batch.num_columns(), root.n_children as usize);
+    assert_eq!(batch.columns().len(), batch.num_columns());
+    for (i, field) in batch.schema().fields().iter().enumerate() {
+        let column = batch.column(i).unwrap();
+        assert_eq!(column.data_type(), field.data_type());
+        assert_eq!(
+            batch.column_by_name(field.name()).unwrap().data_type(),
+            field.data_type()
+        );
+        // SAFETY: the export is unreleased and well-formed.
+        let node = unsafe { root.child(i) }.unwrap();
+        assert_column_is_the_export(
+            &column,
+            node,
+            Some((root.offset as usize, root.length as usize)),
+            field.name(),
+        );
+    }
+    assert!(batch.column(batch.num_columns()).is_none());
+    assert!(batch.column_by_name("no such column").is_none());
+}
+
+/// Every buffer of `column` and its descendants, with its path.
+fn all_buffers<'a>(
+    column: &DeviceColumn<'a>,
+    path: String,
+    out: &mut Vec<(String, ColumnBuffer<'a>)>,
+) {
+    for b in column.buffers().into_iter().flatten() {
+        out.push((format!("{path}.buffers[{}]", b.index()), b));
+    }
+    for (i, child) in column.children().iter().enumerate() {
+        all_buffers(child, format!("{path}.children[{i}]"), out);
+    }
+    if let Some(dict) = column.dictionary() {
+        all_buffers(&dict, format!("{path}.dictionary"), out);
+    }
+}
+
+/// The host memory ranges of every buffer of `data` and its descendants.
+fn arrow_ranges(data: &arrow_data::ArrayData, out: &mut Vec<(usize, usize)>) {
+    let mut add = |b: &arrow_buffer::Buffer| {
+        if !b.is_empty() {
+            out.push((b.as_ptr() as usize, b.as_ptr() as usize + b.len()));
+        }
+    };
+    data.buffers().iter().for_each(&mut add);
+    if let Some(nulls) = data.nulls() {
+        add(nulls.buffer());
+    }
+    for child in data.child_data() {
+        arrow_ranges(child, out);
+    }
+}
+
+#[test]
+fn device_columns_of_a_packed_batch_are_its_export() {
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    for batch in sample::sample_batches() {
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert_columns_are_the_export(&on_device);
+        // Packed: disjoint ranges of one allocation, which they fill up to its size.
+        let mut buffers = Vec::new();
+        for (i, column) in on_device.columns().iter().enumerate() {
+            assert_eq!(column.device_type(), ArrowDeviceType::CPU);
+            assert_eq!(column.device_id(), -1);
+            all_buffers(column, format!("column {i}"), &mut buffers);
+        }
+        let mut ranges: Vec<(usize, usize)> = buffers
+            .iter()
+            .map(|(_, b)| (b.address() as usize, b.address() as usize + b.len()))
+            .collect();
+        ranges.sort();
+        for pair in ranges.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "overlapping buffers {pair:?}");
+        }
+        let total: usize = ranges.iter().map(|(s, e)| e - s).sum();
+        assert!(total <= on_device.device_bytes());
+        if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
+            assert!(last.1 - first.0 <= on_device.device_bytes());
+        }
+    }
+}
+
+#[test]
+fn device_columns_of_an_imported_batch_are_its_export_and_stay_in_its_buffers() {
+    let batch = sample::every_type_batch();
+    let n = batch.num_rows();
+    for (offset, len) in [(0, n), (1, n - 2), (n, 0)] {
+        let data = StructArray::from(batch.clone()).into_data();
+        let mut ranges = Vec::new();
+        arrow_ranges(&data, &mut ranges);
+        let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+        let mut raw = array.into_raw();
+        // The root struct carries the slice: columns take its offset on.
+        raw.array.offset = offset as i64;
+        raw.array.length = len as i64;
+        // SAFETY: `raw` came from a DeviceArray; `offset + length <= n` rows, which every
+        // buffer covers.
+        let array = unsafe { devarrow_abi::DeviceArray::try_new(raw) }.unwrap();
+        let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+        assert_columns_are_the_export(&imported);
+        // Every length stays inside the arrow-rs buffer its address lies in.
+        let mut buffers = Vec::new();
+        for (i, column) in imported.columns().iter().enumerate() {
+            all_buffers(column, batch.schema().field(i).name().clone(), &mut buffers);
+        }
+        let mut checked = 0;
+        for (path, b) in &buffers {
+            let (start, end) = (b.address() as usize, b.address() as usize + b.len());
+            if let Some(range) = ranges.iter().find(|r| r.0 <= start && start < r.1) {
+                assert!(
+                    end <= range.1,
+                    "{path} ({:?}): {start:#x}..{end:#x} overruns {range:x?}",
+                    b.role()
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > buffers.len() / 2,
+            "{checked} of {} buffers checked",
+            buffers.len()
+        );
+    }
+}
+
+#[test]
+fn device_columns_reach_the_values() {
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    let batch = sample::every_type_batch();
+    let expected = batch
+        .column_by_name("int32")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<Int32Array>()
+        .unwrap()
+        .clone();
+    let on_device = transfer.to_device(&batch).unwrap();
+    let (array, schema) = on_device.export().unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(cpu(), array, &schema).unwrap();
+    for b in [&on_device, &imported] {
+        let column = b.column_by_name("int32").unwrap();
+        assert_eq!(column.data_type(), &DataType::Int32);
+        assert_eq!(column.null_count(), Some(expected.null_count()));
+        let values = column.values().unwrap();
+        assert_eq!(values.role(), devarrow_abi::layout::BufferRole::Values);
+        assert_eq!(values.len(), 4 * (column.offset() + column.len()));
+        let validity = column.validity().unwrap();
+        assert_eq!(validity.len(), (column.offset() + column.len()).div_ceil(8));
+        // SAFETY: CPU device memory is host memory; the batch (borrowed) keeps it alive
+        // and the CPU device's copies are complete when they return.
+        let (got, bits) = unsafe {
+            (
+                std::slice::from_raw_parts(values.as_ptr().cast::<i32>(), values.len() / 4),
+                std::slice::from_raw_parts(validity.as_ptr().cast::<u8>(), validity.len()),
+            )
+        };
+        for i in 0..column.len() {
+            let row = column.offset() + i;
+            let valid = bits[row / 8] & (1 << (row % 8)) != 0;
+            assert_eq!(valid, expected.is_valid(i), "row {i}");
+            if valid {
+                assert_eq!(got[row], expected.value(i), "row {i}");
+            }
+        }
+        // Types without a values buffer have none; a string column has offsets and data.
+        let utf8 = b.column_by_name("utf8").unwrap();
+        assert!(utf8.values().is_none());
+        assert_eq!(utf8.n_buffers(), 3);
+        assert_eq!(
+            utf8.buffer(1).unwrap().role(),
+            devarrow_abi::layout::BufferRole::Offsets
+        );
+        let list = b.column_by_name("list").unwrap();
+        assert_eq!(list.children().len(), 1);
+        assert_eq!(list.child(0).unwrap().data_type(), &DataType::Int32);
+        assert!(list.child(1).is_none());
+        assert!(list.dictionary().is_none());
+    }
 }

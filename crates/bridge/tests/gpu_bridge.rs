@@ -1205,3 +1205,567 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
     let (after, _) = run(&device);
     assert_eq!(after.unwrap(), batch);
 }
+
+/// Device data you can reach: columns as cudarc views, arrays from cudarc slices (the
+/// bridge's `cuda` feature). Your stream, your context: a device on the caller's stream,
+/// events ordering devarrow's stream and the caller's both ways.
+#[cfg(feature = "cuda")]
+mod cuda_interop {
+    use super::*;
+    use arrow_array::{Float64Array, Int32Array, TimestampMicrosecondArray};
+    use arrow_schema::{Field, Schema, TimeUnit};
+    use devarrow_cuda::cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+    use devarrow_cuda::cudarc::nvrtc::Ptx;
+    use devarrow_cuda::{BorrowedSlice, CudaArray, CudaError};
+
+    /// A user kernel: `dst[i] = src[i] + 1` for `i < n` (i32, wrapping), grid-stride.
+    const ADD_ONE_PTX: &str = r#"
+    .version 7.0
+    .target sm_70
+    .address_size 64
+
+    .visible .entry add_one_i32(
+        .param .u64 p_src,
+        .param .u64 p_dst,
+        .param .u64 p_n
+    )
+    {
+        .reg .pred %p<2>;
+        .reg .b32 %r<8>;
+        .reg .b64 %rd<12>;
+
+        ld.param.u64 %rd1, [p_src];
+        ld.param.u64 %rd2, [p_dst];
+        ld.param.u64 %rd3, [p_n];
+        cvta.to.global.u64 %rd1, %rd1;
+        cvta.to.global.u64 %rd2, %rd2;
+        mov.u32 %r1, %tid.x;
+        mov.u32 %r2, %ntid.x;
+        mov.u32 %r3, %ctaid.x;
+        mov.u32 %r4, %nctaid.x;
+        mul.wide.u32 %rd4, %r3, %r2;
+        cvt.u64.u32 %rd5, %r1;
+        add.u64 %rd4, %rd4, %rd5;
+        mul.wide.u32 %rd6, %r4, %r2;
+    ADD_ONE_LOOP:
+        setp.ge.u64 %p1, %rd4, %rd3;
+        @%p1 bra ADD_ONE_DONE;
+        shl.b64 %rd7, %rd4, 2;
+        add.u64 %rd8, %rd1, %rd7;
+        ld.global.u32 %r5, [%rd8];
+        add.u32 %r6, %r5, 1;
+        add.u64 %rd9, %rd2, %rd7;
+        st.global.u32 [%rd9], %r6;
+        add.u64 %rd4, %rd4, %rd6;
+        bra.uni ADD_ONE_LOOP;
+    ADD_ONE_DONE:
+        ret;
+    }
+    "#;
+
+    /// Enqueues the user kernel on `stream`: `dst[i] = src[i] + 1`.
+    fn launch_add_one(
+        stream: &Arc<CudaStream>,
+        src: &BorrowedSlice<'_, i32>,
+        dst: &mut CudaSlice<i32>,
+    ) {
+        assert!(dst.len() >= src.len());
+        let module = stream
+            .context()
+            .load_module(Ptx::from_src(ADD_ONE_PTX))
+            .unwrap();
+        let function = module.load_function("add_one_i32").unwrap();
+        let n = src.len() as u64;
+        let mut launch = stream.launch_builder(&function);
+        launch.arg(src).arg(dst).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (4, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes (u64 src, u64 dst, u64 n) and reads `n` i32s of `src`,
+        // writes `n` of `dst` (which holds at least as many), both alive until the stream's
+        // work is done (the view orders its batch's release after it).
+        unsafe { launch.launch(cfg) }.unwrap();
+    }
+
+    /// The caller's own context value (cudarc's event tracking on, as by default) and a
+    /// stream of it.
+    fn callers_stream() -> (Arc<CudaContext>, Arc<CudaStream>) {
+        let ctx = CudaContext::new(0).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        (ctx, stream)
+    }
+
+    fn ints_to_add_to(rows: usize) -> Int32Array {
+        Int32Array::from_iter((0..rows as i32).map(|i| match i {
+            5 => Some(i32::MAX),
+            i if i % 7 == 3 => None,
+            i => Some(i * 3 - 500),
+        }))
+    }
+
+    #[test]
+    fn a_column_as_a_cudarc_view_feeds_a_user_kernel_whose_output_comes_back() {
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let rows = 1000;
+        let ints = ints_to_add_to(rows);
+        let strings =
+            StringArray::from_iter((0..rows).map(|i| (i % 5 != 0).then(|| "ab".repeat(i % 4))));
+        let batch = RecordBatch::try_from_iter([
+            ("s", Arc::new(strings.clone()) as ArrayRef),
+            ("x", Arc::new(ints.clone()) as ArrayRef),
+        ])
+        .unwrap();
+        let mut transfer = transfer(&device);
+        let on_device = transfer.to_device(&batch).unwrap();
+
+        let column = on_device.column_by_name("x").unwrap();
+        assert_eq!(column.data_type(), &DataType::Int32);
+        assert_eq!(
+            (column.device_type(), column.device_id()),
+            (ArrowDeviceType::CUDA, 0)
+        );
+        assert_eq!((column.len(), column.offset()), (rows, 0));
+        assert_eq!(column.null_count(), Some(ints.null_count()));
+        let values = column.values().unwrap();
+        assert_eq!(values.len(), 4 * rows);
+        assert_eq!(values.role(), BufferRole::Values);
+        // Element types that do not fit the column are typed errors.
+        for err in [
+            column.cuda_values::<f32>(&stream).map(|_| ()).unwrap_err(),
+            column.cuda_values::<i64>(&stream).map(|_| ()).unwrap_err(),
+            on_device
+                .column_by_name("s")
+                .unwrap()
+                .cuda_values::<i32>(&stream)
+                .map(|_| ())
+                .unwrap_err(),
+        ] {
+            assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        }
+        // Any buffer as raw elements: the string offsets as i32 (not as i64: 4 * 1001 bytes).
+        let s = on_device.column_by_name("s").unwrap();
+        let offsets = s.buffer(1).unwrap();
+        assert_eq!(offsets.role(), BufferRole::Offsets);
+        let err = offsets.cuda_view::<i64>(&stream).unwrap_err();
+        assert!(matches!(err, CudaError::NotViewable { .. }), "{err:?}");
+        let offsets = offsets.cuda_view::<i32>(&stream).unwrap();
+        assert_eq!(
+            stream.clone_dtoh(&*offsets).unwrap(),
+            strings.value_offsets().to_vec()
+        );
+
+        // The user kernel reads the column through the view, on the caller's stream.
+        let input = column.cuda_values::<i32>(&stream).unwrap();
+        assert_eq!(input.len(), rows);
+        assert_eq!(input.device_ptr(), values.address());
+        assert_eq!(input.stream().cu_stream(), stream.cu_stream());
+        let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
+        launch_add_one(&stream, &input, &mut output);
+        let validity = column.cuda_validity(&stream).unwrap().unwrap();
+        let bits = stream.clone_dtod(&*validity).unwrap();
+        drop((input, validity, offsets));
+
+        // Its output becomes a device array of the column's type, then a batch, downloaded.
+        let result = CudaArray::with_validity(DataType::Int32, output, bits, None).unwrap();
+        assert_eq!(result.null_count(), ints.null_count(), "counted on the GPU");
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "x_plus_one",
+            DataType::Int32,
+            true,
+        )]));
+        let computed = DeviceBatch::from_cuda_arrays(device.clone(), schema, vec![result]).unwrap();
+        assert!(computed.is_imported());
+        let back = transfer.to_host(&computed).unwrap();
+        let expected = Int32Array::from_iter(ints.iter().map(|v| v.map(|v| v.wrapping_add(1))));
+        assert_eq!(back.column(0).as_ref(), &expected as &dyn Array);
+        drop(on_device);
+        drop(computed);
+        device.synchronize().unwrap();
+        assert!(device.primary_context().context().check_err().is_ok());
+    }
+
+    #[test]
+    fn a_dropped_view_orders_the_release_of_a_packed_batch_after_the_callers_kernel() {
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let rows = 4096;
+        let ints = Int32Array::from_iter_values(0..rows as i32);
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(ints) as ArrayRef)]).unwrap();
+        let mut transfer = transfer(&device);
+        // Staging allocated before the spins; pool memory that held other values.
+        let other = Int32Array::from_iter_values(std::iter::repeat_n(-7, rows));
+        let other = RecordBatch::try_from_iter([("x", Arc::new(other) as ArrayRef)]).unwrap();
+        drop(transfer.to_device(&other).unwrap());
+        let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
+        let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
+        // The upload is held back longer than the caller's spin below: the view's stream must
+        // wait for the batch's event, or the kernel reads the memory before the copies.
+        let held = DeviceBuffer::alloc(device.stream(), 4 * 256).unwrap();
+        // SAFETY: `held` holds 4 * 256 bytes, alive until the device is synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                device.stream(),
+                held.device_ptr(),
+                256,
+                0,
+                500_000_000,
+            )
+            .unwrap()
+        };
+        let on_device = transfer.to_device(&batch).unwrap();
+        let input = on_device
+            .column(0)
+            .unwrap()
+            .cuda_values::<i32>(&stream)
+            .unwrap();
+        let address = input.device_ptr();
+        // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                &stream,
+                scratch.device_ptr(),
+                256,
+                0,
+                200_000_000,
+            )
+            .unwrap()
+        };
+        launch_add_one(&stream, &input, &mut output);
+        let t = Instant::now();
+        drop(input);
+        drop(on_device);
+        assert!(
+            t.elapsed() < Duration::from_millis(150),
+            "dropping must not block the host"
+        );
+        // devarrow's stream freed the batch after waiting for the caller's kernel: memory it
+        // allocates now (likely the same, from its pool) and overwrites is overwritten after.
+        let mut reused = DeviceBuffer::alloc(device.stream(), 4 * rows).unwrap();
+        println!(
+            "the batch's memory was {}reused",
+            if reused.device_ptr() == address {
+                ""
+            } else {
+                "not "
+            }
+        );
+        reused.memset(device.stream(), 0xFF).unwrap();
+        let after = device.record_event().unwrap();
+        // SAFETY: the event is alive (we hold it).
+        unsafe {
+            assert_still_running(
+                event_of(after.as_sync_event_ptr()),
+                "devarrow's stream waits for the caller's kernel before the batch's memory is freed",
+            )
+        };
+        let got = stream.clone_dtoh(&output).unwrap();
+        let expected: Vec<i32> = (1..=rows as i32).collect();
+        assert_eq!(
+            got, expected,
+            "the kernel read the batch before its upload or after its release"
+        );
+        device.synchronize().unwrap();
+        drop((reused, held));
+    }
+
+    #[test]
+    fn an_imported_batch_is_released_only_after_the_work_on_its_views() {
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let rows = 4096;
+        let ints = Int32Array::from_iter_values(0..rows as i32);
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(ints) as ArrayRef)]).unwrap();
+        let on_device = transfer(&device).to_device(&batch).unwrap();
+        let (exported, _schema) = on_device.export().unwrap();
+        drop(on_device);
+        let (exported, count) = count_releases(exported);
+        let imported = DeviceBatch::import(device.clone(), exported, batch.schema()).unwrap();
+        let column = imported.column(0).unwrap();
+        assert_eq!(column.null_count(), Some(0));
+        assert!(column.validity().is_none());
+        let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
+        let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
+        let input = column.cuda_values::<i32>(&stream).unwrap();
+        // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                &stream,
+                scratch.device_ptr(),
+                256,
+                0,
+                300_000_000,
+            )
+            .unwrap()
+        };
+        launch_add_one(&stream, &input, &mut output);
+        let done = stream.record_event(None).unwrap();
+        drop(input);
+        // SAFETY: the event is alive (we hold it).
+        unsafe { assert_still_running(done.cu_event(), "the caller's kernel spins") };
+        assert_eq!(releases(&count), 0);
+        drop(imported);
+        assert_eq!(releases(&count), 1);
+        assert!(
+            done.try_is_complete().unwrap(),
+            "the foreign array was released before the caller's kernel was done"
+        );
+        let expected: Vec<i32> = (1..=rows as i32).collect();
+        assert_eq!(stream.clone_dtoh(&output).unwrap(), expected);
+        drop(scratch);
+    }
+
+    #[test]
+    fn a_device_on_the_callers_stream_orders_its_copies_after_the_callers_work() {
+        let (_lock, _device) = gpu_or_skip!();
+        let (ctx, stream) = callers_stream();
+        let err = CudaDevice::on_stream(ctx.per_thread_stream()).unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+        let device = Arc::new(CudaDevice::on_stream(stream.clone()).unwrap());
+        assert_eq!(device.stream().cu_stream(), stream.cu_stream());
+        assert_eq!(device.primary_context().id(), 0);
+        let batch = wide_batch(3, 1 << 14);
+        let mut transfer = transfer(&device);
+        assert_eq!(round_trip(&mut transfer, &batch), batch); // staging allocated before the spin
+        let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
+        // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                &stream,
+                scratch.device_ptr(),
+                256,
+                0,
+                300_000_000,
+            )
+            .unwrap()
+        };
+        let spun = stream.record_event(None).unwrap();
+        let t = Instant::now();
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(150),
+            "the upload must not wait on the host"
+        );
+        // SAFETY: the batch holds its event.
+        unsafe {
+            assert_still_running(
+                event_of(on_device.event().as_sync_event_ptr()),
+                "the copies are queued behind the caller's kernel",
+            )
+        };
+        on_device.event().wait_host().unwrap();
+        assert!(
+            spun.try_is_complete().unwrap(),
+            "a copy ran before the caller's kernel"
+        );
+        // Downloads, exports and imports run on the caller's stream too.
+        assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+        let (exported, schema) = on_device.export().unwrap();
+        let imported =
+            DeviceBatch::import_with_ffi_schema(device.clone(), exported, &schema).unwrap();
+        assert_eq!(transfer.to_host(&imported).unwrap(), batch);
+        drop((on_device, imported, scratch));
+        // The legacy default stream is a stream of the primary context too.
+        let legacy = Arc::new(CudaDevice::on_stream(ctx.default_stream()).unwrap());
+        assert_eq!(round_trip(&mut self::transfer(&legacy), &batch), batch);
+        assert!(ctx.check_err().is_ok());
+    }
+
+    #[test]
+    fn events_order_devarrow_and_the_callers_stream_both_ways_without_host_waits() {
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let batch = wide_batch(2, 1 << 12);
+        let mut transfer = transfer(&device);
+        assert_eq!(round_trip(&mut transfer, &batch), batch);
+        let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
+        let own = DeviceBuffer::alloc(device.stream(), 4 * 256).unwrap();
+
+        // devarrow waits for the caller: an upload after the caller's kernel.
+        // SAFETY: `scratch` holds 4 * 256 bytes, alive until the streams are synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                &stream,
+                scratch.device_ptr(),
+                256,
+                0,
+                300_000_000,
+            )
+            .unwrap()
+        };
+        let spun = stream.record_event(None).unwrap();
+        let t = Instant::now();
+        device.wait_for_stream(&stream).unwrap();
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(150), "no host wait");
+        // SAFETY: the batch holds its event.
+        unsafe {
+            assert_still_running(
+                event_of(on_device.event().as_sync_event_ptr()),
+                "devarrow's copies wait for the caller's kernel",
+            )
+        };
+        on_device.event().wait_host().unwrap();
+        assert!(
+            spun.try_is_complete().unwrap(),
+            "devarrow's copies ran before the caller's kernel was done"
+        );
+        assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+
+        // The caller waits for devarrow: work on the caller's stream after devarrow's.
+        // SAFETY: `own` holds 4 * 256 bytes, alive until the streams are synchronized.
+        unsafe {
+            devarrow_testing::spin::launch_spin_fill_u32(
+                device.stream(),
+                own.device_ptr(),
+                256,
+                0,
+                300_000_000,
+            )
+            .unwrap()
+        };
+        let spun = device.stream().record_event(None).unwrap();
+        let t = Instant::now();
+        device.make_stream_wait(&stream).unwrap();
+        let after = stream.record_event(None).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(150), "no host wait");
+        // SAFETY: the event is alive (we hold it).
+        unsafe {
+            assert_still_running(after.cu_event(), "the caller's stream waits for devarrow's")
+        };
+        after.synchronize().unwrap();
+        assert!(
+            spun.try_is_complete().unwrap(),
+            "the caller's stream went on before devarrow's work was done"
+        );
+        device.synchronize().unwrap();
+        drop((scratch, own));
+    }
+
+    #[test]
+    fn arrays_from_cudarc_slices_are_checked_against_their_type_and_download() {
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let ints: Vec<i64> = (0..10).map(|i| i * 1000 - 3).collect();
+        let floats: Vec<f64> = (0..10).map(|i| i as f64 / 4.0).collect();
+        let bits = [0b1010_1101u8, 0b10];
+
+        let err = CudaArray::from_values(DataType::Float32, stream.clone_htod(&[1i32, 2]).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CudaError::TypeMismatch {
+                    native: "i32",
+                    data_type: DataType::Float32
+                }
+            ),
+            "{err:?}"
+        );
+        let err = CudaArray::from_values(DataType::Utf8, stream.clone_htod(&[1i32]).unwrap())
+            .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        let err = CudaArray::with_validity(
+            DataType::Int64,
+            stream.clone_htod(&ints).unwrap(),
+            stream.clone_htod(&bits[..1]).unwrap(),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CudaError::BufferTooShort {
+                    buffer: "validity",
+                    bytes: 1,
+                    needed: 2
+                }
+            ),
+            "{err:?}"
+        );
+        let err = CudaArray::with_validity(
+            DataType::Int64,
+            stream.clone_htod(&ints).unwrap(),
+            stream.clone_htod(&bits).unwrap(),
+            Some(11),
+        )
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+
+        let make = || {
+            let a = CudaArray::with_validity(
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                stream.clone_htod(&ints).unwrap(),
+                stream.clone_htod(&bits).unwrap(),
+                None,
+            )
+            .unwrap();
+            let b = CudaArray::from_values(DataType::Float64, stream.clone_htod(&floats).unwrap())
+                .unwrap();
+            (a, b)
+        };
+        let (a, b) = make();
+        assert_eq!(a.null_count(), 4, "10 - the 6 bits set among the first 10");
+        assert_eq!((a.len(), b.null_count(), b.device_id()), (10, 0, 0));
+
+        // One array: an ArrowDeviceArray with a sync event, released once.
+        let (exported, count) = count_releases(b.export().unwrap());
+        assert_eq!(
+            (exported.device_type(), exported.device_id()),
+            (ArrowDeviceType::CUDA, 0)
+        );
+        assert!(!exported.sync_event().is_null());
+        assert_eq!(
+            (exported.array().length, exported.array().null_count),
+            (10, 0)
+        );
+        drop(exported);
+        assert_eq!(releases(&count), 1);
+
+        let fields = vec![
+            Field::new("t", a.data_type().clone(), true),
+            Field::new("f", DataType::Float64, false),
+        ];
+        // The fields must match the columns.
+        let err = CudaArray::export_struct(
+            vec![Field::new("t", DataType::Int64, true), fields[1].clone()].into(),
+            vec![a],
+        )
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+        let (a, b) = make();
+        let err = CudaArray::export_struct(
+            vec![fields[0].clone().with_nullable(false), fields[1].clone()].into(),
+            vec![a, b],
+        )
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+
+        let (a, b) = make();
+        let schema = Arc::new(Schema::new(fields));
+        let on_device =
+            DeviceBatch::from_cuda_arrays(device.clone(), schema.clone(), vec![a, b]).unwrap();
+        let back = transfer(&device).to_host(&on_device).unwrap();
+        let valid = |i: usize| bits[i / 8] & (1 << (i % 8)) != 0;
+        let expected = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(TimestampMicrosecondArray::from_iter(
+                    ints.iter().enumerate().map(|(i, v)| valid(i).then_some(*v)),
+                )),
+                Arc::new(Float64Array::from(floats.clone())),
+            ],
+        )
+        .unwrap();
+        assert_eq!(back, expected);
+        // The batch's columns are views of the slices.
+        let f = on_device
+            .column(1)
+            .unwrap()
+            .cuda_values::<f64>(&stream)
+            .unwrap();
+        assert_eq!(stream.clone_dtoh(&*f).unwrap(), floats);
+    }
+}

@@ -28,10 +28,13 @@ use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 use crate::primary_context::PrimaryContext;
 
-/// A CUDA device with its own non-blocking stream, as a [`devarrow_abi::device::Device`].
+/// A CUDA device with its own non-blocking stream ([`CudaDevice::open`],
+/// [`CudaDevice::new`]) or the caller's ([`CudaDevice::on_stream`]), as a
+/// [`devarrow_abi::device::Device`].
 ///
 /// Every copy, allocation and event of the device is enqueued on that one stream, in call
-/// order. Memory it allocates outlives it (each allocation holds the stream), so a
+/// order. [`CudaDevice::wait_for_stream`] and [`CudaDevice::make_stream_wait`] order it
+/// against another stream of the caller with an event, without blocking the host. Memory it allocates outlives it (each allocation holds the stream), so a
 /// `DeviceBatch` exported from it stays valid after the device is dropped.
 ///
 /// Cheap to share behind an `Arc`; usable from any thread (every call binds the device's
@@ -87,12 +90,77 @@ impl CudaDevice {
     /// Wraps an opened device, creating the device's own non-blocking stream.
     pub fn new(device: PrimaryContext) -> Result<Self> {
         let stream = device.new_stream()?;
-        Ok(Self {
+        Ok(Self::with(device, stream))
+    }
+
+    /// A device on the caller's stream: every allocation, copy, event, export and import
+    /// of this device (and of the `Transfer`s, streams and batches of `devarrow-bridge`
+    /// made on it) is enqueued on `stream`, in order with the caller's own work there.
+    ///
+    /// The device is the stream's (its context's ordinal). The stream must belong to
+    /// that device's **primary** context, the one devarrow works in (cudarc's
+    /// [`CudaContext::new`](cudarc::driver::CudaContext::new) and the CUDA runtime use
+    /// it); any other context is [`CudaError::NotPrimaryContext`]. The per-thread default
+    /// stream is refused ([`CudaError::InvalidArgument`]): devarrow frees memory on the
+    /// device's stream from whichever thread drops it. The legacy default stream is
+    /// accepted.
+    ///
+    /// The device holds the stream (its `Arc`), and so does every allocation made on it.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        context::check_keepable(&stream, "CudaDevice::on_stream")?;
+        let device = PrimaryContext::of_stream(&stream)?;
+        if stream.context().cu_ctx() != device.cu_context() {
+            return Err(CudaError::NotPrimaryContext {
+                device: device.id(),
+            });
+        }
+        Ok(Self::with(device, stream))
+    }
+
+    fn with(device: PrimaryContext, stream: Arc<CudaStream>) -> Self {
+        Self {
             device,
             stream: DropInContext::new(stream),
             copies: AtomicU64::new(0),
             descriptors: Mutex::new(DescriptorStaging::default()),
-        })
+        }
+    }
+
+    /// Makes the device's stream wait (on the GPU: the host is not blocked) for the work
+    /// queued on `stream` so far: an event is recorded on `stream` and the device's
+    /// stream waits on it. Copies, allocations and kernels devarrow enqueues afterwards
+    /// run after that work (e.g. after the caller's kernel that wrote a buffer devarrow
+    /// then exports or downloads). A no-op when `stream` is the device's stream.
+    pub fn wait_for_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.check_same_context(stream)?;
+        crate::memory::stream_waits_for(&self.stream, stream)
+    }
+
+    /// Makes `stream` wait (on the GPU: the host is not blocked) for the work queued on
+    /// the device's stream so far: an event is recorded on the device's stream and
+    /// `stream` waits on it. Work the caller enqueues on `stream` afterwards runs after
+    /// devarrow's uploads and downloads so far. A no-op when `stream` is the device's
+    /// stream.
+    pub fn make_stream_wait(&self, stream: &CudaStream) -> Result<()> {
+        self.check_same_context(stream)?;
+        crate::memory::stream_waits_for(stream, &self.stream)
+    }
+
+    /// Refuses a stream of another context than the device's.
+    fn check_same_context(&self, stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if ctx.ordinal() != self.device.id() {
+            return Err(CudaError::DeviceMismatch {
+                expected: self.device.id() as i64,
+                found: ctx.ordinal() as i64,
+            });
+        }
+        if ctx.cu_ctx() != self.device.cu_context() {
+            return Err(CudaError::NotPrimaryContext {
+                device: ctx.ordinal(),
+            });
+        }
+        Ok(())
     }
 
     /// The CUDA device.
@@ -238,6 +306,28 @@ unsafe impl Send for CudaSyncEvent {}
 unsafe impl Sync for CudaSyncEvent {}
 
 impl CudaSyncEvent {
+    /// Records a new event (`CU_EVENT_DISABLE_TIMING`) on `stream`, after all the work
+    /// queued there so far.
+    pub fn record(stream: &CudaStream) -> Result<Self> {
+        context::bind(stream.context())?;
+        let event = stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")?;
+        event.record(stream).call("cuEventRecord")?;
+        Ok(Self {
+            handle: Box::new(event.cu_event()),
+            event: DropInContext::new(event),
+        })
+    }
+
+    /// Makes `stream` wait (on the GPU, without blocking the host) for this event: work
+    /// queued on `stream` afterwards runs after the work before the event.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: the event is live: we own it.
+        unsafe { context::stream_wait_event(stream, self.cu_event()) }
+    }
+
     /// The `CUevent` handle (do not destroy it).
     pub fn cu_event(&self) -> sys::CUevent {
         *self.handle
@@ -425,6 +515,8 @@ unsafe impl Device for CudaDevice {
     }
 
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        // The event is made in devarrow's own `CudaContext` value of the primary
+        // context (the stream's may be the caller's, with its own stored errors).
         let event = self
             .device
             .context()

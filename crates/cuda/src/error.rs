@@ -76,6 +76,55 @@ pub enum CudaError {
     /// A bad argument (length, alignment, layout the CUDA export cannot represent, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A stream of a context that devarrow does not work in: devarrow allocates, copies
+    /// and records events in the **primary** context of each device, so a stream given
+    /// to it must belong to that context (the CUDA runtime's and cudarc's
+    /// `CudaContext::new` use it), not to a context made with `cuCtxCreate`.
+    #[error(
+        "the stream belongs to a context of CUDA device {device} other than its primary \
+         context; devarrow works in the primary context of each device"
+    )]
+    NotPrimaryContext {
+        /// The stream's device.
+        device: usize,
+    },
+    /// The Rust element type does not fit the Arrow data type (e.g. `f32` values for an
+    /// `Int32` array, or a view of `Utf8` values as `i32`).
+    #[error("{native} elements do not fit the Arrow data type {data_type}")]
+    TypeMismatch {
+        /// The Arrow data type.
+        data_type: arrow_schema::DataType,
+        /// The Rust element type (e.g. `i32`).
+        native: &'static str,
+    },
+    /// A buffer holds fewer bytes than its array needs.
+    #[error("the {buffer} buffer holds {bytes} bytes, but {needed} are needed")]
+    BufferTooShort {
+        /// Which buffer (e.g. `validity`).
+        buffer: &'static str,
+        /// Its size in bytes.
+        bytes: usize,
+        /// What the array needs.
+        needed: usize,
+    },
+    /// A device buffer cannot be viewed as a slice of the element type asked for: its
+    /// address is not aligned for it, or its length is not a multiple of its size.
+    #[error(
+        "a buffer of {bytes} bytes at {address:#x} cannot be viewed as [{element}] \
+         (size {size}, alignment {align})"
+    )]
+    NotViewable {
+        /// The buffer's device address.
+        address: u64,
+        /// The buffer's length in bytes.
+        bytes: usize,
+        /// The element type asked for.
+        element: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// Its alignment in bytes.
+        align: usize,
+    },
     /// An error of the Arrow C Device interface layer, kept as it is (its errno code
     /// included). Converting it back to a [`devarrow_abi::Error`] gives that error.
     #[error(transparent)]
@@ -127,6 +176,39 @@ impl std::fmt::Debug for CudaError {
             Self::InvalidArgument(message) => {
                 f.debug_tuple("InvalidArgument").field(message).finish()
             }
+            Self::NotPrimaryContext { device } => f
+                .debug_struct("NotPrimaryContext")
+                .field("device", device)
+                .finish(),
+            Self::TypeMismatch { data_type, native } => f
+                .debug_struct("TypeMismatch")
+                .field("data_type", data_type)
+                .field("native", native)
+                .finish(),
+            Self::BufferTooShort {
+                buffer,
+                bytes,
+                needed,
+            } => f
+                .debug_struct("BufferTooShort")
+                .field("buffer", buffer)
+                .field("bytes", bytes)
+                .field("needed", needed)
+                .finish(),
+            Self::NotViewable {
+                address,
+                bytes,
+                element,
+                size,
+                align,
+            } => f
+                .debug_struct("NotViewable")
+                .field("address", &format_args!("{address:#x}"))
+                .field("bytes", bytes)
+                .field("element", element)
+                .field("size", size)
+                .field("align", align)
+                .finish(),
             Self::Abi(e) => f.debug_tuple("Abi").field(e).finish(),
         }
     }

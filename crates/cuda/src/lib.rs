@@ -17,10 +17,14 @@
 //!   keep the producer's array unreleased).
 //! - [`kernels`]: hand-written PTX for validity bitmaps and copies, embedded at build
 //!   time and loaded once per context, with CPU reference implementations.
-//! - [`CudaDevice`]: one device and its own stream as a
-//!   [`devarrow_abi::device::Device`] (stream-ordered device memory, pinned staging,
-//!   asynchronous copies, `CUevent` sync events), which `devarrow-bridge` moves record
-//!   batches through.
+//! - [`CudaDevice`]: one device and its own stream, or the caller's
+//!   ([`CudaDevice::on_stream`]), as a [`devarrow_abi::device::Device`] (stream-ordered
+//!   device memory, pinned staging, asynchronous copies, `CUevent` sync events), which
+//!   `devarrow-bridge` moves record batches through.
+//! - cudarc interop: [`BorrowedSlice`] (someone else's device memory, e.g. a column of a
+//!   device-resident batch, as a cudarc slice/view on the caller's stream, which never
+//!   frees it) and [`CudaArray`] (an Arrow array built from cudarc slices, e.g. a
+//!   kernel's output, checked against its [`DeviceNative`] type and exportable).
 //!
 //! ## In four steps
 //!
@@ -79,18 +83,22 @@
 //! ```
 #![warn(missing_docs)]
 
+mod borrowed;
 mod context;
 mod device;
 mod driver;
 mod error;
 mod export;
+mod native;
 mod primary_context;
+mod slice_array;
 
 mod import;
 pub mod kernels;
 pub mod memory;
 pub mod pool;
 
+pub use borrowed::{AfterUse, BorrowedSlice};
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use device::{CudaDevice, CudaSyncEvent, PinnedStaging, TransferMemory};
@@ -100,6 +108,8 @@ pub use import::ImportedArray;
 pub use memory::{
     CudaMemory, CudaMemoryMut, DeviceBuffer, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,
 };
+pub use native::DeviceNative;
 pub use primary_context::{
     device_count, driver_available, list_devices, DeviceInfo, PrimaryContext,
 };
+pub use slice_array::CudaArray;

@@ -1,0 +1,326 @@
+//! [`CudaArray`]: an Arrow array built from cudarc slices (the output of a caller's
+//! kernel), checked against its data type, exportable as an `ArrowDeviceArray`.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow_data::ArrayData;
+use arrow_schema::{DataType, Fields};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use devarrow_abi::{ArrowDeviceType, DeviceArray};
+
+use crate::context::{self, DropInContext, InContext};
+use crate::error::{CudaError, Result};
+use crate::export::export_array_data;
+use crate::kernels;
+use crate::memory::{stream_waits_for, CudaMemory};
+use crate::native::DeviceNative;
+
+impl<T> InContext for CudaSlice<T> {
+    fn bound_context(&self) -> &CudaContext {
+        self.context()
+    }
+}
+
+/// A cudarc slice owned by an arrow-rs `Buffer`: dropped (cudarc frees it, in order on
+/// its stream) with the last reference to the buffer, with its context bound.
+struct SliceOwner<T> {
+    _slice: DropInContext<CudaSlice<T>>,
+}
+
+// SAFETY: the slice owns its device memory alone; cudarc makes `CudaSlice` Send and
+// Sync, and dropping it (freeing the memory) binds its context first, from any thread.
+unsafe impl<T> Send for SliceOwner<T> {}
+// SAFETY: nothing is reached through a shared reference (the owner is only dropped).
+unsafe impl<T> Sync for SliceOwner<T> {}
+impl<T> std::panic::RefUnwindSafe for SliceOwner<T> {}
+
+/// The slice's memory as an arrow-rs `Buffer` that owns the slice.
+///
+/// # Safety
+/// The `Buffer` points to device memory: it must never be read on the host, only its
+/// address and length used (as the export does).
+unsafe fn device_buffer<T: DeviceNative>(slice: CudaSlice<T>, ptr: u64) -> Buffer {
+    let bytes = slice.num_bytes();
+    let ptr = NonNull::new(ptr as *mut u8).unwrap_or(NonNull::<u64>::dangling().cast());
+    // SAFETY: `ptr..ptr + bytes` is the slice's allocation, alive as long as the owner
+    // (moved into the Arc) lives; the caller promises never to read it on the host.
+    unsafe {
+        Buffer::from_custom_allocation(
+            ptr,
+            bytes,
+            Arc::new(SliceOwner {
+                _slice: DropInContext::new(slice),
+            }),
+        )
+    }
+}
+
+/// The address of `slice` for reads on `stream`: where cudarc tracks events, `stream`
+/// first waits for the slice's last write on another stream.
+fn address_for_reads<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (ptr, _record_read) = slice.device_ptr(stream);
+    ptr
+}
+
+/// A validity bitmap slice, as the counting kernel takes memory.
+struct Bitmap {
+    ptr: u64,
+    len: usize,
+    device: i64,
+}
+
+impl CudaMemory for Bitmap {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA
+    }
+    fn device_id(&self) -> i64 {
+        self.device
+    }
+}
+
+/// A primitive Arrow array whose buffers are cudarc slices in CUDA device memory: the
+/// values (`CudaSlice<T>`, one element per row) and optionally a validity bitmap
+/// (`CudaSlice<u8>`, bit `i` set when row `i` is valid, LSB first).
+///
+/// Built by [`CudaArray::from_values`] and [`CudaArray::with_validity`], which check the
+/// slices against the data type (typed errors: [`CudaError::TypeMismatch`],
+/// [`CudaError::BufferTooShort`], [`CudaError::DeviceMismatch`]). The array owns the
+/// slices; they are freed (by cudarc, in order on their stream) when the array, or the
+/// consumer of its export, releases them.
+///
+/// Exported with [`CudaArray::export`] (one array) or [`CudaArray::export_struct`] (a
+/// struct array, i.e. a record batch, of several), with a sync event recorded on the
+/// values' stream: write the slices on that stream (or order the writes before it; where
+/// cudarc tracks events, writes on other streams are waited for). `devarrow-bridge`'s
+/// `DeviceBatch::from_cuda_arrays` imports such a batch, which its `Transfer` downloads.
+pub struct CudaArray {
+    /// Buffers in device memory, owning the slices: never read on the host.
+    data: ArrayData,
+    stream: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for CudaArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaArray")
+            .field("data_type", self.data.data_type())
+            .field("len", &self.data.len())
+            .field("null_count", &self.data.null_count())
+            .field("device", &self.stream.context().ordinal())
+            .finish()
+    }
+}
+
+impl CudaArray {
+    /// An array of `data_type` without nulls whose values are `values` (one element per
+    /// row). The slice is consumed (and freed on error).
+    ///
+    /// `T` must fit `data_type` ([`DeviceNative::fits`]): otherwise
+    /// [`CudaError::TypeMismatch`]. The per-thread default stream is refused
+    /// ([`CudaError::InvalidArgument`]): the slice is freed on its stream from whichever
+    /// thread releases the array.
+    pub fn from_values<T: DeviceNative>(data_type: DataType, values: CudaSlice<T>) -> Result<Self> {
+        Self::build(data_type, values, None)
+    }
+
+    /// An array of `data_type` whose values are `values` and whose validity bitmap is
+    /// `validity` (at least `ceil(len / 8)` bytes, else [`CudaError::BufferTooShort`]; on
+    /// the values' device, else [`CudaError::DeviceMismatch`]).
+    ///
+    /// `null_count`: the number of unset bits among the first `len`; `None` counts them
+    /// on the GPU (on the values' stream, after the bitmap is written), which blocks the
+    /// host until counted. A count above `len` is [`CudaError::InvalidArgument`].
+    pub fn with_validity<T: DeviceNative>(
+        data_type: DataType,
+        values: CudaSlice<T>,
+        validity: CudaSlice<u8>,
+        null_count: Option<usize>,
+    ) -> Result<Self> {
+        Self::build(data_type, values, Some((validity, null_count)))
+    }
+
+    fn build<T: DeviceNative>(
+        data_type: DataType,
+        values: CudaSlice<T>,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        if !T::fits(&data_type) || matches!(data_type, DataType::Dictionary(_, _)) {
+            return Err(CudaError::TypeMismatch {
+                data_type,
+                native: T::NAME,
+            });
+        }
+        let stream = values.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        let ctx = stream.context().clone();
+        let len = values.len();
+        let values_ptr = address_for_reads(&values, &stream);
+        let mut builder = ArrayData::builder(data_type).len(len);
+        if let Some((validity, null_count)) = validity {
+            let needed = len.div_ceil(8);
+            if validity.len() < needed {
+                return Err(CudaError::BufferTooShort {
+                    buffer: "validity",
+                    bytes: validity.len(),
+                    needed,
+                });
+            }
+            let vctx = validity.context();
+            if vctx.ordinal() != ctx.ordinal() {
+                return Err(CudaError::DeviceMismatch {
+                    expected: ctx.ordinal() as i64,
+                    found: vctx.ordinal() as i64,
+                });
+            }
+            if vctx.cu_ctx() != ctx.cu_ctx() {
+                return Err(CudaError::InvalidArgument(
+                    "the validity slice belongs to another CUDA context than the values".into(),
+                ));
+            }
+            if let Some(n) = null_count.filter(|&n| n > len) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "a null count of {n} for {len} rows"
+                )));
+            }
+            // The export's event is recorded on the values' stream: order the bitmap's
+            // writes before it.
+            stream_waits_for(&stream, validity.stream())?;
+            let bitmap_ptr = address_for_reads(&validity, &stream);
+            let null_count = match null_count {
+                Some(n) => n,
+                None => {
+                    let bitmap = Bitmap {
+                        ptr: bitmap_ptr,
+                        len: validity.len(),
+                        device: ctx.ordinal() as i64,
+                    };
+                    len - kernels::count_set_bits(&stream, &bitmap, 0, len)? as usize
+                }
+            };
+            // SAFETY: the buffer is only exported (address and length), never read.
+            let bits = unsafe { device_buffer(validity, bitmap_ptr) };
+            // `BooleanBuffer::new` checks the length only (8 bits per byte), reads nothing.
+            let bits = BooleanBuffer::new(bits, 0, len);
+            // SAFETY: `null_count` is the number of unset bits among the first `len`
+            // (counted above, or the caller's count, which arrow-rs never checks here:
+            // the buffer is not read on the host).
+            builder = builder.nulls(Some(unsafe { NullBuffer::new_unchecked(bits, null_count) }));
+        }
+        // SAFETY: the buffer is only exported (address and length), never read.
+        let values = unsafe { device_buffer(values, values_ptr) };
+        // SAFETY: a fixed-width array of `len` rows: one values buffer of `len` elements
+        // of the type's width (`T` fits the type), and a bitmap of at least `len` bits
+        // with its null count (checked above); `build_unchecked` reads no buffer.
+        let data = unsafe { builder.add_buffer(values).build_unchecked() };
+        Ok(Self { data, stream })
+    }
+
+    /// The data type.
+    pub fn data_type(&self) -> &DataType {
+        self.data.data_type()
+    }
+
+    /// The number of rows.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The number of nulls.
+    pub fn null_count(&self) -> usize {
+        self.data.null_count()
+    }
+
+    /// The values' stream: exports record their event there.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The CUDA device (ordinal).
+    pub fn device_id(&self) -> usize {
+        self.stream.context().ordinal()
+    }
+
+    /// Exports the array as an `ArrowDeviceArray` (`ARROW_DEVICE_CUDA`, the slices'
+    /// device) whose `sync_event` is recorded now on the values' stream; the slices are
+    /// freed when the consumer releases it.
+    pub fn export(self) -> Result<DeviceArray> {
+        export_array_data(self.data, ArrowDeviceType::CUDA, &self.stream)
+    }
+
+    /// Exports `columns` as one struct array (a record batch) with `fields`: one field
+    /// per column, of the column's data type, not
+    /// nullable only for columns without nulls; all columns of the same length and
+    /// context, at least one. The sync event is recorded on the first column's stream,
+    /// after waiting (on the GPU) for the work queued so far on the other columns'
+    /// streams.
+    pub fn export_struct(fields: Fields, columns: Vec<CudaArray>) -> Result<DeviceArray> {
+        let Some(first) = columns.first() else {
+            return Err(CudaError::InvalidArgument(
+                "a struct array of no column (at least one is needed)".into(),
+            ));
+        };
+        let (len, stream) = (first.len(), first.stream.clone());
+        if fields.len() != columns.len() {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} fields for {} columns",
+                fields.len(),
+                columns.len()
+            )));
+        }
+        let mut children = Vec::with_capacity(columns.len());
+        for (field, column) in fields.iter().zip(columns) {
+            if field.data_type() != column.data_type() {
+                return Err(CudaError::InvalidArgument(format!(
+                    "column {:?}: the field is {} but the column {}",
+                    field.name(),
+                    field.data_type(),
+                    column.data_type()
+                )));
+            }
+            if column.len() != len {
+                return Err(CudaError::InvalidArgument(format!(
+                    "column {:?} has {} rows, the first {len}",
+                    field.name(),
+                    column.len()
+                )));
+            }
+            if !field.is_nullable() && column.null_count() > 0 {
+                return Err(CudaError::InvalidArgument(format!(
+                    "column {:?} is not nullable but has {} nulls",
+                    field.name(),
+                    column.null_count()
+                )));
+            }
+            let ctx = column.stream.context();
+            if ctx.cu_ctx() != stream.context().cu_ctx() {
+                return Err(CudaError::DeviceMismatch {
+                    expected: stream.context().ordinal() as i64,
+                    found: ctx.ordinal() as i64,
+                });
+            }
+            stream_waits_for(&stream, &column.stream)?;
+            children.push(column.data);
+        }
+        // SAFETY: a struct array of `len` rows without nulls whose children (checked
+        // above) all have `len` rows and the fields' types; no buffer is read.
+        let data = unsafe {
+            ArrayData::builder(DataType::Struct(fields))
+                .len(len)
+                .child_data(children)
+                .build_unchecked()
+        };
+        export_array_data(data, ArrowDeviceType::CUDA, &stream)
+    }
+}
