@@ -13,10 +13,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{cdylib, python, show, skip};
+use common::{cdylib, python, run_with_limit, show, skip};
 
 /// The compiler: `$CXX`, else `g++`.
 fn cxx() -> String {
@@ -77,29 +77,6 @@ fn compiler_available(cxx: &str) -> Result<(), String> {
         Ok(o) if !o.status.success() => Err(format!("{cxx} --version failed: {}", show(&o))),
         Ok(_) => Ok(()),
     }
-}
-
-/// Runs `cmd`, killing it after `limit`; returns its output and whether it timed out.
-fn run_with_limit(cmd: &mut Command, limit: Duration) -> (std::process::Output, bool) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let deadline = Instant::now() + limit;
-    let mut timed_out = false;
-    while child.try_wait().expect("wait for the program").is_none() {
-        if Instant::now() >= deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (
-        child.wait_with_output().expect("collect the output"),
-        timed_out,
-    )
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! What the interop tests share: the Python interpreter to use, skipping (or failing when
-//! `DEVARROW_REQUIRE_PYARROW=1`), and the path of the cdylib.
+//! `DEVARROW_REQUIRE_PYARROW=1`), the path of the cdylib, and running a program under a
+//! time limit.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub fn python() -> String {
     std::env::var("DEVARROW_PYTHON")
@@ -80,4 +82,27 @@ pub fn cdylib() -> PathBuf {
         lib.display()
     );
     lib
+}
+
+/// Runs `cmd`, killing it after `limit`; returns its output and whether it timed out.
+pub fn run_with_limit(cmd: &mut Command, limit: Duration) -> (std::process::Output, bool) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let deadline = Instant::now() + limit;
+    let mut timed_out = false;
+    while child.try_wait().expect("wait for the program").is_none() {
+        if Instant::now() >= deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (
+        child.wait_with_output().expect("collect the output"),
+        timed_out,
+    )
 }
