@@ -152,9 +152,9 @@ fn live_host_bytes() -> isize {
 fn eight_threads_on_the_cpu_device() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let open = || Arc::new(CpuDevice::new()) as Arc<dyn Device>;
-    stress(&open, Duration::from_millis(200)); // warm-up: lazily made statics
+    stress(open, Duration::from_millis(200)); // warm-up: lazily made statics
     let before = live_host_bytes();
-    let batches = stress(&open, seconds(10));
+    let batches = stress(open, seconds(10));
     let after = live_host_bytes();
     println!("{batches} batches; host bytes live {before} -> {after}");
     assert!(batches >= THREADS);
@@ -179,9 +179,9 @@ fn eight_threads_each_on_its_own_cuda_stream() {
         dev.trim_memory_pool().unwrap();
         dev.memory_info().unwrap().0
     };
-    stress(&open, Duration::from_millis(500));
+    stress(open, Duration::from_millis(500));
     let (device_before, host_before) = (free_device_memory(), live_host_bytes());
-    let batches = stress(&open, seconds(60));
+    let batches = stress(open, seconds(60));
     let (device_after, host_after) = (free_device_memory(), live_host_bytes());
     println!(
         "{batches} batches; device bytes free {device_before} -> {device_after}; host bytes \
