@@ -40,7 +40,8 @@ use devarrow_bridge::{
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
-    kernels, CudaDevice, CudaMemory as _, CudaStream, DeviceBuffer, ImportedArray, PrimaryContext,
+    kernels, CudaDevice, CudaDeviceOptions, CudaMemory as _, CudaStream, DeviceBuffer, HostWait,
+    ImportedArray, PrimaryContext,
 };
 use devarrow_testing::gpu::assert_still_running;
 use devarrow_testing::sample;
@@ -1204,6 +1205,43 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
     // The device works on.
     let (after, _) = run(&device);
     assert_eq!(after.unwrap(), batch);
+}
+
+/// The CUDA path's choices (decided by a GPU run): blocking host waits and reused
+/// events move the same bytes; with reuse, a pipeline creates about as many events as it
+/// holds at once, not one per chunk.
+#[test]
+fn events_are_reused_and_host_waits_may_block() {
+    let (_lock, device) = gpu_or_skip!();
+    let batch = wide_batch(4, 200_000);
+    let options = TransferOptions::default();
+    for (host_wait, reuse) in [
+        (HostWait::Spin, true),
+        (HostWait::Block, true),
+        (HostWait::Spin, false),
+    ] {
+        let cuda = CudaDevice::new(device.primary_context().clone())
+            .unwrap()
+            .with_options(
+                CudaDeviceOptions::default()
+                    .host_wait(host_wait)
+                    .reuse_events(reuse),
+            );
+        let cuda = Arc::new(cuda);
+        let mut transfer = Transfer::new(cuda.clone(), options);
+        let rounds = 10;
+        for _ in 0..rounds {
+            let on_device = transfer.to_device(&batch).unwrap();
+            assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+        }
+        let created = cuda.events_created();
+        println!("{host_wait:?}, reuse {reuse}: {created} events created for {rounds} round trips");
+        if reuse {
+            assert!(created <= 16, "{created} events created with reuse on");
+        } else {
+            assert!(created >= rounds, "{created} events created with reuse off");
+        }
+    }
 }
 
 /// Device data you can reach: columns as cudarc views, arrays from cudarc slices (the

@@ -44,7 +44,79 @@ pub struct CudaDevice {
     stream: DropInContext<Arc<CudaStream>>,
     copies: AtomicU64,
     descriptors: Mutex<DescriptorStaging>,
+    options: CudaDeviceOptions,
+    events: Arc<EventPool>,
 }
+
+/// How the host waits for the GPU ([`CudaDeviceOptions::host_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostWait {
+    /// The driver's default: the waiting thread spins (and yields), for the lowest
+    /// latency at the cost of a busy core.
+    #[default]
+    Spin,
+    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`): no busy core while the
+    /// pipeline waits on a staging chunk, at some wake-up latency.
+    Block,
+}
+
+/// The choices of a [`CudaDevice`] that a GPU run decides (see `docs/gpu-results.md`):
+/// exercised on the emulated driver, their defaults to be chosen by the transfer bench
+/// on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaDeviceOptions {
+    /// How host waits on the device's events block ([`HostWait::Spin`] by default).
+    pub host_wait: HostWait,
+    /// Whether the events recorded on the device's stream (one per staging chunk and per
+    /// batch) come back to a pool for reuse when dropped, instead of a `cuEventCreate`
+    /// and `cuEventDestroy` each (on by default).
+    pub reuse_events: bool,
+}
+
+impl Default for CudaDeviceOptions {
+    fn default() -> Self {
+        Self {
+            host_wait: HostWait::Spin,
+            reuse_events: true,
+        }
+    }
+}
+
+impl CudaDeviceOptions {
+    /// The options with [`CudaDeviceOptions::host_wait`] set to `wait`.
+    pub fn host_wait(mut self, wait: HostWait) -> Self {
+        self.host_wait = wait;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::reuse_events`] set to `reuse`.
+    pub fn reuse_events(mut self, reuse: bool) -> Self {
+        self.reuse_events = reuse;
+        self
+    }
+
+    fn event_flags(&self) -> sys::CUevent_flags {
+        match self.host_wait {
+            HostWait::Spin => sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            // cudarc's flags are an enum, one flag at a time: a blocking event keeps
+            // timing enabled (a little more work per record, never read).
+            HostWait::Block => sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC,
+        }
+    }
+}
+
+/// Events of one device, for reuse: an event whose [`CudaSyncEvent`] dropped has no
+/// consumer left (a wait enqueued on it captured its state when it was enqueued), so it
+/// may be recorded again.
+#[derive(Debug, Default)]
+struct EventPool {
+    free: Mutex<Vec<CudaEvent>>,
+    created: AtomicU64,
+}
+
+/// At most this many idle events are kept per device.
+const MAX_IDLE_EVENTS: usize = 256;
 
 /// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
 /// uploaded from (reused by every call), and the event after its last upload: the next
@@ -123,7 +195,28 @@ impl CudaDevice {
             stream: DropInContext::new(stream),
             copies: AtomicU64::new(0),
             descriptors: Mutex::new(DescriptorStaging::default()),
+            options: CudaDeviceOptions::default(),
+            events: Arc::default(),
         }
+    }
+
+    /// The device with `options` (set before the device is shared: events already
+    /// pooled are dropped).
+    pub fn with_options(mut self, options: CudaDeviceOptions) -> Self {
+        self.options = options;
+        self.events = Arc::default();
+        self
+    }
+
+    /// The device's options.
+    pub fn options(&self) -> CudaDeviceOptions {
+        self.options
+    }
+
+    /// How many events the device has created (`cuEventCreate`) for its sync events so
+    /// far: with [`CudaDeviceOptions::reuse_events`], about as many as are alive at once.
+    pub fn events_created(&self) -> u64 {
+        self.events.created.load(Ordering::Relaxed)
     }
 
     /// Makes the device's stream wait (on the GPU: the host is not blocked) for the work
@@ -294,7 +387,22 @@ unsafe impl StagingMemory for PinnedStaging {
 pub struct CudaSyncEvent {
     /// Where `sync_event` points: the handle, boxed so its address never changes.
     handle: Box<sys::CUevent>,
-    event: DropInContext<CudaEvent>,
+    /// Always `Some` until dropped.
+    event: Option<DropInContext<CudaEvent>>,
+    /// Where the event goes back to when this value drops (else it is destroyed).
+    recycle: Option<Arc<EventPool>>,
+}
+
+impl Drop for CudaSyncEvent {
+    fn drop(&mut self) {
+        let (Some(event), Some(pool)) = (self.event.take(), self.recycle.take()) else {
+            return;
+        };
+        let mut free = pool.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < MAX_IDLE_EVENTS {
+            free.push(event.into_inner());
+        }
+    }
 }
 
 // SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which cudarc makes
@@ -317,8 +425,13 @@ impl CudaSyncEvent {
         event.record(stream).call("cuEventRecord")?;
         Ok(Self {
             handle: Box::new(event.cu_event()),
-            event: DropInContext::new(event),
+            event: Some(DropInContext::new(event)),
+            recycle: None,
         })
+    }
+
+    fn event(&self) -> &CudaEvent {
+        self.event.as_ref().expect("present until dropped")
     }
 
     /// Makes `stream` wait (on the GPU, without blocking the host) for this event: work
@@ -335,7 +448,7 @@ impl CudaSyncEvent {
 
     /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
     pub fn is_complete(&self) -> Result<bool> {
-        self.event.try_is_complete().call("cuEventQuery")
+        self.event().try_is_complete().call("cuEventQuery")
     }
 }
 
@@ -346,7 +459,7 @@ unsafe impl SyncEvent for CudaSyncEvent {
         (&*self.handle as *const sys::CUevent).cast_mut().cast()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
-        context::sync_event(&self.event)?;
+        context::sync_event(self.event())?;
         Ok(())
     }
 }
@@ -515,17 +628,33 @@ unsafe impl Device for CudaDevice {
     }
 
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
-        // The event is made in devarrow's own `CudaContext` value of the primary
-        // context (the stream's may be the caller's, with its own stored errors).
-        let event = self
-            .device
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .call("cuEventCreate")?;
+        let pooled = if self.options.reuse_events {
+            self.events
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+        } else {
+            None
+        };
+        let event = match pooled {
+            Some(event) => event,
+            None => {
+                self.events.created.fetch_add(1, Ordering::Relaxed);
+                // The event is made in devarrow's own `CudaContext` value of the primary
+                // context (the stream's may be the caller's, with its own stored errors).
+                self.device
+                    .context()
+                    .new_event(Some(self.options.event_flags()))
+                    .call("cuEventCreate")?
+            }
+        };
+        let event = DropInContext::new(event);
         event.record(&self.stream).call("cuEventRecord")?;
         Ok(Arc::new(CudaSyncEvent {
             handle: Box::new(event.cu_event()),
-            event: DropInContext::new(event),
+            event: Some(event),
+            recycle: self.options.reuse_events.then(|| self.events.clone()),
         }))
     }
 

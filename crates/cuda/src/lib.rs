@@ -101,7 +101,9 @@ pub mod pool;
 pub use borrowed::{AfterUse, BorrowedSlice};
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-pub use device::{CudaDevice, CudaSyncEvent, PinnedStaging, TransferMemory};
+pub use device::{
+    CudaDevice, CudaDeviceOptions, CudaSyncEvent, HostWait, PinnedStaging, TransferMemory,
+};
 pub use error::{CudaError, Result};
 pub use export::export_array_data;
 pub use import::ImportedArray;
