@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Assembles every kernels/*.ptx (and the test kernels, tests/support/*.ptx) with ptxas for sm_70 and sm_90 and fails on any error.
+# Assembles every kernels/*.ptx (and the test and example kernels, tests/support/*.ptx, examples/*.ptx) with ptxas for sm_70 and sm_90 and fails on any error.
 #
 # Uses `ptxas` from PATH (or $PTXAS) when present; otherwise installs the pinned
 # nvidia-cuda-nvcc-cu12 wheel (which ships ptxas, no GPU or driver needed) into a venv
@@ -42,7 +42,7 @@ fi
 echo "using $PTXAS_BIN ($("$PTXAS_BIN" --version | tail -n 1))"
 
 shopt -s nullglob
-files=("$ROOT"/kernels/*.ptx "$ROOT"/tests/support/*.ptx)
+files=("$ROOT"/kernels/*.ptx "$ROOT"/tests/support/*.ptx "$ROOT"/examples/*.ptx)
 if [[ ${#files[@]} -eq 0 ]]; then
     echo "error: no kernels/*.ptx found" >&2
     exit 1

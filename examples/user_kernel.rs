@@ -28,49 +28,7 @@ use devarrow::cuda::cudarc::nvrtc::Ptx;
 use devarrow::cuda::{CudaArray, CudaDevice, PrimaryContext};
 
 /// `dst[i] = src[i] + 1` for `i < n` (i32, wrapping), grid-stride.
-const ADD_ONE_PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry add_one_i32(
-    .param .u64 p_src,
-    .param .u64 p_dst,
-    .param .u64 p_n
-)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<12>;
-
-    ld.param.u64 %rd1, [p_src];
-    ld.param.u64 %rd2, [p_dst];
-    ld.param.u64 %rd3, [p_n];
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd2, %rd2;
-    mov.u32 %r1, %tid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd4, %r3, %r2;
-    cvt.u64.u32 %rd5, %r1;
-    add.u64 %rd4, %rd4, %rd5;
-    mul.wide.u32 %rd6, %r4, %r2;
-ADD_ONE_LOOP:
-    setp.ge.u64 %p1, %rd4, %rd3;
-    @%p1 bra ADD_ONE_DONE;
-    shl.b64 %rd7, %rd4, 2;
-    add.u64 %rd8, %rd1, %rd7;
-    ld.global.u32 %r5, [%rd8];
-    add.u32 %r6, %r5, 1;
-    add.u64 %rd9, %rd2, %rd7;
-    st.global.u32 [%rd9], %r6;
-    add.u64 %rd4, %rd4, %rd6;
-    bra.uni ADD_ONE_LOOP;
-ADD_ONE_DONE:
-    ret;
-}
-"#;
+const ADD_ONE_PTX: &str = include_str!("add_one.ptx");
 
 /// The column the kernel runs on.
 const COLUMN: &str = "x";
