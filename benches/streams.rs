@@ -55,11 +55,9 @@ fn reader_of(batches: &[RecordBatch]) -> Box<dyn arrow_array::RecordBatchReader 
     ))
 }
 
+/// Bytes of Arrow buffers, every allocation once (as the main job's `data:` line).
 fn payload_bytes(batches: &[RecordBatch]) -> u64 {
-    batches
-        .iter()
-        .map(|b| b.get_array_memory_size() as u64)
-        .sum()
+    devarrow_cli::footprint::arrow_bytes(batches) as u64
 }
 
 /// Benchmarks `consume` (given each batch exported on `device`, and its index) over

@@ -18,82 +18,112 @@ use devarrow::abi::device::{Device, DeviceMemory, StagingMemory};
 use devarrow::abi::Result;
 
 /// Raw copies of one byte count between the host and a device.
+///
+/// The pinned and the pageable host buffers are allocated by [`RawCopy::new`], or, with
+/// [`RawCopy::lazy`], by the first copy that needs each; [`RawCopy::release_pinned`] and
+/// [`RawCopy::release_pageable`] free them (the next copy allocates them again), so that
+/// a caller measuring one kind after the other holds one host copy of the bytes at a
+/// time.
 #[derive(Debug)]
 pub struct RawCopy {
     device: Arc<dyn Device>,
     device_memory: Arc<dyn DeviceMemory>,
-    pinned: Box<dyn StagingMemory>,
-    pageable: Vec<u8>,
+    bytes: usize,
+    pinned: Option<Box<dyn StagingMemory>>,
+    pageable: Option<Vec<u8>>,
 }
 
 impl RawCopy {
     /// Allocates `bytes` of device memory, of pinned staging memory and of pageable memory.
     pub fn new(device: Arc<dyn Device>, bytes: usize) -> Result<Self> {
+        let mut raw = Self::lazy(device, bytes)?;
+        raw.pinned()?;
+        raw.pageable();
+        Ok(raw)
+    }
+
+    /// Allocates `bytes` of device memory; the host buffers come with the first copy
+    /// that uses each.
+    pub fn lazy(device: Arc<dyn Device>, bytes: usize) -> Result<Self> {
         let device_memory = device.allocate(bytes)?;
-        let mut pinned = device.allocate_staging(bytes)?;
-        pinned.as_mut_slice().fill(0x5a);
         Ok(Self {
             device,
             device_memory,
-            pinned,
-            pageable: vec![0xa5; bytes],
+            bytes,
+            pinned: None,
+            pageable: None,
         })
     }
 
     /// The byte count of every copy.
     pub fn bytes(&self) -> usize {
-        self.pageable.len()
+        self.bytes
+    }
+
+    /// The pinned buffer, allocated (and filled) if it is not there.
+    fn pinned(&mut self) -> Result<&mut Box<dyn StagingMemory>> {
+        let pinned = match self.pinned.take() {
+            Some(pinned) => pinned,
+            None => {
+                let mut pinned = self.device.allocate_staging(self.bytes)?;
+                pinned.as_mut_slice().fill(0x5a);
+                pinned
+            }
+        };
+        Ok(self.pinned.insert(pinned))
+    }
+
+    /// The pageable buffer, allocated (and filled) if it is not there.
+    fn pageable(&mut self) -> &mut Vec<u8> {
+        let bytes = self.bytes;
+        self.pageable.get_or_insert_with(|| vec![0xa5; bytes])
+    }
+
+    /// Frees the pinned buffer (the next pinned copy allocates it again).
+    pub fn release_pinned(&mut self) {
+        self.pinned = None;
+    }
+
+    /// Frees the pageable buffer (the next pageable copy allocates it again).
+    pub fn release_pageable(&mut self) {
+        self.pageable = None;
     }
 
     /// One host-to-device copy from pinned memory, then waits for it.
     pub fn pinned_to_device(&mut self) -> Result<()> {
-        let src = self.pinned.as_slice().as_ptr();
+        let (len, dst) = (self.bytes, self.device_memory.address());
+        let src = self.pinned()?.as_slice().as_ptr();
         // SAFETY: `src` and the device memory both hold `bytes()` bytes and outlive the
         // copy, which `synchronize` waits for before returning.
-        unsafe {
-            self.device
-                .copy_to_device(src, self.device_memory.address(), self.bytes())?
-        };
+        unsafe { self.device.copy_to_device(src, dst, len)? };
         self.device.synchronize()
     }
 
     /// One device-to-host copy into pinned memory, then waits for it.
     pub fn pinned_to_host(&mut self) -> Result<()> {
-        let len = self.bytes();
-        let dst = self.pinned.as_mut_slice().as_mut_ptr();
+        let (len, src) = (self.bytes, self.device_memory.address());
+        let dst = self.pinned()?.as_mut_slice().as_mut_ptr();
         // SAFETY: as in `pinned_to_device`; the pinned buffer is not read before the copy
         // has completed.
-        unsafe {
-            self.device
-                .copy_to_host(self.device_memory.address(), dst, len)?
-        };
+        unsafe { self.device.copy_to_host(src, dst, len)? };
         self.device.synchronize()
     }
 
     /// One host-to-device copy from pageable memory, then waits for it.
     pub fn pageable_to_device(&mut self) -> Result<()> {
+        let (len, dst) = (self.bytes, self.device_memory.address());
+        let src = self.pageable().as_ptr();
         // SAFETY: as in `pinned_to_device`.
-        unsafe {
-            self.device.copy_to_device(
-                self.pageable.as_ptr(),
-                self.device_memory.address(),
-                self.pageable.len(),
-            )?
-        };
+        unsafe { self.device.copy_to_device(src, dst, len)? };
         self.device.synchronize()
     }
 
     /// One device-to-host copy into pageable memory, then waits for it.
     pub fn pageable_to_host(&mut self) -> Result<()> {
-        let len = self.pageable.len();
+        let (len, src) = (self.bytes, self.device_memory.address());
+        let dst = self.pageable().as_mut_ptr();
         // SAFETY: as in `pinned_to_host`.
-        unsafe {
-            self.device.copy_to_host(
-                self.device_memory.address(),
-                self.pageable.as_mut_ptr(),
-                len,
-            )?
-        };
+        unsafe { self.device.copy_to_host(src, dst, len)? };
         self.device.synchronize()
     }
 }
@@ -187,11 +217,24 @@ mod tests {
         let mut raw = RawCopy::new(device.clone(), 1000).unwrap();
         raw.pinned_to_device().unwrap();
         raw.pageable_to_host().unwrap();
-        assert!(raw.pageable.iter().all(|&b| b == 0x5a));
-        raw.pageable.fill(7);
+        assert!(raw.pageable().iter().all(|&b| b == 0x5a));
+        raw.pageable().fill(7);
         raw.pageable_to_device().unwrap();
         raw.pinned_to_host().unwrap();
-        assert!(raw.pinned.as_slice().iter().all(|&b| b == 7));
+        assert!(raw.pinned().unwrap().as_slice().iter().all(|&b| b == 7));
+
+        // Lazy: one host buffer at a time, allocated by the copy that needs it.
+        let mut raw = RawCopy::lazy(device.clone(), 1000).unwrap();
+        assert!(raw.pinned.is_none() && raw.pageable.is_none());
+        raw.pinned_to_device().unwrap();
+        raw.pinned_to_host().unwrap();
+        assert!(raw.pinned.is_some() && raw.pageable.is_none());
+        raw.release_pinned();
+        raw.pageable_to_host().unwrap();
+        assert!(raw.pageable().iter().all(|&b| b == 0x5a));
+        assert!(raw.pinned.is_none());
+        raw.release_pageable();
+        assert!(raw.pageable.is_none());
 
         let batch = RecordBatch::try_from_iter([
             (

@@ -9,10 +9,12 @@
 //! - [`tpch`]: TPC-H `lineitem` generated in memory;
 //! - [`baseline`]: the peers a transfer is measured against (a raw copy of the same byte
 //!   count, and a buffer-by-buffer copy), on any device;
+//! - [`footprint`]: the bytes of host memory batches hold, each allocation once;
 //! - [`run`]: the command itself.
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod footprint;
 mod job;
 pub mod tpch;
 

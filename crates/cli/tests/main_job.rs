@@ -90,6 +90,15 @@ fn a_plain_run_succeeds_and_names_its_device() {
     }
     assert!(stdout.contains("came back from the") && stdout.contains("equal to the input"));
     assert!(stderr.contains("generating TPC-H lineitem"), "{stderr}");
+    // stderr is not a terminal here: lines, no progress bars (no cursor movement).
+    assert!(
+        !stderr.contains('\r') && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.lines().all(|l| l.starts_with("devarrow: ")),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -173,13 +182,18 @@ fn chart_json_file_and_input_file() {
     );
 
     let svg = std::fs::read_to_string(&chart).unwrap();
-    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(svg.matches("<polyline").count(), 8);
-    for method in ["devarrow", "pinned", "pageable", "buffer_by_buffer"] {
-        assert!(
-            svg.contains(&format!("data-method=\"{method}\"")),
-            "{method}"
-        );
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("Host-device transfer bandwidth on the CPU device"));
+    for method in [
+        "devarrow",
+        "raw pinned copy",
+        "raw pageable copy",
+        "buffer by buffer",
+    ] {
+        for direction in ["H2D", "D2H"] {
+            let series = format!("{method} {direction}");
+            assert!(svg.contains(&series), "{series}");
+        }
     }
 
     let v: serde_json::Value =
@@ -270,6 +284,100 @@ fn help_and_version_exit_0() {
         assert!(help.contains(option), "{option}: {help}");
     }
     assert!(devarrow(&["--version"]).status.success());
+    assert!(help.contains("--no-memory-check") && help.contains("FILE.png"));
+}
+
+/// The PNG signature, then an IHDR chunk.
+fn is_png(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.get(12..16) == Some(&b"IHDR"[..])
+}
+
+#[test]
+fn a_png_chart_or_a_clear_refusal() {
+    let dir = TempDir::new("png");
+    let png = dir.path("sweep.png");
+    let out = devarrow(&[
+        "--scale",
+        "0.001",
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--batch-size",
+        "2K,4K",
+        "--chart",
+        &png,
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("chart:   {png}")));
+    assert!(is_png(&std::fs::read(&png).unwrap()));
+
+    // Any other extension is refused before anything runs.
+    let jpg = dir.path("sweep.jpg");
+    let stderr = assert_one_line_error(&devarrow(&["--chart", &jpg]), 2);
+    assert!(stderr.contains(".svg or .png"), "{stderr}");
+    assert!(!std::path::Path::new(&jpg).exists());
+}
+
+/// pyarrow writes Feather files compressed with lz4 by default (zstd on request).
+#[test]
+fn compressed_feather_input() {
+    let dir = TempDir::new("feather");
+    let batches = devarrow_cli::tpch::lineitem(0.001, 4000);
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    for (name, codec) in [
+        ("lz4.feather", arrow_ipc::CompressionType::LZ4_FRAME),
+        ("zstd.feather", arrow_ipc::CompressionType::ZSTD),
+    ] {
+        let path = dir.path(name);
+        let options = arrow_ipc::writer::IpcWriteOptions::default()
+            .try_with_compression(Some(codec))
+            .unwrap();
+        let mut w = arrow_ipc::writer::FileWriter::try_new_with_options(
+            std::fs::File::create(&path).unwrap(),
+            &devarrow_cli::tpch::lineitem_schema(),
+            options,
+        )
+        .unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        w.finish().unwrap();
+        let out = devarrow(&[
+            "--input", &path, "--device", "cpu", "--reps", "1", "--json", "-",
+        ]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["data"]["rows"], rows, "{name}");
+        // Decompressed, the data is larger than the file.
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(v["data"]["arrow_bytes"].as_u64().unwrap() > size, "{name}");
+    }
+}
+
+#[test]
+fn a_scale_that_does_not_fit_is_a_one_line_error() {
+    // Only where the check can run (Linux), and where scale 1000 (about 1.4 TB of Arrow
+    // buffers) does not fit: everywhere this runs.
+    let Some(available) = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    }) else {
+        return;
+    };
+    if available > 1 << 40 {
+        return;
+    }
+    let stderr = assert_one_line_error(&devarrow(&["--scale", "1000", "--device", "cpu"]), 1);
+    for part in [
+        "--scale 1000 needs about",
+        "is available",
+        "--no-memory-check",
+    ] {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
 }
 
 #[test]

@@ -1,53 +1,76 @@
-//! The SVG chart: bandwidth (GB/s) against batch size (rows, log scale) for every method
-//! and direction. Hand-written SVG, no dependencies.
+//! The chart: bandwidth (GB/s) against batch size (rows, log scale) for every method and
+//! direction, drawn with plotters as SVG or PNG (by the file's extension). Text is laid
+//! out (and, in a PNG, drawn) with DejaVu Sans, embedded in the binary: no system
+//! fonts or libraries are needed.
 
-use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
 
 use super::measure::{Direction, Method, Point};
 use super::report::short_rows;
+use super::JobError;
 
-const WIDTH: f64 = 960.0;
-const HEIGHT: f64 = 560.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 250.0;
-const TOP: f64 = 70.0;
-const BOTTOM: f64 = 60.0;
+/// The size of the chart, in pixels.
+pub const SIZE: (u32, u32) = (1024, 576);
 
-fn color(method: Method) -> &'static str {
-    match method {
-        Method::Devarrow => "#d62728",
-        Method::Pinned => "#1f77b4",
-        Method::Pageable => "#2ca02c",
-        Method::BufferByBuffer => "#9467bd",
-    }
+/// The file formats `--chart` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChartFormat {
+    /// Scalable vector graphics (`.svg`).
+    Svg,
+    /// A PNG bitmap (`.png`).
+    Png,
 }
 
-fn dash(direction: Direction) -> &'static str {
-    match direction {
-        Direction::HostToDevice => "",
-        Direction::DeviceToHost => r##" stroke-dasharray="7 4""##,
-    }
-}
-
-/// Escapes text for SVG content and attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
+impl ChartFormat {
+    /// The format of `path`, from its extension (case-insensitive).
+    pub fn of_path(path: &Path) -> Result<Self, String> {
+        let extension = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match extension.as_deref() {
+            Some("svg") => Ok(Self::Svg),
+            Some("png") => Ok(Self::Png),
+            Some(other) => Err(format!(
+                "cannot draw a chart as .{other}: the chart's file name must end in .svg or .png"
+            )),
+            None => Err("the chart's file name must end in .svg or .png".into()),
         }
     }
-    out
 }
 
-/// A round upper bound for the y axis and its tick step (1, 2 or 5 times a power of 10).
-fn y_axis(max: f64) -> (f64, f64) {
+fn color(method: Method) -> RGBColor {
+    match method {
+        Method::Devarrow => RGBColor(0xd6, 0x27, 0x28),
+        Method::Pinned => RGBColor(0x1f, 0x77, 0xb4),
+        Method::Pageable => RGBColor(0x2c, 0xa0, 0x2c),
+        Method::BufferByBuffer => RGBColor(0x94, 0x67, 0xbd),
+    }
+}
+
+/// Registers the embedded DejaVu Sans as plotters' sans-serif font, once.
+fn register_font() -> Result<(), JobError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        let font = dejavu::sans::regular();
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font).is_ok()
+            && plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold())
+                .is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(JobError::new("the chart's embedded font does not load"))
+    }
+}
+
+/// A round upper bound for the y axis (1, 2 or 5 times a power of 10, times a whole
+/// number of steps).
+fn y_max(max: f64) -> f64 {
     let max = if max.is_finite() && max > 0.0 {
         max
     } else {
@@ -60,196 +83,157 @@ fn y_axis(max: f64) -> (f64, f64) {
         .map(|m| m * magnitude)
         .find(|s| *s >= raw)
         .unwrap_or(10.0 * magnitude);
-    ((max / step).ceil() * step, step)
+    (max / step).ceil() * step
 }
 
-/// The chart of `points`: one series (a polyline with markers) per method and direction,
-/// titled `title` and `subtitle`.
-pub fn svg(points: &[Point], title: &str, subtitle: &str) -> String {
+/// Writes the chart of `points` to `path`, as SVG or PNG by its extension.
+pub fn write(path: &Path, points: &[Point], title: &str, subtitle: &str) -> Result<(), JobError> {
+    let format = ChartFormat::of_path(path).map_err(JobError::new)?;
+    let fail = |e: &dyn std::fmt::Display| {
+        JobError::new(format!("cannot write the chart to {}: {e}", path.display()))
+    };
+    register_font()?;
+    match format {
+        ChartFormat::Svg => {
+            let root = SVGBackend::new(path, SIZE).into_drawing_area();
+            draw(&root, points, title, subtitle).map_err(|e| fail(&e))?;
+            root.present().map_err(|e| fail(&e))
+        }
+        ChartFormat::Png => {
+            let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+            draw(&root, points, title, subtitle).map_err(|e| fail(&e))?;
+            root.present().map_err(|e| fail(&e))
+        }
+    }
+}
+
+/// Draws the chart on `root`: one series per method and direction (solid with dots:
+/// host to device; dashed with squares: device to host), a legend (upper left, where
+/// small batches are slow), the title and the subtitle.
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    points: &[Point],
+    title: &str,
+    subtitle: &str,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let mut points: Vec<&Point> = points.iter().collect();
     points.sort_by_key(|p| p.batch_rows);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
     // x: log2 of the batch size, padded half an octave on each side.
     let log = |rows: usize| (rows.max(1) as f64).log2();
     let (lo, hi) = match (points.first(), points.last()) {
         (Some(a), Some(b)) => (log(a.batch_rows) - 0.5, log(b.batch_rows) + 0.5),
-        _ => (0.0, 1.0),
+        _ => (9.5, 10.5),
     };
-    let x = |rows: usize| LEFT + (log(rows) - lo) / (hi - lo) * plot_w;
     let max = points
         .iter()
         .flat_map(|p| p.timings.iter().map(|t| t.gbps()))
         .fold(0.0, f64::max);
-    let (y_max, y_step) = y_axis(max * 1.05);
-    let y = |gbps: f64| TOP + plot_h - gbps / y_max * plot_h;
+    let top = y_max(max * 1.05);
 
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r##"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{LEFT}" y="28" font-size="16" font-weight="bold">{}</text>
-<text x="{LEFT}" y="48" fill="#555">{}</text>"##,
-        escape(title),
-        escape(subtitle)
-    );
-    // Axes, grid and ticks.
-    let _ = writeln!(s, r##"<g class="axes" stroke="#999" fill="none">"##);
-    let _ = writeln!(
-        s,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/>"##
-    );
-    let mut tick = 0.0;
-    while tick <= y_max + y_step / 2.0 {
-        let yy = y(tick);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e5e5e5"/>"##,
-            LEFT + plot_w
-        );
-        tick += y_step;
-    }
-    for p in &points {
-        let xx = x(p.batch_rows);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{:.1}" stroke="#e5e5e5"/>"##,
-            TOP + plot_h
-        );
-    }
-    let _ = writeln!(s, "</g>");
-    let _ = writeln!(s, r##"<g class="labels" fill="#333">"##);
-    let mut tick = 0.0;
-    while tick <= y_max + y_step / 2.0 {
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT - 8.0,
-            y(tick) + 4.0,
-            format_tick(tick, y_step)
-        );
-        tick += y_step;
-    }
-    for p in &points {
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            x(p.batch_rows),
-            TOP + plot_h + 18.0,
-            short_rows(p.batch_rows)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">rows per batch (log scale)</text>"##,
-        LEFT + plot_w / 2.0,
-        HEIGHT - 16.0
-    );
-    let _ = writeln!(
-        s,
-        r##"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">bandwidth (GB/s)</text>"##,
-        TOP + plot_h / 2.0
-    );
-    let _ = writeln!(s, "</g>");
+    root.fill(&WHITE)?;
+    let (header, body) = root.split_vertically(64);
+    header.draw(&Text::new(
+        title.to_string(),
+        (16, 10),
+        ("sans-serif", 20).into_font().style(FontStyle::Bold),
+    ))?;
+    header.draw(&Text::new(
+        subtitle.to_string(),
+        (16, 38),
+        ("sans-serif", 14)
+            .into_font()
+            .color(&RGBColor(0x55, 0x55, 0x55)),
+    ))?;
 
-    // One series per method and direction, and its legend entry.
-    let mut legend_y = TOP + 8.0;
-    let legend_x = LEFT + plot_w + 20.0;
+    let mut chart = ChartBuilder::on(&body)
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(lo..hi, 0.0..top)?;
+    let whole = |x: &f64| (x - x.round()).abs() < 1e-9 && *x >= 0.0 && *x < 63.0;
+    chart
+        .configure_mesh()
+        .x_labels(((hi - lo).ceil() as usize + 1).max(2))
+        .x_label_formatter(&|x| {
+            if whole(x) {
+                short_rows(1usize << (x.round() as u32))
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|y| format!("{y}"))
+        .x_desc("rows per batch (log scale)")
+        .y_desc("bandwidth (GB/s)")
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .x_max_light_lines(1)
+        .y_max_light_lines(2)
+        .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+        .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+        .draw()?;
+
     for method in Method::ALL {
         for direction in Direction::ALL {
-            let series: Vec<(usize, f64)> = points
+            let series: Vec<(f64, f64)> = points
                 .iter()
                 .filter_map(|p| {
                     p.timing(method, direction)
-                        .map(|t| (p.batch_rows, t.gbps()))
+                        .map(|t| (log(p.batch_rows), t.gbps()))
                 })
                 .collect();
-            let (stroke, dash) = (color(method), dash(direction));
+            let style = color(method).stroke_width(2);
             let name = format!("{} {}", method.label(), direction.short());
-            let _ = writeln!(
-                s,
-                r##"<g class="series" data-method="{}" data-direction="{}" stroke="{stroke}" fill="{stroke}">"##,
-                method.key(),
-                direction.key()
-            );
-            let _ = writeln!(s, "<title>{}</title>", escape(&name));
-            let coords: Vec<String> = series
-                .iter()
-                .map(|&(rows, gbps)| format!("{:.1},{:.1}", x(rows), y(gbps)))
-                .collect();
-            let _ = writeln!(
-                s,
-                r##"<polyline fill="none" stroke-width="2"{dash} points="{}"/>"##,
-                coords.join(" ")
-            );
-            for &(rows, gbps) in &series {
-                let (cx, cy) = (x(rows), y(gbps));
-                let tip = format!(
-                    "{name}, {} rows per batch: {gbps:.2} GB/s",
-                    short_rows(rows)
-                );
-                match direction {
-                    Direction::HostToDevice => {
-                        let _ = writeln!(
-                            s,
-                            r##"<circle cx="{cx:.1}" cy="{cy:.1}" r="3.5"><title>{}</title></circle>"##,
-                            escape(&tip)
-                        );
-                    }
-                    Direction::DeviceToHost => {
-                        let _ = writeln!(
-                            s,
-                            r##"<rect x="{:.1}" y="{:.1}" width="7" height="7" fill="white" stroke-width="1.5"><title>{}</title></rect>"##,
-                            cx - 3.5,
-                            cy - 3.5,
-                            escape(&tip)
-                        );
-                    }
+            let c = color(method);
+            match direction {
+                Direction::HostToDevice => {
+                    chart.draw_series(LineSeries::new(series.iter().copied(), style))?;
+                    chart
+                        .draw_series(series.iter().map(|&p| Circle::new(p, 4, c.filled())))?
+                        .label(name)
+                        .legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (24, 0)], style)
+                                + Circle::new((12, 0), 4, c.filled())
+                        });
+                }
+                Direction::DeviceToHost => {
+                    chart.draw_series(DashedLineSeries::new(
+                        series.iter().copied(),
+                        8,
+                        5,
+                        style,
+                    ))?;
+                    chart
+                        .draw_series(series.iter().map(|&p| {
+                            EmptyElement::at(p)
+                                + Rectangle::new([(-4, -4), (4, 4)], WHITE.filled())
+                                + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
+                        }))?
+                        .label(name)
+                        .legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (7, 0)], style)
+                                + PathElement::new(vec![(17, 0), (24, 0)], style)
+                                + Rectangle::new([(8, -4), (16, 4)], c.stroke_width(2))
+                        });
                 }
             }
-            let _ = writeln!(
-                s,
-                r##"<line x1="{legend_x:.1}" y1="{legend_y:.1}" x2="{:.1}" y2="{legend_y:.1}" stroke-width="2"{dash}/>"##,
-                legend_x + 30.0
-            );
-            let _ = writeln!(
-                s,
-                r##"<text x="{:.1}" y="{:.1}" stroke="none" fill="#333">{}</text>"##,
-                legend_x + 38.0,
-                legend_y + 4.0,
-                escape(&name)
-            );
-            let _ = writeln!(s, "</g>");
-            legend_y += 20.0;
         }
     }
-    let _ = writeln!(
-        s,
-        r##"<text x="{legend_x:.1}" y="{:.1}" fill="#555" font-size="11">solid: host to device</text>
-<text x="{legend_x:.1}" y="{:.1}" fill="#555" font-size="11">dashed: device to host</text>
-<text x="{legend_x:.1}" y="{:.1}" fill="#555" font-size="11">raw copies: all bytes in one copy</text>"##,
-        legend_y + 12.0,
-        legend_y + 28.0,
-        legend_y + 44.0
-    );
-    s.push_str("</svg>\n");
-    s
-}
-
-fn format_tick(value: f64, step: f64) -> String {
-    if step >= 1.0 {
-        format!("{value:.0}")
-    } else {
-        let decimals = (-step.log10().floor()) as usize;
-        format!("{value:.decimals$}")
-    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(0xbb, 0xbb, 0xbb))
+        .draw()?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::input::tests::TempDir;
     use crate::job::report::tests::sample_point;
 
     /// A small well-formedness check: every tag closes in order, attributes are quoted,
@@ -308,7 +292,7 @@ mod tests {
         }
         for (i, _) in text.match_indices('&') {
             let entity = &text[i..];
-            if !["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+            if !["&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&#"]
                 .iter()
                 .any(|e| entity.starts_with(e))
             {
@@ -316,6 +300,24 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// The PNG signature and the size in its IHDR chunk.
+    pub(crate) fn png_size(bytes: &[u8]) -> Option<(u32, u32)> {
+        let signature = b"\x89PNG\r\n\x1a\n";
+        if !bytes.starts_with(signature) || bytes.get(12..16)? != b"IHDR" {
+            return None;
+        }
+        let be = |at: usize| Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+        Some((be(16)?, be(20)?))
+    }
+
+    fn points() -> [Point; 3] {
+        [
+            sample_point(1 << 20, 0.25),
+            sample_point(1024, 2.0),
+            sample_point(64 << 10, 1.0),
+        ]
     }
 
     #[test]
@@ -327,51 +329,90 @@ mod tests {
     }
 
     #[test]
-    fn a_well_formed_chart_with_a_series_per_method_and_direction() {
-        let points = [
-            sample_point(1 << 20, 0.25),
-            sample_point(1024, 2.0),
-            sample_point(64 << 10, 1.0),
-        ];
-        let svg = svg(&points, "lineitem <SF 0.1> & more", "devarrow \"x\"");
+    fn an_svg_chart_is_well_formed_with_a_series_per_method_and_direction() {
+        let dir = TempDir::new();
+        let path = dir.path("chart.svg");
+        write(
+            &path,
+            &points(),
+            "lineitem <SF 0.1> & more",
+            "devarrow \"x\"",
+        )
+        .unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
         let elements = check_well_formed(&svg).unwrap_or_else(|e| panic!("{e}\n{svg}"));
         assert!(elements > 50);
-        assert!(svg.starts_with("<?xml"));
-        assert!(svg.contains("lineitem &lt;SF 0.1&gt; &amp; more"));
+        let root = svg.trim_start().trim_start_matches(|c| c != '<');
+        assert!(root.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("lineitem &lt;SF 0.1&gt; &amp; more"), "{svg}");
         for method in Method::ALL {
             for direction in Direction::ALL {
-                let tag = format!(
-                    r##"data-method="{}" data-direction="{}""##,
-                    method.key(),
-                    direction.key()
-                );
-                assert_eq!(svg.matches(&tag).count(), 1, "{tag}");
+                let name = format!("{} {}", method.label(), direction.short());
+                assert!(svg.contains(&name), "{name}");
             }
         }
-        assert_eq!(svg.matches("<polyline").count(), 8);
-        // Three points per series, in batch-size order.
-        assert_eq!(svg.matches("<circle").count(), 4 * 3);
-        for label in [">1K<", ">64K<", ">1M<"] {
-            assert!(svg.contains(label), "{label}");
+        // One line per series, one dot per host-to-device point and one per legend entry
+        // of a host-to-device series.
+        assert!(svg.matches("<polyline").count() >= 8);
+        assert_eq!(svg.matches("<circle").count(), 4 * 3 + 4);
+        // Text is an element of its own, on a line of its own.
+        for label in ["1K", "64K", "1M", "rows per batch (log scale)"] {
+            assert!(svg.contains(&format!("\n{label}\n</text>")), "{label}");
         }
-        let i1 = svg.find(">1K<").unwrap();
-        let i2 = svg.find(">64K<").unwrap();
+        let i1 = svg.find("\n1K\n").unwrap();
+        let i2 = svg.find("\n64K\n").unwrap();
         assert!(i1 < i2);
     }
 
     #[test]
-    fn one_point_and_empty_charts_are_well_formed() {
-        check_well_formed(&svg(&[sample_point(4096, 1.0)], "t", "s")).unwrap();
-        check_well_formed(&svg(&[], "t", "s")).unwrap();
+    fn a_png_chart_is_a_png_of_the_chart_size() {
+        let dir = TempDir::new();
+        let path = dir.path("chart.PNG");
+        write(&path, &points(), "title", "subtitle").unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(png_size(&bytes), Some(SIZE));
+        // Text and lines are drawn: far more than a blank image compresses to.
+        assert!(bytes.len() > 10_000, "{} bytes", bytes.len());
+    }
+
+    #[test]
+    fn one_point_and_empty_charts_are_drawn() {
+        let dir = TempDir::new();
+        for name in ["one.svg", "one.png"] {
+            write(&dir.path(name), &[sample_point(4096, 1.0)], "t", "s").unwrap();
+        }
+        write(&dir.path("empty.svg"), &[], "t", "s").unwrap();
+        check_well_formed(&std::fs::read_to_string(dir.path("empty.svg")).unwrap()).unwrap();
+        check_well_formed(&std::fs::read_to_string(dir.path("one.svg")).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn other_extensions_are_refused() {
+        assert_eq!(
+            ChartFormat::of_path(Path::new("a/b.SVG")),
+            Ok(ChartFormat::Svg)
+        );
+        assert_eq!(
+            ChartFormat::of_path(Path::new("b.png")),
+            Ok(ChartFormat::Png)
+        );
+        for bad in ["chart.jpg", "chart", "chart.svg.gz", ".png"] {
+            let err = ChartFormat::of_path(Path::new(bad)).unwrap_err();
+            assert!(err.contains(".svg or .png"), "{bad}: {err}");
+        }
+        let dir = TempDir::new();
+        let path = dir.path("chart.gif");
+        let err = write(&path, &points(), "t", "s").unwrap_err().to_string();
+        assert!(err.contains(".gif"), "{err}");
+        assert!(!path.exists());
     }
 
     #[test]
     fn y_axis_is_round() {
-        assert_eq!(y_axis(9.3), (10.0, 2.0));
-        assert_eq!(y_axis(52.0), (60.0, 20.0));
-        assert_eq!(y_axis(0.0), (1.0, 0.2));
-        let (max, step) = y_axis(0.37);
-        assert!((max - 0.4).abs() < 1e-9 && (step - 0.1).abs() < 1e-9);
-        assert_eq!(format_tick(0.30000000000000004, 0.1), "0.3");
+        assert_eq!(y_max(9.3), 10.0);
+        assert_eq!(y_max(52.0), 60.0);
+        assert_eq!(y_max(0.0), 1.0);
+        assert!((y_max(0.37) - 0.4).abs() < 1e-9);
     }
 }

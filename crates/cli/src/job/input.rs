@@ -4,14 +4,16 @@
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
+
 use std::sync::Arc;
 
-use arrow_array::{
-    make_array, Array, ArrayRef, BinaryViewArray, RecordBatch, RecordBatchOptions, StringViewArray,
-};
-use arrow_data::transform::MutableArrayData;
+use arrow_array::cast::AsArray;
+use arrow_array::types::ByteViewType;
+use arrow_array::{Array, ArrayRef, GenericByteViewArray, RecordBatch, RecordBatchOptions};
 use arrow_schema::{ArrowError, DataType};
+use arrow_select::coalesce::BatchCoalescer;
 
+use super::progress::{Progress, Unit};
 use super::JobError;
 
 /// The file formats `--input` reads.
@@ -77,29 +79,67 @@ pub fn detect_format(path: &Path) -> Result<Format, JobError> {
 }
 
 /// Reads every record batch of a Parquet or Arrow IPC file.
+#[cfg(test)]
 pub fn load(path: &Path) -> Result<(Format, Vec<RecordBatch>), JobError> {
+    load_with_progress(path, &Progress::off())
+}
+
+/// [`load`], showing a stage that moves with the rows (Parquet) or the bytes (Arrow
+/// IPC) read.
+pub fn load_with_progress(
+    path: &Path,
+    progress: &Progress,
+) -> Result<(Format, Vec<RecordBatch>), JobError> {
     let format = detect_format(path)?;
     let shown = path.display();
     let fail = |e: &dyn std::fmt::Display| {
         JobError::new(format!("cannot read {shown} as {}: {e}", format.name()))
     };
     let file = File::open(path).map_err(|e| JobError::new(format!("cannot open {shown}: {e}")))?;
-    let batches: Result<Vec<RecordBatch>, ArrowError> = match format {
+    let what = format!("reading {shown} ({})", format.name());
+    let (stage, batches): (_, Result<Vec<RecordBatch>, ArrowError>) = match format {
         Format::Parquet => {
             use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-            ParquetRecordBatchReaderBuilder::try_new(file)
-                .and_then(|b| b.with_batch_size(64 << 10).build())
-                .map_err(|e| fail(&e))?
-                .collect()
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| fail(&e))?;
+            let rows = u64::try_from(builder.metadata().file_metadata().num_rows()).ok();
+            let stage = progress.stage(what, rows, Unit::Rows);
+            let reader = builder
+                .with_batch_size(64 << 10)
+                .build()
+                .map_err(|e| fail(&e))?;
+            let batches = reader
+                .inspect(|b| {
+                    if let Ok(b) = b {
+                        stage.inc(b.num_rows() as u64);
+                    }
+                })
+                .collect();
+            (stage, batches)
         }
-        Format::IpcFile => arrow_ipc::reader::FileReader::try_new(BufReader::new(file), None)
-            .map_err(|e| fail(&e))?
-            .collect(),
-        Format::IpcStream => arrow_ipc::reader::StreamReader::try_new(BufReader::new(file), None)
-            .map_err(|e| fail(&e))?
-            .collect(),
+        Format::IpcFile | Format::IpcStream => {
+            let size = file.metadata().ok().map(|m| m.len());
+            let stage = progress.stage(what, size, Unit::Bytes);
+            let read = BufReader::new(stage.bar().wrap_read(file));
+            let batches = if format == Format::IpcFile {
+                arrow_ipc::reader::FileReader::try_new(read, None)
+                    .map_err(|e| fail(&e))?
+                    .collect()
+            } else {
+                arrow_ipc::reader::StreamReader::try_new(read, None)
+                    .map_err(|e| fail(&e))?
+                    .collect()
+            };
+            (stage, batches)
+        }
     };
-    Ok((format, batches.map_err(|e| fail(&e))?))
+    let batches = batches.map_err(|e| fail(&e))?;
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        return Err(JobError::new(format!(
+            "{shown} holds no rows: nothing to transfer"
+        )));
+    }
+    stage.finish();
+    Ok((format, batches))
 }
 
 /// Whether `batches` already are batches of `rows` rows (the last one may be shorter).
@@ -111,79 +151,87 @@ fn already_cut(batches: &[RecordBatch], rows: usize) -> bool {
 }
 
 /// Cuts `batches` into batches of `rows` rows each (the last may be shorter), every
-/// batch with buffers of its own (copied, not slices of the input, so that a batch holds
-/// only its own bytes; top-level string and binary views are compacted). Batches that
-/// already have that shape are returned as they are.
+/// batch with buffers of its own: arrow-select's `BatchCoalescer` copies the rows (not
+/// slices of the input, so that a batch holds only its own bytes), and top-level string
+/// and binary views that still reference more string data than they use are compacted.
+/// Batches that already have that shape are returned as they are.
 pub fn rebatch(batches: &[RecordBatch], rows: usize) -> Result<Vec<RecordBatch>, ArrowError> {
-    assert!(rows > 0, "rows per batch must be positive");
+    if rows == 0 {
+        return Err(ArrowError::InvalidArgumentError(
+            "rows per batch must be positive".into(),
+        ));
+    }
     let Some(first) = batches.first() else {
         return Ok(Vec::new());
     };
     if already_cut(batches, rows) {
         return Ok(batches.to_vec());
     }
-    let schema = first.schema();
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     let mut out = Vec::with_capacity(total.div_ceil(rows));
-    // The cursor: batch index and row within it.
-    let (mut at, mut offset) = (0, 0);
-    let mut done = 0;
-    while done < total {
-        let want = rows.min(total - done);
-        // The pieces of input batches that make up this output batch.
-        let mut pieces = Vec::new();
-        let mut need = want;
-        while need > 0 {
-            let available = batches[at].num_rows() - offset;
-            let take = available.min(need);
-            if take > 0 {
-                pieces.push((at, offset, take));
-            }
-            need -= take;
-            offset += take;
-            if offset == batches[at].num_rows() {
-                at += 1;
-                offset = 0;
-            }
+    let mut coalescer = BatchCoalescer::new(first.schema(), rows);
+    let mut take = |coalescer: &mut BatchCoalescer| -> Result<(), ArrowError> {
+        while let Some(cut) = coalescer.next_completed_batch() {
+            out.push(compact(cut)?);
         }
-        let columns = (0..schema.fields().len())
-            .map(|c| {
-                let data: Vec<_> = pieces
-                    .iter()
-                    .map(|&(b, _, _)| batches[b].column(c).to_data())
-                    .collect();
-                let mut mutable = MutableArrayData::new(data.iter().collect(), false, want);
-                for (i, &(_, start, len)) in pieces.iter().enumerate() {
-                    mutable.try_extend(i, start, start + len)?;
-                }
-                Ok(compact(make_array(mutable.freeze())))
-            })
-            .collect::<Result<Vec<_>, ArrowError>>()?;
-        let options = RecordBatchOptions::new().with_row_count(Some(want));
-        out.push(RecordBatch::try_new_with_options(
-            schema.clone(),
-            columns,
-            &options,
-        )?);
-        done += want;
+        Ok(())
+    };
+    for batch in batches {
+        // Pieces that each fall within one output batch: the coalescer then copies the
+        // strings of a view column when the piece uses little of its buffers.
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let room = rows - coalescer.get_buffered_rows();
+            let len = room.min(batch.num_rows() - offset);
+            coalescer.push_batch(batch.slice(offset, len))?;
+            take(&mut coalescer)?;
+            offset += len;
+        }
     }
+    coalescer.finish_buffered_batch()?;
+    take(&mut coalescer)?;
     Ok(out)
 }
 
-/// Copies the strings a view array uses into buffers of its own (the views of a copied
-/// piece still point into the whole input's data buffers).
-fn compact(array: ArrayRef) -> ArrayRef {
-    match array.data_type() {
-        DataType::Utf8View => Arc::new(StringViewArray::from(array.to_data()).gc()),
-        DataType::BinaryView => Arc::new(BinaryViewArray::from(array.to_data()).gc()),
-        _ => array,
+/// Compacts the top-level string and binary views of `batch` whose data buffers hold
+/// more than an eighth more than the strings they use.
+fn compact(batch: RecordBatch) -> Result<RecordBatch, ArrowError> {
+    fn sparse<T: ByteViewType + ?Sized>(a: &GenericByteViewArray<T>) -> bool {
+        let used = a.total_buffer_bytes_used();
+        let held: usize = a.data_buffers().iter().map(|b| b.capacity()).sum();
+        held > used + used / 8
     }
+    if !batch
+        .columns()
+        .iter()
+        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView))
+    {
+        return Ok(batch);
+    }
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View if sparse(c.as_string_view()) => {
+                Arc::new(c.as_string_view().gc()) as ArrayRef
+            }
+            DataType::BinaryView if sparse(c.as_binary_view()) => {
+                Arc::new(c.as_binary_view().gc()) as ArrayRef
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use arrow_array::{Int64Array, StringArray};
+    use arrow_array::{Int64Array, StringArray, StringViewArray};
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -264,6 +312,23 @@ pub(crate) mod tests {
         write_all(w, batches);
     }
 
+    fn write_compressed_ipc_file(
+        path: &Path,
+        batches: &[RecordBatch],
+        codec: arrow_ipc::CompressionType,
+    ) {
+        let options = arrow_ipc::writer::IpcWriteOptions::default()
+            .try_with_compression(Some(codec))
+            .unwrap();
+        let w = arrow_ipc::writer::FileWriter::try_new_with_options(
+            File::create(path).unwrap(),
+            &batches[0].schema(),
+            options,
+        )
+        .unwrap();
+        write_all(w, batches);
+    }
+
     fn rows_of(batches: &[RecordBatch]) -> usize {
         batches.iter().map(|b| b.num_rows()).sum()
     }
@@ -295,6 +360,51 @@ pub(crate) mod tests {
         let path = dir.path("t.ipc");
         write_ipc_stream(&path, &input);
         assert_eq!(load(&path).unwrap().0, Format::IpcStream);
+    }
+
+    /// pyarrow writes Feather (IPC) files compressed with lz4 by default, zstd on request.
+    #[test]
+    fn loads_lz4_and_zstd_compressed_ipc_files() {
+        let dir = TempDir::new();
+        let input = [sample(3000, 0), sample(1000, 3000)];
+        let whole = rebatch(&input, 4000).unwrap();
+        for (name, codec) in [
+            ("lz4.feather", arrow_ipc::CompressionType::LZ4_FRAME),
+            ("zstd.arrow", arrow_ipc::CompressionType::ZSTD),
+        ] {
+            let path = dir.path(name);
+            write_compressed_ipc_file(&path, &input, codec);
+            // Compressed: smaller than the same file written plain.
+            let plain = dir.path("plain.arrow");
+            write_ipc_file(&plain, &input);
+            let (size, plain_size) = (
+                std::fs::metadata(&path).unwrap().len(),
+                std::fs::metadata(&plain).unwrap().len(),
+            );
+            assert!(size < plain_size, "{name}: {size} vs {plain_size}");
+            let (format, batches) = load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(format, Format::IpcFile, "{name}");
+            assert_eq!(rebatch(&batches, 4000).unwrap(), whole, "{name}");
+        }
+    }
+
+    /// The IPC reader slices every buffer of a batch out of one message body: its bytes
+    /// are counted once, close to the file's size (not once per column).
+    #[test]
+    fn an_ipc_file_counts_about_its_size() {
+        let dir = TempDir::new();
+        let path = dir.path("lineitem.arrow");
+        write_ipc_file(&path, &crate::tpch::lineitem(0.001, 2000));
+        let size = std::fs::metadata(&path).unwrap().len() as f64;
+        let (_, batches) = load(&path).unwrap();
+        let counted = crate::tpch::batch_bytes(&batches) as f64;
+        assert!(
+            counted > 0.9 * size && counted < 1.1 * size,
+            "{counted} bytes counted for a file of {size}"
+        );
+        // What `get_array_memory_size` says: many times the file.
+        let naive: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+        assert!(naive as f64 > 5.0 * size, "{naive} vs {size}");
     }
 
     #[test]
@@ -361,14 +471,11 @@ pub(crate) mod tests {
             .collect();
         let views = StringViewArray::from_iter_values(long.iter());
         let batch = RecordBatch::try_from_iter([("s", Arc::new(views) as ArrayRef)]).unwrap();
-        let whole = batch.get_array_memory_size();
+        let bytes = |b: &RecordBatch| crate::footprint::arrow_bytes(std::slice::from_ref(b));
+        let whole = bytes(&batch);
         let out = rebatch(std::slice::from_ref(&batch), 64).unwrap();
         assert_eq!(out.len(), 64);
         assert_eq!(out[3], batch.slice(192, 64));
-        assert!(
-            out[3].get_array_memory_size() * 16 < whole,
-            "{} of {whole}",
-            out[3].get_array_memory_size()
-        );
+        assert!(bytes(&out[3]) * 16 < whole, "{} of {whole}", bytes(&out[3]));
     }
 }

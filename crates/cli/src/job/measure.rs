@@ -10,7 +10,8 @@ use arrow_array::RecordBatch;
 use devarrow::abi::device::Device;
 use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
 
-use super::{JobError, Progress};
+use super::progress::Stage;
+use super::JobError;
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,8 +188,10 @@ fn abi(what: &str) -> impl Fn(devarrow::abi::Error) -> JobError + '_ {
 }
 
 /// Runs `reps + 1` repetitions of `f` on `state` (the first is a warm-up), each after
-/// an untimed `reset` of it, and returns the times of the timed ones.
+/// an untimed `reset` of it, and returns the times of the timed ones. Every repetition
+/// is a step of `stage`.
 fn repeat<S>(
+    stage: &Stage,
     reps: usize,
     state: &mut S,
     mut reset: impl FnMut(&mut S) -> Result<(), JobError>,
@@ -203,18 +206,28 @@ fn repeat<S>(
         if rep > 0 {
             times.push(elapsed);
         }
+        stage.inc(1);
     }
     Ok(times)
 }
 
+/// The steps (repetitions, warm-ups included) [`measure_point`] counts on its stage.
+pub fn steps(reps: usize) -> u64 {
+    (Method::ALL.len() * Direction::ALL.len() * (reps + 1)) as u64
+}
+
 /// Measures every method on `batches` (one batch size), checking that devarrow brings
-/// every batch back equal.
+/// every batch back equal. Every repetition is a step of `stage` (see [`steps`]).
+///
+/// Host memory: besides `batches`, at most two more copies of their bytes at a time (on
+/// the CPU device the "device" memory is host memory too): the device copy and the
+/// batches brought back, then the raw copies' device buffer and one host buffer.
 pub fn measure_point(
     device: &Arc<dyn Device>,
     batches: &[RecordBatch],
     batch_rows: usize,
     reps: usize,
-    progress: &Progress,
+    stage: &Stage,
 ) -> Result<Point, JobError> {
     let sync = || {
         device
@@ -225,11 +238,12 @@ pub fn measure_point(
 
     // devarrow, host to device: `to_device` returns once the copies are enqueued, so the
     // time runs until the events of every batch have completed.
-    progress.part("devarrow");
+    stage.part("devarrow");
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
     let mut copies = 0;
     let times = repeat(
+        stage,
         reps,
         &mut on_device,
         |on_device| {
@@ -269,6 +283,7 @@ pub fn measure_point(
     // returns the rebuilt batches once copied.
     let mut back: Vec<RecordBatch> = Vec::with_capacity(batches.len());
     let times = repeat(
+        stage,
         reps,
         &mut back,
         |back| {
@@ -302,11 +317,14 @@ pub fn measure_point(
     }
     drop((back, on_device, transfer));
     sync()?;
+    super::memory::release_free_memory();
 
     // Raw copies of the same byte count, in one copy each.
-    progress.part("raw copies");
+    stage.part("raw copies");
+    // One host buffer at a time: the pinned one is freed before the pageable one is
+    // allocated (by its first copy, the untimed warm-up).
     let mut raw =
-        RawCopy::new(device.clone(), bytes).map_err(abi("allocating the raw copy buffers"))?;
+        RawCopy::lazy(device.clone(), bytes).map_err(abi("allocating the raw copy buffers"))?;
     type Step = fn(&mut RawCopy) -> devarrow::abi::Result<()>;
     let steps: [(Method, Direction, Step); 4] = [
         (
@@ -332,11 +350,15 @@ pub fn measure_point(
     ];
     for (method, direction, step) in steps {
         let times = repeat(
+            stage,
             reps,
             &mut raw,
             |_| Ok(()),
             |raw| step(raw).map_err(abi("a raw copy")),
         )?;
+        if (method, direction) == (Method::Pinned, Direction::DeviceToHost) {
+            raw.release_pinned();
+        }
         timings.push(Timing {
             method,
             direction,
@@ -348,7 +370,7 @@ pub fn measure_point(
     drop(raw);
 
     // Buffer by buffer: one allocation and one synchronous copy per buffer.
-    progress.part("buffer by buffer");
+    stage.part("buffer by buffer");
     let per_batch: Vec<BufferByBuffer> = batches
         .iter()
         .map(|b| BufferByBuffer::new(device.clone(), b))
@@ -357,6 +379,7 @@ pub fn measure_point(
     let bbb_copies: u64 = per_batch.iter().map(|b| b.buffer_count() as u64).sum();
     let mut on_device = Vec::with_capacity(per_batch.len());
     let times = repeat(
+        stage,
         reps,
         &mut on_device,
         |on_device| {
@@ -379,6 +402,7 @@ pub fn measure_point(
     });
     let mut moved = 0;
     let times = repeat(
+        stage,
         reps,
         &mut moved,
         |moved| {
@@ -427,7 +451,9 @@ mod tests {
     fn every_method_both_ways_on_the_cpu_device() {
         let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
         let batches = crate::tpch::lineitem(0.001, 2000);
-        let point = measure_point(&device, &batches, 2000, 2, &Progress::off()).unwrap();
+        let stage = Stage::off();
+        let point = measure_point(&device, &batches, 2000, 2, &stage).unwrap();
+        assert_eq!(stage.bar().position(), steps(2));
         assert!(point.verified);
         assert_eq!(point.batches, batches.len());
         assert!(point.rows > 5000);

@@ -1,23 +1,26 @@
 //! The main job: builds or reads Arrow data, moves it to a device and back with devarrow
 //! at one or more batch sizes, beside raw pinned and pageable copies of the same byte
 //! count and a buffer-by-buffer copy, checks it comes back equal, and reports a table,
-//! JSON and an SVG chart.
+//! JSON and a chart.
 //!
 //! - [`options`]: the command line;
 //! - [`device`]: choosing the device (CUDA when there is one, else the CPU device);
+//! - [`memory`]: whether generated data will fit in memory;
 //! - [`input`]: generated TPC-H `lineitem`, or a Parquet / Arrow IPC file;
 //! - [`measure`]: the timed transfers;
+//! - [`progress`]: progress on stderr;
 //! - [`report`]: the table and the JSON;
-//! - [`chart`]: the SVG chart.
+//! - [`chart`]: the SVG or PNG chart.
 
 pub mod chart;
 pub mod device;
 pub mod input;
 pub mod measure;
+pub mod memory;
 pub mod options;
+pub mod progress;
 pub mod report;
 
-use std::cell::Cell;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -30,93 +33,48 @@ use devarrow::bridge::{Transfer, TransferOptions};
 use devarrow::cuda::ImportedArray;
 
 use self::device::Selected;
+use self::memory::NotEnoughMemory;
 use self::options::{Cli, JsonTarget, Options};
+use self::progress::{Progress, Unit};
 use self::report::{DataInfo, DeviceInfo, Run};
 
 /// A failure of the job: one line for the user.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobError(String);
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobError {
+    /// A failure, said in a line.
+    Failed(String),
+    /// The data asked for would not fit in the memory available.
+    NotEnoughMemory(NotEnoughMemory),
+}
 
 impl JobError {
     /// An error saying `message`.
     pub fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
+        Self::Failed(message.into())
+    }
+}
+
+impl From<NotEnoughMemory> for JobError {
+    fn from(e: NotEnoughMemory) -> Self {
+        Self::NotEnoughMemory(e)
     }
 }
 
 impl std::fmt::Display for JobError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // One line, whatever the source error looked like.
-        f.write_str(&self.0.replace('\n', " "))
+        match self {
+            // One line, whatever the source error looked like.
+            Self::Failed(message) => f.write_str(&message.replace('\n', " ")),
+            Self::NotEnoughMemory(e) => e.fmt(f),
+        }
     }
 }
 
-impl std::error::Error for JobError {}
-
-/// Progress on stderr: one line per stage, the parts of a stage on that line.
-#[derive(Debug)]
-pub struct Progress {
-    enabled: bool,
-    stage: Cell<Option<Instant>>,
-    parts: Cell<usize>,
-}
-
-impl Progress {
-    /// Progress printed when `enabled`.
-    pub fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            stage: Cell::new(None),
-            parts: Cell::new(0),
-        }
-    }
-
-    /// No progress.
-    #[cfg(test)]
-    pub fn off() -> Self {
-        Self::new(false)
-    }
-
-    /// Starts a stage: prints `what` (no newline yet).
-    pub fn begin(&self, what: &str) {
-        if self.enabled {
-            eprint!("devarrow: {what}");
-            let _ = std::io::stderr().flush();
-        }
-        self.stage.set(Some(Instant::now()));
-        self.parts.set(0);
-    }
-
-    /// Notes a part of the current stage.
-    pub fn part(&self, what: &str) {
-        if self.enabled {
-            let sep = if self.parts.get() == 0 { ": " } else { ", " };
-            eprint!("{sep}{what}");
-            let _ = std::io::stderr().flush();
-        }
-        self.parts.set(self.parts.get() + 1);
-    }
-
-    /// Ends a line left open by a stage that failed, so an error prints on its own line.
-    pub fn interrupt(&self) {
-        if self.stage.take().is_some() && self.enabled {
-            eprintln!();
-        }
-    }
-
-    /// Ends the stage with its duration.
-    pub fn end(&self) {
-        if let Some(start) = self.stage.take() {
-            if self.enabled {
-                eprintln!(" ({:.1} s)", start.elapsed().as_secs_f64());
-            }
-        }
-    }
-
-    /// A line of its own.
-    pub fn note(&self, what: &str) {
-        if self.enabled {
-            eprintln!("devarrow: {what}");
+impl std::error::Error for JobError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Failed(_) => None,
+            Self::NotEnoughMemory(e) => Some(e),
         }
     }
 }
@@ -145,7 +103,6 @@ pub fn main() -> ExitCode {
     match run(options, &progress) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            progress.interrupt();
             eprintln!("devarrow: error: {e}");
             ExitCode::FAILURE
         }
@@ -205,12 +162,30 @@ enum Source {
     File(Vec<RecordBatch>),
 }
 
+/// Generates `lineitem` at `scale` in batches of `rows`, the stage's bar counting rows.
+fn generate(scale: f64, rows: usize, stage: &progress::Stage) -> Vec<RecordBatch> {
+    crate::tpch::lineitem_with_progress(scale, rows, &|n| stage.inc(n as u64))
+}
+
 impl Source {
-    fn batches(&self, rows: usize) -> Result<Vec<RecordBatch>, JobError> {
+    /// The data in batches of `rows` rows; the stage's bar counts the rows generated.
+    fn batches(&self, rows: usize, stage: &progress::Stage) -> Result<Vec<RecordBatch>, JobError> {
         match self {
-            Self::Tpch(scale) => Ok(crate::tpch::lineitem(*scale, rows)),
-            Self::File(batches) => input::rebatch(batches, rows)
-                .map_err(|e| JobError::new(format!("cutting the input into batches: {e}"))),
+            Self::Tpch(scale) => {
+                stage.part("generating");
+                stage.restart(
+                    Some(crate::tpch::estimated_lineitem_rows(*scale)),
+                    Unit::Rows,
+                );
+                let batches = generate(*scale, rows, stage);
+                memory::release_free_memory();
+                Ok(batches)
+            }
+            Self::File(batches) => {
+                stage.part("cutting");
+                input::rebatch(batches, rows)
+                    .map_err(|e| JobError::new(format!("cutting the input into batches: {e}")))
+            }
         }
     }
 }
@@ -221,31 +196,25 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         check_writable(path, "JSON")?;
     }
     if let Some(path) = &options.chart {
+        chart::ChartFormat::of_path(path).map_err(JobError::new)?;
         check_writable(path, "chart")?;
     }
     // A file is read before the device opens, so that a bad file is its only message.
     let loaded = match &options.input {
         Some(path) => {
-            let start = Instant::now();
-            let (format, batches) = input::load(path)?;
-            if batches.iter().all(|b| b.num_rows() == 0) {
-                return Err(JobError::new(format!(
-                    "{} holds no rows: nothing to transfer",
-                    path.display()
-                )));
-            }
-            progress.note(&format!(
-                "read {} ({}) in {:.1} s",
-                path.display(),
-                format.name(),
-                start.elapsed().as_secs_f64()
-            ));
+            // An error (also: no rows) before a line saying it was read.
+            let (format, batches) = input::load_with_progress(path, progress)?;
             Some((path, format, batches))
         }
         None => None,
     };
 
     let selected = device::select(options.device)?;
+    // Before anything is generated, and before the first line about it.
+    if options.input.is_none() && options.memory_check {
+        let estimate = memory::estimate(options.scale, selected.cuda.is_some());
+        memory::check(&estimate, memory::available())?;
+    }
     match &selected.fallback {
         Some(why) => progress.note(&format!("{why}; running on the CPU device")),
         None => progress.note(&format!("running on {} ({})", selected.name, selected.id)),
@@ -266,12 +235,15 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         }
         None => {
             let rows = options.batch_sizes[0];
-            progress.begin(&format!(
-                "generating TPC-H lineitem at scale {}",
-                options.scale
-            ));
-            let batches = crate::tpch::lineitem(options.scale, rows);
-            progress.end();
+            let stage = progress.stage(
+                format!("generating TPC-H lineitem at scale {}", options.scale),
+                Some(crate::tpch::estimated_lineitem_rows(options.scale)),
+                Unit::Rows,
+            );
+            let batches = generate(options.scale, rows, &stage);
+            // The generator's threads leave free memory in their heaps.
+            memory::release_free_memory();
+            stage.finish();
             if batches.iter().all(|b| b.num_rows() == 0) {
                 return Err(JobError::new(format!(
                     "TPC-H lineitem at scale {} has no rows: use a larger --scale",
@@ -294,32 +266,39 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     let mut export_check = None;
     let mut first = first;
     let count = options.batch_sizes.len();
+    let steps = measure::steps(options.reps);
     for (i, &rows) in options.batch_sizes.iter().enumerate() {
-        progress.begin(&format!(
-            "[{}/{count}] {} rows per batch",
-            i + 1,
-            report::thousands(rows as u64)
-        ));
+        let stage = progress.stage(
+            format!(
+                "[{}/{count}] {} rows per batch",
+                i + 1,
+                report::thousands(rows as u64)
+            ),
+            Some(steps),
+            Unit::Steps,
+        );
         let batches = match first.take() {
             Some(batches) => batches,
             None => {
-                progress.part(match &source {
-                    Source::Tpch(_) => "generating",
-                    Source::File(_) => "cutting",
-                });
-                source.batches(rows)?
+                let batches = source.batches(rows, &stage)?;
+                stage.restart(Some(steps), Unit::Steps);
+                batches
             }
         };
-        progress.part(&report::count(batches.len(), "batch", "batches"));
-        let point =
-            measure::measure_point(&selected.device, &batches, rows, options.reps, progress)?;
+        stage.part(report::count(batches.len(), "batch", "batches"));
+        let point = measure::measure_point(&selected.device, &batches, rows, options.reps, &stage)?;
         if export_check.is_none() {
-            progress.part("export/import");
+            stage.part("export/import");
             export_check = Some(check_export(&selected, &batches[0])?);
         }
-        progress.end();
+        // The batches go before the next size's are made.
+        drop(batches);
+        memory::release_free_memory();
+        stage.finish();
         points.push(point);
     }
+    // Nothing of the data is needed any more.
+    drop(source);
 
     let run = Run {
         device: DeviceInfo {
@@ -345,13 +324,16 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             devarrow::GIT_COMMIT,
             run.options.reps,
         );
-        write_file(path, "chart", &chart::svg(&run.points, &title, &subtitle))?;
+        chart::write(path, &run.points, &title, &subtitle)?;
     }
-    let json = || serde_json::to_string_pretty(&run.json()).expect("JSON values serialize") + "\n";
+    let json = || {
+        run.json_text()
+            .map_err(|e| JobError::new(format!("cannot write the JSON: {e}")))
+    };
     let stdout = match &run.options.json {
-        Some(JsonTarget::Stdout) => json(),
+        Some(JsonTarget::Stdout) => json()?,
         Some(JsonTarget::File(path)) => {
-            write_file(path, "JSON", &json())?;
+            write_file(path, "JSON", &json()?)?;
             run.text()
         }
         None => run.text(),

@@ -21,6 +21,7 @@ const EXAMPLES: &str = "Examples:
   devarrow                                  lineitem at scale 0.1, 64K rows per batch
   devarrow --device cpu --scale 0.01 --json -
   devarrow --chart sweep.svg --json sweep.json
+  devarrow --chart sweep.png --device cpu
   devarrow --input data.parquet --batch-size 64K,1M";
 
 /// Smallest accepted `--scale` (about 6,000 rows; the generator fails on much smaller
@@ -71,10 +72,16 @@ pub struct Cli {
     #[arg(long, value_name = "FILE|-", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
 
-    /// Write an SVG chart of bandwidth against batch size for every method to FILE
-    /// (sweeps 1K..1M rows per batch unless --batch-size is given)
-    #[arg(long, value_name = "FILE.svg")]
+    /// Write a chart of bandwidth against batch size for every method to FILE, as SVG
+    /// or PNG by its extension (sweeps 1K..1M rows per batch unless --batch-size is
+    /// given)
+    #[arg(long, value_name = "FILE.svg|FILE.png", value_parser = parse_chart_path)]
     pub chart: Option<PathBuf>,
+
+    /// Generate data even when the memory it needs is estimated to exceed the memory
+    /// available (MemAvailable in /proc/meminfo)
+    #[arg(long)]
+    pub no_memory_check: bool,
 
     /// No progress on stderr
     #[arg(long, short)]
@@ -130,10 +137,12 @@ pub struct Options {
     pub input: Option<PathBuf>,
     /// Where to write JSON.
     pub json: Option<JsonTarget>,
-    /// Where to write the SVG chart.
+    /// Where to write the chart (SVG or PNG, by the extension).
     pub chart: Option<PathBuf>,
     /// Whether progress goes to stderr.
     pub progress: bool,
+    /// Whether to check, before generating data, that it fits in memory.
+    pub memory_check: bool,
 }
 
 impl Cli {
@@ -157,6 +166,7 @@ impl Cli {
             progress: !self.quiet && json != Some(JsonTarget::Stdout),
             json,
             chart: self.chart,
+            memory_check: !self.no_memory_check,
         }
     }
 }
@@ -170,6 +180,13 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
         )),
         Err(_) => Err("the scale must be a number (e.g. 0.1)".into()),
     }
+}
+
+/// Accepts a chart file name ending in `.svg` or `.png`.
+pub fn parse_chart_path(s: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(s);
+    super::chart::ChartFormat::of_path(&path)?;
+    Ok(path)
 }
 
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`.
@@ -257,7 +274,8 @@ mod tests {
         assert_eq!(o.batch_sizes, vec![DEFAULT_BATCH_ROWS]);
         assert_eq!(o.reps, 5);
         assert_eq!((o.input, o.json, o.chart), (None, None, None));
-        assert!(o.progress);
+        assert!(o.progress && o.memory_check);
+        assert!(!parse(&["--no-memory-check"]).unwrap().memory_check);
     }
 
     #[test]
@@ -315,6 +333,10 @@ mod tests {
             DEFAULT_SWEEP.to_vec()
         );
         assert_eq!(
+            parse(&["--chart", "c.PNG"]).unwrap().chart,
+            Some(PathBuf::from("c.PNG"))
+        );
+        assert_eq!(
             parse(&["--chart", "c.svg", "--batch-size", "1K..8K"])
                 .unwrap()
                 .batch_sizes,
@@ -355,6 +377,8 @@ mod tests {
             &["--batch-size", "0"],
             &["--nope"],
             &["--scale", "0.1", "--input", "x.parquet"],
+            &["--chart", "c.jpg"],
+            &["--chart", "chart"],
         ] {
             let err = parse(args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

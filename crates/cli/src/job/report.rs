@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::measure::{Direction, Method, Point};
 use super::options::{JsonTarget, Options};
@@ -21,8 +21,8 @@ pub struct DeviceInfo {
     pub fallback: Option<String>,
 }
 
-/// The data a run moved.
-#[derive(Debug, Clone, PartialEq)]
+/// The data a run moved (written to JSON as it is).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DataInfo {
     /// `tpch-lineitem` or the input file's format.
     pub kind: String,
@@ -34,8 +34,9 @@ pub struct DataInfo {
     pub rows: usize,
     /// Columns.
     pub columns: usize,
-    /// Bytes of Arrow buffers the data holds in host memory (capacity, before cutting
-    /// it into batches).
+    /// Bytes of Arrow buffers the data holds in host memory, every allocation counted
+    /// once at its capacity (before cutting it into batches): see
+    /// [`crate::footprint::arrow_bytes`].
     pub arrow_bytes: usize,
 }
 
@@ -196,89 +197,165 @@ impl Run {
         out
     }
 
-    /// Every measurement, the device, the commit and the options, as JSON.
-    pub fn json(&self) -> Value {
+    /// Every measurement, the device, the commit and the options: what `--json` writes.
+    pub fn json(&self) -> JsonReport<'_> {
         let o = &self.options;
         let (cuda_devices, cuda_unavailable) = match &self.device.cuda_summary {
-            Ok(s) => (Value::from(s.as_str()), Value::Null),
-            Err(e) => (Value::Null, Value::from(e.as_str())),
+            Ok(s) => (Some(s.as_str()), None),
+            Err(e) => (None, Some(e.as_str())),
         };
-        let points: Vec<Value> = self
+        let points = self
             .points
             .iter()
-            .map(|p| {
-                let measurements: Vec<Value> = p
+            .map(|p| JsonPoint {
+                batch_rows: p.batch_rows,
+                batches: p.batches,
+                rows: p.rows,
+                max_batch_rows: p.max_batch_rows,
+                verified: p.verified,
+                measurements: p
                     .timings
                     .iter()
-                    .map(|t| {
-                        json!({
-                            "method": t.method.key(),
-                            "direction": t.direction.key(),
-                            "bytes": t.bytes,
-                            "copies": t.copies,
-                            "best_s": t.best().as_secs_f64(),
-                            "median_s": t.median().as_secs_f64(),
-                            "times_s": t.times.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
-                            "gbps": t.gbps(),
-                            "percent_of_pinned": p.percent_of_pinned(t.method, t.direction),
-                        })
+                    .map(|t| JsonMeasurement {
+                        method: t.method.key(),
+                        direction: t.direction.key(),
+                        bytes: t.bytes,
+                        copies: t.copies,
+                        best_s: t.best().as_secs_f64(),
+                        median_s: t.median().as_secs_f64(),
+                        times_s: t.times.iter().map(Duration::as_secs_f64).collect(),
+                        gbps: t.gbps(),
+                        percent_of_pinned: p.percent_of_pinned(t.method, t.direction),
                     })
-                    .collect();
-                json!({
-                    "batch_rows": p.batch_rows,
-                    "batches": p.batches,
-                    "rows": p.rows,
-                    "max_batch_rows": p.max_batch_rows,
-                    "verified": p.verified,
-                    "measurements": measurements,
-                })
+                    .collect(),
             })
             .collect();
-        json!({
-            "devarrow_version": env!("CARGO_PKG_VERSION"),
-            "commit": devarrow::GIT_COMMIT,
-            "unix_time": std::time::SystemTime::now()
+        JsonReport {
+            devarrow_version: env!("CARGO_PKG_VERSION"),
+            commit: devarrow::GIT_COMMIT,
+            unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            "host": {
-                "os": std::env::consts::OS,
-                "arch": std::env::consts::ARCH,
-                "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            host: JsonHost {
+                os: std::env::consts::OS,
+                arch: std::env::consts::ARCH,
+                cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             },
-            "device": {
-                "id": self.device.id,
-                "name": self.device.name,
-                "cuda_devices": cuda_devices,
-                "cuda_unavailable": cuda_unavailable,
-                "fallback_reason": self.device.fallback,
+            device: JsonDevice {
+                id: &self.device.id,
+                name: &self.device.name,
+                cuda_devices,
+                cuda_unavailable,
+                fallback_reason: self.device.fallback.as_deref(),
             },
-            "options": {
-                "device": o.device.to_string(),
-                "scale": if o.input.is_none() { Value::from(o.scale) } else { Value::Null },
-                "batch_sizes": o.batch_sizes,
-                "reps": o.reps,
-                "warmup_reps": 1,
-                "input": o.input.as_ref().map(|p| p.display().to_string()),
-                "chart": o.chart.as_ref().map(|p| p.display().to_string()),
-                "json": match &o.json {
-                    Some(JsonTarget::Stdout) => Value::from("-"),
-                    Some(JsonTarget::File(p)) => Value::from(p.display().to_string()),
-                    None => Value::Null,
-                },
+            options: JsonOptions {
+                device: o.device.to_string(),
+                scale: o.input.is_none().then_some(o.scale),
+                batch_sizes: &o.batch_sizes,
+                reps: o.reps,
+                warmup_reps: 1,
+                memory_check: o.memory_check,
+                input: o.input.as_ref().map(|p| p.display().to_string()),
+                chart: o.chart.as_ref().map(|p| p.display().to_string()),
+                json: o.json.as_ref().map(|j| match j {
+                    JsonTarget::Stdout => "-".to_string(),
+                    JsonTarget::File(p) => p.display().to_string(),
+                }),
             },
-            "data": {
-                "kind": self.data.kind,
-                "path": self.data.path,
-                "scale": self.data.scale,
-                "rows": self.data.rows,
-                "columns": self.data.columns,
-                "arrow_bytes": self.data.arrow_bytes,
+            data: &self.data,
+            units: JsonUnits {
+                time: "seconds",
+                bandwidth: "GB/s (1e9 bytes per second, best repetition)",
             },
-            "units": { "time": "seconds", "bandwidth": "GB/s (1e9 bytes per second, best repetition)" },
-            "points": points,
-            "export_check": self.export_check,
-        })
+            points,
+            export_check: self.export_check.as_deref(),
+        }
     }
+
+    /// [`Run::json`] as pretty-printed text, with a final newline.
+    pub fn json_text(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(&self.json()).map(|text| text + "\n")
+    }
+}
+
+/// What `--json` writes: every measurement, the device, the commit, the host, the data
+/// and the options.
+#[derive(Debug, Serialize)]
+pub struct JsonReport<'a> {
+    devarrow_version: &'static str,
+    commit: &'static str,
+    unix_time: u64,
+    host: JsonHost,
+    device: JsonDevice<'a>,
+    options: JsonOptions<'a>,
+    data: &'a DataInfo,
+    units: JsonUnits,
+    points: Vec<JsonPoint>,
+    export_check: Option<&'a str>,
+}
+
+/// The machine the run ran on.
+#[derive(Debug, Serialize)]
+struct JsonHost {
+    os: &'static str,
+    arch: &'static str,
+    cpus: usize,
+}
+
+/// The device, and what the machine said about CUDA.
+#[derive(Debug, Serialize)]
+struct JsonDevice<'a> {
+    id: &'a str,
+    name: &'a str,
+    cuda_devices: Option<&'a str>,
+    cuda_unavailable: Option<&'a str>,
+    fallback_reason: Option<&'a str>,
+}
+
+/// The options of the run, resolved.
+#[derive(Debug, Serialize)]
+struct JsonOptions<'a> {
+    device: String,
+    scale: Option<f64>,
+    batch_sizes: &'a [usize],
+    reps: usize,
+    warmup_reps: usize,
+    memory_check: bool,
+    input: Option<String>,
+    chart: Option<String>,
+    json: Option<String>,
+}
+
+/// The units of the figures.
+#[derive(Debug, Serialize)]
+struct JsonUnits {
+    time: &'static str,
+    bandwidth: &'static str,
+}
+
+/// Every measurement at one batch size.
+#[derive(Debug, Serialize)]
+struct JsonPoint {
+    batch_rows: usize,
+    batches: usize,
+    rows: usize,
+    max_batch_rows: usize,
+    verified: bool,
+    measurements: Vec<JsonMeasurement>,
+}
+
+/// One method in one direction.
+#[derive(Debug, Serialize)]
+struct JsonMeasurement {
+    method: &'static str,
+    direction: &'static str,
+    bytes: usize,
+    copies: u64,
+    best_s: f64,
+    median_s: f64,
+    times_s: Vec<f64>,
+    gbps: f64,
+    percent_of_pinned: Option<f64>,
 }
 
 /// The table of one batch size: bytes, time, GB/s and share of pinned per method and
@@ -375,6 +452,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::job::measure::Timing;
     use crate::job::options::DeviceChoice;
+    use serde_json::{json, Value};
 
     pub(crate) fn sample_point(batch_rows: usize, scale: f64) -> Point {
         let mut timings = Vec::new();
@@ -413,6 +491,7 @@ pub(crate) mod tests {
                 json: Some(JsonTarget::Stdout),
                 chart: None,
                 progress: false,
+                memory_check: true,
             },
             device: DeviceInfo {
                 id: "cpu".into(),
@@ -493,9 +572,10 @@ pub(crate) mod tests {
     #[test]
     fn json_shape() {
         let run = sample_run(vec![sample_point(1024, 1.0), sample_point(4096, 0.5)]);
-        let v = run.json();
         // Round trip through text: what `--json` writes parses.
-        let v: Value = serde_json::from_str(&serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        let text = run.json_text().unwrap();
+        assert!(text.ends_with("}\n"));
+        let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["commit"], devarrow::GIT_COMMIT);
         assert!(v["unix_time"].as_u64().unwrap() > 1_600_000_000);
         assert!(v["host"]["cpus"].as_u64().unwrap() >= 1);
@@ -506,6 +586,19 @@ pub(crate) mod tests {
         assert_eq!(v["options"]["batch_sizes"], json!([1024, 4096]));
         assert_eq!(v["options"]["reps"], 2);
         assert_eq!(v["options"]["json"], "-");
+        assert_eq!(v["options"]["scale"], 0.1);
+        assert_eq!(v["options"]["warmup_reps"], 1);
+        assert_eq!(v["options"]["memory_check"], true);
+        assert!(v["options"]["input"].is_null() && v["options"]["chart"].is_null());
+        assert!(v["device"]["fallback_reason"].as_str().is_some());
+        assert_eq!(v["data"]["kind"], "tpch-lineitem");
+        assert_eq!(v["data"]["scale"], 0.1);
+        assert!(v["data"]["path"].is_null());
+        assert_eq!(v["data"]["arrow_bytes"], 138_000_000);
+        assert_eq!(v["units"]["time"], "seconds");
+        assert_eq!(v["export_check"], "export: ok");
+        assert_eq!(v["devarrow_version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(v["host"]["os"], std::env::consts::OS);
         assert_eq!(v["data"]["rows"], 600_572);
         let points = v["points"].as_array().unwrap();
         assert_eq!(points.len(), 2);
