@@ -10,38 +10,12 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::measure::{Direction, Method, Point};
+use super::options::ChartFormat;
 use super::report::short_rows;
 use super::JobError;
 
 /// The size of the chart, in pixels.
 pub const SIZE: (u32, u32) = (1024, 576);
-
-/// The file formats `--chart` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChartFormat {
-    /// Scalable vector graphics (`.svg`).
-    Svg,
-    /// A PNG bitmap (`.png`).
-    Png,
-}
-
-impl ChartFormat {
-    /// The format of `path`, from its extension (case-insensitive).
-    pub fn of_path(path: &Path) -> Result<Self, String> {
-        let extension = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        match extension.as_deref() {
-            Some("svg") => Ok(Self::Svg),
-            Some("png") => Ok(Self::Png),
-            Some(other) => Err(format!(
-                "cannot draw a chart as .{other}: the chart's file name must end in .svg or .png"
-            )),
-            None => Err("the chart's file name must end in .svg or .png".into()),
-        }
-    }
-}
 
 fn color(method: Method) -> RGBColor {
     match method {

@@ -94,7 +94,7 @@ impl std::fmt::Display for NotEnoughMemory {
              run anyway",
             e.scale,
             gb(e.needed_bytes),
-            super::report::thousands(e.rows),
+            super::text::thousands(e.rows),
             LINEITEM_BYTES_PER_ROW,
             gb(e.data_bytes),
             e.copies,

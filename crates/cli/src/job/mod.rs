@@ -20,6 +20,7 @@ pub mod memory;
 pub mod options;
 pub mod progress;
 pub mod report;
+pub mod text;
 
 use std::io::Write as _;
 use std::path::Path;
@@ -196,7 +197,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         check_writable(path, "JSON")?;
     }
     if let Some(path) = &options.chart {
-        chart::ChartFormat::of_path(path).map_err(JobError::new)?;
+        options::ChartFormat::of_path(path).map_err(JobError::new)?;
         check_writable(path, "chart")?;
     }
     // A file is read before the device opens, so that a bad file is its only message.

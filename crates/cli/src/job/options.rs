@@ -1,6 +1,6 @@
 //! The command line of the main job (clap), and the parsers of its values.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
@@ -185,7 +185,7 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
 /// Accepts a chart file name ending in `.svg` or `.png`.
 pub fn parse_chart_path(s: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(s);
-    super::chart::ChartFormat::of_path(&path)?;
+    ChartFormat::of_path(&path)?;
     Ok(path)
 }
 
@@ -255,6 +255,33 @@ pub fn parse_batch_sizes(s: &str) -> Result<BatchSizes, String> {
         return Err("at most 64 batch sizes".into());
     }
     Ok(BatchSizes(sizes))
+}
+
+/// The file formats `--chart` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChartFormat {
+    /// Scalable vector graphics (`.svg`).
+    Svg,
+    /// A PNG bitmap (`.png`).
+    Png,
+}
+
+impl ChartFormat {
+    /// The format of `path`, from its extension (case-insensitive).
+    pub fn of_path(path: &Path) -> Result<Self, String> {
+        let extension = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match extension.as_deref() {
+            Some("svg") => Ok(Self::Svg),
+            Some("png") => Ok(Self::Png),
+            Some(other) => Err(format!(
+                "cannot draw a chart as .{other}: the chart's file name must end in .svg or .png"
+            )),
+            None => Err("the chart's file name must end in .svg or .png".into()),
+        }
+    }
 }
 
 #[cfg(test)]

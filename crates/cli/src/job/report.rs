@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::measure::{Direction, Method, Point};
 use super::options::{JsonTarget, Options};
+pub use super::text::thousands;
 
 /// The device a run used, as reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,19 +82,6 @@ pub struct Run {
     /// The result of exporting a device batch through the C Device Data Interface and
     /// importing it.
     pub export_check: Option<String>,
-}
-
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `n` and the noun, singular or plural: `1 batch`, `2,048 batches`.
