@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use devarrow_cuda::kernels::{
-    split_segments, CopySegment, BLOCK_SIZE, COPY_PTX, MAX_COPY_PIECE, VALIDITY_PTX,
+    plan_pieces, split_segments, CopySegment, BLOCK_SIZE, COPY_PTX, VALIDITY_PTX,
 };
 use devarrow_emu::ptx::{Dims, ExecError, Fault, Memory, Module};
 use devarrow_testing::kernel_oracles::{naive, SplitMix64};
@@ -205,6 +205,9 @@ struct Geo {
     grid: u32,
     block: u32,
 }
+
+/// The warps of the standard geometry's largest grid (`Kernels::batched_copy_warps`).
+const STANDARD_WARPS: u64 = 8 * SMS * (BLOCK_SIZE as u64 / 32);
 
 /// The launch geometry of `Kernels::config` (crates/cuda/src/kernels/mod.rs).
 fn standard(items: u64) -> Geo {
@@ -479,9 +482,27 @@ fn pack_bools_matches_naive() {
 // Copy kernels
 // ---------------------------------------------------------------------------------------
 
+/// How [`check_batched`] cuts the segments into descriptors.
+#[derive(Debug, Clone, Copy)]
+enum Pieces {
+    /// `plan_pieces` for the warps of the standard geometry (as `batched_copy` does).
+    Planned,
+    /// Pieces of at most this many bytes (any size: the kernel takes any descriptor).
+    Max(u64),
+}
+
 /// One batched-copy launch over segments of the given (length, source alignment,
 /// destination alignment), each in its own source and destination window.
 fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) {
+    check_batched_pieces(rng, segs, alt_geo, Pieces::Planned)
+}
+
+fn check_batched_pieces(
+    rng: &mut SplitMix64,
+    segs: &[(u64, u64, u64)],
+    alt_geo: bool,
+    cut: Pieces,
+) {
     let mut mem = TestMem::new();
     let mut srcs = Vec::new();
     let mut descs = Vec::new();
@@ -500,7 +521,10 @@ fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) 
             len,
         });
     }
-    let pieces = split_segments(&descs, MAX_COPY_PIECE);
+    let pieces = match cut {
+        Pieces::Planned => plan_pieces(&descs, STANDARD_WARPS),
+        Pieces::Max(max) => split_segments(&descs, max),
+    };
     if pieces.is_empty() {
         return;
     }
@@ -516,7 +540,7 @@ fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) 
     } else {
         standard(32 * n)
     };
-    let ctx = format!("{} segments {geo:?}", segs.len());
+    let ctx = format!("{} segments {cut:?} {geo:?}", segs.len());
     run(
         copy_module(),
         "dvx_batched_copy",
@@ -553,15 +577,25 @@ fn batched_copy_matches_memcpy() {
             .collect();
         check_batched(&mut rng, &segs, round % 2 == 1);
     }
-    // one segment per launch, every alignment pair
+    // every alignment pair (all word offsets and shifts of a shifted source), lengths
+    // without a body, with partial rounds, and with full rounds and more
     for sa in 0..16 {
         for da in 0..16 {
-            let segs: Vec<(u64, u64, u64)> = [1, 15, 16, 17, 47, 100]
+            let segs: Vec<(u64, u64, u64)> = [1, 15, 16, 17, 47, 100, 2100, 4133]
                 .iter()
                 .map(|&l| (l, sa, da))
                 .collect();
             check_batched(&mut rng, &segs, (sa + da) % 3 == 0);
         }
+    }
+    // descriptors of any size, not only planned ones: pieces that are not multiples of
+    // 16 change the alignments from one piece to the next
+    for max in [1000, 2048, 1984 * 3 + 5, 9999] {
+        let segs: Vec<(u64, u64, u64)> = [1, 100, 4133, 20_000, 40_001]
+            .iter()
+            .map(|&l| (l, rng.below(16), rng.below(16)))
+            .collect();
+        check_batched_pieces(&mut rng, &segs, max % 2 == 1, Pieces::Max(max));
     }
     // many descriptors: more warps than the grid has
     let segs: Vec<(u64, u64, u64)> = (0..300)
@@ -1463,13 +1497,13 @@ fn large_inputs_and_speed() {
         let mut mem = TestMem::new();
         mem.map(SRC + sa, &data[..n as usize], Access::Read);
         mem.map(DST + da, &vec![0; n as usize], Access::Write);
-        let pieces = split_segments(
+        let pieces = plan_pieces(
             &[CopySegment {
                 src: SRC + sa,
                 dst: DST + da,
                 len: n,
             }],
-            MAX_COPY_PIECE,
+            132 * 64,
         );
         let table: Vec<u8> = pieces
             .iter()
