@@ -5,12 +5,14 @@
 //! The size `N` of a case is the larger of its input and output (`Throughput::Bytes(N)`):
 //! `count_set_bits` reads an N-byte bitmap; `copy_bitmap` realigns one (bit offset 3) into
 //! N bytes; `pack_bools` packs N one-byte booleans; `unpack_bits` writes N booleans;
-//! `batched_copy` copies N bytes in 4096 segments of mixed sizes; `rebase_offsets_i32/i64`
-//! rebase N bytes of offsets; `d2d` copies N bytes. Each sample ends with
-//! `cuStreamSynchronize`.
+//! `batched_copy(aligned)` copies N bytes in 4096 segments of mixed sizes whose sources
+//! and destinations have the same alignment modulo 16; `batched_copy(misaligned)` the
+//! same with every source 7 bytes further (the kernel's shifted path, which 15 of 16
+//! source offsets take, e.g. sliced strings); `rebase_offsets_i32/i64` rebase N bytes of
+//! offsets; `d2d` copies N bytes. Each sample ends with `cuStreamSynchronize`.
 //!
 //! Without a GPU it benchmarks the CPU reference implementations
-//! (`devarrow::cuda::kernels::reference`, the GPU tests' oracles, which emulate the
+//! (`devarrow_testing::kernel_oracles`, the GPU tests' oracles, which replay the
 //! kernels' access patterns and are not meant to be fast) beside a host `memcpy`, at 1 and
 //! 4 MiB, and says so. `DEVARROW_BENCH_KERNEL_MIB` (comma-separated MiB) overrides the
 //! sizes.
@@ -23,7 +25,7 @@ use std::time::Duration;
 use common::BenchDevice;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use devarrow::cuda::cudarc::driver::sys;
-use devarrow::cuda::kernels::{self, CopySegment, MAX_COPY_PIECE};
+use devarrow::cuda::kernels::{self, CopySegment};
 use devarrow::cuda::{CudaDevice, CudaMemory, CudaStream, DeviceBuffer};
 use devarrow_testing::kernel_oracles as reference;
 
@@ -101,19 +103,24 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaDevice) {
         let (s, d) = (src.device_ptr(), dst.device_ptr());
         let bits = (n as u64) * 8;
 
-        let pieces = kernels::split_segments(
-            &segment_layout(n)
+        // (descriptor table, descriptors) of the 4096 segments, sources `shift` bytes on
+        // (the buffers have 8 bytes to spare)
+        let table = |shift: u64| {
+            let segments: Vec<CopySegment> = segment_layout(n)
                 .into_iter()
                 .map(|(at, len)| CopySegment {
-                    src: s + at as u64,
+                    src: s + at as u64 + shift,
                     dst: d + at as u64,
                     len: len as u64,
                 })
-                .collect::<Vec<_>>(),
-            MAX_COPY_PIECE,
-        );
-        let flat: Vec<u64> = pieces.iter().flat_map(|p| [p.src, p.dst, p.len]).collect();
-        let table = DeviceBuffer::from_host(&stream, &flat).expect("descriptor table");
+                .collect();
+            let pieces = kernels::plan_batched_copy(&stream, &segments).expect("plan");
+            let flat: Vec<u64> = pieces.iter().flat_map(|p| [p.src, p.dst, p.len]).collect();
+            let table = DeviceBuffer::from_host(&stream, &flat).expect("descriptor table");
+            (table, pieces.len() as u64)
+        };
+        let aligned = table(0);
+        let misaligned = table(7);
 
         let mut group = c.benchmark_group(format!("kernels/cuda/{mib}MiB"));
         configure(&mut group, n);
@@ -163,16 +170,19 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaDevice) {
                 sync(&stream)
             })
         });
-        group.bench_function("batched_copy", |b| {
-            b.iter(|| {
-                // SAFETY: see "Every launch below" above.
-                unsafe {
-                    kernels::launch_batched_copy(&stream, table.device_ptr(), pieces.len() as u64)
-                }
-                .expect("launch");
-                sync(&stream)
-            })
-        });
+        for (name, (table, pieces)) in [
+            ("batched_copy(aligned)", &aligned),
+            ("batched_copy(misaligned)", &misaligned),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    // SAFETY: see "Every launch below" above.
+                    unsafe { kernels::launch_batched_copy(&stream, table.device_ptr(), *pieces) }
+                        .expect("launch");
+                    sync(&stream)
+                })
+            });
+        }
         group.bench_function("rebase_offsets_i32", |b| {
             b.iter(|| {
                 // SAFETY: see "Every launch below" above.
@@ -190,7 +200,7 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaDevice) {
             })
         });
         group.finish();
-        drop((src, dst, counter, table));
+        drop((src, dst, counter, aligned, misaligned));
         sync(&stream);
     }
 }
@@ -198,7 +208,7 @@ fn gpu_kernels(c: &mut Criterion, device: &CudaDevice) {
 fn cpu_references(c: &mut Criterion) {
     println!(
         "[kernels] no GPU: benchmarking the CPU reference implementations \
-         (devarrow::cuda::kernels::reference) beside a memcpy; the GPU numbers need a GPU"
+         (devarrow_testing::kernel_oracles) beside a memcpy; the GPU numbers need a GPU"
     );
     for mib in sizes(false) {
         let n = mib << 20;
@@ -225,19 +235,27 @@ fn cpu_references(c: &mut Criterion) {
         group.bench_function("unpack_bits", |b| {
             b.iter(|| reference::unpack_bits(&src, 0, n))
         });
-        group.bench_function("batched_copy", |b| {
-            b.iter(|| {
-                let srcs: Vec<&[u8]> = layout.iter().map(|&(at, len)| &src[at..at + len]).collect();
-                let mut rest = &mut out[..n];
-                let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(layout.len());
-                for &(_, len) in &layout {
-                    let (head, tail) = rest.split_at_mut(len);
-                    dsts.push(head);
-                    rest = tail;
-                }
-                reference::batched_copy(&srcs, &mut dsts)
-            })
-        });
+        for (name, shift) in [
+            ("batched_copy(aligned)", 0),
+            ("batched_copy(misaligned)", 7),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let srcs: Vec<&[u8]> = layout
+                        .iter()
+                        .map(|&(at, len)| &src[at + shift..at + shift + len])
+                        .collect();
+                    let mut rest = &mut out[..n];
+                    let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(layout.len());
+                    for &(_, len) in &layout {
+                        let (head, tail) = rest.split_at_mut(len);
+                        dsts.push(head);
+                        rest = tail;
+                    }
+                    reference::batched_copy(&srcs, &mut dsts)
+                })
+            });
+        }
         group.bench_function("rebase_offsets_i32", |b| {
             b.iter(|| reference::rebase_offsets_i32(&offsets32, 7))
         });

@@ -24,7 +24,7 @@ use devarrow_abi::ArrowDeviceType;
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
-use crate::kernels::{self, CopySegment, MAX_COPY_PIECE};
+use crate::kernels::{self, CopySegment};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 use crate::primary_context::PrimaryContext;
 
@@ -537,8 +537,8 @@ unsafe impl Device for CudaDevice {
         Ok(())
     }
 
-    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (long ones
-    /// split in pieces of [`MAX_COPY_PIECE`] bytes). The descriptor table is written to
+    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (cut into
+    /// pieces by [`kernels::plan_batched_copy`]). The descriptor table is written to
     /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
     /// device table (freed in stream order after the kernel): nothing blocks the host,
     /// unless the previous call's upload has not yet run.
@@ -564,9 +564,9 @@ unsafe impl Device for CudaDevice {
             )
             .into());
         }
-        let pieces = kernels::split_segments(&segments, MAX_COPY_PIECE);
-        let bytes = std::mem::size_of_val(&pieces[..]);
         self.bind()?;
+        let pieces = kernels::plan_batched_copy(&self.stream, &segments)?;
+        let bytes = std::mem::size_of_val(&pieces[..]);
         let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(event) = staging.uploaded.take() {
             context::sync_event(&event)?;

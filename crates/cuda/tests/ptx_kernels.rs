@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use devarrow_cuda::kernels::{
-    split_segments, CopySegment, BLOCK_SIZE, COPY_PTX, MAX_COPY_PIECE, VALIDITY_PTX,
+    plan_pieces, split_segments, CopySegment, BLOCK_SIZE, COPY_PTX, VALIDITY_PTX,
 };
 use devarrow_emu::ptx::{Dims, ExecError, Fault, Memory, Module};
 use devarrow_testing::kernel_oracles::{naive, SplitMix64};
@@ -205,6 +205,9 @@ struct Geo {
     grid: u32,
     block: u32,
 }
+
+/// The warps of the standard geometry's largest grid (`Kernels::batched_copy_warps`).
+const STANDARD_WARPS: u64 = 8 * SMS * (BLOCK_SIZE as u64 / 32);
 
 /// The launch geometry of `Kernels::config` (crates/cuda/src/kernels/mod.rs).
 fn standard(items: u64) -> Geo {
@@ -479,9 +482,27 @@ fn pack_bools_matches_naive() {
 // Copy kernels
 // ---------------------------------------------------------------------------------------
 
+/// How [`check_batched`] cuts the segments into descriptors.
+#[derive(Debug, Clone, Copy)]
+enum Pieces {
+    /// `plan_pieces` for the warps of the standard geometry (as `batched_copy` does).
+    Planned,
+    /// Pieces of at most this many bytes (any size: the kernel takes any descriptor).
+    Max(u64),
+}
+
 /// One batched-copy launch over segments of the given (length, source alignment,
 /// destination alignment), each in its own source and destination window.
 fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) {
+    check_batched_pieces(rng, segs, alt_geo, Pieces::Planned)
+}
+
+fn check_batched_pieces(
+    rng: &mut SplitMix64,
+    segs: &[(u64, u64, u64)],
+    alt_geo: bool,
+    cut: Pieces,
+) {
     let mut mem = TestMem::new();
     let mut srcs = Vec::new();
     let mut descs = Vec::new();
@@ -500,7 +521,10 @@ fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) 
             len,
         });
     }
-    let pieces = split_segments(&descs, MAX_COPY_PIECE);
+    let pieces = match cut {
+        Pieces::Planned => plan_pieces(&descs, STANDARD_WARPS),
+        Pieces::Max(max) => split_segments(&descs, max),
+    };
     if pieces.is_empty() {
         return;
     }
@@ -516,7 +540,7 @@ fn check_batched(rng: &mut SplitMix64, segs: &[(u64, u64, u64)], alt_geo: bool) 
     } else {
         standard(32 * n)
     };
-    let ctx = format!("{} segments {geo:?}", segs.len());
+    let ctx = format!("{} segments {cut:?} {geo:?}", segs.len());
     run(
         copy_module(),
         "dvx_batched_copy",
@@ -553,15 +577,25 @@ fn batched_copy_matches_memcpy() {
             .collect();
         check_batched(&mut rng, &segs, round % 2 == 1);
     }
-    // one segment per launch, every alignment pair
+    // every alignment pair (all word offsets and shifts of a shifted source), lengths
+    // without a body, with partial rounds, and with full rounds and more
     for sa in 0..16 {
         for da in 0..16 {
-            let segs: Vec<(u64, u64, u64)> = [1, 15, 16, 17, 47, 100]
+            let segs: Vec<(u64, u64, u64)> = [1, 15, 16, 17, 47, 100, 2100, 4133]
                 .iter()
                 .map(|&l| (l, sa, da))
                 .collect();
             check_batched(&mut rng, &segs, (sa + da) % 3 == 0);
         }
+    }
+    // descriptors of any size, not only planned ones: pieces that are not multiples of
+    // 16 change the alignments from one piece to the next
+    for max in [1000, 2048, 1984 * 3 + 5, 9999] {
+        let segs: Vec<(u64, u64, u64)> = [1, 100, 4133, 20_000, 40_001]
+            .iter()
+            .map(|&l| (l, rng.below(16), rng.below(16)))
+            .collect();
+        check_batched_pieces(&mut rng, &segs, max % 2 == 1, Pieces::Max(max));
     }
     // many descriptors: more warps than the grid has
     let segs: Vec<(u64, u64, u64)> = (0..300)
@@ -933,6 +967,79 @@ fn shfl_sync_modes_match_cuda() {
 }
 
 #[test]
+fn vote_sync_modes_match_cuda() {
+    // per lane: p1 = (some hash of tid) odd, p2 = tid < 40 (all of warp 0, part of warp
+    // 1), p3 = true; votes over the full warp and over the even lanes
+    let body = "mov.u32 %r1, %tid.x; mul.lo.u32 %r2, %r1, 0x9E3779B1; shr.u32 %r2, %r2, 7;\n\
+         and.b32 %r2, %r2, 1; setp.ne.u32 %p1, %r2, 0; setp.lt.u32 %p2, %r1, 40; setp.eq.u32 %p3, %r1, %r1;\n\
+         vote.sync.ballot.b32 %r10, %p1, 0xffffffff;\n\
+         vote.sync.ballot.b32 %r11, !%p2, 0xffffffff;\n\
+         vote.sync.any.pred %p4, %p1, 0xffffffff; selp.u32 %r12, 1, 0, %p4;\n\
+         vote.sync.all.pred %p4, %p2, 0xffffffff; selp.u32 %r13, 1, 0, %p4;\n\
+         vote.sync.uni.pred %p4, %p2, 0xffffffff; selp.u32 %r14, 1, 0, %p4;\n\
+         vote.sync.all.pred %p4, %p3, -1; selp.u32 %r15, 1, 0, %p4;\n\
+         vote.sync.any.pred %p4, !%p3, -1; selp.u32 %r16, 1, 0, %p4;\n\
+         and.b32 %r3, %r1, 1; setp.ne.u32 %p5, %r3, 0; @%p5 bra ODD;\n\
+         vote.sync.ballot.b32 %r17, %p1, 0x55555555;\n\
+         vote.sync.uni.pred %p4, %p2, 0x55555555; selp.u32 %r18, 1, 0, %p4;\n\
+         bra.uni DONE;\nODD:\nmov.u32 %r17, 0; mov.u32 %r18, 0;\nDONE:\n\
+         mul.wide.u32 %rd3, %r1, 36; add.u64 %rd3, %rd0, %rd3;\n\
+         st.global.u32 [%rd3], %r10; st.global.u32 [%rd3+4], %r11; st.global.u32 [%rd3+8], %r12;\n\
+         st.global.u32 [%rd3+12], %r13; st.global.u32 [%rd3+16], %r14; st.global.u32 [%rd3+20], %r15;\n\
+         st.global.u32 [%rd3+24], %r16; st.global.u32 [%rd3+28], %r17; st.global.u32 [%rd3+32], %r18;";
+    let got = run_snippet("", body, 64, 64 * 9 / 2);
+    let word = |tid: usize, i: usize| -> u32 {
+        let at = tid * 36 + i * 4;
+        (got[at / 8] >> (8 * (at % 8))) as u32
+    };
+    let p1 = |tid: usize| ((tid as u32).wrapping_mul(0x9E37_79B1) >> 7) & 1 != 0;
+    let p2 = |tid: usize| tid < 40;
+    let ballot = |warp: usize, mask: u32, f: &dyn Fn(usize) -> bool| -> u32 {
+        (0..32)
+            .filter(|&l| mask & (1 << l) != 0 && f(warp * 32 + l))
+            .fold(0, |b, l| b | 1 << l)
+    };
+    for warp in 0..2 {
+        let b1 = ballot(warp, !0, &p1);
+        let b2 = ballot(warp, !0, &p2);
+        let even = ballot(warp, 0x5555_5555, &p1);
+        let even2 = ballot(warp, 0x5555_5555, &p2);
+        for lane in 0..32 {
+            let tid = warp * 32 + lane;
+            assert_eq!(word(tid, 0), b1, "ballot, thread {tid}");
+            assert_eq!(
+                word(tid, 1),
+                !b2,
+                "ballot of a negated predicate, thread {tid}"
+            );
+            assert_eq!(word(tid, 2), (b1 != 0) as u32, "any, thread {tid}");
+            assert_eq!(word(tid, 3), (b2 == !0) as u32, "all, thread {tid}");
+            assert_eq!(
+                word(tid, 4),
+                (b2 == 0 || b2 == !0) as u32,
+                "uni, thread {tid}"
+            );
+            assert_eq!(word(tid, 5), 1, "all of true, thread {tid}");
+            assert_eq!(word(tid, 6), 0, "any of false, thread {tid}");
+            let (ballot_even, uni_even) = if lane % 2 == 0 {
+                (even, (even2 == 0 || even2 == 0x5555_5555) as u32)
+            } else {
+                (0, 0)
+            };
+            assert_eq!(
+                word(tid, 7),
+                ballot_even,
+                "ballot over even lanes, thread {tid}"
+            );
+            assert_eq!(word(tid, 8), uni_even, "uni over even lanes, thread {tid}");
+        }
+    }
+    // warp 1 is split by p2 (lanes 0..7 true): not uniform, neither all nor none
+    assert_eq!(word(32, 4), 0);
+    assert_eq!(word(0, 4), 1);
+}
+
+#[test]
 fn bar_sync_orders_shared_memory_and_ignores_exited_threads() {
     let decls = ".shared .align 4 .b32 s_buf[128];";
     // threads >= 100 exit before the barrier; the others exchange values through shared
@@ -1104,6 +1211,13 @@ fn parse_errors_name_the_line() {
         ("call nothing;", "undeclared function"),
         ("@%r1 bra L;\nL:", "predicate"),
         ("shfl.sync.down.b32 %r1, %r2, 1, 31;", "operands"),
+        ("vote.any.pred %p1, %p2;", "unsupported instruction"),
+        (
+            "vote.sync.ballot.pred %p1, %p2, -1;",
+            "unsupported instruction",
+        ),
+        ("vote.sync.any.pred %r1, %p2, -1;", "predicate"),
+        ("vote.sync.all.pred %p1, %p2;", "operands"),
         ("bar.sync 0, 64;", "thread count"),
         ("mov.u32 %r1, 0x1g;", "unsupported number"),
         ("mov.u32 %r1, 1.5;", "unsupported number"),
@@ -1261,6 +1375,25 @@ fn deadlocks_are_reported() {
     // a membermask without the executing lane
     let r = launch("mov.u32 %r1, %tid.x; shfl.sync.idx.b32 %r3, %r1, 0, 31, 2;");
     assert!(matches!(r, Err(ExecError::Deadlock { .. })), "{r:?}");
+    let r = launch("setp.eq.u32 %p1, 0, 0; vote.sync.any.pred %p2, %p1, 2;");
+    assert!(matches!(r, Err(ExecError::Deadlock { .. })), "{r:?}");
+    // lanes 16..31 exit, lanes 0..15 wait forever in a full-warp vote
+    let r = launch(
+        "mov.u32 %r1, %tid.x; and.b32 %r2, %r1, 31; setp.ge.u32 %p1, %r2, 16; @%p1 bra END;\n\
+         vote.sync.all.pred %p2, %p1, -1;\nEND:",
+    );
+    assert!(matches!(r, Err(ExecError::Deadlock { .. })), "{r:?}");
+    // half a warp at a vote, the other half at a shuffle, with the same mask
+    let r = launch(
+        "mov.u32 %r1, %tid.x; and.b32 %r2, %r1, 31; setp.ge.u32 %p1, %r2, 16; @%p1 bra SH;\n\
+         vote.sync.any.pred %p2, %p1, -1;\nbra.uni END;\nSH:\nshfl.sync.down.b32 %r3, %r1, 1, 31, -1;\nEND:",
+    );
+    match r {
+        Err(ExecError::Deadlock { detail, .. }) => {
+            assert!(detail.contains("different warp collectives"), "{detail}");
+        }
+        r => panic!("expected a deadlock, got {r:?}"),
+    }
     // the same barrier reached by everyone is fine, also with exited threads
     launch("mov.u32 %r1, %tid.x; setp.ge.u32 %p1, %r1, 40; @%p1 bra END;\nbar.sync 0;\nbar.sync 0;\nEND:").unwrap();
 }
@@ -1364,13 +1497,13 @@ fn large_inputs_and_speed() {
         let mut mem = TestMem::new();
         mem.map(SRC + sa, &data[..n as usize], Access::Read);
         mem.map(DST + da, &vec![0; n as usize], Access::Write);
-        let pieces = split_segments(
+        let pieces = plan_pieces(
             &[CopySegment {
                 src: SRC + sa,
                 dst: DST + da,
                 len: n,
             }],
-            MAX_COPY_PIECE,
+            132 * 64,
         );
         let table: Vec<u8> = pieces
             .iter()

@@ -8,7 +8,7 @@
 //! a current context, a leak of device memory.
 //!
 //! - [`ptx`]: a parser and interpreter for the PTX subset of `kernels/*.ptx` (SIMT
-//!   threads, warps with `shfl.sync`, blocks with `bar.sync` and shared memory), with
+//!   threads, warps with `shfl.sync` and `vote.sync`, blocks with `bar.sync` and shared memory), with
 //!   every global access bounds- and alignment-checked by a [`ptx::Memory`].
 //! - [`driver`]: `extern "C"` functions with the driver API's names and signatures
 //!   (`cuInit`, `cuMemAlloc_v2`, `cuLaunchKernel`, ...). Built as the cdylib

@@ -14,7 +14,7 @@
 //! algorithm at the slices' own host addresses. Unit tests check every chunked function
 //! against [`naive`] over random inputs, lengths, bit offsets and alignments.
 
-use devarrow_cuda::kernels::{split_segments, CopySegment, MAX_COPY_PIECE};
+use devarrow_cuda::kernels::{piece_size, split_segments, CopySegment, MAX_COPY_PIECE};
 
 /// Bit `i` of an Arrow (LSB-first) bitmap.
 pub fn get_bit(bitmap: &[u8], i: usize) -> bool {
@@ -430,12 +430,21 @@ pub fn pack_bools(bools: &[u8]) -> Vec<u8> {
     out
 }
 
-/// What one warp of `dvx_batched_copy` does for one descriptor: copies `src` (at virtual
-/// address `src_addr`) to the start of `dst` (at `dst_addr`): head bytes, 16-byte body
-/// chunks (vector or funnel-shifted words), tail bytes.
+/// What one warp of `dvx_batched_copy` does for one descriptor, lane by lane: copies
+/// `src` (at virtual address `src_addr`) to the start of `dst` (at `dst_addr`): head and
+/// tail bytes (the first and last output chunks too when the source is shifted), then
+/// rounds of four 16-byte chunks per lane, stored as loaded (source 16-aligned after
+/// the head) or funnel-shifted from aligned source chunks with one or two words of a
+/// neighbour lane (`shfl.sync`). Every load and store is checked to lie inside the
+/// descriptor's ranges, and every stored chunk to be made of chunks loaded in the same
+/// round.
 pub fn copy_segment_chunked(src: &[u8], src_addr: u64, dst: &mut [u8], dst_addr: u64) {
     let len = src.len() as u64;
     assert!(dst.len() as u64 >= len);
+    assert!(
+        len <= MAX_COPY_PIECE,
+        "descriptor longer than MAX_COPY_PIECE"
+    );
     let mem = Mem {
         bytes: src,
         base: src_addr,
@@ -446,58 +455,143 @@ pub fn copy_segment_chunked(src: &[u8], src_addr: u64, dst: &mut [u8], dst_addr:
     };
     let src_end = src_addr + len;
     let dst_end = dst_addr + len;
-    let head = (dst_addr.wrapping_neg() & 15).min(len);
-    for lane in 0..head {
-        out.store_byte(dst_addr + lane, mem.byte(src_addr + lane));
-    }
-    let rem = len - head;
-    let nb = rem >> 4;
-    let tail = rem & 15;
-    let s = src_addr + head;
-    let d = dst_addr + head;
-    if s & 15 == 0 {
-        for i in 0..nb {
-            let x = [0, 4, 8, 12].map(|o| mem.word(s + 16 * i + o, src_addr, src_end));
-            for (j, &w) in x.iter().enumerate() {
-                out.store_word(d + 16 * i + 4 * j as u64, w, dst_addr, dst_end);
-            }
-        }
-    } else {
-        let r = s & 3;
-        let s4 = s - r;
-        let shift = (8 * r) as u32;
-        for i in 0..nb {
-            let base = s4 + 16 * i;
-            let w: [u32; 5] = std::array::from_fn(|m| {
-                mem.word_or_guarded(base + 4 * m as u64, src_addr, src_end)
-            });
-            for j in 0..4 {
-                let o = funnel_right(w[j], w[j + 1], shift);
-                out.store_word(d + 16 * i + 4 * j as u64, o, dst_addr, dst_end);
-            }
+    let mut h = (dst_addr.wrapping_neg() & 15).min(len);
+    let rem = len - h;
+    let mut nb = rem >> 4;
+    let mut t = rem & 15;
+    let off = (src_addr + h) & 15;
+    if off != 0 {
+        // output chunks 0 and nb - 1 would need aligned source chunks reaching outside
+        if nb >= 2 {
+            h += 16;
+            nb -= 2;
+            t += 16;
+        } else {
+            nb = 0;
+            t = rem;
         }
     }
-    for lane in 0..tail {
-        let off = 16 * nb + lane;
-        out.store_byte(d + off, mem.byte(s + off));
+    assert!(h < 32 && t < 32);
+    for lane in 0..32 {
+        if lane < h {
+            out.store_byte(dst_addr + lane, mem.byte(src_addr + lane));
+        }
+        if lane < t {
+            let i = len - t + lane;
+            out.store_byte(dst_addr + i, mem.byte(src_addr + i));
+        }
+    }
+    if nb == 0 {
+        return;
+    }
+    let d = dst_addr + h;
+    assert!(d.is_multiple_of(16));
+    let a = src_addr + h - off;
+    let chunk = |i: u64| -> [u32; 4] {
+        let at = a + 16 * i;
+        [0, 4, 8, 12].map(|o| mem.word(at + o, src_addr, src_end))
+    };
+    let mut store = |i: u64, words: [u32; 4]| {
+        for (j, w) in words.into_iter().enumerate() {
+            out.store_word(d + 16 * i + 4 * j as u64, w, dst_addr, dst_end);
+        }
+    };
+    // rl = chunks left - lane (lane 0's: whether the warp goes on)
+    let rl = |c0: u64, lane: u64| nb as i64 - c0 as i64 - lane as i64;
+    if off == 0 {
+        // step k of a round: chunk 32k + lane, iff rl > 32k
+        let mut c0 = 0;
+        while rl(c0, 0) > 0 {
+            for lane in 0..32 {
+                for k in 0..4 {
+                    if rl(c0, lane) > 32 * k as i64 {
+                        let i = c0 + 32 * k + lane;
+                        store(i, chunk(i));
+                    }
+                }
+            }
+            c0 += 128;
+        }
+        return;
+    }
+    // shifted: lane L of step k holds source chunk c0 + 31k + L (loaded iff rl >= 31k)
+    let q = (off / 4) as usize;
+    let sh = (8 * (off % 4)) as u32;
+    let mut c0 = 0;
+    while rl(c0, 0) > 0 {
+        let held: Vec<[Option<[u32; 4]>; 4]> = (0..32)
+            .map(|lane| {
+                std::array::from_fn(|k| {
+                    (rl(c0, lane) >= 31 * k as i64).then(|| chunk(c0 + 31 * k as u64 + lane))
+                })
+            })
+            .collect();
+        for k in 0..4 {
+            for lane in 0..32usize {
+                let r = rl(c0, lane as u64);
+                let own = held[lane][k];
+                // q < 2: output = own chunk, with words of the next lane's (lane 31
+                // stores nothing); q >= 2: output = own chunk - 1, with words of the
+                // previous lane's (lane 0 stores nothing)
+                let (stored, neighbour, out_i) = if q < 2 {
+                    (
+                        r > 31 * k as i64 && lane != 31,
+                        held.get(lane + 1).and_then(|h| h[k]),
+                        c0 + 31 * k as u64 + lane as u64,
+                    )
+                } else {
+                    (
+                        r >= 31 * k as i64 && lane != 0,
+                        lane.checked_sub(1).and_then(|l| held[l][k]),
+                        (c0 + 31 * k as u64 + lane as u64).wrapping_sub(1),
+                    )
+                };
+                if !stored {
+                    continue;
+                }
+                let own = own.expect("stores a chunk its lane did not load");
+                let nbr = neighbour.expect("stores a chunk with words its neighbour did not load");
+                let y: [u32; 5] = match q {
+                    0 => [own[0], own[1], own[2], own[3], nbr[0]],
+                    1 => [own[1], own[2], own[3], nbr[0], nbr[1]],
+                    2 => [nbr[2], nbr[3], own[0], own[1], own[2]],
+                    _ => [nbr[3], own[0], own[1], own[2], own[3]],
+                };
+                store(
+                    out_i,
+                    std::array::from_fn(|j| funnel_right(y[j], y[j + 1], sh)),
+                );
+            }
+        }
+        c0 += 124;
     }
 }
 
+/// Resident warps the plain [`batched_copy`] plans its pieces for: an H100 (132
+/// multiprocessors) with `dvx_batched_copy` at full occupancy (64 warps each).
+pub const ORACLE_WARPS: u64 = 132 * 64;
+
 /// Copies every `srcs[i]` into the start of `dsts[i]` the way `dvx_batched_copy` does
-/// (split into pieces of at most [`MAX_COPY_PIECE`], then one
+/// (cut into pieces by [`plan_pieces`](devarrow_cuda::kernels::plan_pieces) for
+/// [`ORACLE_WARPS`] warps, then one
 /// [`copy_segment_chunked`] per piece), at the slices' host addresses.
 pub fn batched_copy(srcs: &[&[u8]], dsts: &mut [&mut [u8]]) {
     assert_eq!(srcs.len(), dsts.len());
-    for (src, dst) in srcs.iter().zip(dsts.iter_mut()) {
-        let seg = CopySegment {
+    let segs: Vec<CopySegment> = srcs
+        .iter()
+        .zip(dsts.iter())
+        .map(|(src, dst)| CopySegment {
             src: src.as_ptr() as u64,
             dst: dst.as_ptr() as u64,
             len: src.len() as u64,
-        };
-        for piece in split_segments(&[seg], MAX_COPY_PIECE) {
-            let so = (piece.src - seg.src) as usize;
-            let n = piece.len as usize;
-            copy_segment_chunked(&src[so..so + n], piece.src, &mut dst[so..so + n], piece.dst);
+        })
+        .collect();
+    let piece = piece_size(&segs, ORACLE_WARPS);
+    for ((src, dst), seg) in srcs.iter().zip(dsts.iter_mut()).zip(&segs) {
+        for p in split_segments(&[*seg], piece) {
+            let so = (p.src - seg.src) as usize;
+            let n = p.len as usize;
+            copy_segment_chunked(&src[so..so + n], p.src, &mut dst[so..so + n], p.dst);
         }
     }
 }
@@ -812,9 +906,13 @@ mod tests {
             assert_eq!(&dst[..len], &src[..], "len {len} sa {sa} da {da}");
             assert!(dst[len..].iter().all(|&b| b == 0x5A));
         }
+        // every alignment pair (every word offset q and shift of the shifted loops), with
+        // lengths of no body, partial rounds, one full round and more
         for sa in 0..16u64 {
             for da in 0..16u64 {
-                for len in [0usize, 1, 3, 15, 16, 17, 31, 47, 48, 100] {
+                for len in [
+                    0usize, 1, 3, 15, 16, 17, 31, 47, 48, 100, 1990, 2047, 2048, 2049, 4133,
+                ] {
                     let src = rng.bytes(len);
                     let mut dst = vec![0u8; len];
                     copy_segment_chunked(&src, 0x100 + sa, &mut dst, 0x900 + da);

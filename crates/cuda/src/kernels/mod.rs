@@ -30,7 +30,10 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::memory::{CudaMemory, CudaMemoryMut, DeviceBuffer};
-pub use segments::{split_segments, CopySegment, MAX_COPY_PIECE};
+pub use segments::{
+    piece_size, plan_pieces, split_segments, CopySegment, COPY_ROUND, MAX_COPY_PIECE,
+    MIN_COPY_PIECE,
+};
 
 /// `kernels/validity.ptx`: bit counting, bitmap realignment, pack and unpack.
 pub const VALIDITY_PTX: &str = include_str!("../../../../kernels/validity.ptx");
@@ -148,6 +151,23 @@ impl Kernels {
     pub fn for_stream(stream: &CudaStream) -> Result<Arc<Self>> {
         Self::for_context(stream.context())
     }
+
+    /// The warps of `dvx_batched_copy` resident at once on the device (its occupancy
+    /// times the multiprocessors): what [`plan_pieces`] sizes a batched copy for.
+    pub fn batched_copy_warps(&self) -> u64 {
+        self.batched_copy.max_blocks as u64 * (BLOCK_SIZE / 32) as u64
+    }
+}
+
+/// The descriptors of one `dvx_batched_copy` launch on `stream` copying `segments`:
+/// [`plan_pieces`] for the device's resident warps of the kernel (loading the kernels
+/// in `stream`'s context if needed).
+pub fn plan_batched_copy(
+    stream: &CudaStream,
+    segments: &[CopySegment],
+) -> Result<Vec<CopySegment>> {
+    let warps = Kernels::for_stream(stream)?.batched_copy_warps();
+    Ok(plan_pieces(segments, warps))
 }
 
 /// JIT-loads the PTX `src` (named `name` in errors) into `ctx`, as devarrow loads its
@@ -268,16 +288,22 @@ pub unsafe fn launch_pack_bools(stream: &CudaStream, src: u64, len: u64, dst: u6
 }
 
 /// Enqueues `dvx_batched_copy` over `n` [`CopySegment`] descriptors already in device
-/// memory at `segments` (one warp per descriptor; split long copies with
-/// [`split_segments`] first, as [`batched_copy`] does).
+/// memory at `segments` (one warp per descriptor at a time; cut copies with
+/// [`plan_batched_copy`] first, as [`batched_copy`] does). `n` must be below 2^31.
 ///
 /// # Safety
-/// `segments` must hold `n` descriptors readable by the device, and each descriptor's
-/// ranges must be valid (source readable, destination writable, destinations not
-/// overlapping each other or any source) until the kernel completes.
+/// `segments` must hold `n` descriptors readable by the device, each at most
+/// [`MAX_COPY_PIECE`] bytes long, and each descriptor's ranges must be valid (source
+/// readable, destination writable, destinations not overlapping each other or any
+/// source) until the kernel completes.
 pub unsafe fn launch_batched_copy(stream: &CudaStream, segments: u64, n: u64) -> Result<()> {
     if n == 0 {
         return Ok(());
+    }
+    if n >= 1 << 31 {
+        return Err(CudaError::InvalidArgument(format!(
+            "{n} copy descriptors in one launch; at most 2^31 - 1"
+        )));
     }
     let k = Kernels::for_stream(stream)?;
     let cfg = k.batched_copy.config(n * 32);
@@ -541,8 +567,8 @@ pub fn rebase_offsets_i64(
     synchronize(stream)
 }
 
-/// Copies every segment in one kernel launch: splits them into pieces of at most
-/// [`MAX_COPY_PIECE`] bytes, uploads the descriptors (stream-ordered) and enqueues
+/// Copies every segment in one kernel launch: cuts them into pieces
+/// ([`plan_batched_copy`]), uploads the descriptors (stream-ordered) and enqueues
 /// `dvx_batched_copy`. The descriptor upload is synchronous (from pageable memory); the
 /// copy itself is enqueued, and this returns without waiting for it (the descriptor table
 /// is freed in stream order after the kernel). [`crate::CudaDevice`]'s
@@ -553,7 +579,7 @@ pub fn rebase_offsets_i64(
 /// for `len` bytes until the copy completes, and no destination may overlap another
 /// destination or a source.
 pub unsafe fn batched_copy(stream: &Arc<CudaStream>, segments: &[CopySegment]) -> Result<()> {
-    let pieces = split_segments(segments, MAX_COPY_PIECE);
+    let pieces = plan_batched_copy(stream, segments)?;
     if pieces.is_empty() {
         return Ok(());
     }

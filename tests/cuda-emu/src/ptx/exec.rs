@@ -20,8 +20,8 @@ enum Status {
     Ready,
     /// Waiting at `bar.sync` with this barrier id.
     Bar(u32),
-    /// Waiting at a `shfl.sync` (at its `pc`).
-    Shfl,
+    /// Waiting at a warp collective, `shfl.sync` or `vote.sync` (at its `pc`).
+    Warp,
     #[default]
     Exited,
 }
@@ -731,7 +731,7 @@ impl Launch<'_> {
                 }
                 Op::Exit => break Status::Exited,
                 Op::Bar { id } => break Status::Bar(r!(*id) as u32),
-                Op::Shfl { .. } => break Status::Shfl,
+                Op::Shfl { .. } | Op::Vote { .. } => break Status::Warp,
             }
             pc += 1;
         };
@@ -742,18 +742,22 @@ impl Launch<'_> {
         Ok(status)
     }
 
-    /// Completes the `shfl.sync`s of warp `w` whose participants have all arrived.
-    fn resolve_shfl(&self, st: &mut BlockState, w: usize) -> Result<bool, ExecError> {
+    /// Completes the warp collectives (`shfl.sync`, `vote.sync`) of warp `w` whose
+    /// participants have all arrived.
+    fn resolve_warp(&self, st: &mut BlockState, w: usize) -> Result<bool, ExecError> {
         let code = &self.prog.code;
         let lo = w * 32;
         let n = (st.threads.len() - lo).min(32);
         let lanes = &mut st.threads[lo..lo + n];
         let mask_of = |t: &Thread| -> Option<u32> {
             match (&t.status, &code[t.pc as usize].op) {
-                (Status::Shfl, Op::Shfl { mask, .. }) => Some(reg(t, *mask) as u32),
+                (Status::Warp, Op::Shfl { mask, .. } | Op::Vote { mask, .. }) => {
+                    Some(reg(t, *mask) as u32)
+                }
                 _ => None,
             }
         };
+        let is_vote = |t: &Thread| matches!(code[t.pc as usize].op, Op::Vote { .. });
         let mut progress = false;
         let mut done = 0u32;
         for lane in 0..n {
@@ -779,58 +783,112 @@ impl Launch<'_> {
             if !ready {
                 continue;
             }
-            let mut vals = [0u32; 32];
-            for j in 0..n {
-                if m & (1 << j) != 0 {
-                    if let Op::Shfl { a, .. } = code[lanes[j].pc as usize].op {
-                        vals[j] = reg(&lanes[j], a) as u32;
-                    }
-                }
+            let vote = is_vote(&lanes[lane]);
+            if let Some(j) = (0..n).find(|&j| m & (1 << j) != 0 && is_vote(&lanes[j]) != vote) {
+                // undefined on the hardware: one lane votes while another shuffles
+                return Err(ExecError::Deadlock {
+                    kernel: self.kernel.to_string(),
+                    detail: format!(
+                        "lanes {lane} and {j} of a warp of block {:?} meet with membermask {m:#010x} at different warp collectives: `{}` and `{}`",
+                        st.block,
+                        self.prog.text[lanes[lane].pc as usize],
+                        self.prog.text[lanes[j].pc as usize]
+                    ),
+                });
             }
-            for (i, t) in lanes.iter_mut().enumerate() {
-                if m & (1 << i) == 0 {
-                    continue;
-                }
-                let Op::Shfl {
-                    mode, d, p, b, c, ..
-                } = code[t.pc as usize].op
-                else {
-                    continue;
-                };
-                let bval = (reg(t, b) & 31) as i32;
-                let cv = reg(t, c) as u32;
-                let cval = (cv & 31) as i32;
-                let segmask = ((cv >> 8) & 31) as i32;
-                let lane_i = i as i32;
-                let max_lane = (lane_i & segmask) | (cval & !segmask);
-                let min_lane = lane_i & segmask;
-                let (j, pval) = match mode {
-                    ShflMode::Up => (lane_i - bval, lane_i - bval >= max_lane),
-                    ShflMode::Down => (lane_i + bval, lane_i + bval <= max_lane),
-                    ShflMode::Bfly => (lane_i ^ bval, (lane_i ^ bval) <= max_lane),
-                    ShflMode::Idx => {
-                        let j = min_lane | (bval & !segmask);
-                        (j, j <= max_lane)
-                    }
-                };
-                let j = if pval { j } else { lane_i };
-                // a source lane outside the participants gives an undefined value: 0
-                let v = if (0..32).contains(&j) && m & (1 << j) != 0 {
-                    vals[j as usize]
-                } else {
-                    0
-                };
-                t.regs[t.rb + d as usize] = v as u64;
-                if p != NO_SLOT {
-                    t.regs[t.rb + p as usize] = pval as u64;
-                }
-                t.pc += 1;
-                t.status = Status::Ready;
+            if vote {
+                Self::complete_vote(code, lanes, m);
+            } else {
+                Self::complete_shfl(code, lanes, m);
             }
             done |= m;
             progress = true;
         }
         Ok(progress)
+    }
+
+    /// Completes a `shfl.sync` of the lanes of mask `m`, all waiting at one.
+    fn complete_shfl(code: &[Inst], lanes: &mut [Thread], m: u32) {
+        let mut vals = [0u32; 32];
+        for (j, t) in lanes.iter().enumerate() {
+            if m & (1 << j) != 0 {
+                if let Op::Shfl { a, .. } = code[t.pc as usize].op {
+                    vals[j] = reg(t, a) as u32;
+                }
+            }
+        }
+        for (i, t) in lanes.iter_mut().enumerate() {
+            if m & (1 << i) == 0 {
+                continue;
+            }
+            let Op::Shfl {
+                mode, d, p, b, c, ..
+            } = code[t.pc as usize].op
+            else {
+                continue;
+            };
+            let bval = (reg(t, b) & 31) as i32;
+            let cv = reg(t, c) as u32;
+            let cval = (cv & 31) as i32;
+            let segmask = ((cv >> 8) & 31) as i32;
+            let lane_i = i as i32;
+            let max_lane = (lane_i & segmask) | (cval & !segmask);
+            let min_lane = lane_i & segmask;
+            let (j, pval) = match mode {
+                ShflMode::Up => (lane_i - bval, lane_i - bval >= max_lane),
+                ShflMode::Down => (lane_i + bval, lane_i + bval <= max_lane),
+                ShflMode::Bfly => (lane_i ^ bval, (lane_i ^ bval) <= max_lane),
+                ShflMode::Idx => {
+                    let j = min_lane | (bval & !segmask);
+                    (j, j <= max_lane)
+                }
+            };
+            let j = if pval { j } else { lane_i };
+            // a source lane outside the participants gives an undefined value: 0
+            let v = if (0..32).contains(&j) && m & (1 << j) != 0 {
+                vals[j as usize]
+            } else {
+                0
+            };
+            t.regs[t.rb + d as usize] = v as u64;
+            if p != NO_SLOT {
+                t.regs[t.rb + p as usize] = pval as u64;
+            }
+            t.pc += 1;
+            t.status = Status::Ready;
+        }
+    }
+
+    /// Completes a `vote.sync` of the lanes of mask `m`, all waiting at one: each lane's
+    /// (possibly negated) predicate, combined over the mask.
+    fn complete_vote(code: &[Inst], lanes: &mut [Thread], m: u32) {
+        let mut ballot = 0u32;
+        for (j, t) in lanes.iter().enumerate() {
+            if m & (1 << j) != 0 {
+                if let Op::Vote { a, a_neg, .. } = code[t.pc as usize].op {
+                    if (reg(t, a) != 0) != a_neg {
+                        ballot |= 1 << j;
+                    }
+                }
+            }
+        }
+        for (i, t) in lanes.iter_mut().enumerate() {
+            if m & (1 << i) == 0 {
+                continue;
+            }
+            let Op::Vote { mode, d, .. } = code[t.pc as usize].op else {
+                continue;
+            };
+            let v = match mode {
+                VoteMode::All => (ballot == m) as u64,
+                VoteMode::Any => (ballot != 0) as u64,
+                VoteMode::Uni => (ballot == 0 || ballot == m) as u64,
+                VoteMode::Ballot => ballot as u64,
+            };
+            t.regs[t.rb + d as usize] = v;
+            t.pc += 1;
+            t.status = Status::Ready;
+        }
     }
 
     /// Releases a `bar.sync` once every non-exited thread of the block waits at it.
@@ -948,7 +1006,7 @@ impl Launch<'_> {
                 return Ok(());
             }
             for w in 0..nwarps {
-                progress |= self.resolve_shfl(st, w)?;
+                progress |= self.resolve_warp(st, w)?;
             }
             progress |= Self::resolve_bar(st);
             if !progress {

@@ -104,6 +104,15 @@ pub(crate) enum ShflMode {
     Idx,
 }
 
+/// `vote.sync` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
 /// `setp` with a predicate combination and/or a second (complement) destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SetpFull {
@@ -323,6 +332,14 @@ pub(crate) enum Op {
         a: Slot,
         b: Slot,
         c: Slot,
+        mask: Slot,
+    },
+    /// `vote.sync.{all,any,uni}.pred d, {!}a, mask` and `vote.sync.ballot.b32`.
+    Vote {
+        mode: VoteMode,
+        d: Slot,
+        a: Slot,
+        a_neg: bool,
         mask: Slot,
     },
 }

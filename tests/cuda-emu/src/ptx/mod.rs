@@ -23,6 +23,9 @@
 //!   that exited or does not exist (a partial warp) makes it a [`ExecError::Deadlock`],
 //!   as does a mask without the executing lane. Results follow the ISA's pseudocode
 //!   (`c` packs the clamp value and the segment mask).
+//! - `vote.sync` (`all`, `any`, `uni`, `ballot`) likewise combines the (possibly negated)
+//!   predicates of the lanes of its membermask; lanes of one mask meeting at a `vote.sync`
+//!   and a `shfl.sync` are a [`ExecError::Deadlock`] too (undefined on the hardware).
 //! - `bar.sync` completes once every non-exited thread of the block waits at the same
 //!   barrier.
 //!

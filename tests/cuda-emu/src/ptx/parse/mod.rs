@@ -394,7 +394,7 @@ impl<'a> Parser<'a> {
             "cvt" | "cvta" | "mov" => self.convert(fc, &insn),
             "ld" | "st" | "atom" | "red" => self.memory(fc, &insn),
             "bra" | "call" | "ret" | "exit" => self.control(fc, &insn),
-            "bar" | "barrier" | "shfl" | "membar" | "fence" => self.sync(fc, &insn),
+            "bar" | "barrier" | "shfl" | "vote" | "membar" | "fence" => self.sync(fc, &insn),
             _ => insn.unsupported(),
         }
     }

@@ -1,11 +1,11 @@
-//! Synchronization: block barriers (`bar`/`barrier`), warp shuffles (`shfl.sync`) and
-//! fences (`membar`/`fence`).
+//! Synchronization: block barriers (`bar`/`barrier`), warp shuffles (`shfl.sync`), warp
+//! votes (`vote.sync`) and fences (`membar`/`fence`).
 
 use super::super::inst::*;
 use super::common::*;
 
 impl<'a> Parser<'a> {
-    /// Decodes `bar`/`barrier`, `shfl` or `membar`/`fence`.
+    /// Decodes `bar`/`barrier`, `shfl`, `vote` or `membar`/`fence`.
     pub(super) fn sync(&mut self, fc: &mut FnCtx, insn: &Insn<'_, 'a>) -> PResult<Op> {
         let Insn {
             base,
@@ -64,6 +64,30 @@ impl<'a> Parser<'a> {
                     a,
                     b,
                     c,
+                    mask,
+                })
+            }
+            "vote" => {
+                // only the .sync forms (the others are for sm_6x and below)
+                let (mode, w) = match mods {
+                    ["sync", "all", "pred"] => (VoteMode::All, W::Pred),
+                    ["sync", "any", "pred"] => (VoteMode::Any, W::Pred),
+                    ["sync", "uni", "pred"] => (VoteMode::Uni, W::Pred),
+                    ["sync", "ballot", "b32"] => (VoteMode::Ballot, W::Exact(32)),
+                    _ => return insn.unsupported(),
+                };
+                insn.nops(3)?;
+                let d = self.dst(fc, &ops[0], w, line)?.0;
+                let (a, a_neg) = match &ops[1] {
+                    Opnd::Not(n) => (self.reg_operand(fc, n, W::Pred, line)?, true),
+                    o => (self.src(fc, o, W::Pred, line)?, false),
+                };
+                let mask = self.src(fc, &ops[2], W::Exact(32), line)?;
+                Ok(Op::Vote {
+                    mode,
+                    d,
+                    a,
+                    a_neg,
                     mask,
                 })
             }
