@@ -184,17 +184,18 @@ fn view<'a, T: DeviceNative>(
         // lives (`SyncEvent`'s contract), which the borrowed batch holds.
         unsafe { *sync_event.cast::<sys::CUevent>() }
     });
-    // SAFETY: `address` holds `len` elements of `T` inside a buffer of the batch (the
-    // callers check the range against the buffer's length, computed from the batch's own
-    // layout: the plan of a packed batch, the validated structure of an imported one),
-    // in CUDA memory of the stream's device (checked above; for a packed batch, of the
-    // stream's very context). The batch, borrowed for `'a`, keeps it allocated and
-    // unwritten (device batches are immutable). After `'a`: a packed batch's memory is
-    // freed in stream order on `frees_on`, which `after_use` makes wait on the event
-    // first; an imported batch's foreign array is released by `Foreign`'s drop only
-    // after it has waited for every event `after_use` recorded; where `after_use` fails,
-    // the view's drop waits for its stream on the host. `ready` is the batch's live
-    // `CUevent`.
+    // Why `BorrowedSlice::new`'s contract holds: `address` holds `len` elements of `T`
+    // inside a buffer of the batch (the callers check the range against the buffer's
+    // length, computed from the batch's own layout: the plan of a packed batch, the
+    // validated structure of an imported one), in CUDA memory of the stream's device
+    // (checked above; for a packed batch, of the stream's very context). The batch,
+    // borrowed for `'a`, keeps it allocated and unwritten (device batches are immutable).
+    // After `'a`: a packed batch's memory is freed in stream order on `frees_on`, which
+    // `after_use` makes wait on the event first; an imported batch's foreign array is
+    // released by `Foreign`'s drop only after it has waited for every event `after_use`
+    // recorded; where `after_use` fails, the view's drop waits for its stream on the host.
+    // SAFETY: the range lies in the borrowed batch's CUDA memory and outlives every use
+    // of the view (above); `ready` is the batch's live `CUevent`.
     unsafe { BorrowedSlice::new(stream, address, len, ready, after_use) }
 }
 

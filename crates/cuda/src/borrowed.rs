@@ -135,10 +135,10 @@ impl<'a, T: DeviceNative> BorrowedSlice<'a, T> {
                 source,
             })?;
         let upgraded = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // The slice would free the memory if dropped: it never is (`ManuallyDrop`,
+            // given up with `leak` in `Drop`, see the module documentation).
             // SAFETY: `ptr` holds `len` elements of `T` (the caller's guarantee), every
-            // bit pattern of which is a valid `T` (`DeviceNative`). The slice would free
-            // the memory if dropped: it never is (`ManuallyDrop`, given up with `leak` in
-            // `Drop`, see the module documentation).
+            // bit pattern of which is a valid `T` (`DeviceNative`); never freed (above).
             unsafe { stream.upgrade_device_ptr::<T>(ptr, len) }
         }));
         let slice = upgraded.map_err(|_| {
