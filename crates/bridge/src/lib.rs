@@ -17,6 +17,7 @@ pub mod pack;
 pub mod pinned;
 pub mod plan;
 pub mod select;
+pub mod stages;
 pub mod transfer;
 
 pub use async_batch_stream::{
@@ -28,7 +29,7 @@ pub use batch_stream::{
     DEFAULT_READ_AHEAD,
 };
 pub use pinned::{pin_batch, pinned_buffer};
-pub use transfer::{DeviceBatch, Transfer, TransferOptions};
+pub use transfer::{DeviceBatch, StageTimes, Transfer, TransferOptions, TransferStats};
 
 mod batch;
 mod foreign;
