@@ -245,7 +245,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         None => None,
     };
 
-    let selected = device::select(options.device)?;
+    let selected = device::select(options.device, options.link)?;
     match &selected.fallback {
         Some(why) => progress.note(&format!("{why}; running on the CPU device")),
         None => progress.note(&format!("running on {} ({})", selected.name, selected.id)),
@@ -327,6 +327,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             name: selected.name.clone(),
             cuda_summary: selected.cuda_summary.clone(),
             fallback: selected.fallback.clone(),
+            link: (selected.id == "cpu").then_some(options.link).flatten(),
         },
         data,
         points,
@@ -339,8 +340,9 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             run.device.name, run.device.id
         );
         let subtitle = format!(
-            "{}; devarrow {} (commit {}), best of {}",
+            "{}{}; devarrow {} (commit {}), best of {}",
             run.data.short(),
+            run.device.model_note(),
             env!("CARGO_PKG_VERSION"),
             devarrow::GIT_COMMIT,
             run.options.reps,

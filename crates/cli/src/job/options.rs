@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use devarrow::abi::device::LinkModel;
 
 /// TPC-H scale factor used when neither `--scale` nor `--input` is given: about 600,000
 /// `lineitem` rows, some 140 MB of Arrow buffers; a few seconds on the CPU device in a
@@ -71,6 +72,13 @@ pub struct Cli {
     #[arg(long, value_name = "FILE|-", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
 
+    /// On the CPU device, model a host-device link: copies run asynchronously on a
+    /// copy-engine thread at BANDWIDTH (GB/s = 10^9 bytes/s) plus LATENCY per copy, e.g.
+    /// `4GB/s,10us` [default: no link: transfers pack straight into the CPU device's
+    /// memory]
+    #[arg(long, value_name = "BANDWIDTH,LATENCY", value_parser = parse_link)]
+    pub link: Option<LinkModel>,
+
     /// Write an SVG chart of bandwidth against batch size for every method to FILE
     /// (sweeps 1K..1M rows per batch unless --batch-size is given)
     #[arg(long, value_name = "FILE.svg")]
@@ -132,6 +140,8 @@ pub struct Options {
     pub json: Option<JsonTarget>,
     /// Where to write the SVG chart.
     pub chart: Option<PathBuf>,
+    /// The link modelled on the CPU device.
+    pub link: Option<LinkModel>,
     /// Whether progress goes to stderr.
     pub progress: bool,
 }
@@ -157,6 +167,7 @@ impl Cli {
             progress: !self.quiet && json != Some(JsonTarget::Stdout),
             json,
             chart: self.chart,
+            link: self.link,
         }
     }
 }
@@ -185,6 +196,11 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
             .map(DeviceChoice::Cuda)
             .ok_or_else(|| "expected `cpu`, `cuda`, `cuda:N` or `auto`".into()),
     }
+}
+
+/// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`).
+pub fn parse_link(s: &str) -> Result<LinkModel, String> {
+    s.parse()
 }
 
 /// Parses a row count: digits with an optional `K` (1024) or `M` (1024 * 1024) suffix.
@@ -284,6 +300,12 @@ mod tests {
         assert_eq!(o.json, Some(JsonTarget::File("out.json".into())));
         assert_eq!(o.chart, Some(PathBuf::from("c.svg")));
         assert!(o.progress);
+        assert_eq!(o.link, None);
+        let link = parse(&["--device", "cpu", "--link", "4GB/s,10us"])
+            .unwrap()
+            .link
+            .unwrap();
+        assert_eq!((link.gbps(), link.latency.as_micros()), (4.0, 10));
         assert_eq!(parse(&["--scale", "0.01"]).unwrap().scale, 0.01);
         assert_eq!(
             parse(&["--device", "cpu"]).unwrap().device,
@@ -351,6 +373,8 @@ mod tests {
             &["--scale", "x"],
             &["--device", "tpu"],
             &["--device", "cuda:x"],
+            &["--link", "fast"],
+            &["--link", "4GB/s"],
             &["--reps", "0"],
             &["--batch-size", "0"],
             &["--nope"],

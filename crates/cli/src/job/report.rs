@@ -3,13 +3,14 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use devarrow::abi::device::LinkModel;
 use serde_json::{json, Value};
 
 use super::measure::{Direction, Method, Point};
 use super::options::{JsonTarget, Options};
 
 /// The device a run used, as reported.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeviceInfo {
     /// `cuda:N` or `cpu`.
     pub id: String,
@@ -19,6 +20,28 @@ pub struct DeviceInfo {
     pub cuda_summary: Result<String, String>,
     /// Why `auto` fell back to the CPU device.
     pub fallback: Option<String>,
+    /// The link the CPU device modelled (`--link`).
+    pub link: Option<LinkModel>,
+}
+
+impl DeviceInfo {
+    /// Which model of the CPU device ran (empty on CUDA), after a `; `.
+    pub fn model_note(&self) -> String {
+        match (&self.link, self.id == "cpu") {
+            (_, false) => String::new(),
+            (Some(link), true) => format!("; {}", link_words(link)),
+            (None, true) => "; no link model (host memory, packed directly)".into(),
+        }
+    }
+}
+
+/// `modelled link 4 GB/s + 10 us per copy`.
+fn link_words(link: &LinkModel) -> String {
+    format!(
+        "modelled link {} GB/s + {} per copy",
+        link.gbps(),
+        human_duration(link.latency).replace(".000", "")
+    )
 }
 
 /// The data a run moved.
@@ -150,6 +173,19 @@ impl Run {
             devarrow::GIT_COMMIT
         );
         let _ = writeln!(out, "device:  {}", self.device_line());
+        if self.device.id == "cpu" {
+            let model = match &self.device.link {
+                Some(link) => format!(
+                    "{} on a copy-engine thread, in stream order; copies from or to \
+                     pageable memory synchronous (as a driver stages them)",
+                    link_words(link)
+                ),
+                None => "no link: device memory is host memory, packed into and unpacked \
+                         from directly (no staging copies)"
+                    .into(),
+            };
+            let _ = writeln!(out, "model:   {model}");
+        }
         if let (Ok(summary), true) = (&self.device.cuda_summary, self.device.id != "cpu") {
             let _ = writeln!(out, "CUDA:    {summary}");
         }
@@ -180,7 +216,7 @@ impl Run {
         if let Some(check) = &self.export_check {
             let _ = writeln!(out, "{check}");
         }
-        if self.device.id == "cpu" {
+        if self.device.id == "cpu" && self.device.link.is_none() {
             let _ = writeln!(
                 out,
                 "note: on the CPU device every copy is a memcpy within host memory, so these \
@@ -221,6 +257,12 @@ impl Run {
                             "times_s": t.times.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
                             "gbps": t.gbps(),
                             "percent_of_pinned": p.percent_of_pinned(t.method, t.direction),
+                            "stages_s": t.stages.as_ref().map(|s| {
+                                s.stages()
+                                    .into_iter()
+                                    .map(|(name, d)| (name.to_string(), Value::from(d.as_secs_f64())))
+                                    .collect::<serde_json::Map<_, _>>()
+                            }),
                         })
                     })
                     .collect();
@@ -251,6 +293,10 @@ impl Run {
                 "cuda_devices": cuda_devices,
                 "cuda_unavailable": cuda_unavailable,
                 "fallback_reason": self.device.fallback,
+                "link": self.device.link.map(|l| json!({
+                    "gbps": l.gbps(),
+                    "latency_s": l.latency.as_secs_f64(),
+                })),
             },
             "options": {
                 "device": o.device.to_string(),
@@ -260,6 +306,7 @@ impl Run {
                 "warmup_reps": 1,
                 "input": o.input.as_ref().map(|p| p.display().to_string()),
                 "chart": o.chart.as_ref().map(|p| p.display().to_string()),
+                "link": o.link.map(|l| l.to_string()),
                 "json": match &o.json {
                     Some(JsonTarget::Stdout) => Value::from("-"),
                     Some(JsonTarget::File(p)) => Value::from(p.display().to_string()),
@@ -385,6 +432,7 @@ pub(crate) mod tests {
                     direction,
                     bytes: 1_000_000,
                     copies: 1 + m as u64,
+                    stages: None,
                     times: vec![
                         Duration::from_micros(((100 + 10 * m + d) as f64 * scale) as u64),
                         Duration::from_micros(200),
@@ -412,6 +460,7 @@ pub(crate) mod tests {
                 input: None,
                 json: Some(JsonTarget::Stdout),
                 chart: None,
+                link: None,
                 progress: false,
             },
             device: DeviceInfo {
@@ -419,6 +468,7 @@ pub(crate) mod tests {
                 name: "CPU device".into(),
                 cuda_summary: Err("no driver".into()),
                 fallback: Some("no CUDA device found: no driver".into()),
+                link: None,
             },
             data: DataInfo {
                 kind: "tpch-lineitem".into(),
