@@ -9,7 +9,8 @@
 //! size is multiplied by `DEVARROW_BENCH_SCALE` (default 1.0 on a GPU; 0.05 on the CPU
 //! device, so a CPU-only run stays short); `DEVARROW_BENCH_SHAPES=lineitem,wide` runs only
 //! the shapes named. Runs on CUDA device 0, or on the CPU device
-//! (with a printed note) when there is none.
+//! (with a printed note) when there is none; there `DEVARROW_BENCH_LINK=4GB/s,10us` models
+//! a host-device link (see `common`).
 //!
 //! `devarrow-serial-2x32MiB` is the engine as it was before parallel packing (one thread,
 //! two 32 MiB chunks), `devarrow-equal-chunks` the default engine without the ramp of
@@ -350,7 +351,7 @@ fn transfers(c: &mut Criterion) {
     if !dev.is_gpu() {
         println!(
             "[transfer] scale {s} (DEVARROW_BENCH_SCALE); CPU-device numbers measure host \
-             packing and memcpy, not a PCIe link"
+             packing and memcpy, or a modelled link (DEVARROW_BENCH_LINK), not a PCIe link"
         );
     }
     // DEVARROW_BENCH_SHAPES=lineitem,wide runs only those shapes (data is generated only

@@ -1,11 +1,19 @@
 //! What the benchmarks share: the device they run on (CUDA device 0, or the CPU device
 //! with a printed note when there is none) and the size knob.
+//!
+//! On the CPU device, `DEVARROW_BENCH_LINK=4GB/s,10us` models a host-device link
+//! (`CpuDevice::with_link`: copies on a copy-engine thread at that bandwidth and latency),
+//! and `DEVARROW_BENCH_LINK=direct` runs the CPU device whose memory the host packs into
+//! directly (`CpuDevice::direct`); without it the CPU device stands in for a GPU
+//! (`CpuDevice::new`: synchronous `memcpy` copies, every transfer staged). The model that
+//! ran is printed and named in the benchmark ids (`cpu`, `cpu-direct`,
+//! `cpu-link-4GBps-10us`).
 
 #![allow(dead_code)] // each bench uses a part
 
 use std::sync::Arc;
 
-use devarrow::abi::device::{CpuDevice, Device};
+use devarrow::abi::device::{CpuDevice, Device, LinkModel};
 use devarrow::cuda::CudaDevice;
 
 /// The device a benchmark runs on.
@@ -22,7 +30,7 @@ impl BenchDevice {
     pub fn open(bench: &str) -> Self {
         if !devarrow::cuda::driver_available() {
             println!("[{bench}] no CUDA driver on this machine: benchmarking the CPU device");
-            return Self::Cpu(Arc::new(CpuDevice::new()));
+            return Self::cpu(bench);
         }
         match CudaDevice::open(0) {
             Ok(device) => {
@@ -36,9 +44,40 @@ impl BenchDevice {
                 println!(
                     "[{bench}] CUDA device 0 does not open ({e}): benchmarking the CPU device"
                 );
-                Self::Cpu(Arc::new(CpuDevice::new()))
+                Self::cpu(bench)
             }
         }
+    }
+
+    /// The CPU device in the mode `DEVARROW_BENCH_LINK` asks for (see the module docs).
+    fn cpu(bench: &str) -> Self {
+        let device = match std::env::var("DEVARROW_BENCH_LINK").ok().as_deref() {
+            None | Some("") | Some("none") => {
+                println!(
+                    "[{bench}] CPU device: synchronous memcpy copies, staged (a GPU stand-in)"
+                );
+                CpuDevice::new()
+            }
+            Some("direct") => {
+                println!(
+                    "[{bench}] CPU device, direct: transfers pack into its memory, no staging"
+                );
+                CpuDevice::direct()
+            }
+            Some(link) => {
+                let model: LinkModel = link
+                    .parse()
+                    .unwrap_or_else(|e| panic!("DEVARROW_BENCH_LINK={link:?}: {e}"));
+                println!(
+                    "[{bench}] CPU device with a modelled link: {} GB/s + {:?} per copy, on a \
+                     copy-engine thread",
+                    model.gbps(),
+                    model.latency
+                );
+                CpuDevice::with_link(model)
+            }
+        };
+        Self::Cpu(Arc::new(device))
     }
 
     /// The device as the bridge sees it.
@@ -54,12 +93,20 @@ impl BenchDevice {
         matches!(self, Self::Cuda(_))
     }
 
-    /// `cuda` or `cpu`, for benchmark names.
-    pub fn label(&self) -> &'static str {
-        if self.is_gpu() {
-            "cuda"
-        } else {
-            "cpu"
+    /// `cuda`, or the CPU device's mode (`cpu`, `cpu-direct`, `cpu-link-4GBps-10us`), for
+    /// benchmark names.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Cuda(_) => "cuda".into(),
+            Self::Cpu(d) => match d.link() {
+                Some(link) => format!(
+                    "cpu-link-{}GBps-{}us",
+                    link.gbps(),
+                    link.latency.as_secs_f64() * 1e6
+                ),
+                None if d.host_accessible() => "cpu-direct".into(),
+                None => "cpu".into(),
+            },
         }
     }
 }

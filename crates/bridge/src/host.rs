@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{RecordBatch, RecordBatchOptions, StructArray};
+use arrow_array::{make_array, RecordBatch, RecordBatchOptions, StructArray};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
@@ -43,9 +43,35 @@ pub(crate) fn host_batch(
     host: &Buffer,
     trusted: bool,
 ) -> Result<RecordBatch> {
+    let options = RecordBatchOptions::new().with_row_count(Some(num_rows));
+    // A root as the planner makes it from a batch (no validity, offset 0, columns of the
+    // batch's length): the columns are built on their own, without the struct array over
+    // them, which only costs allocations and copies of every column's `ArrayData`
+    // (`RecordBatch::try_new` checks their types and lengths). Others (an imported struct
+    // with an offset or nulls) go through the struct array, which applies them.
+    let plain = root.offset == 0
+        && root.buffers.first().is_none_or(Option::is_none)
+        && root.children.iter().all(|c| c.len == num_rows)
+        && root.dictionary.is_none();
+    if plain && matches!(root.data_type, DataType::Struct(_)) {
+        let column = |c: &Node| build_host_node(c, host, trusted).map(make_array);
+        let columns = if root.children.len() > 1 && host.len() >= DEFAULT_PARALLEL_MIN_BYTES {
+            root.children
+                .par_iter()
+                .map(column)
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            root.children
+                .iter()
+                .map(column)
+                .collect::<Result<Vec<_>>>()?
+        };
+        return Ok(RecordBatch::try_new_with_options(
+            schema, columns, &options,
+        )?);
+    }
     let data = build_host_node(root, host, trusted)?;
     let strukt = StructArray::from(data);
-    let options = RecordBatchOptions::new().with_row_count(Some(num_rows));
     Ok(RecordBatch::try_new_with_options(
         schema,
         strukt.columns().to_vec(),

@@ -73,6 +73,7 @@ pub mod pack;
 pub mod pinned;
 pub mod plan;
 pub mod select;
+pub mod stages;
 pub mod transfer;
 
 pub use async_batch_stream::{
@@ -89,7 +90,7 @@ pub use column::{ColumnBuffer, DeviceColumn};
 pub use devarrow_abi::ArrowSchema;
 pub use export_options::ExportOptions;
 pub use pinned::{pin_batch, pinned_buffer};
-pub use transfer::{DeviceBatch, Transfer, TransferOptions};
+pub use transfer::{DeviceBatch, StageTimes, Transfer, TransferOptions, TransferStats};
 
 mod batch;
 mod c_boundary;

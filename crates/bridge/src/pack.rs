@@ -67,6 +67,13 @@ impl Parallelism {
 /// (`(bytes, image offset)`, in image order, not overlapping) cover into `out`; bytes no
 /// segment covers (alignment padding) are left as they are.
 pub fn pack_range(segments: &[(Buffer, usize)], start: usize, out: &mut [u8]) {
+    pack_range_uninit(segments, start, as_uninit(out))
+}
+
+/// [`pack_range`] into memory that may be uninitialized (device memory the host writes
+/// directly): bytes no segment covers are left as they are, so only the segments' bytes
+/// are initialized afterwards.
+pub fn pack_range_uninit(segments: &[(Buffer, usize)], start: usize, out: &mut [MaybeUninit<u8>]) {
     let end = start + out.len();
     let first = segments.partition_point(|(bytes, at)| at + bytes.len() <= start);
     for (bytes, at) in &segments[first..] {
@@ -75,8 +82,21 @@ pub fn pack_range(segments: &[(Buffer, usize)], start: usize, out: &mut [u8]) {
         }
         let from = (*at).max(start);
         let to = (at + bytes.len()).min(end);
-        out[from - start..to - start].copy_from_slice(&bytes.as_slice()[from - at..to - at]);
+        let src = &bytes.as_slice()[from - at..to - at];
+        let dst = &mut out[from - start..to - start];
+        // SAFETY: `dst` and `src` have the same length (`to - from`); a `&mut` and a `&`
+        // cannot overlap, and `MaybeUninit<u8>` has the layout of `u8`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len())
+        };
     }
+}
+
+/// `bytes` viewed as possibly uninitialized bytes, for functions that only write to them.
+fn as_uninit(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; the callers of this private helper
+    // only ever write initialized bytes through the view, so `bytes` stays initialized.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len()) }
 }
 
 /// [`pack_range`], split over up to `parallelism.threads` threads.
@@ -86,14 +106,24 @@ pub fn pack_window(
     out: &mut [u8],
     parallelism: Parallelism,
 ) {
+    pack_window_uninit(segments, start, as_uninit(out), parallelism)
+}
+
+/// [`pack_range_uninit`], split over up to `parallelism.threads` threads.
+pub fn pack_window_uninit(
+    segments: &[(Buffer, usize)],
+    start: usize,
+    out: &mut [MaybeUninit<u8>],
+    parallelism: Parallelism,
+) {
     let parts = parallelism.parts(out.len());
     if parts <= 1 {
-        return pack_range(segments, start, out);
+        return pack_range_uninit(segments, start, out);
     }
     let part = out.len().div_ceil(parts);
     out.par_chunks_mut(part)
         .enumerate()
-        .for_each(|(i, chunk)| pack_range(segments, start + i * part, chunk));
+        .for_each(|(i, chunk)| pack_range_uninit(segments, start + i * part, chunk));
 }
 
 /// Copies `src` into the (possibly uninitialized) `dst` of the same length, split over up
@@ -186,46 +216,16 @@ pub fn ramped_windows(
         .collect()
 }
 
-/// The size of a transparent huge page on the hosts devarrow targets (x86-64, and
-/// aarch64 with 4 KiB base pages).
-pub const HUGE_PAGE_BYTES: usize = 2 << 20;
-
-/// Host buffers at least this large that are about to be written in full are advised
-/// to use transparent huge pages.
-pub const HUGE_PAGE_MIN_BYTES: usize = 2 * HUGE_PAGE_BYTES;
-
-/// Asks the kernel to back the whole 2 MiB pages inside `range` with transparent huge
-/// pages, before it is written for the first time.
+/// Transparent huge pages for large host buffers about to be written in full (one page
+/// fault per 2 MiB instead of 512): the advice lives beside the host memory pool in
+/// `devarrow-abi`, re-exported here.
 ///
-/// A large host buffer that `to_host` fills usually comes straight from `mmap` (the
-/// allocator maps sizes above its threshold, at most 32 MiB with glibc): every 4 KiB
-/// page then faults on its first write, and the faults, not the copy, bound the copy.
-/// One fault per 2 MiB instead of 512 made unpacking into such a buffer 1.5x faster on
-/// the CPU device (`docs/benchmarks.md`). The advice changes no byte and no
-/// permission; it is ignored where huge pages are disabled, and on systems other than
-/// Linux this does nothing.
-pub fn advise_huge_pages(range: &mut [MaybeUninit<u8>]) {
-    if range.len() < HUGE_PAGE_MIN_BYTES {
-        return;
-    }
-    let begin = (range.as_mut_ptr() as usize).next_multiple_of(HUGE_PAGE_BYTES);
-    let end = (range.as_mut_ptr() as usize + range.len()) & !(HUGE_PAGE_BYTES - 1);
-    if end <= begin {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // `MADV_HUGEPAGE` only changes how the kernel backs the pages: contents,
-        // permissions and mapping are unchanged, so no Rust reference is invalidated. Its
-        // result is advisory: an error (no THP support, memory not anonymous) leaves
-        // everything as it was.
-        // SAFETY: `begin..end` lies inside `range`, memory this process owns and holds
-        // exclusively, and is page-aligned as `madvise` requires; see above.
-        unsafe {
-            libc::madvise(begin as *mut libc::c_void, end - begin, libc::MADV_HUGEPAGE);
-        }
-    }
-}
+/// A large host buffer that `to_host` fills without a pool usually comes straight from
+/// `mmap` (the allocator maps sizes above its threshold, at most 32 MiB with glibc):
+/// every 4 KiB page then faults on its first write, and the faults, not the copy, bound
+/// the copy. One fault per 2 MiB instead of 512 made unpacking into such a buffer 1.5x
+/// faster on the CPU device (`docs/benchmarks.md`).
+pub use devarrow_abi::device::pool::{advise_huge_pages, HUGE_PAGE_BYTES, HUGE_PAGE_MIN_BYTES};
 
 #[cfg(test)]
 mod tests {

@@ -8,15 +8,27 @@
 //! no copy waits for another except to reuse a staging buffer.
 //!
 //! Chunks are packed and unpacked on several threads ([`crate::pack`]), and buffers that
-//! already lie in pinned memory are copied straight from it ([`crate::pinned`]).
+//! already lie in pinned memory are copied straight from it ([`crate::pinned`]). On a
+//! device whose memory the host reaches directly ([`Device::host_accessible`]: the CPU
+//! device made by `CpuDevice::direct`) there is no staging: a batch is packed straight
+//! into device memory and unpacked straight from it.
+//!
+//! The host memory batches come back into is taken from a pool
+//! ([`TransferOptions::host_pool_bytes`], [`Transfer::set_host_pool`]) that reuses the
+//! memory of batches dropped since, so that it is not faulted in afresh for every batch.
+//! Every call adds the host time of its stages to [`Transfer::stats`].
 
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Instant;
 
-use arrow_array::{Array, RecordBatch, StructArray};
+use arrow_array::RecordBatch;
 use arrow_buffer::{Buffer, MutableBuffer};
 use devarrow_abi::device::{
-    check_same_device, Device, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT,
+    check_same_device, Device, DeviceMemory, HostPool, PooledMemory, StagingMemory, SyncEvent,
+    BUFFER_ALIGNMENT,
 };
 use devarrow_abi::Result;
 
@@ -26,10 +38,13 @@ use crate::host::host_batch;
 #[doc(inline)]
 pub use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
 use crate::pack::{
-    advise_huge_pages, copy_to_uninit, pack_window, ramped_windows, windows, Parallelism,
+    advise_huge_pages, copy_to_uninit, pack_window, pack_window_uninit, ramped_windows, windows,
+    Parallelism,
 };
 use crate::pinned::{direct_runs, staged_groups};
-use crate::plan::{plan_array, Packer};
+use crate::plan::{plan_batch, Packer};
+#[doc(inline)]
+pub use crate::stages::{StageTimes, TransferStats};
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
@@ -44,6 +59,10 @@ pub const DEFAULT_FIRST_CHUNK_BYTES: usize = 1 << 20;
 
 /// Default size from which pinned host memory is copied directly: 256 KiB.
 pub const DEFAULT_DIRECT_MIN_BYTES: usize = 256 << 10;
+
+/// Default bound on the host memory a transfer's pool keeps for reuse: 256 MiB (see
+/// [`TransferOptions::host_pool_bytes`]).
+pub const DEFAULT_HOST_POOL_BYTES: usize = 256 << 20;
 
 /// Options of a [`Transfer`].
 ///
@@ -83,6 +102,12 @@ pub struct TransferOptions {
     /// skipping staging; smaller ones are packed with the others (one copy for many
     /// small buffers beats many tiny copies). `usize::MAX` disables direct copies.
     pub direct_min_bytes: usize,
+    /// The host memory of downloads comes from a pool of the transfer that keeps up to
+    /// this many bytes of memory freed by dropped batches for reuse, so that it is
+    /// written again without page faults; 0: every download allocates fresh host memory
+    /// (advised to use huge pages from 4 MiB on). [`Transfer::set_host_pool`] shares one
+    /// pool between transfers.
+    pub host_pool_bytes: usize,
 }
 
 impl Default for TransferOptions {
@@ -94,6 +119,7 @@ impl Default for TransferOptions {
             pack_threads: 0,
             parallel_min_bytes: DEFAULT_PARALLEL_MIN_BYTES,
             direct_min_bytes: DEFAULT_DIRECT_MIN_BYTES,
+            host_pool_bytes: DEFAULT_HOST_POOL_BYTES,
         }
     }
 }
@@ -116,22 +142,51 @@ pub struct Transfer {
     stages: Vec<Stage>,
     /// Host buffers that direct copies read, kept alive until the event completes.
     retained: VecDeque<(Arc<dyn SyncEvent>, Vec<Buffer>)>,
+    /// Where the host memory of downloads comes from (`None`: fresh allocations).
+    host_pool: Option<Arc<HostPool>>,
+    stats: TransferStats,
 }
 
 impl Transfer {
     /// A transfer engine for `device`.
     pub fn new(device: Arc<dyn Device>, options: TransferOptions) -> Self {
+        let host_pool =
+            (options.host_pool_bytes > 0).then(|| Arc::new(HostPool::new(options.host_pool_bytes)));
         Self {
             device,
             options,
             stages: Vec::new(),
             retained: VecDeque::new(),
+            host_pool,
+            stats: TransferStats::default(),
         }
     }
 
     /// The device.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device
+    }
+
+    /// The host time of every stage of the transfers so far, per direction.
+    pub fn stats(&self) -> TransferStats {
+        self.stats
+    }
+
+    /// [`Transfer::stats`], and starts counting afresh.
+    pub fn take_stats(&mut self) -> TransferStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// The pool the host memory of downloads comes from (`None`: fresh allocations).
+    pub fn host_pool(&self) -> Option<&Arc<HostPool>> {
+        self.host_pool.as_ref()
+    }
+
+    /// Takes the host memory of downloads from `pool` (e.g. one shared by several
+    /// transfers), or, with `None`, from fresh allocations. Batches already downloaded
+    /// keep their memory, which goes back to the pool it came from when they drop.
+    pub fn set_host_pool(&mut self, pool: Option<Arc<HostPool>>) {
+        self.host_pool = pool;
     }
 
     /// The chunk size and the number of staging buffers for an image of `total` bytes.
@@ -193,11 +248,28 @@ impl Transfer {
 
     /// Moves a record batch to the device.
     pub fn to_device(&mut self, batch: &RecordBatch) -> Result<DeviceBatch> {
-        let data = StructArray::from(batch.clone()).into_data();
-        let plan = plan_array(&data)?;
+        let mut times = StageTimes {
+            batches: 1,
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let plan = plan_batch(batch)?;
+        times.bytes = plan.image.total as u64;
+        let planned = Instant::now();
+        times.plan += planned - start;
         let memory = self.device.allocate(plan.image.total)?;
-        let uploaded = self.upload(&plan.image, memory.as_ref());
-        let event = self.settle(uploaded.and_then(|()| self.device.record_event()))?;
+        times.allocate += planned.elapsed();
+        let uploaded = if self.device.host_accessible() {
+            self.pack_into(&plan.image, memory.as_ref(), &mut times);
+            Ok(())
+        } else {
+            self.upload(&plan.image, memory.as_ref(), &mut times)
+        };
+        let start = Instant::now();
+        let event = self.settle(uploaded.and_then(|()| self.device.record_event()));
+        times.copy += start.elapsed();
+        self.stats.to_device += times;
+        let event = event?;
         Ok(DeviceBatch {
             schema: batch.schema(),
             num_rows: batch.num_rows(),
@@ -229,11 +301,36 @@ impl Transfer {
         result
     }
 
-    fn upload(&mut self, image: &Packer, memory: &dyn DeviceMemory) -> Result<()> {
+    /// Packs `image` straight into `memory`, which the host may write
+    /// ([`Device::host_accessible`]): the whole image in one parallel pack, no staging.
+    fn pack_into(&self, image: &Packer, memory: &dyn DeviceMemory, times: &mut StageTimes) {
+        let total = image.total;
+        if total == 0 {
+            return;
+        }
+        let start = Instant::now();
+        // `host_accessible`: the address is a host address of `memory.len() >= total`
+        // bytes, and no device work is pending on it; the allocation is fresh, so nothing
+        // else reads or writes it yet.
+        // SAFETY: so the range is valid for writes and exclusively ours while we pack.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(memory.address().cast::<MaybeUninit<u8>>(), total)
+        };
+        pack_window_uninit(&image.segments, 0, out, self.parallelism());
+        times.pack += start.elapsed();
+    }
+
+    fn upload(
+        &mut self,
+        image: &Packer,
+        memory: &dyn DeviceMemory,
+        times: &mut StageTimes,
+    ) -> Result<()> {
         let total = image.total;
         if total == 0 {
             return Ok(());
         }
+        let start = Instant::now();
         let device = self.device.clone();
         let base = memory.address() as usize;
         // Runs already in pinned memory: one copy each, straight from the batch, enqueued
@@ -267,6 +364,7 @@ impl Transfer {
             let event = device.record_event()?;
             self.retain(sources, event)?;
         }
+        times.copy += start.elapsed();
         // Everything else: packed into staging chunks (in parallel), chunk k + 1 packed
         // while chunk k is copied, each chunk one copy.
         let (chunk, stages) = self.geometry(total);
@@ -279,9 +377,14 @@ impl Transfer {
             for (window_start, window_end) in
                 windows(start, end, self.options.first_chunk_bytes, chunk)
             {
+                let start = Instant::now();
                 let staging = self.stage(k % stages, chunk)?;
                 let out = &mut staging.as_mut_slice()[..window_end - window_start];
+                let packing = Instant::now();
+                times.copy += packing - start;
                 pack_window(segments, window_start, out, parallelism);
+                let packed = Instant::now();
+                times.pack += packed - packing;
                 let dst = (base + window_start) as *mut std::ffi::c_void;
                 // The staging buffer stays untouched until the event recorded below
                 // completes (`stage` waits for it before reuse).
@@ -289,6 +392,7 @@ impl Transfer {
                 // device region of `total` bytes, outside every direct run.
                 unsafe { device.copy_to_device(out.as_ptr(), dst, out.len())? };
                 self.stages[k % stages].pending = Some(device.record_event()?);
+                times.copy += packed.elapsed();
                 k += 1;
             }
         }
@@ -302,7 +406,11 @@ impl Transfer {
     /// unpacked. Only the first and the last chunk of the whole call are ramped (see
     /// [`windows`]). The host buffers are not zero-filled first: every byte is written by
     /// the unpacking.
-    fn download(&mut self, sources: &[(*const std::ffi::c_void, usize)]) -> Result<Vec<Buffer>> {
+    fn download(
+        &mut self,
+        sources: &[(*const std::ffi::c_void, usize)],
+        times: &mut StageTimes,
+    ) -> Result<Vec<Buffer>> {
         let largest = sources.iter().map(|&(_, len)| len).max().unwrap_or(0);
         let (chunk, stages) = self.geometry(largest);
         let last = sources.len().saturating_sub(1);
@@ -328,57 +436,79 @@ impl Transfer {
             this.stages[k % stages].pending = Some(device.record_event()?);
             Ok(())
         };
+        let start = Instant::now();
         for k in 0..windows.len().min(stages) {
             enqueue(self, k)?;
         }
-        let mut hosts: Vec<MutableBuffer> = sources
+        let allocating = Instant::now();
+        times.copy += allocating - start;
+        let mut hosts = sources
             .iter()
-            .map(|&(_, len)| MutableBuffer::with_capacity(len))
-            .collect();
-        let mut outs: Vec<&mut [std::mem::MaybeUninit<u8>]> = hosts
-            .iter_mut()
-            .zip(sources)
-            .map(|(host, &(_, len))| {
-                // SAFETY: the buffer has capacity for `len` bytes; they are viewed as
-                // uninitialized bytes and only written (never read) below.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        host.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
-                        len,
-                    )
-                };
-                advise_huge_pages(out);
-                out
-            })
-            .collect();
+            .map(|&(_, len)| HostOut::new(len, self.host_pool.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut outs: Vec<&mut [MaybeUninit<u8>]> =
+            hosts.iter_mut().map(HostOut::as_uninit).collect();
+        times.allocate += allocating.elapsed();
         let parallelism = self.parallelism();
         for (k, &(i, s, e)) in windows.iter().enumerate() {
+            let start = Instant::now();
             let stage = &mut self.stages[k % stages];
             if let Some(event) = stage.pending.take() {
                 event.wait_host()?;
             }
             let staging = stage.memory.as_ref().expect("enqueued");
+            let unpacking = Instant::now();
+            times.copy += unpacking - start;
             copy_to_uninit(
                 &mut outs[i][s..e],
                 &staging.as_slice()[..e - s],
                 parallelism,
             );
+            let unpacked = Instant::now();
+            times.unpack += unpacked - unpacking;
             if k + stages < windows.len() {
                 enqueue(self, k + stages)?;
+                times.copy += unpacked.elapsed();
             }
         }
         drop(outs);
         Ok(hosts
             .into_iter()
-            .zip(sources)
-            .map(|(mut host, &(_, len))| {
-                // SAFETY: the windows of this source cover `0..len` and each was copied
-                // in full above, from staging memory (initialized at allocation, then
-                // written by the copy).
-                unsafe { host.set_len(len) };
-                host.into()
-            })
+            // SAFETY: the windows of each source cover `0..len` and each was copied in
+            // full above, from staging memory (initialized at allocation, then written by
+            // the copy).
+            .map(|host| unsafe { host.into_buffer() })
             .collect())
+    }
+
+    /// [`Transfer::download`] from memory the host reads directly
+    /// ([`Device::host_accessible`]): each source copied (in parallel) into host memory.
+    fn download_direct(
+        &mut self,
+        sources: &[(*const std::ffi::c_void, usize)],
+        times: &mut StageTimes,
+    ) -> Result<Vec<Buffer>> {
+        let parallelism = self.parallelism();
+        sources
+            .iter()
+            .map(|&(src, len)| {
+                let start = Instant::now();
+                let mut host = HostOut::new(len, self.host_pool.as_ref())?;
+                let unpacking = Instant::now();
+                times.allocate += unpacking - start;
+                if len > 0 {
+                    // `host_accessible`: `src` is a host address of `len` initialized bytes
+                    // of device memory, which no device work is writing (the batches'
+                    // events have completed: the device never has work pending).
+                    // SAFETY: so the range is valid for reads while the download lives.
+                    let from = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
+                    copy_to_uninit(host.as_uninit(), from, parallelism);
+                }
+                times.unpack += unpacking.elapsed();
+                // SAFETY: every byte of `0..len` was copied above.
+                Ok(unsafe { host.into_buffer() })
+            })
+            .collect()
     }
 
     /// Moves a device-resident batch back to host memory (ordinary arrow-rs buffers).
@@ -405,6 +535,21 @@ impl Transfer {
     /// device, as for [`Transfer::to_host`]; the first error returns, and no batch is
     /// returned then.
     pub fn to_host_batches(&mut self, batches: &[DeviceBatch]) -> Result<Vec<RecordBatch>> {
+        let mut times = StageTimes {
+            batches: batches.len() as u64,
+            ..Default::default()
+        };
+        let result = self.download_batches(batches, &mut times);
+        self.stats.to_host += times;
+        result
+    }
+
+    fn download_batches(
+        &mut self,
+        batches: &[DeviceBatch],
+        times: &mut StageTimes,
+    ) -> Result<Vec<RecordBatch>> {
+        let start = Instant::now();
         for batch in batches {
             check_same_device(batch.device.as_ref(), self.device.as_ref())?;
         }
@@ -423,9 +568,16 @@ impl Transfer {
             .iter()
             .map(|d| (d.memory.address().cast_const(), d.memory.len()))
             .collect();
-        let downloaded = self.download(&sources);
+        times.bytes = sources.iter().map(|&(_, len)| len as u64).sum();
+        times.plan += start.elapsed();
+        let downloaded = if self.device.host_accessible() {
+            self.download_direct(&sources, times)
+        } else {
+            self.download(&sources, times)
+        };
         let hosts = self.settle(downloaded)?;
-        downloads
+        let start = Instant::now();
+        let batches = downloads
             .iter()
             .zip(&hosts)
             .map(|(download, host)| {
@@ -437,7 +589,70 @@ impl Transfer {
                     download.trusted,
                 )
             })
-            .collect()
+            .collect();
+        times.validate += start.elapsed();
+        batches
+    }
+}
+
+/// Host memory a download is unpacked into: from the transfer's pool, or fresh.
+enum HostOut {
+    /// A block of the pool, wrapped in a `Buffer` that gives it back when it drops.
+    Pooled(PooledMemory),
+    /// A fresh allocation of `len` bytes (advised to use huge pages when large).
+    Fresh(MutableBuffer, usize),
+}
+
+impl HostOut {
+    /// `len` bytes to unpack into.
+    fn new(len: usize, pool: Option<&Arc<HostPool>>) -> Result<Self> {
+        Ok(match pool {
+            Some(pool) => Self::Pooled(pool.allocate(len)?),
+            None => {
+                let mut host = MutableBuffer::with_capacity(len);
+                // SAFETY: the buffer has capacity for `len` bytes, viewed as uninitialized
+                // bytes for the advice, which reads and writes none of them.
+                advise_huge_pages(unsafe {
+                    std::slice::from_raw_parts_mut(host.as_mut_ptr().cast(), len)
+                });
+                Self::Fresh(host, len)
+            }
+        })
+    }
+
+    /// The bytes, to be written (never read) by the unpacking.
+    fn as_uninit(&mut self) -> &mut [MaybeUninit<u8>] {
+        match self {
+            Self::Pooled(memory) => memory.as_uninit_mut(),
+            // SAFETY: the buffer has capacity for `len` bytes, exclusively borrowed; they
+            // are viewed as uninitialized bytes and only written through the view.
+            Self::Fresh(host, len) => unsafe {
+                std::slice::from_raw_parts_mut(host.as_mut_ptr().cast(), *len)
+            },
+        }
+    }
+
+    /// The bytes as an arrow-rs `Buffer`.
+    ///
+    /// # Safety
+    /// Every byte must have been written.
+    unsafe fn into_buffer(self) -> Buffer {
+        match self {
+            Self::Pooled(memory) => {
+                let (ptr, len) = (memory.as_ptr(), memory.len());
+                let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+                // `memory` owns the block, kept alive by the `Buffer` (and its slices and
+                // clones) until the last one drops, which gives it back to the pool.
+                // SAFETY: `ptr` is valid for `len` bytes, initialized (the caller's
+                // guarantee), for as long as the owner lives.
+                unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(memory)) }
+            }
+            Self::Fresh(mut host, len) => {
+                // SAFETY: the caller guarantees the first `len` bytes are written.
+                unsafe { host.set_len(len) };
+                host.into()
+            }
+        }
     }
 }
 

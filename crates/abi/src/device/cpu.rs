@@ -1,27 +1,133 @@
-//! The CPU as a [`Device`]: host memory, `memcpy` copies, events complete at once.
+//! The CPU as a [`Device`]: host memory (from a pool that reuses freed blocks), `memcpy`
+//! copies, and three ways to run them:
+//!
+//! - [`CpuDevice::new`]: copies are `memcpy`s in the calling thread, events complete at
+//!   once. The device stands in for a GPU (in tests, in CI): the bridge treats its memory
+//!   as out of the host's reach and moves every byte through staging memory, as on CUDA.
+//! - [`CpuDevice::direct`]: the CPU device as it is: its memory is host memory the host
+//!   may write and read directly ([`Device::host_accessible`]), so a transfer packs
+//!   straight into it and unpacks straight from it, without staging copies.
+//! - [`CpuDevice::with_link`]: copies run asynchronously on a copy-engine thread at the
+//!   bandwidth and latency of a modelled link ([`LinkModel`]), in stream order, and events
+//!   complete when the modelled copy does: what a GPU's copy engine does, so pipelining
+//!   shows. Copies from or to memory that is not staging memory (pageable memory) are
+//!   synchronous, as a driver does them (through its own staging).
 
 use std::alloc::Layout;
 use std::any::Any;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use super::link::{LinkEngine, LinkEvent, LinkModel};
+use super::pool::{HostPool, PoolStats, DEFAULT_POOL_LIMIT};
 use super::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
 use crate::error::{Error, Result};
 use crate::ffi::ArrowDeviceType;
 use crate::pinned_registry::PinnedRegistry;
 
-/// The CPU as a [`Device`]: "device" memory is host memory, copies are `memcpy`, events
-/// are complete at once (and exported as a NULL `sync_event`).
-#[derive(Debug, Default)]
+/// How a [`CpuDevice`] runs its copies.
+#[derive(Debug)]
+enum Mode {
+    /// `memcpy` in the calling thread; memory reached through copies only.
+    Staged,
+    /// `memcpy` in the calling thread; memory the host reaches directly.
+    Direct,
+    /// On the copy engine of a modelled link.
+    Link(Arc<LinkEngine>),
+}
+
+/// The CPU as a [`Device`]: "device" memory is host memory from a pool that reuses freed
+/// blocks ([`HostPool`]: no page faults and no zeroing after a block's first use), copies
+/// are `memcpy`; see the [module docs](self) for its three modes.
+#[derive(Debug)]
 pub struct CpuDevice {
     copies: AtomicU64,
+    pool: Arc<HostPool>,
+    mode: Mode,
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl CpuDevice {
-    /// A CPU device.
+    /// A CPU device standing in for a GPU: synchronous copies, every transfer staged.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_mode(Mode::Staged)
+    }
+
+    fn with_mode(mode: Mode) -> Self {
+        Self {
+            copies: AtomicU64::new(0),
+            pool: Arc::new(HostPool::new(DEFAULT_POOL_LIMIT)),
+            mode,
+        }
+    }
+
+    /// A CPU device whose memory the host reads and writes directly
+    /// ([`Device::host_accessible`]): transfers pack into it without staging copies.
+    pub fn direct() -> Self {
+        Self::with_mode(Mode::Direct)
+    }
+
+    /// A CPU device whose host-device copies run on a copy-engine thread at the speed of
+    /// `link` (see the [module docs](self)).
+    ///
+    /// # Panics
+    /// If the copy engine's thread cannot be started.
+    pub fn with_link(link: LinkModel) -> Self {
+        let engine = LinkEngine::start(link).expect("starting the copy engine's thread");
+        // Memory goes back to the system only once no enqueued copy uses it any more.
+        let weak: Weak<LinkEngine> = Arc::downgrade(&engine);
+        let fence = Box::new(move || {
+            if let Some(engine) = weak.upgrade() {
+                engine.synchronize();
+            }
+        });
+        Self {
+            copies: AtomicU64::new(0),
+            pool: Arc::new(HostPool::with_fence(DEFAULT_POOL_LIMIT, fence)),
+            mode: Mode::Link(engine),
+        }
+    }
+
+    /// The link this device models, if any.
+    pub fn link(&self) -> Option<LinkModel> {
+        match &self.mode {
+            Mode::Link(engine) => Some(engine.model()),
+            _ => None,
+        }
+    }
+
+    /// The pool device memory comes from.
+    pub fn memory_pool(&self) -> &Arc<HostPool> {
+        &self.pool
+    }
+
+    /// What the memory pool has done.
+    pub fn memory_pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Gives the freed memory the pool keeps back to the system; returns the bytes freed.
+    pub fn trim_memory_pool(&self) -> usize {
+        self.pool.trim()
+    }
+
+    /// Whether `len` bytes at `ptr` lie in staging memory of a CPU device.
+    fn staged(ptr: *const u8, len: usize) -> bool {
+        CPU_STAGING.contains(ptr, len)
+    }
+}
+
+impl Drop for CpuDevice {
+    fn drop(&mut self) {
+        if let Mode::Link(engine) = &self.mode {
+            engine.shutdown();
+        }
     }
 }
 
@@ -118,8 +224,12 @@ unsafe impl SyncEvent for CpuEvent {
     }
 }
 
-// SAFETY: allocations are aligned host memory of the size asked for; copies are
-// `memcpy`s complete when the call returns, so every event and `synchronize` is complete.
+// SAFETY: allocations are aligned host memory of the size asked for, from the pool
+// (initialized bytes, as `host_accessible` requires). Without a link model copies are
+// `memcpy`s complete when the call returns, so every event and `synchronize` is complete;
+// with one, copies run in call order on one engine thread, and events and `synchronize`
+// wait for the engine to pass them. `host_accessible` is true only in the direct mode,
+// whose copies are synchronous.
 unsafe impl Device for CpuDevice {
     fn device_type(&self) -> ArrowDeviceType {
         ArrowDeviceType::CPU
@@ -128,22 +238,41 @@ unsafe impl Device for CpuDevice {
         crate::cpu::CPU_DEVICE_ID
     }
     fn allocate(&self, len: usize) -> Result<Arc<dyn DeviceMemory>> {
-        Ok(Arc::new(HostMemory::zeroed(len)?))
+        Ok(Arc::new(self.pool.allocate(len)?))
     }
     fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
         Ok(Box::new(CpuStaging::new(len)?))
     }
     unsafe fn copy_to_device(&self, src: *const u8, dst: *mut c_void, len: usize) -> Result<()> {
         self.copies.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller guarantees both ranges are valid; they are distinct
-        // allocations (staging or user memory, and device memory).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), len) };
+        match &self.mode {
+            Mode::Link(engine) => {
+                // SAFETY: the caller keeps both ranges valid until the copy completes; a
+                // copy from pageable memory is waited for here (synchronous).
+                let seq = unsafe { engine.enqueue(src, dst.cast(), len, true) };
+                if !Self::staged(src, len) {
+                    engine.wait(seq);
+                }
+            }
+            // SAFETY: the caller guarantees both ranges are valid; they are distinct
+            // allocations (staging or user memory, and device memory).
+            _ => unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), len) },
+        }
         Ok(())
     }
     unsafe fn copy_to_host(&self, src: *const c_void, dst: *mut u8, len: usize) -> Result<()> {
         self.copies.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as in `copy_to_device`.
-        unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, len) };
+        match &self.mode {
+            Mode::Link(engine) => {
+                // SAFETY: as in `copy_to_device`.
+                let seq = unsafe { engine.enqueue(src.cast(), dst, len, true) };
+                if !Self::staged(dst, len) {
+                    engine.wait(seq);
+                }
+            }
+            // SAFETY: as in `copy_to_device`.
+            _ => unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, len) },
+        }
         Ok(())
     }
     unsafe fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<()> {
@@ -151,14 +280,25 @@ unsafe impl Device for CpuDevice {
             if c.len == 0 {
                 continue;
             }
-            // SAFETY: the caller guarantees each source is readable and each destination
-            // writable for `len` bytes, and that no destination overlaps a source.
-            unsafe { std::ptr::copy_nonoverlapping(c.src.cast::<u8>(), c.dst.cast::<u8>(), c.len) };
+            match &self.mode {
+                // SAFETY: the caller guarantees each source readable and each destination
+                // writable for `len` bytes until the copies complete, and no overlap.
+                Mode::Link(engine) => unsafe {
+                    engine.enqueue(c.src.cast(), c.dst.cast(), c.len, false);
+                },
+                // SAFETY: as above; the copy completes here.
+                _ => unsafe {
+                    std::ptr::copy_nonoverlapping(c.src.cast::<u8>(), c.dst.cast::<u8>(), c.len)
+                },
+            }
         }
         Ok(())
     }
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>> {
-        Ok(Arc::new(CpuEvent))
+        Ok(match &self.mode {
+            Mode::Link(engine) => Arc::new(LinkEvent::new(engine.clone())),
+            _ => Arc::new(CpuEvent),
+        })
     }
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()> {
         if sync_event.is_null() {
@@ -170,6 +310,9 @@ unsafe impl Device for CpuDevice {
         }
     }
     fn synchronize(&self) -> Result<()> {
+        if let Mode::Link(engine) = &self.mode {
+            engine.synchronize();
+        }
         Ok(())
     }
     fn copy_count(&self) -> u64 {
@@ -180,7 +323,11 @@ unsafe impl Device for CpuDevice {
     /// else: the CPU device stands in for a GPU in tests, where ordinary (pageable)
     /// memory must go through staging as it does on CUDA.
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
-        CPU_STAGING.contains(ptr, len)
+        Self::staged(ptr, len)
+    }
+
+    fn host_accessible(&self) -> bool {
+        matches!(self.mode, Mode::Direct)
     }
 }
 

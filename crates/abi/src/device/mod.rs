@@ -92,7 +92,8 @@ pub struct DeviceCopy {
 /// - copies and events are ordered on one stream in call order: an event from
 ///   `record_event` completes only after every copy enqueued before it, and `synchronize`
 ///   returns `Ok` only once all enqueued work has completed;
-/// - `is_pinned` answers `true` only as its documentation says.
+/// - `is_pinned` answers `true` only as its documentation says;
+/// - `host_accessible` answers `true` only as its documentation says.
 pub unsafe trait Device: Send + Sync + fmt::Debug {
     /// The `ArrowDeviceType` of memory this device allocates.
     fn device_type(&self) -> ArrowDeviceType;
@@ -195,6 +196,21 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         let _ = (ptr, len);
         false
     }
+
+    /// Whether the host may read and write this device's memory directly, at host memory
+    /// speed: the CPU device ([`CpuDevice::direct`]), or memory a device shares with the
+    /// host. A transfer then packs a batch straight into device memory and unpacks it
+    /// straight from there, without staging copies (on such a device a staging copy is
+    /// one more `memcpy` of every byte, not a DMA the host gets for free).
+    ///
+    /// `true` promises that every [`DeviceMemory::address`] of memory this device
+    /// allocates is a host address of `len()` initialized bytes (readable as `&[u8]`),
+    /// and that the device never has work pending: its copies complete before their call
+    /// returns, so the host may touch device memory without waiting for events. The
+    /// default is `false`.
+    fn host_accessible(&self) -> bool {
+        false
+    }
 }
 
 // ---- Same-device checks ----
@@ -263,7 +279,11 @@ pub fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Resul
 }
 
 mod cpu;
+pub mod link;
+pub mod pool;
 pub use cpu::{CpuDevice, CpuEvent, CpuStaging, HostMemory};
+pub use link::{LinkEvent, LinkModel};
+pub use pool::{HostPool, PoolStats, PooledMemory};
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::baseline::{BufferByBuffer, RawCopy};
 use arrow_array::RecordBatch;
 use devarrow::abi::device::Device;
-use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow::bridge::{DeviceBatch, StageTimes, Transfer, TransferOptions};
 
 use super::progress::Stage;
 use super::JobError;
@@ -116,6 +116,8 @@ pub struct Timing {
     pub bytes: usize,
     /// Copies issued per repetition.
     pub copies: u64,
+    /// devarrow's host time per stage, the mean of the timed repetitions.
+    pub stages: Option<StageTimes>,
     /// The time of every timed repetition (the warm-up excluded).
     pub times: Vec<Duration>,
 }
@@ -242,6 +244,8 @@ pub fn measure_point(
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
     let mut copies = 0;
+    // The stage times of every repetition, the warm-up first.
+    let mut stages = Vec::with_capacity(reps + 1);
     let times = repeat(
         stage,
         reps,
@@ -267,6 +271,7 @@ pub fn measure_point(
                     .map_err(abi("waiting for a transfer"))?;
             }
             copies = device.copy_count() - before;
+            stages.push(transfer.take_stats().to_device);
             Ok(())
         },
     )?;
@@ -276,8 +281,10 @@ pub fn measure_point(
         direction: Direction::HostToDevice,
         bytes,
         copies,
+        stages: Some(mean_stages(&stages[1..])),
         times,
     });
+    stages.clear();
 
     // devarrow, device to host: `to_host_batches` moves every batch in one pipeline and
     // returns the rebuilt batches once copied.
@@ -298,6 +305,7 @@ pub fn measure_point(
                     .map_err(abi("moving the batches back to the host"))?,
             );
             copies = device.copy_count() - before;
+            stages.push(transfer.take_stats().to_host);
             Ok(())
         },
     )?;
@@ -306,6 +314,7 @@ pub fn measure_point(
         direction: Direction::DeviceToHost,
         bytes,
         copies,
+        stages: Some(mean_stages(&stages[1..])),
         times,
     });
     if let Some(i) = (0..batches.len()).find(|&i| back[i] != batches[i]) {
@@ -364,6 +373,7 @@ pub fn measure_point(
             direction,
             bytes,
             copies: 1,
+            stages: None,
             times,
         });
     }
@@ -398,25 +408,30 @@ pub fn measure_point(
         direction: Direction::HostToDevice,
         bytes: bbb_bytes,
         copies: bbb_copies,
+        stages: None,
         times,
     });
-    let mut moved = 0;
+    // The host copies are kept until the repetition ends, as devarrow's batches are:
+    // dropping each batch's copies at once would let the next batch reuse the same, still
+    // cached, host memory.
+    let mut back: Vec<Vec<Vec<u8>>> = Vec::with_capacity(per_batch.len());
     let times = repeat(
         stage,
         reps,
-        &mut moved,
-        |moved| {
-            *moved = 0;
+        &mut back,
+        |back| {
+            back.clear();
             Ok(())
         },
-        |moved| {
+        |back| {
             for (b, memory) in per_batch.iter().zip(&on_device) {
-                let host = b.to_host(memory).map_err(abi("a buffer-by-buffer copy"))?;
-                *moved += host.iter().map(Vec::len).sum::<usize>();
+                back.push(b.to_host(memory).map_err(abi("a buffer-by-buffer copy"))?);
             }
             Ok(())
         },
     )?;
+    let moved: usize = back.iter().flatten().map(Vec::len).sum();
+    drop(back);
     if moved != bbb_bytes {
         return Err(JobError::new(format!(
             "the buffer-by-buffer baseline moved {moved} bytes back instead of {bbb_bytes}"
@@ -427,6 +442,7 @@ pub fn measure_point(
         direction: Direction::DeviceToHost,
         bytes: bbb_bytes,
         copies: bbb_copies,
+        stages: None,
         times,
     });
     drop(on_device);
@@ -440,6 +456,26 @@ pub fn measure_point(
         timings,
         verified: true,
     })
+}
+
+/// The mean of stage times over repetitions (per repetition).
+fn mean_stages(reps: &[StageTimes]) -> StageTimes {
+    let mut sum = StageTimes::default();
+    for r in reps {
+        sum += *r;
+    }
+    let n = reps.len().max(1) as u32;
+    let mean = |d: Duration| d / n;
+    StageTimes {
+        plan: mean(sum.plan),
+        allocate: mean(sum.allocate),
+        pack: mean(sum.pack),
+        copy: mean(sum.copy),
+        unpack: mean(sum.unpack),
+        validate: mean(sum.validate),
+        batches: sum.batches / n as u64,
+        bytes: sum.bytes / n as u64,
+    }
 }
 
 #[cfg(test)]

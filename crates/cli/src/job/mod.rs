@@ -210,7 +210,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         None => None,
     };
 
-    let selected = device::select(options.device)?;
+    let selected = device::select(options.device, options.link)?;
     // Before anything is generated, and before the first line about it.
     if options.input.is_none() && options.memory_check {
         let estimate = memory::estimate(options.scale, selected.cuda.is_some());
@@ -307,6 +307,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             name: selected.name.clone(),
             cuda_summary: selected.cuda_summary.clone(),
             fallback: selected.fallback.clone(),
+            link: (selected.id == "cpu").then_some(options.link).flatten(),
         },
         data,
         points,
@@ -319,8 +320,9 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             run.device.name, run.device.id
         );
         let subtitle = format!(
-            "{}; devarrow {} (commit {}), best of {}",
+            "{}{}; devarrow {} (commit {}), best of {}",
             run.data.short(),
+            run.device.model_note(),
             env!("CARGO_PKG_VERSION"),
             devarrow::GIT_COMMIT,
             run.options.reps,

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use devarrow::abi::device::LinkModel;
 
 /// TPC-H scale factor used when neither `--scale` nor `--input` is given: about 600,000
 /// `lineitem` rows, some 140 MB of Arrow buffers; a few seconds on the CPU device in a
@@ -72,6 +73,13 @@ pub struct Cli {
     #[arg(long, value_name = "FILE|-", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<String>,
 
+    /// On the CPU device, model a host-device link: copies run asynchronously on a
+    /// copy-engine thread at BANDWIDTH (GB/s = 10^9 bytes/s) plus LATENCY per copy, e.g.
+    /// `4GB/s,10us` [default: no link: transfers pack straight into the CPU device's
+    /// memory]
+    #[arg(long, value_name = "BANDWIDTH,LATENCY", value_parser = parse_link)]
+    pub link: Option<LinkModel>,
+
     /// Write a chart of bandwidth against batch size for every method to FILE, as SVG
     /// or PNG by its extension (sweeps 1K..1M rows per batch unless --batch-size is
     /// given)
@@ -139,6 +147,8 @@ pub struct Options {
     pub json: Option<JsonTarget>,
     /// Where to write the chart (SVG or PNG, by the extension).
     pub chart: Option<PathBuf>,
+    /// The link modelled on the CPU device.
+    pub link: Option<LinkModel>,
     /// Whether progress goes to stderr.
     pub progress: bool,
     /// Whether to check, before generating data, that it fits in memory.
@@ -167,6 +177,7 @@ impl Cli {
             json,
             chart: self.chart,
             memory_check: !self.no_memory_check,
+            link: self.link,
         }
     }
 }
@@ -202,6 +213,11 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
             .map(DeviceChoice::Cuda)
             .ok_or_else(|| "expected `cpu`, `cuda`, `cuda:N` or `auto`".into()),
     }
+}
+
+/// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`).
+pub fn parse_link(s: &str) -> Result<LinkModel, String> {
+    s.parse()
 }
 
 /// Parses a row count: digits with an optional `K` (1024) or `M` (1024 * 1024) suffix.
@@ -329,6 +345,12 @@ mod tests {
         assert_eq!(o.json, Some(JsonTarget::File("out.json".into())));
         assert_eq!(o.chart, Some(PathBuf::from("c.svg")));
         assert!(o.progress);
+        assert_eq!(o.link, None);
+        let link = parse(&["--device", "cpu", "--link", "4GB/s,10us"])
+            .unwrap()
+            .link
+            .unwrap();
+        assert_eq!((link.gbps(), link.latency.as_micros()), (4.0, 10));
         assert_eq!(parse(&["--scale", "0.01"]).unwrap().scale, 0.01);
         assert_eq!(
             parse(&["--device", "cpu"]).unwrap().device,
@@ -400,6 +422,8 @@ mod tests {
             &["--scale", "x"],
             &["--device", "tpu"],
             &["--device", "cuda:x"],
+            &["--link", "fast"],
+            &["--link", "4GB/s"],
             &["--reps", "0"],
             &["--batch-size", "0"],
             &["--nope"],

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use devarrow::abi::device::LinkModel;
 use serde::Serialize;
 
 use super::measure::{Direction, Method, Point};
@@ -10,7 +11,7 @@ use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
 
 /// The device a run used, as reported.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeviceInfo {
     /// `cuda:N` or `cpu`.
     pub id: String,
@@ -20,6 +21,28 @@ pub struct DeviceInfo {
     pub cuda_summary: Result<String, String>,
     /// Why `auto` fell back to the CPU device.
     pub fallback: Option<String>,
+    /// The link the CPU device modelled (`--link`).
+    pub link: Option<LinkModel>,
+}
+
+impl DeviceInfo {
+    /// Which model of the CPU device ran (empty on CUDA), after a `; `.
+    pub fn model_note(&self) -> String {
+        match (&self.link, self.id == "cpu") {
+            (_, false) => String::new(),
+            (Some(link), true) => format!("; {}", link_words(link)),
+            (None, true) => "; no link model (host memory, packed directly)".into(),
+        }
+    }
+}
+
+/// `modelled link 4 GB/s + 10 us per copy`.
+fn link_words(link: &LinkModel) -> String {
+    format!(
+        "modelled link {} GB/s + {} per copy",
+        link.gbps(),
+        human_duration(link.latency).replace(".000", "")
+    )
 }
 
 /// The data a run moved (written to JSON as it is).
@@ -139,6 +162,19 @@ impl Run {
             devarrow::GIT_COMMIT
         );
         let _ = writeln!(out, "device:  {}", self.device_line());
+        if self.device.id == "cpu" {
+            let model = match &self.device.link {
+                Some(link) => format!(
+                    "{} on a copy-engine thread, in stream order; copies from or to \
+                     pageable memory synchronous (as a driver stages them)",
+                    link_words(link)
+                ),
+                None => "no link: device memory is host memory, packed into and unpacked \
+                         from directly (no staging copies)"
+                    .into(),
+            };
+            let _ = writeln!(out, "model:   {model}");
+        }
         if let (Ok(summary), true) = (&self.device.cuda_summary, self.device.id != "cpu") {
             let _ = writeln!(out, "CUDA:    {summary}");
         }
@@ -169,7 +205,7 @@ impl Run {
         if let Some(check) = &self.export_check {
             let _ = writeln!(out, "{check}");
         }
-        if self.device.id == "cpu" {
+        if self.device.id == "cpu" && self.device.link.is_none() {
             let _ = writeln!(
                 out,
                 "note: on the CPU device every copy is a memcpy within host memory, so these \
@@ -214,6 +250,12 @@ impl Run {
                         times_s: t.times.iter().map(Duration::as_secs_f64).collect(),
                         gbps: t.gbps(),
                         percent_of_pinned: p.percent_of_pinned(t.method, t.direction),
+                        stages_s: t.stages.as_ref().map(|s| {
+                            s.stages()
+                                .into_iter()
+                                .map(|(name, d)| (name.to_string(), d.as_secs_f64()))
+                                .collect()
+                        }),
                     })
                     .collect(),
             })
@@ -235,6 +277,10 @@ impl Run {
                 cuda_devices,
                 cuda_unavailable,
                 fallback_reason: self.device.fallback.as_deref(),
+                link: self.device.link.map(|l| JsonLink {
+                    gbps: l.gbps(),
+                    latency_s: l.latency.as_secs_f64(),
+                }),
             },
             options: JsonOptions {
                 device: o.device.to_string(),
@@ -245,6 +291,7 @@ impl Run {
                 memory_check: o.memory_check,
                 input: o.input.as_ref().map(|p| p.display().to_string()),
                 chart: o.chart.as_ref().map(|p| p.display().to_string()),
+                link: o.link.map(|l| l.to_string()),
                 json: o.json.as_ref().map(|j| match j {
                     JsonTarget::Stdout => "-".to_string(),
                     JsonTarget::File(p) => p.display().to_string(),
@@ -298,6 +345,15 @@ struct JsonDevice<'a> {
     cuda_devices: Option<&'a str>,
     cuda_unavailable: Option<&'a str>,
     fallback_reason: Option<&'a str>,
+    /// The link the CPU device modelled (`--link`), if any.
+    link: Option<JsonLink>,
+}
+
+/// A modelled link: bandwidth (GB/s, 1e9 bytes per second) and latency per copy.
+#[derive(Debug, Serialize)]
+struct JsonLink {
+    gbps: f64,
+    latency_s: f64,
 }
 
 /// The options of the run, resolved.
@@ -311,6 +367,7 @@ struct JsonOptions<'a> {
     memory_check: bool,
     input: Option<String>,
     chart: Option<String>,
+    link: Option<String>,
     json: Option<String>,
 }
 
@@ -344,6 +401,9 @@ struct JsonMeasurement {
     times_s: Vec<f64>,
     gbps: f64,
     percent_of_pinned: Option<f64>,
+    /// Time per stage of devarrow's transfers (plan, allocate, pack, copy, unpack,
+    /// validate), the mean over the timed repetitions.
+    stages_s: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// The table of one batch size: bytes, time, GB/s and share of pinned per method and
@@ -451,6 +511,7 @@ pub(crate) mod tests {
                     direction,
                     bytes: 1_000_000,
                     copies: 1 + m as u64,
+                    stages: None,
                     times: vec![
                         Duration::from_micros(((100 + 10 * m + d) as f64 * scale) as u64),
                         Duration::from_micros(200),
@@ -478,6 +539,7 @@ pub(crate) mod tests {
                 input: None,
                 json: Some(JsonTarget::Stdout),
                 chart: None,
+                link: None,
                 progress: false,
                 memory_check: true,
             },
@@ -486,6 +548,7 @@ pub(crate) mod tests {
                 name: "CPU device".into(),
                 cuda_summary: Err("no driver".into()),
                 fallback: Some("no CUDA device found: no driver".into()),
+                link: None,
             },
             data: DataInfo {
                 kind: "tpch-lineitem".into(),

@@ -1,0 +1,455 @@
+//! A pool of host memory that keeps freed blocks for reuse ([`HostPool`]), as devarrow's
+//! CUDA pool keeps freed device memory: the [`CpuDevice`](super::CpuDevice) allocates its
+//! "device" memory from one, and the bridge can take the host memory of downloads from
+//! another.
+//!
+//! Memory fresh from the system costs a page fault (and the kernel zeroing a page) on the
+//! first write of every 4 KiB page: about a third of all cycles of a transfer of 65 MB
+//! batches on the CPU device went there (`docs/benchmarks.md`), as the allocator maps
+//! blocks that large afresh every time. A block taken back from the pool was faulted in
+//! by its last user and costs nothing but a lookup. Blocks are never zero-filled by the
+//! pool: they come zeroed from the system the first time (`calloc`, which maps fresh,
+//! already zeroed pages for large sizes without writing them) and hold whatever their
+//! last user wrote afterwards, so their bytes are always initialized.
+//!
+//! Sizes are rounded up to a size class (multiples of 64 bytes up to 4 KiB, then four
+//! classes per power of two: at most 25% more than asked for, of which only the pages
+//! that are written ever take memory). Freed blocks are cached per class up to a byte
+//! limit ([`HostPool::limit`]); beyond it a freed block goes back to the system.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{DeviceMemory, BUFFER_ALIGNMENT};
+use crate::error::{Error, Result};
+
+/// Default bound on the bytes of freed blocks a [`HostPool`] keeps for reuse: 1 GiB.
+pub const DEFAULT_POOL_LIMIT: usize = 1 << 30;
+
+/// The size of a transparent huge page on the hosts devarrow targets (x86-64, and aarch64
+/// with 4 KiB base pages).
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Host memory at least this large that is about to be written in full is advised to use
+/// transparent huge pages ([`advise_huge_pages`]).
+pub const HUGE_PAGE_MIN_BYTES: usize = 2 * HUGE_PAGE_BYTES;
+
+/// Asks the kernel to back the whole 2 MiB pages inside `range` with transparent huge
+/// pages, before it is written for the first time: one page fault per 2 MiB instead of
+/// 512. Ranges below [`HUGE_PAGE_MIN_BYTES`] are left alone.
+///
+/// The advice changes no byte and no permission; it is ignored where huge pages are
+/// disabled, and on systems other than Linux this does nothing.
+pub fn advise_huge_pages(range: &mut [MaybeUninit<u8>]) {
+    if range.len() < HUGE_PAGE_MIN_BYTES {
+        return;
+    }
+    let begin = (range.as_mut_ptr() as usize).next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (range.as_mut_ptr() as usize + range.len()) & !(HUGE_PAGE_BYTES - 1);
+    if end <= begin {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // `MADV_HUGEPAGE` only changes how the kernel backs the pages: contents,
+        // permissions and mapping are unchanged, so no Rust reference is invalidated. Its
+        // result is advisory: an error (no THP support, memory not anonymous) leaves
+        // everything as it was.
+        // SAFETY: `begin..end` lies inside `range`, memory this process owns and holds
+        // exclusively, and is page-aligned as `madvise` requires; see above.
+        unsafe {
+            libc::madvise(begin as *mut libc::c_void, end - begin, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+/// The size class of an allocation of `len` bytes: what a block for it holds.
+pub fn size_class(len: usize) -> usize {
+    const SMALL: usize = 4096;
+    if len <= SMALL {
+        return len.next_multiple_of(BUFFER_ALIGNMENT).max(BUFFER_ALIGNMENT);
+    }
+    let log2 = usize::BITS - 1 - len.leading_zeros();
+    let step = 1usize << (log2 - 2);
+    len.checked_next_multiple_of(step).unwrap_or(len)
+}
+
+/// What a pool has done since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Allocations served from a cached block.
+    pub hits: u64,
+    /// Allocations that asked the system for a new block.
+    pub misses: u64,
+    /// Bytes of freed blocks kept for reuse now.
+    pub cached_bytes: usize,
+    /// Bytes of blocks handed out and not freed yet (by size class).
+    pub in_use_bytes: usize,
+}
+
+/// One block of the system allocator: `capacity` bytes from `ptr` (aligned to
+/// [`BUFFER_ALIGNMENT`]) inside the allocation of `layout` at `base`.
+struct Block {
+    base: NonNull<u8>,
+    ptr: NonNull<u8>,
+    capacity: usize,
+    layout: Layout,
+}
+
+// SAFETY: a block exclusively owns its allocation (it is in the pool or in one
+// `PooledMemory`, never both); the pointers are not tied to any thread.
+unsafe impl Send for Block {}
+
+impl Block {
+    /// A zeroed block of `capacity` bytes.
+    fn new(capacity: usize) -> Result<Self> {
+        let oom = || {
+            Error::Arrow(arrow_schema::ArrowError::MemoryError(format!(
+                "cannot allocate {capacity} bytes of host memory"
+            )))
+        };
+        // `alloc_zeroed` with the allocator's natural alignment is `calloc`, which hands
+        // out fresh mappings (already zero) without writing them; a larger alignment would
+        // `memset` every byte. So: natural alignment, 64 bytes more, aligned by hand.
+        let size = capacity.checked_add(BUFFER_ALIGNMENT).ok_or_else(oom)?;
+        let layout = Layout::from_size_align(size, 16).map_err(|_| oom())?;
+        // SAFETY: `layout` has a non-zero size.
+        let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(oom)?;
+        let offset = base.as_ptr().align_offset(BUFFER_ALIGNMENT);
+        // SAFETY: `offset < BUFFER_ALIGNMENT`, so `ptr..ptr + capacity` lies inside the
+        // `capacity + BUFFER_ALIGNMENT` bytes allocated.
+        let ptr = unsafe { base.add(offset) };
+        let mut block = Self {
+            base,
+            ptr,
+            capacity,
+            layout,
+        };
+        advise_huge_pages(block.as_uninit_mut());
+        Ok(block)
+    }
+
+    fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: the block owns `capacity` bytes at `ptr`, borrowed exclusively here.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr.as_ptr().cast::<MaybeUninit<u8>>(),
+                self.capacity,
+            )
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Block::new` with this very layout, freed once.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: HashMap<usize, Vec<Block>>,
+    stats: PoolStats,
+}
+
+/// Runs before a pool gives memory back to the system: waits until nothing that was
+/// enqueued before still uses it (the copy engine of a CPU device with a link model).
+pub type Fence = Box<dyn Fn() + Send + Sync>;
+
+/// Host memory blocks for reuse: [`HostPool::allocate`] takes a cached block of the size
+/// class when there is one, else a new one from the system; dropping the
+/// [`PooledMemory`] gives the block back. Cheap to share (`Arc`).
+pub struct HostPool {
+    state: Mutex<PoolState>,
+    limit: usize,
+    fence: Option<Fence>,
+}
+
+impl fmt::Debug for HostPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostPool")
+            .field("limit", &self.limit)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for HostPool {
+    fn default() -> Self {
+        Self::new(DEFAULT_POOL_LIMIT)
+    }
+}
+
+impl HostPool {
+    /// A pool that keeps up to `limit` bytes of freed blocks.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            state: Mutex::new(PoolState::default()),
+            limit,
+            fence: None,
+        }
+    }
+
+    /// A pool that calls `fence` before it gives memory back to the system (and lets
+    /// every block go only after it returned).
+    pub fn with_fence(limit: usize, fence: Fence) -> Self {
+        Self {
+            fence: Some(fence),
+            ..Self::new(limit)
+        }
+    }
+
+    /// The most bytes of freed blocks kept for reuse.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn state(&self) -> MutexGuard<'_, PoolState> {
+        // Every update is complete before the guard drops: a panic elsewhere leaves the
+        // state consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the pool has done.
+    pub fn stats(&self) -> PoolStats {
+        self.state().stats
+    }
+
+    /// `len` bytes aligned to [`BUFFER_ALIGNMENT`], initialized (zero when new, else
+    /// what the block's last user wrote), freed into the pool when dropped.
+    pub fn allocate(self: &Arc<Self>, len: usize) -> Result<PooledMemory> {
+        if len == 0 {
+            return Ok(PooledMemory {
+                ptr: NonNull::<u8>::dangling()
+                    .as_ptr()
+                    .wrapping_add(BUFFER_ALIGNMENT - 1)
+                    .cast(),
+                len: 0,
+                block: None,
+                pool: self.clone(),
+            });
+        }
+        let class = size_class(len);
+        let cached = {
+            let mut state = self.state();
+            let block = state.free.get_mut(&class).and_then(Vec::pop);
+            match &block {
+                Some(_) => {
+                    state.stats.hits += 1;
+                    state.stats.cached_bytes -= class;
+                }
+                None => state.stats.misses += 1,
+            }
+            state.stats.in_use_bytes += class;
+            block
+        };
+        let block = match cached {
+            Some(block) => block,
+            None => match Block::new(class) {
+                Ok(block) => block,
+                Err(e) => {
+                    // Out of memory: give the cache back and try once more.
+                    self.state().stats.in_use_bytes -= class;
+                    if self.trim() == 0 {
+                        return Err(e);
+                    }
+                    self.state().stats.in_use_bytes += class;
+                    Block::new(class).inspect_err(|_| {
+                        self.state().stats.in_use_bytes -= class;
+                    })?
+                }
+            },
+        };
+        Ok(PooledMemory {
+            ptr: block.ptr.as_ptr(),
+            len,
+            block: Some(block),
+            pool: self.clone(),
+        })
+    }
+
+    /// Gives every cached block back to the system; returns the bytes freed.
+    pub fn trim(&self) -> usize {
+        let blocks: Vec<Block> = {
+            let mut state = self.state();
+            state.stats.cached_bytes = 0;
+            state.free.drain().flat_map(|(_, v)| v).collect()
+        };
+        let freed = blocks.iter().map(|b| b.capacity).sum();
+        if !blocks.is_empty() {
+            if let Some(fence) = &self.fence {
+                fence();
+            }
+        }
+        drop(blocks);
+        freed
+    }
+
+    fn give_back(&self, block: Block) {
+        let class = block.capacity;
+        let mut state = self.state();
+        state.stats.in_use_bytes -= class;
+        if state.stats.cached_bytes + class <= self.limit {
+            state.stats.cached_bytes += class;
+            state.free.entry(class).or_default().push(block);
+            return;
+        }
+        drop(state);
+        if let Some(fence) = &self.fence {
+            fence();
+        }
+        drop(block);
+    }
+}
+
+/// A block of a [`HostPool`]: `len` bytes at [`PooledMemory::as_ptr`], given back to the
+/// pool when dropped. The CPU device's device memory, and, wrapped in an arrow-rs
+/// `Buffer`, host memory of downloads.
+pub struct PooledMemory {
+    ptr: *mut u8,
+    len: usize,
+    block: Option<Block>,
+    pool: Arc<HostPool>,
+}
+
+impl fmt::Debug for PooledMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PooledMemory")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the value exclusively owns its block (shared references only expose the
+// address); the pool is `Sync`.
+unsafe impl Send for PooledMemory {}
+// SAFETY: as above: `&self` gives out the address and length only.
+unsafe impl Sync for PooledMemory {}
+impl std::panic::RefUnwindSafe for PooledMemory {}
+
+impl PooledMemory {
+    /// The first byte (aligned to [`BUFFER_ALIGNMENT`]; dangling when `len` is 0).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The size in bytes, as asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, for writing (they are initialized, but callers that overwrite them need
+    /// not read them first).
+    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: `ptr` is valid for `len` bytes (or dangling and aligned for 0), owned by
+        // the value and borrowed exclusively here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<MaybeUninit<u8>>(), self.len) }
+    }
+}
+
+impl Drop for PooledMemory {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            self.pool.give_back(block);
+        }
+    }
+}
+
+// SAFETY: the address is fixed at allocation, valid for `len` bytes and owned by the
+// value until it drops (the block goes back to the pool only then).
+unsafe impl DeviceMemory for PooledMemory {
+    fn address(&self) -> *mut std::ffi::c_void {
+        self.ptr.cast()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_up_by_at_most_a_quarter() {
+        assert_eq!(size_class(0), 64);
+        assert_eq!(size_class(1), 64);
+        assert_eq!(size_class(65), 128);
+        assert_eq!(size_class(4096), 4096);
+        assert_eq!(size_class(4097), 5120);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), 1280 << 10);
+        for len in [4097usize, 10_000, 65_000_000, 123_456_789, (1 << 40) + 3] {
+            let class = size_class(len);
+            assert!(class >= len && class - len <= len / 4, "{len} -> {class}");
+            assert_eq!(size_class(class), class, "classes are fixed points");
+        }
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_and_keep_their_bytes() {
+        let pool = Arc::new(HostPool::new(1 << 30));
+        let mut a = pool.allocate(100_000).unwrap();
+        assert_eq!(a.as_ptr() as usize % BUFFER_ALIGNMENT, 0);
+        assert_eq!(a.len(), 100_000);
+        a.as_uninit_mut().fill(MaybeUninit::new(7));
+        let address = a.as_ptr();
+        drop(a);
+        assert_eq!(pool.stats().cached_bytes, size_class(100_000));
+        // Another size of the same class takes the same block, unzeroed.
+        let b = pool.allocate(99_000).unwrap();
+        assert_eq!(b.as_ptr(), address);
+        // SAFETY: `b` holds 99,000 initialized bytes (written through `a` above).
+        let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+        assert!(bytes.iter().all(|&x| x == 7));
+        let stats = pool.stats();
+        assert_eq!((stats.hits, stats.misses), (1, 1));
+        assert_eq!(stats.in_use_bytes, size_class(100_000));
+        // New blocks are zeroed.
+        let c = pool.allocate(5000).unwrap();
+        // SAFETY: new blocks are zeroed, so initialized.
+        let bytes = unsafe { std::slice::from_raw_parts(c.as_ptr(), c.len()) };
+        assert!(bytes.iter().all(|&x| x == 0));
+        assert!(pool.allocate(0).unwrap().is_empty());
+        drop((b, c));
+        assert_eq!(pool.stats().in_use_bytes, 0);
+        assert_eq!(pool.trim(), size_class(100_000) + size_class(5000));
+        assert_eq!(pool.stats().cached_bytes, 0);
+    }
+
+    #[test]
+    fn beyond_the_limit_blocks_go_back_to_the_system_after_the_fence() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let fenced = Arc::new(AtomicUsize::new(0));
+        let counter = fenced.clone();
+        let pool = Arc::new(HostPool::with_fence(
+            10_000,
+            Box::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }),
+        ));
+        let a = pool.allocate(8000).unwrap();
+        let b = pool.allocate(8000).unwrap();
+        drop(a);
+        assert_eq!(fenced.load(Ordering::SeqCst), 0);
+        drop(b); // over the limit: freed, after the fence
+        assert_eq!(fenced.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.stats().cached_bytes, size_class(8000));
+        pool.trim();
+        assert_eq!(fenced.load(Ordering::SeqCst), 2);
+    }
+}

@@ -1,0 +1,110 @@
+//! Where the host time of a [`Transfer`](crate::Transfer) goes, stage by stage
+//! ([`StageTimes`], per direction in [`TransferStats`]): accumulated with `Instant`s around
+//! each stage (a few per chunk, tens of nanoseconds each), so a regression shows in the
+//! stage it is in.
+
+use std::ops::AddAssign;
+use std::time::Duration;
+
+/// The host time of one direction of a transfer, by stage, summed over calls.
+///
+/// | stage | to the device | to the host |
+/// | --- | --- | --- |
+/// | `plan` | planning the batch (buffers cut, offsets rebased) | preparing the downloads (an imported batch packed on the device), ordering them after the batches' events |
+/// | `allocate` | device memory | the host memory the batches come back into |
+/// | `pack` | packing into staging memory, or into device memory directly | — |
+/// | `copy` | enqueueing copies and waiting for them (for a staging buffer to be free again) | enqueueing copies and waiting for them (for a chunk to arrive) |
+/// | `unpack` | — | staging (or device) memory to host memory |
+/// | `validate` | — | rebuilding (and, for foreign data, validating) arrow-rs arrays |
+///
+/// To the device, the copies still in flight when `to_device` returns are not counted:
+/// the caller waits for them (on the batch's event).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    /// Planning (to the device) or preparing downloads (to the host).
+    pub plan: Duration,
+    /// Allocating the destination: device memory, or host memory.
+    pub allocate: Duration,
+    /// Packing buffers into staging (or device) memory.
+    pub pack: Duration,
+    /// Enqueueing copies and waiting for copies to complete.
+    pub copy: Duration,
+    /// Unpacking staging (or device) memory into host memory.
+    pub unpack: Duration,
+    /// Rebuilding arrow-rs arrays on the host (validating foreign data).
+    pub validate: Duration,
+    /// Batches moved.
+    pub batches: u64,
+    /// Bytes moved (device images).
+    pub bytes: u64,
+}
+
+impl StageTimes {
+    /// The sum of every stage.
+    pub fn total(&self) -> Duration {
+        self.plan + self.allocate + self.pack + self.copy + self.unpack + self.validate
+    }
+
+    /// Every stage with its name, in pipeline order.
+    pub fn stages(&self) -> [(&'static str, Duration); 6] {
+        [
+            ("plan", self.plan),
+            ("allocate", self.allocate),
+            ("pack", self.pack),
+            ("copy", self.copy),
+            ("unpack", self.unpack),
+            ("validate", self.validate),
+        ]
+    }
+}
+
+impl AddAssign for StageTimes {
+    fn add_assign(&mut self, other: Self) {
+        self.plan += other.plan;
+        self.allocate += other.allocate;
+        self.pack += other.pack;
+        self.copy += other.copy;
+        self.unpack += other.unpack;
+        self.validate += other.validate;
+        self.batches += other.batches;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The stage times of a [`Transfer`](crate::Transfer), per direction, since it was made
+/// or since [`Transfer::take_stats`](crate::Transfer::take_stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// [`Transfer::to_device`](crate::Transfer::to_device).
+    pub to_device: StageTimes,
+    /// [`Transfer::to_host`](crate::Transfer::to_host) and
+    /// [`Transfer::to_host_batches`](crate::Transfer::to_host_batches).
+    pub to_host: StageTimes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_times_add_up() {
+        let ms = Duration::from_millis;
+        let mut a = StageTimes {
+            plan: ms(1),
+            pack: ms(2),
+            batches: 1,
+            bytes: 10,
+            ..Default::default()
+        };
+        a += StageTimes {
+            copy: ms(3),
+            validate: ms(4),
+            batches: 2,
+            bytes: 5,
+            ..Default::default()
+        };
+        assert_eq!(a.total(), ms(10));
+        assert_eq!((a.batches, a.bytes), (3, 15));
+        assert_eq!(a.stages()[3], ("copy", ms(3)));
+    }
+}
