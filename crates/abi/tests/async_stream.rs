@@ -941,7 +941,13 @@ unsafe extern "C" fn fake_cancel(producer: *mut ArrowAsyncProducer) {
 
 /// A producer driven by hand from the test thread.
 struct FakeProducer {
-    _raw: Box<ArrowAsyncProducer>,
+    /// The producer struct the handler points to: from `Box::into_raw`, freed in `Drop`.
+    ///
+    /// Not a `Box`: moving a `Box` asserts unique access to its pointee (a retag under
+    /// Stacked Borrows), which invalidates the pointer already stored in
+    /// `handler->producer`, and the consumer's later `request`/`cancel` through it would
+    /// be undefined behaviour (Miri: "tag does not exist in the borrow stack").
+    raw: *mut ArrowAsyncProducer,
     counters: Arc<FakeCounters>,
     handler: *mut ArrowAsyncDeviceStreamHandler,
     /// The handler's `release`, copied at the start (as a C producer may keep it), so a
@@ -952,19 +958,19 @@ struct FakeProducer {
 impl FakeProducer {
     fn new(handler: *mut ArrowAsyncDeviceStreamHandler) -> Self {
         let counters = Arc::new(FakeCounters::default());
-        let mut raw = Box::new(ArrowAsyncProducer {
+        let raw = Box::into_raw(Box::new(ArrowAsyncProducer {
             device_type: ArrowDeviceType::CPU,
             request: Some(fake_request),
             cancel: Some(fake_cancel),
             additional_metadata: std::ptr::null(),
             private_data: Arc::as_ptr(&counters) as *mut c_void,
-        });
+        }));
         // SAFETY: the handler is live (from async_handler).
-        unsafe { (*handler).producer = &mut *raw };
+        unsafe { (*handler).producer = raw };
         // SAFETY: as above.
         let release = unsafe { (*handler).release }.expect("an unreleased handler");
         Self {
-            _raw: raw,
+            raw,
             counters,
             handler,
             release,
@@ -1023,6 +1029,15 @@ impl FakeProducer {
 
     fn cancels(&self) -> usize {
         self.counters.cancels.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeProducer {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `Box::into_raw` in `new` and is freed only here. The
+        // consumer may call `request`/`cancel` through it until `release`, which every test
+        // calls before dropping the fake (as a C producer frees its struct after release).
+        drop(unsafe { Box::from_raw(self.raw) });
     }
 }
 
