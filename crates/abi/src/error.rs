@@ -103,6 +103,22 @@ pub enum Error {
         /// How many bytes the layout requires.
         bytes: usize,
     },
+    /// A buffer is not aligned as an importer needs it: arrow-rs reads the last offset of
+    /// a string or binary array and the variadic buffer sizes of a view array in place, as
+    /// `i32`/`i64`s (the C data interface lets a consumer refuse unaligned buffers).
+    #[error("{path}: buffer {index} ({role}) at {address:#x} is not aligned to {align} bytes")]
+    MisalignedBuffer {
+        /// Where in the array.
+        path: String,
+        /// The buffer index in the C struct.
+        index: usize,
+        /// What the buffer holds (`offsets`, `variadic buffer sizes`).
+        role: &'static str,
+        /// The buffer's address.
+        address: usize,
+        /// The alignment required, in bytes.
+        align: usize,
+    },
     /// Offsets are negative, not monotonic, or point past their target.
     #[error("{path}: invalid offsets: {message}")]
     InvalidOffsets {
