@@ -978,7 +978,10 @@ impl FakeProducer {
     }
 
     fn on_schema(&self) -> c_int {
-        let mut schema = FFI_ArrowSchema::try_from(schema().as_ref()).unwrap();
+        self.on_schema_with(FFI_ArrowSchema::try_from(schema().as_ref()).unwrap())
+    }
+
+    fn on_schema_with(&self, mut schema: FFI_ArrowSchema) -> c_int {
         // SAFETY: the handler is live; the schema is valid for the call.
         unsafe { ((*self.handler).on_schema.unwrap())(self.handler, &mut schema) }
     }
@@ -1307,6 +1310,31 @@ fn dropping_the_stream_before_the_schema_refuses_on_schema() {
     assert_eq!(fake.requested(), 0);
     assert_eq!(fake.cancels(), 0);
     fake.release();
+}
+
+/// Found triaging the fuzzers' schema finding (the `async_consumer` target sends such
+/// schemas, but the panic is caught, so it does not crash). arrow-rs's `Schema::try_from` panics on
+/// some foreign schemas (a NULL or non-UTF-8 format, a list format without its child);
+/// the consumer's `on_schema` calls it directly. `catch_panic` keeps the panic from
+/// crossing the C boundary (on_schema returns EIO), but it unwinds out of
+/// `Shared::on_schema` before `state.fail(..)`: the Rust side never learns why, waits,
+/// and after the producer's `release` reports a misleading protocol violation ("released
+/// the handler without calling on_schema or on_error") instead of `Error::Schema`.
+#[test]
+#[ignore = "async_stream/consumer.rs is being reworked elsewhere: its on_schema should read \
+            the schema with devarrow_abi::schema::import_schema (typed Error::Schema, no \
+            panic) instead of arrow-rs's Schema::try_from"]
+fn on_schema_with_a_schema_arrow_rs_panics_on_is_a_schema_error() {
+    let _w = watchdog("on_schema_panicking_schema");
+    let (handler, stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    // "+l" without its child: arrow-rs asserts `index < n_children` reading it.
+    let list_without_child = FFI_ArrowSchema::try_new("+l", vec![], None).unwrap();
+    assert_ne!(fake.on_schema_with(list_without_child), 0);
+    assert_eq!(fake.requested(), 0);
+    fake.release();
+    let result = block_on(stream.schema());
+    assert!(matches!(result, Err(Error::Schema(_))), "{result:?}");
 }
 
 #[test]
