@@ -193,11 +193,14 @@ impl Error {
     }
 
     /// The code to return from a C callback for this error: [`Error::errno`], except that
-    /// a code of 0 (which would read as success, e.g. an [`Error::Callback`] whose peer
-    /// reported 0) becomes `EIO`.
+    /// a code that is no errno value becomes `EIO`: 0 (which would read as success, e.g.
+    /// an [`Error::Callback`] whose peer reported 0) and negative codes (a foreign
+    /// producer's `-1`, relayed through a devarrow stream: found by fuzzing, target
+    /// `stream_export`; the C stream interfaces want errno-compatible codes, which are
+    /// positive).
     pub(crate) fn c_code(&self) -> i32 {
         match self.errno() {
-            0 => errno::EIO,
+            code if code <= 0 => errno::EIO,
             code => code,
         }
     }
@@ -319,5 +322,18 @@ mod tests {
         assert_eq!(err.errno(), 0);
         assert_eq!(err.c_code(), errno::EIO);
         assert_eq!(Error::Protocol(String::new()).c_code(), errno::EINVAL);
+    }
+
+    #[test]
+    fn a_negative_code_is_never_returned_to_c() {
+        for code in [-1, -61, i32::MIN] {
+            let err = Error::Callback {
+                operation: "get_next",
+                code,
+                message: String::new(),
+            };
+            assert_eq!(err.errno(), code, "the error keeps the peer's code");
+            assert_eq!(err.c_code(), errno::EIO);
+        }
     }
 }
