@@ -143,7 +143,12 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
     // Where the C struct lives; a move leaves the old place released (and still valid).
     let mut places: Vec<Box<ArrowDeviceArrayStream>> =
         vec![Box::new(export_stream(source).into_raw())];
+    // The callbacks, kept as a C consumer may keep them: they are called on whichever
+    // place, the released ones (moved from, or released) included.
     let kept_release = places[0].release;
+    let get_schema = places[0].get_schema.unwrap();
+    let get_next = places[0].get_next.unwrap();
+    let get_last_error = places[0].get_last_error.unwrap();
     let mut arrays: Vec<DeviceArray> = Vec::new();
     let mut schemas: Vec<ArrowSchema> = Vec::new();
     let mut released = false;
@@ -167,7 +172,6 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                 } else {
                     &mut out
                 };
-                let get_schema = places[which].get_schema.unwrap();
                 let code = unsafe { get_schema(ptr, out_ptr) };
                 check_code(code);
                 if code == 0 {
@@ -178,7 +182,7 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                     schemas.push(out);
                 } else {
                     assert!(out.release().is_none());
-                    let msg = unsafe { (places[which].get_last_error.unwrap())(ptr) };
+                    let msg = unsafe { get_last_error(ptr) };
                     if places[which].release.is_some() {
                         assert!(!msg.is_null(), "no message after an error");
                     }
@@ -192,12 +196,11 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                 } else {
                     &mut out
                 };
-                let get_next = places[which].get_next.unwrap();
                 let code = unsafe { get_next(ptr, out_ptr) };
                 check_code(code);
                 if code != 0 {
                     assert!(out.is_released(), "out is filled although get_next failed");
-                    let msg = unsafe { (places[which].get_last_error.unwrap())(ptr) };
+                    let msg = unsafe { get_last_error(ptr) };
                     if places[which].release.is_some() {
                         assert!(!msg.is_null(), "no message after an error");
                         // SAFETY: a C string valid until the next call.
@@ -214,7 +217,6 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                 }
             }
             6 => {
-                let get_last_error = places[which].get_last_error.unwrap();
                 let msg: *const c_char = unsafe { get_last_error(ptr) };
                 if !msg.is_null() {
                     // SAFETY: a C string valid until the next call.

@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use arbitrary::Unstructured;
@@ -204,14 +205,44 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
             out,
         });
     }
+    // The consumer, chosen now: the arrays must fit the schema it reads them with.
+    let consumer = u.int_in_range(0u8..=2)?;
+    // The schema the arrays are read with: always the good one for the raw
+    // DeviceArrayStream (this harness imports with it), and for the readers the first
+    // schema get_schema hands out (they call it once). An array's buffer sizes are only
+    // defined against a type: a foreign schema whose types have other widths than the
+    // batches' (a decimal where the batch has an int64) would make a batch an array that
+    // breaks `DeviceArray::try_new`'s contract, undetectably. So for a foreign schema
+    // every array is a tree generated for its type (or, when it does not parse and the
+    // reader never reads an array, the end).
+    let foreign_type: Option<Option<DataType>> = match state.schemas.front() {
+        Some(Step {
+            code: 0,
+            out: SchemaOut::Foreign(ffi),
+        }) if consumer != 0 => Some(
+            catch_unwind(AssertUnwindSafe(|| DataType::try_from(ffi)))
+                .ok()
+                .and_then(|r| r.ok()),
+        ),
+        _ => None,
+    };
     for _ in 0..u.int_in_range(0..=6)? {
-        let out = match u.int_in_range(0u8..=9)? {
+        let pick = u.int_in_range(0u8..=9)?;
+        let pick = match &foreign_type {
+            Some(Some(_)) if pick != 6 => 7,
+            Some(None) => 6,
+            _ => pick,
+        };
+        let out = match pick {
             0..=3 => ArrayOut::Batch(u.arbitrary()?),
             4 => ArrayOut::OtherSchema,
             5 => ArrayOut::OtherDevice,
             6 => ArrayOut::End,
             _ => {
-                let dt = DataType::Struct(schema().fields().clone());
+                let dt = match &foreign_type {
+                    Some(Some(dt)) => dt.clone(),
+                    _ => DataType::Struct(schema().fields().clone()),
+                };
                 let spec = tree::node(u, &dt, None, &mut Gen::default())?;
                 let device = tree::device_fields(u)?;
                 let (raw, counters) = tree::build(&spec, &device);
@@ -254,7 +285,6 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
         release: Some(release),
         private_data: fake as *const Fake as *mut c_void,
     };
-    let consumer = u.int_in_range(0u8..=2)?;
     let steps = u.int_in_range(0..=10)?;
     match consumer {
         0 => {
