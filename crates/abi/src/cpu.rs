@@ -12,7 +12,7 @@ use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, 
 use arrow_data::ffi::FFI_ArrowArray;
 use arrow_data::ArrayData;
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, SchemaRef};
 
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
@@ -100,19 +100,27 @@ pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<Array
     // the C data interface says for the structs (contract of the unsafe
     // `DeviceArray::try_new`); CPU buffers are host-readable.
     unsafe { layout::validate_host_offsets(array.array(), data_type, "array")? };
+    // arrow-rs reads some offsets in place, as aligned integers: refuse unaligned ones
+    // rather than let it (a typed error; the bridge's import copies them and accepts them).
+    // SAFETY: well-formed (see above), and its structure was just validated.
+    unsafe { layout::validate_in_place_alignment(array.array(), data_type, "array")? };
     let (ffi, ..) = array.into_ffi();
     let data_type = data_type.clone();
     // arrow-rs asserts on some malformed input; a panic must not escape. The FFI array is
     // moved into arrow-rs and released by it (also while unwinding).
+    // The normalization and the full validation too: arrow-rs's `ArrayData::new_empty`
+    // panics on some types a schema can name (fuzzing found one that got past the layout
+    // checks, now refused there; this keeps any other from escaping).
     let data = catch_unwind(AssertUnwindSafe(move || {
         // SAFETY: the structure and the offsets were validated against `data_type` above,
         // so arrow-rs reads only buffer ranges that `DeviceArray::try_new`'s contract
         // guarantees (buffers as large as the C data interface requires).
-        unsafe { from_ffi_and_data_type(ffi, data_type) }
+        let data = unsafe { from_ffi_and_data_type(ffi, data_type) }?;
+        let data = normalize_empty(data);
+        data.validate_full()?;
+        Ok::<_, arrow_schema::ArrowError>(data)
     }))
     .map_err(Error::from_panic)??;
-    let data = normalize_empty(data);
-    data.validate_full()?;
     Ok(make_array(data))
 }
 
@@ -142,19 +150,13 @@ fn normalize_empty(data: ArrayData) -> ArrayData {
 
 /// Fails with [`Error::Released`] for a released schema (whose fields must not be read).
 pub fn check_schema(schema: &FFI_ArrowSchema) -> Result<()> {
-    if schema.release().is_none() {
-        return Err(Error::Released {
-            what: "ArrowSchema",
-        });
-    }
-    Ok(())
+    crate::schema::check_schema(schema)
 }
 
 /// Imports a CPU device array with its schema, zero-copy, after validating it against
 /// the schema. The array is consumed (released on error).
 pub fn import_array(array: DeviceArray, schema: &FFI_ArrowSchema) -> Result<ArrayRef> {
-    check_schema(schema)?;
-    let data_type = DataType::try_from(schema).map_err(Error::Schema)?;
+    let data_type = crate::schema::import_data_type(schema)?;
     import_array_as(array, &data_type)
 }
 
@@ -164,8 +166,7 @@ pub fn import_field_array(
     array: DeviceArray,
     schema: &FFI_ArrowSchema,
 ) -> Result<(Field, ArrayRef)> {
-    check_schema(schema)?;
-    let field = Field::try_from(schema).map_err(Error::Schema)?;
+    let field = crate::schema::import_field(schema)?;
     let array = import_array_as(array, field.data_type())?;
     Ok((field, array))
 }
@@ -173,8 +174,7 @@ pub fn import_field_array(
 /// Imports a CPU struct array with its schema as a record batch (schema metadata kept).
 /// The array is consumed (released on error).
 pub fn import_record_batch(array: DeviceArray, schema: &FFI_ArrowSchema) -> Result<RecordBatch> {
-    check_schema(schema)?;
-    let schema = Schema::try_from(schema).map_err(Error::Schema)?;
+    let schema = crate::schema::import_schema(schema)?;
     import_record_batch_with_schema(array, Arc::new(schema))
 }
 

@@ -103,6 +103,22 @@ pub enum Error {
         /// How many bytes the layout requires.
         bytes: usize,
     },
+    /// A buffer is not aligned as an importer needs it: arrow-rs reads the last offset of
+    /// a string or binary array and the variadic buffer sizes of a view array in place, as
+    /// `i32`/`i64`s (the C data interface lets a consumer refuse unaligned buffers).
+    #[error("{path}: buffer {index} ({role}) at {address:#x} is not aligned to {align} bytes")]
+    MisalignedBuffer {
+        /// Where in the array.
+        path: String,
+        /// The buffer index in the C struct.
+        index: usize,
+        /// What the buffer holds (`offsets`, `variadic buffer sizes`).
+        role: &'static str,
+        /// The buffer's address.
+        address: usize,
+        /// The alignment required, in bytes.
+        align: usize,
+    },
     /// Offsets are negative, not monotonic, or point past their target.
     #[error("{path}: invalid offsets: {message}")]
     InvalidOffsets {
@@ -181,11 +197,14 @@ impl Error {
     }
 
     /// The code to return from a C callback for this error: [`Error::errno`], except that
-    /// a code of 0 (which would read as success, e.g. an [`Error::Callback`] whose peer
-    /// reported 0) becomes `EIO`.
+    /// a code that is no errno value becomes `EIO`: 0 (which would read as success, e.g.
+    /// an [`Error::Callback`] whose peer reported 0) and negative codes (a foreign
+    /// producer's `-1`, relayed through a devarrow stream: found by fuzzing, target
+    /// `stream_export`; the C stream interfaces want errno-compatible codes, which are
+    /// positive).
     pub(crate) fn c_code(&self) -> i32 {
         match self.errno() {
-            0 => errno::EIO,
+            code if code <= 0 => errno::EIO,
             code => code,
         }
     }
@@ -307,5 +326,18 @@ mod tests {
         assert_eq!(err.errno(), 0);
         assert_eq!(err.c_code(), errno::EIO);
         assert_eq!(Error::Protocol(String::new()).c_code(), errno::EINVAL);
+    }
+
+    #[test]
+    fn a_negative_code_is_never_returned_to_c() {
+        for code in [-1, -61, i32::MIN] {
+            let err = Error::Callback {
+                operation: "get_next",
+                code,
+                message: String::new(),
+            };
+            assert_eq!(err.errno(), code, "the error keeps the peer's code");
+            assert_eq!(err.c_code(), errno::EIO);
+        }
     }
 }

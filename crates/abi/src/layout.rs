@@ -8,7 +8,11 @@
 //! - [`validate_host_offsets`] additionally reads offset buffers (so only for memory the
 //!   host can read): offsets must be non-negative, monotonic, and within their child.
 //!
-//! After both pass, arrow-rs can import the array without reading out of bounds, and its
+//! - [`validate_in_place_alignment`] checks the alignment of the few buffers arrow-rs's
+//!   importer reads in place (string offsets, view sizes): found by fuzzing (an unaligned
+//!   `LargeUtf8` offsets buffer was a misaligned `i64` read inside arrow-rs).
+//!
+//! After these pass, arrow-rs can import the array without reading out of bounds, and its
 //! `validate_full` checks the rest (UTF-8, dictionary keys, union type ids, ...).
 //!
 //! Both are `unsafe`: they follow the struct's pointers, which must be those of a
@@ -122,14 +126,35 @@ fn child_path(path: &str, i: usize) -> String {
     format!("{path}.children[{i}]")
 }
 
-/// A fixed size (of a `FixedSizeBinary` or a `FixedSizeList`) must not be negative: a
-/// schema `"w:-1"` parses, but sizes no buffer.
-fn check_fixed_size(data_type: &DataType, path: &str) -> Result<()> {
+/// Types a schema can name but the C data interface gives no layout (arrow-rs's schema
+/// import accepts them): a negative fixed size (`"w:-1"`, `"+w:-1"`), dictionary keys
+/// that are not integers (any format with a `dictionary`, e.g. `"u"`), run ends that
+/// are not 16-, 32- or 64-bit integers. Found by fuzzing: arrow-rs panicked on a
+/// zero-length dictionary array with string keys (while devarrow normalized it), and
+/// would have sized a key "data buffer" from unchecked offsets.
+fn check_type(data_type: &DataType, path: &str) -> Result<()> {
+    let bad = |what: String| {
+        Err(Error::Schema(arrow_schema::ArrowError::SchemaError(
+            format!("{path}: {what}"),
+        )))
+    };
     match data_type {
         DataType::FixedSizeBinary(n) | DataType::FixedSizeList(_, n) if *n < 0 => {
-            Err(Error::Schema(arrow_schema::ArrowError::SchemaError(
-                format!("{path}: {data_type} has a negative size {n}"),
-            )))
+            bad(format!("{data_type} has a negative size {n}"))
+        }
+        DataType::Dictionary(key, _) if !key.is_dictionary_key_type() => bad(format!(
+            "dictionary keys of type {key} (the C data interface wants an integer type)"
+        )),
+        DataType::RunEndEncoded(run_ends, _)
+            if !matches!(
+                run_ends.data_type(),
+                DataType::Int16 | DataType::Int32 | DataType::Int64
+            ) =>
+        {
+            bad(format!(
+                "run ends of type {} (must be int16, int32 or int64)",
+                run_ends.data_type()
+            ))
         }
         _ => Ok(()),
     }
@@ -178,7 +203,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
     if array.null_count < -1 || array.null_count > array.length {
         return Err(invalid("null_count", array.null_count));
     }
-    check_fixed_size(data_type, path)?;
+    check_type(data_type, path)?;
 
     // Buffers.
     let roles = buffer_roles(data_type);
@@ -485,6 +510,60 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
     if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
         // SAFETY: same guarantees as for the parent.
         unsafe { check_offsets_node(dict, value_type, &format!("{path}.dictionary"))? };
+    }
+    Ok(())
+}
+
+/// Checks that the buffers arrow-rs's C data importer reads *in place* are aligned for
+/// the integers it reads there: the offsets of `Utf8`/`Binary` (4 bytes) and
+/// `LargeUtf8`/`LargeBinary` (8 bytes), whose last offset sizes the data buffer, and the
+/// variadic buffer sizes of `Utf8View`/`BinaryView` (8 bytes). arrow-rs dereferences those
+/// as `i32`/`i64` pointers, so an unaligned one (which the C data interface allows a
+/// producer to hand over, and a consumer to refuse) would be undefined behaviour there.
+/// Every other buffer arrow-rs copies into aligned memory before it reads it. Reads no
+/// buffer.
+///
+/// # Safety
+/// As for [`validate_structure`], which must have passed for `data_type`.
+pub unsafe fn validate_in_place_alignment(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &str,
+) -> Result<()> {
+    let misaligned = |index: usize, role: BufferRole, align: usize| {
+        // SAFETY: `array` is well-formed (contract of this function).
+        let address = unsafe { array.buffer(index) } as usize;
+        if address.is_multiple_of(align) {
+            return Ok(());
+        }
+        Err(Error::MisalignedBuffer {
+            path: path.to_string(),
+            index,
+            role: role.name(),
+            address,
+            align,
+        })
+    };
+    match data_type {
+        DataType::Utf8 | DataType::Binary => misaligned(1, BufferRole::Offsets, 4)?,
+        DataType::LargeUtf8 | DataType::LargeBinary => misaligned(1, BufferRole::Offsets, 8)?,
+        DataType::Utf8View | DataType::BinaryView if array.n_buffers > 3 => {
+            misaligned(array.n_buffers as usize - 1, BufferRole::VariadicSizes, 8)?
+        }
+        _ => {}
+    }
+    for (i, child_type) in child_types(data_type).into_iter().enumerate() {
+        // SAFETY: `array` is well-formed (contract of this function).
+        let child = unsafe { array.child(i) }.expect("checked by validate_structure");
+        // SAFETY: validate_structure checked the child unreleased (hence well-formed) and
+        // valid for its type.
+        unsafe { validate_in_place_alignment(child, child_type, &child_path(path, i))? };
+    }
+    // SAFETY: `array` is well-formed (contract of this function).
+    let dictionary = unsafe { array.dictionary() };
+    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
+        // SAFETY: as for the children.
+        unsafe { validate_in_place_alignment(dict, value_type, &format!("{path}.dictionary"))? };
     }
     Ok(())
 }

@@ -5,8 +5,68 @@
 //! [`ArrowSchema`] is arrow-rs's `FFI_ArrowSchema` (the C struct, 72 bytes), re-exported so
 //! that users need no `arrow-schema` dependency of their own.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use arrow_schema::{ArrowError, DataType, Field, Schema};
+
 use crate::error::{Error, Result};
 use crate::ffi::ArrowSchema;
+use crate::panic::{drop_payload, panic_message};
+
+/// Fails with [`Error::Released`] for a released schema (whose fields must not be read).
+pub fn check_schema(schema: &ArrowSchema) -> Result<()> {
+    if schema.release().is_none() {
+        return Err(Error::Released {
+            what: "ArrowSchema",
+        });
+    }
+    Ok(())
+}
+
+/// Runs arrow-rs's reading of a foreign schema, turning an error *or a panic* into
+/// [`Error::Schema`]: arrow-rs asserts, rather than failing, on a NULL or non-UTF-8
+/// `format` or `name`, and on a nested format whose children are missing (`"+l"` with
+/// `n_children` 0). Those are a producer's mistakes that cost no memory safety, so they
+/// are typed errors here, never a panic into the caller (or across a C boundary).
+fn read_schema<T>(
+    schema: &ArrowSchema,
+    read: impl FnOnce(&ArrowSchema) -> std::result::Result<T, ArrowError>,
+) -> Result<T> {
+    check_schema(schema)?;
+    match catch_unwind(AssertUnwindSafe(|| read(schema))) {
+        Ok(result) => result.map_err(Error::Schema),
+        Err(payload) => {
+            let message = format!(
+                "arrow-rs cannot read the ArrowSchema: {}",
+                panic_message(&*payload)
+            );
+            drop_payload(payload);
+            Err(Error::Schema(ArrowError::CDataInterface(message)))
+        }
+    }
+}
+
+/// Reads a foreign record batch schema (a struct schema; its metadata kept). A released
+/// schema is [`Error::Released`]; one arrow-rs cannot read is [`Error::Schema`] (also
+/// where arrow-rs itself would panic; see [`import_data_type`]).
+pub fn import_schema(schema: &ArrowSchema) -> Result<Schema> {
+    read_schema(schema, |s| Schema::try_from(s))
+}
+
+/// Reads a foreign schema as a field (name, type, nullability, metadata); errors as
+/// [`import_schema`].
+pub fn import_field(schema: &ArrowSchema) -> Result<Field> {
+    read_schema(schema, |s| Field::try_from(s))
+}
+
+/// Reads a foreign schema's data type; errors as [`import_schema`].
+///
+/// Fuzzing found that arrow-rs's `TryFrom<&FFI_ArrowSchema>` panics on a NULL or
+/// non-UTF-8 format string and on a list format without a child, so every schema
+/// devarrow reads from a producer goes through these three functions.
+pub fn import_data_type(schema: &ArrowSchema) -> Result<DataType> {
+    read_schema(schema, |s| DataType::try_from(s))
+}
 
 /// Moves the schema out of `ptr`, marking the source released (its `release` set to NULL
 /// without being called), as the C data interface's "move" does. The schema returned
@@ -24,7 +84,7 @@ pub unsafe fn take_schema(ptr: *mut ArrowSchema) -> Result<ArrowSchema> {
     // SAFETY: the caller guarantees `ptr` is valid for reads and writes; arrow-rs's
     // `from_raw` reads it bitwise and writes a released struct back.
     let schema = unsafe { ArrowSchema::from_raw(ptr) };
-    crate::cpu::check_schema(&schema)?;
+    check_schema(&schema)?;
     Ok(schema)
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{ArrowError, Schema, SchemaRef};
+use arrow_schema::{ArrowError, SchemaRef};
 
 use crate::boundary::{catch_panic, swallow_panic};
 use crate::cpu;
@@ -414,7 +414,7 @@ impl DeviceArrayStreamReader {
             });
         }
         let ffi = stream.schema()?;
-        let schema = Arc::new(Schema::try_from(&ffi).map_err(Error::Schema)?);
+        let schema = Arc::new(crate::schema::import_schema(&ffi)?);
         Ok(Self {
             stream,
             schema,

@@ -999,7 +999,13 @@ unsafe extern "C" fn fake_cancel(producer: *mut ArrowAsyncProducer) {
 
 /// A producer driven by hand from the test thread.
 struct FakeProducer {
-    _raw: Box<ArrowAsyncProducer>,
+    /// The producer struct the handler points to: from `Box::into_raw`, freed in `Drop`.
+    ///
+    /// Not a `Box`: moving a `Box` asserts unique access to its pointee (a retag under
+    /// Stacked Borrows), which invalidates the pointer already stored in
+    /// `handler->producer`, and the consumer's later `request`/`cancel` through it would
+    /// be undefined behaviour (Miri: "tag does not exist in the borrow stack").
+    raw: *mut ArrowAsyncProducer,
     counters: Arc<FakeCounters>,
     handler: *mut ArrowAsyncDeviceStreamHandler,
     /// The handler's `release`, copied at the start (as a C producer may keep it), so a
@@ -1020,7 +1026,7 @@ impl FakeProducer {
         encoded: Option<Vec<u8>>,
     ) -> Self {
         let counters = Arc::new(FakeCounters::default());
-        let mut raw = Box::new(ArrowAsyncProducer {
+        let raw = Box::into_raw(Box::new(ArrowAsyncProducer {
             device_type: ArrowDeviceType::CPU,
             request: Some(fake_request),
             cancel: Some(fake_cancel),
@@ -1028,13 +1034,13 @@ impl FakeProducer {
                 .as_ref()
                 .map_or(std::ptr::null(), |m| m.as_ptr().cast()),
             private_data: Arc::as_ptr(&counters) as *mut c_void,
-        });
+        }));
         // SAFETY: the handler is live (from async_handler).
-        unsafe { (*handler).producer = &mut *raw };
+        unsafe { (*handler).producer = raw };
         // SAFETY: as above.
         let release = unsafe { (*handler).release }.expect("an unreleased handler");
         Self {
-            _raw: raw,
+            raw,
             counters,
             handler,
             release,
@@ -1043,7 +1049,10 @@ impl FakeProducer {
     }
 
     fn on_schema(&self) -> c_int {
-        let mut schema = FFI_ArrowSchema::try_from(schema().as_ref()).unwrap();
+        self.on_schema_with(FFI_ArrowSchema::try_from(schema().as_ref()).unwrap())
+    }
+
+    fn on_schema_with(&self, mut schema: FFI_ArrowSchema) -> c_int {
         // SAFETY: the handler is live; the schema is valid for the call.
         unsafe { ((*self.handler).on_schema.unwrap())(self.handler, &mut schema) }
     }
@@ -1113,6 +1122,15 @@ impl FakeProducer {
 
     fn cancels(&self) -> usize {
         self.counters.cancels.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeProducer {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `Box::into_raw` in `new` and is freed only here. The
+        // consumer may call `request`/`cancel` through it until `release`, which every test
+        // calls before dropping the fake (as a C producer frees its struct after release).
+        drop(unsafe { Box::from_raw(self.raw) });
     }
 }
 
@@ -1383,6 +1401,31 @@ fn dropping_the_stream_before_the_schema_refuses_on_schema() {
     assert_eq!(fake.requested(), 0);
     assert_eq!(fake.cancels(), 0);
     fake.release();
+}
+
+/// Found triaging the fuzzers' schema finding (the `async_consumer` target sends such
+/// schemas, but the panic is caught, so it does not crash). arrow-rs's `Schema::try_from` panics on
+/// some foreign schemas (a NULL or non-UTF-8 format, a list format without its child);
+/// the consumer's `on_schema` calls it directly. `catch_panic` keeps the panic from
+/// crossing the C boundary (on_schema returns EIO), but it unwinds out of
+/// `Shared::on_schema` before `state.fail(..)`: the Rust side never learns why, waits,
+/// and after the producer's `release` reports a misleading protocol violation ("released
+/// the handler without calling on_schema or on_error") instead of `Error::Schema`.
+#[test]
+#[ignore = "async_stream/consumer.rs is being reworked elsewhere: its on_schema should read \
+            the schema with devarrow_abi::schema::import_schema (typed Error::Schema, no \
+            panic) instead of arrow-rs's Schema::try_from"]
+fn on_schema_with_a_schema_arrow_rs_panics_on_is_a_schema_error() {
+    let _w = watchdog("on_schema_panicking_schema");
+    let (handler, stream) = async_handler(2);
+    let fake = FakeProducer::new(handler.into_raw());
+    // "+l" without its child: arrow-rs asserts `index < n_children` reading it.
+    let list_without_child = FFI_ArrowSchema::try_new("+l", vec![], None).unwrap();
+    assert_ne!(fake.on_schema_with(list_without_child), 0);
+    assert_eq!(fake.requested(), 0);
+    fake.release();
+    let result = block_on(stream.schema());
+    assert!(matches!(result, Err(Error::Schema(_))), "{result:?}");
 }
 
 #[test]

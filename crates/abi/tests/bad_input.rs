@@ -327,3 +327,263 @@ fn errors_name_the_path_of_the_offending_child() {
         "{err}"
     );
 }
+
+/// Exports `array`, moves a copy of its C buffer `index` (`len` bytes) to an address
+/// `misalign` bytes past a 64-byte boundary, and imports it. Returns the import error.
+fn import_with_misaligned_buffer(
+    array: &dyn Array,
+    index: usize,
+    len: usize,
+    misalign: usize,
+) -> Error {
+    let (exported, schema) = cpu::export_array(array).unwrap();
+    let (exported, count) = count_releases(exported);
+    let raw = exported.into_raw();
+    // The misaligned copy: the same bytes, `misalign` bytes into an 8-byte aligned block.
+    let mut block = vec![0u64; (len + misalign).div_ceil(8) + 8];
+    // SAFETY: `raw` came from a DeviceArray (well-formed), whose buffer `index` holds
+    // `len` bytes (the caller's figure for this array); `block` holds `len + misalign` bytes and
+    // outlives the import below.
+    unsafe {
+        let src = *raw.array.buffers.add(index) as *const u8;
+        let dst = block.as_mut_ptr().cast::<u8>().add(misalign);
+        std::ptr::copy_nonoverlapping(src, dst, len);
+        *raw.array.buffers.add(index) = dst as *const std::ffi::c_void;
+    }
+    // SAFETY: only a buffer pointer was replaced, by one to a copy of the same bytes.
+    let device_array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let err = cpu::import_array(device_array, &schema).unwrap_err();
+    assert_eq!(releases(&count), 1, "released exactly once after: {err}");
+    drop(block);
+    err
+}
+
+/// Fuzzing found it (fuzz target `import_array`): arrow-rs reads the last offset of a
+/// `LargeUtf8` array as an aligned `i64` in place; an unaligned offsets buffer (which the
+/// C data interface allows) was undefined behaviour inside arrow-rs (a "misaligned
+/// pointer dereference" abort in debug builds). Now a typed error.
+#[test]
+fn misaligned_large_utf8_offsets_are_refused() {
+    let array = arrow_array::LargeStringArray::from(vec![Some("ab"), None, Some("cde")]);
+    let err = import_with_misaligned_buffer(&array, 1, 4 * 8, 4);
+    assert!(
+        matches!(
+            err,
+            Error::MisalignedBuffer {
+                index: 1,
+                align: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn misaligned_utf8_and_binary_offsets_are_refused() {
+    let err = import_with_misaligned_buffer(&strings(), 1, 4 * 4, 2);
+    assert!(
+        matches!(
+            err,
+            Error::MisalignedBuffer {
+                index: 1,
+                align: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let binary = BinaryArray::from(vec![Some(&b"xy"[..]), None]);
+    let err = import_with_misaligned_buffer(&binary, 1, 3 * 4, 1);
+    assert!(
+        matches!(
+            err,
+            Error::MisalignedBuffer {
+                index: 1,
+                align: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn misaligned_view_sizes_are_refused() {
+    let long = "a string longer than twelve bytes";
+    let views = arrow_array::StringViewArray::from(vec![Some(long), None, Some("short")]);
+    // Buffers: validity, views, one data buffer, the variadic sizes (index 3: one i64).
+    assert_eq!(views.data_buffers().len(), 1);
+    let err = import_with_misaligned_buffer(&views, 3, 8, 4);
+    assert!(
+        matches!(
+            err,
+            Error::MisalignedBuffer {
+                index: 3,
+                align: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn misaligned_values_are_realigned_not_refused() {
+    // Buffers arrow-rs copies before reading (fixed-width values) may be unaligned.
+    let (exported, schema) = cpu::export_array(&ints()).unwrap();
+    let raw = exported.into_raw();
+    let mut block = vec![0u64; 8];
+    // SAFETY: the values buffer of a 3-item Int32Array holds 12 bytes; the copy lives in
+    // `block` (64 bytes) past 1 byte, and outlives the imported array (dropped below).
+    unsafe {
+        let src = *raw.array.buffers.add(1) as *const u8;
+        let dst = block.as_mut_ptr().cast::<u8>().add(1);
+        std::ptr::copy_nonoverlapping(src, dst, 12);
+        *raw.array.buffers.add(1) = dst as *const std::ffi::c_void;
+    }
+    // SAFETY: only a buffer pointer was replaced, by one to a copy of the same bytes.
+    let device_array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let imported = cpu::import_array(device_array, &schema).unwrap();
+    assert_eq!(imported.as_ref(), &ints() as &dyn Array);
+    drop(imported);
+    drop(block);
+}
+
+/// The C `struct ArrowSchema`, to build the foreign schemas arrow-rs would not make.
+#[repr(C)]
+struct RawSchema {
+    format: *const std::ffi::c_char,
+    name: *const std::ffi::c_char,
+    metadata: *const std::ffi::c_char,
+    flags: i64,
+    n_children: i64,
+    children: *mut *mut RawSchema,
+    dictionary: *mut RawSchema,
+    release: Option<unsafe extern "C" fn(*mut RawSchema)>,
+    private_data: *mut std::ffi::c_void,
+}
+
+unsafe extern "C" fn raw_schema_release(schema: *mut RawSchema) {
+    // SAFETY: called on a schema made by `foreign_schema`, whose private data is the
+    // counter it was given (alive for the whole test).
+    unsafe {
+        let counter = &*((*schema).private_data as *const std::sync::atomic::AtomicUsize);
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (*schema).release = None;
+    }
+}
+
+/// A childless foreign schema with this `format` and `name` (NULL allowed), counting its
+/// releases in `count`. The strings must outlive the schema.
+fn foreign_schema(
+    format: *const std::ffi::c_char,
+    name: *const std::ffi::c_char,
+    count: &std::sync::atomic::AtomicUsize,
+) -> FFI_ArrowSchema {
+    let mut raw = RawSchema {
+        format,
+        name,
+        metadata: std::ptr::null(),
+        flags: 2,
+        n_children: 0,
+        children: std::ptr::null_mut(),
+        dictionary: std::ptr::null_mut(),
+        release: Some(raw_schema_release),
+        private_data: count as *const _ as *mut std::ffi::c_void,
+    };
+    // SAFETY: `RawSchema` is the C struct `ArrowSchema`, as `FFI_ArrowSchema` is; the
+    // struct is well-formed (no children, NULL-or-C-string pointers); `from_raw` moves it.
+    unsafe { FFI_ArrowSchema::from_raw((&mut raw as *mut RawSchema).cast()) }
+}
+
+/// Fuzzing found it (fuzz targets `import_schema`, `stream_import`): arrow-rs panics,
+/// rather than failing, on a NULL or non-UTF-8 format string, a non-UTF-8 name, and a
+/// list format without its child; that panic went through `cpu::import_*` (and the
+/// stream and bridge importers) into the caller. Now an `Error::Schema`.
+#[test]
+fn schemas_arrow_rs_panics_on_are_schema_errors() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let not_utf8 = c"\xff\xfe";
+    let cases: [(*const std::ffi::c_char, *const std::ffi::c_char, &str); 4] = [
+        (std::ptr::null(), std::ptr::null(), "NULL format"),
+        (not_utf8.as_ptr(), std::ptr::null(), "non-UTF-8 format"),
+        (c"+l".as_ptr(), std::ptr::null(), "a list without its child"),
+        (c"i".as_ptr(), not_utf8.as_ptr(), "non-UTF-8 name"),
+    ];
+    for (format, name, what) in cases {
+        // `import_array` reads only the type, not the name.
+        let importers = if name.is_null() { 0..3 } else { 1..3 };
+        for importer in importers {
+            let schema_releases = AtomicUsize::new(0);
+            let schema = foreign_schema(format, name, &schema_releases);
+            let (exported, _) = cpu::export_array(&ints()).unwrap();
+            let (exported, count) = count_releases(exported);
+            let err = match importer {
+                0 => cpu::import_array(exported, &schema).unwrap_err(),
+                1 => cpu::import_field_array(exported, &schema).unwrap_err(),
+                _ => cpu::import_record_batch(exported, &schema).unwrap_err(),
+            };
+            // The name is read only for a field (a batch's schema is a struct of fields).
+            if importer == 1 || name.is_null() {
+                assert!(matches!(err, Error::Schema(_)), "{what}: {err}");
+            }
+            assert_eq!(releases(&count), 1, "{what}: the array is released once");
+            drop(schema);
+            assert_eq!(schema_releases.load(Ordering::SeqCst), 1, "{what}");
+        }
+    }
+}
+
+/// Fuzzing found it (fuzz target `import_schema`): a schema may give a dictionary any
+/// index format (`"u"` with a dictionary parses as `Dictionary(Utf8, _)` in arrow-rs), and
+/// a zero-length array of it made arrow-rs's `ArrayData::new_empty` panic inside
+/// `cpu::import_array`, outside its panic guard. Now an `Error::Schema` from the layout
+/// checks, before anything is read.
+#[test]
+fn dictionary_with_string_keys_is_a_schema_error() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let schema_releases = AtomicUsize::new(0);
+    let mut values_schema = RawSchema {
+        format: c"i".as_ptr(),
+        name: std::ptr::null(),
+        metadata: std::ptr::null(),
+        flags: 2,
+        n_children: 0,
+        children: std::ptr::null_mut(),
+        dictionary: std::ptr::null_mut(),
+        release: None,
+        private_data: std::ptr::null_mut(),
+    };
+    let mut raw_schema = RawSchema {
+        format: c"u".as_ptr(),
+        dictionary: &mut values_schema,
+        release: Some(raw_schema_release),
+        private_data: &schema_releases as *const _ as *mut std::ffi::c_void,
+        ..values_schema
+    };
+    // SAFETY: `RawSchema` is the C struct; a dictionary-encoded schema whose dictionary
+    // lives as long as the test; `from_raw` moves the root.
+    let schema = unsafe { FFI_ArrowSchema::from_raw((&mut raw_schema as *mut RawSchema).cast()) };
+    // Keys: an empty string array (its three buffers); the dictionary: an empty int32 array.
+    let (keys, _) = cpu::export_array(&StringArray::from(Vec::<&str>::new())).unwrap();
+    let (keys, count) = count_releases(keys);
+    let (values, _) = cpu::export_array(&Int32Array::from(Vec::<i32>::new())).unwrap();
+    let mut values = values.into_raw();
+    let mut raw = keys.into_raw();
+    raw.array.dictionary = &mut values.array;
+    // SAFETY: a well-formed array from a DeviceArray with a well-formed dictionary attached
+    // (which outlives it: released below, after the import).
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let err = cpu::import_array(array, &schema).unwrap_err();
+    assert!(
+        matches!(err, Error::Schema(_)) && err.to_string().contains("dictionary keys"),
+        "{err}"
+    );
+    assert_eq!(releases(&count), 1);
+    // SAFETY: the dictionary came from a DeviceArray and was not released by its parent
+    // (arrow-rs's release frees only what its own export made).
+    drop(unsafe { DeviceArray::try_new(values) });
+    drop(schema);
+    assert_eq!(schema_releases.load(Ordering::SeqCst), 1);
+}

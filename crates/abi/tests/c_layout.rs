@@ -378,6 +378,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
 }
 
 #[test]
+// Compiles and runs a C program: Miri cannot spawn processes.
+#[cfg_attr(miri, ignore)]
 fn header_layout_matches_rust() {
     let c = c_layout();
     let rust = rust_layout();
@@ -489,6 +491,8 @@ fn mirrors_match_arrow_rs() {
 /// The header uses the canonical include guards: with them all defined first, it declares
 /// nothing, so the program's own (incompatible) definitions compile.
 #[test]
+// Compiles and runs a C program: Miri cannot spawn processes.
+#[cfg_attr(miri, ignore)]
 fn header_uses_canonical_guards() {
     let src = "#define ARROW_C_DATA_INTERFACE\n\
                #define ARROW_C_DEVICE_DATA_INTERFACE\n\

@@ -342,6 +342,30 @@ fn relaying_a_device_stream_keeps_the_source_errno() {
     }
 }
 
+/// Found by fuzzing (target `stream_export`): a source error carrying a negative code
+/// (a foreign producer's `-1`, relayed) was returned from `get_next` as is; the C stream
+/// interface wants a positive errno value. It is now `EIO` (the message is kept).
+#[test]
+fn a_negative_source_code_is_reported_as_eio() {
+    let foreign = Error::Callback {
+        operation: "get_next",
+        code: -1,
+        message: "the foreign producer failed".into(),
+    };
+    let mut failing = export_reader(reader(vec![
+        Ok(batch(0, 1)),
+        Err(ArrowError::ExternalError(Box::new(foreign))),
+    ]));
+    assert!(failing.next_array().unwrap().is_some());
+    match failing.next_array().unwrap_err() {
+        Error::Callback { code, message, .. } => {
+            assert_eq!(code, errno::EIO);
+            assert!(message.contains("the foreign producer failed"), "{message}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
+
 /// A source whose `schema()` panics, or whose `device_type()` panics once the stream is
 /// exported (`export_stream` asks it once).
 struct PanicsInMetadata {

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
-use devarrow_abi::{DeviceArray, Error, Result};
+use devarrow_abi::{DeviceArray, Result};
 
 use crate::export_options::{normalize_root_offset, ExportOptions};
 use crate::foreign::Foreign;
@@ -173,8 +173,7 @@ impl DeviceBatch {
         array: DeviceArray,
         schema: &FFI_ArrowSchema,
     ) -> Result<DeviceBatch> {
-        devarrow_abi::cpu::check_schema(schema)?;
-        let schema = Schema::try_from(schema).map_err(Error::Schema)?;
+        let schema = devarrow_abi::schema::import_schema(schema)?;
         Self::import(device, array, Arc::new(schema))
     }
 

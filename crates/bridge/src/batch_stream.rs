@@ -553,8 +553,7 @@ impl DeviceStreamReader {
     pub fn try_new(mut stream: DeviceArrayStream, device: Arc<dyn Device>) -> Result<Self> {
         check_stream_device(device.as_ref(), stream.device_type())?;
         let ffi = stream.schema()?;
-        devarrow_abi::cpu::check_schema(&ffi)?;
-        let schema = Arc::new(arrow_schema::Schema::try_from(&ffi).map_err(Error::Schema)?);
+        let schema = Arc::new(devarrow_abi::schema::import_schema(&ffi)?);
         Ok(Self {
             stream,
             schema,

@@ -333,6 +333,8 @@ mod tests {
     }
 
     #[test]
+    // 18 MiB filled and compared byte by byte: hours under Miri's interpreter.
+    #[cfg_attr(miri, ignore)]
     fn advising_huge_pages_changes_no_byte() {
         let len = 9 * HUGE_PAGE_BYTES + 12_345;
         let mut bytes: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
@@ -349,6 +351,8 @@ mod tests {
     }
 
     #[test]
+    // 1.7 MiB packed 12 times byte by byte: far too slow under Miri's interpreter.
+    #[cfg_attr(miri, ignore)]
     fn windows_pack_the_same_bytes_serial_and_parallel() {
         let (segs, total) = segments();
         let want = expected(&segs, total, 0xee);
@@ -381,6 +385,8 @@ mod tests {
     }
 
     #[test]
+    // 3 MB copied and compared twice byte by byte: far too slow under Miri.
+    #[cfg_attr(miri, ignore)]
     fn uninit_copies_copy_every_byte() {
         let src: Vec<u8> = (0..3_000_001u32).map(|i| (i % 251) as u8).collect();
         for par in [Parallelism::serial(), Parallelism::new(5, 0)] {

@@ -552,6 +552,8 @@ mod tests {
     }
 
     #[test]
+    // 100 000 formatted strings (2 MB) built and measured: far too slow under Miri.
+    #[cfg_attr(miri, ignore)]
     fn view_bytes_are_exact_for_short_arrays_and_estimated_for_long_ones() {
         let short = StringViewArray::from(vec!["inline", "a string of twenty-one", "", "x"]);
         assert_eq!(estimated_view_bytes(views_of(&short)), 22);

@@ -174,6 +174,8 @@ mod tests {
     }
 
     #[test]
+    // Loads the CUDA driver (dlopen): Miri cannot call foreign functions.
+    #[cfg_attr(miri, ignore)]
     fn auto_says_why_it_is_not_on_cuda() {
         let selected = select_device(DeviceRequest::Auto).unwrap();
         match selected.id.as_str() {
@@ -183,6 +185,8 @@ mod tests {
     }
 
     #[test]
+    // Loads the CUDA driver (dlopen): Miri cannot call foreign functions.
+    #[cfg_attr(miri, ignore)]
     fn a_missing_cuda_device_is_a_typed_error() {
         let err = select_device(DeviceRequest::Cuda(usize::MAX)).unwrap_err();
         let SelectError::CudaUnavailable { id, reason } = &err;

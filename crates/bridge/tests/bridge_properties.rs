@@ -9,6 +9,10 @@
 //! Seeded and reproducible: a failure prints its seed; rerun one case with
 //! `DEVARROW_SEED=<seed> DEVARROW_CASES=1`. `DEVARROW_CASES` sets the number of cases.
 
+// Not under Miri: hundreds of random batches per property: hours under Miri. The
+// import_array fuzz target covers the same round trips under AddressSanitizer.
+#![cfg(not(miri))]
+
 mod common;
 
 use std::sync::Arc;

@@ -1,6 +1,12 @@
 //! The bridge on the CPU device: the same planning, packing and rebuilding code that runs
 //! on CUDA, checked in CI.
 
+// Not under Miri: every test moves the every-type batch or large batches through a
+// Transfer: more than 10 minutes per test under Miri. The same unsafe paths run under Miri
+// in bridge_bad_input.rs and c_boundary.rs, and under AddressSanitizer in the import_array
+// fuzz target.
+#![cfg(not(miri))]
+
 mod common;
 
 use std::sync::Arc;

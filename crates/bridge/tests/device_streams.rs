@@ -197,6 +197,8 @@ fn through_c(stream: devarrow_abi::DeviceArrayStream) -> DeviceArrayStreamReader
 // ---------------------------------------------------------------------------------------
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn every_type_and_slice_round_trips_through_the_c_stream() {
     let _w = watchdog("every_type_and_slice_round_trips_through_the_c_stream");
     let batches = every_type_batches();
@@ -244,6 +246,8 @@ fn the_uploader_iterates_device_batches() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn small_staging_chunks_round_trip() {
     let batches: Vec<RecordBatch> = (0..6).map(|k| batch(k * 1000)).collect();
     let options = StreamOptions {
@@ -644,6 +648,8 @@ fn counting<S>(inner: S, counters: &Counters) -> CountingStream<S> {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn the_upload_stream_round_trips_every_type() {
     let _w = watchdog("the_upload_stream_round_trips_every_type");
     let batches = every_type_batches();
@@ -660,6 +666,8 @@ fn the_upload_stream_round_trips_every_type() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn the_async_producer_feeds_the_abi_record_batch_handler() {
     let _w = watchdog("the_async_producer_feeds_the_abi_record_batch_handler");
     let batches = every_type_batches();
@@ -871,6 +879,8 @@ fn release_counts(releases: &std::sync::Mutex<Vec<Arc<AtomicUsize>>>) -> Vec<usi
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn producer_to_device_reader_round_trips_every_type() {
     let _w = watchdog("producer_to_device_reader_round_trips_every_type");
     let batches = every_type_batches();
@@ -902,6 +912,8 @@ fn producer_to_device_reader_round_trips_every_type() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn producer_to_host_reader_round_trips_and_releases_each_array_once() {
     let _w = watchdog("producer_to_host_reader_round_trips_and_releases_each_array_once");
     let batches = every_type_batches();
@@ -924,6 +936,8 @@ fn producer_to_host_reader_round_trips_and_releases_each_array_once() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn the_device_reader_reads_the_abi_cpu_producer() {
     let batches = every_type_batches();
     let reader = DeviceStreamReader::try_new(
@@ -1047,6 +1061,8 @@ fn an_early_dropped_device_reader_releases_its_stream_and_arrays() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn async_producer_to_async_device_consumer_round_trips_every_type() {
     let _w = watchdog("async_producer_to_async_device_consumer_round_trips_every_type");
     let batches = every_type_batches();
@@ -1075,6 +1091,8 @@ fn async_producer_to_async_device_consumer_round_trips_every_type() {
 }
 
 #[test]
+// Every type (or thousands of rows) through the staging pipeline: many minutes under Miri.
+#[cfg_attr(miri, ignore)]
 fn async_producer_to_async_host_consumer_round_trips() {
     let _w = watchdog("async_producer_to_async_host_consumer_round_trips");
     let batches = every_type_batches();

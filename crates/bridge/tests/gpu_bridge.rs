@@ -8,6 +8,9 @@
 //! Without a usable GPU each test prints `skipping: <reason>` and passes, unless the
 //! environment sets `DEVARROW_REQUIRE_GPU=1`, in which case it fails.
 
+// Not under Miri: needs the CUDA driver (dlopen), which Miri cannot load.
+#![cfg(not(miri))]
+
 mod common;
 
 // What the import tests use.
