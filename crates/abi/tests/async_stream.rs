@@ -69,8 +69,11 @@ struct Watchdog(Option<mpsc::Sender<()>>);
 
 fn watchdog(name: &'static str) -> Watchdog {
     let (tx, rx) = mpsc::channel::<()>();
+    // Interpreted under Miri a test runs hundreds of times slower: 60 s would fire on a
+    // test that is merely slow there (Miri reports a real deadlock itself).
+    let limit = Duration::from_secs(if cfg!(miri) { 3600 } else { 60 });
     std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
             eprintln!("test {name} deadlocked");
             std::process::abort();
         }
