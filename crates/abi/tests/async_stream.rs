@@ -647,6 +647,8 @@ fn the_end_of_the_stream_needs_no_request() {
 /// To find the end without a request the producer polls its source one item ahead of the
 /// demand, never more.
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_producer_reads_at_most_one_item_ahead_of_the_demand() {
     let _w = watchdog("one_ahead");
     let h = recorder(Config {
@@ -1507,6 +1509,8 @@ fn offer_pointer_task(
 /// to extract them sees no call (such a producer leaks the task: the protocol decision
 /// makes the producer its owner).
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_consumer_leaves_refused_tasks_to_producers_of_either_style() {
     let _w = watchdog("refused_tasks_consumer");
     for frees_refused in [true, false] {
@@ -1564,6 +1568,8 @@ fn the_consumer_leaves_refused_tasks_to_producers_of_either_style() {
 /// consumer extracted it first (as devarrow's consumer used to) or not (as Arrow C++'s
 /// does); the refusal ends the stream with `release` only.
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_producer_reclaims_refused_tasks_once_for_consumers_of_either_style() {
     let _w = watchdog("refused_tasks_producer");
     for extract_refused in [false, true] {
@@ -1716,6 +1722,8 @@ unsafe extern "C" fn cpp_like_release(handler: *mut ArrowAsyncDeviceStreamHandle
 }
 
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn a_consumer_like_arrow_cpp_may_request_after_release_while_it_holds_tasks() {
     let _w = watchdog("cpp_like_consumer");
     // (batches, whether the reader starts only after release): Arrow C++'s default queue
@@ -1767,6 +1775,8 @@ fn a_consumer_like_arrow_cpp_may_request_after_release_while_it_holds_tasks() {
 /// dropped: every call holds the producer's state for its whole duration (the calls
 /// after `release` come from threads whose consumer still holds a task).
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn requests_racing_the_end_of_the_stream_are_safe() {
     let _w = watchdog("request_race");
     for _ in 0..50 {
@@ -1834,6 +1844,8 @@ fn batch_metadata(i: usize) -> Metadata {
 }
 
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn metadata_travels_with_each_task_and_with_the_stream() {
     let _w = watchdog("metadata_round_trip");
     let batches: Vec<RecordBatch> = (0..5).map(batch).collect();
@@ -1886,6 +1898,8 @@ fn metadata_travels_with_each_task_and_with_the_stream() {
 }
 
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_producer_passes_metadata_to_a_c_consumer_and_null_when_empty() {
     let _w = watchdog("metadata_c_consumer");
     for with_metadata in [true, false] {
@@ -1940,6 +1954,8 @@ fn the_producer_passes_metadata_to_a_c_consumer_and_null_when_empty() {
 }
 
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_consumer_reads_foreign_metadata_and_refuses_malformed_metadata() {
     let _w = watchdog("metadata_foreign");
     let additional = Metadata::new().with_num_rows(7).encode().unwrap();
@@ -1985,6 +2001,8 @@ fn the_consumer_reads_foreign_metadata_and_refuses_malformed_metadata() {
 }
 
 #[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
 fn the_consumer_accepts_the_end_without_demand() {
     let _w = watchdog("consumer_end_without_demand");
     let (handler, mut stream) = async_handler(2);
