@@ -273,5 +273,9 @@ fn kernels_bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, kernels_bench);
+criterion_group! {
+    name = benches;
+    config = common::criterion_config();
+    targets = kernels_bench
+}
 criterion_main!(benches);

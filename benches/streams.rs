@@ -14,6 +14,8 @@
 //! `CpuDevice`: uploads are host copies on the background thread, the consumer's work is
 //! a host computation over the batch (the overlap then needs two free cores).
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -234,5 +236,9 @@ fn streams(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, streams);
+criterion_group! {
+    name = benches;
+    config = common::criterion_config();
+    targets = streams
+}
 criterion_main!(benches);

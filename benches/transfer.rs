@@ -376,5 +376,9 @@ fn transfers(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, transfers);
+criterion_group! {
+    name = benches;
+    config = common::criterion_config();
+    targets = transfers
+}
 criterion_main!(benches);

@@ -129,3 +129,11 @@ pub fn scale(gpu: bool, cpu_default: f64) -> f64 {
 pub fn scaled(n: usize, scale: f64, min: usize) -> usize {
     ((n as f64 * scale) as usize).max(min)
 }
+
+/// The criterion configuration of every bench: no plots. Criterion draws its comparison
+/// plots with plotters, which needs system fonts and panics where there are none (a bare
+/// CI machine or GPU box); the figures are in the text output and in
+/// `target/criterion/**/estimates.json`.
+pub fn criterion_config() -> criterion::Criterion {
+    criterion::Criterion::default().without_plots()
+}

@@ -66,22 +66,25 @@ impl BufferRole {
 /// The fixed buffers the C data interface gives an array of `data_type` (views and their
 /// variadic buffers: the fixed part only).
 pub fn buffer_roles(data_type: &DataType) -> Vec<BufferRole> {
+    roles(data_type).to_vec()
+}
+
+/// [`buffer_roles`] without an allocation (the validators run it for every node).
+fn roles(data_type: &DataType) -> &'static [BufferRole] {
     use BufferRole::*;
     match data_type {
-        DataType::Null | DataType::RunEndEncoded(_, _) => vec![],
-        DataType::Struct(_) | DataType::FixedSizeList(_, _) => vec![Validity],
+        DataType::Null | DataType::RunEndEncoded(_, _) => &[],
+        DataType::Struct(_) | DataType::FixedSizeList(_, _) => &[Validity],
         DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
-            vec![Validity, Offsets, Data]
+            &[Validity, Offsets, Data]
         }
-        DataType::Utf8View | DataType::BinaryView => vec![Validity, Views],
-        DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => {
-            vec![Validity, Offsets]
-        }
-        DataType::ListView(_) | DataType::LargeListView(_) => vec![Validity, Offsets, Sizes],
-        DataType::Union(_, UnionMode::Sparse) => vec![TypeIds],
-        DataType::Union(_, UnionMode::Dense) => vec![TypeIds, Offsets],
-        DataType::Dictionary(key, _) => buffer_roles(key),
-        _ => vec![Validity, Values],
+        DataType::Utf8View | DataType::BinaryView => &[Validity, Views],
+        DataType::List(_) | DataType::LargeList(_) | DataType::Map(_, _) => &[Validity, Offsets],
+        DataType::ListView(_) | DataType::LargeListView(_) => &[Validity, Offsets, Sizes],
+        DataType::Union(_, UnionMode::Sparse) => &[TypeIds],
+        DataType::Union(_, UnionMode::Dense) => &[TypeIds, Offsets],
+        DataType::Dictionary(key, _) => roles(key),
+        _ => &[Validity, Values],
     }
 }
 
@@ -122,8 +125,33 @@ pub fn child_types(data_type: &DataType) -> Vec<&DataType> {
     }
 }
 
-fn child_path(path: &str, i: usize) -> String {
-    format!("{path}.children[{i}]")
+/// Where a node is in the tree, for error messages: built as the validators descend and
+/// formatted only when an error names it (a `String` per node cost more than the checks).
+#[derive(Clone, Copy)]
+enum NodePath<'a> {
+    Root(&'a str),
+    Child(&'a NodePath<'a>, usize),
+    Dictionary(&'a NodePath<'a>),
+}
+
+impl NodePath<'_> {
+    fn child(&self, i: usize) -> NodePath<'_> {
+        NodePath::Child(self, i)
+    }
+
+    fn dictionary(&self) -> NodePath<'_> {
+        NodePath::Dictionary(self)
+    }
+}
+
+impl std::fmt::Display for NodePath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodePath::Root(name) => f.write_str(name),
+            NodePath::Child(parent, i) => write!(f, "{parent}.children[{i}]"),
+            NodePath::Dictionary(parent) => write!(f, "{parent}.dictionary"),
+        }
+    }
 }
 
 /// Types a schema can name but the C data interface gives no layout (arrow-rs's schema
@@ -132,7 +160,7 @@ fn child_path(path: &str, i: usize) -> String {
 /// are not 16-, 32- or 64-bit integers. Found by fuzzing: arrow-rs panicked on a
 /// zero-length dictionary array with string keys (while devarrow normalized it), and
 /// would have sized a key "data buffer" from unchecked offsets.
-fn check_type(data_type: &DataType, path: &str) -> Result<()> {
+fn check_type(data_type: &DataType, path: &NodePath<'_>) -> Result<()> {
     let bad = |what: String| {
         Err(Error::Schema(arrow_schema::ArrowError::SchemaError(
             format!("{path}: {what}"),
@@ -180,12 +208,12 @@ pub unsafe fn validate_structure(
         return Err(Error::Released { what: "ArrowArray" });
     }
     // SAFETY: the caller guarantees an unreleased array is well-formed.
-    unsafe { validate_node(array, data_type, path) }
+    unsafe { validate_node(array, data_type, &NodePath::Root(path)) }
 }
 
 /// # Safety
 /// `array` must be well-formed and unreleased (see [`validate_structure`]).
-unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &NodePath<'_>) -> Result<()> {
     let invalid = |field: &'static str, value: i64| Error::InvalidField {
         path: path.to_string(),
         field,
@@ -206,7 +234,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
     check_type(data_type, path)?;
 
     // Buffers.
-    let roles = buffer_roles(data_type);
+    let roles = roles(data_type);
     let variadic = matches!(data_type, DataType::Utf8View | DataType::BinaryView);
     let count_ok = if variadic {
         array.n_buffers > roles.len() as i64
@@ -296,7 +324,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
         });
     }
     for (i, child_type) in children.iter().enumerate() {
-        let child_path = child_path(path, i);
+        let child_path = path.child(i);
         // SAFETY: `array` is well-formed (contract of this function).
         let child = unsafe { array.child(i) }.ok_or_else(|| Error::NullPointer {
             what: "ArrowArray child",
@@ -318,7 +346,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
         if let Some(needed) = needed {
             if (child.length as usize) < needed {
                 return Err(Error::InvalidField {
-                    path: child_path,
+                    path: child_path.to_string(),
                     field: "length",
                     value: child.length,
                 });
@@ -330,7 +358,7 @@ unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &str) ->
     // SAFETY: `array` is well-formed (contract of this function).
     match (data_type, unsafe { array.dictionary() }) {
         (DataType::Dictionary(_, value_type), Some(dict)) => {
-            let dict_path = format!("{path}.dictionary");
+            let dict_path = path.dictionary();
             if dict.is_released() {
                 return Err(Error::Released {
                     what: "ArrowArray dictionary",
@@ -373,7 +401,7 @@ pub unsafe fn validate_host_offsets(
     // SAFETY: the caller guarantees `array` is released or well-formed.
     unsafe { validate_structure(array, data_type, path)? };
     // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
-    unsafe { check_offsets_node(array, data_type, path) }
+    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path)) }
 }
 
 /// Reads offset `i` (4 or 8 bytes wide, native-endian, possibly unaligned).
@@ -395,7 +423,11 @@ unsafe fn offset_at(ptr: *const c_void, width: usize, i: usize) -> i64 {
 /// `array` must be well-formed, unreleased and structurally valid for `data_type` (as
 /// [`validate_structure`] checked), with host-readable buffers of the sizes the C data
 /// interface gives them.
-unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &str) -> Result<()> {
+unsafe fn check_offsets_node(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &NodePath<'_>,
+) -> Result<()> {
     let bad = |message: String| Error::InvalidOffsets {
         path: path.to_string(),
         message,
@@ -503,13 +535,13 @@ unsafe fn check_offsets_node(array: &ArrowArray, data_type: &DataType, path: &st
         let child = unsafe { array.child(i) }.expect("checked by validate_structure");
         // SAFETY: same guarantees as for the parent (validate_structure checked the child
         // unreleased, hence well-formed, and valid for its type).
-        unsafe { check_offsets_node(child, child_type, &child_path(path, i))? };
+        unsafe { check_offsets_node(child, child_type, &path.child(i))? };
     }
     // SAFETY: `array` is well-formed (contract of this function).
     let dictionary = unsafe { array.dictionary() };
     if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
         // SAFETY: same guarantees as for the parent.
-        unsafe { check_offsets_node(dict, value_type, &format!("{path}.dictionary"))? };
+        unsafe { check_offsets_node(dict, value_type, &path.dictionary())? };
     }
     Ok(())
 }
@@ -529,6 +561,17 @@ pub unsafe fn validate_in_place_alignment(
     array: &ArrowArray,
     data_type: &DataType,
     path: &str,
+) -> Result<()> {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { check_alignment_node(array, data_type, &NodePath::Root(path)) }
+}
+
+/// # Safety
+/// As for [`validate_in_place_alignment`].
+unsafe fn check_alignment_node(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &NodePath<'_>,
 ) -> Result<()> {
     let misaligned = |index: usize, role: BufferRole, align: usize| {
         // SAFETY: `array` is well-formed (contract of this function).
@@ -557,13 +600,13 @@ pub unsafe fn validate_in_place_alignment(
         let child = unsafe { array.child(i) }.expect("checked by validate_structure");
         // SAFETY: validate_structure checked the child unreleased (hence well-formed) and
         // valid for its type.
-        unsafe { validate_in_place_alignment(child, child_type, &child_path(path, i))? };
+        unsafe { check_alignment_node(child, child_type, &path.child(i))? };
     }
     // SAFETY: `array` is well-formed (contract of this function).
     let dictionary = unsafe { array.dictionary() };
     if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
         // SAFETY: as for the children.
-        unsafe { validate_in_place_alignment(dict, value_type, &format!("{path}.dictionary"))? };
+        unsafe { check_alignment_node(dict, value_type, &path.dictionary())? };
     }
     Ok(())
 }
