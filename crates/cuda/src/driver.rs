@@ -32,6 +32,10 @@ use crate::error::{DriverResultExt, Result};
 
 /// Whether the driver library (`libcuda`) can be loaded; no driver call.
 pub(crate) fn culib_present() -> bool {
+    // Miri cannot dlopen: under it there is no driver, as on a machine without one.
+    if cfg!(miri) {
+        return false;
+    }
     // SAFETY: `is_culib_present` only tries to dlopen the driver library by its
     // well-known names; it has no other side effect and no precondition.
     unsafe { sys::is_culib_present() }
