@@ -134,8 +134,9 @@ pub struct CudaDeviceOptions {
     /// `cuMemHostRegister` would answer `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
     /// A buffer the driver refuses to lock (read-only mappings, the memlock limit,
     /// pages locked by someone else) is staged as before; devarrow never unregisters
-    /// memory it did not register (see [`crate::HostRegistration`]). A transfer asks only
-    /// for ranges of at least its `TransferOptions::direct_min_bytes` as well.
+    /// memory it did not register (see [`crate::HostRegistration`]); a refusal is a
+    /// failing driver call, which compute-sanitizer reports. A transfer asks only for
+    /// ranges of at least its `TransferOptions::direct_min_bytes` as well.
     pub register_pageable: Option<usize>,
 }
 
@@ -411,7 +412,9 @@ impl CudaDevice {
                 ) =>
             {
                 // Not there after all (a driver that exports the symbol but does not
-                // implement it here): nothing was enqueued; copy one by one from now on.
+                // implement it here): copy one by one, from now on. The batch enqueued
+                // nothing (and had it enqueued a part, copying the same sources to the
+                // same destinations again writes the same bytes).
                 self.batch_copy.store(BATCH_UNAVAILABLE, Ordering::Release);
                 Ok(false)
             }

@@ -15,6 +15,10 @@
 //! - otherwise the covering pages are registered (`CU_MEMHOSTREGISTER_PORTABLE`: every
 //!   context may DMA them), and unregistered when the last use drops.
 //!
+//! Registering and unregistering happen under the table's lock, one at a time in the
+//! process (the driver's calls are slow, but a registration is made once per range and
+//! transfer).
+//!
 //! Memory someone else locked is never unregistered here: it is either pinned already
 //! ([`CudaDevice::is_pinned`](devarrow_abi::device::Device::is_pinned) answers `true`, and
 //! the transfer copies it directly without asking to register it), or the driver answers
