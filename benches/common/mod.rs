@@ -8,13 +8,22 @@
 //! (`CpuDevice::new`: synchronous `memcpy` copies, every transfer staged). The model that
 //! ran is printed and named in the benchmark ids (`cpu`, `cpu-direct`,
 //! `cpu-link-4GBps-10us`).
+//!
+//! On CUDA, the device's options that a GPU run decides (`CudaDeviceOptions`, see
+//! `docs/gpu-results.md`) come from the environment, are printed, and are named in the ids
+//! when not the defaults (`cuda-batch-reg1MiB`):
+//! - `DEVARROW_BENCH_BATCH_COPY=on|off`: `batch_copies` (`cuMemcpyBatchAsync` for the direct
+//!   copies of a transfer; off by default);
+//! - `DEVARROW_BENCH_REGISTER_PAGEABLE=SIZE|off` (`SIZE` in bytes, or with a `KiB`, `MiB`
+//!   or `GiB` suffix): `register_pageable` (pageable buffers from `SIZE` on page-locked for
+//!   direct DMA instead of staged; off by default).
 
 #![allow(dead_code)] // each bench uses a part
 
 use std::sync::Arc;
 
 use devarrow::abi::device::{CpuDevice, Device, LinkModel};
-use devarrow::cuda::CudaDevice;
+use devarrow::cuda::{CudaDevice, CudaDeviceOptions};
 
 /// The device a benchmark runs on.
 pub enum BenchDevice {
@@ -34,11 +43,12 @@ impl BenchDevice {
         }
         match CudaDevice::open(0) {
             Ok(device) => {
+                let options = cuda_options();
                 println!(
-                    "[{bench}] benchmarking CUDA device 0 ({})",
+                    "[{bench}] benchmarking CUDA device 0 ({}) with {options:?}",
                     device.primary_context().name()
                 );
-                Self::Cuda(Arc::new(device))
+                Self::Cuda(Arc::new(device.with_options(options)))
             }
             Err(e) => {
                 println!(
@@ -97,7 +107,17 @@ impl BenchDevice {
     /// benchmark names.
     pub fn label(&self) -> String {
         match self {
-            Self::Cuda(_) => "cuda".into(),
+            Self::Cuda(d) => {
+                let options = d.options();
+                let mut label = String::from("cuda");
+                if options.batch_copies {
+                    label.push_str("-batch");
+                }
+                if let Some(min) = options.register_pageable {
+                    label.push_str(&format!("-reg{}", size_label(min)));
+                }
+                label
+            }
             Self::Cpu(d) => match d.link() {
                 Some(link) => format!(
                     "cpu-link-{}GBps-{}us",
@@ -128,6 +148,53 @@ pub fn scale(gpu: bool, cpu_default: f64) -> f64 {
 /// `n` scaled by `scale`, at least `min`.
 pub fn scaled(n: usize, scale: f64, min: usize) -> usize {
     ((n as f64 * scale) as usize).max(min)
+}
+
+/// The CUDA device's options from `DEVARROW_BENCH_BATCH_COPY` and
+/// `DEVARROW_BENCH_REGISTER_PAGEABLE` (see the module docs).
+fn cuda_options() -> CudaDeviceOptions {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let batch = match var("DEVARROW_BENCH_BATCH_COPY").as_deref().map(str::trim) {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(other) => panic!("DEVARROW_BENCH_BATCH_COPY={other:?}: want on or off"),
+    };
+    let register = match var("DEVARROW_BENCH_REGISTER_PAGEABLE")
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("off") => None,
+        Some(size) => Some(parse_size(size).unwrap_or_else(|| {
+            panic!("DEVARROW_BENCH_REGISTER_PAGEABLE={size:?}: want a size (1048576, 1MiB) or off")
+        })),
+    };
+    CudaDeviceOptions::default()
+        .batch_copies(batch)
+        .register_pageable(register)
+}
+
+/// `1048576`, `64KiB`, `1MiB`, `2GiB` (also `K`, `M`, `G`, `KB`, `MB`, `GB`: powers of 2).
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let scale = match text[digits.len()..].to_ascii_lowercase().as_str() {
+        "" | "b" => 1usize,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(scale)
+}
+
+/// `bytes` for a benchmark id: `1MiB`, `64KiB`, or the byte count.
+fn size_label(bytes: usize) -> String {
+    for (unit, size) in [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    bytes.to_string()
 }
 
 /// The criterion configuration of every bench: no plots. Criterion draws its comparison

@@ -21,6 +21,15 @@
 //! rest travels packed through staging as usual. The transfer keeps the batch's buffers
 //! alive until those copies have completed.
 //!
+//! On a device that page-locks pageable memory for direct DMA
+//! ([`Device::host_registration_min_bytes`]; on CUDA, `CudaDeviceOptions::register_pageable`),
+//! buffers that are not pinned but at least that large (and at least `direct_min_bytes`)
+//! are registered for the transfer ([`Device::register_host`]) and copied directly too;
+//! the transfer drops the registrations (unregistering the pages) once those copies
+//! have completed. All direct copies of an upload are enqueued in one
+//! [`Device::copy_batch_to_device`] (one `cuMemcpyBatchAsync` where the CUDA device's
+//! options ask for it).
+//!
 //! [`Transfer`]: crate::Transfer
 //! [`TransferOptions::direct_min_bytes`]: crate::TransferOptions::direct_min_bytes
 
@@ -31,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_buffer::alloc::Allocation;
 use arrow_buffer::Buffer;
-use devarrow_abi::device::{Device, StagingMemory};
+use devarrow_abi::device::{Device, HostRegistration, StagingMemory};
 use devarrow_abi::{Error, Result};
 
 use crate::host::host_batch;
@@ -121,12 +130,21 @@ pub(crate) struct DirectRun {
 /// The runs of `segments` (in image order) to copy directly: maximal groups of consecutive
 /// segments lying in host memory at one displacement from their image offsets, spanning at
 /// least `min_bytes`, that `device` reports pinned as a whole; or, when a group is not,
-/// its single segments that are and have `min_bytes`. Returned in image order.
-pub(crate) fn direct_runs(
+/// its single segments of at least `min_bytes` that are pinned, or (from
+/// `register_from` bytes on, when given) that `device` registers for direct DMA
+/// ([`Device::register_host`]), the registrations pushed to `registrations`. Returned
+/// in image order.
+///
+/// # Safety
+/// The segments' buffers must stay alive, and `registrations` must be dropped only after
+/// every copy of the runs has completed (the contract of [`Device::register_host`]).
+pub(crate) unsafe fn direct_runs(
     device: &dyn Device,
     segments: &[(Buffer, usize)],
     min_bytes: usize,
-) -> Vec<DirectRun> {
+    register_from: Option<usize>,
+    registrations: &mut Vec<Box<dyn HostRegistration>>,
+) -> Result<Vec<DirectRun>> {
     let displacement = |i: usize| (segments[i].0.as_ptr() as usize).wrapping_sub(segments[i].1);
     let run = |r: Range<usize>| {
         let (first, last) = (&segments[r.start], &segments[r.end - 1]);
@@ -148,20 +166,30 @@ pub(crate) fn direct_runs(
         if span >= min_bytes {
             if device.is_pinned(group.host, span) {
                 runs.push(group);
-            } else if j - i > 1 {
-                runs.extend(
-                    (i..j)
-                        .filter(|&s| {
-                            let b = &segments[s].0;
-                            b.len() >= min_bytes && device.is_pinned(b.as_ptr(), b.len())
-                        })
-                        .map(|s| run(s..s + 1)),
-                );
+            } else {
+                // Segment by segment: a group's span may include memory between its
+                // buffers, which only a pinned allocation vouches for.
+                for (s, (b, _)) in segments.iter().enumerate().take(j).skip(i) {
+                    if b.len() < min_bytes {
+                        continue;
+                    }
+                    if j - i > 1 && device.is_pinned(b.as_ptr(), b.len()) {
+                        runs.push(run(s..s + 1));
+                    } else if register_from.is_some_and(|from| b.len() >= from) {
+                        // SAFETY: the buffer lives as long as the caller keeps it (its
+                        // guarantee), and so does the registration (dropped only after
+                        // the copies, the caller's guarantee).
+                        if let Some(r) = unsafe { device.register_host(b.as_ptr(), b.len())? } {
+                            registrations.push(r);
+                            runs.push(run(s..s + 1));
+                        }
+                    }
+                }
             }
         }
         i = j;
     }
-    runs
+    Ok(runs)
 }
 
 /// The index ranges of the segments between `runs` (non-empty ones only).
@@ -198,7 +226,14 @@ mod tests {
             (pinned.slice_with_length(3200, 10), 3200), // too small alone
             (pinned.slice_with_length(3300, 700), 3300),
         ];
-        let runs = direct_runs(&device, &segments, 500);
+        let direct = |min| {
+            let mut registrations = Vec::new();
+            // SAFETY: the CPU device registers nothing; the buffers outlive the runs.
+            let runs = unsafe { direct_runs(&device, &segments, min, Some(1), &mut registrations) };
+            assert!(registrations.is_empty());
+            runs.unwrap()
+        };
+        let runs = direct(500);
         assert_eq!(runs.len(), 2, "{runs:?}");
         assert_eq!(runs[0].segments, 0..2);
         assert_eq!(runs[0].image, 0..1128);
@@ -206,7 +241,7 @@ mod tests {
         // Segments 3 and 4 lie at one displacement (3200 - 3200 == 3300 - 3300).
         assert_eq!(runs[1].segments, 3..5);
         assert_eq!(staged_groups(segments.len(), &runs), vec![2..3]);
-        assert!(direct_runs(&device, &segments, 5000).is_empty());
+        assert!(direct(5000).is_empty());
         assert_eq!(staged_groups(5, &[]), vec![0..5]);
     }
 

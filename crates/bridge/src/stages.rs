@@ -11,7 +11,7 @@ use std::time::Duration;
 /// | stage | to the device | to the host |
 /// | --- | --- | --- |
 /// | `plan` | planning the batch (buffers cut, offsets rebased) | preparing the downloads (an imported batch packed on the device), ordering them after the batches' events |
-/// | `allocate` | device memory | the host memory the batches come back into |
+/// | `allocate` | device memory; registering pageable buffers for direct DMA (see [`Device::register_host`](devarrow_abi::device::Device::register_host)) | the host memory the batches come back into, and registering it |
 /// | `pack` | packing into staging memory, or into device memory directly | — |
 /// | `copy` | enqueueing copies and waiting for them (for a staging buffer to be free again) | enqueueing copies and waiting for them (for a chunk to arrive) |
 /// | `unpack` | — | staging (or device) memory to host memory |

@@ -13,6 +13,12 @@
 //! device made by `CpuDevice::direct`) there is no staging: a batch is packed straight
 //! into device memory and unpacked straight from it.
 //!
+//! On a device that page-locks pageable host memory for direct DMA
+//! ([`Device::host_registration_min_bytes`]; on CUDA, `CudaDeviceOptions::register_pageable`),
+//! large buffers skip staging as pinned ones do: an upload registers and copies them
+//! straight from the batch, a download registers its large outputs and copies straight
+//! into them; the registrations are dropped once those copies have completed.
+//!
 //! The host memory batches come back into is taken from a pool
 //! ([`TransferOptions::host_pool_bytes`], [`Transfer::set_host_pool`]) that reuses the
 //! memory of batches dropped since, so that it is not faulted in afresh for every batch.
@@ -27,8 +33,8 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use arrow_buffer::{Buffer, MutableBuffer};
 use devarrow_abi::device::{
-    check_same_device, Device, DeviceMemory, HostPool, PooledMemory, StagingMemory, SyncEvent,
-    BUFFER_ALIGNMENT,
+    check_same_device, Device, DeviceMemory, DeviceToHost, HostPool, HostRegistration,
+    HostToDevice, PooledMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT,
 };
 use devarrow_abi::Result;
 
@@ -134,14 +140,67 @@ struct Stage {
 /// the oldest is waited for (see [`Transfer::retain`]).
 const MAX_RETAINED: usize = 4;
 
+/// What the direct copies of an upload use until they complete: the host buffers they
+/// read, and the registrations that made pageable ones directly DMA-able.
+#[derive(Debug)]
+struct Retained {
+    event: Arc<dyn SyncEvent>,
+    buffers: Vec<Buffer>,
+    registrations: Vec<Box<dyn HostRegistration>>,
+}
+
+impl Retained {
+    /// Waits for the copies, then lets the buffers and registrations go (see
+    /// [`release_registrations`]).
+    fn release(self, device: &dyn Device) -> Result<()> {
+        let Retained {
+            event,
+            buffers,
+            registrations,
+        } = self;
+        let released = release_registrations(device, Some(&event), registrations);
+        drop(buffers);
+        released
+    }
+}
+
+/// Drops `registrations` (of host memory that copies enqueued on `device` use) once those
+/// copies have completed: after `event`, or, without one or when waiting for it fails,
+/// after synchronizing the device. Where even that fails, they are leaked rather than
+/// undone under a DMA that may still run (which could read or write pages the system
+/// has moved meanwhile); the driver drops them with the context. Returns the first
+/// error.
+fn release_registrations(
+    device: &dyn Device,
+    event: Option<&Arc<dyn SyncEvent>>,
+    registrations: Vec<Box<dyn HostRegistration>>,
+) -> Result<()> {
+    let waited = match event {
+        Some(event) => event.wait_host(),
+        None if registrations.is_empty() => Ok(()),
+        None => device.synchronize(),
+    };
+    let done = match &waited {
+        Ok(()) => true,
+        Err(_) => !registrations.is_empty() && device.synchronize().is_ok(),
+    };
+    if done {
+        drop(registrations);
+    } else {
+        std::mem::forget(registrations);
+    }
+    waited
+}
+
 /// A reusable transfer engine for one device: owns the staging buffers.
 #[derive(Debug)]
 pub struct Transfer {
     device: Arc<dyn Device>,
     options: TransferOptions,
     stages: Vec<Stage>,
-    /// Host buffers that direct copies read, kept alive until the event completes.
-    retained: VecDeque<(Arc<dyn SyncEvent>, Vec<Buffer>)>,
+    /// Host buffers (and registrations) that direct copies use, kept until the event
+    /// completes.
+    retained: VecDeque<Retained>,
     /// Where the host memory of downloads comes from (`None`: fresh allocations).
     host_pool: Option<Arc<HostPool>>,
     stats: TransferStats,
@@ -232,18 +291,27 @@ impl Transfer {
         Ok(stage.memory.as_mut().expect("allocated above"))
     }
 
-    /// Keeps `buffers` (read by copies enqueued before `event`) alive until `event` has
-    /// completed: at most [`MAX_RETAINED`] uploads are kept, the oldest waited for first
-    /// (copies complete in stream order, so it is normally long done), and dropping the
-    /// transfer waits for all.
-    fn retain(&mut self, buffers: Vec<Buffer>, event: Arc<dyn SyncEvent>) -> Result<()> {
-        while self.retained.len() >= MAX_RETAINED {
-            if let Some((oldest, _buffers)) = self.retained.pop_front() {
-                oldest.wait_host()?;
+    /// Keeps what copies enqueued before `retained.event` use (buffers they read,
+    /// registrations) until that event has completed: at most [`MAX_RETAINED`] uploads
+    /// are kept, the oldest waited for first (copies complete in stream order, so it is
+    /// normally long done), and dropping the transfer waits for all.
+    fn retain(&mut self, retained: Retained) -> Result<()> {
+        self.retained.push_back(retained);
+        while self.retained.len() > MAX_RETAINED {
+            if let Some(oldest) = self.retained.pop_front() {
+                oldest.release(self.device.as_ref())?;
             }
         }
-        self.retained.push_back((event, buffers));
         Ok(())
+    }
+
+    /// The size from which buffers are registered for direct DMA
+    /// ([`Device::host_registration_min_bytes`], at least
+    /// [`TransferOptions::direct_min_bytes`]), if the device registers any.
+    fn register_from(&self) -> Option<usize> {
+        self.device
+            .host_registration_min_bytes()
+            .map(|min| min.max(self.options.direct_min_bytes))
     }
 
     /// Moves a record batch to the device.
@@ -333,36 +401,63 @@ impl Transfer {
         let start = Instant::now();
         let device = self.device.clone();
         let base = memory.address() as usize;
-        // Runs already in pinned memory: one copy each, straight from the batch, enqueued
-        // first so the copy engine starts on them while the rest is packed.
-        let runs = direct_runs(
-            device.as_ref(),
-            &image.segments,
-            self.options.direct_min_bytes,
-        );
+        // Runs already in pinned memory, and large buffers the device registers for
+        // direct DMA: one copy each, straight from the batch, all enqueued first (in one
+        // call) so the copy engine starts on them while the rest is packed.
+        let register_from = self.register_from();
+        let mut registrations = Vec::new();
+        // SAFETY: the batch's buffers outlive the copies (`retain` keeps them until the
+        // event recorded after the copies completes), and so do the registrations
+        // (`retain`, or `release_registrations` on errors).
+        let runs = unsafe {
+            direct_runs(
+                device.as_ref(),
+                &image.segments,
+                self.options.direct_min_bytes,
+                register_from,
+                &mut registrations,
+            )
+        }?;
+        // Registering is making host memory ready for the copies: counted as allocation.
+        if register_from.is_some() {
+            times.allocate += start.elapsed();
+        } else {
+            times.copy += start.elapsed();
+        }
+        let start = Instant::now();
         if !runs.is_empty() {
-            let mut sources = Vec::new();
-            for run in &runs {
-                // The run's segments lie at one displacement inside one allocation that
-                // `is_pinned` vouched for; `retain` keeps their buffers alive until the
-                // event recorded below (after this copy) completes.
-                // SAFETY: `run.host` is valid for the run's span as above; the
-                // destination lies inside the device region of `total` bytes.
-                unsafe {
-                    device.copy_to_device(
-                        run.host,
-                        (base + run.image.start) as *mut std::ffi::c_void,
-                        run.image.len(),
-                    )?
-                };
-                sources.extend(
-                    image.segments[run.segments.clone()]
-                        .iter()
-                        .map(|(b, _)| b.clone()),
-                );
-            }
-            let event = device.record_event()?;
-            self.retain(sources, event)?;
+            let copies: Vec<HostToDevice> = runs
+                .iter()
+                .map(|run| HostToDevice {
+                    src: run.host,
+                    dst: (base + run.image.start) as *mut std::ffi::c_void,
+                    len: run.image.len(),
+                })
+                .collect();
+            // The runs' segments lie at one displacement inside one allocation that
+            // `is_pinned` vouched for, or are single buffers registered above.
+            // SAFETY: every source is valid for its span as above, kept alive until the
+            // copies complete (see above); the destinations lie inside the device region
+            // of `total` bytes, one run each, not overlapping.
+            let enqueued = unsafe { device.copy_batch_to_device(&copies) }
+                .and_then(|()| device.record_event());
+            let event = match enqueued {
+                Ok(event) => event,
+                Err(e) => {
+                    let _ = release_registrations(device.as_ref(), None, registrations);
+                    return Err(e);
+                }
+            };
+            let buffers = runs
+                .iter()
+                .flat_map(|run| image.segments[run.segments.clone()].iter())
+                .map(|(b, _)| b.clone())
+                .collect();
+            self.retain(Retained {
+                event,
+                buffers,
+                registrations,
+            })?;
         }
         times.copy += start.elapsed();
         // Everything else: packed into staging chunks (in parallel), chunk k + 1 packed
@@ -411,6 +506,130 @@ impl Transfer {
         sources: &[(*const std::ffi::c_void, usize)],
         times: &mut StageTimes,
     ) -> Result<Vec<Buffer>> {
+        if let Some(from) = self.register_from() {
+            if sources.iter().any(|&(_, len)| len >= from) {
+                return self.download_registering(sources, from, times);
+            }
+        }
+        let pool = self.host_pool.clone();
+        let hosts = self.staged_download(sources, times, |sources| {
+            sources
+                .iter()
+                .map(|&(_, len)| HostOut::new(len, pool.as_ref()))
+                .collect()
+        })?;
+        Ok(hosts
+            .into_iter()
+            // SAFETY: `staged_download` wrote every byte of every output.
+            .map(|host| unsafe { host.into_buffer() })
+            .collect())
+    }
+
+    /// [`Transfer::download`] where the device registers host memory for direct DMA
+    /// ([`Device::register_host`]) from `from` bytes on: the outputs are allocated
+    /// first, those of at least `from` bytes registered and copied into directly, all in
+    /// one [`Device::copy_batch_to_host`], and the other sources downloaded through
+    /// staging meanwhile; the registrations are dropped once the direct copies have
+    /// completed.
+    fn download_registering(
+        &mut self,
+        sources: &[(*const std::ffi::c_void, usize)],
+        from: usize,
+        times: &mut StageTimes,
+    ) -> Result<Vec<Buffer>> {
+        let start = Instant::now();
+        let mut hosts = sources
+            .iter()
+            .map(|&(_, len)| HostOut::new(len, self.host_pool.as_ref()).map(Some))
+            .collect::<Result<Vec<_>>>()?;
+        let device = self.device.clone();
+        let mut registrations = Vec::new();
+        let mut direct = Vec::new();
+        let mut staged = Vec::new();
+        for (i, &(src, len)) in sources.iter().enumerate() {
+            if len >= from {
+                let dst = hosts[i].as_mut().expect("allocated").as_uninit();
+                let dst = dst.as_mut_ptr().cast::<u8>();
+                // SAFETY: the output stays allocated (in `hosts`) until the direct copies
+                // have completed: the registration is dropped after they have (below,
+                // `release_registrations`), and `hosts` only after that.
+                if let Some(registration) = unsafe { device.register_host(dst, len) }? {
+                    registrations.push(registration);
+                    direct.push(DeviceToHost { src, dst, len });
+                    continue;
+                }
+            }
+            staged.push(i);
+        }
+        let enqueued = Instant::now();
+        times.allocate += enqueued - start;
+        let direct_done = if direct.is_empty() {
+            None
+        } else {
+            // SAFETY: every destination is a registered output of its copy's length, not
+            // read (nor otherwise written) until the event recorded next has completed;
+            // the sources lie in the downloads' device memory.
+            let event =
+                unsafe { device.copy_batch_to_host(&direct) }.and_then(|()| device.record_event());
+            match event {
+                Ok(event) => Some(event),
+                Err(e) => {
+                    if release_registrations(device.as_ref(), None, registrations).is_err() {
+                        // Copies may still write the outputs: leak them, as the
+                        // registrations.
+                        std::mem::forget(hosts);
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        times.copy += enqueued.elapsed();
+        let staged_sources: Vec<_> = staged.iter().map(|&i| sources[i]).collect();
+        let staged_hosts: Vec<HostOut> = staged
+            .iter()
+            .map(|&i| hosts[i].take().expect("allocated"))
+            .collect();
+        let downloaded = if staged_sources.is_empty() {
+            Ok(staged_hosts)
+        } else {
+            self.staged_download(&staged_sources, times, move |_| Ok(staged_hosts))
+        };
+        let waiting = Instant::now();
+        let released = release_registrations(device.as_ref(), direct_done.as_ref(), registrations);
+        times.copy += waiting.elapsed();
+        if released.is_err() && direct_done.is_some() {
+            if let Err(e) = device.synchronize() {
+                // The direct copies may still write the outputs: leak them.
+                std::mem::forget(hosts);
+                return Err(e);
+            }
+        }
+        let staged_hosts = downloaded?;
+        released?;
+        for (i, host) in staged.into_iter().zip(staged_hosts) {
+            hosts[i] = Some(host);
+        }
+        Ok(hosts
+            .into_iter()
+            .map(|host| {
+                let host = host.expect("every output is back");
+                // SAFETY: a direct output was written in full by its copy, which has
+                // completed (the event above); a staged one by `staged_download`.
+                unsafe { host.into_buffer() }
+            })
+            .collect())
+    }
+
+    /// The staging pipeline of [`Transfer::download`]: copies each source into the
+    /// output `outputs` gives for it (one per source, of its length), which is asked for
+    /// once the first copies are enqueued (so that allocating the outputs overlaps them),
+    /// and returns the outputs, every byte written.
+    fn staged_download(
+        &mut self,
+        sources: &[(*const std::ffi::c_void, usize)],
+        times: &mut StageTimes,
+        outputs: impl FnOnce(&[(*const std::ffi::c_void, usize)]) -> Result<Vec<HostOut>>,
+    ) -> Result<Vec<HostOut>> {
         let largest = sources.iter().map(|&(_, len)| len).max().unwrap_or(0);
         let (chunk, stages) = self.geometry(largest);
         let last = sources.len().saturating_sub(1);
@@ -442,10 +661,7 @@ impl Transfer {
         }
         let allocating = Instant::now();
         times.copy += allocating - start;
-        let mut hosts = sources
-            .iter()
-            .map(|&(_, len)| HostOut::new(len, self.host_pool.as_ref()))
-            .collect::<Result<Vec<_>>>()?;
+        let mut hosts = outputs(sources)?;
         let mut outs: Vec<&mut [MaybeUninit<u8>]> =
             hosts.iter_mut().map(HostOut::as_uninit).collect();
         times.allocate += allocating.elapsed();
@@ -472,13 +688,9 @@ impl Transfer {
             }
         }
         drop(outs);
-        Ok(hosts
-            .into_iter()
-            // SAFETY: the windows of each source cover `0..len` and each was copied in
-            // full above, from staging memory (initialized at allocation, then written by
-            // the copy).
-            .map(|host| unsafe { host.into_buffer() })
-            .collect())
+        // The windows of each source cover `0..len` and each was copied in full above,
+        // from staging memory (initialized at allocation, then written by the copy).
+        Ok(hosts)
     }
 
     /// [`Transfer::download`] from memory the host reads directly
@@ -664,9 +876,9 @@ impl Drop for Transfer {
                 let _ = event.wait_host();
             }
         }
-        // So may the host buffers of direct copies.
-        for (event, _buffers) in self.retained.drain(..) {
-            let _ = event.wait_host();
+        // So may the host buffers (and registrations) of direct copies.
+        for retained in std::mem::take(&mut self.retained) {
+            let _ = retained.release(self.device.as_ref());
         }
     }
 }

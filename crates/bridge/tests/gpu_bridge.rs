@@ -43,10 +43,10 @@ use devarrow_bridge::{
 };
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
-    kernels, CudaDevice, CudaDeviceOptions, CudaMemory as _, CudaStream, DeviceBuffer, HostWait,
-    ImportedArray, PrimaryContext,
+    kernels, live_host_registrations, CudaDevice, CudaDeviceOptions, CudaMemory as _, CudaStream,
+    DeviceBuffer, HostWait, ImportedArray, PrimaryContext,
 };
-use devarrow_testing::gpu::assert_still_running;
+use devarrow_testing::gpu::{assert_still_running, EmulatedDriver};
 use devarrow_testing::sample;
 
 fn transfer(device: &Arc<CudaDevice>) -> Transfer {
@@ -1245,6 +1245,232 @@ fn events_are_reused_and_host_waits_may_block() {
             assert!(created >= rounds, "{created} events created with reuse off");
         }
     }
+}
+
+/// Puts the emulated driver's `cuMemcpyBatchAsync` back as the environment says when the
+/// test ends, even by a panic.
+struct RestoreBatchCopy(Option<EmulatedDriver>);
+
+impl Drop for RestoreBatchCopy {
+    fn drop(&mut self) {
+        if let Some(emulator) = self.0 {
+            emulator.set_batch_copy(None);
+        }
+    }
+}
+
+/// A device with `options` on device 0's primary context.
+fn device_with(device: &CudaDevice, options: CudaDeviceOptions) -> Arc<CudaDevice> {
+    Arc::new(
+        CudaDevice::new(device.primary_context().clone())
+            .unwrap()
+            .with_options(options),
+    )
+}
+
+/// The CUDA path's choices of issue #17 (decided by a GPU run): batched copies
+/// (`cuMemcpyBatchAsync`), and pageable buffers registered for direct DMA
+/// (`cuMemHostRegister`), each on and off, with batched copies also forced unavailable
+/// (the emulated driver answering `CUDA_ERROR_NOT_SUPPORTED`: the device falls back to
+/// one copy each). The every-type batches (whole and sliced) and a wide one make the
+/// round trip up, exported, imported back and down: the same batches come back, the
+/// export is released exactly once, and once the transfer is dropped every
+/// registration is undone.
+#[test]
+fn batched_copies_and_registered_pageable_buffers_move_the_same_batches() {
+    let (_lock, device) = gpu_or_skip!();
+    let emulator = EmulatedDriver::find();
+    let _restore = RestoreBatchCopy(emulator);
+    let emulated_before = emulator.map(|e| e.host_registrations().0);
+    let batches = [
+        sample::every_type_batch(),
+        sample::sliced_every_type_batch(),
+        wide_batch(6, 50_000),
+    ];
+    for (batch_copies, register_pageable, unavailable) in [
+        (true, None, false),
+        (false, Some(1), false),
+        (true, Some(1), false),
+        (true, Some(1), true),
+    ] {
+        if unavailable && emulator.is_none() {
+            println!("skipping: a driver without cuMemcpyBatchAsync needs the emulated driver");
+            continue;
+        }
+        if let Some(emulator) = emulator {
+            emulator.set_batch_copy(unavailable.then_some(false));
+        }
+        let case = format!(
+            "batch_copies {batch_copies}, register_pageable {register_pageable:?}{}",
+            if unavailable {
+                ", cuMemcpyBatchAsync unavailable"
+            } else {
+                ""
+            }
+        );
+        let cuda = device_with(
+            &device,
+            CudaDeviceOptions::default()
+                .batch_copies(batch_copies)
+                .register_pageable(register_pageable),
+        );
+        // Every buffer a candidate for a direct copy, so that registration triggers.
+        let options = TransferOptions {
+            direct_min_bytes: 1,
+            ..Default::default()
+        };
+        let mut transfer = Transfer::new(cuda.clone(), options);
+        for batch in &batches {
+            let on_device = transfer.to_device(batch).unwrap();
+            assert_batches_eq(
+                std::slice::from_ref(batch),
+                &[transfer.to_host(&on_device).unwrap()],
+            );
+            let (array, schema) = on_device.export().unwrap();
+            drop(on_device);
+            let (array, count) = count_releases(array);
+            let imported =
+                DeviceBatch::import_with_ffi_schema(cuda.clone(), array, &schema).unwrap();
+            let back = transfer.to_host(&imported).unwrap();
+            drop(imported);
+            assert_eq!(releases(&count), 1, "{case}: the export is released once");
+            assert_batches_eq(std::slice::from_ref(batch), &[back]);
+        }
+        drop(transfer);
+        let (registered, refused) = cuda.host_registrations();
+        let batched = cuda.batched_copy_calls();
+        println!(
+            "{case}: {registered} ranges registered ({refused} refused), {batched} batched \
+             copy calls, {} copies",
+            cuda.copy_count()
+        );
+        assert_eq!(
+            live_host_registrations(),
+            0,
+            "{case}: every registration undone"
+        );
+        if let (Some(e), Some(before)) = (emulator, emulated_before) {
+            assert_eq!(
+                e.host_registrations().0,
+                before,
+                "{case}: the driver agrees"
+            );
+        }
+        assert_eq!(refused, 0, "{case}");
+        if register_pageable.is_some() {
+            assert!(registered > 0, "{case}: pageable buffers were registered");
+        } else {
+            assert_eq!(registered, 0, "{case}");
+        }
+        let expect_batched = batch_copies
+            && register_pageable.is_some()
+            && match emulator {
+                Some(_) => !unavailable && !EmulatedDriver::batch_copy_off_by_environment(),
+                None => cuda.batch_copies_available() == Some(true),
+            };
+        if expect_batched {
+            assert!(
+                batched > 0,
+                "{case}: the direct copies went in batched calls"
+            );
+        } else {
+            assert_eq!(batched, 0, "{case}");
+        }
+        if unavailable {
+            assert_eq!(cuda.batch_copies_available(), Some(false), "{case}");
+        }
+    }
+    assert!(device.primary_context().context().check_err().is_ok());
+}
+
+/// One driver failure injected at every fallible driver call of a round trip with
+/// batched copies and registered pageable buffers (the emulated driver's failure
+/// injection, `cuMemcpyBatchAsync` and `cuMemHostRegister` included): each a typed error
+/// or the right batch (a refused registration is staged), no registration left behind,
+/// the export released exactly once.
+#[test]
+fn a_driver_failure_with_batched_copies_and_registrations_leaks_nothing() {
+    let (_lock, device) = gpu_or_skip!();
+    let Some(injection) = devarrow_testing::gpu::FailureInjection::find() else {
+        println!("skipping: failure injection needs the emulated driver");
+        return;
+    };
+    let emulator = EmulatedDriver::find();
+    let _restore = RestoreBatchCopy(emulator);
+    if let Some(emulator) = emulator {
+        emulator.set_batch_copy(Some(true));
+    }
+    let cuda = device_with(
+        &device,
+        CudaDeviceOptions::default()
+            .batch_copies(true)
+            .register_pageable(Some(1)),
+    );
+    let batch = wide_batch(3, 40_000);
+    let options = TransferOptions {
+        direct_min_bytes: 1,
+        ..Default::default()
+    };
+    let run = || {
+        let mut transfer = Transfer::new(cuda.clone(), options);
+        let mut released = None;
+        let result = (|| {
+            let on_device = transfer.to_device(&batch)?;
+            let (array, schema) = on_device.export()?;
+            let (array, count) = count_releases(array);
+            released = Some(count);
+            let imported = DeviceBatch::import_with_ffi_schema(cuda.clone(), array, &schema)?;
+            transfer.to_host(&imported)
+        })();
+        (result, released)
+    };
+    let (warm, _) = run();
+    assert_eq!(warm.unwrap(), batch);
+    assert!(cuda.batched_copy_calls() > 0);
+    let mut failures = 0;
+    for n in 1.. {
+        let before = injection.injected_failures();
+        injection.fail_nth_call(n);
+        let (result, released) = run();
+        injection.fail_nth_call(0);
+        if injection.injected_failures() == before {
+            assert_eq!(result.unwrap(), batch);
+            break;
+        }
+        failures += 1;
+        match result {
+            Ok(back) => assert_eq!(back, batch, "call {n}"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    devarrow_abi::Error::Device { .. } | devarrow_abi::Error::Arrow(_)
+                ),
+                "call {n}: not a typed device error: {e:?}"
+            ),
+        }
+        if let Some(count) = released {
+            assert_eq!(releases(&count), 1, "call {n}: the export is released once");
+        }
+        assert_eq!(
+            live_host_registrations(),
+            0,
+            "call {n}: a registration left behind"
+        );
+    }
+    println!(
+        "{failures} driver calls failed in turn; {:?} registrations (made, refused)",
+        cuda.host_registrations()
+    );
+    assert!(
+        failures >= 10,
+        "only {failures} fallible calls were exercised"
+    );
+    assert!(
+        cuda.host_registrations().1 > 0,
+        "a refused registration was staged"
+    );
+    let (after, _) = run();
+    assert_eq!(after.unwrap(), batch);
 }
 
 /// Device data you can reach: columns as cudarc views, arrays from cudarc slices (the

@@ -246,3 +246,64 @@ fn staging_is_allocated_once_at_full_chunk_size() {
     );
     assert!(sizes.iter().all(|&s| s == chunk), "{sizes:?}");
 }
+
+/// On a device that registers pageable memory (posed by the instrumented device), large
+/// buffers skip staging both ways: an upload copies them straight from the batch, in one
+/// batched call, and a download copies its large output straight into host memory; the
+/// registrations live until the transfer has waited for those copies (an upload's until
+/// the transfer is dropped at the latest), even when waiting fails, and the batches
+/// round-trip exactly, on synchronous copies and on a modelled link's asynchronous ones.
+#[test]
+fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
+    use devarrow_abi::device::LinkModel;
+    use std::time::Duration;
+    let batch = wide_batch(4, 100_000); // 4 x 800 KB of values, 12.5 KB of validity each
+    for inner in [
+        Arc::new(CpuDevice::new()),
+        Arc::new(CpuDevice::with_link(LinkModel::new(
+            20e9,
+            Duration::from_micros(5),
+        ))),
+    ] {
+        let device = Arc::new(InstrumentedDevice::wrapping(inner).registering_from(64 << 10));
+        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert_eq!(device.batch_calls(), 1, "the direct copies in one call");
+        let (_, made) = device.registrations();
+        assert_eq!(
+            made, 4,
+            "the four value buffers (the bitmaps are too small)"
+        );
+        assert!(
+            device.staging_sizes().iter().all(|&s| s <= 8 << 20),
+            "{:?}",
+            device.staging_sizes()
+        );
+        let back = transfer.to_host(&on_device).unwrap();
+        drop(on_device);
+        assert_eq!(back, batch);
+        assert_eq!(device.registrations().1, 5, "and the download's output");
+        assert_eq!(device.batch_calls(), 2);
+        assert!(
+            device.registrations().0 <= 4,
+            "the download's is dropped already"
+        );
+        drop(transfer);
+        assert_eq!(device.registrations().0, 0, "every registration dropped");
+
+        // Waiting fails: the transfer synchronizes the device, then drops them.
+        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        let on_device = transfer.to_device(&batch).unwrap();
+        device.fail_waits(true);
+        assert!(transfer.to_host(&on_device).is_err());
+        device.fail_waits(false);
+        drop(transfer);
+        assert_eq!(
+            device.registrations().0,
+            0,
+            "dropped after the failed waits too"
+        );
+        drop(on_device);
+        assert_eq!(device.live(), 0);
+    }
+}

@@ -6,24 +6,31 @@
 //!   stream order when the last reference drops;
 //! - staging memory: [`PinnedHostBuffer`] (page-locked, not write-combined), so copies are
 //!   true asynchronous DMA;
-//! - copies: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on the stream;
+//! - copies: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on the stream; a list of copies in
+//!   one `cuMemcpyBatchAsync` where [`CudaDeviceOptions::batch_copies`] asks for it and
+//!   the driver has it;
+//! - pageable host memory page-locked for direct DMA (`cuMemHostRegister`) where
+//!   [`CudaDeviceOptions::register_pageable`] asks for it ([`crate::HostRegistration`]);
 //! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`) recorded on the stream, exported as
 //!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
 //!   Interface requires for `ARROW_DEVICE_CUDA`.
 
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{
+    Device, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice, StagingMemory, SyncEvent,
+};
 use devarrow_abi::pinned_registry::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
 
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
+use crate::host_register::{self, Registered};
 use crate::kernels::{self, CopySegment};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 use crate::primary_context::PrimaryContext;
@@ -46,6 +53,32 @@ pub struct CudaDevice {
     descriptors: Mutex<DescriptorStaging>,
     options: CudaDeviceOptions,
     events: Arc<EventPool>,
+    /// Whether `cuMemcpyBatchAsync` is there: [`BATCH_UNKNOWN`] until first needed.
+    batch_copy: AtomicU8,
+    /// `cuMemcpyBatchAsync` calls made.
+    batched_calls: AtomicU64,
+    /// Whether the driver answered `CUDA_ERROR_NOT_SUPPORTED` to a registration: none is
+    /// tried again.
+    registration_unsupported: AtomicBool,
+    /// Page ranges this device registered (`cuMemHostRegister` calls that succeeded).
+    ranges_registered: AtomicU64,
+    /// Registrations the driver refused (the range was staged instead).
+    registrations_refused: AtomicU64,
+}
+
+/// [`CudaDevice::batch_copy`]: not yet known, there, not there.
+const BATCH_UNKNOWN: u8 = 0;
+const BATCH_AVAILABLE: u8 = 1;
+const BATCH_UNAVAILABLE: u8 = 2;
+
+/// `CU_STREAM_LEGACY`, the legacy default stream's other handle (NULL is the first).
+const LEGACY_STREAM: usize = 0x1;
+
+/// Which way a batch of copies goes (for the driver's location hints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToDevice,
+    ToHost,
 }
 
 /// How the host waits for the GPU ([`CudaDeviceOptions::host_wait`]).
@@ -72,6 +105,39 @@ pub struct CudaDeviceOptions {
     /// batch) come back to a pool for reuse when dropped, instead of a `cuEventCreate`
     /// and `cuEventDestroy` each (on by default).
     pub reuse_events: bool,
+    /// Whether the device's copies of a list (`Device::copy_batch_to_device` and
+    /// `copy_batch_to_host`: the direct copies of a transfer, from pinned runs and
+    /// registered buffers) go to the driver in one `cuMemcpyBatchAsync` call (CUDA 12.8)
+    /// instead of one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` each: fewer driver
+    /// calls for batches of many buffers.
+    ///
+    /// Used only where the driver has it (the symbol is looked up once per device;
+    /// `CUDA_ERROR_NOT_SUPPORTED` or `CUDA_ERROR_NOT_FOUND` from the call also counts as
+    /// "not there", remembered per device) and the device's stream is not the legacy
+    /// default stream (which the call does not accept, see [`CudaDevice::on_stream`]);
+    /// elsewhere the copies go one by one, as with the option off.
+    /// [`CudaDevice::batched_copy_calls`] counts the calls made.
+    ///
+    /// **Off by default** until a GPU run shows it helps (`docs/gpu-results.md`).
+    pub batch_copies: bool,
+    /// Pageable host buffers of at least this many bytes are page-locked in place
+    /// (`cuMemHostRegister` of the pages covering them, `CU_MEMHOSTREGISTER_PORTABLE`)
+    /// for the copies of a transfer that moves them, which then DMA them directly
+    /// instead of packing them into pinned staging memory first (uploads) or unpacking
+    /// them from it (downloads); they are unregistered once those copies have
+    /// completed. `None`: never (**the default**, until a GPU run weighs the cost of
+    /// registering, which grows with the size, against the staging copy it saves).
+    ///
+    /// Registering locks whole pages, including bytes of other allocations that share a
+    /// first or last page with the buffer (harmless to them, but such pages cannot be
+    /// registered by another library while devarrow holds them: its
+    /// `cuMemHostRegister` would answer `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
+    /// A buffer the driver refuses to lock (read-only mappings, the memlock limit,
+    /// pages locked by someone else) is staged as before; devarrow never unregisters
+    /// memory it did not register (see [`crate::HostRegistration`]); a refusal is a
+    /// failing driver call, which compute-sanitizer reports. A transfer asks only for
+    /// ranges of at least its `TransferOptions::direct_min_bytes` as well.
+    pub register_pageable: Option<usize>,
 }
 
 impl Default for CudaDeviceOptions {
@@ -79,6 +145,8 @@ impl Default for CudaDeviceOptions {
         Self {
             host_wait: HostWait::Spin,
             reuse_events: true,
+            batch_copies: false,
+            register_pageable: None,
         }
     }
 }
@@ -93,6 +161,18 @@ impl CudaDeviceOptions {
     /// The options with [`CudaDeviceOptions::reuse_events`] set to `reuse`.
     pub fn reuse_events(mut self, reuse: bool) -> Self {
         self.reuse_events = reuse;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::batch_copies`] set to `batch`.
+    pub fn batch_copies(mut self, batch: bool) -> Self {
+        self.batch_copies = batch;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::register_pageable`] set to `min_bytes`.
+    pub fn register_pageable(mut self, min_bytes: Option<usize>) -> Self {
+        self.register_pageable = min_bytes;
         self
     }
 
@@ -197,6 +277,11 @@ impl CudaDevice {
             descriptors: Mutex::new(DescriptorStaging::default()),
             options: CudaDeviceOptions::default(),
             events: Arc::default(),
+            batch_copy: AtomicU8::new(BATCH_UNKNOWN),
+            batched_calls: AtomicU64::new(0),
+            registration_unsupported: AtomicBool::new(false),
+            ranges_registered: AtomicU64::new(0),
+            registrations_refused: AtomicU64::new(0),
         }
     }
 
@@ -217,6 +302,145 @@ impl CudaDevice {
     /// far: with [`CudaDeviceOptions::reuse_events`], about as many as are alive at once.
     pub fn events_created(&self) -> u64 {
         self.events.created.load(Ordering::Relaxed)
+    }
+
+    /// How many `cuMemcpyBatchAsync` calls the device has made
+    /// ([`CudaDeviceOptions::batch_copies`]).
+    pub fn batched_copy_calls(&self) -> u64 {
+        self.batched_calls.load(Ordering::Relaxed)
+    }
+
+    /// Whether the driver has `cuMemcpyBatchAsync` for this device: `None` until the
+    /// device first needed to know (a batch of copies with
+    /// [`CudaDeviceOptions::batch_copies`] on).
+    pub fn batch_copies_available(&self) -> Option<bool> {
+        match self.batch_copy.load(Ordering::Acquire) {
+            BATCH_AVAILABLE => Some(true),
+            BATCH_UNAVAILABLE => Some(false),
+            _ => None,
+        }
+    }
+
+    /// How many page ranges the device has registered with `cuMemHostRegister`
+    /// ([`CudaDeviceOptions::register_pageable`]; a range another registration already
+    /// held is not counted), and how many registrations the driver refused (those
+    /// ranges were staged).
+    pub fn host_registrations(&self) -> (u64, u64) {
+        (
+            self.ranges_registered.load(Ordering::Relaxed),
+            self.registrations_refused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether a list of copies goes to `cuMemcpyBatchAsync`: asked for, the stream not
+    /// the legacy default stream, and the symbol in the driver (looked up once).
+    fn batch_copy_usable(&self) -> bool {
+        if !self.options.batch_copies {
+            return false;
+        }
+        let stream = self.stream.cu_stream() as usize;
+        if stream == 0 || stream == LEGACY_STREAM {
+            return false;
+        }
+        match self.batch_copy.load(Ordering::Acquire) {
+            BATCH_AVAILABLE => true,
+            BATCH_UNAVAILABLE => false,
+            _ => {
+                let present = driver::memcpy_batch_async_present();
+                let state = if present {
+                    BATCH_AVAILABLE
+                } else {
+                    BATCH_UNAVAILABLE
+                };
+                self.batch_copy.store(state, Ordering::Release);
+                present
+            }
+        }
+    }
+
+    /// Enqueues `copies` (`(dst, src, len)` unified addresses, none empty or NULL) in one
+    /// `cuMemcpyBatchAsync` where [`CudaDevice::batch_copy_usable`]: `Ok(true)` when they
+    /// were, `Ok(false)` when the caller must copy them one by one (too few to batch, not
+    /// asked for, or the driver does not have it: then remembered).
+    ///
+    /// # Safety
+    /// Every source readable and every destination writable for its length until the
+    /// copies complete, no destination overlapping another copy; the context bound.
+    unsafe fn try_batch(&self, copies: &[(u64, u64, usize)], direction: Direction) -> Result<bool> {
+        if copies.len() < 2 || !self.batch_copy_usable() {
+            return Ok(false);
+        }
+        let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+        let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        let device = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.device.id() as i32,
+        };
+        let locations = match direction {
+            Direction::ToDevice => (host, device),
+            Direction::ToHost => (device, host),
+        };
+        // SAFETY: the symbol is there (`batch_copy_usable`); the ranges are the caller's
+        // guarantee; the stream is the device's, a created stream (not the legacy one,
+        // checked above) of the context the caller bound.
+        let batched = unsafe {
+            driver::memcpy_batch_async(
+                &mut dsts,
+                &mut srcs,
+                &mut sizes,
+                locations,
+                self.stream.cu_stream(),
+            )
+        };
+        match batched {
+            Ok(()) => {
+                self.batched_calls.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.driver_result(),
+                    Some(
+                        sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+                            | sys::CUresult::CUDA_ERROR_NOT_FOUND
+                    )
+                ) =>
+            {
+                // Not there after all (a driver that exports the symbol but does not
+                // implement it here): copy one by one, from now on. The batch enqueued
+                // nothing (and had it enqueued a part, copying the same sources to the
+                // same destinations again writes the same bytes).
+                self.batch_copy.store(BATCH_UNAVAILABLE, Ordering::Release);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What a list of copies does first: counts them, drops the empty ones, refuses NULL
+    /// pointers, and binds the context. `(dst, src, len)` of the copies left.
+    fn begin_batch(
+        &self,
+        copies: impl ExactSizeIterator<Item = (u64, u64, usize)>,
+        towards: &str,
+    ) -> Result<Vec<(u64, u64, usize)>> {
+        self.copies
+            .fetch_add(copies.len() as u64, Ordering::Relaxed);
+        let copies: Vec<_> = copies.filter(|c| c.2 > 0).collect();
+        if copies.iter().any(|c| c.0 == 0 || c.1 == 0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "a batch of copies to the {towards} with a NULL pointer"
+            )));
+        }
+        if !copies.is_empty() {
+            self.bind()?;
+        }
+        Ok(copies)
     }
 
     /// Makes the device's stream wait (on the GPU: the host is not blocked) for the work
@@ -537,6 +761,54 @@ unsafe impl Device for CudaDevice {
         Ok(())
     }
 
+    /// One `cuMemcpyBatchAsync` where [`CudaDeviceOptions::batch_copies`] asks for it
+    /// and the driver has it (see there), else one `cuMemcpyHtoDAsync` per copy.
+    unsafe fn copy_batch_to_device(&self, copies: &[HostToDevice]) -> devarrow_abi::Result<()> {
+        let copies = self.begin_batch(
+            copies
+                .iter()
+                .map(|c| (c.dst as sys::CUdeviceptr, c.src as sys::CUdeviceptr, c.len)),
+            "device",
+        )?;
+        // SAFETY: the caller guarantees every source readable until the copies complete,
+        // every destination device memory of its length, none overlapping another; the
+        // context is bound (`begin_batch`).
+        if unsafe { self.try_batch(&copies, Direction::ToDevice) }? {
+            return Ok(());
+        }
+        for &(dst, src, len) in &copies {
+            // SAFETY: as above, copy by copy, on the device's stream.
+            unsafe {
+                driver::memcpy_htod_async(dst, src as *const c_void, len, self.stream.cu_stream())
+            }?;
+        }
+        Ok(())
+    }
+
+    /// As [`CudaDevice::copy_batch_to_device`], the other way (`cuMemcpyDtoHAsync` per
+    /// copy where not batched).
+    unsafe fn copy_batch_to_host(&self, copies: &[DeviceToHost]) -> devarrow_abi::Result<()> {
+        let copies = self.begin_batch(
+            copies
+                .iter()
+                .map(|c| (c.dst as sys::CUdeviceptr, c.src as sys::CUdeviceptr, c.len)),
+            "host",
+        )?;
+        // SAFETY: the caller guarantees every destination writable (and not read) until
+        // the copies complete, every source device memory of its length, no destination
+        // overlapping another; the context is bound (`begin_batch`).
+        if unsafe { self.try_batch(&copies, Direction::ToHost) }? {
+            return Ok(());
+        }
+        for &(dst, src, len) in &copies {
+            // SAFETY: as above, copy by copy, on the device's stream.
+            unsafe {
+                driver::memcpy_dtoh_async(dst as *mut c_void, src, len, self.stream.cu_stream())
+            }?;
+        }
+        Ok(())
+    }
+
     /// One `dvx_batched_copy` launch on the device's stream for all `copies` (cut into
     /// pieces by [`kernels::plan_batched_copy`]). The descriptor table is written to
     /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
@@ -680,8 +952,83 @@ unsafe impl Device for CudaDevice {
         self.copies.load(Ordering::Relaxed)
     }
 
+    /// [`CudaDeviceOptions::register_pageable`], unless the driver said registering is
+    /// not supported here.
+    fn host_registration_min_bytes(&self) -> Option<usize> {
+        self.options
+            .register_pageable
+            .filter(|_| !self.registration_unsupported.load(Ordering::Relaxed))
+    }
+
+    /// Registers the pages covering the range (`cuMemHostRegister`, portable), or takes
+    /// one more use of devarrow's registration that holds them (see
+    /// [`crate::HostRegistration`]), when [`CudaDeviceOptions::register_pageable`] asks
+    /// for ranges this large. `Ok(None)` for ranges below it, devarrow's own staging
+    /// memory (pinned already), ranges sharing pages with a registration of devarrow
+    /// that does not hold them or whose first or last page the driver reports
+    /// page-locked (by someone else: used as it is, not asked to register), and ranges
+    /// the driver refuses to lock: locked by someone else in between
+    /// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, used as it is), not lockable
+    /// (`CUDA_ERROR_INVALID_VALUE`: a read-only mapping, say), beyond the memlock limit
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`), `CUDA_ERROR_NOT_PERMITTED`, or
+    /// `CUDA_ERROR_NOT_SUPPORTED` (then never tried again on this device). Any other
+    /// driver error is returned ([`CudaError::Driver`]).
+    unsafe fn register_host(
+        &self,
+        ptr: *const u8,
+        len: usize,
+    ) -> devarrow_abi::Result<Option<Box<dyn HostRegistration>>> {
+        let Some(min) = self.host_registration_min_bytes() else {
+            return Ok(None);
+        };
+        if len == 0 || len < min || ptr.is_null() || CUDA_PINNED.contains(ptr, len) {
+            return Ok(None);
+        }
+        self.bind()?;
+        // Memory the driver reports page-locked at either end is someone else's (devarrow's
+        // own registrations are found in its table first): not asked to register.
+        let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+        let locked = |first: usize, last: usize| {
+            pointer_type_and_buffer(first).0 == host || pointer_type_and_buffer(last).0 == host
+        };
+        // SAFETY: the caller guarantees the range stays allocated until the registration
+        // drops, and drops it only after the copies using it have completed; the context
+        // is bound.
+        match unsafe { host_register::register(self.device.context(), ptr, len, locked) } {
+            Ok(Registered::Yes(registration, new)) => {
+                if new {
+                    self.ranges_registered.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(Box::new(registration)))
+            }
+            Ok(Registered::Skipped) => Ok(None),
+            Err(e) => {
+                use sys::CUresult::*;
+                match e.driver_result() {
+                    Some(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(None),
+                    Some(CUDA_ERROR_NOT_SUPPORTED) => {
+                        self.registration_unsupported.store(true, Ordering::Relaxed);
+                        self.registrations_refused.fetch_add(1, Ordering::Relaxed);
+                        Ok(None)
+                    }
+                    Some(
+                        CUDA_ERROR_INVALID_VALUE
+                        | CUDA_ERROR_OUT_OF_MEMORY
+                        | CUDA_ERROR_NOT_PERMITTED,
+                    ) => {
+                        self.registrations_refused.fetch_add(1, Ordering::Relaxed);
+                        Ok(None)
+                    }
+                    _ => Err(e.into()),
+                }
+            }
+        }
+    }
+
     /// `true` for ranges inside one live staging allocation of any `CudaDevice`
-    /// (a registry lookup, no driver call); otherwise asks the driver whether the first
+    /// (a registry lookup, no driver call); `false` for ranges sharing a page with memory
+    /// devarrow registered ([`CudaDeviceOptions::register_pageable`]); otherwise asks the
+    /// driver whether the first
     /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttributes`
     /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
     /// libraries pinned. Any doubt (a failed query) answers `false`.
@@ -689,7 +1036,13 @@ unsafe impl Device for CudaDevice {
         if CUDA_PINNED.contains(ptr, len) {
             return true;
         }
-        if len == 0 || ptr.is_null() || self.bind().is_err() {
+        // Pages devarrow registered for a transfer are unregistered when its copies are
+        // done: a copy from them must take a use of the registration
+        // (`register_host`), not rely on it.
+        if len == 0 || ptr.is_null() || host_register::overlaps_registered(ptr, len) {
+            return false;
+        }
+        if self.bind().is_err() {
             return false;
         }
         let first = ptr as usize;

@@ -331,6 +331,38 @@ pub(crate) unsafe fn mem_free_host(ptr: *mut c_void) -> Result<()> {
     unsafe { result::free_host(ptr) }.call("cuMemFreeHost")
 }
 
+/// `cuMemHostRegister(ptr, bytes, flags)`: page-locks the host range `ptr..ptr + bytes`
+/// (`CU_MEMHOSTREGISTER_*` flags) so that copies DMA it in place. The driver locks whole
+/// pages; a range sharing a page with locked memory is
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
+///
+/// # Safety
+/// The range must be host memory of the process that stays allocated until
+/// [`mem_host_unregister`]; a context must be current.
+pub(crate) unsafe fn mem_host_register(
+    ptr: *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee; the driver only locks the pages (it neither reads
+    // nor writes them during the call).
+    unsafe { sys::cuMemHostRegister_v2(ptr, bytes, flags) }
+        .result()
+        .call("cuMemHostRegister")
+}
+
+/// `cuMemHostUnregister(ptr)`: makes a range registered at `ptr` pageable again.
+///
+/// # Safety
+/// `ptr` must be where [`mem_host_register`] registered a range, and every copy that
+/// reads or writes the range must have completed; a context must be current.
+pub(crate) unsafe fn mem_host_unregister(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemHostUnregister(ptr) }
+        .result()
+        .call("cuMemHostUnregister")
+}
+
 /// `cuMemAllocManaged`: `bytes` uninitialized bytes of managed memory attached with
 /// `flags`. Out of memory is [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
 pub(crate) fn mem_alloc_managed(
@@ -430,6 +462,78 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream) }
         .result()
         .call("cuMemcpyDtoHAsync")
+}
+
+/// Whether the driver library exports `cuMemcpyBatchAsync` (drivers of CUDA 12.8 and
+/// later). Looked up by name in the library cudarc loaded, which is what cudarc's
+/// dynamic loading does on the first call: there it panics when the symbol is missing,
+/// so [`memcpy_batch_async`] must never be called where this answers `false`.
+pub(crate) fn memcpy_batch_async_present() -> bool {
+    // SAFETY: `culib` returns the driver library cudarc loaded (the callers have a device
+    // open, so it loads); `get` only looks the symbol up, it is not called here, and the
+    // function type it is read as is never used.
+    unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync\0") }.is_ok()
+}
+
+/// `cuMemcpyBatchAsync`: the copies `srcs[i] -> dsts[i]` of `sizes[i]` bytes (unified
+/// addresses: device, pinned, registered or pageable host memory), read in stream order
+/// (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`), the sources at `src_location` and the
+/// destinations at `dst_location` (the hints), in one call on `stream`. The batch runs in stream order as a
+/// whole; its copies in no particular order.
+///
+/// ABI: bound to the CUDA 12.8 signature that cudarc's `cuda-12080` bindings declare
+/// (`dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream`). CUDA 13
+/// headers map the name to `cuMemcpyBatchAsync_v2`, which drops `failIdx`, and CUDA 13
+/// drivers keep exporting `cuMemcpyBatchAsync` with the 12.x signature for binaries
+/// built against 12.x, which is the symbol cudarc loads by that name. `failIdx` (the
+/// copy the driver refused, if any) is not reported: the error names the call.
+///
+/// # Safety
+/// Only where [`memcpy_batch_async_present`]. The three slices must have the same
+/// length; every source must be readable and every destination writable for its size
+/// until the batch has completed, and no destination may overlap another copy; `stream`
+/// must be a live stream of the current context, not the legacy NULL stream (which the
+/// call does not accept).
+pub(crate) unsafe fn memcpy_batch_async(
+    dsts: &mut [sys::CUdeviceptr],
+    srcs: &mut [sys::CUdeviceptr],
+    sizes: &mut [usize],
+    (src_location, dst_location): (sys::CUmemLocation, sys::CUmemLocation),
+    stream: sys::CUstream,
+) -> Result<()> {
+    debug_assert!(dsts.len() == srcs.len() && srcs.len() == sizes.len());
+    // SAFETY: CUmemcpyAttributes is plain data (enums whose zero value is valid, ints);
+    // every field is set below or left at its documented default of zero (no flags).
+    let mut attributes: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    // Sources are read in stream order (after the work enqueued before the batch), as
+    // every other copy of the stream reads them.
+    attributes.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    // Where the ends lie: the driver uses the hints for memory it did not allocate
+    // (pageable and registered host memory).
+    attributes.srcLocHint = src_location;
+    attributes.dstLocHint = dst_location;
+    let mut attrs = [attributes];
+    let mut first_copy_of_each = [0usize];
+    let mut fail_index = usize::MAX;
+    // SAFETY: the symbol exists (the caller's guarantee), so cudarc's lazy lookup does
+    // not panic; three arrays of `sizes.len()` copies and one attribute set that applies
+    // from copy 0, all live for the call; `fail_index` is a local; the ranges and the
+    // stream are the caller's guarantee.
+    unsafe {
+        sys::cuMemcpyBatchAsync(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            sizes.len(),
+            attrs.as_mut_ptr(),
+            first_copy_of_each.as_mut_ptr(),
+            1,
+            &mut fail_index,
+            stream,
+        )
+    }
+    .result()
+    .call("cuMemcpyBatchAsync")
 }
 
 /// `cuMemsetD8Async`: sets `bytes` bytes at `ptr` to `value` on `stream`.

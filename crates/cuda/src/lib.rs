@@ -89,6 +89,7 @@ mod device;
 mod driver;
 mod error;
 mod export;
+mod host_register;
 mod native;
 mod primary_context;
 mod slice_array;
@@ -106,6 +107,7 @@ pub use device::{
 };
 pub use error::{CudaError, Result};
 pub use export::export_array_data;
+pub use host_register::{live_host_registrations, HostRegistration};
 pub use import::ImportedArray;
 pub use memory::{
     CudaMemory, CudaMemoryMut, DeviceBuffer, ForeignBuffer, ManagedBuffer, PinnedHostBuffer,

@@ -9,15 +9,19 @@ use std::time::{Duration, Instant};
 use arrow_buffer::alloc::Allocation;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
+use devarrow_abi::device::{host_page_size, Device, DeviceToHost, HostToDevice};
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::kernels::{self, CopySegment, Kernels};
 use devarrow_cuda::pool::{self, PoolPolicy};
 use devarrow_cuda::{
-    export_array_data, list_devices, CudaError, CudaMemory, CudaStream, DeviceBuffer,
-    ForeignBuffer, ImportedArray, ManagedBuffer, PinnedHostBuffer, PrimaryContext,
+    export_array_data, list_devices, live_host_registrations, CudaDevice, CudaDeviceOptions,
+    CudaError, CudaMemory, CudaStream, DeviceBuffer, ForeignBuffer, ImportedArray, ManagedBuffer,
+    PinnedHostBuffer, PrimaryContext,
 };
-use devarrow_testing::gpu::{assert_still_running, unless_sanitized};
+use devarrow_testing::gpu::{
+    assert_still_running, unless_sanitized, EmulatedDriver, FailureInjection,
+};
 use devarrow_testing::kernel_oracles as reference;
 
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
@@ -984,4 +988,288 @@ fn rebase_offsets_match_the_oracle() {
     let mut got32 = vec![0i32; 1000];
     dst32.copy_to_host(&stream, &mut got32).unwrap();
     assert_eq!(got32, (5..1005).collect::<Vec<i32>>());
+}
+
+/// Puts the emulated driver's `cuMemcpyBatchAsync` back as the environment says when the
+/// test ends, even by a panic.
+struct RestoreBatchCopy(Option<EmulatedDriver>);
+
+impl Drop for RestoreBatchCopy {
+    fn drop(&mut self) {
+        if let Some(emulator) = self.0 {
+            emulator.set_batch_copy(None);
+        }
+    }
+}
+
+/// Copies buffers of several sizes to `device` and back with one
+/// `Device::copy_batch_to_device` and one `copy_batch_to_host`, and checks the bytes and
+/// the copy count.
+fn batch_round_trip(device: &CudaDevice) {
+    let sizes = [1usize, 100, 4096, 65_537, 1 << 20];
+    let inputs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k) as u8).collect())
+        .collect();
+    let on_device: Vec<_> = sizes.iter().map(|&n| device.allocate(n).unwrap()).collect();
+    let up: Vec<HostToDevice> = inputs
+        .iter()
+        .zip(&on_device)
+        .map(|(h, d)| HostToDevice {
+            src: h.as_ptr(),
+            dst: d.address(),
+            len: h.len(),
+        })
+        .collect();
+    let mut outputs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let down: Vec<DeviceToHost> = outputs
+        .iter_mut()
+        .zip(&on_device)
+        .map(|(h, d)| DeviceToHost {
+            src: d.address(),
+            dst: h.as_mut_ptr(),
+            len: h.len(),
+        })
+        .collect();
+    let before = device.copy_count();
+    // SAFETY: the inputs and outputs outlive the copies (waited for below), the outputs
+    // are not read before; every device buffer holds its copy's length; no destination
+    // overlaps another.
+    unsafe {
+        device.copy_batch_to_device(&up).unwrap();
+        device.copy_batch_to_host(&down).unwrap();
+    }
+    device.record_event().unwrap().wait_host().unwrap();
+    assert!(outputs == inputs, "the bytes came back");
+    assert_eq!(device.copy_count() - before, 2 * sizes.len() as u64);
+}
+
+/// `Device::copy_batch_to_device` and `copy_batch_to_host` on CUDA: one
+/// `cuMemcpyBatchAsync` each way with `CudaDeviceOptions::batch_copies` where the driver
+/// has it; one copy each where it does not (the emulated driver made to answer
+/// `CUDA_ERROR_NOT_SUPPORTED`, remembered by the device), with the option off, and on the
+/// legacy default stream (which the call does not accept): the same bytes every way.
+#[test]
+fn lists_of_copies_go_in_one_batched_call_or_one_copy_each() {
+    let (_lock, dev) = gpu_or_skip!();
+    let emulator = EmulatedDriver::find();
+    let _restore = RestoreBatchCopy(emulator);
+    let batching = || {
+        CudaDevice::new(dev.clone())
+            .unwrap()
+            .with_options(CudaDeviceOptions::default().batch_copies(true))
+    };
+    let device = batching();
+    batch_round_trip(&device);
+    let available = device.batch_copies_available();
+    println!(
+        "cuMemcpyBatchAsync available: {available:?}, {} calls",
+        device.batched_copy_calls()
+    );
+    match available {
+        Some(true) => assert_eq!(device.batched_copy_calls(), 2, "one call each way"),
+        Some(false) => assert_eq!(device.batched_copy_calls(), 0),
+        None => panic!("the device did not look for cuMemcpyBatchAsync"),
+    }
+    if emulator.is_some() {
+        assert_eq!(
+            available,
+            Some(!EmulatedDriver::batch_copy_off_by_environment()),
+            "the emulator has it unless DEVARROW_EMU_NO_BATCH_COPY=1"
+        );
+    }
+
+    // Off: one copy each, and no look-up.
+    let plain = CudaDevice::new(dev.clone()).unwrap();
+    batch_round_trip(&plain);
+    assert_eq!(plain.batched_copy_calls(), 0);
+    assert_eq!(plain.batch_copies_available(), None);
+
+    // The legacy default stream: not accepted by the call, so never tried.
+    let legacy = CudaDevice::on_stream(dev.default_stream())
+        .unwrap()
+        .with_options(CudaDeviceOptions::default().batch_copies(true));
+    batch_round_trip(&legacy);
+    assert_eq!(legacy.batched_copy_calls(), 0);
+    assert_eq!(legacy.batch_copies_available(), None);
+
+    let Some(emulator) = emulator else {
+        println!("skipping: a driver without cuMemcpyBatchAsync needs the emulated driver");
+        return;
+    };
+    // A driver without it: CUDA_ERROR_NOT_SUPPORTED, then one copy each, remembered.
+    emulator.set_batch_copy(Some(false));
+    let without = batching();
+    batch_round_trip(&without);
+    assert_eq!(without.batch_copies_available(), Some(false));
+    assert_eq!(without.batched_copy_calls(), 0);
+    emulator.set_batch_copy(Some(true));
+    batch_round_trip(&without);
+    assert_eq!(
+        without.batched_copy_calls(),
+        0,
+        "the device does not ask again"
+    );
+    let with = batching();
+    batch_round_trip(&with);
+    assert_eq!(with.batched_copy_calls(), 2);
+    assert!(dev.context().check_err().is_ok());
+}
+
+/// `CudaDeviceOptions::register_pageable`: pageable memory from the threshold on is
+/// registered (its covering pages, once; a range inside them takes one more use),
+/// copied from and into directly, and unregistered when the last use drops; memory below
+/// the threshold, devarrow's staging, someone else's pinned memory and ranges sharing
+/// pages with a registration that does not hold them are not registered; a refusal of
+/// the driver is counted and the range staged.
+#[test]
+fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
+    let (_lock, dev) = gpu_or_skip!();
+    let emulator = EmulatedDriver::find();
+    let emulated_before = emulator.map(|e| e.host_registrations());
+    assert_eq!(live_host_registrations(), 0);
+    let device = CudaDevice::new(dev.clone())
+        .unwrap()
+        .with_options(CudaDeviceOptions::default().register_pageable(Some(64 << 10)));
+    assert_eq!(device.host_registration_min_bytes(), Some(64 << 10));
+    let page = host_page_size();
+    // Ranges that share no page with other memory: two buffers of one heap region may
+    // share a page, and a range sharing pages with a registration it does not lie in is
+    // not registered (tested below).
+    let len = (1 << 20) + 123;
+    let mut data_pages = vec![0u8; len + 2 * page];
+    let mut back_pages = vec![0u8; len + 2 * page];
+    let (data_at, back_at) = (
+        data_pages.as_ptr().align_offset(page),
+        back_pages.as_ptr().align_offset(page),
+    );
+    let data = &mut data_pages[data_at..data_at + len];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let data = &*data;
+    // Every `register_host` below: the ranges lie in memory that outlives the
+    // registrations, which are dropped after the copies using them have completed.
+    // SAFETY: so the contract of `register_host` holds.
+    unsafe {
+        assert!(
+            device.register_host(data.as_ptr(), 1000).unwrap().is_none(),
+            "small"
+        );
+        let off = CudaDevice::new(dev.clone()).unwrap();
+        assert_eq!(off.host_registration_min_bytes(), None);
+        assert!(off
+            .register_host(data.as_ptr(), data.len())
+            .unwrap()
+            .is_none());
+        let staging = device.allocate_staging(1 << 20).unwrap();
+        let staged = staging.as_slice();
+        assert!(device
+            .register_host(staged.as_ptr(), staged.len())
+            .unwrap()
+            .is_none());
+        let pinned = PinnedHostBuffer::alloc(&dev, 1 << 20).unwrap();
+        let theirs = pinned.as_slice();
+        assert!(
+            device
+                .register_host(theirs.as_ptr(), theirs.len())
+                .unwrap()
+                .is_none(),
+            "someone else's pinned memory is used as it is"
+        );
+    }
+    assert_eq!(device.host_registrations(), (0, 0));
+    assert_eq!(live_host_registrations(), 0);
+
+    // SAFETY: as above.
+    let (whole, part) = unsafe {
+        (
+            device
+                .register_host(data.as_ptr(), data.len())
+                .unwrap()
+                .expect("registered"),
+            device
+                .register_host(data.as_ptr().add(3 * page), 100_000)
+                .unwrap()
+                .expect("one more use of the same pages"),
+        )
+    };
+    assert_eq!(device.host_registrations(), (1, 0), "registered once");
+    assert_eq!(live_host_registrations(), 1);
+    if let (Some(e), Some((live, total))) = (emulator, emulated_before) {
+        assert_eq!(e.host_registrations(), (live + 1, total + 1));
+    }
+    assert!(
+        !device.is_pinned(data.as_ptr(), data.len()),
+        "a copy from it must take a use of the registration"
+    );
+    let back = &mut back_pages[back_at..back_at + len];
+    // SAFETY: as above.
+    let back_registered = unsafe { device.register_host(back.as_ptr(), back.len()) }
+        .unwrap()
+        .expect("registered");
+    assert_eq!(live_host_registrations(), 2);
+    let on_device = device.allocate(data.len()).unwrap();
+    // SAFETY: both host ranges are registered and outlive the copies (waited for below);
+    // the device buffer holds `data.len()` bytes.
+    unsafe {
+        device
+            .copy_batch_to_device(&[HostToDevice {
+                src: data.as_ptr(),
+                dst: on_device.address(),
+                len: data.len(),
+            }])
+            .unwrap();
+        device
+            .copy_batch_to_host(&[DeviceToHost {
+                src: on_device.address(),
+                dst: back.as_mut_ptr(),
+                len: back.len(),
+            }])
+            .unwrap();
+    }
+    device.record_event().unwrap().wait_host().unwrap();
+    drop(part);
+    assert_eq!(
+        live_host_registrations(),
+        2,
+        "the other use holds the pages"
+    );
+    drop(whole);
+    drop(back_registered);
+    assert_eq!(live_host_registrations(), 0);
+    assert!(back == data, "the bytes came back");
+    if let (Some(e), Some((live, _))) = (emulator, emulated_before) {
+        assert_eq!(e.host_registrations().0, live, "every registration undone");
+    }
+
+    // Shares pages with a registration without lying inside it: not registered.
+    let half = data.len() / 2;
+    // SAFETY: as above (both ranges lie in `data`).
+    unsafe {
+        let first_half = device
+            .register_host(data.as_ptr(), half)
+            .unwrap()
+            .expect("registered");
+        let across = device.register_host(data.as_ptr().add(half - 10), 100_000);
+        assert!(across.unwrap().is_none());
+        drop(first_half);
+    }
+    assert_eq!(device.host_registrations(), (3, 0));
+    assert_eq!(live_host_registrations(), 0);
+
+    // A refusal of the driver (an injected out of memory: the memlock limit): staged.
+    if let Some(injection) = FailureInjection::find() {
+        let before = injection.injected_failures();
+        injection.fail_nth_call(1);
+        // SAFETY: as above.
+        let refused = unsafe { device.register_host(data.as_ptr(), data.len()) };
+        injection.fail_nth_call(0);
+        assert_eq!(injection.injected_failures(), before + 1);
+        assert!(refused.unwrap().is_none());
+        assert_eq!(device.host_registrations(), (3, 1));
+        assert_eq!(live_host_registrations(), 0);
+    }
+    assert!(dev.context().check_err().is_ok());
 }

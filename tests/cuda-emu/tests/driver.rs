@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{
     CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUmemPool_attribute,
-    CUmemoryPool, CUmemorytype, CUmodule, CUpointer_attribute, CUresult, CUstream,
+    CUmemcpyAttributes, CUmemcpySrcAccessOrder, CUmemoryPool, CUmemorytype, CUmodule,
+    CUpointer_attribute, CUresult, CUstream,
 };
 use devarrow_emu::driver::context::*;
 use devarrow_emu::driver::device::*;
@@ -804,4 +805,216 @@ fn modules_parse_ptx_and_unloading_invalidates_their_functions() {
         assert_eq!(cuModuleUnload(module), CUDA_ERROR_INVALID_HANDLE);
     }
     drop(emu);
+}
+
+/// One `cuMemcpyBatchAsync` call with `copies` (`(dst, src, len)`) and one attribute set
+/// of `order` on `stream`: the result and `failIdx`.
+///
+/// # Safety
+/// As `cuMemcpyBatchAsync`: the ranges must stay valid until the batch has run.
+unsafe fn batch_copy(
+    copies: &[(u64, u64, usize)],
+    order: CUmemcpySrcAccessOrder,
+    stream: CUstream,
+) -> (CUresult, usize) {
+    let mut dsts: Vec<CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+    let mut srcs: Vec<CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+    // SAFETY: plain data; zero is a valid value of every field.
+    let mut attrs: [CUmemcpyAttributes; 1] = [unsafe { std::mem::zeroed() }];
+    attrs[0].srcAccessOrder = order;
+    let mut starts = [0usize];
+    let mut fail = 0usize;
+    // SAFETY: the arrays hold `copies.len()` and 1 entries; the ranges are the caller's.
+    let r = unsafe {
+        cuMemcpyBatchAsync(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            copies.len(),
+            attrs.as_mut_ptr(),
+            starts.as_mut_ptr(),
+            1,
+            &mut fail,
+            stream,
+        )
+    };
+    (r, fail)
+}
+
+#[test]
+fn batched_copies_run_in_stream_order_and_name_the_copy_that_fails() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let d = emu.alloc(64);
+    use CUmemcpySrcAccessOrder::*;
+    // SAFETY: valid handles; every range stays valid until the stream is synchronized.
+    unsafe {
+        let gate = Gate::block(s);
+        let mut pageable = [1u8; 16];
+        let staged = [2u8; 16];
+        let pinned = emu.pinned(32);
+        pinned[..16].fill(3);
+        let (r, _) = batch_copy(
+            &[
+                (d, pageable.as_ptr() as u64, 16),
+                (d + 16, pinned.as_ptr() as u64, 16),
+                (d + 48, staged.as_ptr() as u64, 0),
+            ],
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            s,
+        );
+        ck(r);
+        let (r, _) = batch_copy(
+            &[(d + 32, staged.as_ptr() as u64, 16)],
+            CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL,
+            s,
+        );
+        ck(r);
+        // Device to host and device to device in one batch, after the uploads.
+        let (r, _) = batch_copy(
+            &[(pinned.as_ptr() as u64 + 16, d, 16), (d + 48, d + 16, 16)],
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            s,
+        );
+        ck(r);
+        // Written after the calls, before the batches ran: read in stream order, except
+        // the source read during its call.
+        pageable.fill(9);
+        pinned[..16].fill(8);
+        assert_eq!(pinned[16..], [0xCD; 16], "nothing ran yet");
+        gate.open();
+        ck(cuStreamSynchronize(s));
+        let got = emu.download(d, 64);
+        assert_eq!(
+            got[..16],
+            [9; 16],
+            "a pageable source read when the batch ran"
+        );
+        assert_eq!(
+            got[16..32],
+            [8; 16],
+            "a pinned source read when the batch ran"
+        );
+        assert_eq!(got[32..48], [2; 16], "read during the call");
+        assert_eq!(got[48..], [8; 16], "device to device");
+        assert_eq!(pinned[16..], [9; 16], "device to host");
+
+        // The copy that fails is named; nothing of the batch runs.
+        let far = d + 4096 * 1024;
+        let (r, fail) = batch_copy(
+            &[
+                (d, staged.as_ptr() as u64, 16),
+                (far, staged.as_ptr() as u64, 16),
+            ],
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            s,
+        );
+        assert_eq!((r, fail), (CUDA_ERROR_ILLEGAL_ADDRESS, 1));
+        // Not on the legacy NULL stream.
+        let (r, fail) = batch_copy(
+            &[(d, staged.as_ptr() as u64, 16)],
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            std::ptr::null_mut(),
+        );
+        assert_eq!((r, fail), (CUDA_ERROR_INVALID_VALUE, usize::MAX));
+        let (r, _) = batch_copy(
+            &[(d, staged.as_ptr() as u64, 16)],
+            CU_MEMCPY_SRC_ACCESS_ORDER_INVALID,
+            s,
+        );
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE, "an invalid access order");
+        assert_eq!(
+            batch_copy(&[], CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, s).0,
+            CUDA_ERROR_INVALID_VALUE,
+            "no copies"
+        );
+        // A driver without it.
+        devarrow_emu_set_batch_copy(0);
+        let (r, fail) = batch_copy(
+            &[(d, staged.as_ptr() as u64, 16)],
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            s,
+        );
+        devarrow_emu_set_batch_copy(-1);
+        assert_eq!((r, fail), (CUDA_ERROR_NOT_SUPPORTED, usize::MAX));
+        ck(cuStreamSynchronize(s));
+        assert_eq!(emu.download(d, 16), vec![9; 16], "no failed batch ran");
+        ck(cuMemFreeHost(pinned.as_mut_ptr().cast()));
+        ck(cuMemFree_v2(d));
+        ck(cuStreamDestroy_v2(s));
+    }
+}
+
+/// `pages` pages of page-aligned host memory, inside `backing`.
+fn aligned_pages(backing: &mut Vec<u8>, pages: usize) -> *mut u8 {
+    *backing = vec![0u8; (pages + 1) * 4096];
+    let at = backing.as_ptr().align_offset(4096);
+    // SAFETY: `at + pages * 4096` bytes fit in the `(pages + 1) * 4096` allocated.
+    unsafe { backing.as_mut_ptr().add(at) }
+}
+
+#[test]
+fn registered_host_memory_is_copied_in_place_and_pages_register_once() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let d = emu.alloc(4096);
+    let mut backing = Vec::new();
+    let base = aligned_pages(&mut backing, 3);
+    let page = |i: usize| base.wrapping_add(i * 4096);
+    let registered = || {
+        let mut total = 0u64;
+        // SAFETY: a valid out-pointer.
+        let live = unsafe { devarrow_emu_host_registrations(&mut total) };
+        (live, total)
+    };
+    let (live_before, total_before) = registered();
+    // SAFETY: the pages stay allocated (in `backing`) until the end of the test, and are
+    // unregistered before; the copies' ranges lie in them.
+    unsafe {
+        ck(cuMemHostRegister_v2(page(0).cast(), 2 * 4096 - 100, 0x1));
+        assert_eq!(registered(), (live_before + 1, total_before + 1));
+        let mut memory_type = 0u32;
+        ck(cuPointerGetAttribute(
+            (&mut memory_type as *mut u32).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            page(1) as u64,
+        ));
+        assert_eq!(
+            memory_type, 1,
+            "registered memory is host memory the driver knows"
+        );
+        // Its last page is locked as a whole: a range starting on it is refused.
+        assert_eq!(
+            cuMemHostRegister_v2(page(1).wrapping_add(4000).cast(), 200, 0),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        );
+        // The next page is free.
+        ck(cuMemHostRegister_v2(page(2).cast(), 4096, 0));
+        ck(cuMemHostUnregister(page(2).cast()));
+        assert_eq!(
+            cuMemHostUnregister(page(1).cast()),
+            CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+            "not where it was registered"
+        );
+        // A copy reads registered memory when it runs, not during the call.
+        let gate = Gate::block(s);
+        std::slice::from_raw_parts_mut(page(0), 64).fill(4);
+        ck(cuMemcpyHtoDAsync_v2(d, page(0).cast(), 64, s));
+        std::slice::from_raw_parts_mut(page(0), 64).fill(5);
+        gate.open();
+        ck(cuStreamSynchronize(s));
+        assert_eq!(emu.download(d, 64), vec![5; 64]);
+        ck(cuMemHostUnregister(page(0).cast()));
+        assert_eq!(registered(), (live_before, total_before + 2));
+
+        // Unregistered while a copy that reads it is still queued: the copy faults.
+        ck(cuMemHostRegister_v2(page(0).cast(), 4096, 0));
+        let gate = Gate::block(s);
+        ck(cuMemcpyHtoDAsync_v2(d, page(0).cast(), 64, s));
+        ck(cuMemHostUnregister(page(0).cast()));
+        gate.open();
+        assert_eq!(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        ck(cuDevicePrimaryCtxReset_v2(0));
+    }
 }

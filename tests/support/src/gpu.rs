@@ -131,3 +131,77 @@ impl FailureInjection {
         unsafe { (self.injected_failures)() }
     }
 }
+
+/// A symbol of the `libcuda.so` in use (the emulator's controls), NULL where missing.
+fn driver_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
+    // SAFETY: dlopen of a library that is already loaded (cudarc opened it) only bumps
+    // its reference count (never dropped: the handle is kept for the process).
+    let lib = unsafe { libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW) };
+    if lib.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a live handle and a NUL-terminated name.
+    unsafe { libc::dlsym(lib, name.as_ptr()) }
+}
+
+/// The emulated driver's controls of the CUDA path's options (`tests/cuda-emu`): whether
+/// `cuMemcpyBatchAsync` is there, and how many host ranges are registered with
+/// `cuMemHostRegister`. `None` on a real driver, which has no such thing.
+#[derive(Debug, Clone, Copy)]
+pub struct EmulatedDriver {
+    set_batch_copy: unsafe extern "C" fn(std::ffi::c_int),
+    host_registrations: unsafe extern "C" fn(*mut u64) -> u64,
+}
+
+impl EmulatedDriver {
+    /// The controls, when the `libcuda.so` in use is the emulator.
+    pub fn find() -> Option<Self> {
+        let (set, registrations) = (
+            driver_symbol(c"devarrow_emu_set_batch_copy"),
+            driver_symbol(c"devarrow_emu_host_registrations"),
+        );
+        if set.is_null() || registrations.is_null() {
+            return None;
+        }
+        // SAFETY: the emulator defines both symbols with exactly these signatures.
+        unsafe {
+            Some(Self {
+                set_batch_copy: std::mem::transmute::<
+                    *mut libc::c_void,
+                    unsafe extern "C" fn(std::ffi::c_int),
+                >(set),
+                host_registrations: std::mem::transmute::<
+                    *mut libc::c_void,
+                    unsafe extern "C" fn(*mut u64) -> u64,
+                >(registrations),
+            })
+        }
+    }
+
+    /// Makes `cuMemcpyBatchAsync` there (`Some(true)`), or a driver without it
+    /// (`Some(false)`: `CUDA_ERROR_NOT_SUPPORTED`), or as `DEVARROW_EMU_NO_BATCH_COPY`
+    /// says (`None`, the default).
+    pub fn set_batch_copy(&self, available: Option<bool>) {
+        let value = match available {
+            Some(true) => 1,
+            Some(false) => 0,
+            None => -1,
+        };
+        // SAFETY: the emulator's function, which only stores the value.
+        unsafe { (self.set_batch_copy)(value) }
+    }
+
+    /// Whether the run sets `DEVARROW_EMU_NO_BATCH_COPY=1` (a driver without
+    /// `cuMemcpyBatchAsync` unless a test says otherwise).
+    pub fn batch_copy_off_by_environment() -> bool {
+        std::env::var("DEVARROW_EMU_NO_BATCH_COPY").as_deref() == Ok("1")
+    }
+
+    /// `(live, total)`: host ranges registered now, and since the process started.
+    pub fn host_registrations(&self) -> (u64, u64) {
+        let mut total = 0u64;
+        // SAFETY: the emulator's function, writing to a valid out-pointer.
+        let live = unsafe { (self.host_registrations)(&mut total) };
+        (live, total)
+    }
+}

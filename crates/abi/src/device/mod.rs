@@ -80,6 +80,35 @@ pub struct DeviceCopy {
     pub len: usize,
 }
 
+/// One copy of [`Device::copy_batch_to_device`]: `len` bytes from host memory at `src`
+/// to device address `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostToDevice {
+    /// The source in host memory.
+    pub src: *const u8,
+    /// The destination on the device.
+    pub dst: *mut c_void,
+    /// The number of bytes.
+    pub len: usize,
+}
+
+/// One copy of [`Device::copy_batch_to_host`]: `len` bytes from device address `src` to
+/// host memory at `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceToHost {
+    /// The source on the device.
+    pub src: *const c_void,
+    /// The destination in host memory.
+    pub dst: *mut u8,
+    /// The number of bytes.
+    pub len: usize,
+}
+
+/// Host memory that a device made directly DMA-able ([`Device::register_host`]; on CUDA,
+/// pages locked with `cuMemHostRegister`) for as long as the value lives: dropping it
+/// undoes that, which is why the registration's contract says when it may be dropped.
+pub trait HostRegistration: Send + fmt::Debug {}
+
 /// A device data can be moved to and from. Copies are enqueued on the device's own stream
 /// in call order; host memory passed to a copy must stay valid until an event recorded
 /// after it has completed (or [`Device::synchronize`] returned).
@@ -166,6 +195,36 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         }
         result
     }
+    /// Enqueues every copy of `copies` from host memory to the device, as one operation
+    /// where the device has one (on CUDA, one `cuMemcpyBatchAsync` when its options ask
+    /// for batched copies and the driver has them), else one
+    /// [`Device::copy_to_device`] each, in order (the default). Each copy counts in
+    /// [`Device::copy_count`] as one.
+    ///
+    /// # Safety
+    /// Every copy as [`Device::copy_to_device`] requires; the copies may run in any order
+    /// (concurrently), so no destination may overlap another copy's destination.
+    unsafe fn copy_batch_to_device(&self, copies: &[HostToDevice]) -> Result<()> {
+        for c in copies {
+            // SAFETY: the caller's guarantees, copy by copy.
+            unsafe { self.copy_to_device(c.src, c.dst, c.len)? };
+        }
+        Ok(())
+    }
+    /// Enqueues every copy of `copies` from the device to host memory, as one operation
+    /// where the device has one, else one [`Device::copy_to_host`] each, in order (the
+    /// default). As [`Device::copy_batch_to_device`].
+    ///
+    /// # Safety
+    /// Every copy as [`Device::copy_to_host`] requires; no destination may overlap
+    /// another copy's destination.
+    unsafe fn copy_batch_to_host(&self, copies: &[DeviceToHost]) -> Result<()> {
+        for c in copies {
+            // SAFETY: the caller's guarantees, copy by copy.
+            unsafe { self.copy_to_host(c.src, c.dst, c.len)? };
+        }
+        Ok(())
+    }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
     /// Makes later work on this device's stream wait for a producer's `sync_event`
@@ -195,6 +254,45 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         let _ = (ptr, len);
         false
+    }
+
+    // ---- Registering pageable host memory for direct DMA ----
+
+    /// The size from which this device makes pageable host memory directly DMA-able
+    /// ([`Device::register_host`]), or `None` (the default) when it never does. A
+    /// transfer asks to register only ranges at least this large.
+    fn host_registration_min_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// Makes the `len` host bytes at `ptr` (ordinary pageable memory: an arrow-rs buffer
+    /// to upload, a host buffer to download into) directly DMA-able for copies to and
+    /// from this device, so that a transfer copies them in place instead of through
+    /// staging memory (on CUDA: the pages covering the range locked with
+    /// `cuMemHostRegister`). A cost paid per call: worth it for large ranges only (see
+    /// [`Device::host_registration_min_bytes`]).
+    ///
+    /// `Ok(Some(registration))`: until `registration` drops, the whole range is as
+    /// [`Device::is_pinned`] would answer `true` for it (copies of any part of it run at
+    /// full speed, asynchronously). `Ok(None)`: not registered (the default; a device
+    /// that does not register memory, a range below its threshold, memory the driver
+    /// refuses to lock, a range sharing pages with page-locked memory of another owner):
+    /// copy it as any host memory. Errors are the device's failures (a broken context),
+    /// not refusals.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be host memory that stays allocated until the registration
+    /// drops, and the registration must be dropped only after every copy enqueued on
+    /// the range has completed (an event recorded after them waited for, or the device
+    /// synchronized): undoing it under a running DMA lets the device read or write pages
+    /// the system may have moved.
+    unsafe fn register_host(
+        &self,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Option<Box<dyn HostRegistration>>> {
+        let _ = (ptr, len);
+        Ok(None)
     }
 
     /// Whether the host may read and write this device's memory directly, at host memory
@@ -283,7 +381,7 @@ pub mod link;
 pub mod pool;
 pub use cpu::{CpuDevice, CpuEvent, CpuStaging, HostMemory};
 pub use link::{LinkEvent, LinkModel};
-pub use pool::{HostPool, PoolStats, PooledMemory};
+pub use pool::{host_page_size, HostPool, PoolStats, PooledMemory};
 
 #[cfg(test)]
 mod tests {

@@ -38,6 +38,24 @@ pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// transparent huge pages ([`advise_huge_pages`]).
 pub const HUGE_PAGE_MIN_BYTES: usize = 2 * HUGE_PAGE_BYTES;
 
+/// The size of a page of host memory (`sysconf(_SC_PAGESIZE)`, asked once): the unit in
+/// which host memory is page-locked for DMA (a device that registers pageable memory
+/// registers whole pages). 4096 where the system does not say.
+pub fn host_page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        #[cfg(unix)]
+        {
+            // SAFETY: `sysconf` only reads a system constant.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if page > 0 && (page as usize).is_power_of_two() {
+                return page as usize;
+            }
+        }
+        4096
+    })
+}
+
 /// Asks the kernel to back the whole 2 MiB pages inside `range` with transparent huge
 /// pages, before it is written for the first time: one page fault per 2 MiB instead of
 /// 512. Ranges below [`HUGE_PAGE_MIN_BYTES`] are left alone.

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
-use devarrow_abi::device::{CpuDevice, Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent};
+use devarrow_abi::device::{
+    CpuDevice, Device, DeviceCopy, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice,
+    StagingMemory, SyncEvent,
+};
 use devarrow_abi::{ArrowDeviceType, Error};
 use devarrow_cuda::CudaDevice;
 
@@ -73,6 +76,12 @@ pub struct InstrumentedDevice {
     pub fail_events_after: Option<usize>,
     /// Forward `is_pinned` to the inner device.
     pub report_pinned: bool,
+    /// Pose as a device that registers pageable memory from this size on
+    /// (`register_host` hands out counted registrations, and changes nothing else).
+    pub register_from: Option<usize>,
+    registrations: Arc<AtomicUsize>,
+    registered: AtomicUsize,
+    batch_calls: AtomicU64,
     /// While set, `wait_host` fails on every event this device recorded (before or after).
     fail_waits: Arc<AtomicBool>,
     synchronizations: AtomicU64,
@@ -105,6 +114,10 @@ impl InstrumentedDevice {
             fail_allocations_after: None,
             fail_events_after: None,
             report_pinned: false,
+            register_from: None,
+            registrations: Arc::new(AtomicUsize::new(0)),
+            registered: AtomicUsize::new(0),
+            batch_calls: AtomicU64::new(0),
             fail_waits: Arc::new(AtomicBool::new(false)),
             synchronizations: AtomicU64::new(0),
             allocations: AtomicUsize::new(0),
@@ -136,6 +149,22 @@ impl InstrumentedDevice {
     pub fn reporting_pinned(mut self) -> Self {
         self.report_pinned = true;
         self
+    }
+    /// Poses as a device that registers pageable memory from `bytes` on.
+    pub fn registering_from(mut self, bytes: usize) -> Self {
+        self.register_from = Some(bytes);
+        self
+    }
+    /// `(alive, made)`: registrations of `register_host` alive now, and made so far.
+    pub fn registrations(&self) -> (usize, usize) {
+        (
+            self.registrations.load(Ordering::SeqCst),
+            self.registered.load(Ordering::SeqCst),
+        )
+    }
+    /// Calls of `copy_batch_to_device` and `copy_batch_to_host` so far.
+    pub fn batch_calls(&self) -> u64 {
+        self.batch_calls.load(Ordering::SeqCst)
     }
     /// Device and staging allocations still alive.
     pub fn live(&self) -> usize {
@@ -197,6 +226,18 @@ unsafe impl SyncEvent for FailableEvent {
             });
         }
         self.inner.wait_host()
+    }
+}
+
+/// A registration of an [`InstrumentedDevice`]: counted alive until dropped.
+#[derive(Debug)]
+struct TestRegistration(Arc<AtomicUsize>);
+
+impl HostRegistration for TestRegistration {}
+
+impl Drop for TestRegistration {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -298,6 +339,36 @@ unsafe impl Device for InstrumentedDevice {
             .fetch_add(bytes as u64, Ordering::SeqCst);
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_on_device(copies) }
+    }
+    unsafe fn copy_batch_to_device(&self, copies: &[HostToDevice]) -> devarrow_abi::Result<()> {
+        self.batch_calls.fetch_add(1, Ordering::SeqCst);
+        let bytes: usize = copies.iter().map(|c| c.len).sum();
+        self.bytes_to_device
+            .fetch_add(bytes as u64, Ordering::SeqCst);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_batch_to_device(copies) }
+    }
+    unsafe fn copy_batch_to_host(&self, copies: &[DeviceToHost]) -> devarrow_abi::Result<()> {
+        self.batch_calls.fetch_add(1, Ordering::SeqCst);
+        self.to_host
+            .fetch_add(copies.len() as u64, Ordering::SeqCst);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_batch_to_host(copies) }
+    }
+    fn host_registration_min_bytes(&self) -> Option<usize> {
+        self.register_from
+    }
+    unsafe fn register_host(
+        &self,
+        ptr: *const u8,
+        len: usize,
+    ) -> devarrow_abi::Result<Option<Box<dyn HostRegistration>>> {
+        if ptr.is_null() || self.register_from.is_none_or(|from| len < from) {
+            return Ok(None);
+        }
+        self.registrations.fetch_add(1, Ordering::SeqCst);
+        self.registered.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(Box::new(TestRegistration(self.registrations.clone()))))
     }
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
         let n = self.events.fetch_add(1, Ordering::SeqCst);

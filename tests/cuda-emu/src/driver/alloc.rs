@@ -44,6 +44,9 @@ pub(crate) enum Kind {
     Pinned { flags: u32 },
     /// `cuMemAllocManaged`.
     Managed,
+    /// Pageable host memory page-locked by `cuMemHostRegister`, with its flags: the
+    /// caller's memory (not owned by the table), usable by copies at its own address.
+    Registered { flags: u32 },
 }
 
 impl Kind {
@@ -53,11 +56,17 @@ impl Kind {
             Kind::Device { pooled: true } => "stream-ordered device allocation",
             Kind::Pinned { .. } => "pinned host allocation",
             Kind::Managed => "managed allocation",
+            Kind::Registered { .. } => "registered host range",
         }
     }
 
     pub fn is_device(self) -> bool {
         matches!(self, Kind::Device { .. })
+    }
+
+    /// Page-locked host memory: `cuMemHostAlloc`ed or `cuMemHostRegister`ed.
+    pub fn is_page_locked(self) -> bool {
+        matches!(self, Kind::Pinned { .. } | Kind::Registered { .. })
     }
 }
 
@@ -81,7 +90,9 @@ pub(crate) struct Alloc {
     /// The owning context.
     pub ctx: u64,
     backing: NonNull<u8>,
-    layout: Layout,
+    /// The layout the backing memory was allocated with; `None` for a registered range,
+    /// whose memory is the caller's.
+    layout: Option<Layout>,
     state: AtomicU8,
 }
 
@@ -94,9 +105,11 @@ unsafe impl Sync for Alloc {}
 
 impl Drop for Alloc {
     fn drop(&mut self) {
-        // SAFETY: `backing` was allocated with `layout` by `std::alloc::alloc` and is
-        // freed exactly once, here.
-        unsafe { std::alloc::dealloc(self.backing.as_ptr(), self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: `backing` was allocated with `layout` by `std::alloc::alloc` and is
+            // freed exactly once, here.
+            unsafe { std::alloc::dealloc(self.backing.as_ptr(), layout) };
+        }
     }
 }
 
@@ -288,7 +301,7 @@ impl MemTable {
             kind: Kind::Device { pooled },
             ctx,
             backing,
-            layout,
+            layout: Some(layout),
             state: AtomicU8::new(if pooled { PENDING } else { LIVE }),
         });
         self.insert(alloc.clone());
@@ -308,10 +321,54 @@ impl MemTable {
             kind,
             ctx,
             backing,
-            layout,
+            layout: Some(layout),
             state: AtomicU8::new(LIVE),
         });
         self.insert(alloc.clone());
+        Ok(alloc)
+    }
+
+    /// Registers the caller's host range `addr..addr + size` (`cuMemHostRegister`).
+    ///
+    /// The driver locks whole pages, so two ranges conflict when they share a page
+    /// ([`HOST_ALIGN`] bytes), not only a byte: `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`
+    /// when a page of the range is in a live page-locked range (pinned or registered),
+    /// `CUDA_ERROR_INVALID_VALUE` when it is in any other allocation (managed memory).
+    /// The entry itself covers exactly `addr..addr + size`, as copies are checked
+    /// against it.
+    pub fn register_host(&self, addr: u64, size: usize, ctx: u64, flags: u32) -> R<Arc<Alloc>> {
+        let backing = NonNull::new(addr as *mut u8).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let end = addr
+            .checked_add(size as u64)
+            .filter(|_| size > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let page = HOST_ALIGN as u64;
+        let (first_page, end_page) = (addr / page * page, end.div_ceil(page) * page);
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        // Entries do not overlap, so their ends are sorted like their starts: only the last
+        // entry starting before the range's end page can reach its first page.
+        if let Some((_, a)) = live
+            .range(..end_page)
+            .next_back()
+            .filter(|(_, a)| a.end().div_ceil(page) * page > first_page)
+        {
+            return Err(if a.kind.is_page_locked() {
+                CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+            } else {
+                CUDA_ERROR_INVALID_VALUE
+            });
+        }
+        let alloc = Arc::new(Alloc {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            addr,
+            size,
+            kind: Kind::Registered { flags },
+            ctx,
+            backing,
+            layout: None,
+            state: AtomicU8::new(LIVE),
+        });
+        live.insert(addr, alloc.clone());
         Ok(alloc)
     }
 

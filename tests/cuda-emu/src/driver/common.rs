@@ -54,6 +54,14 @@ pub(crate) fn inject(call: &'static str, code: CUresult) -> R {
     Err(code)
 }
 
+/// Fails the call with `code` as a driver that lacks a feature would (see
+/// `devarrow_emu_set_batch_copy`): a condition the emulator was asked to simulate, so,
+/// like an injected failure, not reported as an API error.
+pub(crate) fn simulated(code: CUresult) -> R {
+    INJECTING.with(|c| c.set(true));
+    Err(code)
+}
+
 /// The countdown of [`devarrow_emu_fail_nth_call`] (0: disarmed).
 static ARMED: AtomicU64 = AtomicU64::new(0);
 /// How many failures were injected so far.

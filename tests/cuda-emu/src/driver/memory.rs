@@ -2,11 +2,12 @@
 //! memory pool, pointer attributes, copies and memsets.
 
 use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{
-    CUcontext, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUresult,
-    CUstream,
+    CUcontext, CUdeviceptr, CUmemPool_attribute, CUmemcpyAttributes, CUmemcpySrcAccessOrder,
+    CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
 };
 
 use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
@@ -265,6 +266,98 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     })
 }
 
+/// `CU_MEMHOSTREGISTER_PORTABLE | _DEVICEMAP | _IOMEMORY | _READ_ONLY`.
+const HOST_REGISTER_FLAGS: u32 = 0xF;
+/// `CU_MEMHOSTREGISTER_IOMEMORY`: I/O memory (a device's BAR), not emulated.
+const HOST_REGISTER_IOMEMORY: u32 = 0x4;
+
+/// How many host ranges `cuMemHostRegister` registered so far (successful calls).
+static HOST_REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Page-locks the caller's host range `p..p + bytesize` (`cuMemHostRegister`): copies
+/// then use it in place, asynchronously (read or written when they run, not staged at
+/// the call as pageable memory is), until [`cuMemHostUnregister`]. A range sharing a page
+/// with a page-locked one (pinned or registered) is
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, as the driver locks whole pages.
+///
+/// # Safety
+/// `p..p + bytesize` must be host memory of the caller, valid until it is unregistered.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    bytesize: usize,
+    Flags: c_uint,
+) -> CUresult {
+    api("cuMemHostRegister_v2", || {
+        let ctx = current_context()?;
+        if p.is_null() || bytesize == 0 || Flags & !HOST_REGISTER_FLAGS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if Flags & HOST_REGISTER_IOMEMORY != 0 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if is_device_address(p as u64) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        inject("cuMemHostRegister_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
+        driver()
+            .mem
+            .register_host(p as u64, bytesize, ctx.handle(), Flags)?;
+        HOST_REGISTRATIONS.fetch_add(1, AtomicOrdering::Relaxed);
+        Ok(())
+    })
+}
+
+/// Makes a range registered by [`cuMemHostRegister_v2`] pageable again; `p` must be the
+/// address it was registered at (else `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`).
+///
+/// Stricter than the driver documents: the range is forgotten at once, without waiting
+/// for the work that uses it, so a copy still queued on a stream that reads or writes it
+/// faults when it runs (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky): a caller must unregister
+/// only after the copies have completed.
+///
+/// # Safety
+/// None beyond the driver API's (the address is only looked up).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    api("cuMemHostUnregister", || {
+        current_context_any()?;
+        let mem = &driver().mem;
+        let a = mem
+            .begin_free(p as u64, |k| matches!(k, Kind::Registered { .. }))
+            .map_err(|_| {
+                bad_free("cuMemHostUnregister", mem, p as u64);
+                CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+            })?;
+        mem.finish_free(&a);
+        Ok(())
+    })
+}
+
+/// How many host ranges are registered now (`cuMemHostRegister` not yet undone by
+/// `cuMemHostUnregister`, nor by the destruction of the context), and, through `total`
+/// when not NULL, how many were registered since the process started. Not a CUDA
+/// symbol: tests find it with `dlsym`, and skip where it is missing (a real driver).
+///
+/// # Safety
+/// `total` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn devarrow_emu_host_registrations(total: *mut u64) -> u64 {
+    if !total.is_null() {
+        // SAFETY: non-NULL, the caller's out-pointer.
+        unsafe { total.write(HOST_REGISTRATIONS.load(AtomicOrdering::Relaxed)) };
+    }
+    catch(|| {
+        driver()
+            .mem
+            .snapshot()
+            .iter()
+            .filter(|a| matches!(a.kind, Kind::Registered { .. }))
+            .count() as u64
+    })
+    .unwrap_or(0)
+}
+
 /// Free and total device memory: exactly the live device allocations (rounded to 256
 /// bytes) and the memory the pool holds are in use.
 ///
@@ -348,11 +441,7 @@ unsafe fn pointer_attribute(
             1 => out(data.cast::<CUcontext>(), a.ctx as CUcontext),
             2 => out(
                 data.cast::<u32>(),
-                if matches!(a.kind, Kind::Pinned { .. }) {
-                    1
-                } else {
-                    2
-                },
+                if a.kind.is_page_locked() { 1 } else { 2 },
             ),
             3 => out(data.cast::<CUdeviceptr>(), ptr),
             4 if device => Err(CUDA_ERROR_INVALID_VALUE),
@@ -857,6 +946,164 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
             hStream,
             false,
         )
+    })
+}
+
+/// Whether [`cuMemcpyBatchAsync`] is available: 0 as `DEVARROW_EMU_NO_BATCH_COPY`
+/// says (unavailable when it is `1`), 1 available, 2 unavailable.
+static BATCH_COPY: AtomicU8 = AtomicU8::new(0);
+
+fn batch_copy_available() -> bool {
+    match BATCH_COPY.load(AtomicOrdering::Acquire) {
+        1 => true,
+        2 => false,
+        _ => std::env::var("DEVARROW_EMU_NO_BATCH_COPY").as_deref() != Ok("1"),
+    }
+}
+
+/// Makes [`cuMemcpyBatchAsync`] available (`available > 0`) or not (`0`: every call
+/// returns `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would, not reported as an
+/// API error), or, with a negative value, as `DEVARROW_EMU_NO_BATCH_COPY=1` says (the
+/// default: available unless it is set). Not a CUDA symbol: tests find it with `dlsym`,
+/// and skip where it is missing (a real driver).
+#[no_mangle]
+pub extern "C" fn devarrow_emu_set_batch_copy(available: std::ffi::c_int) {
+    let state = match available {
+        a if a > 0 => 1,
+        0 => 2,
+        _ => 0,
+    };
+    BATCH_COPY.store(state, AtomicOrdering::Release);
+}
+
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, the one copy flag.
+const MEMCPY_FLAGS: u32 = 0x1;
+
+/// Many copies in one call (CUDA 12.8, the signature of the 12.x headers, which CUDA 13
+/// keeps exporting under this name; its `cuMemcpyBatchAsync_v2` drops `failIdx`).
+///
+/// Checked as the driver documents: a created stream (the legacy NULL stream is
+/// `CUDA_ERROR_INVALID_VALUE`), `count > 0` copies, `1 <= numAttrs <= count` attribute
+/// sets whose `attrsIdxs` start at 0 and increase, each with a valid source access order
+/// and flags; every end of every copy checked as [`cuMemcpyAsync`] checks them (a bad
+/// one sets `*failIdx` to its index; any other failure sets it to `SIZE_MAX`). The
+/// copies run as one stream operation, in no particular order (the emulator runs them
+/// last to first, so a batch whose copies depend on each other shows it). A pageable
+/// source is read when the batch runs, except with
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL`, where it is read during the call.
+///
+/// `DEVARROW_EMU_NO_BATCH_COPY=1` (or [`devarrow_emu_set_batch_copy`]) makes it return
+/// `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would.
+///
+/// # Safety
+/// `dsts`, `srcs` and `sizes` must hold `count` entries, `attrs` and `attrsIdxs`
+/// `numAttrs`; `failIdx` must be NULL or valid for a write; host ranges must stay valid
+/// until the batch has run.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuMemcpyBatchAsync(
+    dsts: *mut CUdeviceptr,
+    srcs: *mut CUdeviceptr,
+    sizes: *mut usize,
+    count: usize,
+    attrs: *mut CUmemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    failIdx: *mut usize,
+    hStream: CUstream,
+) -> CUresult {
+    const CALL: &str = "cuMemcpyBatchAsync";
+    api(CALL, || {
+        if !failIdx.is_null() {
+            // SAFETY: the caller's out-pointer (non-NULL).
+            unsafe { failIdx.write(usize::MAX) };
+        }
+        let ctx = current_context()?;
+        if !batch_copy_available() {
+            return simulated(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let stream = ctx.stream(hStream as u64)?;
+        if stream.legacy {
+            eprintln!("devarrow-emu: {CALL}: the legacy NULL stream is not accepted");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if count == 0
+            || dsts.is_null()
+            || srcs.is_null()
+            || sizes.is_null()
+            || attrs.is_null()
+            || attrsIdxs.is_null()
+            || numAttrs == 0
+            || numAttrs > count
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's arrays of `count` and `numAttrs` entries (non-NULL).
+        let (dsts, srcs, sizes, attrs, starts) = unsafe {
+            (
+                std::slice::from_raw_parts(dsts, count),
+                std::slice::from_raw_parts(srcs, count),
+                std::slice::from_raw_parts(sizes, count),
+                std::slice::from_raw_parts(attrs, numAttrs),
+                std::slice::from_raw_parts(attrsIdxs, numAttrs),
+            )
+        };
+        if starts[0] != 0
+            || starts.windows(2).any(|w| w[0] >= w[1])
+            || starts[numAttrs - 1] >= count
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        use CUmemcpySrcAccessOrder::*;
+        for a in attrs {
+            let order_ok = matches!(
+                a.srcAccessOrder,
+                CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                    | CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL
+                    | CU_MEMCPY_SRC_ACCESS_ORDER_ANY
+            );
+            if !order_ok || a.flags & !MEMCPY_FLAGS != 0 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+        inject(CALL, CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut copies = Vec::with_capacity(count);
+        for i in 0..count {
+            let attr = &attrs[starts.partition_point(|&s| s <= i) - 1];
+            let len = sizes[i];
+            if len == 0 {
+                continue;
+            }
+            let ends = endpoint(CALL, "destination", dsts[i], len, Role::Any).and_then(|dst| {
+                let src = match endpoint(CALL, "source", srcs[i], len, Role::Any)? {
+                    Endpoint::Host(p)
+                        if attr.srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL =>
+                    {
+                        let mut staged = vec![0u8; len];
+                        // SAFETY: the caller guarantees `len` readable bytes at the host
+                        // source, for the call at least.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(p as *const u8, staged.as_mut_ptr(), len)
+                        };
+                        Endpoint::Staged(staged)
+                    }
+                    other => other,
+                };
+                Ok((dst, src, len))
+            });
+            match ends {
+                Ok(copy) => copies.push(copy),
+                Err(e) => {
+                    if !failIdx.is_null() {
+                        // SAFETY: the caller's out-pointer (non-NULL).
+                        unsafe { failIdx.write(i) };
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        copies.reverse();
+        ctx.submit(&stream, Op::CopyBatch { copies, call: CALL }, false)
     })
 }
 

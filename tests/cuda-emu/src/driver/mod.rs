@@ -26,6 +26,14 @@
 //!   `cuMemFreeAsync` stays reserved by the pool until a synchronization releases it
 //!   above the release threshold, or `cuMemPoolTrimTo`. The total comes from
 //!   `DEVARROW_EMU_MEM_BYTES` (default 8 GiB; `K`, `M`, `G` suffixes allowed).
+//!   `cuMemHostRegister` page-locks the caller's memory in place (a range sharing a page
+//!   with a page-locked one is `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`); it is
+//!   forgotten at `cuMemHostUnregister` at once, so a copy still queued on it faults.
+//!   `devarrow_emu_host_registrations` (found with `dlsym`) counts registrations.
+//! - **Batched copies**: `cuMemcpyBatchAsync` (CUDA 12.8) runs its copies as one stream
+//!   operation, with the driver's checks (no legacy NULL stream, attribute indices,
+//!   `failIdx`); `DEVARROW_EMU_NO_BATCH_COPY=1`, or `devarrow_emu_set_batch_copy(0)`,
+//!   makes it return `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would.
 //! - **Streams and events** ([`stream`]): each stream is a queue with its own worker
 //!   thread running its operations in order (copies, memsets, kernels, event records,
 //!   waits on events, host functions, stream-ordered allocations and frees); the legacy

@@ -97,6 +97,11 @@ pub(crate) enum Op {
         len: usize,
         call: &'static str,
     },
+    /// The copies of one `cuMemcpyBatchAsync`, run in this order.
+    CopyBatch {
+        copies: Vec<(Endpoint, Endpoint, usize)>,
+        call: &'static str,
+    },
     Memset {
         dst: Endpoint,
         pattern: [u8; 4],
@@ -293,6 +298,22 @@ impl Stream {
                     Err(why) => self
                         .ctx
                         .fault(CUDA_ERROR_ILLEGAL_ADDRESS, &format!("{call}: {why}")),
+                }
+            }
+            Op::CopyBatch { copies, call } => {
+                for (dst, src, len) in copies {
+                    let pointers = dst
+                        .pointer(len, "destination")
+                        .and_then(|d| Ok((d, src.pointer(len, "source")?)));
+                    match pointers {
+                        // SAFETY: as for `Op::Copy`.
+                        Ok((d, s)) => unsafe { std::ptr::copy(s, d, len) },
+                        Err(why) => {
+                            self.ctx
+                                .fault(CUDA_ERROR_ILLEGAL_ADDRESS, &format!("{call}: {why}"));
+                            break;
+                        }
+                    }
                 }
             }
             Op::Memset {
