@@ -17,8 +17,6 @@
 //! `Buffer` slices); only rebased offsets, realigned bitmaps and compacted views are
 //! computed on the host.
 
-use std::collections::HashMap;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::ByteViewType;
 use arrow_array::types::{Int16Type, Int32Type, Int64Type};
@@ -28,6 +26,8 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionMode};
 use devarrow_abi::device::BUFFER_ALIGNMENT;
 use devarrow_abi::{Error, Result};
+
+use crate::slicing;
 
 /// A buffer of a planned node: where its bytes lie in the packed image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,13 +349,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 )
             };
             // The child range the views address (empty views address nothing).
-            let used = || offsets.iter().zip(&sizes).filter(|(_, &s)| s > 0);
-            let lo = used().map(|(&o, _)| o).min().unwrap_or(0);
-            let hi = used().map(|(&o, &s)| o + s).max().unwrap_or(0);
-            let rebased: Vec<i64> = offsets
-                .iter()
-                .zip(&sizes)
-                .map(|(&o, &s)| if s > 0 { o - lo } else { 0 })
+            let views = || offsets.iter().copied().zip(sizes.iter().copied());
+            let (lo, hi) = slicing::list_view_range(views());
+            let rebased: Vec<i64> = views()
+                .map(|(o, s)| slicing::rebase_list_view(o, s, lo))
                 .collect();
             if large {
                 buffers.push(image.push(Buffer::from_vec(rebased)));
@@ -397,25 +394,27 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             let type_ids: &[i8] = typed(buffer(0)?, start, len)?;
             let offsets: &[i32] = typed(buffer(1)?, start, len)?;
             // The range of each child the slice addresses.
-            let mut ranges: HashMap<i8, (i32, i32)> = HashMap::new();
-            for (&id, &o) in type_ids.iter().zip(offsets) {
-                let r = ranges.entry(id).or_insert((o, o + 1));
-                r.0 = r.0.min(o);
-                r.1 = r.1.max(o + 1);
-            }
-            let rebased: Vec<i32> = type_ids
-                .iter()
-                .zip(offsets)
-                .map(|(id, &o)| o - ranges[id].0)
-                .collect();
+            let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
+            let child_lens: Vec<usize> = data.child_data().iter().map(|c| c.len()).collect();
+            let ranges = slicing::dense_union_ranges(
+                &field_ids,
+                &child_lens,
+                type_ids.iter().copied(),
+                offsets.iter().copied(),
+            )
+            .map_err(Error::InvalidArgument)?;
+            let bases: Vec<usize> = ranges.iter().map(|&(lo, _)| lo).collect();
+            let rebased: Vec<i32> = slicing::rebase_union_offsets(
+                &field_ids,
+                &bases,
+                type_ids.iter().copied(),
+                offsets.iter().copied(),
+            )
+            .collect();
             buffers.push(image.push(cut(buffer(0)?, start, len, 1)?));
             buffers.push(image.push(Buffer::from_vec(rebased)));
-            for ((id, _), child) in fields.iter().zip(data.child_data()) {
-                let (lo, hi) = ranges.get(&id).copied().unwrap_or((0, 0));
-                children.push(plan_node(
-                    &child.slice(lo as usize, (hi - lo) as usize),
-                    image,
-                )?);
+            for (&(lo, hi), child) in ranges.iter().zip(data.child_data()) {
+                children.push(plan_child(child, lo, hi - lo, image)?);
             }
         }
         DataType::Dictionary(key, _) => {
@@ -443,18 +442,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 DataType::Int64 => run_ends.as_primitive::<Int64Type>().values().to_vec(),
                 other => return Err(Error::InvalidArgument(format!("run ends of type {other}"))),
             };
-            let (lo, hi) = (start as i64, (start + len) as i64);
-            // Physical runs [first, last] cover logical [lo, hi).
-            let first = ends.partition_point(|&e| e <= lo);
-            let last = if len == 0 {
-                first
-            } else {
-                ends.partition_point(|&e| e < hi) + 1
-            };
-            let new_ends: Vec<i64> = ends[first..last.min(ends.len())]
-                .iter()
-                .map(|&e| (e - lo).min(len as i64))
-                .collect();
+            // Physical runs first..last cover logical start..start + len.
+            let (first, last) = slicing::covering_runs(&ends, start, len);
+            let new_ends: Vec<i64> =
+                slicing::rebase_run_ends(ends[first..last].iter().copied(), start, len).collect();
             let runs = new_ends.len();
             let ends_buffer = match run_ends.data_type() {
                 DataType::Int16 => {
