@@ -43,8 +43,9 @@ pub struct Placement {
 ///
 /// The planner produces nodes with offset 0, exact null counts and offsets that start at
 /// 0. An imported batch packed for download on the device (where only whole bytes can be
-/// copied) may need the last three fields: a small `offset` (bitmaps are cut at a byte
-/// boundary), a `rebase` of its offsets, and an unknown null count.
+/// copied, and no offset rewritten) may need the last fields: a small `offset` (bitmaps
+/// are cut at a byte boundary), a `rebase` of its offsets or run ends, `rebase_each` of
+/// its dense union offsets or views, and an unknown null count.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// The array's type.
@@ -59,8 +60,15 @@ pub struct Node {
     pub offset: usize,
     /// For arrays with offsets (strings, binaries, lists, maps) and list views: a value
     /// subtracted from every offset when the array is rebuilt on the host (list views
-    /// also get offset 0 for their empty views); `None` from the planner.
+    /// also get offset 0 for their empty views); for run-end encoded arrays, from every
+    /// run end (the last one then clamped to `len`); `None` from the planner.
     pub rebase: Option<i64>,
+    /// For dense unions, one value per child, subtracted from the offsets of the items of
+    /// that child; for view types (`Utf8View`, `BinaryView`), one per variadic buffer,
+    /// subtracted from the offsets of the views into that buffer: the children and
+    /// buffers were cut to start there. Applied when the array is rebuilt on the host;
+    /// empty (nothing to subtract) from the planner.
+    pub rebase_each: Vec<usize>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
@@ -133,6 +141,7 @@ pub fn plan_batch(batch: &RecordBatch) -> Result<Plan> {
         null_count: Some(0),
         offset: 0,
         rebase: None,
+        rebase_each: Vec::new(),
         buffers,
         children,
         dictionary: None,
@@ -462,6 +471,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 null_count: Some(0),
                 offset: 0,
                 rebase: None,
+                rebase_each: Vec::new(),
                 buffers: vec![None, image.push(ends_buffer)],
                 children: vec![],
                 dictionary: None,
@@ -493,6 +503,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
         null_count: Some(null_count),
         offset: 0,
         rebase: None,
+        rebase_each: Vec::new(),
         buffers,
         children,
         dictionary,

@@ -1,7 +1,9 @@
 //! What a slice reaches, and how its offsets are rebased once its children are cut: the
-//! arithmetic of cutting a slice out of a list view, a dense union or a run-end encoded
-//! array, for the planner of arrow-rs arrays ([`crate::plan`], the values at hand on the
-//! host), kept apart so that other paths can cut a slice the same way.
+//! arithmetic of cutting a slice out of a list view, a dense union, a run-end encoded array
+//! or a view array, shared by the planner of arrow-rs arrays ([`crate::plan`], the values
+//! at hand on the host), the import of foreign arrays ([`crate::foreign`], the values read
+//! back from the device) and the host rebuild of an imported slice ([`crate::host`]), so
+//! that both paths cut a slice the same way.
 //!
 //! Functions that read foreign values check them and return what is wrong as a message
 //! (the caller names the array: `Error::InvalidOffsets`); none panics or indexes out of
@@ -141,9 +143,76 @@ pub(crate) fn rebase_run_ends(
     ends.map(move |e| e.wrapping_sub(start as i64).min(len as i64))
 }
 
+/// Views (16 bytes each) are inline up to this many bytes; longer ones point into a
+/// variadic buffer.
+const INLINE_VIEW: usize = 12;
+
+/// The length, buffer index and offset of a 16-byte view that is not inline.
+fn outline_view(view: &[u8]) -> Option<(usize, usize, usize)> {
+    let word = |at: usize| u32::from_le_bytes([view[at], view[at + 1], view[at + 2], view[at + 3]]);
+    let len = word(0) as usize;
+    (len > INLINE_VIEW).then(|| (len, word(8) as usize, word(12) as usize))
+}
+
+/// For each variadic buffer of a view array (of `sizes` bytes), the byte range `lo..hi`
+/// that `views` (16 bytes each) reach; `None` for a buffer no view reaches.
+///
+/// An error names the first view into a buffer that does not exist or past the end of
+/// one.
+pub(crate) fn view_spans(
+    views: &[u8],
+    sizes: &[usize],
+) -> Result<Vec<Option<(usize, usize)>>, String> {
+    let mut spans: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+    for (i, view) in views.chunks_exact(16).enumerate() {
+        let Some((len, buffer, offset)) = outline_view(view) else {
+            continue;
+        };
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| sizes.get(buffer).is_some_and(|&size| end <= size))
+            .ok_or_else(|| match sizes.get(buffer) {
+                None => format!(
+                    "view {i} points into variadic buffer {buffer}, of {} buffers",
+                    sizes.len()
+                ),
+                Some(size) => format!(
+                    "view {i} ({len} bytes at {offset}) reaches past the end of variadic \
+                     buffer {buffer} ({size} bytes)"
+                ),
+            })?;
+        let span = spans[buffer].get_or_insert((offset, end));
+        *span = (span.0.min(offset), span.1.max(end));
+    }
+    Ok(spans)
+}
+
+/// Rewrites `views` (16 bytes each, little-endian) for variadic buffers cut to start at
+/// `bases`: the offset of every view that is not inline, minus its buffer's base. Views
+/// into buffers that do not exist are kept (the rebuilt array's validation refuses them).
+pub(crate) fn rebase_views(views: &mut [u8], bases: &[usize]) {
+    for view in views.chunks_exact_mut(16) {
+        let Some((_, buffer, offset)) = outline_view(view) else {
+            continue;
+        };
+        if let Some(&base) = bases.get(buffer) {
+            let rebased = (offset as u32).wrapping_sub(base as u32);
+            view[12..16].copy_from_slice(&rebased.to_le_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(len: u32, buffer: u32, offset: u32) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[0..4].copy_from_slice(&len.to_le_bytes());
+        v[8..12].copy_from_slice(&buffer.to_le_bytes());
+        v[12..16].copy_from_slice(&offset.to_le_bytes());
+        v
+    }
 
     #[test]
     fn list_views_reach_the_range_of_their_non_empty_views() {
@@ -185,5 +254,36 @@ mod tests {
         assert_eq!(covering_runs(&ends, 5, 0), (2, 2));
         let rebased: Vec<i64> = rebase_run_ends(ends[2..4].iter().copied(), 3, 4).collect();
         assert_eq!(rebased, vec![3, 4]);
+    }
+
+    #[test]
+    fn views_reach_spans_of_their_buffers() {
+        let views: Vec<u8> = [
+            view(20, 1, 100),
+            view(3, 0, 0),
+            view(13, 1, 40),
+            view(30, 0, 7),
+        ]
+        .concat();
+        let spans = view_spans(&views, &[37, 120, 5]).unwrap();
+        assert_eq!(spans, vec![Some((7, 37)), Some((40, 120)), None]);
+        assert!(view_spans(&views, &[36, 120])
+            .unwrap_err()
+            .contains("past the end"));
+        assert!(view_spans(&views, &[37])
+            .unwrap_err()
+            .contains("of 1 buffers"));
+        let mut rebased = views.clone();
+        rebase_views(&mut rebased, &[7, 40]);
+        assert_eq!(
+            rebased,
+            [
+                view(20, 1, 60),
+                view(3, 0, 0),
+                view(13, 1, 0),
+                view(30, 0, 0)
+            ]
+            .concat()
+        );
     }
 }

@@ -625,15 +625,18 @@ fn list_view_lengths_that_overflow_the_read_back_are_an_error() {
     // SAFETY: buffer and child counts match; the views are only read by the importer.
     let view = unsafe { builder.build_unchecked() };
     let (data, schema) = one_column("v", view);
-    // A list view claiming 2^61 (2^60) items: its offsets and sizes to read back are
-    // 2^63 (2^62) bytes each, which wrapped (overflowed isize) the scratch size.
+    // A batch of 2^61 (2^60) rows whose list view claims as many: its offsets and sizes
+    // to read back are 2^63 (2^62) bytes each, which wrapped (overflowed isize) the
+    // scratch size. (Only the views of the batch's rows are read: a list view longer
+    // than its batch reads no more.)
     for (length, fragment) in [
         (1i64 << 61, "larger than isize::MAX"),
         (1i64 << 60, "overflows the address space"),
     ] {
         let device = InstrumentedDevice::new();
         let err = import_corrupted_on(device.clone(), &data, schema.clone(), |raw| {
-            child_mut(raw, 0).length = length
+            raw.array.length = length;
+            child_mut(raw, 0).length = length;
         });
         assert!(
             matches!(err, Error::InvalidArgument(ref m) if m.contains(fragment)),
