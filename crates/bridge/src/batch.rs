@@ -65,15 +65,10 @@ impl DeviceBatch {
     }
     /// Bytes of device memory the batch occupies.
     ///
-    /// For an imported batch: the bytes of the foreign buffers its arrays address, each
-    /// array counted over its own `offset` and `length` as imported (a column sliced by
-    /// its producer counts only its slice), every child and dictionary over its own
-    /// whole range (not only the part a sliced parent uses), view types with all their
-    /// variadic buffers. It approximates what
-    /// [`Transfer::to_host`](crate::Transfer::to_host) packs and moves,
-    /// which can be a little more (bitmapped arrays are cut at byte boundaries: up to 7
-    /// more items per buffer) or less (fixed-width children are cut to the range their
-    /// parent uses). See [`DeviceBatch::import`] for what a slice of it moves.
+    /// For an imported batch: the bytes of the foreign buffers that its rows reach, which
+    /// is what [`Transfer::to_host`](crate::Transfer::to_host) packs and moves (without
+    /// the 64-byte alignment between buffers): a slice counts only its bytes, at every
+    /// level of nesting (see [`DeviceBatch::import`]).
     pub fn device_bytes(&self) -> usize {
         match &self.storage {
             Storage::Packed { memory, .. } => memory.len(),
@@ -136,8 +131,8 @@ impl DeviceBatch {
     /// The array must be on `device`: `ARROW_DEVICE_CPU` on the CPU device; on a CUDA
     /// device `ARROW_DEVICE_CUDA` with the device's id, or `ARROW_DEVICE_CUDA_HOST` /
     /// `ARROW_DEVICE_CUDA_MANAGED`; otherwise the device's own type and id. Its structure
-    /// must match the schema, and its offsets (read from the device in one copy) must be
-    /// in range. The device's stream waits on the array's `sync_event`; the batch's
+    /// must match the schema, and its offsets, views, dense union offsets and run ends
+    /// (those the batch's rows reach, read from the device) must be in range. The device's stream waits on the array's `sync_event`; the batch's
     /// [`DeviceBatch::event`] is recorded after that wait.
     ///
     /// The array is consumed: its `release` runs exactly once, when the last clone of the
@@ -145,11 +140,15 @@ impl DeviceBatch {
     /// this returns an error.
     ///
     /// Arrays whose offsets address more bytes than one allocation can hold (in all, for
-    /// the batch's download) are an error. [`crate::Transfer::to_host`] moves the bytes
-    /// the arrays address, cut to each array's own `offset` and `length`: an array nested
-    /// under a sliced parent (a root struct with an offset, a sliced struct or list
-    /// column) moves all the variable-length data its own range addresses, and view
-    /// types all their variadic buffers.
+    /// the batch's download) are an error. [`crate::Transfer::to_host`] moves only the
+    /// bytes the batch's rows reach, as devarrow's own slices do: however the producer
+    /// sliced it (a column's own `offset` and `length`, a root struct with an offset,
+    /// children left whole under a sliced parent), every array of the tree is cut to what
+    /// its parent's moved items reach (children of lists, maps, list views, dense unions
+    /// and run-end encoded arrays included, and the variadic buffers of view types);
+    /// dictionaries move whole. Finding that reads back, at import, the offsets, views,
+    /// type ids or run ends at the bounds of the moved items, one round (one gather and
+    /// one device-to-host copy) per level of nesting that the slice cuts.
     pub fn import(
         device: Arc<dyn Device>,
         array: DeviceArray,

@@ -8,10 +8,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::{make_array, RecordBatch, RecordBatchOptions, StructArray};
+use arrow_array::types::{ArrowPrimitiveType, Int16Type, Int32Type, Int64Type};
+use arrow_array::{
+    make_array, Array, PrimitiveArray, RecordBatch, RecordBatchOptions, StructArray,
+};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::{DataType, SchemaRef, UnionMode};
 use devarrow_abi::device::{DeviceMemory, SyncEvent};
 use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
 use devarrow_abi::{Error, Result};
@@ -19,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
 use crate::plan::{Node, Placement};
+use crate::slicing;
 
 /// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: one packed image on the
 /// device, the tree that points into it, and the event its data is ready after.
@@ -123,7 +127,10 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Resu
         children.push(build_host_node(d, host, trusted)?);
     }
     if let Some(base) = node.rebase {
-        rebase_offsets(&node.data_type, &mut buffers, base)?;
+        rebase_offsets(&node.data_type, &mut buffers, &mut children, base, node.len)?;
+    }
+    if !node.rebase_each.is_empty() {
+        rebase_each(&node.data_type, &mut buffers, &node.rebase_each)?;
     }
     let mut builder = ArrayData::builder(node.data_type.clone())
         .len(node.len)
@@ -170,9 +177,17 @@ fn offsets_buffer(values: impl Iterator<Item = i64>, width: usize) -> Buffer {
     }
 }
 
-/// Applies a node's `rebase` to its buffers (validity already removed): offsets minus
-/// `base`; for list views, offsets minus `base` where the size is positive, else 0.
-fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Result<()> {
+/// Applies a node's `rebase` to its buffers (validity already removed) or children:
+/// offsets minus `base`; for list views, offsets minus `base` where the size is positive,
+/// else 0; for run-end encoded arrays (of `len` items), the run ends minus `base`, the
+/// last clamped to `len`.
+fn rebase_offsets(
+    data_type: &DataType,
+    buffers: &mut [Buffer],
+    children: &mut [ArrayData],
+    base: i64,
+    len: usize,
+) -> Result<()> {
     let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
     match data_type {
         DataType::Utf8
@@ -197,9 +212,89 @@ fn rebase_offsets(data_type: &DataType, buffers: &mut [Buffer], base: i64) -> Re
             *offsets = offsets_buffer(
                 read_offsets(offsets, width)
                     .zip(read_offsets(sizes, width))
-                    .map(|(o, s)| if s > 0 { o.wrapping_sub(base) } else { 0 }),
+                    .map(|(o, s)| slicing::rebase_list_view(o, s, base)),
                 width,
             );
+        }
+        DataType::RunEndEncoded(_, _) => {
+            let ends = children
+                .first_mut()
+                .ok_or_else(|| Error::InvalidArgument(format!("a {data_type} without run ends")))?;
+            let start = usize::try_from(base)
+                .map_err(|_| Error::InvalidArgument(format!("run ends rebased by {base}")))?;
+            *ends = rebased_run_ends(ends, start, len)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The run ends `ends` (an `Int16`, `Int32` or `Int64` array without nulls) of runs cut
+/// for the slice of `len` items from logical item `start` (see
+/// [`slicing::rebase_run_ends`]).
+fn rebased_run_ends(ends: &ArrayData, start: usize, len: usize) -> Result<ArrayData> {
+    fn rebased<T: ArrowPrimitiveType>(
+        ends: &ArrayData,
+        start: usize,
+        len: usize,
+    ) -> Result<ArrayData>
+    where
+        T::Native: TryFrom<i64> + Into<i64>,
+    {
+        if ends.null_count() > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} run ends with {} nulls",
+                T::DATA_TYPE,
+                ends.null_count()
+            )));
+        }
+        let values = PrimitiveArray::<T>::from(ends.clone());
+        let rebased =
+            slicing::rebase_run_ends(values.values().iter().map(|&e| e.into()), start, len)
+                .map(|e| {
+                    T::Native::try_from(e).map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "run end {e} (rebased by {start}) is out of range for {}",
+                            T::DATA_TYPE
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<T::Native>>>()?;
+        Ok(PrimitiveArray::<T>::new(rebased.into(), None).into_data())
+    }
+    match ends.data_type() {
+        DataType::Int16 => rebased::<Int16Type>(ends, start, len),
+        DataType::Int32 => rebased::<Int32Type>(ends, start, len),
+        DataType::Int64 => rebased::<Int64Type>(ends, start, len),
+        other => Err(Error::InvalidArgument(format!("run ends of type {other}"))),
+    }
+}
+
+/// Applies a node's `rebase_each` to its buffers (validity and variadic sizes already
+/// removed): the offsets of a dense union minus the base of each item's child; the
+/// offsets of the views of a view type into each variadic buffer minus that buffer's.
+fn rebase_each(data_type: &DataType, buffers: &mut [Buffer], bases: &[usize]) -> Result<()> {
+    let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
+    match data_type {
+        DataType::Union(fields, UnionMode::Dense) => {
+            let [type_ids, offsets, ..] = buffers else {
+                return Err(missing());
+            };
+            let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
+            let rebased: Vec<i32> = slicing::rebase_union_offsets(
+                &field_ids,
+                bases,
+                type_ids.as_slice().iter().map(|&id| id as i8),
+                read_offsets(offsets, 4).map(|o| o as i32),
+            )
+            .collect();
+            *offsets = Buffer::from_vec(rebased);
+        }
+        DataType::Utf8View | DataType::BinaryView => {
+            let views = buffers.first_mut().ok_or_else(missing)?;
+            let mut rebased = views.as_slice().to_vec();
+            slicing::rebase_views(&mut rebased, bases);
+            *views = Buffer::from_vec(rebased);
         }
         _ => {}
     }

@@ -100,3 +100,4 @@ mod cuda;
 mod export_options;
 mod foreign;
 mod host;
+mod slicing;

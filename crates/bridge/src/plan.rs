@@ -17,8 +17,6 @@
 //! `Buffer` slices); only rebased offsets, realigned bitmaps and compacted views are
 //! computed on the host.
 
-use std::collections::HashMap;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::ByteViewType;
 use arrow_array::types::{Int16Type, Int32Type, Int64Type};
@@ -28,6 +26,8 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionMode};
 use devarrow_abi::device::BUFFER_ALIGNMENT;
 use devarrow_abi::{Error, Result};
+
+use crate::slicing;
 
 /// A buffer of a planned node: where its bytes lie in the packed image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +43,9 @@ pub struct Placement {
 ///
 /// The planner produces nodes with offset 0, exact null counts and offsets that start at
 /// 0. An imported batch packed for download on the device (where only whole bytes can be
-/// copied) may need the last three fields: a small `offset` (bitmaps are cut at a byte
-/// boundary), a `rebase` of its offsets, and an unknown null count.
+/// copied, and no offset rewritten) may need the last fields: a small `offset` (bitmaps
+/// are cut at a byte boundary), a `rebase` of its offsets or run ends, `rebase_each` of
+/// its dense union offsets or views, and an unknown null count.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// The array's type.
@@ -59,8 +60,15 @@ pub struct Node {
     pub offset: usize,
     /// For arrays with offsets (strings, binaries, lists, maps) and list views: a value
     /// subtracted from every offset when the array is rebuilt on the host (list views
-    /// also get offset 0 for their empty views); `None` from the planner.
+    /// also get offset 0 for their empty views); for run-end encoded arrays, from every
+    /// run end (the last one then clamped to `len`); `None` from the planner.
     pub rebase: Option<i64>,
+    /// For dense unions, one value per child, subtracted from the offsets of the items of
+    /// that child; for view types (`Utf8View`, `BinaryView`), one per variadic buffer,
+    /// subtracted from the offsets of the views into that buffer: the children and
+    /// buffers were cut to start there. Applied when the array is rebuilt on the host;
+    /// empty (nothing to subtract) from the planner.
+    pub rebase_each: Vec<usize>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
@@ -133,6 +141,7 @@ pub fn plan_batch(batch: &RecordBatch) -> Result<Plan> {
         null_count: Some(0),
         offset: 0,
         rebase: None,
+        rebase_each: Vec::new(),
         buffers,
         children,
         dictionary: None,
@@ -349,13 +358,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 )
             };
             // The child range the views address (empty views address nothing).
-            let used = || offsets.iter().zip(&sizes).filter(|(_, &s)| s > 0);
-            let lo = used().map(|(&o, _)| o).min().unwrap_or(0);
-            let hi = used().map(|(&o, &s)| o + s).max().unwrap_or(0);
-            let rebased: Vec<i64> = offsets
-                .iter()
-                .zip(&sizes)
-                .map(|(&o, &s)| if s > 0 { o - lo } else { 0 })
+            let views = || offsets.iter().copied().zip(sizes.iter().copied());
+            let (lo, hi) = slicing::list_view_range(views());
+            let rebased: Vec<i64> = views()
+                .map(|(o, s)| slicing::rebase_list_view(o, s, lo))
                 .collect();
             if large {
                 buffers.push(image.push(Buffer::from_vec(rebased)));
@@ -397,25 +403,27 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             let type_ids: &[i8] = typed(buffer(0)?, start, len)?;
             let offsets: &[i32] = typed(buffer(1)?, start, len)?;
             // The range of each child the slice addresses.
-            let mut ranges: HashMap<i8, (i32, i32)> = HashMap::new();
-            for (&id, &o) in type_ids.iter().zip(offsets) {
-                let r = ranges.entry(id).or_insert((o, o + 1));
-                r.0 = r.0.min(o);
-                r.1 = r.1.max(o + 1);
-            }
-            let rebased: Vec<i32> = type_ids
-                .iter()
-                .zip(offsets)
-                .map(|(id, &o)| o - ranges[id].0)
-                .collect();
+            let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
+            let child_lens: Vec<usize> = data.child_data().iter().map(|c| c.len()).collect();
+            let ranges = slicing::dense_union_ranges(
+                &field_ids,
+                &child_lens,
+                type_ids.iter().copied(),
+                offsets.iter().copied(),
+            )
+            .map_err(Error::InvalidArgument)?;
+            let bases: Vec<usize> = ranges.iter().map(|&(lo, _)| lo).collect();
+            let rebased: Vec<i32> = slicing::rebase_union_offsets(
+                &field_ids,
+                &bases,
+                type_ids.iter().copied(),
+                offsets.iter().copied(),
+            )
+            .collect();
             buffers.push(image.push(cut(buffer(0)?, start, len, 1)?));
             buffers.push(image.push(Buffer::from_vec(rebased)));
-            for ((id, _), child) in fields.iter().zip(data.child_data()) {
-                let (lo, hi) = ranges.get(&id).copied().unwrap_or((0, 0));
-                children.push(plan_node(
-                    &child.slice(lo as usize, (hi - lo) as usize),
-                    image,
-                )?);
+            for (&(lo, hi), child) in ranges.iter().zip(data.child_data()) {
+                children.push(plan_child(child, lo, hi - lo, image)?);
             }
         }
         DataType::Dictionary(key, _) => {
@@ -443,18 +451,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 DataType::Int64 => run_ends.as_primitive::<Int64Type>().values().to_vec(),
                 other => return Err(Error::InvalidArgument(format!("run ends of type {other}"))),
             };
-            let (lo, hi) = (start as i64, (start + len) as i64);
-            // Physical runs [first, last] cover logical [lo, hi).
-            let first = ends.partition_point(|&e| e <= lo);
-            let last = if len == 0 {
-                first
-            } else {
-                ends.partition_point(|&e| e < hi) + 1
-            };
-            let new_ends: Vec<i64> = ends[first..last.min(ends.len())]
-                .iter()
-                .map(|&e| (e - lo).min(len as i64))
-                .collect();
+            // Physical runs first..last cover logical start..start + len.
+            let (first, last) = slicing::covering_runs(&ends, start, len);
+            let new_ends: Vec<i64> =
+                slicing::rebase_run_ends(ends[first..last].iter().copied(), start, len).collect();
             let runs = new_ends.len();
             let ends_buffer = match run_ends.data_type() {
                 DataType::Int16 => {
@@ -471,6 +471,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 null_count: Some(0),
                 offset: 0,
                 rebase: None,
+                rebase_each: Vec::new(),
                 buffers: vec![None, image.push(ends_buffer)],
                 children: vec![],
                 dictionary: None,
@@ -502,6 +503,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
         null_count: Some(null_count),
         offset: 0,
         rebase: None,
+        rebase_each: Vec::new(),
         buffers,
         children,
         dictionary,

@@ -625,15 +625,18 @@ fn list_view_lengths_that_overflow_the_read_back_are_an_error() {
     // SAFETY: buffer and child counts match; the views are only read by the importer.
     let view = unsafe { builder.build_unchecked() };
     let (data, schema) = one_column("v", view);
-    // A list view claiming 2^61 (2^60) items: its offsets and sizes to read back are
-    // 2^63 (2^62) bytes each, which wrapped (overflowed isize) the scratch size.
+    // A batch of 2^61 (2^60) rows whose list view claims as many: its offsets and sizes
+    // to read back are 2^63 (2^62) bytes each, which wrapped (overflowed isize) the
+    // scratch size. (Only the views of the batch's rows are read: a list view longer
+    // than its batch reads no more.)
     for (length, fragment) in [
         (1i64 << 61, "larger than isize::MAX"),
         (1i64 << 60, "overflows the address space"),
     ] {
         let device = InstrumentedDevice::new();
         let err = import_corrupted_on(device.clone(), &data, schema.clone(), |raw| {
-            child_mut(raw, 0).length = length
+            raw.array.length = length;
+            child_mut(raw, 0).length = length;
         });
         assert!(
             matches!(err, Error::InvalidArgument(ref m) if m.contains(fragment)),
@@ -670,5 +673,183 @@ fn negative_fixed_sizes_are_an_error() {
             .unwrap_err();
         assert!(matches!(err, Error::Schema(_)), "{negative}: {err}");
         assert_eq!(releases(&count), 1);
+    }
+}
+
+/// Exports `(data, schema)` (one column) with the batch cut to `len` rows from row
+/// `offset` at the C level (the column's own offset and length, its children whole),
+/// imports it and returns the error.
+fn import_sliced_corrupted(data: &ArrayData, schema: SchemaRef, offset: i64, len: i64) -> Error {
+    import_corrupted(data, schema, |raw| {
+        raw.array.length = len;
+        let column = child_mut(raw, 0);
+        column.offset += offset;
+        column.length = len;
+    })
+}
+
+#[test]
+fn offsets_that_a_slice_reaches_out_of_range_name_their_path() {
+    // The list's offsets at its own bounds (0 and 2) are fine; the slice's first item
+    // reaches past the child.
+    let child = Int32Array::from(vec![1, 2, 3]).into_data();
+    let (data, schema) = one_column("l", list_of(child, &[0, 9, 2]));
+    let err = import_sliced_corrupted(&data, schema, 0, 1);
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0]" && message.contains("last offset 9 is past the end of the child (length 3)")),
+        "{err}"
+    );
+    // The strings' offsets at their own bounds (0 and 6) are fine; those of the one item
+    // the sliced list reaches decrease: found when the child's cut is read back.
+    let strings = utf8(&[0, 5, 2, 6], b"abcdefgh");
+    let (data, schema) = one_column("l", list_of(strings, &[0, 1, 2, 3]));
+    let err = import_sliced_corrupted(&data, schema, 1, 1);
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0].children[0]" && message.contains("last offset 2 is less than the first offset 5")),
+        "{err}"
+    );
+}
+
+/// A dense union of an int32 and a utf8 child (type ids 5 and 7), of raw (possibly
+/// invalid) `type_ids` and `offsets`, children of 3 items each.
+fn dense_union(type_ids: &[i8], offsets: &[i32]) -> ArrayData {
+    let fields = arrow_schema::UnionFields::try_new(
+        vec![5, 7],
+        vec![
+            Field::new("i", DataType::Int32, true),
+            Field::new("s", DataType::Utf8, true),
+        ],
+    )
+    .unwrap();
+    let builder = ArrayData::builder(DataType::Union(fields, arrow_schema::UnionMode::Dense))
+        .len(type_ids.len())
+        .add_buffer(Buffer::from_slice_ref(type_ids))
+        .add_buffer(Buffer::from_slice_ref(offsets))
+        .child_data(vec![
+            Int32Array::from(vec![1, 2, 3]).into_data(),
+            StringArray::from(vec!["a", "b", "c"]).into_data(),
+        ]);
+    // SAFETY: buffer and child counts match; the type ids and offsets are only read by
+    // the importer under test.
+    unsafe { builder.build_unchecked() }
+}
+
+#[test]
+fn dense_union_items_that_reach_outside_their_child() {
+    // Fewer items than the children hold: the items' offsets are read back to cut them.
+    let (data, schema) = one_column("u", dense_union(&[5, 7, 5, 7], &[0, 0, 1, 7]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0]" && message.contains("item 3 has offset 7 into child 1 (type id 7), outside the child (length 3)")),
+        "{err}"
+    );
+    let (data, schema) = one_column("u", dense_union(&[5, 7, 5, 7], &[0, 0, 1, -1]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("offset -1")),
+        "{err}"
+    );
+    let (data, schema) = one_column("u", dense_union(&[5, 6, 5, 7], &[0, 0, 1, 1]));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("item 1 has type id 6, which no field has")),
+        "{err}"
+    );
+}
+
+/// A run-end encoded array of raw (possibly invalid) int32 `ends` over int32 values, of
+/// `len` items.
+fn run_end_encoded(ends: &[i32], len: usize) -> ArrayData {
+    let data_type = DataType::RunEndEncoded(
+        Arc::new(Field::new("run_ends", DataType::Int32, false)),
+        Arc::new(Field::new("values", DataType::Int32, true)),
+    );
+    let values = Int32Array::from_iter_values(0..ends.len() as i32);
+    let builder = ArrayData::builder(data_type).len(len).child_data(vec![
+        Int32Array::from(ends.to_vec()).into_data(),
+        values.into_data(),
+    ]);
+    // SAFETY: the child counts match; the run ends are only read by the importer.
+    unsafe { builder.build_unchecked() }
+}
+
+#[test]
+fn run_ends_that_do_not_increase_or_end_early() {
+    // A slice whose runs are searched for: the run ends read decrease.
+    let (data, schema) = one_column("r", run_end_encoded(&[2, 5, 4, 9, 12], 12));
+    let err = import_sliced_corrupted(&data, schema, 3, 5);
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref path, ref message }
+            if path == "array.children[0]" && message.contains("run ends do not increase: run 1 ends at 5, run 2 at 4")),
+        "{err}"
+    );
+    // Many runs (searched in several rounds), one of them out of order.
+    let mut ends: Vec<i32> = (1..=10_000).map(|e| 2 * e).collect();
+    ends[7_000] = 3;
+    let (data, schema) = one_column("r", run_end_encoded(&ends, 20_000));
+    let err = import_sliced_corrupted(&data, schema, 13_999, 10);
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("run ends do not increase")),
+        "{err}"
+    );
+    // The last run ends before the array does.
+    let (data, schema) = one_column("r", run_end_encoded(&[2, 4], 6));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. }
+            if message.contains("the last run end 4 is before the end of the array (6)")),
+        "{err}"
+    );
+    // No runs at all.
+    let (data, schema) = one_column("r", run_end_encoded(&[], 3));
+    let err = import_corrupted(&data, schema, |_| {});
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. } if message.contains("no run ends for 3 items")),
+        "{err}"
+    );
+}
+
+/// A 16-byte view of `len` bytes at `offset` of variadic buffer `buffer`.
+fn view(len: u32, buffer: u32, offset: u32) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[0..4].copy_from_slice(&len.to_le_bytes());
+    v[8..12].copy_from_slice(&buffer.to_le_bytes());
+    v[12..16].copy_from_slice(&offset.to_le_bytes());
+    v
+}
+
+#[test]
+fn views_that_reach_past_their_buffers() {
+    // Two views over a buffer of 10 000 bytes: read back to cut it (they are far
+    // smaller), and found to reach outside it.
+    let data = vec![b'x'; 10_000];
+    for (bad, fragment) in [
+        (
+            view(20, 0, 9_990),
+            "view 1 (20 bytes at 9990) reaches past the end of variadic buffer 0 (10000 bytes)",
+        ),
+        (
+            view(20, 3, 0),
+            "view 1 points into variadic buffer 3, of 1 buffers",
+        ),
+    ] {
+        let views: Vec<u8> = [view(20, 0, 100), bad].concat();
+        let builder = ArrayData::builder(DataType::Utf8View)
+            .len(2)
+            .add_buffer(Buffer::from_vec(views))
+            .add_buffer(Buffer::from_vec(data.clone()));
+        // SAFETY: the buffer counts match the type; the views are only read by the
+        // importer under test.
+        let column = unsafe { builder.build_unchecked() };
+        let (data, schema) = one_column("v", column);
+        let err = import_corrupted(&data, schema, |_| {});
+        assert!(
+            matches!(err, Error::InvalidOffsets { ref path, ref message }
+                if path == "array.children[0]" && message.contains(fragment)),
+            "{err}"
+        );
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use arrow_array::{new_empty_array, Array, RecordBatch, StructArray};
 use arrow_schema::{Field, Schema};
 use common::random::{batch_of, random_batch, seeds, type_of_kind, Case, SeedReport, KINDS};
-use common::{count_releases, releases, InstrumentedDevice};
+use common::{count_releases, max_read_backs, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
@@ -69,7 +69,17 @@ fn check(case: &Case) {
     let counting = InstrumentedDevice::new();
     let (array, count) = count_releases(cpu::export_array_data(&case.data));
     let imported = DeviceBatch::import(counting.clone(), array, batch.schema()).unwrap();
-    assert!(counting.host_copies() <= 1, "one read-back at most");
+    let reads = counting.host_copies();
+    assert!(
+        reads <= max_read_backs(&batch.schema()),
+        "{reads} read-backs for {:?}",
+        batch.schema()
+    );
+    assert_eq!(
+        counting.on_device_copies(),
+        reads,
+        "one gather per read-back"
+    );
     let mut transfer = Transfer::new(counting.clone(), TransferOptions::default());
     assert_same(
         batch,

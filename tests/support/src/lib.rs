@@ -7,6 +7,7 @@
 //!   under `DEVARROW_REQUIRE_GPU=1`), and compute-sanitizer awareness;
 //! - [`release`]: counting the `release` calls of exported arrays;
 //! - [`sample`]: the "every type" record batches; [`random`]: seeded random batches;
+//!   [`slices`]: large columns of every layout a slice cuts;
 //! - [`kernel_oracles`]: CPU reference implementations of the PTX kernels;
 //! - [`spin`]: a spinning producer kernel (`testing.ptx`) that keeps a stream busy, so a
 //!   test can show that a consumer really waits on the producer's event.
@@ -17,4 +18,5 @@ pub mod kernel_oracles;
 pub mod random;
 pub mod release;
 pub mod sample;
+pub mod slices;
 pub mod spin;

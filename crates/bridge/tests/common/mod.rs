@@ -47,6 +47,34 @@ pub fn reader_of(batches: &[RecordBatch]) -> Box<dyn RecordBatchReader + Send> {
     ))
 }
 
+/// The levels of arrays under a column of type `data_type`: 1 for a flat column, one more
+/// per level of children (dictionary values included).
+pub fn nesting(data_type: &arrow_schema::DataType) -> usize {
+    let below = match data_type {
+        arrow_schema::DataType::Dictionary(_, values) => nesting(values),
+        dt => devarrow_abi::layout::child_types(dt)
+            .into_iter()
+            .map(nesting)
+            .max()
+            .unwrap_or(0),
+    };
+    1 + below
+}
+
+/// The most read-backs the import of a small batch (columns of at most 64 rows and runs)
+/// of `schema` takes: what its rows reach is read back level by level (a level of
+/// offsets, list views, views or dense unions: one read-back; a run-end encoded level
+/// with up to 64 runs: two), the sizes at every array's own bounds with the first.
+pub fn max_read_backs(schema: &arrow_schema::Schema) -> u64 {
+    let depth = schema
+        .fields()
+        .iter()
+        .map(|f| nesting(f.data_type()))
+        .max()
+        .unwrap_or(0);
+    1 + 2 * depth as u64
+}
+
 /// Asserts the batches are equal, saying where they differ first.
 pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
     assert_eq!(expected.len(), actual.len(), "number of batches");

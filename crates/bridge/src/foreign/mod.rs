@@ -10,43 +10,43 @@
 //! wait on the array's `sync_event` (no host blocking), and keeps the array, unreleased,
 //! for as long as the batch or an export of it lives.
 //!
-//! Some sizes live on the device, not in the structs: the first and last offsets of
-//! variable-length arrays (strings, binaries, lists, maps), the offsets and sizes of list
-//! views, the sizes of the variadic buffers of view types. They are gathered on the
-//! device into one small scratch buffer by one batched copy ([`Device::copy_on_device`]),
-//! read back with **one** device-to-host copy and one event wait for the whole batch, and
-//! validated (negative or decreasing offsets, ranges past the end of a child, ... are
-//! [`Error::InvalidOffsets`]).
+//! Some sizes live on the device, not in the structs: the offsets of variable-length
+//! arrays (strings, binaries, lists, maps), the offsets and sizes of list views, the views
+//! of view types and the sizes of their variadic buffers, the type ids and offsets of
+//! dense unions, the run ends of run-end encoded arrays. What the batch's rows reach in
+//! every array of the tree is found from them ([`reach`]): they are gathered on the device
+//! into one small scratch buffer by one batched copy ([`Device::copy_on_device`]), read
+//! back with one device-to-host copy and one event wait per round (a batch not sliced
+//! below its columns takes one round; a slice, one more per level of nesting whose data
+//! it cuts), and validated (negative or decreasing offsets, ranges past the end of a
+//! child, views past their buffers, dense union offsets past their child, run ends that
+//! do not increase, ... are [`Error::InvalidOffsets`]). Nothing on the device is read by
+//! the host.
 //!
 //! The sizes of the whole download are planned at import too, with checked arithmetic:
 //! offsets that address more than the address space holds (`[0, i64::MAX]` in two
 //! columns) are an error, never a wrapped size.
 //!
+//! # What a slice moves
+//!
 //! Moving an imported batch to the host ([`crate::Transfer::to_host`]) first packs, on the
-//! device and with one batched copy, the bytes its arrays address into one allocation:
-//! fixed-width values, bitmaps (at byte granularity), offsets, list-view sizes and views
-//! cut to the range being moved; the data buffer or child of an array with offsets cut to
-//! what its offsets address over the array's own `offset` and `length` (see below), a
-//! list view's child likewise; whole dictionaries, dense-union and run-end-encoded
-//! children, and the variadic buffers of view types. Then it downloads that image like a
-//! batch made by [`crate::Transfer::to_device`]. What only arithmetic could cut (offsets
-//! that do not start at 0) is rebased on the host, after the download.
-//!
-//! # Limits: what a slice moves
-//!
-//! Only the sizes at an array's own bounds are read back (two offsets per variable-length
-//! array, the views of a list view), in the one read-back of the import. So the data of
-//! a variable-length array is cut to its own `offset` and `length` as the producer
-//! exported them, not to the part of it a sliced parent uses: a column sliced by its
-//! producer (as arrow-rs exports `RecordBatch::slice`) moves only its bytes, but an array
-//! nested under a sliced parent moves all the data its own range addresses, e.g. every
-//! string of the columns of a root struct with an offset, of the children of a sliced
-//! struct column, of the `utf8` child of a sliced `list<utf8>`. Cutting those would need
-//! the offsets at bounds derived from the parent's, read back after the parent's (one
-//! more device round trip per nesting level); it is not done. Neither are the variadic
-//! buffers of view types cut (that needs the views themselves). Fixed-width values and
-//! bitmaps are cut at every level.
-//! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the same way.
+//! device and with one batched copy, the bytes its rows reach into one allocation, then
+//! downloads that image like a batch made by [`crate::Transfer::to_device`]. A slice moves
+//! only its bytes, however the producer cut it (its own `offset` and `length` at any level,
+//! a root struct with an offset, children left whole under a sliced parent), as
+//! devarrow's own slices do ([`crate::plan`]): fixed-width values, bitmaps (at byte
+//! granularity), offsets, type ids and views cut to the items moved; the data buffer or
+//! child of an array with offsets cut to what the moved offsets address, recursively (the
+//! `utf8` child of a sliced `list<utf8>` to the strings its moved lists hold); a list
+//! view's child to what its moved views address; each child of a dense union to the items
+//! its moved items reach; the runs of a run-end encoded array to those covering its moved
+//! items; each variadic buffer of a view type to the bytes its moved views reach, when
+//! the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
+//! and sparse union children to their parent's items; dictionaries whole (every slice
+//! shares them). What the device copy cannot cut (offsets, dense union offsets, run ends
+//! and views that do not start at 0) is rebased on the host, after the download, as
+//! [`crate::slicing`] says (the arithmetic the planner uses too).
+//! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the bytes moved.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -63,6 +63,8 @@ use devarrow_abi::layout::{
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
 use crate::plan::{Node, Placement};
+
+mod reach;
 
 impl Foreign {
     /// Imports a foreign struct array (a record batch) of `schema` living on `device`,
@@ -97,13 +99,14 @@ impl Foreign {
         // alive until release, which cannot run while we hold `array`.
         unsafe { device.wait_sync_event(array.sync_event())? };
         let event = device.record_event()?;
-        let bytes = read_back(device.as_ref(), &reads)?;
-        settle(&mut root, &bytes, "array")?;
+        // The sizes at the arrays' own bounds, and what the batch's rows reach in every
+        // array of the tree: read back round by round (see `reach`).
+        reach::resolve(device.as_ref(), &mut root, reads)?;
         // The sizes just read may address more than the address space holds (offsets
         // [0, i64::MAX] in two columns): plan the download now (kept for every download),
         // so such an array is an error here rather than when it is moved to the host.
         let mut image = Image::default();
-        let packed = Arc::new(pack_node(&root, 0, root.length, &mut image)?);
+        let packed = Arc::new(pack_node(&root, &mut image)?);
         let foreign = Foreign {
             array,
             root,
@@ -223,13 +226,18 @@ pub(crate) struct ForeignNode {
     pub(crate) buffers: Vec<usize>,
     pub(crate) children: Vec<ForeignNode>,
     pub(crate) dictionary: Option<Box<ForeignNode>>,
-    /// Where this node's device-resident sizes were gathered in the scratch buffer.
+    /// Where this node's device-resident sizes were gathered in the scratch buffer of the
+    /// first read-back.
     reads: Vec<usize>,
     /// Those sizes, once read back and validated.
     extent: Extent,
+    /// The items of this array that the batch's rows reach, and what they reach in its
+    /// buffers and children: what a download moves of it.
+    cut: reach::Cut,
 }
 
-/// Device-resident sizes of a [`ForeignNode`], read back and validated at import.
+/// Device-resident sizes of a [`ForeignNode`] at its own bounds (its `offset` and
+/// `length`, as exported), read back and validated at import.
 #[derive(Debug, Default)]
 enum Extent {
     /// Nothing on the device sizes this node's buffers.
@@ -238,10 +246,10 @@ enum Extent {
     /// The first and last offsets of the array's range (strings, binaries, lists, maps):
     /// the data bytes or child items it addresses.
     Offsets { first: usize, last: usize },
-    /// The child range the non-empty views of a list view address (`lo..hi`).
-    Views { lo: usize, hi: usize },
     /// The sizes of the variadic buffers of a view type.
     Variadic(Vec<usize>),
+    /// The last run end of a run-end encoded array (at least its `offset + length`).
+    LastRunEnd(i64),
 }
 
 /// The gather list of an import: `(source address, length, position in the scratch)`.
@@ -259,6 +267,11 @@ impl Reads {
         self.total = total;
         self.copies.push((src, len, at));
         Ok(at)
+    }
+
+    /// Whether nothing is to be read.
+    fn is_empty(&self) -> bool {
+        self.copies.is_empty()
     }
 }
 
@@ -334,12 +347,6 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
             at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
             at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w)?);
         }
-        DataType::ListView(_) | DataType::LargeListView(_) if length > 0 => {
-            let w = offset_width(data_type);
-            let (from, len) = (bytes(offset, w)?, bytes(length, w)?);
-            at.push(reads.push(address(buffers[1], from)?, len)?);
-            at.push(reads.push(address(buffers[2], from)?, len)?);
-        }
         DataType::Utf8View | DataType::BinaryView => {
             let variadic = buffers.len() - 3;
             if variadic > 0 {
@@ -372,6 +379,13 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
         }
         _ => None,
     };
+    if let (DataType::RunEndEncoded(_, _), Some(ends)) = (data_type, children.first()) {
+        // The last run end: how far the runs reach.
+        if let (Some(last), Some(w)) = (ends.length.checked_sub(1), run_end_width(ends)) {
+            let from = bytes(ends.offset + last, w)?;
+            at.push(reads.push(address(ends.buffers[1], from)?, w)?);
+        }
+    }
     Ok(ForeignNode {
         data_type: data_type.clone(),
         length,
@@ -382,7 +396,18 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
         dictionary,
         reads: at,
         extent: Extent::None,
+        cut: reach::Cut::default(),
     })
+}
+
+/// The width of the run ends of a run-end encoded array (its first child), in bytes.
+fn run_end_width(ends: &ForeignNode) -> Option<usize> {
+    match ends.data_type {
+        DataType::Int16 => Some(2),
+        DataType::Int32 => Some(4),
+        DataType::Int64 => Some(8),
+        _ => None,
+    }
 }
 
 /// Gathers every read on the device into one scratch buffer (one batched copy), copies it
@@ -433,15 +458,16 @@ fn read_back(device: &dyn Device, reads: &Reads) -> Result<Vec<u8>> {
     Ok(host)
 }
 
-/// An integer of `width` bytes (4 or 8, native-endian) at `at` in the read-back bytes.
+/// An integer of `width` bytes (2, 4 or 8, native-endian) at `at` in the read-back bytes.
 fn read_int(bytes: &[u8], at: usize, width: usize) -> Result<i64> {
+    let missing = || Error::InvalidArgument("a read-back value is missing".into());
     let b = bytes
-        .get(at..at + width)
-        .ok_or_else(|| Error::InvalidArgument("a read-back value is missing".into()))?;
-    Ok(if width == 4 {
-        i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64
-    } else {
-        i64::from_ne_bytes(b.try_into().expect("8 bytes"))
+        .get(at..at.checked_add(width).ok_or_else(missing)?)
+        .ok_or_else(missing)?;
+    Ok(match width {
+        2 => i16::from_ne_bytes(b.try_into().expect("2 bytes")) as i64,
+        4 => i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64,
+        _ => i64::from_ne_bytes(b.try_into().map_err(|_| missing())?),
     })
 }
 
@@ -457,57 +483,22 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
             let w = offset_width(dt);
             let first = read_int(bytes, node.reads[0], w)?;
             let last = read_int(bytes, node.reads[1], w)?;
-            if first < 0 {
-                return Err(bad(format!("first offset {first} is negative")));
-            }
-            if last < first {
-                return Err(bad(format!(
-                    "last offset {last} is less than the first offset {first}"
-                )));
-            }
-            let (first, last) = (first as usize, last as usize);
-            if let Some(child) = node.children.first() {
-                if last > child.length {
-                    return Err(bad(format!(
-                        "last offset {last} is past the end of the child (length {})",
-                        child.length
-                    )));
-                }
-            } else if last > first && node.buffers[2] == 0 {
-                return Err(Error::NullBuffer {
-                    path: path.to_string(),
-                    index: 2,
-                    role: BufferRole::Data.name(),
-                    bytes: last,
-                });
-            }
+            let (first, last) = check_offsets(node, first, last, path)?;
             node.extent = Extent::Offsets { first, last };
         }
-        DataType::ListView(_) | DataType::LargeListView(_) => {
-            let w = offset_width(&dt);
-            let child_len = node.children[0].length as i64;
-            let (mut lo, mut hi) = (i64::MAX, 0);
-            for i in 0..node.length {
-                let o = read_int(bytes, node.reads[0] + i * w, w)?;
-                let s = read_int(bytes, node.reads[1] + i * w, w)?;
-                if o < 0 || s < 0 || o.checked_add(s).is_none_or(|e| e > child_len) {
-                    return Err(bad(format!(
-                        "list view {i} (offset {o}, size {s}) is outside the child (length \
-                         {child_len})"
-                    )));
-                }
-                if s > 0 {
-                    lo = lo.min(o);
-                    hi = hi.max(o + s);
-                }
-            }
-            if lo > hi {
-                (lo, hi) = (0, 0); // no view addresses the child
-            }
-            node.extent = Extent::Views {
-                lo: lo as usize,
-                hi: hi as usize,
+        DataType::RunEndEncoded(_, _) if node.length > 0 => {
+            let end = node.offset + node.length;
+            let w = node.children.first().and_then(run_end_width);
+            let (Some(&at), Some(w)) = (node.reads.first(), w) else {
+                return Err(bad(format!("no run ends for {} items", node.length)));
             };
+            let last = read_int(bytes, at, w)?;
+            if last < end as i64 {
+                return Err(bad(format!(
+                    "the last run end {last} is before the end of the array ({end})"
+                )));
+            }
+            node.extent = Extent::LastRunEnd(last);
         }
         DataType::Utf8View | DataType::BinaryView => {
             let variadic = node.buffers.len() - 3;
@@ -540,63 +531,47 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
     Ok(())
 }
 
+/// Validates the offsets `first` and `last` read at two bounds of the offsets of `node`
+/// (an array with offsets), as the data bytes or child items they address: not negative,
+/// not decreasing, inside the child, and a data buffer where they address bytes.
+fn check_offsets(node: &ForeignNode, first: i64, last: i64, path: &str) -> Result<(usize, usize)> {
+    let bad = |message: String| Error::InvalidOffsets {
+        path: path.to_string(),
+        message,
+    };
+    if first < 0 {
+        return Err(bad(format!("first offset {first} is negative")));
+    }
+    if last < first {
+        return Err(bad(format!(
+            "last offset {last} is less than the first offset {first}"
+        )));
+    }
+    let (first, last) = (first as usize, last as usize);
+    if let Some(child) = node.children.first() {
+        if last > child.length {
+            return Err(bad(format!(
+                "last offset {last} is past the end of the child (length {})",
+                child.length
+            )));
+        }
+    } else if last > first && node.buffers[2] == 0 {
+        return Err(Error::NullBuffer {
+            path: path.to_string(),
+            index: 2,
+            role: BufferRole::Data.name(),
+            bytes: last,
+        });
+    }
+    Ok((first, last))
+}
+
 impl ForeignNode {
     /// Whether the validity bitmap is to be read (the array may have nulls and has one).
     fn has_validity(&self) -> bool {
         buffer_roles(&self.data_type).first() == Some(&BufferRole::Validity)
             && self.null_count != 0
             && self.buffers[0] != 0
-    }
-
-    /// The bytes the buffers of this array and its descendants address, each array over
-    /// its own `offset` and `length` (a slice counts only its own items; a child counts
-    /// over its whole own range, whatever part of it the parent uses), the variadic
-    /// buffers of view types whole. Saturating: only a measure.
-    fn addressed_bytes(&self) -> usize {
-        let (start, end) = (self.offset, self.offset + self.length);
-        let dt = &self.data_type;
-        let value_type = match dt {
-            DataType::Dictionary(key, _) => key.as_ref(),
-            dt => dt,
-        };
-        let w = offset_width(dt);
-        let items = |width: usize| self.length.saturating_mul(width);
-        let mut total = 0usize;
-        for (i, role) in buffer_roles(dt).into_iter().enumerate() {
-            let n = match role {
-                BufferRole::Validity if self.has_validity() => end.div_ceil(8) - start / 8,
-                BufferRole::Validity => 0,
-                BufferRole::Values => fixed_bit_width(value_type).map_or(0, |bits| {
-                    end.saturating_mul(bits).div_ceil(8) - start.saturating_mul(bits) / 8
-                }),
-                BufferRole::Offsets => match dt {
-                    DataType::Union(_, _) => items(4),
-                    DataType::ListView(_) | DataType::LargeListView(_) => items(w),
-                    _ => items(w).saturating_add(w),
-                },
-                BufferRole::Sizes => items(w),
-                BufferRole::Data => match self.extent {
-                    Extent::Offsets { first, last } => last - first,
-                    _ => 0,
-                },
-                BufferRole::TypeIds => self.length,
-                BufferRole::Views => items(16),
-                BufferRole::VariadicSizes => 0,
-            };
-            if self.buffers[i] != 0 {
-                total = total.saturating_add(n);
-            }
-        }
-        if let Extent::Variadic(sizes) = &self.extent {
-            total = sizes
-                .iter()
-                .fold(total, |t, s| t.saturating_add(*s))
-                .saturating_add(8 * sizes.len());
-        }
-        self.children
-            .iter()
-            .chain(self.dictionary.as_deref())
-            .fold(total, |t, c| t.saturating_add(c.addressed_bytes()))
     }
 
     /// The bytes from the start of buffer `index` that items `[0, end)` of the array
@@ -671,29 +646,22 @@ impl Image {
     }
 }
 
-/// Plans the packed copy of items `l..l + n` of `node` (logical indices, i.e. after the
-/// node's own offset): the bytes they need go to `image`, the returned tree points there.
+/// Plans the packed copy of what a download moves of `node` (its [`reach::Cut`], found
+/// at import): the bytes its moved items reach go to `image`, the returned tree points
+/// there.
 ///
-/// Every range stays inside what the import validated: `l + n <= node.length`, children
-/// are cut to ranges their parent's structure or read-back offsets guarantee.
-fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Result<Node> {
-    if l.checked_add(n).is_none_or(|e| e > node.length) {
-        return Err(Error::InvalidArgument(format!(
-            "items {l}..{l}+{n} of an array of length {}",
-            node.length
-        )));
-    }
+/// Every range stays inside what the import validated: the items of every array are
+/// inside its length, and what they reach in its buffers and children was read back and
+/// checked (offsets, list views, views, dense union offsets, run ends).
+fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     let dt = &node.data_type;
-    let p = node.offset + l; // the first item, physically
-    let has_validity = node.has_validity();
-    // Bitmaps can only be cut at a byte boundary: start every buffer (and child) up to 7
-    // items early and keep that as the node's offset.
-    let base = if has_validity || *dt == DataType::Boolean {
-        p & !7
-    } else {
-        p
+    let (Some((l, n)), Some(found)) = (node.cut.range, node.cut.found.as_ref()) else {
+        return Err(Error::InvalidArgument(format!(
+            "what a download moves of a {dt} array was not found at import"
+        )));
     };
-    let (off, m) = (p - base, n + (p - base));
+    let reach::Bounds { p, base, m } = reach::bounds(node, l, n);
+    let has_validity = node.has_validity();
     let whole = l == 0 && n == node.length;
     let null_count = if !has_validity {
         Some(0)
@@ -706,8 +674,11 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
     let mut buffers = Vec::new();
     let mut children = Vec::new();
     let mut dictionary = None;
-    let mut offset = off;
+    // Bitmaps can only be cut at a byte boundary: every buffer (and child) starts up to
+    // 7 items early, at `base`, and the node keeps the difference as its offset.
+    let mut offset = p - base;
     let mut rebase = None;
+    let mut rebase_each = Vec::new();
     if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
         buffers.push(if has_validity {
             image.push(addr(0, base / 8)?, m.div_ceil(8))?
@@ -715,74 +686,69 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             None
         });
     }
-    match dt {
-        DataType::Null => {}
-        DataType::Boolean => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
-        dt if is_offsets_type(dt) => {
+    let pack_children = |image: &mut Image| {
+        node.children
+            .iter()
+            .map(|child| pack_node(child, image))
+            .collect::<Result<Vec<_>>>()
+    };
+    match (dt, found) {
+        (DataType::Null, _) => {}
+        (DataType::Boolean, _) => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
+        (dt, &reach::Found::Offsets { first, last }) if is_offsets_type(dt) => {
             let w = offset_width(dt);
-            let Extent::Offsets { first, last } = node.extent else {
-                return Err(Error::InvalidArgument(format!(
-                    "{dt} offsets were not read"
-                )));
-            };
             buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?);
-            if let Some(child) = node.children.first() {
-                children.push(pack_node(child, first, last - first, image)?);
-            } else {
+            if node.children.is_empty() {
                 buffers.push(image.push(addr(2, first)?, last - first)?);
+            } else {
+                children = pack_children(image)?;
             }
             rebase = (first > 0).then_some(first as i64);
         }
-        DataType::Utf8View | DataType::BinaryView => {
+        (DataType::Utf8View | DataType::BinaryView, found) => {
             buffers.push(image.push(addr(1, bytes(base, 16)?)?, bytes(m, 16)?)?);
             let Extent::Variadic(sizes) = &node.extent else {
                 return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
             };
-            for (i, &size) in sizes.iter().enumerate() {
-                buffers.push(image.push(node.buffers[2 + i], size)?);
+            if let reach::Found::Views(spans) = found {
+                // Only the bytes the moved views reach, each buffer from the first.
+                for (i, span) in spans.iter().enumerate() {
+                    let (lo, hi) = span.unwrap_or((0, 0));
+                    buffers.push(image.push(addr(2 + i, lo)?, hi - lo)?);
+                    rebase_each.push(lo);
+                }
+            } else {
+                for (i, &size) in sizes.iter().enumerate() {
+                    buffers.push(image.push(node.buffers[2 + i], size)?);
+                }
             }
-            buffers.push(image.push(node.buffers[node.buffers.len() - 1], 8 * sizes.len())?);
+            // The variadic sizes: the host takes them from the lengths of the buffers.
+            buffers.push(image.push(node.buffers[node.buffers.len() - 1], 0)?);
         }
-        DataType::ListView(_) | DataType::LargeListView(_) => {
+        (
+            DataType::ListView(_) | DataType::LargeListView(_),
+            &reach::Found::ListView { lo, .. },
+        ) => {
             let w = offset_width(dt);
-            let (lo, hi) = match node.extent {
-                Extent::Views { lo, hi } => (lo, hi),
-                _ => (0, 0),
-            };
             buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m, w)?)?);
             buffers.push(image.push(addr(2, bytes(base, w)?)?, bytes(m, w)?)?);
-            children.push(pack_node(&node.children[0], lo, hi - lo, image)?);
+            children = pack_children(image)?;
             rebase = Some(lo as i64);
         }
-        DataType::FixedSizeList(_, k) => {
-            let k = usize::try_from(*k)
-                .map_err(|_| Error::InvalidArgument(format!("{dt} has a negative list size")))?;
-            children.push(pack_node(
-                &node.children[0],
-                bytes(base, k)?,
-                bytes(m, k)?,
-                image,
-            )?);
+        (DataType::FixedSizeList(_, _) | DataType::Struct(_), _) => {
+            children = pack_children(image)?;
         }
-        DataType::Struct(_) => {
-            for child in &node.children {
-                children.push(pack_node(child, base, m, image)?);
-            }
-        }
-        DataType::Union(_, mode) => {
+        (DataType::Union(_, mode), found) => {
             buffers.push(image.push(addr(0, p)?, n)?);
             if *mode == UnionMode::Dense {
                 buffers.push(image.push(addr(1, bytes(p, 4)?)?, bytes(n, 4)?)?);
             }
-            for child in &node.children {
-                children.push(match mode {
-                    UnionMode::Sparse => pack_node(child, p, n, image)?,
-                    // Dense offsets address the whole child.
-                    UnionMode::Dense => pack_node(child, 0, child.length, image)?,
-                });
+            children = pack_children(image)?;
+            if let reach::Found::Union(ranges) = found {
+                rebase_each = ranges.iter().map(|&(lo, _)| lo).collect();
             }
         }
-        DataType::Dictionary(key, _) => {
+        (DataType::Dictionary(key, _), _) => {
             let width = key
                 .primitive_width()
                 .ok_or_else(|| Error::InvalidArgument(format!("dictionary keys of type {key}")))?;
@@ -790,21 +756,25 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
             let dict = node.dictionary.as_deref().ok_or(Error::NullPointer {
                 what: "ArrowArray dictionary",
             })?;
-            dictionary = Some(Box::new(pack_node(dict, 0, dict.length, image)?));
+            dictionary = Some(Box::new(pack_node(dict, image)?));
         }
-        DataType::RunEndEncoded(_, _) => {
-            // Run ends are logical positions: keep the children whole and the offset.
-            for child in &node.children {
-                children.push(pack_node(child, 0, child.length, image)?);
-            }
-            offset = p;
+        (DataType::RunEndEncoded(_, _), _) => {
+            // The runs covering the items, their run ends made relative to the first item
+            // on the host: offset 0, as arrow-rs and the planner lay a slice out.
+            children = pack_children(image)?;
+            offset = 0;
+            let all_runs = p == 0 && matches!(node.extent, Extent::LastRunEnd(e) if e == n as i64);
+            rebase = (n > 0 && !all_runs).then_some(p as i64);
         }
-        dt => {
+        (dt, _) => {
             let bits = fixed_bit_width(dt)
                 .ok_or_else(|| Error::InvalidArgument(format!("unsupported data type {dt}")))?;
             let width = bits / 8;
             buffers.push(image.push(addr(1, bytes(base, width)?)?, bytes(m, width)?)?);
         }
+    }
+    if rebase_each.iter().all(|&b| b == 0) {
+        rebase_each.clear();
     }
     Ok(Node {
         data_type: dt.clone(),
@@ -812,6 +782,7 @@ fn pack_node(node: &ForeignNode, l: usize, n: usize, image: &mut Image) -> Resul
         null_count,
         offset,
         rebase,
+        rebase_each,
         buffers,
         children,
         dictionary,
@@ -861,12 +832,13 @@ impl Foreign {
         self.array.device_id()
     }
 
-    /// The bytes the imported arrays address in the foreign buffers, as
-    /// [`ForeignNode::addressed_bytes`] counts them: each array over its own range,
-    /// children over their whole own range. An approximation of what a download packs
-    /// (see the module documentation), not its exact size.
+    /// The bytes of the foreign buffers that the batch's rows reach: what a download packs
+    /// and moves (without the alignment between buffers).
     pub(crate) fn device_bytes(&self) -> usize {
-        self.root.addressed_bytes()
+        self.image
+            .copies
+            .iter()
+            .fold(0usize, |total, &(_, _, len)| total.saturating_add(len))
     }
 
     /// The imported tree as it is, for re-export.

@@ -1,0 +1,289 @@
+//! What a slice reaches, and how its offsets are rebased once its children are cut: the
+//! arithmetic of cutting a slice out of a list view, a dense union, a run-end encoded array
+//! or a view array, shared by the planner of arrow-rs arrays ([`crate::plan`], the values
+//! at hand on the host), the import of foreign arrays ([`crate::foreign`], the values read
+//! back from the device) and the host rebuild of an imported slice ([`crate::host`]), so
+//! that both paths cut a slice the same way.
+//!
+//! Functions that read foreign values check them and return what is wrong as a message
+//! (the caller names the array: `Error::InvalidOffsets`); none panics or indexes out of
+//! bounds on any input.
+
+/// The child range `lo..hi` that list views with `(offset, size)` address: empty views
+/// (size 0) address nothing; `(0, 0)` when no view addresses anything.
+pub(crate) fn list_view_range(views: impl Iterator<Item = (i64, i64)>) -> (i64, i64) {
+    let (lo, hi) = views
+        .filter(|&(_, s)| s > 0)
+        .fold((i64::MAX, i64::MIN), |(lo, hi), (o, s)| {
+            (lo.min(o), hi.max(o.saturating_add(s)))
+        });
+    if lo > hi {
+        (0, 0)
+    } else {
+        (lo, hi)
+    }
+}
+
+/// A list view offset rebased for a child cut to start at `lo`: `offset - lo` for a
+/// non-empty view, 0 for an empty one (it addresses nothing).
+pub(crate) fn rebase_list_view(offset: i64, size: i64, lo: i64) -> i64 {
+    if size > 0 {
+        offset.wrapping_sub(lo)
+    } else {
+        0
+    }
+}
+
+/// The child of each type id of a union (`field_ids`, in child order): `None` for ids no
+/// field has (negative ids included).
+fn child_of_type_ids(field_ids: &[i8]) -> [Option<usize>; 128] {
+    let mut children = [None; 128];
+    for (i, &id) in field_ids.iter().enumerate() {
+        if let Ok(id) = usize::try_from(id) {
+            if let Some(slot) = children.get_mut(id) {
+                *slot = Some(i);
+            }
+        }
+    }
+    children
+}
+
+/// For each child of a dense union (fields with type ids `field_ids`, children of
+/// lengths `child_lens`, in child order), the range `lo..hi` of its items that the union
+/// items with `type_ids` and `offsets` reach; `(0, 0)` for a child no item reaches.
+///
+/// An error names the first type id that no field has, or offset outside its child.
+pub(crate) fn dense_union_ranges(
+    field_ids: &[i8],
+    child_lens: &[usize],
+    type_ids: impl Iterator<Item = i8>,
+    offsets: impl Iterator<Item = i32>,
+) -> Result<Vec<(usize, usize)>, String> {
+    let children = child_of_type_ids(field_ids);
+    let mut ranges = vec![(usize::MAX, 0usize); child_lens.len()];
+    for (i, (id, offset)) in type_ids.zip(offsets).enumerate() {
+        let child = usize::try_from(id)
+            .ok()
+            .and_then(|id| children.get(id).copied().flatten())
+            .filter(|&c| c < child_lens.len())
+            .ok_or_else(|| format!("item {i} has type id {id}, which no field has"))?;
+        let len = child_lens[child];
+        let at = usize::try_from(offset)
+            .ok()
+            .filter(|&o| o < len)
+            .ok_or_else(|| {
+                format!(
+                    "item {i} has offset {offset} into child {child} (type id {id}), \
+                     outside the child (length {len})"
+                )
+            })?;
+        let range = &mut ranges[child];
+        *range = (range.0.min(at), range.1.max(at + 1));
+    }
+    Ok(ranges
+        .into_iter()
+        .map(|(lo, hi)| if lo > hi { (0, 0) } else { (lo, hi) })
+        .collect())
+}
+
+/// Dense union offsets rebased for children cut to start at `bases` (in child order):
+/// each offset minus the base of its item's child. Offsets of type ids no field has are
+/// kept (the rebuilt array's validation refuses them).
+pub(crate) fn rebase_union_offsets<'a>(
+    field_ids: &[i8],
+    bases: &'a [usize],
+    type_ids: impl Iterator<Item = i8> + 'a,
+    offsets: impl Iterator<Item = i32> + 'a,
+) -> impl Iterator<Item = i32> + 'a {
+    let children = child_of_type_ids(field_ids);
+    type_ids.zip(offsets).map(move |(id, offset)| {
+        let base = usize::try_from(id)
+            .ok()
+            .and_then(|id| children.get(id).copied().flatten())
+            .and_then(|c| bases.get(c).copied())
+            .unwrap_or(0);
+        // Bases are child lengths, below 2^31 (union offsets are i32).
+        offset.wrapping_sub(base as i32)
+    })
+}
+
+/// The runs `first..last` of a run-end encoded array whose run ends are `ends` (strictly
+/// increasing) that cover its logical items `start..start + len` (`first == last` when
+/// `len` is 0).
+pub(crate) fn covering_runs(ends: &[i64], start: usize, len: usize) -> (usize, usize) {
+    let first = ends.partition_point(|&e| ends_before(e, start));
+    if len == 0 {
+        return (first, first);
+    }
+    let last = ends.partition_point(|&e| ends_before_end(e, start, len)) + 1;
+    (first, last.min(ends.len()))
+}
+
+/// Whether a run ending at `end` ends at or before logical item `start` (so it is not
+/// among the runs covering a slice from `start`): the predicate of the first covering
+/// run, a partition point.
+pub(crate) fn ends_before(end: i64, start: usize) -> bool {
+    end <= start as i64
+}
+
+/// Whether a run ending at `end` ends before the last item of a slice of `len > 0` items
+/// from `start`: the predicate of the last covering run (one past the partition point).
+pub(crate) fn ends_before_end(end: i64, start: usize, len: usize) -> bool {
+    end < (start + len) as i64
+}
+
+/// The run ends of runs cut out of a run-end encoded array for its slice of `len` items
+/// from logical item `start`: relative to `start`, the last one (which may reach past the
+/// slice) clamped to `len`. Offset 0 then applies, as the C data interface lays it out.
+pub(crate) fn rebase_run_ends(
+    ends: impl Iterator<Item = i64>,
+    start: usize,
+    len: usize,
+) -> impl Iterator<Item = i64> {
+    ends.map(move |e| e.wrapping_sub(start as i64).min(len as i64))
+}
+
+/// Views (16 bytes each) are inline up to this many bytes; longer ones point into a
+/// variadic buffer.
+const INLINE_VIEW: usize = 12;
+
+/// The length, buffer index and offset of a 16-byte view that is not inline.
+fn outline_view(view: &[u8]) -> Option<(usize, usize, usize)> {
+    let word = |at: usize| u32::from_le_bytes([view[at], view[at + 1], view[at + 2], view[at + 3]]);
+    let len = word(0) as usize;
+    (len > INLINE_VIEW).then(|| (len, word(8) as usize, word(12) as usize))
+}
+
+/// For each variadic buffer of a view array (of `sizes` bytes), the byte range `lo..hi`
+/// that `views` (16 bytes each) reach; `None` for a buffer no view reaches.
+///
+/// An error names the first view into a buffer that does not exist or past the end of
+/// one.
+pub(crate) fn view_spans(
+    views: &[u8],
+    sizes: &[usize],
+) -> Result<Vec<Option<(usize, usize)>>, String> {
+    let mut spans: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+    for (i, view) in views.chunks_exact(16).enumerate() {
+        let Some((len, buffer, offset)) = outline_view(view) else {
+            continue;
+        };
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| sizes.get(buffer).is_some_and(|&size| end <= size))
+            .ok_or_else(|| match sizes.get(buffer) {
+                None => format!(
+                    "view {i} points into variadic buffer {buffer}, of {} buffers",
+                    sizes.len()
+                ),
+                Some(size) => format!(
+                    "view {i} ({len} bytes at {offset}) reaches past the end of variadic \
+                     buffer {buffer} ({size} bytes)"
+                ),
+            })?;
+        let span = spans[buffer].get_or_insert((offset, end));
+        *span = (span.0.min(offset), span.1.max(end));
+    }
+    Ok(spans)
+}
+
+/// Rewrites `views` (16 bytes each, little-endian) for variadic buffers cut to start at
+/// `bases`: the offset of every view that is not inline, minus its buffer's base. Views
+/// into buffers that do not exist are kept (the rebuilt array's validation refuses them).
+pub(crate) fn rebase_views(views: &mut [u8], bases: &[usize]) {
+    for view in views.chunks_exact_mut(16) {
+        let Some((_, buffer, offset)) = outline_view(view) else {
+            continue;
+        };
+        if let Some(&base) = bases.get(buffer) {
+            let rebased = (offset as u32).wrapping_sub(base as u32);
+            view[12..16].copy_from_slice(&rebased.to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(len: u32, buffer: u32, offset: u32) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[0..4].copy_from_slice(&len.to_le_bytes());
+        v[8..12].copy_from_slice(&buffer.to_le_bytes());
+        v[12..16].copy_from_slice(&offset.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn list_views_reach_the_range_of_their_non_empty_views() {
+        assert_eq!(
+            list_view_range([(5, 2), (9, 0), (1, 3)].into_iter()),
+            (1, 7)
+        );
+        assert_eq!(list_view_range([(5, 0)].into_iter()), (0, 0));
+        assert_eq!(rebase_list_view(5, 2, 1), 4);
+        assert_eq!(rebase_list_view(9, 0, 1), 0);
+    }
+
+    #[test]
+    fn dense_unions_reach_a_range_per_child() {
+        let ids = [5i8, 7];
+        let ranges =
+            dense_union_ranges(&ids, &[10, 4], [7, 7, 5].into_iter(), [3, 1, 6].into_iter());
+        assert_eq!(ranges.unwrap(), vec![(6, 7), (1, 4)]);
+        let none = dense_union_ranges(&ids, &[10, 4], [5].into_iter(), [2].into_iter());
+        assert_eq!(none.unwrap(), vec![(2, 3), (0, 0)]);
+        let past = dense_union_ranges(&ids, &[10, 4], [7].into_iter(), [4].into_iter());
+        assert!(past.unwrap_err().contains("outside the child (length 4)"));
+        let negative = dense_union_ranges(&ids, &[10, 4], [7].into_iter(), [-1].into_iter());
+        assert!(negative.is_err());
+        let unknown = dense_union_ranges(&ids, &[10, 4], [6].into_iter(), [0].into_iter());
+        assert!(unknown.unwrap_err().contains("type id 6"));
+        let rebased: Vec<i32> =
+            rebase_union_offsets(&ids, &[6, 1], [7, 7, 5].into_iter(), [3, 1, 6].into_iter())
+                .collect();
+        assert_eq!(rebased, vec![2, 0, 0]);
+    }
+
+    #[test]
+    fn runs_covering_a_slice() {
+        let ends = [2i64, 3, 6, 10];
+        assert_eq!(covering_runs(&ends, 0, 10), (0, 4));
+        assert_eq!(covering_runs(&ends, 2, 1), (1, 2));
+        assert_eq!(covering_runs(&ends, 3, 4), (2, 4));
+        assert_eq!(covering_runs(&ends, 5, 0), (2, 2));
+        let rebased: Vec<i64> = rebase_run_ends(ends[2..4].iter().copied(), 3, 4).collect();
+        assert_eq!(rebased, vec![3, 4]);
+    }
+
+    #[test]
+    fn views_reach_spans_of_their_buffers() {
+        let views: Vec<u8> = [
+            view(20, 1, 100),
+            view(3, 0, 0),
+            view(13, 1, 40),
+            view(30, 0, 7),
+        ]
+        .concat();
+        let spans = view_spans(&views, &[37, 120, 5]).unwrap();
+        assert_eq!(spans, vec![Some((7, 37)), Some((40, 120)), None]);
+        assert!(view_spans(&views, &[36, 120])
+            .unwrap_err()
+            .contains("past the end"));
+        assert!(view_spans(&views, &[37])
+            .unwrap_err()
+            .contains("of 1 buffers"));
+        let mut rebased = views.clone();
+        rebase_views(&mut rebased, &[7, 40]);
+        assert_eq!(
+            rebased,
+            [
+                view(20, 1, 60),
+                view(3, 0, 0),
+                view(13, 1, 0),
+                view(30, 0, 0)
+            ]
+            .concat()
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! Large columns of every layout a slice has to cut (variable-length data, views, lists
+//! of strings, maps, unions, run-end encoded arrays, dictionaries, structs), with nulls,
+//! for the tests that a small slice of one moves only its bytes, and for the slice matrix
+//! (`cargo run -p devarrow-bridge --example slice_matrix`), which prints the bytes moved
+//! per type.
+//!
+//! Every column is valid, deterministic, and has nulls at the top level (where the type
+//! has a validity bitmap) and in its children.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryViewBuilder, FixedSizeListBuilder, GenericListBuilder, Int32Builder, ListBuilder,
+    MapBuilder, StringBuilder, StringViewBuilder,
+};
+use arrow_array::types::Int32Type;
+use arrow_array::*;
+use arrow_buffer::{BooleanBuffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::{DataType, Field, UnionFields};
+use devarrow_abi::{cpu, DeviceArray};
+
+/// Where [`columns`]' tests and the slice matrix cut their slices: a few rows from the
+/// middle, at an offset that is not a multiple of 8 (bitmaps start mid-byte).
+pub const SLICE_OFFSET: usize = 50_003;
+/// The rows of those slices.
+pub const SLICE_LEN: usize = 1_000;
+/// The rows of the columns those slices come from.
+pub const ROWS: usize = 100_000;
+
+fn valid(i: usize) -> bool {
+    i % 7 != 3
+}
+
+/// A string of a few bytes, or (most rows) longer than 12 bytes, so that view types keep
+/// most values out of line.
+fn text(i: usize) -> String {
+    if i.is_multiple_of(5) {
+        format!("s{}", i % 100)
+    } else {
+        format!("a string longer than twelve bytes, row {i}")
+    }
+}
+
+/// A validity bitmap for `rows` rows whose `NullBuffer` starts `shift` bits into its
+/// buffer (so it has an offset of its own, unlike the data it goes with).
+fn shifted_nulls(rows: usize, shift: usize) -> NullBuffer {
+    let bits = BooleanBuffer::from_iter((0..rows + shift).map(|i| i < shift || valid(i - shift)));
+    NullBuffer::new(bits.slice(shift, rows))
+}
+
+/// The columns, named by their type, each of `rows` rows (at least 8).
+pub fn columns(rows: usize) -> Vec<(&'static str, ArrayRef)> {
+    let mut cols: Vec<(&'static str, ArrayRef)> = Vec::new();
+    cols.push((
+        "int64",
+        Arc::new(Int64Array::from_iter(
+            (0..rows).map(|i| valid(i).then_some(i as i64)),
+        )),
+    ));
+    // A NullBuffer with an offset of its own (5 bits), over values with none.
+    cols.push((
+        "int32, nulls at another offset",
+        Arc::new(Int32Array::new(
+            ScalarBuffer::from_iter((0..rows).map(|i| i as i32)),
+            Some(shifted_nulls(rows, 5)),
+        )),
+    ));
+    cols.push((
+        "utf8",
+        Arc::new(StringArray::from_iter(
+            (0..rows).map(|i| valid(i).then(|| text(i))),
+        )),
+    ));
+    let strings = StringArray::from_iter_values((0..rows).map(text));
+    let (offsets, values, _) = strings.into_parts();
+    cols.push((
+        "utf8, nulls at another offset",
+        Arc::new(StringArray::new(
+            offsets,
+            values,
+            Some(shifted_nulls(rows, 3)),
+        )),
+    ));
+    let mut views = StringViewBuilder::new();
+    let mut binary_views = BinaryViewBuilder::new();
+    for i in 0..rows {
+        let value = valid(i).then(|| text(i));
+        views.append_option(value.as_deref());
+        binary_views.append_option(value.as_deref().map(str::as_bytes));
+    }
+    cols.push(("utf8_view", Arc::new(views.finish())));
+    cols.push(("binary_view", Arc::new(binary_views.finish())));
+    cols.push((
+        "list<int32>",
+        Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..rows).map(|i| {
+                valid(i).then(|| {
+                    (0..i % 5)
+                        .map(|j| (j != 2).then_some((i + j) as i32))
+                        .collect::<Vec<_>>()
+                })
+            }),
+        )),
+    ));
+    let mut lists = ListBuilder::new(StringBuilder::new());
+    let mut large_lists = GenericListBuilder::<i64, _>::new(StringBuilder::new());
+    let mut nested = ListBuilder::new(ListBuilder::new(StringBuilder::new()));
+    for i in 0..rows {
+        for j in 0..i % 4 {
+            let value = (j != 1).then(|| text(i + j));
+            lists.values().append_option(value.as_deref());
+            large_lists.values().append_option(value.as_deref());
+            let inner = nested.values();
+            for k in 0..(i + j) % 3 {
+                inner.values().append_option((k != 1).then(|| text(i + k)));
+            }
+            inner.append(j != 2);
+        }
+        lists.append(valid(i));
+        large_lists.append(valid(i));
+        nested.append(valid(i));
+    }
+    cols.push(("list<utf8>", Arc::new(lists.finish())));
+    cols.push(("large_list<utf8>", Arc::new(large_lists.finish())));
+    cols.push(("list<list<utf8>>", Arc::new(nested.finish())));
+    let mut fixed = FixedSizeListBuilder::new(StringBuilder::new(), 3);
+    for i in 0..rows {
+        for j in 0..3 {
+            let value = (j != 1 || i % 2 == 0).then(|| text(i + j));
+            fixed.values().append_option(value.as_deref());
+        }
+        fixed.append(valid(i));
+    }
+    cols.push(("fixed_size_list<utf8, 3>", Arc::new(fixed.finish())));
+    let mut map = MapBuilder::new(None, StringBuilder::new(), Int32Builder::new());
+    for i in 0..rows {
+        for j in 0..i % 3 {
+            map.keys().append_value(text(i + j));
+            map.values()
+                .append_option((j != 1).then_some((i + j) as i32));
+        }
+        map.append(valid(i)).expect("map entry");
+    }
+    cols.push(("map<utf8, int32>", Arc::new(map.finish())));
+    let strings = StringArray::from_iter((0..rows).map(|i| (i % 4 != 1).then(|| text(i))));
+    let ints = Int32Array::from_iter((0..rows).map(|i| (i % 3 != 1).then_some(i as i32)));
+    cols.push((
+        "struct<int32, utf8>",
+        Arc::new(StructArray::new(
+            vec![
+                Field::new("i", DataType::Int32, true),
+                Field::new("s", DataType::Utf8, true),
+            ]
+            .into(),
+            vec![Arc::new(ints.clone()), Arc::new(strings.clone())],
+            Some(NullBuffer::from_iter((0..rows).map(valid))),
+        )),
+    ));
+    // A list view over the strings in reverse order (offsets decrease), empty and null
+    // views pointing nowhere in particular.
+    let sizes: Vec<i32> = (0..rows).map(|i| (i % 3) as i32).collect();
+    let offsets: Vec<i32> = (0..rows)
+        .map(|i| (rows - 1 - i).saturating_sub(2) as i32)
+        .collect();
+    cols.push((
+        "list_view<utf8>",
+        Arc::new(ListViewArray::new(
+            Arc::new(Field::new("item", DataType::Utf8, true)),
+            ScalarBuffer::from(offsets),
+            ScalarBuffer::from(sizes),
+            Arc::new(strings.clone()),
+            Some(NullBuffer::from_iter((0..rows).map(valid))),
+        )),
+    ));
+    let fields = UnionFields::try_new(
+        vec![3, 8],
+        vec![
+            Field::new("i", DataType::Int32, true),
+            Field::new("s", DataType::Utf8, true),
+        ],
+    )
+    .expect("union fields");
+    let type_id = |i: usize| if i.is_multiple_of(3) { 3i8 } else { 8 };
+    cols.push((
+        "sparse_union<int32, utf8>",
+        Arc::new(
+            UnionArray::try_new(
+                fields.clone(),
+                ScalarBuffer::from_iter((0..rows).map(type_id)),
+                None,
+                vec![Arc::new(ints.clone()), Arc::new(strings.clone())],
+            )
+            .expect("sparse union"),
+        ),
+    ));
+    let mut counts = [0i32; 2];
+    let dense_offsets: Vec<i32> = (0..rows)
+        .map(|i| {
+            let child = usize::from(type_id(i) == 8);
+            counts[child] += 1;
+            counts[child] - 1
+        })
+        .collect();
+    cols.push((
+        "dense_union<int32, utf8>",
+        Arc::new(
+            UnionArray::try_new(
+                fields,
+                ScalarBuffer::from_iter((0..rows).map(type_id)),
+                Some(ScalarBuffer::from(dense_offsets)),
+                vec![
+                    Arc::new(ints.slice(0, counts[0] as usize)),
+                    Arc::new(strings.slice(0, counts[1] as usize)),
+                ],
+            )
+            .expect("dense union"),
+        ),
+    ));
+    // Runs of 1 to 4 rows.
+    let mut ends = Vec::new();
+    let mut end = 0;
+    while end < rows {
+        end = (end + 1 + ends.len() % 4).min(rows);
+        ends.push(end as i32);
+    }
+    let values = StringArray::from_iter((0..ends.len()).map(|r| (r % 5 != 2).then(|| text(r))));
+    cols.push((
+        "run_end_encoded<int32, utf8>",
+        Arc::new(
+            RunArray::<Int32Type>::try_new(&Int32Array::from(ends), &values)
+                .expect("run-end encoded"),
+        ),
+    ));
+    let words = StringArray::from_iter_values((0..1000).map(text));
+    cols.push((
+        "dictionary<int32, utf8>",
+        Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from_iter((0..rows).map(|i| valid(i).then_some((i % 1000) as i32))),
+                Arc::new(words),
+            )
+            .expect("dictionary"),
+        ),
+    ));
+    let list_of_strings: OffsetBuffer<i32> = OffsetBuffer::from_lengths((0..rows).map(|i| i % 3));
+    let items = list_of_strings.last() as usize;
+    let mut views = StringViewBuilder::new();
+    for i in 0..rows {
+        views.append_option(valid(i).then(|| text(i)).as_deref());
+    }
+    cols.push((
+        "struct<list<utf8>, utf8_view>",
+        Arc::new(StructArray::new(
+            vec![
+                Field::new_list("l", Field::new("item", DataType::Utf8, true), true),
+                Field::new("v", DataType::Utf8View, true),
+            ]
+            .into(),
+            vec![
+                Arc::new(ListArray::new(
+                    Arc::new(Field::new("item", DataType::Utf8, true)),
+                    list_of_strings,
+                    Arc::new(StringArray::from_iter(
+                        (0..items).map(|i| (i % 6 != 0).then(|| text(i))),
+                    )),
+                    Some(NullBuffer::from_iter((0..rows).map(|i| i % 4 != 0))),
+                )),
+                Arc::new(views.finish()),
+            ],
+            Some(NullBuffer::from_iter((0..rows).map(valid))),
+        )),
+    ));
+    cols
+}
+
+/// A record batch of one column `name`.
+pub fn batch_of(name: &str, column: ArrayRef) -> RecordBatch {
+    RecordBatch::try_from_iter([(name, column)]).expect("one column")
+}
+
+/// Exports `batch` through the C data interface (devarrow's CPU export: arrow-rs's
+/// `FFI_ArrowArray`) as its slice of `len` rows from `offset`, cut at the C level: every
+/// column keeps all its buffers and children and gets the slice as its own `offset` and
+/// `length` (its null count unknown, -1, unless it has no nulls at all), as a producer that slices an array without
+/// touching its children (Arrow C++) exports it. arrow-rs's own slices push the cut into
+/// the children of structs, fixed-size lists and sparse unions instead.
+pub fn export_c_slice(
+    batch: &RecordBatch,
+    offset: usize,
+    len: usize,
+) -> (DeviceArray, FFI_ArrowSchema) {
+    assert!(
+        offset + len <= batch.num_rows(),
+        "the slice lies in the batch"
+    );
+    let (array, schema) = cpu::export_record_batch(batch).expect("a CPU export");
+    let mut raw = array.into_raw();
+    raw.array.length = len as i64;
+    for i in 0..raw.array.n_children as usize {
+        // SAFETY: `i < n_children`, and arrow-rs's export fills `children` with valid
+        // pointers to child structs it owns until the release.
+        let column = unsafe { &mut **raw.array.children.add(i) };
+        column.offset += offset as i64;
+        column.length = len as i64;
+        if column.null_count != 0 {
+            column.null_count = -1;
+        }
+    }
+    // SAFETY: `raw` came from a DeviceArray; every column still addresses items inside
+    // `0..batch.num_rows()` of its own buffers and children (`offset + len` is at most
+    // that), so its buffers cover what it addresses.
+    let array = unsafe { DeviceArray::try_new(raw) }.expect("a valid array");
+    (array, schema)
+}
