@@ -213,7 +213,11 @@ pub unsafe fn validate_structure(
 
 /// # Safety
 /// `array` must be well-formed and unreleased (see [`validate_structure`]).
-unsafe fn validate_node(array: &ArrowArray, data_type: &DataType, path: &NodePath<'_>) -> Result<()> {
+unsafe fn validate_node(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &NodePath<'_>,
+) -> Result<()> {
     let invalid = |field: &'static str, value: i64| Error::InvalidField {
         path: path.to_string(),
         field,

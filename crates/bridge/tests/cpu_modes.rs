@@ -10,8 +10,13 @@ use devarrow_abi::device::{CpuDevice, Device, HostPool, LinkModel};
 use devarrow_bridge::{pin_batch, DeviceBatch, Transfer, TransferOptions};
 use devarrow_testing::sample;
 
-/// A batch of `rows` rows, large enough to take several staging chunks.
+/// Miri interprets the tests about 1000 times slower: it runs them on batches and chunks
+/// this many times smaller (the same number of chunks per batch, the same code paths).
+const MIRI_SCALE: usize = if cfg!(miri) { 64 } else { 1 };
+
+/// A batch of `rows / MIRI_SCALE` rows, large enough to take several staging chunks.
 fn big_batch(rows: usize) -> RecordBatch {
+    let rows = rows / MIRI_SCALE;
     RecordBatch::try_from_iter([
         (
             "i",
@@ -32,9 +37,9 @@ fn big_batch(rows: usize) -> RecordBatch {
 /// Small chunks, so that a batch of a few MB goes through many copies in a pipeline.
 fn small_chunks() -> TransferOptions {
     TransferOptions {
-        staging_bytes: 1 << 20,
-        chunk_bytes: 256 << 10,
-        first_chunk_bytes: 64 << 10,
+        staging_bytes: (1 << 20) / MIRI_SCALE,
+        chunk_bytes: (256 << 10) / MIRI_SCALE,
+        first_chunk_bytes: (64 << 10) / MIRI_SCALE,
         ..Default::default()
     }
 }
@@ -45,7 +50,7 @@ fn round_trips(device: Arc<dyn Device>, options: TransferOptions) {
         sample::every_type_batch(),
         sample::every_type_batch().slice(1, 3),
         big_batch(300_000),
-        big_batch(300_000).slice(12_345, 100_000),
+        big_batch(300_000).slice(12_345 / MIRI_SCALE, 100_000 / MIRI_SCALE),
         big_batch(0),
     ];
     let on_device: Vec<DeviceBatch> = batches
