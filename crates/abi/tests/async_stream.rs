@@ -1408,18 +1408,12 @@ fn dropping_the_stream_before_the_schema_refuses_on_schema() {
     fake.release();
 }
 
-/// Found triaging the fuzzers' schema finding (the `async_consumer` target sends such
-/// schemas, but the panic is caught, so it does not crash). arrow-rs's `Schema::try_from` panics on
-/// some foreign schemas (a NULL or non-UTF-8 format, a list format without its child);
-/// the consumer's `on_schema` calls it directly. `catch_panic` keeps the panic from
-/// crossing the C boundary (on_schema returns EIO), but it unwinds out of
-/// `Shared::on_schema` before `state.fail(..)`: the Rust side never learns why, waits,
-/// and after the producer's `release` reports a misleading protocol violation ("released
-/// the handler without calling on_schema or on_error") instead of `Error::Schema`.
+/// Found triaging the fuzzers' schema finding: arrow-rs's `Schema::try_from` panics on
+/// some foreign schemas (a NULL or non-UTF-8 format, a list format without its child).
+/// The consumer's `on_schema` reads the schema through devarrow's guarded reader, so the
+/// Rust side learns why (`Error::Schema`) rather than, after the producer's `release`, a
+/// misleading protocol violation.
 #[test]
-#[ignore = "async_stream/consumer.rs is being reworked elsewhere: its on_schema should read \
-            the schema with devarrow_abi::schema::import_schema (typed Error::Schema, no \
-            panic) instead of arrow-rs's Schema::try_from"]
 fn on_schema_with_a_schema_arrow_rs_panics_on_is_a_schema_error() {
     let _w = watchdog("on_schema_panicking_schema");
     let (handler, stream) = async_handler(2);

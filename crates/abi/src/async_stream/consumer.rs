@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 
 use arrow_array::RecordBatch;
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{ArrowError, Schema, SchemaRef};
+use arrow_schema::{ArrowError, SchemaRef};
 use futures::Stream;
 
 use super::{lock, WithMetadata};
@@ -248,7 +248,8 @@ impl Shared {
                     "handler->producer was not set before on_schema".into(),
                 )),
                 (false, None) => Err(Failure::Protocol("on_schema got a NULL schema".into())),
-                (false, Some(ffi)) => Schema::try_from(&ffi)
+                // arrow-rs's own reader panics on some schemas: the guarded one never does.
+                (false, Some(ffi)) => crate::schema::import_schema(&ffi)
                     .map(Arc::new)
                     .map_err(|e| Failure::Schema(e.to_string()))
                     .and_then(|schema| {
