@@ -2,6 +2,12 @@
 //! abi's CPU consumers and the bridge's device consumers: round trips of every type and
 //! slice, the read-ahead bound, errors mid-stream with their errno, early drops (no leak,
 //! no deadlock) and back-pressure.
+//!
+//! Not under Miri: these tests wait for threads to settle and run every-type batches
+//! through background uploaders, which takes far beyond CI's time interpreted (one test
+//! ran 20 minutes). The C and async stream state machines they drive run under Miri in
+//! devarrow-abi's tests, and natively here.
+#![cfg(not(miri))]
 
 mod common;
 
