@@ -165,8 +165,14 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                         let array = ledger.count(cpu::export_batch_array(&batch(u.arbitrary()?)));
                         let mut task = new_task(array);
                         code = unsafe { on_next_task(h, &mut task, std::ptr::null()) };
-                        // A task devarrow refused: it must have extracted it (with NULL).
-                        let _ = code;
+                        if code != 0 {
+                            // A refused task stays its producer's (the consumer's protocol
+                            // decisions): reclaimed here, its array released.
+                            let extract = task.extract_data.expect("new_task sets it");
+                            // SAFETY: a devarrow task, extracted at most once here; a NULL
+                            // out releases the array.
+                            let _ = unsafe { extract(&mut task, std::ptr::null_mut()) };
+                        }
                     }
                     4 => {
                         code = unsafe { on_next_task(h, std::ptr::null_mut(), std::ptr::null()) };
@@ -198,7 +204,13 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
                             private_data: &*t as *const FakeTask as *mut c_void,
                         };
                         fake_tasks.push(t);
-                        code = unsafe { on_next_task(h, &mut task, c"meta".as_ptr()) };
+                        // Metadata in the C data interface encoding (a producer must not pass else).
+                        code = unsafe { on_next_task(h, &mut task, metadata.as_ptr().cast()) };
+                        if code != 0 {
+                            // Refused: the producer's again, reclaimed as above.
+                            // SAFETY: the FakeTask lives in `fake_tasks`; NULL discards.
+                            let _ = unsafe { fake_extract(&mut task, std::ptr::null_mut()) };
+                        }
                     }
                 }
                 let _ = code;
