@@ -569,8 +569,8 @@ impl Transfer {
             // SAFETY: every destination is a registered output of its copy's length, not
             // read (nor otherwise written) until the event recorded next has completed;
             // the sources lie in the downloads' device memory.
-            let event =
-                unsafe { device.copy_batch_to_host(&direct) }.and_then(|()| device.record_event());
+            let copied = unsafe { device.copy_batch_to_host(&direct) };
+            let event = copied.and_then(|()| device.record_event());
             match event {
                 Ok(event) => Some(event),
                 Err(e) => {

@@ -515,10 +515,10 @@ pub(crate) unsafe fn memcpy_batch_async(
     let mut attrs = [attributes];
     let mut first_copy_of_each = [0usize];
     let mut fail_index = usize::MAX;
+    // Three arrays of `sizes.len()` copies and one attribute set that applies from copy
+    // 0, all live for the call; `fail_index` is a local.
     // SAFETY: the symbol exists (the caller's guarantee), so cudarc's lazy lookup does
-    // not panic; three arrays of `sizes.len()` copies and one attribute set that applies
-    // from copy 0, all live for the call; `fail_index` is a local; the ranges and the
-    // stream are the caller's guarantee.
+    // not panic; the arrays are as above; the ranges and the stream are the caller's.
     unsafe {
         sys::cuMemcpyBatchAsync(
             dsts.as_mut_ptr(),

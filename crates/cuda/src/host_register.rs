@@ -192,10 +192,10 @@ impl Drop for HostRegistration {
         // An error (the context is gone, destroyed by a reset, which dropped the
         // registration with it) leaves nothing to undo.
         if let Ok(_bound) = ContextGuard::enter(&entry.context) {
-            // SAFETY: devarrow registered the range at `start` (the table says so) and
-            // this was its last use: the copies of every use have completed (the
-            // contract of `register`); the context it was registered in is bound. Under
-            // the table's lock, so the pages are not registered anew meanwhile.
+            // Under the table's lock, so the pages are not registered anew meanwhile.
+            // SAFETY: devarrow registered the range at `start` (the table says so), this
+            // was its last use (every use's copies completed: `register`'s contract),
+            // and the context it was registered in is bound.
             let _ = unsafe { driver::mem_host_unregister(self.start as *mut c_void) };
         }
     }
