@@ -11,7 +11,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::SchemaRef;
 use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
-use devarrow_abi::{DeviceArray, Result};
+use devarrow_abi::{ArrowDeviceType, DeviceArray, Result};
 
 use crate::export_options::{normalize_root_offset, ExportOptions};
 use crate::foreign::Foreign;
@@ -55,6 +55,15 @@ impl DeviceBatch {
     pub fn num_rows(&self) -> usize {
         self.num_rows
     }
+    /// Where the buffers lie: the device's type and id, or for an imported batch the
+    /// foreign array's (`ARROW_DEVICE_CUDA_HOST` for pinned memory, say).
+    pub(crate) fn buffers_placement(&self) -> (ArrowDeviceType, i64) {
+        match &self.storage {
+            Storage::Packed { .. } => (self.device.device_type(), self.device.device_id()),
+            Storage::Foreign(foreign) => (foreign.device_type(), foreign.device_id()),
+        }
+    }
+
     /// The device the batch lives on.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device

@@ -176,18 +176,12 @@ impl<'a> DeviceColumn<'a> {
     /// The device type of the buffers (for an imported batch, the foreign array's:
     /// `ARROW_DEVICE_CUDA_HOST` for pinned memory, say).
     pub fn device_type(&self) -> ArrowDeviceType {
-        match &self.batch.storage {
-            Storage::Packed { .. } => self.batch.device.device_type(),
-            Storage::Foreign(foreign) => foreign.device_type(),
-        }
+        self.batch.buffers_placement().0
     }
 
     /// The device id of the buffers.
     pub fn device_id(&self) -> i64 {
-        match &self.batch.storage {
-            Storage::Packed { .. } => self.batch.device.device_id(),
-            Storage::Foreign(foreign) => foreign.device_id(),
-        }
+        self.batch.buffers_placement().1
     }
 
     /// The number of buffers (the C data interface's `n_buffers`, variadic buffers of
@@ -319,17 +313,11 @@ impl<'a> ColumnBuffer<'a> {
 
     /// The device type of the memory.
     pub fn device_type(&self) -> ArrowDeviceType {
-        match &self.batch.storage {
-            Storage::Packed { .. } => self.batch.device.device_type(),
-            Storage::Foreign(foreign) => foreign.device_type(),
-        }
+        self.batch.buffers_placement().0
     }
 
     /// The device id of the memory.
     pub fn device_id(&self) -> i64 {
-        match &self.batch.storage {
-            Storage::Packed { .. } => self.batch.device.device_id(),
-            Storage::Foreign(foreign) => foreign.device_id(),
-        }
+        self.batch.buffers_placement().1
     }
 }
