@@ -1199,19 +1199,7 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
     };
     let batch = sample::every_type_batch();
     let dev = device.primary_context().clone();
-    let run = |device: &Arc<CudaDevice>| {
-        let mut transfer = transfer(device);
-        let mut released = None;
-        let result = (|| {
-            let on_device = transfer.to_device(&batch)?;
-            let (array, schema) = on_device.export()?;
-            let (array, count) = count_releases(array);
-            released = Some(count);
-            let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema)?;
-            transfer.to_host(&imported)
-        })();
-        (result, released)
-    };
+    let run = |device: &Arc<CudaDevice>| exported_round_trip(&mut transfer(device), device, &batch);
     // Everything loaded and allocated once (kernels, pools, staging) before measuring.
     let (warm, _) = run(&device);
     assert_eq!(warm.unwrap(), batch);
@@ -1228,21 +1216,7 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
             break;
         }
         failures += 1;
-        match result {
-            // A failure the operation recovered from (none expected today) must still
-            // give the right answer.
-            Ok(back) => assert_eq!(back, batch, "call {n}"),
-            Err(e) => assert!(
-                matches!(
-                    e,
-                    devarrow_abi::Error::Device { .. } | devarrow_abi::Error::Arrow(_)
-                ),
-                "call {n}: not a typed device error: {e:?}"
-            ),
-        }
-        if let Some(count) = released {
-            assert_eq!(releases(&count), 1, "call {n}: the export is released once");
-        }
+        check_failed_round_trip(n, result, released, &batch);
         let now = free_memory(&dev);
         assert!(
             now + (1 << 20) >= baseline,
@@ -1460,19 +1434,7 @@ fn a_driver_failure_with_batched_copies_and_registrations_leaks_nothing() {
         direct_min_bytes: 1,
         ..Default::default()
     };
-    let run = || {
-        let mut transfer = Transfer::new(cuda.clone(), options);
-        let mut released = None;
-        let result = (|| {
-            let on_device = transfer.to_device(&batch)?;
-            let (array, schema) = on_device.export()?;
-            let (array, count) = count_releases(array);
-            released = Some(count);
-            let imported = DeviceBatch::import_with_ffi_schema(cuda.clone(), array, &schema)?;
-            transfer.to_host(&imported)
-        })();
-        (result, released)
-    };
+    let run = || exported_round_trip(&mut Transfer::new(cuda.clone(), options), &cuda, &batch);
     let (warm, _) = run();
     assert_eq!(warm.unwrap(), batch);
     assert!(cuda.batched_copy_calls() > 0);
@@ -1487,19 +1449,7 @@ fn a_driver_failure_with_batched_copies_and_registrations_leaks_nothing() {
             break;
         }
         failures += 1;
-        match result {
-            Ok(back) => assert_eq!(back, batch, "call {n}"),
-            Err(e) => assert!(
-                matches!(
-                    e,
-                    devarrow_abi::Error::Device { .. } | devarrow_abi::Error::Arrow(_)
-                ),
-                "call {n}: not a typed device error: {e:?}"
-            ),
-        }
-        if let Some(count) = released {
-            assert_eq!(releases(&count), 1, "call {n}: the export is released once");
-        }
+        check_failed_round_trip(n, result, released, &batch);
         assert_eq!(
             live_host_registrations(),
             0,
@@ -2041,5 +1991,51 @@ mod cuda_interop {
             .cuda_values::<f64>(&stream)
             .unwrap();
         assert_eq!(stream.clone_dtoh(&*f).unwrap(), floats);
+    }
+}
+
+/// `batch` up through `transfer`, exported, imported again on `device` and down: the
+/// result, and the export's release counter once the export exists.
+fn exported_round_trip(
+    transfer: &mut Transfer,
+    device: &Arc<CudaDevice>,
+    batch: &RecordBatch,
+) -> (
+    devarrow_abi::Result<RecordBatch>,
+    Option<Arc<std::sync::atomic::AtomicUsize>>,
+) {
+    let mut released = None;
+    let result = (|| {
+        let on_device = transfer.to_device(batch)?;
+        let (array, schema) = on_device.export()?;
+        let (array, count) = count_releases(array);
+        released = Some(count);
+        let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema)?;
+        transfer.to_host(&imported)
+    })();
+    (result, released)
+}
+
+/// What a round trip whose driver call `n` failed must give: the right batch (a failure
+/// it recovered from; none expected today) or a typed device error, and an export, if
+/// one was made, released exactly once.
+fn check_failed_round_trip(
+    n: u64,
+    result: devarrow_abi::Result<RecordBatch>,
+    released: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    batch: &RecordBatch,
+) {
+    match result {
+        Ok(back) => assert_eq!(&back, batch, "call {n}"),
+        Err(e) => assert!(
+            matches!(
+                e,
+                devarrow_abi::Error::Device { .. } | devarrow_abi::Error::Arrow(_)
+            ),
+            "call {n}: not a typed device error: {e:?}"
+        ),
+    }
+    if let Some(count) = released {
+        assert_eq!(releases(&count), 1, "call {n}: the export is released once");
     }
 }
