@@ -109,6 +109,22 @@ pub fn offset_width(data_type: &DataType) -> usize {
     }
 }
 
+/// Whether `data_type` has an offsets buffer of `offset + length + 1` offsets into a data
+/// buffer (strings, binaries) or into its child (lists, maps): the offsets that bound
+/// what a slice reaches.
+pub fn has_end_offsets(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::Binary
+            | DataType::LargeUtf8
+            | DataType::LargeBinary
+            | DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::Map(_, _)
+    )
+}
+
 /// The children the C data interface gives an array of `data_type`, with their types.
 pub fn child_types(data_type: &DataType) -> Vec<&DataType> {
     match data_type {
@@ -439,13 +455,7 @@ unsafe fn check_offsets_node(
     let start = array.offset as usize;
     let len = array.length as usize;
     match data_type {
-        DataType::Utf8
-        | DataType::Binary
-        | DataType::LargeUtf8
-        | DataType::LargeBinary
-        | DataType::List(_)
-        | DataType::LargeList(_)
-        | DataType::Map(_, _) => {
+        dt if has_end_offsets(dt) => {
             let width = offset_width(data_type);
             // SAFETY: `array` is well-formed (contract of this function).
             let ptr = unsafe { array.buffer(1) };

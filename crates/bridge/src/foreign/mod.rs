@@ -58,7 +58,7 @@ use devarrow_abi::device::{
 };
 use devarrow_abi::export_tree::ArrayNode;
 use devarrow_abi::layout::{
-    self, buffer_roles, child_types, fixed_bit_width, offset_width, BufferRole,
+    self, buffer_roles, child_types, fixed_bit_width, has_end_offsets, offset_width, BufferRole,
 };
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
@@ -312,19 +312,6 @@ fn address(addr: usize, offset: usize) -> Result<usize> {
         .ok_or_else(|| overflow("a buffer address"))
 }
 
-fn is_offsets_type(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Utf8
-            | DataType::Binary
-            | DataType::LargeUtf8
-            | DataType::LargeBinary
-            | DataType::List(_)
-            | DataType::LargeList(_)
-            | DataType::Map(_, _)
-    )
-}
-
 /// Builds the node tree of a structurally valid `array` of `data_type`, adding the
 /// device-resident sizes it needs to `reads`.
 ///
@@ -342,7 +329,7 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
         .collect();
     let mut at = Vec::new();
     match data_type {
-        dt if is_offsets_type(dt) => {
+        dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
             at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w)?);
@@ -479,7 +466,7 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
     };
     let dt = node.data_type.clone();
     match &dt {
-        dt if is_offsets_type(dt) => {
+        dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             let first = read_int(bytes, node.reads[0], w)?;
             let last = read_int(bytes, node.reads[1], w)?;
@@ -695,7 +682,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     match (dt, found) {
         (DataType::Null, _) => {}
         (DataType::Boolean, _) => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
-        (dt, &reach::Found::Offsets { first, last }) if is_offsets_type(dt) => {
+        (dt, &reach::Found::Offsets { first, last }) if has_end_offsets(dt) => {
             let w = offset_width(dt);
             buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?);
             if node.children.is_empty() {

@@ -29,12 +29,12 @@
 
 use arrow_schema::{DataType, UnionMode};
 use devarrow_abi::device::Device;
-use devarrow_abi::layout::offset_width;
+use devarrow_abi::layout::{has_end_offsets, offset_width};
 use devarrow_abi::{Error, Result};
 
 use super::{
-    address, bytes, check_offsets, is_offsets_type, read_back, read_int, run_end_width, settle,
-    Extent, ForeignNode, Reads,
+    address, bytes, check_offsets, read_back, read_int, run_end_width, settle, Extent, ForeignNode,
+    Reads,
 };
 use crate::slicing;
 
@@ -221,7 +221,7 @@ fn start(
     let dt = node.data_type.clone();
     let unread = || Error::InvalidArgument(format!("the sizes of a {dt} array were not read"));
     let found = match &dt {
-        dt if is_offsets_type(dt) => {
+        dt if has_end_offsets(dt) => {
             if l == 0 && n == node.length {
                 // The array's own bounds: read with the sizes at its own bounds.
                 if !own {
@@ -432,7 +432,7 @@ fn reach_children(node: &mut ForeignNode, l: usize, n: usize) -> Result<()> {
     let Bounds { p, base, m } = bounds(node, l, n);
     let found = node.cut.found.clone().unwrap_or(Found::Plain);
     match (&node.data_type, found) {
-        (dt, Found::Offsets { first, last }) if is_offsets_type(dt) => {
+        (dt, Found::Offsets { first, last }) if has_end_offsets(dt) => {
             if let Some(child) = node.children.first_mut() {
                 reach(child, first, last - first)?;
             }
