@@ -24,7 +24,8 @@
 //! On a device that page-locks pageable memory for direct DMA
 //! ([`Device::host_registration_min_bytes`]; on CUDA, `CudaDeviceOptions::register_pageable`),
 //! buffers that are not pinned but at least that large (and at least `direct_min_bytes`)
-//! are registered for the transfer ([`Device::register_host`]) and copied directly too;
+//! are registered for the transfer ([`Device::register_host`]: their whole pages, the
+//! partial pages at their ends staged) and copied directly too;
 //! the transfer drops the registrations (unregistering the pages) once those copies
 //! have completed. All direct copies of an upload are enqueued in one
 //! [`Device::copy_batch_to_device`] (one `cuMemcpyBatchAsync` where the CUDA device's
@@ -40,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_buffer::alloc::Allocation;
 use arrow_buffer::Buffer;
-use devarrow_abi::device::{Device, HostRegistration, StagingMemory};
+use devarrow_abi::device::{whole_pages, Device, HostRegistration, StagingMemory};
 use devarrow_abi::{Error, Result};
 
 use crate::host::host_batch;
@@ -121,7 +122,9 @@ pub fn pinned_bytes(device: &dyn Device, batch: &RecordBatch) -> Result<(usize, 
 pub(crate) struct DirectRun {
     /// The segments (indices into the image's segments).
     pub segments: Range<usize>,
-    /// The image range they cover: from the first's start to the last's end.
+    /// The image range copied directly: from the first segment's start to the last's
+    /// end, or, for a registered segment, the part of it in whole pages
+    /// ([`whole_pages`]), its ends staged.
     pub image: Range<usize>,
     /// Where the range starts in host memory.
     pub host: *const u8,
@@ -132,8 +135,9 @@ pub(crate) struct DirectRun {
 /// least `min_bytes`, that `device` reports pinned as a whole; or, when a group is not,
 /// its single segments of at least `min_bytes` that are pinned, or (from
 /// `register_from` bytes on, when given) that `device` registers for direct DMA
-/// ([`Device::register_host`]), the registrations pushed to `registrations`. Returned
-/// in image order.
+/// ([`Device::register_host`]: the run is then the segment's whole pages, the partial
+/// pages at its ends left to staging), the registrations pushed to `registrations`.
+/// Returned in image order.
 ///
 /// # Safety
 /// The segments' buffers must stay alive, and `registrations` must be dropped only after
@@ -181,7 +185,13 @@ pub(crate) unsafe fn direct_runs(
                         // the copies, the caller's guarantee).
                         if let Some(r) = unsafe { device.register_host(b.as_ptr(), b.len())? } {
                             registrations.push(r);
-                            runs.push(run(s..s + 1));
+                            let pages = whole_pages(b.as_ptr(), b.len());
+                            let at = segments[s].1 + (pages.start - b.as_ptr() as usize);
+                            runs.push(DirectRun {
+                                segments: s..s + 1,
+                                image: at..at + pages.len(),
+                                host: pages.start as *const u8,
+                            });
                         }
                     }
                 }
@@ -192,20 +202,31 @@ pub(crate) unsafe fn direct_runs(
     Ok(runs)
 }
 
-/// The index ranges of the segments between `runs` (non-empty ones only).
-pub(crate) fn staged_groups(segments: usize, runs: &[DirectRun]) -> Vec<Range<usize>> {
-    let mut groups = Vec::with_capacity(runs.len() + 1);
-    let mut next = 0;
-    for run in runs {
-        if run.segments.start > next {
-            groups.push(next..run.segments.start);
+/// The image ranges the staging pipeline packs: what lies between `runs` (and before the
+/// first and after the last), cut to the bytes of `segments` it holds (the padding at
+/// its ends left out); empty ones are skipped. A registered run's partial pages belong
+/// to the ranges on either side of it.
+pub(crate) fn staged_ranges(segments: &[(Buffer, usize)], runs: &[DirectRun]) -> Vec<Range<usize>> {
+    let end_of = |(bytes, at): &(Buffer, usize)| at + bytes.len();
+    let Some(last) = segments.last() else {
+        return Vec::new();
+    };
+    let (start, end) = (segments[0].1, end_of(last));
+    let gaps = std::iter::once(start)
+        .chain(runs.iter().map(|run| run.image.end))
+        .zip(runs.iter().map(|run| run.image.start).chain([end]));
+    gaps.filter_map(|(from, to)| {
+        // The first segment ending after `from`, and the last starting before `to`.
+        let first = segments.partition_point(|s| end_of(s) <= from);
+        let last = segments.partition_point(|(_, at)| *at < to);
+        if first >= last {
+            return None;
         }
-        next = run.segments.end;
-    }
-    if segments > next {
-        groups.push(next..segments);
-    }
-    groups
+        let from = from.max(segments[first].1);
+        let to = to.min(end_of(&segments[last - 1]));
+        (from < to).then_some(from..to)
+    })
+    .collect()
 }
 
 #[cfg(test)]
@@ -240,9 +261,10 @@ mod tests {
         assert_eq!(runs[0].host, pinned.as_ptr());
         // Segments 3 and 4 lie at one displacement (3200 - 3200 == 3300 - 3300).
         assert_eq!(runs[1].segments, 3..5);
-        assert_eq!(staged_groups(segments.len(), &runs), vec![2..3]);
+        assert_eq!(staged_ranges(&segments, &runs), vec![1152..3152]);
         assert!(direct(5000).is_empty());
-        assert_eq!(staged_groups(5, &[]), vec![0..5]);
+        assert_eq!(staged_ranges(&segments, &[]), vec![0..4000]);
+        assert_eq!(staged_ranges(&[], &[]), Vec::<Range<usize>>::new());
     }
 
     #[test]

@@ -15,9 +15,11 @@
 //!
 //! On a device that page-locks pageable host memory for direct DMA
 //! ([`Device::host_registration_min_bytes`]; on CUDA, `CudaDeviceOptions::register_pageable`),
-//! large buffers skip staging as pinned ones do: an upload registers and copies them
-//! straight from the batch, a download registers its large outputs and copies straight
-//! into them; the registrations are dropped once those copies have completed.
+//! large buffers skip staging as pinned ones do: an upload registers the whole pages
+//! inside them and copies those straight from the batch (the partial pages at their ends
+//! are staged with the small buffers), a download allocates its large outputs as whole
+//! pages of their own, registers them and copies straight into them; the registrations
+//! are dropped once those copies have completed.
 //!
 //! The host memory batches come back into is taken from a pool
 //! ([`TransferOptions::host_pool_bytes`], [`Transfer::set_host_pool`]) that reuses the
@@ -47,7 +49,7 @@ use crate::pack::{
     advise_huge_pages, copy_to_uninit, pack_window, pack_window_uninit, ramped_windows, windows,
     Parallelism,
 };
-use crate::pinned::{direct_runs, staged_groups};
+use crate::pinned::{direct_runs, staged_ranges};
 use crate::plan::{plan_batch, Packer};
 #[doc(inline)]
 pub use crate::stages::{StageTimes, TransferStats};
@@ -435,7 +437,8 @@ impl Transfer {
                 })
                 .collect();
             // The runs' segments lie at one displacement inside one allocation that
-            // `is_pinned` vouched for, or are single buffers registered above.
+            // `is_pinned` vouched for, or are the whole pages of single buffers
+            // registered above.
             // SAFETY: every source is valid for its span as above, kept alive until the
             // copies complete (see above); the destinations lie inside the device region
             // of `total` bytes, one run each, not overlapping.
@@ -465,10 +468,9 @@ impl Transfer {
         let (chunk, stages) = self.geometry(total);
         let parallelism = self.parallelism();
         let mut k = 0;
-        for group in staged_groups(image.segments.len(), &runs) {
-            let segments = &image.segments[group];
-            let (first, last) = (&segments[0], &segments[segments.len() - 1]);
-            let (start, end) = (first.1, last.1 + last.0.len());
+        let segments = &image.segments;
+        for range in staged_ranges(segments, &runs) {
+            let (start, end) = (range.start, range.end);
             for (window_start, window_end) in
                 windows(start, end, self.options.first_chunk_bytes, chunk)
             {
@@ -538,9 +540,14 @@ impl Transfer {
         times: &mut StageTimes,
     ) -> Result<Vec<Buffer>> {
         let start = Instant::now();
+        // The outputs to register are whole pages of their own, registered whole (a
+        // registration never reaches into a neighbouring allocation's pages).
         let mut hosts = sources
             .iter()
-            .map(|&(_, len)| HostOut::new(len, self.host_pool.as_ref()).map(Some))
+            .map(|&(_, len)| match len >= from {
+                true => HostOut::pages(len).map(Some),
+                false => HostOut::new(len, self.host_pool.as_ref()).map(Some),
+            })
             .collect::<Result<Vec<_>>>()?;
         let device = self.device.clone();
         let mut registrations = Vec::new();
@@ -548,12 +555,14 @@ impl Transfer {
         let mut staged = Vec::new();
         for (i, &(src, len)) in sources.iter().enumerate() {
             if len >= from {
-                let dst = hosts[i].as_mut().expect("allocated").as_uninit();
-                let dst = dst.as_mut_ptr().cast::<u8>();
-                // SAFETY: the output stays allocated (in `hosts`) until the direct copies
-                // have completed: the registration is dropped after they have (below,
-                // `release_registrations`), and `hosts` only after that.
-                if let Some(registration) = unsafe { device.register_host(dst, len) }? {
+                let host = hosts[i].as_mut().expect("allocated");
+                let pages = host.capacity();
+                let dst = host.as_uninit().as_mut_ptr().cast::<u8>();
+                // SAFETY: the output (`pages` bytes, page-aligned) stays allocated (in
+                // `hosts`) until the direct copies have completed: the registration is
+                // dropped after they have (below, `release_registrations`), and `hosts`
+                // only after that.
+                if let Some(registration) = unsafe { device.register_host(dst, pages) }? {
                     registrations.push(registration);
                     direct.push(DeviceToHost { src, dst, len });
                     continue;
@@ -813,9 +822,82 @@ enum HostOut {
     Pooled(PooledMemory),
     /// A fresh allocation of `len` bytes (advised to use huge pages when large).
     Fresh(MutableBuffer, usize),
+    /// Fresh whole pages of which the first `len` bytes are used: an output registered
+    /// for direct DMA.
+    Pages(PageAllocation, usize),
+}
+
+/// Page-aligned host memory of a whole number of pages, freed when dropped: memory a
+/// device may register whole ([`Device::register_host`]) without reaching into another
+/// allocation's pages.
+struct PageAllocation {
+    ptr: NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the allocation is plain memory owned by this value alone; it never accesses
+// the bytes itself (its users do, through the `Buffer` or the download that owns it).
+unsafe impl Send for PageAllocation {}
+// SAFETY: as above: `&PageAllocation` gives no access to the bytes.
+unsafe impl Sync for PageAllocation {}
+
+impl std::panic::RefUnwindSafe for PageAllocation {}
+
+impl PageAllocation {
+    /// At least `len` (> 0) bytes, rounded up to whole pages.
+    fn new(len: usize) -> Result<Self> {
+        let page = devarrow_abi::device::host_page_size();
+        let layout = len
+            .max(1)
+            .checked_next_multiple_of(page)
+            .and_then(|size| std::alloc::Layout::from_size_align(size, page).ok())
+            .ok_or_else(|| {
+                devarrow_abi::Error::InvalidArgument(format!("{len} bytes of host memory"))
+            })?;
+        // SAFETY: the layout's size is at least one page, not zero.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        Ok(Self { ptr, layout })
+    }
+}
+
+impl Drop for PageAllocation {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `PageAllocation::new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
 }
 
 impl HostOut {
+    /// `len` bytes at the start of fresh whole pages of their own.
+    fn pages(len: usize) -> Result<Self> {
+        let pages = PageAllocation::new(len)?;
+        // SAFETY: the allocation holds `layout.size()` bytes, exclusively owned here,
+        // viewed as uninitialized bytes for the advice, which reads and writes none.
+        advise_huge_pages(unsafe {
+            std::slice::from_raw_parts_mut(pages.ptr.as_ptr().cast(), pages.layout.size())
+        });
+        Ok(Self::Pages(pages, len))
+    }
+
+    /// The bytes the output owns: its length, or more (the whole pages of
+    /// [`HostOut::Pages`]).
+    fn capacity(&self) -> usize {
+        match self {
+            Self::Pages(pages, _) => pages.layout.size(),
+            _ => self.len(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Pooled(memory) => memory.len(),
+            Self::Fresh(_, len) | Self::Pages(_, len) => *len,
+        }
+    }
+
     /// `len` bytes to unpack into.
     fn new(len: usize, pool: Option<&Arc<HostPool>>) -> Result<Self> {
         Ok(match pool {
@@ -841,6 +923,11 @@ impl HostOut {
             Self::Fresh(host, len) => unsafe {
                 std::slice::from_raw_parts_mut(host.as_mut_ptr().cast(), *len)
             },
+            // SAFETY: the allocation holds at least `len` bytes, owned by `self`,
+            // exclusively borrowed.
+            Self::Pages(pages, len) => unsafe {
+                std::slice::from_raw_parts_mut(pages.ptr.as_ptr().cast(), *len)
+            },
         }
     }
 
@@ -863,6 +950,13 @@ impl HostOut {
                 // SAFETY: the caller guarantees the first `len` bytes are written.
                 unsafe { host.set_len(len) };
                 host.into()
+            }
+            Self::Pages(pages, len) => {
+                // `pages` owns the memory, kept alive by the `Buffer` (and its slices and
+                // clones) until the last one drops.
+                // SAFETY: `ptr` is valid for `len` bytes, initialized (the caller's
+                // guarantee), for as long as the owner lives.
+                unsafe { Buffer::from_custom_allocation(pages.ptr, len, Arc::new(pages)) }
             }
         }
     }

@@ -1300,11 +1300,6 @@ fn device_with(device: &CudaDevice, options: CudaDeviceOptions) -> Arc<CudaDevic
 /// export is released exactly once, and once the transfer is dropped every
 /// registration is undone.
 #[test]
-#[ignore = "quarantined: about 1 run in 20 on the loaded emulator, the import's read-back \
-            (cuMemcpyDtoHAsync) fails with CUDA_ERROR_ILLEGAL_ADDRESS; suspected: a \
-            page-granular registration of a neighbouring pageable buffer undone while that \
-            copy is in flight. register_pageable stays off by default until this is fixed; \
-            run with --include-ignored"]
 fn batched_copies_and_registered_pageable_buffers_move_the_same_batches() {
     let (_lock, device) = gpu_or_skip!();
     let emulator = EmulatedDriver::find();

@@ -121,17 +121,16 @@ pub struct CudaDeviceOptions {
     /// **Off by default** until a GPU run shows it helps (`docs/gpu-results.md`).
     pub batch_copies: bool,
     /// Pageable host buffers of at least this many bytes are page-locked in place
-    /// (`cuMemHostRegister` of the pages covering them, `CU_MEMHOSTREGISTER_PORTABLE`)
-    /// for the copies of a transfer that moves them, which then DMA them directly
+    /// (`cuMemHostRegister` of the whole pages inside them, `CU_MEMHOSTREGISTER_PORTABLE`)
+    /// for the copies of a transfer that moves them, which then DMA those pages directly
     /// instead of packing them into pinned staging memory first (uploads) or unpacking
     /// them from it (downloads); they are unregistered once those copies have
     /// completed. `None`: never (**the default**, until a GPU run weighs the cost of
     /// registering, which grows with the size, against the staging copy it saves).
     ///
-    /// Registering locks whole pages, including bytes of other allocations that share a
-    /// first or last page with the buffer (harmless to them, but such pages cannot be
-    /// registered by another library while devarrow holds them: its
-    /// `cuMemHostRegister` would answer `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
+    /// Only whole pages are locked: the partial pages at a buffer's ends may hold other
+    /// allocations, whose copies must not turn direct for as long as devarrow's
+    /// registration lasts; those few bytes are staged with the batch's small buffers.
     /// A buffer the driver refuses to lock (read-only mappings, the memlock limit,
     /// pages locked by someone else) is staged as before; devarrow never unregisters
     /// memory it did not register (see [`crate::HostRegistration`]); a refusal is a
@@ -960,12 +959,14 @@ unsafe impl Device for CudaDevice {
             .filter(|_| !self.registration_unsupported.load(Ordering::Relaxed))
     }
 
-    /// Registers the pages covering the range (`cuMemHostRegister`, portable), or takes
-    /// one more use of devarrow's registration that holds them (see
-    /// [`crate::HostRegistration`]), when [`CudaDeviceOptions::register_pageable`] asks
-    /// for ranges this large. `Ok(None)` for ranges below it, devarrow's own staging
-    /// memory (pinned already), ranges sharing pages with a registration of devarrow
-    /// that does not hold them or whose first or last page the driver reports
+    /// Registers the whole pages inside the range
+    /// ([`whole_pages`](devarrow_abi::device::whole_pages): `cuMemHostRegister`,
+    /// portable), or takes one more use of devarrow's registration
+    /// that holds them (see [`crate::HostRegistration`]), when
+    /// [`CudaDeviceOptions::register_pageable`] asks for ranges this large. `Ok(None)` for
+    /// ranges below it or holding no whole page, devarrow's own staging memory (pinned
+    /// already), pages partly shared with a registration of devarrow that does not hold
+    /// them, pages whose first or last the driver reports
     /// page-locked (by someone else: used as it is, not asked to register), and ranges
     /// the driver refuses to lock: locked by someone else in between
     /// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, used as it is), not lockable
@@ -1026,7 +1027,7 @@ unsafe impl Device for CudaDevice {
     }
 
     /// `true` for ranges inside one live staging allocation of any `CudaDevice`
-    /// (a registry lookup, no driver call); `false` for ranges sharing a page with memory
+    /// (a registry lookup, no driver call); `false` for ranges reaching into pages
     /// devarrow registered ([`CudaDeviceOptions::register_pageable`]); otherwise asks the
     /// driver whether the first
     /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttributes`

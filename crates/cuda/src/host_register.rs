@@ -3,16 +3,23 @@
 //! [`CudaDevice::register_host`](devarrow_abi::device::Device::register_host) returns
 //! when [`CudaDeviceOptions::register_pageable`](crate::CudaDeviceOptions) asks for it.
 //!
-//! The driver locks whole pages, and refuses a range that shares a page with locked
-//! memory (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), so devarrow keeps one
-//! process-wide table of the page ranges it registered, each with a count of the
-//! registrations that use it:
+//! The driver locks whole pages. devarrow registers only the pages lying wholly inside
+//! the range it is asked for ([`whole_pages`]): a partial page at either end may hold
+//! another allocation (a neighbouring buffer of the heap), and locking it would make that
+//! allocation's copies direct DMAs which this registration's end would then unlock under
+//! them. So two registrations of devarrow share pages only when they lie in one
+//! allocation (two transfers of one buffer, or of two slices of it).
+//!
+//! The driver refuses a range that shares a page with locked memory
+//! (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), so devarrow keeps one process-wide
+//! table of the page ranges it registered, each with a count of the registrations that
+//! use it:
 //! - a range inside one of them takes one more use of it (two transfers of one batch,
 //!   on any thread or device, share the pages);
 //! - a range that shares pages with one of them, but is not inside it, is not registered
 //!   (it is staged as before): a copy must lie inside **one** page-locked range to be a
 //!   direct DMA, and devarrow never widens a registration other copies use;
-//! - otherwise the covering pages are registered (`CU_MEMHOSTREGISTER_PORTABLE`: every
+//! - otherwise the whole pages are registered (`CU_MEMHOSTREGISTER_PORTABLE`: every
 //!   context may DMA them), and unregistered when the last use drops.
 //!
 //! Registering and unregistering happen under the table's lock, one at a time in the
@@ -32,7 +39,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{sys, CudaContext};
-use devarrow_abi::device::host_page_size;
+use devarrow_abi::device::whole_pages;
 
 use crate::context::ContextGuard;
 use crate::driver;
@@ -56,11 +63,10 @@ fn table() -> MutexGuard<'static, BTreeMap<usize, Entry>> {
     REGISTERED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The page range covering `ptr..ptr + len` (`len > 0`).
-fn covering_pages(ptr: usize, len: usize) -> Option<(usize, usize)> {
-    let page = host_page_size();
-    let end = ptr.checked_add(len)?.checked_next_multiple_of(page)?;
-    Some((ptr / page * page, end))
+/// The whole pages inside `ptr..ptr + len`, if any ([`whole_pages`]).
+fn inner_pages(ptr: usize, len: usize) -> Option<(usize, usize)> {
+    let pages = whole_pages(ptr as *const u8, len);
+    (!pages.is_empty()).then_some((pages.start, pages.end))
 }
 
 /// The entry of `table` overlapping `start..end`, if any, and whether it holds the range
@@ -81,13 +87,10 @@ fn entry_end(entry: &Entry) -> usize {
     entry.end
 }
 
-/// Whether `ptr..ptr + len` shares a page with a range devarrow registered.
+/// Whether any byte of `ptr..ptr + len` lies in a page range devarrow registered.
 pub(crate) fn overlaps_registered(ptr: *const u8, len: usize) -> bool {
-    if len == 0 {
-        return false;
-    }
-    covering_pages(ptr as usize, len)
-        .is_some_and(|(start, end)| overlapping(&table(), entry_end, start, end).is_some())
+    let (start, end) = (ptr as usize, (ptr as usize).saturating_add(len));
+    len > 0 && overlapping(&table(), entry_end, start, end).is_some()
 }
 
 /// How many page ranges devarrow has registered with `cuMemHostRegister` and not yet
@@ -105,8 +108,9 @@ pub(crate) enum Registered {
     Skipped,
 }
 
-/// Registers the pages covering `ptr..ptr + len` in `context` (which must be current on
-/// the calling thread), or takes one more use of devarrow's registration holding them.
+/// Registers the whole pages inside `ptr..ptr + len` ([`whole_pages`]) in `context`
+/// (which must be current on the calling thread), or takes one more use of devarrow's
+/// registration holding them; nothing when the range holds no whole page.
 /// Before asking the driver, `locked_elsewhere(first, last)` (the first and the last
 /// byte of the pages) says whether someone else has locked memory there: then nothing
 /// is registered (the driver would refuse, with an error that compute-sanitizer
@@ -114,7 +118,7 @@ pub(crate) enum Registered {
 /// locked elsewhere in between included) is returned as it is, with nothing registered.
 ///
 /// # Safety
-/// The covering pages must be host memory of the process that stays allocated until the
+/// `ptr..ptr + len` must be host memory of the process that stays allocated until the
 /// returned registration drops, and it must drop only after every copy that uses the
 /// range has completed.
 pub(crate) unsafe fn register(
@@ -123,7 +127,7 @@ pub(crate) unsafe fn register(
     len: usize,
     locked_elsewhere: impl FnOnce(usize, usize) -> bool,
 ) -> Result<Registered> {
-    let Some((start, end)) = covering_pages(ptr as usize, len).filter(|_| len > 0) else {
+    let Some((start, end)) = inner_pages(ptr as usize, len) else {
         return Ok(Registered::Skipped);
     };
     let mut table = table();
@@ -206,18 +210,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_cover_whole_pages() {
-        let page = host_page_size();
-        assert_eq!(covering_pages(page + 1, 1), Some((page, 2 * page)));
-        assert_eq!(covering_pages(page, page), Some((page, 2 * page)));
-        assert_eq!(covering_pages(page - 1, 2), Some((0, 2 * page)));
-        assert_eq!(covering_pages(usize::MAX - 3, 8), None);
+    fn ranges_are_cut_to_their_whole_pages() {
+        let page = devarrow_abi::device::host_page_size();
+        assert_eq!(inner_pages(page + 1, 1), None);
+        assert_eq!(inner_pages(page, page), Some((page, 2 * page)));
+        assert_eq!(inner_pages(page - 1, 2 * page + 2), Some((page, 3 * page)));
+        assert_eq!(inner_pages(page + 1, 3 * page), Some((2 * page, 4 * page)));
+        assert_eq!(inner_pages(usize::MAX - 3, 8), None);
     }
 
     #[test]
     fn overlaps_are_found_by_page() {
         // Page ranges 2..4 and 10..11.
-        let page = host_page_size();
+        let page = devarrow_abi::device::host_page_size();
         let table = BTreeMap::from([(2 * page, 4 * page), (10 * page, 11 * page)]);
         let find = |start: usize, end: usize| overlapping(&table, |&e| e, start, end);
         assert_eq!(find(2 * page, 3 * page), Some((2 * page, true)));

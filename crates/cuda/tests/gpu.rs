@@ -1118,8 +1118,10 @@ fn lists_of_copies_go_in_one_batched_call_or_one_copy_each() {
 }
 
 /// `CudaDeviceOptions::register_pageable`: pageable memory from the threshold on is
-/// registered (its covering pages, once; a range inside them takes one more use),
-/// copied from and into directly, and unregistered when the last use drops; memory below
+/// registered (its whole pages, once; a range inside them takes one more use), copied
+/// from and into directly, and unregistered when the last use drops; the partial pages
+/// at its ends are not, so a neighbouring allocation in them is copied as pageable
+/// memory while the registration lives; memory below
 /// the threshold, devarrow's staging, someone else's pinned memory and ranges sharing
 /// pages with a registration that does not hold them are not registered; a refusal of
 /// the driver is counted and the range staged.
@@ -1134,10 +1136,9 @@ fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
         .with_options(CudaDeviceOptions::default().register_pageable(Some(64 << 10)));
     assert_eq!(device.host_registration_min_bytes(), Some(64 << 10));
     let page = host_page_size();
-    // Ranges that share no page with other memory: two buffers of one heap region may
-    // share a page, and a range sharing pages with a registration it does not lie in is
-    // not registered (tested below).
-    let len = (1 << 20) + 123;
+    // Page-aligned ranges of whole pages, registered whole (a range's partial pages at
+    // its ends are not registered: tested below).
+    let len = 1 << 20;
     let mut data_pages = vec![0u8; len + 2 * page];
     let mut back_pages = vec![0u8; len + 2 * page];
     let (data_at, back_at) = (
@@ -1244,6 +1245,33 @@ fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
         assert_eq!(e.host_registrations().0, live, "every registration undone");
     }
 
+    // Only the whole pages of a range are registered: a neighbouring buffer in its last
+    // partial page is ordinary pageable memory, copied into (as a pageable copy) while
+    // the registration lives. (Registering the covering pages made that copy start in
+    // registered memory and run past it: the emulated driver faults it.)
+    let region = &mut back_pages[back_at..back_at + 22 * page];
+    // SAFETY: as above (the range lies in `region`).
+    let head = unsafe { device.register_host(region.as_ptr().add(100), 20 * page) }
+        .unwrap()
+        .expect("registered");
+    if let (Some(e), Some((live, _))) = (emulator, emulated_before) {
+        assert_eq!(e.host_registrations().0, live + 1);
+    }
+    let scratch = device.allocate(page).unwrap();
+    let (at, n) = (20 * page + 200, page - 100);
+    let neighbour = &mut region[at..at + n];
+    assert!(!device.is_pinned(neighbour.as_ptr(), n));
+    // SAFETY: the destination is `neighbour` (alive), the source lies in `scratch`
+    // (`page` bytes); the copy completes before both are dropped (waited for below).
+    unsafe {
+        device
+            .copy_to_host(scratch.address(), neighbour.as_mut_ptr(), n)
+            .unwrap()
+    };
+    device.record_event().unwrap().wait_host().unwrap();
+    drop(head);
+    assert_eq!(live_host_registrations(), 0);
+
     // Shares pages with a registration without lying inside it: not registered.
     let half = data.len() / 2;
     // SAFETY: as above (both ranges lie in `data`).
@@ -1252,11 +1280,11 @@ fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
             .register_host(data.as_ptr(), half)
             .unwrap()
             .expect("registered");
-        let across = device.register_host(data.as_ptr().add(half - 10), 100_000);
+        let across = device.register_host(data.as_ptr().add(half - page - 10), 100_000);
         assert!(across.unwrap().is_none());
         drop(first_half);
     }
-    assert_eq!(device.host_registrations(), (3, 0));
+    assert_eq!(device.host_registrations(), (4, 0));
     assert_eq!(live_host_registrations(), 0);
 
     // A refusal of the driver (an injected out of memory: the memlock limit): staged.
@@ -1268,7 +1296,7 @@ fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
         injection.fail_nth_call(0);
         assert_eq!(injection.injected_failures(), before + 1);
         assert!(refused.unwrap().is_none());
-        assert_eq!(device.host_registrations(), (3, 1));
+        assert_eq!(device.host_registrations(), (4, 1));
         assert_eq!(live_host_registrations(), 0);
     }
     assert!(dev.context().check_err().is_ok());

@@ -265,18 +265,25 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Makes the `len` host bytes at `ptr` (ordinary pageable memory: an arrow-rs buffer
-    /// to upload, a host buffer to download into) directly DMA-able for copies to and
-    /// from this device, so that a transfer copies them in place instead of through
-    /// staging memory (on CUDA: the pages covering the range locked with
+    /// Makes the whole host pages inside the `len` bytes at `ptr` (ordinary pageable
+    /// memory: an arrow-rs buffer to upload, a host buffer to download into) directly
+    /// DMA-able for copies to and from this device, so that a transfer copies them in
+    /// place instead of through staging memory (on CUDA: those pages locked with
     /// `cuMemHostRegister`). A cost paid per call: worth it for large ranges only (see
     /// [`Device::host_registration_min_bytes`]).
     ///
-    /// `Ok(Some(registration))`: until `registration` drops, the whole range is as
-    /// [`Device::is_pinned`] would answer `true` for it (copies of any part of it run at
-    /// full speed, asynchronously). `Ok(None)`: not registered (the default; a device
-    /// that does not register memory, a range below its threshold, memory the driver
-    /// refuses to lock, a range sharing pages with page-locked memory of another owner):
+    /// Only the pages lying wholly inside the range are registered ([`whole_pages`]):
+    /// the partial pages at its ends may hold other allocations (a neighbouring buffer of
+    /// the heap), whose copies would otherwise be taken for direct ones while this
+    /// registration lasts, and be left running on pages it unlocks. The caller copies the
+    /// bytes before and after those pages as any host memory; an allocation made for
+    /// the purpose (page-aligned, its length a whole number of pages) is registered whole.
+    ///
+    /// `Ok(Some(registration))`: until `registration` drops, [`whole_pages`]`(ptr, len)`
+    /// is as [`Device::is_pinned`] would answer `true` for it (copies of any part of it
+    /// run at full speed, asynchronously). `Ok(None)`: not registered (the default; a
+    /// device that does not register memory, whole pages below its threshold, memory the
+    /// driver refuses to lock, pages shared with page-locked memory of another owner):
     /// copy it as any host memory. Errors are the device's failures (a broken context),
     /// not refusals.
     ///
@@ -381,7 +388,7 @@ pub mod link;
 pub mod pool;
 pub use cpu::{CpuDevice, CpuEvent, CpuStaging, HostMemory};
 pub use link::{LinkEvent, LinkModel};
-pub use pool::{host_page_size, HostPool, PoolStats, PooledMemory};
+pub use pool::{host_page_size, whole_pages, HostPool, PoolStats, PooledMemory};
 
 #[cfg(test)]
 mod tests {

@@ -56,6 +56,21 @@ pub fn host_page_size() -> usize {
     })
 }
 
+/// The host pages lying wholly inside `ptr..ptr + len`, as an address range (empty when
+/// the range holds no whole page): what a device that registers pageable memory
+/// ([`Device::register_host`](super::Device::register_host)) page-locks of it. The
+/// partial pages at either end are left alone: they may hold other allocations, whose
+/// copies must not start to depend on a registration that is undone under them.
+pub fn whole_pages(ptr: *const u8, len: usize) -> std::ops::Range<usize> {
+    let page = host_page_size();
+    let start = (ptr as usize).checked_next_multiple_of(page);
+    let end = (ptr as usize).checked_add(len).map(|end| end / page * page);
+    match (start, end) {
+        (Some(start), Some(end)) if start < end => start..end,
+        _ => 0..0,
+    }
+}
+
 /// Asks the kernel to back the whole 2 MiB pages inside `range` with transparent huge
 /// pages, before it is written for the first time: one page fault per 2 MiB instead of
 /// 512. Ranges below [`HUGE_PAGE_MIN_BYTES`] are left alone.
@@ -401,6 +416,25 @@ unsafe impl DeviceMemory for PooledMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_pages_leave_the_partial_ends_out() {
+        let page = host_page_size();
+        let at = |n: usize| (n * page) as *const u8;
+        assert_eq!(whole_pages(at(2), 3 * page), 2 * page..5 * page);
+        assert_eq!(
+            whole_pages(at(2).wrapping_add(1), 3 * page),
+            3 * page..5 * page
+        );
+        assert_eq!(
+            whole_pages(at(2).wrapping_sub(1), 3 * page),
+            2 * page..4 * page
+        );
+        assert_eq!(whole_pages(at(2).wrapping_add(1), 2 * page - 2), 0..0);
+        assert_eq!(whole_pages(at(2), page - 1), 0..0);
+        assert_eq!(whole_pages(at(2), 0), 0..0);
+        assert_eq!(whole_pages(usize::MAX as *const u8, 8), 0..0);
+    }
 
     #[test]
     fn size_classes_round_up_by_at_most_a_quarter() {
