@@ -244,31 +244,34 @@ fn compact_if_worth_it<T: ByteViewType + ?Sized>(
 }
 
 /// Views sampled by [`estimated_view_bytes`]: every view of arrays up to this long. The
-/// estimate only decides whether to count exactly: a few hundred views tell a slice that
-/// uses little of its buffers from one that uses most, and scanning more cost a visible
-/// part of the time of planning a batch of a thousand rows.
-const VIEW_SAMPLE: usize = 256;
+/// estimate only decides whether to count exactly: a few dozen views tell a slice that
+/// uses little of its buffers from one that uses most. Each sampled view of a batch
+/// not in cache is a cache miss: 256 samples per column were a third of the time of
+/// planning a `lineitem` batch of 1,024 rows (8.5 µs against 5.5 µs with 64).
+const VIEW_SAMPLE: usize = 64;
 
 /// An estimate of the variadic bytes the 16-byte `views` reference (the lengths of the
 /// views that are not inline, as `gc` counts them): exact up to [`VIEW_SAMPLE`] views,
 /// else extrapolated from that many evenly spaced ones.
 fn estimated_view_bytes(views: &[u8]) -> usize {
-    let outline = |v: &[u8]| {
-        // a view starts with its length, a little-endian i32
-        let len = u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize;
+    // A view starts with its length, a little-endian i32; views longer than 12 bytes
+    // reference the variadic buffers.
+    let outline = |i: usize| {
+        let len = views
+            .get(16 * i..16 * i + 4)
+            .map_or(0, |l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize);
         if len > 12 {
             len
         } else {
             0
         }
     };
-    let views = views.chunks_exact(16);
-    let n = views.len();
+    let n = views.len() / 16;
     if n <= VIEW_SAMPLE {
-        return views.map(outline).sum();
+        return (0..n).map(outline).sum();
     }
     let step = n / VIEW_SAMPLE;
-    let sampled: usize = views.step_by(step).take(VIEW_SAMPLE).map(outline).sum();
+    let sampled: usize = (0..VIEW_SAMPLE).map(|k| outline(k * step)).sum();
     sampled.saturating_mul(step)
 }
 
@@ -568,7 +571,7 @@ mod tests {
             "estimate {estimate}"
         );
         // a slice of the long array: its views are all sampled
-        let slice = long.slice(10, 100);
-        assert_eq!(estimated_view_bytes(views_of(&slice)), 2_000);
+        let slice = long.slice(10, VIEW_SAMPLE);
+        assert_eq!(estimated_view_bytes(views_of(&slice)), 20 * VIEW_SAMPLE);
     }
 }
