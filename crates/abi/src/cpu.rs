@@ -12,7 +12,7 @@ use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, 
 use arrow_data::ffi::FFI_ArrowArray;
 use arrow_data::ArrayData;
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::{DataType, Field, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, SchemaRef};
 
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
@@ -94,16 +94,19 @@ fn check_cpu(array: &DeviceArray) -> Result<()> {
 /// The array is consumed: on success its release runs when the last arrow-rs buffer
 /// sharing it drops; on error it is released before returning.
 pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayRef> {
+    Ok(make_array(import_data_as(array, data_type)?))
+}
+
+/// [`import_array_as`], as `ArrayData` (validated in full).
+fn import_data_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayData> {
     check_cpu(&array)?;
-    // `validate_host_offsets` checks the structs before reading any offset.
+    // `validate_host_import` checks the structs before reading any offset, and refuses
+    // unaligned buffers that arrow-rs reads in place, as aligned integers (a typed error;
+    // the bridge's import copies them and accepts them).
     // SAFETY: a DeviceArray's array is well-formed, its buffers on its device and sized as
     // the C data interface says for the structs (contract of the unsafe
     // `DeviceArray::try_new`); CPU buffers are host-readable.
-    unsafe { layout::validate_host_offsets(array.array(), data_type, "array")? };
-    // arrow-rs reads some offsets in place, as aligned integers: refuse unaligned ones
-    // rather than let it (a typed error; the bridge's import copies them and accepts them).
-    // SAFETY: well-formed (see above), and its structure was just validated.
-    unsafe { layout::validate_in_place_alignment(array.array(), data_type, "array")? };
+    unsafe { layout::validate_host_import(array.array(), data_type, "array")? };
     let (ffi, ..) = array.into_ffi();
     let data_type = data_type.clone();
     // arrow-rs asserts on some malformed input; a panic must not escape. The FFI array is
@@ -121,7 +124,7 @@ pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<Array
         Ok::<_, arrow_schema::ArrowError>(data)
     }))
     .map_err(Error::from_panic)??;
-    Ok(make_array(data))
+    Ok(data)
 }
 
 /// Replaces every zero-length node of `data` with a canonical empty array.
@@ -184,17 +187,60 @@ pub fn import_record_batch_with_schema(
     schema: SchemaRef,
 ) -> Result<RecordBatch> {
     let struct_type = DataType::Struct(schema.fields().clone());
-    let imported = import_array_as(array, &struct_type)?;
-    struct_array_to_batch(imported, schema)
+    let data = import_data_as(array, &struct_type)?;
+    struct_data_to_batch(data, schema)
+}
+
+/// [`struct_array_to_batch`] of struct data imported (and validated in full) as the
+/// struct type of `schema`: its children become the columns as they are (sliced to the
+/// struct's rows where it is a slice), with no `StructArray` built in between, and of the
+/// checks of `RecordBatch::try_new` only the one the import has not made already: that
+/// non-nullable fields hold no nulls.
+fn struct_data_to_batch(data: ArrayData, schema: SchemaRef) -> Result<RecordBatch> {
+    if data.null_count() > 0 {
+        return Err(top_level_nulls(data.null_count()));
+    }
+    let (offset, len) = (data.offset(), data.len());
+    let (.., children) = data.into_parts();
+    let columns: Vec<ArrayRef> = children
+        .into_iter()
+        .map(|child| match offset != 0 || child.len() != len {
+            true => make_array(child.slice(offset, len)),
+            false => make_array(child),
+        })
+        .collect();
+    if columns.len() != schema.fields().len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} columns for a schema of {} fields",
+            columns.len(),
+            schema.fields().len()
+        )));
+    }
+    for (column, field) in columns.iter().zip(schema.fields()) {
+        if !field.is_nullable() && column.null_count() > 0 {
+            return Err(Error::Arrow(ArrowError::InvalidArgumentError(format!(
+                "Column '{}' is declared as non-nullable but contains null values",
+                field.name()
+            ))));
+        }
+    }
+    // SAFETY: one column per field (checked above), each of its field's type (imported
+    // as the schema's struct type, whose children are the fields' types, and validated
+    // in full), `len` rows each (sliced to the struct's rows), and no nulls where a field
+    // is not nullable (checked above).
+    Ok(unsafe { RecordBatch::new_unchecked(schema, columns, len) })
+}
+
+fn top_level_nulls(count: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "a record batch cannot have top-level nulls, but the struct array has {count}"
+    ))
 }
 
 /// Turns an imported struct array into a record batch of `schema`.
 pub fn struct_array_to_batch(array: ArrayRef, schema: SchemaRef) -> Result<RecordBatch> {
     if array.null_count() > 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a record batch cannot have top-level nulls, but the struct array has {}",
-            array.null_count()
-        )));
+        return Err(top_level_nulls(array.null_count()));
     }
     let struct_array = array
         .as_any()

@@ -127,19 +127,71 @@ pub fn has_end_offsets(data_type: &DataType) -> bool {
 
 /// The children the C data interface gives an array of `data_type`, with their types.
 pub fn child_types(data_type: &DataType) -> Vec<&DataType> {
-    match data_type {
+    child_type_iter(data_type).collect()
+}
+
+/// The types of the children of an array of `data_type`, without allocating: the
+/// validators ask for them at every node (a `Vec` per node was a visible part of
+/// importing a 100-column batch).
+fn child_type_iter(data_type: &DataType) -> impl ExactSizeIterator<Item = &DataType> + '_ {
+    let (one, two): (Option<&DataType>, Option<&DataType>) = match data_type {
         DataType::List(f)
         | DataType::LargeList(f)
         | DataType::ListView(f)
         | DataType::LargeListView(f)
         | DataType::FixedSizeList(f, _)
-        | DataType::Map(f, _) => vec![f.data_type()],
-        DataType::Struct(fields) => fields.iter().map(|f| f.data_type()).collect(),
-        DataType::Union(fields, _) => fields.iter().map(|(_, f)| f.data_type()).collect(),
-        DataType::RunEndEncoded(r, v) => vec![r.data_type(), v.data_type()],
-        _ => vec![],
+        | DataType::Map(f, _) => (Some(f.data_type()), None),
+        DataType::RunEndEncoded(r, v) => (Some(r.data_type()), Some(v.data_type())),
+        _ => (None, None),
+    };
+    let fields: &[arrow_schema::FieldRef] = match data_type {
+        DataType::Struct(fields) => fields,
+        _ => &[],
+    };
+    let union = match data_type {
+        DataType::Union(fields, _) => Some(fields),
+        _ => None,
+    };
+    ChildTypes {
+        pairs: one.into_iter().chain(two),
+        fields: fields.iter(),
+        union: union.map(|u| (u, 0)),
     }
 }
+
+/// [`child_type_iter`]'s iterator: at most one of its sources has items.
+struct ChildTypes<'a> {
+    pairs:
+        std::iter::Chain<std::option::IntoIter<&'a DataType>, std::option::IntoIter<&'a DataType>>,
+    fields: std::slice::Iter<'a, arrow_schema::FieldRef>,
+    union: Option<(&'a arrow_schema::UnionFields, usize)>,
+}
+
+impl<'a> Iterator for ChildTypes<'a> {
+    type Item = &'a DataType;
+
+    fn next(&mut self) -> Option<&'a DataType> {
+        if let Some(t) = self.pairs.next() {
+            return Some(t);
+        }
+        if let Some(f) = self.fields.next() {
+            return Some(f.data_type());
+        }
+        let (union, at) = self.union.as_mut()?;
+        // A union has at most 128 children: stepping to the next from the start is cheap.
+        let (_, field) = union.iter().nth(*at)?;
+        *at += 1;
+        Some(field.data_type())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let union = self.union.map_or(0, |(u, at)| u.len() - at);
+        let n = self.pairs.clone().count() + self.fields.len() + union;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for ChildTypes<'_> {}
 
 /// Where a node is in the tree, for error messages: built as the validators descend and
 /// formatted only when an error names it (a `String` per node cost more than the checks).
@@ -334,7 +386,7 @@ unsafe fn validate_node(
     }
 
     // Children.
-    let children = child_types(data_type);
+    let children = child_type_iter(data_type);
     if array.n_children != children.len() as i64 {
         return Err(Error::ChildCount {
             path: path.to_string(),
@@ -343,7 +395,7 @@ unsafe fn validate_node(
             found: array.n_children,
         });
     }
-    for (i, child_type) in children.iter().enumerate() {
+    for (i, child_type) in children.enumerate() {
         let child_path = path.child(i);
         // SAFETY: `array` is well-formed (contract of this function).
         let child = unsafe { array.child(i) }.ok_or_else(|| Error::NullPointer {
@@ -421,7 +473,24 @@ pub unsafe fn validate_host_offsets(
     // SAFETY: the caller guarantees `array` is released or well-formed.
     unsafe { validate_structure(array, data_type, path)? };
     // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
-    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path)) }
+    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path), false) }
+}
+
+/// What [`validate_host_offsets`] and then [`validate_in_place_alignment`] check, in one
+/// pass over the tree after the structure's: what arrow-rs's C data importer needs of a
+/// host array before it reads it.
+///
+/// # Safety
+/// As for [`validate_host_offsets`].
+pub unsafe fn validate_host_import(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &str,
+) -> Result<()> {
+    // SAFETY: the caller guarantees `array` is released or well-formed.
+    unsafe { validate_structure(array, data_type, path)? };
+    // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
+    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path), true) }
 }
 
 /// Reads offset `i` (4 or 8 bytes wide, native-endian, possibly unaligned).
@@ -439,6 +508,9 @@ unsafe fn offset_at(ptr: *const c_void, width: usize, i: usize) -> i64 {
     }
 }
 
+/// Checks the offsets of `array` and its descendants, and with `aligned` the alignment
+/// of the buffers arrow-rs reads in place ([`validate_in_place_alignment`]).
+///
 /// # Safety
 /// `array` must be well-formed, unreleased and structurally valid for `data_type` (as
 /// [`validate_structure`] checked), with host-readable buffers of the sizes the C data
@@ -447,7 +519,12 @@ unsafe fn check_offsets_node(
     array: &ArrowArray,
     data_type: &DataType,
     path: &NodePath<'_>,
+    aligned: bool,
 ) -> Result<()> {
+    if aligned {
+        // SAFETY: the contract of this function covers the node's.
+        unsafe { check_node_alignment(array, data_type, path)? };
+    }
     let bad = |message: String| Error::InvalidOffsets {
         path: path.to_string(),
         message,
@@ -544,18 +621,18 @@ unsafe fn check_offsets_node(
         }
         _ => {}
     }
-    for (i, child_type) in child_types(data_type).into_iter().enumerate() {
+    for (i, child_type) in child_type_iter(data_type).enumerate() {
         // SAFETY: `array` is well-formed (contract of this function).
         let child = unsafe { array.child(i) }.expect("checked by validate_structure");
         // SAFETY: same guarantees as for the parent (validate_structure checked the child
         // unreleased, hence well-formed, and valid for its type).
-        unsafe { check_offsets_node(child, child_type, &path.child(i))? };
+        unsafe { check_offsets_node(child, child_type, &path.child(i), aligned)? };
     }
     // SAFETY: `array` is well-formed (contract of this function).
     let dictionary = unsafe { array.dictionary() };
     if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
         // SAFETY: same guarantees as for the parent.
-        unsafe { check_offsets_node(dict, value_type, &path.dictionary())? };
+        unsafe { check_offsets_node(dict, value_type, &path.dictionary(), aligned)? };
     }
     Ok(())
 }
@@ -587,6 +664,34 @@ unsafe fn check_alignment_node(
     data_type: &DataType,
     path: &NodePath<'_>,
 ) -> Result<()> {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { check_node_alignment(array, data_type, path)? };
+    for (i, child_type) in child_type_iter(data_type).enumerate() {
+        // SAFETY: `array` is well-formed (contract of this function).
+        let child = unsafe { array.child(i) }.expect("checked by validate_structure");
+        // SAFETY: validate_structure checked the child unreleased (hence well-formed) and
+        // valid for its type.
+        unsafe { check_alignment_node(child, child_type, &path.child(i))? };
+    }
+    // SAFETY: `array` is well-formed (contract of this function).
+    let dictionary = unsafe { array.dictionary() };
+    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
+        // SAFETY: as for the children.
+        unsafe { check_alignment_node(dict, value_type, &path.dictionary())? };
+    }
+    Ok(())
+}
+
+/// The alignment check of [`validate_in_place_alignment`] for `array` alone, not its
+/// children.
+///
+/// # Safety
+/// As for [`validate_in_place_alignment`].
+unsafe fn check_node_alignment(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &NodePath<'_>,
+) -> Result<()> {
     let misaligned = |index: usize, role: BufferRole, align: usize| {
         // SAFETY: `array` is well-formed (contract of this function).
         let address = unsafe { array.buffer(index) } as usize;
@@ -608,19 +713,6 @@ unsafe fn check_alignment_node(
             misaligned(array.n_buffers as usize - 1, BufferRole::VariadicSizes, 8)?
         }
         _ => {}
-    }
-    for (i, child_type) in child_types(data_type).into_iter().enumerate() {
-        // SAFETY: `array` is well-formed (contract of this function).
-        let child = unsafe { array.child(i) }.expect("checked by validate_structure");
-        // SAFETY: validate_structure checked the child unreleased (hence well-formed) and
-        // valid for its type.
-        unsafe { check_alignment_node(child, child_type, &path.child(i))? };
-    }
-    // SAFETY: `array` is well-formed (contract of this function).
-    let dictionary = unsafe { array.dictionary() };
-    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
-        // SAFETY: as for the children.
-        unsafe { check_alignment_node(dict, value_type, &path.dictionary())? };
     }
     Ok(())
 }
