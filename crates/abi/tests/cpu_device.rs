@@ -221,3 +221,46 @@ fn struct_array_with_top_level_nulls_is_not_a_record_batch() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert_eq!(releases(&count), 1);
 }
+
+/// A producer may slice a batch with the C struct's own `offset` and `length` (the
+/// children left whole): the batch imported is that slice, each release run once.
+#[test]
+fn a_struct_offset_of_the_producer_slices_the_batch() {
+    let batch = sample_batch();
+    for (offset, len) in [(2, 3), (1, 0), (0, 4), (5, 0)] {
+        let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+        let (array, count) = count_releases(array);
+        let mut raw = array.into_raw();
+        raw.array.offset = offset;
+        raw.array.length = len;
+        // SAFETY: `raw` came from a DeviceArray; a smaller window of its own rows leaves
+        // every buffer and child large enough for what the struct now says.
+        let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+        let back = cpu::import_record_batch(array, &schema).unwrap();
+        assert_eq!(back, batch.slice(offset as usize, len as usize));
+        drop(back);
+        assert_eq!(releases(&count), 1);
+    }
+}
+
+/// A column with nulls under a field that says it has none is a typed error (as
+/// `RecordBatch::try_new` reports it), and the array is released once.
+#[test]
+fn nulls_in_a_non_nullable_field_are_an_error() {
+    let batch = sample_batch();
+    let (array, _) = cpu::export_record_batch(&batch).unwrap();
+    let (array, count) = count_releases(array);
+    let fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(false))
+        .collect();
+    let schema = FFI_ArrowSchema::try_from(&Schema::new(fields)).unwrap();
+    let err = cpu::import_record_batch(array, &schema).unwrap_err();
+    assert!(
+        matches!(&err, Error::Arrow(e) if e.to_string().contains("non-nullable")),
+        "{err}"
+    );
+    assert_eq!(releases(&count), 1);
+}
