@@ -264,6 +264,10 @@ fn rebase<O: ArrowNativeType + std::ops::Sub<Output = O>>(
 /// proportional to the slice. `None` when the buffers are used as they are (most of their
 /// bytes are referenced, so rewriting would cost more than it saves).
 fn compact_views(data: &ArrayData) -> Option<ArrayData> {
+    // Without variadic buffers (every value inline) there is nothing to compact.
+    if data.buffers().len() <= 1 {
+        return None;
+    }
     let array = make_array(data.clone());
     match data.data_type() {
         DataType::Utf8View => Some(compacted_views(array.as_string_view_opt()?)?.into_data()),
