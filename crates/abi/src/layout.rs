@@ -276,15 +276,34 @@ pub unsafe fn validate_structure(
         return Err(Error::Released { what: "ArrowArray" });
     }
     // SAFETY: the caller guarantees an unreleased array is well-formed.
-    unsafe { validate_node(array, data_type, &NodePath::Root(path)) }
+    unsafe { validate_node(array, data_type, &NodePath::Root(path), Reads::Nothing) }
 }
 
+/// What a validation pass checks at each node besides the structure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// The structs only ([`validate_structure`]): no buffer is read.
+    Nothing,
+    /// Also the offsets (read on the host: [`validate_host_offsets`]).
+    Offsets,
+    /// Also the offsets, and the alignment of what arrow-rs reads in place
+    /// ([`validate_host_import`]).
+    OffsetsAligned,
+}
+
+/// Validates the structure of `array` and its subtree, and (after a node's subtree, so
+/// that every struct a check reads has been validated) what `reads` asks of each node:
+/// one pass over the tree.
+///
 /// # Safety
-/// `array` must be well-formed and unreleased (see [`validate_structure`]).
+/// `array` must be well-formed and unreleased (see [`validate_structure`]); with `reads`
+/// other than [`Reads::Nothing`], its buffers must be host-readable and as large as the
+/// C data interface says for the structs.
 unsafe fn validate_node(
     array: &ArrowArray,
     data_type: &DataType,
     path: &NodePath<'_>,
+    reads: Reads,
 ) -> Result<()> {
     let invalid = |field: &'static str, value: i64| Error::InvalidField {
         path: path.to_string(),
@@ -408,7 +427,7 @@ unsafe fn validate_node(
         }
         // SAFETY: an unreleased child of a well-formed array is well-formed (C data
         // interface), and it was checked unreleased just above.
-        unsafe { validate_node(child, child_type, &child_path)? };
+        unsafe { validate_node(child, child_type, &child_path, reads)? };
         // Children that are indexed positionally must be long enough.
         let needed = match data_type {
             DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(end),
@@ -438,7 +457,7 @@ unsafe fn validate_node(
             }
             // SAFETY: an unreleased dictionary of a well-formed array is well-formed (C
             // data interface), and it was checked unreleased just above.
-            unsafe { validate_node(dict, value_type, &dict_path)? };
+            unsafe { validate_node(dict, value_type, &dict_path, reads)? };
         }
         (DataType::Dictionary(_, _), None) => {
             return Err(Error::Dictionary {
@@ -454,10 +473,19 @@ unsafe fn validate_node(
         }
         (_, None) => {}
     }
+    if reads == Reads::OffsetsAligned {
+        // SAFETY: the node is well-formed and structurally valid (checked above).
+        unsafe { check_node_alignment(array, data_type, path)? };
+    }
+    if reads != Reads::Nothing {
+        // SAFETY: the node and its subtree are structurally valid (checked above); the
+        // caller guarantees host-readable buffers of the sizes the C data interface says.
+        unsafe { check_node_offsets(array, data_type, path)? };
+    }
     Ok(())
 }
 
-/// Checks what [`validate_structure`] checks, then reads the offsets of every
+/// Checks what [`validate_structure`] checks and, in the same pass, reads the offsets of every
 /// variable-length array: they must be non-negative, monotonic, within the child for
 /// lists, and the data buffer must be non-NULL when they address bytes.
 ///
@@ -470,15 +498,13 @@ pub unsafe fn validate_host_offsets(
     data_type: &DataType,
     path: &str,
 ) -> Result<()> {
-    // SAFETY: the caller guarantees `array` is released or well-formed.
-    unsafe { validate_structure(array, data_type, path)? };
-    // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
-    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path), false) }
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { validate_tree(array, data_type, path, Reads::Offsets) }
 }
 
 /// What [`validate_host_offsets`] and then [`validate_in_place_alignment`] check, in one
-/// pass over the tree after the structure's: what arrow-rs's C data importer needs of a
-/// host array before it reads it.
+/// pass over the tree: what arrow-rs's C data importer needs of a host array before it
+/// reads it.
 ///
 /// # Safety
 /// As for [`validate_host_offsets`].
@@ -487,10 +513,26 @@ pub unsafe fn validate_host_import(
     data_type: &DataType,
     path: &str,
 ) -> Result<()> {
-    // SAFETY: the caller guarantees `array` is released or well-formed.
-    unsafe { validate_structure(array, data_type, path)? };
-    // SAFETY: the structure is valid and the caller guarantees host-readable buffers.
-    unsafe { check_offsets_node(array, data_type, &NodePath::Root(path), true) }
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { validate_tree(array, data_type, path, Reads::OffsetsAligned) }
+}
+
+/// [`validate_node`] of the root, after checking it is not released.
+///
+/// # Safety
+/// As for [`validate_host_offsets`].
+unsafe fn validate_tree(
+    array: &ArrowArray,
+    data_type: &DataType,
+    path: &str,
+    reads: Reads,
+) -> Result<()> {
+    if array.is_released() {
+        return Err(Error::Released { what: "ArrowArray" });
+    }
+    // SAFETY: the caller guarantees an unreleased array is well-formed, and the buffers
+    // host-readable.
+    unsafe { validate_node(array, data_type, &NodePath::Root(path), reads) }
 }
 
 /// Reads offset `i` (4 or 8 bytes wide, native-endian, possibly unaligned).
@@ -508,23 +550,18 @@ unsafe fn offset_at(ptr: *const c_void, width: usize, i: usize) -> i64 {
     }
 }
 
-/// Checks the offsets of `array` and its descendants, and with `aligned` the alignment
-/// of the buffers arrow-rs reads in place ([`validate_in_place_alignment`]).
+/// Checks the offsets of `array` alone (not its children): non-negative, monotonic,
+/// within the child for lists, and the data buffer non-NULL when they address bytes.
 ///
 /// # Safety
-/// `array` must be well-formed, unreleased and structurally valid for `data_type` (as
-/// [`validate_structure`] checked), with host-readable buffers of the sizes the C data
-/// interface gives them.
-unsafe fn check_offsets_node(
+/// `array` and its subtree must be well-formed, unreleased and structurally valid for
+/// `data_type` (as [`validate_node`] checked), with host-readable buffers of the sizes
+/// the C data interface gives them.
+unsafe fn check_node_offsets(
     array: &ArrowArray,
     data_type: &DataType,
     path: &NodePath<'_>,
-    aligned: bool,
 ) -> Result<()> {
-    if aligned {
-        // SAFETY: the contract of this function covers the node's.
-        unsafe { check_node_alignment(array, data_type, path)? };
-    }
     let bad = |message: String| Error::InvalidOffsets {
         path: path.to_string(),
         message,
@@ -620,19 +657,6 @@ unsafe fn check_offsets_node(
             }
         }
         _ => {}
-    }
-    for (i, child_type) in child_type_iter(data_type).enumerate() {
-        // SAFETY: `array` is well-formed (contract of this function).
-        let child = unsafe { array.child(i) }.expect("checked by validate_structure");
-        // SAFETY: same guarantees as for the parent (validate_structure checked the child
-        // unreleased, hence well-formed, and valid for its type).
-        unsafe { check_offsets_node(child, child_type, &path.child(i), aligned)? };
-    }
-    // SAFETY: `array` is well-formed (contract of this function).
-    let dictionary = unsafe { array.dictionary() };
-    if let (DataType::Dictionary(_, value_type), Some(dict)) = (data_type, dictionary) {
-        // SAFETY: same guarantees as for the parent.
-        unsafe { check_offsets_node(dict, value_type, &path.dictionary(), aligned)? };
     }
     Ok(())
 }
