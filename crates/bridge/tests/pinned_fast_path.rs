@@ -248,8 +248,9 @@ fn staging_is_allocated_once_at_full_chunk_size() {
 }
 
 /// On a device that registers pageable memory (posed by the instrumented device), large
-/// buffers skip staging both ways: an upload copies them straight from the batch, in one
-/// batched call, and a download copies its large output straight into host memory; the
+/// buffers skip staging both ways: an upload copies their whole pages straight from the
+/// batch, in one batched call (the partial pages at their ends staged), and a download
+/// copies its large output straight into host memory it allocates as whole pages; the
 /// registrations live until the transfer has waited for those copies (an upload's until
 /// the transfer is dropped at the latest), even when waiting fails, and the batches
 /// round-trip exactly, on synchronous copies and on a modelled link's asynchronous ones.
@@ -283,6 +284,9 @@ fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
         drop(on_device);
         assert_eq!(back, batch);
         assert_eq!(device.registrations().1, 5, "and the download's output");
+        // Only whole pages are registered, and copied directly: the partial pages at a
+        // buffer's ends (shared with other allocations) are staged.
+        assert_eq!(device.direct_copies_outside_registered_pages(), vec![]);
         assert_eq!(device.batch_calls(), 2);
         assert!(
             device.registrations().0 <= 4,

@@ -105,9 +105,14 @@ pub struct InstrumentedDevice {
     /// Forward `is_pinned` to the inner device.
     pub report_pinned: bool,
     /// Pose as a device that registers pageable memory from this size on
-    /// (`register_host` hands out counted registrations, and changes nothing else).
+    /// (`register_host` hands out counted registrations of a range's whole pages, and
+    /// changes nothing else).
     pub register_from: Option<usize>,
     registrations: Arc<AtomicUsize>,
+    /// The whole-page ranges `register_host` registered, and the host ranges of the
+    /// batched (direct) copies.
+    registered_pages: Mutex<Vec<std::ops::Range<usize>>>,
+    batched_host_ranges: Mutex<Vec<std::ops::Range<usize>>>,
     registered: AtomicUsize,
     batch_calls: AtomicU64,
     /// While set, `wait_host` fails on every event this device recorded (before or after).
@@ -144,6 +149,8 @@ impl InstrumentedDevice {
             report_pinned: false,
             register_from: None,
             registrations: Arc::new(AtomicUsize::new(0)),
+            registered_pages: Mutex::new(Vec::new()),
+            batched_host_ranges: Mutex::new(Vec::new()),
             registered: AtomicUsize::new(0),
             batch_calls: AtomicU64::new(0),
             fail_waits: Arc::new(AtomicBool::new(false)),
@@ -182,6 +189,17 @@ impl InstrumentedDevice {
     pub fn registering_from(mut self, bytes: usize) -> Self {
         self.register_from = Some(bytes);
         self
+    }
+    /// The host ranges of batched (direct) copies that lie in no whole-page range
+    /// `register_host` registered: what a real driver would take for pageable memory.
+    pub fn direct_copies_outside_registered_pages(&self) -> Vec<std::ops::Range<usize>> {
+        let pages = self.registered_pages.lock().unwrap();
+        let copies = self.batched_host_ranges.lock().unwrap();
+        copies
+            .iter()
+            .filter(|c| !pages.iter().any(|p| p.start <= c.start && c.end <= p.end))
+            .cloned()
+            .collect()
     }
     /// `(alive, made)`: registrations of `register_host` alive now, and made so far.
     pub fn registrations(&self) -> (usize, usize) {
@@ -370,6 +388,11 @@ unsafe impl Device for InstrumentedDevice {
     }
     unsafe fn copy_batch_to_device(&self, copies: &[HostToDevice]) -> devarrow_abi::Result<()> {
         self.batch_calls.fetch_add(1, Ordering::SeqCst);
+        self.batched_host_ranges.lock().unwrap().extend(
+            copies
+                .iter()
+                .map(|c| c.src as usize..c.src as usize + c.len),
+        );
         let bytes: usize = copies.iter().map(|c| c.len).sum();
         self.bytes_to_device
             .fetch_add(bytes as u64, Ordering::SeqCst);
@@ -378,6 +401,11 @@ unsafe impl Device for InstrumentedDevice {
     }
     unsafe fn copy_batch_to_host(&self, copies: &[DeviceToHost]) -> devarrow_abi::Result<()> {
         self.batch_calls.fetch_add(1, Ordering::SeqCst);
+        self.batched_host_ranges.lock().unwrap().extend(
+            copies
+                .iter()
+                .map(|c| c.dst as usize..c.dst as usize + c.len),
+        );
         self.to_host
             .fetch_add(copies.len() as u64, Ordering::SeqCst);
         // SAFETY: forwarded with the caller's guarantees.
@@ -391,9 +419,11 @@ unsafe impl Device for InstrumentedDevice {
         ptr: *const u8,
         len: usize,
     ) -> devarrow_abi::Result<Option<Box<dyn HostRegistration>>> {
-        if ptr.is_null() || self.register_from.is_none_or(|from| len < from) {
+        let pages = devarrow_abi::device::whole_pages(ptr, len);
+        if ptr.is_null() || pages.is_empty() || self.register_from.is_none_or(|from| len < from) {
             return Ok(None);
         }
+        self.registered_pages.lock().unwrap().push(pages);
         self.registrations.fetch_add(1, Ordering::SeqCst);
         self.registered.fetch_add(1, Ordering::SeqCst);
         Ok(Some(Box::new(TestRegistration(self.registrations.clone()))))
