@@ -122,6 +122,9 @@ pub struct PoolStats {
     pub cached_bytes: usize,
     /// Bytes of blocks handed out and not freed yet (by size class).
     pub in_use_bytes: usize,
+    /// Cached blocks given back to the system to make room, under the limit, for a freed
+    /// block of a size used more recently.
+    pub evictions: u64,
 }
 
 /// One block of the system allocator: `capacity` bytes from `ptr` (aligned to
@@ -187,7 +190,42 @@ impl Drop for Block {
 #[derive(Default)]
 struct PoolState {
     free: HashMap<usize, Vec<Block>>,
+    /// When each size class was last allocated or freed (`clock` ticks).
+    last_use: HashMap<usize, u64>,
+    clock: u64,
     stats: PoolStats,
+}
+
+impl PoolState {
+    fn touch(&mut self, class: usize) {
+        self.clock += 1;
+        self.last_use.insert(class, self.clock);
+    }
+
+    /// Takes cached blocks of the size classes used least recently (never `class`'s)
+    /// until `class` more bytes fit under `limit`; `None` (nothing taken) where even
+    /// evicting every other class would not make room.
+    fn make_room(&mut self, class: usize, limit: usize) -> Option<Vec<Block>> {
+        let own = self.free.get(&class).map_or(0, |v| v.len() * class);
+        if own + class > limit {
+            return None;
+        }
+        let mut evicted = Vec::new();
+        while self.stats.cached_bytes + class > limit {
+            let victim = self
+                .free
+                .iter()
+                .filter(|(&c, blocks)| c != class && !blocks.is_empty())
+                .map(|(&c, _)| (self.last_use.get(&c).copied().unwrap_or(0), c))
+                .min()
+                .map(|(_, c)| c)?;
+            let block = self.free.get_mut(&victim).and_then(Vec::pop)?;
+            self.stats.cached_bytes -= victim;
+            self.stats.evictions += 1;
+            evicted.push(block);
+        }
+        Some(evicted)
+    }
 }
 
 /// Runs before a pool gives memory back to the system: waits until nothing that was
@@ -270,6 +308,7 @@ impl HostPool {
         let class = size_class(len);
         let cached = {
             let mut state = self.state();
+            state.touch(class);
             let block = state.free.get_mut(&class).and_then(Vec::pop);
             match &block {
                 Some(_) => {
@@ -323,20 +362,31 @@ impl HostPool {
         freed
     }
 
+    /// Caches a freed block. Where the cache is full, the blocks of the size classes used
+    /// least recently make room for it: a workload whose sizes change (a sweep of batch
+    /// sizes, a new table) would otherwise keep the old sizes cached forever and fault
+    /// fresh memory for every block of the new ones.
     fn give_back(&self, block: Block) {
         let class = block.capacity;
         let mut state = self.state();
         state.stats.in_use_bytes -= class;
-        if state.stats.cached_bytes + class <= self.limit {
-            state.stats.cached_bytes += class;
-            state.free.entry(class).or_default().push(block);
+        state.touch(class);
+        let (evicted, dropped) = match state.make_room(class, self.limit) {
+            Some(evicted) => {
+                state.stats.cached_bytes += class;
+                state.free.entry(class).or_default().push(block);
+                (evicted, None)
+            }
+            None => (Vec::new(), Some(block)),
+        };
+        drop(state);
+        if evicted.is_empty() && dropped.is_none() {
             return;
         }
-        drop(state);
         if let Some(fence) = &self.fence {
             fence();
         }
-        drop(block);
+        drop((evicted, dropped));
     }
 }
 
@@ -503,5 +553,30 @@ mod tests {
         assert_eq!(pool.stats().cached_bytes, size_class(8000));
         pool.trim();
         assert_eq!(fenced.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_full_cache_makes_room_for_the_size_used_last() {
+        let (small, large) = (size_class(1000), size_class(2000));
+        let pool = Arc::new(HostPool::new(3 * small + large));
+        // The cache fills with three small blocks...
+        let smalls: Vec<_> = (0..3).map(|_| pool.allocate(1000).unwrap()).collect();
+        drop(smalls);
+        let a = pool.allocate(2000).unwrap();
+        let b = pool.allocate(2000).unwrap();
+        drop(a); // fits beside them
+        assert_eq!(pool.stats().cached_bytes, 3 * small + large);
+        // ...and a second large block evicts small ones, used less recently, to be kept.
+        drop(b);
+        let stats = pool.stats();
+        assert_eq!(stats.cached_bytes, small + 2 * large, "{stats:?}");
+        assert_eq!(stats.evictions, 2);
+        let (a, b) = (pool.allocate(2000).unwrap(), pool.allocate(2000).unwrap());
+        assert_eq!(pool.stats().hits, 2);
+        drop((a, b));
+        // A block larger than the limit is never cached, and evicts nothing.
+        drop(pool.allocate(10 * large).unwrap());
+        assert_eq!(pool.stats().evictions, 2);
+        assert_eq!(pool.stats().cached_bytes, small + 2 * large);
     }
 }
