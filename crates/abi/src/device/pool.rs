@@ -470,7 +470,7 @@ mod tests {
     #[test]
     fn whole_pages_leave_the_partial_ends_out() {
         let page = host_page_size();
-        let at = |n: usize| (n * page) as *const u8;
+        let at = |n: usize| std::ptr::without_provenance::<u8>(n * page);
         assert_eq!(whole_pages(at(2), 3 * page), 2 * page..5 * page);
         assert_eq!(
             whole_pages(at(2).wrapping_add(1), 3 * page),
@@ -483,7 +483,7 @@ mod tests {
         assert_eq!(whole_pages(at(2).wrapping_add(1), 2 * page - 2), 0..0);
         assert_eq!(whole_pages(at(2), page - 1), 0..0);
         assert_eq!(whole_pages(at(2), 0), 0..0);
-        assert_eq!(whole_pages(usize::MAX as *const u8, 8), 0..0);
+        assert_eq!(whole_pages(std::ptr::without_provenance(usize::MAX), 8), 0..0);
     }
 
     #[test]
