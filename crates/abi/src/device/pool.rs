@@ -483,7 +483,10 @@ mod tests {
         assert_eq!(whole_pages(at(2).wrapping_add(1), 2 * page - 2), 0..0);
         assert_eq!(whole_pages(at(2), page - 1), 0..0);
         assert_eq!(whole_pages(at(2), 0), 0..0);
-        assert_eq!(whole_pages(std::ptr::without_provenance(usize::MAX), 8), 0..0);
+        assert_eq!(
+            whole_pages(std::ptr::without_provenance(usize::MAX), 8),
+            0..0
+        );
     }
 
     #[test]
