@@ -224,10 +224,9 @@ fn struct_data_to_batch(data: ArrayData, schema: SchemaRef) -> Result<RecordBatc
             ))));
         }
     }
-    // SAFETY: one column per field (checked above), each of its field's type (imported
-    // as the schema's struct type, whose children are the fields' types, and validated
-    // in full), `len` rows each (sliced to the struct's rows), and no nulls where a field
-    // is not nullable (checked above).
+    // SAFETY: one column per field, each of its field's type (imported as the schema's
+    // struct type and validated in full), `len` rows each (sliced to the struct's rows),
+    // no nulls where a field is not nullable (checked above).
     Ok(unsafe { RecordBatch::new_unchecked(schema, columns, len) })
 }
 

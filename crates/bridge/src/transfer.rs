@@ -558,10 +558,9 @@ impl Transfer {
                 let host = hosts[i].as_mut().expect("allocated");
                 let pages = host.capacity();
                 let dst = host.as_uninit().as_mut_ptr().cast::<u8>();
-                // SAFETY: the output (`pages` bytes, page-aligned) stays allocated (in
-                // `hosts`) until the direct copies have completed: the registration is
-                // dropped after they have (below, `release_registrations`), and `hosts`
-                // only after that.
+                // SAFETY: the output (`pages` bytes) stays allocated in `hosts` until the
+                // direct copies have completed: the registration is dropped after they have
+                // (`release_registrations`, below), and `hosts` only after that.
                 if let Some(registration) = unsafe { device.register_host(dst, pages) }? {
                     registrations.push(registration);
                     direct.push(DeviceToHost { src, dst, len });
