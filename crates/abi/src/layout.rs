@@ -272,11 +272,8 @@ pub unsafe fn validate_structure(
     data_type: &DataType,
     path: &str,
 ) -> Result<()> {
-    if array.is_released() {
-        return Err(Error::Released { what: "ArrowArray" });
-    }
-    // SAFETY: the caller guarantees an unreleased array is well-formed.
-    unsafe { validate_node(array, data_type, &NodePath::Root(path), Reads::Nothing) }
+    // SAFETY: the caller's guarantees, passed on (no buffer is read).
+    unsafe { validate_tree(array, data_type, path, Reads::Nothing) }
 }
 
 /// What a validation pass checks at each node besides the structure.
@@ -520,7 +517,8 @@ pub unsafe fn validate_host_import(
 /// [`validate_node`] of the root, after checking it is not released.
 ///
 /// # Safety
-/// As for [`validate_host_offsets`].
+/// As for [`validate_structure`]; with `reads` other than [`Reads::Nothing`], as for
+/// [`validate_host_offsets`].
 unsafe fn validate_tree(
     array: &ArrowArray,
     data_type: &DataType,
@@ -531,7 +529,7 @@ unsafe fn validate_tree(
         return Err(Error::Released { what: "ArrowArray" });
     }
     // SAFETY: the caller guarantees an unreleased array is well-formed, and the buffers
-    // host-readable.
+    // host-readable where `reads` reads them.
     unsafe { validate_node(array, data_type, &NodePath::Root(path), reads) }
 }
 
