@@ -19,6 +19,36 @@ use crate::ffi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, FFI_ArrowArray};
 /// safe code relies on it to follow the struct's pointers, read host-readable buffers
 /// (after [`crate::layout`] has checked the layout against the schema), wait on
 /// `sync_event` and call `release`. The constructors that cannot check it are `unsafe`.
+///
+/// # Example
+///
+/// A C consumer receives the struct; moving it back in marks the source released, so
+/// `release` runs once, when the owner drops:
+///
+/// ```
+/// use arrow_array::Int64Array;
+/// use devarrow_abi::{cpu, ArrowDeviceArray, DeviceArray, Error};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let (array, _schema) = cpu::export_array(&Int64Array::from(vec![1, 2, 3]))?;
+/// assert_eq!(array.array().length, 3);
+/// assert_eq!(array.device_id(), -1); // the CPU
+///
+/// let mut c_struct = ArrowDeviceArray::empty();
+/// // SAFETY: `c_struct` is valid for writes; it now owns the array.
+/// unsafe { array.move_into(&mut c_struct) };
+/// // SAFETY: `c_struct` holds an unreleased array from a conforming producer.
+/// let owned = unsafe { DeviceArray::from_raw(&mut c_struct) }?;
+/// assert!(c_struct.is_released()); // moved out: nothing left to release there
+///
+/// // A released struct is a typed error, not a second owner.
+/// // SAFETY: `c_struct` is released.
+/// let again = unsafe { DeviceArray::from_raw(&mut c_struct) };
+/// assert!(matches!(again, Err(Error::Released { .. })));
+/// drop(owned); // calls the producer's release, exactly once
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct DeviceArray {
     raw: ArrowDeviceArray,

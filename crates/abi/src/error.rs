@@ -184,6 +184,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// The errno-compatible code this error is reported as across the C boundary.
+    ///
+    /// ```
+    /// use devarrow_abi::{ArrowDeviceArray, DeviceArray, Error};
+    ///
+    /// let mut released = ArrowDeviceArray::empty();
+    /// // SAFETY: an empty struct is a released one.
+    /// let err = unsafe { DeviceArray::from_raw(&mut released) }.unwrap_err();
+    /// assert!(matches!(err, Error::Released { .. }));
+    /// assert_eq!(err.errno(), 22); // EINVAL
+    /// println!("{err}");
+    /// ```
     pub fn errno(&self) -> i32 {
         match self {
             Error::Callback { code, .. } => *code,

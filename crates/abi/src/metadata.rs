@@ -20,6 +20,26 @@ use crate::error::{Error, Result};
 /// [`Metadata::NUM_ROWS`] and [`Metadata::NUM_BATCHES`], decimal integers, set with
 /// [`Metadata::with_num_rows`] / [`Metadata::with_num_batches`] and read with
 /// [`Metadata::num_rows`] / [`Metadata::num_batches`].
+///
+/// # Example
+///
+/// ```
+/// use devarrow_abi::Metadata;
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let metadata = Metadata::new().with("source", "lineitem").with_num_rows(6_001_215);
+/// let bytes = metadata.encode()?; // the ArrowSchema.metadata encoding
+/// let back = Metadata::decode(&bytes)?;
+/// assert_eq!(back.get("source"), Some("lineitem"));
+/// assert_eq!(back.num_rows()?, Some(6_001_215));
+/// assert_eq!(back, metadata);
+///
+/// // A count that is no decimal integer is a typed error.
+/// let bad = Metadata::new().with(Metadata::NUM_ROWS, "many");
+/// assert!(bad.num_rows().is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Metadata {
     pairs: Vec<(String, String)>,

@@ -121,6 +121,36 @@ pub fn export_stream(source: impl DeviceBatchSource + 'static) -> DeviceArrayStr
 }
 
 /// Exports an arrow-rs `RecordBatchReader` as a CPU device stream.
+///
+/// # Example
+///
+/// A producer hands the stream to C, a consumer takes it back and reads it; the
+/// stream's `release` runs once, when the reader drops.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader, StringArray};
+/// use devarrow_abi::stream::{export_reader, DeviceArrayStreamReader};
+/// use devarrow_abi::ArrowDeviceArrayStream;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let names: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+/// let batch = RecordBatch::try_from_iter([("name", names)])?;
+/// let reader = RecordBatchIterator::new(vec![Ok(batch.clone()), Ok(batch.slice(0, 1))], batch.schema());
+///
+/// let mut c_stream = ArrowDeviceArrayStream::empty();
+/// // SAFETY: `c_stream` is valid for writes.
+/// unsafe { export_reader(Box::new(reader)).move_into(&mut c_stream) };
+///
+/// // SAFETY: `c_stream` holds an unreleased stream, as moved in above.
+/// let reader = unsafe { DeviceArrayStreamReader::from_raw(&mut c_stream) }?;
+/// assert_eq!(reader.schema(), batch.schema());
+/// let batches = reader.collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(batches, [batch.clone(), batch.slice(0, 1)]);
+/// # Ok(())
+/// # }
+/// ```
 pub fn export_reader(reader: Box<dyn RecordBatchReader + Send>) -> DeviceArrayStream {
     export_stream(CpuReaderSource::new(reader))
 }

@@ -40,6 +40,35 @@ enum Mode {
 /// The CPU as a [`Device`]: "device" memory is host memory from a pool that reuses freed
 /// blocks ([`HostPool`]: no page faults and no zeroing after a block's first use), copies
 /// are `memcpy`; see the [module docs](self) for its three modes.
+///
+/// # Example
+///
+/// The [`Device`] calls the bridge makes, on the CPU: allocate, copy each way on the
+/// device's stream, record an event, wait for it.
+///
+/// ```
+/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_abi::ArrowDeviceType;
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let device = CpuDevice::new();
+/// assert_eq!(device.device_type(), ArrowDeviceType::CPU);
+///
+/// let memory = device.allocate(4)?;
+/// let input = [1u8, 2, 3, 4];
+/// let mut output = [0u8; 4];
+/// // SAFETY: `input` and `output` outlive the copies (we wait for the event below), and
+/// // `memory` holds 4 bytes of this device.
+/// unsafe {
+///     device.copy_to_device(input.as_ptr(), memory.address(), 4)?;
+///     device.copy_to_host(memory.address(), output.as_mut_ptr(), 4)?;
+/// }
+/// device.record_event()?.wait_host()?;
+/// assert_eq!(output, input);
+/// assert_eq!(device.copy_count(), 2);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct CpuDevice {
     copies: AtomicU64,
