@@ -514,6 +514,40 @@ impl DeviceBatchSource for Uploader {
 /// device's type), uploading ahead on a background thread as [`Uploader`] does. Move it
 /// to the consumer with [`DeviceArrayStream::move_into`] or
 /// [`DeviceArrayStream::into_raw`]; its release stops the thread.
+///
+/// # Example
+///
+/// Upload a reader's batches ahead of the consumer, hand the stream over as an
+/// `ArrowDeviceArrayStream`, and read it back to the host on the other side:
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Int32Array, RecordBatch, RecordBatchIterator};
+/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_bridge::{
+///     export_reader_to_device, DeviceStreamReader, StreamOptions, TransferOptions,
+/// };
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let batch = RecordBatch::try_from_iter([
+///     ("x", Arc::new(Int32Array::from_iter_values(0..100)) as ArrayRef),
+/// ])?;
+/// let batches = vec![Ok(batch.slice(0, 50)), Ok(batch.slice(50, 50))];
+/// let reader = RecordBatchIterator::new(batches, batch.schema());
+/// let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+///
+/// // Producer side: read ahead by 2 batches (back-pressure beyond that).
+/// let options = StreamOptions::default().with_read_ahead(2);
+/// let stream = export_reader_to_device(Box::new(reader), device.clone(), options)?;
+///
+/// // Consumer side: device batches, or host batches as here.
+/// let host = DeviceStreamReader::try_new(stream, device)?.into_host(TransferOptions::default());
+/// let back = host.collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(back, [batch.slice(0, 50), batch.slice(50, 50)]);
+/// # Ok(())
+/// # }
+/// ```
 pub fn export_reader_to_device(
     reader: Box<dyn RecordBatchReader + Send>,
     device: Arc<dyn Device>,

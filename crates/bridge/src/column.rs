@@ -75,6 +75,36 @@ impl DeviceBatch {
 
     /// Column `i` (as [`RecordBatch::column`](arrow_array::RecordBatch::column) numbers
     /// them), `None` when out of range.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    /// use arrow_schema::DataType;
+    /// use devarrow_abi::device::CpuDevice;
+    /// use devarrow_abi::layout::BufferRole;
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let batch = RecordBatch::try_from_iter([
+    ///     ("id", Arc::new(Int64Array::from(vec![Some(1), None, Some(3)])) as ArrayRef),
+    ///     ("name", Arc::new(StringArray::from(vec!["x", "yy", "zzz"])) as ArrayRef),
+    /// ])?;
+    /// let mut transfer = Transfer::new(Arc::new(CpuDevice::new()), TransferOptions::default());
+    /// let on_device = transfer.to_device(&batch)?;
+    ///
+    /// let id = on_device.column(0).expect("two columns");
+    /// assert_eq!((id.data_type(), id.len(), id.null_count()), (&DataType::Int64, 3, Some(1)));
+    /// let values = id.values().expect("a values buffer");
+    /// assert_eq!(values.len(), 3 * 8); // exactly the rows' bytes
+    ///
+    /// let name = on_device.column_by_name("name").expect("a column named name");
+    /// let roles: Vec<_> = name.buffers().iter().flatten().map(|b| b.role()).collect();
+    /// assert_eq!(roles, [BufferRole::Offsets, BufferRole::Data]); // no nulls: no bitmap
+    /// assert!(on_device.column(2).is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn column(&self, i: usize) -> Option<DeviceColumn<'_>> {
         match &self.storage {
             Storage::Packed { root, .. } => root.children.get(i).map(|node| DeviceColumn {

@@ -195,6 +195,40 @@ fn release_registrations(
 }
 
 /// A reusable transfer engine for one device: owns the staging buffers.
+///
+/// Keep one per device and thread and reuse it: its pinned staging chunks are allocated
+/// once, and many batches download in one pipeline ([`Transfer::to_host_batches`]).
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Float64Array, Int32Array, RecordBatch};
+/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_bridge::{Transfer, TransferOptions};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let batch = RecordBatch::try_from_iter([
+///     ("a", Arc::new(Int32Array::from_iter_values(0..4096)) as ArrayRef),
+///     ("b", Arc::new(Float64Array::from_iter_values((0..4096).map(f64::from))) as ArrayRef),
+/// ])?;
+/// let device = Arc::new(CpuDevice::new());
+/// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+///
+/// let uploaded = (0..4)
+///     .map(|i| transfer.to_device(&batch.slice(i * 1024, 1024)))
+///     .collect::<devarrow_abi::Result<Vec<_>>>()?;
+/// // Small buffers share a staging chunk: each batch went up in one copy.
+/// assert_eq!(device.copy_count(), 4);
+///
+/// let back = transfer.to_host_batches(&uploaded)?; // one pipeline for all four
+/// assert_eq!(back.len(), 4);
+/// assert_eq!(back[3], batch.slice(3072, 1024));
+/// println!("{:?}", transfer.stats().to_device);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Transfer {
     device: Arc<dyn Device>,
