@@ -443,6 +443,39 @@ fn peer_copies_within_one_context_run_on_the_stream() {
     }
 }
 
+/// Events keep their creation flags (`devarrow_emu_event_flags`), and those created with
+/// `CU_EVENT_DISABLE_TIMING` cannot be timed (`CUDA_ERROR_INVALID_HANDLE`, as the
+/// driver documents for `cuEventElapsedTime`), blocking-sync ones included.
+#[test]
+fn untimed_events_keep_their_flags_and_cannot_be_timed() {
+    let emu = Emu::new();
+    let stream = emu.stream(1);
+    let mut ms = 0f32;
+    for (flags, timed) in [(0u32, true), (1, true), (2, false), (3, false)] {
+        let (mut a, mut b): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers; our stream; events destroyed once.
+        unsafe {
+            ck(cuEventCreate(&mut a, flags));
+            ck(cuEventCreate(&mut b, flags));
+            assert_eq!(devarrow_emu_event_flags(a), i64::from(flags));
+            ck(cuEventRecord(a, stream));
+            ck(cuEventRecord(b, stream));
+            ck(cuEventSynchronize(b));
+            let r = cuEventElapsedTime(&mut ms, a, b);
+            if timed {
+                ck(r);
+            } else {
+                assert_eq!(r, CUDA_ERROR_INVALID_HANDLE, "flags {flags}");
+            }
+            ck(cuEventDestroy_v2(a));
+            ck(cuEventDestroy_v2(b));
+            assert_eq!(devarrow_emu_event_flags(a), -1);
+        }
+    }
+    // SAFETY: our stream, destroyed once.
+    ck(unsafe { cuStreamDestroy_v2(stream) });
+}
+
 /// `devarrow_emu_mem_get_info_calls` counts `cuMemGetInfo` calls.
 #[test]
 fn mem_get_info_calls_are_counted() {

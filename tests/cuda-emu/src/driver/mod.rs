@@ -58,7 +58,8 @@
 //!   synchronization show up as wrong data or a fault. API calls from a host function
 //!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`. Events keep
 //!   their creation flags: `cuEventElapsedTime` on one created with
-//!   `CU_EVENT_DISABLE_TIMING` is `CUDA_ERROR_INVALID_HANDLE`, as documented.
+//!   `CU_EVENT_DISABLE_TIMING` is `CUDA_ERROR_INVALID_HANDLE`, as documented, and
+//!   `devarrow_emu_event_flags` (found with `dlsym`) reads them back.
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
