@@ -11,7 +11,11 @@
 //!   the driver has it;
 //! - pageable host memory page-locked for direct DMA (`cuMemHostRegister`) where
 //!   [`CudaDeviceOptions::register_pageable`] asks for it ([`crate::HostRegistration`]);
-//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`) recorded on the stream, exported as
+//! - copies of a list and registrations fall back (one copy each, staging) on any driver
+//!   error that is not sticky ([`crate::is_sticky_error`]), remembered per device: what
+//!   drivers without the feature and restricted runtimes (gVisor's nvproxy) answer;
+//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`, plus `CU_EVENT_BLOCKING_SYNC` with
+//!   [`HostWait::Block`]; devarrow's own `event::Event`) recorded on the stream, exported as
 //!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
 //!   Interface requires for `ARROW_DEVICE_CUDA`.
 
@@ -89,7 +93,8 @@ pub enum HostWait {
     /// latency at the cost of a busy core.
     #[default]
     Spin,
-    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`): no busy core while the
+    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`, with
+    /// `CU_EVENT_DISABLE_TIMING` like every event of the device): no busy core while the
     /// pipeline waits on a staging chunk, at some wake-up latency.
     Block,
 }
@@ -186,7 +191,7 @@ impl CudaDeviceOptions {
     /// The `CU_EVENT_*` bits of the device's sync events: never timed (cheaper to
     /// record), blocking the waiting host thread with [`HostWait::Block`]. Both bits at
     /// once are beyond cudarc's `CUevent_flags` enum, hence devarrow's own
-    /// [`Event`] (a raw `cuEventCreate`).
+    /// `Event` (a raw `cuEventCreate`).
     fn event_flags(&self) -> std::ffi::c_uint {
         let disable_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint;
         match self.host_wait {
@@ -314,6 +319,12 @@ impl CudaDevice {
     /// far: with [`CudaDeviceOptions::reuse_events`], about as many as are alive at once.
     pub fn events_created(&self) -> u64 {
         self.events.created.load(Ordering::Relaxed)
+    }
+
+    /// devarrow's accounting of the device memory it allocated on this device (all
+    /// [`CudaDevice`]s and streams of it together): [`crate::memory_stats`].
+    pub fn memory_stats(&self) -> crate::MemoryStats {
+        crate::memory_stats(self.device.id())
     }
 
     /// How many `cuMemcpyBatchAsync` calls the device has made
@@ -983,10 +994,11 @@ unsafe impl Device for CudaDevice {
     /// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, used as it is), not lockable
     /// (`CUDA_ERROR_INVALID_VALUE`: a read-only mapping, say), beyond the memlock limit
     /// (`CUDA_ERROR_OUT_OF_MEMORY`), or any other error that leaves the context usable
-    /// ([`CudaError::allows_fallback`]: `CUDA_ERROR_NOT_SUPPORTED`, and the
-    /// `CUDA_ERROR_OPERATING_SYSTEM` or `CUDA_ERROR_NOT_PERMITTED` of restricted runtimes;
-    /// then never tried again on this device). A sticky error, or one saying the context
-    /// is gone, is returned ([`CudaError::Driver`]).
+    /// (not [sticky](crate::is_sticky_error), nor saying the context is gone:
+    /// `CUDA_ERROR_NOT_SUPPORTED`, and the `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` of restricted runtimes; then never tried again on this
+    /// device). A sticky error, or one saying the context is gone, is returned
+    /// ([`CudaError::Driver`]).
     unsafe fn register_host(
         &self,
         ptr: *const u8,

@@ -4,8 +4,8 @@
 //! cudarc's [`CudaEvent`](cudarc::driver::CudaEvent) takes its flags as the enum
 //! `CUevent_flags`, one flag at a time, so it cannot make an event that both blocks the
 //! waiting host thread (`CU_EVENT_BLOCKING_SYNC`) and skips timing
-//! (`CU_EVENT_DISABLE_TIMING`, cheaper to record), which [`HostWait::Block`]
-//! (crate::HostWait::Block) wants. This type makes the raw `cuEventCreate` call (through
+//! (`CU_EVENT_DISABLE_TIMING`, cheaper to record), which
+//! [`HostWait::Block`](crate::HostWait::Block) wants. This type makes the raw `cuEventCreate` call (through
 //! [`crate::driver`]) and destroys the event on drop with its context bound.
 
 use std::ffi::c_uint;
