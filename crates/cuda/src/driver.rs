@@ -351,9 +351,23 @@ pub(crate) unsafe fn mem_free(ptr: sys::CUdeviceptr) -> Result<()> {
 /// `cuMemHostAlloc`: `bytes` uninitialized bytes of page-locked host memory with
 /// `flags` (`CU_MEMHOSTALLOC_*`). Out of memory is
 /// [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+///
+/// Zero bytes: NULL. The driver answers `cuMemHostAlloc(&p, 0, ..)` with `CUDA_SUCCESS`
+/// and leaves `p` unwritten (what `cudaMallocHost(&p, 0)` users see: alpaka#1868), so
+/// the out-pointer starts as NULL here (cudarc's `malloc_host` would read it
+/// uninitialized); callers keep a zero-length buffer without any allocation.
 pub(crate) fn mem_host_alloc(bytes: usize, flags: c_uint) -> Result<*mut c_void> {
-    // SAFETY: the memory is returned as a raw pointer only, never read here.
-    unsafe { result::malloc_host(bytes, flags) }.alloc("cuMemHostAlloc", bytes)
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the driver writes the pointer to our local (or, for 0 bytes, nothing); the
+    // memory is returned as a raw pointer only, never read here.
+    unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, flags) }
+        .result()
+        .alloc("cuMemHostAlloc", bytes)?;
+    Ok(if bytes == 0 {
+        std::ptr::null_mut()
+    } else {
+        ptr
+    })
 }
 
 /// `cuMemHostGetDevicePointer`: the device address of page-locked memory allocated

@@ -287,6 +287,27 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
     check.assert_no_leak("the pool policy test");
 }
 
+/// Zero-length pinned memory allocates nothing: the driver answers `cuMemAllocHost(0)`
+/// with success and no pointer, so devarrow never asks it and keeps an empty buffer.
+#[test]
+fn zero_length_pinned_buffers_allocate_nothing() {
+    let (_lock, dev) = gpu_or_skip!();
+    let pinned = PinnedHostBuffer::alloc(&dev, 0).unwrap();
+    assert!(pinned.as_slice().is_empty());
+    assert_eq!((pinned.device_ptr(), pinned.len()), (0, 0));
+    drop(pinned);
+    let buffer = PinnedHostBuffer::from_slice(&dev, &[])
+        .unwrap()
+        .into_arrow_buffer();
+    assert!(buffer.is_empty());
+    drop(buffer);
+    let device = CudaDevice::new(dev.clone()).unwrap();
+    let staging = device.allocate_staging(0).unwrap();
+    assert!(staging.as_slice().is_empty());
+    drop(staging);
+    assert!(dev.context().check_err().is_ok());
+}
+
 /// The leak check of these tests catches a leaked device buffer of any size by
 /// devarrow's own counts (exact), and a large leak of memory devarrow does not count by
 /// the device's free memory (beyond a margin sized for a real GPU).
