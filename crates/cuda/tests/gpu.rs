@@ -370,6 +370,54 @@ fn a_steady_allocation_loop_does_not_ask_for_the_free_memory_every_time() {
     assert!(asked <= 2, "{asked} cuMemGetInfo calls for 400 allocations");
 }
 
+/// When devarrow's estimate of the free memory was too hopeful (another library took
+/// memory since the driver was last asked) and the pool's allocation runs out of
+/// memory, the pool's idle memory is given back and the allocation tried once more.
+/// The emulator's failure injection plays the surprise: one `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn an_unexpected_out_of_memory_trims_the_pool_and_retries_once() {
+    let (_lock, dev) = gpu_or_skip!();
+    let Some(injection) = FailureInjection::find() else {
+        println!("skipping: failure injection needs the emulated driver");
+        return;
+    };
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let stream = dev.new_stream().unwrap();
+    pool::set_policy(
+        dev.context(),
+        PoolPolicy::default().release_threshold(u64::MAX),
+    )
+    .unwrap();
+    drop(DeviceBuffer::alloc(&stream, 64 << 20).unwrap());
+    drop(DeviceBuffer::alloc(&stream, 4096).unwrap());
+    stream.synchronize().unwrap();
+    let (kept, _) = dev.memory_info().unwrap();
+    let before = injection.injected_failures();
+    // The next fallible driver call is the pool's allocation (no cuMemGetInfo: 4 KiB is
+    // far below the free memory devarrow estimates).
+    injection.fail_nth_call(1);
+    let buffer = DeviceBuffer::alloc(&stream, 4096);
+    injection.fail_nth_call(0);
+    assert_eq!(
+        injection.injected_failures(),
+        before + 1,
+        "one allocation failed"
+    );
+    let buffer = buffer.expect("allocated on the second try");
+    stream.synchronize().unwrap();
+    let (after, _) = dev.memory_info().unwrap();
+    assert!(
+        after >= kept + (32 << 20),
+        "the pool gave its idle memory back before the retry ({kept} -> {after} free)"
+    );
+    drop(buffer);
+    pool::set_policy(dev.context(), PoolPolicy::default()).unwrap();
+    assert!(dev.context().check_err().is_ok());
+}
+
 /// Events of a device with `HostWait::Block` block the waiting thread
 /// (`CU_EVENT_BLOCKING_SYNC`) and are not timed (`CU_EVENT_DISABLE_TIMING`, cheaper to
 /// record): `cuEventElapsedTime` on them is `CUDA_ERROR_INVALID_HANDLE`, as the driver
