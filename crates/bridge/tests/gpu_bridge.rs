@@ -45,9 +45,10 @@ use devarrow_bridge::{
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::{
     kernels, live_host_registrations, CudaDevice, CudaDeviceOptions, CudaMemory as _, CudaStream,
-    DeviceBuffer, HostWait, ImportedArray, PrimaryContext,
+    DeviceBuffer, HostWait, ImportedArray,
 };
 use devarrow_testing::gpu::{assert_still_running, EmulatedDriver};
+use devarrow_testing::leaks::{free_memory, DeviceMemoryCheck};
 use devarrow_testing::{sample, slices};
 
 fn transfer(device: &Arc<CudaDevice>) -> Transfer {
@@ -74,13 +75,6 @@ fn wide_batch(columns: usize, rows: usize) -> RecordBatch {
         (format!("c{c}"), col)
     }))
     .unwrap()
-}
-
-/// Free device memory after synchronizing and trimming the pool.
-fn free_memory(dev: &PrimaryContext) -> usize {
-    dev.synchronize().unwrap();
-    dev.trim_memory_pool().unwrap();
-    dev.memory_info().unwrap().0
 }
 
 /// The `CUevent` a `sync_event` points to.
@@ -510,12 +504,11 @@ fn imported_batches_release_the_foreign_memory() {
         assert_eq!(releases(&count), 1);
     };
     cycle(&mut transfer);
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     for _ in 0..300 {
         cycle(&mut transfer);
     }
-    let after = free_memory(&dev);
-    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+    check.assert_no_leak("300 round trips");
     assert!(dev.context().check_err().is_ok());
 }
 
@@ -738,7 +731,8 @@ fn imports_release_the_device_memory_when_dropped() {
     // One big batch: held while the import lives, freed when it drops.
     let big = wide_batch(8, 1 << 20); // 64 MiB of values
     cycle(&mut transfer, &wide_batch(8, 1024)); // warm up staging, pools
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
+    let before = check.free_at_start();
     let on_device = transfer.to_device(&big).unwrap();
     let (exported, _) = on_device.export().unwrap();
     drop(on_device);
@@ -750,20 +744,22 @@ fn imports_release_the_device_memory_when_dropped() {
     );
     // Released from another thread, which has no current context.
     std::thread::spawn(move || drop(imported)).join().unwrap();
-    let after = free_memory(&dev);
-    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+    check.assert_no_leak("the big batch, released on another thread");
 
     // Many small cycles.
     let small = wide_batch(4, 10_000);
     cycle(&mut transfer, &small);
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     for _ in 0..2000 {
         cycle(&mut transfer, &small);
     }
     assert!(dev.context().check_err().is_ok());
-    let after = free_memory(&dev);
-    println!("free device memory before {before}, after {after}");
-    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+    println!(
+        "free device memory before {}, after {}",
+        check.free_at_start(),
+        free_memory(&dev)
+    );
+    check.assert_no_leak("2000 small cycles");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -876,7 +872,7 @@ fn releasing_a_cuda_stream_early_frees_its_read_ahead() {
     };
     // Warm up the pool and the pinned staging allocator.
     drop(export_reader_to_device(reader(), producer.clone(), StreamOptions::default()).unwrap());
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     for read_ahead in [0, 2, 4] {
         let mut stream = export_reader_to_device(
             reader(),
@@ -888,11 +884,7 @@ fn releasing_a_cuda_stream_early_frees_its_read_ahead() {
         std::thread::sleep(Duration::from_millis(200)); // let the read-ahead happen
         drop(stream);
         drop(first);
-        let after = free_memory(&dev);
-        assert!(
-            after + (8 << 20) >= before,
-            "read_ahead {read_ahead}: leaked {before} -> {after}"
-        );
+        check.assert_no_leak(format!("read_ahead {read_ahead}"));
     }
     assert!(dev.context().check_err().is_ok());
 }
@@ -1203,7 +1195,7 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
     // Everything loaded and allocated once (kernels, pools, staging) before measuring.
     let (warm, _) = run(&device);
     assert_eq!(warm.unwrap(), batch);
-    let baseline = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     let mut failures = 0;
     for n in 1.. {
         let before = injection.injected_failures();
@@ -1217,11 +1209,7 @@ fn a_driver_failure_at_any_call_is_a_typed_error_and_leaks_nothing() {
         }
         failures += 1;
         check_failed_round_trip(n, result, released, &batch);
-        let now = free_memory(&dev);
-        assert!(
-            now + (1 << 20) >= baseline,
-            "call {n}: device memory left behind ({baseline} -> {now} free)"
-        );
+        check.assert_no_leak(format!("call {n} failed"));
     }
     assert!(
         failures >= 10,
@@ -1404,6 +1392,81 @@ fn batched_copies_and_registered_pageable_buffers_move_the_same_batches() {
         }
     }
     assert!(device.primary_context().context().check_err().is_ok());
+}
+
+/// A restricted runtime (`DEVARROW_EMU_RESTRICTED=1`: a sandbox such as gVisor's
+/// nvproxy, which refuses `cuMemHostRegister` with `CUDA_ERROR_OPERATING_SYSTEM` and
+/// `cuMemcpyBatchAsync` with `CUDA_ERROR_NOT_PERMITTED`): a device asked for both moves
+/// the same batches, staged and copied one by one, asking each refused call once, and
+/// leaks nothing.
+#[test]
+fn a_restricted_runtime_moves_the_same_batches_without_registration_or_batched_copies() {
+    let (_lock, device) = gpu_or_skip!();
+    if std::env::var("DEVARROW_EMU_RESTRICTED").as_deref() != Ok("1") {
+        println!("skipping: runs on the emulated driver with DEVARROW_EMU_RESTRICTED=1");
+        return;
+    }
+    let dev = device.primary_context().clone();
+    let cuda = device_with(
+        &device,
+        CudaDeviceOptions::default()
+            .batch_copies(true)
+            .register_pageable(Some(1)),
+    );
+    let options = TransferOptions {
+        direct_min_bytes: 1,
+        ..Default::default()
+    };
+    let batches = [
+        sample::every_type_batch(),
+        sample::sliced_every_type_batch(),
+        wide_batch(6, 50_000),
+    ];
+    // Warm up (staging, kernels, the refusals themselves) before measuring.
+    let (warm, _) = exported_round_trip(
+        &mut Transfer::new(cuda.clone(), options),
+        &cuda,
+        &batches[0],
+    );
+    assert_eq!(warm.unwrap(), batches[0]);
+    let check = DeviceMemoryCheck::start(&dev);
+    let mut transfer = Transfer::new(cuda.clone(), options);
+    for _ in 0..3 {
+        for batch in &batches {
+            let (back, released) = exported_round_trip(&mut transfer, &cuda, batch);
+            assert_batches_eq(std::slice::from_ref(batch), &[back.unwrap()]);
+            assert_eq!(released.map(|count| releases(&count)), Some(1));
+        }
+    }
+    // Batches in pinned memory: their direct copies go in lists (to cuMemcpyBatchAsync,
+    // refused: then one by one).
+    for batch in [sample::every_type_batch(), wide_batch(3, 20_000)] {
+        let pinned = devarrow_bridge::pinned::pin_batch(cuda.as_ref(), &batch).unwrap();
+        let on_device = transfer.to_device(&pinned).unwrap();
+        drop(pinned);
+        assert_batches_eq(
+            std::slice::from_ref(&batch),
+            &[transfer.to_host(&on_device).unwrap()],
+        );
+    }
+    drop(transfer);
+    let (registered, refused) = cuda.host_registrations();
+    println!(
+        "{registered} ranges registered ({refused} refused), {} batched copy calls, {} copies",
+        cuda.batched_copy_calls(),
+        cuda.copy_count()
+    );
+    assert!(cuda.host_registration_disabled());
+    assert_eq!(
+        (registered, refused),
+        (0, 1),
+        "refused once, not asked again"
+    );
+    assert_eq!(cuda.batch_copies_available(), Some(false));
+    assert_eq!(cuda.batched_copy_calls(), 0);
+    assert_eq!(live_host_registrations(), 0);
+    check.assert_no_leak("round trips in a restricted runtime");
+    assert!(dev.context().check_err().is_ok());
 }
 
 /// One driver failure injected at every fallible driver call of a round trip with

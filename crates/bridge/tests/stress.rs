@@ -21,6 +21,7 @@ use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::DeviceArray;
 use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
 use devarrow_cuda::{CudaDevice, PrimaryContext};
+use devarrow_testing::leaks::{free_memory, DeviceMemoryCheck};
 
 /// The system allocator, counting the bytes live.
 struct Counting;
@@ -179,24 +180,18 @@ fn eight_threads_each_on_its_own_cuda_stream() {
         Arc::new(CudaDevice::new(dev.clone()).expect("a CUDA device with its own stream"))
             as Arc<dyn Device>
     };
-    let free_device_memory = || {
-        dev.synchronize().unwrap();
-        dev.trim_memory_pool().unwrap();
-        dev.memory_info().unwrap().0
-    };
     stress(open, Duration::from_millis(500));
-    let (device_before, host_before) = (free_device_memory(), live_host_bytes());
+    let (device_check, host_before) = (DeviceMemoryCheck::start(&dev), live_host_bytes());
     let batches = stress(open, seconds(60));
-    let (device_after, host_after) = (free_device_memory(), live_host_bytes());
+    let host_after = live_host_bytes();
     println!(
-        "{batches} batches; device bytes free {device_before} -> {device_after}; host bytes \
-         live {host_before} -> {host_after}"
+        "{batches} batches; device bytes free {} -> {}; host bytes live {host_before} -> \
+         {host_after}",
+        device_check.free_at_start(),
+        free_memory(&dev)
     );
     assert!(batches >= THREADS);
-    assert!(
-        device_after + (1 << 20) >= device_before,
-        "device memory leaked: {device_before} -> {device_after} free"
-    );
+    device_check.assert_no_leak("the stress run");
     assert!(
         host_after - host_before < 1 << 20,
         "host memory grew: {host_before} -> {host_after}"

@@ -121,13 +121,6 @@ impl<T: InContext> DropInContext<T> {
     pub(crate) fn new(value: T) -> Self {
         Self(std::mem::ManuallyDrop::new(value))
     }
-
-    /// The value back, to be dropped (or kept) by the caller.
-    pub(crate) fn into_inner(self) -> T {
-        let mut this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped (ManuallyDrop), so the value is taken out once.
-        unsafe { std::mem::ManuallyDrop::take(&mut this.0) }
-    }
 }
 
 impl<T: InContext + std::fmt::Debug> std::fmt::Debug for DropInContext<T> {

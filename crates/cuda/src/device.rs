@@ -11,7 +11,11 @@
 //!   the driver has it;
 //! - pageable host memory page-locked for direct DMA (`cuMemHostRegister`) where
 //!   [`CudaDeviceOptions::register_pageable`] asks for it ([`crate::HostRegistration`]);
-//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`) recorded on the stream, exported as
+//! - copies of a list and registrations fall back (one copy each, staging) on any driver
+//!   error that is not sticky ([`crate::is_sticky_error`]), remembered per device: what
+//!   drivers without the feature and restricted runtimes (gVisor's nvproxy) answer;
+//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`, plus `CU_EVENT_BLOCKING_SYNC` with
+//!   [`HostWait::Block`]; devarrow's own `event::Event`) recorded on the stream, exported as
 //!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
 //!   Interface requires for `ARROW_DEVICE_CUDA`.
 
@@ -30,6 +34,7 @@ use devarrow_abi::ArrowDeviceType;
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
+use crate::event::Event;
 use crate::host_register::{self, Registered};
 use crate::kernels::{self, CopySegment};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
@@ -57,8 +62,8 @@ pub struct CudaDevice {
     batch_copy: AtomicU8,
     /// `cuMemcpyBatchAsync` calls made.
     batched_calls: AtomicU64,
-    /// Whether the driver answered `CUDA_ERROR_NOT_SUPPORTED` to a registration: none is
-    /// tried again.
+    /// Whether the driver refused a registration for the device rather than the range
+    /// (see [`CudaDevice::register_host`]): none is tried again.
     registration_unsupported: AtomicBool,
     /// Page ranges this device registered (`cuMemHostRegister` calls that succeeded).
     ranges_registered: AtomicU64,
@@ -88,7 +93,8 @@ pub enum HostWait {
     /// latency at the cost of a busy core.
     #[default]
     Spin,
-    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`): no busy core while the
+    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`, with
+    /// `CU_EVENT_DISABLE_TIMING` like every event of the device): no busy core while the
     /// pipeline waits on a staging chunk, at some wake-up latency.
     Block,
 }
@@ -111,9 +117,12 @@ pub struct CudaDeviceOptions {
     /// instead of one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` each: fewer driver
     /// calls for batches of many buffers.
     ///
-    /// Used only where the driver has it (the symbol is looked up once per device;
-    /// `CUDA_ERROR_NOT_SUPPORTED` or `CUDA_ERROR_NOT_FOUND` from the call also counts as
-    /// "not there", remembered per device) and the device's stream is not the legacy
+    /// Used only where the driver has it (the symbol is looked up once per device; any
+    /// error of the call that leaves the context usable, that is not
+    /// [sticky](crate::is_sticky_error), also counts as "not there", remembered per
+    /// device: `CUDA_ERROR_NOT_SUPPORTED` from a driver without it, and the
+    /// `CUDA_ERROR_NOT_PERMITTED` or `CUDA_ERROR_OPERATING_SYSTEM` of restricted runtimes
+    /// such as gVisor's nvproxy) and the device's stream is not the legacy
     /// default stream (which the call does not accept, see [`CudaDevice::on_stream`]);
     /// elsewhere the copies go one by one, as with the option off.
     /// [`CudaDevice::batched_copy_calls`] counts the calls made.
@@ -132,7 +141,11 @@ pub struct CudaDeviceOptions {
     /// allocations, whose copies must not turn direct for as long as devarrow's
     /// registration lasts; those few bytes are staged with the batch's small buffers.
     /// A buffer the driver refuses to lock (read-only mappings, the memlock limit,
-    /// pages locked by someone else) is staged as before; devarrow never unregisters
+    /// pages locked by someone else) is staged as before; a refusal that is not about
+    /// the range (any other error that is not [sticky](crate::is_sticky_error): the
+    /// `CUDA_ERROR_NOT_SUPPORTED` of a driver, the `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` of a sandbox) also switches registration off for the
+    /// device ([`CudaDevice::host_registration_disabled`]); devarrow never unregisters
     /// memory it did not register (see [`crate::HostRegistration`]); a refusal is a
     /// failing driver call, which compute-sanitizer reports. A transfer asks only for
     /// ranges of at least its `TransferOptions::direct_min_bytes` as well.
@@ -175,12 +188,17 @@ impl CudaDeviceOptions {
         self
     }
 
-    fn event_flags(&self) -> sys::CUevent_flags {
+    /// The `CU_EVENT_*` bits of the device's sync events: never timed (cheaper to
+    /// record), blocking the waiting host thread with [`HostWait::Block`]. Both bits at
+    /// once are beyond cudarc's `CUevent_flags` enum, hence devarrow's own
+    /// `Event` (a raw `cuEventCreate`).
+    fn event_flags(&self) -> std::ffi::c_uint {
+        let disable_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint;
         match self.host_wait {
-            HostWait::Spin => sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-            // cudarc's flags are an enum, one flag at a time: a blocking event keeps
-            // timing enabled (a little more work per record, never read).
-            HostWait::Block => sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC,
+            HostWait::Spin => disable_timing,
+            HostWait::Block => {
+                disable_timing | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as std::ffi::c_uint
+            }
         }
     }
 }
@@ -190,7 +208,7 @@ impl CudaDeviceOptions {
 /// may be recorded again.
 #[derive(Debug, Default)]
 struct EventPool {
-    free: Mutex<Vec<CudaEvent>>,
+    free: Mutex<Vec<Event>>,
     created: AtomicU64,
 }
 
@@ -303,6 +321,12 @@ impl CudaDevice {
         self.events.created.load(Ordering::Relaxed)
     }
 
+    /// devarrow's accounting of the device memory it allocated on this device (all
+    /// [`CudaDevice`]s and streams of it together): [`crate::memory_stats`].
+    pub fn memory_stats(&self) -> crate::MemoryStats {
+        crate::memory_stats(self.device.id())
+    }
+
     /// How many `cuMemcpyBatchAsync` calls the device has made
     /// ([`CudaDeviceOptions::batch_copies`]).
     pub fn batched_copy_calls(&self) -> u64 {
@@ -329,6 +353,14 @@ impl CudaDevice {
             self.ranges_registered.load(Ordering::Relaxed),
             self.registrations_refused.load(Ordering::Relaxed),
         )
+    }
+
+    /// Whether the driver refused `cuMemHostRegister` on this device in a way that is not
+    /// about one range (not supported, or refused by a restricted runtime: see
+    /// [`CudaDeviceOptions::register_pageable`]): devarrow then stages every pageable
+    /// buffer without asking again.
+    pub fn host_registration_disabled(&self) -> bool {
+        self.registration_unsupported.load(Ordering::Relaxed)
     }
 
     /// Whether a list of copies goes to `cuMemcpyBatchAsync`: asked for, the stream not
@@ -401,19 +433,14 @@ impl CudaDevice {
                 self.batched_calls.fetch_add(1, Ordering::Relaxed);
                 Ok(true)
             }
-            Err(e)
-                if matches!(
-                    e.driver_result(),
-                    Some(
-                        sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
-                            | sys::CUresult::CUDA_ERROR_NOT_FOUND
-                    )
-                ) =>
-            {
-                // Not there after all (a driver that exports the symbol but does not
-                // implement it here): copy one by one, from now on. The batch enqueued
-                // nothing (and had it enqueued a part, copying the same sources to the
-                // same destinations again writes the same bytes).
+            Err(e) if e.allows_fallback() => {
+                // Not usable here after all, whatever code says so: a driver that
+                // exports the symbol but does not implement it (NOT_SUPPORTED,
+                // NOT_FOUND), a sandbox that refuses it (NOT_PERMITTED, OPERATING_SYSTEM
+                // under gVisor's nvproxy), ...: any error that leaves the context
+                // usable. Copy one by one, from now on. The batch enqueued nothing (and
+                // had it enqueued a part, copying the same sources to the same
+                // destinations again writes the same bytes).
                 self.batch_copy.store(BATCH_UNAVAILABLE, Ordering::Release);
                 Ok(false)
             }
@@ -610,8 +637,8 @@ unsafe impl StagingMemory for PinnedStaging {
 pub struct CudaSyncEvent {
     /// Where `sync_event` points: the handle, boxed so its address never changes.
     handle: Box<sys::CUevent>,
-    /// Always `Some` until dropped.
-    event: Option<DropInContext<CudaEvent>>,
+    /// Always `Some` until dropped (destroyed with its context bound, unless recycled).
+    event: Option<Event>,
     /// Where the event goes back to when this value drops (else it is destroyed).
     recycle: Option<Arc<EventPool>>,
 }
@@ -623,13 +650,13 @@ impl Drop for CudaSyncEvent {
         };
         let mut free = pool.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < MAX_IDLE_EVENTS {
-            free.push(event.into_inner());
+            free.push(event);
         }
     }
 }
 
-// SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which cudarc makes
-// Send and Sync); CUDA event handles may be used from any thread, and the box is never
+// SAFETY: `handle` is a copy of the CUevent handle owned by `event` (which is Send and
+// Sync); CUDA event handles may be used from any thread, and the box is never
 // written after construction.
 unsafe impl Send for CudaSyncEvent {}
 // SAFETY: as above; shared access only reads the handle and calls thread-safe driver
@@ -640,20 +667,19 @@ impl CudaSyncEvent {
     /// Records a new event (`CU_EVENT_DISABLE_TIMING`) on `stream`, after all the work
     /// queued there so far.
     pub fn record(stream: &CudaStream) -> Result<Self> {
-        context::bind(stream.context())?;
-        let event = stream
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .call("cuEventCreate")?;
-        event.record(stream).call("cuEventRecord")?;
+        let event = Event::create(
+            stream.context(),
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
+        )?;
+        event.record(stream)?;
         Ok(Self {
             handle: Box::new(event.cu_event()),
-            event: Some(DropInContext::new(event)),
+            event: Some(event),
             recycle: None,
         })
     }
 
-    fn event(&self) -> &CudaEvent {
+    fn event(&self) -> &Event {
         self.event.as_ref().expect("present until dropped")
     }
 
@@ -671,7 +697,7 @@ impl CudaSyncEvent {
 
     /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
     pub fn is_complete(&self) -> Result<bool> {
-        self.event().try_is_complete().call("cuEventQuery")
+        self.event().is_complete()
     }
 }
 
@@ -682,7 +708,7 @@ unsafe impl SyncEvent for CudaSyncEvent {
         (&*self.handle as *const sys::CUevent).cast_mut().cast()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
-        context::sync_event(self.event())?;
+        self.event().synchronize()?;
         Ok(())
     }
 }
@@ -914,14 +940,10 @@ unsafe impl Device for CudaDevice {
                 self.events.created.fetch_add(1, Ordering::Relaxed);
                 // The event is made in devarrow's own `CudaContext` value of the primary
                 // context (the stream's may be the caller's, with its own stored errors).
-                self.device
-                    .context()
-                    .new_event(Some(self.options.event_flags()))
-                    .call("cuEventCreate")?
+                Event::create(self.device.context(), self.options.event_flags())?
             }
         };
-        let event = DropInContext::new(event);
-        event.record(&self.stream).call("cuEventRecord")?;
+        event.record(&self.stream)?;
         Ok(Arc::new(CudaSyncEvent {
             handle: Box::new(event.cu_event()),
             event: Some(event),
@@ -971,9 +993,12 @@ unsafe impl Device for CudaDevice {
     /// the driver refuses to lock: locked by someone else in between
     /// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, used as it is), not lockable
     /// (`CUDA_ERROR_INVALID_VALUE`: a read-only mapping, say), beyond the memlock limit
-    /// (`CUDA_ERROR_OUT_OF_MEMORY`), `CUDA_ERROR_NOT_PERMITTED`, or
-    /// `CUDA_ERROR_NOT_SUPPORTED` (then never tried again on this device). Any other
-    /// driver error is returned ([`CudaError::Driver`]).
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`), or any other error that leaves the context usable
+    /// (not [sticky](crate::is_sticky_error), nor saying the context is gone:
+    /// `CUDA_ERROR_NOT_SUPPORTED`, and the `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` of restricted runtimes; then never tried again on this
+    /// device). A sticky error, or one saying the context is gone, is returned
+    /// ([`CudaError::Driver`]).
     unsafe fn register_host(
         &self,
         ptr: *const u8,
@@ -1007,16 +1032,14 @@ unsafe impl Device for CudaDevice {
                 use sys::CUresult::*;
                 match e.driver_result() {
                     Some(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(None),
-                    Some(CUDA_ERROR_NOT_SUPPORTED) => {
-                        self.registration_unsupported.store(true, Ordering::Relaxed);
+                    // About this range: others may still lock.
+                    Some(CUDA_ERROR_INVALID_VALUE | CUDA_ERROR_OUT_OF_MEMORY) => {
                         self.registrations_refused.fetch_add(1, Ordering::Relaxed);
                         Ok(None)
                     }
-                    Some(
-                        CUDA_ERROR_INVALID_VALUE
-                        | CUDA_ERROR_OUT_OF_MEMORY
-                        | CUDA_ERROR_NOT_PERMITTED,
-                    ) => {
+                    // About the device or the runtime: not asked again.
+                    _ if e.allows_fallback() => {
+                        self.registration_unsupported.store(true, Ordering::Relaxed);
                         self.registrations_refused.fetch_add(1, Ordering::Relaxed);
                         Ok(None)
                     }

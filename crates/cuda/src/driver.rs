@@ -170,6 +170,53 @@ pub(crate) unsafe fn event_synchronize(event: sys::CUevent) -> Result<()> {
     unsafe { result::event::synchronize(event) }.call("cuEventSynchronize")
 }
 
+/// `cuEventCreate` with `flags`, any combination of `CU_EVENT_*` bits (cudarc's
+/// `CUevent_flags` is an enum of single flags: `CU_EVENT_BLOCKING_SYNC |
+/// CU_EVENT_DISABLE_TIMING` is not one of its values, so the raw call takes the bits).
+/// The context the event belongs to must be current.
+pub(crate) fn event_create(flags: c_uint) -> Result<sys::CUevent> {
+    let mut event: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: the driver writes the new handle to our local; flags are plain bits (an
+    // unknown bit is CUDA_ERROR_INVALID_VALUE, not undefined behaviour).
+    unsafe { sys::cuEventCreate(&mut event, flags) }
+        .result()
+        .call("cuEventCreate")?;
+    Ok(event)
+}
+
+/// `cuEventRecord`: records `event` at the current end of `stream`.
+///
+/// # Safety
+/// `event` must be a live event and `stream` a live stream of the event's context, which
+/// must be current.
+pub(crate) unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::event::record(event, stream) }.call("cuEventRecord")
+}
+
+/// `cuEventQuery`: whether the work before `event` has completed (`CUDA_ERROR_NOT_READY`
+/// is `Ok(false)`).
+///
+/// # Safety
+/// `event` must be a live event.
+pub(crate) unsafe fn event_query(event: sys::CUevent) -> Result<bool> {
+    // SAFETY: the caller's guarantee.
+    match unsafe { result::event::query(event) } {
+        Ok(()) => Ok(true),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(e) => Err(e).call("cuEventQuery"),
+    }
+}
+
+/// `cuEventDestroy`: destroys `event` (a wait already enqueued on it is unaffected).
+///
+/// # Safety
+/// `event` must be a live event, not used afterwards.
+pub(crate) unsafe fn event_destroy(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { result::event::destroy(event) }.call("cuEventDestroy")
+}
+
 // ---------------------------------------------------------------------------------------
 // Memory pools and stream-ordered allocation
 // ---------------------------------------------------------------------------------------
@@ -304,9 +351,23 @@ pub(crate) unsafe fn mem_free(ptr: sys::CUdeviceptr) -> Result<()> {
 /// `cuMemHostAlloc`: `bytes` uninitialized bytes of page-locked host memory with
 /// `flags` (`CU_MEMHOSTALLOC_*`). Out of memory is
 /// [`CudaError::OutOfMemory`](crate::CudaError::OutOfMemory).
+///
+/// Zero bytes: NULL. The driver answers `cuMemHostAlloc(&p, 0, ..)` with `CUDA_SUCCESS`
+/// and leaves `p` unwritten (what `cudaMallocHost(&p, 0)` users see: alpaka#1868), so
+/// the out-pointer starts as NULL here (cudarc's `malloc_host` would read it
+/// uninitialized); callers keep a zero-length buffer without any allocation.
 pub(crate) fn mem_host_alloc(bytes: usize, flags: c_uint) -> Result<*mut c_void> {
-    // SAFETY: the memory is returned as a raw pointer only, never read here.
-    unsafe { result::malloc_host(bytes, flags) }.alloc("cuMemHostAlloc", bytes)
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the driver writes the pointer to our local (or, for 0 bytes, nothing); the
+    // memory is returned as a raw pointer only, never read here.
+    unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, flags) }
+        .result()
+        .alloc("cuMemHostAlloc", bytes)?;
+    Ok(if bytes == 0 {
+        std::ptr::null_mut()
+    } else {
+        ptr
+    })
 }
 
 /// `cuMemHostGetDevicePointer`: the device address of page-locked memory allocated

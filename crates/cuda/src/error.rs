@@ -73,6 +73,27 @@ pub enum CudaError {
     /// The device lacks a capability the call needs (e.g. managed memory).
     #[error("the device does not support {0}")]
     Unsupported(&'static str),
+    /// The device claims a capability, but the driver refused the call that uses it with
+    /// an error that leaves the context usable (not [sticky](is_sticky_error)): what
+    /// restricted runtimes do, sandboxes such as gVisor's nvproxy (GKE Sandbox, hosted
+    /// notebooks), which answer `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` to what they do not support (managed memory, say).
+    /// [`CudaError::driver_result`] gives the driver's code.
+    #[error(
+        "{feature} is not available here: {call} failed with {name:?} ({code}); \
+         restricted runtimes (sandboxes such as gVisor) refuse it",
+        name = .source.0,
+        code = .source.0 as u32
+    )]
+    Refused {
+        /// What was refused (e.g. `managed memory`).
+        feature: &'static str,
+        /// The driver call (e.g. `cuMemAllocManaged`).
+        call: &'static str,
+        /// cudarc's error, holding the `CUresult` the call returned.
+        #[source]
+        source: DriverError,
+    },
     /// A bad argument (length, alignment, layout the CUDA export cannot represent, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -173,6 +194,16 @@ impl std::fmt::Debug for CudaError {
                 .field("found", found)
                 .finish(),
             Self::Unsupported(what) => f.debug_tuple("Unsupported").field(what).finish(),
+            Self::Refused {
+                feature,
+                call,
+                source,
+            } => f
+                .debug_struct("Refused")
+                .field("feature", feature)
+                .field("call", call)
+                .field("source", &format_args!("DriverError({:?})", source.0))
+                .finish(),
             Self::InvalidArgument(message) => {
                 f.debug_tuple("InvalidArgument").field(message).finish()
             }
@@ -240,14 +271,43 @@ impl CudaError {
         }
     }
 
-    /// The `CUresult` of the failed driver call of a [`CudaError::Driver`]; `None` for
-    /// every other variant (including [`CudaError::OutOfMemory`] and
-    /// [`CudaError::NoDevice`], which the driver's `CUDA_ERROR_OUT_OF_MEMORY` and
-    /// `CUDA_ERROR_NO_DEVICE` become).
+    /// The `CUresult` of the failed driver call of a [`CudaError::Driver`] or
+    /// [`CudaError::Refused`]; `None` for every other variant (including
+    /// [`CudaError::OutOfMemory`] and [`CudaError::NoDevice`], which the driver's
+    /// `CUDA_ERROR_OUT_OF_MEMORY` and `CUDA_ERROR_NO_DEVICE` become).
     pub fn driver_result(&self) -> Option<sys::CUresult> {
         match self {
-            Self::Driver { source, .. } => Some(source.0),
+            Self::Driver { source, .. } | Self::Refused { source, .. } => Some(source.0),
             _ => None,
+        }
+    }
+
+    /// Whether this is a driver error that corrupted the context ([`is_sticky_error`]):
+    /// every later call in the context fails with it, and nothing can fall back.
+    pub fn is_sticky(&self) -> bool {
+        self.driver_result().is_some_and(is_sticky_error)
+    }
+
+    /// Whether devarrow may answer this failure of an optional driver feature
+    /// (`cuMemHostRegister`, `cuMemcpyBatchAsync`) by doing without it: a driver error
+    /// that is not [sticky](is_sticky_error), and that does not say the context or the
+    /// driver is gone (`CUDA_ERROR_NOT_INITIALIZED`, `_DEINITIALIZED`,
+    /// `_INVALID_CONTEXT`, `_CONTEXT_IS_DESTROYED`: the plain path would fail the same
+    /// way, and the error is better reported where it arose). Every other code counts,
+    /// whatever the driver chose to say "not here" with: `CUDA_ERROR_NOT_SUPPORTED`
+    /// from a driver without the feature, `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` from a sandbox (gVisor's nvproxy), and so on.
+    pub(crate) fn allows_fallback(&self) -> bool {
+        use sys::CUresult::*;
+        match self.driver_result() {
+            Some(
+                CUDA_ERROR_NOT_INITIALIZED
+                | CUDA_ERROR_DEINITIALIZED
+                | CUDA_ERROR_INVALID_CONTEXT
+                | CUDA_ERROR_CONTEXT_IS_DESTROYED,
+            ) => false,
+            Some(code) => !is_sticky_error(code),
+            None => false,
         }
     }
 
@@ -255,6 +315,37 @@ impl CudaError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Self::OutOfMemory { .. })
     }
+}
+
+/// Whether `code` is a *sticky* driver error: one that corrupts the context, so that "any
+/// further CUDA work will return the same error" and "the process must be terminated
+/// and relaunched" (the words of NVIDIA's `cuda.h` for each of them):
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`, `_LAUNCH_TIMEOUT`, `_HARDWARE_STACK_ERROR`,
+/// `_ILLEGAL_INSTRUCTION`, `_MISALIGNED_ADDRESS`, `_INVALID_ADDRESS_SPACE`,
+/// `_INVALID_PC`, `_LAUNCH_FAILED`, and `_ASSERT` (a device-side assert: "the context
+/// cannot be used anymore, and must be destroyed"); with them
+/// `CUDA_ERROR_ECC_UNCORRECTABLE` (an uncorrectable ECC error found during execution:
+/// the device memory can no longer be trusted). Every other code is an error of the one
+/// call (a bad argument, an exhausted resource, a feature the driver or a sandbox
+/// refuses), after which the context works on.
+///
+/// (CUDA 12.x's `CUDA_ERROR_CONTAINED`, also sticky, is not in the CUDA 12.8 bindings
+/// devarrow is built with; it would count as not sticky.)
+pub fn is_sticky_error(code: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+    )
 }
 
 /// Adds the name of the failing driver call to a cudarc [`DriverError`].
@@ -341,6 +432,51 @@ mod tests {
             e.to_string(),
             "cuMemcpy failed: CUDA_ERROR_INVALID_VALUE (1)"
         );
+    }
+
+    #[test]
+    fn sticky_errors_are_those_that_corrupt_the_context() {
+        use sys::CUresult::*;
+        for code in [
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUDA_ERROR_LAUNCH_FAILED,
+            CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            CUDA_ERROR_MISALIGNED_ADDRESS,
+            CUDA_ERROR_HARDWARE_STACK_ERROR,
+            CUDA_ERROR_INVALID_PC,
+            CUDA_ERROR_ECC_UNCORRECTABLE,
+            CUDA_ERROR_ASSERT,
+        ] {
+            assert!(is_sticky_error(code), "{code:?}");
+            let e = CudaError::driver("cuMemcpyBatchAsync", DriverError(code));
+            assert!(e.is_sticky() && !e.allows_fallback(), "{code:?}");
+        }
+        for code in [
+            CUDA_ERROR_NOT_SUPPORTED,
+            CUDA_ERROR_NOT_FOUND,
+            CUDA_ERROR_OPERATING_SYSTEM,
+            CUDA_ERROR_NOT_PERMITTED,
+            CUDA_ERROR_INVALID_VALUE,
+            CUDA_ERROR_UNKNOWN,
+        ] {
+            assert!(!is_sticky_error(code), "{code:?}");
+            let e = CudaError::driver("cuMemHostRegister", DriverError(code));
+            assert!(!e.is_sticky() && e.allows_fallback(), "{code:?}");
+        }
+        for code in [CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_DEINITIALIZED] {
+            assert!(!CudaError::driver("cuMemHostRegister", DriverError(code)).allows_fallback());
+        }
+        assert!(!CudaError::NoDevice.allows_fallback());
+        let refused = CudaError::Refused {
+            feature: "managed memory",
+            call: "cuMemAllocManaged",
+            source: DriverError(CUDA_ERROR_OPERATING_SYSTEM),
+        };
+        assert_eq!(refused.driver_result(), Some(CUDA_ERROR_OPERATING_SYSTEM));
+        assert!(refused
+            .to_string()
+            .contains("managed memory is not available here"));
+        assert!(format!("{refused:?}").contains("CUDA_ERROR_OPERATING_SYSTEM"));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! - Memory ([`memory`]): [`DeviceBuffer`] (stream-ordered where memory pools are
 //!   supported, from devarrow's own [`pool`] that keeps freed memory for reuse), [`PinnedHostBuffer`] (`ARROW_DEVICE_CUDA_HOST`), [`ManagedBuffer`]
 //!   (`ARROW_DEVICE_CUDA_MANAGED`) and [`ForeignBuffer`] (a view of someone else's memory
-//!   kept alive by its owner). Out of memory is [`CudaError::OutOfMemory`].
+//!   kept alive by its owner). Out of memory is [`CudaError::OutOfMemory`]. devarrow
+//!   counts the device memory it allocates ([`memory_stats`]: live buffers and bytes per
+//!   device, exact, unlike the driver's free memory).
 //! - The C Device interface: [`export_array_data`] (an event recorded on the producing
 //!   stream, `sync_event` pointing to it, everything kept alive until `release`) and
 //!   [`ImportedArray`] (the consumer stream waits on the producer's event; buffer views
@@ -88,11 +90,13 @@ mod context;
 mod device;
 mod driver;
 mod error;
+mod event;
 mod export;
 mod host_register;
 mod native;
 mod primary_context;
 mod slice_array;
+mod stats;
 
 mod import;
 pub mod kernels;
@@ -105,7 +109,7 @@ pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use device::{
     CudaDevice, CudaDeviceOptions, CudaSyncEvent, HostWait, PinnedStaging, TransferMemory,
 };
-pub use error::{CudaError, Result};
+pub use error::{is_sticky_error, CudaError, Result};
 pub use export::export_array_data;
 pub use host_register::{live_host_registrations, HostRegistration};
 pub use import::ImportedArray;
@@ -117,3 +121,4 @@ pub use primary_context::{
     device_count, driver_available, list_devices, DeviceInfo, PrimaryContext,
 };
 pub use slice_array::CudaArray;
+pub use stats::{memory_stats, MemoryStats};

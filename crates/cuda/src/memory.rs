@@ -21,6 +21,7 @@ use crate::driver;
 use crate::error::{CudaError, DriverResultExt, Result};
 use crate::pool;
 use crate::primary_context::PrimaryContext;
+use crate::stats::{self, DeviceCounters};
 
 /// A range of memory that CUDA kernels can address, with its Arrow device placement.
 pub trait CudaMemory {
@@ -100,6 +101,8 @@ pub struct DeviceBuffer {
     len: usize,
     stream: DropInContext<Arc<CudaStream>>,
     stream_ordered: bool,
+    /// devarrow's accounting of the buffer's device ([`crate::memory_stats`]).
+    counters: Arc<DeviceCounters>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -117,12 +120,14 @@ impl DeviceBuffer {
     /// Allocates `len` uninitialized bytes on the device of `stream`, ordered on
     /// `stream`. Out of memory is [`CudaError::OutOfMemory`]; the per-thread default
     /// stream is refused ([`CudaError::InvalidArgument`]): the buffer is freed on its
-    /// stream by whichever thread drops it.
+    /// stream by whichever thread drops it. Counted in [`crate::memory_stats`] until
+    /// dropped.
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
         context::check_keepable(stream, "DeviceBuffer::alloc")?;
         let ctx = stream.context();
         context::bind(ctx)?;
         let stream_ordered = ctx.has_async_alloc();
+        let counters = stats::counters(ctx.ordinal());
         let ptr = if len == 0 {
             0
         } else if stream_ordered {
@@ -130,21 +135,47 @@ impl DeviceBuffer {
             // The pool keeps freed memory for reuse: when the device's free memory is
             // short of `len`, it first gives back what it holds unused. (Trying first and
             // trimming on out-of-memory would make a driver call fail in normal
-            // operation, which compute-sanitizer reports in every user's run.)
-            if driver::mem_get_info()?.0 < len {
-                pool::trim(ctx, 0)?;
+            // operation, which compute-sanitizer reports in every user's run.) Asking
+            // the driver for its free memory is a round trip (slower still in a
+            // sandbox), so it is asked only when trimming could matter: the pool may
+            // hold idle memory and `len` is large against the free memory devarrow's
+            // own accounting estimates (`DeviceCounters::needs_free_memory`).
+            let mut trimmed = false;
+            if counters.needs_free_memory(len) {
+                let free = driver::mem_get_info()?.0;
+                counters.observed_free(free);
+                if free < len {
+                    pool::trim(ctx, 0)?;
+                    counters.trimmed();
+                    trimmed = true;
+                }
             }
             // SAFETY: the pool is one of this device's, the stream belongs to the current
             // context (both live); the memory is only handed out as an address.
-            unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) }?
+            match unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) } {
+                // The estimate was too hopeful (others allocated since the driver was
+                // last asked) and the pool holds idle memory: give it back, try once
+                // more. Rare, and only then does a driver call fail before succeeding.
+                Err(e) if e.is_out_of_memory() && !trimmed && counters.pool_idle_bound() > 0 => {
+                    pool::trim(ctx, 0)?;
+                    counters.trimmed();
+                    // SAFETY: as above.
+                    unsafe { driver::mem_alloc_from_pool_async(pool, len, stream.cu_stream()) }?
+                }
+                allocated => allocated?,
+            }
         } else {
             driver::mem_alloc(len)?
         };
+        if len > 0 {
+            counters.allocated(len, stream_ordered);
+        }
         Ok(Self {
             ptr,
             len,
             stream: DropInContext::new(stream.clone()),
             stream_ordered,
+            counters,
         })
     }
 
@@ -273,6 +304,8 @@ impl Drop for DeviceBuffer {
         if self.ptr == 0 {
             return;
         }
+        // Not live any more, whether freed below or gone with its context already.
+        self.counters.freed(self.len, self.stream_ordered);
         // Errors cannot be reported from drop, and are not recorded on the shared context
         // (see `crate::context`); without the context bound the memory leaks rather than
         // being freed in the wrong context.
@@ -425,9 +458,13 @@ impl std::fmt::Debug for ManagedBuffer {
 }
 
 impl ManagedBuffer {
-    /// Allocates `len` bytes of managed memory, zeroed from the host.
+    /// Allocates `len` bytes of managed memory, zeroed by the device.
     ///
-    /// [`CudaError::Unsupported`] on devices without managed memory.
+    /// [`CudaError::Unsupported`] on devices without managed memory;
+    /// [`CudaError::Refused`] where the device has it but the driver refuses the
+    /// allocation with an error that leaves the context usable (restricted runtimes such
+    /// as gVisor's nvproxy answer `CUDA_ERROR_OPERATING_SYSTEM`); out of memory is
+    /// [`CudaError::OutOfMemory`].
     pub fn alloc(device: &PrimaryContext, len: usize) -> Result<Self> {
         if !device.supports_managed_memory() {
             return Err(CudaError::Unsupported("managed memory"));
@@ -437,7 +474,20 @@ impl ManagedBuffer {
             0
         } else {
             // The context is bound; the memory is zeroed before any read.
-            driver::mem_alloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)?
+            driver::mem_alloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL).map_err(
+                |e| match e {
+                    // The device claims managed memory, the driver refuses it: a
+                    // restricted runtime (gVisor's nvproxy answers OPERATING_SYSTEM).
+                    CudaError::Driver { call, source } if e.allows_fallback() => {
+                        CudaError::Refused {
+                            feature: "managed memory",
+                            call,
+                            source,
+                        }
+                    }
+                    e => e,
+                },
+            )?
         };
         let this = Self {
             ptr,

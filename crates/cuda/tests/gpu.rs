@@ -16,13 +16,16 @@ use devarrow_cuda::kernels::{self, CopySegment, Kernels};
 use devarrow_cuda::pool::{self, PoolPolicy};
 use devarrow_cuda::{
     export_array_data, list_devices, live_host_registrations, CudaDevice, CudaDeviceOptions,
-    CudaError, CudaMemory, CudaStream, DeviceBuffer, ForeignBuffer, ImportedArray, ManagedBuffer,
-    PinnedHostBuffer, PrimaryContext,
+    CudaError, CudaMemory, CudaStream, DeviceBuffer, ForeignBuffer, HostWait, ImportedArray,
+    ManagedBuffer, PinnedHostBuffer, PrimaryContext,
 };
 use devarrow_testing::gpu::{
     assert_still_running, unless_sanitized, EmulatedDriver, FailureInjection,
 };
 use devarrow_testing::kernel_oracles as reference;
+use devarrow_testing::leaks::{
+    emulated_mem_get_info_calls, DeviceMemoryCheck, DEVICE_MEMORY_MARGIN,
+};
 
 /// Device 0 with the test lock held, or `None` after printing why the test is skipped
 /// (panics instead when `DEVARROW_REQUIRE_GPU=1`).
@@ -218,7 +221,8 @@ fn freed_device_memory_is_kept_for_reuse_until_trimmed() {
         return;
     }
     let stream = dev.new_stream().unwrap();
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
+    let before = check.free_at_start();
     let bytes = 256 << 20;
     drop(DeviceBuffer::alloc(&stream, bytes).unwrap());
     // A synchronization: the default pool (release threshold 0) would give the memory
@@ -236,11 +240,7 @@ fn freed_device_memory_is_kept_for_reuse_until_trimmed() {
     let (reused, _) = dev.memory_info().unwrap();
     assert!(reused + (4 << 20) >= kept, "{kept} -> {reused} free");
     // Trimming gives it back.
-    let after = free_memory(&dev);
-    assert!(
-        after + (4 << 20) >= before,
-        "{before} -> {after} free after trimming"
-    );
+    check.assert_no_leak("after trimming");
 }
 
 #[test]
@@ -251,7 +251,8 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
         return;
     }
     let stream = dev.new_stream().unwrap();
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
+    let before = check.free_at_start();
     // A release threshold of 0: what is freed goes back at the next synchronization.
     pool::set_policy(dev.context(), PoolPolicy::default().release_threshold(0)).unwrap();
     drop(DeviceBuffer::alloc(&stream, 256 << 20).unwrap());
@@ -259,7 +260,7 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
     dev.synchronize().unwrap();
     let (given_back, total) = dev.memory_info().unwrap();
     assert!(
-        given_back + (4 << 20) >= before,
+        given_back + DEVICE_MEMORY_MARGIN >= before,
         "threshold 0 kept memory: {before} -> {given_back} free"
     );
     // Keep everything: then an allocation larger than the free memory, which only fits
@@ -283,8 +284,243 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
     drop(DeviceBuffer::alloc(&stream, big).unwrap());
     stream.synchronize().unwrap();
     pool::set_policy(dev.context(), PoolPolicy::default()).unwrap();
-    let after = free_memory(&dev);
-    assert!(after + (4 << 20) >= before, "{before} -> {after} free");
+    check.assert_no_leak("the pool policy test");
+}
+
+/// Zero-length pinned memory allocates nothing: the driver answers `cuMemAllocHost(0)`
+/// with success and no pointer, so devarrow never asks it and keeps an empty buffer.
+#[test]
+fn zero_length_pinned_buffers_allocate_nothing() {
+    let (_lock, dev) = gpu_or_skip!();
+    let pinned = PinnedHostBuffer::alloc(&dev, 0).unwrap();
+    assert!(pinned.as_slice().is_empty());
+    assert_eq!((pinned.device_ptr(), pinned.len()), (0, 0));
+    drop(pinned);
+    let buffer = PinnedHostBuffer::from_slice(&dev, &[])
+        .unwrap()
+        .into_arrow_buffer();
+    assert!(buffer.is_empty());
+    drop(buffer);
+    let device = CudaDevice::new(dev.clone()).unwrap();
+    let staging = device.allocate_staging(0).unwrap();
+    assert!(staging.as_slice().is_empty());
+    drop(staging);
+    assert!(dev.context().check_err().is_ok());
+}
+
+/// The leak check of these tests catches a leaked device buffer of any size by
+/// devarrow's own counts (exact), and a large leak of memory devarrow does not count by
+/// the device's free memory (beyond a margin sized for a real GPU).
+#[test]
+fn a_leaked_device_buffer_is_caught_by_the_leak_check() {
+    let (_lock, dev) = gpu_or_skip!();
+    let stream = dev.new_stream().unwrap();
+    let check = DeviceMemoryCheck::start(&dev);
+    let stats = devarrow_cuda::memory_stats(dev.id());
+    let buffer = DeviceBuffer::alloc(&stream, 4096).unwrap();
+    let now = devarrow_cuda::memory_stats(dev.id());
+    assert_eq!(now.live_buffers, stats.live_buffers + 1);
+    assert_eq!(now.live_bytes, stats.live_bytes + 4096);
+    assert_eq!(now.allocations, stats.allocations + 1);
+    // Deliberately leaked: never freed, counted live for the rest of the process.
+    std::mem::forget(buffer);
+    let leak = check
+        .leak()
+        .expect("a forgotten 4 KiB device buffer is a leak");
+    assert!(leak.contains("live device buffers"), "{leak}");
+
+    // Memory devarrow does not count (a cudarc allocation), held past the check.
+    let check = DeviceMemoryCheck::start(&dev);
+    let theirs = stream
+        .alloc_zeros::<u8>(DEVICE_MEMORY_MARGIN + (32 << 20))
+        .unwrap();
+    let leak = check.leak().expect("more than the margin is a leak");
+    assert!(leak.contains("free device memory"), "{leak}");
+    drop(theirs);
+    check.assert_no_leak("after the cudarc allocation is freed");
+}
+
+/// `DeviceBuffer::alloc` asks the driver for the free memory (`cuMemGetInfo`, a round
+/// trip) only when trimming the pool could matter, not on every allocation. (That it
+/// still trims before an allocation the free memory cannot hold: the pool policy test
+/// above.)
+#[test]
+fn a_steady_allocation_loop_does_not_ask_for_the_free_memory_every_time() {
+    let (_lock, dev) = gpu_or_skip!();
+    if emulated_mem_get_info_calls().is_none() {
+        println!("skipping: counting cuMemGetInfo calls needs the emulated driver");
+        return;
+    }
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let stream = dev.new_stream().unwrap();
+    drop(DeviceBuffer::alloc(&stream, 1 << 20).unwrap());
+    let calls = || emulated_mem_get_info_calls().unwrap();
+    let before = calls();
+    for i in 0..200 {
+        let a = DeviceBuffer::alloc(&stream, (1 << 20) + i * 256).unwrap();
+        let b = DeviceBuffer::alloc(&stream, 4096).unwrap();
+        drop((a, b));
+    }
+    stream.synchronize().unwrap();
+    let asked = calls() - before;
+    println!("{asked} cuMemGetInfo calls for 400 allocations");
+    assert!(asked <= 2, "{asked} cuMemGetInfo calls for 400 allocations");
+}
+
+/// When devarrow's estimate of the free memory was too hopeful (another library took
+/// memory since the driver was last asked) and the pool's allocation runs out of
+/// memory, the pool's idle memory is given back and the allocation tried once more.
+/// The emulator's failure injection plays the surprise: one `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn an_unexpected_out_of_memory_trims_the_pool_and_retries_once() {
+    let (_lock, dev) = gpu_or_skip!();
+    let Some(injection) = FailureInjection::find() else {
+        println!("skipping: failure injection needs the emulated driver");
+        return;
+    };
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let stream = dev.new_stream().unwrap();
+    pool::set_policy(
+        dev.context(),
+        PoolPolicy::default().release_threshold(u64::MAX),
+    )
+    .unwrap();
+    drop(DeviceBuffer::alloc(&stream, 64 << 20).unwrap());
+    drop(DeviceBuffer::alloc(&stream, 4096).unwrap());
+    stream.synchronize().unwrap();
+    let (kept, _) = dev.memory_info().unwrap();
+    let before = injection.injected_failures();
+    // The next fallible driver call is the pool's allocation (no cuMemGetInfo: 4 KiB is
+    // far below the free memory devarrow estimates).
+    injection.fail_nth_call(1);
+    let buffer = DeviceBuffer::alloc(&stream, 4096);
+    injection.fail_nth_call(0);
+    assert_eq!(
+        injection.injected_failures(),
+        before + 1,
+        "one allocation failed"
+    );
+    let buffer = buffer.expect("allocated on the second try");
+    stream.synchronize().unwrap();
+    let (after, _) = dev.memory_info().unwrap();
+    assert!(
+        after >= kept + (32 << 20),
+        "the pool gave its idle memory back before the retry ({kept} -> {after} free)"
+    );
+    drop(buffer);
+    pool::set_policy(dev.context(), PoolPolicy::default()).unwrap();
+    assert!(dev.context().check_err().is_ok());
+}
+
+/// Events of a device with `HostWait::Block` block the waiting thread
+/// (`CU_EVENT_BLOCKING_SYNC`) and are not timed (`CU_EVENT_DISABLE_TIMING`, cheaper to
+/// record): `cuEventElapsedTime` on them is `CUDA_ERROR_INVALID_HANDLE`, as the driver
+/// documents for untimed events. So are `HostWait::Spin`'s.
+#[test]
+fn blocking_host_waits_use_events_without_timing() {
+    let (_lock, dev) = gpu_or_skip!();
+    if !unless_sanitized("cuEventElapsedTime on untimed events (CUDA_ERROR_INVALID_HANDLE)") {
+        return;
+    }
+    for (wait, flags) in [(HostWait::Spin, 0x2), (HostWait::Block, 0x3)] {
+        for reuse in [false, true] {
+            let device = CudaDevice::new(dev.clone()).unwrap().with_options(
+                CudaDeviceOptions::default()
+                    .host_wait(wait)
+                    .reuse_events(reuse),
+            );
+            let (a, b) = (
+                device.record_event().unwrap(),
+                device.record_event().unwrap(),
+            );
+            b.wait_host().unwrap();
+            // SAFETY: a CUDA sync event points to its live CUevent.
+            let (ea, eb) = unsafe {
+                (
+                    *a.as_sync_event_ptr().cast::<sys::CUevent>(),
+                    *b.as_sync_event_ptr().cast::<sys::CUevent>(),
+                )
+            };
+            if let Some(recorded) = devarrow_testing::leaks::emulated_event_flags(ea) {
+                assert_eq!(recorded, flags, "{wait:?}: CU_EVENT_* flags");
+            }
+            dev.bind_to_thread().unwrap();
+            // SAFETY: both events are live (held above) and complete.
+            let timed = unsafe { result::event::elapsed(ea, eb) };
+            assert_eq!(
+                timed.map_err(|e| e.0),
+                Err(sys::CUresult::CUDA_ERROR_INVALID_HANDLE),
+                "{wait:?} (reuse {reuse}): events are not timed"
+            );
+        }
+    }
+}
+
+/// A restricted runtime (`DEVARROW_EMU_RESTRICTED=1`: a sandbox such as gVisor's
+/// nvproxy) refuses `cuMemHostRegister` and managed memory with
+/// `CUDA_ERROR_OPERATING_SYSTEM` and `cuMemcpyBatchAsync` with
+/// `CUDA_ERROR_NOT_PERMITTED`: copies still work, one by one from staged memory, each
+/// refusal is remembered (not asked again), and managed memory is a typed error.
+#[test]
+fn a_restricted_runtime_falls_back_on_its_refusals() {
+    let (_lock, dev) = gpu_or_skip!();
+    if std::env::var("DEVARROW_EMU_RESTRICTED").as_deref() != Ok("1") {
+        println!("skipping: runs on the emulated driver with DEVARROW_EMU_RESTRICTED=1");
+        return;
+    }
+    let device = CudaDevice::new(dev.clone()).unwrap().with_options(
+        CudaDeviceOptions::default()
+            .batch_copies(true)
+            .register_pageable(Some(1)),
+    );
+    batch_round_trip(&device);
+    assert_eq!(device.batch_copies_available(), Some(false));
+    assert_eq!(device.batched_copy_calls(), 0);
+    batch_round_trip(&device);
+    assert_eq!(device.batched_copy_calls(), 0, "not asked again");
+
+    let page = host_page_size();
+    let pages = vec![7u8; 4 * page];
+    let at = pages.as_ptr().align_offset(page);
+    // SAFETY: the range lies in `pages`, which outlives the (refused) registrations.
+    unsafe {
+        assert!(device
+            .register_host(pages.as_ptr().add(at), 2 * page)
+            .unwrap()
+            .is_none());
+        assert!(device.host_registration_disabled());
+        assert_eq!(device.host_registrations(), (0, 1));
+        assert!(device
+            .register_host(pages.as_ptr().add(at), 2 * page)
+            .unwrap()
+            .is_none());
+    }
+    assert_eq!(device.host_registrations(), (0, 1), "not asked again");
+    assert_eq!(live_host_registrations(), 0);
+
+    if dev.supports_managed_memory() {
+        match ManagedBuffer::alloc(&dev, 4096) {
+            Err(e @ CudaError::Refused { .. }) => {
+                assert_eq!(
+                    e.driver_result(),
+                    Some(sys::CUresult::CUDA_ERROR_OPERATING_SYSTEM)
+                );
+                assert!(!e.is_sticky());
+                println!("{e}");
+            }
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+    // The context works on.
+    let buf = DeviceBuffer::from_host(device.stream(), &[1u8, 2, 3]).unwrap();
+    assert_eq!(download(device.stream(), &buf), vec![1, 2, 3]);
+    assert!(dev.context().check_err().is_ok());
 }
 
 #[test]
@@ -325,7 +561,7 @@ fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
         return;
     }
     let stream = dev.new_stream().unwrap();
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     let (_, total) = dev.memory_info().unwrap();
     for bytes in [total * 2, total + (1 << 30)] {
         match DeviceBuffer::alloc(&stream, bytes) {
@@ -337,11 +573,7 @@ fn out_of_device_memory_is_a_typed_error_and_leaks_nothing() {
     let ok = DeviceBuffer::from_host(&stream, &[1u8, 2, 3]).unwrap();
     assert_eq!(download(&stream, &ok), vec![1, 2, 3]);
     drop(ok);
-    let after = free_memory(&dev);
-    assert!(
-        after + (4 << 20) >= before,
-        "free memory dropped from {before} to {after}"
-    );
+    check.assert_no_leak("after running out of memory");
 }
 
 /// An `Int32` array of `n` values in device memory, with a validity bitmap whose null
@@ -496,7 +728,8 @@ fn release_runs_on_another_thread_and_frees_the_memory() {
     let warm =
         export_array_data(uint8_array(&stream, 1024), ArrowDeviceType::CUDA, &stream).unwrap();
     drop(warm);
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
+    let before = check.free_at_start();
     let exported =
         export_array_data(uint8_array(&stream, big), ArrowDeviceType::CUDA, &stream).unwrap();
     let during = free_memory(&dev);
@@ -537,8 +770,7 @@ fn release_runs_on_another_thread_and_frees_the_memory() {
     .join()
     .unwrap();
     let _ = dev.context().check_err(); // the injected error
-    let after = free_memory(&dev);
-    assert!(after + (4 << 20) >= before, "leaked: {before} -> {after}");
+    check.assert_no_leak("released on other threads");
 }
 
 struct SendRaw(ArrowDeviceArray);
@@ -577,14 +809,17 @@ fn ten_thousand_export_import_cycles_leave_device_memory_unchanged() {
         drop(v);
     };
     cycle(1 << 16);
-    let before = free_memory(&dev);
+    let check = DeviceMemoryCheck::start(&dev);
     for i in 0..10_000 {
         cycle((1 << 16) + (i % 7) * 1000);
     }
     assert!(dev.context().check_err().is_ok());
-    let after = free_memory(&dev);
-    println!("free device memory before {before}, after {after}");
-    assert!(after + (2 << 20) >= before, "leaked: {before} -> {after}");
+    println!(
+        "free device memory before {}, after {}",
+        check.free_at_start(),
+        free_memory(&dev)
+    );
+    check.assert_no_leak("10,000 export/import cycles");
 }
 
 #[test]

@@ -217,7 +217,6 @@ fn calls_need_a_current_context_on_the_calling_thread() {
             ck(cuCtxGetCurrent(&mut current));
             assert!(current.is_null(), "a new thread has no current context");
             assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_INVALID_CONTEXT);
-            assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_CONTEXT);
             let mut s: CUstream = std::ptr::null_mut();
             assert_eq!(cuStreamCreate(&mut s, 1), CUDA_ERROR_INVALID_CONTEXT);
             ck(cuCtxSetCurrent(ctx as CUcontext));
@@ -333,6 +332,225 @@ fn a_host_dereference_of_device_memory_crashes() {
     assert!(!out.status.success(), "{out:?}");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(11), "SIGSEGV expected: {out:?}");
+}
+
+/// NVIDIA's driver frees device memory on a thread with no current context: the pointer
+/// names its allocation and so its context. Outside producers do that (a release
+/// callback run on whichever thread drops the array), so the emulator must accept it,
+/// and still synchronize the allocation's context first.
+#[test]
+fn device_memory_is_freed_without_a_current_context() {
+    let emu = Emu::new();
+    let before = emu.free_memory();
+    let p = emu.alloc(1 << 20);
+    let stream = emu.stream(1);
+    // Work queued on the allocation that the free must wait for.
+    let gate = Gate::block(stream);
+    // SAFETY: `p` is a live allocation of 1 MiB.
+    ck(unsafe { cuMemsetD8Async(p, 7, 1 << 20, stream) });
+    let freed = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            let mut current: CUcontext = 1 as CUcontext;
+            std::thread::sleep(Duration::from_millis(20));
+            gate.open();
+            // SAFETY: valid out-pointer; `p` is a live allocation, freed once.
+            unsafe {
+                ck(cuCtxGetCurrent(&mut current));
+                assert!(current.is_null());
+                let freed = cuMemFree_v2(p);
+                assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE, "double free");
+                assert_eq!(cuMemFree_v2(p + 256), CUDA_ERROR_INVALID_VALUE);
+                ck(cuMemFree_v2(0));
+                freed
+            }
+        })
+    }
+    .join()
+    .unwrap();
+    assert_eq!(freed, CUDA_SUCCESS);
+    assert_eq!(emu.free_memory(), before);
+    // SAFETY: our stream, destroyed once.
+    ck(unsafe { cuStreamDestroy_v2(stream) });
+}
+
+/// `cuMemAllocHost(0)` / `cuMemHostAlloc(0)` succeed without allocating and leave the
+/// out-pointer as it was (as `cudaMallocHost(&p, 0)` does on NVIDIA's driver); freeing
+/// NULL pinned memory succeeds.
+#[test]
+fn pinned_allocations_of_zero_bytes_succeed_without_allocating() {
+    let _emu = Emu::new();
+    let sentinel = 0x1234usize as *mut c_void;
+    let mut p = sentinel;
+    // SAFETY: valid out-pointers; NULL is freed as nothing.
+    unsafe {
+        ck(cuMemAllocHost_v2(&mut p, 0));
+        assert_eq!(p, sentinel, "the out-pointer is left as it was");
+        ck(cuMemHostAlloc(&mut p, 0, 0x3));
+        assert_eq!(p, sentinel);
+        assert_eq!(cuMemHostAlloc(&mut p, 0, 0x100), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuMemAllocHost_v2(std::ptr::null_mut(), 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ck(cuMemFreeHost(std::ptr::null_mut()));
+        // Device memory keeps cuMemAlloc's documented answer to 0 bytes.
+        let mut d: CUdeviceptr = 0;
+        assert_eq!(cuMemAlloc_v2(&mut d, 0), CUDA_ERROR_INVALID_VALUE);
+    }
+}
+
+/// `cuMemcpyPeerAsync` within the one emulated device's context: a device-to-device copy
+/// in stream order, with the driver's argument checks.
+#[test]
+fn peer_copies_within_one_context_run_on_the_stream() {
+    let emu = Emu::new();
+    let (a, b) = (emu.alloc(4096), emu.alloc(4096));
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+    emu.upload(a, &data);
+    let stream = emu.stream(1);
+    let pinned = emu.pinned(4096);
+    let ctx = emu.ctx;
+    // SAFETY: live allocations of 4096 bytes; our stream and context.
+    unsafe {
+        ck(cuMemcpyPeerAsync(b + 16, ctx, a, ctx, 1000, stream));
+        ck(cuMemcpyPeerAsync(b, ctx, a, ctx, 0, stream));
+        ck(cuStreamSynchronize(stream));
+        let null = std::ptr::null_mut();
+        assert_eq!(
+            cuMemcpyPeerAsync(b, null, a, ctx, 16, stream),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(
+            cuMemcpyPeerAsync(b, ctx, a, 0xdead_0000 as CUcontext, 16, stream),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        // Pinned host memory is not device memory of the context.
+        assert_eq!(
+            cuMemcpyPeerAsync(pinned.as_mut_ptr() as CUdeviceptr, ctx, a, ctx, 16, stream),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ck(cuMemFreeHost(pinned.as_mut_ptr().cast()));
+    }
+    let out = emu.download(b, 4096);
+    assert_eq!(&out[16..1016], &data[..1000]);
+    assert!(out[..16].iter().all(|&x| x == POISON));
+    // SAFETY: our allocations and stream, each released once.
+    unsafe {
+        ck(cuMemFree_v2(a));
+        ck(cuMemFree_v2(b));
+        ck(cuStreamDestroy_v2(stream));
+    }
+}
+
+/// Events keep their creation flags (`devarrow_emu_event_flags`), and those created with
+/// `CU_EVENT_DISABLE_TIMING` cannot be timed (`CUDA_ERROR_INVALID_HANDLE`, as the
+/// driver documents for `cuEventElapsedTime`), blocking-sync ones included.
+#[test]
+fn untimed_events_keep_their_flags_and_cannot_be_timed() {
+    let emu = Emu::new();
+    let stream = emu.stream(1);
+    let mut ms = 0f32;
+    for (flags, timed) in [(0u32, true), (1, true), (2, false), (3, false)] {
+        let (mut a, mut b): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers; our stream; events destroyed once.
+        unsafe {
+            ck(cuEventCreate(&mut a, flags));
+            ck(cuEventCreate(&mut b, flags));
+            assert_eq!(devarrow_emu_event_flags(a), i64::from(flags));
+            ck(cuEventRecord(a, stream));
+            ck(cuEventRecord(b, stream));
+            ck(cuEventSynchronize(b));
+            let r = cuEventElapsedTime(&mut ms, a, b);
+            if timed {
+                ck(r);
+            } else {
+                assert_eq!(r, CUDA_ERROR_INVALID_HANDLE, "flags {flags}");
+            }
+            ck(cuEventDestroy_v2(a));
+            ck(cuEventDestroy_v2(b));
+            assert_eq!(devarrow_emu_event_flags(a), -1);
+        }
+    }
+    // SAFETY: our stream, destroyed once.
+    ck(unsafe { cuStreamDestroy_v2(stream) });
+}
+
+/// `devarrow_emu_mem_get_info_calls` counts `cuMemGetInfo` calls.
+#[test]
+fn mem_get_info_calls_are_counted() {
+    let emu = Emu::new();
+    let before = devarrow_emu_mem_get_info_calls();
+    emu.free_memory();
+    emu.free_memory();
+    assert_eq!(devarrow_emu_mem_get_info_calls(), before + 2);
+}
+
+/// A restricted runtime (`DEVARROW_EMU_RESTRICTED=1`, read once per process): run in a
+/// child process of this test binary with the variable set, which runs the checks.
+#[test]
+fn a_restricted_runtime_refuses_registration_batches_and_managed_memory() {
+    if std::env::var("DEVARROW_EMU_RESTRICTED").as_deref() != Ok("1") {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_restricted_runtime_refuses_registration_batches_and_managed_memory",
+                "--nocapture",
+            ])
+            .env("DEVARROW_EMU_RESTRICTED", "1")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&child.stdout);
+        assert!(
+            child.status.success() && out.contains("1 passed"),
+            "{out}\n{}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+        return;
+    }
+    let emu = Emu::new();
+    let stream = emu.stream(1);
+    let d = emu.alloc(8192);
+    let mut host = vec![0u8; 3 * 4096];
+    let page = (host.as_mut_ptr() as usize).next_multiple_of(4096);
+    let mut m: CUdeviceptr = 0;
+    // SAFETY: a live page of `host`; valid out-pointers and arrays of 2 copies.
+    unsafe {
+        assert_eq!(
+            cuMemHostRegister_v2(page as *mut c_void, 4096, 0),
+            CUDA_ERROR_OPERATING_SYSTEM
+        );
+        assert_eq!(
+            cuMemAllocManaged(&mut m, 4096, 1),
+            CUDA_ERROR_OPERATING_SYSTEM
+        );
+        let mut dsts = [d, d + 4096];
+        let mut srcs = [page as CUdeviceptr, page as CUdeviceptr];
+        let mut sizes = [16usize, 16];
+        let mut attrs: [CUmemcpyAttributes; 1] = std::mem::zeroed();
+        attrs[0].srcAccessOrder = CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        let mut idxs = [0usize];
+        let mut fail = 0usize;
+        assert_eq!(
+            cuMemcpyBatchAsync(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                2,
+                attrs.as_mut_ptr(),
+                idxs.as_mut_ptr(),
+                1,
+                &mut fail,
+                stream,
+            ),
+            CUDA_ERROR_NOT_PERMITTED
+        );
+        // Not sticky: the context still works.
+        ck(cuMemcpyHtoDAsync_v2(d, page as *const c_void, 16, stream));
+        ck(cuStreamSynchronize(stream));
+        ck(cuMemFree_v2(d));
+        ck(cuStreamDestroy_v2(stream));
+    }
 }
 
 #[test]

@@ -133,7 +133,7 @@ impl FailureInjection {
 }
 
 /// A symbol of the `libcuda.so` in use (the emulator's controls), NULL where missing.
-fn driver_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
+pub(crate) fn driver_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
     // SAFETY: dlopen of a library that is already loaded (cudarc opened it) only bumps
     // its reference count (never dropped: the handle is kept for the process).
     let lib = unsafe { libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW) };

@@ -5,6 +5,8 @@
 //!
 //! - [`gpu`]: the one rule for tests that need a GPU (skip with a printed reason, or fail
 //!   under `DEVARROW_REQUIRE_GPU=1`), and compute-sanitizer awareness;
+//! - [`leaks`]: device memory leak checks that hold on a real GPU (devarrow's exact
+//!   counts, and the free memory with a margin);
 //! - [`release`]: counting the `release` calls of exported arrays;
 //! - [`sample`]: the "every type" record batches; [`random`]: seeded random batches;
 //!   [`slices`]: large columns of every layout a slice cuts;
@@ -15,6 +17,7 @@
 
 pub mod gpu;
 pub mod kernel_oracles;
+pub mod leaks;
 pub mod random;
 pub mod release;
 pub mod sample;

@@ -1,5 +1,6 @@
 //! The emulator's configuration, read once from the environment:
-//! `DEVARROW_EMU_MEM_BYTES`, `DEVARROW_EMU_DELAY_US`, `DEVARROW_EMU_JITTER_US`.
+//! `DEVARROW_EMU_MEM_BYTES`, `DEVARROW_EMU_DELAY_US`, `DEVARROW_EMU_JITTER_US`,
+//! `DEVARROW_EMU_RESTRICTED`.
 //!
 //! A leaf module: it depends on no other module of the crate.
 
@@ -11,6 +12,7 @@ struct Config {
     total_memory: u64,
     delay: Duration,
     jitter_us: u64,
+    restricted: bool,
 }
 
 fn parse_bytes(text: &str) -> Option<u64> {
@@ -45,6 +47,7 @@ fn config() -> &'static Config {
             total_memory,
             delay: Duration::from_micros(micros("DEVARROW_EMU_DELAY_US")),
             jitter_us: micros("DEVARROW_EMU_JITTER_US"),
+            restricted: std::env::var("DEVARROW_EMU_RESTRICTED").as_deref() == Ok("1"),
         }
     })
 }
@@ -52,6 +55,15 @@ fn config() -> &'static Config {
 /// The emulated device's total memory (`DEVARROW_EMU_MEM_BYTES`, default 8 GiB).
 pub fn config_total_memory() -> u64 {
     config().total_memory
+}
+
+/// Whether the emulator plays a restricted runtime (`DEVARROW_EMU_RESTRICTED=1`): a
+/// sandbox such as gVisor's nvproxy (GKE Sandbox, hosted notebooks), which passes the
+/// driver's ioctls through a filter and answers what it does not support with
+/// `CUDA_ERROR_OPERATING_SYSTEM` or `CUDA_ERROR_NOT_PERMITTED` rather than
+/// `CUDA_ERROR_NOT_SUPPORTED` (see `super::memory` for the calls that fail).
+pub fn config_restricted() -> bool {
+    config().restricted
 }
 
 /// The delay before a stream operation: `DEVARROW_EMU_DELAY_US` (default 0) plus a

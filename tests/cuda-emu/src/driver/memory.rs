@@ -12,6 +12,7 @@ use cudarc::driver::sys::{
 
 use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
 use super::common::*;
+use super::config::config_restricted;
 use super::queue::{Endpoint, Op};
 use super::state::*;
 
@@ -41,16 +42,21 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
     })
 }
 
-/// Frees device or managed memory (`cuMemFree`), after all work of the context has
-/// completed (the real call synchronizes too). Freeing anything but the base address of
-/// a live device or managed allocation is `CUDA_ERROR_INVALID_VALUE`.
+/// Frees device or managed memory (`cuMemFree`), after all work of the allocation's
+/// context has completed (the real call synchronizes too). Freeing anything but the base
+/// address of a live device or managed allocation is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// No context need be current: the pointer names its allocation, and so its context
+/// (which is the one drained and whose sticky error is returned). NVIDIA's driver accepts
+/// such a free, and producers outside devarrow do it (a release callback run on a thread
+/// that never bound a context); only `cuInit` is required.
 ///
 /// # Safety
 /// None beyond the driver API's (the address is only looked up).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     api("cuMemFree_v2", || {
-        let ctx = current_context_any()?;
+        require_init()?;
         if dptr == 0 {
             return Ok(());
         }
@@ -58,9 +64,16 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let a = mem
             .begin_free(dptr, |k| k.is_device() || k == Kind::Managed)
             .inspect_err(|_| bad_free("cuMemFree_v2", mem, dptr))?;
-        ctx.drain();
+        // A live allocation's context is live (destroying a context frees its memory).
+        let ctx = match driver().get(a.ctx) {
+            Some(Object::Context(ctx)) => Some(ctx),
+            _ => None,
+        };
+        if let Some(ctx) = &ctx {
+            ctx.drain();
+        }
         mem.finish_free(&a);
-        ctx.shared.sticky()
+        ctx.map_or(Ok(()), |ctx| ctx.shared.sticky())
     })
 }
 
@@ -143,7 +156,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
 }
 
 /// Allocates managed memory (`cuMemAllocManaged`): a page-aligned host allocation,
-/// accessible from kernels and the host at the same address.
+/// accessible from kernels and the host at the same address. In a restricted runtime
+/// (`DEVARROW_EMU_RESTRICTED=1`) it fails with `CUDA_ERROR_OPERATING_SYSTEM`, although
+/// the device attribute still reports managed memory.
 ///
 /// # Safety
 /// `dptr` must be NULL or valid for a write.
@@ -158,6 +173,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if dptr.is_null() || !(flags == 1 || flags == 2) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if config_restricted() {
+            // gVisor's nvproxy did not support managed memory: `cudaMallocManaged`
+            // failed there while it worked under runc (google/gvisor#9593).
+            return Err(CUDA_ERROR_OPERATING_SYSTEM);
+        }
         let a = driver()
             .mem
             .alloc_host(bytesize, ctx.handle(), Kind::Managed)?;
@@ -166,10 +186,19 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     })
 }
 
+/// `cuMemHostAlloc` / `cuMemAllocHost`. Zero bytes succeed without allocating and leave
+/// `*pp` as it was (not even NULL is written): what NVIDIA's driver does, as users of
+/// `cudaMallocHost(&p, 0)` report (alpaka-group/alpaka#1868: "some CUDA versions return
+/// the unchanged pointer given to CUDA memory allocation if the size to allocate is
+/// zero"; ComputationalRadiationPhysics/picongpu#1179: no error, the pointer unchanged),
+/// unlike `cuMemAlloc`, whose documentation makes 0 bytes `CUDA_ERROR_INVALID_VALUE`.
 fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
     let ctx = current_context()?;
     if pp.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if bytesize == 0 {
+        return Ok(());
     }
     inject("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY)?;
     let a = driver()
@@ -202,7 +231,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     api("cuMemHostAlloc", || host_alloc(pp, bytesize, Flags))
 }
 
-/// Frees pinned host memory, after all work of the context has completed.
+/// Frees pinned host memory, after all work of the context has completed. NULL is
+/// accepted and frees nothing (`cudaFreeHost(NULL)` succeeds:
+/// ComputationalRadiationPhysics/picongpu#1179), as `cuMemFree(0)` does.
 ///
 /// # Safety
 /// None beyond the driver API's (the address is only looked up).
@@ -210,6 +241,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     api("cuMemFreeHost", || {
         let ctx = current_context_any()?;
+        if p.is_null() {
+            return Ok(());
+        }
         let mem = &driver().mem;
         let a = mem
             .begin_free(p as u64, |k| matches!(k, Kind::Pinned { .. }))
@@ -278,7 +312,9 @@ static HOST_REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
 /// then use it in place, asynchronously (read or written when they run, not staged at
 /// the call as pageable memory is), until [`cuMemHostUnregister`]. A range sharing a page
 /// with a page-locked one (pinned or registered) is
-/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, as the driver locks whole pages.
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, as the driver locks whole pages. In a
+/// restricted runtime (`DEVARROW_EMU_RESTRICTED=1`) every valid call fails with
+/// `CUDA_ERROR_OPERATING_SYSTEM`.
 ///
 /// # Safety
 /// `p..p + bytesize` must be host memory of the caller, valid until it is unregistered.
@@ -298,6 +334,12 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
         }
         if is_device_address(p as u64) {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if config_restricted() {
+            // A sandbox that cannot pin the caller's pages answers "OS call failed or
+            // operation not supported on this OS" (CUDA_ERROR_OPERATING_SYSTEM), the
+            // error nvproxy users meet (google/gvisor#9372), not NOT_SUPPORTED.
+            return Err(CUDA_ERROR_OPERATING_SYSTEM);
         }
         inject("cuMemHostRegister_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
         driver()
@@ -358,13 +400,25 @@ pub unsafe extern "C" fn devarrow_emu_host_registrations(total: *mut u64) -> u64
     .unwrap_or(0)
 }
 
+/// How many times `cuMemGetInfo_v2` was called (successful or not).
+static MEM_GET_INFO_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times `cuMemGetInfo_v2` has been called since the process started. Not a
+/// CUDA symbol: tests find it with `dlsym`, and skip where it is missing (a real driver).
+#[no_mangle]
+pub extern "C" fn devarrow_emu_mem_get_info_calls() -> u64 {
+    MEM_GET_INFO_CALLS.load(AtomicOrdering::Relaxed)
+}
+
 /// Free and total device memory: exactly the live device allocations (rounded to 256
-/// bytes) and the memory the pool holds are in use.
+/// bytes) and the memory the pool holds are in use. Counted
+/// ([`devarrow_emu_mem_get_info_calls`]).
 ///
 /// # Safety
 /// The pointers must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    MEM_GET_INFO_CALLS.fetch_add(1, AtomicOrdering::Relaxed);
     api("cuMemGetInfo_v2", || {
         current_context()?;
         let (f, t) = driver().mem.info();
@@ -949,6 +1003,81 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
+/// The context a `CUcontext` argument names (`CUDA_ERROR_INVALID_CONTEXT` for NULL or
+/// anything that is not a live context).
+fn named_context(ctx: CUcontext) -> R<Arc<Context>> {
+    match driver().get(ctx as u64) {
+        Some(Object::Context(c)) => Ok(c),
+        _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+    }
+}
+
+/// Checks that `p..p + len` is device memory of `ctx` (`CUDA_ERROR_INVALID_VALUE` for
+/// memory of another context, or pinned/managed memory: a peer copy names device
+/// memory and its context).
+fn check_peer_end(call: &str, which: &str, p: u64, len: usize, ctx: &Context) -> R {
+    match driver().mem.find(p) {
+        Some(a) if a.kind.is_device() && a.ctx == ctx.handle() => Ok(()),
+        Some(a) => {
+            eprintln!(
+                "devarrow-emu: {call}: the {which} is in {}, not device memory of context {:#x}",
+                a.describe(),
+                ctx.handle()
+            );
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+        // Not in any allocation: the range check of the copy reports it.
+        None => endpoint(call, which, p, len.max(1), Role::Device).map(|_| ()),
+    }
+}
+
+/// Copies device memory of one context to device memory of another on `hStream`
+/// (`cuMemcpyPeerAsync`): asynchronous, ordered on `hStream` (a stream of the current
+/// context; NULL is its legacy stream). With one emulated device (and so one primary
+/// context) both contexts are the same and the copy is a device-to-device copy, which
+/// the driver allows (peer access is needed only between two devices).
+///
+/// Checked as the driver documents: `cuInit`, a current context (for the stream), both
+/// contexts live (`CUDA_ERROR_INVALID_CONTEXT` otherwise: NULL included), each pointer
+/// device memory of its context (`CUDA_ERROR_INVALID_VALUE`), both ranges inside one
+/// allocation (`CUDA_ERROR_ILLEGAL_ADDRESS`, as every copy here); 0 bytes is a no-op
+/// after those checks.
+///
+/// # Safety
+/// None beyond the driver API's (both ends are checked device addresses).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeerAsync(
+    dstDevice: CUdeviceptr,
+    dstContext: CUcontext,
+    srcDevice: CUdeviceptr,
+    srcContext: CUcontext,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    const CALL: &str = "cuMemcpyPeerAsync";
+    api(CALL, || {
+        current_context()?;
+        let (dst_ctx, src_ctx) = (named_context(dstContext)?, named_context(srcContext)?);
+        dst_ctx.shared.sticky()?;
+        src_ctx.shared.sticky()?;
+        if ByteCount == 0 {
+            return Ok(());
+        }
+        check_peer_end(CALL, "destination", dstDevice, ByteCount, &dst_ctx)?;
+        check_peer_end(CALL, "source", srcDevice, ByteCount, &src_ctx)?;
+        copy(
+            CALL,
+            dstDevice,
+            Role::Device,
+            srcDevice,
+            Role::Device,
+            ByteCount,
+            hStream,
+            false,
+        )
+    })
+}
+
 /// Whether [`cuMemcpyBatchAsync`] is available: 0 as `DEVARROW_EMU_NO_BATCH_COPY`
 /// says (unavailable when it is `1`), 1 available, 2 unavailable.
 static BATCH_COPY: AtomicU8 = AtomicU8::new(0);
@@ -993,7 +1122,8 @@ const MEMCPY_FLAGS: u32 = 0x1;
 /// `CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL`, where it is read during the call.
 ///
 /// `DEVARROW_EMU_NO_BATCH_COPY=1` (or [`devarrow_emu_set_batch_copy`]) makes it return
-/// `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would.
+/// `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would; a restricted runtime
+/// (`DEVARROW_EMU_RESTRICTED=1`) `CUDA_ERROR_NOT_PERMITTED` (reported as an API error).
 ///
 /// # Safety
 /// `dsts`, `srcs` and `sizes` must hold `count` entries, `attrs` and `attrsIdxs`
@@ -1019,6 +1149,11 @@ pub unsafe extern "C" fn cuMemcpyBatchAsync(
             unsafe { failIdx.write(usize::MAX) };
         }
         let ctx = current_context()?;
+        if config_restricted() {
+            // A sandbox refuses what its filter does not know (CUDA 12.8's batched copy
+            // included) with NOT_PERMITTED, not NOT_SUPPORTED.
+            return Err(CUDA_ERROR_NOT_PERMITTED);
+        }
         if !batch_copy_available() {
             return simulated(CUDA_ERROR_NOT_SUPPORTED);
         }

@@ -29,11 +29,26 @@
 //!   `cuMemHostRegister` page-locks the caller's memory in place (a range sharing a page
 //!   with a page-locked one is `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`); it is
 //!   forgotten at `cuMemHostUnregister` at once, so a copy still queued on it faults.
-//!   `devarrow_emu_host_registrations` (found with `dlsym`) counts registrations.
+//!   `devarrow_emu_host_registrations` (found with `dlsym`) counts registrations, and
+//!   `devarrow_emu_mem_get_info_calls` the `cuMemGetInfo` calls.
+//!   As lenient as the driver where it is: `cuMemFree` needs no current context (the
+//!   pointer names its allocation's context, which it synchronizes); `cuMemAllocHost` /
+//!   `cuMemHostAlloc` of 0 bytes succeed, allocate nothing and leave `*pp` unwritten
+//!   (`cudaMallocHost(&p, 0)` on NVIDIA's driver), and `cuMemFreeHost(NULL)` succeeds;
+//!   `cuMemAlloc(0)` stays `CUDA_ERROR_INVALID_VALUE`, as documented.
+//!   `cuMemcpyPeerAsync` copies device memory between contexts (the one primary context
+//!   here), each pointer checked against the context named with it.
 //! - **Batched copies**: `cuMemcpyBatchAsync` (CUDA 12.8) runs its copies as one stream
 //!   operation, with the driver's checks (no legacy NULL stream, attribute indices,
 //!   `failIdx`); `DEVARROW_EMU_NO_BATCH_COPY=1`, or `devarrow_emu_set_batch_copy(0)`,
 //!   makes it return `CUDA_ERROR_NOT_SUPPORTED`, as a driver without it would.
+//! - **Restricted runtimes**: `DEVARROW_EMU_RESTRICTED=1` plays a sandboxed deployment
+//!   (gVisor's nvproxy, as in GKE Sandbox and hosted notebooks), which answers what it
+//!   does not support with the codes such sandboxes give, not `CUDA_ERROR_NOT_SUPPORTED`:
+//!   `cuMemHostRegister` and `cuMemAllocManaged` fail with `CUDA_ERROR_OPERATING_SYSTEM`
+//!   (google/gvisor#9372, #9593), `cuMemcpyBatchAsync` with `CUDA_ERROR_NOT_PERMITTED`;
+//!   the device attributes still claim managed memory. None of these errors is sticky,
+//!   and each is reported as an API error (compute-sanitizer would report it too).
 //! - **Streams and events** ([`stream`]): each stream is a queue with its own worker
 //!   thread running its operations in order (copies, memsets, kernels, event records,
 //!   waits on events, host functions, stream-ordered allocations and frees); the legacy
@@ -41,7 +56,10 @@
 //!   delays every stream operation by that many microseconds, plus a pseudo-random
 //!   part of up to `DEVARROW_EMU_JITTER_US` (default 0), which makes a missing wait or
 //!   synchronization show up as wrong data or a fault. API calls from a host function
-//!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`.
+//!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`. Events keep
+//!   their creation flags: `cuEventElapsedTime` on one created with
+//!   `CU_EVENT_DISABLE_TIMING` is `CUDA_ERROR_INVALID_HANDLE`, as documented, and
+//!   `devarrow_emu_event_flags` (found with `dlsym`) reads them back.
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
@@ -71,4 +89,4 @@ pub mod module;
 pub mod stream;
 
 pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
-pub use config::{config_delay, config_total_memory};
+pub use config::{config_delay, config_restricted, config_total_memory};

@@ -381,6 +381,18 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     })
 }
 
+/// The `CU_EVENT_*` flags `event` was created with, or -1 when it is not a live event.
+/// Not a CUDA symbol (the driver has no way to read an event's flags back): tests find
+/// it with `dlsym`, and skip where it is missing (a real driver).
+#[no_mangle]
+pub extern "C" fn devarrow_emu_event_flags(event: CUevent) -> i64 {
+    catch(|| match driver().get(event as u64) {
+        Some(Object::Event(e)) => i64::from(e.flags),
+        _ => -1,
+    })
+    .unwrap_or(-1)
+}
+
 /// Destroys an event; waits already enqueued on it are unaffected.
 ///
 /// # Safety
