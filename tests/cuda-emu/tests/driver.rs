@@ -636,6 +636,103 @@ fn stream_ordered_memory_is_usable_only_in_stream_order() {
     }
 }
 
+/// A pool of device memory on the emulated device (`cuMemPoolCreate`).
+fn create_pool() -> Result<CUmemoryPool, CUresult> {
+    use cudarc::driver::sys::{
+        CUmemAllocationHandleType, CUmemAllocationType, CUmemLocationType, CUmemPoolProps,
+    };
+    // SAFETY: a plain-old-data struct; all zeros is a valid value of each field.
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid pointers to the properties and the out-handle.
+    match unsafe { cuMemPoolCreate(&mut pool, &props) } {
+        CUDA_SUCCESS => Ok(pool),
+        e => Err(e),
+    }
+}
+
+/// `cuDevicePrimaryCtxReset` leaves the primary context *inactive*: it "does not release"
+/// it (the retains stay counted), calls in it fail with `CUDA_ERROR_CONTEXT_IS_DESTROYED`
+/// and the pools created in it are gone, until a retain makes it active again under the
+/// same handle with a new id (as NVIDIA's driver does: JuliaGPU/CUDA.jl#16,
+/// lupinemachines/lupine#844).
+#[test]
+fn a_reset_primary_context_is_inactive_until_retained_again() {
+    let emu = Emu::new();
+    // SAFETY: plain driver calls with valid out-pointers; the context is reset on purpose.
+    unsafe {
+        let pool = create_pool().unwrap();
+        let s = emu.stream(1);
+        let mut p: CUdeviceptr = 0;
+        ck(cuMemAllocFromPoolAsync(&mut p, 64, pool, s));
+        ck(cuMemFreeAsync(p, s));
+        ck(cuStreamSynchronize(s));
+        let mut old_id = 0;
+        ck(cuCtxGetId(emu.ctx, &mut old_id));
+        let (mut flags, mut active) = (0u32, 0i32);
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1);
+
+        ck(cuDevicePrimaryCtxReset_v2(0));
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 0, "a reset primary context is inactive");
+        let mut current: CUcontext = std::ptr::null_mut();
+        ck(cuCtxGetCurrent(&mut current));
+        assert_eq!(current, emu.ctx, "the thread still names it");
+        let mut q: CUdeviceptr = 0;
+        assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        assert_eq!(cuCtxSynchronize(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        let mut id = 0;
+        assert_eq!(
+            cuCtxGetId(emu.ctx, &mut id),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        assert_eq!(
+            cuCtxGetId(std::ptr::null_mut(), &mut id),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        let mut s2: CUstream = std::ptr::null_mut();
+        assert_eq!(cuStreamCreate(&mut s2, 1), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        ck(cuCtxSetCurrent(emu.ctx));
+        assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        assert_eq!(ctx, emu.ctx, "the same handle");
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1);
+        ck(cuCtxGetId(ctx, &mut id));
+        assert_ne!(id, old_id, "a new context behind the handle");
+        ck(cuMemAlloc_v2(&mut q, 8));
+        ck(cuMemFree_v2(q));
+        assert_eq!(
+            cuMemAllocFromPoolAsync(&mut q, 64, pool, std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_VALUE,
+            "the pool created in the reset context is gone"
+        );
+        assert_eq!(cuMemPoolDestroy(pool), CUDA_ERROR_INVALID_VALUE);
+        let pool = create_pool().unwrap();
+        ck(cuMemAllocFromPoolAsync(
+            &mut q,
+            64,
+            pool,
+            std::ptr::null_mut(),
+        ));
+        ck(cuMemFreeAsync(q, std::ptr::null_mut()));
+        ck(cuCtxSynchronize());
+        ck(cuMemPoolDestroy(pool));
+        // Both retains (before and after the reset) are released: the emulator's drop
+        // releases the first, this the second, and the context stays active until then.
+        ck(cuDevicePrimaryCtxRelease_v2(0));
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1, "one retain left");
+    }
+}
+
 /// A kernel's out-of-bounds store is a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`; in bounds, the
 /// kernel computes what it should.
 #[test]

@@ -193,6 +193,9 @@ pub(crate) struct MemTable {
     next_addr: Mutex<u64>,
     next_id: AtomicU64,
     pub acct: Mutex<Accounting>,
+    /// Pools made with `cuMemPoolCreate` and not destroyed: `(handle, context)`. They go
+    /// with the context they were created in (see [`MemTable::free_all_of`]).
+    pub pools: Mutex<Vec<(u64, u64)>>,
 }
 
 impl MemTable {
@@ -207,6 +210,7 @@ impl MemTable {
                 reuse: [1, 1, 1],
                 ..Accounting::default()
             }),
+            pools: Mutex::new(Vec::new()),
         }
     }
 
@@ -468,8 +472,13 @@ impl MemTable {
         }
     }
 
-    /// Frees every allocation of context `ctx` (the context is being destroyed) and
-    /// releases the pool's reserve.
+    /// Frees every allocation of context `ctx` (the context is being destroyed), forgets
+    /// the pools created in it, and releases the pool's reserve.
+    ///
+    /// Pools made with `cuMemPoolCreate` in a primary context do not survive its reset:
+    /// CUDA.jl keys its pools by context for that reason (JuliaGPU/CUDA.jl#16, "Bad
+    /// allocations in memory pool after device_reset!"; #253 "Make the memory allocator
+    /// context-aware"); a handle of such a pool is `CUDA_ERROR_INVALID_VALUE` afterwards.
     pub fn free_all_of(&self, ctx: u64) {
         let mine: Vec<Arc<Alloc>> = self
             .live
@@ -482,6 +491,7 @@ impl MemTable {
         for a in mine {
             self.finish_free(&a);
         }
+        lock(&self.pools).retain(|&(_, c)| c != ctx);
         lock(&self.acct).pool_free = 0;
     }
 

@@ -509,12 +509,10 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     })
 }
 
-/// Pools made with [`cuMemPoolCreate`] and not destroyed.
-static CREATED_POOLS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-
 fn check_pool(pool: CUmemoryPool) -> R {
     require_init()?;
-    if pool as u64 == DEFAULT_POOL || lock(&CREATED_POOLS).contains(&(pool as u64)) {
+    let pool = pool as u64;
+    if pool == DEFAULT_POOL || lock(&driver().mem.pools).iter().any(|&(p, _)| p == pool) {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_VALUE)
@@ -522,8 +520,10 @@ fn check_pool(pool: CUmemoryPool) -> R {
 }
 
 /// Creates a pool of device memory on the emulated device (`allocType` pinned, location
-/// the device, no handle types). Limitation: every pool shares the default pool's
-/// accounting (its reserve, release threshold and high marks); pool handles are checked.
+/// the device, no handle types), owned by the current context (the primary context when
+/// none is current): its reset or destruction destroys the pool too. Limitation: every
+/// pool shares the default pool's accounting (its reserve, release threshold and high
+/// marks); pool handles are checked.
 ///
 /// # Safety
 /// `pool` must be NULL or valid for a write, `poolProps` NULL or valid for a read.
@@ -552,7 +552,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handle = DEFAULT_POOL + 0x10 * n;
-        lock(&CREATED_POOLS).push(handle);
+        let owner = match current_context_any() {
+            Ok(ctx) => ctx.handle(),
+            Err(_) => lock(&driver().primary)
+                .handle
+                .ok_or(CUDA_ERROR_INVALID_CONTEXT)?,
+        };
+        lock(&driver().mem.pools).push((handle, owner));
         // SAFETY: the caller's out-pointer.
         unsafe { out(pool, handle as CUmemoryPool) }
     })
@@ -566,10 +572,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     api("cuMemPoolDestroy", || {
         require_init()?;
-        let mut created = lock(&CREATED_POOLS);
+        let mut created = lock(&driver().mem.pools);
         let at = created
             .iter()
-            .position(|&p| p == pool as u64)
+            .position(|&(p, _)| p == pool as u64)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         created.remove(at);
         Ok(())
