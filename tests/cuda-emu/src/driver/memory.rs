@@ -10,9 +10,9 @@ use cudarc::driver::sys::{
     CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
 };
 
-use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
+use super::alloc::{Alloc, FreeBlock, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
 use super::common::*;
-use super::queue::{Endpoint, Op};
+use super::queue::{Endpoint, Op, Stream};
 use super::state::*;
 
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
@@ -35,7 +35,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         inject("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
-        let a = driver().mem.alloc_device(bytesize, ctx.handle(), false)?;
+        let a = driver().mem.alloc_device(bytesize, ctx.handle(), None)?;
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
@@ -75,14 +75,77 @@ fn bad_free(call: &str, mem: &MemTable, addr: u64) {
     eprintln!("devarrow-emu: {call}: invalid free of {what}");
 }
 
-fn alloc_async(call: &'static str, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> R {
+/// A stream-ordered allocation from `pool` on `stream`, reusing a block freed in stream
+/// order where the pool's rules allow it, as the driver's pools do (CUDA programming
+/// guide, "Stream Ordered Memory Allocator", reuse policies; `CUmemPool_attribute`):
+///
+/// - a block freed on the **same** stream, at once, even before the free ran: stream
+///   order puts the new allocation's work after the free;
+/// - one freed on another stream this stream was made to wait for at or after the free
+///   (`cuStreamWaitEvent`, the legacy stream), with
+///   `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`;
+/// - one whose free has already run, with `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`
+///   (what a reader on a stream that never waited then reads depends on timing, as on a
+///   GPU);
+/// - any other of the pool, with `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`,
+///   after making this stream wait for the free.
+///
+/// Otherwise the allocation gets fresh memory at a new address.
+fn alloc_async(
+    call: &'static str,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+    pool: u64,
+) -> R {
     let ctx = current_context()?;
     let stream = ctx.stream(stream as u64)?;
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
-    let a = driver().mem.alloc_device(bytesize, ctx.handle(), true)?;
+    let mem = &driver().mem;
+    let [follow_events, opportunistic, internal] = mem.reuse_flags(pool).map(|f| f != 0);
+    let ordered = |block: &FreeBlock| {
+        block
+            .stream
+            .clone()
+            .downcast::<Stream>()
+            .is_ok_and(|freeing| {
+                Arc::ptr_eq(&freeing, &stream)
+                    || (follow_events && stream.is_ordered_after(&freeing, block.seq))
+                    || (opportunistic && freeing.is_done(block.seq))
+            })
+    };
+    let mut wait_for = None;
+    let mut reused = mem.reuse(bytesize, ctx.handle(), pool, ordered);
+    if reused.is_none() && internal {
+        reused = mem.reuse(
+            bytesize,
+            ctx.handle(),
+            pool,
+            |block: &FreeBlock| match block.stream.clone().downcast::<Stream>() {
+                Ok(freeing) => {
+                    wait_for = Some((freeing, block.seq));
+                    true
+                }
+                Err(_) => false,
+            },
+        );
+    }
+    let a = match reused {
+        Some(a) => a,
+        None => mem.alloc_device(bytesize, ctx.handle(), Some(pool))?,
+    };
+    if let Some((freeing, seq)) = wait_for {
+        ctx.enqueue(
+            &stream,
+            Op::Wait {
+                stream: freeing,
+                seq,
+            },
+        );
+    }
     ctx.enqueue(&stream, Op::AllocReady(a.clone()));
     // SAFETY: the caller's out-pointer (non-NULL).
     unsafe { out(dptr, a.addr) }
@@ -101,7 +164,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemAllocAsync", || {
-        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream)
+        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream, DEFAULT_POOL)
     })
 }
 
@@ -118,13 +181,20 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     api("cuMemAllocFromPoolAsync", || {
         check_pool(pool)?;
-        alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream)
+        alloc_async(
+            "cuMemAllocFromPoolAsync",
+            dptr,
+            bytesize,
+            hStream,
+            pool as u64,
+        )
     })
 }
 
 /// Frees device memory in stream order (`cuMemFreeAsync`): no new work may use it after
 /// this call; work already enqueued before the free on `hStream` may. The memory returns
-/// to the pool when the free runs.
+/// to the pool when the free runs, which fills it with [`super::FREED_POISON`]; the pool
+/// may hand the block to a later allocation at once (see [`alloc_async`]).
 ///
 /// # Safety
 /// None beyond the driver API's.
@@ -137,7 +207,15 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
         let a = mem
             .begin_free(dptr, Kind::is_device)
             .inspect_err(|_| bad_free("cuMemFreeAsync", mem, dptr))?;
-        ctx.enqueue(&stream, Op::Free(a));
+        let pooled = a.kind == (Kind::Device { pooled: true });
+        let seq = ctx.enqueue(&stream, Op::Free(a.clone()));
+        if pooled {
+            mem.keep_free_block(FreeBlock {
+                alloc: a,
+                stream,
+                seq,
+            });
+        }
         ctx.shared.sticky()
     })
 }
@@ -461,7 +539,7 @@ unsafe fn pointer_attribute(
             15 => out(data.cast::<u32>(), u32::from(device)),
             16 => out(data.cast::<i32>(), 3),
             17 if a.kind == (Kind::Device { pooled: true }) => {
-                out(data.cast::<CUmemoryPool>(), DEFAULT_POOL as CUmemoryPool)
+                out(data.cast::<CUmemoryPool>(), a.pool as CUmemoryPool)
             }
             18 => out(data.cast::<usize>(), a.size),
             19 => out(data.cast::<*mut c_void>(), a.addr as *mut c_void),
@@ -618,9 +696,14 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
             // SAFETY: for the other attributes `value` points to a `cuuint64_t`.
             (0, unsafe { value.cast::<u64>().read() })
         };
+        if (1..=3).contains(&attr) {
+            driver()
+                .mem
+                .set_reuse_flag(pool as u64, attr as usize - 1, v32);
+            return Ok(());
+        }
         let mut a = lock(&driver().mem.acct);
         match attr {
-            1..=3 => a.reuse[attr as usize - 1] = v32,
             4 => a.pool_threshold = v64,
             6 if v64 == 0 => a.reserved_high = a.pool_used + a.pool_free,
             8 if v64 == 0 => a.used_high = a.pool_used,
@@ -642,12 +725,13 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     api("cuMemPoolGetAttribute", || {
         check_pool(pool)?;
+        let flags = driver().mem.reuse_flags(pool as u64);
         let a = lock(&driver().mem.acct);
         // SAFETY: (every write below) `value` is the caller's out-pointer for the
         // attribute's type.
         unsafe {
             match attr as u32 {
-                n @ 1..=3 => out(value.cast::<i32>(), a.reuse[n as usize - 1]),
+                n @ 1..=3 => out(value.cast::<i32>(), flags[n as usize - 1]),
                 4 => out(value.cast::<u64>(), a.pool_threshold),
                 5 => out(value.cast::<u64>(), a.pool_used + a.pool_free),
                 6 => out(value.cast::<u64>(), a.reserved_high),
