@@ -153,7 +153,8 @@ fn alloc_async(
 
 /// Allocates device memory from the default pool in stream order (`cuMemAllocAsync`):
 /// the address is returned at once, but the memory may be used only by work ordered
-/// after the allocation on `hStream` (work running earlier faults).
+/// after the allocation on `hStream` (work running earlier faults). It may be a block
+/// freed before: on `hStream` at once, on other streams per the pool's reuse flags.
 ///
 /// # Safety
 /// `dptr` must be NULL or valid for a write.
@@ -194,7 +195,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 /// Frees device memory in stream order (`cuMemFreeAsync`): no new work may use it after
 /// this call; work already enqueued before the free on `hStream` may. The memory returns
 /// to the pool when the free runs, which fills it with [`super::FREED_POISON`]; the pool
-/// may hand the block to a later allocation at once (see [`alloc_async`]).
+/// may hand the block to a later allocation at once (see [`cuMemAllocAsync`]).
 ///
 /// # Safety
 /// None beyond the driver API's.
