@@ -325,7 +325,9 @@ impl MemTable {
                 a.sync_used -= need;
             }
         };
-        let (backing, layout) = match Self::backing(size, DEVICE_ALIGN) {
+        // The whole accounted block: an allocation reusing it may be larger than this one
+        // (up to the same accounted size).
+        let (backing, layout) = match Self::backing(need as usize, DEVICE_ALIGN) {
             Ok(b) => b,
             Err(e) => {
                 undo(self);
@@ -698,7 +700,7 @@ pub(crate) fn global_timer_ns() -> u64 {
 }
 
 /// Global memory as a kernel sees it: every live allocation at launch (and any made
-/// since), each access checked for bounds and for the allocation's state.
+/// since), each access checked for bounds and for the allocation's state when it runs.
 pub(crate) struct KernelMemory<'a> {
     table: &'a MemTable,
     snapshot: Vec<Arc<Alloc>>,
@@ -707,10 +709,14 @@ pub(crate) struct KernelMemory<'a> {
 }
 
 impl<'a> KernelMemory<'a> {
-    pub fn new(table: &'a MemTable) -> Self {
+    /// Global memory of a kernel launched when `snapshot` (of [`MemTable::snapshot`]) was
+    /// taken: an address resolves to the allocation it named at launch (in stream order,
+    /// a block freed after the launch and already reused by a later allocation is still
+    /// the launch's), else to one made since.
+    pub fn new(table: &'a MemTable, snapshot: Vec<Arc<Alloc>>) -> Self {
         Self {
             table,
-            snapshot: table.snapshot(),
+            snapshot,
             extra: Mutex::new(Vec::new()),
         }
     }

@@ -113,6 +113,8 @@ pub(crate) enum Op {
         func: Arc<Function>,
         dims: Dims,
         params: Vec<Vec<u8>>,
+        /// The live allocations at launch (see [`KernelMemory`]).
+        memory: Vec<Arc<Alloc>>,
     },
     Record {
         event: Arc<Event>,
@@ -357,7 +359,12 @@ impl Stream {
                     .ctx
                     .fault(CUDA_ERROR_ILLEGAL_ADDRESS, &format!("{call}: {why}")),
             },
-            Op::Kernel { func, dims, params } => self.run_kernel(&func, dims, &params),
+            Op::Kernel {
+                func,
+                dims,
+                params,
+                memory,
+            } => self.run_kernel(&func, dims, &params, memory),
             Op::HostFn { f, data } => {
                 // SAFETY: the caller of cuLaunchHostFunc provided `f` and its argument
                 // for exactly this call.
@@ -384,8 +391,8 @@ impl Stream {
         }
     }
 
-    fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>]) {
-        let mem = KernelMemory::new(self.mem);
+    fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>], memory: Vec<Arc<Alloc>>) {
+        let mem = KernelMemory::new(self.mem, memory);
         let started = Instant::now();
         let outcome = catch(|| func.module.ptx.launch(&func.name, dims, params, &mem));
         let (code, message) = match outcome {
