@@ -14,19 +14,30 @@ pub fn gpu_required() -> bool {
 /// The name of the GPU test that last took [`GPU_LOCK`] in this binary, if any.
 static LAST_TEST: Mutex<Option<String>> = Mutex::new(None);
 
+/// Set once a sticky fault was found: the message every later GPU test fails with.
+static STICKY: Mutex<Option<String>> = Mutex::new(None);
+
 /// Opens what a GPU test needs with the test lock held, or returns `None` after printing
 /// `skipping: <reason>`; panics instead when [`gpu_required`].
 ///
 /// A sticky fault (an illegal address found while a stream ran) poisons the primary
 /// context: every later call in it returns that error, so every later test of the binary
 /// would fail for it and hide what they test. Before opening, when an earlier GPU test
-/// ran in this binary, this checks each active primary context ([`sticky_fault`]) and on
-/// a sticky error prints `sticky CUDA fault <code> left by test <name>; later tests in
-/// this binary cannot run` and exits the process (status 101, as a failed test binary).
+/// ran in this binary, this checks each active primary context ([`sticky_fault`]); on a
+/// sticky error it prints `sticky CUDA fault <code> left by test <name>; later tests in
+/// this binary cannot run` to the process's stderr (not captured by the test harness)
+/// and panics with that message, and so does every later GPU test of the binary at once,
+/// without a driver call. The binary then exits with a failure after the harness has
+/// printed the output of the test that left the fault (had it exited at once, that
+/// output, which the harness holds until the end, would be lost).
 pub fn open_or_skip<T, E: std::fmt::Display>(
     open: impl FnOnce() -> Result<T, E>,
 ) -> Option<(MutexGuard<'static, ()>, T)> {
     let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(message) = STICKY.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        drop(guard);
+        panic!("{message}");
+    }
     let this_test = std::thread::current()
         .name()
         .unwrap_or("<unnamed>")
@@ -42,9 +53,12 @@ pub fn open_or_skip<T, E: std::fmt::Display>(
                  this binary cannot run",
                 code as u32
             );
-            println!("{message}");
-            eprintln!("{message}");
-            std::process::exit(101);
+            // Straight to the file descriptor: `eprintln!` is captured per test.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{message}");
+            *STICKY.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
+            drop(guard);
+            panic!("{message}");
         }
     }
     match open() {
