@@ -56,7 +56,8 @@
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
-//!   against the allocation table. Faults are printed to stderr.
+//!   against the allocations live at launch (in stream order; a block freed and reused
+//!   after the launch is still the launch's) and their state when it runs. Faults are printed to stderr.
 //!
 //! Every function catches panics and returns `CUDA_ERROR_UNKNOWN` (printing the panic)
 //! instead of unwinding into C.
