@@ -94,7 +94,10 @@ impl DeviceBatch {
     /// Exports the batch as an `ArrowDeviceArray` (a struct array; `sync_event` set to the
     /// batch's event) and its `ArrowSchema`. Zero-copy: the device memory (for an imported
     /// batch, the foreign array, unreleased) stays alive until the consumer releases the
-    /// array.
+    /// array. The release frees the packed memory in stream order on the device's stream,
+    /// with no dependency on the consumer's streams (the C Device interface names none):
+    /// the consumer must release only once its work reading the buffers has completed
+    /// (see `devarrow_cuda::export_array_data`, "Release contract").
     pub fn export(&self) -> Result<(DeviceArray, FFI_ArrowSchema)> {
         self.export_with(ExportOptions::default())
     }
@@ -146,7 +149,10 @@ impl DeviceBatch {
     ///
     /// The array is consumed: its `release` runs exactly once, when the last clone of the
     /// batch and the last export of it ([`DeviceBatch::export`]) are dropped, or before
-    /// this returns an error.
+    /// this returns an error; and only after the device work devarrow enqueued that reads
+    /// its buffers (a download's pack, the callers' work on column views) has completed,
+    /// which the drop waits for on the host: the producer may free them on its own stream
+    /// and reuse the memory there at once.
     ///
     /// Arrays whose offsets address more bytes than one allocation can hold (in all, for
     /// the batch's download) are an error. [`crate::Transfer::to_host`] moves only the

@@ -93,6 +93,33 @@ pub(crate) fn device_get_default_mem_pool(device: sys::CUdevice) -> Result<sys::
 // Contexts
 // ---------------------------------------------------------------------------------------
 
+/// `cuDevicePrimaryCtxGetState`: whether the primary context of `device` is active. It
+/// is not after `cuDevicePrimaryCtxReset` until it is retained again.
+pub(crate) fn primary_ctx_is_active(device: sys::CUdevice) -> Result<bool> {
+    let (mut flags, mut active): (std::ffi::c_uint, std::ffi::c_int) = (0, 0);
+    // SAFETY: the driver checks the ordinal and writes to our locals.
+    unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }
+        .result()
+        .call("cuDevicePrimaryCtxGetState")?;
+    Ok(active != 0)
+}
+
+/// `cuDevicePrimaryCtxRetain`: retains (and activates) the primary context of `device`;
+/// the caller releases it once with [`primary_ctx_release`].
+pub(crate) fn primary_ctx_retain(device: sys::CUdevice) -> Result<sys::CUcontext> {
+    // SAFETY: the driver checks the ordinal (an invalid one is CUDA_ERROR_INVALID_DEVICE).
+    unsafe { result::primary_ctx::retain(device) }.call("cuDevicePrimaryCtxRetain")
+}
+
+/// `cuDevicePrimaryCtxRelease`: releases one retain of [`primary_ctx_retain`].
+///
+/// # Safety
+/// The caller owns a retain of the primary context of `device` and gives it up.
+pub(crate) unsafe fn primary_ctx_release(device: sys::CUdevice) -> Result<()> {
+    // SAFETY: the caller's retain is given back exactly once.
+    unsafe { result::primary_ctx::release(device) }.call("cuDevicePrimaryCtxRelease")
+}
+
 /// `cuCtxGetCurrent`: the context current on the calling thread, if any.
 pub(crate) fn ctx_get_current() -> Result<Option<sys::CUcontext>> {
     result::ctx::get_current().call("cuCtxGetCurrent")

@@ -107,8 +107,16 @@ fn check_exportable(data: &ArrayData, path: &str) -> Result<()> {
 /// validity bitmap at the array's own offset. Data that arrow-rs could only export by
 /// reading buffers on the host is refused with [`CudaError::InvalidArgument`].
 ///
-/// Consumers must finish reading the buffers before they call `release` (the device
-/// memory is then freed in order on the stream each buffer was allocated on).
+/// # Release contract (devarrow as exporter)
+///
+/// The C Device interface does not say who orders the consumer's work before `release`.
+/// devarrow's release frees each buffer in stream order on the stream it was allocated on
+/// (`cuMemFreeAsync`, usually `stream`), with no dependency on any consumer stream, which
+/// it does not know; a stream-ordered pool may hand that memory to the next allocation on
+/// that stream at once. So a consumer must call `release` only once its device work that
+/// reads the buffers has **completed** (its stream synchronized, or an event recorded
+/// after that work waited for), not merely enqueued. devarrow's own importers do
+/// ([`crate::ImportedArray`], the bridge's `DeviceBatch::import`).
 pub fn export_array_data(
     data: ArrayData,
     device_type: ArrowDeviceType,

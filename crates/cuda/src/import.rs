@@ -50,7 +50,11 @@ impl Drop for ImportShared {
 ///
 /// Cheap to clone. The producer's `release` runs when the last clone **and** the last
 /// buffer view ([`ImportedArray::buffer`]) is dropped, after the consumer stream's
-/// queued work has finished. Buffer views carry the producer's event: using one on
+/// queued work has finished: the drop blocks the host on `cuStreamSynchronize` of the
+/// consumer stream. That is the importer's side of the release contract (see
+/// [`crate::export_array_data`]): a producer may free in stream order on its own stream,
+/// which knows nothing of ours, and reuse the memory there at once, so our reads must be
+/// complete, not only enqueued, when `release` runs. Buffer views carry the producer's event: using one on
 /// another stream (a kernel of [`crate::kernels`], [`ForeignBuffer::to_host`]) makes that
 /// stream wait on it too; work on other streams must still be finished before the last
 /// view is dropped.

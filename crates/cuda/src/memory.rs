@@ -93,9 +93,13 @@ fn sync(stream: &CudaStream) -> Result<()> {
 /// devarrow's memory pool of the device, which keeps freed memory for reuse: see
 /// [`crate::pool`]) when the device supports memory pools, else with `cuMemAlloc`.
 /// Dropping it frees it in stream order on the allocation stream (`cuMemFreeAsync`), or
-/// after synchronizing that stream (`cuMemFree`); work on *other* streams that uses the
-/// buffer must be ordered before the drop (e.g. by an event the allocation stream waits
-/// on, or by synchronizing). Addresses are at least 256-byte aligned.
+/// after synchronizing that stream (`cuMemFree`); the pool may give the memory to the
+/// next stream-ordered allocation on that stream at once. Work on *other* streams that
+/// uses the buffer must be ordered before the drop (e.g. by an event the allocation
+/// stream waits on, or by synchronizing): the safe functions of this crate that take a
+/// buffer and another stream return only once that stream's work is done, so only work
+/// enqueued through raw addresses (`device_ptr`, the `unsafe` kernel launches, cudarc
+/// views) needs it. Addresses are at least 256-byte aligned.
 pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     len: usize,

@@ -18,8 +18,12 @@
 //! with another library's work); and an allocation that does not fit in the device's free
 //! memory first gives back what the pool holds idle. [`set_policy`] changes it.
 //!
-//! Pools live as long as the process, like the default pool. A device where creating
-//! one fails uses its default pool.
+//! Pools are made per context and found by the context's id (`cuCtxGetId`), as the
+//! kernels are ([`crate::kernels`]): a pool made with `cuMemPoolCreate` does not survive
+//! a `cuDevicePrimaryCtxReset` (JuliaGPU/CUDA.jl#16), while the primary context keeps its
+//! `CUcontext` value and ordinal, and its new id makes a new pool. devarrow never destroys
+//! a pool (one of a destroyed context went with it). A device where creating one fails
+//! uses its default pool.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -78,11 +82,7 @@ pub fn set_policy(ctx: &CudaContext, policy: PoolPolicy) -> Result<()> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(ordinal, policy);
-    let pool = pools()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&ordinal)
-        .copied();
+    let pool = existing(ctx)?;
     match pool {
         Some(pool) if pool.owned => apply(pool.handle, ctx, &policy),
         _ => Ok(()),
@@ -101,7 +101,8 @@ pub fn policy(ordinal: usize) -> PoolPolicy {
 
 fn apply(pool: sys::CUmemoryPool, ctx: &CudaContext, policy: &PoolPolicy) -> Result<()> {
     let total = driver::device_total_mem(ctx.cu_device())?;
-    // SAFETY: `pool` is one of devarrow's pools, never destroyed once handed out.
+    // SAFETY: `pool` is one of devarrow's pools of the current context, never destroyed
+    // by devarrow once handed out.
     unsafe {
         driver::mem_pool_set_release_threshold(pool, policy.threshold(total))?;
         driver::mem_pool_set_internal_dependencies(pool, policy.allow_internal_dependencies)
@@ -109,7 +110,7 @@ fn apply(pool: sys::CUmemoryPool, ctx: &CudaContext, policy: &PoolPolicy) -> Res
 }
 
 /// A pool handle, and whether devarrow created it (else it is the device's default pool,
-/// whose settings are left alone); pools are never destroyed.
+/// whose settings are left alone); devarrow never destroys pools.
 #[derive(Clone, Copy)]
 struct Pool {
     handle: sys::CUmemoryPool,
@@ -119,17 +120,28 @@ struct Pool {
 // SAFETY: a CUmemoryPool is a process-wide driver handle, usable from any thread.
 unsafe impl Send for Pool {}
 
-fn pools() -> &'static Mutex<HashMap<usize, Pool>> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Pool>>> = OnceLock::new();
+/// devarrow's pools by context id (`cuCtxGetId`).
+fn pools() -> &'static Mutex<HashMap<u64, Pool>> {
+    static POOLS: OnceLock<Mutex<HashMap<u64, Pool>>> = OnceLock::new();
     POOLS.get_or_init(Default::default)
 }
 
-/// devarrow's pool of the device of `ctx` (created on first use), or the device's
-/// default pool where a pool cannot be created. `ctx` must be current.
+/// devarrow's pool of `ctx`, if made.
+fn existing(ctx: &CudaContext) -> Result<Option<Pool>> {
+    let id = driver::ctx_get_id(ctx.cu_ctx())?;
+    Ok(pools()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .copied())
+}
+
+/// devarrow's pool of `ctx` (created on first use in the context, see the module docs),
+/// or the device's default pool where a pool cannot be created. `ctx` must be current.
 pub(crate) fn pool_of(ctx: &CudaContext) -> Result<sys::CUmemoryPool> {
-    let ordinal = ctx.ordinal();
+    let id = driver::ctx_get_id(ctx.cu_ctx())?;
     let mut pools = pools().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(pool) = pools.get(&ordinal) {
+    if let Some(pool) = pools.get(&id) {
         return Ok(pool.handle);
     }
     let pool = match create(ctx) {
@@ -142,7 +154,7 @@ pub(crate) fn pool_of(ctx: &CudaContext) -> Result<sys::CUmemoryPool> {
             owned: false,
         },
     };
-    pools.insert(ordinal, pool);
+    pools.insert(id, pool);
     Ok(pool.handle)
 }
 
@@ -159,16 +171,11 @@ fn create(ctx: &CudaContext) -> Result<sys::CUmemoryPool> {
     Ok(pool)
 }
 
-/// Returns the unused memory of devarrow's pool of `ctx`'s device (if created) to the
-/// system, keeping at most `keep` bytes reserved. `ctx` must be current.
+/// Returns the unused memory of devarrow's pool of `ctx` (if created) to the system,
+/// keeping at most `keep` bytes reserved. `ctx` must be current.
 pub(crate) fn trim(ctx: &CudaContext, keep: usize) -> Result<()> {
-    let pool = pools()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&ctx.ordinal())
-        .copied();
-    match pool {
-        // SAFETY: pools are never destroyed.
+    match existing(ctx)? {
+        // SAFETY: the pool of the current context, which devarrow never destroys.
         Some(pool) => unsafe { driver::mem_pool_trim_to(pool.handle, keep) },
         None => Ok(()),
     }

@@ -84,6 +84,20 @@ struct DeviceInner {
     name: String,
     multiprocessors: u32,
     managed_memory: bool,
+    /// Retains made by [`PrimaryContext::ensure_active`] after resets of the primary
+    /// context (the one of `ctx` is cudarc's), each released once when this drops.
+    re_retains: Mutex<usize>,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        let n = *self.re_retains.get_mut().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..n {
+            // SAFETY: each of the `n` retains made by `ensure_active` is given back once,
+            // here, as this value drops.
+            let _ = unsafe { driver::primary_ctx_release(self.ctx.cu_device()) };
+        }
+    }
 }
 
 /// A CUDA device opened on its **primary** context (`cuDevicePrimaryCtxRetain`, through
@@ -135,7 +149,9 @@ impl PrimaryContext {
         }
         let mut open = open_devices().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(inner) = open.get(&id).and_then(Weak::upgrade) {
-            return Ok(Self { inner });
+            let dev = Self { inner };
+            dev.ensure_active()?;
+            return Ok(dev);
         }
         let ctx = CudaContext::new(id).call("cuDevicePrimaryCtxRetain")?;
         // cudarc's event tracking orders its own `CudaSlice`s across streams, and makes
@@ -161,6 +177,7 @@ impl PrimaryContext {
             name,
             multiprocessors,
             managed_memory,
+            re_retains: Mutex::new(0),
         });
         open.insert(id, Arc::downgrade(&inner));
         Ok(Self { inner })
@@ -221,14 +238,56 @@ impl PrimaryContext {
         driver::mem_get_info()
     }
 
-    /// Makes this device's context current on the calling thread.
+    /// Makes this device's context current on the calling thread, first retaining the
+    /// primary context again if it was reset (see [`PrimaryContext::ensure_active`]).
     pub fn bind_to_thread(&self) -> Result<()> {
+        self.ensure_active()?;
         crate::context::bind(&self.inner.ctx)
     }
 
-    /// Creates a new non-blocking stream.
+    /// Creates a new non-blocking stream (after [`PrimaryContext::ensure_active`]).
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ensure_active()?;
         self.inner.ctx.new_stream().call("cuStreamCreate")
+    }
+
+    /// Makes the primary context active again after a `cuDevicePrimaryCtxReset` (by
+    /// devarrow's user, or another library in the process, say after a sticky fault).
+    ///
+    /// A reset destroys the primary context's memory, streams, events, modules and
+    /// pools but "does not release" it: the context is then *inactive*
+    /// (`cuDevicePrimaryCtxGetState`) and every call in it fails with
+    /// `CUDA_ERROR_CONTEXT_IS_DESTROYED` until someone retains it again, which gives the
+    /// same `CUcontext` a new context id. This checks the state (one cheap driver call)
+    /// and, when inactive, retains it (released when the last clone of this value
+    /// drops). [`PrimaryContext::open`], [`PrimaryContext::bind_to_thread`] and
+    /// [`PrimaryContext::new_stream`] call it; what devarrow caches per context (its
+    /// kernels, its memory pool) is keyed by the context id, so it is made anew.
+    /// Streams, events and buffers made before the reset stay unusable.
+    pub fn ensure_active(&self) -> Result<()> {
+        let device = self.inner.ctx.cu_device();
+        if driver::primary_ctx_is_active(device)? {
+            return Ok(());
+        }
+        let mut re_retains = self
+            .inner
+            .re_retains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Another clone may have retained it meanwhile.
+        if driver::primary_ctx_is_active(device)? {
+            return Ok(());
+        }
+        let handle = driver::primary_ctx_retain(device)?;
+        *re_retains += 1;
+        if handle != self.inner.ctx.cu_ctx() {
+            return Err(CudaError::InvalidArgument(format!(
+                "the primary context of CUDA device {} came back under another handle after \
+                 a reset; open the device anew",
+                self.inner.id
+            )));
+        }
+        Ok(())
     }
 
     /// The legacy default (NULL) stream of the context.

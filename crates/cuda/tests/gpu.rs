@@ -1536,3 +1536,69 @@ fn pageable_memory_is_registered_for_copies_and_every_registration_is_undone() {
     }
     assert!(dev.context().check_err().is_ok());
 }
+
+/// The producer frees an exported buffer on its own stream at release, where the
+/// stream-ordered allocator may hand the block to its next allocation at once; so an
+/// import releases only after the consumer's queued reads have completed. Here the
+/// consumer is held busy, its read queued, the import dropped, and the producer
+/// allocates and overwrites at once (on the emulator, the same block): the read must still
+/// see the exported values, not the new ones nor the free's poison.
+#[test]
+fn an_import_is_released_after_the_consumers_queued_reads_though_the_producer_reuses_the_memory() {
+    let (_lock, dev) = gpu_or_skip!();
+    let producer = dev.new_stream().unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let n = 4096;
+    let values = DeviceBuffer::from_host(&producer, &vec![7u8; n]).unwrap();
+    let values_ptr = values.device_ptr();
+    // SAFETY: the buffer only travels inside the exported array, never read on the host.
+    let buffer = unsafe { values.into_arrow_buffer() };
+    // SAFETY: n u8 values, no nulls: a UInt8 array of length n.
+    let data = unsafe {
+        ArrayData::builder(DataType::UInt8)
+            .len(n)
+            .null_count(0)
+            .add_buffer(buffer)
+            .build_unchecked()
+    };
+    let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer).unwrap();
+    let imported = ImportedArray::import(exported, &consumer).unwrap();
+    // SAFETY: the root's buffer 1 holds n u8 values.
+    let view = unsafe { imported.buffer(imported.array(), 1, n) }.unwrap();
+    let out = DeviceBuffer::alloc(&consumer, n).unwrap();
+    let busy = DeviceBuffer::alloc(&consumer, 1024).unwrap();
+    // SAFETY: `busy` holds 256 u32s and lives until the end; the copy's ranges are live
+    // (the view holds the import) and distinct, and `out` is read only after it.
+    unsafe {
+        devarrow_testing::spin::launch_spin_fill_u32(
+            &consumer,
+            busy.device_ptr(),
+            256,
+            0,
+            100_000_000,
+        )
+        .unwrap();
+        sys::cuMemcpyDtoDAsync_v2(out.device_ptr(), view.device_ptr(), n, consumer.cu_stream())
+            .result()
+            .unwrap();
+    }
+    drop(view);
+    drop(imported);
+    let mut again = DeviceBuffer::alloc(&producer, n).unwrap();
+    if EmulatedDriver::find().is_some() {
+        assert_eq!(
+            again.device_ptr(),
+            values_ptr,
+            "the emulated pool reuses the block freed on the producer's stream"
+        );
+    }
+    again.memset(&producer, 0x22).unwrap();
+    producer.synchronize().unwrap();
+    let read = out.to_host(&consumer).unwrap();
+    assert!(
+        read.iter().all(|&b| b == 7),
+        "the consumer read {:?}... instead of 7s",
+        &read[..8]
+    );
+    drop(busy);
+}

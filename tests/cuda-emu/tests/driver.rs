@@ -18,7 +18,7 @@ use devarrow_emu::driver::device::*;
 use devarrow_emu::driver::memory::*;
 use devarrow_emu::driver::module::*;
 use devarrow_emu::driver::stream::*;
-use devarrow_emu::driver::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
+use devarrow_emu::driver::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, FREED_POISON, POISON};
 
 use CUresult::*;
 
@@ -851,6 +851,341 @@ fn stream_ordered_memory_is_usable_only_in_stream_order() {
         ck(cuCtxSetCurrent(ctx));
         ck(cuMemAlloc_v2(&mut q, 8));
         ck(cuMemFree_v2(q));
+    }
+}
+
+/// A pool of device memory on the emulated device (`cuMemPoolCreate`).
+fn create_pool() -> Result<CUmemoryPool, CUresult> {
+    use cudarc::driver::sys::{
+        CUmemAllocationHandleType, CUmemAllocationType, CUmemLocationType, CUmemPoolProps,
+    };
+    // SAFETY: a plain-old-data struct; all zeros is a valid value of each field.
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid pointers to the properties and the out-handle.
+    match unsafe { cuMemPoolCreate(&mut pool, &props) } {
+        CUDA_SUCCESS => Ok(pool),
+        e => Err(e),
+    }
+}
+
+/// `cuDevicePrimaryCtxReset` leaves the primary context *inactive*: it "does not release"
+/// it (the retains stay counted), calls in it fail with `CUDA_ERROR_CONTEXT_IS_DESTROYED`
+/// and the pools created in it are gone, until a retain makes it active again under the
+/// same handle with a new id (as NVIDIA's driver does: JuliaGPU/CUDA.jl#16,
+/// lupinemachines/lupine#844).
+#[test]
+fn a_reset_primary_context_is_inactive_until_retained_again() {
+    let emu = Emu::new();
+    // SAFETY: plain driver calls with valid out-pointers; the context is reset on purpose.
+    unsafe {
+        let pool = create_pool().unwrap();
+        let s = emu.stream(1);
+        let mut p: CUdeviceptr = 0;
+        ck(cuMemAllocFromPoolAsync(&mut p, 64, pool, s));
+        ck(cuMemFreeAsync(p, s));
+        ck(cuStreamSynchronize(s));
+        let mut old_id = 0;
+        ck(cuCtxGetId(emu.ctx, &mut old_id));
+        let (mut flags, mut active) = (0u32, 0i32);
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1);
+
+        ck(cuDevicePrimaryCtxReset_v2(0));
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 0, "a reset primary context is inactive");
+        let mut current: CUcontext = std::ptr::null_mut();
+        ck(cuCtxGetCurrent(&mut current));
+        assert_eq!(current, emu.ctx, "the thread still names it");
+        let mut q: CUdeviceptr = 0;
+        assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        assert_eq!(cuCtxSynchronize(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        let mut id = 0;
+        assert_eq!(
+            cuCtxGetId(emu.ctx, &mut id),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        assert_eq!(
+            cuCtxGetId(std::ptr::null_mut(), &mut id),
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        let mut s2: CUstream = std::ptr::null_mut();
+        assert_eq!(cuStreamCreate(&mut s2, 1), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        ck(cuCtxSetCurrent(emu.ctx));
+        assert_eq!(cuMemAlloc_v2(&mut q, 8), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        ck(cuDevicePrimaryCtxRetain(&mut ctx, 0));
+        assert_eq!(ctx, emu.ctx, "the same handle");
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1);
+        ck(cuCtxGetId(ctx, &mut id));
+        assert_ne!(id, old_id, "a new context behind the handle");
+        ck(cuMemAlloc_v2(&mut q, 8));
+        ck(cuMemFree_v2(q));
+        assert_eq!(
+            cuMemAllocFromPoolAsync(&mut q, 64, pool, std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_VALUE,
+            "the pool created in the reset context is gone"
+        );
+        assert_eq!(cuMemPoolDestroy(pool), CUDA_ERROR_INVALID_VALUE);
+        let pool = create_pool().unwrap();
+        ck(cuMemAllocFromPoolAsync(
+            &mut q,
+            64,
+            pool,
+            std::ptr::null_mut(),
+        ));
+        ck(cuMemFreeAsync(q, std::ptr::null_mut()));
+        ck(cuCtxSynchronize());
+        ck(cuMemPoolDestroy(pool));
+        // Both retains (before and after the reset) are released: the emulator's drop
+        // releases the first, this the second, and the context stays active until then.
+        ck(cuDevicePrimaryCtxRelease_v2(0));
+        ck(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active));
+        assert_eq!(active, 1, "one retain left");
+    }
+}
+
+/// A pool (`cuMemPoolCreate`) that keeps what is freed across synchronizations, with
+/// the three reuse flags (follow event dependencies, opportunistic, internal
+/// dependencies).
+fn keeping_pool(reuse: [i32; 3]) -> CUmemoryPool {
+    let pool = create_pool().unwrap();
+    let mut threshold = u64::MAX;
+    // SAFETY: a live pool; each value has the attribute's type.
+    unsafe {
+        ck(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        ));
+        set_reuse(pool, reuse);
+    }
+    pool
+}
+
+/// Sets the three `CU_MEMPOOL_ATTR_REUSE_*` flags of `pool`.
+///
+/// # Safety
+/// `pool` must be a live pool.
+unsafe fn set_reuse(pool: CUmemoryPool, reuse: [i32; 3]) {
+    let attrs = [
+        CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+        CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+        CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+    ];
+    for (attr, mut value) in attrs.into_iter().zip(reuse) {
+        // SAFETY: the caller's live pool; reuse flags are `int`s.
+        ck(unsafe { cuMemPoolSetAttribute(pool, attr, (&mut value as *mut i32).cast()) });
+    }
+}
+
+/// `cuMemAllocFromPoolAsync` of `len` bytes.
+///
+/// # Safety
+/// `pool` and `stream` must be live.
+unsafe fn alloc_from(pool: CUmemoryPool, len: usize, stream: CUstream) -> CUdeviceptr {
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: the caller's live handles and a valid out-pointer.
+    ck(unsafe { cuMemAllocFromPoolAsync(&mut p, len, pool, stream) });
+    p
+}
+
+/// The stream-ordered allocator reuses a freed block as NVIDIA's pools do: on the stream
+/// that freed it at once (stream order makes it safe), on another stream only once the
+/// free ran (opportunistic), once that stream waits for an event recorded after the free
+/// (event dependencies), or by making it wait for the free (internal dependencies); each
+/// per the pool's `CU_MEMPOOL_ATTR_REUSE_*` flags. A free fills the block with
+/// `FREED_POISON` when it runs.
+#[test]
+fn stream_ordered_frees_are_reused_per_the_pools_reuse_rules() {
+    let emu = Emu::new();
+    let (a, b) = (emu.stream(1), emu.stream(1));
+    // SAFETY: valid handles and ranges; every allocation is freed.
+    unsafe {
+        let pool = keeping_pool([0, 0, 0]);
+        // The same stream: at once, before the free ran (the stream is held).
+        let gate = Gate::block(a);
+        let x = alloc_from(pool, 256, a);
+        ck(cuMemFreeAsync(x, a));
+        let y = alloc_from(pool, 256, a);
+        assert_eq!(y, x, "reused on the freeing stream at once");
+        // Another stream, the free not run, no rule allowing it: fresh memory.
+        ck(cuMemFreeAsync(y, a));
+        let z = alloc_from(pool, 256, b);
+        assert_ne!(z, x, "no reuse across streams without a rule");
+        gate.open();
+        ck(cuStreamSynchronize(a));
+        // Even once the free ran, with every flag off.
+        let w = alloc_from(pool, 256, b);
+        assert_ne!(w, x);
+        ck(cuMemFreeAsync(z, b));
+        ck(cuMemFreeAsync(w, b));
+        ck(cuStreamSynchronize(b));
+
+        // Opportunistic: once the free ran, another stream reuses it, and reads the
+        // poison the free left.
+        set_reuse(pool, [0, 1, 0]);
+        let x = alloc_from(pool, 4096, a);
+        ck(cuMemsetD8Async(x, 0x11, 4096, a));
+        let gate = Gate::block(a);
+        ck(cuMemFreeAsync(x, a));
+        let held = alloc_from(pool, 4096, b);
+        assert_ne!(held, x, "the free has not run yet");
+        gate.open();
+        ck(cuStreamSynchronize(a));
+        let y = alloc_from(pool, 4096, b);
+        assert_eq!(y, x, "opportunistic reuse of a completed free");
+        ck(cuStreamSynchronize(b));
+        assert_eq!(emu.download(y, 4096), vec![FREED_POISON; 4096]);
+        ck(cuMemFreeAsync(y, b));
+        ck(cuMemFreeAsync(held, b));
+        ck(cuStreamSynchronize(b));
+
+        // Event dependencies: the allocating stream waits for an event recorded after
+        // the free, which has not run yet.
+        set_reuse(pool, [1, 0, 0]);
+        let x = alloc_from(pool, 512, a);
+        let gate = Gate::block(a);
+        ck(cuMemFreeAsync(x, a));
+        let held = alloc_from(pool, 512, b);
+        assert_ne!(held, x, "no dependency yet");
+        let e = emu.event();
+        ck(cuEventRecord(e, a));
+        ck(cuStreamWaitEvent(b, e, 0));
+        let y = alloc_from(pool, 512, b);
+        assert_eq!(y, x, "reuse following the event dependency");
+        gate.open();
+        ck(cuMemFreeAsync(y, b));
+        ck(cuMemFreeAsync(held, b));
+        ck(cuStreamSynchronize(b));
+
+        // Internal dependencies: the allocation makes its stream wait for the free.
+        set_reuse(pool, [0, 0, 1]);
+        let x = alloc_from(pool, 1024, a);
+        let gate = Gate::block(a);
+        ck(cuMemFreeAsync(x, a));
+        let y = alloc_from(pool, 1024, b);
+        assert_eq!(y, x, "reuse with an inserted dependency");
+        ck(cuEventRecord(e, b));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            cuEventQuery(e),
+            CUDA_ERROR_NOT_READY,
+            "stream b waits for the free on the held stream a"
+        );
+        gate.open();
+        ck(cuMemFreeAsync(y, b));
+        ck(cuStreamSynchronize(b));
+        ck(cuStreamSynchronize(a));
+
+        ck(cuEventDestroy_v2(e));
+        destroy_pool(pool);
+        ck(cuStreamDestroy_v2(a));
+        ck(cuStreamDestroy_v2(b));
+    }
+}
+
+/// Destroys a pool of [`keeping_pool`], first setting the release threshold back to 0:
+/// the emulator's pools share one accounting (its limitation), so the threshold set for
+/// the pool would stay for the default pool of later tests.
+///
+/// # Safety
+/// `pool` must be a live pool with nothing allocated from it.
+unsafe fn destroy_pool(pool: CUmemoryPool) {
+    let mut threshold = 0u64;
+    // SAFETY: the caller's live pool; the threshold is a `cuuint64_t`.
+    unsafe {
+        ck(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        ));
+        ck(cuMemPoolDestroy(pool));
+    }
+}
+
+/// A reader on another stream that is not ordered before a stream-ordered free reads
+/// wrong data deterministically (the block reused by the freeing stream, or the free's
+/// poison), instead of the stale right data; one that the freeing stream waits for
+/// reads the right data; and a freed block nobody reused still faults.
+#[test]
+fn a_reader_not_ordered_before_a_free_reads_reused_data_or_poison() {
+    let emu = Emu::new();
+    let (a, b, c) = (emu.stream(1), emu.stream(1), emu.stream(1));
+    let host = emu.pinned(4096);
+    // SAFETY: valid handles and ranges; the context is reset at the end (sticky fault).
+    unsafe {
+        let pool = keeping_pool([1, 1, 0]);
+        let written = emu.event();
+        // Writes 0x11 to a fresh block on `a`, and lets `b` wait for the writing only,
+        // then holds `b` and enqueues its read of the block into `host`.
+        let setup = |host: &mut [u8]| {
+            host.fill(0);
+            let x = alloc_from(pool, 4096, a);
+            ck(cuMemsetD8Async(x, 0x11, 4096, a));
+            ck(cuEventRecord(written, a));
+            ck(cuStreamWaitEvent(b, written, 0));
+            let gate = Gate::block(b);
+            ck(cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), x, 4096, b));
+            (x, gate)
+        };
+
+        // The producer frees without waiting for the reader and allocates again on its
+        // stream: the reader reads the new allocation's data.
+        let (x, gate) = setup(host);
+        ck(cuMemFreeAsync(x, a));
+        let y = alloc_from(pool, 4096, a);
+        assert_eq!(y, x);
+        ck(cuMemsetD8Async(y, 0x22, 4096, a));
+        ck(cuStreamSynchronize(a));
+        gate.open();
+        ck(cuStreamSynchronize(b));
+        assert_eq!(host, &vec![0x22; 4096][..], "the reused block's data");
+        ck(cuMemFreeAsync(y, a));
+
+        // Reused by another stream once the free ran: the reader reads the poison.
+        let (x, gate) = setup(host);
+        ck(cuMemFreeAsync(x, a));
+        ck(cuStreamSynchronize(a));
+        let z = alloc_from(pool, 4096, c);
+        assert_eq!(z, x, "opportunistic reuse on stream c");
+        ck(cuStreamSynchronize(c));
+        gate.open();
+        ck(cuStreamSynchronize(b));
+        assert_eq!(host, &vec![FREED_POISON; 4096][..], "the free's poison");
+        ck(cuMemFreeAsync(z, c));
+        ck(cuStreamSynchronize(c));
+
+        // The freeing stream waits for the reader: the right data.
+        let (x, gate) = setup(host);
+        let read = emu.event();
+        ck(cuEventRecord(read, b));
+        ck(cuStreamWaitEvent(a, read, 0));
+        ck(cuMemFreeAsync(x, a));
+        let y = alloc_from(pool, 4096, a);
+        ck(cuMemsetD8Async(y, 0x22, 4096, a));
+        gate.open();
+        ck(cuStreamSynchronize(a));
+        ck(cuStreamSynchronize(b));
+        assert_eq!(host, &vec![0x11; 4096][..], "ordered before the free");
+        ck(cuMemFreeAsync(y, a));
+        ck(cuStreamSynchronize(a));
+
+        // Freed and not reused: the reader's access faults, as before.
+        ck(cuMemPoolTrimTo(pool, 0));
+        let (x, gate) = setup(host);
+        ck(cuMemFreeAsync(x, a));
+        ck(cuStreamSynchronize(a));
+        gate.open();
+        assert_eq!(cuStreamSynchronize(b), CUDA_ERROR_ILLEGAL_ADDRESS);
+        destroy_pool(pool);
+        ck(cuDevicePrimaryCtxReset_v2(0));
     }
 }
 

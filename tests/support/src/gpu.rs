@@ -11,12 +11,56 @@ pub fn gpu_required() -> bool {
     std::env::var("DEVARROW_REQUIRE_GPU").as_deref() == Ok("1")
 }
 
+/// The name of the GPU test that last took [`GPU_LOCK`] in this binary, if any.
+static LAST_TEST: Mutex<Option<String>> = Mutex::new(None);
+
+/// Set once a sticky fault was found: the message every later GPU test fails with.
+static STICKY: Mutex<Option<String>> = Mutex::new(None);
+
 /// Opens what a GPU test needs with the test lock held, or returns `None` after printing
 /// `skipping: <reason>`; panics instead when [`gpu_required`].
+///
+/// A sticky fault (an illegal address found while a stream ran) poisons the primary
+/// context: every later call in it returns that error, so every later test of the binary
+/// would fail for it and hide what they test. Before opening, when an earlier GPU test
+/// ran in this binary, this checks each active primary context ([`sticky_fault`]); on a
+/// sticky error it prints `sticky CUDA fault <code> left by test <name>; later tests in
+/// this binary cannot run` to the process's stderr (not captured by the test harness)
+/// and panics with that message, and so does every later GPU test of the binary at once,
+/// without a driver call. The binary then exits with a failure after the harness has
+/// printed the output of the test that left the fault (had it exited at once, that
+/// output, which the harness holds until the end, would be lost).
 pub fn open_or_skip<T, E: std::fmt::Display>(
     open: impl FnOnce() -> Result<T, E>,
 ) -> Option<(MutexGuard<'static, ()>, T)> {
     let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(message) = STICKY.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        drop(guard);
+        panic!("{message}");
+    }
+    let this_test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_owned();
+    let previous = LAST_TEST
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .replace(this_test);
+    if let Some(previous) = previous {
+        if let Some(code) = sticky_fault() {
+            let message = format!(
+                "sticky CUDA fault {code:?} ({}) left by test {previous}; later tests in \
+                 this binary cannot run",
+                code as u32
+            );
+            // Straight to the file descriptor: `eprintln!` is captured per test.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{message}");
+            *STICKY.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
+            drop(guard);
+            panic!("{message}");
+        }
+    }
     match open() {
         Ok(held) => Some((guard, held)),
         Err(e) => {
@@ -28,6 +72,56 @@ pub fn open_or_skip<T, E: std::fmt::Display>(
             None
         }
     }
+}
+
+/// The sticky error of an active primary context, if one has one: each device's primary
+/// context that is active (`cuDevicePrimaryCtxGetState`) is retained, made current and
+/// synchronized (`cuCtxSynchronize` returns the context's sticky error), then released,
+/// leaving the calling thread's current context as it was. `None` also when the driver
+/// cannot be loaded or initialized (there is then no context to check).
+pub fn sticky_fault() -> Option<cudarc::driver::sys::CUresult> {
+    use cudarc::driver::sys::{self, CUresult};
+    if !devarrow_cuda::driver_available() {
+        return None;
+    }
+    let mut count = 0;
+    // SAFETY: plain driver calls (the library is loaded: `driver_available`) with valid
+    // out-pointers; a retain is balanced by the release below, a push by the pop.
+    unsafe {
+        if sys::cuInit(0) != CUresult::CUDA_SUCCESS
+            || sys::cuDeviceGetCount(&mut count) != CUresult::CUDA_SUCCESS
+        {
+            return None;
+        }
+        for ordinal in 0..count {
+            let mut device = 0;
+            let (mut flags, mut active) = (0u32, 0i32);
+            if sys::cuDeviceGet(&mut device, ordinal) != CUresult::CUDA_SUCCESS
+                || sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)
+                    != CUresult::CUDA_SUCCESS
+                || active == 0
+            {
+                continue;
+            }
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            if sys::cuDevicePrimaryCtxRetain(&mut ctx, device) != CUresult::CUDA_SUCCESS {
+                continue;
+            }
+            let mut sticky = None;
+            if sys::cuCtxPushCurrent_v2(ctx) == CUresult::CUDA_SUCCESS {
+                let result = sys::cuCtxSynchronize();
+                if result != CUresult::CUDA_SUCCESS {
+                    sticky = Some(result);
+                }
+                sys::cuCtxPopCurrent_v2(&mut ctx);
+            }
+            sys::cuDevicePrimaryCtxRelease_v2(device);
+            if sticky.is_some() {
+                return sticky;
+            }
+        }
+    }
+    None
 }
 
 /// Whether the tests run under `compute-sanitizer`: `DEVARROW_UNDER_SANITIZER=1`, or the

@@ -3,9 +3,10 @@
 //! access global memory through.
 
 use std::alloc::Layout;
-use std::collections::BTreeMap;
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -24,6 +25,11 @@ pub const DEVICE_ADDRESS_END: u64 = 0x000e_0000_0000_0000;
 
 /// The byte fresh allocations are filled with (device memory is not zeroed by CUDA).
 pub const POISON: u8 = 0xCD;
+
+/// The byte a stream-ordered free fills its block with when it runs in stream order:
+/// a reader that was not ordered before the free (a missing cross-stream wait) reads
+/// this, or the data of the allocation that reused the block, never the old data.
+pub const FREED_POISON: u8 = 0xDF;
 
 /// Unmapped space left after each device allocation, so that an access past the end
 /// never lands in the next one.
@@ -76,6 +82,33 @@ const LIVE: u8 = 1;
 const FREEING: u8 = 2;
 const FREED: u8 = 3;
 
+/// The host memory behind an allocation: freed when the last allocation using it (a
+/// stream-ordered allocation may reuse the block of one freed before) and the last stream
+/// operation holding one drops.
+struct Backing {
+    ptr: NonNull<u8>,
+    /// The layout the memory was allocated with; `None` for a registered range, whose
+    /// memory is the caller's.
+    layout: Option<Layout>,
+}
+
+// SAFETY: the backing memory is a plain heap block owned by this value; concurrent
+// accesses go through raw pointers (a data race there is a race of the emulated program,
+// as on a GPU).
+unsafe impl Send for Backing {}
+// SAFETY: as above; shared references only hand out raw pointers.
+unsafe impl Sync for Backing {}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            // SAFETY: `ptr` was allocated with `layout` by `std::alloc::alloc` and is
+            // freed exactly once, here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
 /// One allocation. Its backing memory lives as long as the last `Arc` (a stream
 /// operation may still hold it after the free), but accesses are checked against
 /// [`Alloc::state`].
@@ -89,28 +122,14 @@ pub(crate) struct Alloc {
     pub kind: Kind,
     /// The owning context.
     pub ctx: u64,
-    backing: NonNull<u8>,
-    /// The layout the backing memory was allocated with; `None` for a registered range,
-    /// whose memory is the caller's.
-    layout: Option<Layout>,
+    /// The memory pool of a stream-ordered allocation (0 for other kinds).
+    pub pool: u64,
+    backing: Arc<Backing>,
     state: AtomicU8,
-}
-
-// SAFETY: the backing memory is a plain heap block owned by this value; concurrent
-// accesses go through raw pointers (a data race there is a race of the emulated program,
-// as on a GPU).
-unsafe impl Send for Alloc {}
-// SAFETY: as above; shared references only hand out raw pointers.
-unsafe impl Sync for Alloc {}
-
-impl Drop for Alloc {
-    fn drop(&mut self) {
-        if let Some(layout) = self.layout {
-            // SAFETY: `backing` was allocated with `layout` by `std::alloc::alloc` and is
-            // freed exactly once, here.
-            unsafe { std::alloc::dealloc(self.backing.as_ptr(), layout) };
-        }
-    }
+    /// Set when a later stream-ordered allocation reuses the block after this one's free
+    /// (see [`MemTable::reuse`]): accesses after the free then reach that allocation's
+    /// bytes, as on a GPU, instead of faulting.
+    reused: AtomicBool,
 }
 
 impl Alloc {
@@ -122,7 +141,7 @@ impl Alloc {
     /// A pointer to byte `offset` of the backing memory.
     pub fn ptr(&self, offset: usize) -> *mut u8 {
         debug_assert!(offset <= self.size);
-        self.backing.as_ptr().wrapping_add(offset)
+        self.backing.ptr.as_ptr().wrapping_add(offset)
     }
 
     /// Whether new work may still be enqueued on it (no free requested).
@@ -137,10 +156,13 @@ impl Alloc {
             .compare_exchange(PENDING, LIVE, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// Why an access cannot happen now, if it cannot.
+    /// Why an access cannot happen now, if it cannot. An access after the free of a block
+    /// that a later allocation reuses is no fault: it reads or writes that allocation's
+    /// bytes (or [`FREED_POISON`]), as a use after free does on a GPU.
     pub fn state_problem(&self) -> Option<&'static str> {
         match self.state.load(Ordering::Acquire) {
             PENDING => Some("before its stream-ordered allocation ran (cuMemAllocAsync on another stream without ordering?)"),
+            FREED if self.reused.load(Ordering::Acquire) => None,
             FREED => Some("after it was freed"),
             _ => None,
         }
@@ -169,8 +191,6 @@ pub(crate) struct Accounting {
     pub pool_threshold: u64,
     pub reserved_high: u64,
     pub used_high: u64,
-    /// The three `CU_MEMPOOL_ATTR_REUSE_*` flags.
-    pub reuse: [i32; 3],
 }
 
 impl Accounting {
@@ -184,6 +204,22 @@ fn accounted(size: usize) -> u64 {
     size.div_ceil(DEVICE_ALIGN) as u64 * DEVICE_ALIGN as u64
 }
 
+/// The three `CU_MEMPOOL_ATTR_REUSE_*` flags of a pool, in the attributes' order:
+/// follow event dependencies, allow opportunistic, allow internal dependencies. All on by
+/// default (CUDA driver API, `CUmemPool_attribute`).
+pub(crate) type ReuseFlags = [i32; 3];
+
+/// A block whose stream-ordered free was enqueued, kept by its pool for reuse until a
+/// synchronization or trim releases the pool's memory.
+pub(crate) struct FreeBlock {
+    /// The freed allocation (its block is what is reused).
+    pub alloc: Arc<Alloc>,
+    /// The freeing stream (a `queue::Stream`: this module does not know streams) and the
+    /// sequence number of the free on it.
+    pub stream: Arc<dyn Any + Send + Sync>,
+    pub seq: u64,
+}
+
 /// Every live allocation of the process.
 pub(crate) struct MemTable {
     total: u64,
@@ -193,6 +229,13 @@ pub(crate) struct MemTable {
     next_addr: Mutex<u64>,
     next_id: AtomicU64,
     pub acct: Mutex<Accounting>,
+    /// Pools made with `cuMemPoolCreate` and not destroyed: `(handle, context)`. They go
+    /// with the context they were created in (see [`MemTable::free_all_of`]).
+    pub pools: Mutex<Vec<(u64, u64)>>,
+    /// The reuse flags of pools whose flags were set (others have the defaults).
+    reuse_flags: Mutex<HashMap<u64, ReuseFlags>>,
+    /// Blocks freed in stream order, by pool, oldest first.
+    free_blocks: Mutex<Vec<FreeBlock>>,
 }
 
 impl MemTable {
@@ -203,10 +246,10 @@ impl MemTable {
             freed: Mutex::new(BTreeMap::new()),
             next_addr: Mutex::new(DEVICE_ADDRESS_BASE),
             next_id: AtomicU64::new(1),
-            acct: Mutex::new(Accounting {
-                reuse: [1, 1, 1],
-                ..Accounting::default()
-            }),
+            acct: Mutex::new(Accounting::default()),
+            pools: Mutex::new(Vec::new()),
+            reuse_flags: Mutex::new(HashMap::new()),
+            free_blocks: Mutex::new(Vec::new()),
         }
     }
 
@@ -239,8 +282,10 @@ impl MemTable {
             .insert(alloc.addr, alloc);
     }
 
-    /// Allocates device memory; stream-ordered (`pooled`) allocations start pending.
-    pub fn alloc_device(&self, size: usize, ctx: u64, pooled: bool) -> R<Arc<Alloc>> {
+    /// Allocates device memory; stream-ordered allocations (from `pool`, `Some`) start
+    /// pending.
+    pub fn alloc_device(&self, size: usize, ctx: u64, pool: Option<u64>) -> R<Arc<Alloc>> {
+        let pooled = pool.is_some();
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -256,6 +301,10 @@ impl MemTable {
                 a.pool_free -= reuse;
                 a.pool_used += need;
                 a.update_highs();
+                if reuse > 0 {
+                    // That reserve is gone: so are as many kept blocks.
+                    self.forget_free_blocks(&a);
+                }
             } else {
                 if in_use + need > self.total {
                     // Under pressure the pool gives its unused memory back.
@@ -263,6 +312,7 @@ impl MemTable {
                         return Err(CUDA_ERROR_OUT_OF_MEMORY);
                     }
                     a.pool_free = 0;
+                    self.forget_free_blocks(&a);
                 }
                 a.sync_used += need;
             }
@@ -275,7 +325,9 @@ impl MemTable {
                 a.sync_used -= need;
             }
         };
-        let (backing, layout) = match Self::backing(size, DEVICE_ALIGN) {
+        // The whole accounted block: an allocation reusing it may be larger than this one
+        // (up to the same accounted size).
+        let (backing, layout) = match Self::backing(need as usize, DEVICE_ALIGN) {
             Ok(b) => b,
             Err(e) => {
                 undo(self);
@@ -300,9 +352,13 @@ impl MemTable {
             size,
             kind: Kind::Device { pooled },
             ctx,
-            backing,
-            layout: Some(layout),
+            pool: pool.unwrap_or(0),
+            backing: Arc::new(Backing {
+                ptr: backing,
+                layout: Some(layout),
+            }),
             state: AtomicU8::new(if pooled { PENDING } else { LIVE }),
+            reused: AtomicBool::new(false),
         });
         self.insert(alloc.clone());
         Ok(alloc)
@@ -320,9 +376,13 @@ impl MemTable {
             size,
             kind,
             ctx,
-            backing,
-            layout: Some(layout),
+            pool: 0,
+            backing: Arc::new(Backing {
+                ptr: backing,
+                layout: Some(layout),
+            }),
             state: AtomicU8::new(LIVE),
+            reused: AtomicBool::new(false),
         });
         self.insert(alloc.clone());
         Ok(alloc)
@@ -364,9 +424,13 @@ impl MemTable {
             size,
             kind: Kind::Registered { flags },
             ctx,
-            backing,
-            layout: None,
+            pool: 0,
+            backing: Arc::new(Backing {
+                ptr: backing,
+                layout: None,
+            }),
             state: AtomicU8::new(LIVE),
+            reused: AtomicBool::new(false),
         });
         live.insert(addr, alloc.clone());
         Ok(alloc)
@@ -446,19 +510,35 @@ impl MemTable {
         Ok(a.clone())
     }
 
-    /// Finishes freeing `a` (its memory is released when the last `Arc` drops).
+    /// Finishes freeing `a` (its memory is released when the last `Arc` drops). A
+    /// stream-ordered allocation's block is filled with [`FREED_POISON`]; when a later
+    /// allocation already reuses it (same stream, see [`MemTable::reuse`]) the block and
+    /// its accounting are that allocation's.
     pub fn finish_free(&self, a: &Alloc) {
+        // The accounting lock first, then the table: `reuse` takes them in that order.
+        let mut acct = lock(&self.acct);
         if a.state.swap(FREED, Ordering::AcqRel) == FREED {
             return;
         }
-        self.live
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&a.addr);
+        let reused = a.reused.load(Ordering::Acquire);
+        {
+            let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+            if live.get(&a.addr).is_some_and(|l| std::ptr::eq(&**l, a)) {
+                live.remove(&a.addr);
+            }
+        }
         if let Kind::Device { pooled } = a.kind {
-            lock(&self.freed).insert(a.addr, (a.size, a.kind.describe()));
-            let mut acct = lock(&self.acct);
             let n = accounted(a.size);
+            if pooled {
+                // SAFETY: the block holds at least `a.size` bytes (it was allocated for
+                // this size or a larger one of the same accounted size); racing accesses
+                // are the emulated program's race, as on a GPU.
+                unsafe { std::ptr::write_bytes(a.ptr(0), FREED_POISON, a.size) };
+            }
+            if reused {
+                return;
+            }
+            lock(&self.freed).insert(a.addr, (a.size, a.kind.describe()));
             if pooled {
                 acct.pool_used -= n;
                 acct.pool_free += n;
@@ -468,8 +548,103 @@ impl MemTable {
         }
     }
 
-    /// Frees every allocation of context `ctx` (the context is being destroyed) and
-    /// releases the pool's reserve.
+    /// The reuse flags of `pool`.
+    pub fn reuse_flags(&self, pool: u64) -> ReuseFlags {
+        lock(&self.reuse_flags)
+            .get(&pool)
+            .copied()
+            .unwrap_or([1, 1, 1])
+    }
+
+    /// Sets reuse flag `i` (0..3) of `pool`.
+    pub fn set_reuse_flag(&self, pool: u64, i: usize, value: i32) {
+        lock(&self.reuse_flags).entry(pool).or_insert([1, 1, 1])[i] = value;
+    }
+
+    /// Keeps the block of `block.alloc` (whose stream-ordered free was just enqueued) for
+    /// reuse by its pool.
+    pub fn keep_free_block(&self, block: FreeBlock) {
+        lock(&self.free_blocks).push(block);
+    }
+
+    /// A stream-ordered allocation of `size` bytes from `pool` in context `ctx` that
+    /// reuses a freed block, when `may_reuse` accepts one of the blocks of that pool and
+    /// size (the most recently freed first); `None` when none is accepted.
+    ///
+    /// The new allocation (pending, like a fresh one) takes the address and the memory of
+    /// the block; the freed one is marked reused. Its accounting moves from the pool's
+    /// reserve to its use if its free already ran, else it stays in use (the free, when it
+    /// runs, leaves it to the new allocation).
+    pub fn reuse(
+        &self,
+        size: usize,
+        ctx: u64,
+        pool: u64,
+        mut may_reuse: impl FnMut(&FreeBlock) -> bool,
+    ) -> Option<Arc<Alloc>> {
+        if size == 0 {
+            return None;
+        }
+        let need = accounted(size);
+        let mut acct = lock(&self.acct);
+        let block = {
+            let mut blocks = lock(&self.free_blocks);
+            let at = blocks.iter().rposition(|b| {
+                b.alloc.pool == pool
+                    && b.alloc.ctx == ctx
+                    && accounted(b.alloc.size) == need
+                    && may_reuse(b)
+            })?;
+            blocks.remove(at)
+        };
+        let old = block.alloc;
+        if old.state.load(Ordering::Acquire) == FREED {
+            acct.pool_free = acct.pool_free.saturating_sub(need);
+            acct.pool_used += need;
+            acct.update_highs();
+            lock(&self.freed).remove(&old.addr);
+        }
+        old.reused.store(true, Ordering::Release);
+        let alloc = Arc::new(Alloc {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            addr: old.addr,
+            size,
+            kind: Kind::Device { pooled: true },
+            ctx,
+            pool,
+            backing: old.backing.clone(),
+            state: AtomicU8::new(PENDING),
+            reused: AtomicBool::new(false),
+        });
+        self.insert(alloc.clone());
+        Some(alloc)
+    }
+
+    /// Drops the kept blocks whose free ran beyond what the pool still reserves
+    /// (`acct.pool_free`), oldest first: their memory went back to the system.
+    fn forget_free_blocks(&self, acct: &Accounting) {
+        let mut blocks = lock(&self.free_blocks);
+        let mut kept: u64 = blocks
+            .iter()
+            .filter(|b| b.alloc.state.load(Ordering::Acquire) == FREED)
+            .map(|b| accounted(b.alloc.size))
+            .sum();
+        blocks.retain(|b| {
+            if kept <= acct.pool_free || b.alloc.state.load(Ordering::Acquire) != FREED {
+                return true;
+            }
+            kept -= accounted(b.alloc.size);
+            false
+        });
+    }
+
+    /// Frees every allocation of context `ctx` (the context is being destroyed), forgets
+    /// the pools created in it, and releases the pool's reserve.
+    ///
+    /// Pools made with `cuMemPoolCreate` in a primary context do not survive its reset:
+    /// CUDA.jl keys its pools by context for that reason (JuliaGPU/CUDA.jl#16, "Bad
+    /// allocations in memory pool after device_reset!"; #253 "Make the memory allocator
+    /// context-aware"); a handle of such a pool is `CUDA_ERROR_INVALID_VALUE` afterwards.
     pub fn free_all_of(&self, ctx: u64) {
         let mine: Vec<Arc<Alloc>> = self
             .live
@@ -482,7 +657,11 @@ impl MemTable {
         for a in mine {
             self.finish_free(&a);
         }
-        lock(&self.acct).pool_free = 0;
+        lock(&self.pools).retain(|&(_, c)| c != ctx);
+        lock(&self.free_blocks).retain(|b| b.alloc.ctx != ctx);
+        let mut acct = lock(&self.acct);
+        acct.pool_free = 0;
+        self.forget_free_blocks(&acct);
     }
 
     /// At a synchronization, the pool releases what it holds above its threshold.
@@ -490,6 +669,7 @@ impl MemTable {
         let mut a = lock(&self.acct);
         if a.pool_free > a.pool_threshold {
             a.pool_free = a.pool_threshold;
+            self.forget_free_blocks(&a);
         }
     }
 
@@ -498,6 +678,7 @@ impl MemTable {
         let mut a = lock(&self.acct);
         let keep_free = min_keep.saturating_sub(a.pool_used);
         a.pool_free = a.pool_free.min(keep_free);
+        self.forget_free_blocks(&a);
     }
 
     /// Every live allocation, by address.
@@ -519,7 +700,7 @@ pub(crate) fn global_timer_ns() -> u64 {
 }
 
 /// Global memory as a kernel sees it: every live allocation at launch (and any made
-/// since), each access checked for bounds and for the allocation's state.
+/// since), each access checked for bounds and for the allocation's state when it runs.
 pub(crate) struct KernelMemory<'a> {
     table: &'a MemTable,
     snapshot: Vec<Arc<Alloc>>,
@@ -528,10 +709,14 @@ pub(crate) struct KernelMemory<'a> {
 }
 
 impl<'a> KernelMemory<'a> {
-    pub fn new(table: &'a MemTable) -> Self {
+    /// Global memory of a kernel launched when `snapshot` (of [`MemTable::snapshot`]) was
+    /// taken: an address resolves to the allocation it named at launch (in stream order,
+    /// a block freed after the launch and already reused by a later allocation is still
+    /// the launch's), else to one made since.
+    pub fn new(table: &'a MemTable, snapshot: Vec<Arc<Alloc>>) -> Self {
         Self {
             table,
-            snapshot: table.snapshot(),
+            snapshot,
             extra: Mutex::new(Vec::new()),
         }
     }

@@ -41,7 +41,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
     })
 }
 
-/// Destroys the primary context whatever its reference count.
+/// Destroys the primary context whatever its reference count, leaving it inactive until
+/// the next retain (see `Driver::release_primary`).
 ///
 /// # Safety
 /// None beyond the driver API's.
@@ -69,7 +70,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
         check_device(dev)?;
         let (f, a) = {
             let p = lock(&driver().primary);
-            (p.flags, i32::from(p.refcount > 0))
+            (p.flags, i32::from(p.ctx.is_some()))
         };
         // SAFETY: the caller's out-pointers.
         unsafe {
@@ -110,9 +111,14 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     })
 }
 
+/// A context handle may be made current: a live context, or the primary context's
+/// handle while it is inactive (after a reset the thread's current-context slot keeps
+/// naming it, lupinemachines/lupine#844); calls then fail with
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED` until it is retained again.
 fn check_context(handle: u64) -> R {
     match driver().get(handle) {
         Some(Object::Context(_)) => Ok(()),
+        _ if driver().is_inactive_primary(handle) => Ok(()),
         _ => Err(CUDA_ERROR_INVALID_CONTEXT),
     }
 }
@@ -179,7 +185,8 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 }
 
 /// The unique id of `ctx` (the current context when NULL): a primary context created
-/// anew after a reset keeps its handle but gets a new id.
+/// anew after a reset keeps its handle but gets a new id; while it is inactive (reset,
+/// not yet retained again) there is none: `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
 ///
 /// # Safety
 /// `id` must be NULL or valid for a write.
@@ -191,6 +198,9 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut std::ffi::c_ulonglo
         } else {
             match driver().get(ctx as u64) {
                 Some(Object::Context(c)) => c,
+                _ if driver().is_inactive_primary(ctx as u64) => {
+                    return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+                }
                 _ => return Err(CUDA_ERROR_INVALID_CONTEXT),
             }
         };

@@ -10,10 +10,10 @@ use cudarc::driver::sys::{
     CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
 };
 
-use super::alloc::{Alloc, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
+use super::alloc::{Alloc, FreeBlock, Kind, MemTable, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END};
 use super::common::*;
 use super::config::config_restricted;
-use super::queue::{Endpoint, Op};
+use super::queue::{Endpoint, Op, Stream};
 use super::state::*;
 
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
@@ -36,7 +36,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         inject("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
-        let a = driver().mem.alloc_device(bytesize, ctx.handle(), false)?;
+        let a = driver().mem.alloc_device(bytesize, ctx.handle(), None)?;
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
@@ -88,14 +88,77 @@ fn bad_free(call: &str, mem: &MemTable, addr: u64) {
     eprintln!("devarrow-emu: {call}: invalid free of {what}");
 }
 
-fn alloc_async(call: &'static str, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> R {
+/// A stream-ordered allocation from `pool` on `stream`, reusing a block freed in stream
+/// order where the pool's rules allow it, as the driver's pools do (CUDA programming
+/// guide, "Stream Ordered Memory Allocator", reuse policies; `CUmemPool_attribute`):
+///
+/// - a block freed on the **same** stream, at once, even before the free ran: stream
+///   order puts the new allocation's work after the free;
+/// - one freed on another stream this stream was made to wait for at or after the free
+///   (`cuStreamWaitEvent`, the legacy stream), with
+///   `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`;
+/// - one whose free has already run, with `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`
+///   (what a reader on a stream that never waited then reads depends on timing, as on a
+///   GPU);
+/// - any other of the pool, with `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`,
+///   after making this stream wait for the free.
+///
+/// Otherwise the allocation gets fresh memory at a new address.
+fn alloc_async(
+    call: &'static str,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+    pool: u64,
+) -> R {
     let ctx = current_context()?;
     let stream = ctx.stream(stream as u64)?;
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
-    let a = driver().mem.alloc_device(bytesize, ctx.handle(), true)?;
+    let mem = &driver().mem;
+    let [follow_events, opportunistic, internal] = mem.reuse_flags(pool).map(|f| f != 0);
+    let ordered = |block: &FreeBlock| {
+        block
+            .stream
+            .clone()
+            .downcast::<Stream>()
+            .is_ok_and(|freeing| {
+                Arc::ptr_eq(&freeing, &stream)
+                    || (follow_events && stream.is_ordered_after(&freeing, block.seq))
+                    || (opportunistic && freeing.is_done(block.seq))
+            })
+    };
+    let mut wait_for = None;
+    let mut reused = mem.reuse(bytesize, ctx.handle(), pool, ordered);
+    if reused.is_none() && internal {
+        reused = mem.reuse(
+            bytesize,
+            ctx.handle(),
+            pool,
+            |block: &FreeBlock| match block.stream.clone().downcast::<Stream>() {
+                Ok(freeing) => {
+                    wait_for = Some((freeing, block.seq));
+                    true
+                }
+                Err(_) => false,
+            },
+        );
+    }
+    let a = match reused {
+        Some(a) => a,
+        None => mem.alloc_device(bytesize, ctx.handle(), Some(pool))?,
+    };
+    if let Some((freeing, seq)) = wait_for {
+        ctx.enqueue(
+            &stream,
+            Op::Wait {
+                stream: freeing,
+                seq,
+            },
+        );
+    }
     ctx.enqueue(&stream, Op::AllocReady(a.clone()));
     // SAFETY: the caller's out-pointer (non-NULL).
     unsafe { out(dptr, a.addr) }
@@ -103,7 +166,8 @@ fn alloc_async(call: &'static str, dptr: *mut CUdeviceptr, bytesize: usize, stre
 
 /// Allocates device memory from the default pool in stream order (`cuMemAllocAsync`):
 /// the address is returned at once, but the memory may be used only by work ordered
-/// after the allocation on `hStream` (work running earlier faults).
+/// after the allocation on `hStream` (work running earlier faults). It may be a block
+/// freed before: on `hStream` at once, on other streams per the pool's reuse flags.
 ///
 /// # Safety
 /// `dptr` must be NULL or valid for a write.
@@ -114,7 +178,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemAllocAsync", || {
-        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream)
+        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream, DEFAULT_POOL)
     })
 }
 
@@ -131,13 +195,20 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     api("cuMemAllocFromPoolAsync", || {
         check_pool(pool)?;
-        alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream)
+        alloc_async(
+            "cuMemAllocFromPoolAsync",
+            dptr,
+            bytesize,
+            hStream,
+            pool as u64,
+        )
     })
 }
 
 /// Frees device memory in stream order (`cuMemFreeAsync`): no new work may use it after
 /// this call; work already enqueued before the free on `hStream` may. The memory returns
-/// to the pool when the free runs.
+/// to the pool when the free runs, which fills it with [`super::FREED_POISON`]; the pool
+/// may hand the block to a later allocation at once (see [`cuMemAllocAsync`]).
 ///
 /// # Safety
 /// None beyond the driver API's.
@@ -150,7 +221,15 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
         let a = mem
             .begin_free(dptr, Kind::is_device)
             .inspect_err(|_| bad_free("cuMemFreeAsync", mem, dptr))?;
-        ctx.enqueue(&stream, Op::Free(a));
+        let pooled = a.kind == (Kind::Device { pooled: true });
+        let seq = ctx.enqueue(&stream, Op::Free(a.clone()));
+        if pooled {
+            mem.keep_free_block(FreeBlock {
+                alloc: a,
+                stream,
+                seq,
+            });
+        }
         ctx.shared.sticky()
     })
 }
@@ -515,7 +594,7 @@ unsafe fn pointer_attribute(
             15 => out(data.cast::<u32>(), u32::from(device)),
             16 => out(data.cast::<i32>(), 3),
             17 if a.kind == (Kind::Device { pooled: true }) => {
-                out(data.cast::<CUmemoryPool>(), DEFAULT_POOL as CUmemoryPool)
+                out(data.cast::<CUmemoryPool>(), a.pool as CUmemoryPool)
             }
             18 => out(data.cast::<usize>(), a.size),
             19 => out(data.cast::<*mut c_void>(), a.addr as *mut c_void),
@@ -563,12 +642,10 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     })
 }
 
-/// Pools made with [`cuMemPoolCreate`] and not destroyed.
-static CREATED_POOLS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-
 fn check_pool(pool: CUmemoryPool) -> R {
     require_init()?;
-    if pool as u64 == DEFAULT_POOL || lock(&CREATED_POOLS).contains(&(pool as u64)) {
+    let pool = pool as u64;
+    if pool == DEFAULT_POOL || lock(&driver().mem.pools).iter().any(|&(p, _)| p == pool) {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_VALUE)
@@ -576,8 +653,10 @@ fn check_pool(pool: CUmemoryPool) -> R {
 }
 
 /// Creates a pool of device memory on the emulated device (`allocType` pinned, location
-/// the device, no handle types). Limitation: every pool shares the default pool's
-/// accounting (its reserve, release threshold and high marks); pool handles are checked.
+/// the device, no handle types), owned by the current context (the primary context when
+/// none is current): its reset or destruction destroys the pool too. Limitation: every
+/// pool shares the default pool's accounting (its reserve, release threshold and high
+/// marks); pool handles are checked.
 ///
 /// # Safety
 /// `pool` must be NULL or valid for a write, `poolProps` NULL or valid for a read.
@@ -606,7 +685,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handle = DEFAULT_POOL + 0x10 * n;
-        lock(&CREATED_POOLS).push(handle);
+        let owner = match current_context_any() {
+            Ok(ctx) => ctx.handle(),
+            Err(_) => lock(&driver().primary)
+                .handle
+                .ok_or(CUDA_ERROR_INVALID_CONTEXT)?,
+        };
+        lock(&driver().mem.pools).push((handle, owner));
         // SAFETY: the caller's out-pointer.
         unsafe { out(pool, handle as CUmemoryPool) }
     })
@@ -620,10 +705,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     api("cuMemPoolDestroy", || {
         require_init()?;
-        let mut created = lock(&CREATED_POOLS);
+        let mut created = lock(&driver().mem.pools);
         let at = created
             .iter()
-            .position(|&p| p == pool as u64)
+            .position(|&(p, _)| p == pool as u64)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         created.remove(at);
         Ok(())
@@ -666,9 +751,14 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
             // SAFETY: for the other attributes `value` points to a `cuuint64_t`.
             (0, unsafe { value.cast::<u64>().read() })
         };
+        if (1..=3).contains(&attr) {
+            driver()
+                .mem
+                .set_reuse_flag(pool as u64, attr as usize - 1, v32);
+            return Ok(());
+        }
         let mut a = lock(&driver().mem.acct);
         match attr {
-            1..=3 => a.reuse[attr as usize - 1] = v32,
             4 => a.pool_threshold = v64,
             6 if v64 == 0 => a.reserved_high = a.pool_used + a.pool_free,
             8 if v64 == 0 => a.used_high = a.pool_used,
@@ -690,12 +780,13 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     api("cuMemPoolGetAttribute", || {
         check_pool(pool)?;
+        let flags = driver().mem.reuse_flags(pool as u64);
         let a = lock(&driver().mem.acct);
         // SAFETY: (every write below) `value` is the caller's out-pointer for the
         // attribute's type.
         unsafe {
             match attr as u32 {
-                n @ 1..=3 => out(value.cast::<i32>(), a.reuse[n as usize - 1]),
+                n @ 1..=3 => out(value.cast::<i32>(), flags[n as usize - 1]),
                 4 => out(value.cast::<u64>(), a.pool_threshold),
                 5 => out(value.cast::<u64>(), a.pool_used + a.pool_free),
                 6 => out(value.cast::<u64>(), a.reserved_high),

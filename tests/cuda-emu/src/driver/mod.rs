@@ -14,11 +14,22 @@
 //!   Every call that needs a context fails with `CUDA_ERROR_INVALID_CONTEXT` on a thread
 //!   where none is current. A kernel fault or an illegal copy found while a stream runs
 //!   is *sticky*: every later call in that context returns it, as on a real GPU.
+//!   `cuDevicePrimaryCtxReset` destroys the context (with the pools created in it) but
+//!   does not release it: it is *inactive* (`cuDevicePrimaryCtxGetState`), calls in it
+//!   fail with `CUDA_ERROR_CONTEXT_IS_DESTROYED`, until a retain activates it again under
+//!   the same handle with a new `cuCtxGetId`.
 //! - **Memory** ([`memory`]): device memory lives at fake, non-canonical addresses
-//!   (from `0x000d_0000_0000_0000`, 256-byte aligned, never reused, separated by unmapped
-//!   gaps) backed by host memory inside the emulator, so a host dereference of a device
-//!   pointer crashes; fresh allocations are filled with a poison byte (`0xCD`), not
-//!   zeros. Pinned and managed memory are real page-aligned host allocations (device
+//!   (from `0x000d_0000_0000_0000`, 256-byte aligned, separated by unmapped gaps) backed
+//!   by host memory inside the emulator, so a host dereference of a device pointer
+//!   crashes; fresh allocations are filled with a poison byte (`0xCD`), not zeros.
+//!   `cuMemAlloc` addresses are never reused. The stream-ordered allocator reuses freed
+//!   blocks as the driver's pools do: on the freeing stream at once, on other streams
+//!   per the pool's `CU_MEMPOOL_ATTR_REUSE_*` flags (an event dependency on the free, a
+//!   free already run, or an inserted wait); a `cuMemFreeAsync`, when it runs in stream
+//!   order, fills the block with `0xDF` ([`FREED_POISON`]). A reader on another stream
+//!   that is not ordered before the free thus reads the reusing allocation's data or
+//!   the poison, never the old data; an access to a freed block that nothing reused
+//!   faults. Pinned and managed memory are real page-aligned host allocations (device
 //!   pointer == host pointer). Every copy and every kernel access must lie inside one
 //!   live allocation (copies may also name plain host memory), else
 //!   `CUDA_ERROR_ILLEGAL_ADDRESS`. Device memory is accounted exactly
@@ -63,7 +74,8 @@
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
-//!   against the allocation table. Faults are printed to stderr.
+//!   against the allocations live at launch (in stream order; a block freed and reused
+//!   after the launch is still the launch's) and their state when it runs. Faults are printed to stderr.
 //!
 //! Every function catches panics and returns `CUDA_ERROR_UNKNOWN` (printing the panic)
 //! instead of unwinding into C.
@@ -88,5 +100,5 @@ pub mod memory;
 pub mod module;
 pub mod stream;
 
-pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, POISON};
+pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, FREED_POISON, POISON};
 pub use config::{config_delay, config_restricted, config_total_memory};

@@ -405,6 +405,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
                     shared_bytes: sharedMemBytes,
                 },
                 params,
+                // What the addresses name now, in stream order: a block freed after this
+                // launch and reused by a later allocation is still this launch's.
+                memory: driver().mem.snapshot(),
             },
         );
         Ok(())

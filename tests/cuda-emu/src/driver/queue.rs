@@ -4,7 +4,7 @@
 //! It does not know the global driver state: a stream is given the allocation table its
 //! operations access when it is spawned.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
@@ -113,6 +113,8 @@ pub(crate) enum Op {
         func: Arc<Function>,
         dims: Dims,
         params: Vec<Vec<u8>>,
+        /// The live allocations at launch (see [`KernelMemory`]).
+        memory: Vec<Arc<Alloc>>,
     },
     Record {
         event: Arc<Event>,
@@ -155,6 +157,11 @@ pub(crate) struct Stream {
     pub legacy: bool,
     queue: Mutex<Queue>,
     changed: Condvar,
+    /// The streams this one was made to wait for (`Op::Wait`, from `cuStreamWaitEvent`
+    /// or the legacy stream rules): stream (by address) -> the latest sequence number
+    /// waited for. The stream-ordered allocator's `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`
+    /// reuses a block freed on such a stream at or before that point.
+    waited_for: Mutex<HashMap<usize, u64>>,
 }
 
 impl Stream {
@@ -181,6 +188,7 @@ impl Stream {
                 exited: false,
             }),
             changed: Condvar::new(),
+            waited_for: Mutex::new(HashMap::new()),
         });
         let worker = stream.clone();
         std::thread::Builder::new()
@@ -198,6 +206,11 @@ impl Stream {
 
     /// Appends `op`; returns its sequence number.
     pub fn push(&self, op: Op) -> u64 {
+        if let Op::Wait { stream, seq } = &op {
+            let mut waited = lock(&self.waited_for);
+            let at = waited.entry(Arc::as_ptr(stream) as usize).or_insert(0);
+            *at = (*at).max(*seq);
+        }
         let mut q = lock(&self.queue);
         q.enqueued += 1;
         let seq = q.enqueued;
@@ -209,6 +222,16 @@ impl Stream {
     /// The sequence number of the last operation enqueued.
     pub fn tail(&self) -> u64 {
         lock(&self.queue).enqueued
+    }
+
+    /// Whether work enqueued on this stream from now on runs after operation `seq` of
+    /// `other`: the same stream, or one this stream was made to wait for up to `seq` or
+    /// later (direct waits only; the driver's own tracking may follow chains further).
+    pub fn is_ordered_after(&self, other: &Stream, seq: u64) -> bool {
+        std::ptr::eq(self, other)
+            || lock(&self.waited_for)
+                .get(&(other as *const Stream as usize))
+                .is_some_and(|&at| at >= seq)
     }
 
     /// Whether operation `seq` (and everything before it) has run.
@@ -336,7 +359,12 @@ impl Stream {
                     .ctx
                     .fault(CUDA_ERROR_ILLEGAL_ADDRESS, &format!("{call}: {why}")),
             },
-            Op::Kernel { func, dims, params } => self.run_kernel(&func, dims, &params),
+            Op::Kernel {
+                func,
+                dims,
+                params,
+                memory,
+            } => self.run_kernel(&func, dims, &params, memory),
             Op::HostFn { f, data } => {
                 // SAFETY: the caller of cuLaunchHostFunc provided `f` and its argument
                 // for exactly this call.
@@ -363,8 +391,8 @@ impl Stream {
         }
     }
 
-    fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>]) {
-        let mem = KernelMemory::new(self.mem);
+    fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>], memory: Vec<Arc<Alloc>>) {
+        let mem = KernelMemory::new(self.mem, memory);
         let started = Instant::now();
         let outcome = catch(|| func.module.ptx.launch(&func.name, dims, params, &mem));
         let (code, message) = match outcome {

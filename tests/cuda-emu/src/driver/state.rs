@@ -206,7 +206,8 @@ impl Driver {
             .collect()
     }
 
-    /// Retains the primary context, creating it if needed; returns its handle.
+    /// Retains the primary context, creating it (active again, with a new id) if needed;
+    /// returns its handle.
     pub fn retain_primary(&'static self) -> u64 {
         let mut p = lock(&self.primary);
         let ctx = match &p.ctx {
@@ -237,34 +238,43 @@ impl Driver {
 
     /// Releases the primary context; destroys it when the count drops to zero.
     ///
-    /// A reset destroys it whatever the count (its memory, streams, events and modules
-    /// are gone); those who retained it keep their retain and their handle, which names
-    /// a fresh context from then on (with a new `cuCtxGetId`), as the driver's does.
+    /// A reset destroys it whatever the count (its memory, streams, events, modules and
+    /// the pools created in it are gone) and leaves the primary context *inactive*
+    /// (`cuDevicePrimaryCtxGetState` says so): "Resetting the primary context does not
+    /// release it" (CUDA driver API, `cuDevicePrimaryCtxReset`), so the retains stay
+    /// counted and each is still released. Calls made in it fail with
+    /// `CUDA_ERROR_CONTEXT_IS_DESTROYED` until a `cuDevicePrimaryCtxRetain` makes it
+    /// active again, under the same handle with a new `cuCtxGetId`. Observed on NVIDIA's
+    /// driver: JuliaGPU/CUDA.jl#16 (709 after `device_reset!`), lupinemachines/lupine#844
+    /// (after `cudaDeviceReset` the handle stays current, `active=0`, `cuMemAlloc` gives
+    /// 709 until libcudart's `cuDevicePrimaryCtxRetain`).
     pub fn release_primary(&'static self, reset: bool) -> R {
         let ctx = {
             let mut p = lock(&self.primary);
-            let Some(ctx) = p.ctx.clone() else {
-                return if reset {
-                    Ok(())
-                } else {
-                    Err(CUDA_ERROR_INVALID_CONTEXT)
-                };
-            };
             if !reset {
+                if p.refcount == 0 {
+                    return Err(CUDA_ERROR_INVALID_CONTEXT);
+                }
                 p.refcount -= 1;
                 if p.refcount > 0 {
                     return Ok(());
                 }
             }
-            p.ctx = None;
-            ctx
+            match p.ctx.take() {
+                Some(ctx) => ctx,
+                // Inactive since a reset: nothing to destroy.
+                None => return Ok(()),
+            }
         };
         self.destroy_context(&ctx, !reset);
-        let mut p = lock(&self.primary);
-        if reset && p.refcount > 0 && p.ctx.is_none() {
-            self.new_primary(&mut p);
-        }
         Ok(())
+    }
+
+    /// Whether `handle` is the primary context's handle while the context is inactive
+    /// (reset, or released by all): calls in it are `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+    pub fn is_inactive_primary(&self, handle: u64) -> bool {
+        let p = lock(&self.primary);
+        p.handle == Some(handle) && p.ctx.is_none()
     }
 
     /// Waits for the context's work, then frees everything it owns.
