@@ -40,12 +40,14 @@
 //! `utf8` child of a sliced `list<utf8>` to the strings its moved lists hold); a list
 //! view's child to what its moved views address; each child of a dense union to the items
 //! its moved items reach; the runs of a run-end encoded array to those covering its moved
-//! items; each variadic buffer of a view type to the bytes its moved views reach, when
-//! the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
+//! items; each variadic buffer of a view type to the byte ranges its moved views reach,
+//! packed one after another (views in a builder's order reach one range per buffer;
+//! filtered, taken or sorted ones many, and the stretches between them stay behind),
+//! when the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
 //! and sparse union children to their parent's items; dictionaries whole (every slice
 //! shares them). What the device copy cannot cut (offsets, dense union offsets, run ends
-//! and views that do not start at 0) is rebased on the host, after the download, as
-//! [`crate::slicing`] says (the arithmetic the planner uses too).
+//! that do not start at 0, and the views into packed ranges) is rebased on the host,
+//! after the download, as [`crate::slicing`] says (the arithmetic the planner uses too).
 //! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the bytes moved.
 
 use std::ffi::c_void;
@@ -631,6 +633,30 @@ impl Image {
         }
         Ok(Some(Placement { offset, len }))
     }
+
+    /// Places the byte ranges `ranges` (`lo..hi`, sorted, disjoint) of the buffer at
+    /// device address `src` one after another, as one buffer at the next 64-byte
+    /// boundary; returns it and, per range, `(lo, where it starts in that buffer)`.
+    fn push_ranges(
+        &mut self,
+        src: usize,
+        ranges: &[(usize, usize)],
+    ) -> Result<(Option<Placement>, Vec<(usize, usize)>)> {
+        let len = ranges
+            .iter()
+            .try_fold(0usize, |total, &(lo, hi)| total.checked_add(hi - lo))
+            .ok_or_else(|| overflow("the packed image"))?;
+        let (offset, total) = place(self.total, BUFFER_ALIGNMENT, len, "the packed image")?;
+        self.total = total;
+        let mut moved = Vec::with_capacity(ranges.len());
+        let mut at = 0;
+        for &(lo, hi) in ranges {
+            self.copies.push((address(src, lo)?, offset + at, hi - lo));
+            moved.push((lo, at));
+            at += hi - lo;
+        }
+        Ok((Some(Placement { offset, len }), moved))
+    }
 }
 
 /// Plans the packed copy of what a download moves of `node` (its [`reach::Cut`], found
@@ -666,6 +692,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     let mut offset = p - base;
     let mut rebase = None;
     let mut rebase_each = Vec::new();
+    let mut view_ranges: Vec<Vec<(usize, usize)>> = Vec::new();
     if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
         buffers.push(if has_validity {
             image.push(addr(0, base / 8)?, m.div_ceil(8))?
@@ -697,12 +724,13 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
             let Extent::Variadic(sizes) = &node.extent else {
                 return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
             };
-            if let reach::Found::Views(spans) = found {
-                // Only the bytes the moved views reach, each buffer from the first.
-                for (i, span) in spans.iter().enumerate() {
-                    let (lo, hi) = span.unwrap_or((0, 0));
-                    buffers.push(image.push(addr(2 + i, lo)?, hi - lo)?);
-                    rebase_each.push(lo);
+            if let reach::Found::Views(pieces) = found {
+                // Only the bytes the moved views reach: each buffer's ranges packed one
+                // after another, the views remapped to them on the host.
+                for (i, ranges) in pieces.iter().enumerate() {
+                    let (placement, moved) = image.push_ranges(node.buffers[2 + i], ranges)?;
+                    buffers.push(placement);
+                    view_ranges.push(moved);
                 }
             } else {
                 for (i, &size) in sizes.iter().enumerate() {
@@ -763,6 +791,9 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     if rebase_each.iter().all(|&b| b == 0) {
         rebase_each.clear();
     }
+    if view_ranges.iter().flatten().all(|&(from, to)| from == to) {
+        view_ranges.clear(); // every view keeps its offset
+    }
     Ok(Node {
         data_type: dt.clone(),
         len: n,
@@ -770,6 +801,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
         offset,
         rebase,
         rebase_each,
+        view_ranges,
         buffers,
         children,
         dictionary,

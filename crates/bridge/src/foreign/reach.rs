@@ -78,9 +78,9 @@ pub(super) enum Found {
     Offsets { first: usize, last: usize },
     /// A list view: the child items `lo..hi` its moved views address.
     ListView { lo: usize, hi: usize },
-    /// A view type: per variadic buffer, the bytes `lo..hi` its moved views reach
-    /// (`None`: none).
-    Views(Vec<Option<(usize, usize)>>),
+    /// A view type: per variadic buffer, the byte ranges `lo..hi` its moved views reach
+    /// (sorted, disjoint; empty: none), which are packed one after another.
+    Views(Vec<Vec<(usize, usize)>>),
     /// A dense union: per child, the items `lo..hi` its moved items reach.
     Union(Vec<(usize, usize)>),
     /// A run-end encoded array: the runs `first..last` covering its moved items.
@@ -265,7 +265,7 @@ fn start(
             };
             let held = sizes.iter().fold(0usize, |t, &s| t.saturating_add(s));
             if m == 0 || held == 0 {
-                Found::Views(vec![None; sizes.len()])
+                Found::Views(vec![Vec::new(); sizes.len()])
             } else if bytes(m, 16 * VIEWS_READ_WHEN_BUFFERS_EXCEED)? < held {
                 let at = reads.push(address(node.buffers[1], bytes(base, 16)?)?, bytes(m, 16)?)?;
                 return Ok(Some(Pending::Views { at, count: m }));
@@ -374,7 +374,7 @@ fn settle_cut(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
                     .and_then(|end| bytes.get(at..end))
                     .ok_or_else(|| Error::InvalidArgument("read-back views are missing".into()))?;
                 Some(Found::Views(
-                    slicing::view_spans(views, sizes).map_err(bad)?,
+                    slicing::view_pieces(views, sizes).map_err(bad)?,
                 ))
             }
             Pending::Union {
