@@ -277,22 +277,19 @@ fn rebased_run_ends(ends: &ArrayData, start: usize, len: usize) -> Result<ArrayD
 /// removed): the offsets of a dense union minus the base of each item's child.
 fn rebase_each(data_type: &DataType, buffers: &mut [Buffer], bases: &[usize]) -> Result<()> {
     let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
-    match data_type {
-        DataType::Union(fields, UnionMode::Dense) => {
-            let [type_ids, offsets, ..] = buffers else {
-                return Err(missing());
-            };
-            let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
-            let rebased: Vec<i32> = slicing::rebase_union_offsets(
-                &field_ids,
-                bases,
-                type_ids.as_slice().iter().map(|&id| id as i8),
-                read_offsets(offsets, 4).map(|o| o as i32),
-            )
-            .collect();
-            *offsets = Buffer::from_vec(rebased);
-        }
-        _ => {}
+    if let DataType::Union(fields, UnionMode::Dense) = data_type {
+        let [type_ids, offsets, ..] = buffers else {
+            return Err(missing());
+        };
+        let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
+        let rebased: Vec<i32> = slicing::rebase_union_offsets(
+            &field_ids,
+            bases,
+            type_ids.as_slice().iter().map(|&id| id as i8),
+            read_offsets(offsets, 4).map(|o| o as i32),
+        )
+        .collect();
+        *offsets = Buffer::from_vec(rebased);
     }
     Ok(())
 }

@@ -21,7 +21,9 @@
 //! it cuts), and validated (negative or decreasing offsets, ranges past the end of a
 //! child, views past their buffers, dense union offsets past their child, run ends that
 //! do not increase, ... are [`Error::InvalidOffsets`]). Nothing on the device is read by
-//! the host.
+//! the host. A zero-length array whose offsets buffer is NULL (nanoarrow's CUDA copy of
+//! a 0-row column) is empty: nothing of it is read or moved (see
+//! [`devarrow_abi::layout`], "NULL offsets of empty arrays").
 //!
 //! The sizes of the whole download are planned at import too, with checked arithmetic:
 //! offsets that address more than the address space holds (`[0, i64::MAX]` in two
@@ -331,6 +333,9 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
         .collect();
     let mut at = Vec::new();
     match data_type {
+        // NULL offsets (of an empty array, the only case the layout checks let through,
+        // see devarrow_abi::layout): nothing to read.
+        dt if has_end_offsets(dt) && buffers[1] == 0 => {}
         dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
@@ -468,6 +473,10 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
     };
     let dt = node.data_type.clone();
     match &dt {
+        // An empty array with NULL offsets addresses nothing.
+        dt if has_end_offsets(dt) && node.buffers[1] == 0 => {
+            node.extent = Extent::Offsets { first: 0, last: 0 };
+        }
         dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             let first = read_int(bytes, node.reads[0], w)?;
@@ -614,6 +623,10 @@ impl ForeignNode {
     }
 }
 
+/// Where the byte ranges of a buffer went in its packed copy: per range, `(where it
+/// started in the buffer, where it starts in the packed buffer)`.
+type Remap = Vec<(usize, usize)>;
+
 /// A packed image to fill on the device: `(source address, offset in the image, length)`.
 #[derive(Debug, Default)]
 struct Image {
@@ -641,7 +654,7 @@ impl Image {
         &mut self,
         src: usize,
         ranges: &[(usize, usize)],
-    ) -> Result<(Option<Placement>, Vec<(usize, usize)>)> {
+    ) -> Result<(Option<Placement>, Remap)> {
         let len = ranges
             .iter()
             .try_fold(0usize, |total, &(lo, hi)| total.checked_add(hi - lo))
@@ -711,7 +724,13 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
         (DataType::Boolean, _) => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
         (dt, &reach::Found::Offsets { first, last }) if has_end_offsets(dt) => {
             let w = offset_width(dt);
-            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?);
+            buffers.push(if node.buffers[1] == 0 {
+                // An empty array with NULL offsets: no offsets, which arrow-rs reads as
+                // empty too.
+                image.push(0, 0)?
+            } else {
+                image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?
+            });
             if node.children.is_empty() {
                 buffers.push(image.push(addr(2, first)?, last - first)?);
             } else {
