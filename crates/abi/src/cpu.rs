@@ -15,6 +15,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{ArrowError, DataType, Field, SchemaRef};
 
 use crate::device_array::DeviceArray;
+use crate::empty_offsets;
 use crate::error::{Error, Result};
 use crate::ffi::ArrowDeviceType;
 use crate::layout;
@@ -107,7 +108,13 @@ fn import_data_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayData>
     // the C data interface says for the structs (contract of the unsafe
     // `DeviceArray::try_new`); CPU buffers are host-readable.
     unsafe { layout::validate_host_import(array.array(), data_type, "array")? };
-    let (ffi, ..) = array.into_ffi();
+    // Empty arrays whose offsets are NULL get a zero offset arrow-rs can read (see
+    // `layout`, "NULL offsets of empty arrays").
+    // SAFETY: the array is well-formed, unreleased and structurally valid for `data_type`
+    // (validated above); it is moved into the shadow or returned as it is.
+    let root = unsafe { empty_offsets::shadow(array.into_raw().array, data_type) };
+    // SAFETY: `root` is unreleased, well-formed and ours; arrow-rs releases it once.
+    let ffi = unsafe { root.into_ffi() };
     let data_type = data_type.clone();
     // arrow-rs asserts on some malformed input; a panic must not escape. The FFI array is
     // moved into arrow-rs and released by it (also while unwinding).

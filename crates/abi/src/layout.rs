@@ -15,6 +15,25 @@
 //! After these pass, arrow-rs can import the array without reading out of bounds, and its
 //! `validate_full` checks the rest (UTF-8, dictionary keys, union type ids, ...).
 //!
+//! # NULL offsets of empty arrays
+//!
+//! A zero-length array of a type with offsets (`Utf8`, `Binary`, their large forms,
+//! `List`, `LargeList`, `Map`) may come with a NULL offsets buffer (and a NULL data
+//! buffer): nanoarrow's CUDA copy of a 0-row column does so. devarrow **accepts** it as
+//! an empty array: the C data interface lets a buffer pointer be NULL when the buffer's
+//! size would be 0, and the columnar format's `length + 1` offsets of an empty array
+//! were agreed to be optional (apache/arrow#14805 and #36494, the mailing-list thread
+//! linked from apache/arrow#40038); Arrow C++ reads such an array as empty (its
+//! importer, `bridge.cc`, substitutes a zero offset for the NULL buffer, as seen in issue
+//! #25; older versions refused it) and its validation has allowed missing offsets of
+//! empty arrays since ARROW-7008. arrow-rs's importer (60,
+//! `arrow-array/src/ffi.rs`) sizes the buffer at `length + offset + 1` offsets and
+//! refuses the NULL pointer; devarrow's CPU import ([`crate::cpu`]) hands arrow-rs a
+//! zero offset in its place, and the bridge's device import reads nothing of it. The
+//! buffer is taken as empty only when `length` is 0 (the array addresses no item,
+//! whatever its `offset`); with rows, a NULL offsets buffer stays an
+//! [`Error::NullBuffer`].
+//!
 //! Both are `unsafe`: they follow the struct's pointers, which must be those of a
 //! [well-formed](crate::ArrowArray#well-formed-arrays) array (one from a producer following
 //! the C data interface). The array in a [`crate::DeviceArray`] always is.
@@ -368,6 +387,8 @@ unsafe fn validate_node(
                 DataType::ListView(_) | DataType::LargeListView(_) => {
                     end.saturating_mul(offset_width(data_type))
                 }
+                // An empty array's offsets may be NULL (see "NULL offsets of empty arrays").
+                _ if array.length == 0 => 0,
                 _ => end
                     .saturating_add(1)
                     .saturating_mul(offset_width(data_type)),
@@ -571,9 +592,14 @@ unsafe fn check_node_offsets(
             let width = offset_width(data_type);
             // SAFETY: `array` is well-formed (contract of this function).
             let ptr = unsafe { array.buffer(1) };
-            // SAFETY: (for all reads below) validate_structure checked the offsets buffer is
-            // non-NULL, and the caller guarantees it holds offset + length + 1 items, as
-            // the C data interface sizes it (for a DeviceArray: `try_new`'s contract).
+            if ptr.is_null() {
+                // An empty array (validate_structure allows NULL offsets only then): it
+                // addresses nothing.
+                return Ok(());
+            }
+            // SAFETY: (for all reads below) the offsets buffer is non-NULL, and the caller
+            // guarantees it holds offset + length + 1 items, as the C data interface sizes
+            // it (for a DeviceArray: `try_new`'s contract).
             let first = unsafe { offset_at(ptr, width, start) };
             if first < 0 {
                 return Err(bad(format!("first offset {first} is negative")));

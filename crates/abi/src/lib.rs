@@ -64,6 +64,7 @@
 pub mod async_stream;
 mod device_array;
 pub mod device_type;
+mod empty_offsets;
 pub mod error;
 pub mod export_tree;
 pub mod ffi;

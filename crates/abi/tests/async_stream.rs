@@ -1613,6 +1613,8 @@ struct CppLikeState {
     tasks: VecDeque<HeldTask>,
     end: bool,
     released: bool,
+    /// The code of `on_error` (with [`cpp_like_on_error_recorded`]).
+    error: Option<c_int>,
 }
 
 /// A consumer that behaves as Arrow C++'s `CreateAsyncDeviceStreamHandler` does
@@ -1654,9 +1656,35 @@ impl CppLikeConsumer {
         let array = unsafe { DeviceArray::try_new(out) }.unwrap();
         Some(cpu::import_record_batch_with_schema(array, schema()).unwrap())
     }
+    /// As Arrow C++'s reader after an error: a pending error is returned before the
+    /// queue is looked at, so the tasks still queued are never extracted (they are
+    /// dropped with the consumer). Waits for the handler's release first.
+    fn next_or_error(&self) -> Result<Option<RecordBatch>, c_int> {
+        {
+            let state = self
+                .changed
+                .wait_while(self.state.lock().unwrap(), |s| !s.released)
+                .unwrap();
+            if let Some(code) = state.error {
+                return Err(code);
+            }
+        }
+        Ok(self.next(true))
+    }
+
+    fn handler(self: &Arc<Self>) -> Box<ArrowAsyncDeviceStreamHandler> {
+        Box::new(ArrowAsyncDeviceStreamHandler {
+            on_schema: Some(cpp_like_on_schema),
+            on_next_task: Some(cpp_like_on_next_task),
+            on_error: Some(cpp_like_on_error_recorded),
+            release: Some(cpp_like_release),
+            producer: std::ptr::null_mut(),
+            private_data: Arc::as_ptr(self) as *mut c_void,
+        })
+    }
 }
 
-/// # Safety
+// # Safety
 /// `handler` must be one made by [`cpp_like_handler`], its consumer alive.
 unsafe fn cpp_like<'a>(handler: *mut ArrowAsyncDeviceStreamHandler) -> &'a CppLikeConsumer {
     // SAFETY: private_data is `Arc::as_ptr` of the consumer, which the test keeps alive.
@@ -1706,6 +1734,19 @@ unsafe extern "C" fn cpp_like_on_error(
     _metadata: *const c_char,
 ) {
     panic!("unexpected on_error {code}");
+}
+
+/// Records the error, as Arrow C++'s handler does (its reader returns it next).
+unsafe extern "C" fn cpp_like_on_error_recorded(
+    handler: *mut ArrowAsyncDeviceStreamHandler,
+    code: c_int,
+    _message: *const c_char,
+    _metadata: *const c_char,
+) {
+    // SAFETY: called by the producer with our handler.
+    let c = unsafe { cpp_like(handler) };
+    c.state.lock().unwrap().error = Some(code);
+    c.changed.notify_all();
 }
 
 unsafe extern "C" fn cpp_like_release(handler: *mut ArrowAsyncDeviceStreamHandler) {
@@ -1763,6 +1804,108 @@ fn a_consumer_like_arrow_cpp_may_request_after_release_while_it_holds_tasks() {
             drop(handler);
         }
     }
+}
+
+/// A source that fails after `n` batches, its arrays counted by `ledger`.
+fn failing_after(
+    n: i32,
+    ledger: &Arc<Ledger>,
+) -> impl futures::Stream<Item = Result<DeviceArray, Error>> + Send + 'static {
+    let ledger = ledger.clone();
+    stream::iter((0..=n).map(move |i| {
+        if i < n {
+            Ok(ledger.export(&batch(i)))
+        } else {
+            Err(Error::InvalidArgument("the source failed".into()))
+        }
+    }))
+}
+
+/// Issue #25: Arrow C++'s consumer (default queue size 5) returns the producer's error
+/// before it pops its queue, and drops the tasks still queued without `extract_data`.
+/// The producer reads its source one item ahead, so the error overtakes up to 5 tasks.
+/// The producer reclaims the tasks of a failed stream: every array is released exactly
+/// once, none stays allocated (before the fix: the queued ones, and the producer's state
+/// with them, for the life of the process).
+#[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
+fn a_failed_stream_reclaims_the_tasks_a_consumer_like_arrow_cpp_drops() {
+    let _w = watchdog("cpp_like_failed_stream");
+    for n in [0, 1, 3, 4, 5] {
+        for late_extract in [false, true] {
+            let consumer = Arc::new(CppLikeConsumer {
+                queue_size: 5,
+                ..Default::default()
+            });
+            let mut handler = consumer.handler();
+            let ledger = Arc::new(Ledger::default());
+            // SAFETY: the handler outlives the producer (dropped after its release).
+            let producer = unsafe {
+                spawn_producer(
+                    schema(),
+                    ArrowDeviceType::CPU,
+                    failing_after(n, &ledger),
+                    &mut *handler,
+                )
+            }
+            .unwrap();
+            assert_eq!(consumer.next_or_error().unwrap_err(), errno::EINVAL);
+            assert!(producer.join().is_err());
+            assert_eq!(ledger.exported(), n as usize);
+            let tasks = std::mem::take(&mut consumer.state.lock().unwrap().tasks);
+            assert_eq!(tasks.len(), n as usize, "the error overtook every task");
+            if late_extract {
+                // A consumer that extracts after the error finds the task reclaimed: a
+                // typed error, nothing filled, nothing released twice.
+                for HeldTask(mut task) in tasks {
+                    let mut out = ArrowDeviceArray::empty();
+                    // SAFETY: the task's one extraction, into a writable struct.
+                    let rc = unsafe { (task.extract_data.unwrap())(&mut task, &mut out) };
+                    assert_eq!(rc, errno::EINVAL);
+                    assert!(out.is_released());
+                }
+            } else {
+                // Arrow C++ drops its queue: the tasks are forgotten, never extracted.
+                drop(tasks);
+            }
+            assert_eq!(ledger.released(), n as usize, "nothing stays allocated");
+            drop(handler);
+        }
+    }
+}
+
+/// devarrow's own consumer keeps the batches that came before a producer's error, also
+/// when it polls only after the producer has failed (and reclaimed what was not
+/// extracted): it extracts its queued tasks when `on_error` arrives.
+#[test]
+// Not yet timed under Miri: the first of these did not finish in minutes interpreted.
+#[cfg_attr(miri, ignore)]
+fn devarrow_consumer_keeps_the_batches_before_an_error_read_late() {
+    let _w = watchdog("late_reader_failed_stream");
+    let ledger = Arc::new(Ledger::default());
+    let (handler, stream) = async_handler(5);
+    let producer = spawn_producer_into(
+        schema(),
+        ArrowDeviceType::CPU,
+        failing_after(3, &ledger),
+        handler,
+    )
+    .unwrap();
+    assert!(producer.join().is_err());
+    let got: Vec<_> = block_on(stream.collect());
+    assert_eq!(got.len(), 4, "3 batches, then the error");
+    for (i, item) in got.iter().take(3).enumerate() {
+        let array = item.as_ref().expect("a batch before the error");
+        assert_eq!(array.array().length, batch(i as i32).num_rows() as i64);
+    }
+    assert!(
+        matches!(&got[3], Err(Error::Callback { operation: "on_error", code, .. }) if *code == errno::EINVAL),
+        "{:?}",
+        got[3]
+    );
+    drop(got);
+    assert_eq!(ledger.released(), 3);
 }
 
 /// `request` from several threads racing the end of the stream, the producer handle

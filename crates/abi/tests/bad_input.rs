@@ -587,3 +587,134 @@ fn dictionary_with_string_keys_is_a_schema_error() {
     drop(schema);
     assert_eq!(schema_releases.load(Ordering::SeqCst), 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// NULL offsets of zero-length arrays (issue #25, item 3; see devarrow_abi::layout)
+// ---------------------------------------------------------------------------------------
+
+/// The types with offsets, each as an empty array.
+fn empty_offset_arrays() -> Vec<ArrayData> {
+    use arrow_schema::{Field, Fields};
+    let int_item = Arc::new(Field::new("item", DataType::Int32, true));
+    let entries = Arc::new(Field::new(
+        "entries",
+        DataType::Struct(Fields::from(vec![
+            Field::new("keys", DataType::Utf8, false),
+            Field::new("values", DataType::Int32, true),
+        ])),
+        false,
+    ));
+    [
+        DataType::Utf8,
+        DataType::Binary,
+        DataType::LargeUtf8,
+        DataType::LargeBinary,
+        DataType::List(int_item.clone()),
+        DataType::LargeList(int_item),
+        DataType::Map(entries, false),
+    ]
+    .iter()
+    .map(ArrayData::new_empty)
+    .collect()
+}
+
+/// NULLs the offsets (and the data of strings and binaries) of `array`, as nanoarrow
+/// leaves a zero-length one.
+///
+/// # Safety
+/// `array` must be one of arrow-rs's exports (a writable pointer array) of a type with
+/// offsets.
+unsafe fn null_offsets(array: &mut devarrow_abi::ArrowArray) {
+    // SAFETY: the caller's guarantee: two buffer slots at least, three for strings.
+    unsafe {
+        *array.buffers.add(1) = std::ptr::null();
+        if array.n_buffers == 3 {
+            *array.buffers.add(2) = std::ptr::null();
+        }
+    }
+}
+
+/// Exports `data`, lets `corrupt` change the C struct and imports it with
+/// `cpu::import_array`; returns the import and the release count of the export.
+fn import_changed(
+    data: &ArrayData,
+    corrupt: impl FnOnce(&mut ArrowDeviceArray),
+) -> (Result<ArrayRef, Error>, Arc<std::sync::atomic::AtomicUsize>) {
+    let (exported, schema) = cpu::export_array(&arrow_array::make_array(data.clone())).unwrap();
+    let (exported, count) = count_releases(exported);
+    let mut raw = exported.into_raw();
+    corrupt(&mut raw);
+    // SAFETY: `raw` came from a DeviceArray; only buffers of zero-length arrays were
+    // NULLed (or, for the refusals, buffers the importer must refuse before reading).
+    let device_array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let imported = cpu::import_array(device_array, &schema);
+    // After an error: released at once. After an import: at most once (an empty array
+    // holds none of the producer's buffers, so it may be released at once too).
+    if imported.is_err() {
+        assert_eq!(releases(&count), 1, "released once after the error");
+    } else {
+        assert!(releases(&count) <= 1, "released at most once");
+    }
+    (imported, count)
+}
+
+/// A zero-length string, binary, list or map array with a NULL offsets buffer (as
+/// nanoarrow's CUDA copy of a 0-row column makes it) passes the layout checks and imports
+/// as an empty array, as Arrow C++ imports it.
+#[test]
+fn zero_length_arrays_with_null_offsets_import_as_empty() {
+    for data in empty_offset_arrays() {
+        let dt = data.data_type().clone();
+        let (array, count) = import_changed(&data, |raw| {
+            // SAFETY: the root is arrow-rs's export of a type with offsets.
+            unsafe { null_offsets(&mut raw.array) };
+            // SAFETY: the struct is well-formed; its buffers are host memory.
+            unsafe { devarrow_abi::layout::validate_structure(&raw.array, &dt, "array") }
+                .unwrap_or_else(|e| panic!("{dt}: {e}"));
+        });
+        let array = array.unwrap_or_else(|e| panic!("{dt}: {e}"));
+        assert_eq!(array.data_type(), &dt);
+        assert_eq!(array.len(), 0);
+        array.to_data().validate_full().unwrap();
+        drop(array);
+        assert_eq!(releases(&count), 1, "{dt}: released once");
+    }
+}
+
+/// A zero-length array with NULL offsets under rows that reach none of it (the strings of
+/// a list whose lists are all empty) imports too.
+#[test]
+fn a_zero_length_child_with_null_offsets_imports() {
+    let lists = ListArray::new(
+        Arc::new(arrow_schema::Field::new("item", DataType::Utf8, true)),
+        arrow_buffer::OffsetBuffer::new(vec![0, 0, 0].into()),
+        Arc::new(StringArray::from(Vec::<&str>::new())),
+        None,
+    );
+    let (array, count) = import_changed(&lists.to_data(), |raw| {
+        // SAFETY: the list has one child, arrow-rs's export of a Utf8 array.
+        unsafe { null_offsets(&mut **raw.array.children) };
+    });
+    let array = array.unwrap();
+    assert_eq!(array.as_ref(), &lists as &dyn Array);
+    drop(array);
+    assert_eq!(releases(&count), 1, "released once");
+}
+
+/// NULL offsets of an array with rows stay a typed error.
+#[test]
+fn null_offsets_with_rows_are_refused() {
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1)])]);
+    for (data, bytes) in [(strings().to_data(), 16), (list.to_data(), 8)] {
+        let err = import_changed(&data, |raw| {
+            // SAFETY: arrow-rs's export of a type with offsets, two buffer slots at least.
+            unsafe { *raw.array.buffers.add(1) = std::ptr::null() };
+        })
+        .0
+        .unwrap_err();
+        assert!(
+            matches!(err, Error::NullBuffer { index: 1, role: "offsets", bytes: b, .. } if b == bytes),
+            "{err}"
+        );
+    }
+}

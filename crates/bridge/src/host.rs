@@ -132,6 +132,9 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Resu
     if !node.rebase_each.is_empty() {
         rebase_each(&node.data_type, &mut buffers, &node.rebase_each)?;
     }
+    if !node.view_ranges.is_empty() {
+        remap_views(&node.data_type, &mut buffers, &node.view_ranges)?;
+    }
     let mut builder = ArrayData::builder(node.data_type.clone())
         .len(node.len)
         .offset(node.offset)
@@ -271,32 +274,38 @@ fn rebased_run_ends(ends: &ArrayData, start: usize, len: usize) -> Result<ArrayD
 }
 
 /// Applies a node's `rebase_each` to its buffers (validity and variadic sizes already
-/// removed): the offsets of a dense union minus the base of each item's child; the
-/// offsets of the views of a view type into each variadic buffer minus that buffer's.
+/// removed): the offsets of a dense union minus the base of each item's child.
 fn rebase_each(data_type: &DataType, buffers: &mut [Buffer], bases: &[usize]) -> Result<()> {
     let missing = || Error::InvalidArgument(format!("a {data_type} array without offsets"));
-    match data_type {
-        DataType::Union(fields, UnionMode::Dense) => {
-            let [type_ids, offsets, ..] = buffers else {
-                return Err(missing());
-            };
-            let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
-            let rebased: Vec<i32> = slicing::rebase_union_offsets(
-                &field_ids,
-                bases,
-                type_ids.as_slice().iter().map(|&id| id as i8),
-                read_offsets(offsets, 4).map(|o| o as i32),
-            )
-            .collect();
-            *offsets = Buffer::from_vec(rebased);
-        }
-        DataType::Utf8View | DataType::BinaryView => {
-            let views = buffers.first_mut().ok_or_else(missing)?;
-            let mut rebased = views.as_slice().to_vec();
-            slicing::rebase_views(&mut rebased, bases);
-            *views = Buffer::from_vec(rebased);
-        }
-        _ => {}
+    if let DataType::Union(fields, UnionMode::Dense) = data_type {
+        let [type_ids, offsets, ..] = buffers else {
+            return Err(missing());
+        };
+        let field_ids: Vec<i8> = fields.iter().map(|(id, _)| id).collect();
+        let rebased: Vec<i32> = slicing::rebase_union_offsets(
+            &field_ids,
+            bases,
+            type_ids.as_slice().iter().map(|&id| id as i8),
+            read_offsets(offsets, 4).map(|o| o as i32),
+        )
+        .collect();
+        *offsets = Buffer::from_vec(rebased);
     }
+    Ok(())
+}
+
+/// Applies a view array's `view_ranges` to its views (validity already removed): each
+/// view that is not inline gets the offset of its bytes in its packed buffer.
+fn remap_views(
+    data_type: &DataType,
+    buffers: &mut [Buffer],
+    moved: &[Vec<(usize, usize)>],
+) -> Result<()> {
+    let views = buffers
+        .first_mut()
+        .ok_or_else(|| Error::InvalidArgument(format!("a {data_type} array without views")))?;
+    let mut remapped = views.as_slice().to_vec();
+    slicing::remap_views(&mut remapped, moved);
+    *views = Buffer::from_vec(remapped);
     Ok(())
 }

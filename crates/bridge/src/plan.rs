@@ -45,7 +45,7 @@ pub struct Placement {
 /// 0. An imported batch packed for download on the device (where only whole bytes can be
 /// copied, and no offset rewritten) may need the last fields: a small `offset` (bitmaps
 /// are cut at a byte boundary), a `rebase` of its offsets or run ends, `rebase_each` of
-/// its dense union offsets or views, and an unknown null count.
+/// its dense union offsets, `view_ranges` of its views, and an unknown null count.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// The array's type.
@@ -69,6 +69,12 @@ pub struct Node {
     /// buffers were cut to start there. Applied when the array is rebuilt on the host;
     /// empty (nothing to subtract) from the planner.
     pub rebase_each: Vec<usize>,
+    /// For view types imported and packed on the device: per variadic buffer, the byte
+    /// ranges its moved views reach, packed one after another, as `(where the range
+    /// started in the foreign buffer, where it starts in the packed one)`, sorted; the
+    /// views are remapped to them when the array is rebuilt on the host. Empty (nothing
+    /// to remap) from the planner.
+    pub view_ranges: Vec<Vec<(usize, usize)>>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
@@ -142,6 +148,7 @@ pub fn plan_batch(batch: &RecordBatch) -> Result<Plan> {
         offset: 0,
         rebase: None,
         rebase_each: Vec::new(),
+        view_ranges: Vec::new(),
         buffers,
         children,
         dictionary: None,
@@ -175,6 +182,7 @@ fn leaf(column: &dyn Array, buffers: Vec<Option<Placement>>) -> Node {
         offset: 0,
         rebase: None,
         rebase_each: Vec::new(),
+        view_ranges: Vec::new(),
         buffers,
         children: Vec::new(),
         dictionary: None,
@@ -531,6 +539,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 offset: 0,
                 rebase: None,
                 rebase_each: Vec::new(),
+                view_ranges: Vec::new(),
                 buffers: vec![None, image.push(ends_buffer)],
                 children: vec![],
                 dictionary: None,
@@ -563,6 +572,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
         offset: 0,
         rebase: None,
         rebase_each: Vec::new(),
+        view_ranges: Vec::new(),
         buffers,
         children,
         dictionary,

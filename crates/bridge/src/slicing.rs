@@ -154,16 +154,19 @@ fn outline_view(view: &[u8]) -> Option<(usize, usize, usize)> {
     (len > INLINE_VIEW).then(|| (len, word(8) as usize, word(12) as usize))
 }
 
-/// For each variadic buffer of a view array (of `sizes` bytes), the byte range `lo..hi`
-/// that `views` (16 bytes each) reach; `None` for a buffer no view reaches.
+/// For each variadic buffer of a view array (of `sizes` bytes), the byte ranges
+/// `lo..hi` that `views` (16 bytes each) reach: sorted, disjoint, and merged where they
+/// overlap or touch (views of a builder's rows, in order, reach one range per buffer;
+/// views that were filtered, taken or sorted reach many). Empty for a buffer no view
+/// reaches.
 ///
 /// An error names the first view into a buffer that does not exist or past the end of
 /// one.
-pub(crate) fn view_spans(
+pub(crate) fn view_pieces(
     views: &[u8],
     sizes: &[usize],
-) -> Result<Vec<Option<(usize, usize)>>, String> {
-    let mut spans: Vec<Option<(usize, usize)>> = vec![None; sizes.len()];
+) -> Result<Vec<Vec<(usize, usize)>>, String> {
+    let mut pieces: Vec<Vec<(usize, usize)>> = vec![Vec::new(); sizes.len()];
     for (i, view) in views.chunks_exact(16).enumerate() {
         let Some((len, buffer, offset)) = outline_view(view) else {
             continue;
@@ -181,24 +184,51 @@ pub(crate) fn view_spans(
                      buffer {buffer} ({size} bytes)"
                 ),
             })?;
-        let span = spans[buffer].get_or_insert((offset, end));
-        *span = (span.0.min(offset), span.1.max(end));
+        let ranges = &mut pieces[buffer];
+        // Views in order (the common case) extend the last range without sorting.
+        match ranges.last_mut() {
+            Some(last) if offset >= last.0 && offset <= last.1 => last.1 = last.1.max(end),
+            _ => ranges.push((offset, end)),
+        }
     }
-    Ok(spans)
+    for ranges in &mut pieces {
+        if ranges.windows(2).all(|w| w[0].1 < w[1].0) {
+            continue; // sorted and disjoint already
+        }
+        ranges.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+        for &(lo, hi) in ranges.iter() {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        *ranges = merged;
+    }
+    Ok(pieces)
 }
 
-/// Rewrites `views` (16 bytes each, little-endian) for variadic buffers cut to start at
-/// `bases`: the offset of every view that is not inline, minus its buffer's base. Views
-/// into buffers that do not exist are kept (the rebuilt array's validation refuses them).
-pub(crate) fn rebase_views(views: &mut [u8], bases: &[usize]) {
+/// Rewrites `views` (16 bytes each, little-endian) for variadic buffers whose reached
+/// bytes were packed: `moved[b]` lists, for buffer `b`, each packed range as `(where it
+/// started in the buffer, where it starts in the packed buffer)`, sorted by the former.
+/// A view that is not inline gets the offset of its bytes in the packed buffer. Views
+/// into buffers that do not exist, or before the first range, are kept (the rebuilt
+/// array's validation refuses them).
+pub(crate) fn remap_views(views: &mut [u8], moved: &[Vec<(usize, usize)>]) {
     for view in views.chunks_exact_mut(16) {
         let Some((_, buffer, offset)) = outline_view(view) else {
             continue;
         };
-        if let Some(&base) = bases.get(buffer) {
-            let rebased = (offset as u32).wrapping_sub(base as u32);
-            view[12..16].copy_from_slice(&rebased.to_le_bytes());
+        let Some(ranges) = moved.get(buffer) else {
+            continue;
+        };
+        let k = ranges.partition_point(|&(from, _)| from <= offset);
+        if k == 0 {
+            continue;
         }
+        let (from, to) = ranges[k - 1];
+        let remapped = (to + (offset - from)) as u32;
+        view[12..16].copy_from_slice(&remapped.to_le_bytes());
     }
 }
 
@@ -257,31 +287,40 @@ mod tests {
     }
 
     #[test]
-    fn views_reach_spans_of_their_buffers() {
+    fn views_reach_pieces_of_their_buffers() {
         let views: Vec<u8> = [
             view(20, 1, 100),
             view(3, 0, 0),
             view(13, 1, 40),
             view(30, 0, 7),
+            view(14, 1, 53),
+            view(15, 1, 70),
         ]
         .concat();
-        let spans = view_spans(&views, &[37, 120, 5]).unwrap();
-        assert_eq!(spans, vec![Some((7, 37)), Some((40, 120)), None]);
-        assert!(view_spans(&views, &[36, 120])
+        let pieces = view_pieces(&views, &[37, 120, 5]).unwrap();
+        assert_eq!(
+            pieces,
+            vec![vec![(7, 37)], vec![(40, 67), (70, 85), (100, 120)], vec![]]
+        );
+        assert!(view_pieces(&views, &[36, 120])
             .unwrap_err()
             .contains("past the end"));
-        assert!(view_spans(&views, &[37])
+        assert!(view_pieces(&views, &[37])
             .unwrap_err()
             .contains("of 1 buffers"));
-        let mut rebased = views.clone();
-        rebase_views(&mut rebased, &[7, 40]);
+        // Buffer 0 packed from 7 to 0; buffer 1's three ranges packed one after another.
+        let moved = vec![vec![(7, 0)], vec![(40, 0), (70, 27), (100, 42)], vec![]];
+        let mut remapped = views.clone();
+        remap_views(&mut remapped, &moved);
         assert_eq!(
-            rebased,
+            remapped,
             [
-                view(20, 1, 60),
+                view(20, 1, 42),
                 view(3, 0, 0),
                 view(13, 1, 0),
-                view(30, 0, 0)
+                view(30, 0, 0),
+                view(14, 1, 13),
+                view(15, 1, 27),
             ]
             .concat()
         );

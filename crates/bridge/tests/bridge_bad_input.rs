@@ -853,3 +853,118 @@ fn views_that_reach_past_their_buffers() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// NULL offsets of zero-length arrays (issue #25, item 3)
+// ---------------------------------------------------------------------------------------
+
+/// The types with offsets whose zero-length arrays may come with a NULL offsets buffer
+/// (nanoarrow's CUDA copy of a 0-row column), each as an empty array.
+fn empty_offset_columns() -> Vec<ArrayData> {
+    let int_item = Arc::new(Field::new("item", DataType::Int32, true));
+    let entries = Arc::new(Field::new(
+        "entries",
+        DataType::Struct(Fields::from(vec![
+            Field::new("keys", DataType::Utf8, false),
+            Field::new("values", DataType::Int32, true),
+        ])),
+        false,
+    ));
+    [
+        DataType::Utf8,
+        DataType::Binary,
+        DataType::LargeUtf8,
+        DataType::LargeBinary,
+        DataType::List(int_item.clone()),
+        DataType::LargeList(int_item),
+        DataType::Map(entries, false),
+    ]
+    .iter()
+    .map(ArrayData::new_empty)
+    .collect()
+}
+
+/// NULLs the offsets (and, for strings and binaries, the data) of a column, as nanoarrow
+/// leaves a zero-length one.
+fn null_offsets(column: &mut ArrowArray) {
+    // SAFETY: every column of `empty_offset_columns` has at least two buffer slots
+    // (arrow-rs's pointer array, writable); strings and binaries three.
+    unsafe {
+        *column.buffers.add(1) = std::ptr::null();
+        if column.n_buffers == 3 {
+            *column.buffers.add(2) = std::ptr::null();
+        }
+    }
+}
+
+/// Imports `data` (a struct array of `schema`) on the CPU device after `corrupt`, moves
+/// it to the host and compares it with `data`; the foreign array is released once.
+fn import_and_download(
+    data: &ArrayData,
+    schema: SchemaRef,
+    corrupt: impl FnOnce(&mut ArrowDeviceArray),
+) {
+    let (exported, count) = count_releases(cpu::export_array_data(data));
+    let mut raw = exported.into_raw();
+    corrupt(&mut raw);
+    // SAFETY: `raw` came from a DeviceArray; only buffers of zero-length arrays were
+    // NULLed, which the C data interface reads as empty (see devarrow_abi::layout).
+    let array = unsafe { DeviceArray::try_new(raw) }.unwrap();
+    let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let batch = DeviceBatch::import(device.clone(), array, schema.clone())
+        .unwrap_or_else(|e| panic!("{schema:?}: {e}"));
+    let mut transfer =
+        devarrow_bridge::Transfer::new(device, devarrow_bridge::TransferOptions::default());
+    let back = transfer.to_host(&batch).unwrap();
+    let expected = RecordBatch::from(arrow_array::StructArray::from(data.clone()));
+    assert_eq!(back, expected, "{schema:?}");
+    assert_eq!(releases(&count), 0, "the batch holds the array");
+    drop(batch);
+    assert_eq!(releases(&count), 1, "released once");
+}
+
+/// Issue #25: a zero-length string, binary, list or map column whose offsets buffer is
+/// NULL (as nanoarrow's CUDA copy makes it) imports as empty, as Arrow C++ imports it.
+#[test]
+fn zero_length_columns_with_null_offsets_import_as_empty() {
+    for column in empty_offset_columns() {
+        let (data, schema) = one_column("c", column);
+        import_and_download(&data, schema, |raw| null_offsets(child_mut(raw, 0)));
+    }
+}
+
+/// The same for a zero-length child under rows that reach none of it: the strings of a
+/// list whose lists are all empty.
+#[test]
+fn a_zero_length_child_with_null_offsets_under_empty_lists_imports() {
+    let strings = ArrayData::new_empty(&DataType::Utf8);
+    let (data, schema) = one_column("l", list_of(strings, &[0, 0, 0]));
+    import_and_download(&data, schema, |raw| {
+        let list = child_mut(raw, 0);
+        // SAFETY: the list has one child, the exporter's, writable.
+        null_offsets(unsafe { &mut **list.children });
+    });
+}
+
+/// NULL offsets with rows to address stay a typed error, the array released once.
+#[test]
+fn null_offsets_with_rows_are_refused() {
+    for (column, len) in [
+        (utf8(&[0, 1, 3], b"abc"), 2),
+        (
+            list_of(Int32Array::from(vec![1, 2, 3]).into_data(), &[0, 2, 3]),
+            2,
+        ),
+    ] {
+        let (data, schema) = one_column("c", column);
+        let err = import_corrupted(&data, schema, |raw| {
+            let column = child_mut(raw, 0);
+            // SAFETY: the column has at least two buffer slots (arrow-rs's, writable).
+            unsafe { *column.buffers.add(1) = std::ptr::null() };
+        });
+        assert!(
+            matches!(err, Error::NullBuffer { index: 1, role: "offsets", bytes, .. } if bytes == (len + 1) * 4),
+            "{err}"
+        );
+    }
+}

@@ -1195,3 +1195,128 @@ fn the_async_device_consumer_reads_the_abi_cpu_producer_and_its_errors() {
     }
     assert!(producer.join().is_err());
 }
+
+// ---------------------------------------------------------------------------------------
+// A consumer like Arrow C++'s, on a failing stream (issue #25)
+// ---------------------------------------------------------------------------------------
+
+/// What the Arrow-C++-like handler below records: the tasks it queued (never extracted),
+/// the error, the release.
+#[derive(Default)]
+struct DroppingConsumer {
+    tasks: std::sync::Mutex<Vec<devarrow_abi::ArrowAsyncTask>>,
+    error: std::sync::Mutex<Option<std::ffi::c_int>>,
+    released: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+// SAFETY: the tasks are two plain words each; the spec lets any thread handle them.
+unsafe impl Send for DroppingConsumer {}
+// SAFETY: as above; every field is behind a Mutex.
+unsafe impl Sync for DroppingConsumer {}
+
+/// # Safety
+/// `handler` is one made in the test below, its consumer alive.
+unsafe fn dropping<'a>(
+    handler: *mut devarrow_abi::ArrowAsyncDeviceStreamHandler,
+) -> &'a DroppingConsumer {
+    // SAFETY: private_data is `Arc::as_ptr` of the consumer, which the test keeps alive.
+    unsafe { &*((*handler).private_data as *const DroppingConsumer) }
+}
+
+unsafe extern "C" fn dropping_on_schema(
+    handler: *mut devarrow_abi::ArrowAsyncDeviceStreamHandler,
+    schema: *mut devarrow_abi::ArrowSchema,
+) -> std::ffi::c_int {
+    // SAFETY: valid for the call; moved out and released.
+    drop(unsafe { arrow_schema::ffi::FFI_ArrowSchema::from_raw(schema) });
+    // SAFETY: the producer set its struct before on_schema and it is live during it.
+    unsafe {
+        let producer = (*handler).producer;
+        // Arrow C++'s default queue size.
+        ((*producer).request.unwrap())(producer, 5);
+    }
+    0
+}
+
+unsafe extern "C" fn dropping_on_next_task(
+    handler: *mut devarrow_abi::ArrowAsyncDeviceStreamHandler,
+    task: *mut devarrow_abi::ArrowAsyncTask,
+    _metadata: *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    if !task.is_null() {
+        // SAFETY: called by the producer with our handler; the task is valid during the
+        // call and copied to keep it.
+        unsafe {
+            dropping(handler)
+                .tasks
+                .lock()
+                .unwrap()
+                .push(std::ptr::read(task))
+        };
+    }
+    0
+}
+
+unsafe extern "C" fn dropping_on_error(
+    handler: *mut devarrow_abi::ArrowAsyncDeviceStreamHandler,
+    code: std::ffi::c_int,
+    _message: *const std::ffi::c_char,
+    _metadata: *const std::ffi::c_char,
+) {
+    // SAFETY: called by the producer with our handler.
+    *unsafe { dropping(handler) }.error.lock().unwrap() = Some(code);
+}
+
+unsafe extern "C" fn dropping_release(handler: *mut devarrow_abi::ArrowAsyncDeviceStreamHandler) {
+    // SAFETY: called by the producer with our handler.
+    let c = unsafe { dropping(handler) };
+    *c.released.0.lock().unwrap() = true;
+    c.released.1.notify_all();
+}
+
+/// Arrow C++'s consumer returns a producer's error before it pops its queue and drops the
+/// queued tasks without extracting them; the source fails after 3 batches, which the
+/// producer uploaded and handed out (it reads one ahead, so the error overtakes them).
+/// The producer reclaims them: no device upload stays allocated (before the fix: the
+/// three uploads stayed for the life of the process).
+#[test]
+fn a_failing_device_producer_frees_the_uploads_a_consumer_like_arrow_cpp_drops() {
+    let _w = watchdog("a_failing_device_producer_frees_the_uploads");
+    let device = InstrumentedDevice::new();
+    let consumer = Arc::new(DroppingConsumer::default());
+    let mut handler = Box::new(devarrow_abi::ArrowAsyncDeviceStreamHandler {
+        on_schema: Some(dropping_on_schema),
+        on_next_task: Some(dropping_on_next_task),
+        on_error: Some(dropping_on_error),
+        release: Some(dropping_release),
+        producer: std::ptr::null_mut(),
+        private_data: Arc::as_ptr(&consumer) as *mut std::ffi::c_void,
+    });
+    let source = stream::iter((0..4).map(|k| {
+        if k < 3 {
+            Ok(batch(k))
+        } else {
+            Err(ArrowError::ComputeError("the source failed".into()))
+        }
+    }));
+    // SAFETY: the handler outlives the producer (dropped after its release).
+    let producer = unsafe {
+        devarrow_bridge::spawn_device_producer(
+            schema(),
+            source,
+            device.clone(),
+            StreamOptions::default(),
+            &mut *handler,
+        )
+    }
+    .unwrap();
+    assert!(producer.join().is_err());
+    assert!(*consumer.released.0.lock().unwrap());
+    assert_eq!(*consumer.error.lock().unwrap(), Some(errno::EINVAL));
+    let tasks = std::mem::take(&mut *consumer.tasks.lock().unwrap());
+    assert_eq!(tasks.len(), 3, "the error overtook the queued tasks");
+    // Dropped without extract_data, as Arrow C++ does.
+    drop(tasks);
+    assert_eq!(device.live(), 0, "no device upload stays allocated");
+    drop(handler);
+}

@@ -285,3 +285,32 @@ fn an_imported_c_slice_uploads_only_its_bytes() {
         assert_eq!(releases(&count), 1, "{name}");
     }
 }
+
+/// Issue #25: a 1 000-row slice of a 1 000 000-row view column as producers make them
+/// (arrow-rs's builders at their default block sizes: about 30 variadic buffers of up to
+/// 2 MiB; filtered, taken in a scattered order, concatenated: [`slices::large_view_columns`]),
+/// exported through the C data interface and imported, moves about its own bytes, as
+/// devarrow's own upload of the slice does: not the whole variadic buffers, nor the
+/// whole stretch between the first and the last byte its views reach.
+#[test]
+fn a_slice_of_a_large_view_column_moves_only_its_bytes() {
+    let rows = 1_000_000;
+    for (name, column) in slices::large_view_columns(rows) {
+        for offset in [0, 500_003, rows - SLICE_LEN] {
+            let whole = slices::batch_of(name, column.clone());
+            let slice = slices::batch_of(name, column.slice(offset, SLICE_LEN));
+            for (export, exported) in [
+                ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
+                ("C slice", slices::export_c_slice(&whole, offset, SLICE_LEN)),
+            ] {
+                let what = format!("{name} at {offset} ({export})");
+                let Moved { moved, own, .. } = import_slice(&what, exported, &slice);
+                assert!(
+                    moved <= allowed(own),
+                    "{what}: moved {moved} bytes, the slice is {own} ({:.1}x)",
+                    moved as f64 / own as f64
+                );
+            }
+        }
+    }
+}

@@ -49,7 +49,8 @@ fn shifted_nulls(rows: usize, shift: usize) -> NullBuffer {
     NullBuffer::new(bits.slice(shift, rows))
 }
 
-/// The columns, named by their type, each of `rows` rows (at least 8).
+/// The columns, named by their type, each of `rows` rows (at least 8; the view columns
+/// of [`large_view_columns`] but the built ones too from 100 rows).
 pub fn columns(rows: usize) -> Vec<(&'static str, ArrayRef)> {
     let mut cols: Vec<(&'static str, ArrayRef)> = Vec::new();
     cols.push((
@@ -271,6 +272,15 @@ pub fn columns(rows: usize) -> Vec<(&'static str, ArrayRef)> {
             Some(NullBuffer::from_iter((0..rows).map(valid))),
         )),
     ));
+    // Views as filters, takes and concatenations leave them: many ranges of bytes per
+    // buffer, in several buffers (the built ones are `utf8_view` and `binary_view` above).
+    if rows >= 100 {
+        cols.extend(
+            large_view_columns(rows)
+                .into_iter()
+                .filter(|(name, _)| !name.ends_with("built")),
+        );
+    }
     cols
 }
 
@@ -312,4 +322,110 @@ pub fn export_c_slice(
     // that), so its buffers cover what it addresses.
     let array = unsafe { DeviceArray::try_new(raw) }.expect("a valid array");
     (array, schema)
+}
+
+/// View columns (`Utf8View`, `BinaryView`) of `rows` rows (at least 100) as producers
+/// make them, for slices of large view arrays:
+///
+/// - as arrow-rs's builders make them at their default block sizes (blocks growing from
+///   8 KiB to 2 MiB: a million rows fill about 30 variadic buffers; Arrow C++'s and
+///   pyarrow's builders also fill their blocks in order), most values out of line
+///   (longer than 12 bytes), some inline, some null: a slice's views reach a contiguous
+///   run of bytes of one or two buffers;
+/// - filtered (one row in 23 kept, as arrow-rs's, Arrow C++'s and pyarrow's `filter`
+///   do: the views are copied, the buffers shared): a slice's views reach bytes spread
+///   over 23 times their length;
+/// - taken in a scattered order (a permutation, as `take` and `sort` make it): a slice's
+///   views reach bytes all over every buffer;
+/// - concatenated from two arrays (their buffers appended): a slice's views reach
+///   buffers of both.
+pub fn large_view_columns(rows: usize) -> Vec<(&'static str, ArrayRef)> {
+    assert!(rows >= 100, "enough rows to filter and concatenate");
+    let mut views = StringViewBuilder::new();
+    let mut binary_views = BinaryViewBuilder::new();
+    for i in 0..rows {
+        let value = valid(i).then(|| text(i));
+        views.append_option(value.as_deref());
+        binary_views.append_option(value.as_deref().map(str::as_bytes));
+    }
+    let views = views.finish();
+    let binary_views = binary_views.finish();
+    // Filtered: rows 0, 23, 46, ... of a column 23 times as long (wrapping around).
+    let filtered: Vec<usize> = (0..rows).map(|i| (i * 23) % rows).collect();
+    // Scattered: a permutation (7 919 is prime, coprime with any `rows` it does not
+    // divide; a multiple of it would repeat rows, still valid).
+    let scattered: Vec<usize> = (0..rows).map(|i| (i * 7_919) % rows).collect();
+    let half = rows / 2;
+    vec![
+        ("utf8_view, built", Arc::new(views.clone()) as ArrayRef),
+        ("binary_view, built", Arc::new(binary_views.clone())),
+        (
+            "utf8_view, filtered",
+            Arc::new(pick_views(&views, &filtered)),
+        ),
+        (
+            "binary_view, filtered",
+            Arc::new(pick_views(&binary_views, &filtered)),
+        ),
+        (
+            "utf8_view, scattered",
+            Arc::new(pick_views(&views, &scattered)),
+        ),
+        (
+            "binary_view, scattered",
+            Arc::new(pick_views(&binary_views, &scattered)),
+        ),
+        (
+            "utf8_view, concatenated",
+            Arc::new(concat_views(
+                &views.slice(0, half),
+                &views.slice(half / 2, rows - half),
+            )),
+        ),
+    ]
+}
+
+/// The rows `rows` of `array`, its views copied and its buffers shared (as `take` and
+/// `filter` make a view array).
+fn pick_views<T: arrow_array::types::ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+    rows: &[usize],
+) -> GenericByteViewArray<T> {
+    let views: Vec<u128> = rows.iter().map(|&i| array.views()[i]).collect();
+    let nulls = array
+        .nulls()
+        .map(|n| NullBuffer::from_iter(rows.iter().map(|&i| n.is_valid(i))));
+    GenericByteViewArray::try_new(views.into(), array.data_buffers().to_vec(), nulls)
+        .expect("views of the array's own buffers")
+}
+
+/// `a` then `b`, the buffers of `b` appended after those of `a` and its views moved to
+/// them (as `concat` makes a view array).
+fn concat_views<T: arrow_array::types::ByteViewType + ?Sized>(
+    a: &GenericByteViewArray<T>,
+    b: &GenericByteViewArray<T>,
+) -> GenericByteViewArray<T> {
+    let shift = a.data_buffers().len() as u128;
+    let moved = b.views().iter().map(|&v| {
+        if (v as u32) > 12 {
+            // The buffer index is bits 64..96 of a view that is not inline.
+            v + (shift << 64)
+        } else {
+            v
+        }
+    });
+    let views: Vec<u128> = a.views().iter().copied().chain(moved).collect();
+    let nulls = NullBuffer::from_iter(
+        (0..a.len())
+            .map(|i| a.is_valid(i))
+            .chain((0..b.len()).map(|i| b.is_valid(i))),
+    );
+    let buffers: Vec<arrow_buffer::Buffer> = a
+        .data_buffers()
+        .iter()
+        .chain(b.data_buffers().iter())
+        .cloned()
+        .collect();
+    GenericByteViewArray::try_new(views.into(), buffers, Some(nulls))
+        .expect("views of the concatenated buffers")
 }

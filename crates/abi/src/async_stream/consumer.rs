@@ -82,9 +82,41 @@ impl QueuedTask {
     }
 }
 
+/// Extracts `task` into a new array, checked to be on `expected`.
+fn extract_task(task: QueuedTask, expected: Option<ArrowDeviceType>) -> Result<DeviceArray> {
+    let mut out = ArrowDeviceArray::empty();
+    let rc = task.extract(&mut out);
+    if rc != 0 {
+        // Release whatever a failing producer may have left there.
+        // SAFETY: `out` is released or was filled by the task's producer; whoever
+        // drives our handler's (unsafe) callbacks takes on the C data interface's
+        // rules, so its arrays meet `DeviceArray::try_new`'s contract.
+        drop(unsafe { DeviceArray::try_new(out) });
+        return Err(Error::Callback {
+            operation: "extract_data",
+            code: rc,
+            message: String::new(),
+        });
+    }
+    // SAFETY: as above: the array comes from the producer driving our handler.
+    let array = unsafe { DeviceArray::try_new(out) }.map_err(|_| {
+        Error::Protocol("extract_data returned 0 but left the array released".into())
+    })?;
+    if Some(array.device_type()) != expected {
+        return Err(Error::Protocol(format!(
+            "the producer announced {} but delivered an array on {}",
+            expected.map_or_else(|| "nothing".to_string(), |d| d.to_string()),
+            array.device_type()
+        )));
+    }
+    Ok(array)
+}
+
 enum Event {
     /// A task and the metadata that came with it.
     Task(QueuedTask, Metadata),
+    /// A task extracted before the Rust side took it (when `on_error` arrived).
+    Extracted(Result<DeviceArray>, Metadata),
     Failed(Failure),
     End,
 }
@@ -354,7 +386,38 @@ impl Shared {
     }
 
     fn on_error(&self, code: c_int, message: String) {
+        // The tasks still queued are extracted now, not when the Rust side takes them: a
+        // producer may reclaim the tasks of a failed stream once `on_error` returns
+        // (devarrow's does, see the module documentation). Extracted outside the lock
+        // (a foreign callback); callbacks are serialized, so no task arrives meanwhile,
+        // and the Rust side finds an unfinished, empty queue and waits.
+        let (queued, expected) = {
+            let mut state = lock(&self.state);
+            if state.finished {
+                return;
+            }
+            let queued: Vec<Event> = state.queue.drain(..).collect();
+            (queued, state.device_type)
+        };
+        let extracted: Vec<Event> = queued
+            .into_iter()
+            .map(|event| match event {
+                Event::Task(task, metadata) => {
+                    Event::Extracted(extract_task(task, expected), metadata)
+                }
+                other => other,
+            })
+            .collect();
         let mut state = lock(&self.state);
+        if state.dropped {
+            // Dropped meanwhile: the arrays are released here, outside the lock.
+            drop(state);
+            drop(extracted);
+            return;
+        }
+        for event in extracted.into_iter().rev() {
+            state.queue.push_front(event);
+        }
         state.fail(Failure::Producer { code, message });
     }
 
@@ -683,33 +746,7 @@ impl AsyncDeviceArrayStream {
     }
 
     fn extract(&self, task: QueuedTask) -> Result<DeviceArray> {
-        let mut out = ArrowDeviceArray::empty();
-        let rc = task.extract(&mut out);
-        if rc != 0 {
-            // Release whatever a failing producer may have left there.
-            // SAFETY: `out` is released or was filled by the task's producer; whoever
-            // drives our handler's (unsafe) callbacks takes on the C data interface's
-            // rules, so its arrays meet `DeviceArray::try_new`'s contract.
-            drop(unsafe { DeviceArray::try_new(out) });
-            return Err(Error::Callback {
-                operation: "extract_data",
-                code: rc,
-                message: String::new(),
-            });
-        }
-        // SAFETY: as above: the array comes from the producer driving our handler.
-        let array = unsafe { DeviceArray::try_new(out) }.map_err(|_| {
-            Error::Protocol("extract_data returned 0 but left the array released".into())
-        })?;
-        let expected = self.device_type();
-        if Some(array.device_type()) != expected {
-            return Err(Error::Protocol(format!(
-                "the producer announced {} but delivered an array on {}",
-                expected.map_or_else(|| "nothing".to_string(), |d| d.to_string()),
-                array.device_type()
-            )));
-        }
-        Ok(array)
+        extract_task(task, self.device_type())
     }
 }
 
@@ -750,6 +787,10 @@ impl AsyncDeviceArrayStream {
                 self.shared.request(1);
                 Poll::Ready(Some(item.map(|array| WithMetadata::new(array, metadata))))
             }
+            Event::Extracted(item, metadata) => {
+                // The stream has failed: no more requests.
+                Poll::Ready(Some(item.map(|array| WithMetadata::new(array, metadata))))
+            }
             Event::Failed(failure) => Poll::Ready(Some(Err(failure.to_error()))),
             Event::End => {
                 self.done = true;
@@ -785,21 +826,17 @@ impl Stream for AsyncDeviceArrayStream {
 
 impl Drop for AsyncDeviceArrayStream {
     fn drop(&mut self) {
-        let (tasks, finished) = {
+        let (events, finished) = {
             let mut state = lock(&self.shared.state);
             state.dropped = true;
-            let tasks: Vec<QueuedTask> = state
-                .queue
-                .drain(..)
-                .filter_map(|event| match event {
-                    Event::Task(task, _) => Some(task),
-                    _ => None,
-                })
-                .collect();
-            (tasks, state.finished)
+            let events: Vec<Event> = state.queue.drain(..).collect();
+            (events, state.finished)
         };
-        for task in tasks {
-            task.extract(std::ptr::null_mut());
+        // Outside the lock: extracted arrays are released here (foreign callbacks).
+        for event in events {
+            if let Event::Task(task, _) = event {
+                task.extract(std::ptr::null_mut());
+            }
         }
         self.shared.with_producer(|slot| {
             slot.consumer_dropped = true;

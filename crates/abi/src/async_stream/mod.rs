@@ -43,9 +43,10 @@
 //!   for each task it takes from its queue, also after `release` (its own producer keeps
 //!   the struct alive from every task). devarrow's producer struct and the state behind
 //!   it therefore live until `release` **and** until every task handed out has been
-//!   extracted (or reclaimed after a refusal); `request` and `cancel` are no-ops once the
-//!   handler is released. `request` and `cancel` hold a reference to that state for their
-//!   whole duration, so a driver finishing meanwhile cannot free it under them.
+//!   extracted or reclaimed (after a refusal or a failure); `request` and `cancel` are
+//!   no-ops once the handler is released. `request` and `cancel` hold a reference to that
+//!   state for their whole duration, so a driver finishing meanwhile cannot free it under
+//!   them.
 //! - **Refused tasks belong to the producer.** A task whose `on_next_task` returned
 //!   non-zero was not taken: the producer still owns it and cleans it up, and the consumer
 //!   must not call `extract_data` on it. (The specification says the task is owned by
@@ -67,10 +68,10 @@
 //! - Tasks are entries of a process-wide registry, their `private_data` being the entry's
 //!   id rather than a pointer: `extract_data` removes the entry, so a second call on the
 //!   same task (or on any copy of it) finds nothing and returns `EINVAL` instead of
-//!   freeing twice. A consumer that never calls `extract_data` leaks its array (and keeps
-//!   the producer struct alive; the specification makes that call mandatory). A failing
-//!   `extract_data` (only ever a repeated call) returns its code but does not end the
-//!   stream with `on_error`.
+//!   freeing twice. What happens to a task that is never extracted: see "Tasks a
+//!   consumer never extracts" below. A failing `extract_data` (a repeated call, or one
+//!   on a task reclaimed after a failure) returns its code but does not end the stream
+//!   with `on_error`.
 //! - The consumer takes ownership of the schema in `on_schema` (also when it fails),
 //!   copies the producer's `additional_metadata` there, requests its capacity from inside
 //!   `on_schema`, then one more unit per item taken, so at most `capacity` tasks are ever
@@ -84,7 +85,29 @@
 //!   consumer never calls `request` or `cancel`.
 //! - Dropping the Rust stream extracts (with NULL) every queued task and calls `cancel`
 //!   once (unless the stream already ended); tasks that still arrive are accepted
-//!   (return 0) and extracted with NULL at once.
+//!   (return 0) and extracted with NULL at once. On `on_error` the consumer extracts
+//!   every task still queued at once (before returning), so the arrays that came before
+//!   the error are still yielded, in order, before it.
+//!
+//! # Tasks a consumer never extracts
+//!
+//! The specification makes `extract_data` mandatory for every task, but Arrow C++'s
+//! consumer (`CreateAsyncDeviceStreamHandler`, 26) returns a producer's error before it
+//! pops its queue and then drops the tasks still queued without extracting them. Since
+//! the producer reads its source one item ahead of the demand, a source error overtakes
+//! every task in that queue (up to its size, 5 by default). devarrow's producer
+//! therefore **reclaims the tasks of a failed stream**:
+//!
+//! - When the stream fails (the producer calls `on_error`, or the consumer returned
+//!   non-zero from `on_schema` or `on_next_task`), every task it handed out and that is
+//!   not extracted yet is reclaimed after `on_error` returns and before `release`: its
+//!   array is released (exactly once: the registry entry is removed first) and its hold
+//!   on the producer struct let go. A later `extract_data` on such a task returns
+//!   `EINVAL` and leaves `out` untouched (released), like a repeated call.
+//! - When the stream ends normally (the NULL task) or is cancelled, tasks are **not**
+//!   reclaimed: consumers (Arrow C++'s and devarrow's) extract the tasks they queued
+//!   after `release`. A consumer that drops such a task without extracting it keeps its
+//!   array and the producer struct alive until the process ends.
 
 mod consumer;
 mod producer;

@@ -54,8 +54,8 @@ fn pending_tasks() -> &'static Mutex<HashMap<usize, PendingTask>> {
 /// The task's `private_data` is an id in a process-wide registry, not a pointer, so the
 /// task struct may be copied freely and outlives any producer. A second `extract_data` on
 /// the task or on any copy of it returns `EINVAL` and touches nothing; so does one on a
-/// struct whose `private_data` was not made here. A task that is never extracted keeps
-/// its array alive until the process ends.
+/// struct whose `private_data` was not made here. A task made here (not by a producer)
+/// that is never extracted keeps its array alive until the process ends.
 pub fn new_task(array: DeviceArray) -> ArrowAsyncTask {
     register_task(array, None)
 }
@@ -82,6 +82,31 @@ fn register_task(array: DeviceArray, producer: Option<Arc<ProducerShared>>) -> A
 /// the last reference to its producer.
 fn take_task(id: usize) -> Option<PendingTask> {
     lock(pending_tasks()).remove(&id)
+}
+
+/// Removes every task that `producer` handed out and that is not extracted yet, and
+/// releases their arrays (outside the registry's lock); returns how many there were. A
+/// later `extract_data` on one of them finds nothing and returns `EINVAL`.
+fn reclaim_tasks_of(producer: &Arc<ProducerShared>) -> usize {
+    let reclaimed: Vec<PendingTask> = {
+        let mut tasks = lock(pending_tasks());
+        let ids: Vec<usize> = tasks
+            .iter()
+            .filter(|(_, task)| {
+                task._producer
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(p, producer))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        ids.iter().filter_map(|id| tasks.remove(id)).collect()
+    };
+    let n = reclaimed.len();
+    swallow_panic(
+        "while releasing the reclaimed tasks of a failed async stream",
+        move || drop(reclaimed),
+    );
+    n
 }
 
 unsafe extern "C" fn extract_data(task: *mut ArrowAsyncTask, out: *mut ArrowDeviceArray) -> c_int {
@@ -353,6 +378,9 @@ struct Finisher {
     released: bool,
     /// Reported with `on_error` before `release`.
     pending_error: Option<Error>,
+    /// The stream failed (an error was reported, or the consumer returned non-zero): the
+    /// tasks not extracted by now are reclaimed before `release`.
+    failed: bool,
 }
 
 impl Finisher {
@@ -362,9 +390,17 @@ impl Finisher {
         }
         self.released = true;
         if let Some(error) = self.pending_error.take() {
+            self.failed = true;
             // SAFETY: the handler is live until `release` below; it was validated to have
             // this `on_error` when the producer was spawned.
             unsafe { report(self.handler, self.on_error, &error) };
+        }
+        if self.failed {
+            // After `on_error` (a consumer may extract its queued tasks there, as
+            // devarrow's does), before `release`: a consumer that drops its queue on an
+            // error without extracting (Arrow C++'s) would leak them otherwise. See the
+            // module documentation, "Tasks a consumer never extracts".
+            reclaim_tasks_of(&self.shared);
         }
         // From here on `request` and `cancel` are no-ops (a consumer may still call them
         // while it holds tasks, as Arrow C++'s does).
@@ -428,9 +464,13 @@ impl Driver {
             Outcome::Failed(error) => {
                 // SAFETY: the handler is live (not yet released) and has this on_error.
                 unsafe { report(self.handler, self.finisher.on_error, &error) };
+                self.finisher.failed = true;
                 Err(error)
             }
-            Outcome::Rejected(error) => Err(error),
+            Outcome::Rejected(error) => {
+                self.finisher.failed = true;
+                Err(error)
+            }
         };
         self.finisher.finish();
         result
@@ -734,9 +774,16 @@ where
 /// task still queued when the stream ended, after `release`. So the struct (and the
 /// state behind it) lives until `release` **and** until every task handed out has been
 /// extracted (or, refused by the consumer, reclaimed), and as long as the
-/// [`ProducerHandle`]; `request` and `cancel` are no-ops once the handler is released. A
-/// task the consumer never extracts keeps its array and the producer struct alive until
-/// the process ends.
+/// [`ProducerHandle`]; `request` and `cancel` are no-ops once the handler is released.
+///
+/// # Tasks never extracted
+///
+/// When the stream fails (`on_error`, or a non-zero return from the consumer), the tasks
+/// not extracted by then are reclaimed (their arrays released) after `on_error` and
+/// before `release`; a later `extract_data` on one returns `EINVAL`. After a normal end or
+/// a cancel, a task the consumer never extracts keeps its array and the producer struct
+/// alive until the process ends (see the [module documentation](super), "Tasks a
+/// consumer never extracts").
 ///
 /// # Safety
 /// `handler` must be NULL or point to a valid `ArrowAsyncDeviceStreamHandler` that stays
@@ -797,6 +844,7 @@ where
         shared: shared.clone(),
         released: false,
         pending_error: None,
+        failed: false,
     };
     if let Some(error) = metadata_error {
         let message = match &error {

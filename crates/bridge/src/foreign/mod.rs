@@ -21,7 +21,9 @@
 //! it cuts), and validated (negative or decreasing offsets, ranges past the end of a
 //! child, views past their buffers, dense union offsets past their child, run ends that
 //! do not increase, ... are [`Error::InvalidOffsets`]). Nothing on the device is read by
-//! the host.
+//! the host. A zero-length array whose offsets buffer is NULL (nanoarrow's CUDA copy of
+//! a 0-row column) is empty: nothing of it is read or moved (see
+//! [`devarrow_abi::layout`], "NULL offsets of empty arrays").
 //!
 //! The sizes of the whole download are planned at import too, with checked arithmetic:
 //! offsets that address more than the address space holds (`[0, i64::MAX]` in two
@@ -40,12 +42,14 @@
 //! `utf8` child of a sliced `list<utf8>` to the strings its moved lists hold); a list
 //! view's child to what its moved views address; each child of a dense union to the items
 //! its moved items reach; the runs of a run-end encoded array to those covering its moved
-//! items; each variadic buffer of a view type to the bytes its moved views reach, when
-//! the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
+//! items; each variadic buffer of a view type to the byte ranges its moved views reach,
+//! packed one after another (views in a builder's order reach one range per buffer;
+//! filtered, taken or sorted ones many, and the stretches between them stay behind),
+//! when the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
 //! and sparse union children to their parent's items; dictionaries whole (every slice
 //! shares them). What the device copy cannot cut (offsets, dense union offsets, run ends
-//! and views that do not start at 0) is rebased on the host, after the download, as
-//! [`crate::slicing`] says (the arithmetic the planner uses too).
+//! that do not start at 0, and the views into packed ranges) is rebased on the host,
+//! after the download, as [`crate::slicing`] says (the arithmetic the planner uses too).
 //! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the bytes moved.
 
 use std::ffi::c_void;
@@ -329,6 +333,9 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
         .collect();
     let mut at = Vec::new();
     match data_type {
+        // NULL offsets (of an empty array, the only case the layout checks let through,
+        // see devarrow_abi::layout): nothing to read.
+        dt if has_end_offsets(dt) && buffers[1] == 0 => {}
         dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
@@ -466,6 +473,10 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
     };
     let dt = node.data_type.clone();
     match &dt {
+        // An empty array with NULL offsets addresses nothing.
+        dt if has_end_offsets(dt) && node.buffers[1] == 0 => {
+            node.extent = Extent::Offsets { first: 0, last: 0 };
+        }
         dt if has_end_offsets(dt) => {
             let w = offset_width(dt);
             let first = read_int(bytes, node.reads[0], w)?;
@@ -612,6 +623,10 @@ impl ForeignNode {
     }
 }
 
+/// Where the byte ranges of a buffer went in its packed copy: per range, `(where it
+/// started in the buffer, where it starts in the packed buffer)`.
+type Remap = Vec<(usize, usize)>;
+
 /// A packed image to fill on the device: `(source address, offset in the image, length)`.
 #[derive(Debug, Default)]
 struct Image {
@@ -630,6 +645,30 @@ impl Image {
             self.copies.push((src, offset, len));
         }
         Ok(Some(Placement { offset, len }))
+    }
+
+    /// Places the byte ranges `ranges` (`lo..hi`, sorted, disjoint) of the buffer at
+    /// device address `src` one after another, as one buffer at the next 64-byte
+    /// boundary; returns it and, per range, `(lo, where it starts in that buffer)`.
+    fn push_ranges(
+        &mut self,
+        src: usize,
+        ranges: &[(usize, usize)],
+    ) -> Result<(Option<Placement>, Remap)> {
+        let len = ranges
+            .iter()
+            .try_fold(0usize, |total, &(lo, hi)| total.checked_add(hi - lo))
+            .ok_or_else(|| overflow("the packed image"))?;
+        let (offset, total) = place(self.total, BUFFER_ALIGNMENT, len, "the packed image")?;
+        self.total = total;
+        let mut moved = Vec::with_capacity(ranges.len());
+        let mut at = 0;
+        for &(lo, hi) in ranges {
+            self.copies.push((address(src, lo)?, offset + at, hi - lo));
+            moved.push((lo, at));
+            at += hi - lo;
+        }
+        Ok((Some(Placement { offset, len }), moved))
     }
 }
 
@@ -666,6 +705,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     let mut offset = p - base;
     let mut rebase = None;
     let mut rebase_each = Vec::new();
+    let mut view_ranges: Vec<Vec<(usize, usize)>> = Vec::new();
     if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
         buffers.push(if has_validity {
             image.push(addr(0, base / 8)?, m.div_ceil(8))?
@@ -684,7 +724,13 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
         (DataType::Boolean, _) => buffers.push(image.push(addr(1, base / 8)?, m.div_ceil(8))?),
         (dt, &reach::Found::Offsets { first, last }) if has_end_offsets(dt) => {
             let w = offset_width(dt);
-            buffers.push(image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?);
+            buffers.push(if node.buffers[1] == 0 {
+                // An empty array with NULL offsets: no offsets, which arrow-rs reads as
+                // empty too.
+                image.push(0, 0)?
+            } else {
+                image.push(addr(1, bytes(base, w)?)?, bytes(m + 1, w)?)?
+            });
             if node.children.is_empty() {
                 buffers.push(image.push(addr(2, first)?, last - first)?);
             } else {
@@ -697,12 +743,13 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
             let Extent::Variadic(sizes) = &node.extent else {
                 return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
             };
-            if let reach::Found::Views(spans) = found {
-                // Only the bytes the moved views reach, each buffer from the first.
-                for (i, span) in spans.iter().enumerate() {
-                    let (lo, hi) = span.unwrap_or((0, 0));
-                    buffers.push(image.push(addr(2 + i, lo)?, hi - lo)?);
-                    rebase_each.push(lo);
+            if let reach::Found::Views(pieces) = found {
+                // Only the bytes the moved views reach: each buffer's ranges packed one
+                // after another, the views remapped to them on the host.
+                for (i, ranges) in pieces.iter().enumerate() {
+                    let (placement, moved) = image.push_ranges(node.buffers[2 + i], ranges)?;
+                    buffers.push(placement);
+                    view_ranges.push(moved);
                 }
             } else {
                 for (i, &size) in sizes.iter().enumerate() {
@@ -763,6 +810,9 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     if rebase_each.iter().all(|&b| b == 0) {
         rebase_each.clear();
     }
+    if view_ranges.iter().flatten().all(|&(from, to)| from == to) {
+        view_ranges.clear(); // every view keeps its offset
+    }
     Ok(Node {
         data_type: dt.clone(),
         len: n,
@@ -770,6 +820,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
         offset,
         rebase,
         rebase_each,
+        view_ranges,
         buffers,
         children,
         dictionary,

@@ -78,9 +78,9 @@ pub(super) enum Found {
     Offsets { first: usize, last: usize },
     /// A list view: the child items `lo..hi` its moved views address.
     ListView { lo: usize, hi: usize },
-    /// A view type: per variadic buffer, the bytes `lo..hi` its moved views reach
-    /// (`None`: none).
-    Views(Vec<Option<(usize, usize)>>),
+    /// A view type: per variadic buffer, the byte ranges `lo..hi` its moved views reach
+    /// (sorted, disjoint; empty: none), which are packed one after another.
+    Views(Vec<Vec<(usize, usize)>>),
     /// A dense union: per child, the items `lo..hi` its moved items reach.
     Union(Vec<(usize, usize)>),
     /// A run-end encoded array: the runs `first..last` covering its moved items.
@@ -221,6 +221,8 @@ fn start(
     let dt = node.data_type.clone();
     let unread = || Error::InvalidArgument(format!("the sizes of a {dt} array were not read"));
     let found = match &dt {
+        // An empty array with NULL offsets (see devarrow_abi::layout) reaches nothing.
+        dt if has_end_offsets(dt) && node.buffers[1] == 0 => Found::Offsets { first: 0, last: 0 },
         dt if has_end_offsets(dt) => {
             if l == 0 && n == node.length {
                 // The array's own bounds: read with the sizes at its own bounds.
@@ -265,7 +267,7 @@ fn start(
             };
             let held = sizes.iter().fold(0usize, |t, &s| t.saturating_add(s));
             if m == 0 || held == 0 {
-                Found::Views(vec![None; sizes.len()])
+                Found::Views(vec![Vec::new(); sizes.len()])
             } else if bytes(m, 16 * VIEWS_READ_WHEN_BUFFERS_EXCEED)? < held {
                 let at = reads.push(address(node.buffers[1], bytes(base, 16)?)?, bytes(m, 16)?)?;
                 return Ok(Some(Pending::Views { at, count: m }));
@@ -374,7 +376,7 @@ fn settle_cut(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
                     .and_then(|end| bytes.get(at..end))
                     .ok_or_else(|| Error::InvalidArgument("read-back views are missing".into()))?;
                 Some(Found::Views(
-                    slicing::view_spans(views, sizes).map_err(bad)?,
+                    slicing::view_pieces(views, sizes).map_err(bad)?,
                 ))
             }
             Pending::Union {
