@@ -51,6 +51,44 @@ use crate::primary_context::PrimaryContext;
 ///
 /// Cheap to share behind an `Arc`; usable from any thread (every call binds the device's
 /// primary context on the calling thread first).
+///
+/// # Example
+///
+/// The [`Device`] calls `devarrow-bridge`'s `Transfer` makes, here by hand: allocate,
+/// copy each way on the device's stream, record an event (a `CUevent`, what an export's
+/// `sync_event` points to) and wait for it.
+///
+/// ```
+/// use devarrow_abi::device::Device;
+/// use devarrow_cuda::{CudaDevice, CudaDeviceOptions, CudaError, HostWait};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// let device = device.with_options(CudaDeviceOptions::default().host_wait(HostWait::Block));
+/// let memory = device.allocate(4)?;
+/// let input = [1u8, 2, 3, 4];
+/// let mut output = [0u8; 4];
+/// // SAFETY: `input` and `output` outlive the copies (we wait for the event below), and
+/// // `memory` holds 4 bytes of this device.
+/// unsafe {
+///     device.copy_to_device(input.as_ptr(), memory.address(), 4)?;
+///     device.copy_to_host(memory.address(), output.as_mut_ptr(), 4)?;
+/// }
+/// device.record_event()?.wait_host()?; // blocks without spinning (HostWait::Block)
+/// assert_eq!(output, input);
+/// assert_eq!(device.copy_count(), 2);
+/// assert!(device.memory_stats().live_buffers >= 1);
+/// # Ok(())
+/// # }
+/// ```
 pub struct CudaDevice {
     device: PrimaryContext,
     stream: DropInContext<Arc<CudaStream>>,

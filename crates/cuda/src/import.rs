@@ -62,6 +62,51 @@ impl Drop for ImportShared {
 /// The struct tree (`array()`, its `child(i)` and `dictionary()`) is in host memory and
 /// may be walked freely; buffer contents may not be read on the host unless the device
 /// type is host-accessible and [`ImportedArray::synchronize_host`] has returned.
+///
+/// # Example
+///
+/// A producer's export imported on the consumer's stream, and one of its buffers read
+/// back there:
+///
+/// ```
+/// use arrow_data::ArrayData;
+/// use arrow_schema::DataType;
+/// use devarrow_abi::ArrowDeviceType;
+/// use devarrow_cuda::{export_array_data, CudaDevice, CudaError, DeviceBuffer, ImportedArray};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// // The producer: three u16 values on its own stream, exported with a sync event.
+/// let producer = device.primary_context().new_stream()?;
+/// let values = DeviceBuffer::from_host(&producer, &[7u16, 8, 9])?;
+/// // SAFETY: device memory that only travels inside the exported array.
+/// let buffer = unsafe { values.into_arrow_buffer() };
+/// // SAFETY: 3 values of 2 bytes, no nulls: the layout of a UInt16 array of length 3.
+/// let data = unsafe {
+///     ArrayData::builder(DataType::UInt16).len(3).null_count(0).add_buffer(buffer).build_unchecked()
+/// };
+/// let exported = export_array_data(data, ArrowDeviceType::CUDA, &producer)?;
+///
+/// // The consumer: its stream waits on the producer's event (no host wait).
+/// let consumer = device.primary_context().new_stream()?;
+/// let imported = ImportedArray::import(exported, &consumer)?;
+/// assert_eq!(imported.array().length, 3);
+/// // SAFETY: buffer 1 of a UInt16 array of 3 values holds 6 bytes.
+/// let view = unsafe { imported.buffer(imported.array(), 1, 6) }.expect("a values buffer");
+/// assert_eq!(view.to_host(&consumer)?, [7, 0, 8, 0, 9, 0]);
+/// drop(view);
+/// drop(imported); // the producer's release runs once, after the consumer's reads
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct ImportedArray {
     shared: Arc<ImportShared>,

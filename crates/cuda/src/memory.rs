@@ -100,6 +100,38 @@ fn sync(stream: &CudaStream) -> Result<()> {
 /// buffer and another stream return only once that stream's work is done, so only work
 /// enqueued through raw addresses (`device_ptr`, the `unsafe` kernel launches, cudarc
 /// views) needs it. Addresses are at least 256-byte aligned.
+///
+/// # Example
+///
+/// ```
+/// use devarrow_cuda::{memory_stats, CudaDevice, CudaError, CudaMemory, DeviceBuffer};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// let stream = device.stream();
+/// let before = memory_stats(0).live_buffers;
+///
+/// let mut buffer = DeviceBuffer::from_host(stream, &[1u32, 2, 3, 4])?;
+/// assert_eq!(buffer.len(), 16);
+/// buffer.copy_from_host(stream, &[9u32])?; // overwrites the first value
+/// let mut back = [0u32; 4];
+/// buffer.copy_to_host(stream, &mut back)?;
+/// assert_eq!(back, [9, 2, 3, 4]);
+/// assert_eq!(memory_stats(0).live_buffers, before + 1);
+///
+/// drop(buffer); // freed in order on its stream, back to devarrow's pool
+/// assert_eq!(memory_stats(0).live_buffers, before);
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     len: usize,

@@ -55,6 +55,22 @@ pub struct DeviceInfo {
 }
 
 /// Lists the CUDA devices without creating contexts on them.
+///
+/// ```
+/// use devarrow_cuda::{driver_available, list_devices, CudaError};
+///
+/// match list_devices() {
+///     Ok(devices) => {
+///         for d in &devices {
+///             let (major, minor) = d.compute_capability;
+///             println!("cuda:{} {} (sm_{major}{minor}, {} MiB)", d.id, d.name, d.total_memory >> 20);
+///         }
+///     }
+///     // No libcuda on this machine: a typed error, never a panic.
+///     Err(CudaError::NoDriver) => assert!(!driver_available()),
+///     Err(e) => println!("CUDA is not usable here: {e}"),
+/// }
+/// ```
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let count = device_count()?;
     let mut out = Vec::with_capacity(count);

@@ -101,6 +101,41 @@ impl CudaMemory for Bitmap {
 /// values' stream: write the slices on that stream (or order the writes before it; where
 /// cudarc tracks events, writes on other streams are waited for). `devarrow-bridge`'s
 /// `DeviceBatch::from_cuda_arrays` imports such a batch, which its `Transfer` downloads.
+///
+/// # Example
+///
+/// A cudarc slice (say, a kernel's output) as an Arrow `Int64` array, exported:
+///
+/// ```
+/// use arrow_schema::DataType;
+/// use devarrow_cuda::{CudaArray, CudaDevice, CudaError};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// let stream = device.primary_context().new_stream()?;
+/// let driver_error = |source| CudaError::Driver { call: "cuMemcpyHtoDAsync", source };
+/// let values = stream.clone_htod(&[10i64, 20, 30]).map_err(driver_error)?;
+///
+/// let array = CudaArray::from_values(DataType::Int64, values)?;
+/// assert_eq!((array.len(), array.null_count()), (3, 0));
+/// let exported = array.export()?; // sync_event: recorded on `stream`
+/// assert_eq!(exported.array().length, 3);
+///
+/// // A slice of the wrong element type is a typed error, not a reinterpretation.
+/// let floats = stream.clone_htod(&[1.5f32]).map_err(driver_error)?;
+/// let wrong = CudaArray::from_values(DataType::Int64, floats);
+/// assert!(matches!(wrong, Err(CudaError::TypeMismatch { .. })));
+/// # Ok(())
+/// # }
+/// ```
 pub struct CudaArray {
     /// Buffers in device memory, owning the slices: never read on the host.
     data: ArrayData,
