@@ -549,7 +549,10 @@ impl AsyncHostBatchStream {
     /// [`RecordBatchStream`] ([`HostRecordBatchStream`]), whose `schema()` is that schema
     /// (see the [module documentation](self) for why this is a step of its own). Fails
     /// with the producer's error when it fails before its schema (the producer is then
-    /// cancelled, as by a drop of this stream).
+    /// cancelled, as by a drop of this stream); dropping the future before it is ready
+    /// drops the stream too. Batches already taken as device batches (before
+    /// [`AsyncDeviceBatchStream::into_record_batches`]) are not seen again: the host stream
+    /// goes on from the next one, in order.
     ///
     /// ```
     /// use std::sync::Arc;

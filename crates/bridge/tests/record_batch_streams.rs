@@ -249,6 +249,40 @@ fn every_type_round_trips_through_the_trait_types_at_both_ends() {
 }
 
 #[test]
+// Background threads (upload pipeline, async producer, import thread): slow interpreted.
+#[cfg_attr(miri, ignore)]
+fn the_host_stream_goes_on_after_batches_taken_on_the_device() {
+    let _w = watchdog("the_host_stream_goes_on_after_batches_taken_on_the_device");
+    let device = InstrumentedDevice::new();
+    let source = Counters::default().source(schema(), (0..5).map(|k| Ok(batch(k))));
+    let (handler, mut on_device) = device_batch_handler(cpu(), 2).unwrap();
+    let producer = spawn_device_producer_into(
+        schema(),
+        source,
+        device.clone(),
+        StreamOptions::default(),
+        handler,
+    )
+    .unwrap();
+    let first = block_on(on_device.next()).unwrap().unwrap();
+    let mut host = block_on(
+        on_device
+            .into_record_batches(TransferOptions::default())
+            .ready(),
+    )
+    .unwrap();
+    assert_eq!(host.schema(), &schema());
+    let rest: Vec<_> = block_on((&mut host).map(Result::unwrap).collect::<Vec<_>>());
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    let mut back = vec![transfer.to_host(&first).unwrap()];
+    back.extend(rest);
+    assert_batches_eq(&(0..5).map(batch).collect::<Vec<_>>(), &back);
+    producer.join().unwrap();
+    drop((first, host));
+    assert_eq!(device.live(), 0);
+}
+
+#[test]
 fn the_host_stream_and_its_ready_future_are_send() {
     fn assert_send<T: Send>(_: &T) {}
     let (handler, on_device) = device_batch_handler(cpu(), 1).unwrap();
