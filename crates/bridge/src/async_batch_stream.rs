@@ -15,14 +15,40 @@
 //!   arrive as a [`futures::Stream`] of [`DeviceBatch`]es on a device
 //!   ([`AsyncDeviceBatchStream`]), imported zero-copy off the executor's threads, and
 //!   optionally downloaded to record batches ([`AsyncHostBatchStream`]).
+//!
+//! # arrow-rs async streams
+//!
+//! Both ends speak arrow-rs's [`RecordBatchStream`]
+//! (`arrow_array::nonblocking::RecordBatchStream`: a [`futures::Stream`] of
+//! `Result<RecordBatch, ArrowError>` with a `schema()`, the shape of DataFusion's
+//! `SendableRecordBatchStream`):
+//!
+//! - [`UploadStream::from_record_batch_stream`] uploads one, boxed as
+//!   `Pin<Box<dyn RecordBatchStream + Send>>` or any other `Pin<Box<S>>`, taking the
+//!   schema from the trait (any other stream of record batches goes to
+//!   [`UploadStream::spawn`] with its schema).
+//! - [`AsyncHostBatchStream::ready`] waits for the producer's schema and returns a
+//!   [`HostRecordBatchStream`], which implements the trait.
+//!
+//! Why a `ready().await` step rather than implementing the trait on
+//! [`AsyncHostBatchStream`] itself: the trait's `schema()` is synchronous and returns a
+//! reference, but an async consumer learns the schema only when the producer calls
+//! `on_schema`, some time after the handler was handed over (and a producer may fail
+//! before that). Implemented on the stream that may not have it yet, `schema()` would have
+//! to block the executor's thread, panic, or return a placeholder that the batches then
+//! contradict. Waiting once, asynchronously, for the schema (or the producer's error,
+//! returned by `ready`) gives a type whose `schema()` is always the producer's, never
+//! blocks and never fails; it costs one `await` before the first batch, which a consumer
+//! waits for anyway.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use arrow_array::nonblocking::RecordBatchStream;
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_schema::{ArrowError, SchemaRef};
 use devarrow_abi::async_stream::{
     async_handler, spawn_producer, AsyncDeviceArrayStream, AsyncStreamHandler, ProducerHandle,
 };
@@ -80,6 +106,81 @@ impl UploadStream {
         })
     }
 
+    /// Starts uploading the batches of an arrow-rs [`RecordBatchStream`] to `device`, as
+    /// [`UploadStream::spawn`] does with the stream's own `schema()`: DataFusion's
+    /// `SendableRecordBatchStream` (`Pin<Box<dyn RecordBatchStream + Send>>`) goes in as
+    /// it is, a stream of a concrete type through `Box::pin`.
+    ///
+    /// The read-ahead and the back-pressure are [`UploadStream::spawn`]'s: the source is
+    /// polled for at most `options.read_ahead` batches beyond those this stream was
+    /// polled for. An error of the source is delivered (as a devarrow [`Error`], the
+    /// conversion of the `ArrowError`, which keeps the errno of a devarrow error that
+    /// travelled inside it) after the batches before it, and ends the stream; the source
+    /// is dropped, and every upload not handed out freed, before it is delivered. Fails
+    /// only when the thread cannot be started.
+    ///
+    /// ```
+    /// use std::pin::Pin;
+    /// use std::sync::Arc;
+    /// use std::task::{Context, Poll};
+    ///
+    /// use arrow_array::nonblocking::RecordBatchStream;
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    /// use arrow_schema::{ArrowError, SchemaRef};
+    /// use devarrow_abi::device::CpuDevice;
+    /// use devarrow_bridge::{StreamOptions, Transfer, TransferOptions, UploadStream};
+    /// use futures::stream::{self, BoxStream};
+    /// use futures::{Stream, StreamExt};
+    ///
+    /// /// A stream with its schema, as an engine hands it over.
+    /// struct WithSchema(SchemaRef, BoxStream<'static, Result<RecordBatch, ArrowError>>);
+    ///
+    /// impl Stream for WithSchema {
+    ///     type Item = Result<RecordBatch, ArrowError>;
+    ///     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    ///         self.1.poll_next_unpin(cx)
+    ///     }
+    /// }
+    ///
+    /// impl RecordBatchStream for WithSchema {
+    ///     fn schema(&self) -> &SchemaRef {
+    ///         &self.0
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let batch = RecordBatch::try_from_iter([(
+    ///     "x",
+    ///     Arc::new(Int64Array::from_iter_values(0..100)) as ArrayRef,
+    /// )])?;
+    /// let batches = vec![Ok(batch.clone()), Ok(batch.slice(10, 5))];
+    /// let source: Pin<Box<dyn RecordBatchStream + Send>> =
+    ///     Box::pin(WithSchema(batch.schema(), stream::iter(batches).boxed()));
+    ///
+    /// let device = Arc::new(CpuDevice::new());
+    /// let options = StreamOptions::default().with_read_ahead(2);
+    /// let uploads = UploadStream::from_record_batch_stream(source, device.clone(), options)?;
+    /// assert_eq!(uploads.schema(), batch.schema());
+    ///
+    /// let mut transfer = Transfer::new(device, TransferOptions::default());
+    /// let on_device: Vec<_> = futures::executor::block_on(uploads.collect::<Vec<_>>());
+    /// assert_eq!(on_device.len(), 2);
+    /// assert_eq!(transfer.to_host(on_device[1].as_ref().unwrap())?, batch.slice(10, 5));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_record_batch_stream<S>(
+        batches: Pin<Box<S>>,
+        device: Arc<dyn Device>,
+        options: StreamOptions,
+    ) -> Result<Self>
+    where
+        S: RecordBatchStream + Send + ?Sized + 'static,
+    {
+        let schema = batches.schema().clone();
+        Self::spawn(schema, batches, device, options)
+    }
+
     /// The schema of the batches.
     pub fn schema(&self) -> SchemaRef {
         self.pipeline.schema()
@@ -110,6 +211,9 @@ impl Stream for UploadStream {
 /// protocol: `on_schema`, one `on_next_task` per requested unit, a NULL task at the end
 /// (requested or not; the producer takes one batch ahead of the demand to see it),
 /// `on_error` for an error of the source or of an upload, `release` last).
+///
+/// An arrow-rs [`RecordBatchStream`] goes in with its own `schema()` (`stream.schema().clone()`
+/// as `schema`).
 ///
 /// The handler is taken over in every case once it is validated: should the upload
 /// thread fail to start, the handler is told so with `on_error` when it first requests
@@ -440,6 +544,72 @@ impl AsyncHostBatchStream {
     pub fn schema(&self) -> impl Future<Output = Result<SchemaRef>> + '_ {
         self.inner.inner.schema()
     }
+
+    /// Waits for the producer's schema and returns these batches as an arrow-rs
+    /// [`RecordBatchStream`] ([`HostRecordBatchStream`]), whose `schema()` is that schema
+    /// (see the [module documentation](self) for why this is a step of its own). Fails
+    /// with the producer's error when it fails before its schema (the producer is then
+    /// cancelled, as by a drop of this stream); dropping the future before it is ready
+    /// drops the stream too. Batches already taken as device batches (before
+    /// [`AsyncDeviceBatchStream::into_record_batches`]) are not seen again: the host stream
+    /// goes on from the next one, in order.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::nonblocking::RecordBatchStream;
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    /// use arrow_schema::ArrowError;
+    /// use devarrow_abi::device::{CpuDevice, Device};
+    /// use devarrow_bridge::{
+    ///     device_batch_handler, spawn_device_producer_into, StreamOptions, TransferOptions,
+    /// };
+    /// use futures::{stream, StreamExt};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let batch = RecordBatch::try_from_iter([(
+    ///     "x",
+    ///     Arc::new(Int64Array::from_iter_values(0..100)) as ArrayRef,
+    /// )])?;
+    /// let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    ///
+    /// // An async producer on the device, and a consumer on the same device.
+    /// let (handler, on_device) = device_batch_handler(device.clone(), 2)?;
+    /// let producer = spawn_device_producer_into(
+    ///     batch.schema(),
+    ///     stream::iter(vec![batch.clone(); 3].into_iter().map(Ok::<_, ArrowError>)),
+    ///     device,
+    ///     StreamOptions::default(),
+    ///     handler,
+    /// )?;
+    ///
+    /// futures::executor::block_on(async {
+    ///     let host = on_device.into_record_batches(TransferOptions::default()).ready().await?;
+    ///     assert_eq!(host.schema(), &batch.schema());
+    ///     // What a DataFusion operator takes: `SendableRecordBatchStream`.
+    ///     let mut engine_input: std::pin::Pin<Box<dyn RecordBatchStream + Send>> = Box::pin(host);
+    ///     while let Some(back) = engine_input.next().await {
+    ///         assert_eq!(back?, batch);
+    ///     }
+    ///     Ok::<_, devarrow_abi::Error>(())
+    /// })?;
+    /// producer.join()
+    /// # }
+    /// ```
+    pub async fn ready(mut self) -> Result<HostRecordBatchStream> {
+        let schema = match &self.inner.schema {
+            Some(schema) => schema.clone(),
+            None => {
+                let schema = self.inner.inner.schema().await?;
+                self.inner.schema = Some(schema.clone());
+                schema
+            }
+        };
+        Ok(HostRecordBatchStream {
+            inner: self.inner,
+            schema,
+        })
+    }
 }
 
 impl Stream for AsyncHostBatchStream {
@@ -447,5 +617,53 @@ impl Stream for AsyncHostBatchStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.inner.poll_next(cx)
+    }
+}
+
+/// The record batches of an [`AsyncHostBatchStream`] once its schema arrived
+/// ([`AsyncHostBatchStream::ready`]): an arrow-rs [`RecordBatchStream`], e.g. to hand to
+/// an engine as its `SendableRecordBatchStream` (`Box::pin` it).
+///
+/// Every batch has the schema `schema()` returns (the producer's, from `on_schema`).
+/// Errors are `ArrowError`s, as the trait requires: a devarrow [`Error`] travels inside
+/// `ArrowError::ExternalError` (an arrow-rs error as itself), and
+/// `devarrow_abi::Error::from(arrow_error)` gets it back with its errno. The stream ends
+/// after its first error. Dropping it before the end cancels the producer and waits for a
+/// download in progress, as dropping an [`AsyncHostBatchStream`] does.
+pub struct HostRecordBatchStream {
+    inner: Converting<RecordBatch>,
+    schema: SchemaRef,
+}
+
+impl std::fmt::Debug for HostRecordBatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRecordBatchStream")
+            .field("schema", &self.schema)
+            .field("arrays", &self.inner.inner)
+            .field("done", &self.inner.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostRecordBatchStream {
+    /// The array stream underneath (device type, capacity, metadata).
+    pub fn device_arrays(&self) -> &AsyncDeviceArrayStream {
+        &self.inner.inner
+    }
+}
+
+impl Stream for HostRecordBatchStream {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner
+            .poll_next(cx)
+            .map(|item| item.map(|item| item.map_err(ArrowError::from)))
+    }
+}
+
+impl RecordBatchStream for HostRecordBatchStream {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
     }
 }

@@ -63,7 +63,8 @@
 //!   ([`DeviceStreamReader`], [`HostStreamReader`]).
 //! - [`async_batch_stream`]: the async device stream on a device, both sides
 //!   ([`UploadStream`], [`spawn_device_producer`]; [`device_batch_handler`],
-//!   [`AsyncDeviceBatchStream`]).
+//!   [`AsyncDeviceBatchStream`]); both ends speak arrow-rs's async `RecordBatchStream`
+//!   ([`UploadStream::from_record_batch_stream`], [`HostRecordBatchStream`]).
 //! - [`select`]: choosing the device.
 #![warn(missing_docs)]
 
@@ -78,7 +79,7 @@ pub mod transfer;
 
 pub use async_batch_stream::{
     device_batch_handler, spawn_device_producer, spawn_device_producer_into,
-    AsyncDeviceBatchStream, AsyncHostBatchStream, UploadStream,
+    AsyncDeviceBatchStream, AsyncHostBatchStream, HostRecordBatchStream, UploadStream,
 };
 pub use batch_stream::{
     export_reader_to_device, DeviceStreamReader, HostStreamReader, StreamOptions, Uploader,
