@@ -4,8 +4,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use devarrow::abi::device::LinkModel;
+use devarrow::cuda::CudaDeviceOptions;
 use serde::Serialize;
 
+use super::cuda_options::{self, CudaOptions};
 use super::measure::{Direction, Method, Point};
 use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
@@ -23,6 +25,8 @@ pub struct DeviceInfo {
     pub fallback: Option<String>,
     /// The link the CPU device modelled (`--link`).
     pub link: Option<LinkModel>,
+    /// The options the CUDA device ran with (`None` on the CPU device).
+    pub cuda_options: Option<CudaDeviceOptions>,
 }
 
 impl DeviceInfo {
@@ -34,6 +38,18 @@ impl DeviceInfo {
             (None, true) => "; no link model (host memory, packed directly)".into(),
         }
     }
+}
+
+/// Says that CUDA options were given but not used (the run is on the CPU device), or
+/// `None` when they were used or none were given.
+pub fn cuda_options_unused(cuda: &CudaOptions, on_cuda: bool) -> Option<String> {
+    (cuda.given() && !on_cuda).then(|| {
+        format!(
+            "CUDA options from {} (`{}`) not used: the CPU device has none",
+            cuda.source.label(),
+            cuda.text.as_deref().unwrap_or_default()
+        )
+    })
 }
 
 /// `modelled link 4 GB/s + 10 us per copy`.
@@ -178,6 +194,19 @@ impl Run {
         if let (Ok(summary), true) = (&self.device.cuda_summary, self.device.id != "cpu") {
             let _ = writeln!(out, "CUDA:    {summary}");
         }
+        if let Some(cuda) = &self.device.cuda_options {
+            let from = match o.cuda_options.source {
+                cuda_options::Source::Default => "the defaults".to_string(),
+                source => format!("from {}", source.label()),
+            };
+            let _ = writeln!(
+                out,
+                "options: {} (CUDA device options, {from})",
+                cuda_options::describe(cuda)
+            );
+        } else if let Some(unused) = cuda_options_unused(&o.cuda_options, false) {
+            let _ = writeln!(out, "options: {unused}");
+        }
         let _ = writeln!(out, "data:    {}", self.data.describe());
         let _ = writeln!(
             out,
@@ -281,6 +310,12 @@ impl Run {
                     gbps: l.gbps(),
                     latency_s: l.latency.as_secs_f64(),
                 }),
+                cuda_options: self.device.cuda_options.map(|c| JsonCudaOptions {
+                    batch_copies: c.batch_copies,
+                    register_pageable_bytes: c.register_pageable,
+                    host_wait: cuda_options::host_wait_name(c.host_wait),
+                    reuse_events: c.reuse_events,
+                }),
             },
             options: JsonOptions {
                 device: o.device.to_string(),
@@ -296,6 +331,11 @@ impl Run {
                     JsonTarget::Stdout => "-".to_string(),
                     JsonTarget::File(p) => p.display().to_string(),
                 }),
+                cuda_options: JsonCudaOptionsGiven {
+                    source: o.cuda_options.source.label(),
+                    given: o.cuda_options.text.as_deref(),
+                    env_overridden: o.cuda_options.env_overridden,
+                },
             },
             data: &self.data,
             units: JsonUnits {
@@ -347,6 +387,29 @@ struct JsonDevice<'a> {
     fallback_reason: Option<&'a str>,
     /// The link the CPU device modelled (`--link`), if any.
     link: Option<JsonLink>,
+    /// The options the CUDA device ran with, all four (`null` on the CPU device).
+    cuda_options: Option<JsonCudaOptions>,
+}
+
+/// The options a CUDA device ran with ([`CudaDeviceOptions`]).
+#[derive(Debug, Serialize)]
+struct JsonCudaOptions {
+    batch_copies: bool,
+    /// `null`: no pageable buffer is registered.
+    register_pageable_bytes: Option<usize>,
+    /// `spin` or `block`.
+    host_wait: &'static str,
+    reuse_events: bool,
+}
+
+/// The CUDA options asked for: where from, and the list as given.
+#[derive(Debug, Serialize)]
+struct JsonCudaOptionsGiven<'a> {
+    /// `default`, `DEVARROW_CUDA_OPTIONS` or `--cuda-options`.
+    source: &'static str,
+    given: Option<&'a str>,
+    /// Whether `DEVARROW_CUDA_OPTIONS` was set but `--cuda-options` won over it.
+    env_overridden: bool,
 }
 
 /// A modelled link: bandwidth (GB/s, 1e9 bytes per second) and latency per copy.
@@ -369,6 +432,7 @@ struct JsonOptions<'a> {
     chart: Option<String>,
     link: Option<String>,
     json: Option<String>,
+    cuda_options: JsonCudaOptionsGiven<'a>,
 }
 
 /// The units of the figures.
@@ -542,6 +606,7 @@ pub(crate) mod tests {
                 link: None,
                 progress: false,
                 memory_check: true,
+                cuda_options: CudaOptions::default(),
             },
             device: DeviceInfo {
                 id: "cpu".into(),
@@ -549,6 +614,7 @@ pub(crate) mod tests {
                 cuda_summary: Err("no driver".into()),
                 fallback: Some("no CUDA device found: no driver".into()),
                 link: None,
+                cuda_options: None,
             },
             data: DataInfo {
                 kind: "tpch-lineitem".into(),
@@ -621,6 +687,87 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_cuda_options_that_ran_are_reported() {
+        use crate::job::cuda_options::{parse_flag, Source};
+        use devarrow::cuda::HostWait;
+
+        // On a CUDA device: all four, also at their defaults.
+        let mut run = sample_run(vec![sample_point(1024, 1.0)]);
+        run.device.id = "cuda:0".into();
+        run.device.name = "NVIDIA H100".into();
+        run.device.fallback = None;
+        run.device.cuda_options = Some(CudaDeviceOptions::default());
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: batch_copies=false,register_pageable=off,host_wait=spin,\
+                 reuse_events=true (CUDA device options, the defaults)"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert_eq!(
+            v["device"]["cuda_options"],
+            json!({"batch_copies": false, "register_pageable_bytes": null,
+                   "host_wait": "spin", "reuse_events": true})
+        );
+
+        let given = CudaDeviceOptions::default()
+            .register_pageable(Some(1 << 20))
+            .host_wait(HostWait::Block);
+        run.device.cuda_options = Some(given);
+        run.options.cuda_options = CudaOptions {
+            options: given,
+            source: Source::Env,
+            text: Some("register_pageable=1MiB,host_wait=block".into()),
+            env_overridden: false,
+        };
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: batch_copies=false,register_pageable=1MiB,host_wait=block,\
+                 reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert_eq!(
+            v["device"]["cuda_options"],
+            json!({"batch_copies": false, "register_pageable_bytes": 1048576,
+                   "host_wait": "block", "reuse_events": true})
+        );
+        assert_eq!(
+            v["options"]["cuda_options"],
+            json!({"source": "DEVARROW_CUDA_OPTIONS",
+                   "given": "register_pageable=1MiB,host_wait=block",
+                   "env_overridden": false})
+        );
+
+        // On the CPU device: given, not used, and said so.
+        let mut run = sample_run(vec![sample_point(1024, 1.0)]);
+        run.options.cuda_options = CudaOptions::resolve(
+            Some(parse_flag("batch_copies").unwrap()),
+            Some(std::ffi::OsStr::new("host_wait=block")),
+        )
+        .unwrap();
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: CUDA options from --cuda-options (`batch_copies`) not used: the CPU \
+                 device has none"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert!(v["device"]["cuda_options"].is_null());
+        assert_eq!(v["options"]["cuda_options"]["source"], "--cuda-options");
+        assert_eq!(v["options"]["cuda_options"]["env_overridden"], true);
+        // Nothing given on the CPU device: no line.
+        let text = sample_run(vec![sample_point(1024, 1.0)]).text();
+        assert!(!text.contains("options:"), "{text}");
+    }
+
+    #[test]
     fn json_shape() {
         let run = sample_run(vec![sample_point(1024, 1.0), sample_point(4096, 0.5)]);
         // Round trip through text: what `--json` writes parses.
@@ -648,6 +795,12 @@ pub(crate) mod tests {
         assert_eq!(v["data"]["arrow_bytes"], 138_000_000);
         assert_eq!(v["units"]["time"], "seconds");
         assert_eq!(v["export_check"], "export: ok");
+        // The CPU device ran no CUDA options; none were asked for.
+        assert!(v["device"]["cuda_options"].is_null());
+        assert_eq!(
+            v["options"]["cuda_options"],
+            json!({"source": "default", "given": null, "env_overridden": false})
+        );
         assert_eq!(v["devarrow_version"], env!("CARGO_PKG_VERSION"));
         assert_eq!(v["host"]["os"], std::env::consts::OS);
         assert_eq!(v["data"]["rows"], 600_572);
