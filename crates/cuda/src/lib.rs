@@ -117,3 +117,8 @@ pub use primary_context::{
     device_count, driver_available, list_devices, DeviceInfo, PrimaryContext,
 };
 pub use slice_array::CudaArray;
+
+/// The README's example (crates.io shows it), compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
