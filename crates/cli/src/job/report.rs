@@ -40,6 +40,24 @@ impl DeviceInfo {
     }
 }
 
+/// The build profile of this binary: `release` or `debug` (from `debug_assertions`,
+/// which cargo's `release` profile turns off and `dev` and `test` turn on).
+pub fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// The `build:` line of the table: the profile, with a warning in a debug build.
+pub fn build_line() -> String {
+    match build_profile() {
+        "release" => "release".to_string(),
+        profile => format!("{profile} (figures are not representative: use cargo run --release)"),
+    }
+}
+
 /// Says that CUDA options were given but not used (the run is on the CPU device), or
 /// `None` when they were used or none were given.
 pub fn cuda_options_unused(cuda: &CudaOptions, on_cuda: bool) -> Option<String> {
@@ -177,6 +195,7 @@ impl Run {
             env!("CARGO_PKG_VERSION"),
             devarrow::GIT_COMMIT
         );
+        let _ = writeln!(out, "build:   {}", build_line());
         let _ = writeln!(out, "device:  {}", self.device_line());
         if self.device.id == "cpu" {
             let model = match &self.device.link {
@@ -292,6 +311,7 @@ impl Run {
         JsonReport {
             devarrow_version: env!("CARGO_PKG_VERSION"),
             commit: devarrow::GIT_COMMIT,
+            build: build_profile(),
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -359,6 +379,8 @@ impl Run {
 pub struct JsonReport<'a> {
     devarrow_version: &'static str,
     commit: &'static str,
+    /// `release` or `debug`: figures of a debug build are not representative.
+    build: &'static str,
     unix_time: u64,
     host: JsonHost,
     device: JsonDevice<'a>,
@@ -652,6 +674,15 @@ pub(crate) mod tests {
             text.contains("CPU device (no CUDA device found: no driver)"),
             "{text}"
         );
+        let build = text.lines().find(|l| l.starts_with("build:   ")).unwrap();
+        if cfg!(debug_assertions) {
+            assert_eq!(
+                build,
+                "build:   debug (figures are not representative: use cargo run --release)"
+            );
+        } else {
+            assert_eq!(build, "build:   release");
+        }
         assert!(
             text.contains("65,536 rows per batch: 262,144 rows in 4 batches"),
             "{text}"
@@ -775,6 +806,14 @@ pub(crate) mod tests {
         assert!(text.ends_with("}\n"));
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["commit"], devarrow::GIT_COMMIT);
+        assert_eq!(
+            v["build"],
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
         assert!(v["unix_time"].as_u64().unwrap() > 1_600_000_000);
         assert!(v["host"]["cpus"].as_u64().unwrap() >= 1);
         assert_eq!(v["device"]["id"], "cpu");
