@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Assembles every kernels/*.ptx (and the test and example kernels,
+# Assembles every crates/cuda/kernels/*.ptx (and the test and example kernels,
 # tests/support/*.ptx, examples/*.ptx) with ptxas for
 # sm_70 and sm_90 and fails on any error, any warning, any register spill or local memory
 # use, or a kernel over its register budget (REGISTER_BUDGET below). Prints each kernel's
@@ -46,9 +46,9 @@ fi
 echo "using $PTXAS_BIN ($("$PTXAS_BIN" --version | tail -n 1))"
 
 shopt -s nullglob
-files=("$ROOT"/kernels/*.ptx "$ROOT"/tests/support/*.ptx "$ROOT"/examples/*.ptx)
+files=("$ROOT"/crates/cuda/kernels/*.ptx "$ROOT"/tests/support/*.ptx "$ROOT"/examples/*.ptx)
 if [[ ${#files[@]} -eq 0 ]]; then
-    echo "error: no kernels/*.ptx found" >&2
+    echo "error: no crates/cuda/kernels/*.ptx found" >&2
     exit 1
 fi
 

@@ -88,3 +88,8 @@ mod panic;
 pub mod pinned_registry;
 pub mod schema;
 pub mod stream;
+
+/// The README's example (crates.io shows it), compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -181,8 +181,8 @@ impl DeviceBatch {
 
     /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose
     /// metadata becomes the batch's). A released schema is
-    /// [`Error::Released`](devarrow_abi::Error::Released); the array is released on error,
-    /// as by `import`.
+    /// [`Error::Released`](devarrow_abi::Error::Released); the array is released on
+    /// error, as by `import`.
     pub fn import_with_ffi_schema(
         device: Arc<dyn Device>,
         array: DeviceArray,

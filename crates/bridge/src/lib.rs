@@ -102,3 +102,8 @@ mod export_options;
 mod foreign;
 mod host;
 mod slicing;
+
+/// The README's example (crates.io shows it), compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -9,11 +9,19 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 
 fn devarrow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_devarrow"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("the devarrow binary runs")
+    devarrow_with_cuda_options(args, None)
+}
+
+/// Runs the job with `DEVARROW_CUDA_OPTIONS` set to `env` (removed with `None`, so that a
+/// value in the tests' own environment changes nothing).
+fn devarrow_with_cuda_options(args: &[&str], env: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_devarrow"));
+    command.args(args).env_remove("RUST_BACKTRACE");
+    match env {
+        Some(value) => command.env("DEVARROW_CUDA_OPTIONS", value),
+        None => command.env_remove("DEVARROW_CUDA_OPTIONS"),
+    };
+    command.output().expect("the devarrow binary runs")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -437,4 +445,162 @@ fn lineitem_from_an_arrow_ipc_file_cut_into_other_batch_sizes() {
         assert_eq!(p["max_batch_rows"], size);
         assert_eq!(p["verified"], true);
     }
+}
+
+/// The four CUDA options, as an error message lists them.
+const CUDA_OPTIONS: [&str; 4] = [
+    "batch_copies",
+    "register_pageable",
+    "host_wait",
+    "reuse_events",
+];
+
+#[test]
+fn bad_cuda_options_name_the_item_and_list_the_valid_ones() {
+    // The flag: a bad command line.
+    let stderr = assert_one_line_error(
+        &devarrow(&["--cuda-options", "batch_copies,host_wait=fast"]),
+        2,
+    );
+    assert!(stderr.contains("`host_wait=fast`"), "{stderr}");
+    for name in CUDA_OPTIONS {
+        assert!(stderr.contains(name), "{name}: {stderr}");
+    }
+    // The variable: the same, said to come from it, before anything runs (also on the
+    // CPU device, where the options would not be used).
+    for (value, item) in [
+        ("batch_copy", "`batch_copy`"),
+        ("register_pageable=1MB", "`register_pageable=1MB`"),
+        ("register_pageable", "`register_pageable`"),
+    ] {
+        let out = devarrow_with_cuda_options(&["--device", "cpu", "--scale", "0.001"], Some(value));
+        let stderr = assert_one_line_error(&out, 2);
+        assert!(
+            stderr.starts_with("devarrow: error: DEVARROW_CUDA_OPTIONS: "),
+            "{stderr}"
+        );
+        assert!(stderr.contains(item), "{value}: {stderr}");
+        for name in CUDA_OPTIONS {
+            assert!(stderr.contains(name), "{name}: {stderr}");
+        }
+    }
+    // --cuda-options contradicts --device cpu.
+    let stderr = assert_one_line_error(
+        &devarrow(&["--device", "cpu", "--cuda-options", "batch_copies"]),
+        1,
+    );
+    assert!(
+        stderr.contains("--cuda-options") && stderr.contains("CPU device"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_names_the_cuda_options_and_the_variable() {
+    let help = text(&devarrow(&["--help"]).stdout);
+    assert!(help.contains("--cuda-options <LIST>"), "{help}");
+    assert!(help.contains("DEVARROW_CUDA_OPTIONS"), "{help}");
+    assert!(help.contains("wins over the variable"), "{help}");
+    for name in CUDA_OPTIONS {
+        assert!(help.contains(name), "{name}: {help}");
+    }
+}
+
+/// `--json -` of a small run on `device` with the flag (if any) and the variable (if any).
+fn json_run(device: &str, flag: Option<&str>, env: Option<&str>) -> serde_json::Value {
+    let mut args = vec![
+        "--device", device, "--scale", "0.001", "--reps", "1", "--json", "-",
+    ];
+    if let Some(flag) = flag {
+        args.extend(["--cuda-options", flag]);
+    }
+    let out = devarrow_with_cuda_options(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn cuda_options_from_the_variable_on_the_cpu_device_are_noted_not_used() {
+    let out = devarrow_with_cuda_options(
+        &["--device", "cpu", "--scale", "0.001", "--reps", "1"],
+        Some("batch_copies,register_pageable=1MiB"),
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let note = "CUDA options from DEVARROW_CUDA_OPTIONS (`batch_copies,register_pageable=1MiB`) \
+                not used: the CPU device has none";
+    assert!(stderr.contains(note), "{stderr}");
+    assert!(stdout.contains(&format!("options: {note}")), "{stdout}");
+
+    let v = json_run("cpu", None, Some("host_wait=block"));
+    assert!(v["device"]["cuda_options"].is_null(), "{v}");
+    assert_eq!(
+        v["options"]["cuda_options"],
+        serde_json::json!({"source": "DEVARROW_CUDA_OPTIONS", "given": "host_wait=block",
+                           "env_overridden": false})
+    );
+    let v = json_run("cpu", None, None);
+    assert_eq!(v["options"]["cuda_options"]["source"], "default");
+}
+
+/// On a CUDA device (a GPU, or the emulated driver of `.ci/emulated-gpu`): the options
+/// run, all four are reported, and the flag wins over the variable.
+#[test]
+fn cuda_options_run_on_the_cuda_device() {
+    if !has_gpu() {
+        assert!(
+            std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"),
+            "DEVARROW_REQUIRE_GPU=1 but no CUDA device"
+        );
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let defaults = serde_json::json!({"batch_copies": false, "register_pageable_bytes": null,
+                                      "host_wait": "spin", "reuse_events": true});
+    let v = json_run("cuda", None, None);
+    assert_eq!(v["device"]["cuda_options"], defaults, "{v}");
+    assert_eq!(v["options"]["cuda_options"]["source"], "default");
+
+    let v = json_run("cuda", None, Some("batch_copies,register_pageable=1MiB"));
+    assert_eq!(
+        v["device"]["cuda_options"],
+        serde_json::json!({"batch_copies": true, "register_pageable_bytes": 1048576,
+                           "host_wait": "spin", "reuse_events": true}),
+        "{v}"
+    );
+    assert_eq!(
+        v["options"]["cuda_options"]["source"],
+        "DEVARROW_CUDA_OPTIONS"
+    );
+    assert!(v["points"][0]["verified"].as_bool().unwrap());
+
+    let v = json_run(
+        "cuda",
+        Some("host_wait=block,reuse_events=false"),
+        Some("batch_copies"),
+    );
+    assert_eq!(
+        v["device"]["cuda_options"],
+        serde_json::json!({"batch_copies": false, "register_pageable_bytes": null,
+                           "host_wait": "block", "reuse_events": false}),
+        "{v}"
+    );
+    assert_eq!(v["options"]["cuda_options"]["source"], "--cuda-options");
+    assert_eq!(v["options"]["cuda_options"]["env_overridden"], true);
+    assert!(v["points"][0]["verified"].as_bool().unwrap());
+
+    // The table says which ran.
+    let out = devarrow_with_cuda_options(
+        &["--device", "cuda", "--scale", "0.001", "--reps", "1"],
+        Some("host_wait=block"),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains(
+            "options: batch_copies=false,register_pageable=off,host_wait=block,\
+             reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
+        ),
+        "{stdout}"
+    );
 }

@@ -4,10 +4,14 @@
 //!   starts with the command (`$ cargo run --release -- ARGS`); the test runs the
 //!   binary with those arguments (on the CPU device, so they say `--device cpu`) and
 //!   compares its shape with the block: every line, label, column and count, with the
-//!   figures that vary from run to run (times, GB/s, percentages, the commit) masked;
+//!   figures that vary from run to run (times, GB/s, percentages, the commit) masked,
+//!   and the build profile too (`cargo test` runs a debug build);
+//! - the sample comes from a release build: its `build:` line says `release` (a debug
+//!   build's figures are not representative);
 //! - the option table lists exactly the options of `devarrow --help`.
 //!
-//! To regenerate the block (numbers from a release build, as the README says):
+//! To regenerate the block (numbers from a release build, as the README says; the test
+//! refuses to write a debug build's):
 //!
 //! ```sh
 //! UPDATE_README=1 cargo test --release -p devarrow-cli --test readme
@@ -19,6 +23,8 @@ use std::process::Command;
 const BEGIN: &str = "<!-- sample-output: begin -->";
 const END: &str = "<!-- sample-output: end -->";
 const PROMPT: &str = "$ cargo run --release -- ";
+/// The line of a release build's report that names its build profile.
+const RELEASE: &str = "build:   release";
 
 fn readme_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")
@@ -68,6 +74,9 @@ fn run(args: &[&str]) -> Vec<String> {
 /// unit of a duration after one) become `#`, the commit `<commit>`, the reason on the
 /// device line goes, and runs of spaces (column widths) become one.
 fn shape(line: &str) -> String {
+    if line.starts_with("build:") {
+        return "build: <profile>".to_string();
+    }
     let line = match line.find("(commit ") {
         Some(i) => {
             let rest = &line[i + "(commit ".len()..];
@@ -139,6 +148,25 @@ fn shape_masks_only_what_varies() {
         shape("ok: every batch (10 batches)."),
         "ok: every batch (10 batches)."
     );
+    assert_eq!(shape("build:   release"), "build: <profile>");
+    assert_eq!(
+        shape("build:   debug (figures are not representative: use cargo run --release)"),
+        "build: <profile>"
+    );
+}
+
+#[test]
+fn the_readme_sample_output_comes_from_a_release_build() {
+    let text = readme();
+    let (lines, _) = sample_block(&text);
+    let build: Vec<&&str> = lines.iter().filter(|l| l.starts_with("build:")).collect();
+    assert_eq!(
+        build,
+        [&RELEASE],
+        "README.md's sample output must come from a release build (its `build:` line says \
+         which); regenerate it with `UPDATE_README=1 cargo test --release -p devarrow-cli \
+         --test readme`"
+    );
 }
 
 #[test]
@@ -158,6 +186,11 @@ fn the_readme_sample_output_is_what_the_job_prints() {
     let actual = run(&args);
 
     if std::env::var_os("UPDATE_README").is_some() {
+        assert!(
+            actual.iter().any(|l| l == RELEASE),
+            "UPDATE_README writes only a release build's figures: run it with `cargo test \
+             --release`"
+        );
         let mut block = format!("{command}\n");
         for line in &actual {
             block.push_str(line);

@@ -122,3 +122,8 @@ pub use primary_context::{
 };
 pub use slice_array::CudaArray;
 pub use stats::{memory_stats, MemoryStats};
+
+/// The README's example (crates.io shows it), compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,4 +1,4 @@
-//! The kernels of `kernels/*.ptx` executed by the PTX interpreter and compared byte for
+//! The kernels of `crates/cuda/kernels/*.ptx` executed by the PTX interpreter and compared byte for
 //! byte with the `reference::naive` oracles — random inputs, many lengths, bit offsets,
 //! source/destination alignments and launch geometries — with every source mapped
 //! read-only and exactly (a read outside it faults), every destination mapped

@@ -7,7 +7,7 @@
 //! device pointer dereferenced on the host, a missing stream wait, a call made without
 //! a current context, a leak of device memory.
 //!
-//! - [`ptx`]: a parser and interpreter for the PTX subset of `kernels/*.ptx` (SIMT
+//! - [`ptx`]: a parser and interpreter for the PTX subset of `crates/cuda/kernels/*.ptx` (SIMT
 //!   threads, warps with `shfl.sync` and `vote.sync`, blocks with `bar.sync` and shared memory), with
 //!   every global access bounds- and alignment-checked by a [`ptx::Memory`].
 //! - [`driver`]: `extern "C"` functions with the driver API's names and signatures

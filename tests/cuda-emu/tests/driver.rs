@@ -1313,7 +1313,8 @@ fn modules_parse_ptx_and_unloading_invalidates_their_functions() {
     let emu = Emu::new();
     let mut module: CUmodule = std::ptr::null_mut();
     let mut f: CUfunction = std::ptr::null_mut();
-    let src = std::ffi::CString::new(include_str!("../../../kernels/copy.ptx")).unwrap();
+    let src =
+        std::ffi::CString::new(include_str!("../../../crates/cuda/kernels/copy.ptx")).unwrap();
     // SAFETY: NUL-terminated images, valid out-pointers and handles.
     unsafe {
         assert_eq!(

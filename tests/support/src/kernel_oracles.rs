@@ -1,4 +1,4 @@
-//! CPU reference implementations of the kernels in `kernels/*.ptx`: the oracle of the
+//! CPU reference implementations of the kernels in `crates/cuda/kernels/*.ptx`: the oracle of the
 //! GPU tests.
 //!
 //! Two layers:

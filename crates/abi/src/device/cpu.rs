@@ -39,7 +39,9 @@ enum Mode {
 
 /// The CPU as a [`Device`]: "device" memory is host memory from a pool that reuses freed
 /// blocks ([`HostPool`]: no page faults and no zeroing after a block's first use), copies
-/// are `memcpy`; see the [module docs](self) for its three modes.
+/// are `memcpy`. Three modes: [`CpuDevice::new`] (stands in for a GPU: every byte through
+/// staging), [`CpuDevice::direct`] (its memory is host memory, packed into directly) and
+/// [`CpuDevice::with_link`] (copies at the speed of a modelled link).
 ///
 /// # Example
 ///
@@ -103,7 +105,8 @@ impl CpuDevice {
     }
 
     /// A CPU device whose host-device copies run on a copy-engine thread at the speed of
-    /// `link` (see the [module docs](self)).
+    /// `link` ([`LinkModel`]), in stream order; events complete when the modelled copy
+    /// does, and copies from or to pageable memory are synchronous.
     ///
     /// # Panics
     /// If the copy engine's thread cannot be started.

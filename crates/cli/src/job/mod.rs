@@ -5,6 +5,8 @@
 //!
 //! - [`options`]: the command line;
 //! - [`device`]: choosing the device (CUDA when there is one, else the CPU device);
+//! - [`cuda_options`]: the CUDA device's options (`--cuda-options`,
+//!   `DEVARROW_CUDA_OPTIONS`);
 //! - [`memory`]: whether generated data will fit in memory;
 //! - [`input`]: generated TPC-H `lineitem`, or a Parquet / Arrow IPC file;
 //! - [`measure`]: the timed transfers;
@@ -13,6 +15,7 @@
 //! - [`chart`]: the SVG or PNG chart.
 
 pub mod chart;
+pub mod cuda_options;
 pub mod device;
 pub mod input;
 pub mod measure;
@@ -99,7 +102,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let options = cli.resolve();
+    let options = match cli.resolve(std::env::var_os(cuda_options::ENV).as_deref()) {
+        Ok(options) => options,
+        // A bad value of the variable is a bad command line, as the flag's would be.
+        Err(e) => {
+            eprintln!("devarrow: error: {}: {e}", cuda_options::ENV);
+            return ExitCode::from(2);
+        }
+    };
     let progress = Progress::new(options.progress);
     match run(options, &progress) {
         Ok(()) => ExitCode::SUCCESS,
@@ -210,7 +220,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         None => None,
     };
 
-    let selected = device::select(options.device, options.link)?;
+    let selected = device::select(options.device, options.link, &options.cuda_options)?;
     // Before anything is generated, and before the first line about it.
     if options.input.is_none() && options.memory_check {
         let estimate = memory::estimate(options.scale, selected.cuda.is_some());
@@ -219,6 +229,16 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     match &selected.fallback {
         Some(why) => progress.note(&format!("{why}; running on the CPU device")),
         None => progress.note(&format!("running on {} ({})", selected.name, selected.id)),
+    }
+    let cuda = &options.cuda_options;
+    if cuda.env_overridden {
+        progress.note(&format!(
+            "--cuda-options given: {} ignored",
+            cuda_options::ENV
+        ));
+    }
+    if let Some(note) = report::cuda_options_unused(cuda, selected.cuda.is_some()) {
+        progress.note(&note);
     }
 
     let (source, data, first) = match loaded {
@@ -308,6 +328,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             cuda_summary: selected.cuda_summary.clone(),
             fallback: selected.fallback.clone(),
             link: (selected.id == "cpu").then_some(options.link).flatten(),
+            cuda_options: selected.cuda.as_ref().map(|cuda| cuda.options()),
         },
         data,
         points,

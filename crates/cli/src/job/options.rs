@@ -1,9 +1,12 @@
 //! The command line of the main job (clap), and the parsers of its values.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use devarrow::abi::device::LinkModel;
+
+use super::cuda_options::{self, CudaOptions, CudaOptionsError};
 
 /// TPC-H scale factor used when neither `--scale` nor `--input` is given: about 600,000
 /// `lineitem` rows, some 140 MB of Arrow buffers; a few seconds on the CPU device in a
@@ -23,7 +26,9 @@ const EXAMPLES: &str = "Examples:
   devarrow --device cpu --scale 0.01 --json -
   devarrow --chart sweep.svg --json sweep.json
   devarrow --chart sweep.png --device cpu
-  devarrow --input data.parquet --batch-size 64K,1M";
+  devarrow --input data.parquet --batch-size 64K,1M
+  devarrow --device cuda --cuda-options batch_copies,register_pageable=1MiB
+  DEVARROW_CUDA_OPTIONS=host_wait=block devarrow --device cuda";
 
 /// Smallest accepted `--scale` (about 6,000 rows; the generator fails on much smaller
 /// scales).
@@ -79,6 +84,17 @@ pub struct Cli {
     /// memory]
     #[arg(long, value_name = "BANDWIDTH,LATENCY", value_parser = parse_link)]
     pub link: Option<LinkModel>,
+
+    /// CUDA device options, comma-separated: batch_copies[=BOOL],
+    /// register_pageable=SIZE|off (K/KiB, M/MiB, G/GiB: powers of 1024),
+    /// host_wait=spin|block, reuse_events[=BOOL]; those not named keep their defaults
+    /// (batch_copies=false, register_pageable=off, host_wait=spin, reuse_events=true).
+    /// Without this flag the environment variable DEVARROW_CUDA_OPTIONS is read (same
+    /// list); the flag wins over the variable, which is then ignored. Not used on the CPU
+    /// device: with --device cpu the flag is an error; when auto falls back to the CPU,
+    /// or the options come from the variable, a note says they were not used
+    #[arg(long, value_name = "LIST", value_parser = cuda_options::parse_flag)]
+    pub cuda_options: Option<cuda_options::Given>,
 
     /// Write a chart of bandwidth against batch size for every method to FILE, as SVG
     /// or PNG by its extension (sweeps 1K..1M rows per batch unless --batch-size is
@@ -153,11 +169,15 @@ pub struct Options {
     pub progress: bool,
     /// Whether to check, before generating data, that it fits in memory.
     pub memory_check: bool,
+    /// The options of a CUDA device, and where they came from.
+    pub cuda_options: CudaOptions,
 }
 
 impl Cli {
-    /// Applies the defaults.
-    pub fn resolve(self) -> Options {
+    /// Applies the defaults; `env_cuda_options` is the value of
+    /// [`cuda_options::ENV`], read only when `--cuda-options` is not given.
+    pub fn resolve(self, env_cuda_options: Option<&OsStr>) -> Result<Options, CudaOptionsError> {
+        let cuda_options = CudaOptions::resolve(self.cuda_options, env_cuda_options)?;
         let json = self.json.map(|j| match j.as_str() {
             "-" => JsonTarget::Stdout,
             _ => JsonTarget::File(PathBuf::from(j)),
@@ -167,7 +187,7 @@ impl Cli {
             (None, Some(_)) => DEFAULT_SWEEP.to_vec(),
             (None, None) => vec![DEFAULT_BATCH_ROWS],
         };
-        Options {
+        Ok(Options {
             device: self.device,
             scale: self.scale.unwrap_or(DEFAULT_SCALE),
             batch_sizes,
@@ -178,7 +198,8 @@ impl Cli {
             chart: self.chart,
             memory_check: !self.no_memory_check,
             link: self.link,
-        }
+            cuda_options,
+        })
     }
 }
 
@@ -306,7 +327,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
         Cli::try_parse_from(std::iter::once("devarrow").chain(args.iter().copied()))
-            .map(Cli::resolve)
+            .map(|cli| cli.resolve(None).expect("no environment"))
     }
 
     #[test]
@@ -430,6 +451,8 @@ mod tests {
             &["--scale", "0.1", "--input", "x.parquet"],
             &["--chart", "c.jpg"],
             &["--chart", "chart"],
+            &["--cuda-options", "batch_copy"],
+            &["--cuda-options", "host_wait=fast"],
         ] {
             let err = parse(args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

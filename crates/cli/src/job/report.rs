@@ -4,8 +4,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use devarrow::abi::device::LinkModel;
+use devarrow::cuda::CudaDeviceOptions;
 use serde::Serialize;
 
+use super::cuda_options::{self, CudaOptions};
 use super::measure::{Direction, Method, Point};
 use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
@@ -23,6 +25,8 @@ pub struct DeviceInfo {
     pub fallback: Option<String>,
     /// The link the CPU device modelled (`--link`).
     pub link: Option<LinkModel>,
+    /// The options the CUDA device ran with (`None` on the CPU device).
+    pub cuda_options: Option<CudaDeviceOptions>,
 }
 
 impl DeviceInfo {
@@ -34,6 +38,36 @@ impl DeviceInfo {
             (None, true) => "; no link model (host memory, packed directly)".into(),
         }
     }
+}
+
+/// The build profile of this binary: `release` or `debug` (from `debug_assertions`,
+/// which cargo's `release` profile turns off and `dev` and `test` turn on).
+pub fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// The `build:` line of the table: the profile, with a warning in a debug build.
+pub fn build_line() -> String {
+    match build_profile() {
+        "release" => "release".to_string(),
+        profile => format!("{profile} (figures are not representative: use cargo run --release)"),
+    }
+}
+
+/// Says that CUDA options were given but not used (the run is on the CPU device), or
+/// `None` when they were used or none were given.
+pub fn cuda_options_unused(cuda: &CudaOptions, on_cuda: bool) -> Option<String> {
+    (cuda.given() && !on_cuda).then(|| {
+        format!(
+            "CUDA options from {} (`{}`) not used: the CPU device has none",
+            cuda.source.label(),
+            cuda.text.as_deref().unwrap_or_default()
+        )
+    })
 }
 
 /// `modelled link 4 GB/s + 10 us per copy`.
@@ -161,6 +195,7 @@ impl Run {
             env!("CARGO_PKG_VERSION"),
             devarrow::GIT_COMMIT
         );
+        let _ = writeln!(out, "build:   {}", build_line());
         let _ = writeln!(out, "device:  {}", self.device_line());
         if self.device.id == "cpu" {
             let model = match &self.device.link {
@@ -177,6 +212,19 @@ impl Run {
         }
         if let (Ok(summary), true) = (&self.device.cuda_summary, self.device.id != "cpu") {
             let _ = writeln!(out, "CUDA:    {summary}");
+        }
+        if let Some(cuda) = &self.device.cuda_options {
+            let from = match o.cuda_options.source {
+                cuda_options::Source::Default => "the defaults".to_string(),
+                source => format!("from {}", source.label()),
+            };
+            let _ = writeln!(
+                out,
+                "options: {} (CUDA device options, {from})",
+                cuda_options::describe(cuda)
+            );
+        } else if let Some(unused) = cuda_options_unused(&o.cuda_options, false) {
+            let _ = writeln!(out, "options: {unused}");
         }
         let _ = writeln!(out, "data:    {}", self.data.describe());
         let _ = writeln!(
@@ -263,6 +311,7 @@ impl Run {
         JsonReport {
             devarrow_version: env!("CARGO_PKG_VERSION"),
             commit: devarrow::GIT_COMMIT,
+            build: build_profile(),
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -281,6 +330,12 @@ impl Run {
                     gbps: l.gbps(),
                     latency_s: l.latency.as_secs_f64(),
                 }),
+                cuda_options: self.device.cuda_options.map(|c| JsonCudaOptions {
+                    batch_copies: c.batch_copies,
+                    register_pageable_bytes: c.register_pageable,
+                    host_wait: cuda_options::host_wait_name(c.host_wait),
+                    reuse_events: c.reuse_events,
+                }),
             },
             options: JsonOptions {
                 device: o.device.to_string(),
@@ -296,6 +351,11 @@ impl Run {
                     JsonTarget::Stdout => "-".to_string(),
                     JsonTarget::File(p) => p.display().to_string(),
                 }),
+                cuda_options: JsonCudaOptionsGiven {
+                    source: o.cuda_options.source.label(),
+                    given: o.cuda_options.text.as_deref(),
+                    env_overridden: o.cuda_options.env_overridden,
+                },
             },
             data: &self.data,
             units: JsonUnits {
@@ -319,6 +379,8 @@ impl Run {
 pub struct JsonReport<'a> {
     devarrow_version: &'static str,
     commit: &'static str,
+    /// `release` or `debug`: figures of a debug build are not representative.
+    build: &'static str,
     unix_time: u64,
     host: JsonHost,
     device: JsonDevice<'a>,
@@ -347,6 +409,29 @@ struct JsonDevice<'a> {
     fallback_reason: Option<&'a str>,
     /// The link the CPU device modelled (`--link`), if any.
     link: Option<JsonLink>,
+    /// The options the CUDA device ran with, all four (`null` on the CPU device).
+    cuda_options: Option<JsonCudaOptions>,
+}
+
+/// The options a CUDA device ran with ([`CudaDeviceOptions`]).
+#[derive(Debug, Serialize)]
+struct JsonCudaOptions {
+    batch_copies: bool,
+    /// `null`: no pageable buffer is registered.
+    register_pageable_bytes: Option<usize>,
+    /// `spin` or `block`.
+    host_wait: &'static str,
+    reuse_events: bool,
+}
+
+/// The CUDA options asked for: where from, and the list as given.
+#[derive(Debug, Serialize)]
+struct JsonCudaOptionsGiven<'a> {
+    /// `default`, `DEVARROW_CUDA_OPTIONS` or `--cuda-options`.
+    source: &'static str,
+    given: Option<&'a str>,
+    /// Whether `DEVARROW_CUDA_OPTIONS` was set but `--cuda-options` won over it.
+    env_overridden: bool,
 }
 
 /// A modelled link: bandwidth (GB/s, 1e9 bytes per second) and latency per copy.
@@ -369,6 +454,7 @@ struct JsonOptions<'a> {
     chart: Option<String>,
     link: Option<String>,
     json: Option<String>,
+    cuda_options: JsonCudaOptionsGiven<'a>,
 }
 
 /// The units of the figures.
@@ -542,6 +628,7 @@ pub(crate) mod tests {
                 link: None,
                 progress: false,
                 memory_check: true,
+                cuda_options: CudaOptions::default(),
             },
             device: DeviceInfo {
                 id: "cpu".into(),
@@ -549,6 +636,7 @@ pub(crate) mod tests {
                 cuda_summary: Err("no driver".into()),
                 fallback: Some("no CUDA device found: no driver".into()),
                 link: None,
+                cuda_options: None,
             },
             data: DataInfo {
                 kind: "tpch-lineitem".into(),
@@ -586,6 +674,15 @@ pub(crate) mod tests {
             text.contains("CPU device (no CUDA device found: no driver)"),
             "{text}"
         );
+        let build = text.lines().find(|l| l.starts_with("build:   ")).unwrap();
+        if cfg!(debug_assertions) {
+            assert_eq!(
+                build,
+                "build:   debug (figures are not representative: use cargo run --release)"
+            );
+        } else {
+            assert_eq!(build, "build:   release");
+        }
         assert!(
             text.contains("65,536 rows per batch: 262,144 rows in 4 batches"),
             "{text}"
@@ -621,6 +718,87 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_cuda_options_that_ran_are_reported() {
+        use crate::job::cuda_options::{parse_flag, Source};
+        use devarrow::cuda::HostWait;
+
+        // On a CUDA device: all four, also at their defaults.
+        let mut run = sample_run(vec![sample_point(1024, 1.0)]);
+        run.device.id = "cuda:0".into();
+        run.device.name = "NVIDIA H100".into();
+        run.device.fallback = None;
+        run.device.cuda_options = Some(CudaDeviceOptions::default());
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: batch_copies=false,register_pageable=off,host_wait=spin,\
+                 reuse_events=true (CUDA device options, the defaults)"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert_eq!(
+            v["device"]["cuda_options"],
+            json!({"batch_copies": false, "register_pageable_bytes": null,
+                   "host_wait": "spin", "reuse_events": true})
+        );
+
+        let given = CudaDeviceOptions::default()
+            .register_pageable(Some(1 << 20))
+            .host_wait(HostWait::Block);
+        run.device.cuda_options = Some(given);
+        run.options.cuda_options = CudaOptions {
+            options: given,
+            source: Source::Env,
+            text: Some("register_pageable=1MiB,host_wait=block".into()),
+            env_overridden: false,
+        };
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: batch_copies=false,register_pageable=1MiB,host_wait=block,\
+                 reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert_eq!(
+            v["device"]["cuda_options"],
+            json!({"batch_copies": false, "register_pageable_bytes": 1048576,
+                   "host_wait": "block", "reuse_events": true})
+        );
+        assert_eq!(
+            v["options"]["cuda_options"],
+            json!({"source": "DEVARROW_CUDA_OPTIONS",
+                   "given": "register_pageable=1MiB,host_wait=block",
+                   "env_overridden": false})
+        );
+
+        // On the CPU device: given, not used, and said so.
+        let mut run = sample_run(vec![sample_point(1024, 1.0)]);
+        run.options.cuda_options = CudaOptions::resolve(
+            Some(parse_flag("batch_copies").unwrap()),
+            Some(std::ffi::OsStr::new("host_wait=block")),
+        )
+        .unwrap();
+        let text = run.text();
+        assert!(
+            text.contains(
+                "options: CUDA options from --cuda-options (`batch_copies`) not used: the CPU \
+                 device has none"
+            ),
+            "{text}"
+        );
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert!(v["device"]["cuda_options"].is_null());
+        assert_eq!(v["options"]["cuda_options"]["source"], "--cuda-options");
+        assert_eq!(v["options"]["cuda_options"]["env_overridden"], true);
+        // Nothing given on the CPU device: no line.
+        let text = sample_run(vec![sample_point(1024, 1.0)]).text();
+        assert!(!text.contains("options:"), "{text}");
+    }
+
+    #[test]
     fn json_shape() {
         let run = sample_run(vec![sample_point(1024, 1.0), sample_point(4096, 0.5)]);
         // Round trip through text: what `--json` writes parses.
@@ -628,6 +806,14 @@ pub(crate) mod tests {
         assert!(text.ends_with("}\n"));
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["commit"], devarrow::GIT_COMMIT);
+        assert_eq!(
+            v["build"],
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
         assert!(v["unix_time"].as_u64().unwrap() > 1_600_000_000);
         assert!(v["host"]["cpus"].as_u64().unwrap() >= 1);
         assert_eq!(v["device"]["id"], "cpu");
@@ -648,6 +834,12 @@ pub(crate) mod tests {
         assert_eq!(v["data"]["arrow_bytes"], 138_000_000);
         assert_eq!(v["units"]["time"], "seconds");
         assert_eq!(v["export_check"], "export: ok");
+        // The CPU device ran no CUDA options; none were asked for.
+        assert!(v["device"]["cuda_options"].is_null());
+        assert_eq!(
+            v["options"]["cuda_options"],
+            json!({"source": "default", "given": null, "env_overridden": false})
+        );
         assert_eq!(v["devarrow_version"], env!("CARGO_PKG_VERSION"));
         assert_eq!(v["host"]["os"], std::env::consts::OS);
         assert_eq!(v["data"]["rows"], 600_572);

@@ -36,9 +36,9 @@ pub use segments::{
 };
 
 /// `kernels/validity.ptx`: bit counting, bitmap realignment, pack and unpack.
-pub const VALIDITY_PTX: &str = include_str!("../../../../kernels/validity.ptx");
+pub const VALIDITY_PTX: &str = include_str!("../../kernels/validity.ptx");
 /// `kernels/copy.ptx`: batched copy and offset rebasing.
-pub const COPY_PTX: &str = include_str!("../../../../kernels/copy.ptx");
+pub const COPY_PTX: &str = include_str!("../../kernels/copy.ptx");
 
 /// Threads per block of every launch.
 pub const BLOCK_SIZE: u32 = 256;

@@ -1,4 +1,4 @@
-//! A parser and interpreter for the PTX subset used by `kernels/*.ptx`.
+//! A parser and interpreter for the PTX subset used by `crates/cuda/kernels/*.ptx`.
 //!
 //! INTERFACE CONTRACT (used by [`crate::driver`]):
 //! - [`Module::parse`] parses a whole `.ptx` text (directives, `.entry` and `.func`).
