@@ -107,6 +107,10 @@ pub struct CudaDevice {
     ranges_registered: AtomicU64,
     /// Registrations the driver refused (the range was staged instead).
     registrations_refused: AtomicU64,
+    /// Per peer device ordinal: whether copies from it go device to device
+    /// (`cuDeviceCanAccessPeer` said so and peer access from this device's context to the
+    /// peer's was enabled), asked once per peer ([`Device::copy_from_peer`]).
+    peers: Mutex<std::collections::HashMap<i64, bool>>,
 }
 
 /// [`CudaDevice::batch_copy`]: not yet known, there, not there.
@@ -337,6 +341,7 @@ impl CudaDevice {
             registration_unsupported: AtomicBool::new(false),
             ranges_registered: AtomicU64::new(0),
             registrations_refused: AtomicU64::new(0),
+            peers: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -960,6 +965,94 @@ unsafe impl Device for CudaDevice {
         }?;
         drop(table);
         Ok(())
+    }
+
+    /// One `cuMemcpyPeerAsync` on the device's stream from another CUDA device's memory
+    /// (`cuMemcpyAsync` from this device's own), where `cuDeviceCanAccessPeer` says this
+    /// device can access the peer's memory; the first copy from a peer enables peer
+    /// access from this device's context to the source memory's (its
+    /// `CU_POINTER_ATTRIBUTE_CONTEXT`), remembered per peer. `Ok(false)` for a peer
+    /// without access, or a device of another type: the caller stages the copy.
+    unsafe fn copy_from_peer(
+        &self,
+        from: &dyn Device,
+        src: *const c_void,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<bool> {
+        if from.device_type() != ArrowDeviceType::CUDA {
+            return Ok(false);
+        }
+        if len == 0 {
+            return Ok(true);
+        }
+        if src.is_null() || dst.is_null() {
+            return Err(CudaError::InvalidArgument(format!(
+                "peer copy of {len} bytes with a NULL pointer"
+            ))
+            .into());
+        }
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let peer = from.device_id();
+        if peer == self.device_id() {
+            // SAFETY: the caller guarantees both ranges, device memory of this device,
+            // until the copy completes; the stream belongs to the context bound above.
+            unsafe {
+                driver::memcpy_async(
+                    dst as sys::CUdeviceptr,
+                    src as sys::CUdeviceptr,
+                    len,
+                    stream,
+                )
+            }?;
+            return Ok(true);
+        }
+        let src_ctx = driver::pointer_context(src as usize)?;
+        let known = self
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&peer)
+            .copied();
+        let direct = match known {
+            Some(direct) => direct,
+            None => {
+                let own = driver::device_get(self.device.id() as i32)?;
+                let other = driver::device_get(
+                    i32::try_from(peer)
+                        .map_err(|_| CudaError::InvalidArgument(format!("device id {peer}")))?,
+                )?;
+                let can = driver::device_can_access_peer(own, other)?;
+                if can {
+                    // SAFETY: `src_ctx` owns live memory (the source), so it is live; our
+                    // context is current (bound above).
+                    unsafe { driver::ctx_enable_peer_access(src_ctx) }?;
+                }
+                self.peers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(peer, can);
+                can
+            }
+        };
+        if !direct {
+            return Ok(false);
+        }
+        // SAFETY: the caller guarantees `src` (memory of `src_ctx`) readable and `dst`
+        // (memory of our context) writable for `len` bytes until the copy completes; the
+        // stream belongs to our context, bound above.
+        unsafe {
+            driver::memcpy_peer_async(
+                dst as sys::CUdeviceptr,
+                self.device.cu_context(),
+                src as sys::CUdeviceptr,
+                src_ctx,
+                len,
+                stream,
+            )
+        }?;
+        Ok(true)
     }
 
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
