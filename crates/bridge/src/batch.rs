@@ -13,7 +13,7 @@ use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{ArrowDeviceType, DeviceArray, Result};
 
-use crate::export_options::{normalize_root_offset, ExportOptions};
+use crate::export_options::{normalize_root_offset, ExportOptions, ImportOptions};
 use crate::foreign::Foreign;
 use crate::host::Download;
 use crate::plan::Node;
@@ -177,6 +177,35 @@ impl DeviceBatch {
             event,
             device,
         })
+    }
+
+    /// [`DeviceBatch::import`] with [`ImportOptions`]: with
+    /// [`ImportOptions::copy_from_other_device`], an array in another device's memory
+    /// (same device type, another `device_id`) is imported on that device and copied to
+    /// `device` instead of refused.
+    ///
+    /// # Errors
+    /// As [`DeviceBatch::import`]; [`Error::DeviceMismatch`](devarrow_abi::Error) for an
+    /// array of another device without the option, or where `device` has no handle on
+    /// that device ([`Device::peer_device`]); the errors of opening that device and of
+    /// the copy. The array is released on error.
+    pub fn import_with_options(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: SchemaRef,
+        options: ImportOptions,
+    ) -> Result<DeviceBatch> {
+        let (found, id) = (array.device_type(), array.device_id());
+        let elsewhere = found == device.device_type()
+            && found != ArrowDeviceType::CPU
+            && id != device.device_id();
+        if elsewhere && options.copy_from_other_device {
+            if let Some(home) = device.peer_device(id)? {
+                let imported = Self::import(home, array, schema)?;
+                return imported.copy_to(&device);
+            }
+        }
+        Self::import(device, array, schema)
     }
 
     /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose

@@ -12,11 +12,13 @@
 use std::sync::{Arc, MutexGuard};
 
 use devarrow_abi::device::Device;
-use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow_abi::Error;
+use devarrow_bridge::{DeviceBatch, ImportOptions, Transfer, TransferOptions};
 use devarrow_cuda::cudarc::driver::sys;
 use devarrow_cuda::CudaDevice;
 use devarrow_testing::gpu::{open_or_skip, FailureInjection};
 use devarrow_testing::leaks::DeviceMemoryCheck;
+use devarrow_testing::release::{count_releases, releases};
 use devarrow_testing::sample;
 
 /// Every device, with the GPU test lock held; `None` (after printing why) with fewer
@@ -166,4 +168,67 @@ fn a_driver_failure_in_a_peer_copy_is_a_typed_error_and_leaks_nothing() {
     println!("{failures} driver calls failed in turn, each a typed error");
     let copy = on_source.copy_to(&target_dyn).unwrap();
     assert_eq!(transfer(target).to_host(&copy).unwrap(), batch);
+}
+
+/// An `ArrowDeviceArray` of GPU 1 imported on a `CudaDevice` of GPU 0: refused with
+/// `Error::DeviceMismatch` by default (the array released once), or, with
+/// `ImportOptions::copy_from_other_device`, imported on GPU 1 and copied to GPU 0 (a
+/// packed batch of GPU 0, equal values; the array released once, when the import
+/// returns); no device memory is left behind on either device.
+#[test]
+fn an_array_of_another_device_is_refused_or_copied_on_request() {
+    let Some((_lock, devices)) = devices() else {
+        return;
+    };
+    let batch = sample::every_type_batch();
+    let d0: Arc<dyn Device> = devices[0].clone();
+    let checks: Vec<DeviceMemoryCheck> = devices
+        .iter()
+        .map(|d| DeviceMemoryCheck::start(d.primary_context()))
+        .collect();
+    {
+        let on_1 = transfer(&devices[1]).to_device(&batch).unwrap();
+        let export = || {
+            let (array, _) = on_1.export().unwrap();
+            assert_eq!(array.device_id(), 1);
+            count_releases(array)
+        };
+        for options in [None, Some(ImportOptions::default())] {
+            let (array, released) = export();
+            let refused = match options {
+                None => DeviceBatch::import(d0.clone(), array, on_1.schema()),
+                Some(options) => {
+                    DeviceBatch::import_with_options(d0.clone(), array, on_1.schema(), options)
+                }
+            };
+            assert!(
+                matches!(
+                    refused,
+                    Err(Error::DeviceMismatch {
+                        expected: 0,
+                        found: 1,
+                        ..
+                    })
+                ),
+                "{refused:?}"
+            );
+            assert_eq!(releases(&released), 1);
+        }
+        let (array, released) = export();
+        let copy = DeviceBatch::import_with_options(
+            d0.clone(),
+            array,
+            on_1.schema(),
+            ImportOptions::default().copy_from_other_device(true),
+        )
+        .unwrap();
+        assert_eq!(releases(&released), 1, "released once the copy was made");
+        assert_eq!(copy.device().device_id(), 0);
+        assert!(!copy.is_imported());
+        drop(on_1);
+        assert_eq!(transfer(&devices[0]).to_host(&copy).unwrap(), batch);
+    }
+    for (d, check) in checks.iter().enumerate() {
+        check.assert_no_leak(format!("device {d}"));
+    }
 }

@@ -107,11 +107,16 @@ pub struct CudaDevice {
     ranges_registered: AtomicU64,
     /// Registrations the driver refused (the range was staged instead).
     registrations_refused: AtomicU64,
-    /// Per peer device ordinal: whether copies from it go device to device
-    /// (`cuDeviceCanAccessPeer` said so and peer access from this device's context to the
-    /// peer's was enabled), asked once per peer ([`Device::copy_from_peer`]).
-    peers: Mutex<std::collections::HashMap<i64, bool>>,
 }
+
+/// Per pair of contexts (their `cuCtxGetId`s: this device's, the source memory's):
+/// whether copies go device to device (`cuDeviceCanAccessPeer` said so and peer access
+/// from the first to the second was enabled), asked once per pair for the process
+/// ([`Device::copy_from_peer`]): peer access belongs to the context, which every
+/// `CudaDevice` of its device shares, so a second enable (another `CudaDevice` of the
+/// same device) would be `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`. A context made anew
+/// after a reset has a new id, and is asked again.
+static PEER_ACCESS: Mutex<Option<std::collections::HashMap<(u64, u64), bool>>> = Mutex::new(None);
 
 /// [`CudaDevice::batch_copy`]: not yet known, there, not there.
 const BATCH_UNKNOWN: u8 = 0;
@@ -341,7 +346,6 @@ impl CudaDevice {
             registration_unsupported: AtomicBool::new(false),
             ranges_registered: AtomicU64::new(0),
             registrations_refused: AtomicU64::new(0),
-            peers: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -969,10 +973,11 @@ unsafe impl Device for CudaDevice {
 
     /// One `cuMemcpyPeerAsync` on the device's stream from another CUDA device's memory
     /// (`cuMemcpyAsync` from this device's own), where `cuDeviceCanAccessPeer` says this
-    /// device can access the peer's memory; the first copy from a peer enables peer
-    /// access from this device's context to the source memory's (its
-    /// `CU_POINTER_ATTRIBUTE_CONTEXT`), remembered per peer. `Ok(false)` for a peer
-    /// without access, or a device of another type: the caller stages the copy.
+    /// device can access the peer's memory; the first copy between two contexts enables
+    /// peer access from this device's context to the source memory's (its
+    /// `CU_POINTER_ATTRIBUTE_CONTEXT`), remembered for the process per pair of contexts.
+    /// `Ok(false)` for a peer without access, or a device of another type: the caller
+    /// stages the copy.
     unsafe fn copy_from_peer(
         &self,
         from: &dyn Device,
@@ -1009,11 +1014,14 @@ unsafe impl Device for CudaDevice {
             return Ok(true);
         }
         let src_ctx = driver::pointer_context(src as usize)?;
-        let known = self
-            .peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&peer)
+        let pair = (
+            driver::ctx_get_id(self.device.cu_context())?,
+            driver::ctx_get_id(src_ctx)?,
+        );
+        let mut peers = PEER_ACCESS.lock().unwrap_or_else(|e| e.into_inner());
+        let known = peers
+            .get_or_insert_with(Default::default)
+            .get(&pair)
             .copied();
         let direct = match known {
             Some(direct) => direct,
@@ -1029,13 +1037,11 @@ unsafe impl Device for CudaDevice {
                     // context is current (bound above).
                     unsafe { driver::ctx_enable_peer_access(src_ctx) }?;
                 }
-                self.peers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(peer, can);
+                peers.get_or_insert_with(Default::default).insert(pair, can);
                 can
             }
         };
+        drop(peers);
         if !direct {
             return Ok(false);
         }
@@ -1053,6 +1059,15 @@ unsafe impl Device for CudaDevice {
             )
         }?;
         Ok(true)
+    }
+
+    /// [`CudaDevice::open`] of `device_id` with this device's options.
+    fn peer_device(&self, device_id: i64) -> devarrow_abi::Result<Option<Arc<dyn Device>>> {
+        let id = usize::try_from(device_id).map_err(|_| {
+            CudaError::InvalidArgument(format!("no CUDA device has the id {device_id}"))
+        })?;
+        let device = CudaDevice::open(id)?.with_options(self.options);
+        Ok(Some(Arc::new(device)))
     }
 
     fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {

@@ -249,6 +249,15 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         let _ = (from, src, dst, len);
         Ok(false)
     }
+    /// A handle on another device of this device's type, `device_id`, with this device's
+    /// options (its own stream): what an import of an array living there reads it on
+    /// before copying it here (`DeviceBatch::import_with_options` with
+    /// `ImportOptions::copy_from_other_device`). `Ok(None)`: this device has no such
+    /// handle (the default; the CPU device).
+    fn peer_device(&self, device_id: i64) -> Result<Option<Arc<dyn Device>>> {
+        let _ = device_id;
+        Ok(None)
+    }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
     /// Makes later work on this device's stream wait for a producer's `sync_event`
