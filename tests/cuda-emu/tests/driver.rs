@@ -1,8 +1,10 @@
 //! The emulated driver, called directly (in process, no `dlopen`): the CUDA semantics it
 //! promises, and the misuse it must catch.
 //!
-//! The emulator is process-global (one device, one primary context), so every test holds
-//! one lock and retains the primary context for its duration.
+//! The emulator is process-global (by default one device, one primary context), so every
+//! test holds one lock and retains the primary context for its duration. Its
+//! configuration is read once per process: the tests of several devices
+//! (`DEVARROW_EMU_DEVICES`) run this binary again in child processes ([`several_devices`]).
 
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
