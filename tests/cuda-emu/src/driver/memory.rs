@@ -512,8 +512,9 @@ pub extern "C" fn devarrow_emu_mem_get_info_calls() -> u64 {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     MEM_GET_INFO_CALLS.fetch_add(1, AtomicOrdering::Relaxed);
     api("cuMemGetInfo_v2", || {
-        current_context()?;
-        let (f, t) = driver().mem.info(current_context()?.device());
+        let ctx = current_context()?;
+        // The current context's device's memory.
+        let (f, t) = driver().mem.info(ctx.device());
         // SAFETY: the caller's out-pointers.
         unsafe {
             out(free, f as usize)?;
