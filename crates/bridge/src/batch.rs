@@ -13,7 +13,7 @@ use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{ArrowDeviceType, DeviceArray, Result};
 
-use crate::export_options::{normalize_root_offset, ExportOptions};
+use crate::export_options::{normalize_root_offset, ExportOptions, ImportOptions};
 use crate::foreign::Foreign;
 use crate::host::Download;
 use crate::plan::Node;
@@ -179,6 +179,35 @@ impl DeviceBatch {
         })
     }
 
+    /// [`DeviceBatch::import`] with [`ImportOptions`]: with
+    /// [`ImportOptions::copy_from_other_device`], an array in another device's memory
+    /// (same device type, another `device_id`) is imported on that device and copied to
+    /// `device` instead of refused.
+    ///
+    /// # Errors
+    /// As [`DeviceBatch::import`]; [`Error::DeviceMismatch`](devarrow_abi::Error) for an
+    /// array of another device without the option, or where `device` has no handle on
+    /// that device ([`Device::peer_device`]); the errors of opening that device and of
+    /// the copy. The array is released on error.
+    pub fn import_with_options(
+        device: Arc<dyn Device>,
+        array: DeviceArray,
+        schema: SchemaRef,
+        options: ImportOptions,
+    ) -> Result<DeviceBatch> {
+        let (found, id) = (array.device_type(), array.device_id());
+        let elsewhere = found == device.device_type()
+            && found != ArrowDeviceType::CPU
+            && id != device.device_id();
+        if elsewhere && options.copy_from_other_device {
+            if let Some(home) = device.peer_device(id)? {
+                let imported = Self::import(home, array, schema)?;
+                return imported.copy_to(&device);
+            }
+        }
+        Self::import(device, array, schema)
+    }
+
     /// [`DeviceBatch::import`] with the schema as a C `ArrowSchema` (a struct schema whose
     /// metadata becomes the batch's). A released schema is
     /// [`Error::Released`](devarrow_abi::Error::Released); the array is released on
@@ -190,6 +219,81 @@ impl DeviceBatch {
     ) -> Result<DeviceBatch> {
         let schema = devarrow_abi::schema::import_schema(schema)?;
         Self::import(device, array, Arc::new(schema))
+    }
+
+    /// Copies the batch to `device` (another GPU, or the CPU device), device to device:
+    /// the packed image (for an imported batch, a packed copy of the bytes its rows
+    /// reach, made on the batch's device first) moves in **one** copy where the two
+    /// devices have a direct path ([`Device::copy_from_peer`]: CUDA devices that
+    /// `cuDeviceCanAccessPeer`, with `cuMemcpyPeerAsync`; two CPU devices, `memcpy`),
+    /// else staged through pinned host memory of the source (a copy to the host, a host
+    /// wait, a copy to `device`, a host wait, so the staging memory outlives its copies).
+    ///
+    /// On the direct path nothing blocks the host: `device`'s stream waits on the batch's
+    /// event (`cuStreamWaitEvent`), and the source's stream on the new batch's event, so
+    /// the source memory, freed in stream order there, outlives the copy even if the
+    /// batch is dropped at once. The new batch is packed, on `device`, with its own
+    /// event; this one is unchanged.
+    ///
+    /// # Errors
+    /// The devices' errors (an allocation, a copy, an event), typed as everywhere
+    /// (`Error::Device` with the CUDA error as its source); what was allocated for the
+    /// copy is freed.
+    pub fn copy_to(&self, device: &Arc<dyn Device>) -> Result<DeviceBatch> {
+        let source = &self.device;
+        let (root, memory, event) = match &self.storage {
+            Storage::Packed { root, memory } => (root.clone(), memory.clone(), self.event.clone()),
+            Storage::Foreign(foreign) => {
+                let packed = foreign.pack(source, &self.event)?;
+                (packed.root, packed.memory, packed.event)
+            }
+        };
+        let len = memory.len();
+        let copy = device.allocate(len)?;
+        let result = (|| {
+            // SAFETY: `event` is an event of the source device, alive while `event` is; a
+            // CUDA stream may wait on an event of another device's context.
+            unsafe { device.wait_sync_event(event.as_sync_event_ptr()) }?;
+            // SAFETY: `memory` is the source's, `len` bytes, kept alive until the copy
+            // completed (the source's stream waits for it before any later free, or we
+            // synchronize below); `copy` is `device`'s, `len` bytes, owned by the new
+            // batch.
+            let direct = unsafe {
+                device.copy_from_peer(source.as_ref(), memory.address(), copy.address(), len)
+            }?;
+            if !direct {
+                return copy_staged(
+                    source.as_ref(),
+                    memory.address(),
+                    device.as_ref(),
+                    copy.address(),
+                    len,
+                );
+            }
+            let new_event = device.record_event()?;
+            // SAFETY: `new_event` is `device`'s live event; the source's stream waits for
+            // it, so the source memory's stream-ordered free runs after the copy.
+            unsafe { source.wait_sync_event(new_event.as_sync_event_ptr()) }?;
+            Ok(new_event)
+        })();
+        let new_event = match result {
+            Ok(event) => event,
+            Err(e) => {
+                // A copy may have been enqueued: let it finish before the memory of both
+                // ends is freed (a packed copy of a foreign batch is freed on the source's
+                // stream, which may not wait for it).
+                let _ = device.synchronize();
+                return Err(e);
+            }
+        };
+        drop(memory);
+        Ok(DeviceBatch {
+            schema: self.schema.clone(),
+            num_rows: self.num_rows,
+            storage: Storage::Packed { root, memory: copy },
+            event: new_event,
+            device: device.clone(),
+        })
     }
 
     /// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: the packed image
@@ -214,6 +318,40 @@ impl DeviceBatch {
             trusted,
         })
     }
+}
+
+/// [`DeviceBatch::copy_to`] without a direct path: `len` bytes from `src` (memory of
+/// `source`, ready on its stream) through pinned staging memory of `source` to `dst`
+/// (memory of `target`, which waits on the source's copy with a host wait). Waits on the
+/// host for both copies, so the staging memory outlives them; returns `target`'s event.
+fn copy_staged(
+    source: &dyn Device,
+    src: *mut std::ffi::c_void,
+    target: &dyn Device,
+    dst: *mut std::ffi::c_void,
+    len: usize,
+) -> Result<Arc<dyn SyncEvent>> {
+    let mut staging = source.allocate_staging(len)?;
+    let host = staging.as_mut_slice().as_mut_ptr();
+    let result = (|| {
+        // SAFETY: `src` is `len` bytes of the source's memory (the caller keeps it alive
+        // until we return); `host` is `len` bytes of staging memory, read only after the
+        // wait below.
+        unsafe { source.copy_to_host(src, host, len) }?;
+        source.record_event()?.wait_host()?;
+        // SAFETY: `host` holds the bytes copied above; `dst` is `len` bytes of `target`'s
+        // memory; we wait for the copy before the staging memory drops.
+        unsafe { target.copy_to_device(host, dst, len) }?;
+        let event = target.record_event()?;
+        event.wait_host()?;
+        Ok(event)
+    })();
+    if result.is_err() {
+        // A copy may still use the staging memory, freed when we return.
+        let _ = source.synchronize();
+        let _ = target.synchronize();
+    }
+    result
 }
 
 /// The tree of a packed batch for export: the placements of `node` as addresses from `base`.

@@ -29,6 +29,31 @@ impl ExportOptions {
     }
 }
 
+/// Options of [`DeviceBatch::import_with_options`](crate::DeviceBatch::import_with_options).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImportOptions {
+    /// An array in the memory of another device of the importing device's type (on
+    /// CUDA GPU 0, an `ARROW_DEVICE_CUDA` array whose `device_id` is 1): refused with
+    /// [`Error::DeviceMismatch`] when `false` (**the default**: the importing device
+    /// cannot address those buffers); when `true`, imported on that device
+    /// ([`Device::peer_device`](devarrow_abi::device::Device::peer_device), its stream
+    /// waiting on the array's `sync_event`) and copied here
+    /// ([`DeviceBatch::copy_to`](crate::DeviceBatch::copy_to): one peer copy where the
+    /// devices allow it, else staged through host memory). The result is then a packed
+    /// batch of the importing device, and the foreign array is released once that copy
+    /// has been read (as the import's rules say), when this returns.
+    pub copy_from_other_device: bool,
+}
+
+impl ImportOptions {
+    /// The options with [`ImportOptions::copy_from_other_device`] set to `copy`.
+    pub fn copy_from_other_device(mut self, copy: bool) -> Self {
+        self.copy_from_other_device = copy;
+        self
+    }
+}
+
 /// Moves the root's offset into its children (see [`ExportOptions::normalize_root_offset`]).
 pub(crate) fn normalize_root_offset(mut root: ArrayNode) -> Result<ArrayNode> {
     let shift = root.offset;

@@ -89,7 +89,7 @@ pub use column::{ColumnBuffer, DeviceColumn};
 /// The C `ArrowSchema` (arrow-rs's `FFI_ArrowSchema`), so users need no `arrow-schema`
 /// dependency of their own.
 pub use devarrow_abi::ArrowSchema;
-pub use export_options::ExportOptions;
+pub use export_options::{ExportOptions, ImportOptions};
 pub use pinned::{pin_batch, pinned_buffer};
 pub use transfer::{DeviceBatch, StageTimes, Transfer, TransferOptions, TransferStats};
 

@@ -306,3 +306,47 @@ fn a_view_slice_moves_bytes_proportional_to_the_slice() {
 fn arrow_select_concat(batches: &[RecordBatch]) -> RecordBatch {
     arrow_select::concat::concat_batches(&batches[0].schema(), batches).unwrap()
 }
+
+/// `DeviceBatch::copy_to` on the CPU device (the same code as between GPUs): a packed
+/// batch of every type, and an imported one, copied to another CPU device (one `memcpy`
+/// of the image: `copy_from_peer`), to a device in direct mode and one with a modelled
+/// link, come back equal; the copy is packed, on the target, with its own event, and the
+/// source is unchanged.
+#[test]
+fn batches_copy_to_another_device() {
+    let batch = sample::every_type_batch();
+    let source: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let mut transfer = Transfer::new(source.clone(), TransferOptions::default());
+    let on_source = transfer.to_device(&batch).unwrap();
+    let imported = {
+        let (array, schema) = on_source.export().unwrap();
+        DeviceBatch::import_with_ffi_schema(source.clone(), array, &schema).unwrap()
+    };
+    let mut targets: Vec<Arc<dyn Device>> = vec![
+        Arc::new(CpuDevice::new()),
+        Arc::new(CpuDevice::direct()),
+        Arc::new(CpuDevice::with_link(devarrow_abi::device::LinkModel::new(
+            1e9,
+            std::time::Duration::from_micros(5),
+        ))),
+    ];
+    if cfg!(miri) {
+        // One target is enough for Miri's checks of the copies' memory accesses.
+        targets.truncate(1);
+    }
+    for target in &targets {
+        for from in [&on_source, &imported] {
+            let copy = from.copy_to(target).unwrap();
+            assert!(Arc::ptr_eq(copy.device(), target));
+            assert!(!copy.is_imported());
+            assert_eq!(copy.num_rows(), batch.num_rows());
+            let mut back = Transfer::new(target.clone(), TransferOptions::default());
+            assert_eq!(back.to_host(&copy).unwrap(), batch);
+            // A copy of the copy, back on the source device.
+            let again = copy.copy_to(&source).unwrap();
+            drop(copy);
+            assert_eq!(transfer.to_host(&again).unwrap(), batch);
+        }
+    }
+    assert_eq!(transfer.to_host(&on_source).unwrap(), batch);
+}

@@ -496,6 +496,71 @@ pub(crate) fn pointer_memory_type_and_buffer_id(addr: usize) -> Result<(u32, u64
 // Copies and memsets
 // ---------------------------------------------------------------------------------------
 
+/// `cuDeviceCanAccessPeer`: whether `device` can access `peer`'s memory directly once
+/// peer access is enabled (`false` for a device and itself).
+pub(crate) fn device_can_access_peer(device: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
+    let mut can: std::ffi::c_int = 0;
+    // SAFETY: the driver checks both ordinals and writes to our local.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) }
+        .result()
+        .call("cuDeviceCanAccessPeer")?;
+    Ok(can != 0)
+}
+
+/// `cuCtxEnablePeerAccess(peer, 0)`: work of the current context may access `peer`'s
+/// memory from now on. `Ok(false)` when it already could
+/// (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`, which is no failure here).
+///
+/// # Safety
+/// `peer` must be a live context, and a context must be current.
+pub(crate) unsafe fn ctx_enable_peer_access(peer: sys::CUcontext) -> Result<bool> {
+    // SAFETY: the caller's guarantee.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer, 0) } {
+        sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(false),
+        r => r.result().call("cuCtxEnablePeerAccess").map(|()| true),
+    }
+}
+
+/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_CONTEXT)`: the context that owns the
+/// memory at `addr`.
+pub(crate) fn pointer_context(addr: usize) -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the attribute writes a CUcontext to our local; the driver only looks the
+    // address up.
+    unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ctx as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            addr as sys::CUdeviceptr,
+        )
+    }
+    .result()
+    .call("cuPointerGetAttribute")?;
+    Ok(ctx)
+}
+
+/// `cuMemcpyPeerAsync`: copies `bytes` bytes from device memory `src` of context
+/// `src_ctx` to device memory `dst` of context `dst_ctx` on `stream` (the driver stages
+/// it where the devices have no peer access).
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `bytes` bytes until the copy completes,
+/// each memory of its context; both contexts live; `stream` a live stream of the current
+/// context.
+pub(crate) unsafe fn memcpy_peer_async(
+    dst: sys::CUdeviceptr,
+    dst_ctx: sys::CUcontext,
+    src: sys::CUdeviceptr,
+    src_ctx: sys::CUcontext,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream) }
+        .result()
+        .call("cuMemcpyPeerAsync")
+}
+
 /// `cuMemcpyAsync`: copies `bytes` bytes between two unified addresses (device, pinned,
 /// managed or pageable host memory; the driver infers the direction) on `stream`.
 ///

@@ -1,8 +1,10 @@
 //! The emulated driver, called directly (in process, no `dlopen`): the CUDA semantics it
 //! promises, and the misuse it must catch.
 //!
-//! The emulator is process-global (one device, one primary context), so every test holds
-//! one lock and retains the primary context for its duration.
+//! The emulator is process-global (by default one device, one primary context), so every
+//! test holds one lock and retains the primary context for its duration. Its
+//! configuration is read once per process: the tests of several devices
+//! (`DEVARROW_EMU_DEVICES`) run this binary again in child processes ([`several_devices`]).
 
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -1571,4 +1573,282 @@ fn registered_host_memory_is_copied_in_place_and_pages_register_once() {
         assert_eq!(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
         ck(cuDevicePrimaryCtxReset_v2(0));
     }
+}
+
+// ------------------------------------------------------------------------------------
+// Several devices (`DEVARROW_EMU_DEVICES`)
+// ------------------------------------------------------------------------------------
+
+/// Set in the child processes of [`several_devices`]: the emulator reads its
+/// configuration once per process, so the tests of 2 and 4 devices run this binary again
+/// with `DEVARROW_EMU_DEVICES` set, and only there does [`several_devices_child`] run.
+const CHILD: &str = "DEVARROW_EMU_TEST_CHILD";
+
+/// Runs [`several_devices_child`] in a child process of this binary with `env` set, and
+/// checks that it ran and passed.
+fn run_child(env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "several_devices_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("several devices checked"),
+        "child with {env:?} failed:\n{stdout}\n{stderr}"
+    );
+}
+
+/// 2 and 4 emulated devices, with peer access and without (`DEVARROW_EMU_NO_PEER=1`).
+#[test]
+fn several_devices() {
+    run_child(&[("DEVARROW_EMU_DEVICES", "2")]);
+    run_child(&[("DEVARROW_EMU_DEVICES", "4")]);
+    run_child(&[("DEVARROW_EMU_DEVICES", "2"), ("DEVARROW_EMU_NO_PEER", "1")]);
+}
+
+/// What [`several_devices`] checks, in a process where `DEVARROW_EMU_DEVICES` is set:
+/// each device has its own primary context, memory accounting, default pool and address
+/// range (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` tells the device); `cuMemcpyPeerAsync`
+/// copies between any two devices, peer access or not; a plain copy or a kernel of one
+/// device touching another's memory fails with `CUDA_ERROR_ILLEGAL_ADDRESS` unless peer
+/// access from the first to the second is enabled; `cuCtxEnablePeerAccess` and
+/// `cuCtxDisablePeerAccess` return the documented errors.
+#[test]
+fn several_devices_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let n: i32 = std::env::var("DEVARROW_EMU_DEVICES")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let no_peer = std::env::var("DEVARROW_EMU_NO_PEER").as_deref() == Ok("1");
+    const LEN: usize = 4096;
+    // SAFETY: (the whole test) plain driver calls with valid out-pointers; every pointer
+    // passed is a live allocation of LEN bytes or a host buffer of that size.
+    unsafe {
+        ck(cuInit(0));
+        let mut count = 0;
+        ck(cuDeviceGetCount(&mut count));
+        assert_eq!(count, n);
+        let mut dev = -1;
+        assert_eq!(cuDeviceGet(&mut dev, n), CUDA_ERROR_INVALID_DEVICE);
+        let mut ctxs = Vec::new();
+        let mut pools = Vec::new();
+        for d in 0..n {
+            ck(cuDeviceGet(&mut dev, d));
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            ck(cuDevicePrimaryCtxRetain(&mut ctx, d));
+            ck(cuCtxSetCurrent(ctx));
+            let mut got = -1;
+            ck(cuCtxGetDevice(&mut got));
+            assert_eq!(got, d);
+            let mut pool: CUmemoryPool = std::ptr::null_mut();
+            ck(cuDeviceGetDefaultMemPool(&mut pool, d));
+            assert!(!ctxs.contains(&ctx) && !pools.contains(&pool));
+            ctxs.push(ctx);
+            pools.push(pool);
+            for peer in 0..n {
+                let mut can = -1;
+                ck(cuDeviceCanAccessPeer(&mut can, d, peer));
+                assert_eq!(can, i32::from(d != peer && !no_peer), "{d} -> {peer}");
+            }
+        }
+        let mut can = 0;
+        assert_eq!(
+            cuDeviceCanAccessPeer(&mut can, 0, n),
+            CUDA_ERROR_INVALID_DEVICE
+        );
+
+        // One allocation per device, each in its device's range and accounting.
+        let free_of = |ctx: CUcontext| {
+            ck(cuCtxSetCurrent(ctx));
+            let (mut free, mut total) = (0usize, 0usize);
+            ck(cuMemGetInfo_v2(&mut free, &mut total));
+            free
+        };
+        let free_before: Vec<usize> = ctxs.iter().map(|&c| free_of(c)).collect();
+        let mut ptrs = Vec::new();
+        for (d, &ctx) in ctxs.iter().enumerate() {
+            ck(cuCtxSetCurrent(ctx));
+            let mut p: CUdeviceptr = 0;
+            ck(cuMemAlloc_v2(&mut p, LEN * (d + 1)));
+            let mut ordinal = -1i32;
+            ck(cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p,
+            ));
+            assert_eq!(ordinal, d as i32);
+            let mut owner: CUcontext = std::ptr::null_mut();
+            ck(cuPointerGetAttribute(
+                (&mut owner as *mut CUcontext).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                p,
+            ));
+            assert_eq!(owner, ctx);
+            let data: Vec<u8> = (0..LEN).map(|i| (i + 31 * d) as u8).collect();
+            ck(cuMemcpyHtoD_v2(p, data.as_ptr().cast(), LEN));
+            ptrs.push(p);
+        }
+        for (d, &ctx) in ctxs.iter().enumerate() {
+            // Each device's free memory went down by its own allocation only.
+            assert_eq!(free_before[d] - free_of(ctx), LEN * (d + 1), "device {d}");
+        }
+
+        // Peer copies between every pair, without peer access, on a stream of the
+        // destination's device.
+        for (src, &src_ctx) in ctxs.iter().enumerate() {
+            for (dst, &dst_ctx) in ctxs.iter().enumerate() {
+                if src == dst {
+                    continue;
+                }
+                ck(cuCtxSetCurrent(dst_ctx));
+                let mut s: CUstream = std::ptr::null_mut();
+                ck(cuStreamCreate(&mut s, 1));
+                let mut tmp: CUdeviceptr = 0;
+                ck(cuMemAlloc_v2(&mut tmp, LEN));
+                ck(cuMemcpyPeerAsync(tmp, dst_ctx, ptrs[src], src_ctx, LEN, s));
+                ck(cuStreamSynchronize(s));
+                let mut out = vec![0u8; LEN];
+                ck(cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), tmp, LEN));
+                let want: Vec<u8> = (0..LEN).map(|i| (i + 31 * src) as u8).collect();
+                assert_eq!(out, want, "peer copy {src} -> {dst}");
+                // The contexts must name the pointers' devices.
+                assert_eq!(
+                    cuMemcpyPeerAsync(tmp, src_ctx, ptrs[src], src_ctx, LEN, s),
+                    CUDA_ERROR_INVALID_VALUE
+                );
+                ck(cuMemFree_v2(tmp));
+                ck(cuStreamDestroy_v2(s));
+            }
+        }
+
+        // A plain copy on device 0 touching device 1's memory faults without peer access.
+        let (c0, c1) = (ctxs[0], ctxs[1]);
+        ck(cuCtxSetCurrent(c0));
+        let mut host = vec![0u8; LEN];
+        assert_eq!(
+            cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptrs[1], LEN),
+            CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(
+            cuMemcpyDtoD_v2(ptrs[1], ptrs[0], LEN),
+            CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(cuMemsetD8_v2(ptrs[1], 0, LEN), CUDA_ERROR_ILLEGAL_ADDRESS);
+        // The documented errors of cuCtxEnablePeerAccess / cuCtxDisablePeerAccess.
+        assert_eq!(cuCtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(
+            cuCtxEnablePeerAccess(std::ptr::null_mut(), 0),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(cuCtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            cuCtxDisablePeerAccess(c1),
+            CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+        );
+        if no_peer {
+            assert_eq!(
+                cuCtxEnablePeerAccess(c1, 0),
+                CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+            );
+        } else {
+            ck(cuCtxEnablePeerAccess(c1, 0));
+            assert_eq!(
+                cuCtxEnablePeerAccess(c1, 0),
+                CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            );
+            // Device 0 now reaches device 1's memory; not the reverse.
+            ck(cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptrs[1], LEN));
+            let want: Vec<u8> = (0..LEN).map(|i| (i + 31) as u8).collect();
+            assert_eq!(host, want);
+            ck(cuCtxSetCurrent(c1));
+            assert_eq!(
+                cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptrs[0], LEN),
+                CUDA_ERROR_ILLEGAL_ADDRESS
+            );
+            assert_eq!(
+                cuCtxDisablePeerAccess(c0),
+                CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+            );
+            ck(cuCtxSetCurrent(c0));
+            // A kernel of device 0 writing device 1's memory, peer access enabled.
+            let src = std::ffi::CString::new(include_str!("../../support/testing.ptx")).unwrap();
+            let mut module: CUmodule = std::ptr::null_mut();
+            let mut f: CUfunction = std::ptr::null_mut();
+            ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+            ck(cuModuleGetFunction(
+                &mut f,
+                module,
+                c"dvx_spin_fill_u32".as_ptr(),
+            ));
+            let launch = |dst: u64| {
+                let (mut dst, mut n, mut value, mut spin) = (dst, 64u64, 5u32, 0u64);
+                let mut params: [*mut c_void; 4] = [
+                    (&mut dst as *mut u64).cast(),
+                    (&mut n as *mut u64).cast(),
+                    (&mut value as *mut u32).cast(),
+                    (&mut spin as *mut u64).cast(),
+                ];
+                ck(cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    64,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ));
+                cuCtxSynchronize()
+            };
+            ck(launch(ptrs[1]));
+            ck(cuCtxSetCurrent(c1));
+            ck(cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptrs[1], 256));
+            let want: Vec<u8> = (0..64u32).flat_map(|i| (5 + i).to_le_bytes()).collect();
+            assert_eq!(&host[..256], &want[..]);
+            // Disabled again: the same kernel faults, and the fault is sticky in
+            // device 0's context only.
+            ck(cuCtxSetCurrent(c0));
+            ck(cuCtxDisablePeerAccess(c1));
+            assert_eq!(
+                cuCtxDisablePeerAccess(c1),
+                CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+            );
+            assert_eq!(launch(ptrs[1]), CUDA_ERROR_ILLEGAL_ADDRESS);
+            assert_eq!(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+            ck(cuCtxSetCurrent(c1));
+            ck(cuCtxSynchronize());
+            // The reset clears device 0 (its memory included) and nothing else.
+            ck(cuDevicePrimaryCtxReset_v2(0));
+            ck(cuCtxSetCurrent(c1));
+            ck(cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptrs[1], 4));
+            assert_eq!(&host[..4], &5u32.to_le_bytes());
+            ck(cuDevicePrimaryCtxRetain(&mut ctxs[0], 0));
+            ptrs[0] = 0;
+        }
+        for (d, &p) in ptrs.iter().enumerate() {
+            if p != 0 {
+                ck(cuMemFree_v2(p));
+            }
+            ck(cuDevicePrimaryCtxRelease_v2(d as i32));
+        }
+        if !no_peer {
+            // The retain after the reset, released too.
+            ck(cuDevicePrimaryCtxRelease_v2(0));
+        }
+    }
+    println!("several devices checked: {n}");
 }

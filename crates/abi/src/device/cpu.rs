@@ -326,6 +326,27 @@ unsafe impl Device for CpuDevice {
         }
         Ok(())
     }
+    /// A `memcpy` from another CPU device's memory (after both devices' pending copies,
+    /// if they model a link); `Ok(false)` for any other device type.
+    unsafe fn copy_from_peer(
+        &self,
+        from: &dyn Device,
+        src: *const c_void,
+        dst: *mut c_void,
+        len: usize,
+    ) -> Result<bool> {
+        if from.device_type() != ArrowDeviceType::CPU {
+            return Ok(false);
+        }
+        from.synchronize()?;
+        self.synchronize()?;
+        if len > 0 {
+            // SAFETY: the caller guarantees `src` readable and `dst` writable for `len`
+            // bytes; both devices' pending copies completed above; distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.cast::<u8>(), len) };
+        }
+        Ok(true)
+    }
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>> {
         Ok(match &self.mode {
             Mode::Link(engine) => Arc::new(LinkEvent::new(engine.clone())),

@@ -225,6 +225,39 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         }
         Ok(())
     }
+    /// Enqueues one direct copy of `len` bytes from `src`, memory of device `from` (another
+    /// device, or this one), to `dst`, memory of this device, on this device's stream,
+    /// where the two devices have a direct path: CUDA devices whose
+    /// `cuDeviceCanAccessPeer` says so (`cuMemcpyPeerAsync`, peer access enabled and
+    /// remembered), a `memcpy` between CPU devices. The caller orders the copy after the
+    /// source's work (this device's stream waits on the source's event first) and keeps
+    /// the source memory alive until the copy has completed.
+    ///
+    /// `Ok(false)`: no direct path (other device types, no peer access; the default):
+    /// the caller stages the bytes through host memory instead. Nothing was enqueued.
+    ///
+    /// # Safety
+    /// `src` must be memory of `from` readable for `len` bytes and `dst` memory of this
+    /// device writable for `len` bytes until the copy has completed.
+    unsafe fn copy_from_peer(
+        &self,
+        from: &dyn Device,
+        src: *const c_void,
+        dst: *mut c_void,
+        len: usize,
+    ) -> Result<bool> {
+        let _ = (from, src, dst, len);
+        Ok(false)
+    }
+    /// A handle on another device of this device's type, `device_id`, with this device's
+    /// options (its own stream): what an import of an array living there reads it on
+    /// before copying it here (`DeviceBatch::import_with_options` with
+    /// `ImportOptions::copy_from_other_device`). `Ok(None)`: this device has no such
+    /// handle (the default; the CPU device).
+    fn peer_device(&self, device_id: i64) -> Result<Option<Arc<dyn Device>>> {
+        let _ = device_id;
+        Ok(None)
+    }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
     /// Makes later work on this device's stream wait for a producer's `sync_event`

@@ -31,6 +31,22 @@ pub const POISON: u8 = 0xCD;
 /// this, or the data of the allocation that reused the block, never the old data.
 pub const FREED_POISON: u8 = 0xDF;
 
+/// The most devices the emulator offers (`DEVARROW_EMU_DEVICES`).
+pub const MAX_DEVICES: usize = 8;
+
+/// Each device's share of the fake address range: device `d` allocates from
+/// `DEVICE_ADDRESS_BASE + d * DEVICE_ADDRESS_SPAN`, so an address tells its device (as
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` does).
+pub const DEVICE_ADDRESS_SPAN: u64 =
+    (DEVICE_ADDRESS_END - DEVICE_ADDRESS_BASE) / MAX_DEVICES as u64;
+
+/// The device whose address range holds `addr` (`None` outside the device ranges).
+pub fn device_of_address(addr: u64) -> Option<usize> {
+    (DEVICE_ADDRESS_BASE..DEVICE_ADDRESS_END)
+        .contains(&addr)
+        .then(|| ((addr - DEVICE_ADDRESS_BASE) / DEVICE_ADDRESS_SPAN) as usize)
+}
+
 /// Unmapped space left after each device allocation, so that an access past the end
 /// never lands in the next one.
 const GAP: u64 = 64 << 10;
@@ -122,6 +138,9 @@ pub(crate) struct Alloc {
     pub kind: Kind,
     /// The owning context.
     pub ctx: u64,
+    /// The device of the owning context (for device memory, also the one its address
+    /// range names).
+    pub device: usize,
     /// The memory pool of a stream-ordered allocation (0 for other kinds).
     pub pool: u64,
     backing: Arc<Backing>,
@@ -220,18 +239,24 @@ pub(crate) struct FreeBlock {
     pub seq: u64,
 }
 
-/// Every live allocation of the process.
-pub(crate) struct MemTable {
+/// One device's memory: its total, its accounting and its address range's cursor.
+struct DeviceMemory {
     total: u64,
+    acct: Mutex<Accounting>,
+    next_addr: Mutex<u64>,
+}
+
+/// Every live allocation of the process (of every device: an address finds its
+/// allocation whatever the device), with each device's accounting.
+pub(crate) struct MemTable {
+    devices: Vec<DeviceMemory>,
     live: RwLock<BTreeMap<u64, Arc<Alloc>>>,
     /// Freed device ranges (addresses are never reused), for error messages.
     freed: Mutex<BTreeMap<u64, (usize, &'static str)>>,
-    next_addr: Mutex<u64>,
     next_id: AtomicU64,
-    pub acct: Mutex<Accounting>,
-    /// Pools made with `cuMemPoolCreate` and not destroyed: `(handle, context)`. They go
+    /// Pools made with `cuMemPoolCreate` and not destroyed: `(handle, context, device)`. They go
     /// with the context they were created in (see [`MemTable::free_all_of`]).
-    pub pools: Mutex<Vec<(u64, u64)>>,
+    pub pools: Mutex<Vec<(u64, u64, usize)>>,
     /// The reuse flags of pools whose flags were set (others have the defaults).
     reuse_flags: Mutex<HashMap<u64, ReuseFlags>>,
     /// Blocks freed in stream order, by pool, oldest first.
@@ -239,29 +264,41 @@ pub(crate) struct MemTable {
 }
 
 impl MemTable {
-    pub fn new(total: u64) -> Self {
+    /// The table of `devices` devices of `total` bytes each.
+    pub fn new(devices: usize, total: u64) -> Self {
         Self {
-            total,
+            devices: (0..devices)
+                .map(|d| DeviceMemory {
+                    total,
+                    acct: Mutex::new(Accounting::default()),
+                    next_addr: Mutex::new(DEVICE_ADDRESS_BASE + d as u64 * DEVICE_ADDRESS_SPAN),
+                })
+                .collect(),
             live: RwLock::new(BTreeMap::new()),
             freed: Mutex::new(BTreeMap::new()),
-            next_addr: Mutex::new(DEVICE_ADDRESS_BASE),
             next_id: AtomicU64::new(1),
-            acct: Mutex::new(Accounting::default()),
             pools: Mutex::new(Vec::new()),
             reuse_flags: Mutex::new(HashMap::new()),
             free_blocks: Mutex::new(Vec::new()),
         }
     }
 
-    pub fn total(&self) -> u64 {
-        self.total
+    /// Device `dev`'s total memory.
+    pub fn total(&self, dev: usize) -> u64 {
+        self.devices[dev].total
     }
 
-    /// `(free, total)` device memory.
-    pub fn info(&self) -> (u64, u64) {
-        let a = lock(&self.acct);
+    /// Device `dev`'s accounting (its default pool's and its own).
+    pub fn acct(&self, dev: usize) -> std::sync::MutexGuard<'_, Accounting> {
+        lock(&self.devices[dev].acct)
+    }
+
+    /// `(free, total)` memory of device `dev`.
+    pub fn info(&self, dev: usize) -> (u64, u64) {
+        let total = self.total(dev);
+        let a = self.acct(dev);
         let used = a.sync_used + a.pool_used + a.pool_free;
-        (self.total.saturating_sub(used), self.total)
+        (total.saturating_sub(used), total)
     }
 
     fn backing(size: usize, align: usize) -> R<(NonNull<u8>, Layout)> {
@@ -284,18 +321,25 @@ impl MemTable {
 
     /// Allocates device memory; stream-ordered allocations (from `pool`, `Some`) start
     /// pending.
-    pub fn alloc_device(&self, size: usize, ctx: u64, pool: Option<u64>) -> R<Arc<Alloc>> {
+    pub fn alloc_device(
+        &self,
+        dev: usize,
+        size: usize,
+        ctx: u64,
+        pool: Option<u64>,
+    ) -> R<Arc<Alloc>> {
         let pooled = pool.is_some();
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let need = accounted(size);
+        let total = self.total(dev);
         {
-            let mut a = lock(&self.acct);
+            let mut a = self.acct(dev);
             let in_use = a.sync_used + a.pool_used + a.pool_free;
             if pooled {
                 let reuse = a.pool_free.min(need);
-                if in_use - reuse + need > self.total {
+                if in_use - reuse + need > total {
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
                 a.pool_free -= reuse;
@@ -303,22 +347,22 @@ impl MemTable {
                 a.update_highs();
                 if reuse > 0 {
                     // That reserve is gone: so are as many kept blocks.
-                    self.forget_free_blocks(&a);
+                    self.forget_free_blocks(dev, &a);
                 }
             } else {
-                if in_use + need > self.total {
+                if in_use + need > total {
                     // Under pressure the pool gives its unused memory back.
-                    if in_use - a.pool_free + need > self.total {
+                    if in_use - a.pool_free + need > total {
                         return Err(CUDA_ERROR_OUT_OF_MEMORY);
                     }
                     a.pool_free = 0;
-                    self.forget_free_blocks(&a);
+                    self.forget_free_blocks(dev, &a);
                 }
                 a.sync_used += need;
             }
         }
         let undo = |this: &Self| {
-            let mut a = lock(&this.acct);
+            let mut a = this.acct(dev);
             if pooled {
                 a.pool_used -= need;
             } else {
@@ -335,10 +379,10 @@ impl MemTable {
             }
         };
         let addr = {
-            let mut next = lock(&self.next_addr);
+            let mut next = lock(&self.devices[dev].next_addr);
             let addr = *next;
             let span = accounted(size) + GAP;
-            if addr + span > DEVICE_ADDRESS_END {
+            if addr + span > DEVICE_ADDRESS_BASE + (dev as u64 + 1) * DEVICE_ADDRESS_SPAN {
                 drop(next);
                 undo(self);
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -352,6 +396,7 @@ impl MemTable {
             size,
             kind: Kind::Device { pooled },
             ctx,
+            device: dev,
             pool: pool.unwrap_or(0),
             backing: Arc::new(Backing {
                 ptr: backing,
@@ -365,7 +410,7 @@ impl MemTable {
     }
 
     /// Allocates pinned or managed (host) memory.
-    pub fn alloc_host(&self, size: usize, ctx: u64, kind: Kind) -> R<Arc<Alloc>> {
+    pub fn alloc_host(&self, dev: usize, size: usize, ctx: u64, kind: Kind) -> R<Arc<Alloc>> {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -376,6 +421,7 @@ impl MemTable {
             size,
             kind,
             ctx,
+            device: dev,
             pool: 0,
             backing: Arc::new(Backing {
                 ptr: backing,
@@ -396,7 +442,14 @@ impl MemTable {
     /// `CUDA_ERROR_INVALID_VALUE` when it is in any other allocation (managed memory).
     /// The entry itself covers exactly `addr..addr + size`, as copies are checked
     /// against it.
-    pub fn register_host(&self, addr: u64, size: usize, ctx: u64, flags: u32) -> R<Arc<Alloc>> {
+    pub fn register_host(
+        &self,
+        dev: usize,
+        addr: u64,
+        size: usize,
+        ctx: u64,
+        flags: u32,
+    ) -> R<Arc<Alloc>> {
         let backing = NonNull::new(addr as *mut u8).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let end = addr
             .checked_add(size as u64)
@@ -424,6 +477,7 @@ impl MemTable {
             size,
             kind: Kind::Registered { flags },
             ctx,
+            device: dev,
             pool: 0,
             backing: Arc::new(Backing {
                 ptr: backing,
@@ -516,7 +570,7 @@ impl MemTable {
     /// its accounting are that allocation's.
     pub fn finish_free(&self, a: &Alloc) {
         // The accounting lock first, then the table: `reuse` takes them in that order.
-        let mut acct = lock(&self.acct);
+        let mut acct = self.acct(a.device);
         if a.state.swap(FREED, Ordering::AcqRel) == FREED {
             return;
         }
@@ -586,7 +640,6 @@ impl MemTable {
             return None;
         }
         let need = accounted(size);
-        let mut acct = lock(&self.acct);
         let block = {
             let mut blocks = lock(&self.free_blocks);
             let at = blocks.iter().rposition(|b| {
@@ -598,6 +651,7 @@ impl MemTable {
             blocks.remove(at)
         };
         let old = block.alloc;
+        let mut acct = self.acct(old.device);
         if old.state.load(Ordering::Acquire) == FREED {
             acct.pool_free = acct.pool_free.saturating_sub(need);
             acct.pool_used += need;
@@ -611,6 +665,7 @@ impl MemTable {
             size,
             kind: Kind::Device { pooled: true },
             ctx,
+            device: old.device,
             pool,
             backing: old.backing.clone(),
             state: AtomicU8::new(PENDING),
@@ -621,16 +676,20 @@ impl MemTable {
     }
 
     /// Drops the kept blocks whose free ran beyond what the pool still reserves
-    /// (`acct.pool_free`), oldest first: their memory went back to the system.
-    fn forget_free_blocks(&self, acct: &Accounting) {
+    /// (`acct.pool_free`, of device `dev`), oldest first: their memory went back to the
+    /// system.
+    fn forget_free_blocks(&self, dev: usize, acct: &Accounting) {
         let mut blocks = lock(&self.free_blocks);
         let mut kept: u64 = blocks
             .iter()
-            .filter(|b| b.alloc.state.load(Ordering::Acquire) == FREED)
+            .filter(|b| b.alloc.device == dev && b.alloc.state.load(Ordering::Acquire) == FREED)
             .map(|b| accounted(b.alloc.size))
             .sum();
         blocks.retain(|b| {
-            if kept <= acct.pool_free || b.alloc.state.load(Ordering::Acquire) != FREED {
+            if b.alloc.device != dev
+                || kept <= acct.pool_free
+                || b.alloc.state.load(Ordering::Acquire) != FREED
+            {
                 return true;
             }
             kept -= accounted(b.alloc.size);
@@ -645,7 +704,7 @@ impl MemTable {
     /// CUDA.jl keys its pools by context for that reason (JuliaGPU/CUDA.jl#16, "Bad
     /// allocations in memory pool after device_reset!"; #253 "Make the memory allocator
     /// context-aware"); a handle of such a pool is `CUDA_ERROR_INVALID_VALUE` afterwards.
-    pub fn free_all_of(&self, ctx: u64) {
+    pub fn free_all_of(&self, dev: usize, ctx: u64) {
         let mine: Vec<Arc<Alloc>> = self
             .live
             .read()
@@ -657,28 +716,29 @@ impl MemTable {
         for a in mine {
             self.finish_free(&a);
         }
-        lock(&self.pools).retain(|&(_, c)| c != ctx);
+        lock(&self.pools).retain(|&(_, c, _)| c != ctx);
         lock(&self.free_blocks).retain(|b| b.alloc.ctx != ctx);
-        let mut acct = lock(&self.acct);
+        let mut acct = self.acct(dev);
         acct.pool_free = 0;
-        self.forget_free_blocks(&acct);
+        self.forget_free_blocks(dev, &acct);
     }
 
-    /// At a synchronization, the pool releases what it holds above its threshold.
-    pub fn release_pool_at_sync(&self) {
-        let mut a = lock(&self.acct);
+    /// At a synchronization on device `dev`, its pool releases what it holds above its
+    /// threshold.
+    pub fn release_pool_at_sync(&self, dev: usize) {
+        let mut a = self.acct(dev);
         if a.pool_free > a.pool_threshold {
             a.pool_free = a.pool_threshold;
-            self.forget_free_blocks(&a);
+            self.forget_free_blocks(dev, &a);
         }
     }
 
-    /// `cuMemPoolTrimTo`.
-    pub fn trim_pool(&self, min_keep: u64) {
-        let mut a = lock(&self.acct);
+    /// `cuMemPoolTrimTo` on a pool of device `dev`.
+    pub fn trim_pool(&self, dev: usize, min_keep: u64) {
+        let mut a = self.acct(dev);
         let keep_free = min_keep.saturating_sub(a.pool_used);
         a.pool_free = a.pool_free.min(keep_free);
-        self.forget_free_blocks(&a);
+        self.forget_free_blocks(dev, &a);
     }
 
     /// Every live allocation, by address.
@@ -704,6 +764,9 @@ pub(crate) fn global_timer_ns() -> u64 {
 pub(crate) struct KernelMemory<'a> {
     table: &'a MemTable,
     snapshot: Vec<Arc<Alloc>>,
+    /// The devices whose memory the kernel may access (bit `d` for device `d`): its own,
+    /// and those its context enabled peer access to at launch.
+    devices: u64,
     /// Allocations found after the launch, kept alive while the kernel runs.
     extra: Mutex<Vec<Arc<Alloc>>>,
 }
@@ -713,10 +776,14 @@ impl<'a> KernelMemory<'a> {
     /// taken: an address resolves to the allocation it named at launch (in stream order,
     /// a block freed after the launch and already reused by a later allocation is still
     /// the launch's), else to one made since.
-    pub fn new(table: &'a MemTable, snapshot: Vec<Arc<Alloc>>) -> Self {
+    ///
+    /// Device memory of a device outside `devices` (a bit mask) faults, as on hardware
+    /// where that peer's memory is not mapped into the launching device's address space.
+    pub fn new(table: &'a MemTable, snapshot: Vec<Arc<Alloc>>, devices: u64) -> Self {
         Self {
             table,
             snapshot,
+            devices,
             extra: Mutex::new(Vec::new()),
         }
     }
@@ -737,6 +804,18 @@ impl<'a> KernelMemory<'a> {
             .map(|i| &self.snapshot[i])
             .filter(|a| addr < a.end());
         let ptr_of = |a: &Alloc| -> Result<*mut u8, Fault> {
+            if a.kind.is_device() && (self.devices >> a.device) & 1 == 0 {
+                return Err(Self::fault(
+                    addr,
+                    size,
+                    &format!("invalid {what}"),
+                    format!(
+                        "{} is memory of device {}, whose peer access is not enabled",
+                        a.describe(),
+                        a.device
+                    ),
+                ));
+            }
             if addr + size as u64 > a.end() {
                 return Err(Self::fault(
                     addr,

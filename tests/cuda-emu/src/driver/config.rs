@@ -1,6 +1,6 @@
 //! The emulator's configuration, read once from the environment:
-//! `DEVARROW_EMU_MEM_BYTES`, `DEVARROW_EMU_DELAY_US`, `DEVARROW_EMU_JITTER_US`,
-//! `DEVARROW_EMU_RESTRICTED`.
+//! `DEVARROW_EMU_DEVICES`, `DEVARROW_EMU_NO_PEER`, `DEVARROW_EMU_MEM_BYTES`,
+//! `DEVARROW_EMU_DELAY_US`, `DEVARROW_EMU_JITTER_US`, `DEVARROW_EMU_RESTRICTED`.
 //!
 //! A leaf module: it depends on no other module of the crate.
 
@@ -8,7 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+/// The most devices `DEVARROW_EMU_DEVICES` may ask for (each has its own share of the
+/// fake address range).
+const MAX_DEVICES: usize = 8;
+
 struct Config {
+    devices: usize,
+    no_peer: bool,
     total_memory: u64,
     delay: Duration,
     jitter_us: u64,
@@ -43,7 +49,21 @@ fn config() -> &'static Config {
             }),
             Err(_) => 0,
         };
+        let devices = match std::env::var("DEVARROW_EMU_DEVICES") {
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_DEVICES).contains(&n) => n,
+                _ => {
+                    eprintln!(
+                        "devarrow-emu: ignoring DEVARROW_EMU_DEVICES={v:?} (not 1 to {MAX_DEVICES})"
+                    );
+                    1
+                }
+            },
+            Err(_) => 1,
+        };
         Config {
+            devices,
+            no_peer: std::env::var("DEVARROW_EMU_NO_PEER").as_deref() == Ok("1"),
             total_memory,
             delay: Duration::from_micros(micros("DEVARROW_EMU_DELAY_US")),
             jitter_us: micros("DEVARROW_EMU_JITTER_US"),
@@ -52,7 +72,18 @@ fn config() -> &'static Config {
     })
 }
 
-/// The emulated device's total memory (`DEVARROW_EMU_MEM_BYTES`, default 8 GiB).
+/// The number of emulated devices (`DEVARROW_EMU_DEVICES`, 1 to 8, default 1).
+pub fn config_devices() -> usize {
+    config().devices
+}
+
+/// Whether no device may access another's memory (`DEVARROW_EMU_NO_PEER=1`):
+/// `cuDeviceCanAccessPeer` then says 0 for every pair, as on GPUs without a peer link.
+pub fn config_no_peer() -> bool {
+    config().no_peer
+}
+
+/// Each emulated device's total memory (`DEVARROW_EMU_MEM_BYTES`, default 8 GiB).
 pub fn config_total_memory() -> u64 {
     config().total_memory
 }

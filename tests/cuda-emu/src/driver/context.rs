@@ -21,7 +21,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         if pctx.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let handle = driver().retain_primary();
+        let handle = driver().retain_primary(dev as usize);
         // SAFETY: the caller's out-pointer (checked non-NULL above).
         unsafe { out(pctx, handle as CUcontext) }
     })
@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
     api("cuDevicePrimaryCtxRelease_v2", || {
         require_init()?;
         check_device(dev)?;
-        driver().release_primary(false)
+        driver().release_primary(dev as usize, false)
     })
 }
 
@@ -51,7 +51,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     api("cuDevicePrimaryCtxReset_v2", || {
         require_init()?;
         check_device(dev)?;
-        driver().release_primary(true)
+        driver().release_primary(dev as usize, true)
     })
 }
 
@@ -69,7 +69,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
         require_init()?;
         check_device(dev)?;
         let (f, a) = {
-            let p = lock(&driver().primary);
+            let p = lock(&driver().primary[dev as usize]);
             (p.flags, i32::from(p.ctx.is_some()))
         };
         // SAFETY: the caller's out-pointers.
@@ -89,7 +89,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_u
     api("cuDevicePrimaryCtxSetFlags_v2", || {
         require_init()?;
         check_device(dev)?;
-        let mut p = lock(&driver().primary);
+        let mut p = lock(&driver().primary[dev as usize]);
         p.flags = flags;
         if let Some(c) = &p.ctx {
             c.flags.store(flags, Ordering::Relaxed);
@@ -178,9 +178,9 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     api("cuCtxGetDevice", || {
-        current_context_any()?;
+        let ctx = current_context_any()?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(device, DEVICE) }
+        unsafe { out(device, ctx.device() as CUdevice) }
     })
 }
 
@@ -218,7 +218,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     api("cuCtxSynchronize", || {
         let ctx = current_context()?;
         ctx.drain();
-        driver().mem.release_pool_at_sync();
+        driver().mem.release_pool_at_sync(ctx.device());
         ctx.shared.sticky()
     })
 }
@@ -363,6 +363,72 @@ pub unsafe extern "C" fn cuCtxSetCacheConfig(config: CUfunc_cache) -> CUresult {
     api("cuCtxSetCacheConfig", || {
         let ctx = current_context()?;
         ctx.cache_config.store(config as u32, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// The live context a peer-access call names (`CUDA_ERROR_INVALID_CONTEXT` for NULL, an
+/// unknown handle, or an inactive primary context).
+fn peer_context(peer: CUcontext) -> R<std::sync::Arc<Context>> {
+    match driver().get(peer as u64) {
+        Some(Object::Context(c)) => Ok(c),
+        _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+    }
+}
+
+/// Enables access from the current context to the memory of `peerContext`'s device
+/// (`cuCtxEnablePeerAccess`): from then on kernels and copies of the current context may
+/// touch that device's memory (before, they fault with `CUDA_ERROR_ILLEGAL_ADDRESS`). The
+/// access is one way (enable it from the peer too for the other), and ends when either
+/// context is destroyed.
+///
+/// Errors as documented (CUDA driver API, "Peer Context Memory Access"):
+/// `CUDA_ERROR_INVALID_VALUE` when `Flags` is not 0; `CUDA_ERROR_INVALID_CONTEXT` with no
+/// current context, an invalid `peerContext`, or `peerContext` the current context;
+/// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` when `cuDeviceCanAccessPeer` says the current
+/// context's device cannot access the peer's (`DEVARROW_EMU_NO_PEER=1`);
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` when it is already enabled.
+///
+/// # Safety
+/// None beyond the driver API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CUresult {
+    api("cuCtxEnablePeerAccess", || {
+        let ctx = current_context()?;
+        let peer = peer_context(peerContext)?;
+        if Flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if peer.handle() == ctx.handle() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        if peer.device() == ctx.device() || super::config::config_no_peer() {
+            return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+        }
+        let bit = 1u64 << peer.device();
+        if ctx.peers.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        Ok(())
+    })
+}
+
+/// Disables access from the current context to `peerContext`'s memory
+/// (`cuCtxDisablePeerAccess`): `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED` when it was not
+/// enabled, `CUDA_ERROR_INVALID_CONTEXT` with no current context or an invalid
+/// `peerContext` (CUDA driver API, "Peer Context Memory Access").
+///
+/// # Safety
+/// None beyond the driver API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDisablePeerAccess(peerContext: CUcontext) -> CUresult {
+    api("cuCtxDisablePeerAccess", || {
+        let ctx = current_context()?;
+        let peer = peer_context(peerContext)?;
+        let bit = 1u64 << peer.device();
+        if peer.handle() == ctx.handle() || ctx.peers.fetch_and(!bit, Ordering::AcqRel) & bit == 0 {
+            return Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+        }
         Ok(())
     })
 }

@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::sys::{CUdevice, CUdevice_attribute, CUmemoryPool, CUresult, CUuuid};
 
 use super::common::*;
+use super::config::{config_devices, config_no_peer};
 use super::state::*;
 
 /// The emulated device's name.
@@ -110,7 +111,7 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pStr: *mut *const c_c
     })
 }
 
-/// The device of ordinal `ordinal` (only 0 exists).
+/// The device of ordinal `ordinal` (0 to `DEVARROW_EMU_DEVICES` - 1).
 ///
 /// # Safety
 /// `device` must be NULL or valid for a write.
@@ -124,7 +125,7 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
     })
 }
 
-/// The number of devices: 1.
+/// The number of devices: `DEVARROW_EMU_DEVICES` (default 1).
 ///
 /// # Safety
 /// `count` must be NULL or valid for a write.
@@ -133,7 +134,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     api("cuDeviceGetCount", || {
         require_init()?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(count, 1) }
+        unsafe { out(count, config_devices() as c_int) }
     })
 }
 
@@ -160,11 +161,14 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     })
 }
 
-fn uuid() -> CUuuid {
+/// Device `dev`'s UUID: `devarrow-emu`, zeros, then `dev + 1` in the last byte (device
+/// 0's is the UUID of the one-device emulator).
+fn uuid(dev: CUdevice) -> CUuuid {
     let mut bytes = [0 as c_char; 16];
     for (b, v) in bytes.iter_mut().zip(*b"devarrow-emu\0\0\0\x01") {
         *b = v as c_char;
     }
+    bytes[15] = (dev + 1) as c_char;
     CUuuid { bytes }
 }
 
@@ -178,7 +182,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid_out: *mut CUuuid, dev: CUdevice) -
         require_init()?;
         check_device(dev)?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(uuid_out, uuid()) }
+        unsafe { out(uuid_out, uuid(dev)) }
     })
 }
 
@@ -192,7 +196,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid_out: *mut CUuuid, dev: CUdevice
         require_init()?;
         check_device(dev)?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(uuid_out, uuid()) }
+        unsafe { out(uuid_out, uuid(dev)) }
     })
 }
 
@@ -206,7 +210,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
         require_init()?;
         check_device(dev)?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(bytes, driver().mem.total() as usize) }
+        unsafe { out(bytes, driver().mem.total(dev as usize) as usize) }
     })
 }
 
@@ -338,7 +342,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
         require_init()?;
         check_device(dev)?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(pool_out, DEFAULT_POOL as CUmemoryPool) }
+        unsafe { out(pool_out, default_pool(dev as usize) as CUmemoryPool) }
     })
 }
 
@@ -355,6 +359,34 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
         require_init()?;
         check_device(dev)?;
         // SAFETY: the caller's out-pointer.
-        unsafe { out(pool_out, DEFAULT_POOL as CUmemoryPool) }
+        unsafe { out(pool_out, default_pool(dev as usize) as CUmemoryPool) }
+    })
+}
+
+/// Whether device `dev` can access device `peerDev`'s memory directly once peer access is
+/// enabled (`cuDeviceCanAccessPeer`): 1 for every pair of two different devices, unless
+/// `DEVARROW_EMU_NO_PEER=1` (GPUs without a peer link: 0 for every pair); a device and
+/// itself are 0, as NVIDIA's driver answers. An invalid ordinal is
+/// `CUDA_ERROR_INVALID_DEVICE`, a NULL out-pointer `CUDA_ERROR_INVALID_VALUE` (CUDA driver
+/// API, "Peer Context Memory Access").
+///
+/// # Safety
+/// `canAccessPeer` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    canAccessPeer: *mut c_int,
+    dev: CUdevice,
+    peerDev: CUdevice,
+) -> CUresult {
+    api("cuDeviceCanAccessPeer", || {
+        require_init()?;
+        check_device(dev)?;
+        check_device(peerDev)?;
+        if canAccessPeer.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let can = dev != peerDev && !config_no_peer();
+        // SAFETY: the caller's out-pointer (non-NULL).
+        unsafe { out(canAccessPeer, c_int::from(can)) }
     })
 }

@@ -36,7 +36,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         inject("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
-        let a = driver().mem.alloc_device(bytesize, ctx.handle(), None)?;
+        let a = driver()
+            .mem
+            .alloc_device(ctx.device(), bytesize, ctx.handle(), None)?;
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
@@ -116,6 +118,16 @@ fn alloc_async(
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // 0: the default pool of the context's device.
+    let pool = if pool == 0 {
+        default_pool(ctx.device())
+    } else {
+        pool
+    };
+    if pool_device(pool) != Some(ctx.device()) {
+        // A pool of another device: the stream's device allocates from its own pools.
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
     let mem = &driver().mem;
     let [follow_events, opportunistic, internal] = mem.reuse_flags(pool).map(|f| f != 0);
@@ -148,7 +160,7 @@ fn alloc_async(
     }
     let a = match reused {
         Some(a) => a,
-        None => mem.alloc_device(bytesize, ctx.handle(), Some(pool))?,
+        None => mem.alloc_device(ctx.device(), bytesize, ctx.handle(), Some(pool))?,
     };
     if let Some((freeing, seq)) = wait_for {
         ctx.enqueue(
@@ -178,7 +190,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     hStream: CUstream,
 ) -> CUresult {
     api("cuMemAllocAsync", || {
-        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream, DEFAULT_POOL)
+        alloc_async("cuMemAllocAsync", dptr, bytesize, hStream, 0)
     })
 }
 
@@ -259,7 +271,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         }
         let a = driver()
             .mem
-            .alloc_host(bytesize, ctx.handle(), Kind::Managed)?;
+            .alloc_host(ctx.device(), bytesize, ctx.handle(), Kind::Managed)?;
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
@@ -280,9 +292,10 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
         return Ok(());
     }
     inject("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY)?;
-    let a = driver()
-        .mem
-        .alloc_host(bytesize, ctx.handle(), Kind::Pinned { flags })?;
+    let a =
+        driver()
+            .mem
+            .alloc_host(ctx.device(), bytesize, ctx.handle(), Kind::Pinned { flags })?;
     // SAFETY: the caller's out-pointer (non-NULL).
     unsafe { out(pp, a.addr as *mut c_void) }
 }
@@ -423,7 +436,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
         inject("cuMemHostRegister_v2", CUDA_ERROR_OUT_OF_MEMORY)?;
         driver()
             .mem
-            .register_host(p as u64, bytesize, ctx.handle(), Flags)?;
+            .register_host(ctx.device(), p as u64, bytesize, ctx.handle(), Flags)?;
         HOST_REGISTRATIONS.fetch_add(1, AtomicOrdering::Relaxed);
         Ok(())
     })
@@ -499,8 +512,9 @@ pub extern "C" fn devarrow_emu_mem_get_info_calls() -> u64 {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     MEM_GET_INFO_CALLS.fetch_add(1, AtomicOrdering::Relaxed);
     api("cuMemGetInfo_v2", || {
-        current_context()?;
-        let (f, t) = driver().mem.info();
+        let ctx = current_context()?;
+        // The current context's device's memory.
+        let (f, t) = driver().mem.info(ctx.device());
         // SAFETY: the caller's out-pointers.
         unsafe {
             out(free, f as usize)?;
@@ -582,7 +596,7 @@ unsafe fn pointer_attribute(
             6 => out(data.cast::<u32>(), 0),
             7 => out(data.cast::<u64>(), a.id),
             8 => out(data.cast::<u32>(), u32::from(a.kind == Kind::Managed)),
-            9 => out(data.cast::<i32>(), DEVICE),
+            9 => out(data.cast::<i32>(), a.device as i32),
             10 => out(
                 data.cast::<u32>(),
                 u32::from(a.kind == Kind::Device { pooled: false }),
@@ -642,14 +656,10 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     })
 }
 
-fn check_pool(pool: CUmemoryPool) -> R {
+/// The device of a valid pool handle (`CUDA_ERROR_INVALID_VALUE` otherwise).
+fn check_pool(pool: CUmemoryPool) -> R<usize> {
     require_init()?;
-    let pool = pool as u64;
-    if pool == DEFAULT_POOL || lock(&driver().mem.pools).iter().any(|&(p, _)| p == pool) {
-        Ok(())
-    } else {
-        Err(CUDA_ERROR_INVALID_VALUE)
-    }
+    pool_device(pool as u64).ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 /// Creates a pool of device memory on the emulated device (`allocType` pinned, location
@@ -678,20 +688,22 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         if props.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
             || props.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
             || props.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
-            || props.location.id != DEVICE
+            || check_device(props.location.id).is_err()
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handle = DEFAULT_POOL + 0x10 * n;
+        let dev = props.location.id as usize;
+        // Owned by the device's primary context (the current context when it is that).
         let owner = match current_context_any() {
-            Ok(ctx) => ctx.handle(),
-            Err(_) => lock(&driver().primary)
+            Ok(ctx) if ctx.device() == dev => ctx.handle(),
+            _ => lock(&driver().primary[dev])
                 .handle
                 .ok_or(CUDA_ERROR_INVALID_CONTEXT)?,
         };
-        lock(&driver().mem.pools).push((handle, owner));
+        lock(&driver().mem.pools).push((handle, owner, dev));
         // SAFETY: the caller's out-pointer.
         unsafe { out(pool, handle as CUmemoryPool) }
     })
@@ -708,7 +720,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let mut created = lock(&driver().mem.pools);
         let at = created
             .iter()
-            .position(|&(p, _)| p == pool as u64)
+            .position(|&(p, _, _)| p == pool as u64)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         created.remove(at);
         Ok(())
@@ -722,8 +734,8 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
     api("cuMemPoolTrimTo", || {
-        check_pool(pool)?;
-        driver().mem.trim_pool(minBytesToKeep as u64);
+        let dev = check_pool(pool)?;
+        driver().mem.trim_pool(dev, minBytesToKeep as u64);
         Ok(())
     })
 }
@@ -739,7 +751,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     api("cuMemPoolSetAttribute", || {
-        check_pool(pool)?;
+        let dev = check_pool(pool)?;
         if value.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -757,7 +769,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
                 .set_reuse_flag(pool as u64, attr as usize - 1, v32);
             return Ok(());
         }
-        let mut a = lock(&driver().mem.acct);
+        let mut a = driver().mem.acct(dev);
         match attr {
             4 => a.pool_threshold = v64,
             6 if v64 == 0 => a.reserved_high = a.pool_used + a.pool_free,
@@ -779,9 +791,9 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     api("cuMemPoolGetAttribute", || {
-        check_pool(pool)?;
+        let dev = check_pool(pool)?;
         let flags = driver().mem.reuse_flags(pool as u64);
-        let a = lock(&driver().mem.acct);
+        let a = driver().mem.acct(dev);
         // SAFETY: (every write below) `value` is the caller's out-pointer for the
         // attribute's type.
         unsafe {
@@ -852,6 +864,29 @@ fn endpoint(call: &str, which: &str, p: u64, len: usize, role: Role) -> R<Endpoi
     }
 }
 
+/// Checks that work of `ctx` may touch `end`: device memory of another device only once
+/// `ctx` enabled peer access to it (`cuCtxEnablePeerAccess`), else
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`, as on hardware where that memory is not mapped into the
+/// device's address space. Host memory (pinned, managed, pageable) is reachable from
+/// every device.
+fn reachable(call: &str, which: &str, end: &Endpoint, ctx: &Context) -> R {
+    match end {
+        Endpoint::Mem(a, _)
+            if a.kind.is_device() && (ctx.accessible_devices() >> a.device) & 1 == 0 =>
+        {
+            eprintln!(
+                "devarrow-emu: {call}: the {which} is in {}, memory of device {}, and the \
+                 context of device {} has no peer access to it (cuCtxEnablePeerAccess)",
+                a.describe(),
+                a.device,
+                ctx.device()
+            );
+            Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Every copy: checks both ends now, stages a pageable source now (as the driver does),
 /// enqueues the copy, and returns once it ran when `sync` or when the destination is
 /// pageable host memory.
@@ -866,6 +901,23 @@ fn copy(
     stream: CUstream,
     sync: bool,
 ) -> R {
+    copy_between(call, dst, dst_role, src, src_role, len, stream, sync, false)
+}
+
+/// [`copy`], where `peer` (a `cuMemcpyPeerAsync`) lets the ends be memory of any device:
+/// the driver then stages the copy itself, with or without peer access.
+#[allow(clippy::too_many_arguments)]
+fn copy_between(
+    call: &'static str,
+    dst: u64,
+    dst_role: Role,
+    src: u64,
+    src_role: Role,
+    len: usize,
+    stream: CUstream,
+    sync: bool,
+    peer: bool,
+) -> R {
     let ctx = current_context()?;
     let stream = ctx.stream(stream as u64)?;
     if len == 0 {
@@ -873,7 +925,14 @@ fn copy(
     }
     inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
     let dst = endpoint(call, "destination", dst, len, dst_role)?;
-    let src = match endpoint(call, "source", src, len, src_role)? {
+    if !peer {
+        reachable(call, "destination", &dst, &ctx)?;
+    }
+    let src = endpoint(call, "source", src, len, src_role)?;
+    if !peer {
+        reachable(call, "source", &src, &ctx)?;
+    }
+    let src = match src {
         Endpoint::Host(p) => {
             let mut staged = vec![0u8; len];
             // SAFETY: the caller guarantees `len` readable bytes at the source host
@@ -1124,9 +1183,14 @@ fn check_peer_end(call: &str, which: &str, p: u64, len: usize, ctx: &Context) ->
 
 /// Copies device memory of one context to device memory of another on `hStream`
 /// (`cuMemcpyPeerAsync`): asynchronous, ordered on `hStream` (a stream of the current
-/// context; NULL is its legacy stream). With one emulated device (and so one primary
-/// context) both contexts are the same and the copy is a device-to-device copy, which
-/// the driver allows (peer access is needed only between two devices).
+/// context; NULL is its legacy stream). Between the contexts of two devices it needs no
+/// peer access: the driver stages the copy through host memory where the devices cannot
+/// reach each other ("Copies from device memory in one context to device memory in
+/// another context", CUDA driver API, `cuMemcpyPeerAsync`, which names no peer-access
+/// error; CUDA programming guide, "Peer-to-Peer Memory Copy": between two devices'
+/// memories a copy works whether peer access is enabled or not, it is only faster when
+/// it is), so the emulator copies whatever `cuDeviceCanAccessPeer` and
+/// `cuCtxEnablePeerAccess` say. Within one context it is a device-to-device copy.
 ///
 /// Checked as the driver documents: `cuInit`, a current context (for the stream), both
 /// contexts live (`CUDA_ERROR_INVALID_CONTEXT` otherwise: NULL included), each pointer
@@ -1156,7 +1220,7 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
         }
         check_peer_end(CALL, "destination", dstDevice, ByteCount, &dst_ctx)?;
         check_peer_end(CALL, "source", srcDevice, ByteCount, &src_ctx)?;
-        copy(
+        copy_between(
             CALL,
             dstDevice,
             Role::Device,
@@ -1165,6 +1229,7 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
             ByteCount,
             hStream,
             false,
+            true,
         )
     })
 }
@@ -1315,6 +1380,8 @@ pub unsafe extern "C" fn cuMemcpyBatchAsync(
                     }
                     other => other,
                 };
+                reachable(CALL, "destination", &dst, &ctx)?;
+                reachable(CALL, "source", &src, &ctx)?;
                 Ok((dst, src, len))
             });
             match ends {
@@ -1361,6 +1428,7 @@ fn memset(
             .find(dst)
             .is_some_and(|a| matches!(a.kind, Kind::Pinned { .. }));
     let dst = endpoint(call, "destination", dst, len, Role::Device)?;
+    reachable(call, "destination", &dst, &ctx)?;
     ctx.submit(
         &stream,
         Op::Memset {

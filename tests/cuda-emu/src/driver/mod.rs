@@ -4,9 +4,10 @@
 //!
 //! Built as the cdylib `libdevarrow_emu.so` and linked as `libcuda.so` /
 //! `libcuda.so.1` by `.ci/emulated-gpu`, it is what cudarc `dlopen`s in place of the
-//! driver. It emulates **one** device (ordinal 0), H100-like, and aims to be strict where
-//! the real driver's contract is strict, so that devarrow's bugs show up as errors or
-//! wrong data instead of passing silently:
+//! driver. It emulates one device (ordinal 0) by default, H100-like, or several (see
+//! *Several devices* below), and aims to be strict where the real driver's contract is
+//! strict, so that devarrow's bugs show up as errors or wrong data instead of passing
+//! silently:
 //!
 //! - **Contexts** ([`context`]): the primary context is retained and released with a
 //!   reference count and destroyed (all its memory, streams, events and modules freed)
@@ -47,8 +48,32 @@
 //!   `cuMemHostAlloc` of 0 bytes succeed, allocate nothing and leave `*pp` unwritten
 //!   (`cudaMallocHost(&p, 0)` on NVIDIA's driver), and `cuMemFreeHost(NULL)` succeeds;
 //!   `cuMemAlloc(0)` stays `CUDA_ERROR_INVALID_VALUE`, as documented.
-//!   `cuMemcpyPeerAsync` copies device memory between contexts (the one primary context
-//!   here), each pointer checked against the context named with it.
+//!   `cuMemcpyPeerAsync` copies device memory between contexts, each pointer checked
+//!   against the context named with it.
+//! - **Several devices**: `DEVARROW_EMU_DEVICES=N` (1 to 8, default 1; read once per
+//!   process, like every setting) offers N identical devices. Each has its own primary
+//!   context, its own memory accounting (`DEVARROW_EMU_MEM_BYTES` each, `cuMemGetInfo`
+//!   of the current context's device), its own default pool (`cuDeviceGetDefaultMemPool`)
+//!   and its own slice of the fake address range ([`DEVICE_ADDRESS_SPAN`] bytes from
+//!   `DEVICE_ADDRESS_BASE + d * DEVICE_ADDRESS_SPAN`), so a pointer tells its device
+//!   ([`device_of_address`], `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`). A reset of one
+//!   device's primary context touches no other. `cuDeviceCanAccessPeer` says 1 for every
+//!   pair of two different devices (0 for a device and itself, as NVIDIA's driver), or 0
+//!   for every pair with `DEVARROW_EMU_NO_PEER=1` (GPUs without a peer link).
+//!   `cuCtxEnablePeerAccess` / `cuCtxDisablePeerAccess` keep, per context, the devices
+//!   it may reach, with the documented errors (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`,
+//!   `_NOT_ENABLED`, `_UNSUPPORTED` where `cuDeviceCanAccessPeer` says 0,
+//!   `CUDA_ERROR_INVALID_CONTEXT` for the current context itself or an invalid one,
+//!   `CUDA_ERROR_INVALID_VALUE` for flags); access is one way and ends with either
+//!   context. A plain copy, memset, batched copy or kernel in the context of device A
+//!   that touches device memory of device B fails with `CUDA_ERROR_ILLEGAL_ADDRESS` (a
+//!   kernel's fault is sticky) unless A enabled peer access to B, as on hardware
+//!   without UVA peer mappings; pinned and managed memory are reachable from every
+//!   device. `cuMemcpyPeerAsync` between two devices needs no peer access: the driver
+//!   stages such a copy itself (CUDA driver API, `cuMemcpyPeerAsync`, which lists no
+//!   peer-access error; CUDA programming guide, "Peer-to-Peer Memory Copy"), and the
+//!   emulator copies either way. A stream-ordered allocation from a pool of another
+//!   device than the stream's is `CUDA_ERROR_INVALID_VALUE`.
 //! - **Batched copies**: `cuMemcpyBatchAsync` (CUDA 12.8) runs its copies as one stream
 //!   operation, with the driver's checks (no legacy NULL stream, attribute indices,
 //!   `failIdx`); `DEVARROW_EMU_NO_BATCH_COPY=1`, or `devarrow_emu_set_batch_copy(0)`,
@@ -100,5 +125,10 @@ pub mod memory;
 pub mod module;
 pub mod stream;
 
-pub use alloc::{DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, FREED_POISON, POISON};
-pub use config::{config_delay, config_restricted, config_total_memory};
+pub use alloc::{
+    device_of_address, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, DEVICE_ADDRESS_SPAN, FREED_POISON,
+    MAX_DEVICES, POISON,
+};
+pub use config::{
+    config_delay, config_devices, config_no_peer, config_restricted, config_total_memory,
+};

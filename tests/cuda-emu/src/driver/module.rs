@@ -408,6 +408,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 // What the addresses name now, in stream order: a block freed after this
                 // launch and reused by a later allocation is still this launch's.
                 memory: driver().mem.snapshot(),
+                // Its device's memory, and its peers' where access is enabled now.
+                devices: ctx.accessible_devices(),
             },
         );
         Ok(())

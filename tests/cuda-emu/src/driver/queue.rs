@@ -26,16 +26,19 @@ pub(crate) struct CtxShared {
     /// `cuCtxGetId`: unique for the life of the process, unlike the handle, which the
     /// primary context keeps across a reset.
     pub id: u64,
+    /// The context's device ordinal.
+    pub device: usize,
     sticky: Mutex<Option<CUresult>>,
     pub destroyed: AtomicBool,
 }
 
 impl CtxShared {
     /// The shared part of a new context `handle` (no error, not destroyed).
-    pub fn new(handle: u64) -> Self {
+    pub fn new(handle: u64, device: usize) -> Self {
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             handle,
+            device,
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             sticky: Mutex::new(None),
             destroyed: AtomicBool::new(false),
@@ -115,6 +118,9 @@ pub(crate) enum Op {
         params: Vec<Vec<u8>>,
         /// The live allocations at launch (see [`KernelMemory`]).
         memory: Vec<Arc<Alloc>>,
+        /// The devices whose memory the kernel may access (a bit mask, see
+        /// [`KernelMemory::new`]).
+        devices: u64,
     },
     Record {
         event: Arc<Event>,
@@ -364,7 +370,8 @@ impl Stream {
                 dims,
                 params,
                 memory,
-            } => self.run_kernel(&func, dims, &params, memory),
+                devices,
+            } => self.run_kernel(&func, dims, &params, memory, devices),
             Op::HostFn { f, data } => {
                 // SAFETY: the caller of cuLaunchHostFunc provided `f` and its argument
                 // for exactly this call.
@@ -391,8 +398,15 @@ impl Stream {
         }
     }
 
-    fn run_kernel(&self, func: &Function, dims: Dims, params: &[Vec<u8>], memory: Vec<Arc<Alloc>>) {
-        let mem = KernelMemory::new(self.mem, memory);
+    fn run_kernel(
+        &self,
+        func: &Function,
+        dims: Dims,
+        params: &[Vec<u8>],
+        memory: Vec<Arc<Alloc>>,
+        devices: u64,
+    ) {
+        let mem = KernelMemory::new(self.mem, memory, devices);
         let started = Instant::now();
         let outcome = catch(|| func.module.ptx.launch(&func.name, dims, params, &mem));
         let (code, message) = match outcome {

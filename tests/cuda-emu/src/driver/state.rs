@@ -12,21 +12,39 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::alloc::MemTable;
 use super::common::*;
-use super::config::config_total_memory;
+use super::config::{config_devices, config_total_memory};
 use super::kernel::{Function, LoadedModule};
 use super::queue::{CtxShared, Event, Op, Stream};
 
 /// The CUDA version the emulator reports (`cuDriverGetVersion`, `cuCtxGetApiVersion`).
 pub(crate) const DRIVER_VERSION: i32 = 12080;
 
-/// The one emulated device's ordinal.
+/// The first emulated device's ordinal (`DEVARROW_EMU_DEVICES` says how many follow).
 pub(crate) const DEVICE: i32 = 0;
 
 /// Handles are opaque, never dereferenced, and (like device addresses) non-canonical.
 const HANDLE_BASE: u64 = 0x00e0_0000_0000_0000;
 
-/// The handle of the device's default memory pool.
+/// The handle of device 0's default memory pool.
 pub(crate) const DEFAULT_POOL: u64 = 0x00e0_0000_0000_0010;
+
+/// Device `dev`'s default pool handle: [`DEFAULT_POOL`] plus `dev << 40` (far above the
+/// handles `cuMemPoolCreate` hands out, `DEFAULT_POOL + 0x10 * n`).
+pub(crate) fn default_pool(dev: usize) -> u64 {
+    DEFAULT_POOL + ((dev as u64) << 40)
+}
+
+/// The device of a pool handle: a default pool's, or a created pool's (`None` for
+/// neither).
+pub(crate) fn pool_device(pool: u64) -> Option<usize> {
+    if let Some(dev) = (0..config_devices()).find(|&d| default_pool(d) == pool) {
+        return Some(dev);
+    }
+    lock(&driver().mem.pools)
+        .iter()
+        .find(|&&(p, _, _)| p == pool)
+        .map(|&(_, _, d)| d)
+}
 
 /// A context (only primary contexts are emulated).
 pub(crate) struct Context {
@@ -40,11 +58,25 @@ pub(crate) struct Context {
     pub flags: AtomicU32,
     pub limits: Mutex<HashMap<u32, usize>>,
     pub cache_config: AtomicU32,
+    /// The devices whose primary contexts this context enabled peer access to
+    /// (`cuCtxEnablePeerAccess`), as a bit mask.
+    pub peers: AtomicU64,
 }
 
 impl Context {
     pub fn handle(&self) -> u64 {
         self.shared.handle
+    }
+
+    /// The context's device ordinal.
+    pub fn device(&self) -> usize {
+        self.shared.device
+    }
+
+    /// The devices whose memory work in this context may touch (bit `d` for device `d`):
+    /// its own and those it enabled peer access to.
+    pub fn accessible_devices(&self) -> u64 {
+        (1u64 << self.device()) | self.peers.load(Ordering::Acquire)
     }
 
     /// Every stream of the context, the NULL stream first (destroyed streams whose
@@ -156,7 +188,8 @@ pub(crate) struct Primary {
 /// The whole emulator.
 pub(crate) struct Driver {
     pub initialized: AtomicBool,
-    pub primary: Mutex<Primary>,
+    /// Each device's primary context, by ordinal.
+    pub primary: Vec<Mutex<Primary>>,
     objects: Mutex<HashMap<u64, Object>>,
     next_handle: AtomicU64,
     pub mem: MemTable,
@@ -167,10 +200,12 @@ static DRIVER: OnceLock<Driver> = OnceLock::new();
 pub(crate) fn driver() -> &'static Driver {
     DRIVER.get_or_init(|| Driver {
         initialized: AtomicBool::new(false),
-        primary: Mutex::new(Primary::default()),
+        primary: (0..config_devices())
+            .map(|_| Mutex::new(Primary::default()))
+            .collect(),
         objects: Mutex::new(HashMap::new()),
         next_handle: AtomicU64::new(1),
-        mem: MemTable::new(config_total_memory()),
+        mem: MemTable::new(config_devices(), config_total_memory()),
     })
 }
 
@@ -208,20 +243,20 @@ impl Driver {
 
     /// Retains the primary context, creating it (active again, with a new id) if needed;
     /// returns its handle.
-    pub fn retain_primary(&'static self) -> u64 {
-        let mut p = lock(&self.primary);
+    pub fn retain_primary(&'static self, dev: usize) -> u64 {
+        let mut p = lock(&self.primary[dev]);
         let ctx = match &p.ctx {
             Some(c) => c.clone(),
-            None => self.new_primary(&mut p),
+            None => self.new_primary(dev, &mut p),
         };
         p.refcount += 1;
         ctx.handle()
     }
 
     /// Creates the primary context (under its one handle) and makes it `p.ctx`.
-    fn new_primary(&'static self, p: &mut Primary) -> Arc<Context> {
+    fn new_primary(&'static self, dev: usize, p: &mut Primary) -> Arc<Context> {
         let handle = *p.handle.get_or_insert_with(|| self.new_handle());
-        let shared = Arc::new(CtxShared::new(handle));
+        let shared = Arc::new(CtxShared::new(handle, dev));
         let null_stream = Stream::spawn(self.new_handle(), shared.clone(), &self.mem, 0, 0, true);
         let ctx = Arc::new(Context {
             shared,
@@ -230,6 +265,7 @@ impl Driver {
             flags: AtomicU32::new(p.flags),
             limits: Mutex::new(HashMap::new()),
             cache_config: AtomicU32::new(0),
+            peers: AtomicU64::new(0),
         });
         self.insert(handle, Object::Context(ctx.clone()));
         p.ctx = Some(ctx.clone());
@@ -248,9 +284,9 @@ impl Driver {
     /// driver: JuliaGPU/CUDA.jl#16 (709 after `device_reset!`), lupinemachines/lupine#844
     /// (after `cudaDeviceReset` the handle stays current, `active=0`, `cuMemAlloc` gives
     /// 709 until libcudart's `cuDevicePrimaryCtxRetain`).
-    pub fn release_primary(&'static self, reset: bool) -> R {
+    pub fn release_primary(&'static self, dev: usize, reset: bool) -> R {
         let ctx = {
-            let mut p = lock(&self.primary);
+            let mut p = lock(&self.primary[dev]);
             if !reset {
                 if p.refcount == 0 {
                     return Err(CUDA_ERROR_INVALID_CONTEXT);
@@ -273,8 +309,10 @@ impl Driver {
     /// Whether `handle` is the primary context's handle while the context is inactive
     /// (reset, or released by all): calls in it are `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
     pub fn is_inactive_primary(&self, handle: u64) -> bool {
-        let p = lock(&self.primary);
-        p.handle == Some(handle) && p.ctx.is_none()
+        self.primary.iter().any(|p| {
+            let p = lock(p);
+            p.handle == Some(handle) && p.ctx.is_none()
+        })
     }
 
     /// Waits for the context's work, then frees everything it owns.
@@ -303,7 +341,14 @@ impl Driver {
             s.wait_exited();
         }
         lock(&ctx.streams).clear();
-        self.mem.free_all_of(ctx.handle());
+        self.mem.free_all_of(ctx.device(), ctx.handle());
+        // Peer access to this context ends with it (a new one starts without).
+        let bit = !(1u64 << ctx.device());
+        for p in &self.primary {
+            if let Some(other) = lock(p).ctx.clone() {
+                other.peers.fetch_and(bit, Ordering::AcqRel);
+            }
+        }
     }
 }
 
@@ -437,7 +482,7 @@ pub(crate) fn current_context() -> R<Arc<Context>> {
 
 /// Checks a device ordinal.
 pub(crate) fn check_device(dev: i32) -> R {
-    if dev == DEVICE {
+    if (DEVICE..DEVICE + config_devices() as i32).contains(&dev) {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_DEVICE)

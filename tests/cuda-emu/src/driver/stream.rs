@@ -95,7 +95,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
             stream.tail()
         };
         stream.wait_seq(seq);
-        driver().mem.release_pool_at_sync();
+        driver().mem.release_pool_at_sync(ctx.device());
         ctx.shared.sticky()
     })
 }
@@ -356,7 +356,7 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
         let ctx = current_context()?;
         let event = event(hEvent)?;
         event.synchronize();
-        driver().mem.release_pool_at_sync();
+        driver().mem.release_pool_at_sync(ctx.device());
         ctx.shared.sticky()
     })
 }
