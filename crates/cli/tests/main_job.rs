@@ -251,6 +251,8 @@ fn a_bad_input_path_is_a_one_line_error() {
 fn bad_options_are_one_line_errors_with_exit_code_2() {
     for args in [
         &["--device", "tpu"][..],
+        &["--device", "cuda:0,0"],
+        &["--device", "cuda:0,"],
         &["--scale", "-1"],
         &["--batch-size", "lots"],
         &["--no-such-option"],
@@ -602,5 +604,154 @@ fn cuda_options_run_on_the_cuda_device() {
              reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
         ),
         "{stdout}"
+    );
+}
+
+/// `--device cuda:all` on two (emulated) devices: devarrow runs on both at once, and the
+/// JSON has every device's figures and the total. On the emulated driver of
+/// `.ci/emulated-gpu` the child gets `DEVARROW_EMU_DEVICES=2` (ignored by a real driver,
+/// where the test needs two GPUs and skips with fewer).
+#[test]
+fn several_devices_report_each_device_and_the_total() {
+    if !has_gpu() {
+        assert!(
+            std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"),
+            "DEVARROW_REQUIRE_GPU=1 but no CUDA device"
+        );
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_devarrow"))
+            .args(args)
+            .env("DEVARROW_EMU_DEVICES", "2")
+            .env_remove("DEVARROW_CUDA_OPTIONS")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .expect("the devarrow binary runs")
+    };
+    let args = [
+        "--device",
+        "cuda:all",
+        "--scale",
+        "0.001",
+        "--reps",
+        "1",
+        "--batch-size",
+        "1K",
+        "--json",
+        "-",
+    ];
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let devices = v["device"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if devices.len() < 2 {
+        // A real machine with one GPU: `cuda:all` is that device, reported as today.
+        assert!(v["points"][0]["devices"].is_null(), "{v}");
+        eprintln!(
+            "skipped: fewer than 2 CUDA devices (a real driver ignores DEVARROW_EMU_DEVICES)"
+        );
+        return;
+    }
+    assert_eq!(v["options"]["device"], "cuda:all");
+    assert_eq!(v["device"]["id"], "cuda:0");
+    assert_eq!(devices.len(), 2, "{v}");
+    assert_eq!(devices[1]["id"], "cuda:1");
+    let point = &v["points"][0];
+    assert_eq!(point["verified"], true);
+    let shares = point["devices"].as_array().expect("per-device figures");
+    assert_eq!(shares.len(), 2, "{point}");
+    let total = &point["total"];
+    let batches = point["batches"].as_u64().unwrap();
+    assert!(batches >= 2, "{point}");
+    let mut bytes = 0;
+    for (i, share) in shares.iter().enumerate() {
+        assert_eq!(share["id"], format!("cuda:{i}"));
+        // Round-robin: the first device gets the odd one out.
+        let expected = (batches + 1 - i as u64) / 2;
+        assert_eq!(share["batches"].as_u64(), Some(expected), "{share}");
+        assert!(share["bytes"].as_u64().unwrap() > 0, "{share}");
+        bytes += share["bytes"].as_u64().unwrap();
+        for direction in ["host_to_device", "device_to_host"] {
+            let figure = &share[direction];
+            assert!(figure["gbps"].as_f64().unwrap() > 0.0, "{share}");
+            assert_eq!(figure["times_s"].as_array().unwrap().len(), 1, "{share}");
+            // No device takes longer than the whole.
+            assert!(
+                figure["best_s"].as_f64().unwrap() <= total[direction]["best_s"].as_f64().unwrap(),
+                "{point}"
+            );
+        }
+    }
+    assert_eq!(total["devices"], 2);
+    assert_eq!(total["batches"].as_u64(), Some(batches));
+    assert_eq!(total["bytes"].as_u64(), Some(bytes));
+    assert_eq!(total["peers_on"], "cuda:0");
+    for direction in ["host_to_device", "device_to_host"] {
+        assert!(total[direction]["gbps"].as_f64().unwrap() > 0.0, "{total}");
+    }
+    // devarrow alone on cuda:0 moved the same bytes.
+    let single = point["measurements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["method"] == "devarrow" && m["direction"] == "host_to_device")
+        .unwrap();
+    assert_eq!(single["bytes"].as_u64(), Some(bytes));
+
+    // The table: a row per device and direction, and the totals.
+    let out = run(&args[..args.len() - 2]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("devarrow on 2 devices at once"), "{stdout}");
+    assert!(
+        stdout.contains("(cuda:0), ") && stdout.contains("(cuda:1)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with("cuda:1 "))
+            .count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with("total "))
+            .count(),
+        2,
+        "{stdout}"
+    );
+    assert!(stdout.contains("ran on cuda:0 only"), "{stdout}");
+
+    // A device of a list that does not open is named.
+    let stderr = assert_one_line_error(&run(&["--device", "cuda:0,7", "--scale", "0.001"]), 1);
+    assert!(
+        stderr.contains("--device cuda:0,7: CUDA device cuda:7 did not open"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn several_devices_without_cuda_are_an_error() {
+    if has_gpu() {
+        eprintln!("skipped: a CUDA device is present");
+        return;
+    }
+    let stderr = assert_one_line_error(&devarrow(&["--device", "cuda:all", "--scale", "0.001"]), 1);
+    assert!(
+        stderr.contains("--device cuda:all: no CUDA device to run on"),
+        "{stderr}"
+    );
+    let stderr = assert_one_line_error(&devarrow(&["--device", "cuda:0,1", "--scale", "0.001"]), 1);
+    assert!(
+        stderr.contains("--device cuda:0,1: CUDA device cuda:0 did not open"),
+        "{stderr}"
     );
 }

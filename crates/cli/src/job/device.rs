@@ -29,11 +29,11 @@ pub type Selected = devarrow::SelectedDevice;
 /// of a shell, and `auto` runs on whatever the machine has; the caller notes that they
 /// were not used ([`super::report::cuda_options_unused`]).
 pub fn select(
-    choice: DeviceChoice,
+    choice: &DeviceChoice,
     link: Option<LinkModel>,
     cuda_options: &CudaOptions,
 ) -> Result<Selected, JobError> {
-    if choice == DeviceChoice::Cpu && cuda_options.source == Source::Flag {
+    if *choice == DeviceChoice::Cpu && cuda_options.source == Source::Flag {
         return Err(JobError::new(
             "--cuda-options sets options of a CUDA device; the CPU device has none (use \
              --device cuda, or leave --cuda-options out)",
@@ -42,7 +42,12 @@ pub fn select(
     let request = match choice {
         DeviceChoice::Auto => DeviceRequest::Auto,
         DeviceChoice::Cpu => DeviceRequest::Cpu,
-        DeviceChoice::Cuda(id) => DeviceRequest::Cuda(id),
+        DeviceChoice::Cuda(id) => DeviceRequest::Cuda(*id),
+        DeviceChoice::CudaList(_) | DeviceChoice::CudaAll => {
+            return Err(JobError::new(format!(
+                "--device {choice} names several devices: open them with select_several"
+            )))
+        }
     };
     let mut selected = select_device(request)
         .map_err(|e| JobError::new(format!("{e} (use --device cpu to run on the CPU device)")))?;
@@ -57,15 +62,102 @@ pub fn select(
             selected.id
         )));
     }
+    with_options(&mut selected, cuda_options)
+        .map_err(|e| JobError::new(format!("opening {}: {e}", selected.id)))?;
+    Ok(selected)
+}
+
+/// Gives a selected CUDA device the options of the run (nothing on the CPU device).
+fn with_options(
+    selected: &mut Selected,
+    cuda_options: &CudaOptions,
+) -> Result<(), devarrow::cuda::CudaError> {
     if let Some(opened) = selected.cuda.take() {
         // A device of the same context with the options: `select_device` opens devices
         // with the defaults, and a device's options are set before it first works.
-        let device = CudaDevice::new(opened.primary_context().clone())
-            .map_err(|e| JobError::new(format!("opening {}: {e}", selected.id)))?
-            .with_options(cuda_options.options);
+        let device =
+            CudaDevice::new(opened.primary_context().clone())?.with_options(cuda_options.options);
         let device = Arc::new(device);
         selected.device = device.clone();
         selected.cuda = Some(device);
     }
-    Ok(selected)
+    Ok(())
+}
+
+/// Why the CUDA devices of `--device cuda:N,M,...` or `--device cuda:all` did not open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DevicesError {
+    /// `cuda:all` on a machine with no CUDA device (no driver, or none reported).
+    #[error("--device cuda:all: no CUDA device to run on: {reason} (use --device cpu to run on the CPU device)")]
+    NoCudaDevice {
+        /// Why there is none.
+        reason: String,
+    },
+    /// A device of the list (or of `cuda:all`) did not open.
+    #[error("--device {asked}: CUDA device cuda:{id} did not open: {reason}")]
+    DidNotOpen {
+        /// The devices asked for, as given (`cuda:0,1`, `cuda:all`).
+        asked: String,
+        /// The device that did not open.
+        id: usize,
+        /// Why.
+        reason: String,
+    },
+    /// `--link` with CUDA devices.
+    #[error("--link models a link on the CPU device; {asked} have a real one (use --device cpu)")]
+    Link {
+        /// The devices asked for.
+        asked: String,
+    },
+}
+
+/// Opens every CUDA device of a list (`cuda:0,1`) or of the machine (`cuda:all`), in
+/// order, each with the run's `cuda_options`. A device that does not open is an error
+/// naming it; `cuda:all` with no device is an error saying so. Any other choice opens
+/// the one device [`select`] opens.
+pub fn select_several(
+    choice: &DeviceChoice,
+    link: Option<LinkModel>,
+    cuda_options: &CudaOptions,
+) -> Result<Vec<Selected>, JobError> {
+    let asked = choice.to_string();
+    let ids = match choice {
+        DeviceChoice::CudaList(ids) => ids.clone(),
+        DeviceChoice::CudaAll => match devarrow::cuda::device_count() {
+            Ok(0) => {
+                return Err(DevicesError::NoCudaDevice {
+                    reason: "the driver reports no device".into(),
+                }
+                .into())
+            }
+            Ok(n) => (0..n).collect(),
+            Err(e) => {
+                return Err(DevicesError::NoCudaDevice {
+                    reason: e.to_string(),
+                }
+                .into())
+            }
+        },
+        single => return select(single, link, cuda_options).map(|s| vec![s]),
+    };
+    if link.is_some() {
+        return Err(DevicesError::Link { asked }.into());
+    }
+    let mut devices = Vec::with_capacity(ids.len());
+    for id in ids {
+        let did_not_open = |reason: String| DevicesError::DidNotOpen {
+            asked: asked.clone(),
+            id,
+            reason,
+        };
+        let mut selected = select_device(DeviceRequest::Cuda(id)).map_err(|e| match e {
+            devarrow::bridge::select::SelectError::CudaUnavailable { reason, .. } => {
+                did_not_open(reason)
+            }
+            other => did_not_open(other.to_string()),
+        })?;
+        with_options(&mut selected, cuda_options).map_err(|e| did_not_open(e.to_string()))?;
+        devices.push(selected);
+    }
+    Ok(devices)
 }

@@ -4,12 +4,13 @@
 //! JSON and a chart.
 //!
 //! - [`options`]: the command line;
-//! - [`device`]: choosing the device (CUDA when there is one, else the CPU device);
+//! - [`device`]: choosing the device (CUDA when there is one, else the CPU device), or
+//!   several CUDA devices (`cuda:0,1`, `cuda:all`);
 //! - [`cuda_options`]: the CUDA device's options (`--cuda-options`,
 //!   `DEVARROW_CUDA_OPTIONS`);
 //! - [`memory`]: whether generated data will fit in memory;
 //! - [`input`]: generated TPC-H `lineitem`, or a Parquet / Arrow IPC file;
-//! - [`measure`]: the timed transfers;
+//! - [`measure`]: the timed transfers (devarrow on several devices at once too);
 //! - [`progress`]: progress on stderr;
 //! - [`report`]: the table and the JSON;
 //! - [`chart`]: the SVG or PNG chart.
@@ -28,11 +29,13 @@ pub mod text;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use clap::Parser as _;
 use devarrow::abi::cpu;
+use devarrow::abi::device::Device;
 use devarrow::bridge::{Transfer, TransferOptions};
 use devarrow::cuda::ImportedArray;
 
@@ -49,6 +52,8 @@ pub enum JobError {
     Failed(String),
     /// The data asked for would not fit in the memory available.
     NotEnoughMemory(NotEnoughMemory),
+    /// The CUDA devices of a multi-device run did not open.
+    Devices(device::DevicesError),
 }
 
 impl JobError {
@@ -64,12 +69,19 @@ impl From<NotEnoughMemory> for JobError {
     }
 }
 
+impl From<device::DevicesError> for JobError {
+    fn from(e: device::DevicesError) -> Self {
+        Self::Devices(e)
+    }
+}
+
 impl std::fmt::Display for JobError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             // One line, whatever the source error looked like.
             Self::Failed(message) => f.write_str(&message.replace('\n', " ")),
             Self::NotEnoughMemory(e) => e.fmt(f),
+            Self::Devices(e) => f.write_str(&e.to_string().replace('\n', " ")),
         }
     }
 }
@@ -79,6 +91,7 @@ impl std::error::Error for JobError {
         match self {
             Self::Failed(_) => None,
             Self::NotEnoughMemory(e) => Some(e),
+            Self::Devices(e) => Some(e),
         }
     }
 }
@@ -220,7 +233,25 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         None => None,
     };
 
-    let selected = device::select(options.device, options.link, &options.cuda_options)?;
+    // Several devices (`cuda:0,1`, `cuda:all`): the first runs everything a single device
+    // runs; devarrow then runs on all of them at once. `cuda:all` on a machine with one
+    // device is a run on that device.
+    let (selected, several) = if options.device.is_multi() {
+        let mut all = device::select_several(&options.device, options.link, &options.cuda_options)?;
+        let several: Vec<(String, String, Arc<dyn Device>)> = if all.len() > 1 {
+            all.iter()
+                .map(|s| (s.id.clone(), s.name.clone(), s.device.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (all.remove(0), several)
+    } else {
+        (
+            device::select(&options.device, options.link, &options.cuda_options)?,
+            Vec::new(),
+        )
+    };
     // Before anything is generated, and before the first line about it.
     if options.input.is_none() && options.memory_check {
         let estimate = memory::estimate(options.scale, selected.cuda.is_some());
@@ -228,7 +259,20 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     }
     match &selected.fallback {
         Some(why) => progress.note(&format!("{why}; running on the CPU device")),
-        None => progress.note(&format!("running on {} ({})", selected.name, selected.id)),
+        None if several.is_empty() => {
+            progress.note(&format!("running on {} ({})", selected.name, selected.id));
+        }
+        None => {
+            let all: Vec<String> = several
+                .iter()
+                .map(|(id, name, _)| format!("{name} ({id})"))
+                .collect();
+            progress.note(&format!(
+                "running on {} devices: {}",
+                several.len(),
+                all.join(", ")
+            ));
+        }
     }
     let cuda = &options.cuda_options;
     if cuda.env_overridden {
@@ -287,7 +331,16 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     let mut export_check = None;
     let mut first = first;
     let count = options.batch_sizes.len();
-    let steps = measure::steps(options.reps);
+    let steps = measure::steps(options.reps)
+        + if several.is_empty() {
+            0
+        } else {
+            measure::several_steps(options.reps)
+        };
+    let devices: Vec<(String, Arc<dyn Device>)> = several
+        .iter()
+        .map(|(id, _, device)| (id.clone(), device.clone()))
+        .collect();
     for (i, &rows) in options.batch_sizes.iter().enumerate() {
         let stage = progress.stage(
             format!(
@@ -307,7 +360,16 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             }
         };
         stage.part(report::count(batches.len(), "batch", "batches"));
-        let point = measure::measure_point(&selected.device, &batches, rows, options.reps, &stage)?;
+        let mut point =
+            measure::measure_point(&selected.device, &batches, rows, options.reps, &stage)?;
+        if !devices.is_empty() {
+            point.multi = Some(measure::measure_several(
+                &devices,
+                &batches,
+                options.reps,
+                &stage,
+            )?);
+        }
         if export_check.is_none() {
             stage.part("export/import");
             export_check = Some(check_export(&selected, &batches[0])?);
@@ -318,8 +380,13 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         stage.finish();
         points.push(point);
     }
-    // Nothing of the data is needed any more.
+    // Nothing of the data is needed any more, nor the other devices.
     drop(source);
+    drop(devices);
+    let several: Vec<(String, String)> = several
+        .into_iter()
+        .map(|(id, name, _)| (id, name))
+        .collect();
 
     let run = Run {
         device: DeviceInfo {
@@ -329,6 +396,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             fallback: selected.fallback.clone(),
             link: (selected.id == "cpu").then_some(options.link).flatten(),
             cuda_options: selected.cuda.as_ref().map(|cuda| cuda.options()),
+            several,
         },
         data,
         points,

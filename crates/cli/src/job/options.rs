@@ -52,7 +52,9 @@ pub struct Cli {
     pub scale: Option<f64>,
 
     /// Device to run on: `cpu`, `cuda` (= `cuda:0`), `cuda:N`, or `auto` (cuda:0 when a
-    /// CUDA device opens, else the CPU device)
+    /// CUDA device opens, else the CPU device); several CUDA devices at once with a list
+    /// (`cuda:0,1`) or `cuda:all`: devarrow moves the batches round-robin to all of them
+    /// together (the peer methods run on the first)
     #[arg(long, value_parser = parse_device, default_value = "auto")]
     pub device: DeviceChoice,
 
@@ -113,7 +115,7 @@ pub struct Cli {
 }
 
 /// The device asked for with `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceChoice {
     /// CUDA device 0 when one opens, else the CPU device.
     Auto,
@@ -121,6 +123,18 @@ pub enum DeviceChoice {
     Cpu,
     /// CUDA device `N`; an error when it does not open.
     Cuda(usize),
+    /// Several CUDA devices at once (`cuda:0,1`): two or more, distinct, in the order
+    /// given; an error when one does not open.
+    CudaList(Vec<usize>),
+    /// Every CUDA device of the machine (`cuda:all`); an error when there is none.
+    CudaAll,
+}
+
+impl DeviceChoice {
+    /// Whether more than one CUDA device may be used (a list or `cuda:all`).
+    pub fn is_multi(&self) -> bool {
+        matches!(self, Self::CudaList(_) | Self::CudaAll)
+    }
 }
 
 impl std::fmt::Display for DeviceChoice {
@@ -129,6 +143,11 @@ impl std::fmt::Display for DeviceChoice {
             Self::Auto => f.write_str("auto"),
             Self::Cpu => f.write_str("cpu"),
             Self::Cuda(n) => write!(f, "cuda:{n}"),
+            Self::CudaList(ids) => {
+                let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+                write!(f, "cuda:{}", ids.join(","))
+            }
+            Self::CudaAll => f.write_str("cuda:all"),
         }
     }
 }
@@ -221,19 +240,37 @@ pub fn parse_chart_path(s: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// Parses `auto`, `cpu`, `cuda` or `cuda:N`.
+/// Parses `auto`, `cpu`, `cuda`, `cuda:N`, a list `cuda:N,M,...` (distinct ordinals) or
+/// `cuda:all`.
 pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    const EXPECTED: &str = "expected `cpu`, `cuda`, `cuda:N`, `cuda:N,M,...`, `cuda:all` or `auto`";
     let s = s.trim().to_ascii_lowercase();
     match s.as_str() {
-        "auto" => Ok(DeviceChoice::Auto),
-        "cpu" => Ok(DeviceChoice::Cpu),
-        "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok())
-            .map(DeviceChoice::Cuda)
-            .ok_or_else(|| "expected `cpu`, `cuda`, `cuda:N` or `auto`".into()),
+        "auto" => return Ok(DeviceChoice::Auto),
+        "cpu" => return Ok(DeviceChoice::Cpu),
+        "cuda" | "gpu" => return Ok(DeviceChoice::Cuda(0)),
+        "cuda:all" => return Ok(DeviceChoice::CudaAll),
+        _ => {}
     }
+    let list = s.strip_prefix("cuda:").ok_or(EXPECTED)?;
+    let mut ids = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let id = item.parse::<usize>().map_err(|_| {
+            if item.is_empty() {
+                format!("`{s}`: an empty device in the list; {EXPECTED}")
+            } else {
+                format!("`{s}`: `{item}` is not a device number; {EXPECTED}")
+            }
+        })?;
+        if ids.contains(&id) {
+            return Err(format!("`{s}`: cuda:{id} is named twice"));
+        }
+        ids.push(id);
+    }
+    Ok(match ids.as_slice() {
+        [id] => DeviceChoice::Cuda(*id),
+        _ => DeviceChoice::CudaList(ids),
+    })
 }
 
 /// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`).
@@ -415,6 +452,35 @@ mod tests {
     }
 
     #[test]
+    fn several_devices() {
+        let device = |s: &str| parse(&["--device", s]).unwrap().device;
+        assert_eq!(device("cuda:0,1"), DeviceChoice::CudaList(vec![0, 1]));
+        assert_eq!(
+            device(" CUDA:2, 0 ,1"),
+            DeviceChoice::CudaList(vec![2, 0, 1])
+        );
+        assert_eq!(device("cuda:all"), DeviceChoice::CudaAll);
+        assert_eq!(device("cuda:3"), DeviceChoice::Cuda(3));
+        // A one-device list is that device.
+        assert_eq!(parse_device("cuda:1"), Ok(DeviceChoice::Cuda(1)));
+        assert!(device("cuda:all").is_multi() && device("cuda:0,1").is_multi());
+        assert!(!device("cuda:0").is_multi() && !device("auto").is_multi());
+        assert_eq!(device("cuda:0,1").to_string(), "cuda:0,1");
+        assert_eq!(device("cuda:all").to_string(), "cuda:all");
+        // The messages name what is wrong.
+        assert!(parse_device("cuda:0,0")
+            .unwrap_err()
+            .contains("cuda:0 is named twice"));
+        assert!(parse_device("cuda:0,x")
+            .unwrap_err()
+            .contains("`x` is not a device number"));
+        assert!(parse_device("cuda:0,")
+            .unwrap_err()
+            .contains("an empty device"));
+        assert!(parse_device("tpu").unwrap_err().contains("cuda:all"));
+    }
+
+    #[test]
     fn batch_sizes() {
         assert_eq!(parse_rows("65536"), Ok(65536));
         assert_eq!(parse_rows("64K"), Ok(65536));
@@ -443,6 +509,13 @@ mod tests {
             &["--scale", "x"],
             &["--device", "tpu"],
             &["--device", "cuda:x"],
+            &["--device", "cuda:0,"],
+            &["--device", "cuda:0,0"],
+            &["--device", "cuda:,1"],
+            &["--device", "cuda:0,x"],
+            &["--device", "cuda:al"],
+            &["--device", "cuda:all,1"],
+            &["--device", "cuda:-1,2"],
             &["--link", "fast"],
             &["--link", "4GB/s"],
             &["--reps", "0"],

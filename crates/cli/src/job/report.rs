@@ -8,7 +8,7 @@ use devarrow::cuda::CudaDeviceOptions;
 use serde::Serialize;
 
 use super::cuda_options::{self, CudaOptions};
-use super::measure::{Direction, Method, Point};
+use super::measure::{Direction, Method, MultiPoint, Point};
 use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
 
@@ -27,6 +27,9 @@ pub struct DeviceInfo {
     pub link: Option<LinkModel>,
     /// The options the CUDA device ran with (`None` on the CPU device).
     pub cuda_options: Option<CudaDeviceOptions>,
+    /// Every device of a run on several (`--device cuda:0,1`, `cuda:all`), as `(id,
+    /// name)`, the first being the one described above; empty on one device.
+    pub several: Vec<(String, String)>,
 }
 
 impl DeviceInfo {
@@ -177,6 +180,14 @@ impl Run {
     /// The device line.
     fn device_line(&self) -> String {
         let d = &self.device;
+        if !d.several.is_empty() {
+            let all: Vec<String> = d
+                .several
+                .iter()
+                .map(|(id, name)| format!("{name} ({id})"))
+                .collect();
+            return all.join(", ");
+        }
         match (&d.fallback, &d.cuda_summary) {
             (Some(why), _) => format!("{} ({why})", d.name),
             (None, _) if d.id != "cpu" => format!("{} ({})", d.name, d.id),
@@ -240,6 +251,14 @@ impl Run {
             out.push('\n');
             sweep_table(&mut out, &self.points);
         }
+        if let Some((first, _)) = self.device.several.first() {
+            for point in &self.points {
+                if let Some(multi) = &point.multi {
+                    out.push('\n');
+                    several_table(&mut out, point, multi, first);
+                }
+            }
+        }
         out.push('\n');
         if self.points.iter().all(|p| p.verified) {
             let batches: usize = self.points.iter().map(|p| p.batches).sum();
@@ -285,6 +304,26 @@ impl Run {
                 rows: p.rows,
                 max_batch_rows: p.max_batch_rows,
                 verified: p.verified,
+                devices: p.multi.as_ref().map(|m| {
+                    m.shares
+                        .iter()
+                        .map(|s| JsonShare {
+                            id: s.id.clone(),
+                            batches: s.batches,
+                            bytes: s.bytes,
+                            host_to_device: JsonFigure::new(s.bytes, &s.to_device),
+                            device_to_host: JsonFigure::new(s.bytes, &s.to_host),
+                        })
+                        .collect()
+                }),
+                total: p.multi.as_ref().map(|m| JsonTotal {
+                    devices: m.shares.len(),
+                    batches: m.shares.iter().map(|s| s.batches).sum(),
+                    bytes: m.bytes(),
+                    host_to_device: JsonFigure::new(m.bytes(), m.walls(Direction::HostToDevice)),
+                    device_to_host: JsonFigure::new(m.bytes(), m.walls(Direction::DeviceToHost)),
+                    peers_on: m.shares.first().map(|s| s.id.clone()),
+                }),
                 measurements: p
                     .timings
                     .iter()
@@ -335,6 +374,13 @@ impl Run {
                     register_pageable_bytes: c.register_pageable,
                     host_wait: cuda_options::host_wait_name(c.host_wait),
                     reuse_events: c.reuse_events,
+                }),
+                devices: (!self.device.several.is_empty()).then(|| {
+                    self.device
+                        .several
+                        .iter()
+                        .map(|(id, name)| JsonDeviceName { id, name })
+                        .collect()
                 }),
             },
             options: JsonOptions {
@@ -411,6 +457,66 @@ struct JsonDevice<'a> {
     link: Option<JsonLink>,
     /// The options the CUDA device ran with, all four (`null` on the CPU device).
     cuda_options: Option<JsonCudaOptions>,
+    /// Every device of a run on several (absent on one device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<Vec<JsonDeviceName<'a>>>,
+}
+
+/// A device of a run on several.
+#[derive(Debug, Serialize)]
+struct JsonDeviceName<'a> {
+    id: &'a str,
+    name: &'a str,
+}
+
+/// devarrow's figures on one device of a run on several.
+#[derive(Debug, Serialize)]
+struct JsonShare {
+    id: String,
+    batches: usize,
+    bytes: usize,
+    host_to_device: JsonFigure,
+    device_to_host: JsonFigure,
+}
+
+/// All devices of a run on several together: the bytes of all over the wall time of the
+/// whole.
+#[derive(Debug, Serialize)]
+struct JsonTotal {
+    devices: usize,
+    batches: usize,
+    bytes: usize,
+    host_to_device: JsonFigure,
+    device_to_host: JsonFigure,
+    /// The device the peer methods (raw copies, buffer by buffer) ran on, alone.
+    peers_on: Option<String>,
+}
+
+/// Times of every timed repetition, the best, and the bandwidth of the best.
+#[derive(Debug, Serialize)]
+struct JsonFigure {
+    best_s: f64,
+    median_s: f64,
+    times_s: Vec<f64>,
+    gbps: f64,
+}
+
+impl JsonFigure {
+    fn new(bytes: usize, times: &[Duration]) -> Self {
+        let mut sorted = times.to_vec();
+        sorted.sort_unstable();
+        let best = sorted.first().copied().unwrap_or_default();
+        Self {
+            best_s: best.as_secs_f64(),
+            median_s: sorted
+                .get(sorted.len() / 2)
+                .copied()
+                .unwrap_or_default()
+                .as_secs_f64(),
+            times_s: times.iter().map(Duration::as_secs_f64).collect(),
+            gbps: super::measure::gbps(bytes, best),
+        }
+    }
 }
 
 /// The options a CUDA device ran with ([`CudaDeviceOptions`]).
@@ -472,6 +578,12 @@ struct JsonPoint {
     rows: usize,
     max_batch_rows: usize,
     verified: bool,
+    /// devarrow's figures per device of a run on several (absent on one device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<Vec<JsonShare>>,
+    /// All devices of a run on several together (absent on one device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<JsonTotal>,
     measurements: Vec<JsonMeasurement>,
 }
 
@@ -528,6 +640,52 @@ fn point_table(out: &mut String, p: &Point) {
             );
         }
     }
+}
+
+/// devarrow on several devices at once at one batch size: bytes, time and GB/s per
+/// device and direction, and the total (all bytes over the wall time of the whole).
+fn several_table(out: &mut String, p: &Point, m: &MultiPoint, peers_on: &str) {
+    let _ = writeln!(
+        out,
+        "{} rows per batch, devarrow on {} devices at once (batches round-robin, one thread \
+         and Transfer per device, started together)",
+        thousands(p.batch_rows as u64),
+        m.shares.len()
+    );
+    let _ = writeln!(
+        out,
+        "  {:<15} {:<10} {:>8} {:>14} {:>12} {:>8}",
+        "direction", "device", "batches", "bytes", "time", "GB/s"
+    );
+    for direction in Direction::ALL {
+        for (i, s) in m.shares.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {:<15} {:<10} {:>8} {:>14} {:>12} {:>8.2}",
+                if i == 0 { direction.label() } else { "" },
+                s.id,
+                thousands(s.batches as u64),
+                thousands(s.bytes as u64),
+                human_duration(s.best(direction)),
+                s.gbps(direction)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  {:<15} {:<10} {:>8} {:>14} {:>12} {:>8.2}",
+            "",
+            "total",
+            thousands(m.shares.iter().map(|s| s.batches as u64).sum()),
+            thousands(m.bytes() as u64),
+            human_duration(m.best_wall(direction)),
+            m.gbps(direction)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  total: all bytes over the wall time of the whole; the table above (devarrow \
+         alone, raw copies, buffer by buffer) ran on {peers_on} only"
+    );
 }
 
 /// The table of a sweep: GB/s per method, direction and batch size.
@@ -612,6 +770,7 @@ pub(crate) mod tests {
             max_batch_rows: batch_rows,
             timings,
             verified: true,
+            multi: None,
         }
     }
 
@@ -637,6 +796,7 @@ pub(crate) mod tests {
                 fallback: Some("no CUDA device found: no driver".into()),
                 link: None,
                 cuda_options: None,
+                several: Vec::new(),
             },
             data: DataInfo {
                 kind: "tpch-lineitem".into(),
@@ -796,6 +956,82 @@ pub(crate) mod tests {
         // Nothing given on the CPU device: no line.
         let text = sample_run(vec![sample_point(1024, 1.0)]).text();
         assert!(!text.contains("options:"), "{text}");
+    }
+
+    #[test]
+    fn several_devices_have_their_rows_and_a_total() {
+        use crate::job::measure::{DeviceShare, MultiPoint};
+        let ms = Duration::from_millis;
+        // One device: no trace of several, in the table or the JSON.
+        let one = sample_run(vec![sample_point(1024, 1.0)]);
+        assert!(!one.text().contains("devices at once"));
+        let v: Value = serde_json::from_str(&one.json_text().unwrap()).unwrap();
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert!(!keys(&v["device"]).contains(&"devices".to_string()), "{v}");
+        assert!(
+            !keys(&v["points"][0]).contains(&"devices".to_string()),
+            "{v}"
+        );
+        assert!(!keys(&v["points"][0]).contains(&"total".to_string()), "{v}");
+
+        let mut point = sample_point(1024, 1.0);
+        let share = |id: &str, batches, to_device: u64, to_host: u64| DeviceShare {
+            id: id.into(),
+            batches,
+            bytes: 1_000_000,
+            to_device: vec![ms(to_device), ms(2 * to_device)],
+            to_host: vec![ms(to_host)],
+        };
+        point.multi = Some(MultiPoint {
+            shares: vec![share("cuda:0", 3, 1, 2), share("cuda:1", 2, 2, 1)],
+            wall_to_device: vec![ms(4), ms(2)],
+            wall_to_host: vec![ms(2)],
+        });
+        let mut run = sample_run(vec![point]);
+        run.device.id = "cuda:0".into();
+        run.device.fallback = None;
+        run.device.several = vec![
+            ("cuda:0".into(), "GPU A".into()),
+            ("cuda:1".into(), "GPU B".into()),
+        ];
+        let text = run.text();
+        assert!(
+            text.contains("device:  GPU A (cuda:0), GPU B (cuda:1)"),
+            "{text}"
+        );
+        assert!(text.contains("devarrow on 2 devices at once"), "{text}");
+        // 1 MB in 1 ms = 1 GB/s; the total: 2 MB in 2 ms = 1 GB/s.
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("total "))
+            .collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        for row in rows {
+            assert!(row.contains("2,000,000") && row.ends_with("1.00"), "{row}");
+        }
+        assert!(text.contains("ran on cuda:0 only"), "{text}");
+
+        let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
+        assert_eq!(
+            v["device"]["devices"],
+            json!([{"id": "cuda:0", "name": "GPU A"}, {"id": "cuda:1", "name": "GPU B"}])
+        );
+        let p = &v["points"][0];
+        assert_eq!(p["devices"][1]["id"], "cuda:1");
+        assert_eq!(p["devices"][1]["batches"], 2);
+        assert_eq!(p["devices"][1]["host_to_device"]["best_s"], 0.002);
+        assert_eq!(p["devices"][1]["host_to_device"]["gbps"], 0.5);
+        assert_eq!(p["devices"][0]["device_to_host"]["gbps"], 0.5);
+        assert_eq!(p["total"]["bytes"], 2_000_000);
+        assert_eq!(p["total"]["batches"], 5);
+        assert_eq!(p["total"]["devices"], 2);
+        assert_eq!(p["total"]["host_to_device"]["gbps"], 1.0);
+        assert_eq!(
+            p["total"]["host_to_device"]["times_s"],
+            json!([0.004, 0.002])
+        );
+        assert_eq!(p["total"]["peers_on"], "cuda:0");
+        assert_eq!(p["measurements"].as_array().unwrap().len(), 8);
     }
 
     #[test]
