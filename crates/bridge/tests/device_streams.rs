@@ -12,14 +12,13 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
-use common::{assert_batches_eq, reader_of, InstrumentedDevice};
+use common::{assert_batches_eq, cpu, reader_of, watchdog, InstrumentedDevice};
 use devarrow_abi::async_stream::async_record_batch_handler;
-use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::error::errno;
 use devarrow_abi::stream::{export_stream, DeviceArrayStreamReader, DeviceBatchSource};
 use devarrow_abi::{cpu, ArrowDeviceArrayStream, ArrowDeviceType, Error};
@@ -149,32 +148,6 @@ fn first(n: usize) -> Make {
 
 fn endless() -> Make {
     Box::new(|k| Some(Ok(batch(k))))
-}
-
-/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
-struct Watchdog(Option<mpsc::Sender<()>>);
-
-fn watchdog(name: &'static str) -> Watchdog {
-    let (tx, rx) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
-            eprintln!("test {name} deadlocked");
-            std::process::abort();
-        }
-    });
-    Watchdog(Some(tx))
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-fn cpu() -> Arc<dyn Device> {
-    Arc::new(CpuDevice::new())
 }
 
 fn download_all(

@@ -12,15 +12,15 @@ mod common;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow_array::nonblocking::RecordBatchStream;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
-use common::{assert_batches_eq, InstrumentedDevice};
-use devarrow_abi::device::{CpuDevice, Device};
+use common::{assert_batches_eq, cpu, watchdog, InstrumentedDevice};
+use devarrow_abi::device::Device;
 use devarrow_abi::error::errno;
 use devarrow_abi::Error;
 use devarrow_bridge::{
@@ -127,32 +127,6 @@ impl Drop for CountingSource {
     fn drop(&mut self) {
         self.counters.drops.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
-struct Watchdog(Option<mpsc::Sender<()>>);
-
-fn watchdog(name: &'static str) -> Watchdog {
-    let (tx, rx) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
-            eprintln!("test {name} deadlocked");
-            std::process::abort();
-        }
-    });
-    Watchdog(Some(tx))
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-fn cpu() -> Arc<dyn Device> {
-    Arc::new(CpuDevice::new())
 }
 
 /// The every-type batch, a slice of it and an empty slice: one schema, every type.
