@@ -254,10 +254,9 @@ impl DeviceBatch {
             // SAFETY: `event` is an event of the source device, alive while `event` is; a
             // CUDA stream may wait on an event of another device's context.
             unsafe { device.wait_sync_event(event.as_sync_event_ptr()) }?;
-            // SAFETY: `memory` is the source's, `len` bytes, kept alive until the copy
-            // completed (the source's stream waits for it before any later free, or we
-            // synchronize below); `copy` is `device`'s, `len` bytes, owned by the new
-            // batch.
+            // SAFETY: `memory` (the source's) and `copy` (`device`'s, owned by the new batch)
+            // hold `len` bytes; `memory` lives until the copy completed (the source's stream
+            // waits for it before any later free, or we synchronize below).
             let direct = unsafe {
                 device.copy_from_peer(source.as_ref(), memory.address(), copy.address(), len)
             }?;
