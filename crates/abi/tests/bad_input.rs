@@ -12,6 +12,7 @@ use arrow_schema::DataType;
 use devarrow_abi::cpu;
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
 use devarrow_testing::release::{count_releases, releases};
+use devarrow_testing::slices::{empty_offset_arrays, null_offsets};
 
 /// Exports `array`, lets `corrupt` damage the C struct, imports it, and checks the
 /// release count. Returns the import error.
@@ -591,48 +592,6 @@ fn dictionary_with_string_keys_is_a_schema_error() {
 // ---------------------------------------------------------------------------------------
 // NULL offsets of zero-length arrays (issue #25, item 3; see devarrow_abi::layout)
 // ---------------------------------------------------------------------------------------
-
-/// The types with offsets, each as an empty array.
-fn empty_offset_arrays() -> Vec<ArrayData> {
-    use arrow_schema::{Field, Fields};
-    let int_item = Arc::new(Field::new("item", DataType::Int32, true));
-    let entries = Arc::new(Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("keys", DataType::Utf8, false),
-            Field::new("values", DataType::Int32, true),
-        ])),
-        false,
-    ));
-    [
-        DataType::Utf8,
-        DataType::Binary,
-        DataType::LargeUtf8,
-        DataType::LargeBinary,
-        DataType::List(int_item.clone()),
-        DataType::LargeList(int_item),
-        DataType::Map(entries, false),
-    ]
-    .iter()
-    .map(ArrayData::new_empty)
-    .collect()
-}
-
-/// NULLs the offsets (and the data of strings and binaries) of `array`, as nanoarrow
-/// leaves a zero-length one.
-///
-/// # Safety
-/// `array` must be one of arrow-rs's exports (a writable pointer array) of a type with
-/// offsets.
-unsafe fn null_offsets(array: &mut devarrow_abi::ArrowArray) {
-    // SAFETY: the caller's guarantee: two buffer slots at least, three for strings.
-    unsafe {
-        *array.buffers.add(1) = std::ptr::null();
-        if array.n_buffers == 3 {
-            *array.buffers.add(2) = std::ptr::null();
-        }
-    }
-}
 
 /// Exports `data`, lets `corrupt` change the C struct and imports it with
 /// `cpu::import_array`; returns the import and the release count of the export.

@@ -20,6 +20,7 @@ use devarrow_abi::cpu;
 use devarrow_abi::device::{CpuDevice, Device};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray, Error};
 use devarrow_bridge::DeviceBatch;
+use devarrow_testing::slices::{empty_offset_arrays, null_offsets};
 
 /// Every buffer of `data` and its descendants (clones: they share the allocations).
 fn all_buffers(data: &ArrayData, out: &mut Vec<Buffer>) {
@@ -858,45 +859,6 @@ fn views_that_reach_past_their_buffers() {
 // NULL offsets of zero-length arrays (issue #25, item 3)
 // ---------------------------------------------------------------------------------------
 
-/// The types with offsets whose zero-length arrays may come with a NULL offsets buffer
-/// (nanoarrow's CUDA copy of a 0-row column), each as an empty array.
-fn empty_offset_columns() -> Vec<ArrayData> {
-    let int_item = Arc::new(Field::new("item", DataType::Int32, true));
-    let entries = Arc::new(Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("keys", DataType::Utf8, false),
-            Field::new("values", DataType::Int32, true),
-        ])),
-        false,
-    ));
-    [
-        DataType::Utf8,
-        DataType::Binary,
-        DataType::LargeUtf8,
-        DataType::LargeBinary,
-        DataType::List(int_item.clone()),
-        DataType::LargeList(int_item),
-        DataType::Map(entries, false),
-    ]
-    .iter()
-    .map(ArrayData::new_empty)
-    .collect()
-}
-
-/// NULLs the offsets (and, for strings and binaries, the data) of a column, as nanoarrow
-/// leaves a zero-length one.
-fn null_offsets(column: &mut ArrowArray) {
-    // SAFETY: every column of `empty_offset_columns` has at least two buffer slots
-    // (arrow-rs's pointer array, writable); strings and binaries three.
-    unsafe {
-        *column.buffers.add(1) = std::ptr::null();
-        if column.n_buffers == 3 {
-            *column.buffers.add(2) = std::ptr::null();
-        }
-    }
-}
-
 /// Imports `data` (a struct array of `schema`) on the CPU device after `corrupt`, moves
 /// it to the host and compares it with `data`; the foreign array is released once.
 fn import_and_download(
@@ -927,9 +889,12 @@ fn import_and_download(
 /// NULL (as nanoarrow's CUDA copy makes it) imports as empty, as Arrow C++ imports it.
 #[test]
 fn zero_length_columns_with_null_offsets_import_as_empty() {
-    for column in empty_offset_columns() {
+    for column in empty_offset_arrays() {
         let (data, schema) = one_column("c", column);
-        import_and_download(&data, schema, |raw| null_offsets(child_mut(raw, 0)));
+        import_and_download(&data, schema, |raw| {
+            // SAFETY: the column is arrow-rs's export of an `empty_offset_arrays` type.
+            unsafe { null_offsets(child_mut(raw, 0)) }
+        });
     }
 }
 
@@ -941,8 +906,8 @@ fn a_zero_length_child_with_null_offsets_under_empty_lists_imports() {
     let (data, schema) = one_column("l", list_of(strings, &[0, 0, 0]));
     import_and_download(&data, schema, |raw| {
         let list = child_mut(raw, 0);
-        // SAFETY: the list has one child, the exporter's, writable.
-        null_offsets(unsafe { &mut **list.children });
+        // SAFETY: the list has one child, the exporter's, writable: a Utf8 array.
+        unsafe { null_offsets(&mut **list.children) };
     });
 }
 

@@ -33,6 +33,20 @@ fn has_gpu() -> bool {
     devarrow::bridge::select::cuda_summary().is_ok()
 }
 
+/// Whether a CUDA-only test runs: `true` with a CUDA device; without one it prints that it
+/// skips and returns `false`, or fails under `DEVARROW_REQUIRE_GPU=1`.
+fn gpu_or_skip() -> bool {
+    if has_gpu() {
+        return true;
+    }
+    assert!(
+        std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"),
+        "DEVARROW_REQUIRE_GPU=1 but no CUDA device"
+    );
+    eprintln!("skipped: no CUDA device");
+    false
+}
+
 /// A directory of its own under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
 
@@ -549,12 +563,7 @@ fn cuda_options_from_the_variable_on_the_cpu_device_are_noted_not_used() {
 /// run, all four are reported, and the flag wins over the variable.
 #[test]
 fn cuda_options_run_on_the_cuda_device() {
-    if !has_gpu() {
-        assert!(
-            std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"),
-            "DEVARROW_REQUIRE_GPU=1 but no CUDA device"
-        );
-        eprintln!("skipped: no CUDA device");
+    if !gpu_or_skip() {
         return;
     }
     let defaults = serde_json::json!({"batch_copies": false, "register_pageable_bytes": null,
@@ -613,12 +622,7 @@ fn cuda_options_run_on_the_cuda_device() {
 /// where the test needs two GPUs and skips with fewer).
 #[test]
 fn several_devices_report_each_device_and_the_total() {
-    if !has_gpu() {
-        assert!(
-            std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"),
-            "DEVARROW_REQUIRE_GPU=1 but no CUDA device"
-        );
-        eprintln!("skipped: no CUDA device");
+    if !gpu_or_skip() {
         return;
     }
     let run = |args: &[&str]| {

@@ -429,3 +429,47 @@ fn concat_views<T: arrow_array::types::ByteViewType + ?Sized>(
     GenericByteViewArray::try_new(views.into(), buffers, Some(nulls))
         .expect("views of the concatenated buffers")
 }
+
+/// The types with offsets whose zero-length arrays may come with a NULL offsets buffer
+/// (nanoarrow's CUDA copy of a 0-row column), each as an empty array: Utf8, Binary, their
+/// Large forms, List, LargeList and Map.
+pub fn empty_offset_arrays() -> Vec<arrow_data::ArrayData> {
+    let int_item = Arc::new(Field::new("item", DataType::Int32, true));
+    let entries = Arc::new(Field::new(
+        "entries",
+        DataType::Struct(arrow_schema::Fields::from(vec![
+            Field::new("keys", DataType::Utf8, false),
+            Field::new("values", DataType::Int32, true),
+        ])),
+        false,
+    ));
+    [
+        DataType::Utf8,
+        DataType::Binary,
+        DataType::LargeUtf8,
+        DataType::LargeBinary,
+        DataType::List(int_item.clone()),
+        DataType::LargeList(int_item),
+        DataType::Map(entries, false),
+    ]
+    .iter()
+    .map(arrow_data::ArrayData::new_empty)
+    .collect()
+}
+
+/// NULLs the offsets (and, for strings and binaries, the data) of `array`, as nanoarrow
+/// leaves a zero-length one.
+///
+/// # Safety
+/// `array` must be one of arrow-rs's exports (a writable pointer array) of one of
+/// [`empty_offset_arrays`]' types: two buffer slots at least, three for strings and
+/// binaries.
+pub unsafe fn null_offsets(array: &mut devarrow_abi::ArrowArray) {
+    // SAFETY: the caller's guarantee: two buffer slots at least, three for strings.
+    unsafe {
+        *array.buffers.add(1) = std::ptr::null();
+        if array.n_buffers == 3 {
+            *array.buffers.add(2) = std::ptr::null();
+        }
+    }
+}
