@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use arrow_array::builder::{Int32Builder, StringBuilder};
@@ -26,6 +26,7 @@ use devarrow_abi::{
     ArrowDeviceType, ArrowSchema, DeviceArray, Error,
 };
 use devarrow_testing::release::count_releases;
+use devarrow_testing::watchdog::watchdog;
 use futures::executor::block_on;
 use futures::{stream, StreamExt};
 
@@ -62,29 +63,6 @@ fn batch(i: i32) -> RecordBatch {
         vec![Arc::new(ids.finish()), Arc::new(names.finish())],
     )
     .unwrap()
-}
-
-/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion).
-struct Watchdog(Option<mpsc::Sender<()>>);
-
-fn watchdog(name: &'static str) -> Watchdog {
-    let (tx, rx) = mpsc::channel::<()>();
-    // Interpreted under Miri a test runs hundreds of times slower: 60 s would fire on a
-    // test that is merely slow there (Miri reports a real deadlock itself).
-    let limit = Duration::from_secs(if cfg!(miri) { 3600 } else { 60 });
-    std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-            eprintln!("test {name} deadlocked");
-            std::process::abort();
-        }
-    });
-    Watchdog(Some(tx))
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        drop(self.0.take());
-    }
 }
 
 /// Counts exports and releases of the arrays a source hands out.

@@ -23,3 +23,4 @@ pub mod release;
 pub mod sample;
 pub mod slices;
 pub mod spin;
+pub mod watchdog;

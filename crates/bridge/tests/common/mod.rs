@@ -457,31 +457,8 @@ unsafe impl Device for InstrumentedDevice {
     }
 }
 
-/// Aborts the test process if a test hangs (a deadlock guard, not a timing assertion);
-/// dropping it disarms it.
-pub struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
-
-/// A [`Watchdog`] for the test `name`: aborts after 60 s.
-pub fn watchdog(name: &'static str) -> Watchdog {
-    use std::sync::mpsc;
-    let (tx, rx) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        let limit = std::time::Duration::from_secs(60);
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-            eprintln!("test {name} deadlocked");
-            std::process::abort();
-        }
-    });
-    Watchdog(Some(tx))
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
+#[allow(unused_imports)]
+pub use devarrow_testing::watchdog::{watchdog, Watchdog};
 
 /// A plain CPU device.
 pub fn cpu() -> Arc<dyn Device> {
