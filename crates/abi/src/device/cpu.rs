@@ -19,6 +19,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::kernels::{CpuKernels, DeviceKernels, RowIntegers, Validity};
 use super::link::{LinkEngine, LinkEvent, LinkModel};
 use super::pool::{HostPool, PoolStats, DEFAULT_POOL_LIMIT};
 use super::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
@@ -347,6 +348,9 @@ unsafe impl Device for CpuDevice {
         }
         Ok(true)
     }
+    fn kernels(&self) -> Option<&dyn DeviceKernels> {
+        Some(self)
+    }
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>> {
         Ok(match &self.mode {
             Mode::Link(engine) => Arc::new(LinkEvent::new(engine.clone())),
@@ -414,5 +418,112 @@ unsafe impl StagingMemory for CpuStaging {
     }
     fn as_slice(&self) -> &[u8] {
         self.0.as_slice()
+    }
+}
+
+// SAFETY: each kernel is `CpuKernels`' (which does what the trait documents), run once
+// the copies enqueued before it have completed (with a link model, on the copy engine),
+// so it is in order with the device's stream.
+unsafe impl DeviceKernels for CpuDevice {
+    unsafe fn row_sizes(
+        &self,
+        sizes: RowIntegers,
+        validity: Validity,
+        n: u64,
+        out: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.row_sizes(sizes, validity, n, out) }
+    }
+    unsafe fn inclusive_scan_i64(&self, data: *mut c_void, n: u64) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.inclusive_scan_i64(data, n) }
+    }
+    unsafe fn gather_view_bytes(
+        &self,
+        views: *const c_void,
+        validity: Validity,
+        n: u64,
+        buffers: *const c_void,
+        offsets: *const c_void,
+        out: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.gather_view_bytes(views, validity, n, buffers, offsets, out) }
+    }
+    unsafe fn narrow_i64_to_i32(&self, src: *const c_void, n: u64, dst: *mut c_void) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.narrow_i64_to_i32(src, n, dst) }
+    }
+    unsafe fn widen_decimals(
+        &self,
+        src: *const c_void,
+        width: u64,
+        n: u64,
+        dst: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.widen_decimals(src, width, n, dst) }
+    }
+    unsafe fn fill_offsets_i32(&self, dst: *mut c_void, n: u64, step: u32) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.fill_offsets_i32(dst, n, step) }
+    }
+    unsafe fn compare_list_offsets(
+        &self,
+        offsets: RowIntegers,
+        n: u64,
+        expected: *const c_void,
+        mismatch: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.compare_list_offsets(offsets, n, expected, mismatch) }
+    }
+    unsafe fn gather_list_values(
+        &self,
+        child: *const c_void,
+        width: u64,
+        child_offset: u64,
+        offsets: RowIntegers,
+        n: u64,
+        new_offsets: *const c_void,
+        dst: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe {
+            CpuKernels.gather_list_values(child, width, child_offset, offsets, n, new_offsets, dst)
+        }
+    }
+    unsafe fn gather_list_bits(
+        &self,
+        bits: *const c_void,
+        bit_offset: u64,
+        offsets: RowIntegers,
+        n: u64,
+        new_offsets: *const c_void,
+        dst: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.gather_list_bits(bits, bit_offset, offsets, n, new_offsets, dst) }
+    }
+    unsafe fn count_set_bits(
+        &self,
+        bitmap: *const c_void,
+        bit_offset: u64,
+        len: u64,
+        out: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.count_set_bits(bitmap, bit_offset, len, out) }
     }
 }

@@ -258,6 +258,13 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
         let _ = device_id;
         Ok(None)
     }
+    /// The device's data-parallel kernels ([`DeviceKernels`]), run on its stream in order
+    /// with its copies, or `None` (the default) for a device without them: exports that
+    /// rewrite arrays on the device (the bridge's `ExportOptions::for_libcudf`) are then
+    /// refused with a typed error.
+    fn kernels(&self) -> Option<&dyn DeviceKernels> {
+        None
+    }
     /// Records an event after all work enqueued so far.
     fn record_event(&self) -> Result<Arc<dyn SyncEvent>>;
     /// Makes later work on this device's stream wait for a producer's `sync_event`
@@ -417,9 +424,11 @@ pub fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Resul
 }
 
 mod cpu;
+mod kernels;
 pub mod link;
 pub mod pool;
 pub use cpu::{CpuDevice, CpuEvent, CpuStaging, HostMemory};
+pub use kernels::{CpuKernels, DeviceKernels, RowIntegers, Validity};
 pub use link::{LinkEvent, LinkModel};
 pub use pool::{host_page_size, whole_pages, HostPool, PoolStats, PooledMemory};
 
