@@ -165,6 +165,20 @@ pub enum Error {
     /// Invalid argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// An export asked for a dialect of the interface (libcudf's, say) that an array of the
+    /// batch cannot be put in: a type the consumer refuses and devarrow does not convert,
+    /// or a conversion the data does not allow (offsets past `int32`, say).
+    #[error("{path}: {data_type} cannot be exported for {dialect}: {reason}")]
+    NotConvertible {
+        /// The column (`"x"`, `"x.item"`, ...).
+        path: String,
+        /// Its Arrow type.
+        data_type: String,
+        /// Who would refuse it (e.g. `"libcudf"`).
+        dialect: &'static str,
+        /// Why it cannot be converted, and what to do instead.
+        reason: String,
+    },
     /// A device-specific failure (CUDA errors and the like), from the device crates,
     /// which keep their own error as the source (e.g. `devarrow_cuda::CudaError`, whose
     /// own source is the driver's error); a plain message boxes as well
@@ -199,7 +213,7 @@ impl Error {
         match self {
             Error::Callback { code, .. } => *code,
             Error::Repeated { code, .. } => *code,
-            Error::UnsupportedDevice { .. } => errno::ENOSYS,
+            Error::UnsupportedDevice { .. } | Error::NotConvertible { .. } => errno::ENOSYS,
             Error::Panic(_) | Error::Device { .. } => errno::EIO,
             Error::Arrow(ArrowError::IoError(..)) => errno::EIO,
             Error::Arrow(ArrowError::MemoryError(_)) => errno::ENOMEM,

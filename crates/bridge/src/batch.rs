@@ -13,6 +13,7 @@ use devarrow_abi::device::{Device, DeviceMemory, SyncEvent};
 use devarrow_abi::export_tree::{export_tree, ArrayNode};
 use devarrow_abi::{ArrowDeviceType, DeviceArray, Result};
 
+use crate::export_convert;
 use crate::export_options::{normalize_root_offset, ExportOptions, ImportOptions};
 use crate::foreign::Foreign;
 use crate::host::Download;
@@ -105,34 +106,59 @@ impl DeviceBatch {
     /// [`DeviceBatch::export`] with [`ExportOptions`] (e.g. a root offset normalized for
     /// consumers that refuse one).
     pub fn export_with(&self, options: ExportOptions) -> Result<(DeviceArray, FFI_ArrowSchema)> {
-        let schema = FFI_ArrowSchema::try_from(self.schema.as_ref())?;
-        let sync_event = self.event.as_sync_event_ptr();
-        let (root, owner, device_type, device_id): (_, devarrow_abi::export_tree::Owner, _, _) =
-            match &self.storage {
-                Storage::Packed { root, memory } => (
-                    export_node(root, memory.address() as usize),
-                    Arc::new((memory.clone(), self.event.clone())),
-                    self.device.device_type(),
-                    self.device.device_id(),
-                ),
-                Storage::Foreign(foreign) => (
-                    foreign.export_root(),
-                    Arc::new((foreign.clone(), self.event.clone())),
-                    foreign.device_type(),
-                    foreign.device_id(),
-                ),
-            };
+        let (root, owner, mut device_type, mut device_id) = match &self.storage {
+            Storage::Packed { root, memory } => (
+                export_node(root, memory.address() as usize),
+                Arc::new(memory.clone()) as Arc<dyn std::any::Any + Send + Sync>,
+                self.device.device_type(),
+                self.device.device_id(),
+            ),
+            Storage::Foreign(foreign) => (
+                foreign.export_root(),
+                Arc::new(foreign.clone()) as Arc<dyn std::any::Any + Send + Sync>,
+                foreign.device_type(),
+                foreign.device_id(),
+            ),
+        };
         let root = if options.normalize_root_offset {
             normalize_root_offset(root)?
         } else {
             root
         };
+        let (root, schema, owner, event): (_, _, devarrow_abi::export_tree::Owner, _) =
+            if options.rewrites() {
+                let converted =
+                    export_convert::convert(self.device.as_ref(), &self.schema, root, &options)?;
+                if !converted.memory.is_empty() {
+                    // New buffers are memory of the batch's device, whatever the foreign
+                    // array's placement (CUDA_HOST buffers stay readable there).
+                    device_type = self.device.device_type();
+                    device_id = self.device.device_id();
+                }
+                let event = converted.event.unwrap_or_else(|| self.event.clone());
+                (
+                    converted.root,
+                    FFI_ArrowSchema::try_from(&converted.schema)?,
+                    Arc::new((owner, converted.memory, self.event.clone(), event.clone())),
+                    event,
+                )
+            } else {
+                (
+                    root,
+                    FFI_ArrowSchema::try_from(self.schema.as_ref())?,
+                    Arc::new((owner, self.event.clone())),
+                    self.event.clone(),
+                )
+            };
+        let sync_event = event.as_sync_event_ptr();
         // Packed: the addresses lie in `memory`, an allocation of `device` laid out by this
         // crate's plan for the batch's own arrays (each buffer sized for its node). Foreign:
         // the tree is the imported DeviceArray's own, lengths and offsets included.
+        // Converted: the new buffers are device memory sized by the conversions for their
+        // nodes (`export_convert`), the others as before.
         // SAFETY: so the buffers meet `export_tree`'s contract (for foreign ones, by
-        // `DeviceArray::try_new`'s); the owner keeps them and the batch's event alive, and
-        // `sync_event` is that event's pointer, of the device's kind.
+        // `DeviceArray::try_new`'s); the owner keeps them and the events alive, and
+        // `sync_event` is the last event's pointer, of the device's kind.
         let array = unsafe { export_tree(root, owner, device_type, device_id, sync_event) }?;
         Ok((array, schema))
     }

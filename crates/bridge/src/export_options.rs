@@ -19,9 +19,110 @@ pub struct ExportOptions {
     /// re-exported foreign batches. A root with nulls of its own cannot be normalized this
     /// way and is an [`Error::InvalidArgument`].
     pub normalize_root_offset: bool,
+    /// Give every array of the tree an exact `null_count`, counting the set bits of its
+    /// validity bitmap on the device where the count is unknown (-1: after a root offset
+    /// was moved into the columns, or in a foreign array imported with -1). For consumers
+    /// that read -1 as "no nulls", as libcudf does (its `has_nulls()` is
+    /// `null_count > 0`). One readback for the whole batch, only when a count is unknown.
+    pub exact_null_counts: bool,
+    /// Convert `Utf8View` to `Utf8` (or `LargeUtf8` when the bytes its rows reference
+    /// reach 2^31) and `BinaryView` to `Binary` (`LargeBinary`), on the device: one pass
+    /// over the views for their sizes, a scan into offsets, and one gather of the bytes
+    /// into a new data buffer. For consumers without view types.
+    pub views_to_offsets: bool,
+    /// Convert `ListView`, `LargeListView`, `LargeList`, `FixedSizeList` and `Map` to
+    /// `List` (`int32` offsets), on the device. List views whose views are already in
+    /// order and contiguous (checked on the device in the same pass as their sizes) keep
+    /// their child zero-copy; others gather their child's values (fixed-width and boolean
+    /// children; others are [`Error::NotConvertible`]). `LargeList` offsets are narrowed
+    /// (an [`Error::NotConvertible`] past `i32::MAX`), `FixedSizeList` gets offsets
+    /// `i × size`, a `Map` is relabelled as the list of structs it is. For consumers with
+    /// only `int32` list offsets, as libcudf.
+    pub lists_to_list32: bool,
+    /// Widen `Decimal32` and `Decimal64` to `Decimal128` on the device (same precision
+    /// and scale): for libcudf before 25.02, which refused the narrow decimals. Off in
+    /// [`ExportOptions::for_libcudf`], which targets libcudf 25.02 and later.
+    pub widen_small_decimals: bool,
+    /// Relabel dictionaries with unsigned indices as signed indices of the same width,
+    /// when the dictionary is short enough for every index to stay non-negative (else an
+    /// [`Error::NotConvertible`]): libcudf refuses unsigned indices. No byte is touched.
+    pub signed_dictionary_indices: bool,
+    /// After the conversions, refuse with [`Error::NotConvertible`] (naming the column)
+    /// what libcudf's `from_arrow_device` would refuse: the types of `docs/libcudf.md`'s
+    /// "refused" rows, a root struct with nulls of its own, more than `i32::MAX` rows.
+    /// Fails at the export instead of inside the consumer.
+    pub refuse_outside_libcudf: bool,
 }
 
 impl ExportOptions {
+    /// The export libcudf's `cudf::from_arrow_device` (25.02 and later) takes zero-copy
+    /// wherever it can: every conversion on the device but
+    /// [`ExportOptions::widen_small_decimals`], the root offset normalized, exact null
+    /// counts, and what libcudf would refuse refused here, naming the column. A batch
+    /// that needs no conversion is exported exactly as [`DeviceBatch::export`] does
+    /// (zero-copy, no kernel, no readback). See `docs/libcudf.md` for the table of types.
+    ///
+    /// Needs a device with kernels ([`Device::kernels`]: the CPU device and CUDA) for a
+    /// batch that needs a conversion; the converted buffers are new device memory, freed
+    /// when the consumer releases the array.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, RecordBatch, StringViewArray};
+    /// use arrow_schema::DataType;
+    /// use devarrow_bridge::select::{select_device, DeviceRequest};
+    /// use devarrow_bridge::{DeviceBatch, ExportOptions, Transfer, TransferOptions};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let names: ArrayRef = Arc::new(StringViewArray::from(vec!["short", "a longer string value"]));
+    /// let batch = RecordBatch::try_from_iter([("name", names)])?;
+    /// let device = select_device(DeviceRequest::Cpu).expect("the CPU device").device;
+    /// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    /// let on_device = transfer.to_device(&batch)?;
+    ///
+    /// // Utf8View becomes Utf8 on the device: what libcudf views zero-copy.
+    /// let (array, schema) = on_device.export_with(ExportOptions::for_libcudf())?;
+    /// let imported = DeviceBatch::import_with_ffi_schema(device, array, &schema)?;
+    /// assert_eq!(imported.schema().field(0).data_type(), &DataType::Utf8);
+    /// let back = transfer.to_host(&imported)?;
+    /// assert_eq!(back.column(0).as_ref(), &arrow_array::StringArray::from(vec!["short", "a longer string value"]) as &dyn arrow_array::Array);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`DeviceBatch::export`]: crate::DeviceBatch::export
+    /// [`Device::kernels`]: devarrow_abi::device::Device::kernels
+    pub fn for_libcudf() -> Self {
+        ExportOptions {
+            normalize_root_offset: true,
+            exact_null_counts: true,
+            views_to_offsets: true,
+            lists_to_list32: true,
+            widen_small_decimals: false,
+            signed_dictionary_indices: true,
+            refuse_outside_libcudf: true,
+        }
+    }
+
+    /// The options with [`ExportOptions::widen_small_decimals`] set to `widen` (for
+    /// libcudf before 25.02: `ExportOptions::for_libcudf().widen_small_decimals(true)`).
+    pub fn widen_small_decimals(mut self, widen: bool) -> Self {
+        self.widen_small_decimals = widen;
+        self
+    }
+
+    /// Whether these options rewrite the exported tree (anything beyond
+    /// [`ExportOptions::normalize_root_offset`]).
+    pub(crate) fn rewrites(&self) -> bool {
+        self.exact_null_counts
+            || self.views_to_offsets
+            || self.lists_to_list32
+            || self.widen_small_decimals
+            || self.signed_dictionary_indices
+            || self.refuse_outside_libcudf
+    }
+
     /// The options with [`ExportOptions::normalize_root_offset`] set to `normalize`.
     pub fn normalize_root_offset(mut self, normalize: bool) -> Self {
         self.normalize_root_offset = normalize;

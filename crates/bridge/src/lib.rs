@@ -98,6 +98,7 @@ mod c_boundary;
 mod column;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod export_convert;
 mod export_options;
 mod foreign;
 mod host;

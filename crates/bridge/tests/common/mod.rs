@@ -5,6 +5,8 @@
 
 #[allow(unused_imports)]
 pub use devarrow_testing::random;
+
+pub mod libcudf;
 #[allow(unused_imports)]
 pub use devarrow_testing::release::{count_releases, releases};
 
@@ -451,6 +453,9 @@ unsafe impl Device for InstrumentedDevice {
     }
     fn copy_count(&self) -> u64 {
         self.inner.copy_count()
+    }
+    fn kernels(&self) -> Option<&dyn devarrow_abi::device::DeviceKernels> {
+        self.inner.kernels()
     }
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         self.report_pinned && self.inner.is_pinned(ptr, len)
