@@ -113,9 +113,110 @@ fn device_export_import(c: &mut Criterion) {
     }
 }
 
+/// `ExportOptions::for_libcudf` beside the plain export, on the benchmark device, each
+/// followed by a device synchronize (so a conversion's kernels are timed):
+/// - a batch that needs no conversion (int64 and utf8 columns): the libcudf export must
+///   cost what the plain one does;
+/// - a batch with a `Utf8View` column (mixed inline and long strings): the conversion
+///   (sizes, scan, one gather of the bytes, narrowed offsets), beside its peer from the
+///   same run, one device-to-device copy of the same number of bytes
+///   (`Device::copy_on_device`), the least a pass that writes them can cost.
+fn libcudf_export(c: &mut Criterion) {
+    use arrow_array::builder::StringViewBuilder;
+    use devarrow::abi::device::DeviceCopy;
+    use devarrow::bridge::ExportOptions;
+
+    let dev = common::BenchDevice::open("ffi");
+    let device = dev.device();
+    let rows = common::scaled(1 << 20, common::scale(dev.is_gpu(), 0.05), 1024);
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let mut group = c.benchmark_group(format!("{}/libcudf export", dev.label()));
+
+    let plain_batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+        ),
+        (
+            "name",
+            Arc::new(arrow_array::StringArray::from_iter_values(
+                (0..rows).map(|i| format!("name {i}")),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let on_device = transfer.to_device(&plain_batch).unwrap();
+    on_device.event().wait_host().unwrap();
+    let shape = format!("nothing to convert/{rows} rows");
+    for (id, options) in [
+        ("plain export", ExportOptions::default()),
+        ("for_libcudf", ExportOptions::for_libcudf()),
+    ] {
+        group.bench_function(BenchmarkId::new(id, &shape), |b| {
+            b.iter(|| {
+                let export = on_device.export_with(options).unwrap();
+                device.synchronize().unwrap();
+                export
+            })
+        });
+    }
+
+    let mut views = StringViewBuilder::new();
+    for i in 0..rows {
+        if i % 3 == 0 {
+            views.append_value(format!("a string longer than inline, row {i}"));
+        } else {
+            views.append_value(format!("r{i}"));
+        }
+    }
+    let view_batch =
+        RecordBatch::try_from_iter([("s", Arc::new(views.finish()) as ArrayRef)]).unwrap();
+    let string_bytes: usize = (0..rows)
+        .map(|i| match i % 3 {
+            0 => format!("a string longer than inline, row {i}").len(),
+            _ => format!("r{i}").len(),
+        })
+        .sum();
+    let on_device = transfer.to_device(&view_batch).unwrap();
+    on_device.event().wait_host().unwrap();
+    let shape = format!("utf8 view/{rows} rows");
+    group.throughput(Throughput::Bytes(string_bytes as u64));
+    for (id, options) in [
+        ("plain export", ExportOptions::default()),
+        ("for_libcudf", ExportOptions::for_libcudf()),
+    ] {
+        group.bench_function(BenchmarkId::new(id, &shape), |b| {
+            b.iter(|| {
+                let export = on_device.export_with(options).unwrap();
+                device.synchronize().unwrap();
+                export
+            })
+        });
+    }
+    let src = device.allocate(string_bytes).unwrap();
+    let dst = device.allocate(string_bytes).unwrap();
+    group.bench_function(
+        BenchmarkId::new("peer: one device copy of the bytes", &shape),
+        |b| {
+            b.iter(|| {
+                let copy = DeviceCopy {
+                    src: src.address(),
+                    dst: dst.address(),
+                    len: string_bytes,
+                };
+                // SAFETY: both allocations hold `string_bytes` bytes of the device, distinct,
+                // alive until the synchronize below.
+                unsafe { device.copy_on_device(&[copy]) }.unwrap();
+                device.synchronize().unwrap();
+            })
+        },
+    );
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = common::criterion_config();
-    targets = export_import, bridge, device_export_import
+    targets = export_import, bridge, device_export_import, libcudf_export
 }
 criterion_main!(benches);

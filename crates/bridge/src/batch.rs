@@ -136,9 +136,13 @@ impl DeviceBatch {
                     device_id = self.device.device_id();
                 }
                 let event = converted.event.unwrap_or_else(|| self.event.clone());
+                let schema = match &converted.schema {
+                    Some(schema) => FFI_ArrowSchema::try_from(schema)?,
+                    None => FFI_ArrowSchema::try_from(self.schema.as_ref())?,
+                };
                 (
                     converted.root,
-                    FFI_ArrowSchema::try_from(&converted.schema)?,
+                    schema,
                     Arc::new((owner, converted.memory, self.event.clone(), event.clone())),
                     event,
                 )

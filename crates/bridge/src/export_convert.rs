@@ -26,8 +26,8 @@ const DIALECT: &str = "libcudf";
 pub(crate) struct Converted {
     /// The exported tree.
     pub root: ArrayNode,
-    /// Its schema.
-    pub schema: Schema,
+    /// Its schema, `None` when no type changed.
+    pub schema: Option<Schema>,
     /// The device memory the conversions wrote (kept alive with the export).
     pub memory: Vec<Arc<dyn DeviceMemory>>,
     /// Recorded after the conversions' kernels (the export's `sync_event`); `None` when
@@ -86,13 +86,16 @@ pub(crate) fn convert(
         )));
     }
     let mut fields = Vec::with_capacity(children.len());
+    let mut changed = false;
     for (field, child) in schema.fields().iter().zip(children) {
-        let (field, child) = converter.array(field.name(), field, child)?;
-        fields.push(field);
+        let (new_field, child) = converter.array(field.name(), field, child)?;
+        changed |= !Arc::ptr_eq(field, &new_field);
+        fields.push(new_field);
         root.children.push(child);
     }
     converter.resolve_null_counts(&mut root)?;
-    let schema = Schema::new_with_metadata(Fields::from(fields), schema.metadata().clone());
+    let schema =
+        changed.then(|| Schema::new_with_metadata(Fields::from(fields), schema.metadata().clone()));
     let event = if converter.ran {
         Some(device.record_event()?)
     } else {
@@ -288,7 +291,11 @@ impl<'a> Converter<'a> {
         if o.exact_null_counts {
             self.schedule_null_count(&new_type, &mut node);
         }
-        let field = Arc::new(field.as_ref().clone().with_data_type(new_type));
+        let field = if &new_type == field.data_type() {
+            field.clone() // unchanged: no new field (a batch that needs nothing stays free)
+        } else {
+            Arc::new(field.as_ref().clone().with_data_type(new_type))
+        };
         Ok((field, node))
     }
 

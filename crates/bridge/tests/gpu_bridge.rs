@@ -101,6 +101,26 @@ fn every_type_round_trips_through_cuda() {
     assert!(device.primary_context().context().check_err().is_ok());
 }
 
+/// `ExportOptions::for_libcudf` on CUDA: the conversions of `common::libcudf` (views to
+/// offsets, list views gathered or kept, wider decimals, narrowed and filled offsets,
+/// exact null counts) run as PTX kernels; what comes back equals the input's values and
+/// passes `validate_full`; nothing leaks.
+#[test]
+fn the_libcudf_export_converts_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let check = DeviceMemoryCheck::start(device.primary_context());
+    let dyn_device: Arc<dyn Device> = device.clone();
+    common::libcudf::round_trips(&dyn_device);
+    // and a batch imported from a foreign CUDA array (the exporter's event waited on)
+    let batch = common::libcudf::input(120);
+    let mut transfer = transfer(&device);
+    let (array, schema) = transfer.to_device(&batch).unwrap().export().unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(dyn_device.clone(), array, &schema).unwrap();
+    common::libcudf::check_round_trip(&dyn_device, &imported, &batch);
+    drop((imported, transfer));
+    check.assert_no_leak("libcudf exports");
+}
+
 #[test]
 fn every_slice_of_every_type_round_trips_through_cuda() {
     let (_lock, device) = gpu_or_skip!();
