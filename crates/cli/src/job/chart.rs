@@ -26,6 +26,19 @@ fn color(method: Method) -> RGBColor {
     }
 }
 
+/// The color of devarrow's series on device `index` of a run on several.
+fn device_color(index: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 6] = [
+        RGBColor(0xff, 0x7f, 0x0e),
+        RGBColor(0x8c, 0x56, 0x4b),
+        RGBColor(0xe3, 0x77, 0xc2),
+        RGBColor(0x7f, 0x7f, 0x7f),
+        RGBColor(0xbc, 0xbd, 0x22),
+        RGBColor(0x17, 0xbe, 0xcf),
+    ];
+    PALETTE[index % PALETTE.len()]
+}
+
 /// Registers the embedded DejaVu Sans as plotters' sans-serif font, once.
 fn register_font() -> Result<(), JobError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
@@ -100,7 +113,17 @@ fn draw<DB: DrawingBackend>(
     };
     let max = points
         .iter()
-        .flat_map(|p| p.timings.iter().map(|t| t.gbps()))
+        .flat_map(|p| {
+            let multi = p.multi.iter().flat_map(|m| {
+                Direction::ALL.into_iter().flat_map(move |d| {
+                    m.shares
+                        .iter()
+                        .map(move |s| s.gbps(d))
+                        .chain(std::iter::once(m.gbps(d)))
+                })
+            });
+            p.timings.iter().map(|t| t.gbps()).chain(multi)
+        })
         .fold(0.0, f64::max);
     let top = y_max(max * 1.05);
 
@@ -146,6 +169,9 @@ fn draw<DB: DrawingBackend>(
         .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
         .draw()?;
 
+    // Every series: each method in each direction and, on several devices, devarrow on
+    // each device and on all of them together.
+    let mut lines: Vec<(String, RGBColor, Direction, Vec<(f64, f64)>)> = Vec::new();
     for method in Method::ALL {
         for direction in Direction::ALL {
             let series: Vec<(f64, f64)> = points
@@ -155,42 +181,73 @@ fn draw<DB: DrawingBackend>(
                         .map(|t| (log(p.batch_rows), t.gbps()))
                 })
                 .collect();
-            let style = color(method).stroke_width(2);
             let name = format!("{} {}", method.label(), direction.short());
-            let c = color(method);
-            match direction {
-                Direction::HostToDevice => {
-                    chart.draw_series(LineSeries::new(series.iter().copied(), style))?;
-                    chart
-                        .draw_series(series.iter().map(|&p| Circle::new(p, 4, c.filled())))?
-                        .label(name)
-                        .legend(move |(x, y)| {
-                            EmptyElement::at((x, y))
-                                + PathElement::new(vec![(0, 0), (24, 0)], style)
-                                + Circle::new((12, 0), 4, c.filled())
-                        });
-                }
-                Direction::DeviceToHost => {
-                    chart.draw_series(DashedLineSeries::new(
-                        series.iter().copied(),
-                        8,
-                        5,
-                        style,
-                    ))?;
-                    chart
-                        .draw_series(series.iter().map(|&p| {
-                            EmptyElement::at(p)
-                                + Rectangle::new([(-4, -4), (4, 4)], WHITE.filled())
-                                + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
-                        }))?
-                        .label(name)
-                        .legend(move |(x, y)| {
-                            EmptyElement::at((x, y))
-                                + PathElement::new(vec![(0, 0), (7, 0)], style)
-                                + PathElement::new(vec![(17, 0), (24, 0)], style)
-                                + Rectangle::new([(8, -4), (16, 4)], c.stroke_width(2))
-                        });
-                }
+            lines.push((name, color(method), direction, series));
+        }
+    }
+    let devices = points
+        .iter()
+        .filter_map(|p| p.multi.as_ref())
+        .map(|m| m.shares.len())
+        .max()
+        .unwrap_or(0);
+    for direction in Direction::ALL {
+        for d in 0..devices {
+            let series: Vec<(f64, f64)> = points
+                .iter()
+                .filter_map(|p| {
+                    let share = p.multi.as_ref()?.shares.get(d)?;
+                    Some((log(p.batch_rows), share.gbps(direction)))
+                })
+                .collect();
+            let id = points
+                .iter()
+                .find_map(|p| Some(p.multi.as_ref()?.shares.get(d)?.id.clone()))
+                .unwrap_or_default();
+            let name = format!("devarrow on {id} {}", direction.short());
+            lines.push((name, device_color(d), direction, series));
+        }
+        if devices > 0 {
+            let series: Vec<(f64, f64)> = points
+                .iter()
+                .filter_map(|p| Some((log(p.batch_rows), p.multi.as_ref()?.gbps(direction))))
+                .collect();
+            let name = format!("devarrow, all {devices} devices {}", direction.short());
+            lines.push((name, RGBColor(0x22, 0x22, 0x22), direction, series));
+        }
+    }
+    for (name, c, direction, series) in lines {
+        if series.is_empty() {
+            continue;
+        }
+        let style = c.stroke_width(2);
+        match direction {
+            Direction::HostToDevice => {
+                chart.draw_series(LineSeries::new(series.iter().copied(), style))?;
+                chart
+                    .draw_series(series.iter().map(|&p| Circle::new(p, 4, c.filled())))?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        EmptyElement::at((x, y))
+                            + PathElement::new(vec![(0, 0), (24, 0)], style)
+                            + Circle::new((12, 0), 4, c.filled())
+                    });
+            }
+            Direction::DeviceToHost => {
+                chart.draw_series(DashedLineSeries::new(series.iter().copied(), 8, 5, style))?;
+                chart
+                    .draw_series(series.iter().map(|&p| {
+                        EmptyElement::at(p)
+                            + Rectangle::new([(-4, -4), (4, 4)], WHITE.filled())
+                            + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
+                    }))?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        EmptyElement::at((x, y))
+                            + PathElement::new(vec![(0, 0), (7, 0)], style)
+                            + PathElement::new(vec![(17, 0), (24, 0)], style)
+                            + Rectangle::new([(8, -4), (16, 4)], c.stroke_width(2))
+                    });
             }
         }
     }
@@ -337,6 +394,46 @@ mod tests {
         let i1 = svg.find("\n1K\n").unwrap();
         let i2 = svg.find("\n64K\n").unwrap();
         assert!(i1 < i2);
+    }
+
+    /// On several devices the chart shows devarrow on each device and on all of them
+    /// together, in both directions, beside the single-device series.
+    #[test]
+    fn a_chart_of_several_devices_has_a_series_per_device_and_the_total() {
+        use crate::job::measure::{DeviceShare, MultiPoint};
+        use std::time::Duration;
+        let dir = TempDir::new();
+        let path = dir.path("several.svg");
+        let mut points = points();
+        for (i, point) in points.iter_mut().enumerate() {
+            let ms = |n: u64| Duration::from_millis(n + i as u64);
+            let share = |id: &str| DeviceShare {
+                id: id.into(),
+                batches: 2,
+                bytes: 1_000_000,
+                to_device: vec![ms(1)],
+                to_host: vec![ms(2)],
+            };
+            point.multi = Some(MultiPoint {
+                shares: vec![share("cuda:0"), share("cuda:1")],
+                wall_to_device: vec![ms(1)],
+                wall_to_host: vec![ms(2)],
+            });
+        }
+        write(&path, &points, "t", "s").unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        check_well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+        for direction in Direction::ALL {
+            for name in [
+                format!("devarrow on cuda:0 {}", direction.short()),
+                format!("devarrow on cuda:1 {}", direction.short()),
+                format!("devarrow, all 2 devices {}", direction.short()),
+            ] {
+                assert!(svg.contains(&name), "{name}");
+            }
+        }
+        // three more host-to-device series: 3 points and a legend dot each
+        assert_eq!(svg.matches("<circle").count(), 7 * 3 + 7);
     }
 
     #[test]
