@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use devarrow_abi::device::{
-    Device, DeviceKernels, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice,
-    RowIntegers, StagingMemory, SyncEvent, Validity,
+    Device, DeviceKernels, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice, RowIntegers,
+    StagingMemory, SyncEvent, Validity,
 };
 use devarrow_abi::pinned_registry::PinnedRegistry;
 use devarrow_abi::ArrowDeviceType;
@@ -1442,7 +1442,12 @@ unsafe impl DeviceKernels for CudaDevice {
         Ok(())
     }
 
-    unsafe fn fill_offsets_i32(&self, dst: *mut c_void, n: u64, step: u32) -> devarrow_abi::Result<()> {
+    unsafe fn fill_offsets_i32(
+        &self,
+        dst: *mut c_void,
+        n: u64,
+        step: u32,
+    ) -> devarrow_abi::Result<()> {
         if n == 0 {
             return Ok(());
         }

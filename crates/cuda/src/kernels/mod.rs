@@ -601,7 +601,12 @@ pub unsafe fn launch_widen_decimals(
 ///
 /// # Safety
 /// `dst` writable for `n` 4-byte-aligned `i32`s until the kernel completes.
-pub unsafe fn launch_fill_offsets_i32(stream: &CudaStream, dst: u64, n: u64, step: u32) -> Result<()> {
+pub unsafe fn launch_fill_offsets_i32(
+    stream: &CudaStream,
+    dst: u64,
+    n: u64,
+    step: u32,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
