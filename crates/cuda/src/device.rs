@@ -1229,55 +1229,6 @@ unsafe impl Device for CudaDevice {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn open_without_a_gpu_is_a_typed_error_not_a_panic() {
-        match CudaDevice::open(0) {
-            Ok(dev) => {
-                assert_eq!(dev.device_type(), ArrowDeviceType::CUDA);
-                assert_eq!(dev.device_id(), 0);
-                assert_eq!(dev.copy_count(), 0);
-            }
-            Err(e) => {
-                assert!(
-                    matches!(e, CudaError::NoDriver | CudaError::NoDevice),
-                    "unexpected error {e:?}"
-                );
-                if !crate::driver_available() {
-                    assert!(matches!(e, CudaError::NoDriver), "{e:?}");
-                }
-                let abi: devarrow_abi::Error = e.into();
-                assert!(
-                    matches!(abi, devarrow_abi::Error::Device { device: "CUDA", .. }),
-                    "{abi:?}"
-                );
-            }
-        }
-        match CudaDevice::open(usize::MAX / 2) {
-            Ok(_) => panic!("an out-of-range device id opened"),
-            Err(e) => assert!(
-                matches!(
-                    e,
-                    CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
-                ),
-                "unexpected error {e:?}"
-            ),
-        }
-    }
-
-    #[test]
-    fn the_device_is_usable_as_a_trait_object() {
-        fn assert_device<T: Device + 'static>() {}
-        assert_device::<CudaDevice>();
-        fn assert_send_sync<T: Send + Sync>() {}
-        assert_send_sync::<CudaSyncEvent>();
-        assert_send_sync::<TransferMemory>();
-    }
-}
-
 /// Refuses an address that is not a multiple of `align` (kernels load and store their
 /// elements at natural alignment; a misaligned access would be a sticky fault).
 fn check_aligned(what: &str, address: u64, align: u64) -> Result<()> {
@@ -1574,5 +1525,54 @@ unsafe impl DeviceKernels for CudaDevice {
             kernels::launch_count_set_bits(&self.stream, bitmap as u64, bit_offset, len, out as u64)
         }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_a_gpu_is_a_typed_error_not_a_panic() {
+        match CudaDevice::open(0) {
+            Ok(dev) => {
+                assert_eq!(dev.device_type(), ArrowDeviceType::CUDA);
+                assert_eq!(dev.device_id(), 0);
+                assert_eq!(dev.copy_count(), 0);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, CudaError::NoDriver | CudaError::NoDevice),
+                    "unexpected error {e:?}"
+                );
+                if !crate::driver_available() {
+                    assert!(matches!(e, CudaError::NoDriver), "{e:?}");
+                }
+                let abi: devarrow_abi::Error = e.into();
+                assert!(
+                    matches!(abi, devarrow_abi::Error::Device { device: "CUDA", .. }),
+                    "{abi:?}"
+                );
+            }
+        }
+        match CudaDevice::open(usize::MAX / 2) {
+            Ok(_) => panic!("an out-of-range device id opened"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
+                ),
+                "unexpected error {e:?}"
+            ),
+        }
+    }
+
+    #[test]
+    fn the_device_is_usable_as_a_trait_object() {
+        fn assert_device<T: Device + 'static>() {}
+        assert_device::<CudaDevice>();
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CudaSyncEvent>();
+        assert_send_sync::<TransferMemory>();
     }
 }

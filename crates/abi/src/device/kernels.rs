@@ -175,6 +175,7 @@ pub unsafe trait DeviceKernels: Send + Sync {
     /// # Safety
     /// `child` readable at every index reached, `offsets` for `n` rows, `new_offsets` for
     /// `n + 1` `int64`s; `dst` writable for `new_offsets[n]` values, overlapping nothing.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gather_list_values(
         &self,
         child: *const c_void,
@@ -297,7 +298,7 @@ unsafe impl DeviceKernels for CpuKernels {
         n: u64,
         out: *mut c_void,
     ) -> Result<()> {
-        // SAFETY (every access below): the ranges the caller guarantees.
+        // SAFETY: every access below is inside the ranges the caller guarantees.
         unsafe {
             write::<i64>(out, 0, 0);
             for i in 0..n {
@@ -334,7 +335,7 @@ unsafe impl DeviceKernels for CpuKernels {
         out: *mut c_void,
     ) -> Result<()> {
         for i in 0..n {
-            // SAFETY (the block): the ranges the caller guarantees; a view is 16 bytes:
+            // SAFETY: the ranges the caller guarantees; a view is 16 bytes:
             // length (u32), then 12 inline bytes or prefix (4), buffer index (u32) and
             // offset (u32).
             unsafe {
