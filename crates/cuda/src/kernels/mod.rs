@@ -1,7 +1,30 @@
 //! The PTX kernels of `kernels/` and how to launch them.
 //!
-//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`]) and JIT-loaded through cudarc the first time a kernel is launched
-//! in a context, once per context ([`Kernels::for_context`]).
+//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`], [`CONVERT_PTX`])
+//! and JIT-loaded through cudarc the first time a kernel is launched in a context, once
+//! per context ([`Kernels::for_context`]).
+//!
+//! `convert.ptx` holds the kernels of [`devarrow_abi::device::DeviceKernels`], which
+//! [`crate::CudaDevice`] implements on its stream (all asynchronous; never yet run on
+//! real hardware, only on the emulated driver and through ptxas):
+//! - [`launch_row_sizes`]: per-row sizes (string view lengths, list view sizes) as `i64`s,
+//!   0 for null rows;
+//! - [`inclusive_scan_i64`]: [`launch_scan_tiles_i64`] (a tile of [`SCAN_TILE`] items per
+//!   block: warp scans with `shfl.sync.up`, warp totals in shared memory), the tile
+//!   totals scanned recursively in a stream-ordered temporary buffer, then
+//!   [`launch_add_tile_prefix_i64`];
+//! - [`launch_view_segments`]: one [`CopySegment`] per string view (inline bytes from the
+//!   view itself, others from the variadic buffers), followed by [`launch_batched_copy`]:
+//!   the gather of `DeviceKernels::gather_view_bytes`;
+//! - [`launch_narrow_i64_i32`], [`launch_widen_decimals`], [`launch_fill_offsets_i32`],
+//!   [`launch_compare_list_offsets`]: one thread per item;
+//! - [`launch_gather_list_values`] (a thread per output value) and
+//!   [`launch_gather_list_bits`] (a warp per output word, `vote.sync.ballot`): the row of
+//!   each output found by binary search in the new offsets; one wave of blocks, as the
+//!   total is only known on the device.
+//!
+//! `DeviceKernels::count_set_bits` reuses `validity.ptx`'s [`launch_count_set_bits`] after
+//! a stream-ordered memset of the counter.
 //!
 //! Two levels of API:
 //! - `launch_*` (`unsafe`): enqueue one kernel on a stream with raw device addresses and
