@@ -1602,3 +1602,365 @@ fn an_import_is_released_after_the_consumers_queued_reads_though_the_producer_re
     );
     drop(busy);
 }
+
+// ---------------------------------------------------------------------------------------
+// DeviceKernels of CudaDevice (convert.ptx) against CpuKernels
+// ---------------------------------------------------------------------------------------
+
+mod device_kernels {
+    use std::ffi::c_void;
+
+    use devarrow_abi::device::{CpuKernels, Device, DeviceKernels, RowIntegers, Validity};
+    use devarrow_cuda::CudaDevice;
+
+    use super::{gpu, Rng};
+
+    /// Runs `op` on CpuKernels over host copies of `bufs` and on the CUDA device's kernels
+    /// over device copies (`Device::kernels`), then compares every buffer afterwards.
+    /// `table`: buffer `.0` is filled with the addresses of the buffers `.1` (u64 each),
+    /// host or device ones. `None` when there is no GPU (the test skips).
+    fn on_both(
+        bufs: &[Vec<u8>],
+        table: Option<(usize, &[usize])>,
+        what: &str,
+        op: impl Fn(&dyn DeviceKernels, &[*mut c_void]) -> devarrow_abi::Result<()>,
+    ) -> Option<()> {
+        let (_held, dev) = gpu()?;
+        let device = CudaDevice::new(dev.clone()).unwrap();
+        let kernels = device.kernels().expect("CudaDevice has kernels");
+        // CPU
+        let mut host: Vec<Vec<u8>> = bufs.to_vec();
+        if let Some((t, of)) = table {
+            host[t] = of
+                .iter()
+                .flat_map(|&i| (host[i].as_ptr() as u64).to_le_bytes())
+                .collect();
+        }
+        let host_ptrs: Vec<*mut c_void> = host.iter_mut().map(|b| b.as_mut_ptr().cast()).collect();
+        op(&CpuKernels, &host_ptrs).unwrap();
+        // GPU
+        let memory: Vec<_> = bufs
+            .iter()
+            .map(|b| device.allocate(b.len()).unwrap())
+            .collect();
+        let ptrs: Vec<*mut c_void> = memory.iter().map(|m| m.address()).collect();
+        let mut uploads: Vec<Vec<u8>> = bufs.to_vec();
+        if let Some((t, of)) = table {
+            uploads[t] = of
+                .iter()
+                .flat_map(|&i| (ptrs[i] as u64).to_le_bytes())
+                .collect();
+        }
+        for (b, &at) in uploads.iter().zip(&ptrs) {
+            // SAFETY: `at` is a device allocation of `b.len()` bytes; `b` lives until the
+            // event below has completed.
+            unsafe { device.copy_to_device(b.as_ptr(), at, b.len()).unwrap() };
+        }
+        op(kernels, &ptrs).unwrap();
+        let mut out: Vec<Vec<u8>> = bufs.iter().map(|b| vec![0u8; b.len()]).collect();
+        for (o, &at) in out.iter_mut().zip(&ptrs) {
+            // SAFETY: as above, the other way.
+            unsafe { device.copy_to_host(at, o.as_mut_ptr(), o.len()).unwrap() };
+        }
+        device.record_event().unwrap().wait_host().unwrap();
+        for (k, (got, want)) in out.iter().zip(&host).enumerate() {
+            if Some(k) == table.map(|t| t.0) {
+                continue;
+            }
+            assert!(got == want, "{what}: buffer {k} differs from CpuKernels'");
+        }
+        Some(())
+    }
+
+    fn i64s(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn u32s(v: &[u32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// List offsets (n + 1) of `sizes` (u32) and the validity bitmap.
+    fn offsets_of(sizes: &[u8], bitmap: &[u8], bit_offset: u64, n: u64) -> Vec<i64> {
+        let mut out = vec![0u8; 8 * (n as usize + 1)];
+        let rows = RowIntegers {
+            address: sizes.as_ptr().cast(),
+            stride: 4,
+            wide: false,
+        };
+        // SAFETY: host buffers of the sizes read and written.
+        unsafe {
+            CpuKernels
+                .row_sizes(
+                    rows,
+                    Validity::new(bitmap.as_ptr().cast(), bit_offset),
+                    n,
+                    out.as_mut_ptr().cast(),
+                )
+                .unwrap();
+            CpuKernels
+                .inclusive_scan_i64(out.as_mut_ptr().cast(), n + 1)
+                .unwrap();
+        }
+        out.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    const ROWS: [u64; 6] = [0, 1, 33, 1024, 1025, 5000];
+
+    #[test]
+    fn row_sizes_through_device_kernels() {
+        let mut rng = Rng(201);
+        for n in ROWS {
+            for (stride, wide) in [(16u64, false), (8, true)] {
+                let sizes = rng.bytes((n * stride) as usize);
+                let bit_offset = rng.below(9);
+                let bitmap = rng.bitmap((n + bit_offset).div_ceil(8) as usize + 1);
+                let out = vec![0x5Au8; 8 * (n as usize + 1)];
+                let what = format!("row_sizes n {n} stride {stride}");
+                let done = on_both(&[sizes, bitmap, out], None, &what, |k, b| {
+                    let rows = RowIntegers {
+                        address: b[0],
+                        stride,
+                        wide,
+                    };
+                    // SAFETY: the buffers hold what the kernel reads and writes.
+                    unsafe { k.row_sizes(rows, Validity::new(b[1], bit_offset), n, b[2]) }
+                });
+                if done.is_none() {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inclusive_scan_through_device_kernels() {
+        let mut rng = Rng(202);
+        for n in [1u64, 1023, 1024, 1025, 300_000] {
+            let values: Vec<i64> = (0..n)
+                .map(|_| rng.next_u64() as i64 >> rng.below(64))
+                .collect();
+            let what = format!("scan n {n}");
+            let done = on_both(&[i64s(&values)], None, &what, |k, b| {
+                // SAFETY: `n` int64s.
+                unsafe { k.inclusive_scan_i64(b[0], n) }
+            });
+            if done.is_none() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn gather_view_bytes_through_device_kernels() {
+        let mut rng = Rng(203);
+        for n in ROWS {
+            let buffers: Vec<Vec<u8>> = (0..2).map(|_| rng.bytes(500)).collect();
+            let bit_offset = rng.below(9);
+            let bitmap = rng.bitmap((n + bit_offset).div_ceil(8) as usize + 1);
+            let mut views = Vec::new();
+            let mut lens = Vec::new();
+            for i in 0..n {
+                let bit = bit_offset + i;
+                let valid = bitmap[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
+                let mut view = rng.bytes(16);
+                let len = if !valid {
+                    0
+                } else if rng.below(2) == 0 {
+                    rng.below(13) as u32
+                } else {
+                    let len = 13 + rng.below(80) as u32;
+                    view[8..12].copy_from_slice(&(rng.below(2) as u32).to_le_bytes());
+                    view[12..].copy_from_slice(&(rng.below(500 - len as u64) as u32).to_le_bytes());
+                    len
+                };
+                if valid {
+                    view[..4].copy_from_slice(&len.to_le_bytes());
+                }
+                lens.push(len);
+                views.extend_from_slice(&view);
+            }
+            let offsets = offsets_of(&u32s(&lens), &bitmap, bit_offset, n);
+            let out = vec![0x5Au8; offsets[n as usize] as usize];
+            let bufs = [
+                views,
+                bitmap,
+                vec![0; 16], // the table of the two buffers
+                i64s(&offsets),
+                out,
+                buffers[0].clone(),
+                buffers[1].clone(),
+            ];
+            let what = format!("views n {n}");
+            let done = on_both(&bufs, Some((2, &[5, 6])), &what, |k, b| {
+                // SAFETY: the buffers hold what the gather reads and writes.
+                unsafe {
+                    k.gather_view_bytes(b[0], Validity::new(b[1], bit_offset), n, b[2], b[3], b[4])
+                }
+            });
+            if done.is_none() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_widen_and_fill_through_device_kernels() {
+        let mut rng = Rng(204);
+        for n in ROWS {
+            let src = rng.bytes(8 * n as usize);
+            let what = format!("narrow/widen/fill n {n}");
+            let bufs = [
+                src,
+                vec![0u8; 4 * n as usize],
+                vec![0u8; 16 * n as usize],
+                vec![0u8; 4 * n as usize],
+            ];
+            let done = on_both(&bufs, None, &what, |k, b| {
+                // SAFETY: the buffers hold what the kernels read and write.
+                unsafe {
+                    k.narrow_i64_to_i32(b[0], n, b[1])?;
+                    k.widen_decimals(b[0], 8, n / 2, b[2])?;
+                    k.widen_decimals(b[0], 4, n, b[2])?;
+                    k.fill_offsets_i32(b[3], n, 0x4000_0003)
+                }
+            });
+            if done.is_none() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn compare_list_offsets_through_device_kernels() {
+        let mut rng = Rng(205);
+        for n in ROWS.into_iter().filter(|&n| n > 0) {
+            let sizes: Vec<u32> = (0..n).map(|_| rng.below(4) as u32).collect();
+            let bit_offset = rng.below(9);
+            let bitmap = rng.bitmap((n + bit_offset).div_ceil(8) as usize + 1);
+            let expected = offsets_of(&u32s(&sizes), &bitmap, bit_offset, n);
+            for mode in 0..3 {
+                let mut offsets: Vec<i64> = expected[..n as usize].to_vec();
+                if mode > 0 {
+                    offsets[rng.below(n) as usize] += 1;
+                }
+                let wide = mode == 2;
+                let bytes = if wide {
+                    i64s(&offsets)
+                } else {
+                    u32s(&offsets.iter().map(|&o| o as u32).collect::<Vec<_>>())
+                };
+                let what = format!("compare n {n} mode {mode}");
+                let bufs = [bytes, i64s(&expected), vec![0u8; 4]];
+                let done = on_both(&bufs, None, &what, |k, b| {
+                    let rows = RowIntegers {
+                        address: b[0],
+                        stride: if wide { 8 } else { 4 },
+                        wide,
+                    };
+                    // SAFETY: the buffers hold what the kernel reads and writes.
+                    unsafe { k.compare_list_offsets(rows, n, b[1], b[2]) }
+                });
+                if done.is_none() {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_list_values_and_bits_through_device_kernels() {
+        let mut rng = Rng(206);
+        for n in ROWS {
+            let sizes: Vec<u32> = (0..n).map(|_| rng.below(7) as u32).collect();
+            let bit_offset = rng.below(9);
+            let bitmap = rng.bitmap((n + bit_offset).div_ceil(8) as usize + 1);
+            let new_offsets = offsets_of(&u32s(&sizes), &bitmap, bit_offset, n);
+            let total = new_offsets[n as usize] as usize;
+            let offsets: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+            for width in [1u64, 3, 8, 16] {
+                let child = rng.bytes(1010 * width as usize);
+                let bufs = [
+                    child,
+                    u32s(&offsets),
+                    i64s(&new_offsets),
+                    vec![0x5A; total * width as usize],
+                ];
+                let what = format!("list values n {n} width {width}");
+                let done = on_both(&bufs, None, &what, |k, b| {
+                    let rows = RowIntegers {
+                        address: b[1],
+                        stride: 4,
+                        wide: false,
+                    };
+                    // SAFETY: the buffers hold what the gather reads and writes.
+                    unsafe { k.gather_list_values(b[0], width, 3, rows, n, b[2], b[3]) }
+                });
+                if done.is_none() {
+                    return;
+                }
+            }
+            let bits = rng.bitmap(140);
+            let bufs = [
+                bits,
+                u32s(&offsets),
+                i64s(&new_offsets),
+                vec![0x5A; 4 * total.div_ceil(32)],
+            ];
+            let what = format!("list bits n {n}");
+            let done = on_both(&bufs, None, &what, |k, b| {
+                let rows = RowIntegers {
+                    address: b[1],
+                    stride: 4,
+                    wide: false,
+                };
+                // SAFETY: the buffers hold what the gather reads and writes.
+                unsafe { k.gather_list_bits(b[0], 5, rows, n, b[2], b[3]) }
+            });
+            if done.is_none() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn count_set_bits_through_device_kernels() {
+        let mut rng = Rng(207);
+        for len in [0u64, 1, 77, 1024, 100_003] {
+            let bitmap = rng.bitmap(((len + 13) / 8) as usize + 1);
+            let what = format!("count len {len}");
+            // the counter starts with garbage: the count overwrites it
+            let done = on_both(&[bitmap, vec![0xAB; 8]], None, &what, |k, b| {
+                // SAFETY: the bitmap holds 13 + len bits, the counter 8 aligned bytes.
+                unsafe { k.count_set_bits(b[0], 13, len, b[1]) }
+            });
+            if done.is_none() {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn misaligned_addresses_are_refused() {
+        let Some((_held, dev)) = gpu() else {
+            return;
+        };
+        let device = CudaDevice::new(dev.clone()).unwrap();
+        let kernels = device.kernels().unwrap();
+        let memory = device.allocate(64).unwrap();
+        let at = memory.address();
+        // SAFETY: nothing is enqueued for misaligned addresses (refused first).
+        unsafe {
+            assert!(kernels
+                .inclusive_scan_i64(at.cast::<u8>().add(4).cast(), 2)
+                .is_err());
+            assert!(kernels
+                .narrow_i64_to_i32(at.cast::<u8>().add(1).cast(), 2, at)
+                .is_err());
+            assert!(kernels.widen_decimals(at, 3, 2, at).is_err());
+        }
+        device.record_event().unwrap().wait_host().unwrap();
+    }
+}

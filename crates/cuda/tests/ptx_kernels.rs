@@ -1610,3 +1610,700 @@ fn large_inputs_and_speed() {
         assert!(mem.bytes(DST + da, n) == want, "rebase sa {sa} da {da}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Conversion kernels (convert.ptx) against devarrow_abi's CpuKernels
+// ---------------------------------------------------------------------------------------
+
+mod convert {
+    use std::ffi::c_void;
+    use std::sync::OnceLock;
+
+    use devarrow_abi::device::{CpuKernels, DeviceKernels, RowIntegers, Validity};
+    use devarrow_cuda::kernels::{BLOCK_SIZE, CONVERT_PTX};
+    use devarrow_emu::ptx::Module;
+    use devarrow_testing::kernel_oracles::SplitMix64;
+
+    use super::{
+        copy_module, geometries, p32, p64, run, standard, Access, Geo, TestMem, GUARD, GUARD_BYTE,
+        OUT, SMS, SRC, TABLE,
+    };
+
+    /// More windows for the conversion tests' buffers.
+    const BITS: u64 = 0x1004_0000_0000;
+    const AUX: u64 = 0x1005_0000_0000;
+    const OFFS: u64 = 0x1006_0000_0000;
+    const SUMS: u64 = 0x1007_0000_0000;
+
+    fn module() -> &'static Module {
+        static M: OnceLock<Module> = OnceLock::new();
+        M.get_or_init(|| Module::parse(CONVERT_PTX).expect("convert.ptx parses"))
+    }
+
+    /// The one-wave geometry of the kernels whose work is read on the device, and
+    /// another valid one.
+    fn wave_geometries(items: u64, rng: &mut SplitMix64) -> [Geo; 2] {
+        let wave = Geo {
+            grid: (8 * SMS) as u32,
+            block: BLOCK_SIZE,
+        };
+        [wave, geometries(items, rng)[1]]
+    }
+
+    fn bytes_of_i64(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn p(b: &[u8]) -> *const c_void {
+        b.as_ptr().cast()
+    }
+
+    fn pm(b: &mut [u8]) -> *mut c_void {
+        b.as_mut_ptr().cast()
+    }
+
+    /// Maps `bytes` read-write at `base` with write-only guard bytes around them.
+    fn map_rw(mem: &mut TestMem, base: u64, bytes: &[u8]) {
+        mem.map(base - GUARD, &[GUARD_BYTE; GUARD as usize], Access::Write);
+        mem.map(base, bytes, Access::ReadWrite);
+        mem.map(
+            base + bytes.len() as u64,
+            &[GUARD_BYTE; GUARD as usize],
+            Access::Write,
+        );
+    }
+
+    fn map_read(mem: &mut TestMem, base: u64, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            mem.map(base, bytes, Access::Read);
+        }
+    }
+
+    /// The written range at `base` (asserting its guards are untouched).
+    fn written(mem: &TestMem, base: u64, len: u64, what: &str) -> Vec<u8> {
+        let (bytes, guards) = mem.dst(base, len);
+        assert!(guards, "{what}: a guard byte was written");
+        bytes
+    }
+
+    /// Offsets (n + 1 int64s) of rows of the given sizes (via CpuKernels' row_sizes and
+    /// scan, as the bridge makes them).
+    fn offsets_of(sizes: RowIntegers, validity: Validity, n: u64) -> Vec<i64> {
+        let mut out = vec![0u8; 8 * (n as usize + 1)];
+        // SAFETY: host buffers of the sizes the kernels read and write.
+        unsafe {
+            CpuKernels
+                .row_sizes(sizes, validity, n, pm(&mut out))
+                .unwrap();
+            CpuKernels.inclusive_scan_i64(pm(&mut out), n + 1).unwrap();
+        }
+        out.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn row_counts() -> Vec<u64> {
+        vec![
+            1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 1023, 1024, 1025, 3001,
+        ]
+    }
+
+    #[test]
+    fn row_sizes_match_cpu_kernels() {
+        let mut rng = SplitMix64(101);
+        for n in [0u64].into_iter().chain(row_counts()) {
+            for (stride, wide) in [
+                (16u64, false),
+                (4, false),
+                (8, true),
+                (12, false),
+                (16, true),
+            ] {
+                for with_validity in [false, true] {
+                    let width = if wide { 8 } else { 4 };
+                    let len = if n == 0 { 0 } else { (n - 1) * stride + width };
+                    let src = rng.bytes(len as usize);
+                    let bit_offset = rng.below(40);
+                    let bitmap = rng.bitmap((bit_offset + n).div_ceil(8) as usize + 1);
+                    let host_validity = if with_validity {
+                        Validity::new(p(&bitmap), bit_offset)
+                    } else {
+                        Validity::ALL_VALID
+                    };
+                    let mut expected = vec![0x5Au8; 8 * (n as usize + 1)];
+                    // SAFETY: host buffers of the sizes read and written.
+                    unsafe {
+                        CpuKernels
+                            .row_sizes(
+                                RowIntegers {
+                                    address: p(&src),
+                                    stride,
+                                    wide,
+                                },
+                                host_validity,
+                                n,
+                                pm(&mut expected),
+                            )
+                            .unwrap()
+                    };
+                    for geo in geometries(n + 1, &mut rng) {
+                        let mut mem = TestMem::new();
+                        let addr = SRC + width * rng.below(4);
+                        map_read(&mut mem, addr, &src);
+                        if with_validity {
+                            super::map_bits(&mut mem, &bitmap, BITS, bit_offset, n);
+                        }
+                        mem.map_dst(OUT, 8 * (n + 1));
+                        let params = [
+                            p64(addr),
+                            p64(stride),
+                            p32(wide as u32),
+                            p64(if with_validity { BITS } else { 0 }),
+                            p64(bit_offset),
+                            p64(n),
+                            p64(OUT),
+                        ];
+                        let what = format!(
+                            "n {n} stride {stride} wide {wide} validity {with_validity} {geo:?}"
+                        );
+                        run(module(), "dvx_row_sizes", geo, &params, &mem)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(written(&mem, OUT, 8 * (n + 1), &what), expected, "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The scan as the Rust side runs it (`kernels::inclusive_scan_i64`), with tiles of
+    /// 4 * `block` items, the tile totals of level `level` at `SUMS + level << 32`.
+    fn scan(mem: &TestMem, data: u64, n: u64, block: u32, level: u64, rng: &mut SplitMix64) {
+        let tile = 4 * block as u64;
+        let tiles = n.div_ceil(tile);
+        let sums = if tiles > 1 { SUMS + (level << 32) } else { 0 };
+        let geo = Geo {
+            grid: tiles as u32,
+            block,
+        };
+        run(
+            module(),
+            "dvx_scan_tiles_i64",
+            geo,
+            &[p64(data), p64(n), p64(sums)],
+            mem,
+        )
+        .unwrap_or_else(|e| panic!("scan n {n} block {block}: {e}"));
+        if tiles > 1 {
+            scan(mem, sums, tiles, block, level + 1, rng);
+            for geo in [standard(n - tile), geometries(n - tile, rng)[1]]
+                .into_iter()
+                .take(1)
+            {
+                run(
+                    module(),
+                    "dvx_add_tile_prefix_i64",
+                    geo,
+                    &[p64(data), p64(n), p64(sums), p64(tile)],
+                    mem,
+                )
+                .unwrap_or_else(|e| panic!("tile prefix n {n} block {block}: {e}"));
+            }
+        }
+    }
+
+    fn check_scan(rng: &mut SplitMix64, n: u64, block: u32) {
+        let values: Vec<i64> = (0..n)
+            .map(|_| match rng.below(3) {
+                0 => rng.next_u64() as i64, // wrapping sums
+                _ => rng.below(1000) as i64 - 200,
+            })
+            .collect();
+        let mut expected = bytes_of_i64(&values);
+        // SAFETY: n host int64s.
+        unsafe { CpuKernels.inclusive_scan_i64(pm(&mut expected), n).unwrap() };
+        let mut mem = TestMem::new();
+        map_rw(&mut mem, SRC, &bytes_of_i64(&values));
+        let tile = 4 * block as u64;
+        let (mut level, mut items) = (0u64, n);
+        while items.div_ceil(tile) > 1 {
+            items = items.div_ceil(tile);
+            map_rw(
+                &mut mem,
+                SUMS + (level << 32),
+                &vec![0x5A; 8 * items as usize],
+            );
+            level += 1;
+        }
+        scan(&mem, SRC, n, block, 0, rng);
+        let what = format!("scan n {n} block {block}");
+        assert_eq!(written(&mem, SRC, 8 * n, &what), expected, "{what}");
+    }
+
+    #[test]
+    fn scan_matches_cpu_kernels() {
+        let mut rng = SplitMix64(102);
+        for n in [
+            1u64,
+            2,
+            5,
+            31,
+            32,
+            33,
+            255,
+            1023,
+            1024,
+            1025,
+            2048,
+            3 * 1024 + 7,
+            20_000,
+        ] {
+            check_scan(&mut rng, n, BLOCK_SIZE);
+        }
+        // three levels with tiles of 128 items (blocks of 32 threads), and other blocks
+        for n in [128 * 128 + 5, 129, 128 * 3] {
+            check_scan(&mut rng, n, 32);
+        }
+        for n in [4 * 96 * 5 + 1, 4096 + 3] {
+            check_scan(&mut rng, n, 96);
+            check_scan(&mut rng, n, 1024);
+        }
+    }
+
+    /// Views of `n` rows (inline, out-of-line, null rows with garbage), their bytes
+    /// gathered by dvx_view_segments + dvx_batched_copy against CpuKernels.
+    fn check_views(rng: &mut SplitMix64, n: u64, nulls: bool) {
+        const BUFFER: usize = 300;
+        let buffers: Vec<Vec<u8>> = (0..3).map(|_| rng.bytes(BUFFER)).collect();
+        let device_buffers: Vec<u64> = (0..3u64).map(|k| AUX + (k << 28) + rng.below(16)).collect();
+        let bit_offset = rng.below(30);
+        let bitmap = {
+            let mut b = rng.bitmap((bit_offset + n).div_ceil(8) as usize);
+            if !nulls {
+                b.iter_mut().for_each(|x| *x = 0xFF);
+            }
+            b
+        };
+        let mut views = Vec::with_capacity(16 * n as usize);
+        for i in 0..n {
+            let bit = bit_offset + i;
+            let valid = bitmap[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
+            let mut view = [0u8; 16];
+            if !valid {
+                view.copy_from_slice(&rng.bytes(16)); // never read past its length
+            } else if rng.below(2) == 0 {
+                let len = rng.below(13) as u32;
+                view[..4].copy_from_slice(&len.to_le_bytes());
+                view[4..].copy_from_slice(&rng.bytes(12));
+            } else {
+                let len = 13 + rng.below(60) as u32;
+                let index = rng.below(3) as u32;
+                let offset = rng.below((BUFFER as u64) - len as u64) as u32;
+                view[..4].copy_from_slice(&len.to_le_bytes());
+                view[4..8].copy_from_slice(&rng.bytes(4));
+                view[8..12].copy_from_slice(&index.to_le_bytes());
+                view[12..].copy_from_slice(&offset.to_le_bytes());
+            }
+            views.extend_from_slice(&view);
+        }
+        let validity = if nulls {
+            Validity::new(p(&bitmap), bit_offset)
+        } else {
+            Validity::ALL_VALID
+        };
+        let offsets = offsets_of(
+            RowIntegers {
+                address: p(&views),
+                stride: 16,
+                wide: false,
+            },
+            validity,
+            n,
+        );
+        let total = offsets[n as usize] as u64;
+        let host_buffers: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+        let mut expected = vec![0x5Au8; total as usize];
+        let offsets_bytes = bytes_of_i64(&offsets);
+        // SAFETY: host copies of every buffer the gather reads, `expected` holds `total`.
+        unsafe {
+            CpuKernels
+                .gather_view_bytes(
+                    p(&views),
+                    validity,
+                    n,
+                    host_buffers.as_ptr().cast(),
+                    p(&offsets_bytes),
+                    pm(&mut expected),
+                )
+                .unwrap()
+        };
+        for geo in geometries(n, rng) {
+            let mut mem = TestMem::new();
+            let views_at = SRC + 4; // 4-byte aligned only
+            map_read(&mut mem, views_at, &views);
+            if nulls {
+                super::map_bits(&mut mem, &bitmap, BITS, bit_offset, n);
+            }
+            for (b, &at) in buffers.iter().zip(&device_buffers) {
+                map_read(&mut mem, at, b);
+            }
+            let table: Vec<u8> = device_buffers
+                .iter()
+                .flat_map(|a| a.to_le_bytes())
+                .collect();
+            map_read(&mut mem, TABLE + (1 << 30), &table);
+            map_read(&mut mem, OFFS, &offsets_bytes);
+            map_rw(&mut mem, TABLE, &vec![0x5A; 24 * n as usize]);
+            let out = OUT + rng.below(16);
+            mem.map_dst(out, total);
+            let params = [
+                p64(views_at),
+                p64(if nulls { BITS } else { 0 }),
+                p64(bit_offset),
+                p64(n),
+                p64(TABLE + (1 << 30)),
+                p64(OFFS),
+                p64(out),
+                p64(TABLE),
+            ];
+            let what = format!("views n {n} nulls {nulls} {geo:?}");
+            run(module(), "dvx_view_segments", geo, &params, &mem)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            run(
+                copy_module(),
+                "dvx_batched_copy",
+                standard(n * 32),
+                &[p64(TABLE), p64(n)],
+                &mem,
+            )
+            .unwrap_or_else(|e| panic!("{what}, copy: {e}"));
+            assert_eq!(written(&mem, out, total, &what), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn view_bytes_match_cpu_kernels() {
+        let mut rng = SplitMix64(103);
+        for n in row_counts() {
+            check_views(&mut rng, n, false);
+            check_views(&mut rng, n, true);
+        }
+    }
+
+    #[test]
+    fn narrow_widen_and_fill_match_cpu_kernels() {
+        let mut rng = SplitMix64(104);
+        for n in row_counts() {
+            let values: Vec<i64> = (0..n).map(|_| rng.next_u64() as i64).collect();
+            let src = bytes_of_i64(&values);
+            // narrow
+            let mut expected = vec![0u8; 4 * n as usize];
+            // SAFETY: host buffers of the sizes read and written.
+            unsafe {
+                CpuKernels
+                    .narrow_i64_to_i32(p(&src), n, pm(&mut expected))
+                    .unwrap()
+            };
+            for geo in geometries(n, &mut rng) {
+                let mut mem = TestMem::new();
+                map_read(&mut mem, SRC + 8, &src);
+                let dst = OUT + 4 * rng.below(4);
+                mem.map_dst(dst, 4 * n);
+                run(
+                    module(),
+                    "dvx_narrow_i64_i32",
+                    geo,
+                    &[p64(SRC + 8), p64(n), p64(dst)],
+                    &mem,
+                )
+                .unwrap();
+                assert_eq!(
+                    written(&mem, dst, 4 * n, "narrow"),
+                    expected,
+                    "narrow n {n}"
+                );
+            }
+            // widen
+            for width in [4u64, 8] {
+                let src = rng.bytes((n * width) as usize);
+                let mut expected = vec![0u8; 16 * n as usize];
+                // SAFETY: as above.
+                unsafe {
+                    CpuKernels
+                        .widen_decimals(p(&src), width, n, pm(&mut expected))
+                        .unwrap()
+                };
+                for geo in geometries(n, &mut rng) {
+                    let mut mem = TestMem::new();
+                    let at = SRC + width * rng.below(4);
+                    map_read(&mut mem, at, &src);
+                    let dst = OUT + 8 * rng.below(2);
+                    mem.map_dst(dst, 16 * n);
+                    let params = [p64(at), p64(width), p64(n), p64(dst)];
+                    run(module(), "dvx_widen_decimals", geo, &params, &mem).unwrap();
+                    assert_eq!(
+                        written(&mem, dst, 16 * n, "widen"),
+                        expected,
+                        "widen {width} n {n}"
+                    );
+                }
+            }
+            // fill
+            let step = [0u32, 1, 7, 0x8000_0001][rng.below(4) as usize];
+            let mut expected = vec![0u8; 4 * n as usize];
+            // SAFETY: as above.
+            unsafe {
+                CpuKernels
+                    .fill_offsets_i32(pm(&mut expected), n, step)
+                    .unwrap()
+            };
+            for geo in geometries(n, &mut rng) {
+                let mut mem = TestMem::new();
+                let dst = OUT + 4 * rng.below(4);
+                mem.map_dst(dst, 4 * n);
+                run(
+                    module(),
+                    "dvx_fill_offsets_i32",
+                    geo,
+                    &[p64(dst), p64(n), p32(step)],
+                    &mem,
+                )
+                .unwrap();
+                assert_eq!(
+                    written(&mem, dst, 4 * n, "fill"),
+                    expected,
+                    "fill n {n} step {step}"
+                );
+            }
+        }
+    }
+
+    /// List views: sizes (some null, some empty) and their list offsets.
+    struct Lists {
+        n: u64,
+        sizes: Vec<u8>,
+        bitmap: Vec<u8>,
+        bit_offset: u64,
+        new_offsets: Vec<i64>,
+    }
+
+    fn lists(rng: &mut SplitMix64, n: u64, max_size: u64) -> Lists {
+        let sizes: Vec<u8> = (0..n)
+            .flat_map(|_| (rng.below(max_size + 1) as u32).to_le_bytes())
+            .collect();
+        let bit_offset = rng.below(20);
+        let bitmap = rng.bitmap((bit_offset + n).div_ceil(8) as usize);
+        let new_offsets = offsets_of(
+            RowIntegers {
+                address: p(&sizes),
+                stride: 4,
+                wide: false,
+            },
+            Validity::new(p(&bitmap), bit_offset),
+            n,
+        );
+        Lists {
+            n,
+            sizes,
+            bitmap,
+            bit_offset,
+            new_offsets,
+        }
+    }
+
+    /// Row integers of `values`: (bytes, stride, wide) with the layout picked by `layout`.
+    fn row_integers(values: &[i64], layout: u64) -> (Vec<u8>, u64, bool) {
+        match layout {
+            0 => (
+                values
+                    .iter()
+                    .flat_map(|&v| (v as i32).to_le_bytes())
+                    .collect(),
+                4,
+                false,
+            ),
+            1 => (bytes_of_i64(values), 8, true),
+            _ => (
+                values
+                    .iter()
+                    .flat_map(|&v| {
+                        let mut b = (v as i32).to_le_bytes().to_vec();
+                        b.extend_from_slice(&[0xEE; 8]);
+                        b
+                    })
+                    .collect(),
+                12,
+                false,
+            ),
+        }
+    }
+
+    #[test]
+    fn compare_list_offsets_matches_cpu_kernels() {
+        let mut rng = SplitMix64(105);
+        for n in row_counts() {
+            for layout in 0..3u64 {
+                for mode in 0..4u64 {
+                    let mut l = lists(&mut rng, n, 4);
+                    if mode == 3 {
+                        // past 2^31: int32 offsets sign-extend (a mismatch), int64 ones match
+                        l.new_offsets.iter_mut().for_each(|o| *o += 0xFFFF_0000);
+                    }
+                    let mut offsets: Vec<i64> = l.new_offsets[..n as usize].to_vec();
+                    let i = rng.below(n) as usize;
+                    match mode {
+                        1 => offsets[i] += 1,
+                        2 => offsets[i] = -1, // -1 as int32 is not 4294967295
+                        _ => {}
+                    }
+                    let (bytes, stride, wide) = row_integers(&offsets, layout);
+                    let expected_bytes = bytes_of_i64(&l.new_offsets);
+                    let mut expected = [0u8; 4];
+                    let rows = RowIntegers {
+                        address: p(&bytes),
+                        stride,
+                        wide,
+                    };
+                    // SAFETY: host buffers of the sizes read and written.
+                    unsafe {
+                        CpuKernels
+                            .compare_list_offsets(rows, n, p(&expected_bytes), pm(&mut expected))
+                            .unwrap()
+                    };
+                    for geo in geometries(n, &mut rng) {
+                        let mut mem = TestMem::new();
+                        let at = SRC + if wide { 8 } else { 4 };
+                        let len = (n - 1) * stride + if wide { 8 } else { 4 };
+                        map_read(&mut mem, at, &bytes[..len as usize]);
+                        map_read(&mut mem, OFFS, &expected_bytes);
+                        map_rw(&mut mem, OUT, &[0; 4]);
+                        let params = [
+                            p64(at),
+                            p64(stride),
+                            p32(wide as u32),
+                            p64(n),
+                            p64(OFFS),
+                            p64(OUT),
+                        ];
+                        run(module(), "dvx_compare_list_offsets", geo, &params, &mem).unwrap();
+                        let what = format!("compare n {n} layout {layout} mode {mode} {geo:?}");
+                        assert_eq!(written(&mem, OUT, 4, &what), expected, "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_list_values_and_bits_match_cpu_kernels() {
+        let mut rng = SplitMix64(106);
+        for n in [0u64].into_iter().chain(row_counts()) {
+            for layout in 0..3u64 {
+                let l = lists(&mut rng, n, 9);
+                let children = 400u64;
+                let child_offset = rng.below(5);
+                let offsets: Vec<i64> = (0..n).map(|_| rng.below(children - 10) as i64).collect();
+                let (bytes, stride, wide) = row_integers(&offsets, layout);
+                let rows = RowIntegers {
+                    address: p(&bytes),
+                    stride,
+                    wide,
+                };
+                let total = l.new_offsets[n as usize] as u64;
+                let new_offsets = bytes_of_i64(&l.new_offsets);
+                let what = format!("n {n} layout {layout}");
+                let _ = (&l.sizes, &l.bitmap, l.bit_offset, l.n);
+                // values
+                for width in [1u64, 2, 3, 4, 8, 12, 16] {
+                    let child = rng.bytes(((children + child_offset) * width) as usize);
+                    let mut expected = vec![0x5Au8; (total * width) as usize];
+                    // SAFETY: host buffers of the sizes read and written.
+                    unsafe {
+                        CpuKernels
+                            .gather_list_values(
+                                p(&child),
+                                width,
+                                child_offset,
+                                rows,
+                                n,
+                                p(&new_offsets),
+                                pm(&mut expected),
+                            )
+                            .unwrap()
+                    };
+                    for geo in wave_geometries(total, &mut rng) {
+                        let mut mem = TestMem::new();
+                        let child_at = AUX + [0, width, 8, rng.below(16)][rng.below(4) as usize];
+                        map_read(&mut mem, child_at, &child);
+                        let at = SRC + 8;
+                        if n > 0 {
+                            let len = (n - 1) * stride + if wide { 8 } else { 4 };
+                            map_read(&mut mem, at, &bytes[..len as usize]);
+                        }
+                        map_read(&mut mem, OFFS, &new_offsets);
+                        let dst = OUT + [0, width, 8, rng.below(16)][rng.below(4) as usize];
+                        mem.map_dst(dst, total * width);
+                        let params = [
+                            p64(child_at),
+                            p64(width),
+                            p64(child_offset),
+                            p64(at),
+                            p64(stride),
+                            p32(wide as u32),
+                            p64(n),
+                            p64(OFFS),
+                            p64(dst),
+                        ];
+                        let what = format!("values {what} width {width} {geo:?}");
+                        run(module(), "dvx_gather_list_values", geo, &params, &mem)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(written(&mem, dst, total * width, &what), expected, "{what}");
+                    }
+                }
+                // bits
+                let bit_offset = rng.below(70);
+                let bits = rng.bitmap((bit_offset + child_offset + children).div_ceil(8) as usize);
+                let words = total.div_ceil(32);
+                let mut expected = vec![0x5Au8; 4 * words as usize];
+                // SAFETY: as above.
+                unsafe {
+                    CpuKernels
+                        .gather_list_bits(
+                            p(&bits),
+                            bit_offset + child_offset,
+                            rows,
+                            n,
+                            p(&new_offsets),
+                            pm(&mut expected),
+                        )
+                        .unwrap()
+                };
+                for geo in wave_geometries(words * 32, &mut rng) {
+                    let mut mem = TestMem::new();
+                    map_read(&mut mem, BITS, &bits);
+                    let at = SRC + 8;
+                    if n > 0 {
+                        let len = (n - 1) * stride + if wide { 8 } else { 4 };
+                        map_read(&mut mem, at, &bytes[..len as usize]);
+                    }
+                    map_read(&mut mem, OFFS, &new_offsets);
+                    let dst = OUT + 4 * rng.below(4);
+                    mem.map_dst(dst, 4 * words);
+                    let params = [
+                        p64(BITS),
+                        p64(bit_offset + child_offset),
+                        p64(at),
+                        p64(stride),
+                        p32(wide as u32),
+                        p64(n),
+                        p64(OFFS),
+                        p64(dst),
+                    ];
+                    let what = format!("bits {what} {geo:?}");
+                    run(module(), "dvx_gather_list_bits", geo, &params, &mem)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(written(&mem, dst, 4 * words, &what), expected, "{what}");
+                }
+            }
+        }
+    }
+}

@@ -8,8 +8,12 @@
 //! thread ([`CpuKernels`], also the reference the CUDA kernels are tested against);
 //! devarrow-cuda launches PTX kernels (`crates/cuda/kernels/convert.ptx`).
 //!
-//! Every address is device memory of the device (a host address on the CPU device).
-//! Integers in device memory are little-endian. A kernel returns once it is enqueued:
+//! Every address is device memory of the device (a host address on the CPU device),
+//! naturally aligned for the elements it holds (`int64` arrays to 8 bytes, views and
+//! `int32` arrays to 4, a bitmap output to 4, row integers and their stride to their
+//! width): a device may refuse a misaligned address with `Error::InvalidArgument` before
+//! enqueuing anything (CUDA does: a misaligned access would fault the whole context; the
+//! CPU's kernels accept any address). Integers in device memory are little-endian. A kernel returns once it is enqueued:
 //! its results are read after a later event, like a copy's.
 //!
 //! ```

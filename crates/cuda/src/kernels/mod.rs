@@ -1,7 +1,30 @@
 //! The PTX kernels of `kernels/` and how to launch them.
 //!
-//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`]) and JIT-loaded through cudarc the first time a kernel is launched
-//! in a context, once per context ([`Kernels::for_context`]).
+//! The PTX text is embedded at build time ([`VALIDITY_PTX`], [`COPY_PTX`], [`CONVERT_PTX`])
+//! and JIT-loaded through cudarc the first time a kernel is launched in a context, once
+//! per context ([`Kernels::for_context`]).
+//!
+//! `convert.ptx` holds the kernels of [`devarrow_abi::device::DeviceKernels`], which
+//! [`crate::CudaDevice`] implements on its stream (all asynchronous; never yet run on
+//! real hardware, only on the emulated driver and through ptxas):
+//! - [`launch_row_sizes`]: per-row sizes (string view lengths, list view sizes) as `i64`s,
+//!   0 for null rows;
+//! - [`inclusive_scan_i64`]: [`launch_scan_tiles_i64`] (a tile of [`SCAN_TILE`] items per
+//!   block: warp scans with `shfl.sync.up`, warp totals in shared memory), the tile
+//!   totals scanned recursively in a stream-ordered temporary buffer, then
+//!   [`launch_add_tile_prefix_i64`];
+//! - [`launch_view_segments`]: one [`CopySegment`] per string view (inline bytes from the
+//!   view itself, others from the variadic buffers), followed by [`launch_batched_copy`]:
+//!   the gather of `DeviceKernels::gather_view_bytes`;
+//! - [`launch_narrow_i64_i32`], [`launch_widen_decimals`], [`launch_fill_offsets_i32`],
+//!   [`launch_compare_list_offsets`]: one thread per item;
+//! - [`launch_gather_list_values`] (a thread per output value) and
+//!   [`launch_gather_list_bits`] (a warp per output word, `vote.sync.ballot`): the row of
+//!   each output found by binary search in the new offsets; one wave of blocks, as the
+//!   total is only known on the device.
+//!
+//! `DeviceKernels::count_set_bits` reuses `validity.ptx`'s [`launch_count_set_bits`] after
+//! a stream-ordered memset of the counter.
 //!
 //! Two levels of API:
 //! - `launch_*` (`unsafe`): enqueue one kernel on a stream with raw device addresses and
@@ -39,6 +62,14 @@ pub use segments::{
 pub const VALIDITY_PTX: &str = include_str!("../../kernels/validity.ptx");
 /// `kernels/copy.ptx`: batched copy and offset rebasing.
 pub const COPY_PTX: &str = include_str!("../../kernels/copy.ptx");
+/// `kernels/convert.ptx`: the kernels of [`devarrow_abi::device::DeviceKernels`] (row
+/// sizes, tiled scan, view copy descriptors, narrowing, decimal widening, list offsets
+/// and gathers).
+pub const CONVERT_PTX: &str = include_str!("../../kernels/convert.ptx");
+
+/// Items per tile of `dvx_scan_tiles_i64` launched with [`BLOCK_SIZE`] threads (four per
+/// thread).
+pub const SCAN_TILE: u64 = 4 * BLOCK_SIZE as u64;
 
 /// Threads per block of every launch.
 pub const BLOCK_SIZE: u32 = 256;
@@ -88,9 +119,19 @@ pub struct Kernels {
     batched_copy: Kernel,
     rebase_i32: Kernel,
     rebase_i64: Kernel,
+    row_sizes: Kernel,
+    scan_tiles: Kernel,
+    add_tile_prefix: Kernel,
+    view_segments: Kernel,
+    narrow: Kernel,
+    widen_decimals: Kernel,
+    fill_offsets: Kernel,
+    compare_offsets: Kernel,
+    gather_values: Kernel,
+    gather_bits: Kernel,
     /// The context they were loaded in.
     context: usize,
-    _modules: [Arc<CudaModule>; 2],
+    _modules: [Arc<CudaModule>; 3],
 }
 
 /// The loaded kernels by context id (`cuCtxGetId`).
@@ -127,6 +168,7 @@ impl Kernels {
         }
         let validity = load_module(ctx, "kernels/validity.ptx", VALIDITY_PTX)?;
         let copy = load_module(ctx, "kernels/copy.ptx", COPY_PTX)?;
+        let convert = load_module(ctx, "kernels/convert.ptx", CONVERT_PTX)?;
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")?
@@ -140,8 +182,18 @@ impl Kernels {
             batched_copy: f(&copy, "dvx_batched_copy")?,
             rebase_i32: f(&copy, "dvx_rebase_offsets_i32")?,
             rebase_i64: f(&copy, "dvx_rebase_offsets_i64")?,
+            row_sizes: f(&convert, "dvx_row_sizes")?,
+            scan_tiles: f(&convert, "dvx_scan_tiles_i64")?,
+            add_tile_prefix: f(&convert, "dvx_add_tile_prefix_i64")?,
+            view_segments: f(&convert, "dvx_view_segments")?,
+            narrow: f(&convert, "dvx_narrow_i64_i32")?,
+            widen_decimals: f(&convert, "dvx_widen_decimals")?,
+            fill_offsets: f(&convert, "dvx_fill_offsets_i32")?,
+            compare_offsets: f(&convert, "dvx_compare_list_offsets")?,
+            gather_values: f(&convert, "dvx_gather_list_values")?,
+            gather_bits: f(&convert, "dvx_gather_list_bits")?,
             context: handle,
-            _modules: [validity, copy],
+            _modules: [validity, copy, convert],
         });
         map.insert(key, k.clone());
         Ok(k)
@@ -357,6 +409,348 @@ pub unsafe fn launch_rebase_offsets_i64(
     let mut b = stream.launch_builder(&k.rebase_i64.function);
     b.arg(&src).arg(&n).arg(&base).arg(&dst);
     // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_row_sizes`: `out[0] = 0`, `out[i + 1]` = the size of row `i` (the `u32`,
+/// or `u64` when `wide`, at `src + i * stride`; 0 for a row whose bit `bit_offset + i`
+/// of the bitmap at `validity` is clear, `validity` 0: every row valid), `i < n`.
+///
+/// # Safety
+/// `src` readable for `n` rows and naturally aligned (as `stride`), `validity` (if not 0)
+/// for `bit_offset + n` bits, `out` writable for `n + 1` 8-byte-aligned `i64`s, not
+/// overlapping the others, until the kernel completes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_row_sizes(
+    stream: &CudaStream,
+    src: u64,
+    stride: u64,
+    wide: bool,
+    validity: u64,
+    bit_offset: u64,
+    n: u64,
+    out: u64,
+) -> Result<()> {
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.row_sizes.config(n + 1);
+    let wide = wide as u32;
+    let mut b = stream.launch_builder(&k.row_sizes.function);
+    b.arg(&src)
+        .arg(&stride)
+        .arg(&wide)
+        .arg(&validity)
+        .arg(&bit_offset)
+        .arg(&n)
+        .arg(&out);
+    // SAFETY: arguments match (u64, u64, u32, u64, u64, u64, u64); ranges are the
+    // caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_scan_tiles_i64`: an inclusive scan in place of each [`SCAN_TILE`] items
+/// of the `n` `i64`s at `data`, the total of tile `t` written to `tile_sums[t]` when
+/// `tile_sums` is not 0. One block per tile. Nothing is launched when `n == 0`.
+///
+/// # Safety
+/// `data` readable and writable for `n` 8-byte-aligned `i64`s, `tile_sums` (if not 0)
+/// writable for `ceil(n / SCAN_TILE)` of them, until the kernel completes.
+pub unsafe fn launch_scan_tiles_i64(
+    stream: &CudaStream,
+    data: u64,
+    n: u64,
+    tile_sums: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let tiles = n.div_ceil(SCAN_TILE);
+    if tiles >= 1 << 31 {
+        return Err(CudaError::InvalidArgument(format!(
+            "a scan of {n} items needs {tiles} blocks; at most 2^31 - 1"
+        )));
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, 1, 1),
+        block_dim: (BLOCK_SIZE, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(&k.scan_tiles.function);
+    b.arg(&data).arg(&n).arg(&tile_sums);
+    // SAFETY: arguments match (u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_add_tile_prefix_i64`: `data[i] += tile_sums[i / SCAN_TILE - 1]` for
+/// `SCAN_TILE <= i < n`. Nothing is launched when `n <= SCAN_TILE`.
+///
+/// # Safety
+/// `data` readable and writable for `n` 8-byte-aligned `i64`s, `tile_sums` readable for
+/// `ceil(n / SCAN_TILE) - 1` of them, not overlapping, until the kernel completes.
+pub unsafe fn launch_add_tile_prefix_i64(
+    stream: &CudaStream,
+    data: u64,
+    n: u64,
+    tile_sums: u64,
+) -> Result<()> {
+    if n <= SCAN_TILE {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.add_tile_prefix.config(n - SCAN_TILE);
+    let mut b = stream.launch_builder(&k.add_tile_prefix.function);
+    b.arg(&data).arg(&n).arg(&tile_sums).arg(&SCAN_TILE);
+    // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Inclusive prefix sum in place (wrapping) of the `n` `i64`s at `data`, enqueued on
+/// `stream`: [`launch_scan_tiles_i64`], the tile totals scanned the same way (in a
+/// stream-ordered temporary buffer, freed in stream order after the work), then
+/// [`launch_add_tile_prefix_i64`]. Returns once enqueued (a device without stream-ordered
+/// allocation synchronizes `stream` when a temporary buffer is freed).
+///
+/// # Safety
+/// `data` readable and writable for `n` 8-byte-aligned `i64`s until the work completes.
+pub unsafe fn inclusive_scan_i64(stream: &Arc<CudaStream>, data: u64, n: u64) -> Result<()> {
+    if n <= SCAN_TILE {
+        // SAFETY: the caller's guarantee.
+        return unsafe { launch_scan_tiles_i64(stream, data, n, 0) };
+    }
+    let tiles = n.div_ceil(SCAN_TILE);
+    let sums = DeviceBuffer::alloc(stream, (tiles * 8) as usize)?;
+    // SAFETY: `sums` holds `tiles` i64s (256-byte aligned) and lives until the work is
+    // enqueued (freed in stream order after it); `data` is the caller's guarantee.
+    unsafe {
+        launch_scan_tiles_i64(stream, data, n, sums.device_ptr())?;
+        inclusive_scan_i64(stream, sums.device_ptr(), tiles)?;
+        launch_add_tile_prefix_i64(stream, data, n, sums.device_ptr())
+    }
+}
+
+/// Enqueues `dvx_view_segments`: one [`CopySegment`] per view `i < n` at `segments`
+/// (the bytes of the view at `views + 16 i` to `out + offsets[i]`, length 0 for a null
+/// row), for [`launch_batched_copy`].
+///
+/// # Safety
+/// `views` readable for `n` 4-byte-aligned views, `validity` (if not 0) for
+/// `bit_offset + n` bits, `buffers` for the `u64` of every valid out-of-line view's
+/// buffer index, `offsets` for `n` 8-byte-aligned `i64`s, `segments` writable for `n`
+/// 8-byte-aligned descriptors, until the kernel completes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_view_segments(
+    stream: &CudaStream,
+    views: u64,
+    validity: u64,
+    bit_offset: u64,
+    n: u64,
+    buffers: u64,
+    offsets: u64,
+    out: u64,
+    segments: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.view_segments.config(n);
+    let mut b = stream.launch_builder(&k.view_segments.function);
+    b.arg(&views)
+        .arg(&validity)
+        .arg(&bit_offset)
+        .arg(&n)
+        .arg(&buffers)
+        .arg(&offsets)
+        .arg(&out)
+        .arg(&segments);
+    // SAFETY: arguments match (8 u64s); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_narrow_i64_i32`: `dst[i] = src[i] as i32`, `i < n`.
+///
+/// # Safety
+/// `src` readable for `n` 8-byte-aligned `i64`s, `dst` writable for `n` 4-byte-aligned
+/// `i32`s, not overlapping, until the kernel completes.
+pub unsafe fn launch_narrow_i64_i32(stream: &CudaStream, src: u64, n: u64, dst: u64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.narrow.config(n);
+    let mut b = stream.launch_builder(&k.narrow.function);
+    b.arg(&src).arg(&n).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_widen_decimals`: the `n` `width`-byte (4 or 8) integers at `src`
+/// sign-extended to 16 bytes each at `dst`.
+///
+/// # Safety
+/// `width` 4 or 8; `src` readable for `n` naturally aligned integers, `dst` writable for
+/// `16 n` bytes, 8-byte aligned, not overlapping, until the kernel completes.
+pub unsafe fn launch_widen_decimals(
+    stream: &CudaStream,
+    src: u64,
+    width: u64,
+    n: u64,
+    dst: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if width != 4 && width != 8 {
+        return Err(CudaError::InvalidArgument(format!(
+            "decimals of {width} bytes; 4 or 8 are widened"
+        )));
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.widen_decimals.config(n);
+    let mut b = stream.launch_builder(&k.widen_decimals.function);
+    b.arg(&src).arg(&width).arg(&n).arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_fill_offsets_i32`: `dst[i] = i * step` (wrapping), `i < n`.
+///
+/// # Safety
+/// `dst` writable for `n` 4-byte-aligned `i32`s until the kernel completes.
+pub unsafe fn launch_fill_offsets_i32(
+    stream: &CudaStream,
+    dst: u64,
+    n: u64,
+    step: u32,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.fill_offsets.config(n);
+    let mut b = stream.launch_builder(&k.fill_offsets.function);
+    b.arg(&dst).arg(&n).arg(&step);
+    // SAFETY: arguments match (u64, u64, u32); ranges are the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_compare_list_offsets`: the `u32` 1 to `mismatch` when a row `i < n` with
+/// `expected[i + 1] > expected[i]` has an offset (at `offsets + i * stride`, `i32`
+/// sign-extended or `i64` when `wide`) other than `expected[i]`.
+///
+/// # Safety
+/// `offsets` readable for `n` naturally aligned rows, `expected` for `n + 1`
+/// 8-byte-aligned `i64`s, `mismatch` writable for a 4-byte-aligned `u32`, until the
+/// kernel completes.
+pub unsafe fn launch_compare_list_offsets(
+    stream: &CudaStream,
+    offsets: u64,
+    stride: u64,
+    wide: bool,
+    n: u64,
+    expected: u64,
+    mismatch: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.compare_offsets.config(n);
+    let wide = wide as u32;
+    let mut b = stream.launch_builder(&k.compare_offsets.function);
+    b.arg(&offsets)
+        .arg(&stride)
+        .arg(&wide)
+        .arg(&n)
+        .arg(&expected)
+        .arg(&mismatch);
+    // SAFETY: arguments match (u64, u64, u32, u64, u64, u64); ranges are the caller's
+    // guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_gather_list_values` (one wave: the number of values is read on the
+/// device): value `e < new_offsets[n]` of `dst` (`width` bytes) from child value
+/// `child_offset + offsets[i] + e - new_offsets[i]`, `i` the row of `e`.
+///
+/// # Safety
+/// `new_offsets` readable for `n + 1` non-decreasing 8-byte-aligned `i64`s, `offsets`
+/// for `n` naturally aligned rows, `child` at every value reached, `dst` writable for
+/// `new_offsets[n]` values, overlapping nothing read, until the kernel completes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_gather_list_values(
+    stream: &CudaStream,
+    child: u64,
+    width: u64,
+    child_offset: u64,
+    offsets: u64,
+    stride: u64,
+    wide: bool,
+    n: u64,
+    new_offsets: u64,
+    dst: u64,
+) -> Result<()> {
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.gather_values.config(u64::MAX);
+    let wide = wide as u32;
+    let mut b = stream.launch_builder(&k.gather_values.function);
+    b.arg(&child)
+        .arg(&width)
+        .arg(&child_offset)
+        .arg(&offsets)
+        .arg(&stride)
+        .arg(&wide)
+        .arg(&n)
+        .arg(&new_offsets)
+        .arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64, u64, u32, u64, u64, u64); ranges are
+    // the caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_gather_list_bits` (one wave): the bits of
+/// [`launch_gather_list_values`]'s gather, `ceil(new_offsets[n] / 32)` whole `u32` words
+/// written at `dst`, bits past `new_offsets[n]` zero.
+///
+/// # Safety
+/// As [`launch_gather_list_values`], `bits` readable at every bit reached; `dst` 4-byte
+/// aligned and writable for those words.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_gather_list_bits(
+    stream: &CudaStream,
+    bits: u64,
+    bit_offset: u64,
+    offsets: u64,
+    stride: u64,
+    wide: bool,
+    n: u64,
+    new_offsets: u64,
+    dst: u64,
+) -> Result<()> {
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.gather_bits.config(u64::MAX);
+    let wide = wide as u32;
+    let mut b = stream.launch_builder(&k.gather_bits.function);
+    b.arg(&bits)
+        .arg(&bit_offset)
+        .arg(&offsets)
+        .arg(&stride)
+        .arg(&wide)
+        .arg(&n)
+        .arg(&new_offsets)
+        .arg(&dst);
+    // SAFETY: arguments match (u64, u64, u64, u64, u32, u64, u64, u64); ranges are the
+    // caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
     Ok(())
 }
