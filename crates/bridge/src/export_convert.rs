@@ -434,17 +434,17 @@ impl<'a> Converter<'a> {
             self.read_int(view_offsets.address, width)?.max(0)
         };
         let offsets = self.allocate(8 * (rows + 1))?;
-        let mismatch = self.allocate(4)?;
+        let mismatch = self.allocate(8)?; // read back as an int64 below
         let base_bytes = base.to_le_bytes();
         let kernels = self.kernels(path, data_type)?;
         // SAFETY: (the block) `offsets` holds rows + 1 int64s (the first `offset` zeroed,
         // then the sizes of the n rows, their first slot overwritten with `base`, in order
-        // on the stream), `mismatch` 4 bytes; the sizes, offsets and validity are the
+        // on the stream), `mismatch` 8 bytes (zeroed); the sizes, offsets and validity are the
         // batch's buffers from the array's offset; `base_bytes` outlives the copy (the
         // readback below waits).
         unsafe {
             kernels.fill_offsets_i32(offsets, 2 * offset, 0)?;
-            kernels.fill_offsets_i32(mismatch, 1, 0)?;
+            kernels.fill_offsets_i32(mismatch, 2, 0)?;
             kernels.row_sizes(sizes, validity, n, at_mut(offsets, 8 * offset))?;
             self.device
                 .copy_to_device(base_bytes.as_ptr(), at_mut(offsets, 8 * offset), 8)?;
