@@ -7,8 +7,8 @@ use arrow_schema::{DataType, IntervalUnit};
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceBatch;
 use pyo3::exceptions::{
-    PyAttributeError, PyBufferError, PyIndexError, PyKeyError, PyNotImplementedError,
-    PyTypeError, PyValueError,
+    PyAttributeError, PyBufferError, PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -211,7 +211,10 @@ fn dl_dtype(data_type: &DataType) -> Result<DLDataType, String> {
         other if other.primitive_width().is_none() => {
             return Err("it is not fixed-width (variable-length or without a layout)".into())
         }
-        _ => return Err("it has no DLPack data type (decimals, intervals of several fields, fixed-size binary)".into()),
+        _ => return Err(
+            "it has no DLPack data type (decimals, intervals of several fields, fixed-size binary)"
+                .into(),
+        ),
     };
     Ok(DLDataType {
         code,

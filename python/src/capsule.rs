@@ -157,8 +157,7 @@ pub fn new<T: CStruct>(py: Python<'_>, value: T) -> PyResult<Bound<'_, PyAny>> {
     let ptr = Box::into_raw(Box::new(value));
     // SAFETY: `ptr` is a live box handed to the capsule, which frees it in `destroy`; the
     // name is a static C string, as the capsule keeps the pointer.
-    let capsule =
-        unsafe { ffi::PyCapsule_New(ptr.cast(), T::NAME.as_ptr(), Some(destroy::<T>)) };
+    let capsule = unsafe { ffi::PyCapsule_New(ptr.cast(), T::NAME.as_ptr(), Some(destroy::<T>)) };
     if capsule.is_null() {
         // SAFETY: the capsule was not made: the box is still ours.
         let value = unsafe { Box::from_raw(ptr) };
@@ -195,7 +194,13 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
     if name.is_null() {
         // SAFETY: clearing the error GetName may have set.
         unsafe { ffi::PyErr_Clear() };
-        return format!("a {}", obj.get_type().name().map(|n| n.to_string()).unwrap_or_default());
+        return format!(
+            "a {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        );
     }
     // SAFETY: a capsule's name is a NUL-terminated string the capsule keeps alive.
     let name = unsafe { CStr::from_ptr(name) };
@@ -249,8 +254,7 @@ pub fn take_device_stream(
     let ptr = pointer(capsule, DEVICE_STREAM)?;
     // SAFETY: an `arrow_device_array_stream` capsule points to a valid, writable stream
     // filled by a producer of the C Device interface.
-    unsafe { devarrow::abi::DeviceArrayStream::from_raw(ptr.cast()) }
-        .map_err(crate::errors::to_py)
+    unsafe { devarrow::abi::DeviceArrayStream::from_raw(ptr.cast()) }.map_err(crate::errors::to_py)
 }
 
 /// Moves the `ArrowArrayStream` out of an `arrow_array_stream` capsule.

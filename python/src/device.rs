@@ -147,11 +147,12 @@ fn import_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
     }
     // SAFETY: the array comes from an `arrow_array` capsule of a producer of the C data
     // interface (host memory, no event), as DeviceArray::from_ffi requires for the CPU.
-    let array = unsafe {
-        DeviceArray::from_ffi(array, ArrowDeviceType::CPU, 0, std::ptr::null_mut())
-    }
-    .py()?;
-    obj.py().detach(move || cpu::import_record_batch(array, &schema)).py()
+    let array =
+        unsafe { DeviceArray::from_ffi(array, ArrowDeviceType::CPU, 0, std::ptr::null_mut()) }
+            .py()?;
+    obj.py()
+        .detach(move || cpu::import_record_batch(array, &schema))
+        .py()
 }
 
 /// A `Send` wrapper of a foreign C stream reader.
@@ -246,7 +247,9 @@ impl PyDevice {
             let reader = Box::new(SendReader(reader));
             let options = StreamOptions::default().with_read_ahead(read_ahead);
             let device = self.inner.selected.device.clone();
-            let uploader = py.detach(|| Uploader::spawn(reader, device, options)).py()?;
+            let uploader = py
+                .detach(|| Uploader::spawn(reader, device, options))
+                .py()?;
             let stream = PyDeviceStream::new(uploader, self.inner.clone());
             return Ok(Py::new(py, stream)?.into_any());
         }

@@ -165,49 +165,49 @@ unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {
 
 /// The DLPack capsule of `view`: versioned when `versioned`, else legacy.
 pub fn capsule(py: Python<'_>, view: View, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
-    let (ptr, name, destructor): (*mut c_void, &CStr, Option<ffi::PyCapsule_Destructor>) = if versioned
-    {
-        let managed = Box::into_raw(Box::new(Managed {
-            tensor: DLManagedTensorVersioned {
-                version: DLPackVersion {
-                    major: VERSION.0,
-                    minor: VERSION.1,
+    let (ptr, name, destructor): (*mut c_void, &CStr, Option<ffi::PyCapsule_Destructor>) =
+        if versioned {
+            let managed = Box::into_raw(Box::new(Managed {
+                tensor: DLManagedTensorVersioned {
+                    version: DLPackVersion {
+                        major: VERSION.0,
+                        minor: VERSION.1,
+                    },
+                    manager_ctx: std::ptr::null_mut(),
+                    deleter: Some(delete_versioned),
+                    flags: 0,
+                    dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
                 },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: 0,
-                dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
-            },
-            shape: [view.len as i64],
-            strides: [1],
-            _batch: view.batch.clone(),
-        }));
-        // SAFETY: `managed` is a live box: point the tensor at its own shape and strides.
-        unsafe {
-            (*managed).tensor.manager_ctx = managed.cast();
-            (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
-            (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
-        }
-        (managed.cast(), VERSIONED, Some(destroy_versioned))
-    } else {
-        let managed = Box::into_raw(Box::new(Managed {
-            tensor: DLManagedTensor {
-                dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            shape: [view.len as i64],
-            strides: [1],
-            _batch: view.batch.clone(),
-        }));
-        // SAFETY: as above.
-        unsafe {
-            (*managed).tensor.manager_ctx = managed.cast();
-            (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
-            (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
-        }
-        (managed.cast(), LEGACY, Some(destroy_legacy))
-    };
+                shape: [view.len as i64],
+                strides: [1],
+                _batch: view.batch.clone(),
+            }));
+            // SAFETY: `managed` is a live box: point the tensor at its own shape and strides.
+            unsafe {
+                (*managed).tensor.manager_ctx = managed.cast();
+                (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
+                (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
+            }
+            (managed.cast(), VERSIONED, Some(destroy_versioned))
+        } else {
+            let managed = Box::into_raw(Box::new(Managed {
+                tensor: DLManagedTensor {
+                    dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
+                    manager_ctx: std::ptr::null_mut(),
+                    deleter: Some(delete_legacy),
+                },
+                shape: [view.len as i64],
+                strides: [1],
+                _batch: view.batch.clone(),
+            }));
+            // SAFETY: as above.
+            unsafe {
+                (*managed).tensor.manager_ctx = managed.cast();
+                (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
+                (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
+            }
+            (managed.cast(), LEGACY, Some(destroy_legacy))
+        };
     // SAFETY: `ptr` is the live box, owned by the capsule until a consumer renames it; the
     // name is static.
     let capsule = unsafe { ffi::PyCapsule_New(ptr, name.as_ptr(), destructor) };

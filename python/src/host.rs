@@ -39,10 +39,7 @@ pub fn schema_to_pyarrow<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Boun
 }
 
 /// `batch` as a `pyarrow.RecordBatch`, zero-copy.
-pub fn batch_to_pyarrow<'py>(
-    py: Python<'py>,
-    batch: &RecordBatch,
-) -> PyResult<Bound<'py, PyAny>> {
+pub fn batch_to_pyarrow<'py>(py: Python<'py>, batch: &RecordBatch) -> PyResult<Bound<'py, PyAny>> {
     let pa = pyarrow(py)?;
     let (array, schema) = cpu::export_record_batch(batch).py()?;
     let (array, ..) = array.into_ffi();
@@ -88,7 +85,8 @@ pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
         let schema = capsule::take_schema(&schema)?;
         let array = capsule::take_device_array(&array)?;
         let batch = if array.device_type() == ArrowDeviceType::CPU {
-            py.detach(move || cpu::import_record_batch(array, &schema)).py()?
+            py.detach(move || cpu::import_record_batch(array, &schema))
+                .py()?
         } else {
             let inner = device::for_arrays(array.device_type(), array.device_id())?;
             let device = inner.selected.device.clone();

@@ -40,12 +40,30 @@ fn _devarrow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyDeviceStream>()?;
     m.add("DevarrowError", py.get_type::<errors::DevarrowError>())?;
     m.add("ReleasedError", py.get_type::<errors::ReleasedError>())?;
-    m.add("DeviceMismatchError", py.get_type::<errors::DeviceMismatchError>())?;
-    m.add("UnsupportedDeviceError", py.get_type::<errors::UnsupportedDeviceError>())?;
-    m.add("DeviceUnavailableError", py.get_type::<errors::DeviceUnavailableError>())?;
-    m.add("UnsupportedTypeError", py.get_type::<errors::UnsupportedTypeError>())?;
-    m.add("SchemaMismatchError", py.get_type::<errors::SchemaMismatchError>())?;
-    m.add("InvalidArrayError", py.get_type::<errors::InvalidArrayError>())?;
+    m.add(
+        "DeviceMismatchError",
+        py.get_type::<errors::DeviceMismatchError>(),
+    )?;
+    m.add(
+        "UnsupportedDeviceError",
+        py.get_type::<errors::UnsupportedDeviceError>(),
+    )?;
+    m.add(
+        "DeviceUnavailableError",
+        py.get_type::<errors::DeviceUnavailableError>(),
+    )?;
+    m.add(
+        "UnsupportedTypeError",
+        py.get_type::<errors::UnsupportedTypeError>(),
+    )?;
+    m.add(
+        "SchemaMismatchError",
+        py.get_type::<errors::SchemaMismatchError>(),
+    )?;
+    m.add(
+        "InvalidArrayError",
+        py.get_type::<errors::InvalidArrayError>(),
+    )?;
     m.add("DeviceError", py.get_type::<errors::DeviceError>())?;
     m.add("DLPACK_VERSION", dlpack::VERSION)?;
     m.add("GIT_COMMIT", devarrow::GIT_COMMIT)?;
