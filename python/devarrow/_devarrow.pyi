@@ -83,7 +83,20 @@ class DeviceBatch:
     def column(self, key: Union[int, str]) -> DeviceColumn: ...
     def __len__(self) -> int: ...
 
-class DeviceColumn:
+class _DLPack:
+    """(Typing only) the DLPack protocol of DeviceColumn and DeviceBitmap."""
+
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> object: ...
+
+class DeviceColumn(_DLPack):
     @property
     def name(self) -> str: ...
     @property
@@ -97,31 +110,13 @@ class DeviceColumn:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
-    def __dlpack__(
-        self,
-        *,
-        stream: Optional[int] = None,
-        max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Tuple[int, int]] = None,
-        copy: Optional[bool] = None,
-    ) -> object: ...
 
-class DeviceBitmap:
+class DeviceBitmap(_DLPack):
     @property
     def bit_offset(self) -> int: ...
     @property
     def length(self) -> int: ...
     def __len__(self) -> int: ...
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
-    def __dlpack__(
-        self,
-        *,
-        stream: Optional[int] = None,
-        max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Tuple[int, int]] = None,
-        copy: Optional[bool] = None,
-    ) -> object: ...
 
 class DeviceStream:
     @property

@@ -104,16 +104,51 @@ struct Managed<T> {
     _batch: DeviceBatch,
 }
 
-fn dl_tensor(view: &View, shape: *mut i64, strides: *mut i64) -> DLTensor {
+fn dl_tensor(view: &View) -> DLTensor {
     DLTensor {
         data: view.address as *mut c_void,
         device: view.device,
         ndim: 1,
         dtype: view.dtype,
-        shape,
-        strides,
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
         byte_offset: 0,
     }
+}
+
+/// The two kinds of managed tensors: where their `manager_ctx` and `DLTensor` are.
+trait ManagedTensor {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DLTensor);
+}
+
+impl ManagedTensor for DLManagedTensor {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DLTensor) {
+        (&mut self.manager_ctx, &mut self.dl_tensor)
+    }
+}
+
+impl ManagedTensor for DLManagedTensorVersioned {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DLTensor) {
+        (&mut self.manager_ctx, &mut self.dl_tensor)
+    }
+}
+
+/// `tensor` boxed with its shape, strides and a clone of the batch, pointing at them.
+fn boxed<T: ManagedTensor>(tensor: T, view: &View) -> *mut c_void {
+    let mut managed = Box::new(Managed {
+        tensor,
+        shape: [view.len as i64],
+        strides: [1],
+        _batch: view.batch.clone(),
+    });
+    let this: *mut Managed<T> = &mut *managed;
+    let shape = managed.shape.as_mut_ptr();
+    let strides = managed.strides.as_mut_ptr();
+    let (ctx, dl) = managed.tensor.parts();
+    *ctx = this.cast();
+    dl.shape = shape;
+    dl.strides = strides;
+    Box::into_raw(managed).cast()
 }
 
 unsafe extern "C" fn delete_legacy(tensor: *mut DLManagedTensor) {
@@ -167,46 +202,24 @@ unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {
 pub fn capsule(py: Python<'_>, view: View, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
     let (ptr, name, destructor): (*mut c_void, &CStr, Option<ffi::PyCapsule_Destructor>) =
         if versioned {
-            let managed = Box::into_raw(Box::new(Managed {
-                tensor: DLManagedTensorVersioned {
-                    version: DLPackVersion {
-                        major: VERSION.0,
-                        minor: VERSION.1,
-                    },
-                    manager_ctx: std::ptr::null_mut(),
-                    deleter: Some(delete_versioned),
-                    flags: 0,
-                    dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
+            let tensor = DLManagedTensorVersioned {
+                version: DLPackVersion {
+                    major: VERSION.0,
+                    minor: VERSION.1,
                 },
-                shape: [view.len as i64],
-                strides: [1],
-                _batch: view.batch.clone(),
-            }));
-            // SAFETY: `managed` is a live box: point the tensor at its own shape and strides.
-            unsafe {
-                (*managed).tensor.manager_ctx = managed.cast();
-                (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
-                (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
-            }
-            (managed.cast(), VERSIONED, Some(destroy_versioned))
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_versioned),
+                flags: 0,
+                dl_tensor: dl_tensor(&view),
+            };
+            (boxed(tensor, &view), VERSIONED, Some(destroy_versioned))
         } else {
-            let managed = Box::into_raw(Box::new(Managed {
-                tensor: DLManagedTensor {
-                    dl_tensor: dl_tensor(&view, std::ptr::null_mut(), std::ptr::null_mut()),
-                    manager_ctx: std::ptr::null_mut(),
-                    deleter: Some(delete_legacy),
-                },
-                shape: [view.len as i64],
-                strides: [1],
-                _batch: view.batch.clone(),
-            }));
-            // SAFETY: as above.
-            unsafe {
-                (*managed).tensor.manager_ctx = managed.cast();
-                (*managed).tensor.dl_tensor.shape = (*managed).shape.as_mut_ptr();
-                (*managed).tensor.dl_tensor.strides = (*managed).strides.as_mut_ptr();
-            }
-            (managed.cast(), LEGACY, Some(destroy_legacy))
+            let tensor = DLManagedTensor {
+                dl_tensor: dl_tensor(&view),
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_legacy),
+            };
+            (boxed(tensor, &view), LEGACY, Some(destroy_legacy))
         };
     // SAFETY: `ptr` is the live box, owned by the capsule until a consumer renames it; the
     // name is static.
