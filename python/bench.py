@@ -1,0 +1,193 @@
+"""Times moving one TPC-H-like ``lineitem`` table to a device and back, four ways.
+
+    python python/bench.py [--rows 600572] [--device auto|cpu|cuda:N] [--repeat 3]
+
+- devarrow: ``Device.to_device`` of each record batch (timed until the data is on the
+  device: ``to_device`` enqueues, the first ``from_device`` waits) and
+  ``devarrow.from_device`` of each;
+- PyTorch: per numeric column, ``tensor.cuda()`` and ``.cpu()``, from pageable and from
+  pinned host memory;
+- CuPy: per numeric column, ``cupy.asarray`` and ``cupy.asnumpy``, pageable and pinned.
+
+torch and cupy are skipped, saying why, when absent or without a GPU. The table has
+lineitem's 16 columns and types (integers, decimal(15,2), dates, strings), generated
+with numpy (the Rust job generates the real one: crates/cli/src/tpch.rs); at the default
+600,572 rows it is scale factor 0.1's row count. Rows come in batches of 65,536.
+"""
+
+import argparse
+import time
+
+import numpy as np
+import pyarrow as pa
+
+import devarrow
+
+
+def lineitem(rows, seed=7):
+    rng = np.random.default_rng(seed)
+    dates = np.datetime64("1992-01-02") + rng.integers(0, 2500, rows).astype("timedelta64[D]")
+
+    def dec(lo, hi):
+        cents = rng.integers(lo * 100, hi * 100, rows)
+        words = np.stack([cents, cents >> 63], 1).astype(np.int64)  # little-endian i128
+        return pa.Array.from_buffers(pa.decimal128(15, 2), rows, [None, pa.py_buffer(words.tobytes())])
+
+    def strings(choices):
+        return pa.array(np.asarray(choices, dtype=object)[rng.integers(0, len(choices), rows)]).cast(pa.string())
+
+    return pa.table({
+        "l_orderkey": pa.array(np.arange(rows, dtype=np.int64) // 4 + 1),
+        "l_partkey": pa.array(rng.integers(1, 20_000, rows, dtype=np.int64)),
+        "l_suppkey": pa.array(rng.integers(1, 1_000, rows, dtype=np.int64)),
+        "l_linenumber": pa.array((np.arange(rows) % 7 + 1).astype(np.int32)),
+        "l_quantity": dec(1, 50),
+        "l_extendedprice": dec(900, 100_000),
+        "l_discount": dec(0, 1),
+        "l_tax": dec(0, 1),
+        "l_returnflag": strings(["R", "A", "N"]),
+        "l_linestatus": strings(["O", "F"]),
+        "l_shipdate": pa.array(dates),
+        "l_commitdate": pa.array(dates + 30),
+        "l_receiptdate": pa.array(dates + 10),
+        "l_shipinstruct": strings(["DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN"]),
+        "l_shipmode": strings(["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"]),
+        "l_comment": strings([f"carefully final deposits {i} sleep" for i in range(64)]),
+    })
+
+
+def best(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def report(label, nbytes, seconds):
+    print(f"  {label:<44} {nbytes / 1e6:10.1f} MB {seconds * 1e3:10.2f} ms {nbytes / seconds / 1e9:8.2f} GB/s")
+
+
+def numeric_columns(table):
+    cols = {}
+    for name in table.column_names:
+        t = table.schema.field(name).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            cols[name] = table.column(name).to_numpy()
+        elif pa.types.is_date32(t):
+            cols[name] = table.column(name).cast(pa.int32()).to_numpy()
+        elif pa.types.is_decimal(t):  # as its int64 low words: the bytes move alike
+            cols[name] = np.frombuffer(table.column(name).combine_chunks().buffers()[1], np.int64)[::2].copy()
+    return cols
+
+
+def bench_devarrow(dev, table, repeat):
+    batches = table.to_batches(max_chunksize=65_536)
+    nbytes = table.nbytes
+
+    on_device = [dev.to_device(b) for b in batches]
+
+    def up_and_wait():
+        on = [dev.to_device(b) for b in batches]
+        devarrow.from_device(on[-1])  # waits for the last upload (one stream, in order)
+
+    report("devarrow to_device (+ wait)", nbytes, best(up_and_wait, repeat))
+    report("devarrow from_device", nbytes, best(lambda: [devarrow.from_device(b) for b in on_device], repeat))
+
+
+def bench_torch(cols, repeat):
+    try:
+        import torch
+    except ImportError as e:
+        print(f"  torch: skipped (not installed: {e})")
+        return
+    if not torch.cuda.is_available():
+        print("  torch: skipped (torch.cuda.is_available() is False: no GPU for it)")
+        return
+    nbytes = sum(c.nbytes for c in cols.values())
+    for pinned in [False, True]:
+        host = {k: torch.from_numpy(v) for k, v in cols.items()}
+        if pinned:
+            host = {k: v.pin_memory() for k, v in host.items()}
+        kind = "pinned" if pinned else "pageable"
+
+        def up():
+            out = {k: v.cuda(non_blocking=pinned) for k, v in host.items()}
+            torch.cuda.synchronize()
+            return out
+
+        dev = up()
+        report(f"torch .cuda() per column ({kind})", nbytes, best(up, repeat))
+
+        def down():
+            if pinned:
+                outs = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in dev.items()}
+                for k, v in dev.items():
+                    outs[k].copy_(v, non_blocking=True)
+                torch.cuda.synchronize()
+            else:
+                [v.cpu() for v in dev.values()]
+
+        report(f"torch .cpu() per column ({kind})", nbytes, best(down, repeat))
+
+
+def bench_cupy(cols, repeat):
+    try:
+        import cupy
+        import cupyx
+    except ImportError as e:
+        print(f"  cupy: skipped (not installed: {e})")
+        return
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - cupy raises its own runtime errors
+        print(f"  cupy: skipped (no GPU for it: {e})")
+        return
+    nbytes = sum(c.nbytes for c in cols.values())
+    for pinned in [False, True]:
+        host = cols
+        if pinned:
+            host = {}
+            for k, v in cols.items():
+                p = cupyx.empty_pinned(v.shape, v.dtype)
+                p[...] = v
+                host[k] = p
+        kind = "pinned" if pinned else "pageable"
+
+        def up():
+            out = {k: cupy.asarray(v) for k, v in host.items()}
+            cupy.cuda.Device().synchronize()
+            return out
+
+        dev = up()
+        report(f"cupy asarray per column ({kind})", nbytes, best(up, repeat))
+        if pinned:
+            outs = {k: cupyx.empty_pinned(v.shape, v.dtype) for k, v in cols.items()}
+            report(f"cupy asnumpy per column ({kind})", nbytes,
+                   best(lambda: [cupy.asnumpy(v, out=outs[k]) for k, v in dev.items()], repeat))
+        else:
+            report(f"cupy asnumpy per column ({kind})", nbytes,
+                   best(lambda: [cupy.asnumpy(v) for v in dev.values()], repeat))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=600_572)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    dev = devarrow.device(args.device)
+    print(f"devarrow {devarrow.__version__} ({devarrow.GIT_COMMIT}) on {dev.id} ({dev.name}): {dev.reason}")
+    table = lineitem(args.rows)
+    print(f"lineitem-like table: {table.num_rows} rows, {table.num_columns} columns, {table.nbytes / 1e6:.1f} MB"
+          f" (best of {args.repeat})")
+    bench_devarrow(dev, table, args.repeat)
+    cols = numeric_columns(table)
+    print(f"per-column peers: {len(cols)} numeric columns, {sum(c.nbytes for c in cols.values()) / 1e6:.1f} MB")
+    bench_torch(cols, args.repeat)
+    bench_cupy(cols, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+//! `devarrow.device(...)`: a device opened by devarrow's `select_device`, with the
+//! reason it was chosen, and the uploads to it (`Device.to_device`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use arrow_array::{RecordBatch, RecordBatchReader};
+use devarrow::abi::{cpu, ArrowDeviceType, DeviceArray};
+use devarrow::bridge::{StreamOptions, Transfer, TransferOptions, Uploader};
+use devarrow::{select_device, DeviceRequest, SelectedDevice};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::batch::PyDeviceBatch;
+use crate::capsule;
+use crate::errors::{DeviceUnavailableError, IntoPy, UnsupportedTypeError};
+use crate::stream::PyDeviceStream;
+
+/// A device and the transfer that moves batches to it and back, shared by every object
+/// of that device (one per device id in the process).
+#[derive(Debug)]
+pub struct DeviceInner {
+    pub selected: SelectedDevice,
+    transfer: Mutex<Transfer>,
+}
+
+impl DeviceInner {
+    fn new(selected: SelectedDevice) -> Arc<Self> {
+        let transfer = Transfer::new(selected.device.clone(), TransferOptions::default());
+        Arc::new(Self {
+            selected,
+            transfer: Mutex::new(transfer),
+        })
+    }
+
+    /// The transfer (call without holding the GIL: uploads and downloads wait on it).
+    pub fn transfer(&self) -> MutexGuard<'_, Transfer> {
+        self.transfer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `cpu` or `cuda:N`.
+    pub fn id(&self) -> &str {
+        &self.selected.id
+    }
+}
+
+fn cache() -> MutexGuard<'static, HashMap<String, Arc<DeviceInner>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<DeviceInner>>>> = OnceLock::new();
+    CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The device of a request, opened once per process; and why it was chosen.
+pub fn open(request: DeviceRequest) -> PyResult<(Arc<DeviceInner>, String)> {
+    let key = match request {
+        DeviceRequest::Cpu => Some("cpu".to_string()),
+        DeviceRequest::Cuda(n) => Some(format!("cuda:{n}")),
+        DeviceRequest::Auto => None,
+    };
+    if let Some(inner) = key.as_ref().and_then(|k| cache().get(k).cloned()) {
+        return Ok((inner, "as asked".to_string()));
+    }
+    let selected =
+        select_device(request).map_err(|e| DeviceUnavailableError::new_err(e.to_string()))?;
+    let reason = match (&request, &selected.fallback) {
+        (_, Some(why)) => format!("auto: the CPU device, as {why}"),
+        (DeviceRequest::Auto, None) => format!("auto: {} opened", selected.id),
+        _ => "as asked".to_string(),
+    };
+    let mut cache = cache();
+    let inner = cache
+        .entry(selected.id.clone())
+        .or_insert_with(|| DeviceInner::new(selected))
+        .clone();
+    Ok((inner, reason))
+}
+
+/// The device that holds arrays of `device_type` / `device_id` (for imports).
+pub fn for_arrays(device_type: ArrowDeviceType, device_id: i64) -> PyResult<Arc<DeviceInner>> {
+    let request = match device_type {
+        ArrowDeviceType::CPU => DeviceRequest::Cpu,
+        ArrowDeviceType::CUDA | ArrowDeviceType::CUDA_HOST | ArrowDeviceType::CUDA_MANAGED => {
+            DeviceRequest::Cuda(usize::try_from(device_id).unwrap_or(0))
+        }
+        other => {
+            return Err(crate::errors::UnsupportedDeviceError::new_err(format!(
+                "data on {other} is not supported (devarrow reads the CPU and CUDA devices)"
+            )))
+        }
+    };
+    Ok(open(request)?.0)
+}
+
+fn parse(spec: &str) -> PyResult<DeviceRequest> {
+    match spec.trim() {
+        "auto" => Ok(DeviceRequest::Auto),
+        "cpu" => Ok(DeviceRequest::Cpu),
+        "cuda" => Ok(DeviceRequest::Cuda(0)),
+        s => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(DeviceRequest::Cuda)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "device {s:?}: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""
+                ))
+            }),
+    }
+}
+
+/// A device devarrow moves Arrow data to: the CPU device or a CUDA GPU.
+///
+/// Made by :func:`devarrow.device`. ``id`` names it (``"cpu"``, ``"cuda:0"``) and
+/// ``reason`` says why it was chosen.
+#[pyclass(name = "Device", module = "devarrow", frozen)]
+#[derive(Debug)]
+pub struct PyDevice {
+    pub inner: Arc<DeviceInner>,
+    reason: String,
+}
+
+/// Opens a device: ``"auto"`` (CUDA device 0 when it opens, else the CPU device, saying
+/// why), ``"cpu"``, ``"cuda"`` (device 0) or ``"cuda:N"``. An explicit CUDA device that
+/// does not open raises :class:`DeviceUnavailableError` with the reason.
+#[pyfunction]
+#[pyo3(signature = (spec = "auto"))]
+pub fn device(py: Python<'_>, spec: &str) -> PyResult<PyDevice> {
+    let request = parse(spec)?;
+    let (inner, reason) = py.detach(|| open(request))?;
+    Ok(PyDevice { inner, reason })
+}
+
+/// A record batch (an arrow-rs one) out of an `__arrow_c_array__` object.
+fn import_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
+    let pair = obj.call_method1("__arrow_c_array__", (obj.py().None(),))?;
+    let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
+    let schema = capsule::take_schema(&schema)?;
+    let array = capsule::take_array(&array)?;
+    if schema.format() != "+s" {
+        return Err(UnsupportedTypeError::new_err(format!(
+            "to_device takes a record batch (a struct array), got an array of format {:?}; \
+             wrap it in a RecordBatch or a Table",
+            schema.format()
+        )));
+    }
+    // SAFETY: the array comes from an `arrow_array` capsule of a producer of the C data
+    // interface (host memory, no event), as DeviceArray::from_ffi requires for the CPU.
+    let array =
+        unsafe { DeviceArray::from_ffi(array, ArrowDeviceType::CPU, 0, std::ptr::null_mut()) }
+            .py()?;
+    obj.py()
+        .detach(move || cpu::import_record_batch(array, &schema))
+        .py()
+}
+
+/// A `Send` wrapper of a foreign C stream reader.
+struct SendReader(arrow_array::ffi_stream::RecordBatchStreamReader);
+
+impl Iterator for SendReader {
+    type Item = Result<RecordBatch, arrow_schema::ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next()
+    }
+}
+
+impl RecordBatchReader for SendReader {
+    fn schema(&self) -> arrow_schema::SchemaRef {
+        self.0.schema()
+    }
+}
+
+#[pymethods]
+impl PyDevice {
+    /// ``"cpu"`` or ``"cuda:N"``.
+    #[getter]
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    /// ``"cpu"`` or ``"cuda"``.
+    #[getter]
+    fn kind(&self) -> &str {
+        if self.inner.selected.cuda.is_some() {
+            "cuda"
+        } else {
+            "cpu"
+        }
+    }
+
+    /// The GPU's name, or ``"CPU device"``.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.selected.name
+    }
+
+    /// Why this device: ``"as asked"``, or for ``"auto"`` what opened or why it fell
+    /// back to the CPU device (no driver, no device, ...).
+    #[getter]
+    fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The machine's CUDA devices in one line, or why there are none.
+    #[getter]
+    fn cuda_summary(&self) -> String {
+        match &self.inner.selected.cuda_summary {
+            Ok(s) => s.clone(),
+            Err(why) => format!("no CUDA device: {why}"),
+        }
+    }
+
+    /// Bytes of CUDA device memory devarrow's live buffers hold on this device (its exact
+    /// count); ``None`` on the CPU device.
+    fn memory_in_use(&self) -> Option<u64> {
+        self.inner
+            .selected
+            .cuda
+            .as_ref()
+            .map(|cuda| devarrow::cuda::memory_stats(cuda.primary_context().id()).live_bytes)
+    }
+
+    /// Uploads Arrow data to this device.
+    ///
+    /// ``obj`` with ``__arrow_c_array__`` (a record batch: pyarrow, polars, nanoarrow,
+    /// ...) gives a :class:`DeviceBatch`; with ``__arrow_c_stream__`` (a table, a
+    /// reader) a :class:`DeviceStream` that uploads ``read_ahead`` batches ahead of its
+    /// consumer on a background thread. The GIL is released while data moves.
+    #[pyo3(signature = (obj, *, read_ahead = 2))]
+    fn to_device(
+        &self,
+        py: Python<'_>,
+        obj: &Bound<'_, PyAny>,
+        read_ahead: usize,
+    ) -> PyResult<Py<PyAny>> {
+        if obj.hasattr("__arrow_c_array__")? {
+            let batch = import_record_batch(obj)?;
+            let inner = self.inner.clone();
+            let on_device = py.detach(|| inner.transfer().to_device(&batch)).py()?;
+            let batch = PyDeviceBatch::new(on_device, self.inner.clone());
+            return Ok(Py::new(py, batch)?.into_any());
+        }
+        if obj.hasattr("__arrow_c_stream__")? {
+            let stream = obj.call_method1("__arrow_c_stream__", (py.None(),))?;
+            let reader = capsule::take_stream(&stream)?;
+            let reader = Box::new(SendReader(reader));
+            let options = StreamOptions::default().with_read_ahead(read_ahead);
+            let device = self.inner.selected.device.clone();
+            let uploader = py
+                .detach(|| Uploader::spawn(reader, device, options))
+                .py()?;
+            let stream = PyDeviceStream::new(uploader, self.inner.clone());
+            return Ok(Py::new(py, stream)?.into_any());
+        }
+        Err(PyTypeError::new_err(format!(
+            "to_device takes an object with __arrow_c_array__ (a record batch) or \
+             __arrow_c_stream__ (a table, a reader); got {}",
+            obj.get_type().name()?
+        )))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "devarrow.Device({:?}, name={:?}, reason={:?})",
+            self.inner.id(),
+            self.inner.selected.name,
+            self.reason
+        )
+    }
+}

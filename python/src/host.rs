@@ -1,0 +1,129 @@
+//! Host data to Python: arrow-rs batches and readers as pyarrow objects (through the
+//! PyCapsule interface), and `devarrow.from_device`.
+
+use std::sync::Arc;
+
+use arrow_array::ffi_stream::FFI_ArrowArrayStream;
+use arrow_array::{RecordBatch, RecordBatchReader};
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::Schema;
+use devarrow::abi::{cpu, ArrowDeviceType};
+use devarrow::bridge::{DeviceBatch, DeviceStreamReader, TransferOptions};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+use crate::capsule;
+use crate::device;
+use crate::errors::IntoPy;
+
+fn pyarrow(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    py.import("pyarrow").map_err(|e| {
+        pyo3::exceptions::PyImportError::new_err(format!(
+            "this needs pyarrow (pip install pyarrow): {e}"
+        ))
+    })
+}
+
+/// An `arrow_schema` capsule of `schema`.
+pub fn schema_capsule<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyAny>> {
+    let ffi = FFI_ArrowSchema::try_from(schema).map_err(|e| crate::errors::to_py(e.into()))?;
+    capsule::new(py, ffi)
+}
+
+/// `schema` as a `pyarrow.Schema`.
+pub fn schema_to_pyarrow<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyAny>> {
+    let capsule = schema_capsule(py, schema)?;
+    pyarrow(py)?
+        .getattr("Schema")?
+        .call_method1("_import_from_c_capsule", (capsule,))
+}
+
+/// `batch` as a `pyarrow.RecordBatch`, zero-copy.
+pub fn batch_to_pyarrow<'py>(py: Python<'py>, batch: &RecordBatch) -> PyResult<Bound<'py, PyAny>> {
+    let pa = pyarrow(py)?;
+    let (array, schema) = cpu::export_record_batch(batch).py()?;
+    let (array, ..) = array.into_ffi();
+    let schema = capsule::new(py, schema)?;
+    let array = capsule::new(py, array)?;
+    pa.getattr("RecordBatch")?
+        .call_method1("_import_from_c_capsule", (schema, array))
+}
+
+/// `reader` as a `pyarrow.RecordBatchReader` (pulled by pyarrow, batch by batch).
+pub fn reader_to_pyarrow(
+    py: Python<'_>,
+    reader: Box<dyn RecordBatchReader + Send>,
+) -> PyResult<Bound<'_, PyAny>> {
+    let pa = pyarrow(py)?;
+    let stream = capsule::new(py, FFI_ArrowArrayStream::new(reader))?;
+    pa.getattr("RecordBatchReader")?
+        .call_method1("_import_from_c_capsule", (stream,))
+}
+
+/// A device batch downloaded to the host (waiting for its event), on `inner`'s transfer.
+pub fn download(
+    py: Python<'_>,
+    inner: &Arc<device::DeviceInner>,
+    batch: &DeviceBatch,
+) -> PyResult<RecordBatch> {
+    py.detach(|| inner.transfer().to_host(batch)).py()
+}
+
+/// Downloads Arrow device data to pyarrow.
+///
+/// ``obj`` with ``__arrow_c_device_array__`` (a devarrow ``DeviceBatch``, a pyarrow
+/// ``RecordBatch``, a nanoarrow device array, ...) gives a ``pyarrow.RecordBatch``;
+/// with ``__arrow_c_device_stream__`` a ``pyarrow.RecordBatchReader`` that downloads
+/// batch by batch. The import is zero-copy and waits on the producer's ``sync_event``
+/// (on the GPU: devarrow's stream waits on it); CPU data is not copied at all, device
+/// data is copied once, to host memory. The GIL is released while data moves.
+#[pyfunction]
+pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if obj.hasattr("__arrow_c_device_array__")? {
+        let pair = obj.call_method1("__arrow_c_device_array__", (py.None(),))?;
+        let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
+        let schema = capsule::take_schema(&schema)?;
+        let array = capsule::take_device_array(&array)?;
+        let batch = if array.device_type() == ArrowDeviceType::CPU {
+            py.detach(move || cpu::import_record_batch(array, &schema))
+                .py()?
+        } else {
+            let inner = device::for_arrays(array.device_type(), array.device_id())?;
+            let device = inner.selected.device.clone();
+            py.detach(move || {
+                let batch = DeviceBatch::import_with_ffi_schema(device, array, &schema)?;
+                inner.transfer().to_host(&batch)
+            })
+            .py()?
+        };
+        return batch_to_pyarrow(py, &batch);
+    }
+    if obj.hasattr("__arrow_c_device_stream__")? {
+        let capsule = obj.call_method1("__arrow_c_device_stream__", (py.None(),))?;
+        let stream = capsule::take_device_stream(&capsule)?;
+        return device_stream_to_pyarrow(py, stream);
+    }
+    Err(PyTypeError::new_err(format!(
+        "from_device takes an object with __arrow_c_device_array__ or \
+         __arrow_c_device_stream__; got {}",
+        obj.get_type().name()?
+    )))
+}
+
+/// A C device stream downloaded batch by batch: a `pyarrow.RecordBatchReader`.
+pub fn device_stream_to_pyarrow(
+    py: Python<'_>,
+    stream: devarrow::abi::DeviceArrayStream,
+) -> PyResult<Bound<'_, PyAny>> {
+    {
+        // A stream names its device type only; CUDA streams are read on device 0's
+        // context (arrays of another device are refused by the import, typed).
+        let inner = device::for_arrays(stream.device_type(), 0)?;
+        let device = inner.selected.device.clone();
+        let reader = py
+            .detach(|| DeviceStreamReader::try_new(stream, device))
+            .py()?
+            .into_host(TransferOptions::default());
+        reader_to_pyarrow(py, Box::new(reader))
+    }
+}
