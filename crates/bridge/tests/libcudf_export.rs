@@ -248,10 +248,18 @@ fn what_libcudf_refuses_is_a_typed_error_naming_the_column() {
     );
     assert_eq!(path, "d");
 
-    // list views out of order over a child that cannot be gathered (strings)
-    let child: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+    // list views out of order over a child that cannot be gathered (lists)
+    let child: ArrayRef = Arc::new(ListArray::from_iter_primitive::<
+        arrow_array::types::Int32Type,
+        _,
+        _,
+    >([
+        Some(vec![Some(1)]),
+        Some(vec![]),
+        Some(vec![Some(2), Some(3)]),
+    ]));
     let lv = ListViewArray::new(
-        Arc::new(Field::new("item", DataType::Utf8, true)),
+        Arc::new(Field::new("item", child.data_type().clone(), true)),
         ScalarBuffer::from(vec![2, 0]),
         ScalarBuffer::from(vec![1, 2]),
         child,
@@ -264,7 +272,7 @@ fn what_libcudf_refuses_is_a_typed_error_naming_the_column() {
             .unwrap()
             .export_with(ExportOptions::for_libcudf()),
     );
-    assert_eq!(path, "lv");
+    assert_eq!(path, "lv.item");
     assert!(reason.contains("not in order"), "{reason}");
 
     // (a root with nulls of its own, which libcudf would drop, never gets here: the

@@ -1508,6 +1508,38 @@ unsafe impl DeviceKernels for CudaDevice {
         Ok(())
     }
 
+    unsafe fn offsets_to_views(
+        &self,
+        offsets: RowIntegers,
+        data: *const c_void,
+        indices: *const c_void,
+        n: u64,
+        views: *mut c_void,
+    ) -> devarrow_abi::Result<()> {
+        let (address, stride, wide) = if n > 0 {
+            row_integers("offsets", offsets)?
+        } else {
+            (0, 0, false)
+        };
+        check_aligned("indices", indices as u64, 4)?;
+        check_aligned("views", views as u64, 16)?;
+        self.bind()?;
+        // SAFETY: the caller's guarantee, the alignment checked above.
+        unsafe {
+            kernels::launch_offsets_to_views(
+                &self.stream,
+                address,
+                stride,
+                wide,
+                data as u64,
+                indices as u64,
+                n,
+                views as u64,
+            )
+        }?;
+        Ok(())
+    }
+
     unsafe fn count_set_bits(
         &self,
         bitmap: *const c_void,

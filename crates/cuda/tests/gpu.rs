@@ -1834,6 +1834,48 @@ mod device_kernels {
     }
 
     #[test]
+    fn offsets_to_views_through_device_kernels() {
+        let mut rng = Rng(207);
+        for n in ROWS {
+            let values = 50u64;
+            let mut offsets = vec![0i64; values as usize + 1];
+            for i in 0..values as usize {
+                offsets[i + 1] = offsets[i] + [0, 5, 12, 13, 40][rng.below(5) as usize];
+            }
+            let data = rng.bytes(offsets[values as usize] as usize);
+            let indices: Vec<u8> = (0..n)
+                .flat_map(|_| (rng.below(values) as i32).to_le_bytes())
+                .collect();
+            for wide in [false, true] {
+                let offset_bytes = if wide {
+                    i64s(&offsets)
+                } else {
+                    u32s(&offsets.iter().map(|&o| o as u32).collect::<Vec<_>>())
+                };
+                let what = format!("offsets to views n {n} wide {wide}");
+                let bufs = [
+                    offset_bytes,
+                    data.clone(),
+                    indices.clone(),
+                    vec![0u8; 16 * n as usize],
+                ];
+                let done = on_both(&bufs, None, &what, |k, b| {
+                    let rows = RowIntegers {
+                        address: b[0],
+                        stride: if wide { 8 } else { 4 },
+                        wide,
+                    };
+                    // SAFETY: the buffers hold what the kernel reads and writes.
+                    unsafe { k.offsets_to_views(rows, b[1], b[2], n, b[3]) }
+                });
+                if done.is_none() {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
     fn compare_list_offsets_through_device_kernels() {
         let mut rng = Rng(205);
         for n in ROWS.into_iter().filter(|&n| n > 0) {

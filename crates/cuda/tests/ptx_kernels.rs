@@ -2306,4 +2306,79 @@ mod convert {
             }
         }
     }
+
+    /// `dvx_offsets_to_views` against `CpuKernels::offsets_to_views`: int32 and int64
+    /// offsets (a stride wider than the width too), values inline, of exactly 12 and 13
+    /// bytes, empty, and long; indices in any order, repeated.
+    #[test]
+    fn offsets_to_views_match_cpu_kernels() {
+        let mut rng = SplitMix64(107);
+        for n in [0u64].into_iter().chain(row_counts()) {
+            for (stride, wide) in [(4u64, false), (8, true), (16, true)] {
+                let values = 1 + rng.below(300);
+                let mut offsets = vec![0i64; values as usize + 1];
+                for i in 0..values as usize {
+                    let len = match rng.below(5) {
+                        0 => 0,
+                        1 => 12,
+                        2 => 13,
+                        3 => rng.below(12),
+                        _ => 13 + rng.below(40),
+                    };
+                    offsets[i + 1] = offsets[i] + len as i64;
+                }
+                let base = rng.below(3) as i64; // offsets need not start at 0
+                let data = rng.bytes((offsets[values as usize] + base) as usize);
+                let mut offset_bytes = vec![0u8; (values as usize + 1) * stride as usize];
+                for (i, o) in offsets.iter().enumerate() {
+                    let at = i * stride as usize;
+                    if wide {
+                        offset_bytes[at..at + 8].copy_from_slice(&(o + base).to_le_bytes());
+                    } else {
+                        offset_bytes[at..at + 4]
+                            .copy_from_slice(&((o + base) as i32).to_le_bytes());
+                    }
+                }
+                let indices: Vec<u8> = (0..n)
+                    .flat_map(|_| (rng.below(values) as i32).to_le_bytes())
+                    .collect();
+                let host_offsets = RowIntegers {
+                    address: p(&offset_bytes),
+                    stride,
+                    wide,
+                };
+                let mut expected = vec![0u8; 16 * n as usize];
+                // SAFETY: host buffers of the sizes read and written.
+                unsafe {
+                    CpuKernels
+                        .offsets_to_views(host_offsets, p(&data), p(&indices), n, pm(&mut expected))
+                        .unwrap()
+                };
+                for geo in geometries(n, &mut rng) {
+                    let mut mem = TestMem::new();
+                    map_read(&mut mem, OFFS, &offset_bytes);
+                    let data_at = SRC + rng.below(16);
+                    map_read(&mut mem, data_at, &data);
+                    map_read(&mut mem, AUX, &indices);
+                    mem.map_dst(OUT, 16 * n);
+                    let params = [
+                        p64(OFFS),
+                        p64(stride),
+                        p32(wide as u32),
+                        p64(data_at),
+                        p64(AUX),
+                        p64(n),
+                        p64(OUT),
+                    ];
+                    let what = format!("n {n} stride {stride} wide {wide} {geo:?}");
+                    run(module(), "dvx_offsets_to_views", geo, &params, &mem)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let got = written(&mem, OUT, 16 * n, &what);
+                    // long views hold the start in the data buffer the CPU read from: the
+                    // same start, as both are offsets into `data`
+                    assert_eq!(got, expected, "{what}");
+                }
+            }
+        }
+    }
 }

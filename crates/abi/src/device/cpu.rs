@@ -515,6 +515,18 @@ unsafe impl DeviceKernels for CpuDevice {
         // SAFETY: the caller's guarantees, passed on.
         unsafe { CpuKernels.gather_list_bits(bits, bit_offset, offsets, n, new_offsets, dst) }
     }
+    unsafe fn offsets_to_views(
+        &self,
+        offsets: RowIntegers,
+        data: *const c_void,
+        indices: *const c_void,
+        n: u64,
+        views: *mut c_void,
+    ) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { CpuKernels.offsets_to_views(offsets, data, indices, n, views) }
+    }
     unsafe fn count_set_bits(
         &self,
         bitmap: *const c_void,

@@ -209,6 +209,29 @@ pub unsafe trait DeviceKernels: Send + Sync {
         dst: *mut c_void,
     ) -> Result<()>;
 
+    /// String (or binary) views of the values at `indices` of an array with offsets:
+    /// view `j` describes value `s = indices[j]` (an `int32`), the bytes
+    /// `data[offsets[s]..offsets[s + 1]]`, in the 16-byte layout of `Utf8View`: at most 12
+    /// bytes inline (zero-padded), longer ones as their first 4 bytes, buffer index 0 and
+    /// the start `offsets[s]` (which must fit a `u32`). `offsets` are the array's signed
+    /// offsets (`int32`, or `int64` when `wide`). With
+    /// [`DeviceKernels::gather_view_bytes`] over them (one variadic buffer: `data`), the
+    /// values are gathered in `indices`' order: how a list view's string child is put in
+    /// list order.
+    ///
+    /// # Safety
+    /// `indices` readable for `n` `int32`s, each `s` with `offsets[s]` and
+    /// `offsets[s + 1]` readable, `data` readable between them, every start below 2^32;
+    /// `views` writable for `16 * n` bytes, 16-byte aligned.
+    unsafe fn offsets_to_views(
+        &self,
+        offsets: RowIntegers,
+        data: *const c_void,
+        indices: *const c_void,
+        n: u64,
+        views: *mut c_void,
+    ) -> Result<()>;
+
     /// Counts the set bits `bit_offset .. bit_offset + len` of the bitmap at `bitmap`
     /// and writes the count (`u64`) to `out`: a null count is `len` minus it.
     ///
@@ -482,6 +505,48 @@ unsafe impl DeviceKernels for CpuKernels {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    unsafe fn offsets_to_views(
+        &self,
+        offsets: RowIntegers,
+        data: *const c_void,
+        indices: *const c_void,
+        n: u64,
+        views: *mut c_void,
+    ) -> Result<()> {
+        for j in 0..n {
+            // SAFETY: the ranges the caller guarantees (signed offsets, sign-extended
+            // when 4 bytes wide).
+            let (start, end) = unsafe {
+                let s = read::<i32>(indices, j) as u64;
+                let at = |i: u64| {
+                    let v = offsets.get(i);
+                    if offsets.wide {
+                        v as i64
+                    } else {
+                        v as u32 as i32 as i64
+                    }
+                };
+                (at(s), at(s + 1))
+            };
+            let len = (end - start) as usize;
+            let mut view = [0u8; 16];
+            view[..4].copy_from_slice(&(len as u32).to_le_bytes());
+            // SAFETY: `data[start..end]` readable, the caller's guarantee.
+            let bytes = |k: usize| unsafe {
+                std::slice::from_raw_parts(data.cast::<u8>().add(start as usize), k)
+            };
+            if len <= 12 {
+                view[4..4 + len].copy_from_slice(bytes(len));
+            } else {
+                view[4..8].copy_from_slice(bytes(4));
+                view[12..16].copy_from_slice(&(start as u32).to_le_bytes());
+            }
+            // SAFETY: `views` holds 16 bytes per value.
+            unsafe { write(views, j, view) };
         }
         Ok(())
     }

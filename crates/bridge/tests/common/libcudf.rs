@@ -74,6 +74,38 @@ pub fn input(n: usize) -> RecordBatch {
         child,
         Some(NullBuffer::from_iter((0..n).map(|i| i % 7 != 2))),
     );
+    // strings and a struct (fixed-width and view fields) under list views out of order
+    let strings_child: ArrayRef =
+        Arc::new(StringArray::from_iter((0..total).map(|v| {
+            (v % 6 != 1).then(|| format!("value {v} {}", "x".repeat(v as usize % 15)))
+        })));
+    let list_view_strings = ListViewArray::new(
+        Arc::new(Field::new("item", DataType::Utf8, true)),
+        ScalarBuffer::from(starts.clone()),
+        ScalarBuffer::from(sizes.clone()),
+        strings_child,
+        Some(NullBuffer::from_iter((0..n).map(|i| i % 5 != 3))),
+    );
+    let struct_child = StructArray::new(
+        Fields::from(vec![
+            Field::new("a", DataType::Int16, true),
+            Field::new("b", DataType::Utf8View, true),
+        ]),
+        vec![
+            Arc::new(arrow_array::Int16Array::from_iter(
+                (0..total).map(|v| (v % 3 != 2).then_some(v as i16)),
+            )),
+            string_views(total as usize),
+        ],
+        Some(NullBuffer::from_iter((0..total).map(|v| v % 9 != 4))),
+    );
+    let list_view_structs = LargeListViewArray::new(
+        Arc::new(Field::new("item", struct_child.data_type().clone(), true)),
+        ScalarBuffer::from(starts.iter().map(|&s| s as i64).collect::<Vec<_>>()),
+        ScalarBuffer::from(sizes.iter().map(|&s| s as i64).collect::<Vec<_>>()),
+        Arc::new(struct_child),
+        None,
+    );
     let bools = Arc::new(BooleanArray::from_iter(
         (0..total).map(|v| (v % 4 != 1).then_some(v % 3 == 0)),
     ));
@@ -157,6 +189,8 @@ pub fn input(n: usize) -> RecordBatch {
             "large_list_view_reversed",
             Arc::new(large_list_view_reversed) as ArrayRef,
         ),
+        ("list_view_strings", Arc::new(list_view_strings) as ArrayRef),
+        ("list_view_structs", Arc::new(list_view_structs) as ArrayRef),
         ("large_list", Arc::new(large_list) as ArrayRef),
         ("fixed_size_list", Arc::new(fixed) as ArrayRef),
         ("map", Arc::new(map) as ArrayRef),
@@ -189,6 +223,14 @@ pub fn expected_types(batch: &RecordBatch) -> Vec<DataType> {
         DataType::List(field("item", DataType::Int32)),
         DataType::List(field("item", DataType::Int64)),
         DataType::List(field("item", DataType::Boolean)),
+        DataType::List(field("item", DataType::Utf8)),
+        DataType::List(field(
+            "item",
+            DataType::Struct(Fields::from(vec![
+                Field::new("a", DataType::Int16, true),
+                Field::new("b", DataType::Utf8, true),
+            ])),
+        )),
         DataType::List(field("item", DataType::Utf8)),
         DataType::List(field("item", DataType::Float64)),
         DataType::List(map_entries),

@@ -26,6 +26,9 @@ fn color(method: Method) -> RGBColor {
     }
 }
 
+/// One series of the chart: its legend, color, direction (line style) and points.
+type Line = (String, RGBColor, Direction, Vec<(f64, f64)>);
+
 /// The color of devarrow's series on device `index` of a run on several.
 fn device_color(index: usize) -> RGBColor {
     const PALETTE: [RGBColor; 6] = [
@@ -171,7 +174,7 @@ fn draw<DB: DrawingBackend>(
 
     // Every series: each method in each direction and, on several devices, devarrow on
     // each device and on all of them together.
-    let mut lines: Vec<(String, RGBColor, Direction, Vec<(f64, f64)>)> = Vec::new();
+    let mut lines: Vec<Line> = Vec::new();
     for method in Method::ALL {
         for direction in Direction::ALL {
             let series: Vec<(f64, f64)> = points

@@ -21,7 +21,10 @@
 //! - [`launch_gather_list_values`] (a thread per output value) and
 //!   [`launch_gather_list_bits`] (a warp per output word, `vote.sync.ballot`): the row of
 //!   each output found by binary search in the new offsets; one wave of blocks, as the
-//!   total is only known on the device.
+//!   total is only known on the device;
+//! - [`launch_offsets_to_views`]: one thread per value, the `Utf8View` view of a value of
+//!   an array with offsets (a list view's string child, put in list order by a gather of
+//!   its views).
 //!
 //! `DeviceKernels::count_set_bits` reuses `validity.ptx`'s [`launch_count_set_bits`] after
 //! a stream-ordered memset of the counter.
@@ -129,6 +132,7 @@ pub struct Kernels {
     compare_offsets: Kernel,
     gather_values: Kernel,
     gather_bits: Kernel,
+    offsets_to_views: Kernel,
     /// The context they were loaded in.
     context: usize,
     _modules: [Arc<CudaModule>; 3],
@@ -192,6 +196,7 @@ impl Kernels {
             compare_offsets: f(&convert, "dvx_compare_list_offsets")?,
             gather_values: f(&convert, "dvx_gather_list_values")?,
             gather_bits: f(&convert, "dvx_gather_list_bits")?,
+            offsets_to_views: f(&convert, "dvx_offsets_to_views")?,
             context: handle,
             _modules: [validity, copy, convert],
         });
@@ -750,6 +755,46 @@ pub unsafe fn launch_gather_list_bits(
         .arg(&new_offsets)
         .arg(&dst);
     // SAFETY: arguments match (u64, u64, u64, u64, u32, u64, u64, u64); ranges are the
+    // caller's guarantee.
+    unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
+    Ok(())
+}
+
+/// Enqueues `dvx_offsets_to_views`: view `j < n` (16 bytes at `views + 16 j`) of value
+/// `indices[j]` (an `int32`) of an array with offsets at `offsets` (`int32`, or `int64`
+/// when `wide`; `stride` bytes apart) and bytes at `data`, in the layout of `Utf8View`
+/// (inline up to 12 bytes, else prefix, buffer index 0 and the start as a `u32`).
+///
+/// # Safety
+/// `indices` readable for `n` 4-byte-aligned `int32`s, the offsets they reach and the
+/// bytes between them readable, every start below 2^32; `views` writable for `16 n`
+/// bytes, 16-byte aligned; until the kernel completes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_offsets_to_views(
+    stream: &CudaStream,
+    offsets: u64,
+    stride: u64,
+    wide: bool,
+    data: u64,
+    indices: u64,
+    n: u64,
+    views: u64,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let k = Kernels::for_stream(stream)?;
+    let cfg = k.offsets_to_views.config(n);
+    let wide = wide as u32;
+    let mut b = stream.launch_builder(&k.offsets_to_views.function);
+    b.arg(&offsets)
+        .arg(&stride)
+        .arg(&wide)
+        .arg(&data)
+        .arg(&indices)
+        .arg(&n)
+        .arg(&views);
+    // SAFETY: arguments match (u64, u64, u32, u64, u64, u64, u64); ranges are the
     // caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
     Ok(())
