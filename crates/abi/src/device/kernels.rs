@@ -77,7 +77,32 @@ pub struct RowIntegers {
     pub wide: bool,
 }
 
-/// The kernels of a device (see the [module](self) documentation).
+/// The data-parallel kernels of a device ([`Device::kernels`](super::Device::kernels)),
+/// run over its own memory on its own stream, in order with its copies: what an export
+/// that rewrites arrays on the device (the bridge's `ExportOptions::for_libcudf`) is made
+/// of. The CPU device runs them on the calling thread ([`CpuKernels`], the reference);
+/// devarrow-cuda launches PTX kernels.
+///
+/// Every address is device memory of the device, naturally aligned for the elements it
+/// holds (`int64` arrays to 8 bytes, views and `int32` arrays to 4, a bitmap output to 4,
+/// row integers and their stride to their width): a device may refuse a misaligned
+/// address with `Error::InvalidArgument` before enqueuing anything (CUDA does). A kernel
+/// returns once it is enqueued; its results are read after a later event.
+///
+/// ```
+/// use std::ffi::c_void;
+/// use devarrow_abi::device::{CpuDevice, Device};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let device = CpuDevice::new();
+/// let kernels = device.kernels().expect("the CPU device has kernels");
+/// let mut sizes: Vec<i64> = vec![0, 3, 0, 5]; // offsets of 3 values: a scan of their sizes
+/// // SAFETY: host memory is the CPU device's memory; 4 int64s.
+/// unsafe { kernels.inclusive_scan_i64(sizes.as_mut_ptr().cast::<c_void>(), 4)? };
+/// assert_eq!(sizes, [0, 3, 3, 8]);
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// # Safety
 /// Callers rely on each method doing exactly what its documentation says, reading and
