@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow_schema::{DataType, IntervalUnit};
 use devarrow::abi::ArrowDeviceType;
-use devarrow::bridge::DeviceBatch;
+use devarrow::bridge::{DeviceBatch, ExportOptions};
 use pyo3::exceptions::{
     PyAttributeError, PyBufferError, PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError,
     PyValueError,
@@ -135,6 +135,28 @@ impl PyDeviceBatch {
         let schema = capsule::new(py, schema)?;
         let array = capsule::new(py, capsule::RawDeviceArray(array.into_raw()))?;
         PyTuple::new(py, [schema, array])
+    }
+
+    /// The batch in libcudf's dialect, which ``cudf::from_arrow_device`` (pylibcudf's
+    /// ``from_arrow``) views zero-copy: string views become strings, list views, large,
+    /// fixed-size lists and maps become lists with int32 offsets, unsigned dictionary
+    /// indices signed ones, null counts exact; converted **on the device** (kernels on
+    /// its stream, the GIL released), columns that need nothing kept as they are.
+    /// ``widen_small_decimals=True`` also widens decimal32/64 to decimal128 (libcudf
+    /// before 25.02). Raises :class:`UnsupportedTypeError` naming a column libcudf would
+    /// refuse (binary, float16, intervals, unions, ...).
+    #[pyo3(signature = (*, widen_small_decimals = false))]
+    fn for_libcudf(&self, py: Python<'_>, widen_small_decimals: bool) -> PyResult<PyDeviceBatch> {
+        let batch = self.batch.clone();
+        let device = self.inner.selected.device.clone();
+        let converted = py
+            .detach(move || {
+                let options = ExportOptions::for_libcudf().widen_small_decimals(widen_small_decimals);
+                let (array, schema) = batch.export_with(options)?;
+                DeviceBatch::import_with_ffi_schema(device, array, &schema)
+            })
+            .py()?;
+        Ok(PyDeviceBatch::new(converted, self.inner.clone()))
     }
 
     /// Downloads the batch to host memory: a ``pyarrow.RecordBatch`` (waits for the

@@ -81,6 +81,7 @@ pub fn to_py(error: Error) -> PyErr {
         | Error::InvalidOffsets { .. }
         | Error::Schema(_)
         | Error::Metadata(_) => InvalidArrayError::new_err(message),
+        Error::NotConvertible { .. } => UnsupportedTypeError::new_err(message),
         Error::Arrow(arrow_schema::ArrowError::NotYetImplemented(_)) => {
             UnsupportedTypeError::new_err(message)
         }

@@ -98,6 +98,36 @@ def test_nanoarrow_consumes_the_device_array(dev, batch, capsules_released):
     assert na_array.schema.n_children == batch.num_columns
 
 
+def test_for_libcudf_converts_on_the_device(dev, capsules_released):
+    n = 100
+    strings = [None if i % 5 == 0 else ("s%d" % i) * (i % 4) for i in range(n)]
+    lists = [None if i % 7 == 0 else list(range(i % 4)) for i in range(n)]
+    batch = pa.record_batch({
+        "view": pa.array(strings, pa.string_view()),
+        "list_view": pa.array(lists, pa.list_view(pa.int32())),
+        "large_list": pa.array(lists, pa.large_list(pa.int64())),
+        "fixed": pa.array([[i, i + 1] for i in range(n)], pa.list_(pa.int16(), 2)),
+        "int": pa.array(range(n), pa.int64()),
+    })
+    on_device = dev.to_device(batch)
+    converted = on_device.for_libcudf()
+    assert isinstance(converted, devarrow.DeviceBatch)
+    assert converted.schema.types == [pa.string(), pa.list_(pa.int32()), pa.list_(pa.int64()),
+                                      pa.list_(pa.int16()), pa.int64()]
+    back = converted.to_host()
+    back.validate(full=True)
+    for name in batch.schema.names:
+        assert back.column(name).to_pylist() == batch.column(name).to_pylist(), name
+    # pyarrow reads the converted device array like any other
+    assert devarrow.from_device(converted).equals(back)
+
+
+def test_for_libcudf_refuses_what_libcudf_refuses(dev):
+    batch = pa.record_batch({"h": pa.array(np.ones(4, dtype=np.float16))})
+    with pytest.raises(devarrow.UnsupportedTypeError, match="h: .*Float32"):
+        dev.to_device(batch).for_libcudf()
+
+
 def test_requested_schema(dev, batch, capsules_released):
     on_device = dev.to_device(batch)
     same = batch.schema.__arrow_c_schema__()
