@@ -151,7 +151,8 @@ impl PyDeviceBatch {
         let device = self.inner.selected.device.clone();
         let converted = py
             .detach(move || {
-                let options = ExportOptions::for_libcudf().widen_small_decimals(widen_small_decimals);
+                let options =
+                    ExportOptions::for_libcudf().widen_small_decimals(widen_small_decimals);
                 let (array, schema) = batch.export_with(options)?;
                 DeviceBatch::import_with_ffi_schema(device, array, &schema)
             })
