@@ -109,14 +109,15 @@ pub(crate) fn convert(
     })
 }
 
-/// A device address `bytes` past `base`.
+/// A device address `bytes` past `base` (never dereferenced here; wrapping, so that
+/// the host never does pointer arithmetic it could not justify on device memory).
 fn at(base: *const c_void, bytes: u64) -> *const c_void {
-    (base as usize).wrapping_add(bytes as usize) as *const c_void
+    base.cast::<u8>().wrapping_add(bytes as usize).cast()
 }
 
 /// As [`at`], writable.
 fn at_mut(base: *mut c_void, bytes: u64) -> *mut c_void {
-    (base as usize).wrapping_add(bytes as usize) as *mut c_void
+    base.cast::<u8>().wrapping_add(bytes as usize).cast()
 }
 
 /// The rows of list views whose child is gathered into list order.
