@@ -13,9 +13,9 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::device::DeviceInner;
 use crate::dlpack::{self, DLDataType, DLDevice, View};
 use crate::errors::{DeviceError, IntoPy, SchemaMismatchError, UnsupportedTypeError};
+use crate::opened::DeviceInner;
 use crate::{capsule, host};
 
 /// Refuses keyword arguments of the PyCapsule protocol this version does not know

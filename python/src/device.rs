@@ -1,97 +1,20 @@
 //! `devarrow.device(...)`: a device opened by devarrow's `select_device`, with the
 //! reason it was chosen, and the uploads to it (`Device.to_device`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
 use devarrow::abi::{cpu, ArrowDeviceType, DeviceArray};
-use devarrow::bridge::{StreamOptions, Transfer, TransferOptions, Uploader};
-use devarrow::{select_device, DeviceRequest, SelectedDevice};
+use devarrow::bridge::{StreamOptions, Uploader};
+use devarrow::DeviceRequest;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::batch::PyDeviceBatch;
 use crate::capsule;
-use crate::errors::{DeviceUnavailableError, IntoPy, UnsupportedTypeError};
+use crate::errors::{IntoPy, UnsupportedTypeError};
+use crate::opened::{open, DeviceInner};
 use crate::stream::PyDeviceStream;
-
-/// A device and the transfer that moves batches to it and back, shared by every object
-/// of that device (one per device id in the process).
-#[derive(Debug)]
-pub struct DeviceInner {
-    pub selected: SelectedDevice,
-    transfer: Mutex<Transfer>,
-}
-
-impl DeviceInner {
-    fn new(selected: SelectedDevice) -> Arc<Self> {
-        let transfer = Transfer::new(selected.device.clone(), TransferOptions::default());
-        Arc::new(Self {
-            selected,
-            transfer: Mutex::new(transfer),
-        })
-    }
-
-    /// The transfer (call without holding the GIL: uploads and downloads wait on it).
-    pub fn transfer(&self) -> MutexGuard<'_, Transfer> {
-        self.transfer.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// `cpu` or `cuda:N`.
-    pub fn id(&self) -> &str {
-        &self.selected.id
-    }
-}
-
-fn cache() -> MutexGuard<'static, HashMap<String, Arc<DeviceInner>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<DeviceInner>>>> = OnceLock::new();
-    CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The device of a request, opened once per process; and why it was chosen.
-pub fn open(request: DeviceRequest) -> PyResult<(Arc<DeviceInner>, String)> {
-    let key = match request {
-        DeviceRequest::Cpu => Some("cpu".to_string()),
-        DeviceRequest::Cuda(n) => Some(format!("cuda:{n}")),
-        DeviceRequest::Auto => None,
-    };
-    if let Some(inner) = key.as_ref().and_then(|k| cache().get(k).cloned()) {
-        return Ok((inner, "as asked".to_string()));
-    }
-    let selected =
-        select_device(request).map_err(|e| DeviceUnavailableError::new_err(e.to_string()))?;
-    let reason = match (&request, &selected.fallback) {
-        (_, Some(why)) => format!("auto: the CPU device, as {why}"),
-        (DeviceRequest::Auto, None) => format!("auto: {} opened", selected.id),
-        _ => "as asked".to_string(),
-    };
-    let mut cache = cache();
-    let inner = cache
-        .entry(selected.id.clone())
-        .or_insert_with(|| DeviceInner::new(selected))
-        .clone();
-    Ok((inner, reason))
-}
-
-/// The device that holds arrays of `device_type` / `device_id` (for imports).
-pub fn for_arrays(device_type: ArrowDeviceType, device_id: i64) -> PyResult<Arc<DeviceInner>> {
-    let request = match device_type {
-        ArrowDeviceType::CPU => DeviceRequest::Cpu,
-        ArrowDeviceType::CUDA | ArrowDeviceType::CUDA_HOST | ArrowDeviceType::CUDA_MANAGED => {
-            DeviceRequest::Cuda(usize::try_from(device_id).unwrap_or(0))
-        }
-        other => {
-            return Err(crate::errors::UnsupportedDeviceError::new_err(format!(
-                "data on {other} is not supported (devarrow reads the CPU and CUDA devices)"
-            )))
-        }
-    };
-    Ok(open(request)?.0)
-}
 
 fn parse(spec: &str) -> PyResult<DeviceRequest> {
     match spec.trim() {

@@ -13,8 +13,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use crate::capsule;
-use crate::device;
 use crate::errors::IntoPy;
+use crate::opened;
 
 fn pyarrow(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("pyarrow").map_err(|e| {
@@ -63,7 +63,7 @@ pub fn reader_to_pyarrow(
 /// A device batch downloaded to the host (waiting for its event), on `inner`'s transfer.
 pub fn download(
     py: Python<'_>,
-    inner: &Arc<device::DeviceInner>,
+    inner: &Arc<opened::DeviceInner>,
     batch: &DeviceBatch,
 ) -> PyResult<RecordBatch> {
     py.detach(|| inner.transfer().to_host(batch)).py()
@@ -88,7 +88,7 @@ pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
             py.detach(move || cpu::import_record_batch(array, &schema))
                 .py()?
         } else {
-            let inner = device::for_arrays(array.device_type(), array.device_id())?;
+            let inner = opened::for_arrays(array.device_type(), array.device_id())?;
             let device = inner.selected.device.clone();
             py.detach(move || {
                 let batch = DeviceBatch::import_with_ffi_schema(device, array, &schema)?;
@@ -118,7 +118,7 @@ pub fn device_stream_to_pyarrow(
     {
         // A stream names its device type only; CUDA streams are read on device 0's
         // context (arrays of another device are refused by the import, typed).
-        let inner = device::for_arrays(stream.device_type(), 0)?;
+        let inner = opened::for_arrays(stream.device_type(), 0)?;
         let device = inner.selected.device.clone();
         let reader = py
             .detach(|| DeviceStreamReader::try_new(stream, device))

@@ -16,6 +16,7 @@ mod device;
 mod dlpack;
 mod errors;
 mod host;
+mod opened;
 mod stream;
 
 /// Counts of the Arrow PyCapsules devarrow made in this process: ``(created,

@@ -12,9 +12,9 @@ use pyo3::types::PyDict;
 
 use crate::batch::{check_kwargs, check_requested, PyDeviceBatch};
 use crate::capsule;
-use crate::device::DeviceInner;
 use crate::errors::{IntoPy, ReleasedError};
 use crate::host;
+use crate::opened::DeviceInner;
 
 /// Batches of a table or reader, uploaded to a device on a background thread at most
 /// ``read_ahead`` batches ahead of the consumer (back-pressure beyond that).

@@ -360,10 +360,11 @@ impl<'a> Converter<'a> {
         };
         let offsets = self.allocate(8 * (rows + 1))?;
         let kernels = self.kernels(path, data_type)?;
-        // SAFETY: (the block) `offsets` holds rows + 1 int64s; the first `offset` are
-        // zeroed (2 int32s each), then rows offset.. get the sizes of the n views (16
-        // bytes each from the array's offset, in the batch's buffer, as is the validity),
-        // and the scan runs over all of them.
+        // `offsets` holds rows + 1 int64s; the first `offset` are zeroed (2 int32s
+        // each), then rows offset.. get the sizes of the n views (16 bytes each from
+        // the array's offset, in the batch's buffer, as is the validity), and the scan
+        // runs over all of them.
+        // SAFETY: the ranges just described, for every call of the block.
         unsafe {
             kernels.fill_offsets_i32(offsets, 2 * offset, 0)?;
             kernels.row_sizes(
@@ -450,11 +451,12 @@ impl<'a> Converter<'a> {
         let mismatch = self.allocate(8)?; // read back as an int64 below
         let base_bytes = base.to_le_bytes();
         let kernels = self.kernels(path, data_type)?;
-        // SAFETY: (the block) `offsets` holds rows + 1 int64s (the first `offset` zeroed,
-        // then the sizes of the n rows, their first slot overwritten with `base`, in order
-        // on the stream), `mismatch` 8 bytes (zeroed); the sizes, offsets and validity are the
+        // `offsets` holds rows + 1 int64s (the first `offset` zeroed, then the sizes of
+        // the n rows, their first slot overwritten with `base`, in order on the
+        // stream), `mismatch` 8 bytes (zeroed); the sizes, offsets and validity are the
         // batch's buffers from the array's offset; `base_bytes` outlives the copy (the
         // readback below waits).
+        // SAFETY: the ranges just described, for every call of the block.
         unsafe {
             kernels.fill_offsets_i32(offsets, 2 * offset, 0)?;
             kernels.fill_offsets_i32(mismatch, 2, 0)?;
@@ -680,10 +682,11 @@ impl<'a> Converter<'a> {
         let table = self.allocate(8)?;
         let data_address = (child.buffers[2] as u64).to_le_bytes();
         let kernels = self.kernels(path, data_type)?;
-        // SAFETY: (the block) `iota` holds `reach` int32s, `indices` one per gathered
-        // value, `views` 16 bytes each, `offsets` total + 1 int64s, `table` the data's
-        // address (copied from `data_address`, alive until the readback below waits); the
-        // child's offsets cover every index below `reach` and its data their bytes.
+        // `iota` holds `reach` int32s, `indices` one per gathered value, `views` 16
+        // bytes each, `offsets` total + 1 int64s, `table` the data's address (copied
+        // from `data_address`, alive until the readback below waits); the child's
+        // offsets cover every index below `reach` and its data their bytes.
+        // SAFETY: the ranges just described, for every call of the block.
         unsafe {
             kernels.fill_offsets_i32(iota, reach, 1)?;
             kernels.gather_list_values(

@@ -1322,11 +1322,12 @@ unsafe impl DeviceKernels for CudaDevice {
             .checked_mul(24)
             .ok_or_else(|| CudaError::InvalidArgument(format!("{n} views overflow")))?;
         let table = DeviceBuffer::alloc(&self.stream, bytes as usize)?;
-        // SAFETY: `table` holds `n` descriptors (256-byte aligned) and is freed in stream
-        // order after the copy (dropped below); the other ranges are the caller's
-        // guarantee. The descriptors' sources are the views' bytes (inline ones: the
-        // view's own address + 4; others inside the caller's buffers) and their
-        // destinations the disjoint ranges `out[offsets[i]..offsets[i] + len]`.
+        // `table` holds `n` descriptors (256-byte aligned) and is freed in stream order
+        // after the copy (dropped below); the other ranges are the caller's guarantee.
+        // The descriptors' sources are the views' bytes (inline ones: the view's own
+        // address + 4; others inside the caller's buffers) and their destinations the
+        // disjoint ranges `out[offsets[i]..offsets[i] + len]`.
+        // SAFETY: the ranges just described, for every call of the block.
         unsafe {
             kernels::launch_view_segments(
                 &self.stream,
