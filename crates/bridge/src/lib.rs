@@ -103,6 +103,7 @@ mod export_options;
 mod foreign;
 mod host;
 mod slicing;
+mod upload;
 
 /// The README's example (crates.io shows it), compiled and run as a doctest.
 #[cfg(doctest)]

@@ -156,6 +156,39 @@ pub fn copy_to_uninit(dst: &mut [MaybeUninit<u8>], src: &[u8], parallelism: Para
         .for_each(|(d, s)| copy(d, s));
 }
 
+/// The size of the windows an upload of `staged` bytes (all the batches of one call that
+/// go through staging) is cut into: about a sixteenth of it, two windows for each of
+/// [`DEFAULT_MAX_THREADS`] workers, so that a batch of a few MB still spreads over the
+/// workers and the first copy starts after a small pack; at least `min` bytes (the
+/// fixed cost of a copy, a few µs, stays small beside it) and at most `max` (a staging
+/// buffer). `min` = 0 means windows of `max` bytes.
+pub fn upload_window_bytes(staged: usize, min: usize, max: usize) -> usize {
+    let max = max.max(1);
+    if min == 0 {
+        return max;
+    }
+    (staged / (2 * DEFAULT_MAX_THREADS)).clamp(min.min(max), max)
+}
+
+/// Cuts `start..end` into the fewest windows of at most `size` bytes, of equal sizes (the
+/// first ones a byte larger where the length does not divide evenly).
+pub fn equal_windows(start: usize, end: usize, size: usize) -> Vec<(usize, usize)> {
+    let len = end.saturating_sub(start);
+    if len == 0 {
+        return Vec::new();
+    }
+    let count = len.div_ceil(size.max(1));
+    let mut at = start;
+    (0..count)
+        .map(|i| {
+            let take = len / count + usize::from(i < len % count);
+            let window = (at, at + take);
+            at += take;
+            window
+        })
+        .collect()
+}
+
 /// Cuts the byte range `start..end` into the windows of one copy each: at most `max`
 /// bytes, and, when the range is more than 4 × `first` and `first < max`, ramped: the
 /// first windows are `first`, `2 × first`, `4 × first`, ... bytes up to `max`, and the

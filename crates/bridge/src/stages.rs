@@ -80,6 +80,12 @@ pub struct TransferStats {
     /// [`Transfer::to_host`](crate::Transfer::to_host) and
     /// [`Transfer::to_host_batches`](crate::Transfer::to_host_batches).
     pub to_host: StageTimes,
+    /// Downloaded images that landed in pinned host memory (one per batch), copied there
+    /// directly ([`TransferOptions::pinned_host_bytes`](crate::TransferOptions::pinned_host_bytes)).
+    pub pinned_downloads: u64,
+    /// Downloaded images that fell back to pageable memory through staging, the pinned
+    /// pool being full or refused ([`Transfer::host_memory_note`](crate::Transfer::host_memory_note)).
+    pub pageable_downloads: u64,
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ use crate::host::host_batch;
 #[doc(inline)]
 pub use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
 use crate::pack::{
-    advise_huge_pages, copy_to_uninit, pack_window, pack_window_uninit, ramped_windows, windows,
+    advise_huge_pages, copy_to_uninit, pack_window_uninit, ramped_windows, upload_window_bytes,
     Parallelism,
 };
 use crate::pinned::{direct_runs, staged_ranges};
@@ -57,9 +57,10 @@ pub use crate::stages::{StageTimes, TransferStats};
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 
-/// Default size of one staging chunk (one copy): 8 MiB, so the default 64 MiB of staging
-/// is 8 chunks in flight.
-pub const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+/// Default size of one staging chunk (the largest copy): 4 MiB, so the default 64 MiB of
+/// staging is 16 buffers: 8 workers packing, each a window ahead, while 4 copies are
+/// queued on the device (see [`crate::upload`]).
+pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
 /// Default size of the first and last chunks of a copy: 1 MiB (see
 /// [`TransferOptions::first_chunk_bytes`]).
@@ -71,6 +72,10 @@ pub const DEFAULT_DIRECT_MIN_BYTES: usize = 256 << 10;
 /// Default bound on the host memory a transfer's pool keeps for reuse: 256 MiB (see
 /// [`TransferOptions::host_pool_bytes`]).
 pub const DEFAULT_HOST_POOL_BYTES: usize = 256 << 20;
+
+/// Default bound on the pinned host memory downloads land in: 1 GiB (see
+/// [`TransferOptions::pinned_host_bytes`]).
+pub const DEFAULT_PINNED_HOST_BYTES: usize = 1 << 30;
 
 /// Options of a [`Transfer`].
 ///
@@ -116,6 +121,14 @@ pub struct TransferOptions {
     /// (advised to use huge pages from 4 MiB on). [`Transfer::set_host_pool`] shares one
     /// pool between transfers.
     pub host_pool_bytes: usize,
+    /// Downloads land in pinned (page-locked) host memory of a pool of at most this many
+    /// bytes, which the device copies into directly: no staging copy, no page faults,
+    /// and a batch brought back uploads again by direct copies. The memory of a batch
+    /// goes back to the pool when the batch (every buffer of it) is dropped. When the
+    /// pool is full (batches still held), or the device refuses to pin memory, downloads
+    /// land in pageable memory through staging instead, and
+    /// [`Transfer::host_memory_note`] says why. 0: always pageable memory.
+    pub pinned_host_bytes: usize,
 }
 
 impl Default for TransferOptions {
@@ -128,6 +141,7 @@ impl Default for TransferOptions {
             parallel_min_bytes: DEFAULT_PARALLEL_MIN_BYTES,
             direct_min_bytes: DEFAULT_DIRECT_MIN_BYTES,
             host_pool_bytes: DEFAULT_HOST_POOL_BYTES,
+            pinned_host_bytes: DEFAULT_PINNED_HOST_BYTES,
         }
     }
 }
@@ -239,6 +253,12 @@ pub struct Transfer {
     retained: VecDeque<Retained>,
     /// Where the host memory of downloads comes from (`None`: fresh allocations).
     host_pool: Option<Arc<HostPool>>,
+    /// The pinned memory downloads land in (made on first use).
+    pinned_pool: Option<Arc<HostPool>>,
+    /// Set once the device refused to pin memory: downloads stay pageable.
+    pinned_refused: bool,
+    /// Why downloads last fell back to pageable memory.
+    note: Option<String>,
     stats: TransferStats,
 }
 
@@ -253,8 +273,31 @@ impl Transfer {
             stages: Vec::new(),
             retained: VecDeque::new(),
             host_pool,
+            pinned_pool: None,
+            pinned_refused: false,
+            note: None,
             stats: TransferStats::default(),
         }
+    }
+
+    /// Why the last downloads that fell back from pinned to pageable memory did so (the
+    /// pool was full, or the device refused to pin memory); `None` if none did.
+    pub fn host_memory_note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// The pool of pinned host memory downloads land in, once made (see
+    /// [`TransferOptions::pinned_host_bytes`]).
+    pub fn pinned_host_pool(&self) -> Option<&Arc<HostPool>> {
+        self.pinned_pool.as_ref()
+    }
+
+    /// Lands downloads in `pool` (e.g. one shared by several transfers; a pool made by
+    /// [`HostPool::pinned`] for this transfer's device), or, with `None`, in the pool
+    /// this transfer makes on first use. Batches already downloaded keep their memory.
+    pub fn set_pinned_host_pool(&mut self, pool: Option<Arc<HostPool>>) {
+        self.pinned_pool = pool;
+        self.pinned_refused = false;
     }
 
     /// The device.
@@ -352,38 +395,76 @@ impl Transfer {
 
     /// Moves a record batch to the device.
     pub fn to_device(&mut self, batch: &RecordBatch) -> Result<DeviceBatch> {
+        let mut batches = self.to_device_batches(std::slice::from_ref(batch))?;
+        Ok(batches.pop().expect("one batch in, one out"))
+    }
+
+    /// Moves several record batches to the device in one pipeline: their windows are
+    /// packed by the same workers and copied back to back, so the copy engine does not
+    /// idle between batches as it does between calls of [`Transfer::to_device`] (each of
+    /// which starts with an empty pipeline and ends with a copy that overlaps nothing).
+    /// Prefer it for many batches of a few MB.
+    ///
+    /// The batches share one sync event, recorded after the last copy. The result is in
+    /// the order of `batches`; the first error returns, and no batch is returned then.
+    pub fn to_device_batches(&mut self, batches: &[RecordBatch]) -> Result<Vec<DeviceBatch>> {
         let mut times = StageTimes {
-            batches: 1,
+            batches: batches.len() as u64,
             ..Default::default()
         };
-        let start = Instant::now();
-        let plan = plan_batch(batch)?;
-        times.bytes = plan.image.total as u64;
-        let planned = Instant::now();
-        times.plan += planned - start;
-        let memory = self.device.allocate(plan.image.total)?;
-        times.allocate += planned.elapsed();
+        let result = self.upload_batches(batches, &mut times);
+        self.stats.to_device += times;
+        result
+    }
+
+    fn upload_batches(
+        &mut self,
+        batches: &[RecordBatch],
+        times: &mut StageTimes,
+    ) -> Result<Vec<DeviceBatch>> {
+        let mut plans = Vec::with_capacity(batches.len());
+        let mut memories = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let start = Instant::now();
+            let plan = plan_batch(batch)?;
+            times.bytes += plan.image.total as u64;
+            let planned = Instant::now();
+            times.plan += planned - start;
+            memories.push(self.device.allocate(plan.image.total)?);
+            times.allocate += planned.elapsed();
+            plans.push(plan);
+        }
         let uploaded = if self.device.host_accessible() {
-            self.pack_into(&plan.image, memory.as_ref(), &mut times);
+            for (plan, memory) in plans.iter().zip(&memories) {
+                self.pack_into(&plan.image, memory.as_ref(), times);
+            }
             Ok(())
         } else {
-            self.upload(&plan.image, memory.as_ref(), &mut times)
+            let images: Vec<(&Packer, &dyn DeviceMemory)> = plans
+                .iter()
+                .zip(&memories)
+                .map(|(plan, memory)| (&plan.image, memory.as_ref()))
+                .collect();
+            self.upload(&images, times)
         };
         let start = Instant::now();
         let event = self.settle(uploaded.and_then(|()| self.device.record_event()));
         times.copy += start.elapsed();
-        self.stats.to_device += times;
         let event = event?;
-        Ok(DeviceBatch {
-            schema: batch.schema(),
-            num_rows: batch.num_rows(),
-            storage: Storage::Packed {
-                root: Arc::new(plan.root),
-                memory,
-            },
-            event,
-            device: self.device.clone(),
-        })
+        Ok(batches
+            .iter()
+            .zip(plans.into_iter().zip(memories))
+            .map(|(batch, (plan, memory))| DeviceBatch {
+                schema: batch.schema(),
+                num_rows: batch.num_rows(),
+                storage: Storage::Packed {
+                    root: Arc::new(plan.root),
+                    memory,
+                },
+                event: event.clone(),
+                device: self.device.clone(),
+            })
+            .collect())
     }
 
     /// Passes `result` through; on an error, first waits for everything already enqueued
@@ -424,16 +505,111 @@ impl Transfer {
         times.pack += start.elapsed();
     }
 
+    /// Enqueues the upload of every `(image, device memory)` pair: the runs that lie in
+    /// pinned (or registered) host memory as direct copies first, then everything else
+    /// through the staging pipeline ([`crate::upload`]), all images in one pipeline.
     fn upload(
+        &mut self,
+        images: &[(&Packer, &dyn DeviceMemory)],
+        times: &mut StageTimes,
+    ) -> Result<()> {
+        let mut staged = Vec::with_capacity(images.len());
+        for (image, memory) in images {
+            if image.total == 0 {
+                staged.push(Vec::new());
+                continue;
+            }
+            staged.push(self.upload_direct(image, *memory, times)?);
+        }
+        let start = Instant::now();
+        let parallelism = self.parallelism();
+        let staged_total: usize = staged.iter().flatten().map(|r| r.len()).sum();
+        let chunk = self.full_chunk();
+        let size = upload_window_bytes(staged_total, self.options.first_chunk_bytes, chunk);
+        let mut windows = Vec::new();
+        for (i, ranges) in staged.iter().enumerate() {
+            crate::upload::cut_windows(i, ranges, size, &mut windows);
+        }
+        if windows.is_empty() {
+            return Ok(());
+        }
+        // Only as many staging buffers as there are windows: pinned memory is costly to
+        // allocate (and its allocation synchronizes the device).
+        let bound = (self.options.staging_bytes.max(2 * BUFFER_ALIGNMENT) / chunk).max(2);
+        let slots = bound.min(windows.len());
+        let slot_list = self.slots(slots)?;
+        let workers = if staged_total < parallelism.min_bytes || windows.len() < 2 {
+            0
+        } else {
+            parallelism.threads
+        };
+        let pipeline_images: Vec<crate::upload::Image<'_>> = images
+            .iter()
+            .map(|(image, memory)| crate::upload::Image {
+                segments: &image.segments,
+                dst_base: memory.address() as usize,
+            })
+            .collect();
+        let mut pending: Vec<Option<Arc<dyn SyncEvent>>> = self.stages[..slots]
+            .iter_mut()
+            .map(|stage| stage.pending.take())
+            .collect();
+        times.copy += start.elapsed();
+        let result = crate::upload::Pipeline {
+            images: &pipeline_images,
+            windows: &windows,
+            slots: &slot_list,
+            pending: &mut pending,
+            workers,
+            in_flight: (bound / 4).max(2),
+        }
+        .run(self.device.as_ref(), times);
+        for (stage, event) in self.stages.iter_mut().zip(pending) {
+            stage.pending = event;
+        }
+        result
+    }
+
+    /// The first `n` staging buffers, allocated (at the full chunk size) where missing,
+    /// as the pipeline's slots. Their pending copies are not waited for here.
+    fn slots(&mut self, n: usize) -> Result<Vec<crate::upload::Slot>> {
+        let size = self.full_chunk();
+        if self.stages.len() < n {
+            self.stages.resize_with(n, Stage::default);
+        }
+        let mut slots = Vec::with_capacity(n);
+        for stage in &mut self.stages[..n] {
+            if stage
+                .memory
+                .as_ref()
+                .is_none_or(|m| m.as_slice().len() < size)
+            {
+                // A smaller buffer (of a call with other options) may still be read by
+                // a copy: wait for it before freeing it.
+                if let Some(event) = stage.pending.take() {
+                    event.wait_host()?;
+                }
+                stage.memory = None;
+                stage.memory = Some(self.device.allocate_staging(size)?);
+            }
+            let memory = stage.memory.as_mut().expect("allocated above");
+            let bytes = memory.as_mut_slice();
+            slots.push(crate::upload::Slot {
+                ptr: bytes.as_mut_ptr(),
+                len: bytes.len(),
+            });
+        }
+        Ok(slots)
+    }
+
+    /// The direct copies of one image (see [`Transfer::upload`]); returns the image
+    /// ranges left to stage.
+    fn upload_direct(
         &mut self,
         image: &Packer,
         memory: &dyn DeviceMemory,
         times: &mut StageTimes,
-    ) -> Result<()> {
-        let total = image.total;
-        if total == 0 {
-            return Ok(());
-        }
+    ) -> Result<Vec<std::ops::Range<usize>>> {
         let start = Instant::now();
         let device = self.device.clone();
         let base = memory.address() as usize;
@@ -497,37 +673,7 @@ impl Transfer {
             })?;
         }
         times.copy += start.elapsed();
-        // Everything else: packed into staging chunks (in parallel), chunk k + 1 packed
-        // while chunk k is copied, each chunk one copy.
-        let (chunk, stages) = self.geometry(total);
-        let parallelism = self.parallelism();
-        let mut k = 0;
-        let segments = &image.segments;
-        for range in staged_ranges(segments, &runs) {
-            let (start, end) = (range.start, range.end);
-            for (window_start, window_end) in
-                windows(start, end, self.options.first_chunk_bytes, chunk)
-            {
-                let start = Instant::now();
-                let staging = self.stage(k % stages, chunk)?;
-                let out = &mut staging.as_mut_slice()[..window_end - window_start];
-                let packing = Instant::now();
-                times.copy += packing - start;
-                pack_window(segments, window_start, out, parallelism);
-                let packed = Instant::now();
-                times.pack += packed - packing;
-                let dst = (base + window_start) as *mut std::ffi::c_void;
-                // The staging buffer stays untouched until the event recorded below
-                // completes (`stage` waits for it before reuse).
-                // SAFETY: `out` holds the packed window; `dst` lies inside the fresh
-                // device region of `total` bytes, outside every direct run.
-                unsafe { device.copy_to_device(out.as_ptr(), dst, out.len())? };
-                self.stages[k % stages].pending = Some(device.record_event()?);
-                times.copy += packed.elapsed();
-                k += 1;
-            }
-        }
-        Ok(())
+        Ok(staged_ranges(&image.segments, &runs))
     }
 
     /// Copies each `(src, len)` range of device memory to a new host buffer through the
@@ -542,6 +688,9 @@ impl Transfer {
         sources: &[(*const std::ffi::c_void, usize)],
         times: &mut StageTimes,
     ) -> Result<Vec<Buffer>> {
+        if let Some(pool) = self.pinned_pool()? {
+            return self.download_pinned(sources, &pool, times);
+        }
         if let Some(from) = self.register_from() {
             if sources.iter().any(|&(_, len)| len >= from) {
                 return self.download_registering(sources, from, times);
@@ -656,6 +805,138 @@ impl Transfer {
             .map(|host| {
                 let host = host.expect("every output is back");
                 // SAFETY: a direct output was written in full by its copy, which has
+                // completed (the event above); a staged one by `staged_download`.
+                unsafe { host.into_buffer() }
+            })
+            .collect())
+    }
+
+    /// The pool of pinned memory downloads land in, made on first use
+    /// ([`TransferOptions::pinned_host_bytes`]); `None` where there is none: the option
+    /// is 0, the device's memory is host memory ([`Device::host_accessible`]), or it was
+    /// given up ([`Transfer::host_memory_note`] says why).
+    fn pinned_pool(&mut self) -> Result<Option<Arc<HostPool>>> {
+        if self.pinned_pool.is_none()
+            && !self.pinned_refused
+            && self.options.pinned_host_bytes > 0
+            && !self.device.host_accessible()
+        {
+            self.pinned_pool = Some(Arc::new(HostPool::pinned(
+                self.device.clone(),
+                self.options.pinned_host_bytes,
+            )));
+        }
+        Ok(self.pinned_pool.clone())
+    }
+
+    /// [`Transfer::download`] into pinned memory of `pool`: each source is copied straight
+    /// into a block of its own (one batched call for all), which becomes the batch's
+    /// memory, with no staging copy and no page faults. Sources the pool has no room for
+    /// (or all of them, when the device refuses to pin memory) go through the staging
+    /// pipeline into pageable memory instead, and [`Transfer::host_memory_note`] says why.
+    fn download_pinned(
+        &mut self,
+        sources: &[(*const std::ffi::c_void, usize)],
+        pool: &Arc<HostPool>,
+        times: &mut StageTimes,
+    ) -> Result<Vec<Buffer>> {
+        let start = Instant::now();
+        let mut hosts: Vec<Option<HostOut>> = Vec::with_capacity(sources.len());
+        let mut direct = Vec::new();
+        let mut staged = Vec::new();
+        for (i, &(src, len)) in sources.iter().enumerate() {
+            let block = match pool.try_allocate(len) {
+                Ok(block) => block,
+                Err(e) => {
+                    // Pinning refused (a sandbox, a lock limit): pageable from now on.
+                    self.pinned_refused = true;
+                    self.pinned_pool = None;
+                    self.note = Some(format!(
+                        "pinned host memory refused ({e}): downloads land in pageable memory"
+                    ));
+                    None
+                }
+            };
+            match block {
+                Some(mut block) => {
+                    let dst = block.as_uninit_mut().as_mut_ptr().cast::<u8>();
+                    if len > 0 {
+                        direct.push(DeviceToHost { src, dst, len });
+                    }
+                    hosts.push(Some(HostOut::Pooled(block)));
+                    self.stats.pinned_downloads += 1;
+                }
+                None => {
+                    if !self.pinned_refused {
+                        let stats = pool.stats();
+                        self.note = Some(format!(
+                            "the pinned host memory pool ({} bytes, TransferOptions::\
+                             pinned_host_bytes) was full ({} bytes held by batches not yet \
+                             dropped): downloads beyond it land in pageable memory",
+                            pool.limit(),
+                            stats.in_use_bytes
+                        ));
+                    }
+                    staged.push(i);
+                    hosts.push(None);
+                    self.stats.pageable_downloads += 1;
+                }
+            }
+        }
+        let enqueued = Instant::now();
+        times.allocate += enqueued - start;
+        let device = self.device.clone();
+        let direct_done = if direct.is_empty() {
+            None
+        } else {
+            // SAFETY: every destination is a block of the pool of its copy's length, owned
+            // by `hosts` and not read (nor otherwise written) until the event recorded next
+            // has completed; the sources lie in the downloads' device memory.
+            let copied = unsafe { device.copy_batch_to_host(&direct) };
+            match copied.and_then(|()| device.record_event()) {
+                Ok(event) => Some(event),
+                Err(e) => {
+                    if device.synchronize().is_err() {
+                        // Copies may still write the blocks: leak them.
+                        std::mem::forget(hosts);
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        times.copy += enqueued.elapsed();
+        let staged_sources: Vec<_> = staged.iter().map(|&i| sources[i]).collect();
+        let host_pool = self.host_pool.clone();
+        let downloaded = if staged_sources.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.staged_download(&staged_sources, times, |sources| {
+                sources
+                    .iter()
+                    .map(|&(_, len)| HostOut::new(len, host_pool.as_ref()))
+                    .collect()
+            })
+        };
+        let waiting = Instant::now();
+        let waited = direct_done
+            .as_ref()
+            .map_or(Ok(()), |event| event.wait_host());
+        times.copy += waiting.elapsed();
+        if waited.is_err() && device.synchronize().is_err() {
+            // The direct copies may still write the blocks: leak them.
+            std::mem::forget(hosts);
+            return Err(waited.expect_err("checked above"));
+        }
+        let staged_hosts = downloaded?;
+        waited?;
+        for (i, host) in staged.into_iter().zip(staged_hosts) {
+            hosts[i] = Some(host);
+        }
+        Ok(hosts
+            .into_iter()
+            .map(|host| {
+                let host = host.expect("every output is back");
+                // SAFETY: a pinned output was written in full by its copy, which has
                 // completed (the event above); a staged one by `staged_download`.
                 unsafe { host.into_buffer() }
             })

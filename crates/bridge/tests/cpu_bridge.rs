@@ -104,13 +104,20 @@ fn a_hundred_small_columns_move_in_one_copy() {
 
 #[test]
 fn many_batches_come_back_in_one_pipeline() {
-    // Batches of about 5.7 MB (one of them sliced, one empty, one imported): `to_host`
-    // ramps the chunks of each at both ends, `to_host_batches` only the first and the
-    // last of the whole call.
+    // Batches of about 5.7 MB (one of them sliced, one empty, one imported): through
+    // pageable memory (no pinned pool), `to_host` ramps the chunks of each at both ends,
+    // `to_host_batches` only the first and the last of the whole call.
     let sizes = [100_000, 0, 100_003, 120_000];
     let mut batches: Vec<RecordBatch> = sizes.iter().map(|&n| wide_batch(7, n)).collect();
     batches[3] = batches[3].slice(7, 100_001);
-    let (device, mut transfer) = transfer();
+    let device = Arc::new(CpuDevice::new());
+    let mut transfer = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            pinned_host_bytes: 0,
+            ..Default::default()
+        },
+    );
     let mut on_device: Vec<DeviceBatch> = batches
         .iter()
         .map(|b| transfer.to_device(b).unwrap())
@@ -163,6 +170,17 @@ fn many_batches_come_back_in_one_pipeline() {
     assert!(pipelined < separate, "{pipelined} < {separate}");
 
     assert_eq!(transfer.to_host_batches(&[]).unwrap(), []);
+
+    // Into pinned memory (the default): one direct copy per image, no staging.
+    let (device, mut pinned) = self::transfer();
+    let before = device.copy_count();
+    let together = pinned.to_host_batches(&on_device).unwrap();
+    assert_eq!(together, batches);
+    let non_empty = images.iter().filter(|&&b| b > 0).count();
+    assert_eq!((device.copy_count() - before) as usize, non_empty);
+    assert_eq!(pinned.stats().pinned_downloads, 4);
+    assert_eq!(pinned.stats().pageable_downloads, 0);
+    assert_eq!(pinned.host_memory_note(), None);
 }
 
 #[test]

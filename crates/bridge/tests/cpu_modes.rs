@@ -132,7 +132,12 @@ fn downloads_reuse_the_host_pool() {
         Arc::new(CpuDevice::new()) as Arc<dyn Device>,
         Arc::new(CpuDevice::direct()),
     ] {
-        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        // Pageable downloads (the pinned pool is the next test's).
+        let pageable = TransferOptions {
+            pinned_host_bytes: 0,
+            ..Default::default()
+        };
+        let mut transfer = Transfer::new(device.clone(), pageable);
         let pool = transfer.host_pool().expect("a pool by default").clone();
         let batch = big_batch(100_000);
         let on_device = transfer.to_device(&batch).unwrap();
@@ -159,12 +164,72 @@ fn downloads_reuse_the_host_pool() {
             device,
             TransferOptions {
                 host_pool_bytes: 0,
-                ..Default::default()
+                ..pageable
             },
         );
         assert!(fresh.host_pool().is_none());
         assert_eq!(fresh.to_host(&on_device).unwrap(), batch);
     }
+}
+
+/// Downloads land in the transfer's pool of pinned memory, copied there directly (one
+/// copy per batch, no staging, nothing to unpack); a batch's memory goes back to the
+/// pool when the batch is dropped, and the next download reuses it; a batch brought back
+/// uploads again by direct copies; when the pool is full, downloads fall back to
+/// pageable memory and say why.
+#[test]
+fn downloads_land_in_the_pinned_pool_and_reuse_it() {
+    let device = Arc::new(CpuDevice::new());
+    let batch = big_batch(100_000 / MIRI_SCALE);
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let on_device = transfer.to_device(&batch).unwrap();
+    let before = device.copy_count();
+    let first = transfer.to_host(&on_device).unwrap();
+    assert_eq!(first, batch);
+    assert_eq!(device.copy_count() - before, 1, "one direct copy");
+    let pool = transfer.pinned_host_pool().expect("made").clone();
+    assert!(pool.is_pinned());
+    assert_eq!(pool.stats().misses, 1);
+    assert_eq!(transfer.stats().to_host.unpack, Duration::ZERO);
+    for column in first.columns() {
+        let data = column.to_data();
+        for buffer in data.buffers() {
+            assert!(device.is_pinned(buffer.as_ptr(), buffer.len()));
+        }
+    }
+    // The round trip: every buffer of the batch lies in one pinned block, copied up in
+    // one direct copy.
+    let before = device.copy_count();
+    let again = transfer.to_device(&first).unwrap();
+    assert_eq!(device.copy_count() - before, 1, "one direct copy up");
+    assert_eq!(transfer.to_host(&again).unwrap(), batch);
+    drop(first);
+    let second = transfer.to_host(&on_device).unwrap();
+    assert_eq!(second, batch);
+    assert!(pool.stats().hits >= 1, "{:?}", pool.stats());
+    assert_eq!(transfer.host_memory_note(), None);
+
+    // A pool too small for two batches at once: the second falls back, and says so.
+    let mut small = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            pinned_host_bytes: on_device.device_bytes() * 5 / 4 + 64,
+            ..Default::default()
+        },
+    );
+    let held = small.to_host(&on_device).unwrap();
+    let fallback = small.to_host(&on_device).unwrap();
+    assert_eq!((held, fallback.clone()), (batch.clone(), batch.clone()));
+    let stats = small.stats();
+    assert_eq!((stats.pinned_downloads, stats.pageable_downloads), (1, 1));
+    let note = small.host_memory_note().expect("a note");
+    assert!(note.contains("was full"), "{note}");
+    assert!(fallback
+        .column(0)
+        .to_data()
+        .buffers()
+        .iter()
+        .all(|b| !device.is_pinned(b.as_ptr(), b.len())));
 }
 
 #[test]
@@ -206,7 +271,10 @@ fn stage_times_add_up_per_direction() {
         assert_eq!(back, batches);
         let down = transfer.take_stats().to_host;
         assert_eq!((down.batches, down.bytes), (2, bytes as u64));
-        assert!(down.unpack > Duration::ZERO && down.validate > Duration::ZERO);
+        // Staged downloads land in pinned memory, copied there directly: nothing to
+        // unpack.
+        assert_eq!(staged, down.unpack == Duration::ZERO, "{down:?}");
+        assert!(down.validate > Duration::ZERO);
         assert_eq!(staged, down.copy > Duration::ZERO, "{down:?}");
         assert_eq!(down.pack, Duration::ZERO);
         assert!(down.total() >= down.unpack + down.validate);

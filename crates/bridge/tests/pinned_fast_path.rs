@@ -13,7 +13,7 @@ use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::ScalarBuffer;
 use common::InstrumentedDevice;
 use devarrow_abi::device::{CpuDevice, Device};
-use devarrow_bridge::pack::windows;
+use devarrow_bridge::pack::{equal_windows, upload_window_bytes};
 use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
 use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};
 use devarrow_bridge::{Transfer, TransferOptions};
@@ -114,9 +114,21 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
     .unwrap();
     let (counting, mut transfer) = counting();
     let on_device = transfer.to_device(&batch).unwrap();
-    // The strings (before the pinned column) are one staged copy, the pinned column one
-    // direct copy, the pageable column one staged copy.
-    assert_eq!(counting.copy_count(), 3);
+    // The strings (before the pinned column) are staged, the pinned column one direct
+    // copy, the pageable column staged: the staged ones in windows of a sixteenth of
+    // what is staged (at least the first chunk's size).
+    let strings = batch.column(0).to_data();
+    let string_bytes: usize =
+        strings.buffers().iter().map(|b| b.len()).sum::<usize>() + 64 - (rows + 1) * 4 % 64;
+    let size = upload_window_bytes(
+        string_bytes + rows * 8,
+        DEFAULT_FIRST_CHUNK_BYTES,
+        DEFAULT_CHUNK_BYTES,
+    );
+    assert_eq!(
+        counting.copy_count() as usize,
+        1 + string_bytes.div_ceil(size) + (rows * 8).div_ceil(size)
+    );
     assert_eq!(
         counting.bytes_to_device() as usize,
         batch
@@ -130,8 +142,8 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
     );
     assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
 
-    // Direct copies off: everything staged, one copy (the batch fits one chunk) with
-    // equal chunks; with ramped chunks (the default), 1 MiB, 2 MiB, ... from both ends.
+    // Direct copies off: everything staged, in chunk-sized windows, or, by default, in
+    // windows of a sixteenth of it, at least 1 MiB.
     for first_chunk_bytes in [0, DEFAULT_FIRST_CHUNK_BYTES] {
         let counting = Arc::new(InstrumentedDevice::default().reporting_pinned());
         let mut transfer = Transfer::new(
@@ -144,11 +156,16 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
         );
         let on_device = transfer.to_device(&batch).unwrap();
         let bytes = on_device.device_bytes();
-        assert!(bytes > 4 * DEFAULT_FIRST_CHUNK_BYTES && bytes < DEFAULT_CHUNK_BYTES);
+        assert!(bytes > 4 * DEFAULT_FIRST_CHUNK_BYTES);
         let expected = if first_chunk_bytes == 0 {
-            1
+            bytes.div_ceil(DEFAULT_CHUNK_BYTES)
         } else {
-            windows(0, bytes, first_chunk_bytes, DEFAULT_CHUNK_BYTES).len()
+            equal_windows(
+                0,
+                bytes,
+                upload_window_bytes(bytes, first_chunk_bytes, DEFAULT_CHUNK_BYTES),
+            )
+            .len()
         };
         assert_eq!(counting.copy_count() as usize, expected);
         assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
@@ -193,14 +210,13 @@ fn parallel_packing_with_small_chunks_round_trips() {
         let copies = device.copy_count();
         assert_eq!(
             copies as usize,
-            windows(
+            equal_windows(
                 0,
                 on_device.device_bytes(),
-                DEFAULT_FIRST_CHUNK_BYTES,
-                chunk
+                upload_window_bytes(on_device.device_bytes(), DEFAULT_FIRST_CHUNK_BYTES, chunk),
             )
             .len(),
-            "one copy per chunk ({staging}, {chunk})"
+            "one copy per window ({staging}, {chunk})"
         );
         if chunk <= DEFAULT_FIRST_CHUNK_BYTES {
             assert_eq!(copies as usize, on_device.device_bytes().div_ceil(chunk));
@@ -231,6 +247,7 @@ fn staging_is_allocated_once_at_full_chunk_size() {
             staging_bytes: staging,
             chunk_bytes: chunk,
             first_chunk_bytes: 256 << 10,
+            pinned_host_bytes: 0, // downloads through staging too
             ..Default::default()
         },
     );
@@ -267,7 +284,12 @@ fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
         ))),
     ] {
         let device = Arc::new(InstrumentedDevice::wrapping(inner).registering_from(64 << 10));
-        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        // Downloads into registered pageable memory, not the pinned pool.
+        let options = TransferOptions {
+            pinned_host_bytes: 0,
+            ..Default::default()
+        };
+        let mut transfer = Transfer::new(device.clone(), options);
         let on_device = transfer.to_device(&batch).unwrap();
         assert_eq!(device.batch_calls(), 1, "the direct copies in one call");
         let (_, made) = device.registrations();
@@ -296,7 +318,7 @@ fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
         assert_eq!(device.registrations().0, 0, "every registration dropped");
 
         // Waiting fails: the transfer synchronizes the device, then drops them.
-        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        let mut transfer = Transfer::new(device.clone(), options);
         let on_device = transfer.to_device(&batch).unwrap();
         device.fail_waits(true);
         assert!(transfer.to_host(&on_device).is_err());

@@ -24,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{DeviceMemory, BUFFER_ALIGNMENT};
+use super::{Device, DeviceMemory, StagingMemory, BUFFER_ALIGNMENT};
 use crate::error::{Error, Result};
 
 /// Default bound on the bytes of freed blocks a [`HostPool`] keeps for reuse: 1 GiB.
@@ -123,21 +123,34 @@ pub struct PoolStats {
     /// Bytes of blocks handed out and not freed yet (by size class).
     pub in_use_bytes: usize,
     /// Cached blocks given back to the system to make room, under the limit, for a freed
-    /// block of a size used more recently.
+    /// block of a size used more recently (or, in a pool of pinned memory, for a new
+    /// block).
     pub evictions: u64,
+    /// Allocations a pool of pinned memory refused: its capacity was taken by blocks in
+    /// use ([`HostPool::try_allocate`] answered `None`).
+    pub exhausted: u64,
 }
 
-/// One block of the system allocator: `capacity` bytes from `ptr` (aligned to
-/// [`BUFFER_ALIGNMENT`]) inside the allocation of `layout` at `base`.
+/// One block: `capacity` bytes from `ptr` (aligned to [`BUFFER_ALIGNMENT`]), from the
+/// system allocator or from a device's pinned (staging) memory.
 struct Block {
-    base: NonNull<u8>,
     ptr: NonNull<u8>,
     capacity: usize,
-    layout: Layout,
+    backing: Backing,
+}
+
+/// Where a block's memory comes from.
+enum Backing {
+    /// The system allocator: the allocation of `layout` at `base`, which holds the block.
+    System { base: NonNull<u8>, layout: Layout },
+    /// Page-locked host memory of a device ([`Device::allocate_staging`]), freed when
+    /// dropped.
+    Pinned(#[allow(dead_code)] Box<dyn StagingMemory>),
 }
 
 // SAFETY: a block exclusively owns its allocation (it is in the pool or in one
-// `PooledMemory`, never both); the pointers are not tied to any thread.
+// `PooledMemory`, never both); the pointers are not tied to any thread, and staging
+// memory is `Send`.
 unsafe impl Send for Block {}
 
 impl Block {
@@ -160,13 +173,34 @@ impl Block {
         // `capacity + BUFFER_ALIGNMENT` bytes allocated.
         let ptr = unsafe { base.add(offset) };
         let mut block = Self {
-            base,
             ptr,
             capacity,
-            layout,
+            backing: Backing::System { base, layout },
         };
         advise_huge_pages(block.as_uninit_mut());
         Ok(block)
+    }
+
+    /// A block of `capacity` bytes of `device`'s pinned memory (initialized: staging
+    /// memory is handed out as an initialized slice).
+    fn pinned(device: &dyn Device, capacity: usize) -> Result<Self> {
+        let mut memory = device.allocate_staging(capacity.max(1))?;
+        let bytes = memory.as_mut_slice();
+        if bytes.len() < capacity || bytes.as_ptr().align_offset(BUFFER_ALIGNMENT) != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "staging memory of {} bytes at {:p} for a block of {capacity} bytes aligned to \
+                 {BUFFER_ALIGNMENT}",
+                bytes.len(),
+                bytes.as_ptr()
+            )));
+        }
+        let ptr = NonNull::new(bytes.as_mut_ptr())
+            .ok_or_else(|| Error::InvalidArgument("staging memory at address 0".into()))?;
+        Ok(Self {
+            ptr,
+            capacity,
+            backing: Backing::Pinned(memory),
+        })
     }
 
     fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
@@ -182,8 +216,11 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        // SAFETY: allocated in `Block::new` with this very layout, freed once.
-        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) };
+        if let Backing::System { base, layout } = self.backing {
+            // SAFETY: allocated in `Block::new` with this very layout, freed once.
+            unsafe { std::alloc::dealloc(base.as_ptr(), layout) };
+        }
+        // Pinned memory is freed by its own drop.
     }
 }
 
@@ -239,6 +276,9 @@ pub struct HostPool {
     state: Mutex<PoolState>,
     limit: usize,
     fence: Option<Fence>,
+    /// The device whose pinned memory the blocks are ([`HostPool::pinned`]); `None`:
+    /// the system allocator.
+    pinned: Option<Arc<dyn Device>>,
 }
 
 impl fmt::Debug for HostPool {
@@ -263,7 +303,29 @@ impl HostPool {
             state: Mutex::new(PoolState::default()),
             limit,
             fence: None,
+            pinned: None,
         }
+    }
+
+    /// A pool of `device`'s pinned (page-locked) host memory, of at most `capacity` bytes
+    /// in all (blocks in use and cached): [`HostPool::try_allocate`] answers `None` rather
+    /// than go beyond it. Memory a device copies to and from directly, so that a download
+    /// lands in it with no staging copy, and an upload of what it holds is a direct copy.
+    ///
+    /// Blocks come from [`Device::allocate_staging`] (on CUDA, `cuMemHostAlloc`, which
+    /// synchronizes the device: a pool reused in steady state allocates none) and go back
+    /// to the device only when the pool is trimmed or dropped, or to make room for
+    /// another size.
+    pub fn pinned(device: Arc<dyn Device>, capacity: usize) -> Self {
+        Self {
+            pinned: Some(device),
+            ..Self::new(capacity)
+        }
+    }
+
+    /// Whether the blocks are a device's pinned memory ([`HostPool::pinned`]).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
     }
 
     /// A pool that calls `fence` before it gives memory back to the system (and lets
@@ -293,9 +355,25 @@ impl HostPool {
 
     /// `len` bytes aligned to [`BUFFER_ALIGNMENT`], initialized (zero when new, else
     /// what the block's last user wrote), freed into the pool when dropped.
+    ///
+    /// A pool of pinned memory ([`HostPool::pinned`]) that is full fails with
+    /// [`Error::InvalidArgument`]; [`HostPool::try_allocate`] says so with `None`.
     pub fn allocate(self: &Arc<Self>, len: usize) -> Result<PooledMemory> {
+        self.try_allocate(len)?.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a pinned host memory pool of {} bytes is full: {} bytes in use",
+                self.limit,
+                self.stats().in_use_bytes
+            ))
+        })
+    }
+
+    /// [`HostPool::allocate`], or `None` where a pool of pinned memory would go beyond
+    /// its capacity (blocks of other sizes that are cached are freed first to make
+    /// room). A pool of system memory always allocates.
+    pub fn try_allocate(self: &Arc<Self>, len: usize) -> Result<Option<PooledMemory>> {
         if len == 0 {
-            return Ok(PooledMemory {
+            return Ok(Some(PooledMemory {
                 ptr: NonNull::<u8>::dangling()
                     .as_ptr()
                     .wrapping_add(BUFFER_ALIGNMENT - 1)
@@ -303,9 +381,10 @@ impl HostPool {
                 len: 0,
                 block: None,
                 pool: self.clone(),
-            });
+            }));
         }
         let class = size_class(len);
+        let mut evicted = Vec::new();
         let cached = {
             let mut state = self.state();
             state.touch(class);
@@ -315,14 +394,53 @@ impl HostPool {
                     state.stats.hits += 1;
                     state.stats.cached_bytes -= class;
                 }
+                None if self.pinned.is_some() => {
+                    // Everything pinned counts against the capacity: make room among the
+                    // cached blocks of other sizes, or give up.
+                    let held = state.stats.in_use_bytes + state.stats.cached_bytes;
+                    if held + class > self.limit {
+                        let in_use = state.stats.in_use_bytes;
+                        if in_use + class > self.limit {
+                            state.stats.exhausted += 1;
+                            return Ok(None);
+                        }
+                        let need = held + class - self.limit;
+                        let mut freed = 0;
+                        while freed < need {
+                            let Some(victim) = state
+                                .free
+                                .iter()
+                                .filter(|(_, blocks)| !blocks.is_empty())
+                                .map(|(&c, _)| (state.last_use.get(&c).copied().unwrap_or(0), c))
+                                .min()
+                                .map(|(_, c)| c)
+                            else {
+                                break;
+                            };
+                            if let Some(block) = state.free.get_mut(&victim).and_then(Vec::pop) {
+                                state.stats.cached_bytes -= victim;
+                                state.stats.evictions += 1;
+                                freed += victim;
+                                evicted.push(block);
+                            }
+                        }
+                    }
+                    state.stats.misses += 1;
+                }
                 None => state.stats.misses += 1,
             }
             state.stats.in_use_bytes += class;
             block
         };
+        if !evicted.is_empty() {
+            if let Some(fence) = &self.fence {
+                fence();
+            }
+            drop(evicted);
+        }
         let block = match cached {
             Some(block) => block,
-            None => match Block::new(class) {
+            None => match self.new_block(class) {
                 Ok(block) => block,
                 Err(e) => {
                     // Out of memory: give the cache back and try once more.
@@ -331,18 +449,25 @@ impl HostPool {
                         return Err(e);
                     }
                     self.state().stats.in_use_bytes += class;
-                    Block::new(class).inspect_err(|_| {
+                    self.new_block(class).inspect_err(|_| {
                         self.state().stats.in_use_bytes -= class;
                     })?
                 }
             },
         };
-        Ok(PooledMemory {
+        Ok(Some(PooledMemory {
             ptr: block.ptr.as_ptr(),
             len,
             block: Some(block),
             pool: self.clone(),
-        })
+        }))
+    }
+
+    fn new_block(&self, class: usize) -> Result<Block> {
+        match &self.pinned {
+            Some(device) => Block::pinned(device.as_ref(), class),
+            None => Block::new(class),
+        }
     }
 
     /// Gives every cached block back to the system; returns the bytes freed.
@@ -581,5 +706,36 @@ mod tests {
         drop(pool.allocate(10 * large).unwrap());
         assert_eq!(pool.stats().evictions, 2);
         assert_eq!(pool.stats().cached_bytes, small + 2 * large);
+    }
+
+    #[test]
+    fn a_pinned_pool_stays_within_its_capacity_and_reuses_its_blocks() {
+        use crate::device::CpuDevice;
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+        let class = size_class(100_000);
+        let pool = Arc::new(HostPool::pinned(device.clone(), 2 * class + 1000));
+        assert!(pool.is_pinned());
+        let a = pool.try_allocate(100_000).unwrap().expect("room");
+        assert!(
+            device.is_pinned(a.as_ptr(), a.len()),
+            "the device's pinned memory"
+        );
+        assert_eq!(a.as_ptr() as usize % BUFFER_ALIGNMENT, 0);
+        let b = pool.try_allocate(100_000).unwrap().expect("room");
+        assert!(pool.try_allocate(100_000).unwrap().is_none(), "full");
+        assert!(pool.allocate(100_000).is_err());
+        assert_eq!(pool.stats().exhausted, 2);
+        let address = a.as_ptr();
+        drop(a);
+        let c = pool.try_allocate(99_000).unwrap().expect("the freed block");
+        assert_eq!(c.as_ptr(), address);
+        drop((b, c));
+        // Another size: cached blocks of the first make room for it.
+        let d = pool.try_allocate(150_000).unwrap().expect("room made");
+        let stats = pool.stats();
+        assert!(stats.evictions >= 1, "{stats:?}");
+        assert!(stats.in_use_bytes + stats.cached_bytes <= 2 * class + 1000);
+        drop(d);
+        assert!(pool.trim() > 0);
     }
 }

@@ -317,8 +317,9 @@ pub fn measure_point(
     };
     let mut timings = Vec::with_capacity(8);
 
-    // devarrow, host to device: `to_device` returns once the copies are enqueued, so the
-    // time runs until the events of every batch have completed.
+    // devarrow, host to device: `to_device_batches` moves every batch in one pipeline and
+    // returns once the copies are enqueued, so the time runs until the events of every
+    // batch have completed.
     stage.part("devarrow");
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
@@ -336,13 +337,11 @@ pub fn measure_point(
         },
         |on_device| {
             let before = device.copy_count();
-            for batch in batches {
-                on_device.push(
-                    transfer
-                        .to_device(batch)
-                        .map_err(abi("moving a batch to the device"))?,
-                );
-            }
+            on_device.extend(
+                transfer
+                    .to_device_batches(batches)
+                    .map_err(abi("moving the batches to the device"))?,
+            );
             for batch in on_device.iter() {
                 batch
                     .event()
@@ -557,10 +556,9 @@ impl Worker<'_> {
     fn move_to_device(&mut self) -> Result<(), JobError> {
         let id = self.id;
         let fail = |e: devarrow::abi::Error| JobError::new(format!("{id}: {e}"));
-        for batch in &self.batches {
-            self.on_device
-                .push(self.transfer.to_device(batch).map_err(fail)?);
-        }
+        let batches: Vec<RecordBatch> = self.batches.iter().map(|&b| b.clone()).collect();
+        self.on_device
+            .extend(self.transfer.to_device_batches(&batches).map_err(fail)?);
         for batch in &self.on_device {
             batch.event().wait_host().map_err(fail)?;
         }
