@@ -532,6 +532,50 @@ fn imported_batches_release_the_foreign_memory() {
     assert!(dev.context().check_err().is_ok());
 }
 
+/// Downloads land in pinned memory of the transfer's pool, one direct copy per batch
+/// (`cuMemcpyDtoHAsync` into `cuMemHostAlloc` memory); the batch brought back uploads
+/// again in one direct copy; a dropped batch's block is reused; a pool too small falls
+/// back to staging and says why; nothing leaks.
+#[test]
+fn downloads_land_in_pinned_memory_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let check = DeviceMemoryCheck::start(device.primary_context());
+    let batch = wide_batch(4, 100_000);
+    let mut transfer = transfer(&device);
+    let on_device = transfer.to_device(&batch).unwrap();
+    let before = device.copy_count();
+    let back = transfer.to_host(&on_device).unwrap();
+    assert_eq!(device.copy_count() - before, 1, "one direct copy");
+    assert_eq!(back, batch);
+    for column in back.columns() {
+        for buffer in column.to_data().buffers() {
+            assert!(device.is_pinned(buffer.as_ptr(), buffer.len()));
+        }
+    }
+    let before = device.copy_count();
+    let again = transfer.to_device(&back).unwrap();
+    assert_eq!(device.copy_count() - before, 1, "one direct copy up");
+    assert_eq!(transfer.to_host(&again).unwrap(), batch);
+    drop(back);
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    let pool = transfer.pinned_host_pool().expect("made").clone();
+    assert!(pool.stats().hits >= 1, "{:?}", pool.stats());
+    let mut small = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            pinned_host_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    assert_eq!(small.to_host(&on_device).unwrap(), batch);
+    assert_eq!(small.stats().pageable_downloads, 1);
+    assert!(small
+        .host_memory_note()
+        .is_some_and(|n| n.contains("was full")));
+    drop((again, on_device, transfer, small, pool));
+    check.assert_no_leak("downloads into pinned memory");
+}
+
 #[test]
 fn staging_is_bounded_and_copies_are_chunked() {
     let (_lock, device) = gpu_or_skip!();
@@ -542,6 +586,7 @@ fn staging_is_bounded_and_copies_are_chunked() {
         recording.clone(),
         TransferOptions {
             staging_bytes: bound,
+            pinned_host_bytes: 0, // downloads through staging too
             ..Default::default()
         },
     );
@@ -573,6 +618,7 @@ fn many_batches_come_back_in_one_pipeline_through_few_stages() {
         staging_bytes: 1 << 20,
         chunk_bytes: 256 << 10,
         first_chunk_bytes: 64 << 10,
+        pinned_host_bytes: 0, // downloads through the stages, not into pinned memory
         ..Default::default()
     };
     let mut transfer = Transfer::new(device.clone(), options);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::baseline::{BufferByBuffer, RawCopy};
 use arrow_array::RecordBatch;
-use devarrow::abi::device::Device;
+use devarrow::abi::device::{Device, HostPool};
 use devarrow::bridge::{DeviceBatch, StageTimes, Transfer, TransferOptions};
 
 use super::progress::Stage;
@@ -169,6 +169,109 @@ pub struct Point {
     /// devarrow on several devices at once (`--device cuda:0,1`, `cuda:all`); `None` on
     /// one device.
     pub multi: Option<MultiPoint>,
+    /// The host's own ceilings for the same bytes, measured in the same run.
+    pub ceilings: Option<HostCeilings>,
+    /// Why devarrow's downloads fell back from pinned to pageable memory, if they did
+    /// (`Transfer::host_memory_note`), and how many batches landed where.
+    pub host_memory: Option<HostMemory>,
+}
+
+/// Where devarrow's downloads landed (the last timed repetition).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostMemory {
+    /// Batches copied straight into pinned memory of the transfer's pool.
+    pub pinned: u64,
+    /// Batches that went through staging into pageable memory.
+    pub pageable: u64,
+    /// Why, where some did.
+    pub note: Option<String>,
+}
+
+/// What the host itself does with the same bytes, in the same run: the ceilings of the
+/// host side of a transfer, so that a host-side stall shows as a ratio beside them
+/// (a link model hides it).
+///
+/// - `pinned_memcpy`: a parallel `memcpy` (the threads devarrow packs with) from ordinary
+///   memory into pinned staging memory: what packing an upload can reach;
+/// - `faulted_memcpy`: the same into ordinary memory already faulted in: what the host
+///   side of a download into pageable memory can reach.
+///
+/// At most [`CEILING_BYTES`] are copied (the rate does not depend on more).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostCeilings {
+    /// Threads of each copy.
+    pub threads: usize,
+    /// Bytes of each copy.
+    pub bytes: usize,
+    /// Every timed repetition into pinned memory.
+    pub pinned_memcpy: Vec<Duration>,
+    /// Every timed repetition into pre-faulted memory.
+    pub faulted_memcpy: Vec<Duration>,
+}
+
+/// The most pinned host memory the job lets devarrow's downloads land in: 64 GiB.
+pub const PINNED_POOL_MAX_BYTES: usize = 64 << 30;
+
+/// The most bytes a ceiling copies: 1 GiB.
+pub const CEILING_BYTES: usize = 1 << 30;
+
+impl HostCeilings {
+    /// The parallel memcpy into pinned memory, GB/s (best repetition).
+    pub fn pinned_gbps(&self) -> f64 {
+        gbps(self.bytes, best(&self.pinned_memcpy))
+    }
+
+    /// The parallel memcpy into pre-faulted memory, GB/s (best repetition).
+    pub fn faulted_gbps(&self) -> f64 {
+        gbps(self.bytes, best(&self.faulted_memcpy))
+    }
+
+    /// Measures both on `device` (its staging memory) for `bytes` bytes (at most
+    /// [`CEILING_BYTES`]), `reps` timed repetitions after one warm-up each.
+    pub fn measure(
+        device: &Arc<dyn Device>,
+        bytes: usize,
+        reps: usize,
+    ) -> devarrow::abi::Result<Self> {
+        let threads = devarrow::bridge::pack::Parallelism::new(0, 0).threads;
+        let bytes = bytes.clamp(1, CEILING_BYTES);
+        // The source: ordinary memory, written (faulted in) before anything is timed.
+        let source = vec![0x5au8; bytes];
+        let mut pinned = device.allocate_staging(bytes)?;
+        let mut faulted = vec![0u8; bytes];
+        faulted.fill(1);
+        let time = |dst: &mut [u8]| {
+            let start = Instant::now();
+            parallel_copy(&mut dst[..bytes], &source, threads);
+            start.elapsed()
+        };
+        let mut pinned_memcpy = Vec::with_capacity(reps);
+        let mut faulted_memcpy = Vec::with_capacity(reps);
+        for rep in 0..=reps {
+            let p = time(pinned.as_mut_slice());
+            let f = time(&mut faulted);
+            if rep > 0 {
+                pinned_memcpy.push(p);
+                faulted_memcpy.push(f);
+            }
+        }
+        Ok(Self {
+            threads,
+            bytes,
+            pinned_memcpy,
+            faulted_memcpy,
+        })
+    }
+}
+
+/// `dst.copy_from_slice(src)` on `threads` scoped threads, each an equal part.
+fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
+    let part = src.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            scope.spawn(move || d.copy_from_slice(s));
+        }
+    });
 }
 
 /// devarrow's figures on one device of a run on several.
@@ -364,9 +467,24 @@ pub fn measure_point(
     });
     stages.clear();
 
+    // Downloads land in pinned memory of the transfer's pool; the job holds every batch
+    // of a repetition (to compare them), so the pool is sized to hold them all (size
+    // classes round up by at most a quarter), up to PINNED_POOL_MAX_BYTES: beyond it,
+    // batches land in pageable memory and the report says so.
+    if !device.host_accessible() {
+        let need = bytes + bytes / 4 + on_device.len() * 4096;
+        transfer.set_pinned_host_pool(Some(Arc::new(HostPool::pinned(
+            device.clone(),
+            need.clamp(
+                TransferOptions::default().pinned_host_bytes,
+                PINNED_POOL_MAX_BYTES,
+            ),
+        ))));
+    }
     // devarrow, device to host: `to_host_batches` moves every batch in one pipeline and
     // returns the rebuilt batches once copied.
     let mut back: Vec<RecordBatch> = Vec::with_capacity(batches.len());
+    let mut landed = (0, 0);
     let times = repeat(
         stage,
         reps,
@@ -383,7 +501,9 @@ pub fn measure_point(
                     .map_err(abi("moving the batches back to the host"))?,
             );
             copies = device.copy_count() - before;
-            stages.push(transfer.take_stats().to_host);
+            let stats = transfer.take_stats();
+            stages.push(stats.to_host);
+            landed = (stats.pinned_downloads, stats.pageable_downloads);
             Ok(())
         },
     )?;
@@ -402,9 +522,19 @@ pub fn measure_point(
             device.device_type()
         )));
     }
+    let host_memory = (landed != (0, 0)).then(|| HostMemory {
+        pinned: landed.0,
+        pageable: landed.1,
+        note: transfer.host_memory_note().map(str::to_string),
+    });
     drop((back, on_device, transfer));
     sync()?;
     super::memory::release_free_memory();
+
+    // The host's own ceilings for the same bytes.
+    stage.part("host ceilings");
+    let ceilings = HostCeilings::measure(device, bytes, reps)
+        .map_err(abi("measuring the host's memcpy ceilings"))?;
 
     // Raw copies of the same byte count, in one copy each.
     stage.part("raw copies");
@@ -534,6 +664,8 @@ pub fn measure_point(
         timings,
         verified: true,
         multi: None,
+        ceilings: Some(ceilings),
+        host_memory,
     })
 }
 

@@ -8,7 +8,7 @@ use devarrow::cuda::CudaDeviceOptions;
 use serde::Serialize;
 
 use super::cuda_options::{self, CudaOptions};
-use super::measure::{Direction, Method, MultiPoint, Point};
+use super::measure::{Direction, HostCeilings, Method, MultiPoint, Point};
 use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
 
@@ -251,6 +251,7 @@ impl Run {
             out.push('\n');
             sweep_table(&mut out, &self.points);
         }
+        host_lines(&mut out, &self.points);
         if let Some((first, _)) = self.device.several.first() {
             for point in &self.points {
                 if let Some(multi) = &point.multi {
@@ -323,6 +324,39 @@ impl Run {
                     host_to_device: JsonFigure::new(m.bytes(), m.walls(Direction::HostToDevice)),
                     device_to_host: JsonFigure::new(m.bytes(), m.walls(Direction::DeviceToHost)),
                     peers_on: m.shares.first().map(|s| s.id.clone()),
+                }),
+                host_ceilings: p.ceilings.as_ref().map(|c| {
+                    let of = |direction: Direction, ceiling: f64| {
+                        p.timing(Method::Devarrow, direction)
+                            .filter(|_| ceiling > 0.0)
+                            .map(|t| t.gbps() / ceiling)
+                    };
+                    JsonCeilings {
+                        threads: c.threads,
+                        bytes: c.bytes,
+                        pinned_memcpy_gbps: c.pinned_gbps(),
+                        faulted_memcpy_gbps: c.faulted_gbps(),
+                        pinned_memcpy_times_s: c
+                            .pinned_memcpy
+                            .iter()
+                            .map(Duration::as_secs_f64)
+                            .collect(),
+                        faulted_memcpy_times_s: c
+                            .faulted_memcpy
+                            .iter()
+                            .map(Duration::as_secs_f64)
+                            .collect(),
+                        devarrow_h2d_of_pinned_memcpy: of(Direction::HostToDevice, c.pinned_gbps()),
+                        devarrow_d2h_of_faulted_memcpy: of(
+                            Direction::DeviceToHost,
+                            c.faulted_gbps(),
+                        ),
+                    }
+                }),
+                downloads_landed: p.host_memory.as_ref().map(|m| JsonLanded {
+                    pinned: m.pinned,
+                    pageable: m.pageable,
+                    note: m.note.clone(),
                 }),
                 measurements: p
                     .timings
@@ -585,6 +619,36 @@ struct JsonPoint {
     #[serde(skip_serializing_if = "Option::is_none")]
     total: Option<JsonTotal>,
     measurements: Vec<JsonMeasurement>,
+    /// The host's ceilings for the same bytes (see `HostCeilings`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_ceilings: Option<JsonCeilings>,
+    /// Where devarrow's downloads landed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    downloads_landed: Option<JsonLanded>,
+}
+
+/// A parallel memcpy of the same bytes into pinned and into pre-faulted memory, and
+/// devarrow's figures as multiples of them.
+#[derive(Debug, Serialize)]
+struct JsonCeilings {
+    threads: usize,
+    bytes: usize,
+    pinned_memcpy_gbps: f64,
+    faulted_memcpy_gbps: f64,
+    pinned_memcpy_times_s: Vec<f64>,
+    faulted_memcpy_times_s: Vec<f64>,
+    /// devarrow host to device over the memcpy into pinned memory.
+    devarrow_h2d_of_pinned_memcpy: Option<f64>,
+    /// devarrow device to host over the memcpy into pre-faulted memory.
+    devarrow_d2h_of_faulted_memcpy: Option<f64>,
+}
+
+/// Batches of devarrow's downloads that landed in pinned and in pageable memory.
+#[derive(Debug, Serialize)]
+struct JsonLanded {
+    pinned: u64,
+    pageable: u64,
+    note: Option<String>,
 }
 
 /// One method in one direction.
@@ -602,6 +666,77 @@ struct JsonMeasurement {
     /// Time per stage of devarrow's transfers (plan, allocate, pack, copy, unpack,
     /// validate), the mean over the timed repetitions.
     stages_s: Option<std::collections::BTreeMap<String, f64>>,
+}
+
+/// The host's ceilings beside devarrow (its share of a parallel memcpy of the same bytes
+/// into pinned memory host to device, into pre-faulted memory device to host), and where
+/// devarrow's downloads landed.
+fn host_lines(out: &mut String, points: &[Point]) {
+    let with: Vec<(&Point, &HostCeilings)> = points
+        .iter()
+        .filter_map(|p| p.ceilings.as_ref().map(|c| (p, c)))
+        .collect();
+    if let Some((_, first)) = with.first() {
+        let _ = writeln!(
+            out,
+            "\nhost ceilings: a parallel memcpy of the same bytes ({} threads, {} MB), measured \
+             beside each batch size",
+            first.threads,
+            thousands((first.bytes / 1_000_000) as u64)
+        );
+        let _ = writeln!(
+            out,
+            "  {:>10}  {:>14} {:>14}  {:>22} {:>22}",
+            "rows/batch",
+            "into pinned",
+            "into faulted",
+            "devarrow H2D / pinned",
+            "devarrow D2H / faulted"
+        );
+        for (p, c) in &with {
+            let ratio = |direction: Direction, ceiling: f64| {
+                p.timing(Method::Devarrow, direction)
+                    .filter(|_| ceiling > 0.0)
+                    .map_or_else(
+                        || "-".to_string(),
+                        |t| format!("{:.2}x", t.gbps() / ceiling),
+                    )
+            };
+            let _ = writeln!(
+                out,
+                "  {:>10}  {:>9.2} GB/s {:>9.2} GB/s  {:>22} {:>22}",
+                thousands(p.batch_rows as u64),
+                c.pinned_gbps(),
+                c.faulted_gbps(),
+                ratio(Direction::HostToDevice, c.pinned_gbps()),
+                ratio(Direction::DeviceToHost, c.faulted_gbps()),
+            );
+        }
+    }
+    for p in points {
+        if let Some(m) = &p.host_memory {
+            let rows = thousands(p.batch_rows as u64);
+            match &m.note {
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "downloads ({rows} rows/batch): {} landed in pinned host memory, copied \
+                         there directly",
+                        count(m.pinned as usize, "batch", "batches")
+                    );
+                }
+                Some(note) => {
+                    let _ = writeln!(
+                        out,
+                        "downloads ({rows} rows/batch): {} in pinned host memory, {} in pageable \
+                         memory: {note}",
+                        count(m.pinned as usize, "batch", "batches"),
+                        count(m.pageable as usize, "batch", "batches")
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The table of one batch size: bytes, time, GB/s and share of pinned per method and
@@ -771,6 +906,8 @@ pub(crate) mod tests {
             timings,
             verified: true,
             multi: None,
+            ceilings: None,
+            host_memory: None,
         }
     }
 
