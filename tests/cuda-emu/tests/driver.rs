@@ -1266,6 +1266,80 @@ fn kernels_run_on_the_stream_and_faults_are_sticky() {
     }
 }
 
+/// The gate kernel of `testing.ptx` (`dvx_gate_fill_u32`) spins on a flag in mapped pinned
+/// host memory until the host writes it: the kernel runs on the stream's worker while
+/// the host goes on, each of its volatile loads reads the host's memory afresh, and
+/// nothing but the flag ends it (not the time that passes).
+#[test]
+fn a_kernel_spins_on_mapped_host_memory_until_the_host_writes_it() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(include_str!("../../support/testing.ptx")).unwrap();
+    let n: u64 = 300;
+    let dst = emu.alloc(4 * n as usize);
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let mut host: *mut c_void = std::ptr::null_mut();
+    let mut flag: CUdeviceptr = 0;
+    // SAFETY: valid handles and out-pointers; the parameters match
+    // dvx_gate_fill_u32(u64, u64, u64, u32); the flag is a naturally aligned u32 of the
+    // pinned allocation, accessed on the host through an atomic only, freed after the
+    // stream is synchronized.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(
+            &mut f,
+            module,
+            c"dvx_gate_fill_u32".as_ptr(),
+        ));
+        ck(cuMemHostAlloc(&mut host, 4096, 0x1 | 0x2)); // PORTABLE | DEVICEMAP
+        let open = std::sync::atomic::AtomicU32::from_ptr(host.cast::<u32>());
+        open.store(0, std::sync::atomic::Ordering::SeqCst);
+        ck(cuMemHostGetDevicePointer_v2(&mut flag, host, 0));
+        let (mut flag, mut dst, mut len, mut value) = (flag, dst, n, 9u32);
+        let mut params: [*mut c_void; 4] = [
+            (&mut flag as *mut u64).cast(),
+            (&mut dst as *mut u64).cast(),
+            (&mut len as *mut u64).cast(),
+            (&mut value as *mut u32).cast(),
+        ];
+        ck(cuLaunchKernel(
+            f,
+            2,
+            1,
+            1,
+            128,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        let done = emu.event();
+        ck(cuEventRecord(done, s));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            cuEventQuery(done),
+            CUDA_ERROR_NOT_READY,
+            "the gate is closed"
+        );
+        assert_eq!(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        // Nothing was written yet.
+        assert_eq!(emu.download(dst, 4), vec![POISON; 4]);
+        open.store(1, std::sync::atomic::Ordering::SeqCst);
+        ck(cuStreamSynchronize(s));
+        ck(cuEventQuery(done));
+        let want: Vec<u8> = (0..n as u32).flat_map(|i| (9 + i).to_le_bytes()).collect();
+        assert_eq!(emu.download(dst, 4 * n as usize), want);
+        ck(cuEventDestroy_v2(done));
+        ck(cuMemFreeHost(host));
+        ck(cuMemFree_v2(dst));
+        ck(cuStreamDestroy_v2(s));
+        ck(cuModuleUnload(module));
+    }
+}
+
 #[test]
 fn events_time_the_work_between_them() {
     let emu = Emu::new();
