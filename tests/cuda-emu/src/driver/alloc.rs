@@ -553,14 +553,17 @@ impl MemTable {
         if !accept(a.kind) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let from = a.state.load(Ordering::Acquire);
-        if !matches!(from, PENDING | LIVE)
-            || a.state
-                .compare_exchange(from, FREEING, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        // One atomic update from either state: the stream's worker may make a pending
+        // allocation live (`Op::AllocReady`) at any moment, and a free is valid before
+        // and after that (a load, then a compare-exchange from the state loaded, failed
+        // when the worker came in between: a spurious "invalid free" that leaked the
+        // block).
+        a.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                after_state_read();
+                matches!(state, PENDING | LIVE).then_some(FREEING)
+            })
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         Ok(a.clone())
     }
 
@@ -976,5 +979,64 @@ impl Memory for KernelMemory<'_> {
 
     fn global_timer_ns(&self) -> u64 {
         global_timer_ns()
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What a test runs right after [`MemTable::begin_free`] has read the allocation's
+    /// state: another thread's change of that state, deterministically there.
+    static AFTER_STATE_READ: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The test hook of [`MemTable::begin_free`] (nothing outside tests).
+fn after_state_read() {
+    #[cfg(test)]
+    AFTER_STATE_READ.with(|hook| {
+        if let Some(hook) = hook.borrow_mut().as_mut() {
+            hook();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream-ordered allocation may be freed whether or not its allocation has run on
+    /// its stream: here the stream's worker makes it live (`Op::AllocReady`) right after
+    /// the free read its state as pending. The free must still succeed. (It failed with
+    /// `CUDA_ERROR_INVALID_VALUE`, "invalid free", leaking the block: the flaky double
+    /// free of the `stress` test, seen when a descriptor table was freed right after its
+    /// launch while the worker ran its allocation.)
+    #[test]
+    fn a_free_racing_the_allocation_becoming_live_succeeds() {
+        let table = MemTable::new(1, 1 << 30);
+        let a = table.alloc_device(0, 48, 1, Some(7)).unwrap();
+        assert!(
+            a.state_problem().is_some(),
+            "pending until its allocation runs"
+        );
+        let worker = a.clone();
+        AFTER_STATE_READ.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                // What the stream's worker does, here between the read and the update.
+                worker.make_live();
+            }))
+        });
+        let freed = table.begin_free(a.addr, Kind::is_device);
+        AFTER_STATE_READ.with(|hook| hook.borrow_mut().take());
+        let freeing = freed.expect("the free of an allocation made live meanwhile");
+        assert!(std::ptr::eq(&*freeing, &*a));
+        assert!(!a.usable(), "no new work may use it");
+        table.finish_free(&a);
+        assert_eq!(a.state_problem(), Some("after it was freed"));
+        let acct = table.acct(0);
+        assert_eq!(
+            (acct.pool_used, acct.pool_free),
+            (0, 256),
+            "back in the pool"
+        );
     }
 }
