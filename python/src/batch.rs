@@ -260,6 +260,13 @@ fn dl_device(device_type: ArrowDeviceType, device_id: i64) -> DLDevice {
 
 /// DLPack's `stream` argument on CUDA: makes the consumer's stream wait (on the GPU) on
 /// the batch's event. None is the legacy default stream, -1 no synchronization.
+///
+/// Any other positive value is handed to `cuStreamWaitEvent` as the consumer's
+/// `CUstream`, which nothing can validate: NVIDIA's driver dereferences stream handles,
+/// so a value that is not a live stream (a garbage integer, a destroyed stream) crashes
+/// the process, as it would in any CUDA library (DLPack makes it the consumer's
+/// contract). What devarrow refuses is what it can tell without the driver: 0
+/// (ambiguous) and negative values other than -1.
 fn sync_stream(inner: &DeviceInner, batch: &DeviceBatch, stream: Option<i64>) -> PyResult<()> {
     let Some(cuda) = inner.selected.cuda.as_ref() else {
         return Ok(()); // the CPU device: data is ready when the batch exists
@@ -287,8 +294,8 @@ fn sync_stream(inner: &DeviceInner, batch: &DeviceBatch, stream: Option<i64>) ->
         .map_err(|e| crate::errors::to_py(e.into()))?;
     use devarrow::cuda::cudarc::driver::{result, sys};
     // SAFETY: a CUDA batch's sync event pointer is a `CUevent*` to the batch's live event
-    // (kept alive by `batch`); the stream handle is the consumer's, as DLPack defines it
-    // (cuStreamWaitEvent validates it and answers an error otherwise).
+    // (kept alive by `batch`); the stream handle is the consumer's live stream, as DLPack
+    // defines it (the consumer's contract: the driver does not validate it).
     unsafe {
         let event = *event.cast::<sys::CUevent>();
         result::stream::wait_event(

@@ -314,8 +314,10 @@ def test_cuda_stream_semantics(cuda, batch):
     col.__dlpack__(stream=-1)  # no synchronization
     with pytest.raises(ValueError, match="ambiguous"):
         col.__dlpack__(stream=0)
-    with pytest.raises(devarrow.DeviceError, match="stream"):
-        col.__dlpack__(stream=0xdead0)
+    with pytest.raises(ValueError, match="invalid stream"):
+        col.__dlpack__(stream=-2)
+    # A stream handle that is not a live stream cannot be checked by anyone: NVIDIA's
+    # driver dereferences it and the interpreter dies (SIGSEGV); the emulator aborts.
 
 
 def test_cuda_array_interface(dev, batch):

@@ -47,7 +47,8 @@ use devarrow_cuda::{
     kernels, live_host_registrations, CudaDevice, CudaDeviceOptions, CudaMemory as _, CudaStream,
     DeviceBuffer, HostWait, ImportedArray,
 };
-use devarrow_testing::gpu::{assert_still_running, EmulatedDriver};
+use devarrow_testing::gate::Gate;
+use devarrow_testing::gpu::EmulatedDriver;
 use devarrow_testing::leaks::{free_memory, DeviceMemoryCheck};
 use devarrow_testing::{sample, slices};
 
@@ -462,33 +463,25 @@ fn import_waits_on_the_producer_without_blocking_the_host() {
     assert_eq!(consume.to_host(&warm).unwrap(), batch);
     drop(warm);
     let scratch = DeviceBuffer::alloc(producer.stream(), 4 * 1024).unwrap();
+    let gate = Gate::new(producer.stream()).unwrap();
     // SAFETY: `scratch` holds 4 * 1024 bytes and lives until the producer synchronizes.
-    unsafe {
-        devarrow_testing::spin::launch_spin_fill_u32(
-            producer.stream(),
-            scratch.device_ptr(),
-            1024,
-            7,
-            300_000_000,
-        )
-        .unwrap()
-    };
+    unsafe { gate.launch_fill(scratch.device_ptr(), 1024, 7).unwrap() };
     let on_device = produce.to_device(&batch).unwrap();
     let (array, schema) = on_device.export().unwrap();
     let (array, count) = count_releases(array);
     let event = event_of(array.sync_event());
     drop(on_device);
-    let t = Instant::now();
-    // Int64 columns: no size lives on the device, so nothing is read back.
+    // Int64 columns: no size lives on the device, so nothing is read back. The import
+    // must not block the host: it would wait for the closed gate (its time limit then
+    // fails the test).
     let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(150),
-        "import must not block the host"
-    );
     // SAFETY: the event is alive (the import holds the export).
-    unsafe { assert_still_running(event, "the producer should still be spinning") };
+    unsafe { gate.assert_pending(event, "the producer waits at its gate") };
     // The consumer's copies wait for the producer's.
-    assert_eq!(consume.to_host(&imported).unwrap(), batch);
+    assert_eq!(
+        gate.open_during(|| consume.to_host(&imported).unwrap()),
+        batch
+    );
     drop(imported);
     assert_eq!(releases(&count), 1);
     producer.synchronize().unwrap();
@@ -687,20 +680,13 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     assert_eq!(transfer.to_host(&warm).unwrap(), batch);
     drop(warm);
     let scratch = DeviceBuffer::alloc(device.stream(), 4 * 1024).unwrap();
-    // Keep the transfer stream busy for 300 ms, so the copies to the device (enqueued
-    // after the spin) are still pending when the batch is exported and imported.
+    // Keep the transfer stream busy until the consumer reads, so the copies to the device
+    // (enqueued after the gate) are still pending when the batch is exported and
+    // imported.
+    let gate = Gate::new(device.stream()).unwrap();
     // SAFETY: `scratch` holds 4 * 1024 bytes and lives until the end of the test (after
     // the stream is synchronized).
-    unsafe {
-        devarrow_testing::spin::launch_spin_fill_u32(
-            device.stream(),
-            scratch.device_ptr(),
-            1024,
-            7,
-            300_000_000,
-        )
-        .unwrap()
-    };
+    unsafe { gate.launch_fill(scratch.device_ptr(), 1024, 7).unwrap() };
     let on_device: DeviceBatch = transfer.to_device(&batch).unwrap();
     let (exported, _schema) = on_device.export().unwrap();
     assert_eq!(exported.device_type(), ArrowDeviceType::CUDA);
@@ -710,19 +696,15 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
     let event = event_of(exported.sync_event());
     // SAFETY: the event is alive (the export is unreleased).
     unsafe {
-        assert_still_running(
+        gate.assert_pending(
             event,
-            "the copies should still wait behind the spinning kernel",
+            "the copies should still wait behind the gated kernel",
         )
     };
     drop(on_device); // the export keeps the memory and the event alive
 
-    let t = Instant::now();
+    // The import must not block the host (it would wait for the closed gate).
     let imported = ImportedArray::import(exported, &consumer).unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(150),
-        "import must not block the host"
-    );
     assert_eq!(imported.sync_event(), event);
     for (c, column) in batch.columns().iter().enumerate() {
         let column = column.as_any().downcast_ref::<Int64Array>().unwrap();
@@ -733,8 +715,14 @@ fn export_carries_a_cuevent_and_imports_with_the_consumer_waiting() {
         assert_eq!(node.null_count, column.null_count() as i64);
         // SAFETY: buffer 1 of an Int64 child holds `rows` values.
         let values = unsafe { imported.buffer(node, 1, 8 * rows) }.unwrap();
+        // The first read waits for the gated copies; the gate opens while it waits.
+        let got = if c == 0 {
+            gate.open_during(|| values.to_host(&consumer).unwrap())
+        } else {
+            values.to_host(&consumer).unwrap()
+        };
         assert_eq!(
-            values.to_host(&consumer).unwrap(),
+            got,
             column.values().inner().as_slice(),
             "column {c}: the consumer read before the producer's copies finished"
         );
@@ -1061,20 +1049,14 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
     let scratch = DeviceBuffer::zeroed(&consumer, 4 * 256).unwrap();
     // Hold the upload stream back so the first uploads are still in flight when their
     // arrays reach the consumer: a consumer that did not wait on sync_event would count
-    // garbage. (Best effort: should the background thread's first pinned allocation
-    // synchronize the context, the spin is merely over earlier.)
+    // garbage. The gate opens while the first import's drop waits for the consumer
+    // stream (its work waits for the gated uploads). Should the background thread
+    // synchronize the device before it hands out the first array (a pinned allocation
+    // that does), the gate's time limit fails the test.
     let spin = DeviceBuffer::zeroed(producer.stream(), 4 * 256).unwrap();
+    let gate = Gate::new(producer.stream()).unwrap();
     // SAFETY: `spin` holds 4 * 256 bytes and lives until the upload stream is synchronized.
-    unsafe {
-        devarrow_testing::spin::launch_spin_fill_u32(
-            producer.stream(),
-            spin.device_ptr(),
-            256,
-            3,
-            100_000_000,
-        )
-        .unwrap()
-    };
+    unsafe { gate.launch_fill(spin.device_ptr(), 256, 3).unwrap() };
     let start = Instant::now();
     let mut stream = export_reader_to_device(
         reader_of(&batches),
@@ -1093,7 +1075,11 @@ fn a_streamed_consumer_computes_on_every_uploaded_batch() {
         // The import's drop waits for the consumer stream (batch k's work) before the
         // array is released; meanwhile the background thread uploads k + 1 and k + 2 on
         // the upload stream.
-        drop(imported);
+        if k == 0 {
+            gate.open_during(|| drop(imported));
+        } else {
+            drop(imported);
+        }
         k += 1;
     }
     assert_eq!(k, n);
@@ -1205,25 +1191,17 @@ fn a_failed_transfer_leaves_no_copy_running() {
         Arc::new(common::InstrumentedDevice::wrapping(device.clone()).failing_events_after(0));
     for direction in ["to_host", "to_device"] {
         // Keep the device's stream busy, so that the copy is still pending when the event
-        // fails.
+        // fails: the failing call must wait for it (the gate opens while it waits).
+        let gate = Gate::new(device.stream()).unwrap();
         // SAFETY: `scratch` holds 4 * 1024 bytes and outlives the kernel (synchronized
         // below at the latest).
-        unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                device.stream(),
-                scratch.device_ptr(),
-                1024,
-                7,
-                20_000_000,
-            )
-            .unwrap()
-        };
+        unsafe { gate.launch_fill(scratch.device_ptr(), 1024, 7).unwrap() };
         let spun = device.stream().record_event(None).unwrap();
         let mut t = Transfer::new(failing.clone(), TransferOptions::default());
-        let failed = match direction {
+        let failed = gate.open_during(|| match direction {
             "to_host" => t.to_host(&on_device).map(|_| ()),
             _ => t.to_device(&batch).map(|_| ()),
-        };
+        });
         assert!(failed.is_err(), "{direction}: the event was refused");
         // The copy was enqueued after the spinning kernel: done only if the kernel is.
         assert!(
@@ -1754,20 +1732,14 @@ mod cuda_interop {
         drop(transfer.to_device(&other).unwrap());
         let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
         let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
-        // The upload is held back longer than the caller's spin below: the view's stream must
-        // wait for the batch's event, or the kernel reads the memory before the copies.
+        // The upload is held back too: its copies are still pending when the view and
+        // the batch are dropped, and the caller's kernel waits for them (the batch's
+        // event).
         let held = DeviceBuffer::alloc(device.stream(), 4 * 256).unwrap();
+        let upload_gate = Gate::new(device.stream()).unwrap();
+        let callers_gate = Gate::new(&stream).unwrap();
         // SAFETY: `held` holds 4 * 256 bytes, alive until the device is synchronized.
-        unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                device.stream(),
-                held.device_ptr(),
-                256,
-                0,
-                500_000_000,
-            )
-            .unwrap()
-        };
+        unsafe { upload_gate.launch_fill(held.device_ptr(), 256, 0).unwrap() };
         let on_device = transfer.to_device(&batch).unwrap();
         let input = on_device
             .column(0)
@@ -1777,23 +1749,15 @@ mod cuda_interop {
         let address = input.device_ptr();
         // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
         unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                &stream,
-                scratch.device_ptr(),
-                256,
-                0,
-                200_000_000,
-            )
-            .unwrap()
+            callers_gate
+                .launch_fill(scratch.device_ptr(), 256, 0)
+                .unwrap()
         };
         launch_add_one(&stream, &input, &mut output);
-        let t = Instant::now();
+        // Dropping must not block the host (it would wait for the closed gates, whose
+        // time limit then fails the test).
         drop(input);
         drop(on_device);
-        assert!(
-            t.elapsed() < Duration::from_millis(150),
-            "dropping must not block the host"
-        );
         // devarrow's stream freed the batch after waiting for the caller's kernel: memory it
         // allocates now (likely the same, from its pool) and overwrites is overwritten after.
         let mut reused = DeviceBuffer::alloc(device.stream(), 4 * rows).unwrap();
@@ -1809,11 +1773,16 @@ mod cuda_interop {
         let after = device.record_event().unwrap();
         // SAFETY: the event is alive (we hold it).
         unsafe {
-            assert_still_running(
+            callers_gate.assert_pending(
                 event_of(after.as_sync_event_ptr()),
                 "devarrow's stream waits for the caller's kernel before the batch's memory is freed",
             )
         };
+        // The upload goes on; devarrow's stream then waits for the caller's kernel, still
+        // gated: the free, the reuse and the overwrite come only after the caller's gate
+        // opens (which it does while the host waits for `after`).
+        upload_gate.open();
+        callers_gate.open_during(|| after.wait_host().unwrap());
         let got = stream.clone_dtoh(&output).unwrap();
         let expected: Vec<i32> = (1..=rows as i32).collect();
         assert_eq!(
@@ -1842,24 +1811,18 @@ mod cuda_interop {
         let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
         let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
         let input = column.cuda_values::<i32>(&stream).unwrap();
+        let gate = Gate::new(&stream).unwrap();
         // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
-        unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                &stream,
-                scratch.device_ptr(),
-                256,
-                0,
-                300_000_000,
-            )
-            .unwrap()
-        };
+        unsafe { gate.launch_fill(scratch.device_ptr(), 256, 0).unwrap() };
         launch_add_one(&stream, &input, &mut output);
         let done = stream.record_event(None).unwrap();
+        // Must not block the host (it would wait for the closed gate).
         drop(input);
         // SAFETY: the event is alive (we hold it).
-        unsafe { assert_still_running(done.cu_event(), "the caller's kernel spins") };
+        unsafe { gate.assert_pending(done.cu_event(), "the caller's kernel waits at its gate") };
         assert_eq!(releases(&count), 0);
-        drop(imported);
+        // The release waits for the caller's kernel: the gate opens while it waits.
+        gate.open_during(|| drop(imported));
         assert_eq!(releases(&count), 1);
         assert!(
             done.try_is_complete().unwrap(),
@@ -1883,32 +1846,20 @@ mod cuda_interop {
         let mut transfer = transfer(&device);
         assert_eq!(round_trip(&mut transfer, &batch), batch); // staging allocated before the spin
         let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
+        let gate = Gate::new(&stream).unwrap();
         // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
-        unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                &stream,
-                scratch.device_ptr(),
-                256,
-                0,
-                300_000_000,
-            )
-            .unwrap()
-        };
+        unsafe { gate.launch_fill(scratch.device_ptr(), 256, 0).unwrap() };
         let spun = stream.record_event(None).unwrap();
-        let t = Instant::now();
+        // The upload must not wait on the host (it would wait for the closed gate).
         let on_device = transfer.to_device(&batch).unwrap();
-        assert!(
-            t.elapsed() < Duration::from_millis(150),
-            "the upload must not wait on the host"
-        );
         // SAFETY: the batch holds its event.
         unsafe {
-            assert_still_running(
+            gate.assert_pending(
                 event_of(on_device.event().as_sync_event_ptr()),
                 "the copies are queued behind the caller's kernel",
             )
         };
-        on_device.event().wait_host().unwrap();
+        gate.open_during(|| on_device.event().wait_host().unwrap());
         assert!(
             spun.try_is_complete().unwrap(),
             "a copy ran before the caller's kernel"
@@ -1935,60 +1886,51 @@ mod cuda_interop {
         assert_eq!(round_trip(&mut transfer, &batch), batch);
         let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
         let own = DeviceBuffer::alloc(device.stream(), 4 * 256).unwrap();
+        let callers_gate = Gate::new(&stream).unwrap();
+        let devarrows_gate = Gate::new(device.stream()).unwrap();
 
-        // devarrow waits for the caller: an upload after the caller's kernel.
+        // devarrow waits for the caller: an upload after the caller's kernel, with no host
+        // wait (it would wait for the closed gate).
         // SAFETY: `scratch` holds 4 * 256 bytes, alive until the streams are synchronized.
         unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                &stream,
-                scratch.device_ptr(),
-                256,
-                0,
-                300_000_000,
-            )
-            .unwrap()
+            callers_gate
+                .launch_fill(scratch.device_ptr(), 256, 0)
+                .unwrap()
         };
         let spun = stream.record_event(None).unwrap();
-        let t = Instant::now();
         device.wait_for_stream(&stream).unwrap();
         let on_device = transfer.to_device(&batch).unwrap();
-        assert!(t.elapsed() < Duration::from_millis(150), "no host wait");
         // SAFETY: the batch holds its event.
         unsafe {
-            assert_still_running(
+            callers_gate.assert_pending(
                 event_of(on_device.event().as_sync_event_ptr()),
                 "devarrow's copies wait for the caller's kernel",
             )
         };
-        on_device.event().wait_host().unwrap();
+        callers_gate.open_during(|| on_device.event().wait_host().unwrap());
         assert!(
             spun.try_is_complete().unwrap(),
             "devarrow's copies ran before the caller's kernel was done"
         );
         assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
 
-        // The caller waits for devarrow: work on the caller's stream after devarrow's.
+        // The caller waits for devarrow: work on the caller's stream after devarrow's, with
+        // no host wait.
         // SAFETY: `own` holds 4 * 256 bytes, alive until the streams are synchronized.
         unsafe {
-            devarrow_testing::spin::launch_spin_fill_u32(
-                device.stream(),
-                own.device_ptr(),
-                256,
-                0,
-                300_000_000,
-            )
-            .unwrap()
+            devarrows_gate
+                .launch_fill(own.device_ptr(), 256, 0)
+                .unwrap()
         };
         let spun = device.stream().record_event(None).unwrap();
-        let t = Instant::now();
         device.make_stream_wait(&stream).unwrap();
         let after = stream.record_event(None).unwrap();
-        assert!(t.elapsed() < Duration::from_millis(150), "no host wait");
         // SAFETY: the event is alive (we hold it).
         unsafe {
-            assert_still_running(after.cu_event(), "the caller's stream waits for devarrow's")
+            devarrows_gate
+                .assert_pending(after.cu_event(), "the caller's stream waits for devarrow's")
         };
-        after.synchronize().unwrap();
+        devarrows_gate.open_during(|| after.synchronize().unwrap());
         assert!(
             spun.try_is_complete().unwrap(),
             "the caller's stream went on before devarrow's work was done"

@@ -322,6 +322,16 @@ impl CudaDevice {
     /// device's stream from whichever thread drops it. The legacy default stream is
     /// accepted.
     ///
+    /// What devarrow can check about a caller's stream is its context, and only for a
+    /// live stream (here from the cudarc stream's context; for a raw handle,
+    /// `cuStreamGetCtx` would tell it). It cannot tell a live stream from a garbage or
+    /// destroyed handle: NVIDIA's driver dereferences stream handles without validating
+    /// them, so such a handle crashes the process at the first call, in devarrow or
+    /// anywhere else, rather than returning an error. cudarc's [`CudaStream`], which owns
+    /// its handle and keeps it alive while the `Arc` lives, rules that out here; a stream
+    /// built around a raw handle (an FFI caller's) must be live for as long as the
+    /// device is used.
+    ///
     /// The device holds the stream (its `Arc`), and so does every allocation made on it.
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
         context::check_keepable(&stream, "CudaDevice::on_stream")?;

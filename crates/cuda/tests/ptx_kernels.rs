@@ -782,6 +782,57 @@ fn spin_fill_u32_spins_then_fills() {
     }
 }
 
+/// Where the gate kernel's flag lives in the test memory.
+const GATE: u64 = 0x1004_0000_0000;
+
+#[test]
+fn gate_fill_u32_waits_for_its_flag_then_fills() {
+    for (n, geo) in [
+        (
+            0u64,
+            Geo {
+                grid: 1,
+                block: 256,
+            },
+        ),
+        (
+            1000,
+            Geo {
+                grid: 1,
+                block: 256,
+            },
+        ),
+        (5000, Geo { grid: 3, block: 32 }),
+    ] {
+        let mut mem = TestMem::new();
+        mem.map(GATE, &[0; 4], Access::ReadWrite);
+        mem.map_dst(DST, 4 * n);
+        let params = [p64(GATE), p64(DST), p64(n), p32(11)];
+        std::thread::scope(|s| {
+            let opener = s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                // Nothing written while the flag is 0, however long it stays so.
+                let (before, _) = mem.dst(DST, 4 * n);
+                assert!(
+                    before.iter().all(|&b| b == 0x5A),
+                    "filled before the gate opened"
+                );
+                let at = Instant::now();
+                mem.store(GATE, &1u32.to_le_bytes()).unwrap();
+                at
+            });
+            run(testing_module(), "dvx_gate_fill_u32", geo, &params, &mem).unwrap();
+            let ended = Instant::now();
+            let opened = opener.join().unwrap();
+            assert!(ended >= opened, "the kernel ended before its gate opened");
+        });
+        let expected: Vec<u8> = (0..n).flat_map(|i| (11 + i as u32).to_le_bytes()).collect();
+        let (got, guards) = mem.dst(DST, 4 * n);
+        assert!(got == expected, "n {n} {geo:?}");
+        assert!(guards);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Interpreter semantics
 // ---------------------------------------------------------------------------------------

@@ -423,10 +423,6 @@ fn peer_copies_within_one_context_run_on_the_stream() {
             cuMemcpyPeerAsync(b, null, a, ctx, 16, stream),
             CUDA_ERROR_INVALID_CONTEXT
         );
-        assert_eq!(
-            cuMemcpyPeerAsync(b, ctx, a, 0xdead_0000 as CUcontext, 16, stream),
-            CUDA_ERROR_INVALID_CONTEXT
-        );
         // Pinned host memory is not device memory of the context.
         assert_eq!(
             cuMemcpyPeerAsync(pinned.as_mut_ptr() as CUdeviceptr, ctx, a, ctx, 16, stream),
@@ -1266,6 +1262,80 @@ fn kernels_run_on_the_stream_and_faults_are_sticky() {
     }
 }
 
+/// The gate kernel of `testing.ptx` (`dvx_gate_fill_u32`) spins on a flag in mapped pinned
+/// host memory until the host writes it: the kernel runs on the stream's worker while
+/// the host goes on, each of its volatile loads reads the host's memory afresh, and
+/// nothing but the flag ends it (not the time that passes).
+#[test]
+fn a_kernel_spins_on_mapped_host_memory_until_the_host_writes_it() {
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(include_str!("../../support/testing.ptx")).unwrap();
+    let n: u64 = 300;
+    let dst = emu.alloc(4 * n as usize);
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let mut host: *mut c_void = std::ptr::null_mut();
+    let mut flag: CUdeviceptr = 0;
+    // SAFETY: valid handles and out-pointers; the parameters match
+    // dvx_gate_fill_u32(u64, u64, u64, u32); the flag is a naturally aligned u32 of the
+    // pinned allocation, accessed on the host through an atomic only, freed after the
+    // stream is synchronized.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(
+            &mut f,
+            module,
+            c"dvx_gate_fill_u32".as_ptr(),
+        ));
+        ck(cuMemHostAlloc(&mut host, 4096, 0x1 | 0x2)); // PORTABLE | DEVICEMAP
+        let open = std::sync::atomic::AtomicU32::from_ptr(host.cast::<u32>());
+        open.store(0, std::sync::atomic::Ordering::SeqCst);
+        ck(cuMemHostGetDevicePointer_v2(&mut flag, host, 0));
+        let (mut flag, mut dst, mut len, mut value) = (flag, dst, n, 9u32);
+        let mut params: [*mut c_void; 4] = [
+            (&mut flag as *mut u64).cast(),
+            (&mut dst as *mut u64).cast(),
+            (&mut len as *mut u64).cast(),
+            (&mut value as *mut u32).cast(),
+        ];
+        ck(cuLaunchKernel(
+            f,
+            2,
+            1,
+            1,
+            128,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        let done = emu.event();
+        ck(cuEventRecord(done, s));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            cuEventQuery(done),
+            CUDA_ERROR_NOT_READY,
+            "the gate is closed"
+        );
+        assert_eq!(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        // Nothing was written yet.
+        assert_eq!(emu.download(dst, 4), vec![POISON; 4]);
+        open.store(1, std::sync::atomic::Ordering::SeqCst);
+        ck(cuStreamSynchronize(s));
+        ck(cuEventQuery(done));
+        let want: Vec<u8> = (0..n as u32).flat_map(|i| (9 + i).to_le_bytes()).collect();
+        assert_eq!(emu.download(dst, 4 * n as usize), want);
+        ck(cuEventDestroy_v2(done));
+        ck(cuMemFreeHost(host));
+        ck(cuMemFree_v2(dst));
+        ck(cuStreamDestroy_v2(s));
+        ck(cuModuleUnload(module));
+    }
+}
+
 #[test]
 fn events_time_the_work_between_them() {
     let emu = Emu::new();
@@ -1305,7 +1375,6 @@ fn events_time_the_work_between_them() {
         for e in [start, end, untimed] {
             ck(cuEventDestroy_v2(e));
         }
-        assert_eq!(cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE, "destroyed");
         ck(cuStreamDestroy_v2(s));
     }
 }
@@ -1604,6 +1673,119 @@ fn run_child(env: &[(&str, &str)]) {
         out.status.success() && stdout.contains("several devices checked"),
         "child with {env:?} failed:\n{stdout}\n{stderr}"
     );
+}
+
+/// Which misuse [`misused_handle_child`] commits (unset: it does nothing).
+const MISUSE: &str = "DEVARROW_EMU_TEST_MISUSE";
+
+/// A stream or event handle the driver never handed out, or one already destroyed, ends
+/// the process with a message naming the call, as NVIDIA's driver (which dereferences
+/// handles) would crash there: no error code a caller or a test could rely on. Each
+/// misuse runs in a child process of this binary. NULL and `CU_STREAM_LEGACY` are valid
+/// stream handles, `CU_STREAM_PER_THREAD` too (not emulated: `CUDA_ERROR_NOT_SUPPORTED`).
+#[test]
+fn misused_stream_and_event_handles_abort_naming_the_call() {
+    {
+        let _emu = Emu::new();
+        // SAFETY: the special stream handles, valid in the current context.
+        unsafe {
+            ck(cuStreamQuery(std::ptr::null_mut()));
+            ck(cuStreamQuery(1 as CUstream));
+            assert_eq!(cuStreamQuery(2 as CUstream), CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    for (misuse, message) in [
+        (
+            "garbage_stream",
+            "devarrow-emu: fatal: cuStreamSynchronize: stream handle 0xdead0 was never handed \
+             out by the driver",
+        ),
+        (
+            "destroyed_stream",
+            "devarrow-emu: fatal: cuStreamQuery: stream handle 0x",
+        ),
+        (
+            "garbage_event",
+            "devarrow-emu: fatal: cuEventQuery: event handle 0xdead0 was never handed out",
+        ),
+        (
+            "destroyed_event",
+            "devarrow-emu: fatal: cuStreamWaitEvent: event handle 0x",
+        ),
+        (
+            "event_as_stream",
+            "devarrow-emu: fatal: cuLaunchHostFunc: stream handle 0x",
+        ),
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "misused_handle_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(MISUSE, misuse)
+            .env_remove("DEVARROW_EMU_API_ERROR_LOG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(SIGABRT),
+            "{misuse}: the child must abort ({:?}):\n{stdout}\n{stderr}",
+            out.status
+        );
+        assert!(
+            stderr.contains(message) && stderr.contains("NVIDIA's driver does not validate"),
+            "{misuse}: expected {message:?} in:\n{stderr}"
+        );
+        assert!(
+            stdout.contains(&format!("{misuse}: committing")),
+            "{misuse}: the child did not get there:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+/// The signal `std::process::abort` ends a process with.
+const SIGABRT: i32 = 6;
+
+/// The misuse [`misused_stream_and_event_handles_abort_naming_the_call`] asks for, in a
+/// child process: it must not return.
+#[test]
+fn misused_handle_child() {
+    let Ok(misuse) = std::env::var(MISUSE) else {
+        return;
+    };
+    let emu = Emu::new();
+    let stream = emu.stream(1);
+    let event = emu.event();
+    unsafe extern "C" fn nothing(_: *mut c_void) {}
+    // SAFETY: (the whole test) deliberately not, for the call of `misuse`: the handles
+    // before it are live.
+    unsafe {
+        let garbage = 0xdead0usize;
+        match misuse.as_str() {
+            "destroyed_stream" => ck(cuStreamDestroy_v2(stream)),
+            "destroyed_event" => ck(cuEventDestroy_v2(event)),
+            _ => {}
+        }
+        println!("{misuse}: committing");
+        let r = match misuse.as_str() {
+            "garbage_stream" => cuStreamSynchronize(garbage as CUstream),
+            "destroyed_stream" => cuStreamQuery(stream),
+            "garbage_event" => cuEventQuery(garbage as CUevent),
+            "destroyed_event" => cuStreamWaitEvent(stream, event, 0),
+            "event_as_stream" => cuLaunchHostFunc(
+                event as usize as CUstream,
+                Some(nothing),
+                std::ptr::null_mut(),
+            ),
+            other => panic!("no misuse {other}"),
+        };
+        panic!("{misuse}: the call returned {r:?}");
+    }
 }
 
 /// 2 and 4 emulated devices, with peer access and without (`DEVARROW_EMU_NO_PEER=1`).

@@ -11,10 +11,15 @@
 //! - [`sample`]: the "every type" record batches; [`random`]: seeded random batches;
 //!   [`slices`]: large columns of every layout a slice cuts;
 //! - [`kernel_oracles`]: CPU reference implementations of the PTX kernels;
-//! - [`spin`]: a spinning producer kernel (`testing.ptx`) that keeps a stream busy, so a
-//!   test can show that a consumer really waits on the producer's event.
+//! - [`gate`]: a kernel (`testing.ptx`) that keeps its stream busy until the test opens
+//!   the gate, so that an ordering test's precondition (work still pending) holds by
+//!   construction, with a time limit that fails the test instead of hanging it; a host
+//!   call that waits for the device while the gate is closed shows as that failure;
+//! - [`spin`]: the test kernels' PTX, and a timed spin (GPU work of a chosen length,
+//!   which cannot keep a stream busy until a test has checked something: [`gate`] does).
 #![warn(missing_docs)]
 
+pub mod gate;
 pub mod gpu;
 pub mod kernel_oracles;
 pub mod leaks;

@@ -27,12 +27,11 @@ fn child_1_leaves_a_sticky_fault() {
     };
     let stream = dev.new_stream().unwrap();
     let small = DeviceBuffer::alloc(&stream, 16).unwrap();
+    let gate = devarrow_testing::gate::Gate::new(&stream).unwrap();
     // SAFETY: deliberately not: the kernel writes 4 KiB into 16 bytes, a fault the driver
     // finds while the stream runs (sticky), which is what this test is about.
-    unsafe {
-        devarrow_testing::spin::launch_spin_fill_u32(&stream, small.device_ptr(), 1024, 1, 0)
-    }
-    .unwrap();
+    unsafe { gate.launch_fill(small.device_ptr(), 1024, 1) }.unwrap();
+    gate.open();
     let _ = stream.synchronize();
     // The buffer and the stream are leaked: freeing in a faulted context fails too.
     std::mem::forget(small);

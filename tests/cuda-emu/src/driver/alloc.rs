@@ -6,7 +6,7 @@ use std::alloc::Layout;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -553,14 +553,17 @@ impl MemTable {
         if !accept(a.kind) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let from = a.state.load(Ordering::Acquire);
-        if !matches!(from, PENDING | LIVE)
-            || a.state
-                .compare_exchange(from, FREEING, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        // One atomic update from either state: the stream's worker may make a pending
+        // allocation live (`Op::AllocReady`) at any moment, and a free is valid before
+        // and after that (a load, then a compare-exchange from the state loaded, failed
+        // when the worker came in between: a spurious "invalid free" that leaked the
+        // block).
+        a.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                after_state_read();
+                matches!(state, PENDING | LIVE).then_some(FREEING)
+            })
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         Ok(a.clone())
     }
 
@@ -858,6 +861,68 @@ impl<'a> KernelMemory<'a> {
     }
 }
 
+/// Reads `buf.len()` bytes at `p` into `buf`, afresh from memory each time: a naturally
+/// aligned access of 1, 2, 4 or 8 bytes (every scalar load of a kernel) is one relaxed
+/// atomic load, so that a kernel spinning on a flag that the host or another stream
+/// writes meanwhile (mapped pinned memory, `ld.volatile` / `ld.relaxed.sys`) reads each
+/// new value, and the concurrent accesses are no data race; wider or misaligned ones
+/// (vector loads) are plain copies.
+///
+/// # Safety
+/// `p` must be valid for reads of `buf.len()` bytes, and not overlap `buf`.
+unsafe fn load_scalar(p: *const u8, buf: &mut [u8]) {
+    let aligned = (p as usize).is_multiple_of(buf.len());
+    // SAFETY: in every arm, `p` is valid for `buf.len()` bytes (the caller's guarantee)
+    // and aligned for the atomic type of that size (checked). A host thread that writes
+    // a flag a kernel spins on writes it atomically (devarrow_testing's `Gate`); any
+    // other access racing a kernel's is the program's race, as it would be on a GPU.
+    unsafe {
+        match buf.len() {
+            1 => buf[0] = AtomicU8::from_ptr(p.cast_mut()).load(Ordering::Relaxed),
+            2 if aligned => buf.copy_from_slice(
+                &AtomicU16::from_ptr(p.cast_mut().cast::<u16>())
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            ),
+            4 if aligned => buf.copy_from_slice(
+                &AtomicU32::from_ptr(p.cast_mut().cast::<u32>())
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            ),
+            8 if aligned => buf.copy_from_slice(
+                &AtomicU64::from_ptr(p.cast_mut().cast::<u64>())
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            ),
+            n => std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n),
+        }
+    }
+}
+
+/// Writes `data` at `p`: one relaxed atomic store for a naturally aligned scalar (see
+/// [`load_scalar`]), a plain copy otherwise.
+///
+/// # Safety
+/// `p` must be valid for writes of `data.len()` bytes, and not overlap `data`.
+unsafe fn store_scalar(p: *mut u8, data: &[u8]) {
+    let aligned = (p as usize).is_multiple_of(data.len());
+    // SAFETY: in every arm, as in `load_scalar`, for writes.
+    unsafe {
+        match *data {
+            [a] => AtomicU8::from_ptr(p).store(a, Ordering::Relaxed),
+            [a, b] if aligned => AtomicU16::from_ptr(p.cast::<u16>())
+                .store(u16::from_le_bytes([a, b]), Ordering::Relaxed),
+            [a, b, c, d] if aligned => AtomicU32::from_ptr(p.cast::<u32>())
+                .store(u32::from_le_bytes([a, b, c, d]), Ordering::Relaxed),
+            [a, b, c, d, e, f, g, h] if aligned => AtomicU64::from_ptr(p.cast::<u64>()).store(
+                u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+                Ordering::Relaxed,
+            ),
+            _ => std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()),
+        }
+    }
+}
+
 impl Memory for KernelMemory<'_> {
     fn load(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
         if buf.is_empty() {
@@ -866,7 +931,7 @@ impl Memory for KernelMemory<'_> {
         let p = self.resolve(addr, buf.len(), "load")?;
         // SAFETY: `p` points to `buf.len()` bytes inside a live allocation, kept alive by
         // the snapshot; `buf` is a distinct Rust buffer.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        unsafe { load_scalar(p, buf) };
         Ok(())
     }
 
@@ -876,7 +941,7 @@ impl Memory for KernelMemory<'_> {
         }
         let p = self.resolve(addr, data.len(), "store")?;
         // SAFETY: as in `load`, for writes.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        unsafe { store_scalar(p, data) };
         Ok(())
     }
 
@@ -914,5 +979,64 @@ impl Memory for KernelMemory<'_> {
 
     fn global_timer_ns(&self) -> u64 {
         global_timer_ns()
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What a test runs right after [`MemTable::begin_free`] has read the allocation's
+    /// state: another thread's change of that state, deterministically there.
+    static AFTER_STATE_READ: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The test hook of [`MemTable::begin_free`] (nothing outside tests).
+fn after_state_read() {
+    #[cfg(test)]
+    AFTER_STATE_READ.with(|hook| {
+        if let Some(hook) = hook.borrow_mut().as_mut() {
+            hook();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream-ordered allocation may be freed whether or not its allocation has run on
+    /// its stream: here the stream's worker makes it live (`Op::AllocReady`) right after
+    /// the free read its state as pending. The free must still succeed. (It failed with
+    /// `CUDA_ERROR_INVALID_VALUE`, "invalid free", leaking the block: the flaky double
+    /// free of the `stress` test, seen when a descriptor table was freed right after its
+    /// launch while the worker ran its allocation.)
+    #[test]
+    fn a_free_racing_the_allocation_becoming_live_succeeds() {
+        let table = MemTable::new(1, 1 << 30);
+        let a = table.alloc_device(0, 48, 1, Some(7)).unwrap();
+        assert!(
+            a.state_problem().is_some(),
+            "pending until its allocation runs"
+        );
+        let worker = a.clone();
+        AFTER_STATE_READ.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                // What the stream's worker does, here between the read and the update.
+                worker.make_live();
+            }))
+        });
+        let freed = table.begin_free(a.addr, Kind::is_device);
+        AFTER_STATE_READ.with(|hook| hook.borrow_mut().take());
+        let freeing = freed.expect("the free of an allocation made live meanwhile");
+        assert!(std::ptr::eq(&*freeing, &*a));
+        assert!(!a.usable(), "no new work may use it");
+        table.finish_free(&a);
+        assert_eq!(a.state_problem(), Some("after it was freed"));
+        let acct = table.acct(0);
+        assert_eq!(
+            (acct.pool_used, acct.pool_free),
+            (0, 256),
+            "back in the pool"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The primitives every other driver module shares: the result type [`R`] and the
 //! `CUresult` codes, the failure injection, poison-free locking, the panic-catching
-//! wrapper of every API call ([`api`]), [`catch`], the out-parameter writer [`out`],
+//! wrapper of every API call ([`api`]), the fatal end of an unchecked misuse
+//! ([`fatal_misuse`]), [`catch`], the out-parameter writer [`out`],
 //! and the mark of stream worker threads (where API calls are not permitted).
 //!
 //! A leaf module: it depends on no other module of the crate.
@@ -149,9 +150,29 @@ fn report_api_error(name: &str, e: CUresult) {
     }
 }
 
+thread_local! {
+    /// The driver call the calling thread is in (for [`fatal_misuse`]).
+    static CALL: Cell<&'static str> = const { Cell::new("a driver call") };
+}
+
+/// Ends the process as NVIDIA's driver would on a misuse it does not check: it
+/// dereferences handles without validating them, so a handle it never handed out, or one
+/// already destroyed, is a crash there (a segmentation fault), not an error code a caller
+/// could handle or a test could expect. Prints `devarrow-emu: fatal: <call>: <what>` on
+/// stderr and aborts.
+pub(crate) fn fatal_misuse(what: &str) -> ! {
+    let call = CALL.with(|c| c.get());
+    eprintln!(
+        "devarrow-emu: fatal: {call}: {what} (NVIDIA's driver does not validate handles: \
+         it would crash here); aborting"
+    );
+    std::process::abort()
+}
+
 /// Runs the body of driver call `name`: refuses calls from stream workers (host
 /// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
+    CALL.with(|c| c.set(name));
     if IN_STREAM_WORKER.with(|c| c.get()) {
         eprintln!(
             "devarrow-emu: {name} called from a host function running on a stream: \

@@ -95,7 +95,16 @@
 //!   (that is, from a stream's worker) fail with `CUDA_ERROR_NOT_PERMITTED`. Events keep
 //!   their creation flags: `cuEventElapsedTime` on one created with
 //!   `CU_EVENT_DISABLE_TIMING` is `CUDA_ERROR_INVALID_HANDLE`, as documented, and
-//!   `devarrow_emu_event_flags` (found with `dlsym`) reads them back.
+//!   `devarrow_emu_event_flags` (found with `dlsym`) reads them back. A stream or event
+//!   handle the emulator never handed out (a garbage value, a handle of another kind),
+//!   or one its owner destroyed (`cuStreamDestroy`, `cuEventDestroy`), ends the process
+//!   (`devarrow-emu: fatal: <call>: ...` on stderr, then `abort`): NVIDIA's driver
+//!   dereferences handles without validating them, so such a call crashes there, and no
+//!   test may expect an error code from it. NULL, `CU_STREAM_LEGACY` and
+//!   `CU_STREAM_PER_THREAD` are valid stream handles (the last answers
+//!   `CUDA_ERROR_NOT_SUPPORTED`: not emulated); a live stream of another context is
+//!   `CUDA_ERROR_INVALID_CONTEXT`, and a handle that went with its context (destroyed or
+//!   reset) `CUDA_ERROR_INVALID_HANDLE`.
 //! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked

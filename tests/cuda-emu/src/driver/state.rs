@@ -6,7 +6,7 @@
 //! modules (`context`, `device`, `memory`, `module`, `stream`) sit above it.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -145,7 +145,7 @@ impl Context {
             h => match driver().get(h) {
                 Some(Object::Stream(s)) if s.ctx.handle == self.handle() => Ok(s),
                 Some(Object::Stream(_)) => Err(CUDA_ERROR_INVALID_CONTEXT),
-                _ => Err(CUDA_ERROR_INVALID_HANDLE),
+                _ => Err(driver().dead_handle("stream", h)),
             },
         }
     }
@@ -191,6 +191,8 @@ pub(crate) struct Driver {
     /// Each device's primary context, by ordinal.
     pub primary: Vec<Mutex<Primary>>,
     objects: Mutex<HashMap<u64, Object>>,
+    /// Streams and events destroyed by their owner (their handles are never reused).
+    destroyed: Mutex<HashSet<u64>>,
     next_handle: AtomicU64,
     pub mem: MemTable,
 }
@@ -204,6 +206,7 @@ pub(crate) fn driver() -> &'static Driver {
             .map(|_| Mutex::new(Primary::default()))
             .collect(),
         objects: Mutex::new(HashMap::new()),
+        destroyed: Mutex::new(HashSet::new()),
         next_handle: AtomicU64::new(1),
         mem: MemTable::new(config_devices(), config_total_memory()),
     })
@@ -221,6 +224,40 @@ impl Driver {
 
     pub fn remove(&self, handle: u64) -> Option<Object> {
         lock(&self.objects).remove(&handle)
+    }
+
+    /// Removes a stream or event its owner destroyed (`cuStreamDestroy`,
+    /// `cuEventDestroy`): any later use of the handle is fatal ([`Driver::dead_handle`]).
+    pub fn destroy(&self, handle: u64) {
+        lock(&self.objects).remove(&handle);
+        lock(&self.destroyed).insert(handle);
+    }
+
+    /// What a `kind` handle (`"stream"`, `"event"`) that names no live object of that
+    /// kind means: the end of the process ([`fatal_misuse`]) for a value never handed
+    /// out, one of another kind, or one its owner destroyed, as NVIDIA's driver (which
+    /// dereferences handles) would crash there; `CUDA_ERROR_INVALID_HANDLE` for one that
+    /// went with its context (destroyed or reset), which a caller may still hold and
+    /// drop.
+    pub fn dead_handle(&self, kind: &str, handle: u64) -> cudarc::driver::sys::CUresult {
+        let index = handle.wrapping_sub(HANDLE_BASE);
+        let handed_out = handle >= HANDLE_BASE
+            && index.is_multiple_of(0x100)
+            && index / 0x100 < self.next_handle.load(Ordering::Relaxed);
+        if !handed_out {
+            fatal_misuse(&format!(
+                "{kind} handle {handle:#x} was never handed out by the driver"
+            ));
+        }
+        if lock(&self.destroyed).contains(&handle) {
+            fatal_misuse(&format!("{kind} handle {handle:#x} was destroyed"));
+        }
+        if self.get(handle).is_some() {
+            fatal_misuse(&format!(
+                "{kind} handle {handle:#x} names another kind of object"
+            ));
+        }
+        CUDA_ERROR_INVALID_HANDLE
     }
 
     pub fn get(&self, handle: u64) -> Option<Object> {

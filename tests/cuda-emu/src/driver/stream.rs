@@ -72,7 +72,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
         let stream = ctx.stream(h)?;
-        driver().remove(h);
+        driver().destroy(h);
         // It stays in the context's list until its worker has run the work enqueued.
         stream.shutdown();
         ctx.shared.sticky()
@@ -189,7 +189,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext)
                     Some(Object::Context(c)) => c,
                     _ => return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED),
                 },
-                _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+                _ => return Err(driver().dead_handle("stream", h)),
             },
         };
         // SAFETY: the caller's out-pointer.
@@ -258,10 +258,12 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 // Events
 // ------------------------------------------------------------------------------------
 
+/// The live event `handle` names; a handle never handed out or already destroyed is
+/// fatal ([`Driver::dead_handle`]).
 fn event(handle: CUevent) -> R<Arc<Event>> {
     match driver().get(handle as u64) {
         Some(Object::Event(e)) => Ok(e),
-        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        _ => Err(driver().dead_handle("event", handle as u64)),
     }
 }
 
@@ -402,7 +404,7 @@ pub unsafe extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
     api("cuEventDestroy_v2", || {
         let ctx = current_context_any()?;
         event(hEvent)?;
-        driver().remove(hEvent as u64);
+        driver().destroy(hEvent as u64);
         ctx.shared.sticky()
     })
 }
