@@ -12,11 +12,15 @@
 //! (with a printed note) when there is none; there `DEVARROW_BENCH_LINK=4GB/s,10us` models
 //! a host-device link (see `common`).
 //!
-//! `devarrow-serial-2x32MiB` is the engine as it was before parallel packing (one thread,
-//! two 32 MiB chunks), `devarrow-equal-chunks` the default engine without the ramp of
-//! small first and last chunks (`first_chunk_bytes: 0`, one call per batch), `d2h/devarrow`
-//! is one `to_host_batches` call and `d2h/devarrow-per-batch` one `to_host` per batch,
-//! and the `pack/*` groups time packing alone (serial vs parallel).
+//! `h2d/devarrow` is one `to_device_batches` call, `h2d/devarrow-per-batch` one
+//! `to_device` per batch; `devarrow-serial-2x32MiB` is the engine with one thread and two
+//! 32 MiB chunks, `devarrow-equal-chunks` the default engine with every window a whole
+//! chunk (`first_chunk_bytes: 0`), both one call per batch; `d2h/devarrow` is one
+//! `to_host_batches` call landing in pinned memory, `d2h/devarrow-pageable` the same
+//! into pageable memory through staging, `d2h/devarrow-per-batch` one `to_host` per
+//! batch. The `threads/*` groups are the thread-scaling table (1 to 16 threads, beside a
+//! parallel memcpy into pinned memory with as many), and the `pack/*` groups time
+//! packing alone (serial vs parallel).
 //!
 //! Throughput is the bytes each method moves: the device image for devarrow and the raw
 //! copies, the whole arrow-rs buffers for buffer-by-buffer. Every host-to-device sample
@@ -185,7 +189,20 @@ fn nested(rows: usize) -> RecordBatch {
     ])
 }
 
+/// Every batch in one call (`to_device_batches`), until its copies have completed.
 fn to_device_all(transfer: &mut Transfer, batches: &[RecordBatch]) -> Vec<DeviceBatch> {
+    let on_device = transfer
+        .to_device_batches(batches)
+        .expect("to_device_batches");
+    // One event for the call, after every copy.
+    if let Some(last) = on_device.last() {
+        last.event().wait_host().expect("wait");
+    }
+    on_device
+}
+
+/// One `to_device` call per batch, until the copies have completed.
+fn to_device_each(transfer: &mut Transfer, batches: &[RecordBatch]) -> Vec<DeviceBatch> {
     let on_device: Vec<DeviceBatch> = batches
         .iter()
         .map(|b| transfer.to_device(b).expect("to_device"))
@@ -199,7 +216,22 @@ fn to_device_all(transfer: &mut Transfer, batches: &[RecordBatch]) -> Vec<Device
 
 fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<RecordBatch>) {
     let device = dev.device();
-    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let total: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    // Downloads land in pinned memory: a pool large enough for every batch of a sample
+    // (the sample's batches are dropped before the next).
+    let options = TransferOptions {
+        pinned_host_bytes: (total + total / 2).max(TransferOptions::default().pinned_host_bytes),
+        ..Default::default()
+    };
+    let mut transfer = Transfer::new(device.clone(), options);
+    // Downloads into pageable memory, through staging (the fallback).
+    let mut pageable = Transfer::new(
+        device.clone(),
+        TransferOptions {
+            pinned_host_bytes: 0,
+            ..Default::default()
+        },
+    );
     // The engine as it was before parallel packing: one thread, 2 chunks of 32 MiB.
     let mut serial = Transfer::new(
         device.clone(),
@@ -248,11 +280,14 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     group.bench_function("h2d/devarrow", |b| {
         b.iter_with_large_drop(|| to_device_all(&mut transfer, &batches))
     });
+    group.bench_function("h2d/devarrow-per-batch", |b| {
+        b.iter_with_large_drop(|| to_device_each(&mut transfer, &batches))
+    });
     group.bench_function("h2d/devarrow-serial-2x32MiB", |b| {
-        b.iter_with_large_drop(|| to_device_all(&mut serial, &batches))
+        b.iter_with_large_drop(|| to_device_each(&mut serial, &batches))
     });
     group.bench_function("h2d/devarrow-equal-chunks", |b| {
-        b.iter_with_large_drop(|| to_device_all(&mut equal, &batches))
+        b.iter_with_large_drop(|| to_device_each(&mut equal, &batches))
     });
     group.bench_function("h2d/devarrow-pinned-batch", |b| {
         b.iter_with_large_drop(|| to_device_all(&mut transfer, &pinned))
@@ -274,6 +309,9 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     group.throughput(Throughput::Bytes(bytes as u64));
     group.bench_function("d2h/devarrow", |b| {
         b.iter_with_large_drop(|| transfer.to_host_batches(&on_device).expect("to_host"))
+    });
+    group.bench_function("d2h/devarrow-pageable", |b| {
+        b.iter_with_large_drop(|| pageable.to_host_batches(&on_device).expect("to_host"))
     });
     group.bench_function("d2h/devarrow-per-batch", |b| {
         b.iter_with_large_drop(|| {
@@ -316,6 +354,8 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     });
     group.finish();
 
+    thread_scaling(c, dev, name, &batches, &on_device, bytes);
+
     // Packing alone (host work only): the whole image of each batch into one buffer.
     let plans: Vec<_> = batches
         .iter()
@@ -339,6 +379,74 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
                     let image = &plan.image;
                     pack_window(&image.segments, 0, &mut out[..image.total], parallelism);
                 }
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The thread-scaling table: devarrow both ways (downloads into pageable memory, whose
+/// host side is the parallel unpack) with 1, 2, 4, 8 and 16 packing threads, beside a
+/// parallel memcpy of the same bytes into pinned staging memory with as many threads (the
+/// host's ceiling for packing), so that a machine with more cores than this one can be
+/// read from it. Thread counts above twice the cores are left out.
+/// `DEVARROW_BENCH_THREADS=1,4,16` chooses others.
+fn thread_scaling(
+    c: &mut Criterion,
+    dev: &BenchDevice,
+    name: &str,
+    batches: &[RecordBatch],
+    on_device: &[DeviceBatch],
+    bytes: usize,
+) {
+    let device = dev.device();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let counts: Vec<usize> = match std::env::var("DEVARROW_BENCH_THREADS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|t| t.trim().parse().ok())
+            .collect(),
+        Err(_) => [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|&t| t <= 2 * cores)
+            .collect(),
+    };
+    let ceiling_bytes = bytes.clamp(1, 1 << 30);
+    let source = vec![0x5au8; ceiling_bytes];
+    let mut pinned = device.allocate_staging(ceiling_bytes).expect("staging");
+    let mut group = c.benchmark_group(format!("threads/{}/{name}", dev.label()));
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(2));
+    if bytes >= 64 << 20 {
+        group.sample_size(10);
+    }
+    for &threads in &counts {
+        let options = TransferOptions {
+            pack_threads: threads,
+            pinned_host_bytes: 0,
+            ..Default::default()
+        };
+        let mut transfer = Transfer::new(device.clone(), options);
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(format!("h2d-devarrow/{threads}"), |b| {
+            b.iter_with_large_drop(|| to_device_all(&mut transfer, batches))
+        });
+        group.bench_function(format!("d2h-devarrow-pageable/{threads}"), |b| {
+            b.iter_with_large_drop(|| transfer.to_host_batches(on_device).expect("to_host"))
+        });
+        group.throughput(Throughput::Bytes(ceiling_bytes as u64));
+        group.bench_function(format!("memcpy-into-pinned/{threads}"), |b| {
+            b.iter(|| {
+                let dst = pinned.as_mut_slice();
+                let part = ceiling_bytes.div_ceil(threads);
+                std::thread::scope(|scope| {
+                    for (d, s) in dst[..ceiling_bytes]
+                        .chunks_mut(part)
+                        .zip(source.chunks(part))
+                    {
+                        scope.spawn(move || d.copy_from_slice(s));
+                    }
+                });
             })
         });
     }

@@ -566,7 +566,7 @@ fn cuda_options_run_on_the_cuda_device() {
     if !gpu_or_skip() {
         return;
     }
-    let defaults = serde_json::json!({"batch_copies": false, "register_pageable_bytes": null,
+    let defaults = serde_json::json!({"batch_copies": true, "register_pageable_bytes": null,
                                       "host_wait": "spin", "reuse_events": true});
     let v = json_run("cuda", None, None);
     assert_eq!(v["device"]["cuda_options"], defaults, "{v}");
@@ -588,11 +588,11 @@ fn cuda_options_run_on_the_cuda_device() {
     let v = json_run(
         "cuda",
         Some("host_wait=block,reuse_events=false"),
-        Some("batch_copies"),
+        Some("batch_copies=false"),
     );
     assert_eq!(
         v["device"]["cuda_options"],
-        serde_json::json!({"batch_copies": false, "register_pageable_bytes": null,
+        serde_json::json!({"batch_copies": true, "register_pageable_bytes": null,
                            "host_wait": "block", "reuse_events": false}),
         "{v}"
     );
@@ -609,7 +609,7 @@ fn cuda_options_run_on_the_cuda_device() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         stdout.contains(
-            "options: batch_copies=false,register_pageable=off,host_wait=block,\
+            "options: batch_copies=true,register_pageable=off,host_wait=block,\
              reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
         ),
         "{stdout}"

@@ -1368,7 +1368,9 @@ fn lists_of_copies_go_in_one_batched_call_or_one_copy_each() {
     }
 
     // Off: one copy each, and no look-up.
-    let plain = CudaDevice::new(dev.clone()).unwrap();
+    let plain = CudaDevice::new(dev.clone())
+        .unwrap()
+        .with_options(CudaDeviceOptions::default().batch_copies(false));
     batch_round_trip(&plain);
     assert_eq!(plain.batched_copy_calls(), 0);
     assert_eq!(plain.batch_copies_available(), None);

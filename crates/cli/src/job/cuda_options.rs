@@ -255,7 +255,7 @@ pub fn size_text(bytes: usize) -> String {
 }
 
 /// All four options with their values, in the syntax [`parse`] takes:
-/// `batch_copies=false,register_pageable=off,host_wait=spin,reuse_events=true`.
+/// `batch_copies=true,register_pageable=off,host_wait=spin,reuse_events=true`.
 pub fn describe(o: &CudaDeviceOptions) -> String {
     format!(
         "batch_copies={},register_pageable={},host_wait={},reuse_events={}",
@@ -366,7 +366,7 @@ mod tests {
         let d = CudaDeviceOptions::default();
         assert_eq!(
             describe(&d),
-            "batch_copies=false,register_pageable=off,host_wait=spin,reuse_events=true"
+            "batch_copies=true,register_pageable=off,host_wait=spin,reuse_events=true"
         );
         for o in [
             d,

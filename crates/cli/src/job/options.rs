@@ -90,7 +90,7 @@ pub struct Cli {
     /// CUDA device options, comma-separated: batch_copies[=BOOL],
     /// register_pageable=SIZE|off (K/KiB, M/MiB, G/GiB: powers of 1024),
     /// host_wait=spin|block, reuse_events[=BOOL]; those not named keep their defaults
-    /// (batch_copies=false, register_pageable=off, host_wait=spin, reuse_events=true).
+    /// (batch_copies=true, register_pageable=off, host_wait=spin, reuse_events=true).
     /// Without this flag the environment variable DEVARROW_CUDA_OPTIONS is read (same
     /// list); the flag wins over the variable, which is then ignored. Not used on the CPU
     /// device: with --device cpu the flag is an error; when auto falls back to the CPU,

@@ -1028,7 +1028,7 @@ pub(crate) mod tests {
         let text = run.text();
         assert!(
             text.contains(
-                "options: batch_copies=false,register_pageable=off,host_wait=spin,\
+                "options: batch_copies=true,register_pageable=off,host_wait=spin,\
                  reuse_events=true (CUDA device options, the defaults)"
             ),
             "{text}"
@@ -1036,7 +1036,7 @@ pub(crate) mod tests {
         let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
         assert_eq!(
             v["device"]["cuda_options"],
-            json!({"batch_copies": false, "register_pageable_bytes": null,
+            json!({"batch_copies": true, "register_pageable_bytes": null,
                    "host_wait": "spin", "reuse_events": true})
         );
 
@@ -1053,7 +1053,7 @@ pub(crate) mod tests {
         let text = run.text();
         assert!(
             text.contains(
-                "options: batch_copies=false,register_pageable=1MiB,host_wait=block,\
+                "options: batch_copies=true,register_pageable=1MiB,host_wait=block,\
                  reuse_events=true (CUDA device options, from DEVARROW_CUDA_OPTIONS)"
             ),
             "{text}"
