@@ -149,9 +149,16 @@ fn report_api_error(name: &str, e: CUresult) {
     }
 }
 
+thread_local! {
+    /// The driver call running on this thread, and whether it was counted as an implicit
+    /// synchronization already (see `super::sync`).
+    pub(crate) static CURRENT_CALL: Cell<(&'static str, bool)> = const { Cell::new(("", false)) };
+}
+
 /// Runs the body of driver call `name`: refuses calls from stream workers (host
 /// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
+    CURRENT_CALL.with(|c| c.set((name, false)));
     if IN_STREAM_WORKER.with(|c| c.get()) {
         eprintln!(
             "devarrow-emu: {name} called from a host function running on a stream: \
