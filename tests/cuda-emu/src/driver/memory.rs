@@ -331,7 +331,9 @@ fn host_alloc(call: &'static str, pp: *mut *mut c_void, bytesize: usize, flags: 
 /// `pp` must be NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
-    api("cuMemAllocHost_v2", || host_alloc("cuMemAllocHost_v2", pp, bytesize, 0))
+    api("cuMemAllocHost_v2", || {
+        host_alloc("cuMemAllocHost_v2", pp, bytesize, 0)
+    })
 }
 
 /// Allocates pinned host memory with `CU_MEMHOSTALLOC_*` flags (recorded for
@@ -345,7 +347,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     bytesize: usize,
     Flags: c_uint,
 ) -> CUresult {
-    api("cuMemHostAlloc", || host_alloc("cuMemHostAlloc", pp, bytesize, Flags))
+    api("cuMemHostAlloc", || {
+        host_alloc("cuMemHostAlloc", pp, bytesize, Flags)
+    })
 }
 
 /// Frees pinned host memory, after all work of the context has completed (an implicit
