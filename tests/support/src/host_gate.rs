@@ -80,9 +80,9 @@ impl HostFnGate {
         let data = Arc::into_raw(shared.clone()).cast_mut().cast::<c_void>();
         // SAFETY: `hold` takes ownership of the one reference leaked into `data`; the
         // stream is live (borrowed) and its context bound.
-        if let Err(e) =
-            unsafe { result::stream::launch_host_function(stream.cu_stream(), hold, data) }
-        {
+        let enqueued =
+            unsafe { result::stream::launch_host_function(stream.cu_stream(), hold, data) };
+        if let Err(e) = enqueued {
             // SAFETY: not enqueued, so `hold` never runs: reclaim its reference.
             drop(unsafe { Arc::from_raw(data.cast_const().cast::<Shared>()) });
             return Err(e);
