@@ -688,23 +688,34 @@ struct StagingCache {
 }
 
 impl StagingCache {
-    /// An idle buffer of exactly `len` bytes, zeroed, if one is kept.
+    /// An idle buffer of exactly `len` bytes, zeroed, if one is kept (the one given back
+    /// last).
     fn take(&self, len: usize) -> Option<PinnedHostBuffer> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let at = idle.iter().position(|b| b.len() == len)?;
-        let mut buffer = idle.swap_remove(at);
+        let at = idle.iter().rposition(|b| b.len() == len)?;
+        let mut buffer = idle.remove(at);
         drop(idle);
         buffer.as_mut_slice().fill(0);
         Some(buffer)
     }
 
-    /// Keeps `buffer` for reuse, or frees it (`cuMemFreeHost`) when the cache is full.
+    /// Keeps `buffer` for reuse, freeing (`cuMemFreeHost`) the buffers given back
+    /// longest ago beyond [`MAX_IDLE_STAGING_BYTES`] (`buffer` itself when it is larger).
     fn give_back(&self, buffer: PinnedHostBuffer) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let kept: usize = idle.iter().map(PinnedHostBuffer::len).sum();
-        if buffer.len() > 0 && kept + buffer.len() <= MAX_IDLE_STAGING_BYTES {
-            idle.push(buffer);
+        if buffer.len() == 0 {
+            return;
         }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push(buffer);
+        let mut kept: usize = idle.iter().map(PinnedHostBuffer::len).sum();
+        let mut evicted = Vec::new();
+        while kept > MAX_IDLE_STAGING_BYTES {
+            let oldest = idle.remove(0);
+            kept -= oldest.len();
+            evicted.push(oldest);
+        }
+        drop(idle);
+        drop(evicted);
     }
 }
 
