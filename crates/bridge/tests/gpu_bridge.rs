@@ -2305,3 +2305,69 @@ fn a_stream_held_by_a_host_function_delays_no_transfer_import_or_export() {
         result::stream::destroy(raw).unwrap();
     }
 }
+
+/// The GPU run of 2026-11-28 (issue 31, finding 3): a foreign array imported with a NULL
+/// `sync_event` into a freshly made device was read *after* its producer's stream, held
+/// by a host function, ran again: the first batched copy on the device (the pack of the
+/// download) allocated the pinned memory of its descriptor table there, and
+/// `cuMemHostAlloc` orders every stream of the device after the work enqueued before it.
+/// The table is now allocated when the device is made: a device made (and its transfer
+/// prepared) at setup, whose first import and download come while the producer's stream
+/// is held, does both without waiting, and reads what the array held at the import (a
+/// NULL `sync_event` says the data is ready; the write the producer queued after its host
+/// function is not waited for).
+#[test]
+fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
+    use devarrow_testing::gpu::ImplicitSyncs;
+    use devarrow_testing::host_gate::HostFnGate;
+    let (_lock, opened) = gpu_or_skip!();
+    let batch = wide_batch(2, 10_000);
+    let data = arrow_array::StructArray::from(batch.clone()).into_data();
+    let mut owned = Uploaded::default();
+    let root = upload_node(&opened, Memory::Device, &mut owned, &data);
+    opened.synchronize().unwrap();
+    // devarrow's side, set up first: a new device, its transfer prepared.
+    let device = Arc::new(CudaDevice::new(opened.primary_context().clone()).unwrap());
+    let mut transfer = chunked_transfer(&device);
+    transfer.prepare().unwrap();
+    // The producer's stream: held, then a write over the first column's values.
+    let ctx = opened.primary_context().context().clone();
+    let producer = ctx.new_stream().unwrap();
+    let gate = HostFnGate::close(&producer, Duration::from_secs(20)).unwrap();
+    gate.wait_entered();
+    let values = root.children[0].buffers[1] as u64;
+    // SAFETY: the column's values buffer (8 bytes a row), kept alive by `owned` until the
+    // producer's stream is synchronized below.
+    unsafe { result::memset_d8_async(values, 0xee, 8 * 10_000, producer.cu_stream()) }.unwrap();
+    // SAFETY: every buffer address is a whole copy of a buffer of `data` in this device's
+    // memory, complete (synchronized above), kept alive by the owner; NULL sync_event.
+    let array = unsafe {
+        export_tree(
+            root,
+            Arc::new((owned.device, owned.pinned)),
+            ArrowDeviceType::CUDA,
+            opened.device_id(),
+            std::ptr::null_mut(),
+        )
+    }
+    .unwrap();
+
+    let before = ImplicitSyncs::snapshot();
+    let dyn_device: Arc<dyn Device> = device.clone();
+    let imported = DeviceBatch::import(dyn_device, array, batch.schema()).unwrap();
+    gate.assert_held("the import");
+    let back = transfer.to_host(&imported).unwrap();
+    gate.assert_held("the download of the imported batch");
+    assert_eq!(back, batch, "the data as it was at the import");
+    drop(imported);
+    gate.assert_held("the release");
+    if let Some(before) = before {
+        let counted = ImplicitSyncs::counted_since(&before).unwrap();
+        assert!(
+            counted.is_empty(),
+            "implicitly synchronizing calls: {counted}"
+        );
+    }
+    gate.open();
+    producer.synchronize().unwrap();
+}
