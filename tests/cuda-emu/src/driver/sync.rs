@@ -17,7 +17,7 @@
 //!   whose `cuMemAllocAsync` is documented as stream-ordered instead), and the synchronous
 //!   memsets `cuMemsetD8/16/32`. The emulator makes every stream of the context (blocking
 //!   or not) wait, on the device, for all the work enqueued on every other stream before
-//!   the call ([`super::state::Context::barrier`]); the host is not blocked (the guide
+//!   the call (`Context::barrier` in `state.rs`); the host is not blocked (the guide
 //!   promises only the ordering), but any later work of the context runs after the work
 //!   enqueued before the call.
 //! - **A host wait for the whole context**: `cuMemFree` of memory not from a pool ("For
@@ -33,7 +33,7 @@
 //!   cudaStreamWaitEvent(), the legacy stream first waits on all blocking streams, the
 //!   action is queued in the legacy stream, and then all blocking streams wait on the
 //!   legacy stream"; streams created with `CU_STREAM_NON_BLOCKING` are exempt): modelled by
-//!   [`super::state::Context::enqueue`]. Every API call that enqueues work on the NULL
+//!   `Context::enqueue` in `state.rs`. Every API call that enqueues work on the NULL
 //!   stream (`CU_STREAM_LEGACY` included) is counted once, under its own name: the
 //!   synchronous copies (`cuMemcpy`, `cuMemcpyHtoD`, ...: "The synchronous forms of these
 //!   APIs issue these copies through the default stream", CUDA driver API, "API
