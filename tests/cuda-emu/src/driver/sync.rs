@@ -24,10 +24,11 @@
 //!   all other pointers, this API may perform implicit synchronization", CUDA driver API,
 //!   `cuMemFree`; for pointers from `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` it
 //!   "will not perform any implicit synchronization", and is not counted) and
-//!   `cuMemFreeHost` (not in NVIDIA's list, but it waits on NVIDIA's driver as on
-//!   AMD's, which documents it: `hipHostFree` "performs an implicit
-//!   hipDeviceSynchronize"): the call returns once every operation enqueued in the
-//!   context has run.
+//!   `cuMemFreeHost` (NVIDIA documents no synchronization for it, nor that pinned memory
+//!   may be freed under a pending copy; AMD documents a device-wide wait for its
+//!   counterpart, `hipHostFree` "performs an implicit hipDeviceSynchronize", and the
+//!   emulator keeps the wait it always had, now counted): the call returns once every
+//!   operation enqueued in the context has run.
 //! - **The legacy default stream** (CUDA driver API, "Stream synchronization behavior":
 //!   "When an action is taken in the legacy stream such as a kernel launch or
 //!   cudaStreamWaitEvent(), the legacy stream first waits on all blocking streams, the
