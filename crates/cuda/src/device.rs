@@ -636,11 +636,12 @@ unsafe impl DeviceMemory for TransferMemory {
 /// the process-wide registry [`CudaDevice::is_pinned`] answers from.
 ///
 /// Dropped, its buffer goes back to the device's cache (up to 128 MiB per device), and the next [`Device::allocate_staging`] of the same size
-/// takes it (zeroed again) instead of allocating: `cuMemHostAlloc` and `cuMemFreeHost` are
-/// implicit synchronizations (the first orders every stream of the device after the work
-/// enqueued before it, the second blocks the host until the whole device is idle, other
-/// libraries' work included), so a new `Transfer` or stream per batch or file must not
-/// make them every time. The memory must be unused by pending copies when the value
+/// takes it (zeroed again) instead of allocating: `cuMemHostAlloc` is an implicit
+/// synchronization (NVIDIA's programming guide: it orders every stream of the device
+/// after the work enqueued before it, other libraries' work included), and
+/// `cuMemFreeHost` may block the host until the whole device is idle (AMD documents that
+/// for `hipHostFree`; the emulated driver does it), so a new `Transfer` or stream per
+/// batch or file must not make them every time. The memory must be unused by pending copies when the value
 /// drops, as for any staging memory.
 #[derive(Debug)]
 pub struct PinnedStaging {
