@@ -327,6 +327,29 @@ impl Transfer {
         self.host_pool = pool;
     }
 
+    /// Allocates now every staging chunk the transfer uses
+    /// ([`TransferOptions::staging_bytes`] in all), instead of as the first transfers
+    /// need them; a no-op where the host reads the device's memory directly (no staging).
+    ///
+    /// On CUDA the staging memory is pinned, and allocating pinned memory
+    /// (`cuMemHostAlloc`) is one of the calls NVIDIA documents as implicitly synchronizing:
+    /// work enqueued afterwards on any stream of the device runs only after all the work
+    /// enqueued before it, another library's included. Prepared at setup, the transfers
+    /// that follow make no such call: a stream held by someone else does not delay them.
+    /// (Staging given back by a dropped transfer of the same `CudaDevice` is reused
+    /// without that call.)
+    pub fn prepare(&mut self) -> Result<()> {
+        if self.device.host_accessible() {
+            return Ok(());
+        }
+        let chunk = self.full_chunk();
+        let (_, stages) = self.geometry(chunk);
+        for i in 0..stages {
+            self.stage(i, chunk)?;
+        }
+        Ok(())
+    }
+
     /// The chunk size and the number of staging buffers for an image of `total` bytes.
     fn geometry(&self, total: usize) -> (usize, usize) {
         let chunk = self.full_chunk();

@@ -2110,3 +2110,252 @@ fn check_failed_round_trip(
         assert_eq!(releases(&count), 1, "call {n}: the export is released once");
     }
 }
+
+/// A record batch with strings (offsets read back at import), nulls and fixed-width
+/// values, of about `rows * 16` bytes.
+fn mixed_batch(rows: usize) -> RecordBatch {
+    let strings: ArrayRef = Arc::new(StringArray::from_iter(
+        (0..rows).map(|i| (i % 3 != 0).then(|| format!("s{}", i * 7))),
+    ));
+    let numbers = wide_batch(1, rows).column(0).clone();
+    RecordBatch::try_from_iter([("s", strings), ("i", numbers)]).unwrap()
+}
+
+/// `batch` as a foreign producer would export it with a NULL `sync_event` (the data is
+/// ready: its copies completed before this returns): every buffer copied whole to fresh
+/// device memory of `device`.
+fn foreign_without_event(device: &Arc<CudaDevice>, batch: &RecordBatch) -> DeviceArray {
+    let data = arrow_array::StructArray::from(batch.clone()).into_data();
+    let mut owned = Uploaded::default();
+    let root = upload_node(device, Memory::Device, &mut owned, &data);
+    device.synchronize().unwrap();
+    // SAFETY: every buffer address is a whole copy of a buffer of valid `data` (so sized
+    // for its node) in this device's memory, complete (synchronized above), kept alive by
+    // the owner; no sync event: the data is ready.
+    unsafe {
+        export_tree(
+            root,
+            Arc::new((owned.device, owned.pinned)),
+            ArrowDeviceType::CUDA,
+            device.device_id(),
+            std::ptr::null_mut(),
+        )
+    }
+    .unwrap()
+}
+
+/// One round of everything a pipeline does on `device` with `transfer`: an upload and a
+/// download, two batches down in one pipeline, an export imported again, the import and
+/// download of a foreign array without a sync event, a transfer made anew (as a stream
+/// per file would), and the drops of every batch. Checks every result; `check(what)` runs
+/// after each step.
+fn pipeline_round(
+    device: &Arc<CudaDevice>,
+    transfer: &mut Transfer,
+    batch: &RecordBatch,
+    check: &mut dyn FnMut(&str),
+) {
+    let dyn_device: Arc<dyn Device> = device.clone();
+    let up = transfer.to_device(batch).unwrap();
+    up.event().wait_host().unwrap();
+    check("an upload");
+    assert_eq!(transfer.to_host(&up).unwrap(), *batch);
+    check("a download");
+    let other = transfer
+        .to_device(&batch.slice(1, batch.num_rows() / 2))
+        .unwrap();
+    let both = transfer.to_host_batches(&[up.clone(), other]).unwrap();
+    assert_eq!(both[0], *batch);
+    assert_eq!(both[1], batch.slice(1, batch.num_rows() / 2));
+    check("a download of two batches");
+    let (array, schema) = up.export().unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(dyn_device.clone(), array, &schema).unwrap();
+    check("an export imported again");
+    assert_eq!(transfer.to_host(&imported).unwrap(), *batch);
+    check("the download of an imported batch");
+    drop((up, imported));
+    check("dropping the batches");
+    let foreign = foreign_without_event(device, batch);
+    let schema = batch.schema();
+    let imported = DeviceBatch::import(dyn_device, foreign, schema).unwrap();
+    check("the import of a foreign array without a sync event");
+    assert_eq!(transfer.to_host(&imported).unwrap(), *batch);
+    check("its download");
+    drop(imported);
+    check("its release");
+    let mut fresh = Transfer::new(device.clone(), TransferOptions::default());
+    let up = fresh.to_device(batch).unwrap();
+    assert_eq!(fresh.to_host(&up).unwrap(), *batch);
+    drop((up, fresh));
+    check("a new transfer (its staging reused)");
+}
+
+/// A transfer whose staging is several small chunks, so that a batch of a few hundred
+/// KB takes several of them.
+fn chunked_transfer(device: &Arc<CudaDevice>) -> Transfer {
+    Transfer::new(
+        device.clone(),
+        TransferOptions {
+            staging_bytes: 1 << 20,
+            chunk_bytes: 128 << 10,
+            ..Default::default()
+        },
+    )
+}
+
+/// No hidden device-wide waits in steady state (issue 32, goal 4): after a warm-up round
+/// (the first staging, the kernels' modules, the pool), every further upload, download,
+/// export, import (devarrow's own export, and a foreign array without a sync event) and
+/// drop makes no driver call NVIDIA documents as synchronizing implicitly (page-locked
+/// host allocation or registration, device allocation outside the stream-ordered pool,
+/// `cuMemFree`, `cuMemFreeHost`, a synchronous memset, any command on the legacy default
+/// stream) nor `cuCtxSynchronize`: the emulated driver counts them. On a real driver,
+/// which counts nothing, the rounds run and check their results, and the count is
+/// skipped (said).
+#[test]
+fn the_steady_state_makes_no_implicitly_synchronizing_driver_call() {
+    use devarrow_testing::gpu::ImplicitSyncs;
+    let (_lock, device) = gpu_or_skip!();
+    let batch = mixed_batch(40_000);
+    let mut transfer = chunked_transfer(&device);
+    let warm_up = ImplicitSyncs::snapshot();
+    pipeline_round(&device, &mut transfer, &batch, &mut |_| {});
+    if let Some(start) = &warm_up {
+        let counted = ImplicitSyncs::counted_since(start).unwrap();
+        println!("the warm-up round synchronized implicitly {counted}");
+    }
+    for round in 0..4 {
+        let Some(before) = ImplicitSyncs::snapshot() else {
+            pipeline_round(&device, &mut transfer, &batch, &mut |_| {});
+            continue;
+        };
+        pipeline_round(&device, &mut transfer, &batch, &mut |what| {
+            let counted = ImplicitSyncs::counted_since(&before).unwrap();
+            assert!(
+                counted.is_empty(),
+                "round {round}, up to {what}: implicitly synchronizing calls {counted}"
+            );
+        });
+    }
+    if warm_up.is_none() {
+        println!(
+            "skipping the count of implicitly synchronizing calls: the driver is not the \
+             emulator, which counts them"
+        );
+    }
+}
+
+/// Issue 31, finding 3: a stream of another library, held by a host function
+/// (`cuLaunchHostFunc` blocking until the test releases it), delays no devarrow upload,
+/// download, export, import (of devarrow's export, and of a foreign array without a sync
+/// event) or drop: each returns, its work done, while the host function still blocks.
+/// The stream is a blocking one (`CU_STREAM_DEFAULT`), which the legacy default stream
+/// would wait for too. A devarrow call that waited for the device would wait for the
+/// gate: its watchdog opens it after 20 s and the test fails saying which call it was.
+///
+/// After a warm-up ([`Transfer::prepare`] and one round): the first use of staging,
+/// kernels and the pool is setup, not steady state.
+#[test]
+fn a_stream_held_by_a_host_function_delays_no_transfer_import_or_export() {
+    use devarrow_testing::gpu::ImplicitSyncs;
+    use devarrow_testing::host_gate::HostFnGate;
+    let (_lock, device) = gpu_or_skip!();
+    let ctx = device.primary_context().context().clone();
+    ctx.bind_to_thread().unwrap();
+    let raw = result::stream::create(result::stream::StreamKind::Default).unwrap();
+    // SAFETY: a stream of this context, created above and destroyed below, after the
+    // work on it completed.
+    let held = unsafe { ctx.wrap_borrowed_stream(raw) };
+    let batch = mixed_batch(20_000);
+    let mut transfer = chunked_transfer(&device);
+    transfer.prepare().unwrap();
+    pipeline_round(&device, &mut transfer, &batch, &mut |_| {});
+
+    let gate = HostFnGate::close(&held, Duration::from_secs(20)).unwrap();
+    gate.wait_entered();
+    let before = ImplicitSyncs::snapshot();
+    pipeline_round(&device, &mut transfer, &batch, &mut |what| {
+        gate.assert_held(what)
+    });
+    if let Some(before) = before {
+        let counted = ImplicitSyncs::counted_since(&before).unwrap();
+        assert!(
+            counted.is_empty(),
+            "implicitly synchronizing calls: {counted}"
+        );
+    }
+    assert!(gate.is_held() && !gate.opened_by_watchdog());
+    gate.open();
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: the stream is live; after synchronizing, nothing uses it any more.
+    unsafe {
+        result::stream::synchronize(raw).unwrap();
+        result::stream::destroy(raw).unwrap();
+    }
+}
+
+/// The GPU run of 2026-11-28 (issue 31, finding 3): a foreign array imported with a NULL
+/// `sync_event` into a freshly made device was read *after* its producer's stream, held
+/// by a host function, ran again: the first batched copy on the device (the pack of the
+/// download) allocated the pinned memory of its descriptor table there, and
+/// `cuMemHostAlloc` orders every stream of the device after the work enqueued before it.
+/// The table is now allocated when the device is made: a device made (and its transfer
+/// prepared) at setup, whose first import and download come while the producer's stream
+/// is held, does both without waiting, and reads what the array held at the import (a
+/// NULL `sync_event` says the data is ready; the write the producer queued after its host
+/// function is not waited for).
+#[test]
+fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
+    use devarrow_testing::gpu::ImplicitSyncs;
+    use devarrow_testing::host_gate::HostFnGate;
+    let (_lock, opened) = gpu_or_skip!();
+    let batch = wide_batch(2, 10_000);
+    let data = arrow_array::StructArray::from(batch.clone()).into_data();
+    let mut owned = Uploaded::default();
+    let root = upload_node(&opened, Memory::Device, &mut owned, &data);
+    opened.synchronize().unwrap();
+    // devarrow's side, set up first: a new device, its transfer prepared.
+    let device = Arc::new(CudaDevice::new(opened.primary_context().clone()).unwrap());
+    let mut transfer = chunked_transfer(&device);
+    transfer.prepare().unwrap();
+    // The producer's stream: held, then a write over the first column's values.
+    let ctx = opened.primary_context().context().clone();
+    let producer = ctx.new_stream().unwrap();
+    let gate = HostFnGate::close(&producer, Duration::from_secs(20)).unwrap();
+    gate.wait_entered();
+    let values = root.children[0].buffers[1] as u64;
+    // SAFETY: the column's values buffer (8 bytes a row), kept alive by `owned` until the
+    // producer's stream is synchronized below.
+    unsafe { result::memset_d8_async(values, 0xee, 8 * 10_000, producer.cu_stream()) }.unwrap();
+    // SAFETY: every buffer address is a whole copy of a buffer of `data` in this device's
+    // memory, complete (synchronized above), kept alive by the owner; NULL sync_event.
+    let array = unsafe {
+        export_tree(
+            root,
+            Arc::new((owned.device, owned.pinned)),
+            ArrowDeviceType::CUDA,
+            opened.device_id(),
+            std::ptr::null_mut(),
+        )
+    }
+    .unwrap();
+
+    let before = ImplicitSyncs::snapshot();
+    let dyn_device: Arc<dyn Device> = device.clone();
+    let imported = DeviceBatch::import(dyn_device, array, batch.schema()).unwrap();
+    gate.assert_held("the import");
+    let back = transfer.to_host(&imported).unwrap();
+    gate.assert_held("the download of the imported batch");
+    assert_eq!(back, batch, "the data as it was at the import");
+    drop(imported);
+    gate.assert_held("the release");
+    if let Some(before) = before {
+        let counted = ImplicitSyncs::counted_since(&before).unwrap();
+        assert!(
+            counted.is_empty(),
+            "implicitly synchronizing calls: {counted}"
+        );
+    }
+    gate.open();
+    producer.synchronize().unwrap();
+}

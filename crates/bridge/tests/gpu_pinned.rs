@@ -45,8 +45,19 @@ fn the_driver_and_the_registry_know_pinned_memory() {
     assert!(device.is_pinned(other.as_slice().as_ptr(), other.as_slice().len()));
     let address = bytes.as_ptr();
     drop(staging);
+    // Given back to the device, which keeps it (pinned) for the next staging of its size.
+    let again = device.allocate_staging(1 << 20).unwrap();
+    assert_eq!(
+        again.as_slice().as_ptr(),
+        address,
+        "staging given back is reused"
+    );
+    drop(again);
+    // Freed with the device that kept it: forgotten, and the driver no longer knows it.
+    let checker = devarrow_cuda::CudaDevice::new(device.primary_context().clone()).unwrap();
+    drop(device);
     assert!(
-        !device.is_pinned(address, 1),
+        !checker.is_pinned(address, 1),
         "freed staging is forgotten (and the driver no longer knows it)"
     );
 }

@@ -95,6 +95,9 @@ pub struct CudaDevice {
     stream: DropInContext<Arc<CudaStream>>,
     copies: AtomicU64,
     descriptors: Mutex<DescriptorStaging>,
+    /// Staging buffers given back by dropped [`PinnedStaging`]s, for the next
+    /// [`Device::allocate_staging`].
+    staging: Arc<StagingCache>,
     options: CudaDeviceOptions,
     events: Arc<EventPool>,
     /// Whether `cuMemcpyBatchAsync` is there: [`BATCH_UNKNOWN`] until first needed.
@@ -265,6 +268,10 @@ struct EventPool {
 /// At most this many idle events are kept per device.
 const MAX_IDLE_EVENTS: usize = 256;
 
+/// The pinned memory for descriptor tables a [`CudaDevice`] starts with (2,730
+/// descriptors of [`Device::copy_on_device`]).
+const DESCRIPTOR_STAGING_BYTES: usize = 64 << 10;
+
 /// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
 /// uploaded from (reused by every call), and the event after its last upload: the next
 /// call overwrites it only once that upload has completed.
@@ -347,11 +354,22 @@ impl CudaDevice {
     }
 
     fn with(device: PrimaryContext, stream: Arc<CudaStream>) -> Self {
+        // The descriptor tables' pinned memory, allocated now rather than by the first
+        // copy on the device (an import, a download of an imported batch): that
+        // `cuMemHostAlloc` orders every stream of the device after the work enqueued
+        // before it (an implicit synchronization), which at open is normally nothing,
+        // and in the middle of a pipeline another library's work. Where it fails, the
+        // first copy allocates it.
+        let descriptors = DescriptorStaging {
+            buffer: PinnedHostBuffer::alloc(&device, DESCRIPTOR_STAGING_BYTES).ok(),
+            uploaded: None,
+        };
         Self {
             device,
             stream: DropInContext::new(stream),
             copies: AtomicU64::new(0),
-            descriptors: Mutex::new(DescriptorStaging::default()),
+            descriptors: Mutex::new(descriptors),
+            staging: Arc::default(),
             options: CudaDeviceOptions::default(),
             events: Arc::default(),
             batch_copy: AtomicU8::new(BATCH_UNKNOWN),
@@ -628,24 +646,89 @@ unsafe impl DeviceMemory for TransferMemory {
 
 /// Pinned host staging memory of a [`CudaDevice`], registered (while it lives) in
 /// the process-wide registry [`CudaDevice::is_pinned`] answers from.
+///
+/// Dropped, its buffer goes back to the device's cache (up to 128 MiB per device), and the next [`Device::allocate_staging`] of the same size
+/// takes it (zeroed again) instead of allocating: `cuMemHostAlloc` is an implicit
+/// synchronization (NVIDIA's programming guide: it orders every stream of the device
+/// after the work enqueued before it, other libraries' work included), and
+/// `cuMemFreeHost` may block the host until the whole device is idle (AMD documents that
+/// for `hipHostFree`; the emulated driver does it), so a new `Transfer` or stream per
+/// batch or file must not make them every time. The memory must be unused by pending copies when the value
+/// drops, as for any staging memory.
 #[derive(Debug)]
-pub struct PinnedStaging(PinnedHostBuffer);
+pub struct PinnedStaging {
+    buffer: Option<PinnedHostBuffer>,
+    cache: Arc<StagingCache>,
+}
 
 impl PinnedStaging {
-    fn new(buffer: PinnedHostBuffer) -> Self {
+    fn new(buffer: PinnedHostBuffer, cache: Arc<StagingCache>) -> Self {
         CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
-        Self(buffer)
+        Self {
+            buffer: Some(buffer),
+            cache,
+        }
     }
 
     /// The underlying pinned buffer.
     pub fn buffer(&self) -> &PinnedHostBuffer {
-        &self.0
+        self.buffer.as_ref().expect("until dropped")
+    }
+
+    fn buffer_mut(&mut self) -> &mut PinnedHostBuffer {
+        self.buffer.as_mut().expect("until dropped")
     }
 }
 
 impl Drop for PinnedStaging {
     fn drop(&mut self) {
-        CUDA_PINNED.unregister(self.0.as_slice().as_ptr());
+        if let Some(buffer) = self.buffer.take() {
+            CUDA_PINNED.unregister(buffer.as_slice().as_ptr());
+            self.cache.give_back(buffer);
+        }
+    }
+}
+
+/// At most this many bytes of idle staging memory are kept per [`CudaDevice`] (two
+/// `Transfer`s' worth of the default 64 MiB of staging).
+const MAX_IDLE_STAGING_BYTES: usize = 128 << 20;
+
+/// The idle staging buffers of a [`CudaDevice`] (see [`PinnedStaging`]): freed when the
+/// device and every staging buffer taken from it are gone.
+#[derive(Debug, Default)]
+struct StagingCache {
+    idle: Mutex<Vec<PinnedHostBuffer>>,
+}
+
+impl StagingCache {
+    /// An idle buffer of exactly `len` bytes, zeroed, if one is kept (the one given back
+    /// last).
+    fn take(&self, len: usize) -> Option<PinnedHostBuffer> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let at = idle.iter().rposition(|b| b.len() == len)?;
+        let mut buffer = idle.remove(at);
+        drop(idle);
+        buffer.as_mut_slice().fill(0);
+        Some(buffer)
+    }
+
+    /// Keeps `buffer` for reuse, freeing (`cuMemFreeHost`) the buffers given back
+    /// longest ago beyond [`MAX_IDLE_STAGING_BYTES`] (`buffer` itself when it is larger).
+    fn give_back(&self, buffer: PinnedHostBuffer) {
+        if buffer.len() == 0 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push(buffer);
+        let mut kept: usize = idle.iter().map(PinnedHostBuffer::len).sum();
+        let mut evicted = Vec::new();
+        while kept > MAX_IDLE_STAGING_BYTES {
+            let oldest = idle.remove(0);
+            kept -= oldest.len();
+            evicted.push(oldest);
+        }
+        drop(idle);
+        drop(evicted);
     }
 }
 
@@ -681,10 +764,10 @@ fn driver_reports_pinned(first: usize, last: usize) -> bool {
 // SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
 unsafe impl StagingMemory for PinnedStaging {
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut_slice()
+        self.buffer_mut().as_mut_slice()
     }
     fn as_slice(&self) -> &[u8] {
-        self.0.as_slice()
+        self.buffer().as_slice()
     }
 }
 
@@ -799,11 +882,14 @@ unsafe impl Device for CudaDevice {
         Some(self)
     }
 
+    /// Pinned memory (`cuMemHostAlloc`), zeroed: an idle buffer of `len` bytes from the
+    /// device's cache when there is one (see [`PinnedStaging`]), else a new allocation.
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        Ok(Box::new(PinnedStaging::new(PinnedHostBuffer::alloc(
-            &self.device,
-            len,
-        )?)))
+        let buffer = match self.staging.take(len) {
+            Some(buffer) => buffer,
+            None => PinnedHostBuffer::alloc(&self.device, len)?,
+        };
+        Ok(Box::new(PinnedStaging::new(buffer, self.staging.clone())))
     }
 
     unsafe fn copy_to_device(
@@ -940,7 +1026,7 @@ unsafe impl Device for CudaDevice {
             staging.buffer = None;
             staging.buffer = Some(PinnedHostBuffer::alloc(
                 &self.device,
-                bytes.next_power_of_two().max(64 << 10),
+                bytes.next_power_of_two().max(DESCRIPTOR_STAGING_BYTES),
             )?);
         }
         let host = staging.buffer.as_mut().expect("allocated above");

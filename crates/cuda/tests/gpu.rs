@@ -2056,3 +2056,53 @@ mod device_kernels {
         device.record_event().unwrap().wait_host().unwrap();
     }
 }
+
+/// A `CudaDevice`'s pinned memory makes no implicitly synchronizing driver call once the
+/// device is open: the descriptor table of its copies on the device is allocated at open,
+/// and staging given back by a dropped `PinnedStaging` is reused, zeroed, by the next
+/// staging of its size (a new `Transfer`, a new stream), with no `cuMemHostAlloc` (which
+/// orders every stream of the device after the work before it) nor `cuMemFreeHost`
+/// (which blocks the host until the whole device is idle). Only a size not kept
+/// allocates. The emulated driver counts the calls; on a real driver the count is skipped
+/// (said).
+#[test]
+fn staging_is_reused_without_allocating_pinned_memory_again() {
+    use devarrow_testing::gpu::ImplicitSyncs;
+    let (_lock, dev) = gpu_or_skip!();
+    let start = ImplicitSyncs::snapshot();
+    let device = CudaDevice::new(dev.clone()).unwrap();
+    let host_allocs = |since: &Option<ImplicitSyncs>| {
+        since.as_ref().map(|since| {
+            let counted = ImplicitSyncs::counted_since(since).unwrap();
+            (
+                counted.calls.get("cuMemHostAlloc").copied().unwrap_or(0),
+                counted,
+            )
+        })
+    };
+    if let Some((allocs, counted)) = host_allocs(&start) {
+        assert_eq!(allocs, 1, "the descriptor table, at open: {counted}");
+    }
+    let mut staging = device.allocate_staging(1 << 20).unwrap();
+    staging.as_mut_slice().fill(0xab);
+    let address = staging.as_slice().as_ptr();
+    drop(staging);
+    let before = ImplicitSyncs::snapshot();
+    let again = device.allocate_staging(1 << 20).unwrap();
+    assert_eq!(again.as_slice().as_ptr(), address, "the buffer given back");
+    assert!(again.as_slice().iter().all(|&b| b == 0), "zeroed again");
+    assert!(device.is_pinned(address, 1 << 20));
+    if let Some((_, counted)) = host_allocs(&before) {
+        assert!(counted.is_empty(), "reused staging: {counted}");
+    }
+    let other = device.allocate_staging(4096).unwrap();
+    if let Some((allocs, counted)) = host_allocs(&before) {
+        assert_eq!((allocs, counted.total), (1, 1), "a new size: {counted}");
+    } else {
+        println!(
+            "skipping the count of implicitly synchronizing calls: the driver is not the \
+             emulator, which counts them"
+        );
+    }
+    drop((again, other, device));
+}

@@ -718,6 +718,306 @@ fn the_legacy_null_stream_waits_for_blocking_streams_only() {
     }
 }
 
+/// The implicit synchronization counts of the emulator (`devarrow_emu_implicit_syncs`):
+/// total and `name -> count`.
+fn implicit_syncs() -> (u64, std::collections::BTreeMap<String, u64>) {
+    use devarrow_emu::driver::sync::devarrow_emu_implicit_syncs;
+    let mut buf = vec![0 as std::ffi::c_char; 1 << 16];
+    // SAFETY: `buf` holds `buf.len()` bytes.
+    let total = unsafe { devarrow_emu_implicit_syncs(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: NUL-terminated by the call.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+    let counts = text
+        .lines()
+        .map(|line| {
+            let (name, n) = line.rsplit_once(' ').unwrap();
+            (name.to_owned(), n.parse().unwrap())
+        })
+        .collect();
+    (total, counts)
+}
+
+/// How the counts changed from `before` to now: `(total, the calls whose count grew)`.
+fn syncs_since(
+    before: &(u64, std::collections::BTreeMap<String, u64>),
+) -> (u64, Vec<(String, u64)>) {
+    let now = implicit_syncs();
+    let grew = now
+        .1
+        .iter()
+        .filter_map(|(name, &n)| {
+            let was = before.1.get(name).copied().unwrap_or(0);
+            (n > was).then(|| (name.clone(), n - was))
+        })
+        .collect();
+    (now.0 - before.0, grew)
+}
+
+/// The calls of the programming guide's "Implicit Synchronization" (page-locked host
+/// allocation and registration, device allocation outside the pool, the synchronous
+/// memset) return at once, but order every stream of the context, non-blocking ones
+/// included, after the work enqueued before them: an event recorded afterwards on an
+/// idle stream completes only once a stream held by a host function runs again. Each is
+/// counted once, under its name. A stream-ordered allocation orders nothing and is not
+/// counted.
+#[test]
+fn allocations_and_registrations_order_every_stream_after_the_work_before_them() {
+    let emu = Emu::new();
+    let (held, idle) = (emu.stream(1), emu.stream(1));
+    let target = emu.alloc(4096);
+    let mut backing = Vec::new();
+    let pages = aligned_pages(&mut backing, 2);
+    let mut registered = false;
+    type Call<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+    let allocated: std::cell::RefCell<Vec<CUdeviceptr>> = Default::default();
+    let pinned: std::cell::RefCell<Vec<*mut c_void>> = Default::default();
+    let mut calls: Vec<Call> = vec![
+        (
+            "cuMemAlloc_v2",
+            Box::new(|| {
+                let mut p = 0;
+                // SAFETY: a valid out-pointer.
+                ck(unsafe { cuMemAlloc_v2(&mut p, 256) });
+                allocated.borrow_mut().push(p);
+            }),
+        ),
+        (
+            "cuMemAllocManaged",
+            Box::new(|| {
+                let mut p = 0;
+                // SAFETY: a valid out-pointer; CU_MEM_ATTACH_GLOBAL.
+                ck(unsafe { cuMemAllocManaged(&mut p, 256, 1) });
+                allocated.borrow_mut().push(p);
+            }),
+        ),
+        (
+            "cuMemAllocHost_v2",
+            Box::new(|| {
+                let mut p = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                ck(unsafe { cuMemAllocHost_v2(&mut p, 256) });
+                pinned.borrow_mut().push(p);
+            }),
+        ),
+        (
+            "cuMemHostAlloc",
+            Box::new(|| {
+                let mut p = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                ck(unsafe { cuMemHostAlloc(&mut p, 256, 0) });
+                pinned.borrow_mut().push(p);
+            }),
+        ),
+        (
+            "cuMemHostRegister_v2",
+            Box::new(|| {
+                // SAFETY: two whole pages of `backing`, unregistered below.
+                ck(unsafe { cuMemHostRegister_v2(pages.cast(), 2 * 4096, 0) });
+                registered = true;
+            }),
+        ),
+        (
+            "cuMemHostUnregister",
+            Box::new(|| {
+                // SAFETY: registered by the call before, no copy uses it.
+                ck(unsafe { cuMemHostUnregister(pages.cast()) });
+            }),
+        ),
+        (
+            "cuMemsetD8_v2",
+            // SAFETY: 4096 bytes of device memory.
+            Box::new(|| ck(unsafe { cuMemsetD8_v2(target, 7, 4096) })),
+        ),
+    ];
+    for (name, call) in &mut calls {
+        // SAFETY: valid handles; the gate is opened before the streams are destroyed.
+        unsafe {
+            let gate = Gate::block(held);
+            let before = implicit_syncs();
+            call();
+            let after = emu.event();
+            ck(cuEventRecord(after, idle));
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(
+                cuEventQuery(after),
+                CUDA_ERROR_NOT_READY,
+                "{name}: later work on another (non-blocking) stream waits for the held one"
+            );
+            assert_eq!(
+                syncs_since(&before),
+                (1, vec![(name.to_string(), 1)]),
+                "{name} counted once"
+            );
+            gate.open();
+            ck(cuEventSynchronize(after));
+            ck(cuEventDestroy_v2(after));
+        }
+    }
+    drop(calls);
+    assert!(registered);
+    // Stream-ordered allocation: not an implicit synchronization.
+    // SAFETY: valid handles; the gate is opened before the streams are destroyed.
+    unsafe {
+        let gate = Gate::block(held);
+        let before = implicit_syncs();
+        let mut p = 0;
+        ck(cuMemAllocAsync(&mut p, 256, idle));
+        let after = emu.event();
+        ck(cuEventRecord(after, idle));
+        ck(cuEventSynchronize(after));
+        assert_eq!(cuStreamQuery(held), CUDA_ERROR_NOT_READY);
+        ck(cuMemFreeAsync(p, idle));
+        assert_eq!(syncs_since(&before), (0, vec![]));
+        gate.open();
+        ck(cuCtxSynchronize());
+        ck(cuEventDestroy_v2(after));
+        for p in allocated.take() {
+            ck(cuMemFree_v2(p));
+        }
+        for p in pinned.take() {
+            ck(cuMemFreeHost(p));
+        }
+        ck(cuMemFree_v2(target));
+        ck(cuStreamDestroy_v2(held));
+        ck(cuStreamDestroy_v2(idle));
+    }
+}
+
+/// `cuMemFree` (of memory not from a pool) and `cuMemFreeHost` block the host until all
+/// work of the context has run, a non-blocking stream held by a host function included,
+/// and are counted; `cuMemFree` of pool memory returns at once and is not ("will not
+/// perform any implicit synchronization").
+#[test]
+fn frees_of_device_and_pinned_memory_wait_for_the_whole_context() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let emu = Emu::new();
+    let held = emu.stream(1);
+    type Free = (&'static str, Box<dyn Fn() -> CUresult>);
+    let frees: [Free; 2] = [
+        ("cuMemFree_v2", {
+            let p = emu.alloc(256);
+            // SAFETY: a live allocation, freed once.
+            Box::new(move || unsafe { cuMemFree_v2(p) })
+        }),
+        ("cuMemFreeHost", {
+            let p = emu.pinned(256).as_mut_ptr().cast::<c_void>();
+            // SAFETY: a live pinned allocation, freed once.
+            Box::new(move || unsafe { cuMemFreeHost(p) })
+        }),
+    ];
+    for (name, free) in frees {
+        let gate = Gate::block(held);
+        let opened = Arc::new(AtomicBool::new(false));
+        let opener = {
+            let (gate, opened) = (gate.clone(), opened.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                opened.store(true, Ordering::SeqCst);
+                gate.open();
+            })
+        };
+        let before = implicit_syncs();
+        ck(free());
+        assert!(
+            opened.load(Ordering::SeqCst),
+            "{name} returned while a stream was held"
+        );
+        assert_eq!(syncs_since(&before), (1, vec![(name.to_string(), 1)]));
+        opener.join().unwrap();
+    }
+    // Pool memory: freed at once, not counted.
+    // SAFETY: valid handles; the gate is opened before the stream is destroyed.
+    unsafe {
+        let gate = Gate::block(held);
+        let other = emu.stream(1);
+        let mut p = 0;
+        ck(cuMemAllocAsync(&mut p, 256, other));
+        ck(cuStreamSynchronize(other));
+        ck(cuStreamDestroy_v2(other));
+        let before = implicit_syncs();
+        ck(cuMemFree_v2(p));
+        assert_eq!(cuStreamQuery(held), CUDA_ERROR_NOT_READY, "not waited for");
+        assert_eq!(syncs_since(&before), (0, vec![]));
+        gate.open();
+        ck(cuStreamSynchronize(held));
+        ck(cuStreamDestroy_v2(held));
+    }
+}
+
+/// Every call that enqueues work on the legacy NULL stream is counted once, under its
+/// name: the synchronous copies, and any stream call given NULL or `CU_STREAM_LEGACY`;
+/// the same calls on a created stream are not. `cuCtxSynchronize` is counted too. The
+/// per-call counts read back with `devarrow_emu_implicit_sync_count`, and the listing is
+/// cut to whole lines that fit.
+#[test]
+fn commands_on_the_legacy_stream_and_context_synchronizations_are_counted() {
+    use devarrow_emu::driver::sync::{
+        devarrow_emu_implicit_sync_count, devarrow_emu_implicit_syncs,
+    };
+    let emu = Emu::new();
+    let s = emu.stream(0);
+    let p = emu.alloc(64);
+    let data = [3u8; 64];
+    let legacy = 1 as CUstream;
+    let count = |name: &CStr| {
+        // SAFETY: a NUL-terminated name.
+        unsafe { devarrow_emu_implicit_sync_count(name.as_ptr()) }
+    };
+    // SAFETY: valid handles and ranges.
+    unsafe {
+        let before = implicit_syncs();
+        let htod = count(c"cuMemcpyHtoD_v2");
+        emu.upload(p, &data);
+        assert_eq!(count(c"cuMemcpyHtoD_v2"), htod + 1);
+        assert_eq!(emu.download(p, 64), data);
+        ck(cuMemcpyHtoDAsync_v2(p, data.as_ptr().cast(), 64, s));
+        ck(cuMemcpyHtoDAsync_v2(
+            p,
+            data.as_ptr().cast(),
+            64,
+            std::ptr::null_mut(),
+        ));
+        ck(cuMemcpyHtoDAsync_v2(p, data.as_ptr().cast(), 64, legacy));
+        let e = emu.event();
+        ck(cuEventRecord(e, std::ptr::null_mut()));
+        ck(cuStreamWaitEvent(s, e, 0));
+        ck(cuEventRecord(e, s));
+        ck(cuStreamWaitEvent(std::ptr::null_mut(), e, 0));
+        ck(cuStreamSynchronize(s));
+        ck(cuStreamSynchronize(std::ptr::null_mut()));
+        ck(cuCtxSynchronize());
+        let expected: Vec<(String, u64)> = [
+            ("cuCtxSynchronize", 1),
+            ("cuEventRecord", 1),
+            ("cuMemcpyDtoH_v2", 1),
+            ("cuMemcpyHtoDAsync_v2", 2),
+            ("cuMemcpyHtoD_v2", 1),
+            ("cuStreamSynchronize", 1),
+            ("cuStreamWaitEvent", 1),
+        ]
+        .into_iter()
+        .map(|(n, c)| (n.to_owned(), c))
+        .collect();
+        assert_eq!(syncs_since(&before), (8, expected));
+        assert_eq!(
+            devarrow_emu_implicit_sync_count(std::ptr::null()),
+            implicit_syncs().0,
+            "NULL: the total"
+        );
+        assert_eq!(count(c"cuNoSuchCall"), 0);
+        // A listing cut to what fits: whole lines, NUL-terminated.
+        let mut small = [0x7f as std::ffi::c_char; 24];
+        let total = devarrow_emu_implicit_syncs(small.as_mut_ptr(), small.len());
+        assert_eq!(total, implicit_syncs().0);
+        let text = CStr::from_ptr(small.as_ptr()).to_str().unwrap();
+        assert!(text.len() < small.len() && text.lines().all(|l| l.contains(' ')));
+        assert!(text.is_empty() || text.ends_with('\n'), "{text:?}");
+        ck(cuEventDestroy_v2(e));
+        ck(cuMemFree_v2(p));
+        ck(cuStreamDestroy_v2(s));
+    }
+}
+
 #[test]
 fn host_functions_may_not_call_the_driver() {
     let emu = Emu::new();

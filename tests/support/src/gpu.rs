@@ -299,3 +299,95 @@ impl EmulatedDriver {
         (live, total)
     }
 }
+
+/// The emulated driver's counts of implicitly synchronizing driver calls
+/// (`tests/cuda-emu`, `devarrow_emu_implicit_syncs`): page-locked host allocation and
+/// registration, device allocation outside the stream-ordered pool, `cuMemFree`,
+/// `cuMemFreeHost`, the synchronous memsets, every call that enqueues work on the legacy
+/// NULL stream, and `cuCtxSynchronize`, by call name. A real driver counts nothing:
+/// [`ImplicitSyncs::snapshot`] is `None` there.
+///
+/// The counts are process-wide; GPU tests of one binary run one at a time
+/// ([`open_or_skip`]), so the difference of two snapshots taken by a test is that test's
+/// (and of whatever it left running on other threads).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImplicitSyncs {
+    /// The number of calls counted.
+    pub total: u64,
+    /// The count of each call name (only names counted at least once).
+    pub calls: std::collections::BTreeMap<String, u64>,
+}
+
+impl ImplicitSyncs {
+    /// The counts since the process started, when the `libcuda.so` in use is the
+    /// emulator; `None` on a real driver.
+    pub fn snapshot() -> Option<Self> {
+        let symbol = driver_symbol(c"devarrow_emu_implicit_syncs");
+        if symbol.is_null() {
+            return None;
+        }
+        // SAFETY: the emulator defines the symbol with exactly this signature.
+        let counts = unsafe {
+            std::mem::transmute::<
+                *mut libc::c_void,
+                unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> u64,
+            >(symbol)
+        };
+        let mut buf = vec![0 as std::ffi::c_char; 1 << 16];
+        // SAFETY: `buf` holds `buf.len()` bytes, which the call NUL-terminates.
+        let total = unsafe { counts(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: NUL-terminated by the call above.
+        let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+        let calls = text
+            .lines()
+            .filter_map(|line| {
+                let (name, n) = line.rsplit_once(' ')?;
+                Some((name.to_owned(), n.parse().ok()?))
+            })
+            .collect();
+        Some(Self { total, calls })
+    }
+
+    /// What was counted after `earlier` (a snapshot taken before this one): the calls
+    /// whose count grew, by how much.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let calls = self
+            .calls
+            .iter()
+            .filter_map(|(name, &n)| {
+                let grew = n.saturating_sub(earlier.calls.get(name).copied().unwrap_or(0));
+                (grew > 0).then(|| (name.clone(), grew))
+            })
+            .collect();
+        Self {
+            total: self.total.saturating_sub(earlier.total),
+            calls,
+        }
+    }
+
+    /// What was counted since `earlier`, taking a snapshot now (`None` on a real driver).
+    pub fn counted_since(earlier: &Self) -> Option<Self> {
+        Some(Self::snapshot()?.since(earlier))
+    }
+
+    /// Whether nothing was counted.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
+
+impl std::fmt::Display for ImplicitSyncs {
+    /// `"3 (cuMemAlloc_v2 x1, cuMemHostAlloc x2)"`, or `"0"`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.total)?;
+        if !self.calls.is_empty() {
+            let calls: Vec<String> = self
+                .calls
+                .iter()
+                .map(|(name, n)| format!("{name} x{n}"))
+                .collect();
+            write!(f, " ({})", calls.join(", "))?;
+        }
+        Ok(())
+    }
+}

@@ -4,7 +4,9 @@
 //! product crates (`publish = false`; only ever a dev-dependency):
 //!
 //! - [`gpu`]: the one rule for tests that need a GPU (skip with a printed reason, or fail
-//!   under `DEVARROW_REQUIRE_GPU=1`), and compute-sanitizer awareness;
+//!   under `DEVARROW_REQUIRE_GPU=1`), compute-sanitizer awareness, and the emulated
+//!   driver's controls and counters ([`gpu::ImplicitSyncs`]);
+//! - [`host_gate`]: a stream held by a host function until the test releases it;
 //! - [`leaks`]: device memory leak checks that hold on a real GPU (devarrow's exact
 //!   counts, and the free memory with a margin);
 //! - [`release`]: counting the `release` calls of exported arrays;
@@ -21,6 +23,7 @@
 
 pub mod gate;
 pub mod gpu;
+pub mod host_gate;
 pub mod kernel_oracles;
 pub mod leaks;
 pub mod random;

@@ -151,6 +151,9 @@ fn report_api_error(name: &str, e: CUresult) {
 }
 
 thread_local! {
+    /// The driver call running on this thread, and whether it was counted as an implicit
+    /// synchronization already (see `super::sync`).
+    pub(crate) static CURRENT_CALL: Cell<(&'static str, bool)> = const { Cell::new(("", false)) };
     /// The driver call the calling thread is in (for [`fatal_misuse`]).
     static CALL: Cell<&'static str> = const { Cell::new("a driver call") };
 }
@@ -173,6 +176,7 @@ pub(crate) fn fatal_misuse(what: &str) -> ! {
 /// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
     CALL.with(|c| c.set(name));
+    CURRENT_CALL.with(|c| c.set((name, false)));
     if IN_STREAM_WORKER.with(|c| c.get()) {
         eprintln!(
             "devarrow-emu: {name} called from a host function running on a stream: \

@@ -210,6 +210,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut std::ffi::c_ulonglo
 }
 
 /// Blocks until all work of the current context has run; returns its sticky error.
+/// A device-wide wait, counted with the implicit ones (see [`super::sync`]).
 ///
 /// # Safety
 /// None beyond the driver API's.
@@ -218,6 +219,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     api("cuCtxSynchronize", || {
         let ctx = current_context()?;
         ctx.drain();
+        super::sync::count("cuCtxSynchronize");
         driver().mem.release_pool_at_sync(ctx.device());
         ctx.shared.sticky()
     })

@@ -15,6 +15,7 @@ use super::common::*;
 use super::config::config_restricted;
 use super::queue::{Endpoint, Op, Stream};
 use super::state::*;
+use super::sync;
 
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: u32 = 0x7;
@@ -25,6 +26,10 @@ fn is_device_address(p: u64) -> bool {
 
 /// Allocates device memory (`cuMemAlloc`): never zeroed (filled with
 /// [`super::POISON`]), 256-byte aligned, at an address the host cannot dereference.
+///
+/// An implicit synchronization ("a device memory allocation", CUDA C++ Programming Guide,
+/// "Implicit Synchronization"; see [`super::sync`]): every stream of the context waits
+/// for the work enqueued before the call; counted.
 ///
 /// # Safety
 /// `dptr` must be NULL or valid for a write.
@@ -39,14 +44,23 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
         let a = driver()
             .mem
             .alloc_device(ctx.device(), bytesize, ctx.handle(), None)?;
+        ctx.barrier();
+        sync::count("cuMemAlloc_v2");
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
 }
 
 /// Frees device or managed memory (`cuMemFree`), after all work of the allocation's
-/// context has completed (the real call synchronizes too). Freeing anything but the base
-/// address of a live device or managed allocation is `CUDA_ERROR_INVALID_VALUE`.
+/// context has completed: "For all other pointers, this API may perform implicit
+/// synchronization" (CUDA driver API, `cuMemFree`); counted (see [`super::sync`]).
+/// Memory from a pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) is freed at once
+/// instead, without waiting and uncounted: "This API will not perform any implicit
+/// synchronization when the pointer was allocated with cuMemAllocAsync or
+/// cuMemAllocFromPoolAsync. Callers must ensure that all accesses to these pointer have
+/// completed before invoking cuMemFree" (work still queued on it faults). Freeing
+/// anything but the base address of a live device or managed allocation is
+/// `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// No context need be current: the pointer names its allocation, and so its context
 /// (which is the one drained and whose sticky error is returned). NVIDIA's driver accepts
@@ -71,8 +85,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             Some(Object::Context(ctx)) => Some(ctx),
             _ => None,
         };
-        if let Some(ctx) = &ctx {
+        let pooled = a.kind == (Kind::Device { pooled: true });
+        if let Some(ctx) = ctx.as_ref().filter(|_| !pooled) {
             ctx.drain();
+            sync::count("cuMemFree_v2");
         }
         mem.finish_free(&a);
         ctx.map_or(Ok(()), |ctx| ctx.shared.sticky())
@@ -247,7 +263,8 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
 }
 
 /// Allocates managed memory (`cuMemAllocManaged`): a page-aligned host allocation,
-/// accessible from kernels and the host at the same address. In a restricted runtime
+/// accessible from kernels and the host at the same address. A device memory allocation,
+/// so an implicit synchronization as [`cuMemAlloc_v2`] is (counted). In a restricted runtime
 /// (`DEVARROW_EMU_RESTRICTED=1`) it fails with `CUDA_ERROR_OPERATING_SYSTEM`, although
 /// the device attribute still reports managed memory.
 ///
@@ -272,6 +289,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         let a = driver()
             .mem
             .alloc_host(ctx.device(), bytesize, ctx.handle(), Kind::Managed)?;
+        ctx.barrier();
+        sync::count("cuMemAllocManaged");
         // SAFETY: the caller's out-pointer (non-NULL).
         unsafe { out(dptr, a.addr) }
     })
@@ -283,7 +302,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 /// the unchanged pointer given to CUDA memory allocation if the size to allocate is
 /// zero"; ComputationalRadiationPhysics/picongpu#1179: no error, the pointer unchanged),
 /// unlike `cuMemAlloc`, whose documentation makes 0 bytes `CUDA_ERROR_INVALID_VALUE`.
-fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
+///
+/// An implicit synchronization ("a page-locked host memory allocation", CUDA C++
+/// Programming Guide, "Implicit Synchronization"; see [`super::sync`]): every stream of
+/// the context waits for the work enqueued before the call; counted as `call`.
+fn host_alloc(call: &'static str, pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
     let ctx = current_context()?;
     if pp.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -296,6 +319,8 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
         driver()
             .mem
             .alloc_host(ctx.device(), bytesize, ctx.handle(), Kind::Pinned { flags })?;
+    ctx.barrier();
+    sync::count(call);
     // SAFETY: the caller's out-pointer (non-NULL).
     unsafe { out(pp, a.addr as *mut c_void) }
 }
@@ -306,7 +331,9 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> R {
 /// `pp` must be NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
-    api("cuMemAllocHost_v2", || host_alloc(pp, bytesize, 0))
+    api("cuMemAllocHost_v2", || {
+        host_alloc("cuMemAllocHost_v2", pp, bytesize, 0)
+    })
 }
 
 /// Allocates pinned host memory with `CU_MEMHOSTALLOC_*` flags (recorded for
@@ -320,12 +347,15 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     bytesize: usize,
     Flags: c_uint,
 ) -> CUresult {
-    api("cuMemHostAlloc", || host_alloc(pp, bytesize, Flags))
+    api("cuMemHostAlloc", || {
+        host_alloc("cuMemHostAlloc", pp, bytesize, Flags)
+    })
 }
 
-/// Frees pinned host memory, after all work of the context has completed. NULL is
-/// accepted and frees nothing (`cudaFreeHost(NULL)` succeeds:
-/// ComputationalRadiationPhysics/picongpu#1179), as `cuMemFree(0)` does.
+/// Frees pinned host memory, after all work of the context has completed (an implicit
+/// synchronization, counted: see [`super::sync`]). NULL is accepted and frees nothing
+/// (`cudaFreeHost(NULL)` succeeds: ComputationalRadiationPhysics/picongpu#1179), as
+/// `cuMemFree(0)` does.
 ///
 /// # Safety
 /// None beyond the driver API's (the address is only looked up).
@@ -341,6 +371,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
             .begin_free(p as u64, |k| matches!(k, Kind::Pinned { .. }))
             .inspect_err(|_| bad_free("cuMemFreeHost", mem, p as u64))?;
         ctx.drain();
+        sync::count("cuMemFreeHost");
         mem.finish_free(&a);
         ctx.shared.sticky()
     })
@@ -408,6 +439,11 @@ static HOST_REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
 /// restricted runtime (`DEVARROW_EMU_RESTRICTED=1`) every valid call fails with
 /// `CUDA_ERROR_OPERATING_SYSTEM`.
 ///
+/// Page-locking is a page-locked host allocation in place ("This memory range also is
+/// added to the same tracking mechanism as cuMemHostAlloc", CUDA driver API,
+/// `cuMemHostRegister`), so an implicit synchronization as [`cuMemHostAlloc`] is: every
+/// stream of the context waits for the work enqueued before the call; counted.
+///
 /// # Safety
 /// `p..p + bytesize` must be host memory of the caller, valid until it is unregistered.
 #[no_mangle]
@@ -438,6 +474,8 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
             .mem
             .register_host(ctx.device(), p as u64, bytesize, ctx.handle(), Flags)?;
         HOST_REGISTRATIONS.fetch_add(1, AtomicOrdering::Relaxed);
+        ctx.barrier();
+        sync::count("cuMemHostRegister_v2");
         Ok(())
     })
 }
@@ -448,14 +486,16 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
 /// Stricter than the driver documents: the range is forgotten at once, without waiting
 /// for the work that uses it, so a copy still queued on a stream that reads or writes it
 /// faults when it runs (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky): a caller must unregister
-/// only after the copies have completed.
+/// only after the copies have completed. Counted as an implicit synchronization (see
+/// [`super::sync`]), the undoing of a page-locked allocation: work enqueued afterwards
+/// on any stream of the context runs after the work enqueued before.
 ///
 /// # Safety
 /// None beyond the driver API's (the address is only looked up).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     api("cuMemHostUnregister", || {
-        current_context_any()?;
+        let ctx = current_context_any()?;
         let mem = &driver().mem;
         let a = mem
             .begin_free(p as u64, |k| matches!(k, Kind::Registered { .. }))
@@ -464,6 +504,8 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
             })?;
         mem.finish_free(&a);
+        ctx.barrier();
+        sync::count("cuMemHostUnregister");
         Ok(())
     })
 }
@@ -1429,6 +1471,13 @@ fn memset(
             .is_some_and(|a| matches!(a.kind, Kind::Pinned { .. }));
     let dst = endpoint(call, "destination", dst, len, Role::Device)?;
     reachable(call, "destination", &dst, &ctx)?;
+    if sync {
+        // "A device memory set" (CUDA C++ Programming Guide, "Implicit
+        // Synchronization"): the synchronous memsets order every stream, not only the
+        // blocking ones the legacy stream waits for.
+        ctx.barrier();
+        sync::count(call);
+    }
     ctx.submit(
         &stream,
         Op::Memset {

@@ -105,7 +105,15 @@
 //!   `CUDA_ERROR_NOT_SUPPORTED`: not emulated); a live stream of another context is
 //!   `CUDA_ERROR_INVALID_CONTEXT`, and a handle that went with its context (destroyed or
 //!   reset) `CUDA_ERROR_INVALID_HANDLE`.
-//! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
+//! - **Implicit synchronization** ([`sync`]): the calls NVIDIA documents as synchronizing
+//!   wait as the driver does: page-locked host allocation and registration, device
+//!   allocation outside the stream-ordered pool and the synchronous memsets make every
+//!   stream of the context wait for the work enqueued before them (a device-side
+//!   barrier); `cuMemFree` (of memory not from a pool) and `cuMemFreeHost` wait on the
+//!   host for the whole context; any command on the legacy NULL stream waits for the
+//!   blocking streams (see *Streams and events*). Each such call is counted, by name,
+//!   with `cuCtxSynchronize`: `devarrow_emu_implicit_syncs` and
+//!   `devarrow_emu_implicit_sync_count` (found with `dlsym`) read the counts.//! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
 //!   against the allocations live at launch (in stream order; a block freed and reused
@@ -117,7 +125,8 @@
 #![allow(non_snake_case)]
 
 // Internal layers (no module uses one that uses it back): the leaves `common` (result
-// type, locking, the API-call wrapper) and `config`; the data types `alloc` (the
+// type, locking, the API-call wrapper) and `config`; `sync` (the counters of implicit
+// synchronization) on `common`; the data types `alloc` (the
 // allocation table) and `kernel` (loaded modules and functions); `queue` (streams, their
 // operations, events) on those; `state` (the handle table, contexts, the global driver)
 // on top. The API modules after them use these layers and never each other.
@@ -133,6 +142,7 @@ pub mod device;
 pub mod memory;
 pub mod module;
 pub mod stream;
+pub mod sync;
 
 pub use alloc::{
     device_of_address, DEVICE_ADDRESS_BASE, DEVICE_ADDRESS_END, DEVICE_ADDRESS_SPAN, FREED_POISON,

@@ -253,6 +253,11 @@ impl Stream {
         }
     }
 
+    /// Whether work may still be enqueued (the stream was not destroyed).
+    pub fn accepts_work(&self) -> bool {
+        !lock(&self.queue).shutdown
+    }
+
     /// Lets the worker exit once the queue is drained.
     pub fn shutdown(&self) {
         lock(&self.queue).shutdown = true;

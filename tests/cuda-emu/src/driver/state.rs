@@ -110,6 +110,7 @@ impl Context {
             }
         };
         if stream.legacy {
+            super::sync::count_legacy_stream();
             let blocking: Vec<Arc<Stream>> = self
                 .all_streams()
                 .into_iter()
@@ -120,6 +121,34 @@ impl Context {
             wait_for(&self.null_stream);
         }
         stream.push(op)
+    }
+
+    /// The implicit synchronization of the calls that NVIDIA's programming guide lists
+    /// ("Two commands from different streams cannot run concurrently if any one of the
+    /// following operations is issued in-between them by the host thread": page-locked
+    /// host allocation, device allocation, device memset, ...; see `super::sync`): every
+    /// stream of the context, blocking or not, the NULL stream included, waits (on the
+    /// device) for the work enqueued so far on every other one. The host does not wait;
+    /// work enqueued afterwards on any stream runs after all of it.
+    pub fn barrier(&self) {
+        // Destroyed streams still run what was enqueued before: waited for, never
+        // made to wait.
+        let streams = self.all_streams();
+        let tails: Vec<(Arc<Stream>, u64)> = streams
+            .iter()
+            .map(|s| (s.clone(), s.tail()))
+            .filter(|(s, seq)| !s.is_done(*seq))
+            .collect();
+        for s in streams.iter().filter(|s| s.accepts_work()) {
+            for (other, seq) in &tails {
+                if !Arc::ptr_eq(s, other) {
+                    s.push(Op::Wait {
+                        stream: other.clone(),
+                        seq: *seq,
+                    });
+                }
+            }
+        }
     }
 
     /// Enqueues `op` on `stream` as [`Context::enqueue`] does and, for a synchronous
