@@ -64,23 +64,36 @@ pub struct Node {
     /// run end (the last one then clamped to `len`); `None` from the planner.
     pub rebase: Option<i64>,
     /// For dense unions, one value per child, subtracted from the offsets of the items of
-    /// that child; for view types (`Utf8View`, `BinaryView`), one per variadic buffer,
-    /// subtracted from the offsets of the views into that buffer: the children and
-    /// buffers were cut to start there. Applied when the array is rebuilt on the host;
-    /// empty (nothing to subtract) from the planner.
+    /// that child: the children were cut to start there. Applied when the array is
+    /// rebuilt on the host; empty (nothing to subtract) from the planner.
     pub rebase_each: Vec<usize>,
-    /// For view types imported and packed on the device: per variadic buffer, the byte
-    /// ranges its moved views reach, packed one after another, as `(where the range
-    /// started in the foreign buffer, where it starts in the packed one)`, sorted; the
-    /// views are remapped to them when the array is rebuilt on the host. Empty (nothing
-    /// to remap) from the planner.
-    pub view_ranges: Vec<Vec<(usize, usize)>>,
+    /// For view types imported and packed on the device: the byte ranges the moved
+    /// views reach in the foreign variadic buffers, packed one after another into the
+    /// node's variadic buffers (as few as their offsets allow, whatever the number of
+    /// foreign buffers), sorted by foreign buffer and position there; the views are
+    /// remapped to them when the array is rebuilt on the host. Empty (nothing to remap)
+    /// from the planner.
+    pub view_ranges: Vec<ViewRange>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
     pub children: Vec<Node>,
     /// The dictionary of a dictionary-encoded array.
     pub dictionary: Option<Box<Node>>,
+}
+
+/// Where a byte range of a foreign view array's variadic buffer went in a download
+/// (see [`Node::view_ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewRange {
+    /// The foreign variadic buffer the range lies in (its index among them).
+    pub buffer: usize,
+    /// Where the range starts in that buffer.
+    pub from: usize,
+    /// The node's variadic buffer it was packed into (its index among them).
+    pub packed: usize,
+    /// Where it starts there.
+    pub to: usize,
 }
 
 /// A packed image: the segments to copy and where.

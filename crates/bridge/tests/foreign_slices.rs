@@ -314,3 +314,213 @@ fn a_slice_of_a_large_view_column_moves_only_its_bytes() {
         }
     }
 }
+
+/// A value of 4 to 40 bytes for row `i`: about a fifth inline (at most 12 bytes), the
+/// rest out of line, as short strings are.
+fn varied_text(i: usize) -> String {
+    let len = 4 + (i.wrapping_mul(2_654_435_761) >> 5) % 37;
+    let mut s = format!("{i}:");
+    while s.len() < len {
+        s.push((b'a' + (s.len() % 26) as u8) as char);
+    }
+    s.truncate(len);
+    s
+}
+
+/// The variadic bytes a view array's valid views reference (those longer than 12 bytes),
+/// plus its views (16 bytes a row): what any copy of it must move at the least.
+fn logical_view_bytes(array: &dyn Array) -> u64 {
+    let views = array.to_data().buffers()[0].typed_data::<u128>()
+        [array.offset()..array.offset() + array.len()]
+        .to_vec();
+    let outline: u64 = views
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| array.is_valid(i) && (v as u32) > 12)
+        .map(|(_, &v)| (v as u32) as u64)
+        .sum();
+    16 * array.len() as u64 + outline
+}
+
+/// View columns of `rows` rows with very many small variadic buffers, as producers make
+/// them: arrow-rs's builders with a fixed block size of 16 to 200 bytes (a buffer per few
+/// values), such a column taken in a random order (`take`: the views copied, scattered
+/// over every buffer, the buffers shared), and the concatenation of many small batches
+/// (`concat`: the buffers of every batch appended). Every one has nulls.
+fn many_block_view_columns(rows: usize) -> Vec<(String, ArrayRef)> {
+    use arrow_array::builder::{BinaryViewBuilder, StringViewBuilder};
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+
+    let value = |i: usize| (i % 7 != 3).then(|| varied_text(i));
+    let mut columns: Vec<(String, ArrayRef)> = Vec::new();
+    for block in [16, 64, 200] {
+        let mut b = StringViewBuilder::new().with_fixed_block_size(block);
+        for i in 0..rows {
+            b.append_option(value(i));
+        }
+        columns.push((
+            format!("utf8_view, blocks of {block}"),
+            Arc::new(b.finish()),
+        ));
+    }
+    for block in [40, 128] {
+        let mut b = BinaryViewBuilder::new().with_fixed_block_size(block);
+        for i in 0..rows {
+            b.append_option(value(i).map(String::into_bytes));
+        }
+        columns.push((
+            format!("binary_view, blocks of {block}"),
+            Arc::new(b.finish()),
+        ));
+    }
+    let mut order: Vec<u32> = (0..rows as u32).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(32));
+    let taken =
+        arrow_select::take::take(&columns[1].1, &arrow_array::UInt32Array::from(order), None)
+            .unwrap();
+    columns.push(("utf8_view, blocks of 64, taken at random".into(), taken));
+    let batch = 1_000;
+    let pieces: Vec<ArrayRef> = (0..rows.div_ceil(batch))
+        .map(|k| {
+            let mut b = BinaryViewBuilder::new();
+            for i in k * batch..((k + 1) * batch).min(rows) {
+                b.append_option(value(i).map(String::into_bytes));
+            }
+            Arc::new(b.finish()) as ArrayRef
+        })
+        .collect();
+    let pieces: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+    let concatenated = arrow_select::concat::concat(&pieces).unwrap();
+    columns.push((
+        format!("binary_view, concat of {} batches", pieces.len()),
+        concatenated,
+    ));
+    columns
+}
+
+/// The variadic buffers of a view column.
+fn data_buffers(column: &dyn Array) -> usize {
+    column.to_data().buffers().len() - 1
+}
+
+/// Issue #32, goal 8: a 1,000-row slice at row 500,003 of a 1,000,000-row view column of
+/// very many small variadic buffers, exported through arrow-rs's C data interface and
+/// imported with `import_with_ffi_schema`, then moved to the host: the link carries (the
+/// import's read-backs and the download) at most 4 times the slice's own bytes (its
+/// views and the bytes they reference), however many buffers the column has, and the
+/// host's array holds only the buffers of those bytes.
+#[test]
+fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
+    let rows = 1_000_000;
+    let offset = 500_003;
+    let mut failures = Vec::new();
+    for (name, column) in many_block_view_columns(rows) {
+        let slice = slices::batch_of(&name, column.slice(offset, SLICE_LEN));
+        let whole = slices::batch_of(&name, column.clone());
+        let logical = logical_view_bytes(slice.column(0).as_ref());
+        for (export, (array, schema)) in [
+            ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
+            ("C slice", slices::export_c_slice(&whole, offset, SLICE_LEN)),
+        ] {
+            let what = format!("{name} ({} buffers), {export}", data_buffers(&*column));
+            let device = InstrumentedDevice::new();
+            let imported =
+                DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+            let read_back = device.bytes_to_host();
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let back = transfer.to_host(&imported).unwrap();
+            back.column(0).to_data().validate_full().unwrap();
+            if let Some(diff) = describe_difference(&slice, &back) {
+                panic!("{what}: {diff}");
+            }
+            let moved = device.bytes_to_host();
+            assert_eq!(
+                moved - read_back,
+                transfer.stats().to_host.bytes,
+                "{what}: the download"
+            );
+            let referenced = {
+                let views = back.column(0).to_data();
+                let views: &[u128] = views.buffers()[0].typed_data();
+                let mut used: Vec<u32> = views
+                    .iter()
+                    .filter(|&&v| (v as u32) > 12)
+                    .map(|&v| (v >> 64) as u32)
+                    .collect();
+                used.sort_unstable();
+                used.dedup();
+                used.len()
+            };
+            let held = data_buffers(back.column(0).as_ref());
+            let report = format!(
+                "{what}: the link carried {moved} bytes ({read_back} read back at import) \
+                 for a slice of {logical} ({:.2}x); the host's array holds {held} \
+                 buffers, its views use {referenced}",
+                moved as f64 / logical as f64
+            );
+            eprintln!("{report}");
+            if moved > 4 * logical + 4096 || held > referenced.max(1) {
+                failures.push(report);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Slices of a view column of many small buffers that reach few or none of them: every
+/// value inline, every value null, both, empty, the views in reverse buffer order, and
+/// the whole column. Each comes back equal, its views read back once and then the sizes
+/// of only the buffers they point into (none: no second read-back), and the host's
+/// array holds a buffer only where its views point.
+#[test]
+fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
+    use arrow_array::builder::StringViewBuilder;
+
+    let rows = 20_000;
+    let mut b = StringViewBuilder::new().with_fixed_block_size(16);
+    for i in 0..rows {
+        match i {
+            10_000..11_000 => b.append_value(format!("s{}", i % 1_000)),
+            11_000..12_000 => b.append_null(),
+            _ => b.append_option((i % 7 != 3).then(|| varied_text(i))),
+        }
+    }
+    let column: ArrayRef = Arc::new(b.finish());
+    let reversed = arrow_select::take::take(
+        &column,
+        &arrow_array::UInt32Array::from_iter_values((0..rows as u32).rev()),
+        None,
+    )
+    .unwrap();
+    assert!(data_buffers(&*column) > 10_000, "a buffer per value or two");
+    // Offsets at multiples of 8: the bitmap's cut adds no earlier row.
+    for (what, column, offset, len, read_backs, buffers) in [
+        ("inline", &column, 10_000, 1_000, 1, 0),
+        ("nulls", &column, 11_000, 1_000, 1, 0),
+        ("inline then nulls", &column, 10_504, 1_000, 1, 0),
+        ("empty", &column, 5_000, 0, 0, 0),
+        ("reversed", &reversed, 3_000, 1_000, 2, 1),
+        ("whole", &column, 0, rows, 1, data_buffers(&*column)),
+    ] {
+        let whole = slices::batch_of("v", column.clone());
+        let slice = whole.slice(offset, len);
+        for (export, (array, schema)) in [
+            ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
+            ("C slice", slices::export_c_slice(&whole, offset, len)),
+        ] {
+            let what = format!("{what} ({export})");
+            let device = InstrumentedDevice::new();
+            let imported =
+                DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+            assert_eq!(device.host_copies(), read_backs, "{what}: read-backs");
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let back = transfer.to_host(&imported).unwrap();
+            back.column(0).to_data().validate_full().unwrap();
+            if let Some(diff) = describe_difference(&slice, &back) {
+                panic!("{what}: {diff}");
+            }
+            assert_eq!(data_buffers(back.column(0).as_ref()), buffers, "{what}");
+        }
+    }
+}
