@@ -315,95 +315,6 @@ fn a_slice_of_a_large_view_column_moves_only_its_bytes() {
     }
 }
 
-/// A value of 4 to 40 bytes for row `i`: about a fifth inline (at most 12 bytes), the
-/// rest out of line, as short strings are.
-fn varied_text(i: usize) -> String {
-    let len = 4 + (i.wrapping_mul(2_654_435_761) >> 5) % 37;
-    let mut s = format!("{i}:");
-    while s.len() < len {
-        s.push((b'a' + (s.len() % 26) as u8) as char);
-    }
-    s.truncate(len);
-    s
-}
-
-/// The variadic bytes a view array's valid views reference (those longer than 12 bytes),
-/// plus its views (16 bytes a row): what any copy of it must move at the least.
-fn logical_view_bytes(array: &dyn Array) -> u64 {
-    let views = array.to_data().buffers()[0].typed_data::<u128>()
-        [array.offset()..array.offset() + array.len()]
-        .to_vec();
-    let outline: u64 = views
-        .iter()
-        .enumerate()
-        .filter(|&(i, &v)| array.is_valid(i) && (v as u32) > 12)
-        .map(|(_, &v)| (v as u32) as u64)
-        .sum();
-    16 * array.len() as u64 + outline
-}
-
-/// View columns of `rows` rows with very many small variadic buffers, as producers make
-/// them: arrow-rs's builders with a fixed block size of 16 to 200 bytes (a buffer per few
-/// values), such a column taken in a random order (`take`: the views copied, scattered
-/// over every buffer, the buffers shared), and the concatenation of many small batches
-/// (`concat`: the buffers of every batch appended). Every one has nulls.
-fn many_block_view_columns(rows: usize) -> Vec<(String, ArrayRef)> {
-    use arrow_array::builder::{BinaryViewBuilder, StringViewBuilder};
-    use rand::seq::SliceRandom;
-    use rand::SeedableRng;
-
-    let value = |i: usize| (i % 7 != 3).then(|| varied_text(i));
-    let mut columns: Vec<(String, ArrayRef)> = Vec::new();
-    for block in [16, 64, 200] {
-        let mut b = StringViewBuilder::new().with_fixed_block_size(block);
-        for i in 0..rows {
-            b.append_option(value(i));
-        }
-        columns.push((
-            format!("utf8_view, blocks of {block}"),
-            Arc::new(b.finish()),
-        ));
-    }
-    for block in [40, 128] {
-        let mut b = BinaryViewBuilder::new().with_fixed_block_size(block);
-        for i in 0..rows {
-            b.append_option(value(i).map(String::into_bytes));
-        }
-        columns.push((
-            format!("binary_view, blocks of {block}"),
-            Arc::new(b.finish()),
-        ));
-    }
-    let mut order: Vec<u32> = (0..rows as u32).collect();
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(32));
-    let taken =
-        arrow_select::take::take(&columns[1].1, &arrow_array::UInt32Array::from(order), None)
-            .unwrap();
-    columns.push(("utf8_view, blocks of 64, taken at random".into(), taken));
-    let batch = 1_000;
-    let pieces: Vec<ArrayRef> = (0..rows.div_ceil(batch))
-        .map(|k| {
-            let mut b = BinaryViewBuilder::new();
-            for i in k * batch..((k + 1) * batch).min(rows) {
-                b.append_option(value(i).map(String::into_bytes));
-            }
-            Arc::new(b.finish()) as ArrayRef
-        })
-        .collect();
-    let pieces: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
-    let concatenated = arrow_select::concat::concat(&pieces).unwrap();
-    columns.push((
-        format!("binary_view, concat of {} batches", pieces.len()),
-        concatenated,
-    ));
-    columns
-}
-
-/// The variadic buffers of a view column.
-fn data_buffers(column: &dyn Array) -> usize {
-    column.to_data().buffers().len() - 1
-}
-
 /// Issue #32, goal 8: a 1,000-row slice at row 500,003 of a 1,000,000-row view column of
 /// very many small variadic buffers, exported through arrow-rs's C data interface and
 /// imported with `import_with_ffi_schema`, then moved to the host: the link carries (the
@@ -415,15 +326,18 @@ fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
     let rows = 1_000_000;
     let offset = 500_003;
     let mut failures = Vec::new();
-    for (name, column) in many_block_view_columns(rows) {
+    for (name, column) in slices::many_block_view_columns(rows) {
         let slice = slices::batch_of(&name, column.slice(offset, SLICE_LEN));
         let whole = slices::batch_of(&name, column.clone());
-        let logical = logical_view_bytes(slice.column(0).as_ref());
+        let logical = slices::logical_view_bytes(slice.column(0).as_ref());
         for (export, (array, schema)) in [
             ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
             ("C slice", slices::export_c_slice(&whole, offset, SLICE_LEN)),
         ] {
-            let what = format!("{name} ({} buffers), {export}", data_buffers(&*column));
+            let what = format!(
+                "{name} ({} buffers), {export}",
+                slices::data_buffers(&*column)
+            );
             let device = InstrumentedDevice::new();
             let imported =
                 DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
@@ -452,7 +366,7 @@ fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
                 used.dedup();
                 used.len()
             };
-            let held = data_buffers(back.column(0).as_ref());
+            let held = slices::data_buffers(back.column(0).as_ref());
             let report = format!(
                 "{what}: the link carried {moved} bytes ({read_back} read back at import) \
                  for a slice of {logical} ({:.2}x); the host's array holds {held} \
@@ -483,7 +397,7 @@ fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
         match i {
             10_000..11_000 => b.append_value(format!("s{}", i % 1_000)),
             11_000..12_000 => b.append_null(),
-            _ => b.append_option((i % 7 != 3).then(|| varied_text(i))),
+            _ => b.append_option((i % 7 != 3).then(|| slices::varied_text(i))),
         }
     }
     let column: ArrayRef = Arc::new(b.finish());
@@ -493,7 +407,10 @@ fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
         None,
     )
     .unwrap();
-    assert!(data_buffers(&*column) > 10_000, "a buffer per value or two");
+    assert!(
+        slices::data_buffers(&*column) > 10_000,
+        "a buffer per value or two"
+    );
     // Offsets at multiples of 8: the bitmap's cut adds no earlier row.
     for (what, column, offset, len, read_backs, buffers) in [
         ("inline", &column, 10_000, 1_000, 1, 0),
@@ -501,7 +418,7 @@ fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
         ("inline then nulls", &column, 10_504, 1_000, 1, 0),
         ("empty", &column, 5_000, 0, 0, 0),
         ("reversed", &reversed, 3_000, 1_000, 2, 1),
-        ("whole", &column, 0, rows, 1, data_buffers(&*column)),
+        ("whole", &column, 0, rows, 1, slices::data_buffers(&*column)),
     ] {
         let whole = slices::batch_of("v", column.clone());
         let slice = whole.slice(offset, len);
@@ -520,7 +437,11 @@ fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
             if let Some(diff) = describe_difference(&slice, &back) {
                 panic!("{what}: {diff}");
             }
-            assert_eq!(data_buffers(back.column(0).as_ref()), buffers, "{what}");
+            assert_eq!(
+                slices::data_buffers(back.column(0).as_ref()),
+                buffers,
+                "{what}"
+            );
         }
     }
 }
