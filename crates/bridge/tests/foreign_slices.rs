@@ -445,3 +445,64 @@ fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
         }
     }
 }
+
+/// Issue #32, goal 8, the upload side: `Transfer::to_device` of the same slices from
+/// arrow-rs memory (an arrow-rs slice, and arrow-rs's import of a C slice: the column's
+/// own offset over all its buffers) moves at most twice the slice's own bytes, into one
+/// variadic buffer on the device, however many buffers the column has; and so does a
+/// slice that uses most of a column of many small buffers (two thirds of its rows),
+/// compacted when its buffers, each placed at 64 bytes with its 8-byte size, would cost
+/// more than that.
+#[test]
+fn the_upload_of_a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
+    let rows = 1_000_000;
+    let mut failures = Vec::new();
+    let small_columns = slices::many_block_view_columns(3_000);
+    for ((name, column), (_, small)) in slices::many_block_view_columns(rows)
+        .into_iter()
+        .zip(small_columns)
+    {
+        let whole = slices::batch_of(&name, column.clone());
+        let small = slices::batch_of(&name, small);
+        for (what, slice, one_buffer) in [
+            (
+                "arrow-rs slice",
+                slices::batch_of(&name, column.slice(500_003, SLICE_LEN)),
+                true,
+            ),
+            (
+                "C slice imported by arrow-rs",
+                cpu::import_record_batch_with_schema(
+                    slices::export_c_slice(&whole, 500_003, SLICE_LEN).0,
+                    whole.schema(),
+                )
+                .unwrap(),
+                true,
+            ),
+            ("2,000 of 3,000 rows", small.slice(1_000, 2_000), false),
+        ] {
+            let what = format!(
+                "{name} ({} buffers), {what}",
+                slices::data_buffers(&*column)
+            );
+            let logical = slices::logical_view_bytes(slice.column(0).as_ref());
+            let device = InstrumentedDevice::new();
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let on_device = transfer.to_device(&slice).unwrap();
+            let moved = transfer.stats().to_device.bytes;
+            let on_device_buffers = on_device.column(0).unwrap().n_buffers() - 3;
+            assert_eq!(transfer.to_host(&on_device).unwrap(), slice, "{what}");
+            let report = format!(
+                "{what}: uploaded {moved} bytes for a slice of {logical} ({:.2}x) in {} \
+                 variadic buffers",
+                moved as f64 / logical as f64,
+                on_device_buffers
+            );
+            eprintln!("{report}");
+            if moved > 2 * logical + 4096 || (one_buffer && on_device_buffers > 1) {
+                failures.push(report);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
