@@ -2,6 +2,10 @@
 //! validated import of a 100-column batch (CPU time per call), and the bridge's staged
 //! transfer to the CPU device and back (the same code path CUDA uses).
 //!
+//! A 1,000-row slice of a 1,000,000-row view column of very many small variadic buffers,
+//! imported from arrow-rs's C data interface and moved to the host on the CPU device
+//! (`view_slice_import`).
+//!
 //! And on the benchmark device (CUDA device 0, or the CPU device with a printed note):
 //! export of a 100-column [`DeviceBatch`](devarrow::bridge::DeviceBatch) as an
 //! `ArrowDeviceArray` plus its import by a consumer (`ImportedArray::import` on CUDA,
@@ -214,9 +218,63 @@ fn libcudf_export(c: &mut Criterion) {
     group.finish();
 }
 
+/// Issue #32, goal 8: the import (`DeviceBatch::import_with_ffi_schema`, CPU device) and
+/// download (`Transfer::to_host`) of a 1,000-row slice at row 500,003 of a
+/// 1,000,000-row view column of very many small variadic buffers (arrow-rs's builders
+/// with fixed blocks of 16 and 200 bytes, taken at random, concatenated from 1,000
+/// batches: `devarrow_testing::slices::many_block_view_columns`), exported through
+/// arrow-rs's C data interface. CPU time per call, the slice's own bytes (views and the
+/// bytes they reference) as throughput; prints once per column what the download moved.
+/// The bytes the import reads back are counted by the test
+/// `a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes` (`docs/benchmarks.md`).
+fn view_slice_import(c: &mut Criterion) {
+    use criterion::BatchSize;
+    use devarrow::abi::device::Device;
+    use devarrow::bridge::DeviceBatch;
+    use devarrow_testing::slices;
+
+    // Not scaled: the point is a column of hundreds of thousands of buffers.
+    let (rows, offset, len) = (1_000_000, 500_003, 1_000);
+    let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let mut group = c.benchmark_group("cpu/import view slice/1000 rows of 1M");
+    for (name, column) in slices::many_block_view_columns(rows) {
+        if name.contains("blocks of 64") && !name.contains("taken") || name.contains("blocks of 40")
+        {
+            continue; // like their neighbours
+        }
+        let slice = slices::batch_of(&name, column.slice(offset, len));
+        let logical = slices::logical_view_bytes(slice.column(0).as_ref());
+        let (array, schema) = cpu::export_record_batch(&slice).unwrap();
+        let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+        let before = transfer.stats().to_host.bytes;
+        let back = transfer.to_host(&imported).unwrap();
+        assert_eq!(back, slice);
+        eprintln!(
+            "{name} ({} buffers): the download moved {} bytes for a slice of {logical}",
+            slices::data_buffers(&*column),
+            transfer.stats().to_host.bytes - before,
+        );
+        group.throughput(Throughput::Bytes(logical));
+        group.bench_function(BenchmarkId::new("import+to_host", &name), |b| {
+            b.iter_batched(
+                || cpu::export_record_batch(&slice).unwrap(),
+                |(array, schema)| {
+                    let imported =
+                        DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema)
+                            .unwrap();
+                    transfer.to_host(&imported).unwrap()
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = common::criterion_config();
-    targets = export_import, bridge, device_export_import, libcudf_export
+    targets = export_import, bridge, device_export_import, libcudf_export, view_slice_import
 }
 criterion_main!(benches);

@@ -190,10 +190,12 @@ impl DeviceBatch {
     /// sliced it (a column's own `offset` and `length`, a root struct with an offset,
     /// children left whole under a sliced parent), every array of the tree is cut to what
     /// its parent's moved items reach (children of lists, maps, list views, dense unions
-    /// and run-end encoded arrays included, and the variadic buffers of view types);
+    /// and run-end encoded arrays included, and the variadic buffers of view types, however
+    /// many: only the bytes the moved views reach, gathered into one buffer);
     /// dictionaries move whole. Finding that reads back, at import, the offsets, views,
     /// type ids or run ends at the bounds of the moved items, one round (one gather and
-    /// one device-to-host copy) per level of nesting that the slice cuts.
+    /// one device-to-host copy) per level of nesting that the slice cuts (two for view
+    /// types: their views, and the sizes of the variadic buffers those point into).
     pub fn import(
         device: Arc<dyn Device>,
         array: DeviceArray,

@@ -225,6 +225,12 @@ impl<'a> DeviceColumn<'a> {
 
     /// Buffer `i` in C data interface order, `None` when it is NULL (a validity bitmap
     /// of an array without nulls, say) or `i >= n_buffers()`.
+    ///
+    /// The variadic buffers of an imported view column span their whole size where the
+    /// import read it: every buffer's, unless the column has more variadic buffers than
+    /// the batch's rows reach (a slice of a column of many small blocks); then only the
+    /// buffers those rows' views point into have theirs, and the others span 0 bytes (the
+    /// sizes buffer holds them all, on the device).
     pub fn buffer(&self, i: usize) -> Option<ColumnBuffer<'a>> {
         let n = self.n_buffers();
         let role = buffer_role(self.data_type(), i, n);

@@ -21,7 +21,7 @@ use devarrow_abi::{Error, Result};
 use rayon::prelude::*;
 
 use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
-use crate::plan::{Node, Placement};
+use crate::plan::{Node, Placement, ViewRange};
 use crate::slicing;
 
 /// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: one packed image on the
@@ -295,17 +295,16 @@ fn rebase_each(data_type: &DataType, buffers: &mut [Buffer], bases: &[usize]) ->
 }
 
 /// Applies a view array's `view_ranges` to its views (validity already removed): each
-/// view that is not inline gets the offset of its bytes in its packed buffer.
-fn remap_views(
-    data_type: &DataType,
-    buffers: &mut [Buffer],
-    moved: &[Vec<(usize, usize)>],
-) -> Result<()> {
+/// view that is not inline gets the packed buffer and the offset of its bytes there.
+fn remap_views(data_type: &DataType, buffers: &mut [Buffer], moved: &[ViewRange]) -> Result<()> {
     let views = buffers
         .first_mut()
         .ok_or_else(|| Error::InvalidArgument(format!("a {data_type} array without views")))?;
     let mut remapped = views.as_slice().to_vec();
-    slicing::remap_views(&mut remapped, moved);
+    slicing::remap_views(&mut remapped, moved).map_err(|message| Error::InvalidOffsets {
+        path: format!("a {data_type} array"),
+        message,
+    })?;
     *views = Buffer::from_vec(remapped);
     Ok(())
 }

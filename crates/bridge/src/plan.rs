@@ -9,9 +9,12 @@
 //!
 //! The variadic buffers of view types (`Utf8View`, `BinaryView`) are referenced by the
 //! views wherever they point: they travel whole, unless the slice's views reference less
-//! than half of their bytes; then the referenced bytes are compacted into new buffers and
-//! the views rewritten (arrow-rs's `gc`), so that what a view slice moves stays
-//! proportional to the slice too. (Only dictionaries, shared by every slice, travel whole.)
+//! than half of what they cost to move (their bytes, each buffer placed at a 64-byte
+//! boundary with its 8-byte size: many small buffers cost several times their bytes);
+//! then the referenced bytes are compacted into one new buffer and the views rewritten
+//! (arrow-rs's `gc`), so that what a view slice moves stays proportional to the slice
+//! too, however many buffers its column has. (Only dictionaries, shared by every slice,
+//! travel whole.)
 //!
 //! Buffers are referenced, not copied, when they can be used as they are (zero-copy
 //! `Buffer` slices); only rebased offsets, realigned bitmaps and compacted views are
@@ -64,23 +67,36 @@ pub struct Node {
     /// run end (the last one then clamped to `len`); `None` from the planner.
     pub rebase: Option<i64>,
     /// For dense unions, one value per child, subtracted from the offsets of the items of
-    /// that child; for view types (`Utf8View`, `BinaryView`), one per variadic buffer,
-    /// subtracted from the offsets of the views into that buffer: the children and
-    /// buffers were cut to start there. Applied when the array is rebuilt on the host;
-    /// empty (nothing to subtract) from the planner.
+    /// that child: the children were cut to start there. Applied when the array is
+    /// rebuilt on the host; empty (nothing to subtract) from the planner.
     pub rebase_each: Vec<usize>,
-    /// For view types imported and packed on the device: per variadic buffer, the byte
-    /// ranges its moved views reach, packed one after another, as `(where the range
-    /// started in the foreign buffer, where it starts in the packed one)`, sorted; the
-    /// views are remapped to them when the array is rebuilt on the host. Empty (nothing
-    /// to remap) from the planner.
-    pub view_ranges: Vec<Vec<(usize, usize)>>,
+    /// For view types imported and packed on the device: the byte ranges the moved
+    /// views reach in the foreign variadic buffers, packed one after another into the
+    /// node's variadic buffers (as few as their offsets allow, whatever the number of
+    /// foreign buffers), sorted by foreign buffer and position there; the views are
+    /// remapped to them when the array is rebuilt on the host. Empty (nothing to remap)
+    /// from the planner.
+    pub view_ranges: Vec<ViewRange>,
     /// The buffers, in the order of the C data interface.
     pub buffers: Vec<Option<Placement>>,
     /// The children.
     pub children: Vec<Node>,
     /// The dictionary of a dictionary-encoded array.
     pub dictionary: Option<Box<Node>>,
+}
+
+/// Where a byte range of a foreign view array's variadic buffer went in a download
+/// (see [`Node::view_ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewRange {
+    /// The foreign variadic buffer the range lies in (its index among them).
+    pub buffer: usize,
+    /// Where the range starts in that buffer.
+    pub from: usize,
+    /// The node's variadic buffer it was packed into (its index among them).
+    pub packed: usize,
+    /// Where it starts there.
+    pub to: usize,
 }
 
 /// A packed image: the segments to copy and where.
@@ -267,19 +283,27 @@ fn rebase<O: ArrowNativeType + std::ops::Sub<Output = O>>(
 }
 
 /// For a slice of a view array (`Utf8View`, `BinaryView`) whose views reference less than
-/// half the bytes of its variadic buffers: a copy with only the referenced bytes, in new
-/// buffers, and its views rewritten (arrow-rs's `gc`), so that the bytes moved are
-/// proportional to the slice. `None` when the buffers are used as they are (most of their
-/// bytes are referenced, so rewriting would cost more than it saves).
+/// half of what its variadic buffers would cost to move ([`buffers_cost`]): a copy with
+/// only the referenced bytes, in one new buffer, and its views rewritten (arrow-rs's
+/// `gc`), so that the bytes moved are proportional to the slice, however many buffers
+/// the array has. `None` when the buffers are used as they are (most of their bytes are
+/// referenced, so rewriting would cost more than it saves).
 fn compact_views(data: &ArrayData) -> Option<ArrayData> {
     // Without variadic buffers (every value inline) there is nothing to compact.
-    if data.buffers().len() <= 1 {
+    let [views, variadic @ ..] = data.buffers() else {
+        return None;
+    };
+    let views = views
+        .as_slice()
+        .get(16 * data.offset()..16 * (data.offset() + data.len()))?;
+    // Decided before the array is rebuilt as a typed one (a clone of every buffer).
+    if !compaction_pays(views, variadic) {
         return None;
     }
     let array = make_array(data.clone());
     match data.data_type() {
-        DataType::Utf8View => Some(compacted_views(array.as_string_view_opt()?)?.into_data()),
-        DataType::BinaryView => Some(compacted_views(array.as_binary_view_opt()?)?.into_data()),
+        DataType::Utf8View => Some(array.as_string_view_opt()?.gc().into_data()),
+        DataType::BinaryView => Some(array.as_binary_view_opt()?.gc().into_data()),
         _ => None,
     }
 }
@@ -288,18 +312,62 @@ fn compact_views(data: &ArrayData) -> Option<ArrayData> {
 fn compacted_views<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
 ) -> Option<GenericByteViewArray<T>> {
-    let held: usize = array.data_buffers().iter().map(|b| b.len()).sum();
-    if held == 0 {
-        return None;
+    let views = array.views().inner().as_slice();
+    compaction_pays(views, array.data_buffers()).then(|| array.gc())
+}
+
+/// What the variadic buffers `variadic` cost to move as they are: their bytes, each
+/// placed at a 64-byte boundary of the image, and their sizes (8 bytes each). Many small
+/// buffers (a column built with small blocks, or concatenated from many batches) cost
+/// several times their bytes.
+fn buffers_cost(variadic: &[Buffer]) -> usize {
+    variadic.iter().fold(0usize, |total, b| {
+        let placed = b.len().checked_next_multiple_of(BUFFER_ALIGNMENT);
+        total.saturating_add(placed.unwrap_or(usize::MAX).saturating_add(8))
+    })
+}
+
+/// Whether compacting the 16-byte `views` over `variadic` saves more than it costs: the
+/// one buffer of what they reference costs under half of what the buffers cost to move
+/// as they are (never for a compacted array: its one buffer is that buffer).
+fn compaction_pays(views: &[u8], variadic: &[Buffer]) -> bool {
+    if variadic.iter().all(|b| b.is_empty()) {
+        return false;
     }
+    let cost = buffers_cost(variadic);
+    let compacted = |used: usize| {
+        let placed = used.checked_next_multiple_of(BUFFER_ALIGNMENT);
+        placed
+            .unwrap_or(usize::MAX)
+            .saturating_add(8)
+            .saturating_mul(2)
+    };
     // Most view arrays use most of their buffers: decide that from a sample of the views
     // (a full scan costs more than the array's DMA), and scan in full only when the sample
     // says compacting may pay off; then count exactly, once per view as `gc` copies.
-    let views = array.views().inner().as_slice();
-    if estimated_view_bytes(views).saturating_mul(2) >= held {
-        return None;
+    if compacted(estimated_view_bytes(views)) >= cost {
+        return false;
     }
-    (array.total_buffer_bytes_used().saturating_mul(2) < held).then(|| array.gc())
+    compacted(view_bytes(views)) < cost
+}
+
+/// The variadic bytes the 16-byte `views` reference: the lengths of the views that are
+/// not inline, as `gc` copies them.
+fn view_bytes(views: &[u8]) -> usize {
+    (0..views.len() / 16).map(|i| outline_len(views, i)).sum()
+}
+
+/// The length of view `i` of `views` when it is not inline (longer than 12 bytes, a
+/// little-endian `u32` first), else 0.
+fn outline_len(views: &[u8], i: usize) -> usize {
+    let len = views
+        .get(16 * i..16 * i + 4)
+        .map_or(0, |l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize);
+    if len > 12 {
+        len
+    } else {
+        0
+    }
 }
 
 /// Views sampled by [`estimated_view_bytes`]: every view of arrays up to this long. The
@@ -313,24 +381,12 @@ const VIEW_SAMPLE: usize = 64;
 /// views that are not inline, as `gc` counts them): exact up to [`VIEW_SAMPLE`] views,
 /// else extrapolated from that many evenly spaced ones.
 fn estimated_view_bytes(views: &[u8]) -> usize {
-    // A view starts with its length, a little-endian i32; views longer than 12 bytes
-    // reference the variadic buffers.
-    let outline = |i: usize| {
-        let len = views
-            .get(16 * i..16 * i + 4)
-            .map_or(0, |l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize);
-        if len > 12 {
-            len
-        } else {
-            0
-        }
-    };
     let n = views.len() / 16;
     if n <= VIEW_SAMPLE {
-        return (0..n).map(outline).sum();
+        return view_bytes(views);
     }
     let step = n / VIEW_SAMPLE;
-    let sampled: usize = (0..VIEW_SAMPLE).map(|k| outline(k * step)).sum();
+    let sampled: usize = (0..VIEW_SAMPLE).map(|k| outline_len(views, k * step)).sum();
     sampled.saturating_mul(step)
 }
 
@@ -648,5 +704,29 @@ mod tests {
         // a slice of the long array: its views are all sampled
         let slice = long.slice(10, VIEW_SAMPLE);
         assert_eq!(estimated_view_bytes(views_of(&slice)), 20 * VIEW_SAMPLE);
+    }
+
+    #[test]
+    fn compaction_pays_for_little_of_big_buffers_or_for_many_small_ones() {
+        use arrow_array::builder::StringViewBuilder;
+        let values: Vec<String> = (0..1_000).map(|i| format!("{i:0>20}")).collect();
+        let big = StringViewArray::from_iter_values(&values);
+        let pays = |a: &StringViewArray| compaction_pays(views_of(a), a.data_buffers());
+        // One buffer: a slice of a tenth compacts, the whole array does not.
+        assert!(pays(&big.slice(100, 100)));
+        assert!(!pays(&big));
+        // A buffer per value: each costs 64 bytes and its size for 20, so even the whole
+        // array compacts (into one buffer)...
+        let mut builder = StringViewBuilder::new().with_fixed_block_size(16);
+        values.iter().for_each(|v| builder.append_value(v));
+        let small_blocks = builder.finish();
+        assert_eq!(small_blocks.data_buffers().len(), 1_000);
+        assert!(pays(&small_blocks));
+        // ...and a compacted array never compacts again, however small its one buffer.
+        for array in [small_blocks.gc(), big.slice(5, 1).gc(), big.gc()] {
+            assert!(!pays(&array));
+        }
+        // Nothing to compact without variadic bytes.
+        assert!(!pays(&StringViewArray::from(vec!["inline", "x"])));
     }
 }

@@ -9,6 +9,8 @@
 //! (the caller names the array: `Error::InvalidOffsets`); none panics or indexes out of
 //! bounds on any input.
 
+use crate::plan::ViewRange;
+
 /// The child range `lo..hi` that list views with `(offset, size)` address: empty views
 /// (size 0) address nothing; `(0, 0)` when no view addresses anything.
 pub(crate) fn list_view_range(views: impl Iterator<Item = (i64, i64)>) -> (i64, i64) {
@@ -154,82 +156,134 @@ fn outline_view(view: &[u8]) -> Option<(usize, usize, usize)> {
     (len > INLINE_VIEW).then(|| (len, word(8) as usize, word(12) as usize))
 }
 
-/// For each variadic buffer of a view array (of `sizes` bytes), the byte ranges
-/// `lo..hi` that `views` (16 bytes each) reach: sorted, disjoint, and merged where they
-/// overlap or touch (views of a builder's rows, in order, reach one range per buffer;
-/// views that were filtered, taken or sorted reach many). Empty for a buffer no view
-/// reaches.
+/// The variadic buffers that `views` (16 bytes each) point into, sorted and distinct:
+/// those whose sizes a cut needs. An error names the first view into a buffer that does
+/// not exist (of `count`).
+pub(crate) fn referenced_buffers(views: &[u8], count: usize) -> Result<Vec<usize>, String> {
+    let mut buffers = Vec::new();
+    for (i, view) in views.chunks_exact(16).enumerate() {
+        let Some((_, buffer, _)) = outline_view(view) else {
+            continue;
+        };
+        if buffer >= count {
+            return Err(format!(
+                "view {i} points into variadic buffer {buffer}, of {count} buffers"
+            ));
+        }
+        // Views in a builder's order point into the same buffer as the view before.
+        if buffers.last() != Some(&buffer) {
+            buffers.push(buffer);
+        }
+    }
+    buffers.sort_unstable();
+    buffers.dedup();
+    Ok(buffers)
+}
+
+/// A byte range `lo..hi` of variadic buffer `buffer` that views reach.
+pub(crate) type ViewPiece = (usize, usize, usize);
+
+/// The byte ranges of the variadic buffers of a view array (`count` of them, buffer `b`
+/// of `size(b)` bytes: `None` when unknown) that `views` (16 bytes each) reach, as
+/// `(buffer, lo, hi)`: sorted by buffer, then by `lo`; disjoint, and merged where they
+/// overlap or touch within a buffer (views of a builder's rows, in order, reach one range
+/// per buffer; views that were filtered, taken or sorted reach many). A buffer no view
+/// reaches has none: what this returns, and costs, follows the views, not the buffers.
 ///
 /// An error names the first view into a buffer that does not exist or past the end of
-/// one.
+/// one (or of one whose size is unknown).
 pub(crate) fn view_pieces(
     views: &[u8],
-    sizes: &[usize],
-) -> Result<Vec<Vec<(usize, usize)>>, String> {
-    let mut pieces: Vec<Vec<(usize, usize)>> = vec![Vec::new(); sizes.len()];
+    count: usize,
+    size: impl Fn(usize) -> Option<usize>,
+) -> Result<Vec<ViewPiece>, String> {
+    let mut pieces: Vec<ViewPiece> = Vec::new();
+    let mut sorted = true;
     for (i, view) in views.chunks_exact(16).enumerate() {
         let Some((len, buffer, offset)) = outline_view(view) else {
             continue;
         };
+        if buffer >= count {
+            return Err(format!(
+                "view {i} points into variadic buffer {buffer}, of {count} buffers"
+            ));
+        }
+        let size = size(buffer);
         let end = offset
             .checked_add(len)
-            .filter(|&end| sizes.get(buffer).is_some_and(|&size| end <= size))
-            .ok_or_else(|| match sizes.get(buffer) {
-                None => format!(
-                    "view {i} points into variadic buffer {buffer}, of {} buffers",
-                    sizes.len()
-                ),
+            .filter(|&end| size.is_some_and(|size| end <= size))
+            .ok_or_else(|| match size {
                 Some(size) => format!(
                     "view {i} ({len} bytes at {offset}) reaches past the end of variadic \
                      buffer {buffer} ({size} bytes)"
                 ),
+                None => format!(
+                    "view {i} ({len} bytes at {offset}) points into variadic buffer \
+                     {buffer}, whose size was not read"
+                ),
             })?;
-        let ranges = &mut pieces[buffer];
         // Views in order (the common case) extend the last range without sorting.
-        match ranges.last_mut() {
-            Some(last) if offset >= last.0 && offset <= last.1 => last.1 = last.1.max(end),
-            _ => ranges.push((offset, end)),
-        }
-    }
-    for ranges in &mut pieces {
-        if ranges.windows(2).all(|w| w[0].1 < w[1].0) {
-            continue; // sorted and disjoint already
-        }
-        ranges.sort_unstable();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-        for &(lo, hi) in ranges.iter() {
-            match merged.last_mut() {
-                Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
-                _ => merged.push((lo, hi)),
+        match pieces.last_mut() {
+            Some(last) if last.0 == buffer && offset >= last.1 && offset <= last.2 => {
+                last.2 = last.2.max(end)
             }
+            Some(last) => {
+                sorted &= (last.0, last.1) < (buffer, offset);
+                pieces.push((buffer, offset, end));
+            }
+            None => pieces.push((buffer, offset, end)),
         }
-        *ranges = merged;
     }
-    Ok(pieces)
+    if sorted
+        && pieces
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 || w[0].2 < w[1].1)
+    {
+        return Ok(pieces); // sorted and disjoint already
+    }
+    pieces.sort_unstable();
+    let mut merged: Vec<ViewPiece> = Vec::with_capacity(pieces.len());
+    for (buffer, lo, hi) in pieces {
+        match merged.last_mut() {
+            Some(last) if last.0 == buffer && lo <= last.2 => last.2 = last.2.max(hi),
+            _ => merged.push((buffer, lo, hi)),
+        }
+    }
+    Ok(merged)
 }
 
-/// Rewrites `views` (16 bytes each, little-endian) for variadic buffers whose reached
-/// bytes were packed: `moved[b]` lists, for buffer `b`, each packed range as `(where it
-/// started in the buffer, where it starts in the packed buffer)`, sorted by the former.
-/// A view that is not inline gets the offset of its bytes in the packed buffer. Views
-/// into buffers that do not exist, or before the first range, are kept (the rebuilt
-/// array's validation refuses them).
-pub(crate) fn remap_views(views: &mut [u8], moved: &[Vec<(usize, usize)>]) {
-    for view in views.chunks_exact_mut(16) {
-        let Some((_, buffer, offset)) = outline_view(view) else {
+/// Rewrites `views` (16 bytes each, little-endian) for the bytes they reach, packed into
+/// new variadic buffers: `moved` lists each packed range (sorted by foreign buffer, then
+/// by where the range started in it). A view that is not inline gets the packed buffer
+/// and the offset of its bytes there. An error names the first view whose bytes were not
+/// packed (its foreign array changed since its views were read, say): kept, it would
+/// point into another buffer than its own.
+pub(crate) fn remap_views(views: &mut [u8], moved: &[ViewRange]) -> Result<(), String> {
+    for (i, view) in views.chunks_exact_mut(16).enumerate() {
+        let Some((len, buffer, offset)) = outline_view(view) else {
             continue;
         };
-        let Some(ranges) = moved.get(buffer) else {
-            continue;
+        let k = moved.partition_point(|r| (r.buffer, r.from) <= (buffer, offset));
+        let range = k
+            .checked_sub(1)
+            .map(|k| moved[k])
+            .filter(|r| r.buffer == buffer)
+            .ok_or_else(|| {
+                format!(
+                    "view {i} ({len} bytes at {offset} of variadic buffer {buffer}) reaches \
+                     bytes that were not moved"
+                )
+            })?;
+        let remapped = range.to.checked_add(offset - range.from);
+        let (Ok(packed), Some(Ok(remapped))) =
+            (u32::try_from(range.packed), remapped.map(u32::try_from))
+        else {
+            return Err(format!("view {i} is remapped past 32-bit offsets"));
         };
-        let k = ranges.partition_point(|&(from, _)| from <= offset);
-        if k == 0 {
-            continue;
-        }
-        let (from, to) = ranges[k - 1];
-        let remapped = (to + (offset - from)) as u32;
+        view[8..12].copy_from_slice(&packed.to_le_bytes());
         view[12..16].copy_from_slice(&remapped.to_le_bytes());
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -297,32 +351,67 @@ mod tests {
             view(15, 1, 70),
         ]
         .concat();
-        let pieces = view_pieces(&views, &[37, 120, 5]).unwrap();
+        let sizes = [37, 120, 5];
+        let pieces = view_pieces(&views, 3, |b| sizes.get(b).copied()).unwrap();
         assert_eq!(
             pieces,
-            vec![vec![(7, 37)], vec![(40, 67), (70, 85), (100, 120)], vec![]]
+            vec![(0, 7, 37), (1, 40, 67), (1, 70, 85), (1, 100, 120)]
         );
-        assert!(view_pieces(&views, &[36, 120])
+        assert_eq!(referenced_buffers(&views, 3).unwrap(), vec![0, 1]);
+        assert!(view_pieces(&views, 2, |b| [36, 120].get(b).copied())
             .unwrap_err()
             .contains("past the end"));
-        assert!(view_pieces(&views, &[37])
+        assert!(view_pieces(&views, 1, |b| [37].get(b).copied())
             .unwrap_err()
             .contains("of 1 buffers"));
-        // Buffer 0 packed from 7 to 0; buffer 1's three ranges packed one after another.
-        let moved = vec![vec![(7, 0)], vec![(40, 0), (70, 27), (100, 42)], vec![]];
+        assert!(referenced_buffers(&views, 1)
+            .unwrap_err()
+            .contains("of 1 buffers"));
+        assert!(view_pieces(&views, 3, |b| (b == 1).then_some(120))
+            .unwrap_err()
+            .contains("was not read"));
+        // Views in order, over many buffers: one range each, as they come.
+        let ordered: Vec<u8> = (0..50u32).flat_map(|b| view(20, b, 0)).collect();
+        let pieces = view_pieces(&ordered, 50, |_| Some(20)).unwrap();
+        assert_eq!(pieces, (0..50).map(|b| (b, 0, 20)).collect::<Vec<_>>());
+        // Inline views reach nothing.
+        let inline: Vec<u8> = [view(12, 9, 9), view(0, 0, 0)].concat();
+        assert_eq!(view_pieces(&inline, 0, |_| None).unwrap(), vec![]);
+        assert_eq!(referenced_buffers(&inline, 0).unwrap(), Vec::<usize>::new());
+
+        // Buffer 0's range packed at 0 of packed buffer 0, buffer 1's three after it;
+        // the views point into packed buffer 0 (or 1, for the last range).
+        let range = |buffer, from, packed, to| ViewRange {
+            buffer,
+            from,
+            packed,
+            to,
+        };
+        let moved = vec![
+            range(0, 7, 0, 0),
+            range(1, 40, 0, 30),
+            range(1, 70, 0, 57),
+            range(1, 100, 1, 0),
+        ];
         let mut remapped = views.clone();
-        remap_views(&mut remapped, &moved);
+        remap_views(&mut remapped, &moved).unwrap();
         assert_eq!(
             remapped,
             [
-                view(20, 1, 42),
+                view(20, 1, 0),
                 view(3, 0, 0),
-                view(13, 1, 0),
+                view(13, 0, 30),
                 view(30, 0, 0),
-                view(14, 1, 13),
-                view(15, 1, 27),
+                view(14, 0, 43),
+                view(15, 0, 57),
             ]
             .concat()
+        );
+        let mut unmoved = views.clone();
+        let err = remap_views(&mut unmoved, &moved[1..]).unwrap_err();
+        assert!(
+            err.contains("view 3 (30 bytes at 7 of variadic buffer 0)"),
+            "{err}"
         );
     }
 }

@@ -855,6 +855,76 @@ fn views_that_reach_past_their_buffers() {
     }
 }
 
+#[test]
+fn views_of_a_column_of_more_buffers_than_rows_that_reach_past_them() {
+    // Two views over four buffers (more buffers than moved items: the views are read
+    // first, then the sizes of the buffers they point into only), found to reach outside
+    // them; a negative size of a buffer they point into; a NULL buffer they point into.
+    let buffer = |len: usize| Buffer::from_vec(vec![b'x'; len]);
+    let import = |views: Vec<u8>, sizes: Option<&[i64; 4]>, null_buffer: Option<usize>| {
+        let builder = ArrayData::builder(DataType::Utf8View)
+            .len(2)
+            .add_buffer(Buffer::from_vec(views))
+            .add_buffer(buffer(100))
+            .add_buffer(buffer(100))
+            .add_buffer(buffer(50))
+            .add_buffer(buffer(100));
+        // SAFETY: the buffer counts match the type; the views are only read by the
+        // importer under test.
+        let column = unsafe { builder.build_unchecked() };
+        let (data, schema) = one_column("v", column);
+        import_corrupted(&data, schema, |raw| {
+            let child = child_mut(raw, 0);
+            assert_eq!(child.n_buffers, 7, "validity, views, 4 data buffers, sizes");
+            if let Some(sizes) = sizes {
+                // SAFETY: slot 6 is the variadic sizes slot of arrow-rs's pointer array;
+                // `sizes` outlives the import.
+                unsafe { *child.buffers.add(6) = sizes.as_ptr().cast() };
+            }
+            if let Some(b) = null_buffer {
+                // SAFETY: slot 2 + b < 6 is a data buffer slot of that pointer array.
+                unsafe { *child.buffers.add(2 + b) = std::ptr::null() };
+            }
+        })
+    };
+    for (bad, fragment) in [
+        (
+            view(20, 2, 40),
+            "view 1 (20 bytes at 40) reaches past the end of variadic buffer 2 (50 bytes)",
+        ),
+        (
+            view(20, 4, 0),
+            "view 1 points into variadic buffer 4, of 4 buffers",
+        ),
+    ] {
+        let err = import([view(20, 3, 10), bad].concat(), None, None);
+        assert!(
+            matches!(err, Error::InvalidOffsets { ref path, ref message }
+                if path == "array.children[0]" && message.contains(fragment)),
+            "{err}"
+        );
+    }
+    let views = || [view(20, 3, 10), view(20, 1, 0)].concat();
+    let err = import(views(), Some(&[100, -5, 50, 100]), None);
+    assert!(
+        matches!(err, Error::InvalidOffsets { ref message, .. }
+            if message.contains("variadic buffer 1 has negative size -5")),
+        "{err}"
+    );
+    let err = import(views(), None, Some(1));
+    assert!(
+        matches!(
+            err,
+            Error::NullBuffer {
+                index: 3,
+                bytes: 100,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // NULL offsets of zero-length arrays (issue #25, item 3)
 // ---------------------------------------------------------------------------------------

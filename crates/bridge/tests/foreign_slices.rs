@@ -314,3 +314,195 @@ fn a_slice_of_a_large_view_column_moves_only_its_bytes() {
         }
     }
 }
+
+/// Issue #32, goal 8: a 1,000-row slice at row 500,003 of a 1,000,000-row view column of
+/// very many small variadic buffers, exported through arrow-rs's C data interface and
+/// imported with `import_with_ffi_schema`, then moved to the host: the link carries (the
+/// import's read-backs and the download) at most 4 times the slice's own bytes (its
+/// views and the bytes they reference), however many buffers the column has, and the
+/// host's array holds only the buffers of those bytes.
+#[test]
+fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
+    let rows = 1_000_000;
+    let offset = 500_003;
+    let mut failures = Vec::new();
+    for (name, column) in slices::many_block_view_columns(rows) {
+        let slice = slices::batch_of(&name, column.slice(offset, SLICE_LEN));
+        let whole = slices::batch_of(&name, column.clone());
+        let logical = slices::logical_view_bytes(slice.column(0).as_ref());
+        for (export, (array, schema)) in [
+            ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
+            ("C slice", slices::export_c_slice(&whole, offset, SLICE_LEN)),
+        ] {
+            let what = format!(
+                "{name} ({} buffers), {export}",
+                slices::data_buffers(&*column)
+            );
+            let device = InstrumentedDevice::new();
+            let imported =
+                DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+            let read_back = device.bytes_to_host();
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let back = transfer.to_host(&imported).unwrap();
+            back.column(0).to_data().validate_full().unwrap();
+            if let Some(diff) = describe_difference(&slice, &back) {
+                panic!("{what}: {diff}");
+            }
+            let moved = device.bytes_to_host();
+            assert_eq!(
+                moved - read_back,
+                transfer.stats().to_host.bytes,
+                "{what}: the download"
+            );
+            let referenced = {
+                let views = back.column(0).to_data();
+                let views: &[u128] = views.buffers()[0].typed_data();
+                let mut used: Vec<u32> = views
+                    .iter()
+                    .filter(|&&v| (v as u32) > 12)
+                    .map(|&v| (v >> 64) as u32)
+                    .collect();
+                used.sort_unstable();
+                used.dedup();
+                used.len()
+            };
+            let held = slices::data_buffers(back.column(0).as_ref());
+            let report = format!(
+                "{what}: the link carried {moved} bytes ({read_back} read back at import) \
+                 for a slice of {logical} ({:.2}x); the host's array holds {held} \
+                 buffers, its views use {referenced}",
+                moved as f64 / logical as f64
+            );
+            eprintln!("{report}");
+            if moved > 4 * logical + 4096 || held > referenced.max(1) {
+                failures.push(report);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Slices of a view column of many small buffers that reach few or none of them: every
+/// value inline, every value null, both, empty, the views in reverse buffer order, and
+/// the whole column. Each comes back equal, its views read back once and then the sizes
+/// of only the buffers they point into (none: no second read-back), and the host's
+/// array holds a buffer only where its views point.
+#[test]
+fn slices_of_many_blocks_that_reach_few_buffers_or_none() {
+    use arrow_array::builder::StringViewBuilder;
+
+    let rows = 20_000;
+    let mut b = StringViewBuilder::new().with_fixed_block_size(16);
+    for i in 0..rows {
+        match i {
+            10_000..11_000 => b.append_value(format!("s{}", i % 1_000)),
+            11_000..12_000 => b.append_null(),
+            _ => b.append_option((i % 7 != 3).then(|| slices::varied_text(i))),
+        }
+    }
+    let column: ArrayRef = Arc::new(b.finish());
+    let reversed = arrow_select::take::take(
+        &column,
+        &arrow_array::UInt32Array::from_iter_values((0..rows as u32).rev()),
+        None,
+    )
+    .unwrap();
+    assert!(
+        slices::data_buffers(&*column) > 10_000,
+        "a buffer per value or two"
+    );
+    // Offsets at multiples of 8: the bitmap's cut adds no earlier row.
+    for (what, column, offset, len, read_backs, buffers) in [
+        ("inline", &column, 10_000, 1_000, 1, 0),
+        ("nulls", &column, 11_000, 1_000, 1, 0),
+        ("inline then nulls", &column, 10_504, 1_000, 1, 0),
+        ("empty", &column, 5_000, 0, 0, 0),
+        ("reversed", &reversed, 3_000, 1_000, 2, 1),
+        ("whole", &column, 0, rows, 1, slices::data_buffers(&*column)),
+    ] {
+        let whole = slices::batch_of("v", column.clone());
+        let slice = whole.slice(offset, len);
+        for (export, (array, schema)) in [
+            ("arrow-rs slice", cpu::export_record_batch(&slice).unwrap()),
+            ("C slice", slices::export_c_slice(&whole, offset, len)),
+        ] {
+            let what = format!("{what} ({export})");
+            let device = InstrumentedDevice::new();
+            let imported =
+                DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema).unwrap();
+            assert_eq!(device.host_copies(), read_backs, "{what}: read-backs");
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let back = transfer.to_host(&imported).unwrap();
+            back.column(0).to_data().validate_full().unwrap();
+            if let Some(diff) = describe_difference(&slice, &back) {
+                panic!("{what}: {diff}");
+            }
+            assert_eq!(
+                slices::data_buffers(back.column(0).as_ref()),
+                buffers,
+                "{what}"
+            );
+        }
+    }
+}
+
+/// Issue #32, goal 8, the upload side: `Transfer::to_device` of the same slices from
+/// arrow-rs memory (an arrow-rs slice, and arrow-rs's import of a C slice: the column's
+/// own offset over all its buffers) moves at most twice the slice's own bytes, into one
+/// variadic buffer on the device, however many buffers the column has; and so does a
+/// slice that uses most of a column of many small buffers (two thirds of its rows),
+/// compacted when its buffers, each placed at 64 bytes with its 8-byte size, would cost
+/// more than that.
+#[test]
+fn the_upload_of_a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes() {
+    let rows = 1_000_000;
+    let mut failures = Vec::new();
+    let small_columns = slices::many_block_view_columns(3_000);
+    for ((name, column), (_, small)) in slices::many_block_view_columns(rows)
+        .into_iter()
+        .zip(small_columns)
+    {
+        let whole = slices::batch_of(&name, column.clone());
+        let small = slices::batch_of(&name, small);
+        for (what, slice, one_buffer) in [
+            (
+                "arrow-rs slice",
+                slices::batch_of(&name, column.slice(500_003, SLICE_LEN)),
+                true,
+            ),
+            (
+                "C slice imported by arrow-rs",
+                cpu::import_record_batch_with_schema(
+                    slices::export_c_slice(&whole, 500_003, SLICE_LEN).0,
+                    whole.schema(),
+                )
+                .unwrap(),
+                true,
+            ),
+            ("2,000 of 3,000 rows", small.slice(1_000, 2_000), false),
+        ] {
+            let what = format!(
+                "{name} ({} buffers), {what}",
+                slices::data_buffers(&*column)
+            );
+            let logical = slices::logical_view_bytes(slice.column(0).as_ref());
+            let device = InstrumentedDevice::new();
+            let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+            let on_device = transfer.to_device(&slice).unwrap();
+            let moved = transfer.stats().to_device.bytes;
+            let on_device_buffers = on_device.column(0).unwrap().n_buffers() - 3;
+            assert_eq!(transfer.to_host(&on_device).unwrap(), slice, "{what}");
+            let report = format!(
+                "{what}: uploaded {moved} bytes for a slice of {logical} ({:.2}x) in {} \
+                 variadic buffers",
+                moved as f64 / logical as f64,
+                on_device_buffers
+            );
+            eprintln!("{report}");
+            if moved > 2 * logical + 4096 || (one_buffer && on_device_buffers > 1) {
+                failures.push(report);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -448,6 +448,53 @@ fn a_small_foreign_slice_of_every_layout_moves_only_its_bytes_on_cuda() {
     assert!(device.primary_context().context().check_err().is_ok());
 }
 
+/// Issue #32, goal 8, on CUDA: a small slice of a view column of very many small
+/// variadic buffers (built with a fixed block size of 16 to 200 bytes, taken at random,
+/// concatenated from many batches), its buffers uploaded one allocation each as a foreign
+/// producer's, moves at most 4 times its own bytes, and comes back with one buffer;
+/// every value inline, nothing.
+#[test]
+fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let mut transfer = transfer(&device);
+    // Small enough for the emulated driver (a device allocation per buffer), with far
+    // more buffers than sliced rows.
+    let (rows, offset, len) = (3_000, 1_003, 50);
+    for (name, column) in slices::many_block_view_columns(rows) {
+        let buffers = slices::data_buffers(&*column);
+        let whole = slices::batch_of(&name, column.clone());
+        let data = ArrayData::builder(DataType::Struct(whole.schema().fields().clone()))
+            .len(len)
+            .child_data(vec![column.to_data().slice(offset, len)])
+            .build()
+            .unwrap();
+        let slice = whole.slice(offset, len);
+        let logical = slices::logical_view_bytes(slice.column(0).as_ref());
+        for memory in [Memory::Device, Memory::Pinned] {
+            let what = format!("{name}, {buffers} buffers ({memory:?})");
+            let array = upload_as_foreign(&device, &data, memory);
+            let (array, count) = count_releases(array);
+            let before = device.copy_count();
+            let imported = DeviceBatch::import(device.clone(), array, slice.schema())
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let reads = device.copy_count() - before;
+            assert!(reads <= 2, "{what}: {reads} read-backs");
+            let before = transfer.stats().to_host.bytes;
+            let back = transfer.to_host(&imported).unwrap();
+            assert_same(&slice, &back, &what);
+            let moved = transfer.stats().to_host.bytes - before;
+            assert!(
+                moved <= 4 * logical + 4096,
+                "{what}: moved {moved} bytes, the slice is {logical}"
+            );
+            assert_eq!(slices::data_buffers(back.column(0).as_ref()), 1, "{what}");
+            drop(imported);
+            assert_eq!(releases(&count), 1, "{what}");
+        }
+    }
+    assert!(device.primary_context().context().check_err().is_ok());
+}
+
 #[test]
 fn import_waits_on_the_producer_without_blocking_the_host() {
     let (_lock, device) = gpu_or_skip!();

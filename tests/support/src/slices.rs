@@ -385,6 +385,94 @@ pub fn large_view_columns(rows: usize) -> Vec<(&'static str, ArrayRef)> {
     ]
 }
 
+/// A value of 4 to 40 bytes for row `i`: about a fifth inline (at most 12 bytes), the
+/// rest out of line, as short strings are.
+pub fn varied_text(i: usize) -> String {
+    let len = 4 + (i.wrapping_mul(2_654_435_761) >> 5) % 37;
+    let mut s = format!("{i}:");
+    while s.len() < len {
+        s.push((b'a' + (s.len() % 26) as u8) as char);
+    }
+    s.truncate(len);
+    s
+}
+
+/// The variadic bytes a view array's valid views reference (those longer than 12 bytes),
+/// plus its views (16 bytes a row): what any copy of it must move at the least.
+pub fn logical_view_bytes(array: &dyn Array) -> u64 {
+    let views = array.to_data().buffers()[0].typed_data::<u128>()
+        [array.offset()..array.offset() + array.len()]
+        .to_vec();
+    let outline: u64 = views
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| array.is_valid(i) && (v as u32) > 12)
+        .map(|(_, &v)| (v as u32) as u64)
+        .sum();
+    16 * array.len() as u64 + outline
+}
+
+/// View columns of `rows` rows with very many small variadic buffers, as producers make
+/// them: arrow-rs's builders with a fixed block size of 16 to 200 bytes (a buffer per few
+/// values), such a column taken in a random order (`take`: the views copied, scattered
+/// over every buffer, the buffers shared), and the concatenation of many small batches
+/// (`concat`: the buffers of every batch appended). Every one has nulls.
+pub fn many_block_view_columns(rows: usize) -> Vec<(String, ArrayRef)> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+
+    let value = |i: usize| (i % 7 != 3).then(|| varied_text(i));
+    let mut columns: Vec<(String, ArrayRef)> = Vec::new();
+    for block in [16, 64, 200] {
+        let mut b = StringViewBuilder::new().with_fixed_block_size(block);
+        for i in 0..rows {
+            b.append_option(value(i));
+        }
+        columns.push((
+            format!("utf8_view, blocks of {block}"),
+            Arc::new(b.finish()),
+        ));
+    }
+    for block in [40, 128] {
+        let mut b = BinaryViewBuilder::new().with_fixed_block_size(block);
+        for i in 0..rows {
+            b.append_option(value(i).map(String::into_bytes));
+        }
+        columns.push((
+            format!("binary_view, blocks of {block}"),
+            Arc::new(b.finish()),
+        ));
+    }
+    let mut order: Vec<u32> = (0..rows as u32).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(32));
+    let taken = arrow_select::take::take(&columns[1].1, &UInt32Array::from(order), None)
+        .expect("rows of the column");
+    columns.push(("utf8_view, blocks of 64, taken at random".into(), taken));
+    // A thousand rows per batch in a column of a million (a batch of ten at least).
+    let batch = (rows / 1_000).max(10);
+    let pieces: Vec<ArrayRef> = (0..rows.div_ceil(batch))
+        .map(|k| {
+            let mut b = BinaryViewBuilder::new();
+            for i in k * batch..((k + 1) * batch).min(rows) {
+                b.append_option(value(i).map(String::into_bytes));
+            }
+            Arc::new(b.finish()) as ArrayRef
+        })
+        .collect();
+    let pieces: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+    let concatenated = arrow_select::concat::concat(&pieces).expect("arrays of one type");
+    columns.push((
+        format!("binary_view, concat of {} batches", pieces.len()),
+        concatenated,
+    ));
+    columns
+}
+
+/// The variadic buffers of a view column.
+pub fn data_buffers(column: &dyn Array) -> usize {
+    column.to_data().buffers().len() - 1
+}
+
 /// The rows `rows` of `array`, its views copied and its buffers shared (as `take` and
 /// `filter` make a view array).
 fn pick_views<T: arrow_array::types::ByteViewType + ?Sized>(

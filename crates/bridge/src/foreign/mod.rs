@@ -42,14 +42,17 @@
 //! `utf8` child of a sliced `list<utf8>` to the strings its moved lists hold); a list
 //! view's child to what its moved views address; each child of a dense union to the items
 //! its moved items reach; the runs of a run-end encoded array to those covering its moved
-//! items; each variadic buffer of a view type to the byte ranges its moved views reach,
-//! packed one after another (views in a builder's order reach one range per buffer;
-//! filtered, taken or sorted ones many, and the stretches between them stay behind),
-//! when the views are worth reading back (see [`reach`]), else whole; struct, fixed-size list
-//! and sparse union children to their parent's items; dictionaries whole (every slice
-//! shares them). What the device copy cannot cut (offsets, dense union offsets, run ends
-//! that do not start at 0, and the views into packed ranges) is rebased on the host,
-//! after the download, as [`crate::slicing`] says (the arithmetic the planner uses too).
+//! items; the variadic buffers of a view type to the byte ranges its moved views reach,
+//! packed one after another into one buffer (more only past 2 GiB: view offsets are 32
+//! bits) whatever the number of foreign buffers, those no moved view points into costing
+//! nothing, not even the read of their sizes (views in a builder's order reach one range
+//! per buffer; filtered, taken or sorted ones many, and the stretches between them stay
+//! behind), when the views are worth reading back (see [`reach`]), else whole; struct,
+//! fixed-size list and sparse union children to their parent's items; dictionaries whole
+//! (every slice shares them). What the device copy cannot cut (offsets, dense union
+//! offsets, run ends that do not start at 0, and the buffers and offsets of the views
+//! into packed ranges) is rebased on the host, after the download, as
+//! [`crate::slicing`] says (the arithmetic the planner uses too).
 //! [`DeviceBatch::device_bytes`](crate::DeviceBatch::device_bytes) counts the bytes moved.
 
 use std::ffi::c_void;
@@ -66,7 +69,8 @@ use devarrow_abi::layout::{
 };
 use devarrow_abi::{ArrowArray, ArrowDeviceType, DeviceArray, Error, Result};
 
-use crate::plan::{Node, Placement};
+use crate::plan::{Node, Placement, ViewRange};
+use crate::slicing;
 
 mod reach;
 
@@ -250,8 +254,10 @@ enum Extent {
     /// The first and last offsets of the array's range (strings, binaries, lists, maps):
     /// the data bytes or child items it addresses.
     Offsets { first: usize, last: usize },
-    /// The sizes of the variadic buffers of a view type.
-    Variadic(Vec<usize>),
+    /// The sizes of the variadic buffers of a view type that were read, as `(buffer,
+    /// size)` sorted by buffer: every buffer's, or only those the moved views point into
+    /// when the array has more buffers than moved items (see `reach`).
+    Variadic(Vec<(usize, usize)>),
     /// The last run end of a run-end encoded array (at least its `offset + length`).
     LastRunEnd(i64),
 }
@@ -341,12 +347,8 @@ unsafe fn walk(array: &ArrowArray, data_type: &DataType, reads: &mut Reads) -> R
             at.push(reads.push(address(buffers[1], bytes(offset, w)?)?, w)?);
             at.push(reads.push(address(buffers[1], bytes(end, w)?)?, w)?);
         }
-        DataType::Utf8View | DataType::BinaryView => {
-            let variadic = buffers.len() - 3;
-            if variadic > 0 {
-                at.push(reads.push(buffers[buffers.len() - 1], bytes(variadic, 8)?)?);
-            }
-        }
+        // The sizes of the variadic buffers of view types are read once the items moved
+        // are known, and only those the moved views need (see `reach`).
         _ => {}
     }
     let children = child_types(data_type)
@@ -498,26 +500,6 @@ fn settle(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
             }
             node.extent = Extent::LastRunEnd(last);
         }
-        DataType::Utf8View | DataType::BinaryView => {
-            let variadic = node.buffers.len() - 3;
-            let mut sizes = Vec::with_capacity(variadic);
-            for i in 0..variadic {
-                let s = read_int(bytes, node.reads[0] + 8 * i, 8)?;
-                if s < 0 {
-                    return Err(bad(format!("variadic buffer {i} has negative size {s}")));
-                }
-                if s > 0 && node.buffers[2 + i] == 0 {
-                    return Err(Error::NullBuffer {
-                        path: path.to_string(),
-                        index: 2 + i,
-                        role: BufferRole::Data.name(),
-                        bytes: s as usize,
-                    });
-                }
-                sizes.push(s as usize);
-            }
-            node.extent = Extent::Variadic(sizes);
-        }
         _ => {}
     }
     for (i, child) in node.children.iter_mut().enumerate() {
@@ -565,6 +547,23 @@ fn check_offsets(node: &ForeignNode, first: i64, last: i64, path: &str) -> Resul
 }
 
 impl ForeignNode {
+    /// The number of variadic buffers of a view type (0 for other types).
+    pub(crate) fn variadic_count(&self) -> usize {
+        match self.data_type {
+            DataType::Utf8View | DataType::BinaryView => self.buffers.len().saturating_sub(3),
+            _ => 0,
+        }
+    }
+
+    /// The size of variadic buffer `buffer` of a view type, when it was read at import.
+    pub(crate) fn variadic_size(&self, buffer: usize) -> Option<usize> {
+        let Extent::Variadic(sizes) = &self.extent else {
+            return None;
+        };
+        let k = sizes.binary_search_by_key(&buffer, |&(b, _)| b).ok()?;
+        Some(sizes[k].1)
+    }
+
     /// Whether the validity bitmap is to be read (the array may have nulls and has one).
     fn has_validity(&self) -> bool {
         buffer_roles(&self.data_type).first() == Some(&BufferRole::Validity)
@@ -576,8 +575,10 @@ impl ForeignNode {
     /// address (`end`: the array's `offset + length`, or less), as the C data interface
     /// lays the buffer out: bitmaps to the byte holding the last bit, values and offsets
     /// to the last item (offsets one past), the data of offsets types to the last offset
-    /// read back at import, the variadic buffers of view types whole. Saturating: sizes
-    /// of validated arrays never overflow.
+    /// read back at import, the variadic buffers of view types whole where their sizes
+    /// were read at import (every one's, unless the array has more variadic buffers than
+    /// moved items: then those its moved views point into), else 0. Saturating: sizes of
+    /// validated arrays never overflow.
     pub(crate) fn buffer_len(&self, index: usize, end: usize) -> usize {
         let dt = &self.data_type;
         let value_type = match dt {
@@ -600,13 +601,10 @@ impl ForeignNode {
             BufferRole::Views => end.saturating_mul(16),
             BufferRole::Data => match &self.extent {
                 Extent::Offsets { last, .. } => *last,
-                Extent::Variadic(sizes) => sizes.get(index.wrapping_sub(2)).copied().unwrap_or(0),
+                Extent::Variadic(_) => self.variadic_size(index.wrapping_sub(2)).unwrap_or(0),
                 _ => 0,
             },
-            BufferRole::VariadicSizes => match &self.extent {
-                Extent::Variadic(sizes) => sizes.len().saturating_mul(8),
-                _ => 0,
-            },
+            BufferRole::VariadicSizes => self.variadic_count().saturating_mul(8),
         }
     }
 
@@ -623,9 +621,9 @@ impl ForeignNode {
     }
 }
 
-/// Where the byte ranges of a buffer went in its packed copy: per range, `(where it
-/// started in the buffer, where it starts in the packed buffer)`.
-type Remap = Vec<(usize, usize)>;
+/// The most bytes of one packed variadic buffer of a view type: views address their
+/// bytes with 32-bit offsets (`int32` in the format).
+const PACKED_VIEW_BUFFER_MAX: usize = i32::MAX as usize;
 
 /// A packed image to fill on the device: `(source address, offset in the image, length)`.
 #[derive(Debug, Default)]
@@ -647,28 +645,49 @@ impl Image {
         Ok(Some(Placement { offset, len }))
     }
 
-    /// Places the byte ranges `ranges` (`lo..hi`, sorted, disjoint) of the buffer at
-    /// device address `src` one after another, as one buffer at the next 64-byte
-    /// boundary; returns it and, per range, `(lo, where it starts in that buffer)`.
-    fn push_ranges(
+    /// Places the byte ranges `pieces` (`(buffer, lo, hi)`, sorted) of the variadic
+    /// buffers at device addresses `sources[buffer]` one after another, in as few
+    /// buffers as hold them: the next range starts a new buffer (at the next 64-byte
+    /// boundary) only where it would take the current one past `max` bytes. Returns
+    /// those buffers and where each range went; what this costs follows the ranges, not
+    /// the number of `sources`.
+    fn push_view_pieces(
         &mut self,
-        src: usize,
-        ranges: &[(usize, usize)],
-    ) -> Result<(Option<Placement>, Remap)> {
-        let len = ranges
-            .iter()
-            .try_fold(0usize, |total, &(lo, hi)| total.checked_add(hi - lo))
-            .ok_or_else(|| overflow("the packed image"))?;
-        let (offset, total) = place(self.total, BUFFER_ALIGNMENT, len, "the packed image")?;
-        self.total = total;
-        let mut moved = Vec::with_capacity(ranges.len());
-        let mut at = 0;
-        for &(lo, hi) in ranges {
-            self.copies.push((address(src, lo)?, offset + at, hi - lo));
-            moved.push((lo, at));
-            at += hi - lo;
+        sources: &[usize],
+        pieces: &[slicing::ViewPiece],
+        max: usize,
+    ) -> Result<(Vec<Option<Placement>>, Vec<ViewRange>)> {
+        let mut packed: Vec<Placement> = Vec::new();
+        let mut moved = Vec::with_capacity(pieces.len());
+        for &(buffer, lo, hi) in pieces {
+            let len = hi - lo;
+            let src = *sources.get(buffer).ok_or_else(|| {
+                Error::InvalidArgument(format!("variadic buffer {buffer} of {}", sources.len()))
+            })?;
+            let fits = packed
+                .last()
+                .and_then(|p| p.len.checked_add(len))
+                .is_some_and(|total| total <= max);
+            if !fits {
+                let (offset, total) = place(self.total, BUFFER_ALIGNMENT, 0, "the packed image")?;
+                self.total = total;
+                packed.push(Placement { offset, len: 0 });
+            }
+            let index = packed.len() - 1;
+            let current = &mut packed[index];
+            // The current buffer ends where the image does: the range goes right after.
+            let (at, total) = place(self.total, 1, len, "the packed image")?;
+            self.total = total;
+            self.copies.push((address(src, lo)?, at, len));
+            moved.push(ViewRange {
+                buffer,
+                from: lo,
+                packed: index,
+                to: current.len,
+            });
+            current.len += len;
         }
-        Ok((Some(Placement { offset, len }), moved))
+        Ok((packed.into_iter().map(Some).collect(), moved))
     }
 }
 
@@ -705,7 +724,7 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     let mut offset = p - base;
     let mut rebase = None;
     let mut rebase_each = Vec::new();
-    let mut view_ranges: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut view_ranges: Vec<ViewRange> = Vec::new();
     if buffer_roles(dt).first() == Some(&BufferRole::Validity) {
         buffers.push(if has_validity {
             image.push(addr(0, base / 8)?, m.div_ceil(8))?
@@ -740,20 +759,22 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
         }
         (DataType::Utf8View | DataType::BinaryView, found) => {
             buffers.push(image.push(addr(1, bytes(base, 16)?)?, bytes(m, 16)?)?);
-            let Extent::Variadic(sizes) = &node.extent else {
-                return Err(Error::InvalidArgument(format!("{dt} sizes were not read")));
-            };
+            let sources = &node.buffers[2..node.buffers.len() - 1];
             if let reach::Found::Views(pieces) = found {
-                // Only the bytes the moved views reach: each buffer's ranges packed one
-                // after another, the views remapped to them on the host.
-                for (i, ranges) in pieces.iter().enumerate() {
-                    let (placement, moved) = image.push_ranges(node.buffers[2 + i], ranges)?;
-                    buffers.push(placement);
-                    view_ranges.push(moved);
-                }
+                // Only the bytes the moved views reach, packed one after another into as
+                // few buffers as hold them, whatever the number of foreign buffers: the
+                // views are remapped to them on the host.
+                let (packed, moved) =
+                    image.push_view_pieces(sources, pieces, PACKED_VIEW_BUFFER_MAX)?;
+                buffers.extend(packed);
+                view_ranges = moved;
             } else {
-                for (i, &size) in sizes.iter().enumerate() {
-                    buffers.push(image.push(node.buffers[2 + i], size)?);
+                // Every buffer whole (their sizes were all read).
+                for (i, &src) in sources.iter().enumerate() {
+                    let size = node.variadic_size(i).ok_or_else(|| {
+                        Error::InvalidArgument(format!("the size of {dt} buffer {i} was not read"))
+                    })?;
+                    buffers.push(image.push(src, size)?);
                 }
             }
             // The variadic sizes: the host takes them from the lengths of the buffers.
@@ -810,8 +831,11 @@ fn pack_node(node: &ForeignNode, image: &mut Image) -> Result<Node> {
     if rebase_each.iter().all(|&b| b == 0) {
         rebase_each.clear();
     }
-    if view_ranges.iter().flatten().all(|&(from, to)| from == to) {
-        view_ranges.clear(); // every view keeps its offset
+    if view_ranges
+        .iter()
+        .all(|r| r.buffer == r.packed && r.from == r.to)
+    {
+        view_ranges.clear(); // every view keeps its buffer and offset
     }
     Ok(Node {
         data_type: dt.clone(),
@@ -943,5 +967,63 @@ impl Foreign {
             memory,
             event,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_pieces_pack_into_as_few_buffers_as_hold_them() {
+        let sources = [0x1000, 0x2000, 0x3000];
+        let mut image = Image::default();
+        image.push(0x9000, 16).unwrap(); // the views, say
+        let pieces = [(0, 5, 10), (0, 20, 30), (2, 0, 8), (2, 100, 104)];
+        let (packed, moved) = image.push_view_pieces(&sources, &pieces, 20).unwrap();
+        // 5 + 10 bytes fit in one buffer of at most 20; the next 8 do not.
+        assert_eq!(
+            packed,
+            vec![
+                Some(Placement {
+                    offset: 64,
+                    len: 15
+                }),
+                Some(Placement {
+                    offset: 128,
+                    len: 12
+                }),
+            ]
+        );
+        let range = |buffer, from, packed, to| ViewRange {
+            buffer,
+            from,
+            packed,
+            to,
+        };
+        assert_eq!(
+            moved,
+            vec![
+                range(0, 5, 0, 0),
+                range(0, 20, 0, 5),
+                range(2, 0, 1, 0),
+                range(2, 100, 1, 8),
+            ]
+        );
+        assert_eq!(
+            image.copies[1..],
+            [
+                (0x1005, 64, 5),
+                (0x1014, 69, 10),
+                (0x3000, 128, 8),
+                (0x3064, 136, 4),
+            ]
+        );
+        assert_eq!(image.total, 140);
+        // A buffer that does not exist is an error, not a panic.
+        assert!(image.push_view_pieces(&sources, &[(3, 0, 1)], 20).is_err());
+        // No piece, no buffer.
+        let (packed, moved) = image.push_view_pieces(&sources, &[], 20).unwrap();
+        assert!(packed.is_empty() && moved.is_empty());
     }
 }

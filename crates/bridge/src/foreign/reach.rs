@@ -16,20 +16,26 @@
 //! round per level of nesting whose data it cuts (the `utf8` child of a sliced
 //! `list<utf8>`: two); the run ends of a sliced run-end encoded array are searched for the
 //! runs covering the slice, [`PROBES`] run ends per round (about `log_64` of the runs
-//! rounds).
+//! rounds). A view type takes two rounds once its items are known: the sizes of its
+//! variadic buffers, then its moved views (not read when its buffers hold at most
+//! [`VIEWS_READ_WHEN_BUFFERS_EXCEED`] times the views' bytes: they move whole); or, when
+//! it has more variadic buffers than moved items ([`SIZES_READ_PER_ITEM`]), its moved
+//! views first, then the sizes of only the buffers they point into (none, and no second
+//! round, when every moved view is inline).
 //!
-//! What is read back stays proportional to the slice: two offsets per array with offsets,
-//! the views of the moved items of list views and view types (views only when they are
-//! at most a quarter of the bytes they could spare), the type ids and offsets of a dense
-//! union's moved items when its children hold more items, and a few run ends per round.
+//! What is read back stays proportional to the slice, however many buffers the arrays
+//! have: two offsets per array with offsets, the views of the moved items of list views
+//! and view types, the sizes of at most one variadic buffer per moved view, the type ids
+//! and offsets of a dense union's moved items when its children hold more items, and a
+//! few run ends per round.
 //! Everything read is validated before anything is planned from it: offsets out of range
 //! of the child, views past their buffers, dense union offsets past their child or type
 //! ids no field has, and run ends that do not increase are [`Error::InvalidOffsets`]
 //! naming the array.
 
 use arrow_schema::{DataType, UnionMode};
-use devarrow_abi::device::Device;
-use devarrow_abi::layout::{has_end_offsets, offset_width};
+use devarrow_abi::device::{Device, BUFFER_ALIGNMENT};
+use devarrow_abi::layout::{has_end_offsets, offset_width, BufferRole};
 use devarrow_abi::{Error, Result};
 
 use super::{
@@ -43,9 +49,17 @@ use crate::slicing;
 const PROBES: usize = 64;
 
 /// A view type's views are read back (16 bytes each) to cut its variadic buffers when the
-/// buffers hold more than this many times the views' bytes; otherwise the buffers move
-/// whole, which then costs at most this many times the views' own bytes.
+/// buffers hold more than this many times the views' bytes (each buffer counted to the
+/// next 64 bytes, as the packed image places it); otherwise the buffers move whole,
+/// which then costs at most this many times the views' own bytes.
 const VIEWS_READ_WHEN_BUFFERS_EXCEED: usize = 4;
+
+/// A view type's variadic buffers have all their sizes read back (8 bytes each) when
+/// there are at most this many per moved item, at most half the bytes of the moved
+/// views. An array with more buffers (a slice of a column of many small blocks, or of
+/// many concatenated batches) has its moved views read first, then the sizes of the
+/// buffers they point into only: what is read follows the slice, not the column.
+const SIZES_READ_PER_ITEM: usize = 1;
 
 /// The most rounds of reads of one import: far more than any valid tree takes (one per
 /// level of nesting, a few per run-end search), a bound so that no input loops.
@@ -78,9 +92,10 @@ pub(super) enum Found {
     Offsets { first: usize, last: usize },
     /// A list view: the child items `lo..hi` its moved views address.
     ListView { lo: usize, hi: usize },
-    /// A view type: per variadic buffer, the byte ranges `lo..hi` its moved views reach
-    /// (sorted, disjoint; empty: none), which are packed one after another.
-    Views(Vec<Vec<(usize, usize)>>),
+    /// A view type: the byte ranges its moved views reach in its variadic buffers
+    /// ([`slicing::view_pieces`]: sorted, disjoint, none for a buffer no view reaches),
+    /// which are packed one after another.
+    Views(Vec<slicing::ViewPiece>),
     /// A dense union: per child, the items `lo..hi` its moved items reach.
     Union(Vec<(usize, usize)>),
     /// A run-end encoded array: the runs `first..last` covering its moved items.
@@ -102,6 +117,19 @@ enum Pending {
     Views {
         at: usize,
         count: usize,
+    },
+    /// The sizes of variadic buffers of a view type, as runs of consecutive buffers
+    /// `(first, count, where in the scratch)`: of every buffer (`views`: `None`), or of
+    /// those the moved views, read already, point into.
+    Sizes {
+        runs: Vec<(usize, usize, usize)>,
+        views: Option<Vec<u8>>,
+    },
+    /// The moved views of a view type, read back, waiting for the sizes of `buffers`
+    /// (sorted, distinct: those they point into) to be read in the next round.
+    SizesOf {
+        views: Vec<u8>,
+        buffers: Vec<usize>,
     },
     Union {
         type_ids: usize,
@@ -189,6 +217,10 @@ fn schedule(node: &mut ForeignNode, reads: &mut Reads, own: bool, path: &str) ->
         node.cut.pending = match node.cut.pending.take() {
             // Every other read in flight was settled before this round.
             Some(Pending::Runs(search)) => Some(Pending::Runs(search.probe(node, reads)?)),
+            Some(Pending::SizesOf { views, buffers }) => Some(Pending::Sizes {
+                runs: read_sizes(node, &buffers, reads)?,
+                views: Some(views),
+            }),
             Some(pending) => Some(pending),
             None => start(node, l, n, reads, own, path)?,
         };
@@ -259,20 +291,38 @@ fn start(
             }
         }
         DataType::Utf8View | DataType::BinaryView => {
-            if !own {
-                return Ok(None); // waits for the sizes of its variadic buffers
-            }
-            let Extent::Variadic(sizes) = &node.extent else {
-                return Err(unread());
-            };
-            let held = sizes.iter().fold(0usize, |t, &s| t.saturating_add(s));
-            if m == 0 || held == 0 {
-                Found::Views(vec![Vec::new(); sizes.len()])
-            } else if bytes(m, 16 * VIEWS_READ_WHEN_BUFFERS_EXCEED)? < held {
+            let count = node.variadic_count();
+            let read_views = |reads: &mut Reads| -> Result<Option<Pending>> {
                 let at = reads.push(address(node.buffers[1], bytes(base, 16)?)?, bytes(m, 16)?)?;
-                return Ok(Some(Pending::Views { at, count: m }));
-            } else {
-                Found::Plain
+                Ok(Some(Pending::Views { at, count: m }))
+            };
+            match &node.extent {
+                _ if m == 0 || count == 0 => Found::Views(Vec::new()),
+                // Every buffer's size, read in the round before (below): cut them or move
+                // them whole.
+                Extent::Variadic(sizes) => {
+                    let held = sizes.iter().fold(0usize, |t, &(_, s)| {
+                        let placed = s.checked_next_multiple_of(BUFFER_ALIGNMENT);
+                        t.saturating_add(placed.unwrap_or(usize::MAX))
+                    });
+                    if sizes.iter().all(|&(_, s)| s == 0) {
+                        Found::Views(Vec::new())
+                    } else if bytes(m, 16 * VIEWS_READ_WHEN_BUFFERS_EXCEED)? < held {
+                        return read_views(reads);
+                    } else {
+                        Found::Plain
+                    }
+                }
+                _ if count <= m.saturating_mul(SIZES_READ_PER_ITEM) => {
+                    let all: Vec<usize> = (0..count).collect();
+                    return Ok(Some(Pending::Sizes {
+                        runs: read_sizes(node, &all, reads)?,
+                        views: None,
+                    }));
+                }
+                // More buffers than moved items: the views first, then the sizes of the
+                // buffers they point into.
+                _ => return read_views(reads),
             }
         }
         DataType::Union(_, UnionMode::Dense) => {
@@ -368,15 +418,44 @@ fn settle_cut(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
                 })
             }
             Pending::Views { at, count } => {
-                let Extent::Variadic(sizes) = &node.extent else {
-                    return Err(Error::InvalidArgument("view sizes were not read".into()));
-                };
                 let views = at
                     .checked_add(16 * count)
                     .and_then(|end| bytes.get(at..end))
                     .ok_or_else(|| Error::InvalidArgument("read-back views are missing".into()))?;
-                Some(Found::Views(
-                    slicing::view_pieces(views, sizes).map_err(bad)?,
+                let buffers = node.variadic_count();
+                if matches!(node.extent, Extent::Variadic(_)) {
+                    // Every buffer's size is known.
+                    let pieces = slicing::view_pieces(views, buffers, |b| node.variadic_size(b));
+                    Some(Found::Views(pieces.map_err(bad)?))
+                } else {
+                    let buffers = slicing::referenced_buffers(views, buffers).map_err(bad)?;
+                    if buffers.is_empty() {
+                        Some(Found::Views(Vec::new())) // every moved view is inline
+                    } else {
+                        node.cut.pending = Some(Pending::SizesOf {
+                            views: views.to_vec(),
+                            buffers,
+                        });
+                        None
+                    }
+                }
+            }
+            Pending::Sizes { runs, views } => {
+                node.extent = Extent::Variadic(settle_sizes(node, &runs, bytes, path)?);
+                match views {
+                    Some(views) => {
+                        let buffers = node.variadic_count();
+                        let pieces =
+                            slicing::view_pieces(&views, buffers, |b| node.variadic_size(b));
+                        Some(Found::Views(pieces.map_err(bad)?))
+                    }
+                    // Every buffer's size: the next round decides what to read.
+                    None => None,
+                }
+            }
+            Pending::SizesOf { .. } => {
+                return Err(Error::InvalidArgument(
+                    "the sizes of variadic buffers were not read".into(),
                 ))
             }
             Pending::Union {
@@ -426,6 +505,62 @@ fn settle_cut(node: &mut ForeignNode, bytes: &[u8], path: &str) -> Result<()> {
         settle_cut(dict, bytes, &format!("{path}.dictionary"))?;
     }
     Ok(())
+}
+
+/// Adds the reads of the sizes of the variadic buffers `buffers` (sorted, distinct) of
+/// the view array `node` to `reads`, one per run of consecutive buffers; returns the runs
+/// as `(first buffer, buffers, where in the scratch)`.
+fn read_sizes(
+    node: &ForeignNode,
+    buffers: &[usize],
+    reads: &mut Reads,
+) -> Result<Vec<(usize, usize, usize)>> {
+    let sizes = node.buffers[node.buffers.len() - 1];
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &b in buffers {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == b => *count += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    runs.into_iter()
+        .map(|(first, count)| {
+            let at = reads.push(address(sizes, bytes(first, 8)?)?, bytes(count, 8)?)?;
+            Ok((first, count, at))
+        })
+        .collect()
+}
+
+/// The sizes read back for `runs` ([`read_sizes`]), validated (not negative; a NULL
+/// buffer only where it is empty), as `(buffer, size)` sorted by buffer.
+fn settle_sizes(
+    node: &ForeignNode,
+    runs: &[(usize, usize, usize)],
+    bytes: &[u8],
+    path: &str,
+) -> Result<Vec<(usize, usize)>> {
+    let mut sizes = Vec::with_capacity(runs.iter().map(|&(_, count, _)| count).sum());
+    for &(first, count, at) in runs {
+        for k in 0..count {
+            let (b, s) = (first + k, read_int(bytes, at + 8 * k, 8)?);
+            if s < 0 {
+                return Err(Error::InvalidOffsets {
+                    path: path.to_string(),
+                    message: format!("variadic buffer {b} has negative size {s}"),
+                });
+            }
+            if s > 0 && node.buffers[2 + b] == 0 {
+                return Err(Error::NullBuffer {
+                    path: path.to_string(),
+                    index: 2 + b,
+                    role: BufferRole::Data.name(),
+                    bytes: s as usize,
+                });
+            }
+            sizes.push((b, s as usize));
+        }
+    }
+    Ok(sizes)
 }
 
 /// Gives the children (and dictionary) of `node`, whose moved items `l..l + n` reach what

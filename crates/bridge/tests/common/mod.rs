@@ -126,6 +126,7 @@ pub struct InstrumentedDevice {
     staging: Mutex<Vec<usize>>,
     bytes_to_device: AtomicU64,
     to_host: AtomicU64,
+    bytes_to_host: AtomicU64,
     on_device: AtomicU64,
     on_device_bytes: AtomicU64,
 }
@@ -163,6 +164,7 @@ impl InstrumentedDevice {
             staging: Mutex::new(Vec::new()),
             bytes_to_device: AtomicU64::new(0),
             to_host: AtomicU64::new(0),
+            bytes_to_host: AtomicU64::new(0),
             on_device: AtomicU64::new(0),
             on_device_bytes: AtomicU64::new(0),
         }
@@ -233,6 +235,11 @@ impl InstrumentedDevice {
     /// Calls of `copy_to_host` so far.
     pub fn host_copies(&self) -> u64 {
         self.to_host.load(Ordering::SeqCst)
+    }
+    /// Bytes copied by `copy_to_host` and `copy_batch_to_host` so far: what crossed
+    /// the link from the device.
+    pub fn bytes_to_host(&self) -> u64 {
+        self.bytes_to_host.load(Ordering::SeqCst)
     }
     /// Calls of `copy_on_device` so far.
     pub fn on_device_copies(&self) -> u64 {
@@ -377,6 +384,7 @@ unsafe impl Device for InstrumentedDevice {
         len: usize,
     ) -> devarrow_abi::Result<()> {
         self.to_host.fetch_add(1, Ordering::SeqCst);
+        self.bytes_to_host.fetch_add(len as u64, Ordering::SeqCst);
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_to_host(src, dst, len) }
     }
@@ -410,6 +418,8 @@ unsafe impl Device for InstrumentedDevice {
         );
         self.to_host
             .fetch_add(copies.len() as u64, Ordering::SeqCst);
+        let bytes: usize = copies.iter().map(|c| c.len).sum();
+        self.bytes_to_host.fetch_add(bytes as u64, Ordering::SeqCst);
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.copy_batch_to_host(copies) }
     }
