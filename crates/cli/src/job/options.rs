@@ -82,8 +82,9 @@ pub struct Cli {
 
     /// On the CPU device, model a host-device link: copies run asynchronously on a
     /// copy-engine thread at BANDWIDTH (GB/s = 10^9 bytes/s) plus LATENCY per copy, e.g.
-    /// `4GB/s,10us` [default: no link: transfers pack straight into the CPU device's
-    /// memory]
+    /// `4GB/s,10us`; `host[,LATENCY]`: as fast as this machine's own parallel memcpy into
+    /// pinned memory (measured at start), so that host-side stalls show [default: no
+    /// link: transfers pack straight into the CPU device's memory]
     #[arg(long, value_name = "BANDWIDTH,LATENCY", value_parser = parse_link)]
     pub link: Option<LinkModel>,
 
@@ -273,8 +274,23 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     })
 }
 
-/// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`).
+/// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`), or `host[,LATENCY]`: a
+/// link as fast as this machine's own parallel memcpy into pinned memory (measured now,
+/// with the threads devarrow packs with; latency 5 µs unless given), so that any stall
+/// of the host side shows against it (a slow model hides them).
 pub fn parse_link(s: &str) -> Result<LinkModel, String> {
+    if let Some(rest) = s.trim().strip_prefix("host") {
+        let latency = match rest.strip_prefix(',') {
+            Some(latency) => format!("1GB/s,{latency}").parse::<LinkModel>()?.latency,
+            None if rest.is_empty() => std::time::Duration::from_micros(5),
+            None => {
+                return Err(format!(
+                    "`{s}`: expected host or host,LATENCY (e.g. host,5us)"
+                ))
+            }
+        };
+        return Ok(LinkModel::new(super::measure::host_memcpy_rate(), latency));
+    }
     s.parse()
 }
 
@@ -518,6 +534,8 @@ mod tests {
             &["--device", "cuda:-1,2"],
             &["--link", "fast"],
             &["--link", "4GB/s"],
+            &["--link", "hostly"],
+            &["--link", "host,fast"],
             &["--reps", "0"],
             &["--batch-size", "0"],
             &["--nope"],
@@ -530,5 +548,13 @@ mod tests {
             let err = parse(args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");
         }
+    }
+
+    #[test]
+    fn a_link_as_fast_as_the_hosts_memcpy() {
+        let link = parse_link("host").unwrap();
+        assert!(link.gbps() > 0.1, "{link}");
+        assert_eq!(link.latency.as_micros(), 5);
+        assert_eq!(parse_link("host,20us").unwrap().latency.as_micros(), 20);
     }
 }

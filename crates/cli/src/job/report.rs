@@ -1061,7 +1061,7 @@ pub(crate) mod tests {
         let v: Value = serde_json::from_str(&run.json_text().unwrap()).unwrap();
         assert_eq!(
             v["device"]["cuda_options"],
-            json!({"batch_copies": false, "register_pageable_bytes": 1048576,
+            json!({"batch_copies": true, "register_pageable_bytes": 1048576,
                    "host_wait": "block", "reuse_events": true})
         );
         assert_eq!(
