@@ -128,6 +128,13 @@ pub struct TransferOptions {
     /// pool is full (batches still held), or the device refuses to pin memory, downloads
     /// land in pageable memory through staging instead, and
     /// [`Transfer::host_memory_note`] says why. 0: always pageable memory.
+    ///
+    /// The pool's first block of each size is allocated when a download first needs it
+    /// (on CUDA `cuMemHostAlloc`, which NVIDIA documents as synchronizing: work enqueued
+    /// afterwards on any stream of the device waits for all the work enqueued before);
+    /// once the sizes of a workload are cached, downloads make no such call. A first
+    /// download that must not wait for other streams follows a warm-up download of the
+    /// same size, or sets this to 0 (after [`Transfer::prepare`]).
     pub pinned_host_bytes: usize,
 }
 

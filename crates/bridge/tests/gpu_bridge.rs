@@ -2361,10 +2361,32 @@ fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
     let mut owned = Uploaded::default();
     let root = upload_node(&opened, Memory::Device, &mut owned, &data);
     opened.synchronize().unwrap();
-    // devarrow's side, set up first: a new device, its transfer prepared.
+    // devarrow's side, set up first: a new device, its transfer prepared: its staging
+    // allocated, and its pool of pinned memory holding a block of the download's size
+    // (the download of an import of the same data, before the producer's stream is held;
+    // a pool's first block of a size is a `cuMemHostAlloc`, which synchronizes).
     let device = Arc::new(CudaDevice::new(opened.primary_context().clone()).unwrap());
     let mut transfer = chunked_transfer(&device);
     transfer.prepare().unwrap();
+    {
+        let mut warm = Uploaded::default();
+        let root = upload_node(&opened, Memory::Device, &mut warm, &data);
+        opened.synchronize().unwrap();
+        // SAFETY: as for the array below.
+        let array = unsafe {
+            export_tree(
+                root,
+                Arc::new((warm.device, warm.pinned)),
+                ArrowDeviceType::CUDA,
+                opened.device_id(),
+                std::ptr::null_mut(),
+            )
+        }
+        .unwrap();
+        let dyn_device: Arc<dyn Device> = device.clone();
+        let imported = DeviceBatch::import(dyn_device, array, batch.schema()).unwrap();
+        assert_eq!(transfer.to_host(&imported).unwrap(), batch);
+    }
     // The producer's stream: held, then a write over the first column's values.
     let ctx = opened.primary_context().context().clone();
     let producer = ctx.new_stream().unwrap();
