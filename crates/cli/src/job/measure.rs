@@ -482,8 +482,13 @@ pub fn measure_point(
     // of a repetition (to compare them), so the pool is sized to hold them all (size
     // classes round up by at most a quarter), up to PINNED_POOL_MAX_BYTES: beyond it,
     // batches land in pageable memory and the report says so.
-    if !device.host_accessible() {
-        let need = bytes + bytes / 4 + on_device.len() * 4096;
+    // On a device whose memory the host reads directly (the CPU device without a link)
+    // downloads are a memcpy into pageable memory of the transfer's host pool: sized
+    // likewise, so that a repetition reuses the memory the last one faulted in.
+    let need = bytes + bytes / 4 + on_device.len() * 4096;
+    if device.host_accessible() {
+        transfer.set_host_pool(Some(Arc::new(HostPool::new(need))));
+    } else {
         transfer.set_pinned_host_pool(Some(Arc::new(HostPool::pinned(
             device.clone(),
             need.clamp(
