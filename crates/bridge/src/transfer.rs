@@ -570,6 +570,13 @@ impl Transfer {
         let slot_list = self.slots(slots)?;
         let workers = if staged_total < parallelism.min_bytes || windows.len() < 2 {
             0
+        } else if self.options.pack_threads == 0 {
+            // By default one core is left to the calling thread, which enqueues the
+            // copies (and to the driver's threads, or a modelled link's copy engine):
+            // on a machine of few cores, workers on every core starve it (on 2 cores, 2
+            // workers and a modelled copy engine moved half what 1 worker did).
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            parallelism.threads.min(cores.saturating_sub(1)).max(1)
         } else {
             parallelism.threads
         };
