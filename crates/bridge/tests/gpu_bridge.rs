@@ -2393,7 +2393,10 @@ fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
     let gate = HostFnGate::close(&producer, Duration::from_secs(20)).unwrap();
     gate.wait_entered();
     let values = root.children[0].buffers[1] as u64;
-    // SAFETY: the column's values buffer (8 bytes a row), kept alive by `owned` until the
+    // The producer's memory: kept here too, until its own stream has run (the export's
+    // release, at the drop of the import below, comes before the gate opens).
+    let keep = Arc::new((owned.device, owned.pinned));
+    // SAFETY: the column's values buffer (8 bytes a row), kept alive by `keep` until the
     // producer's stream is synchronized below.
     unsafe { result::memset_d8_async(values, 0xee, 8 * 10_000, producer.cu_stream()) }.unwrap();
     // SAFETY: every buffer address is a whole copy of a buffer of `data` in this device's
@@ -2401,7 +2404,7 @@ fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
     let array = unsafe {
         export_tree(
             root,
-            Arc::new((owned.device, owned.pinned)),
+            keep.clone(),
             ArrowDeviceType::CUDA,
             opened.device_id(),
             std::ptr::null_mut(),
@@ -2427,4 +2430,5 @@ fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
     }
     gate.open();
     producer.synchronize().unwrap();
+    drop(keep);
 }
