@@ -226,9 +226,23 @@ impl Pipeline<'_> {
             for _ in 0..workers.min(n) {
                 scope.spawn(|_| worker());
             }
-            result = dispatch(
-                device, &state, &pack, windows, images, &slots, pending, in_flight, times,
-            );
+            // A panic of the dispatcher (or of a pack it does itself) must release the
+            // workers waiting for a grant before it unwinds, or the scope would wait for
+            // them forever.
+            let dispatched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dispatch(
+                    device, &state, &pack, windows, images, &slots, pending, in_flight, times,
+                )
+            }));
+            match dispatched {
+                Ok(r) => result = r,
+                Err(panic) => {
+                    state.lock().panic.get_or_insert(panic);
+                    result = Err(Error::InvalidArgument(
+                        "the upload pipeline's dispatcher panicked".into(),
+                    ));
+                }
+            }
             if result.is_err() {
                 state.lock().failed = true;
                 state.changed.notify_all();

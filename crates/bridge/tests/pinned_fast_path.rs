@@ -333,3 +333,28 @@ fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
         assert_eq!(device.live(), 0);
     }
 }
+
+/// The upload pipeline gives up cleanly when the device fails in the middle of it: an
+/// event that cannot be recorded after some windows' copies is an error (no hang, with
+/// workers still waiting for windows); the same batch then round-trips on a sound device.
+#[test]
+fn a_device_failing_in_the_middle_of_the_pipeline_is_an_error_not_a_hang() {
+    let batch = wide_batch(6, 300_000); // ~15 MB: windows of 1 MiB
+    for after in [0, 1, 3, 7] {
+        let device = Arc::new(InstrumentedDevice::default().failing_events_after(after));
+        let mut transfer = Transfer::new(
+            device.clone(),
+            TransferOptions {
+                pack_threads: 4,
+                parallel_min_bytes: 0,
+                ..Default::default()
+            },
+        );
+        let failed = transfer.to_device(&batch);
+        assert!(failed.is_err(), "failing after {after} events");
+        let good = Arc::new(InstrumentedDevice::default());
+        let mut transfer = Transfer::new(good, TransferOptions::default());
+        let on_device = transfer.to_device(&batch).unwrap();
+        assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    }
+}
