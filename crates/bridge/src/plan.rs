@@ -85,19 +85,8 @@ pub struct Node {
     pub dictionary: Option<Box<Node>>,
 }
 
-/// Where a byte range of a foreign view array's variadic buffer went in a download
-/// (see [`Node::view_ranges`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ViewRange {
-    /// The foreign variadic buffer the range lies in (its index among them).
-    pub buffer: usize,
-    /// Where the range starts in that buffer.
-    pub from: usize,
-    /// The node's variadic buffer it was packed into (its index among them).
-    pub packed: usize,
-    /// Where it starts there.
-    pub to: usize,
-}
+#[doc(inline)]
+pub use crate::slicing::ViewRange;
 
 /// A packed image: the segments to copy and where.
 #[derive(Debug, Default)]

@@ -9,7 +9,19 @@
 //! (the caller names the array: `Error::InvalidOffsets`); none panics or indexes out of
 //! bounds on any input.
 
-use crate::plan::ViewRange;
+/// Where a byte range of a foreign view array's variadic buffer went in a download
+/// (see [`Node::view_ranges`](crate::plan::Node::view_ranges)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewRange {
+    /// The foreign variadic buffer the range lies in (its index among them).
+    pub buffer: usize,
+    /// Where the range starts in that buffer.
+    pub from: usize,
+    /// The node's variadic buffer it was packed into (its index among them).
+    pub packed: usize,
+    /// Where it starts there.
+    pub to: usize,
+}
 
 /// The child range `lo..hi` that list views with `(offset, size)` address: empty views
 /// (size 0) address nothing; `(0, 0)` when no view addresses anything.

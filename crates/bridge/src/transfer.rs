@@ -59,7 +59,7 @@ pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
 
 /// Default size of one staging chunk (the largest copy): 4 MiB, so the default 64 MiB of
 /// staging is 16 buffers: 8 workers packing, each a window ahead, while 4 copies are
-/// queued on the device (see [`crate::upload`]).
+/// queued on the device (see the upload pipeline, `upload.rs`).
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
 /// Default size of the first and last chunks of a copy: 1 MiB (see
@@ -537,7 +537,7 @@ impl Transfer {
 
     /// Enqueues the upload of every `(image, device memory)` pair: the runs that lie in
     /// pinned (or registered) host memory as direct copies first, then everything else
-    /// through the staging pipeline ([`crate::upload`]), all images in one pipeline.
+    /// through the staging pipeline (`upload.rs`), all images in one pipeline.
     fn upload(
         &mut self,
         images: &[(&Packer, &dyn DeviceMemory)],

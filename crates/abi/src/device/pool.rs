@@ -58,7 +58,7 @@ pub fn host_page_size() -> usize {
 
 /// The host pages lying wholly inside `ptr..ptr + len`, as an address range (empty when
 /// the range holds no whole page): what a device that registers pageable memory
-/// ([`Device::register_host`](super::Device::register_host)) page-locks of it. The
+/// ([`Device::register_host`]) page-locks of it. The
 /// partial pages at either end are left alone: they may hold other allocations, whose
 /// copies must not start to depend on a registration that is undone under them.
 pub fn whole_pages(ptr: *const u8, len: usize) -> std::ops::Range<usize> {
