@@ -55,7 +55,9 @@ pub use devarrow_bridge as bridge;
 #[cfg(feature = "cuda")]
 pub use devarrow_cuda as cuda;
 
-pub use devarrow_bridge::select::{select_device, DeviceRequest, SelectedDevice};
+pub use devarrow_bridge::select::{
+    select_device, DeviceRequest, DeviceSpec, DeviceSpecError, SelectedDevice,
+};
 
 /// The git commit this build was made from (`unknown` outside a git checkout), so
 /// measurements can name the code they measured.

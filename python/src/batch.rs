@@ -6,6 +6,8 @@ use std::sync::Arc;
 use arrow_schema::{DataType, IntervalUnit};
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::{DeviceBatch, ExportOptions};
+use devarrow::cuda::cudarc::driver::sys;
+use devarrow::cuda::CudaError;
 use pyo3::exceptions::{
     PyAttributeError, PyBufferError, PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError,
     PyValueError,
@@ -285,30 +287,22 @@ fn sync_stream(inner: &DeviceInner, batch: &DeviceBatch, stream: Option<i64>) ->
         }
         Some(s) => s as usize,
     };
-    let event = batch.event().as_sync_event_ptr();
-    if event.is_null() {
-        return Ok(());
-    }
-    cuda.primary_context()
-        .bind_to_thread()
-        .map_err(|e| crate::errors::to_py(e.into()))?;
-    use devarrow::cuda::cudarc::driver::{result, sys};
-    // SAFETY: a CUDA batch's sync event pointer is a `CUevent*` to the batch's live event
-    // (kept alive by `batch`); the stream handle is the consumer's live stream, as DLPack
-    // defines it (the consumer's contract: the driver does not validate it).
-    unsafe {
-        let event = *event.cast::<sys::CUevent>();
-        result::stream::wait_event(
-            handle as sys::CUstream,
-            event,
-            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-        )
-    }
-    .map_err(|e| {
-        DeviceError::new_err(format!(
-            "making the consumer's stream {handle:#x} wait on the batch's event: {e}"
-        ))
-    })
+    // SAFETY: the stream handle is the consumer's live stream of the device's context, as
+    // DLPack defines it (the consumer's contract: devarrow cannot check it, the driver
+    // does not validate it); a CUDA batch's sync event pointer is NULL or a `CUevent*` to
+    // the batch's live event (kept alive by `batch`).
+    unsafe { cuda.make_raw_stream_wait(handle as sys::CUstream, batch.event().as_ref()) }.map_err(
+        |e| match e {
+            CudaError::Driver {
+                call: "cuStreamWaitEvent",
+                ..
+            } => DeviceError::new_err(format!(
+                "making the consumer's stream {handle:#x} wait on the batch's event: {e}"
+            )),
+            // binding the device's context first
+            e => crate::errors::to_py(e.into()),
+        },
+    )
 }
 
 /// The DLPack protocol over a view: `__dlpack__`'s arguments checked, the consumer's

@@ -16,21 +16,11 @@ use crate::errors::{IntoPy, UnsupportedTypeError};
 use crate::opened::{open, DeviceInner};
 use crate::stream::PyDeviceStream;
 
+/// One device in devarrow's grammar of device strings (`DeviceRequest`'s `FromStr`, see
+/// `devarrow::DeviceSpec`); a list or `cuda:all` is refused: a `Device` is one device.
 fn parse(spec: &str) -> PyResult<DeviceRequest> {
-    match spec.trim() {
-        "auto" => Ok(DeviceRequest::Auto),
-        "cpu" => Ok(DeviceRequest::Cpu),
-        "cuda" => Ok(DeviceRequest::Cuda(0)),
-        s => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(DeviceRequest::Cuda)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "device {s:?}: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""
-                ))
-            }),
-    }
+    spec.parse()
+        .map_err(|e| PyValueError::new_err(format!("device {spec:?}: {e}")))
 }
 
 /// A device devarrow moves Arrow data to: the CPU device or a CUDA GPU.
@@ -45,8 +35,12 @@ pub struct PyDevice {
 }
 
 /// Opens a device: ``"auto"`` (CUDA device 0 when it opens, else the CPU device, saying
-/// why), ``"cpu"``, ``"cuda"`` (device 0) or ``"cuda:N"``. An explicit CUDA device that
-/// does not open raises :class:`DeviceUnavailableError` with the reason.
+/// why), ``"cpu"``, ``"cuda"`` (device 0) or ``"cuda:N"``, in any case, spaces around
+/// ignored (the grammar of the ``devarrow`` command's ``--device``). A list
+/// (``"cuda:0,1"``) or ``"cuda:all"`` names several devices and raises ``ValueError``:
+/// open each device on its own. Any other string raises ``ValueError`` saying what is
+/// accepted. An explicit CUDA device that does not open raises
+/// :class:`DeviceUnavailableError` with the reason.
 #[pyfunction]
 #[pyo3(signature = (spec = "auto"))]
 pub fn device(py: Python<'_>, spec: &str) -> PyResult<PyDevice> {

@@ -39,6 +39,17 @@ def test_a_bad_device_spec_is_a_value_error():
         devarrow.device("gpu")
 
 
+def test_device_strings_share_the_commands_grammar():
+    # Case and surrounding spaces do not matter, as in `devarrow --device`.
+    assert devarrow.device(" CPU ").kind == "cpu"
+    # A Device is one device: lists and cuda:all (the command's) are refused.
+    for several in ("cuda:0,1", "cuda:all"):
+        with pytest.raises(ValueError, match="names several devices"):
+            devarrow.device(several)
+    with pytest.raises(ValueError, match="`x` is not a device number"):
+        devarrow.device("cuda:x")
+
+
 def test_a_missing_cuda_device_is_a_typed_error():
     with pytest.raises(devarrow.DeviceUnavailableError, match="cuda:4096"):
         devarrow.device("cuda:4096")

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{sys, CudaSlice, CudaStream, CudaView, LaunchArgs, PushKernelArg};
 
 use crate::context::{self, ContextGuard};
-use crate::device::CudaSyncEvent;
+use crate::device::event::CudaSyncEvent;
 use crate::error::{CudaError, Result};
 use crate::native::DeviceNative;
 

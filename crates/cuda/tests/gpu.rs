@@ -948,6 +948,83 @@ fn host_and_managed_exports_are_host_readable_after_synchronization() {
     }
 }
 
+/// `CudaDevice::make_raw_stream_wait`: a stream known only by its raw handle (a DLPack
+/// consumer's) waits on the GPU for devarrow's event, the legacy default stream's special
+/// handle too; an event with a NULL pointer (the CPU's) is a no-op. The consumers read
+/// with raw copies, which nothing else orders after the device's stream: without the
+/// waits they would copy the zeros from before the gated kernel.
+#[test]
+fn a_raw_stream_waits_on_the_devices_event() {
+    let (_lock, dev) = gpu_or_skip!();
+    let device = CudaDevice::new(dev.clone()).unwrap();
+    let consumer = dev.new_stream().unwrap();
+    let legacy = 1 as sys::CUstream; // CU_STREAM_LEGACY
+    let n = 1 << 12;
+    let value = 0x5a5a_0000u32;
+    let values = DeviceBuffer::zeroed(device.stream(), 4 * n).unwrap();
+    let out = DeviceBuffer::alloc(&consumer, 4 * n).unwrap();
+    let out_legacy = DeviceBuffer::alloc(&consumer, 4 * n).unwrap();
+    consumer.synchronize().unwrap(); // the allocations done before the legacy copy
+    let gate = Gate::new(device.stream()).unwrap();
+    // SAFETY: `values` outlives the kernel (read back below, after the gate opens; the
+    // gate drops first).
+    unsafe {
+        gate.launch_fill(values.device_ptr(), n as u64, value)
+            .unwrap()
+    };
+    let event = device.record_event().unwrap();
+    // SAFETY: `consumer` is a live stream of the device's context, and CU_STREAM_LEGACY
+    // names the default stream of the context the call binds; the event is the device's
+    // own.
+    unsafe {
+        device
+            .make_raw_stream_wait(consumer.cu_stream(), event.as_ref())
+            .unwrap();
+        device.make_raw_stream_wait(legacy, event.as_ref()).unwrap();
+    }
+    // A CPU event has no CUevent: nothing to wait for.
+    let cpu_event = devarrow_abi::device::CpuDevice::default()
+        .record_event()
+        .unwrap();
+    assert!(cpu_event.as_sync_event_ptr().is_null());
+    // SAFETY: the pointer is NULL, so neither handle is used.
+    unsafe { device.make_raw_stream_wait(consumer.cu_stream(), cpu_event.as_ref()) }.unwrap();
+    // SAFETY: the ranges are live allocations of 4n bytes, distinct; the context is bound
+    // (by the calls above); `out` and `out_legacy` are read only after the streams are
+    // synchronized.
+    unsafe {
+        sys::cuMemcpyDtoDAsync_v2(
+            out.device_ptr(),
+            values.device_ptr(),
+            4 * n,
+            consumer.cu_stream(),
+        )
+        .result()
+        .unwrap();
+        sys::cuMemcpyDtoDAsync_v2(out_legacy.device_ptr(), values.device_ptr(), 4 * n, legacy)
+            .result()
+            .unwrap();
+    }
+    // The consumers' copies wait for the gated kernel (opened while they wait).
+    gate.open_during(|| {
+        consumer.synchronize().unwrap();
+        // SAFETY: CU_STREAM_LEGACY of the bound context.
+        unsafe { result::stream::synchronize(legacy) }.unwrap();
+    });
+    let expected: Vec<u32> = (0..n as u32).map(|i| value.wrapping_add(i)).collect();
+    for (buffer, stream) in [
+        (&out, "the consumer's stream"),
+        (&out_legacy, "CU_STREAM_LEGACY"),
+    ] {
+        let mut got = vec![0u32; n];
+        buffer.copy_to_host(&consumer, &mut got).unwrap();
+        assert_eq!(
+            got, expected,
+            "{stream} copied before the device's work finished"
+        );
+    }
+}
+
 #[test]
 fn a_null_sync_event_means_already_safe_and_foreign_devices_or_per_thread_streams_are_refused() {
     let (_lock, dev) = gpu_or_skip!();

@@ -1,5 +1,6 @@
-//! CPU reference implementations of the kernels in `crates/cuda/kernels/*.ptx`: the oracle of the
-//! GPU tests.
+//! CPU reference implementations of the kernels in `crates/cuda/kernels/copy.ptx` and
+//! `validity.ptx`: the oracle of the GPU tests. (Those of `convert.ptx` are
+//! `devarrow_abi::device::CpuKernels`, the CPU implementation of the same trait.)
 //!
 //! Two layers:
 //! - [`naive`]: the definitions, bit by bit and element by element.

@@ -115,43 +115,9 @@ pub struct Cli {
     pub quiet: bool,
 }
 
-/// The device asked for with `--device`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceChoice {
-    /// CUDA device 0 when one opens, else the CPU device.
-    Auto,
-    /// The CPU device.
-    Cpu,
-    /// CUDA device `N`; an error when it does not open.
-    Cuda(usize),
-    /// Several CUDA devices at once (`cuda:0,1`): two or more, distinct, in the order
-    /// given; an error when one does not open.
-    CudaList(Vec<usize>),
-    /// Every CUDA device of the machine (`cuda:all`); an error when there is none.
-    CudaAll,
-}
-
-impl DeviceChoice {
-    /// Whether more than one CUDA device may be used (a list or `cuda:all`).
-    pub fn is_multi(&self) -> bool {
-        matches!(self, Self::CudaList(_) | Self::CudaAll)
-    }
-}
-
-impl std::fmt::Display for DeviceChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Auto => f.write_str("auto"),
-            Self::Cpu => f.write_str("cpu"),
-            Self::Cuda(n) => write!(f, "cuda:{n}"),
-            Self::CudaList(ids) => {
-                let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
-                write!(f, "cuda:{}", ids.join(","))
-            }
-            Self::CudaAll => f.write_str("cuda:all"),
-        }
-    }
-}
+/// The device asked for with `--device`: devarrow's one grammar of device strings
+/// ([`devarrow::DeviceSpec`], which documents it), every form of which the job takes.
+pub use devarrow::DeviceSpec as DeviceChoice;
 
 /// Batch sizes in rows: ascending, distinct, each at least 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,36 +208,11 @@ pub fn parse_chart_path(s: &str) -> Result<PathBuf, String> {
 }
 
 /// Parses `auto`, `cpu`, `cuda`, `cuda:N`, a list `cuda:N,M,...` (distinct ordinals) or
-/// `cuda:all`.
+/// `cuda:all`: [`DeviceChoice`]'s [`FromStr`](std::str::FromStr), its error as text for
+/// clap.
 pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
-    const EXPECTED: &str = "expected `cpu`, `cuda`, `cuda:N`, `cuda:N,M,...`, `cuda:all` or `auto`";
-    let s = s.trim().to_ascii_lowercase();
-    match s.as_str() {
-        "auto" => return Ok(DeviceChoice::Auto),
-        "cpu" => return Ok(DeviceChoice::Cpu),
-        "cuda" | "gpu" => return Ok(DeviceChoice::Cuda(0)),
-        "cuda:all" => return Ok(DeviceChoice::CudaAll),
-        _ => {}
-    }
-    let list = s.strip_prefix("cuda:").ok_or(EXPECTED)?;
-    let mut ids = Vec::new();
-    for item in list.split(',').map(str::trim) {
-        let id = item.parse::<usize>().map_err(|_| {
-            if item.is_empty() {
-                format!("`{s}`: an empty device in the list; {EXPECTED}")
-            } else {
-                format!("`{s}`: `{item}` is not a device number; {EXPECTED}")
-            }
-        })?;
-        if ids.contains(&id) {
-            return Err(format!("`{s}`: cuda:{id} is named twice"));
-        }
-        ids.push(id);
-    }
-    Ok(match ids.as_slice() {
-        [id] => DeviceChoice::Cuda(*id),
-        _ => DeviceChoice::CudaList(ids),
-    })
+    s.parse()
+        .map_err(|e: devarrow::DeviceSpecError| e.to_string())
 }
 
 /// Parses a link model, `BANDWIDTH,LATENCY` (e.g. `4GB/s,10us`), or `host[,LATENCY]`: a

@@ -5,8 +5,9 @@
 //! per context ([`Kernels::for_context`]).
 //!
 //! `convert.ptx` holds the kernels of [`devarrow_abi::device::DeviceKernels`], which
-//! [`crate::CudaDevice`] implements on its stream (all asynchronous; never yet run on
-//! real hardware, only on the emulated driver and through ptxas):
+//! [`crate::CudaDevice`] implements on its stream (all asynchronous; checked on the
+//! emulated driver and through ptxas, and `gpu`'s `device_kernels` passed on an H200 on
+//! 2026-11-28, see `docs/gpu-results.md`):
 //! - [`launch_row_sizes`]: per-row sizes (string view lengths, list view sizes) as `i64`s,
 //!   0 for null rows;
 //! - [`inclusive_scan_i64`]: [`launch_scan_tiles_i64`] (a tile of [`SCAN_TILE`] items per
@@ -36,9 +37,16 @@
 //!   and alignment, launch, and return after the work completed (so host-visible memory
 //!   is never raced).
 //!
-//! Every kernel has a CPU reference implementation in the test-support crate
-//! (`tests/support`, `devarrow_testing::kernel_oracles`), the oracle of the GPU tests
-//! and of the emulated-driver tests. Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
+//! Every kernel has a CPU reference implementation, the oracle of the GPU tests and of
+//! the emulated-driver tests:
+//! - `copy.ptx` and `validity.ptx`: in the test-support crate (`tests/support`,
+//!   `devarrow_testing::kernel_oracles`), which also replays their algorithms step by step;
+//! - `convert.ptx`: the CPU implementation of the same trait,
+//!   [`devarrow_abi::device::CpuKernels`]: the kernels are checked against it one by one
+//!   in `tests/ptx_kernels.rs` (PTX interpreter) and method by method through
+//!   [`CudaDevice::kernels`](crate::CudaDevice) in `tests/gpu.rs` (`device_kernels`).
+//!
+//! Grids: blocks of [`BLOCK_SIZE`] threads, `min(ceil(items / BLOCK_SIZE),
 //! resident blocks per multiprocessor * multiprocessors)` blocks with grid-stride loops
 //! (see the header of each `.ptx`). The resident blocks are the driver's occupancy of
 //! each kernel, so a grid fills the device in one wave whatever registers the JIT gave

@@ -1,0 +1,672 @@
+//! `impl Device for CudaDevice`: allocations, staging memory and the copies each way (one
+//! by one, in one `cuMemcpyBatchAsync`, from a peer device, from registered pageable
+//! memory), the events, and the memory types they hand out ([`TransferMemory`],
+//! [`PinnedStaging`]).
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys;
+use devarrow_abi::device::{
+    Device, DeviceKernels, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice,
+    StagingMemory, SyncEvent,
+};
+use devarrow_abi::pinned_registry::PinnedRegistry;
+use devarrow_abi::ArrowDeviceType;
+
+use crate::context;
+use crate::driver;
+use crate::error::{CudaError, DriverResultExt};
+use crate::event::Event;
+use crate::host_register::{self, Registered};
+use crate::kernels::{self, CopySegment};
+use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
+
+use super::event::CudaSyncEvent;
+use super::{CudaDevice, Direction, DESCRIPTOR_STAGING_BYTES};
+
+/// Per pair of contexts (their `cuCtxGetId`s: this device's, the source memory's):
+/// whether copies go device to device (`cuDeviceCanAccessPeer` said so and peer access
+/// from the first to the second was enabled), asked once per pair for the process
+/// ([`Device::copy_from_peer`]): peer access belongs to the context, which every
+/// `CudaDevice` of its device shares, so a second enable (another `CudaDevice` of the
+/// same device) would be `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`. A context made anew
+/// after a reset has a new id, and is asked again.
+static PEER_ACCESS: Mutex<Option<std::collections::HashMap<(u64, u64), bool>>> = Mutex::new(None);
+
+/// Device memory of a [`CudaDevice`]: a [`DeviceBuffer`] seen through
+/// [`devarrow_abi::device::DeviceMemory`] (the address is the `CUdeviceptr`).
+#[derive(Debug)]
+pub struct TransferMemory {
+    buffer: DeviceBuffer,
+    len: usize,
+}
+
+impl TransferMemory {
+    /// The underlying device buffer.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buffer
+    }
+}
+
+// SAFETY: the address is the device allocation the value owns (freed in stream order
+// on drop), fixed at allocation.
+unsafe impl DeviceMemory for TransferMemory {
+    fn address(&self) -> *mut c_void {
+        self.buffer.device_ptr() as *mut c_void
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Pinned host staging memory of a [`CudaDevice`], registered (while it lives) in
+/// the process-wide registry [`CudaDevice::is_pinned`] answers from.
+///
+/// Dropped, its buffer goes back to the device's cache (up to 128 MiB per device), and the next [`Device::allocate_staging`] of the same size
+/// takes it (zeroed again) instead of allocating: `cuMemHostAlloc` is an implicit
+/// synchronization (NVIDIA's programming guide: it orders every stream of the device
+/// after the work enqueued before it, other libraries' work included), and
+/// `cuMemFreeHost` may block the host until the whole device is idle (AMD documents that
+/// for `hipHostFree`; the emulated driver does it), so a new `Transfer` or stream per
+/// batch or file must not make them every time. The memory must be unused by pending copies when the value
+/// drops, as for any staging memory.
+#[derive(Debug)]
+pub struct PinnedStaging {
+    buffer: Option<PinnedHostBuffer>,
+    cache: Arc<StagingCache>,
+}
+
+impl PinnedStaging {
+    fn new(buffer: PinnedHostBuffer, cache: Arc<StagingCache>) -> Self {
+        CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
+        Self {
+            buffer: Some(buffer),
+            cache,
+        }
+    }
+
+    /// The underlying pinned buffer.
+    pub fn buffer(&self) -> &PinnedHostBuffer {
+        self.buffer.as_ref().expect("until dropped")
+    }
+
+    fn buffer_mut(&mut self) -> &mut PinnedHostBuffer {
+        self.buffer.as_mut().expect("until dropped")
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            CUDA_PINNED.unregister(buffer.as_slice().as_ptr());
+            self.cache.give_back(buffer);
+        }
+    }
+}
+
+/// At most this many bytes of idle staging memory are kept per [`CudaDevice`] (two
+/// `Transfer`s' worth of the default 64 MiB of staging).
+const MAX_IDLE_STAGING_BYTES: usize = 128 << 20;
+
+/// The idle staging buffers of a [`CudaDevice`] (see [`PinnedStaging`]): freed when the
+/// device and every staging buffer taken from it are gone.
+#[derive(Debug, Default)]
+pub(super) struct StagingCache {
+    idle: Mutex<Vec<PinnedHostBuffer>>,
+}
+
+impl StagingCache {
+    /// An idle buffer of exactly `len` bytes, zeroed, if one is kept (the one given back
+    /// last).
+    fn take(&self, len: usize) -> Option<PinnedHostBuffer> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let at = idle.iter().rposition(|b| b.len() == len)?;
+        let mut buffer = idle.remove(at);
+        drop(idle);
+        buffer.as_mut_slice().fill(0);
+        Some(buffer)
+    }
+
+    /// Keeps `buffer` for reuse, freeing (`cuMemFreeHost`) the buffers given back
+    /// longest ago beyond [`MAX_IDLE_STAGING_BYTES`] (`buffer` itself when it is larger).
+    fn give_back(&self, buffer: PinnedHostBuffer) {
+        if buffer.len() == 0 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.push(buffer);
+        let mut kept: usize = idle.iter().map(PinnedHostBuffer::len).sum();
+        let mut evicted = Vec::new();
+        while kept > MAX_IDLE_STAGING_BYTES {
+            let oldest = idle.remove(0);
+            kept -= oldest.len();
+            evicted.push(oldest);
+        }
+        drop(idle);
+        drop(evicted);
+    }
+}
+
+/// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
+/// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaDevice`]) can DMA it.
+static CUDA_PINNED: PinnedRegistry = PinnedRegistry::new();
+
+/// The memory type (`CU_MEMORYTYPE_*`, 0 when the driver does not know the address)
+/// and the buffer id (0 when unknown) of `addr`, in one `cuPointerGetAttributes` call.
+/// Unlike `cuPointerGetAttribute`, it answers pageable memory with zeros and
+/// `CUDA_SUCCESS`, so asking about ordinary memory raises no driver error (which
+/// `compute-sanitizer` would report in every user's run).
+fn pointer_type_and_buffer(addr: usize) -> (u32, u64) {
+    driver::pointer_memory_type_and_buffer_id(addr).unwrap_or((0, 0))
+}
+
+/// Whether the driver reports `first..=last` as inside one page-locked host allocation
+/// (`cuMemHostAlloc` or `cuMemHostRegister`, of any library): both ends are
+/// `CU_MEMORYTYPE_HOST` with the same nonzero buffer id (one allocation). Pageable memory
+/// is not: the driver reports it as unregistered (type 0), HMM systems included. One
+/// `cuPointerGetAttributes` per end, which never fails for an address it does not know
+/// (`cuMemHostGetFlags`, used before, fails on registered memory: a driver error in
+/// normal operation, which compute-sanitizer reports).
+fn driver_reports_pinned(first: usize, last: usize) -> bool {
+    let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+    let (first_type, first_buffer) = pointer_type_and_buffer(first);
+    if first_type != host || first_buffer == 0 {
+        return false;
+    }
+    pointer_type_and_buffer(last) == (first_type, first_buffer)
+}
+
+// SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
+unsafe impl StagingMemory for PinnedStaging {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.buffer_mut().as_mut_slice()
+    }
+    fn as_slice(&self) -> &[u8] {
+        self.buffer().as_slice()
+    }
+}
+
+// SAFETY: allocations are `cuMemAlloc(Async)` of the size asked for (256-byte aligned),
+// staging is pinned memory of at least that size, and every copy and event is enqueued
+// on the device's one stream in call order; `is_pinned` asks the driver.
+unsafe impl Device for CudaDevice {
+    fn device_type(&self) -> ArrowDeviceType {
+        ArrowDeviceType::CUDA
+    }
+
+    fn device_id(&self) -> i64 {
+        self.device.id() as i64
+    }
+
+    /// Allocates `len` bytes of device memory, stream-ordered on the device's stream (at
+    /// least one byte is allocated, so even an empty allocation has a real device
+    /// address; `len()` reports `len`). CUDA allocations are 256-byte aligned.
+    fn allocate(&self, len: usize) -> devarrow_abi::Result<Arc<dyn DeviceMemory>> {
+        let buffer = DeviceBuffer::alloc(&self.stream, len.max(1))?;
+        Ok(Arc::new(TransferMemory { buffer, len }))
+    }
+
+    /// The PTX kernels of `kernels/convert.ptx` on the device's stream (see
+    /// [`DeviceKernels for CudaDevice`](#impl-DeviceKernels-for-CudaDevice)).
+    fn kernels(&self) -> Option<&dyn DeviceKernels> {
+        Some(self)
+    }
+
+    /// Pinned memory (`cuMemHostAlloc`), zeroed: an idle buffer of `len` bytes from the
+    /// device's cache when there is one (see [`PinnedStaging`]), else a new allocation.
+    fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        let buffer = match self.staging.take(len) {
+            Some(buffer) => buffer,
+            None => PinnedHostBuffer::alloc(&self.device, len)?,
+        };
+        Ok(Box::new(PinnedStaging::new(buffer, self.staging.clone())))
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "device")? {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees `src` is readable for `len` bytes until the copy
+        // completes and `dst` is device memory of `len` bytes; the stream belongs to the
+        // context bound above.
+        unsafe {
+            driver::memcpy_htod_async(
+                dst as sys::CUdeviceptr,
+                src.cast(),
+                len,
+                self.stream.cu_stream(),
+            )
+        }?;
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        src: *const c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow_abi::Result<()> {
+        if !self.begin_copy(src.is_null() || dst.is_null(), len, "host")? {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees `dst` is writable for `len` bytes (and not read)
+        // until the copy completes and `src` is device memory of `len` bytes; the stream
+        // belongs to the context bound above.
+        unsafe {
+            driver::memcpy_dtoh_async(
+                dst.cast(),
+                src as sys::CUdeviceptr,
+                len,
+                self.stream.cu_stream(),
+            )
+        }?;
+        Ok(())
+    }
+
+    /// One `cuMemcpyBatchAsync` where [`CudaDeviceOptions::batch_copies`] asks for it
+    /// and the driver has it (see there), else one `cuMemcpyHtoDAsync` per copy.
+    ///
+    /// [`CudaDeviceOptions::batch_copies`]: super::CudaDeviceOptions::batch_copies
+    unsafe fn copy_batch_to_device(&self, copies: &[HostToDevice]) -> devarrow_abi::Result<()> {
+        let copies = self.begin_batch(
+            copies
+                .iter()
+                .map(|c| (c.dst as sys::CUdeviceptr, c.src as sys::CUdeviceptr, c.len)),
+            "device",
+        )?;
+        // SAFETY: the caller guarantees every source readable until the copies complete,
+        // every destination device memory of its length, none overlapping another; the
+        // context is bound (`begin_batch`).
+        if unsafe { self.try_batch(&copies, Direction::ToDevice) }? {
+            return Ok(());
+        }
+        for &(dst, src, len) in &copies {
+            // SAFETY: as above, copy by copy, on the device's stream.
+            unsafe {
+                driver::memcpy_htod_async(dst, src as *const c_void, len, self.stream.cu_stream())
+            }?;
+        }
+        Ok(())
+    }
+
+    /// As [`CudaDevice::copy_batch_to_device`], the other way (`cuMemcpyDtoHAsync` per
+    /// copy where not batched).
+    unsafe fn copy_batch_to_host(&self, copies: &[DeviceToHost]) -> devarrow_abi::Result<()> {
+        let copies = self.begin_batch(
+            copies
+                .iter()
+                .map(|c| (c.dst as sys::CUdeviceptr, c.src as sys::CUdeviceptr, c.len)),
+            "host",
+        )?;
+        // SAFETY: the caller guarantees every destination writable (and not read) until
+        // the copies complete, every source device memory of its length, no destination
+        // overlapping another; the context is bound (`begin_batch`).
+        if unsafe { self.try_batch(&copies, Direction::ToHost) }? {
+            return Ok(());
+        }
+        for &(dst, src, len) in &copies {
+            // SAFETY: as above, copy by copy, on the device's stream.
+            unsafe {
+                driver::memcpy_dtoh_async(dst as *mut c_void, src, len, self.stream.cu_stream())
+            }?;
+        }
+        Ok(())
+    }
+
+    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (cut into
+    /// pieces by [`kernels::plan_batched_copy`]). The descriptor table is written to
+    /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
+    /// device table (freed in stream order after the kernel): nothing blocks the host,
+    /// unless the previous call's upload has not yet run.
+    unsafe fn copy_on_device(
+        &self,
+        copies: &[devarrow_abi::device::DeviceCopy],
+    ) -> devarrow_abi::Result<()> {
+        let segments: Vec<CopySegment> = copies
+            .iter()
+            .filter(|c| c.len > 0)
+            .map(|c| CopySegment {
+                src: c.src as u64,
+                dst: c.dst as u64,
+                len: c.len as u64,
+            })
+            .collect();
+        if segments.is_empty() {
+            return Ok(());
+        }
+        if segments.iter().any(|s| s.src == 0 || s.dst == 0) {
+            return Err(CudaError::InvalidArgument(
+                "copy on the device with a NULL pointer".into(),
+            )
+            .into());
+        }
+        self.bind()?;
+        let pieces = kernels::plan_batched_copy(&self.stream, &segments)?;
+        let bytes = std::mem::size_of_val(&pieces[..]);
+        let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(event) = staging.uploaded.take() {
+            context::sync_event(&event)?;
+        }
+        // 64 KiB (2,730 descriptors) from the start, doubling past that: regrowing frees
+        // and allocates pinned memory, which stalls every stream of the device.
+        if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
+            staging.buffer = None;
+            staging.buffer = Some(PinnedHostBuffer::alloc(
+                &self.device,
+                bytes.next_power_of_two().max(DESCRIPTOR_STAGING_BYTES),
+            )?);
+        }
+        let host = staging.buffer.as_mut().expect("allocated above");
+        for (out, piece) in host.as_mut_slice().chunks_exact_mut(24).zip(&pieces) {
+            out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
+            out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
+            out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
+        }
+        let table = DeviceBuffer::alloc(&self.stream, bytes)?;
+        // SAFETY: `host` is pinned memory of at least `bytes` bytes that is not written
+        // again before the event recorded next has completed (see above); `table` is a
+        // fresh device allocation of `bytes` bytes on this stream; the context is bound.
+        unsafe {
+            driver::memcpy_htod_async(
+                table.device_ptr(),
+                host.as_slice().as_ptr().cast(),
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }?;
+        let recorded = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .call("cuEventCreate")
+            .and_then(|event| {
+                event.record(&self.stream).call("cuEventRecord")?;
+                Ok(event)
+            });
+        match recorded {
+            Ok(event) => staging.uploaded = Some(event),
+            Err(e) => {
+                // Without an event the pinned table must not be reused before the upload
+                // ran: wait for it here.
+                let _ = context::sync_stream(&self.stream);
+                return Err(e.into());
+            }
+        }
+        drop(staging);
+        // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
+        // in stream order) and is freed in stream order after it (dropped below); the
+        // ranges are the caller's guarantee.
+        unsafe {
+            kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64)
+        }?;
+        drop(table);
+        Ok(())
+    }
+
+    /// One `cuMemcpyPeerAsync` on the device's stream from another CUDA device's memory
+    /// (`cuMemcpyAsync` from this device's own), where `cuDeviceCanAccessPeer` says this
+    /// device can access the peer's memory; the first copy between two contexts enables
+    /// peer access from this device's context to the source memory's (its
+    /// `CU_POINTER_ATTRIBUTE_CONTEXT`), remembered for the process per pair of contexts.
+    /// `Ok(false)` for a peer without access, or a device of another type: the caller
+    /// stages the copy.
+    unsafe fn copy_from_peer(
+        &self,
+        from: &dyn Device,
+        src: *const c_void,
+        dst: *mut c_void,
+        len: usize,
+    ) -> devarrow_abi::Result<bool> {
+        if from.device_type() != ArrowDeviceType::CUDA {
+            return Ok(false);
+        }
+        if len == 0 {
+            return Ok(true);
+        }
+        if src.is_null() || dst.is_null() {
+            return Err(CudaError::InvalidArgument(format!(
+                "peer copy of {len} bytes with a NULL pointer"
+            ))
+            .into());
+        }
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let peer = from.device_id();
+        if peer == self.device_id() {
+            // SAFETY: the caller guarantees both ranges, device memory of this device,
+            // until the copy completes; the stream belongs to the context bound above.
+            unsafe {
+                driver::memcpy_async(
+                    dst as sys::CUdeviceptr,
+                    src as sys::CUdeviceptr,
+                    len,
+                    stream,
+                )
+            }?;
+            return Ok(true);
+        }
+        let src_ctx = driver::pointer_context(src as usize)?;
+        let pair = (
+            driver::ctx_get_id(self.device.cu_context())?,
+            driver::ctx_get_id(src_ctx)?,
+        );
+        let mut peers = PEER_ACCESS.lock().unwrap_or_else(|e| e.into_inner());
+        let known = peers
+            .get_or_insert_with(Default::default)
+            .get(&pair)
+            .copied();
+        let direct = match known {
+            Some(direct) => direct,
+            None => {
+                let own = driver::device_get(self.device.id() as i32)?;
+                let other = driver::device_get(
+                    i32::try_from(peer)
+                        .map_err(|_| CudaError::InvalidArgument(format!("device id {peer}")))?,
+                )?;
+                let can = driver::device_can_access_peer(own, other)?;
+                if can {
+                    // SAFETY: `src_ctx` owns live memory (the source), so it is live; our
+                    // context is current (bound above).
+                    unsafe { driver::ctx_enable_peer_access(src_ctx) }?;
+                }
+                peers.get_or_insert_with(Default::default).insert(pair, can);
+                can
+            }
+        };
+        drop(peers);
+        if !direct {
+            return Ok(false);
+        }
+        // SAFETY: the caller guarantees `src` (memory of `src_ctx`) readable and `dst`
+        // (memory of our context) writable for `len` bytes until the copy completes; the
+        // stream belongs to our context, bound above.
+        unsafe {
+            driver::memcpy_peer_async(
+                dst as sys::CUdeviceptr,
+                self.device.cu_context(),
+                src as sys::CUdeviceptr,
+                src_ctx,
+                len,
+                stream,
+            )
+        }?;
+        Ok(true)
+    }
+
+    /// [`CudaDevice::open`] of `device_id` with this device's options.
+    fn peer_device(&self, device_id: i64) -> devarrow_abi::Result<Option<Arc<dyn Device>>> {
+        let id = usize::try_from(device_id).map_err(|_| {
+            CudaError::InvalidArgument(format!("no CUDA device has the id {device_id}"))
+        })?;
+        let device = CudaDevice::open(id)?.with_options(self.options);
+        Ok(Some(Arc::new(device)))
+    }
+
+    fn record_event(&self) -> devarrow_abi::Result<Arc<dyn SyncEvent>> {
+        let pooled = if self.options.reuse_events {
+            self.events
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+        } else {
+            None
+        };
+        let event = match pooled {
+            Some(event) => event,
+            None => {
+                self.events.created.fetch_add(1, Ordering::Relaxed);
+                // The event is made in devarrow's own `CudaContext` value of the primary
+                // context (the stream's may be the caller's, with its own stored errors).
+                Event::create(self.device.context(), self.options.event_flags())?
+            }
+        };
+        event.record(&self.stream)?;
+        Ok(Arc::new(CudaSyncEvent {
+            handle: Box::new(event.cu_event()),
+            event: Some(event),
+            recycle: self.options.reuse_events.then(|| self.events.clone()),
+        }))
+    }
+
+    unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
+        if sync_event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees a non-NULL `sync_event` points to a live CUevent
+        // (the C Device interface's `CUevent*` for ARROW_DEVICE_CUDA).
+        let event = unsafe { *sync_event.cast::<sys::CUevent>() };
+        // SAFETY: the event is live (see above); waiting enqueues a dependency on our
+        // stream and does not block the host.
+        unsafe { context::stream_wait_event(&self.stream, event) }?;
+        Ok(())
+    }
+
+    fn synchronize(&self) -> devarrow_abi::Result<()> {
+        context::sync_stream(&self.stream)?;
+        Ok(())
+    }
+
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    /// [`CudaDeviceOptions::register_pageable`], unless the driver said registering is
+    /// not supported here.
+    ///
+    /// [`CudaDeviceOptions::register_pageable`]: super::CudaDeviceOptions::register_pageable
+    fn host_registration_min_bytes(&self) -> Option<usize> {
+        self.options
+            .register_pageable
+            .filter(|_| !self.registration_unsupported.load(Ordering::Relaxed))
+    }
+
+    /// Registers the whole pages inside the range
+    /// ([`whole_pages`](devarrow_abi::device::whole_pages): `cuMemHostRegister`,
+    /// portable), or takes one more use of devarrow's registration
+    /// that holds them (see [`crate::HostRegistration`]), when
+    /// [`CudaDeviceOptions::register_pageable`] asks for ranges this large. `Ok(None)` for
+    /// ranges below it or holding no whole page, devarrow's own staging memory (pinned
+    /// already), pages partly shared with a registration of devarrow that does not hold
+    /// them, pages whose first or last the driver reports
+    /// page-locked (by someone else: used as it is, not asked to register), and ranges
+    /// the driver refuses to lock: locked by someone else in between
+    /// (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, used as it is), not lockable
+    /// (`CUDA_ERROR_INVALID_VALUE`: a read-only mapping, say), beyond the memlock limit
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`), or any other error that leaves the context usable
+    /// (not [sticky](crate::is_sticky_error), nor saying the context is gone:
+    /// `CUDA_ERROR_NOT_SUPPORTED`, and the `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` of restricted runtimes; then never tried again on this
+    /// device). A sticky error, or one saying the context is gone, is returned
+    /// ([`CudaError::Driver`]).
+    ///
+    /// [`CudaDeviceOptions::register_pageable`]: super::CudaDeviceOptions::register_pageable
+    unsafe fn register_host(
+        &self,
+        ptr: *const u8,
+        len: usize,
+    ) -> devarrow_abi::Result<Option<Box<dyn HostRegistration>>> {
+        let Some(min) = self.host_registration_min_bytes() else {
+            return Ok(None);
+        };
+        if len == 0 || len < min || ptr.is_null() || CUDA_PINNED.contains(ptr, len) {
+            return Ok(None);
+        }
+        self.bind()?;
+        // Memory the driver reports page-locked at either end is someone else's (devarrow's
+        // own registrations are found in its table first): not asked to register.
+        let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+        let locked = |first: usize, last: usize| {
+            pointer_type_and_buffer(first).0 == host || pointer_type_and_buffer(last).0 == host
+        };
+        // SAFETY: the caller guarantees the range stays allocated until the registration
+        // drops, and drops it only after the copies using it have completed; the context
+        // is bound.
+        match unsafe { host_register::register(self.device.context(), ptr, len, locked) } {
+            Ok(Registered::Yes(registration, new)) => {
+                if new {
+                    self.ranges_registered.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(Box::new(registration)))
+            }
+            Ok(Registered::Skipped) => Ok(None),
+            Err(e) => {
+                use sys::CUresult::*;
+                match e.driver_result() {
+                    Some(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(None),
+                    // About this range: others may still lock.
+                    Some(CUDA_ERROR_INVALID_VALUE | CUDA_ERROR_OUT_OF_MEMORY) => {
+                        self.registrations_refused.fetch_add(1, Ordering::Relaxed);
+                        Ok(None)
+                    }
+                    // About the device or the runtime: not asked again.
+                    _ if e.allows_fallback() => {
+                        self.registration_unsupported.store(true, Ordering::Relaxed);
+                        self.registrations_refused.fetch_add(1, Ordering::Relaxed);
+                        Ok(None)
+                    }
+                    _ => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// `true` for ranges inside one live staging allocation of any `CudaDevice`
+    /// (a registry lookup, no driver call); `false` for ranges reaching into pages
+    /// devarrow registered ([`CudaDeviceOptions::register_pageable`]); otherwise asks the
+    /// driver whether the first
+    /// and the last byte lie in one `cuMemHostAlloc`ed allocation (`cuPointerGetAttributes`
+    /// memory type and buffer id, `cuMemHostGetFlags`), which also finds memory other
+    /// libraries pinned. Any doubt (a failed query) answers `false`.
+    ///
+    /// [`CudaDeviceOptions::register_pageable`]: super::CudaDeviceOptions::register_pageable
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        if CUDA_PINNED.contains(ptr, len) {
+            return true;
+        }
+        // Pages devarrow registered for a transfer are unregistered when its copies are
+        // done: a copy from them must take a use of the registration
+        // (`register_host`), not rely on it.
+        if len == 0 || ptr.is_null() || host_register::overlaps_registered(ptr, len) {
+            return false;
+        }
+        if self.bind().is_err() {
+            return false;
+        }
+        let first = ptr as usize;
+        first
+            .checked_add(len - 1)
+            .is_some_and(|last| driver_reports_pinned(first, last))
+    }
+}

@@ -1,0 +1,731 @@
+//! [`CudaDevice`]: one CUDA device and its own stream as a
+//! [`devarrow_abi::device::Device`], so the bridge (`devarrow-bridge`, written once
+//! against that trait) moves record batches to and from the GPU.
+//!
+//! - device memory: [`DeviceBuffer`], stream-ordered on the device's stream and freed in
+//!   stream order when the last reference drops;
+//! - staging memory: [`PinnedHostBuffer`] (page-locked, not write-combined), so copies are
+//!   true asynchronous DMA;
+//! - copies: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` on the stream; a list of copies in
+//!   one `cuMemcpyBatchAsync` where [`CudaDeviceOptions::batch_copies`] asks for it and
+//!   the driver has it;
+//! - pageable host memory page-locked for direct DMA (`cuMemHostRegister`) where
+//!   [`CudaDeviceOptions::register_pageable`] asks for it ([`crate::HostRegistration`]);
+//! - copies of a list and registrations fall back (one copy each, staging) on any driver
+//!   error that is not sticky ([`crate::is_sticky_error`]), remembered per device: what
+//!   drivers without the feature and restricted runtimes (gVisor's nvproxy) answer;
+//! - events: a `CUevent` (`CU_EVENT_DISABLE_TIMING`, plus `CU_EVENT_BLOCKING_SYNC` with
+//!   [`HostWait::Block`]; devarrow's own `event::Event`) recorded on the stream, exported as
+//!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
+//!   Interface requires for `ARROW_DEVICE_CUDA`.
+//!
+//! Files: this one (`CudaDevice`, its options and its own methods), `copies.rs` (`impl
+//! Device`: allocations, staging, copies, events; [`TransferMemory`], [`PinnedStaging`]),
+//! `kernels.rs` (`impl DeviceKernels`) and `event.rs` ([`CudaSyncEvent`]), as
+//! `devarrow_abi`'s `device/` is split.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use devarrow_abi::device::SyncEvent;
+
+use crate::context::{self, ContextGuard, DropInContext};
+use crate::driver;
+use crate::error::{CudaError, Result};
+use crate::memory::PinnedHostBuffer;
+use crate::primary_context::PrimaryContext;
+
+mod copies;
+pub(crate) mod event;
+mod kernels;
+
+use copies::StagingCache;
+pub use copies::{PinnedStaging, TransferMemory};
+pub use event::CudaSyncEvent;
+use event::EventPool;
+
+/// A CUDA device with its own non-blocking stream ([`CudaDevice::open`],
+/// [`CudaDevice::new`]) or the caller's ([`CudaDevice::on_stream`]), as a
+/// [`devarrow_abi::device::Device`].
+///
+/// Every copy, allocation and event of the device is enqueued on that one stream, in call
+/// order. [`CudaDevice::wait_for_stream`] and [`CudaDevice::make_stream_wait`] order it
+/// against another stream of the caller with an event, without blocking the host. Memory it allocates outlives it (each allocation holds the stream), so a
+/// `DeviceBatch` exported from it stays valid after the device is dropped.
+///
+/// Cheap to share behind an `Arc`; usable from any thread (every call binds the device's
+/// primary context on the calling thread first).
+///
+/// # Example
+///
+/// The [`Device`] calls `devarrow-bridge`'s `Transfer` makes, here by hand: allocate,
+/// copy each way on the device's stream, record an event (a `CUevent`, what an export's
+/// `sync_event` points to) and wait for it.
+///
+/// ```
+/// use devarrow_abi::device::Device;
+/// use devarrow_cuda::{CudaDevice, CudaDeviceOptions, CudaError, HostWait};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// let device = device.with_options(CudaDeviceOptions::default().host_wait(HostWait::Block));
+/// let memory = device.allocate(4)?;
+/// let input = [1u8, 2, 3, 4];
+/// let mut output = [0u8; 4];
+/// // SAFETY: `input` and `output` outlive the copies (we wait for the event below), and
+/// // `memory` holds 4 bytes of this device.
+/// unsafe {
+///     device.copy_to_device(input.as_ptr(), memory.address(), 4)?;
+///     device.copy_to_host(memory.address(), output.as_mut_ptr(), 4)?;
+/// }
+/// device.record_event()?.wait_host()?; // blocks without spinning (HostWait::Block)
+/// assert_eq!(output, input);
+/// assert_eq!(device.copy_count(), 2);
+/// assert!(device.memory_stats().live_buffers >= 1);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`Device`]: devarrow_abi::device::Device
+pub struct CudaDevice {
+    device: PrimaryContext,
+    stream: DropInContext<Arc<CudaStream>>,
+    copies: AtomicU64,
+    descriptors: Mutex<DescriptorStaging>,
+    /// Staging buffers given back by dropped [`PinnedStaging`]s, for the next
+    /// [`Device::allocate_staging`].
+    staging: Arc<StagingCache>,
+    options: CudaDeviceOptions,
+    events: Arc<EventPool>,
+    /// Whether `cuMemcpyBatchAsync` is there: [`BATCH_UNKNOWN`] until first needed.
+    batch_copy: AtomicU8,
+    /// `cuMemcpyBatchAsync` calls made.
+    batched_calls: AtomicU64,
+    /// Whether the driver refused a registration for the device rather than the range
+    /// (see [`CudaDevice::register_host`]): none is tried again.
+    registration_unsupported: AtomicBool,
+    /// Page ranges this device registered (`cuMemHostRegister` calls that succeeded).
+    ranges_registered: AtomicU64,
+    /// Registrations the driver refused (the range was staged instead).
+    registrations_refused: AtomicU64,
+}
+
+/// [`CudaDevice::batch_copy`]: not yet known, there, not there.
+const BATCH_UNKNOWN: u8 = 0;
+const BATCH_AVAILABLE: u8 = 1;
+const BATCH_UNAVAILABLE: u8 = 2;
+
+/// `CU_STREAM_LEGACY`, the legacy default stream's other handle (NULL is the first).
+const LEGACY_STREAM: usize = 0x1;
+
+/// Which way a batch of copies goes (for the driver's location hints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToDevice,
+    ToHost,
+}
+
+/// How the host waits for the GPU ([`CudaDeviceOptions::host_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostWait {
+    /// The driver's default: the waiting thread spins (and yields), for the lowest
+    /// latency at the cost of a busy core.
+    #[default]
+    Spin,
+    /// The waiting thread blocks (`CU_EVENT_BLOCKING_SYNC`, with
+    /// `CU_EVENT_DISABLE_TIMING` like every event of the device): no busy core while the
+    /// pipeline waits on a staging chunk, at some wake-up latency.
+    Block,
+}
+
+/// The choices of a [`CudaDevice`] that a GPU run decides (see `docs/gpu-results.md`):
+/// exercised on the emulated driver, their defaults to be chosen by the transfer bench
+/// on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaDeviceOptions {
+    /// How host waits on the device's events block ([`HostWait::Spin`] by default).
+    pub host_wait: HostWait,
+    /// Whether the events recorded on the device's stream (one per staging chunk and per
+    /// batch) come back to a pool for reuse when dropped, instead of a `cuEventCreate`
+    /// and `cuEventDestroy` each (on by default).
+    pub reuse_events: bool,
+    /// Whether the device's copies of a list (`Device::copy_batch_to_device` and
+    /// `copy_batch_to_host`: the direct copies of a transfer, from pinned runs and
+    /// registered buffers) go to the driver in one `cuMemcpyBatchAsync` call (CUDA 12.8)
+    /// instead of one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` each: fewer driver
+    /// calls for batches of many buffers.
+    ///
+    /// Used only where the driver has it (the symbol is looked up once per device; any
+    /// error of the call that leaves the context usable, that is not
+    /// [sticky](crate::is_sticky_error), also counts as "not there", remembered per
+    /// device: `CUDA_ERROR_NOT_SUPPORTED` from a driver without it, and the
+    /// `CUDA_ERROR_NOT_PERMITTED` or `CUDA_ERROR_OPERATING_SYSTEM` of restricted runtimes
+    /// such as gVisor's nvproxy) and the device's stream is not the legacy
+    /// default stream (which the call does not accept, see [`CudaDevice::on_stream`]);
+    /// elsewhere the copies go one by one, as with the option off.
+    /// [`CudaDevice::batched_copy_calls`] counts the calls made.
+    ///
+    /// **On by default**: on an NVIDIA H200 (2026-11-28, `docs/gpu-results.md`) the main
+    /// job with it was faster in every cell, device to host by 18-40%; off where the
+    /// driver lacks the call, as above.
+    pub batch_copies: bool,
+    /// Pageable host buffers of at least this many bytes are page-locked in place
+    /// (`cuMemHostRegister` of the whole pages inside them, `CU_MEMHOSTREGISTER_PORTABLE`)
+    /// for the copies of a transfer that moves them, which then DMA those pages directly
+    /// instead of packing them into pinned staging memory first (uploads) or unpacking
+    /// them from it (downloads); they are unregistered once those copies have
+    /// completed. `None`: never (**the default**, until a GPU run weighs the cost of
+    /// registering, which grows with the size, against the staging copy it saves).
+    ///
+    /// Only whole pages are locked: the partial pages at a buffer's ends may hold other
+    /// allocations, whose copies must not turn direct for as long as devarrow's
+    /// registration lasts; those few bytes are staged with the batch's small buffers.
+    /// A buffer the driver refuses to lock (read-only mappings, the memlock limit,
+    /// pages locked by someone else) is staged as before; a refusal that is not about
+    /// the range (any other error that is not [sticky](crate::is_sticky_error): the
+    /// `CUDA_ERROR_NOT_SUPPORTED` of a driver, the `CUDA_ERROR_OPERATING_SYSTEM` or
+    /// `CUDA_ERROR_NOT_PERMITTED` of a sandbox) also switches registration off for the
+    /// device ([`CudaDevice::host_registration_disabled`]); devarrow never unregisters
+    /// memory it did not register (see [`crate::HostRegistration`]); a refusal is a
+    /// failing driver call, which compute-sanitizer reports. A transfer asks only for
+    /// ranges of at least its `TransferOptions::direct_min_bytes` as well.
+    pub register_pageable: Option<usize>,
+}
+
+impl Default for CudaDeviceOptions {
+    fn default() -> Self {
+        Self {
+            host_wait: HostWait::Spin,
+            reuse_events: true,
+            batch_copies: true,
+            register_pageable: None,
+        }
+    }
+}
+
+impl CudaDeviceOptions {
+    /// The options with [`CudaDeviceOptions::host_wait`] set to `wait`.
+    pub fn host_wait(mut self, wait: HostWait) -> Self {
+        self.host_wait = wait;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::reuse_events`] set to `reuse`.
+    pub fn reuse_events(mut self, reuse: bool) -> Self {
+        self.reuse_events = reuse;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::batch_copies`] set to `batch`.
+    pub fn batch_copies(mut self, batch: bool) -> Self {
+        self.batch_copies = batch;
+        self
+    }
+
+    /// The options with [`CudaDeviceOptions::register_pageable`] set to `min_bytes`.
+    pub fn register_pageable(mut self, min_bytes: Option<usize>) -> Self {
+        self.register_pageable = min_bytes;
+        self
+    }
+
+    /// The `CU_EVENT_*` bits of the device's sync events: never timed (cheaper to
+    /// record), blocking the waiting host thread with [`HostWait::Block`]. Both bits at
+    /// once are beyond cudarc's `CUevent_flags` enum, hence devarrow's own
+    /// `Event` (a raw `cuEventCreate`).
+    fn event_flags(&self) -> std::ffi::c_uint {
+        let disable_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint;
+        match self.host_wait {
+            HostWait::Spin => disable_timing,
+            HostWait::Block => {
+                disable_timing | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as std::ffi::c_uint
+            }
+        }
+    }
+}
+
+/// The pinned memory for descriptor tables a [`CudaDevice`] starts with (2,730
+/// descriptors of [`Device::copy_on_device`]).
+const DESCRIPTOR_STAGING_BYTES: usize = 64 << 10;
+
+/// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
+/// uploaded from (reused by every call), and the event after its last upload: the next
+/// call overwrites it only once that upload has completed.
+#[derive(Default)]
+struct DescriptorStaging {
+    buffer: Option<PinnedHostBuffer>,
+    uploaded: Option<CudaEvent>,
+}
+
+impl Drop for DescriptorStaging {
+    fn drop(&mut self) {
+        // The last upload may still read the pinned buffer: let it finish first.
+        if let Some(event) = self.uploaded.take() {
+            if let Ok(_bound) = ContextGuard::enter(event.context()) {
+                // SAFETY: the event is live (we own it) and its context is bound.
+                let _ = unsafe { driver::event_synchronize(event.cu_event()) };
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("device", &self.device)
+            .field("stream", &self.stream.cu_stream())
+            .field("copies", &self.copies.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Opens CUDA device `id` (on its primary context) with a new non-blocking stream.
+    ///
+    /// Fails with [`CudaError::NoDriver`] when libcuda is missing, [`CudaError::NoDevice`]
+    /// when there is no device, [`CudaError::InvalidDeviceId`] when `id` is out of range;
+    /// never panics.
+    pub fn open(id: usize) -> Result<Self> {
+        Self::new(PrimaryContext::open(id)?)
+    }
+
+    /// Wraps an opened device, creating the device's own non-blocking stream.
+    pub fn new(device: PrimaryContext) -> Result<Self> {
+        let stream = device.new_stream()?;
+        Ok(Self::with(device, stream))
+    }
+
+    /// A device on the caller's stream: every allocation, copy, event, export and import
+    /// of this device (and of the `Transfer`s, streams and batches of `devarrow-bridge`
+    /// made on it) is enqueued on `stream`, in order with the caller's own work there.
+    ///
+    /// The device is the stream's (its context's ordinal). The stream must belong to
+    /// that device's **primary** context, the one devarrow works in (cudarc's
+    /// [`CudaContext::new`](cudarc::driver::CudaContext::new) and the CUDA runtime use
+    /// it); any other context is [`CudaError::NotPrimaryContext`]. The per-thread default
+    /// stream is refused ([`CudaError::InvalidArgument`]): devarrow frees memory on the
+    /// device's stream from whichever thread drops it. The legacy default stream is
+    /// accepted.
+    ///
+    /// What devarrow can check about a caller's stream is its context, and only for a
+    /// live stream (here from the cudarc stream's context; for a raw handle,
+    /// `cuStreamGetCtx` would tell it). It cannot tell a live stream from a garbage or
+    /// destroyed handle: NVIDIA's driver dereferences stream handles without validating
+    /// them, so such a handle crashes the process at the first call, in devarrow or
+    /// anywhere else, rather than returning an error. cudarc's [`CudaStream`], which owns
+    /// its handle and keeps it alive while the `Arc` lives, rules that out here; a stream
+    /// built around a raw handle (an FFI caller's) must be live for as long as the
+    /// device is used.
+    ///
+    /// The device holds the stream (its `Arc`), and so does every allocation made on it.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        context::check_keepable(&stream, "CudaDevice::on_stream")?;
+        let device = PrimaryContext::of_stream(&stream)?;
+        if stream.context().cu_ctx() != device.cu_context() {
+            return Err(CudaError::NotPrimaryContext {
+                device: device.id(),
+            });
+        }
+        Ok(Self::with(device, stream))
+    }
+
+    fn with(device: PrimaryContext, stream: Arc<CudaStream>) -> Self {
+        // The descriptor tables' pinned memory, allocated now rather than by the first
+        // copy on the device (an import, a download of an imported batch): that
+        // `cuMemHostAlloc` orders every stream of the device after the work enqueued
+        // before it (an implicit synchronization), which at open is normally nothing,
+        // and in the middle of a pipeline another library's work. Where it fails, the
+        // first copy allocates it.
+        let descriptors = DescriptorStaging {
+            buffer: PinnedHostBuffer::alloc(&device, DESCRIPTOR_STAGING_BYTES).ok(),
+            uploaded: None,
+        };
+        Self {
+            device,
+            stream: DropInContext::new(stream),
+            copies: AtomicU64::new(0),
+            descriptors: Mutex::new(descriptors),
+            staging: Arc::default(),
+            options: CudaDeviceOptions::default(),
+            events: Arc::default(),
+            batch_copy: AtomicU8::new(BATCH_UNKNOWN),
+            batched_calls: AtomicU64::new(0),
+            registration_unsupported: AtomicBool::new(false),
+            ranges_registered: AtomicU64::new(0),
+            registrations_refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The device with `options` (set before the device is shared: events already
+    /// pooled are dropped).
+    pub fn with_options(mut self, options: CudaDeviceOptions) -> Self {
+        self.options = options;
+        self.events = Arc::default();
+        self
+    }
+
+    /// The device's options.
+    pub fn options(&self) -> CudaDeviceOptions {
+        self.options
+    }
+
+    /// How many events the device has created (`cuEventCreate`) for its sync events so
+    /// far: with [`CudaDeviceOptions::reuse_events`], about as many as are alive at once.
+    pub fn events_created(&self) -> u64 {
+        self.events.created.load(Ordering::Relaxed)
+    }
+
+    /// devarrow's accounting of the device memory it allocated on this device (all
+    /// [`CudaDevice`]s and streams of it together): [`crate::memory_stats`].
+    pub fn memory_stats(&self) -> crate::MemoryStats {
+        crate::memory_stats(self.device.id())
+    }
+
+    /// How many `cuMemcpyBatchAsync` calls the device has made
+    /// ([`CudaDeviceOptions::batch_copies`]).
+    pub fn batched_copy_calls(&self) -> u64 {
+        self.batched_calls.load(Ordering::Relaxed)
+    }
+
+    /// Whether the driver has `cuMemcpyBatchAsync` for this device: `None` until the
+    /// device first needed to know (a batch of copies with
+    /// [`CudaDeviceOptions::batch_copies`] on).
+    pub fn batch_copies_available(&self) -> Option<bool> {
+        match self.batch_copy.load(Ordering::Acquire) {
+            BATCH_AVAILABLE => Some(true),
+            BATCH_UNAVAILABLE => Some(false),
+            _ => None,
+        }
+    }
+
+    /// How many page ranges the device has registered with `cuMemHostRegister`
+    /// ([`CudaDeviceOptions::register_pageable`]; a range another registration already
+    /// held is not counted), and how many registrations the driver refused (those
+    /// ranges were staged).
+    pub fn host_registrations(&self) -> (u64, u64) {
+        (
+            self.ranges_registered.load(Ordering::Relaxed),
+            self.registrations_refused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether the driver refused `cuMemHostRegister` on this device in a way that is not
+    /// about one range (not supported, or refused by a restricted runtime: see
+    /// [`CudaDeviceOptions::register_pageable`]): devarrow then stages every pageable
+    /// buffer without asking again.
+    pub fn host_registration_disabled(&self) -> bool {
+        self.registration_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// Whether a list of copies goes to `cuMemcpyBatchAsync`: asked for, the stream not
+    /// the legacy default stream, and the symbol in the driver (looked up once).
+    fn batch_copy_usable(&self) -> bool {
+        if !self.options.batch_copies {
+            return false;
+        }
+        let stream = self.stream.cu_stream() as usize;
+        if stream == 0 || stream == LEGACY_STREAM {
+            return false;
+        }
+        match self.batch_copy.load(Ordering::Acquire) {
+            BATCH_AVAILABLE => true,
+            BATCH_UNAVAILABLE => false,
+            _ => {
+                let present = driver::memcpy_batch_async_present();
+                let state = if present {
+                    BATCH_AVAILABLE
+                } else {
+                    BATCH_UNAVAILABLE
+                };
+                self.batch_copy.store(state, Ordering::Release);
+                present
+            }
+        }
+    }
+
+    /// Enqueues `copies` (`(dst, src, len)` unified addresses, none empty or NULL) in one
+    /// `cuMemcpyBatchAsync` where [`CudaDevice::batch_copy_usable`]: `Ok(true)` when they
+    /// were, `Ok(false)` when the caller must copy them one by one (too few to batch, not
+    /// asked for, or the driver does not have it: then remembered).
+    ///
+    /// # Safety
+    /// Every source readable and every destination writable for its length until the
+    /// copies complete, no destination overlapping another copy; the context bound.
+    unsafe fn try_batch(&self, copies: &[(u64, u64, usize)], direction: Direction) -> Result<bool> {
+        if copies.len() < 2 || !self.batch_copy_usable() {
+            return Ok(false);
+        }
+        let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+        let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        let device = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.device.id() as i32,
+        };
+        let locations = match direction {
+            Direction::ToDevice => (host, device),
+            Direction::ToHost => (device, host),
+        };
+        // SAFETY: the symbol is there (`batch_copy_usable`); the ranges are the caller's
+        // guarantee; the stream is the device's, a created stream (not the legacy one,
+        // checked above) of the context the caller bound.
+        let batched = unsafe {
+            driver::memcpy_batch_async(
+                &mut dsts,
+                &mut srcs,
+                &mut sizes,
+                locations,
+                self.stream.cu_stream(),
+            )
+        };
+        match batched {
+            Ok(()) => {
+                self.batched_calls.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) if e.allows_fallback() => {
+                // Not usable here after all, whatever code says so: a driver that
+                // exports the symbol but does not implement it (NOT_SUPPORTED,
+                // NOT_FOUND), a sandbox that refuses it (NOT_PERMITTED, OPERATING_SYSTEM
+                // under gVisor's nvproxy), ...: any error that leaves the context
+                // usable. Copy one by one, from now on. The batch enqueued nothing (and
+                // had it enqueued a part, copying the same sources to the same
+                // destinations again writes the same bytes).
+                self.batch_copy.store(BATCH_UNAVAILABLE, Ordering::Release);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What a list of copies does first: counts them, drops the empty ones, refuses NULL
+    /// pointers, and binds the context. `(dst, src, len)` of the copies left.
+    fn begin_batch(
+        &self,
+        copies: impl ExactSizeIterator<Item = (u64, u64, usize)>,
+        towards: &str,
+    ) -> Result<Vec<(u64, u64, usize)>> {
+        self.copies
+            .fetch_add(copies.len() as u64, Ordering::Relaxed);
+        let copies: Vec<_> = copies.filter(|c| c.2 > 0).collect();
+        if copies.iter().any(|c| c.0 == 0 || c.1 == 0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "a batch of copies to the {towards} with a NULL pointer"
+            )));
+        }
+        if !copies.is_empty() {
+            self.bind()?;
+        }
+        Ok(copies)
+    }
+
+    /// Makes the device's stream wait (on the GPU: the host is not blocked) for the work
+    /// queued on `stream` so far: an event is recorded on `stream` and the device's
+    /// stream waits on it. Copies, allocations and kernels devarrow enqueues afterwards
+    /// run after that work (e.g. after the caller's kernel that wrote a buffer devarrow
+    /// then exports or downloads). A no-op when `stream` is the device's stream.
+    pub fn wait_for_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.check_same_context(stream)?;
+        crate::memory::stream_waits_for(&self.stream, stream)
+    }
+
+    /// Makes `stream` wait (on the GPU: the host is not blocked) for the work queued on
+    /// the device's stream so far: an event is recorded on the device's stream and
+    /// `stream` waits on it. Work the caller enqueues on `stream` afterwards runs after
+    /// devarrow's uploads and downloads so far. A no-op when `stream` is the device's
+    /// stream.
+    pub fn make_stream_wait(&self, stream: &CudaStream) -> Result<()> {
+        self.check_same_context(stream)?;
+        crate::memory::stream_waits_for(stream, &self.stream)
+    }
+
+    /// Makes a stream the caller created outside devarrow, given as a raw `CUstream`
+    /// (a DLPack consumer's, a C++ or Python library's), wait on the GPU for `event`:
+    /// work the caller enqueues on `stream` afterwards runs after the work before the
+    /// event. The host is not blocked. `event` is typically the event of a
+    /// `devarrow_bridge::DeviceBatch` on this device or one that [`Device::record_event`]
+    /// returned; a NULL [`SyncEvent::as_sync_event_ptr`] (data
+    /// ready as soon as it exists, as on the CPU) makes this a no-op. The device's context
+    /// is made current first (and left current), so that the driver's special handles
+    /// name its default streams. For a [`CudaStream`], use
+    /// [`CudaSyncEvent::wait_on`].
+    ///
+    /// This is `cuStreamWaitEvent(stream, *event, CU_EVENT_WAIT_DEFAULT)`; a failure is
+    /// [`CudaError::Driver`] naming `cuStreamWaitEvent`.
+    ///
+    /// # Safety
+    /// - `stream` must be a live stream of this device's (primary) context, or one of the
+    ///   driver's special handles: `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD`
+    ///   (`2`) or NULL (the legacy default stream), which then name the default streams
+    ///   of this device's context.
+    /// - `event`'s pointer must be NULL or a `CUevent*` to a live event, as it is for
+    ///   every event of a CUDA device ([`SyncEvent`]'s contract for the CUDA device
+    ///   type; the driver lets a stream wait on an event of another device).
+    ///
+    /// devarrow cannot check the stream: the driver API has no call that validates a
+    /// handle, and the real driver does not validate it either. A destroyed or garbage
+    /// handle, or a stream of another context, is undefined behaviour: at best an error,
+    /// often a crash inside the driver. What is checked: a NULL event pointer (nothing to
+    /// wait for) and the driver's own answer.
+    ///
+    /// # Example
+    /// ```
+    /// use devarrow_abi::device::Device;
+    /// use devarrow_cuda::{CudaDevice, CudaError};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let device = match CudaDevice::open(0) {
+    ///     Ok(device) => device,
+    ///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+    /// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+    ///         println!("no GPU here: {e}");
+    ///         return Ok(());
+    ///     }
+    ///     Err(e) => return Err(e.into()),
+    /// };
+    /// let memory = device.allocate(4)?;
+    /// // SAFETY: the array outlives the copy (the stream below is synchronized before the
+    /// // end of the example), and `memory` holds 4 bytes of this device.
+    /// unsafe { device.copy_to_device([1u8, 2, 3, 4].as_ptr(), memory.address(), 4)? };
+    /// let ready = device.record_event()?;
+    /// // A stream of another library, known only by its raw handle.
+    /// let theirs = device.primary_context().new_stream()?;
+    /// let raw = theirs.cu_stream();
+    /// // SAFETY: `raw` is a live stream (`theirs` holds it) of the device's context, and
+    /// // `ready` is an event of a CUDA device.
+    /// unsafe { device.make_raw_stream_wait(raw, ready.as_ref())? };
+    /// // Work enqueued on `raw` from here on sees the 4 bytes in `memory`.
+    /// theirs.synchronize()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`Device::record_event`]: devarrow_abi::device::Device::record_event
+    pub unsafe fn make_raw_stream_wait(
+        &self,
+        stream: sys::CUstream,
+        event: &dyn SyncEvent,
+    ) -> Result<()> {
+        let event = event.as_sync_event_ptr();
+        if event.is_null() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: a non-NULL pointer is a `CUevent*` to a live event, and `stream` a live
+        // stream of the context bound above or a special handle (the caller's
+        // guarantees).
+        unsafe { driver::stream_wait_event(stream, *event.cast::<sys::CUevent>()) }
+    }
+
+    /// Refuses a stream of another context than the device's.
+    fn check_same_context(&self, stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if ctx.ordinal() != self.device.id() {
+            return Err(CudaError::DeviceMismatch {
+                expected: self.device.id() as i64,
+                found: ctx.ordinal() as i64,
+            });
+        }
+        if ctx.cu_ctx() != self.device.cu_context() {
+            return Err(CudaError::NotPrimaryContext {
+                device: ctx.ordinal(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The CUDA device.
+    pub fn primary_context(&self) -> &PrimaryContext {
+        &self.device
+    }
+
+    /// The stream every copy and event of this device is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.device.bind_to_thread()
+    }
+
+    /// What every host-device copy does first: counts it, refuses NULL pointers, and
+    /// binds the context. `Ok(false)`: nothing to copy (`len == 0`).
+    fn begin_copy(&self, null_pointer: bool, len: usize, towards: &str) -> Result<bool> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(false);
+        }
+        if null_pointer {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {len} bytes to the {towards} with a NULL pointer"
+            )));
+        }
+        self.bind()?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use devarrow_abi::device::Device;
+    use devarrow_abi::ArrowDeviceType;
+
+    use super::*;
+
+    #[test]
+    fn open_without_a_gpu_is_a_typed_error_not_a_panic() {
+        match CudaDevice::open(0) {
+            Ok(dev) => {
+                assert_eq!(dev.device_type(), ArrowDeviceType::CUDA);
+                assert_eq!(dev.device_id(), 0);
+                assert_eq!(dev.copy_count(), 0);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, CudaError::NoDriver | CudaError::NoDevice),
+                    "unexpected error {e:?}"
+                );
+                if !crate::driver_available() {
+                    assert!(matches!(e, CudaError::NoDriver), "{e:?}");
+                }
+                let abi: devarrow_abi::Error = e.into();
+                assert!(
+                    matches!(abi, devarrow_abi::Error::Device { device: "CUDA", .. }),
+                    "{abi:?}"
+                );
+            }
+        }
+        match CudaDevice::open(usize::MAX / 2) {
+            Ok(_) => panic!("an out-of-range device id opened"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    CudaError::NoDriver | CudaError::NoDevice | CudaError::InvalidDeviceId { .. }
+                ),
+                "unexpected error {e:?}"
+            ),
+        }
+    }
+
+    #[test]
+    fn the_device_is_usable_as_a_trait_object() {
+        fn assert_device<T: Device + 'static>() {}
+        assert_device::<CudaDevice>();
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CudaSyncEvent>();
+        assert_send_sync::<TransferMemory>();
+    }
+}
