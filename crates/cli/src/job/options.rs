@@ -116,8 +116,8 @@ pub struct Cli {
 }
 
 /// The device asked for with `--device`: devarrow's one grammar of device strings
-/// ([`devarrow::DeviceSpec`], which documents it), every form of which the job takes.
-pub use devarrow::DeviceSpec as DeviceChoice;
+/// (`devarrow::DeviceSpec`, which documents it), every form of which the job takes.
+pub type DeviceChoice = devarrow::DeviceSpec;
 
 /// Batch sizes in rows: ascending, distinct, each at least 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
