@@ -728,6 +728,10 @@ impl Transfer {
         if let Some(pool) = self.pinned_pool()? {
             return self.download_pinned(sources, &pool, times);
         }
+        if self.pinned_refused {
+            // Pinning was refused earlier: these fall back too (the note says why).
+            self.stats.pageable_downloads += sources.len() as u64;
+        }
         if let Some(from) = self.register_from() {
             if sources.iter().any(|&(_, len)| len >= from) {
                 return self.download_registering(sources, from, times);
@@ -882,7 +886,12 @@ impl Transfer {
         let mut direct = Vec::new();
         let mut staged = Vec::new();
         for (i, &(src, len)) in sources.iter().enumerate() {
-            let block = match pool.try_allocate(len) {
+            let tried = if self.pinned_refused {
+                Ok(None)
+            } else {
+                pool.try_allocate(len)
+            };
+            let block = match tried {
                 Ok(block) => block,
                 Err(e) => {
                     // Pinning refused (a sandbox, a lock limit): pageable from now on.

@@ -358,3 +358,21 @@ fn a_device_failing_in_the_middle_of_the_pipeline_is_an_error_not_a_hang() {
         assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
     }
 }
+
+/// A device that refuses to pin the memory downloads would land in: the download goes
+/// through staging into pageable memory, says why, and the transfer does not ask again.
+#[test]
+fn downloads_fall_back_to_pageable_memory_when_pinning_is_refused() {
+    let batch = wide_batch(4, 300_000); // ~10 MB, larger than a staging buffer
+    let device = Arc::new(InstrumentedDevice::default().refusing_staging_from(8 << 20));
+    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let on_device = transfer.to_device(&batch).unwrap();
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    let note = transfer.host_memory_note().expect("a note").to_string();
+    assert!(note.contains("refused"), "{note}");
+    assert_eq!(transfer.stats().pageable_downloads, 1);
+    let asked = device.staging_sizes().len();
+    assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
+    assert_eq!(device.staging_sizes().len(), asked, "not asked again");
+    assert_eq!(transfer.stats().pageable_downloads, 2);
+}

@@ -102,6 +102,9 @@ pub struct InstrumentedDevice {
     pub pose_as: Option<(ArrowDeviceType, i64)>,
     /// Refuse every `allocate` from this many on.
     pub fail_allocations_after: Option<usize>,
+    /// Staging allocations of at least this many bytes are refused (a runtime that will
+    /// not pin that much host memory).
+    pub refuse_staging_from: Option<usize>,
     /// Fail every `record_event` from this many on.
     pub fail_events_after: Option<usize>,
     /// Forward `is_pinned` to the inner device.
@@ -148,6 +151,7 @@ impl InstrumentedDevice {
             inner,
             pose_as: None,
             fail_allocations_after: None,
+            refuse_staging_from: None,
             fail_events_after: None,
             report_pinned: false,
             register_from: None,
@@ -180,6 +184,11 @@ impl InstrumentedDevice {
         self
     }
     /// Fails every `record_event` after the first `n`.
+    pub fn refusing_staging_from(mut self, bytes: usize) -> Self {
+        self.refuse_staging_from = Some(bytes);
+        self
+    }
+
     pub fn failing_events_after(mut self, n: usize) -> Self {
         self.fail_events_after = Some(n);
         self
@@ -363,6 +372,12 @@ unsafe impl Device for InstrumentedDevice {
         Ok(Arc::new(Counted::new(inner, &self.live)))
     }
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
+        if self.refuse_staging_from.is_some_and(|from| len >= from) {
+            return Err(Error::Device {
+                device: "TEST",
+                source: format!("{len} bytes of pinned memory refused").into(),
+            });
+        }
         self.staging.lock().unwrap().push(len);
         let inner = self.inner.allocate_staging(len)?;
         Ok(Box::new(Counted::new(inner, &self.live)))
