@@ -437,6 +437,42 @@ impl Transfer {
     ///
     /// The batches share one sync event, recorded after the last copy. The result is in
     /// the order of `batches`; the first error returns, and no batch is returned then.
+    ///
+    /// # Example
+    ///
+    /// Many batches up in one pipeline, back into pinned memory of the transfer's pool
+    /// (one direct copy each), and up again by direct copies:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    /// use devarrow_abi::device::{CpuDevice, Device};
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let batches: Vec<RecordBatch> = (0..4)
+    ///     .map(|i| {
+    ///         let values: ArrayRef = Arc::new(Int64Array::from_iter_values(i..i + 10_000));
+    ///         RecordBatch::try_from_iter([("v", values)])
+    ///     })
+    ///     .collect::<Result<_, _>>()?;
+    /// let device = Arc::new(CpuDevice::new()); // staged, as a GPU is
+    /// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    /// let on_device = transfer.to_device_batches(&batches)?;
+    /// let back = transfer.to_host_batches(&on_device)?;
+    /// assert_eq!(back, batches);
+    /// assert_eq!(transfer.stats().pinned_downloads, 4);
+    /// assert_eq!(transfer.host_memory_note(), None); // none fell back to pageable memory
+    ///
+    /// // What came back lies in pinned memory: it goes up again in one direct copy each.
+    /// let before = device.copy_count();
+    /// let again = transfer.to_device_batches(&back)?;
+    /// assert_eq!(device.copy_count() - before, 4);
+    /// # drop(again);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn to_device_batches(&mut self, batches: &[RecordBatch]) -> Result<Vec<DeviceBatch>> {
         let mut times = StageTimes {
             batches: batches.len() as u64,

@@ -316,6 +316,25 @@ impl HostPool {
     /// synchronizes the device: a pool reused in steady state allocates none) and go back
     /// to the device only when the pool is trimmed or dropped, or to make room for
     /// another size.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use devarrow_abi::device::{CpuDevice, Device, HostPool};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+    /// let pool = Arc::new(HostPool::pinned(device.clone(), 1 << 20));
+    /// let block = pool.try_allocate(100_000)?.expect("room for it");
+    /// assert!(device.is_pinned(block.as_ptr(), block.len()));
+    /// assert!(pool.try_allocate(1 << 20)?.is_none(), "beyond the capacity");
+    /// let address = block.as_ptr();
+    /// drop(block); // back to the pool, not to the device
+    /// // a block of the same size class (sizes round up by at most a quarter)
+    /// assert_eq!(pool.try_allocate(99_000)?.expect("cached").as_ptr(), address);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn pinned(device: Arc<dyn Device>, capacity: usize) -> Self {
         Self {
             pinned: Some(device),
