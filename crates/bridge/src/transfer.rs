@@ -84,31 +84,37 @@ pub const DEFAULT_PINNED_HOST_BYTES: usize = 1 << 30;
 #[derive(Debug, Clone, Copy)]
 pub struct TransferOptions {
     /// The most staging memory the transfer allocates, in `staging_bytes / chunk_bytes`
-    /// (at least 2) buffers of one chunk each, used in turn so that packing a chunk
-    /// overlaps the copies of the chunks before it.
+    /// (at least 2) buffers of one chunk each, used in turn so that packing a window
+    /// overlaps the copies of the windows before it.
     pub staging_bytes: usize,
-    /// The size of one staging chunk: the bytes of one copy (clamped to at most half of
-    /// `staging_bytes`, so at least two chunks alternate).
+    /// The size of one staging buffer: the most bytes of one copy (clamped to at most
+    /// half of `staging_bytes`, so at least two buffers alternate).
     ///
-    /// Smaller chunks pipeline better: the first pack and the last copy are not
-    /// overlapped with anything, so with 2 × 32 MiB a 64 MiB batch hardly overlaps at
-    /// all, while with 8 × 8 MiB only 1/8 of it is exposed (less with the ramp of
-    /// [`first_chunk_bytes`](Self::first_chunk_bytes)), and the host may run up to 8
-    /// chunks ahead of the copy engine, which absorbs jitter of either. Chunks must stay
-    /// large enough that the fixed cost of a copy (a few µs of driver and DMA setup) is
-    /// small: an 8 MiB copy takes about 160 µs at 50 GB/s, so that cost stays near 2-3%.
+    /// An upload is cut in windows of about a sixteenth of what it stages, at least
+    /// [`first_chunk_bytes`](Self::first_chunk_bytes) and at most this (see
+    /// [`pack::upload_window_bytes`](crate::pack::upload_window_bytes)): each worker packs
+    /// a whole window into a buffer of its own while the copies of earlier windows run,
+    /// so the buffers must outnumber the workers (8 by default) and the copies kept in
+    /// flight (a quarter of the buffers): with the default 64 MiB, 16 buffers of 4 MiB.
+    /// Windows must stay large enough that the fixed cost of a copy (a few µs of driver
+    /// and DMA setup) is small: a 4 MiB copy takes about 80 µs at 50 GB/s.
     pub chunk_bytes: usize,
-    /// The size of the first and the last chunk of a copy of more than 4 × this size:
-    /// chunks then grow from this size, doubling, up to `chunk_bytes`, and shrink the same
-    /// way at the end, so that the copy engine starts after a small pack (or the host
-    /// starts unpacking after a small copy) and the last step, which overlaps nothing, is
-    /// short. 0, or a value of at least `chunk_bytes`, cuts every copy in equal chunks.
+    /// Uploads: the smallest window (see [`chunk_bytes`](Self::chunk_bytes)); 0 cuts
+    /// windows of `chunk_bytes`. Downloads through staging: the size of the first and
+    /// the last chunk of a copy of more than 4 × this size: chunks then grow from this
+    /// size, doubling, up to `chunk_bytes`, and shrink the same way at the end, so that
+    /// the host starts unpacking after a small copy and the last step, which overlaps
+    /// nothing, is short; 0, or a value of at least `chunk_bytes`, cuts every copy in
+    /// equal chunks.
     pub first_chunk_bytes: usize,
-    /// The most threads one chunk is packed or unpacked with (threads of the rayon global
-    /// pool); 0 (the default): the pool's size, at most 8.
+    /// Uploads: how many worker threads (of the rayon global pool) pack windows; 0 (the
+    /// default): the pool's size, at most 8, and one fewer than the machine's cores (a
+    /// core is left to the thread that enqueues the copies). Downloads through staging:
+    /// the most threads one chunk is unpacked with (0: the pool's size, at most 8).
     pub pack_threads: usize,
-    /// Chunks of at least this size are packed or unpacked on several threads; smaller
-    /// ones on the calling thread alone (handing work to other threads costs a few µs).
+    /// Uploads of less than this many staged bytes are packed by the calling thread
+    /// alone, and staged download chunks smaller than this unpacked by it (handing work
+    /// to other threads costs a few µs).
     pub parallel_min_bytes: usize,
     /// Runs of buffers at least this long that lie in pinned memory (see
     /// [`crate::pinned`] and [`Device::is_pinned`]) are copied directly to the device,
