@@ -880,18 +880,9 @@ impl Transfer {
         }
         let staged_hosts = downloaded?;
         released?;
-        for (i, host) in staged.into_iter().zip(staged_hosts) {
-            hosts[i] = Some(host);
-        }
-        Ok(hosts
-            .into_iter()
-            .map(|host| {
-                let host = host.expect("every output is back");
-                // SAFETY: a direct output was written in full by its copy, which has
-                // completed (the event above); a staged one by `staged_download`.
-                unsafe { host.into_buffer() }
-            })
-            .collect())
+        // SAFETY: a direct output was written in full by its copy, which has completed
+        // (the event above); a staged one by `staged_download`.
+        Ok(unsafe { into_buffers(hosts, &staged, staged_hosts) })
     }
 
     /// The pool of pinned memory downloads land in, made on first use
@@ -1017,18 +1008,9 @@ impl Transfer {
         }
         let staged_hosts = downloaded?;
         waited?;
-        for (i, host) in staged.into_iter().zip(staged_hosts) {
-            hosts[i] = Some(host);
-        }
-        Ok(hosts
-            .into_iter()
-            .map(|host| {
-                let host = host.expect("every output is back");
-                // SAFETY: a pinned output was written in full by its copy, which has
-                // completed (the event above); a staged one by `staged_download`.
-                unsafe { host.into_buffer() }
-            })
-            .collect())
+        // SAFETY: a pinned output was written in full by its copy, which has completed
+        // (the event above); a staged one by `staged_download`.
+        Ok(unsafe { into_buffers(hosts, &staged, staged_hosts) })
     }
 
     /// The staging pipeline of [`Transfer::download`]: copies each source into the
@@ -1216,6 +1198,31 @@ impl Transfer {
         times.validate += start.elapsed();
         batches
     }
+}
+
+/// The outputs of a download as buffers, in order: `hosts`, where the direct copies
+/// landed, with `staged_hosts[j]` (the staging pipeline's outputs) put in at index
+/// `staged[j]`, the places left empty for them.
+///
+/// # Safety
+/// Every output of `hosts` and of `staged_hosts` must have been written in full, and the
+/// copies that wrote them completed.
+unsafe fn into_buffers(
+    mut hosts: Vec<Option<HostOut>>,
+    staged: &[usize],
+    staged_hosts: Vec<HostOut>,
+) -> Vec<Buffer> {
+    for (&i, host) in staged.iter().zip(staged_hosts) {
+        hosts[i] = Some(host);
+    }
+    hosts
+        .into_iter()
+        .map(|host| {
+            let host = host.expect("every output is back");
+            // SAFETY: the caller's guarantee.
+            unsafe { host.into_buffer() }
+        })
+        .collect()
 }
 
 /// Host memory a download is unpacked into: from the transfer's pool, or fresh.
