@@ -1676,8 +1676,8 @@ mod convert {
     use devarrow_testing::kernel_oracles::SplitMix64;
 
     use super::{
-        copy_module, geometries, p32, p64, run, standard, Access, Geo, TestMem, GUARD, GUARD_BYTE,
-        OUT, SMS, SRC, TABLE,
+        geometries, p32, p64, run, standard, Access, Geo, TestMem, GUARD, GUARD_BYTE, OUT, SMS,
+        SRC, TABLE,
     };
 
     /// More windows for the conversion tests' buffers.
@@ -1921,7 +1921,10 @@ mod convert {
     }
 
     /// Views of `n` rows (inline, out-of-line, null rows with garbage), their bytes
-    /// gathered by dvx_view_segments + dvx_batched_copy against CpuKernels.
+    /// gathered by dvx_gather_views against CpuKernels: groups of 32 rows written lane
+    /// by lane (`lane_bytes` 2^31, as devarrow launches it) and, with `lane_bytes` small,
+    /// row by row (devarrow's path for groups of 2^31 bytes or more), or each as it
+    /// comes (a random `lane_bytes`).
     fn check_views(rng: &mut SplitMix64, n: u64, nulls: bool) {
         const BUFFER: usize = 300;
         let buffers: Vec<Vec<u8>> = (0..3).map(|_| rng.bytes(BUFFER)).collect();
@@ -2001,32 +2004,28 @@ mod convert {
                 .iter()
                 .flat_map(|a| a.to_le_bytes())
                 .collect();
-            map_read(&mut mem, TABLE + (1 << 30), &table);
+            map_read(&mut mem, TABLE, &table);
             map_read(&mut mem, OFFS, &offsets_bytes);
-            map_rw(&mut mem, TABLE, &vec![0x5A; 24 * n as usize]);
             let out = OUT + rng.below(16);
             mem.map_dst(out, total);
+            let lane_bytes = match rng.below(3) {
+                0 => 1 << 31,
+                1 => rng.below(8),
+                _ => rng.below(2 * total / n.div_ceil(32) + 2),
+            };
             let params = [
                 p64(views_at),
                 p64(if nulls { BITS } else { 0 }),
                 p64(bit_offset),
                 p64(n),
-                p64(TABLE + (1 << 30)),
+                p64(TABLE),
                 p64(OFFS),
                 p64(out),
-                p64(TABLE),
+                p64(lane_bytes),
             ];
-            let what = format!("views n {n} nulls {nulls} {geo:?}");
-            run(module(), "dvx_view_segments", geo, &params, &mem)
+            let what = format!("views n {n} nulls {nulls} lane_bytes {lane_bytes} {geo:?}");
+            run(module(), "dvx_gather_views", geo, &params, &mem)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-            run(
-                copy_module(),
-                "dvx_batched_copy",
-                standard(n * 32),
-                &[p64(TABLE), p64(n)],
-                &mem,
-            )
-            .unwrap_or_else(|e| panic!("{what}, copy: {e}"));
             assert_eq!(written(&mem, out, total, &what), expected, "{what}");
         }
     }

@@ -9,7 +9,6 @@ use devarrow_abi::device::{DeviceKernels, RowIntegers, Validity};
 use crate::driver;
 use crate::error::{CudaError, Result};
 use crate::kernels;
-use crate::memory::{CudaMemory as _, DeviceBuffer};
 
 use super::CudaDevice;
 
@@ -39,8 +38,7 @@ fn row_integers(what: &str, rows: RowIntegers) -> Result<(u64, u64, bool)> {
 }
 
 // SAFETY: each method enqueues on the device's stream the kernels of
-// `kernels/convert.ptx` (`count_set_bits`: validity.ptx's, `gather_view_bytes`:
-// copy.ptx's batched copy after convert.ptx's descriptors) that do what its documentation
+// `kernels/convert.ptx` (`count_set_bits`: validity.ptx's) that do what its documentation
 // says (checked against `CpuKernels` in tests/ptx_kernels.rs and tests/gpu.rs), reading
 // and writing only the ranges it names plus temporary buffers of their own (freed in
 // stream order). Misaligned addresses (past the natural alignment of each element) and
@@ -102,18 +100,11 @@ unsafe impl DeviceKernels for CudaDevice {
         check_aligned("views", views as u64, 4)?;
         check_aligned("offsets", offsets as u64, 8)?;
         self.bind()?;
-        let bytes = n
-            .checked_mul(24)
-            .ok_or_else(|| CudaError::InvalidArgument(format!("{n} views overflow")))?;
-        let table = DeviceBuffer::alloc(&self.stream, bytes as usize)?;
-        // `table` holds `n` descriptors (256-byte aligned) and is freed in stream order
-        // after the copy (dropped below); the other ranges are the caller's guarantee.
-        // The descriptors' sources are the views' bytes (inline ones: the view's own
-        // address + 4; others inside the caller's buffers) and their destinations the
-        // disjoint ranges `out[offsets[i]..offsets[i] + len]`.
-        // SAFETY: the ranges just described, for every call of the block.
+        // SAFETY: the ranges of the trait's contract (the views, validity, buffers and
+        // offsets read, `out` written), the caller's guarantee; enqueued on this
+        // device's stream, which later work on the same buffers follows.
         unsafe {
-            kernels::launch_view_segments(
+            kernels::launch_gather_views(
                 &self.stream,
                 views as u64,
                 validity.address as u64,
@@ -122,18 +113,8 @@ unsafe impl DeviceKernels for CudaDevice {
                 buffers as u64,
                 offsets as u64,
                 out as u64,
-                table.device_ptr(),
-            )?;
-            // at most 2^31 - 1 descriptors per launch
-            const MAX: u64 = (1 << 31) - 1;
-            let mut first = 0;
-            while first < n {
-                let count = (n - first).min(MAX);
-                kernels::launch_batched_copy(&self.stream, table.device_ptr() + first * 24, count)?;
-                first += count;
-            }
-        }
-        drop(table);
+            )
+        }?;
         Ok(())
     }
 

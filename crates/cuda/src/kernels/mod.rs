@@ -14,9 +14,9 @@
 //!   block: warp scans with `shfl.sync.up`, warp totals in shared memory), the tile
 //!   totals scanned recursively in a stream-ordered temporary buffer, then
 //!   [`launch_add_tile_prefix_i64`];
-//! - [`launch_view_segments`]: one [`CopySegment`] per string view (inline bytes from the
-//!   view itself, others from the variadic buffers), followed by [`launch_batched_copy`]:
-//!   the gather of `DeviceKernels::gather_view_bytes`;
+//! - [`launch_gather_views`]: the gather of `DeviceKernels::gather_view_bytes`, a warp per
+//!   32 rows whose lanes write the rows' contiguous output bytes (inline bytes from the
+//!   views themselves, others from the variadic buffers), with no descriptor table;
 //! - [`launch_narrow_i64_i32`], [`launch_widen_decimals`], [`launch_fill_offsets_i32`],
 //!   [`launch_compare_list_offsets`]: one thread per item;
 //! - [`launch_gather_list_values`] (a thread per output value) and
@@ -74,7 +74,7 @@ pub const VALIDITY_PTX: &str = include_str!("../../kernels/validity.ptx");
 /// `kernels/copy.ptx`: batched copy and offset rebasing.
 pub const COPY_PTX: &str = include_str!("../../kernels/copy.ptx");
 /// `kernels/convert.ptx`: the kernels of [`devarrow_abi::device::DeviceKernels`] (row
-/// sizes, tiled scan, view copy descriptors, narrowing, decimal widening, list offsets
+/// sizes, tiled scan, the gather of views' bytes, narrowing, decimal widening, list offsets
 /// and gathers).
 pub const CONVERT_PTX: &str = include_str!("../../kernels/convert.ptx");
 
@@ -133,7 +133,7 @@ pub struct Kernels {
     row_sizes: Kernel,
     scan_tiles: Kernel,
     add_tile_prefix: Kernel,
-    view_segments: Kernel,
+    gather_views: Kernel,
     narrow: Kernel,
     widen_decimals: Kernel,
     fill_offsets: Kernel,
@@ -197,7 +197,7 @@ impl Kernels {
             row_sizes: f(&convert, "dvx_row_sizes")?,
             scan_tiles: f(&convert, "dvx_scan_tiles_i64")?,
             add_tile_prefix: f(&convert, "dvx_add_tile_prefix_i64")?,
-            view_segments: f(&convert, "dvx_view_segments")?,
+            gather_views: f(&convert, "dvx_gather_views")?,
             narrow: f(&convert, "dvx_narrow_i64_i32")?,
             widen_decimals: f(&convert, "dvx_widen_decimals")?,
             fill_offsets: f(&convert, "dvx_fill_offsets_i32")?,
@@ -545,17 +545,18 @@ pub unsafe fn inclusive_scan_i64(stream: &Arc<CudaStream>, data: u64, n: u64) ->
     }
 }
 
-/// Enqueues `dvx_view_segments`: one [`CopySegment`] per view `i < n` at `segments`
-/// (the bytes of the view at `views + 16 i` to `out + offsets[i]`, length 0 for a null
-/// row), for [`launch_batched_copy`].
+/// Enqueues `dvx_gather_views`: the bytes of view `i < n` (16 bytes at `views + 16 i`;
+/// inline when at most 12, else at `buffers[index] + offset`) to `out + offsets[i]`,
+/// none for a null row. A warp per 32 consecutive rows, whose output is contiguous.
 ///
 /// # Safety
 /// `views` readable for `n` 4-byte-aligned views, `validity` (if not 0) for
 /// `bit_offset + n` bits, `buffers` for the `u64` of every valid out-of-line view's
-/// buffer index, `offsets` for `n` 8-byte-aligned `i64`s, `segments` writable for `n`
-/// 8-byte-aligned descriptors, until the kernel completes.
+/// buffer index and each such view's bytes in its buffer, `offsets` for `n + 1`
+/// 8-byte-aligned `i64`s, the scan of the rows' sizes (0 for a null row), `out` writable
+/// for `offsets[0]..offsets[n]` and overlapping nothing read, until the kernel completes.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn launch_view_segments(
+pub unsafe fn launch_gather_views(
     stream: &CudaStream,
     views: u64,
     validity: u64,
@@ -564,14 +565,17 @@ pub unsafe fn launch_view_segments(
     buffers: u64,
     offsets: u64,
     out: u64,
-    segments: u64,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
+    // the largest group the lanes write byte by byte in 32-bit arithmetic (larger ones,
+    // rows of gigabytes, go row by row)
+    let lane_bytes: u64 = 1 << 31;
     let k = Kernels::for_stream(stream)?;
-    let cfg = k.view_segments.config(n);
-    let mut b = stream.launch_builder(&k.view_segments.function);
+    // a warp per group of 32 rows (BLOCK_SIZE is a multiple of 32, as the kernel needs)
+    let cfg = k.gather_views.config(32 * n.div_ceil(32));
+    let mut b = stream.launch_builder(&k.gather_views.function);
     b.arg(&views)
         .arg(&validity)
         .arg(&bit_offset)
@@ -579,7 +583,7 @@ pub unsafe fn launch_view_segments(
         .arg(&buffers)
         .arg(&offsets)
         .arg(&out)
-        .arg(&segments);
+        .arg(&lane_bytes);
     // SAFETY: arguments match (8 u64s); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
     Ok(())
