@@ -1,15 +1,20 @@
 """Times moving one TPC-H-like ``lineitem`` table to a device and back, four ways.
 
     python python/bench.py [--rows 600572] [--device auto|cpu|cuda:N] [--repeat 3]
+                           [--ipc lineitem.arrow]
 
-- devarrow: ``Device.to_device`` of each record batch (timed until the data is on the
-  device: ``to_device`` enqueues, the first ``from_device`` waits) and
-  ``devarrow.from_device`` of each;
+- devarrow: ``Device.to_device_batches`` of the table's record batches (one call, the
+  batches pipelined; timed until the data is on the device) and
+  ``devarrow.from_device_batches`` of them, the Python figures to hold beside the Rust
+  main job's; and beside them, ``Device.to_device`` and ``devarrow.from_device`` of
+  each batch in turn;
 - PyTorch: per numeric column, ``tensor.cuda()`` and ``.cpu()``, from pageable and from
   pinned host memory;
 - CuPy: per numeric column, ``cupy.asarray`` and ``cupy.asnumpy``, pageable and pinned.
 
-torch and cupy are skipped, saying why, when absent or without a GPU. The table has
+torch and cupy are skipped, saying why, when absent or without a GPU. ``--ipc PATH``
+also writes the table as an Arrow IPC file, so that the Rust main job moves the same
+table (``devarrow --input PATH --batch-size 64K``) and the two can be compared. The table has
 lineitem's 16 columns and types (integers, decimal(15,2), dates, strings), generated
 with numpy (the Rust job generates the real one: crates/cli/src/tpch.rs); at the default
 600,572 rows it is scale factor 0.1's row count. Rows come in batches of 65,536.
@@ -86,14 +91,19 @@ def bench_devarrow(dev, table, repeat):
     batches = table.to_batches(max_chunksize=65_536)
     nbytes = table.nbytes
 
-    on_device = [dev.to_device(b) for b in batches]
-
-    def up_and_wait():
-        on = [dev.to_device(b) for b in batches]
+    def up_and_wait(upload):
+        on = upload()
         devarrow.from_device(on[-1])  # waits for the last upload (one stream, in order)
 
-    report("devarrow to_device (+ wait)", nbytes, best(up_and_wait, repeat))
-    report("devarrow from_device", nbytes, best(lambda: [devarrow.from_device(b) for b in on_device], repeat))
+    on_device = dev.to_device_batches(batches)
+    report("devarrow to_device_batches (+ wait)", nbytes,
+           best(lambda: up_and_wait(lambda: dev.to_device_batches(batches)), repeat))
+    report("devarrow from_device_batches", nbytes,
+           best(lambda: devarrow.from_device_batches(on_device), repeat))
+    report("  to_device of each batch (+ wait)", nbytes,
+           best(lambda: up_and_wait(lambda: [dev.to_device(b) for b in batches]), repeat))
+    report("  from_device of each batch", nbytes,
+           best(lambda: [devarrow.from_device(b) for b in on_device], repeat))
 
 
 def bench_torch(cols, repeat):
@@ -176,12 +186,19 @@ def main():
     parser.add_argument("--rows", type=int, default=600_572)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ipc", help="also write the table to this Arrow IPC file (.arrow)")
     args = parser.parse_args()
     dev = devarrow.device(args.device)
     print(f"devarrow {devarrow.__version__} ({devarrow.GIT_COMMIT}) on {dev.id} ({dev.name}): {dev.reason}")
     table = lineitem(args.rows)
     print(f"lineitem-like table: {table.num_rows} rows, {table.num_columns} columns, {table.nbytes / 1e6:.1f} MB"
           f" (best of {args.repeat})")
+    if args.ipc:
+        import pyarrow.ipc
+        with pa.OSFile(args.ipc, "wb") as sink, pyarrow.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=65_536)
+        print(f"  written to {args.ipc}: the Rust job moves it with "
+              f"`devarrow --input {args.ipc} --batch-size 64K`")
     bench_devarrow(dev, table, args.repeat)
     cols = numeric_columns(table)
     print(f"per-column peers: {len(cols)} numeric columns, {sum(c.nbytes for c in cols.values()) / 1e6:.1f} MB")

@@ -1,6 +1,6 @@
 """Type stubs of devarrow's extension module (``devarrow._devarrow``)."""
 
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Iterable, Iterator, Optional, Tuple, Union
 
 import pyarrow
 
@@ -43,6 +43,9 @@ def from_device(obj: Any) -> Union[pyarrow.RecordBatch, pyarrow.RecordBatchReade
     """Downloads an ``__arrow_c_device_array__`` (to a RecordBatch) or an
     ``__arrow_c_device_stream__`` (to a RecordBatchReader) to host memory."""
 
+def from_device_batches(batches: Iterable[Any]) -> list[pyarrow.RecordBatch]:
+    """Downloads many ``__arrow_c_device_array__`` objects in one call, in order."""
+
 def _capsule_counts() -> Tuple[int, int, int]: ...
 
 class Device:
@@ -57,9 +60,14 @@ class Device:
     @property
     def cuda_summary(self) -> str: ...
     def memory_in_use(self) -> Optional[int]: ...
-    def to_device(self, obj: Any, *, read_ahead: int = 2) -> Union[DeviceBatch, DeviceStream]:
+    def to_device(
+        self, obj: Any, *, read_ahead: int = 2, validate: bool = False
+    ) -> Union[DeviceBatch, DeviceStream]:
         """A DeviceBatch for ``__arrow_c_array__``, a DeviceStream for
         ``__arrow_c_stream__``."""
+    def to_device_batches(self, batches: Any, *, validate: bool = False) -> list[DeviceBatch]:
+        """Uploads an iterable of record batches (or a whole ``__arrow_c_stream__``)
+        in one pipelined call, in order."""
 
 class DeviceBatch:
     @property

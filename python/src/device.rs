@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
-use devarrow::abi::{cpu, ArrowDeviceType, DeviceArray};
+use arrow_schema::ffi::FFI_ArrowSchema;
+use devarrow::abi::{ArrowDeviceType, DeviceArray};
 use devarrow::bridge::{StreamOptions, Uploader};
 use devarrow::DeviceRequest;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -49,8 +50,10 @@ pub fn device(py: Python<'_>, spec: &str) -> PyResult<PyDevice> {
     Ok(PyDevice { inner, reason })
 }
 
-/// A record batch (an arrow-rs one) out of an `__arrow_c_array__` object.
-fn import_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
+/// The C structs of a record batch (an object with ``__arrow_c_array__``), taken from
+/// its capsules (with the GIL); [`import_host_batch`](crate::host::import_host_batch)
+/// imports them (without).
+fn take_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<(DeviceArray, FFI_ArrowSchema)> {
     let pair = obj.call_method1("__arrow_c_array__", (obj.py().None(),))?;
     let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
     let schema = capsule::take_schema(&schema)?;
@@ -67,9 +70,57 @@ fn import_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
     let array =
         unsafe { DeviceArray::from_ffi(array, ArrowDeviceType::CPU, 0, std::ptr::null_mut()) }
             .py()?;
-    obj.py()
-        .detach(move || cpu::import_record_batch(array, &schema))
-        .py()
+    Ok((array, schema))
+}
+
+/// Imports taken record batches, in order, on up to one thread per core: the checks read
+/// every offset (and, when `validate`, every string), so a table's batches are checked in
+/// parallel.
+fn import_host_batches(
+    taken: Vec<(DeviceArray, FFI_ArrowSchema)>,
+    validate: bool,
+) -> devarrow::abi::Result<Vec<RecordBatch>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(taken.len());
+    if threads <= 1 {
+        return taken
+            .into_iter()
+            .map(|(array, schema)| crate::host::import_host_batch(array, &schema, validate))
+            .collect();
+    }
+    // batch i goes to thread i % threads; every thread returns its results in order
+    let mut shares: Vec<Vec<(usize, (DeviceArray, FFI_ArrowSchema))>> =
+        (0..threads).map(|_| Vec::new()).collect();
+    let n = taken.len();
+    for (i, item) in taken.into_iter().enumerate() {
+        shares[i % threads].push((i, item));
+    }
+    let mut out: Vec<Option<devarrow::abi::Result<RecordBatch>>> = (0..n).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .map(|share| {
+                scope.spawn(move || {
+                    share
+                        .into_iter()
+                        .map(|(i, (array, schema))| {
+                            (i, crate::host::import_host_batch(array, &schema, validate))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            // an import catches arrow-rs's panics itself (`cpu`): a panic here is a bug
+            for (i, result) in handle.join().expect("an import thread panicked") {
+                out[i] = Some(result);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.expect("every batch was imported"))
+        .collect()
 }
 
 /// A `Send` wrapper of a foreign C stream reader.
@@ -144,15 +195,24 @@ impl PyDevice {
     /// ...) gives a :class:`DeviceBatch`; with ``__arrow_c_stream__`` (a table, a
     /// reader) a :class:`DeviceStream` that uploads ``read_ahead`` batches ahead of its
     /// consumer on a background thread. The GIL is released while data moves.
-    #[pyo3(signature = (obj, *, read_ahead = 2))]
+    ///
+    /// A record batch is checked before it moves (its structure, offsets, views,
+    /// dictionary keys: a malformed one raises :class:`InvalidArrayError`), but not that
+    /// its strings are UTF-8, as pyarrow trusts its producers; ``validate=True`` checks
+    /// that too (it reads every string, most of an import's cost).
+    #[pyo3(signature = (obj, *, read_ahead = 2, validate = false))]
     fn to_device(
         &self,
         py: Python<'_>,
         obj: &Bound<'_, PyAny>,
         read_ahead: usize,
+        validate: bool,
     ) -> PyResult<Py<PyAny>> {
         if obj.hasattr("__arrow_c_array__")? {
-            let batch = import_record_batch(obj)?;
+            let (array, schema) = take_record_batch(obj)?;
+            let batch = py
+                .detach(move || crate::host::import_host_batch(array, &schema, validate))
+                .py()?;
             let inner = self.inner.clone();
             let on_device = py.detach(|| inner.transfer().to_device(&batch)).py()?;
             let batch = PyDeviceBatch::new(on_device, self.inner.clone());
@@ -175,6 +235,63 @@ impl PyDevice {
              __arrow_c_stream__ (a table, a reader); got {}",
             obj.get_type().name()?
         )))
+    }
+
+    /// Uploads many record batches in one call: a list of :class:`DeviceBatch`, in order.
+    ///
+    /// ``batches`` is an iterable of objects with ``__arrow_c_array__`` (record batches),
+    /// or one object with ``__arrow_c_stream__`` (a table, a reader), read to its end.
+    /// The batches move as one pipeline (devarrow's ``Transfer::to_device_batches``:
+    /// packing on worker threads overlaps the copies, no wait between batches), the
+    /// fastest way to move a table; ``to_device`` of each batch in turn waits for
+    /// nothing either, but packs and copies one batch at a time. The GIL is released
+    /// while data moves. ``validate`` as for ``to_device``.
+    #[pyo3(signature = (batches, *, validate = false))]
+    fn to_device_batches(
+        &self,
+        py: Python<'_>,
+        batches: &Bound<'_, PyAny>,
+        validate: bool,
+    ) -> PyResult<Vec<PyDeviceBatch>> {
+        let host: Vec<RecordBatch> = if batches.hasattr("__arrow_c_stream__")? {
+            let stream = batches.call_method1("__arrow_c_stream__", (py.None(),))?;
+            let reader = capsule::take_stream(&stream)?;
+            py.detach(move || reader.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| crate::errors::to_py(e.into()))?
+        } else {
+            let mut taken = Vec::new();
+            for item in batches.try_iter().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "to_device_batches takes an iterable of record batches \
+                     (__arrow_c_array__) or an object with __arrow_c_stream__; got {}",
+                    batches
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })? {
+                let item = item?;
+                if !item.hasattr("__arrow_c_array__")? {
+                    return Err(PyTypeError::new_err(format!(
+                        "to_device_batches: item {} has no __arrow_c_array__ (got {})",
+                        taken.len(),
+                        item.get_type().name()?
+                    )));
+                }
+                taken.push(take_record_batch(&item)?);
+            }
+            py.detach(move || import_host_batches(taken, validate))
+                .py()?
+        };
+        let inner = self.inner.clone();
+        let on_device = py
+            .detach(|| inner.transfer().to_device_batches(&host))
+            .py()?;
+        Ok(on_device
+            .into_iter()
+            .map(|b| PyDeviceBatch::new(b, self.inner.clone()))
+            .collect())
     }
 
     fn __repr__(&self) -> String {

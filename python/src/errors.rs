@@ -85,6 +85,10 @@ pub fn to_py(error: Error) -> PyErr {
         Error::Arrow(arrow_schema::ArrowError::NotYetImplemented(_)) => {
             UnsupportedTypeError::new_err(message)
         }
+        // arrow-rs's validation of an import: values that break their type's rules
+        Error::Arrow(arrow_schema::ArrowError::InvalidArgumentError(_)) => {
+            InvalidArrayError::new_err(message)
+        }
         _ => DevarrowError::new_err(message),
     }
 }

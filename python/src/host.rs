@@ -1,5 +1,5 @@
 //! Host data to Python: arrow-rs batches and readers as pyarrow objects (through the
-//! PyCapsule interface), and `devarrow.from_device`.
+//! PyCapsule interface), and `devarrow.from_device` / `devarrow.from_device_batches`.
 
 use std::sync::Arc;
 
@@ -60,6 +60,25 @@ pub fn reader_to_pyarrow(
         .call_method1("_import_from_c_capsule", (stream,))
 }
 
+/// A host (CPU) record batch imported zero-copy: structure, offsets, views, dictionary
+/// keys and union type ids checked (a typed error when malformed), and the UTF-8 of its
+/// strings when `validate` (`cpu::import_record_batch`), else not
+/// (`cpu::import_record_batch_trusting_utf8`).
+pub fn import_host_batch(
+    array: devarrow::abi::DeviceArray,
+    schema: &FFI_ArrowSchema,
+    validate: bool,
+) -> devarrow::abi::Result<RecordBatch> {
+    if validate {
+        return cpu::import_record_batch(array, schema);
+    }
+    // SAFETY: nothing in this extension reads a batch's strings as `str`: batches are
+    // packed and copied to a device as bytes, exported to C and DLPack consumers, and
+    // handed to pyarrow, which trusts its producers' UTF-8 as arrow-rs's `from_ffi` does
+    // (and as the stream uploads, read by arrow-rs's stream reader, already do).
+    unsafe { cpu::import_record_batch_trusting_utf8(array, schema) }
+}
+
 /// A device batch downloaded to the host (waiting for its event), on `inner`'s transfer.
 pub fn download(
     py: Python<'_>,
@@ -85,7 +104,8 @@ pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
         let schema = capsule::take_schema(&schema)?;
         let array = capsule::take_device_array(&array)?;
         let batch = if array.device_type() == ArrowDeviceType::CPU {
-            py.detach(move || cpu::import_record_batch(array, &schema))
+            // host data is handed to pyarrow as it is: checked as an upload is
+            py.detach(move || import_host_batch(array, &schema, false))
                 .py()?
         } else {
             let inner = opened::for_arrays(array.device_type(), array.device_id())?;
@@ -108,6 +128,107 @@ pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
          __arrow_c_device_stream__; got {}",
         obj.get_type().name()?
     )))
+}
+
+/// Downloads many device batches in one call: a list of ``pyarrow.RecordBatch``, in
+/// order.
+///
+/// ``batches`` is an iterable of objects with ``__arrow_c_device_array__`` (devarrow's
+/// ``DeviceBatch``es, or any producer's). Consecutive batches of one device move as one
+/// pipeline (devarrow's ``Transfer::to_host_batches``: every copy enqueued, one wait for
+/// all of them, into pinned host memory while its pool lasts), the fastest way to bring
+/// a table back; ``from_device`` of each in turn waits for each. Host (CPU) arrays are
+/// not copied. The GIL is released while data moves.
+#[pyfunction]
+pub fn from_device_batches<'py>(
+    py: Python<'py>,
+    batches: &Bound<'py, PyAny>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    /// A batch on the host, or one on a device (with the transfer that downloads it).
+    enum Item {
+        Host(RecordBatch),
+        Device(DeviceBatch, Arc<opened::DeviceInner>),
+    }
+    let mut items = Vec::new();
+    let iter = batches.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "from_device_batches takes an iterable of objects with              __arrow_c_device_array__; got {}",
+            batches
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    for obj in iter {
+        let obj = obj?;
+        if let Ok(own) = obj.cast::<crate::batch::PyDeviceBatch>() {
+            let own = own.get();
+            if own.inner.selected.device.device_type() == ArrowDeviceType::CPU {
+                // the CPU device's memory is host memory: handed over zero-copy, as
+                // `from_device` hands it (through its export)
+                let (array, schema) = own.batch.export().py()?;
+                let batch = py
+                    .detach(move || import_host_batch(array, &schema, false))
+                    .py()?;
+                items.push(Item::Host(batch));
+            } else {
+                items.push(Item::Device(own.batch.clone(), own.inner.clone()));
+            }
+            continue;
+        }
+        if !obj.hasattr("__arrow_c_device_array__")? {
+            return Err(PyTypeError::new_err(format!(
+                "from_device_batches: item {} has no __arrow_c_device_array__ (got {})",
+                items.len(),
+                obj.get_type().name()?
+            )));
+        }
+        let pair = obj.call_method1("__arrow_c_device_array__", (py.None(),))?;
+        let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
+        let schema = capsule::take_schema(&schema)?;
+        let array = capsule::take_device_array(&array)?;
+        if array.device_type() == ArrowDeviceType::CPU {
+            let batch = py
+                .detach(move || import_host_batch(array, &schema, false))
+                .py()?;
+            items.push(Item::Host(batch));
+        } else {
+            let inner = opened::for_arrays(array.device_type(), array.device_id())?;
+            let device = inner.selected.device.clone();
+            let batch = py
+                .detach(move || DeviceBatch::import_with_ffi_schema(device, array, &schema))
+                .py()?;
+            items.push(Item::Device(batch, inner));
+        }
+    }
+    let host = py
+        .detach(move || {
+            let mut host = Vec::with_capacity(items.len());
+            let mut items = items.into_iter().peekable();
+            while let Some(item) = items.next() {
+                match item {
+                    Item::Host(batch) => host.push(batch),
+                    Item::Device(batch, inner) => {
+                        // this batch and the following ones of the same device: one call
+                        let mut run = vec![batch];
+                        while let Some(Item::Device(_, next)) = items.peek() {
+                            if !Arc::ptr_eq(next, &inner) {
+                                break;
+                            }
+                            let Some(Item::Device(batch, _)) = items.next() else {
+                                unreachable!("peeked a device batch")
+                            };
+                            run.push(batch);
+                        }
+                        host.extend(inner.transfer().to_host_batches(&run)?);
+                    }
+                }
+            }
+            Ok::<_, devarrow::abi::Error>(host)
+        })
+        .py()?;
+    host.iter().map(|b| batch_to_pyarrow(py, b)).collect()
 }
 
 /// A C device stream downloaded batch by batch: a `pyarrow.RecordBatchReader`.

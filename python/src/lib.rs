@@ -33,6 +33,7 @@ fn _devarrow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(device::device, m)?)?;
     m.add_function(wrap_pyfunction!(host::from_device, m)?)?;
+    m.add_function(wrap_pyfunction!(host::from_device_batches, m)?)?;
     m.add_function(wrap_pyfunction!(_capsule_counts, m)?)?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<batch::PyDeviceBatch>()?;

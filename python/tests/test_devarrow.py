@@ -200,6 +200,51 @@ def test_a_stream_dropped_early_stops(dev, table, capsules_released):
     del capsule
 
 
+def test_many_batches_move_in_one_call_each_way(dev, table, capsules_released):
+    batches = table.combine_chunks().to_batches(max_chunksize=10)
+    on_device = dev.to_device_batches(batches)
+    assert [b.num_rows for b in on_device] == [10, 10, 10, 7]
+    assert all(isinstance(b, devarrow.DeviceBatch) and b.device == dev.id for b in on_device)
+    back = devarrow.from_device_batches(on_device)
+    assert all(isinstance(b, pa.RecordBatch) for b in back)
+    assert pa.Table.from_batches(back).equals(pa.Table.from_batches(batches))
+    # a table (__arrow_c_stream__) up, foreign device arrays and host arrays down
+    assert pa.Table.from_batches(
+        devarrow.from_device_batches(dev.to_device_batches(table))).equals(table)
+    mixed = devarrow.from_device_batches([on_device[0], batches[1], on_device[2]])
+    assert [b.equals(batches[i]) for i, b in enumerate(mixed)] == [True, True, True]
+    assert dev.to_device_batches([]) == [] and devarrow.from_device_batches([]) == []
+
+
+def test_many_batches_refuse_what_is_not_a_batch(dev, batch):
+    with pytest.raises(TypeError, match="item 1 has no __arrow_c_array__"):
+        dev.to_device_batches([batch, 3])
+    with pytest.raises(TypeError, match="iterable"):
+        dev.to_device_batches(3)
+    with pytest.raises(TypeError, match="item 0 has no __arrow_c_device_array__"):
+        devarrow.from_device_batches(["no"])
+
+
+def test_strings_are_checked_for_utf8_on_request_and_structure_always(dev, capsules_released):
+    def strings(offsets, data):
+        arr = pa.Array.from_buffers(pa.string(), len(offsets) - 1,
+                                    [None, pa.py_buffer(np.array(offsets, np.int32).tobytes()),
+                                     pa.py_buffer(data)])
+        return pa.RecordBatch.from_arrays([arr], ["s"])
+
+    not_utf8 = strings([0, 2, 3], b"\xff\xfea")
+    for up in (lambda b, **kw: dev.to_device(b, **kw),
+               lambda b, **kw: dev.to_device_batches([b], **kw)[0]):
+        # moved as bytes, as pyarrow trusts its producers
+        back = devarrow.from_device(up(not_utf8))
+        assert back.column(0).buffers()[2].to_pybytes()[:3] == b"\xff\xfea"
+        with pytest.raises(devarrow.InvalidArrayError, match="(?i)utf-?8"):
+            up(not_utf8, validate=True)
+        # decreasing offsets are refused either way: they would read outside the data
+        with pytest.raises(devarrow.InvalidArrayError, match="offsets decrease"):
+            up(strings([0, 3, 2], b"abc"))
+
+
 # --------------------------------------------------------------------------- DLPack
 
 @pytest.mark.parametrize("offset,length", slices(37))

@@ -95,11 +95,20 @@ fn check_cpu(array: &DeviceArray) -> Result<()> {
 /// The array is consumed: on success its release runs when the last arrow-rs buffer
 /// sharing it drops; on error it is released before returning.
 pub fn import_array_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayRef> {
-    Ok(make_array(import_data_as(array, data_type)?))
+    Ok(make_array(import_data_as(array, data_type, Checks::Full)?))
 }
 
-/// [`import_array_as`], as `ArrayData` (validated in full).
-fn import_data_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayData> {
+/// What an import checks of the values once the structure holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checks {
+    /// arrow-rs's `validate_full`: UTF-8 included.
+    Full,
+    /// The same but that strings are UTF-8 ([`import_record_batch_trusting_utf8`]).
+    TrustUtf8,
+}
+
+/// [`import_array_as`], as `ArrayData` (validated in full, or but for UTF-8).
+fn import_data_as(array: DeviceArray, data_type: &DataType, checks: Checks) -> Result<ArrayData> {
     check_cpu(&array)?;
     // `validate_host_import` checks the structs before reading any offset, and refuses
     // unaligned buffers that arrow-rs reads in place, as aligned integers (a typed error;
@@ -127,11 +136,36 @@ fn import_data_as(array: DeviceArray, data_type: &DataType) -> Result<ArrayData>
         // guarantees (buffers as large as the C data interface requires).
         let data = unsafe { from_ffi_and_data_type(ffi, data_type) }?;
         let data = normalize_empty(data);
-        data.validate_full()?;
+        match checks {
+            Checks::Full => data.validate_full()?,
+            Checks::TrustUtf8 => validate_but_utf8(&data)?,
+        }
         Ok::<_, arrow_schema::ArrowError>(data)
     }))
     .map_err(Error::from_panic)??;
     Ok(data)
+}
+
+/// arrow-rs's `validate_full` of `data` and its children, node by node, but for the
+/// UTF-8 of strings: `Utf8`/`LargeUtf8` values are not read (their offsets were checked
+/// by `layout::validate_host_import`: non-negative, monotonic, inside the data), and
+/// `Utf8View` views are checked as `BinaryView`'s (buffer index, offset and length inside
+/// their buffer, the inline prefix). Every other check (dictionary keys, union type ids,
+/// list and run-end offsets, ...) is made as `validate_full` makes it.
+fn validate_but_utf8(data: &ArrayData) -> std::result::Result<(), ArrowError> {
+    data.validate()?;
+    data.validate_nulls()?;
+    match data.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 => {}
+        DataType::Utf8View => {
+            let as_binary = data.clone().into_builder().data_type(DataType::BinaryView);
+            // SAFETY: the same buffers read as the binary type of the same layout (views
+            // of 16 bytes, the same variadic buffers); only validated, then dropped.
+            unsafe { as_binary.build_unchecked() }.validate_values()?;
+        }
+        _ => data.validate_values()?,
+    }
+    data.child_data().iter().try_for_each(validate_but_utf8)
 }
 
 /// Replaces every zero-length node of `data` with a canonical empty array.
@@ -194,7 +228,29 @@ pub fn import_record_batch_with_schema(
     schema: SchemaRef,
 ) -> Result<RecordBatch> {
     let struct_type = DataType::Struct(schema.fields().clone());
-    let data = import_data_as(array, &struct_type)?;
+    let data = import_data_as(array, &struct_type, Checks::Full)?;
+    struct_data_to_batch(data, schema)
+}
+
+/// [`import_record_batch`] with every check but one: that the bytes of strings
+/// (`Utf8`, `LargeUtf8`, `Utf8View`) are UTF-8. Structure, offsets, views, dictionary
+/// keys and union type ids are checked as there: a malformed array is still a typed
+/// error, and nothing reads outside its buffers. The UTF-8 check reads every string's
+/// bytes, and it is most of an import's cost (1 to 2 ns per string): skip it where the
+/// data only moves as bytes, to a device and to C consumers, as arrow-rs's `from_ffi`
+/// and pyarrow's import do (pyarrow checks UTF-8 in `validate(full=True)` only).
+///
+/// # Safety
+/// The strings are UTF-8, or no code reads the batch's strings as `str` (arrow-rs's
+/// `StringArray::value` and every kernel over strings assume UTF-8): the batch is only
+/// copied, exported or handed back to the producer's side as bytes.
+pub unsafe fn import_record_batch_trusting_utf8(
+    array: DeviceArray,
+    schema: &FFI_ArrowSchema,
+) -> Result<RecordBatch> {
+    let schema = Arc::new(crate::schema::import_schema(schema)?);
+    let struct_type = DataType::Struct(schema.fields().clone());
+    let data = import_data_as(array, &struct_type, Checks::TrustUtf8)?;
     struct_data_to_batch(data, schema)
 }
 
