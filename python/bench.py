@@ -14,13 +14,21 @@
 
 torch and cupy are skipped, saying why, when absent or without a GPU. ``--ipc PATH``
 also writes the table as an Arrow IPC file, so that the Rust main job moves the same
-table (``devarrow --input PATH --batch-size 64K``) and the two can be compared. The table has
+table (``devarrow --input PATH --batch-size 64K``). Where the main job's binary is found
+(``--job BIN``; else the GPU proof's staged binary, else ``devarrow`` on PATH) the bench
+runs it on the same table and device and prints Python's share of Rust's GB/s (issue
+#32's goal: at least 0.8 both ways). The table has
 lineitem's 16 columns and types (integers, decimal(15,2), dates, strings), generated
 with numpy (the Rust job generates the real one: crates/cli/src/tpch.rs); at the default
 600,572 rows it is scale factor 0.1's row count. Rows come in batches of 65,536.
 """
 
 import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -87,6 +95,36 @@ def numeric_columns(table):
     return cols
 
 
+# Where the GPU proof stages the main job (../shared/gpu/pack).
+PROOF_JOB = "/tmp/devarrow-gpu/bin/bin--devarrow-cli--devarrow"
+
+
+def find_job(given):
+    if given:
+        return given
+    if os.access(PROOF_JOB, os.X_OK):
+        return PROOF_JOB
+    return shutil.which("devarrow")
+
+
+def rust_job(job, dev, table, repeat):
+    """The main job's devarrow GB/s {direction: GB/s} on the same table and device."""
+    import pyarrow.ipc
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out = os.path.join(tmp, "lineitem.arrow"), os.path.join(tmp, "job.json")
+        with pa.OSFile(path, "wb") as sink, pyarrow.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=65_536)
+        cmd = [job, "--device", dev.id, "--input", path, "--batch-size", "64K",
+               "--reps", str(repeat), "--json", out]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"  rust job: failed ({' '.join(cmd)}): {done.stderr.strip()[-400:]}")
+            return None
+        points = json.load(open(out))["points"]
+        return {m["direction"]: m["gbps"] for p in points for m in p["measurements"]
+                if m["method"] == "devarrow"}
+
+
 def bench_devarrow(dev, table, repeat):
     batches = table.to_batches(max_chunksize=65_536)
     nbytes = table.nbytes
@@ -96,14 +134,15 @@ def bench_devarrow(dev, table, repeat):
         devarrow.from_device(on[-1])  # waits for the last upload (one stream, in order)
 
     on_device = dev.to_device_batches(batches)
-    report("devarrow to_device_batches (+ wait)", nbytes,
-           best(lambda: up_and_wait(lambda: dev.to_device_batches(batches)), repeat))
-    report("devarrow from_device_batches", nbytes,
-           best(lambda: devarrow.from_device_batches(on_device), repeat))
+    up = best(lambda: up_and_wait(lambda: dev.to_device_batches(batches)), repeat)
+    report("devarrow to_device_batches (+ wait)", nbytes, up)
+    down = best(lambda: devarrow.from_device_batches(on_device), repeat)
+    report("devarrow from_device_batches", nbytes, down)
     report("  to_device of each batch (+ wait)", nbytes,
            best(lambda: up_and_wait(lambda: [dev.to_device(b) for b in batches]), repeat))
     report("  from_device of each batch", nbytes,
            best(lambda: [devarrow.from_device(b) for b in on_device], repeat))
+    return {"host_to_device": nbytes / up / 1e9, "device_to_host": nbytes / down / 1e9}
 
 
 def bench_torch(cols, repeat):
@@ -187,6 +226,7 @@ def main():
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ipc", help="also write the table to this Arrow IPC file (.arrow)")
+    parser.add_argument("--job", help="the main job's binary (devarrow), run on the same table")
     args = parser.parse_args()
     dev = devarrow.device(args.device)
     print(f"devarrow {devarrow.__version__} ({devarrow.GIT_COMMIT}) on {dev.id} ({dev.name}): {dev.reason}")
@@ -199,7 +239,17 @@ def main():
             writer.write_table(table, max_chunksize=65_536)
         print(f"  written to {args.ipc}: the Rust job moves it with "
               f"`devarrow --input {args.ipc} --batch-size 64K`")
-    bench_devarrow(dev, table, args.repeat)
+    python = bench_devarrow(dev, table, args.repeat)
+    job = find_job(args.job)
+    rust = rust_job(job, dev, table, args.repeat) if job else None
+    if job is None:
+        print("  rust job: skipped (no --job, no staged binary, no devarrow on PATH)")
+    elif rust:
+        for direction, label in [("host_to_device", "to device"), ("device_to_host", "from device")]:
+            gbps = rust.get(direction)
+            if gbps:
+                print(f"  python / rust main job ({label}): {python[direction]:.2f} / {gbps:.2f} GB/s"
+                      f" = {python[direction] / gbps:.2f}x (goal: 0.8x)")
     cols = numeric_columns(table)
     print(f"per-column peers: {len(cols)} numeric columns, {sum(c.nbytes for c in cols.values()) / 1e6:.1f} MB")
     bench_torch(cols, args.repeat)
