@@ -382,10 +382,31 @@ fn abi(what: &str) -> impl Fn(devarrow::abi::Error) -> JobError + '_ {
     move |e| JobError::new(format!("{what}: {e}"))
 }
 
+/// The time one method's repetitions may take before the job stops repeating it: once
+/// its warm-up and at least one timed repetition have run and together passed this, the
+/// best so far is its figure (the JSON's `times_s` lists the repetitions that ran). On
+/// large tables (TPC-H SF 10: 13 GB per pass, buffer by buffer at 1.4 GB/s is 9 s a
+/// pass) `--reps` repetitions of every method would take minutes; on small ones every
+/// repetition runs.
+pub const REPETITION_BUDGET: Duration = Duration::from_secs(2);
+
 /// Runs `reps + 1` repetitions of `f` on `state` (the first is a warm-up), each after
-/// an untimed `reset` of it, and returns the times of the timed ones. Every repetition
-/// is a step of `stage`.
+/// an untimed `reset` of it, and returns the times of the timed ones: all of them, or
+/// fewer (at least one) once the repetitions pass [`REPETITION_BUDGET`]. Every
+/// repetition is a step of `stage` (the skipped ones too).
 fn repeat<S>(
+    stage: &Stage,
+    reps: usize,
+    state: &mut S,
+    reset: impl FnMut(&mut S) -> Result<(), JobError>,
+    f: impl FnMut(&mut S) -> Result<(), JobError>,
+) -> Result<Vec<Duration>, JobError> {
+    repeat_within(REPETITION_BUDGET, stage, reps, state, reset, f)
+}
+
+/// [`repeat`] with `budget` for [`REPETITION_BUDGET`].
+fn repeat_within<S>(
+    budget: Duration,
     stage: &Stage,
     reps: usize,
     state: &mut S,
@@ -393,11 +414,17 @@ fn repeat<S>(
     mut f: impl FnMut(&mut S) -> Result<(), JobError>,
 ) -> Result<Vec<Duration>, JobError> {
     let mut times = Vec::with_capacity(reps);
+    let mut spent = Duration::ZERO;
     for rep in 0..=reps {
+        if rep >= 2 && spent >= budget {
+            stage.inc((reps + 1 - rep) as u64);
+            break;
+        }
         reset(state)?;
         let start = Instant::now();
         f(state)?;
         let elapsed = start.elapsed();
+        spent += elapsed;
         if rep > 0 {
             times.push(elapsed);
         }
@@ -883,6 +910,22 @@ fn mean_stages(reps: &[StageTimes]) -> StageTimes {
 mod tests {
     use super::*;
     use devarrow::abi::device::CpuDevice;
+
+    #[test]
+    fn repetitions_stop_past_the_budget_after_one_timed_run() {
+        for (budget, runs) in [(Duration::ZERO, 2), (Duration::MAX, 6)] {
+            let stage = Stage::off();
+            let mut count = 0;
+            let run = |c: &mut usize| {
+                *c += 1;
+                Ok(())
+            };
+            let times = repeat_within(budget, &stage, 5, &mut count, |_| Ok(()), run).unwrap();
+            // the warm-up and at least one timed run; the skipped ones still count as steps
+            assert_eq!((count, times.len()), (runs, runs - 1), "budget {budget:?}");
+            assert_eq!(stage.bar().position(), 6);
+        }
+    }
 
     #[test]
     fn every_method_both_ways_on_the_cpu_device() {

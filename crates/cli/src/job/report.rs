@@ -238,10 +238,25 @@ impl Run {
             let _ = writeln!(out, "options: {unused}");
         }
         let _ = writeln!(out, "data:    {}", self.data.describe());
+        let fewest = self
+            .points
+            .iter()
+            .flat_map(|p| &p.timings)
+            .map(|t| t.times.len())
+            .min()
+            .unwrap_or(o.reps);
+        let cut = if fewest < o.reps {
+            format!(
+                " (fewer, at least {fewest}, for a method whose repetitions passed {} s)",
+                crate::job::measure::REPETITION_BUDGET.as_secs()
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "timing:  best of {} after 1 warm-up; GB/s = 10^9 bytes/s; raw copies move the same \
-             bytes in one copy",
+            "timing:  best of {}{cut} after 1 warm-up; GB/s = 10^9 bytes/s; raw copies move \
+             the same bytes in one copy",
             o.reps
         );
         if let [point] = self.points.as_slice() {
