@@ -6,6 +6,47 @@
 //! exported struct, children included, has its own `release` (a consumer may move
 //! children out, as the C data interface allows); the owner is dropped when the last of
 //! them is released.
+//!
+//! # Example
+//!
+//! A `Utf8` array `["dev", "arrow", ""]` whose buffers (offsets and bytes) belong to an
+//! owner the producer hands over: host memory here (`ARROW_DEVICE_CPU`), device memory and
+//! its sync event on a GPU. The consumer imports it zero-copy; the owner is dropped when
+//! the consumer releases the array.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow_array::{cast::AsArray, Array};
+//! use arrow_schema::DataType;
+//! use devarrow_abi::export_tree::{export_tree, ArrayNode, Owner};
+//! use devarrow_abi::{cpu, ArrowDeviceType};
+//!
+//! # fn main() -> devarrow_abi::Result<()> {
+//! let memory = Arc::new((vec![0i32, 3, 8, 8], b"devarrow".to_vec()));
+//! let root = ArrayNode {
+//!     length: 3,
+//!     null_count: 0,
+//!     // validity (none: NULL), offsets, bytes: the C data interface's order for Utf8
+//!     buffers: vec![std::ptr::null(), memory.0.as_ptr().cast(), memory.1.as_ptr().cast()],
+//!     ..ArrayNode::default()
+//! };
+//! let owner_alive = Arc::downgrade(&memory);
+//!
+//! // SAFETY: the buffers are host memory (the CPU device) kept alive by the owner, with
+//! // the 4 offsets and 8 bytes a Utf8 array of 3 items needs; the CPU has no sync event.
+//! let array = unsafe {
+//!     export_tree(root, memory as Owner, ArrowDeviceType::CPU, -1, std::ptr::null_mut())
+//! }?;
+//!
+//! let strings = cpu::import_array_as(array, &DataType::Utf8)?; // checked, zero-copy
+//! assert_eq!(strings.as_string::<i32>().value(1), "arrow");
+//! assert!(owner_alive.upgrade().is_some());
+//! drop(strings); // the last release drops the owner, and with it the memory
+//! assert!(owner_alive.upgrade().is_none());
+//! # Ok(())
+//! # }
+//! ```
 
 use std::any::Any;
 use std::ffi::c_void;

@@ -57,6 +57,18 @@
 //! # }
 //! ```
 //!
+//! ## Where next
+//!
+//! Each has a runnable example:
+//! - the async device stream, both sides driven by an executor: [`async_stream`] (a round
+//!   trip), [`spawn_producer_into`](async_stream::spawn_producer_into) (a producer from a
+//!   Rust stream), [`async_handler`](async_stream::async_handler) (a consumer, with
+//!   metadata and cancellation);
+//! - schemas across the C boundary ([`schema`]), and device memory exported without
+//!   arrow-rs ever reading it ([`export_tree`]);
+//! - the CPU device, [`device::CpuDevice`]: a [`device::Device`], the abstraction that
+//!   `devarrow-cuda` implements for CUDA and that `devarrow-bridge` moves batches through.
+//!
 //! Errors are [`Error`]: each has the errno code it is reported with across the C
 //! boundary ([`Error::errno`]) and keeps its cause (`std::error::Error::source`).
 #![warn(missing_docs)]

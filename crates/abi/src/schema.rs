@@ -4,6 +4,44 @@
 //!
 //! [`ArrowSchema`] is arrow-rs's `FFI_ArrowSchema` (the C struct, 72 bytes), re-exported so
 //! that users need no `arrow-schema` dependency of their own.
+//!
+//! # Example
+//!
+//! Export an arrow-rs schema (`ArrowSchema::try_from`), move it into storage a C consumer
+//! owns ([`move_schema_into`]), take it back out ([`take_schema`]) and read it
+//! ([`import_schema`]); the struct left behind is released, so taking it twice is an
+//! error, never a double free.
+//!
+//! ```
+//! use arrow_schema::{DataType, Field, Schema};
+//! use devarrow_abi::schema::{import_data_type, import_schema};
+//! use devarrow_abi::{move_schema_into, take_schema, ArrowSchema, Error};
+//!
+//! # fn main() -> devarrow_abi::Result<()> {
+//! let schema = Schema::new(vec![
+//!     Field::new("id", DataType::Int64, false),
+//!     Field::new("tags", DataType::new_list(DataType::Utf8, true), true),
+//! ]);
+//!
+//! // Export, and hand it to C (a struct on our stack stands for the consumer's).
+//! let exported = ArrowSchema::try_from(&schema)?;
+//! let mut c_struct = ArrowSchema::empty();
+//! // SAFETY: `c_struct` is valid for writes.
+//! unsafe { move_schema_into(exported, &mut c_struct) };
+//!
+//! // Take it back (the consumer's struct is marked released) and read it.
+//! // SAFETY: `c_struct` is a valid ArrowSchema.
+//! let taken = unsafe { take_schema(&mut c_struct) }?;
+//! assert_eq!(import_schema(&taken)?, schema);
+//! assert!(matches!(import_data_type(&taken)?, DataType::Struct(fields) if fields.len() == 2));
+//!
+//! // Taking it again: released, a typed error.
+//! // SAFETY: as above.
+//! let again = unsafe { take_schema(&mut c_struct) };
+//! assert!(matches!(again, Err(Error::Released { .. })));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -26,6 +26,53 @@ use crate::plan::Node;
 /// buffer in one allocation) or imported (made by [`DeviceBatch::import`]: the buffers of
 /// a foreign `ArrowDeviceArray`, zero-copy, kept alive until the last clone of the batch
 /// and the last export of it are dropped). Cheap to clone.
+///
+/// # Example
+///
+/// A batch's life, on the CPU device here (a `devarrow_cuda::CudaDevice` is used the same
+/// way): packed by a transfer, exported to a consumer, imported from a producer, copied to
+/// another device, downloaded. Its columns: [`DeviceBatch::column`].
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Float64Array, RecordBatch};
+/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_abi::{cpu, ArrowDeviceType};
+/// use devarrow_bridge::{DeviceBatch, Transfer, TransferOptions};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let prices: ArrayRef = Arc::new(Float64Array::from(vec![1.5, 2.5, 4.0, 8.0]));
+/// let batch = RecordBatch::try_from_iter([("price", prices)])?;
+/// let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+/// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+///
+/// // Packed: a transfer moves the bytes of the slice's rows into one device allocation.
+/// let packed = transfer.to_device(&batch.slice(1, 3))?;
+/// assert!(!packed.is_imported());
+/// assert_eq!((packed.num_rows(), packed.num_columns()), (3, 1));
+///
+/// // Exported, zero-copy: an ArrowDeviceArray whose sync_event is the batch's event, and
+/// // its ArrowSchema. The memory lives until the consumer releases the array.
+/// let (array, schema) = packed.export()?;
+/// assert_eq!(array.device_type(), ArrowDeviceType::CPU);
+///
+/// // Imported, zero-copy: a producer's array on the device (here the export above, then
+/// // arrow-rs's own batch, which is an ARROW_DEVICE_CPU array).
+/// let imported = DeviceBatch::import_with_ffi_schema(device.clone(), array, &schema)?;
+/// assert!(imported.is_imported());
+/// let (host_array, host_schema) = cpu::export_record_batch(&batch)?;
+/// let whole = DeviceBatch::import_with_ffi_schema(device, host_array, &host_schema)?;
+///
+/// // Copied to another device, device to device, and downloaded there.
+/// let other: Arc<dyn Device> = Arc::new(CpuDevice::new());
+/// let copied = imported.copy_to(&other)?;
+/// let mut on_other = Transfer::new(other, TransferOptions::default());
+/// assert_eq!(on_other.to_host(&copied)?, batch.slice(1, 3));
+/// assert_eq!(transfer.to_host(&whole)?, batch);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct DeviceBatch {
     pub(crate) schema: SchemaRef,

@@ -51,6 +51,11 @@
 //! # }
 //! ```
 //!
+//! Where next, each with a runnable example: [`DeviceBatch`] (a batch's life: packed,
+//! exported, imported, copied to another device, downloaded), [`DeviceBatch::column`] (its
+//! columns and buffers), [`pinned`] (batches in pinned memory, moved without staging),
+//! [`Transfer::to_device_batches`] (many batches in one pipeline), and the streams below.
+//!
 //! The modules:
 //! - [`transfer`]: one batch at a time ([`Transfer`], [`DeviceBatch`]).
 //! - Device data you can reach: each column of a [`DeviceBatch`] as a [`DeviceColumn`]

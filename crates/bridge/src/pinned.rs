@@ -31,6 +31,53 @@
 //! [`Device::copy_batch_to_device`] (one `cuMemcpyBatchAsync` where the CUDA device's
 //! options ask for it).
 //!
+//! # Example
+//!
+//! On the CPU device (whose staging memory stands for pinned memory; on CUDA it is
+//! page-locked): a batch copied once into pinned memory, and a column built in place
+//! there; both then move to the device without staging.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+//! use arrow_buffer::ScalarBuffer;
+//! use devarrow_abi::device::{CpuDevice, Device};
+//! use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
+//! use devarrow_bridge::{Transfer, TransferOptions};
+//!
+//! # fn main() -> devarrow_abi::Result<()> {
+//! let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+//!
+//! // A batch copied once into pinned memory: every byte a transfer moves is pinned.
+//! let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100_000));
+//! let batch = RecordBatch::try_from_iter([("id", ids)])?;
+//! assert_eq!(pinned_bytes(device.as_ref(), &batch)?, (0, 800_000)); // pageable
+//! let pinned = pin_batch(device.as_ref(), &batch)?;
+//! assert_eq!(pinned_bytes(device.as_ref(), &pinned)?, (800_000, 800_000));
+//! assert_eq!(pinned, batch);
+//!
+//! // A column written in place into pinned memory (as a decoder would write it).
+//! let n = 50_000;
+//! let buffer = pinned_buffer(device.as_ref(), n * 8, |bytes| {
+//!     for (i, value) in bytes.chunks_exact_mut(8).enumerate() {
+//!         value.copy_from_slice(&(i as i64).to_le_bytes());
+//!     }
+//! })?;
+//! let values: ArrayRef = Arc::new(Int64Array::new(ScalarBuffer::new(buffer, 0, n), None));
+//! let built = RecordBatch::try_from_iter([("v", values)])?;
+//!
+//! // Both move in direct copies from their own memory.
+//! let mut transfer = Transfer::new(device, TransferOptions::default());
+//! let on_device = transfer.to_device(&pinned)?;
+//! drop(pinned); // the transfer keeps its memory alive until the copies have completed
+//! assert_eq!(transfer.to_host(&on_device)?, batch);
+//! let on_device = transfer.to_device(&built)?;
+//! assert_eq!(transfer.to_host(&on_device)?, built);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`Transfer`]: crate::Transfer
 //! [`TransferOptions::direct_min_bytes`]: crate::TransferOptions::direct_min_bytes
 

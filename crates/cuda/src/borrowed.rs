@@ -64,6 +64,52 @@ pub type AfterUse<'a> = Box<dyn FnOnce(CudaSyncEvent) -> Result<()> + Send + 'a>
 ///   release, the drop blocks the host until the stream's work is done instead.
 /// - Before the first use, the stream waits (on the GPU) for the event that marks the
 ///   memory as written (`ready`).
+///
+/// # Example
+///
+/// Someone's buffer (a [`DeviceBuffer`](crate::DeviceBuffer) written, and freed, in order
+/// on the device's stream) read on the caller's own stream through cudarc: the caller's
+/// stream waits for the write (`ready`), and the owner's stream for the caller's reads
+/// (`after_use`) before the free. `devarrow-bridge` makes such views of a device batch's
+/// columns (`DeviceColumn::cuda_values`), so most callers never call `new` themselves.
+///
+/// ```
+/// use devarrow_cuda::{BorrowedSlice, CudaDevice, CudaError, CudaMemory, CudaSyncEvent, DeviceBuffer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e.into()),
+/// };
+/// // The owner's memory and stream.
+/// let owner_stream = device.stream().clone();
+/// let owner = DeviceBuffer::from_host(&owner_stream, &[10i32, 20, 30, 40])?;
+/// let written = CudaSyncEvent::record(&owner_stream)?;
+///
+/// // The caller's stream, and the view on it.
+/// let stream = device.primary_context().new_stream()?;
+/// let after_use = Box::new(move |used: CudaSyncEvent| used.wait_on(&owner_stream));
+/// // SAFETY: `owner` holds 4 `i32`s (256-byte aligned) of the device's context, not
+/// // written while the view lives and dropped after it; its free, in order on
+/// // `owner_stream`, waits for the event `after_use` gets; `written` is a live event.
+/// let view = unsafe {
+///     BorrowedSlice::<i32>::new(&stream, owner.device_ptr(), 4, Some(written.cu_event()), after_use)
+/// }?;
+///
+/// // cudarc's copies and kernels take the view, or sub-views of it.
+/// assert_eq!(stream.clone_dtoh(&*view)?, [10, 20, 30, 40]);
+/// assert_eq!(stream.clone_dtoh(&view.slice(1..3))?, [20, 30]);
+///
+/// drop(view); // never frees: orders the owner's free after the reads above
+/// drop(owner);
+/// # Ok(())
+/// # }
+/// ```
 pub struct BorrowedSlice<'a, T> {
     /// Never dropped: given up with `CudaSlice::leak` (which frees nothing) in `Drop`.
     slice: ManuallyDrop<CudaSlice<T>>,

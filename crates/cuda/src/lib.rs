@@ -83,6 +83,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Where next
+//!
+//! Each has a runnable example (each returns early without a GPU): [`DeviceBuffer`],
+//! [`PinnedHostBuffer`] (page-locked host memory, both ways), [`BorrowedSlice`] (someone
+//! else's device memory on your stream, through cudarc), [`CudaArray`] (a kernel's output
+//! as an Arrow array), [`CudaDevice`] and [`ImportedArray`].
 #![warn(missing_docs)]
 
 mod borrowed;

@@ -364,6 +364,43 @@ impl Drop for DeviceBuffer {
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`; deliberately **not**
 /// write-combined, so host reads stay fast). Readable and writable from the host and,
 /// through its device address, from kernels.
+///
+/// # Example
+///
+/// Written on the host, copied to the device (a DMA, with no staging copy), read back
+/// into it, and handed to arrow-rs as a host-readable [`Buffer`].
+///
+/// ```
+/// use devarrow_abi::ArrowDeviceType;
+/// use devarrow_cuda::{CudaDevice, CudaError, CudaMemory, DeviceBuffer, PinnedHostBuffer};
+///
+/// # fn main() -> devarrow_cuda::Result<()> {
+/// let device = match CudaDevice::open(0) {
+///     Ok(device) => device,
+///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
+/// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
+///         println!("no GPU here: {e}");
+///         return Ok(());
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// let stream = device.stream();
+///
+/// let mut pinned = PinnedHostBuffer::alloc(device.primary_context(), 8)?; // zeroed
+/// pinned.as_mut_slice().copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+/// assert_eq!(pinned.device_type(), ArrowDeviceType::CUDA_HOST);
+/// assert_ne!(pinned.device_ptr(), 0); // mapped: kernels can read it at this address
+///
+/// let mut on_device = DeviceBuffer::from_host(stream, pinned.as_slice())?;
+/// on_device.copy_from_host(stream, &[9u8])?;
+/// on_device.copy_to_host(stream, pinned.as_mut_slice())?; // returns once copied
+/// assert_eq!(pinned.as_slice(), [9, 2, 3, 4, 5, 6, 7, 8]);
+///
+/// let buffer = pinned.into_arrow_buffer(); // owns the pinned memory from now on
+/// assert_eq!(buffer.as_slice()[0], 9);
+/// # Ok(())
+/// # }
+/// ```
 pub struct PinnedHostBuffer {
     ptr: *mut u8,
     device_ptr: u64,

@@ -630,6 +630,63 @@ impl Drop for AsyncStreamHandler {
 /// ([`AsyncDeviceArrayStream::with_metadata`],
 /// [`AsyncDeviceArrayStream::additional_metadata`]). Dropping the stream early cancels
 /// the producer; devarrow's producer then stops at once and releases the handler.
+///
+/// # Example
+///
+/// The consumer side: hand [`AsyncStreamHandler::into_raw`] to a producer (a C library
+/// takes the `ArrowAsyncDeviceStreamHandler*` through its own API; devarrow's producer
+/// here, on an endless source), read the schema, the stream's metadata and arrays with
+/// their tasks' metadata, and drop the stream when done: that cancels the producer.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, RecordBatch, StringArray};
+/// use devarrow_abi::async_stream::{
+///     async_handler, produce_record_batches_with, Metadata, ProducerOptions, WithMetadata,
+/// };
+/// use devarrow_abi::{cpu, ArrowAsyncDeviceStreamHandler, ArrowDeviceType, Error};
+/// use futures::executor::block_on;
+/// use futures::{stream, StreamExt};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let part = |i: u64| -> Result<WithMetadata<RecordBatch>, Error> {
+///     let names: ArrayRef = Arc::new(StringArray::from(vec![format!("part {i}")]));
+///     let batch = RecordBatch::try_from_iter([("name", names)])?;
+///     Ok(WithMetadata::new(batch, Metadata::new().with("part", i.to_string())))
+/// };
+/// let schema = part(0)?.data.schema();
+///
+/// // The consumer: at most 4 tasks requested ahead and queued.
+/// let (handler, mut arrays) = async_handler(4);
+/// let raw: *mut ArrowAsyncDeviceStreamHandler = handler.into_raw(); // what a producer takes
+///
+/// // A producer that would never end on its own.
+/// let options = ProducerOptions::new().with_additional_metadata(Metadata::new().with("table", "parts"));
+/// // SAFETY: a handler from `async_handler` stays valid until its release.
+/// let producer = unsafe {
+///     produce_record_batches_with(schema, stream::iter(0..).map(part), options, raw)
+/// }?;
+///
+/// block_on(async {
+///     let schema = arrays.schema().await?;
+///     assert_eq!(arrays.device_type(), Some(ArrowDeviceType::CPU));
+///     let stream_metadata = arrays.additional_metadata().expect("sent by the producer");
+///     assert_eq!(stream_metadata.get("table"), Some("parts"));
+///     for i in 0..3 {
+///         let item = arrays.next_with_metadata().await.expect("an array")?;
+///         assert_eq!(item.metadata.get("part"), Some(i.to_string().as_str()));
+///         let batch = cpu::import_record_batch_with_schema(item.data, schema.clone())?;
+///         assert_eq!(batch.num_rows(), 1);
+///     }
+///     Ok::<_, Error>(())
+/// })?;
+///
+/// drop(arrays); // cancels the producer: it stops, releases the handler, and ends
+/// producer.join()?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn async_handler(capacity: usize) -> (AsyncStreamHandler, AsyncDeviceArrayStream) {
     let handler = Box::into_raw(Box::new(ArrowAsyncDeviceStreamHandler {
         on_schema: Some(on_schema),

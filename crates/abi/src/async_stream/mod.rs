@@ -10,6 +10,49 @@
 //!   feed an [`AsyncDeviceArrayStream`], a [`futures::Stream`] with bounded buffering;
 //!   [`AsyncDeviceArrayStream::into_record_batches`] reads a CPU stream as record batches.
 //!
+//! # Example
+//!
+//! Both sides in one process: the consumer makes a handler (the C struct a producer
+//! drives) and the Rust stream it feeds; a producer thread drives the handler from three
+//! record batches; an executor reads the stream (`futures::executor::block_on` here: any
+//! executor works, the stream wakes its task when a task or the end arrives).
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+//! use arrow_schema::ArrowError;
+//! use devarrow_abi::async_stream::{async_record_batch_handler, produce_record_batch_iter};
+//! use futures::executor::block_on;
+//! use futures::TryStreamExt;
+//!
+//! # fn main() -> devarrow_abi::Result<()> {
+//! let batches = (0..3)
+//!     .map(|i| {
+//!         let x: ArrayRef = Arc::new(Int32Array::from(vec![i, 10 * i]));
+//!         RecordBatch::try_from_iter([("x", x)])
+//!     })
+//!     .collect::<Result<Vec<_>, ArrowError>>()?;
+//! let schema = batches[0].schema();
+//!
+//! // Consumer: a handler that keeps at most 2 tasks queued, and its stream.
+//! let (handler, stream) = async_record_batch_handler(2);
+//!
+//! // Producer: a driver thread calls the handler's callbacks (on_schema, on_next_task as
+//! // the consumer requests, the end, release).
+//! let source = batches.clone().into_iter().map(Ok::<_, ArrowError>);
+//! // SAFETY: a handler from `async_record_batch_handler` stays valid until its release.
+//! let producer = unsafe { produce_record_batch_iter(schema.clone(), source, handler.into_raw()) }?;
+//!
+//! // Consumer: the schema first, then the batches, with an executor.
+//! assert_eq!(block_on(stream.schema())?, schema);
+//! let received: Vec<RecordBatch> = block_on(stream.try_collect())?;
+//! assert_eq!(received, batches);
+//! producer.join()?; // the driver thread has called release and ended
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Metadata
 //!
 //! Both sides carry the interface's metadata ([`Metadata`], encoded as

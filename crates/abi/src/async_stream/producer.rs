@@ -888,6 +888,46 @@ where
 /// [`spawn_producer`] into a handler made by [`async_handler`](super::async_handler): safe,
 /// since such a handler stays valid until its `release`. Demand, the end of the stream and
 /// cancellation work as [`spawn_producer_with`] describes.
+///
+/// # Example
+///
+/// The producer side: any [`futures::Stream`] of device arrays (one struct array per
+/// record batch of `schema`) becomes the tasks of the stream. Here the arrays are CPU
+/// arrays ([`cpu::export_batch_array`]); a GPU producer hands over arrays of its device
+/// the same way, naming that device.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+/// use devarrow_abi::async_stream::{async_handler, spawn_producer_into};
+/// use devarrow_abi::{cpu, ArrowDeviceType, Error};
+/// use futures::executor::block_on;
+/// use futures::{stream, StreamExt};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let batch = |n: i64| {
+///     let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+///     RecordBatch::try_from_iter([("v", values)])
+/// };
+/// let schema = batch(0)?.schema();
+///
+/// // The source: produced lazily, as the consumer asks for more.
+/// let arrays = stream::iter(1..=4).map(move |n| Ok::<_, Error>(cpu::export_batch_array(&batch(n)?)));
+///
+/// let (handler, mut consumer) = async_handler(1);
+/// let producer = spawn_producer_into(schema.clone(), ArrowDeviceType::CPU, arrays, handler)?;
+///
+/// let mut rows = 0;
+/// while let Some(array) = block_on(consumer.next()) {
+///     let array = array?; // a source error would arrive here, through on_error
+///     rows += cpu::import_record_batch_with_schema(array, schema.clone())?.num_rows();
+/// }
+/// assert_eq!(rows, 1 + 2 + 3 + 4);
+/// producer.join()?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn spawn_producer_into<S, E>(
     schema: SchemaRef,
     device_type: ArrowDeviceType,
@@ -925,6 +965,9 @@ where
 
 /// [`produce_record_batches`] with metadata: each batch's goes with its task, `options`'
 /// is the stream's (see [`spawn_producer_with`]).
+///
+/// For a consumer that reads it (and for a source that never ends), see
+/// [`async_handler`](super::async_handler#example).
 ///
 /// # Safety
 /// As for [`spawn_producer_with`].
