@@ -1634,27 +1634,38 @@ mod cuda_interop {
     use super::*;
     use arrow_array::{Float64Array, Int32Array, TimestampMicrosecondArray};
     use arrow_schema::{Field, Schema, TimeUnit};
-    use devarrow_cuda::cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+    use devarrow_cuda::cudarc::driver::{
+        CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
+    };
     use devarrow_cuda::cudarc::nvrtc::Ptx;
     use devarrow_cuda::{BorrowedSlice, CudaArray, CudaError};
 
     /// A user kernel: `dst[i] = src[i] + 1` for `i < n` (i32, wrapping), grid-stride.
     const ADD_ONE_PTX: &str = include_str!("../../../examples/add_one.ptx");
 
-    /// Enqueues the user kernel on `stream`: `dst[i] = src[i] + 1`.
+    /// The user kernel, loaded in `stream`'s context. A test that launches it while a
+    /// gate holds the device loads it first: with lazy loading (the driver's default)
+    /// loading a kernel "might require context synchronization" (CUDA C++ Programming
+    /// Guide, "Lazy Loading", "Potential Hazards"), which would wait for the closed gate.
+    fn add_one_kernel(stream: &Arc<CudaStream>) -> CudaFunction {
+        let module = stream
+            .context()
+            .load_module(Ptx::from_src(ADD_ONE_PTX))
+            .unwrap();
+        module.load_function("add_one_i32").unwrap()
+    }
+
+    /// Enqueues the user kernel (loaded by [`add_one_kernel`]) on `stream`:
+    /// `dst[i] = src[i] + 1`.
     fn launch_add_one(
+        function: &CudaFunction,
         stream: &Arc<CudaStream>,
         src: &BorrowedSlice<'_, i32>,
         dst: &mut CudaSlice<i32>,
     ) {
         assert!(dst.len() >= src.len());
-        let module = stream
-            .context()
-            .load_module(Ptx::from_src(ADD_ONE_PTX))
-            .unwrap();
-        let function = module.load_function("add_one_i32").unwrap();
         let n = src.len() as u64;
-        let mut launch = stream.launch_builder(&function);
+        let mut launch = stream.launch_builder(function);
         launch.arg(src).arg(dst).arg(&n);
         let cfg = LaunchConfig {
             grid_dim: (4, 1, 1),
@@ -1741,7 +1752,7 @@ mod cuda_interop {
         assert_eq!(input.device_ptr(), values.address());
         assert_eq!(input.stream().cu_stream(), stream.cu_stream());
         let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
-        launch_add_one(&stream, &input, &mut output);
+        launch_add_one(&add_one_kernel(&stream), &stream, &input, &mut output);
         let validity = column.cuda_validity(&stream).unwrap().unwrap();
         let bits = stream.clone_dtod(&*validity).unwrap();
         drop((input, validity, offsets));
@@ -1783,6 +1794,7 @@ mod cuda_interop {
         // the batch are dropped, and the caller's kernel waits for them (the batch's
         // event).
         let held = DeviceBuffer::alloc(device.stream(), 4 * 256).unwrap();
+        let add_one = add_one_kernel(&stream); // loaded before the gates close
         let upload_gate = Gate::new(device.stream()).unwrap();
         let callers_gate = Gate::new(&stream).unwrap();
         // SAFETY: `held` holds 4 * 256 bytes, alive until the device is synchronized.
@@ -1800,7 +1812,7 @@ mod cuda_interop {
                 .launch_fill(scratch.device_ptr(), 256, 0)
                 .unwrap()
         };
-        launch_add_one(&stream, &input, &mut output);
+        launch_add_one(&add_one, &stream, &input, &mut output);
         // Dropping must not block the host (it would wait for the closed gates, whose
         // time limit then fails the test).
         drop(input);
@@ -1858,10 +1870,11 @@ mod cuda_interop {
         let scratch = DeviceBuffer::alloc(&stream, 4 * 256).unwrap();
         let mut output = stream.alloc_zeros::<i32>(rows).unwrap();
         let input = column.cuda_values::<i32>(&stream).unwrap();
+        let add_one = add_one_kernel(&stream); // loaded before the gate closes
         let gate = Gate::new(&stream).unwrap();
         // SAFETY: `scratch` holds 4 * 256 bytes, alive until the stream is synchronized.
         unsafe { gate.launch_fill(scratch.device_ptr(), 256, 0).unwrap() };
-        launch_add_one(&stream, &input, &mut output);
+        launch_add_one(&add_one, &stream, &input, &mut output);
         let done = stream.record_event(None).unwrap();
         // Must not block the host (it would wait for the closed gate).
         drop(input);

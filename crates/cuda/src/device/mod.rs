@@ -349,6 +349,13 @@ impl CudaDevice {
             buffer: PinnedHostBuffer::alloc(&device, DESCRIPTOR_STAGING_BYTES).ok(),
             uploaded: None,
         };
+        // devarrow's kernels, loaded now (once per context) rather than by the first
+        // launch: with lazy loading, the driver's default since CUDA 12.2, loading a
+        // kernel "might require context synchronization" (CUDA C++ Programming Guide,
+        // "Lazy Loading", "Potential Hazards"), which in the middle of a pipeline would
+        // wait for another library's work. Where it fails, the first launch loads them
+        // and reports the error.
+        let _ = crate::kernels::Kernels::for_context(device.context());
         Self {
             device,
             stream: DropInContext::new(stream),

@@ -22,6 +22,23 @@ const DEFAULT_SHARED: i32 = 48 << 10;
 /// Shared memory a block may use after opting in (`cuFuncSetAttribute`).
 const OPTIN_SHARED: i32 = 227 << 10;
 
+/// Whether kernels load lazily, at `cuModuleGetFunction`, as the driver does by default
+/// since CUDA 12.2 on Linux, or eagerly with their module (`CUDA_MODULE_LOADING=EAGER`).
+fn lazy_loading() -> bool {
+    !std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"))
+}
+
+/// Loading kernels "might require context synchronization" (CUDA C++ Programming Guide,
+/// "Lazy Loading", "Potential Hazards", "Concurrent Execution": a kernel that spins until
+/// another is launched deadlocks when the launch loads the other kernel). The emulator
+/// takes the documented worst case: the call that loads a module's kernels (the first
+/// `cuModuleGetFunction` of each kernel when lazy, `cuModuleLoadData*` when eager) waits
+/// for all the context's work, counted as `name` with the implicit synchronizations.
+fn kernel_load_waits(ctx: &Context, name: &'static str) {
+    ctx.drain();
+    super::sync::count(name);
+}
+
 fn load(pmod: *mut CUmodule, image: *const c_void) -> R {
     load_logged(pmod, image, &mut |_| {})
 }
@@ -31,6 +48,9 @@ fn load_logged(pmod: *mut CUmodule, image: *const c_void, log: &mut dyn FnMut(&s
     let ctx = current_context()?;
     if pmod.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if !lazy_loading() {
+        kernel_load_waits(&ctx, "cuModuleLoadData (eager kernel loading)");
     }
     // SAFETY: the caller passes a NUL-terminated image (PTX text is NUL-terminated).
     let bytes = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_bytes();
@@ -170,6 +190,9 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         let handle = match functions.get(name) {
             Some(&h) => h,
             None => {
+                if lazy_loading() {
+                    kernel_load_waits(&ctx, "cuModuleGetFunction (lazy kernel loading)");
+                }
                 let found = catch(|| {
                     m.ptx
                         .kernel(name)

@@ -40,6 +40,15 @@
 //!   APIs issue these copies through the default stream", CUDA driver API, "API
 //!   synchronization behavior"), and any `*Async` call, launch, event record, wait or
 //!   `cuStreamSynchronize` given the NULL stream.
+//! - **Kernel loading** (CUDA C++ Programming Guide, "Lazy Loading", "Potential
+//!   Hazards", "Concurrent Execution": "Loading kernels might require context
+//!   synchronization"; a kernel spinning until another is launched deadlocks when that
+//!   launch loads the other): the call that loads a kernel, the first
+//!   `cuModuleGetFunction` of it under lazy loading (the driver's default since CUDA 12.2
+//!   on Linux) or `cuModuleLoadData*` with `CUDA_MODULE_LOADING=EAGER`, waits for all
+//!   the context's work, as `cuCtxSynchronize` does, and is counted under its name with a
+//!   note of the mode (`driver/module.rs`). The documented worst case: a test that
+//!   passes here does not depend on the driver choosing not to wait.
 //! - **`cuCtxSynchronize`**, which waits for the whole context by definition: not
 //!   implicit, but a device-wide wait all the same, counted so that a test of a path that
 //!   should wait only for its own work sees it.
