@@ -98,6 +98,15 @@ pub fn download(
 /// data is copied once, to host memory. The GIL is released while data moves.
 #[pyfunction]
 pub fn from_device<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(own) = obj.cast::<crate::batch::PyDeviceBatch>() {
+        let own = own.get();
+        if own.inner.selected.device.device_type() != ArrowDeviceType::CPU {
+            // devarrow's own batch: downloaded as the batch it is (its tree planned by
+            // devarrow), not exported and imported as a foreign array
+            let batch = download(py, &own.inner, &own.batch)?;
+            return batch_to_pyarrow(py, &batch);
+        }
+    }
     if obj.hasattr("__arrow_c_device_array__")? {
         let pair = obj.call_method1("__arrow_c_device_array__", (py.None(),))?;
         let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;

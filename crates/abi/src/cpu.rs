@@ -138,7 +138,7 @@ fn import_data_as(array: DeviceArray, data_type: &DataType, checks: Checks) -> R
         let data = normalize_empty(data);
         match checks {
             Checks::Full => data.validate_full()?,
-            Checks::TrustUtf8 => validate_but_utf8(&data)?,
+            Checks::TrustUtf8 => validate_full_but_utf8(&data)?,
         }
         Ok::<_, arrow_schema::ArrowError>(data)
     }))
@@ -147,25 +147,34 @@ fn import_data_as(array: DeviceArray, data_type: &DataType, checks: Checks) -> R
 }
 
 /// arrow-rs's `validate_full` of `data` and its children, node by node, but for the
-/// UTF-8 of strings: `Utf8`/`LargeUtf8` values are not read (their offsets were checked
-/// by `layout::validate_host_import`: non-negative, monotonic, inside the data), and
-/// `Utf8View` views are checked as `BinaryView`'s (buffer index, offset and length inside
-/// their buffer, the inline prefix). Every other check (dictionary keys, union type ids,
-/// list and run-end offsets, ...) is made as `validate_full` makes it.
-fn validate_but_utf8(data: &ArrayData) -> std::result::Result<(), ArrowError> {
+/// UTF-8 of strings: `Utf8`/`LargeUtf8` are checked as `Binary`/`LargeBinary` (every
+/// offset non-negative, monotonic, inside the data), `Utf8View` as `BinaryView` (each
+/// view's buffer index, offset and length inside its buffer). Every other check
+/// (dictionary keys, union type ids, list and run-end offsets, ...) is made as
+/// `validate_full` makes it: what passes is safe to read as bytes, and a `str` read of
+/// its strings is sound only where the strings are known to be UTF-8
+/// ([`import_record_batch_trusting_utf8`]).
+pub fn validate_full_but_utf8(data: &ArrayData) -> std::result::Result<(), ArrowError> {
     data.validate()?;
     data.validate_nulls()?;
-    match data.data_type() {
-        DataType::Utf8 | DataType::LargeUtf8 => {}
-        DataType::Utf8View => {
-            let as_binary = data.clone().into_builder().data_type(DataType::BinaryView);
-            // SAFETY: the same buffers read as the binary type of the same layout (views
-            // of 16 bytes, the same variadic buffers); only validated, then dropped.
+    let as_binary = match data.data_type() {
+        DataType::Utf8 => Some(DataType::Binary),
+        DataType::LargeUtf8 => Some(DataType::LargeBinary),
+        DataType::Utf8View => Some(DataType::BinaryView),
+        _ => None,
+    };
+    match as_binary {
+        Some(binary) => {
+            let as_binary = data.clone().into_builder().data_type(binary);
+            // SAFETY: the same buffers read as the binary type of the same layout (the same
+            // offsets or views and data buffers); only validated, then dropped.
             unsafe { as_binary.build_unchecked() }.validate_values()?;
         }
-        _ => data.validate_values()?,
+        None => data.validate_values()?,
     }
-    data.child_data().iter().try_for_each(validate_but_utf8)
+    data.child_data()
+        .iter()
+        .try_for_each(validate_full_but_utf8)
 }
 
 /// Replaces every zero-length node of `data` with a canonical empty array.

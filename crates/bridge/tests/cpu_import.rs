@@ -630,3 +630,45 @@ fn device_columns_reach_the_values() {
         assert!(list.dictionary().is_none());
     }
 }
+
+/// A batch imported by `cpu::import_record_batch_trusting_utf8` (bytes that are not
+/// UTF-8 under a `Utf8` field, as pyarrow lets a producer make) moves to the device and
+/// back as the bytes it is: the download of devarrow's own batch trusts its planner (and,
+/// in these debug builds, checks everything but UTF-8), while the import of the same
+/// bytes as a foreign array checks them in full and refuses them.
+#[test]
+fn strings_trusted_on_import_come_back_as_their_bytes() {
+    let data = arrow_data::ArrayData::builder(DataType::Binary)
+        .len(2)
+        .add_buffer(arrow_buffer::Buffer::from_slice_ref([0i32, 2, 3]))
+        .add_buffer(arrow_buffer::Buffer::from_slice_ref([0xffu8, 0xfe, b'a']))
+        .build()
+        .unwrap();
+    // SAFETY: a Utf8 array that breaks only the UTF-8 rule, never read as `str` here.
+    let column = arrow_array::make_array(unsafe {
+        data.into_builder()
+            .data_type(DataType::Utf8)
+            .build_unchecked()
+    });
+    let batch = RecordBatch::try_from_iter([("s", column)]).unwrap();
+    let (array, schema) = cpu::export_record_batch(&batch).unwrap();
+    // SAFETY: the strings are only compared as bytes below.
+    let imported = unsafe { cpu::import_record_batch_trusting_utf8(array, &schema) }.unwrap();
+    for device in [cpu(), InstrumentedDevice::new() as Arc<dyn Device>] {
+        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        let on_device = transfer.to_device(&imported).unwrap();
+        let back = transfer.to_host(&on_device).unwrap();
+        let bytes = back.column(0).to_data();
+        assert_eq!(bytes.buffers()[1].as_slice(), &[0xff, 0xfe, b'a']);
+        // the same batch exported and imported as a foreign array: checked in full
+        let (exported, schema) = on_device.export().unwrap();
+        let foreign = DeviceBatch::import(
+            device,
+            exported,
+            Arc::new(arrow_schema::Schema::try_from(&schema).unwrap()),
+        )
+        .unwrap();
+        let err = transfer.to_host(&foreign).unwrap_err();
+        assert!(err.to_string().contains("UTF8"), "{err}");
+    }
+}
