@@ -6,7 +6,7 @@ use arrow_buffer::{ArrowNativeType, Buffer, NullBuffer};
 use arrow_data::ArrayData;
 use devarrow_abi::{Error, Result};
 
-use super::{Packer, Placement};
+use super::{Packer, Parts, Placement};
 
 /// Buffer `i` of `data`: an error, not a panic, when the array has fewer.
 pub(super) fn buffer(data: &ArrayData, i: usize) -> Result<&Buffer> {
@@ -57,6 +57,20 @@ pub(super) fn rebase<O: ArrowNativeType + std::ops::Sub<Output = O>>(
         Buffer::from_vec(offsets.iter().map(|&o| o - first).collect::<Vec<O>>())
     };
     Ok((rebased, lo, hi))
+}
+
+/// The first two buffers of an array with offsets of type `O` (strings, binaries, lists,
+/// maps), pushed onto `parts`: its validity, and its offsets rebased to start at 0. The
+/// range `lo..hi` they addressed in the data or the child.
+pub(super) fn push_validity_and_offsets<O: ArrowNativeType + std::ops::Sub<Output = O>>(
+    data: &ArrayData,
+    image: &mut Packer,
+    parts: &mut Parts,
+) -> Result<(usize, usize)> {
+    parts.buffers.push(validity(data, image));
+    let (offsets, lo, hi) = rebase::<O>(buffer(data, 0)?, data.offset(), data.len())?;
+    parts.buffers.push(image.push(offsets));
+    Ok((lo, hi))
 }
 
 /// The validity bitmap of `data`, realigned to bit 0: none without a null.

@@ -5,7 +5,7 @@ use arrow_buffer::ArrowNativeType;
 use arrow_data::ArrayData;
 use devarrow_abi::Result;
 
-use super::buffers::{buffer, cut, rebase, validity};
+use super::buffers::{buffer, cut, push_validity_and_offsets};
 use super::{Packer, Parts};
 
 /// A string or binary array with offsets of type `O` (`i32`, or `i64` for the `Large`
@@ -15,10 +15,7 @@ pub(super) fn plan_bytes<O: ArrowNativeType + std::ops::Sub<Output = O>>(
     image: &mut Packer,
     parts: &mut Parts,
 ) -> Result<()> {
-    let (start, len) = (data.offset(), data.len());
-    parts.buffers.push(validity(data, image));
-    let (offsets, lo, hi) = rebase::<O>(buffer(data, 0)?, start, len)?;
-    parts.buffers.push(image.push(offsets));
+    let (lo, hi) = push_validity_and_offsets::<O>(data, image, parts)?;
     parts
         .buffers
         .push(image.push(cut(buffer(data, 1)?, lo, hi - lo, 1)?));

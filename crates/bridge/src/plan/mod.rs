@@ -161,18 +161,16 @@ pub fn plan_batch(batch: &RecordBatch) -> Result<Plan> {
         .iter()
         .map(|column| plan_column(column.as_ref(), &mut image))
         .collect::<Result<Vec<_>>>()?;
-    let root = Node {
-        data_type: DataType::Struct(batch.schema_ref().fields().clone()),
-        len: batch.num_rows(),
-        null_count: Some(0),
-        offset: 0,
-        rebase: None,
-        rebase_each: Vec::new(),
-        view_ranges: Vec::new(),
+    let root = Parts {
         buffers,
         children,
         dictionary: None,
-    };
+    }
+    .into_node(
+        DataType::Struct(batch.schema_ref().fields().clone()),
+        batch.num_rows(),
+        0,
+    );
     Ok(Plan { image, root })
 }
 
@@ -227,6 +225,25 @@ struct Parts {
     dictionary: Option<Box<Node>>,
 }
 
+impl Parts {
+    /// The planned node of these parts: offset 0, an exact null count, nothing to rebase
+    /// or remap.
+    fn into_node(self, data_type: DataType, len: usize, null_count: usize) -> Node {
+        Node {
+            data_type,
+            len,
+            null_count: Some(null_count),
+            offset: 0,
+            rebase: None,
+            rebase_each: Vec::new(),
+            view_ranges: Vec::new(),
+            buffers: self.buffers,
+            children: self.children,
+            dictionary: self.dictionary,
+        }
+    }
+}
+
 /// Plans the node of `data` (any type; sliced or not): the family of its layout plans its
 /// buffers, children and dictionary; the node gets offset 0 and an exact null count.
 fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
@@ -269,23 +286,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
     } else {
         data.null_count()
     };
-    let Parts {
-        buffers,
-        children,
-        dictionary,
-    } = parts;
-    Ok(Node {
-        data_type,
-        len,
-        null_count: Some(null_count),
-        offset: 0,
-        rebase: None,
-        rebase_each: Vec::new(),
-        view_ranges: Vec::new(),
-        buffers,
-        children,
-        dictionary,
-    })
+    Ok(parts.into_node(data_type, len, null_count))
 }
 
 #[cfg(test)]

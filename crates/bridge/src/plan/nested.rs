@@ -8,7 +8,7 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionFields};
 use devarrow_abi::{Error, Result};
 
-use super::buffers::{buffer, cut, rebase, typed, validity};
+use super::buffers::{buffer, cut, push_validity_and_offsets, typed, validity};
 use super::{plan_child, plan_node, Packer, Parts};
 use crate::slicing;
 
@@ -18,10 +18,7 @@ pub(super) fn plan_list<O: ArrowNativeType + std::ops::Sub<Output = O>>(
     image: &mut Packer,
     parts: &mut Parts,
 ) -> Result<()> {
-    let (start, len) = (data.offset(), data.len());
-    parts.buffers.push(validity(data, image));
-    let (offsets, lo, hi) = rebase::<O>(buffer(data, 0)?, start, len)?;
-    parts.buffers.push(image.push(offsets));
+    let (lo, hi) = push_validity_and_offsets::<O>(data, image, parts)?;
     let child = data.child_data()[0].slice(lo, hi - lo);
     parts.children.push(plan_node(&child, image)?);
     Ok(())
