@@ -382,9 +382,10 @@ fn abi(what: &str) -> impl Fn(devarrow::abi::Error) -> JobError + '_ {
     move |e| JobError::new(format!("{what}: {e}"))
 }
 
-/// The time one method's repetitions may take before the job stops repeating it: once
-/// its warm-up and at least one timed repetition have run and together passed this, the
-/// best so far is its figure (the JSON's `times_s` lists the repetitions that ran). On
+/// The time one method's timed repetitions may take before the job stops repeating it:
+/// once they have passed this (the warm-up, which may pay one-off costs such as page
+/// faults, is not counted), the best so far is its figure (the JSON's `times_s` lists the
+/// repetitions that ran). On
 /// large tables (TPC-H SF 10: 13 GB per pass, buffer by buffer at 1.4 GB/s is 9 s a
 /// pass) `--reps` repetitions of every method would take minutes; on small ones every
 /// repetition runs.
@@ -392,7 +393,7 @@ pub const REPETITION_BUDGET: Duration = Duration::from_secs(2);
 
 /// Runs `reps + 1` repetitions of `f` on `state` (the first is a warm-up), each after
 /// an untimed `reset` of it, and returns the times of the timed ones: all of them, or
-/// fewer (at least one) once the repetitions pass [`REPETITION_BUDGET`]. Every
+/// fewer (at least one) once they pass [`REPETITION_BUDGET`]. Every
 /// repetition is a step of `stage` (the skipped ones too).
 fn repeat<S>(
     stage: &Stage,
@@ -424,8 +425,8 @@ fn repeat_within<S>(
         let start = Instant::now();
         f(state)?;
         let elapsed = start.elapsed();
-        spent += elapsed;
         if rep > 0 {
+            spent += elapsed;
             times.push(elapsed);
         }
         stage.inc(1);

@@ -247,7 +247,7 @@ impl Run {
             .unwrap_or(o.reps);
         let cut = if fewest < o.reps {
             format!(
-                " (fewer, at least {fewest}, for a method whose repetitions passed {} s)",
+                " (fewer, at least {fewest}, for a method whose timed repetitions passed {} s)",
                 crate::job::measure::REPETITION_BUDGET.as_secs()
             )
         } else {
