@@ -679,91 +679,84 @@ fn null_offsets_with_rows_are_refused() {
 }
 
 /// A record batch of `column` (field "c", nullable) exported and imported by
-/// `cpu::import_record_batch_trusting_utf8`, after `corrupt` damages the C struct of the
-/// column; the struct is released exactly once either way.
-fn import_batch_trusting_utf8(
-    column: ArrayRef,
-    corrupt: impl FnOnce(&mut ArrowDeviceArray),
-) -> Result<arrow_array::RecordBatch, Error> {
-    let batch = arrow_array::RecordBatch::try_from_iter([("c", column)]).unwrap();
+/// `cpu::import_record_batch_trusting_utf8`; the struct is released exactly once either
+/// way.
+fn import_batch_trusting_utf8(column: ArrayRef) -> Result<arrow_array::RecordBatch, Error> {
+    let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+        "c",
+        column.data_type().clone(),
+        true,
+    )]));
+    let rows = column.len();
+    // SAFETY: one column of the field's type and length (the columns below break only the
+    // value rules the import is meant to check).
+    let batch = unsafe { arrow_array::RecordBatch::new_unchecked(schema, vec![column], rows) };
     let (exported, schema) = cpu::export_record_batch(&batch).unwrap();
     let (exported, count) = count_releases(exported);
-    let mut raw = exported.into_raw();
-    corrupt(&mut raw);
-    // SAFETY: `raw` came from a DeviceArray; the corruptions below keep every pointer
-    // valid for its count (they change offsets, lengths or values inside the buffers).
-    let device_array = unsafe { DeviceArray::try_new(raw) }.unwrap();
-    // SAFETY: the imported strings are never read as `str` below (only compared as the
-    // bytes of a binary array).
-    let result = unsafe { cpu::import_record_batch_trusting_utf8(device_array, &schema) };
+    // SAFETY: the strings are only compared as bytes below.
+    let result = unsafe { cpu::import_record_batch_trusting_utf8(exported, &schema) };
     if result.is_err() {
         assert_eq!(releases(&count), 1, "released exactly once after an error");
     }
     result
 }
 
-/// The column's C struct inside an exported batch's struct array.
-///
-/// # Safety
-/// `raw` is an exported record batch (a struct array with at least one child).
-unsafe fn column_of(raw: &mut ArrowDeviceArray) -> &mut devarrow_abi::ArrowArray {
-    // SAFETY: the caller's guarantee.
-    unsafe { &mut **raw.array.children }
+/// An array of `data_type` built from `data` without validation, for the import to
+/// check.
+fn unvalidated(data: arrow_data::ArrayDataBuilder) -> ArrayRef {
+    // SAFETY: the arrays below break value rules only (UTF-8, monotonic offsets, keys,
+    // view ranges): every buffer is as large as its type's layout needs, so building and
+    // exporting them reads nothing out of bounds; only the import under test reads values.
+    arrow_array::make_array(unsafe { data.build_unchecked() })
 }
 
 #[test]
 fn trusting_utf8_skips_only_the_utf8_check() {
-    let binary = || {
-        ArrayData::builder(DataType::Binary)
-            .len(2)
-            .add_buffer(Buffer::from_slice_ref([0i32, 2, 3]))
-            .add_buffer(Buffer::from_slice_ref([0xffu8, 0xfe, b'a']))
-            .build()
-            .unwrap()
+    let strings = |offsets: &[i32], bytes: &[u8]| {
+        unvalidated(
+            ArrayData::builder(DataType::Utf8)
+                .len(offsets.len() - 1)
+                .add_buffer(Buffer::from_slice_ref(offsets))
+                .add_buffer(Buffer::from_slice_ref(bytes)),
+        )
     };
     // bytes that are not UTF-8, under a Utf8 field: imported as they are (the full
     // import refuses them, `invalid_utf8_is_caught_by_full_validation`)
-    // SAFETY: a Utf8 array that breaks only the UTF-8 rule, never read as `str` here.
-    let not_utf8 = arrow_array::make_array(unsafe {
-        binary()
-            .into_builder()
-            .data_type(DataType::Utf8)
-            .build_unchecked()
-    });
-    let batch = import_batch_trusting_utf8(not_utf8, |_| {}).unwrap();
+    let batch = import_batch_trusting_utf8(strings(&[0, 2, 3], &[0xff, 0xfe, b'a'])).unwrap();
     let bytes = batch.column(0).to_data();
     assert_eq!(bytes.buffers()[1].as_slice(), &[0xff, 0xfe, b'a']);
     assert_eq!(batch.num_rows(), 2);
 
     // the same import still refuses what reads outside the buffers: decreasing offsets
-    let err = import_batch_trusting_utf8(Arc::new(strings()), |raw| {
-        // SAFETY: an exported batch; its column's offsets buffer holds 4 int32s.
-        let offsets = unsafe { *column_of(raw).buffers.add(1) } as *mut i32;
-        // SAFETY: as above, the exporter's own buffer, alive until release.
-        unsafe { *offsets.add(1) = 4 };
-    })
-    .unwrap_err();
+    let err = import_batch_trusting_utf8(strings(&[0, 4, 2, 5], b"abcde")).unwrap_err();
     assert!(err.to_string().contains("offsets decrease"), "{err}");
 
     // a dictionary key past its values
-    let dict: arrow_array::DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
-    let err = import_batch_trusting_utf8(Arc::new(dict), |raw| {
-        // SAFETY: an exported batch; the column's keys buffer holds 3 int32s.
-        let keys = unsafe { *column_of(raw).buffers.add(1) } as *mut i32;
-        // SAFETY: as above.
-        unsafe { *keys.add(1) = 7 };
-    })
-    .unwrap_err();
+    let values = StringArray::from(vec!["a", "b"]).into_data();
+    let dict = unvalidated(
+        ArrayData::builder(DataType::Dictionary(
+            Box::new(DataType::Int32),
+            Box::new(DataType::Utf8),
+        ))
+        .len(3)
+        .add_buffer(Buffer::from_slice_ref([0i32, 7, 1]))
+        .child_data(vec![values]),
+    );
+    let err = import_batch_trusting_utf8(dict).unwrap_err();
     assert!(matches!(err, Error::Arrow(_)), "{err}");
 
     // a string view whose bytes lie past its buffer (checked as a binary view's)
-    let views = arrow_array::StringViewArray::from(vec!["a string longer than twelve", "x"]);
-    let err = import_batch_trusting_utf8(Arc::new(views), |raw| {
-        // SAFETY: an exported batch; the column's views buffer holds 2 views of 16 bytes.
-        let view = unsafe { *column_of(raw).buffers.add(1) } as *mut u32;
-        // SAFETY: as above: the first view's offset field (bytes 12..16).
-        unsafe { *view.add(3) = 1 << 20 };
-    })
-    .unwrap_err();
+    let long = b"a string longer than twelve";
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&(long.len() as u32).to_le_bytes());
+    view[4..8].copy_from_slice(&long[..4]);
+    view[12..].copy_from_slice(&(1u32 << 20).to_le_bytes()); // offset far past the buffer
+    let views = unvalidated(
+        ArrayData::builder(DataType::Utf8View)
+            .len(1)
+            .add_buffer(Buffer::from_slice_ref(view))
+            .add_buffer(Buffer::from_slice_ref(long)),
+    );
+    let err = import_batch_trusting_utf8(views).unwrap_err();
     assert!(matches!(err, Error::Arrow(_)), "{err}");
 }
