@@ -28,7 +28,7 @@ use arrow_buffer::{ArrowNativeType, Buffer, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionMode};
 use devarrow_abi::device::BUFFER_ALIGNMENT;
-use devarrow_abi::{Error, Result};
+use devarrow_abi::{slice_data, Error, Result};
 
 use crate::slicing;
 
@@ -224,7 +224,7 @@ fn plan_child(child: &ArrayData, start: usize, len: usize, image: &mut Packer) -
     if start == 0 && len == child.len() {
         plan_node(child, image)
     } else {
-        plan_node(&child.slice(start, len), image)
+        plan_node(&slice_data(child, start, len), image)
     }
 }
 
@@ -447,7 +447,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 rebase::<i32>(buffer(0)?, start, len)?
             };
             buffers.push(image.push(offsets));
-            children.push(plan_node(&data.child_data()[0].slice(lo, hi - lo), image)?);
+            children.push(plan_node(
+                &slice_data(&data.child_data()[0], lo, hi - lo),
+                image,
+            )?);
         }
         DataType::ListView(_) | DataType::LargeListView(_) => {
             buffers.push(validity(data, image));
@@ -485,7 +488,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             }
             let child = &data.child_data()[0];
             children.push(plan_node(
-                &child.slice(lo as usize, (hi - lo) as usize),
+                &slice_data(child, lo as usize, (hi - lo) as usize),
                 image,
             )?);
         }
@@ -494,7 +497,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             let n = usize::try_from(*n)
                 .map_err(|_| Error::InvalidArgument(format!("{data_type} has a negative size")))?;
             children.push(plan_node(
-                &data.child_data()[0].slice(start * n, len * n),
+                &slice_data(&data.child_data()[0], start * n, len * n),
                 image,
             )?);
         }
@@ -508,7 +511,7 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
             buffers.push(image.push(cut(buffer(0)?, start, len, 1)?));
             debug_assert_eq!(fields.len(), data.child_data().len());
             for child in data.child_data() {
-                children.push(plan_node(&child.slice(start, len), image)?);
+                children.push(plan_node(&slice_data(child, start, len), image)?);
             }
         }
         DataType::Union(fields, UnionMode::Dense) => {
@@ -589,7 +592,10 @@ fn plan_node(data: &ArrayData, image: &mut Packer) -> Result<Node> {
                 children: vec![],
                 dictionary: None,
             });
-            children.push(plan_node(&data.child_data()[1].slice(first, runs), image)?);
+            children.push(plan_node(
+                &slice_data(&data.child_data()[1], first, runs),
+                image,
+            )?);
         }
         dt => {
             let width = dt
