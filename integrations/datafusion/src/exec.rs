@@ -10,13 +10,14 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::common::{internal_err, ColumnStatistics, DataFusionError, Result, Statistics};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties,
@@ -39,6 +40,8 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 /// - One output batch per non-empty input batch, same rows, same order; the
 ///   partitioning and ordering of the child are kept when the step appends columns
 ///   ([`StepOutput::Append`]) or keeps the schema.
+/// - Statistics: the child's row count and its columns' statistics, unknown for the
+///   step's own columns.
 /// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step and the
 ///   download), `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
 ///   waited for its next uploaded batch: the child's work and the upload, where
@@ -288,6 +291,33 @@ impl ExecutionPlan for DeviceExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    /// The child's row count (one row out per row in); its column statistics for the
+    /// columns it passes on (the input's, when the step appends or keeps the schema);
+    /// unknown for the step's own columns, and byte sizes inexact.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let input = &input_stats[0];
+        let input_schema = self.input.schema();
+        let mut columns = if self.append || self.schema == input_schema {
+            input.column_statistics.clone()
+        } else {
+            Vec::new()
+        };
+        columns.resize_with(self.schema.fields().len(), ColumnStatistics::new_unknown);
+        Ok(Arc::new(Statistics {
+            num_rows: input.num_rows,
+            total_byte_size: input.total_byte_size.to_inexact(),
+            column_statistics: columns,
+        }))
     }
 
     fn cardinality_effect(&self) -> CardinalityEffect {
@@ -598,7 +628,9 @@ impl Stream for HostBatchStream {
                 }
                 Poll::Ready(Some(result))
             }
-            other => other.map(|o| o.map(|r| r.map(|_| unreachable!()))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
         };
         self.inner.metrics.baseline.clone().record_poll(poll)
     }

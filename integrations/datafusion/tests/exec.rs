@@ -12,6 +12,7 @@ use arrow_schema::SortOptions;
 use datafusion::physical_expr::expressions::col;
 use datafusion::physical_expr::PhysicalSortExpr;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
     collect, collect_partitioned, ExecutionPlan, ExecutionPlanProperties,
 };
@@ -51,6 +52,23 @@ async fn revenue_on_the_cpu_device_is_datafusions() {
     assert_eq!(
         out[0].schema().field(input_schema.fields().len()).name(),
         "revenue"
+    );
+
+    // Statistics: the input's row count and column statistics, revenue's unknown.
+    let stats = datafusion::physical_plan::statistics::StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .unwrap();
+    let input_stats = datafusion::physical_plan::statistics::StatisticsContext::new()
+        .compute(plan.input().as_ref(), &StatisticsArgs::new())
+        .unwrap();
+    assert_eq!(stats.num_rows, input_stats.num_rows);
+    assert_eq!(
+        stats.column_statistics.len(),
+        input_schema.fields().len() + 1
+    );
+    assert_eq!(
+        stats.column_statistics[..input_schema.fields().len()],
+        input_stats.column_statistics[..]
     );
 
     // Metrics: rows out, bytes both ways, the step's and the download's times.
