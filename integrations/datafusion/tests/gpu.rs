@@ -1,6 +1,7 @@
-//! DeviceExec on CUDA: the revenue kernel (PTX) against DataFusion, cancellation leaving
-//! no device memory (devarrow's exact counts and the device's free memory), and two
-//! devices standing in for two executors, each decoding the shipped plan onto its own.
+//! DeviceExec on CUDA: the revenue kernel (PTX) against DataFusion, cancellation and a
+//! failing step leaving no device memory (devarrow's exact counts and the device's free
+//! memory), and two devices standing in for two executors, each decoding the shipped plan
+//! onto its own.
 //!
 //! Skips without a GPU (printing why); fails instead with DEVARROW_REQUIRE_GPU=1. Without
 //! a GPU it runs on the emulated driver (`.ci/datafusion`: DEVARROW_EMU_DEVICES=2).
@@ -131,4 +132,48 @@ fn two_devices_each_run_the_shipped_plan() {
     });
     check0.assert_no_leak("executor on cuda:0");
     check1.assert_no_leak("executor on cuda:1");
+}
+
+/// A step failing on CUDA mid-partition fails the query with its typed error, and the
+/// partitions' uploads (in flight, read ahead) leave no device memory behind.
+#[test]
+fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(async {
+        let ctx = session(lineitem(SCALE, 2, 2048));
+        let revenue = revenue_step();
+        let failing = devarrow_datafusion::DeviceStep::new("fails.on.cuda", move |batch, cx| {
+            if cx.partition == 1 && cx.batch == 2 {
+                return Err("the kernel failed".into());
+            }
+            revenue.run(batch, cx)
+        })
+        .with_inputs(["l_extendedprice", "l_discount"])
+        .appending(vec![devarrow_datafusion::revenue::revenue_field()]);
+        let scan = ctx
+            .sql(SCAN)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let plan =
+            DeviceExec::try_new(scan, Arc::new(failing), ExecDevice::from_cuda(cuda.clone()))
+                .unwrap()
+                .with_read_ahead(4);
+        let error = collect(Arc::new(plan), ctx.task_ctx()).await.unwrap_err();
+        match devarrow_datafusion::DeviceExecError::find(&error) {
+            Some(devarrow_datafusion::DeviceExecError::Step {
+                partition: 1,
+                batch: 2,
+                ..
+            }) => {}
+            other => panic!("{other:?}: {error}"),
+        }
+    });
+    check.assert_no_leak("a query failed by its step on CUDA");
 }
