@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assembles every crates/cuda/kernels/*.ptx (and the test and example kernels,
-# tests/support/*.ptx, examples/*.ptx) with ptxas for
+# tests/support/*.ptx, examples/*.ptx, integrations/*/kernels/*.ptx) with ptxas for
 # sm_70 and sm_90 and fails on any error, any warning, any register spill or local memory
 # use, or a kernel over its register budget (REGISTER_BUDGET below). Prints each kernel's
 # registers, spills and stack (ptxas -v).
@@ -46,7 +46,8 @@ fi
 echo "using $PTXAS_BIN ($("$PTXAS_BIN" --version | tail -n 1))"
 
 shopt -s nullglob
-files=("$ROOT"/crates/cuda/kernels/*.ptx "$ROOT"/tests/support/*.ptx "$ROOT"/examples/*.ptx)
+files=("$ROOT"/crates/cuda/kernels/*.ptx "$ROOT"/tests/support/*.ptx "$ROOT"/examples/*.ptx
+    "$ROOT"/integrations/*/kernels/*.ptx)
 if [[ ${#files[@]} -eq 0 ]]; then
     echo "error: no crates/cuda/kernels/*.ptx found" >&2
     exit 1

@@ -277,7 +277,7 @@ fn struct_data_to_batch(data: ArrayData, schema: SchemaRef) -> Result<RecordBatc
     let columns: Vec<ArrayRef> = children
         .into_iter()
         .map(|child| match offset != 0 || child.len() != len {
-            true => make_array(child.slice(offset, len)),
+            true => make_array(crate::slice_data(&child, offset, len)),
             false => make_array(child),
         })
         .collect();

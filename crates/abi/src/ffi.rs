@@ -71,6 +71,39 @@ const _: () = {
     assert!(std::mem::size_of::<FFI_ArrowSchema>() == 72);
 };
 
+/// Whether `schema` is released (its `release` callback is NULL): its other fields must
+/// not be read.
+///
+/// The same on every arrow-rs version devarrow accepts: arrow-rs 59 has the callback as a
+/// public field, 60 behind a `release()` getter.
+pub fn schema_is_released(schema: &ArrowSchema) -> bool {
+    // `struct ArrowSchema` of the C data interface, field by field (arrow-rs's is the same
+    // `#[repr(C)]` struct with private fields): only its `release` slot is read.
+    #[repr(C)]
+    struct Layout {
+        format: *const c_char,
+        name: *const c_char,
+        metadata: *const c_char,
+        flags: i64,
+        n_children: i64,
+        children: *mut *mut Layout,
+        dictionary: *mut Layout,
+        release: Option<unsafe extern "C" fn(schema: *mut Layout)>,
+        private_data: *mut c_void,
+    }
+    const _: () = {
+        assert!(std::mem::size_of::<Layout>() == std::mem::size_of::<FFI_ArrowSchema>());
+        assert!(std::mem::align_of::<Layout>() == std::mem::align_of::<FFI_ArrowSchema>());
+    };
+    let raw = (schema as *const ArrowSchema).cast::<Layout>();
+    // SAFETY: arrow-rs's `FFI_ArrowSchema` is the `#[repr(C)]` `struct ArrowSchema` of the
+    // C data interface, whose layout `Layout` repeats (same size and alignment, checked
+    // above); `raw` comes from a live reference, so the read is in bounds and aligned, and
+    // a nullable function pointer has no invalid bit pattern.
+    let release = unsafe { std::ptr::addr_of!((*raw).release).read() };
+    release.is_none()
+}
+
 impl ArrowArray {
     /// A released (empty) array: every field zero, `release` NULL. The state a consumer
     /// allocates before asking a producer to fill it.

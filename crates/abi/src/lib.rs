@@ -84,12 +84,14 @@ pub mod ffi;
 pub use device_array::DeviceArray;
 pub use device_type::ArrowDeviceType;
 pub use error::{Error, Result};
+pub use ffi::schema_is_released;
 pub use ffi::{
     ArrowArray, ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask,
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowSchema,
 };
 pub use metadata::Metadata;
 pub use schema::{move_schema_into, take_schema};
+pub use slice_data::slice_data;
 pub use stream::DeviceArrayStream;
 pub mod boundary;
 pub mod cpu;
@@ -99,6 +101,7 @@ pub mod metadata;
 mod panic;
 pub mod pinned_registry;
 pub mod schema;
+mod slice_data;
 pub mod stream;
 
 /// The README's example (crates.io shows it), compiled and run as a doctest.

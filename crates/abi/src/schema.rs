@@ -48,12 +48,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use arrow_schema::{ArrowError, DataType, Field, Schema};
 
 use crate::error::{Error, Result};
-use crate::ffi::ArrowSchema;
+use crate::ffi::{schema_is_released, ArrowSchema};
 use crate::panic::{drop_payload, panic_message};
 
 /// Fails with [`Error::Released`] for a released schema (whose fields must not be read).
 pub fn check_schema(schema: &ArrowSchema) -> Result<()> {
-    if schema.release().is_none() {
+    if schema_is_released(schema) {
         return Err(Error::Released {
             what: "ArrowSchema",
         });

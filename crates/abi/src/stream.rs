@@ -370,7 +370,7 @@ impl DeviceArrayStream {
                 message: self.last_error(),
             });
         }
-        if out.release().is_none() {
+        if crate::ffi::schema_is_released(&out) {
             return Err(Error::Released {
                 what: "ArrowSchema",
             });

@@ -63,7 +63,7 @@ fn import_raw_takes_both_structs_in_one_call() {
         unsafe { DeviceBatch::import_raw(cpu(), &mut pair.array, &mut pair.schema) }.unwrap();
     // Both were moved out of the caller's storage.
     assert!(pair.array.array.release.is_none());
-    assert!(pair.schema.release().is_none());
+    assert!(devarrow_abi::schema_is_released(&pair.schema));
     assert_eq!(
         releases(&pair.schema_releases),
         1,
@@ -118,7 +118,7 @@ fn import_raw_releases_each_struct_exactly_once_on_every_error() {
         "{err}"
     );
     assert_eq!(releases(&pair.schema_releases), 1);
-    assert!(pair.schema.release().is_none());
+    assert!(devarrow_abi::schema_is_released(&pair.schema));
     // SAFETY: the array is unreleased; taking it back releases it when dropped.
     drop(unsafe { DeviceArray::from_raw(&mut pair.array) }.unwrap());
     assert_eq!(releases(&pair.array_releases), 1);

@@ -415,7 +415,11 @@ fn a_small_foreign_slice_of_every_layout_moves_only_its_bytes_on_cuda() {
         // Sliced as a C producer does: the column's own offset, its children whole.
         let data = ArrayData::builder(DataType::Struct(slice.schema().fields().clone()))
             .len(len)
-            .child_data(vec![column.to_data().slice(offset, len)])
+            .child_data(vec![devarrow_abi::slice_data(
+                &column.to_data(),
+                offset,
+                len,
+            )])
             .build()
             .unwrap();
         let before = transfer.stats().to_device.bytes;
@@ -465,7 +469,11 @@ fn a_slice_of_a_view_column_of_many_blocks_moves_only_its_bytes_on_cuda() {
         let whole = slices::batch_of(&name, column.clone());
         let data = ArrayData::builder(DataType::Struct(whole.schema().fields().clone()))
             .len(len)
-            .child_data(vec![column.to_data().slice(offset, len)])
+            .child_data(vec![devarrow_abi::slice_data(
+                &column.to_data(),
+                offset,
+                len,
+            )])
             .build()
             .unwrap();
         let slice = whole.slice(offset, len);

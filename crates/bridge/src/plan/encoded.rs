@@ -8,7 +8,7 @@ use arrow_array::{make_array, Array};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
-use devarrow_abi::{Error, Result};
+use devarrow_abi::{slice_data, Error, Result};
 
 use super::buffers::{buffer, cut, validity};
 use super::{plan_node, Node, Packer, Parts};
@@ -81,8 +81,9 @@ pub(super) fn plan_run_end_encoded(
         children: vec![],
         dictionary: None,
     });
-    parts
-        .children
-        .push(plan_node(&data.child_data()[1].slice(first, runs), image)?);
+    parts.children.push(plan_node(
+        &slice_data(&data.child_data()[1], first, runs),
+        image,
+    )?);
     Ok(())
 }

@@ -35,7 +35,7 @@ use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionMode};
 use devarrow_abi::device::BUFFER_ALIGNMENT;
-use devarrow_abi::Result;
+use devarrow_abi::{slice_data, Result};
 
 mod buffers;
 mod bytes;
@@ -213,7 +213,7 @@ fn plan_child(child: &ArrayData, start: usize, len: usize, image: &mut Packer) -
     if start == 0 && len == child.len() {
         plan_node(child, image)
     } else {
-        plan_node(&child.slice(start, len), image)
+        plan_node(&slice_data(child, start, len), image)
     }
 }
 

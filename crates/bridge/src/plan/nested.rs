@@ -6,7 +6,7 @@
 use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, UnionFields};
-use devarrow_abi::{Error, Result};
+use devarrow_abi::{slice_data, Error, Result};
 
 use super::buffers::{buffer, cut, push_validity_and_offsets, typed, validity};
 use super::{plan_child, plan_node, Packer, Parts};
@@ -19,7 +19,7 @@ pub(super) fn plan_list<O: ArrowNativeType + std::ops::Sub<Output = O>>(
     parts: &mut Parts,
 ) -> Result<()> {
     let (lo, hi) = push_validity_and_offsets::<O>(data, image, parts)?;
-    let child = data.child_data()[0].slice(lo, hi - lo);
+    let child = slice_data(&data.child_data()[0], lo, hi - lo);
     parts.children.push(plan_node(&child, image)?);
     Ok(())
 }
@@ -68,7 +68,7 @@ pub(super) fn plan_list_view(
     }
     let child = &data.child_data()[0];
     parts.children.push(plan_node(
-        &child.slice(lo as usize, (hi - lo) as usize),
+        &slice_data(child, lo as usize, (hi - lo) as usize),
         image,
     )?);
     Ok(())
@@ -85,7 +85,7 @@ pub(super) fn plan_fixed_size_list(
     parts.buffers.push(validity(data, image));
     let n = usize::try_from(size)
         .map_err(|_| Error::InvalidArgument(format!("{} has a negative size", data.data_type())))?;
-    let child = data.child_data()[0].slice(start * n, len * n);
+    let child = slice_data(&data.child_data()[0], start * n, len * n);
     parts.children.push(plan_node(&child, image)?);
     Ok(())
 }
@@ -116,7 +116,7 @@ pub(super) fn plan_sparse_union(
     for child in data.child_data() {
         parts
             .children
-            .push(plan_node(&child.slice(start, len), image)?);
+            .push(plan_node(&slice_data(child, start, len), image)?);
     }
     Ok(())
 }

@@ -1,0 +1,133 @@
+//! [`DeviceExecCodec`]: a [`DeviceExec`] in a serialized physical plan (DataFusion's
+//! protobuf plans, as Ballista ships them to executors).
+//!
+//! The node carries the step's **name** and the read-ahead, never code or a device:
+//! each process decodes it with its own codec, which looks the step up in its
+//! [`StepRegistry`] and runs it on its own device (`cuda:N` on a GPU executor, `cpu`
+//! elsewhere).
+
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+
+use crate::error::DeviceExecError;
+use crate::exec::DeviceExec;
+use crate::step::{ExecDevice, StepRegistry};
+
+/// The first line of an encoded node: what it is, and the version of the encoding.
+const HEADER: &str = "devarrow-datafusion DeviceExec v1";
+
+/// Encodes and decodes [`DeviceExec`] nodes; decoded nodes run their step from
+/// `registry` on `device`. Other nodes go to the fallback codec, if any (an engine's own:
+/// Ballista's, for its shuffle nodes), else are an error.
+#[derive(Debug, Clone)]
+pub struct DeviceExecCodec {
+    registry: Arc<StepRegistry>,
+    device: ExecDevice,
+    fallback: Option<Arc<dyn PhysicalExtensionCodec>>,
+}
+
+impl DeviceExecCodec {
+    /// A codec whose decoded nodes take their steps from `registry` and run on `device`.
+    pub fn new(registry: Arc<StepRegistry>, device: ExecDevice) -> Self {
+        Self {
+            registry,
+            device,
+            fallback: None,
+        }
+    }
+
+    /// This codec, passing the nodes that are not `DeviceExec`s to `fallback`.
+    pub fn with_fallback(mut self, fallback: Arc<dyn PhysicalExtensionCodec>) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+
+    /// The device decoded nodes run on.
+    pub fn device(&self) -> &ExecDevice {
+        &self.device
+    }
+
+    /// The bytes of a node: the header, then `key=value` lines.
+    pub fn encode(node: &DeviceExec) -> Vec<u8> {
+        format!(
+            "{HEADER}\nstep={}\nread_ahead={}\n",
+            node.step().name(),
+            node.read_ahead()
+        )
+        .into_bytes()
+    }
+
+    /// The node of `buf` over `input`.
+    pub fn decode(&self, buf: &[u8], input: Arc<dyn ExecutionPlan>) -> Result<DeviceExec> {
+        let bad = |why: &str| DeviceExecError::Codec(why.to_string());
+        let text = std::str::from_utf8(buf).map_err(|_| bad("not UTF-8"))?;
+        let mut lines = text.lines();
+        if lines.next() != Some(HEADER) {
+            return Err(bad(&format!("the first line is not `{HEADER}`")).into());
+        }
+        let (mut step, mut read_ahead) = (None, None);
+        for line in lines {
+            match line.split_once('=') {
+                Some(("step", name)) => step = Some(name),
+                Some(("read_ahead", n)) => {
+                    read_ahead = Some(
+                        n.parse::<usize>()
+                            .map_err(|_| bad(&format!("read_ahead `{n}` is not a count")))?,
+                    )
+                }
+                _ => return Err(bad(&format!("unknown line `{line}`")).into()),
+            }
+        }
+        let step = self.registry.get(step.ok_or_else(|| bad("no step"))?)?;
+        let read_ahead = read_ahead.ok_or_else(|| bad("no read_ahead"))?;
+        Ok(DeviceExec::try_new(input, step, self.device.clone())?.with_read_ahead(read_ahead))
+    }
+}
+
+impl PhysicalExtensionCodec for DeviceExecCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(fallback) = &self.fallback {
+            if !buf.starts_with(HEADER.as_bytes()) {
+                return fallback.try_decode(buf, inputs, ctx, proto_converter);
+            }
+        }
+        let [input] = inputs else {
+            return Err(DeviceExecError::Codec(format!(
+                "a DeviceExec has one input, this node {}",
+                inputs.len()
+            ))
+            .into());
+        };
+        Ok(Arc::new(self.decode(buf, input.clone())?))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let Some(exec) = node.downcast_ref::<DeviceExec>() else {
+            if let Some(fallback) = &self.fallback {
+                return fallback.try_encode(node, buf, proto_converter);
+            }
+            return Err(DeviceExecError::Codec(format!(
+                "cannot encode {}: this codec encodes DeviceExec nodes",
+                node.name()
+            ))
+            .into());
+        };
+        buf.extend_from_slice(&Self::encode(exec));
+        Ok(())
+    }
+}

@@ -1,0 +1,643 @@
+//! [`DeviceExec`]: each partition of the child through a device.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, ColumnStatistics, DataFusionError, Result, Statistics};
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties,
+};
+use devarrow::bridge::{DeviceBatch, StreamOptions, Transfer, TransferOptions, UploadStream};
+use futures::{Stream, StreamExt};
+
+use crate::error::DeviceExecError;
+use crate::step::{DeviceStep, ExecDevice, StepContext, StepOutput};
+
+/// How many batches of a partition are uploaded ahead of the step by default.
+pub const DEFAULT_READ_AHEAD: usize = 2;
+
+/// A plan node that streams each partition of its child through a device: every batch is
+/// uploaded (on a background thread, up to `read_ahead` batches ahead of the step: a
+/// bounded queue, so a slow step holds the child back), the [`DeviceStep`] runs on it,
+/// and the step's output is downloaded ([`ExecutionPlan::execute`]) or handed on as
+/// device batches ([`DeviceExec::execute_device`]).
+///
+/// - One output batch per non-empty input batch, same rows, same order; the
+///   partitioning and ordering of the child are kept when the step appends columns
+///   ([`StepOutput::Append`]) or keeps the schema.
+/// - Statistics: the child's row count and its columns' statistics, unknown for the
+///   step's own columns.
+/// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step and the
+///   download), `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
+///   waited for its next uploaded batch: the child's work and the upload, where
+///   read-ahead did not hide them), `device_step` (the
+///   step's code; on CUDA it enqueues, and the kernels' time shows in the download),
+///   `download`, `download_mib_per_s`.
+/// - Errors: a failing step fails the partition with [`DeviceExecError::Step`] naming
+///   the step, the partition and the batch; the child's errors come through unchanged.
+/// - Dropping a partition's stream (a cancelled query) stops its upload thread and
+///   waits for it: when the drop returns, the partition holds no device memory.
+pub struct DeviceExec {
+    input: Arc<dyn ExecutionPlan>,
+    step: Arc<DeviceStep>,
+    device: ExecDevice,
+    read_ahead: usize,
+    schema: SchemaRef,
+    step_schema: SchemaRef,
+    append: bool,
+    projection: Option<Vec<usize>>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl fmt::Debug for DeviceExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceExec")
+            .field("step", &self.step.name())
+            .field("device", &self.device.id())
+            .field("read_ahead", &self.read_ahead)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceExec {
+    /// `input`'s partitions through `step` on `device`, with the default read-ahead.
+    ///
+    /// # Errors
+    /// [`DeviceExecError::Input`] when the step needs a column `input` lacks, or appends
+    /// one it has.
+    pub fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        step: Arc<DeviceStep>,
+        device: ExecDevice,
+    ) -> Result<Self> {
+        let input_schema = input.schema();
+        let projection = step.upload_projection(&input_schema)?;
+        let (schema, step_schema) = step.schemas(&input_schema)?;
+        let append = matches!(step.output(&input_schema), StepOutput::Append(_));
+        let properties = Arc::new(Self::compute_properties(&input, &schema, append));
+        Ok(Self {
+            input,
+            step,
+            device,
+            read_ahead: DEFAULT_READ_AHEAD,
+            schema,
+            step_schema,
+            append,
+            projection,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// This node with `read_ahead` batches uploaded ahead of the step (0: on demand).
+    pub fn with_read_ahead(mut self, read_ahead: usize) -> Self {
+        self.read_ahead = read_ahead;
+        self
+    }
+
+    /// The step.
+    pub fn step(&self) -> &Arc<DeviceStep> {
+        &self.step
+    }
+
+    /// The device.
+    pub fn device(&self) -> &ExecDevice {
+        &self.device
+    }
+
+    /// The read-ahead, in batches.
+    pub fn read_ahead(&self) -> usize {
+        self.read_ahead
+    }
+
+    /// The child.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
+    fn compute_properties(
+        input: &Arc<dyn ExecutionPlan>,
+        schema: &SchemaRef,
+        append: bool,
+    ) -> PlanProperties {
+        let input_properties = input.properties();
+        let (eq_properties, partitioning) = if append {
+            // The input's columns keep their indices: its orderings and partitioning
+            // still hold.
+            let mut eq = EquivalenceProperties::new(schema.clone());
+            eq.add_orderings(input_properties.eq_properties.oeq_class().iter().cloned());
+            (eq, input_properties.partitioning.clone())
+        } else if schema == &input.schema() {
+            (
+                input_properties.eq_properties.clone(),
+                input_properties.partitioning.clone(),
+            )
+        } else {
+            (
+                EquivalenceProperties::new(schema.clone()),
+                Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            )
+        };
+        PlanProperties::new(
+            eq_properties,
+            partitioning,
+            input_properties.emission_type,
+            input_properties.boundedness,
+        )
+    }
+
+    /// The partition's batches after the step, still on the device (the step's output
+    /// only: with [`StepOutput::Append`], without the input's columns). Dropping the
+    /// stream stops the partition's uploads and frees its device memory.
+    pub fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<DeviceBatchStream> {
+        let child = self.input.execute(partition, context)?;
+        let host = self.append.then(|| Arc::new(Mutex::new(VecDeque::new())));
+        let child_error = Arc::new(Mutex::new(None));
+        let upload_schema = match &self.projection {
+            Some(indices) => Arc::new(child.schema().project(indices)?),
+            None => child.schema(),
+        };
+        let feed = ChildFeed {
+            inner: child,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            projection: self.projection.clone(),
+            host: host.clone(),
+            error: child_error.clone(),
+            done: false,
+        };
+        let options = StreamOptions::default().with_read_ahead(self.read_ahead);
+        let uploads =
+            UploadStream::spawn(upload_schema, feed, self.device.device().clone(), options)
+                .map_err(|source| DeviceExecError::Upload {
+                    partition,
+                    device: self.device.id().to_string(),
+                    source: Box::new(source),
+                })?;
+        Ok(DeviceBatchStream {
+            uploads,
+            host,
+            child_error,
+            step: self.step.clone(),
+            step_schema: self.step_schema.clone(),
+            device: self.device.clone(),
+            partition,
+            batch: 0,
+            waiting_since: None,
+            done: false,
+            metrics: PartitionMetrics::new(&self.metrics, partition),
+        })
+    }
+}
+
+impl DisplayAs for DeviceExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "DeviceExec: step={}, device={}, read_ahead={}",
+                self.step.name(),
+                self.device.id(),
+                self.read_ahead
+            ),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "step={}", self.step.name())?;
+                write!(f, "device={}", self.device.id())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for DeviceExec {
+    fn name(&self) -> &str {
+        "DeviceExec"
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("DeviceExec takes one child, not {}", children.len());
+        }
+        let node = DeviceExec::try_new(
+            children.swap_remove(0),
+            self.step.clone(),
+            self.device.clone(),
+        )?
+        .with_read_ahead(self.read_ahead);
+        Ok(Arc::new(node))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let device_batches = self.execute_device(partition, context)?;
+        Ok(Box::pin(HostBatchStream {
+            transfer: Transfer::new(self.device.device().clone(), TransferOptions::default()),
+            schema: self.schema.clone(),
+            inner: device_batches,
+        }))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    /// The child's row count (one row out per row in); its column statistics for the
+    /// columns it passes on (the input's, when the step appends or keeps the schema);
+    /// unknown for the step's own columns, and byte sizes inexact.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let input = &input_stats[0];
+        let input_schema = self.input.schema();
+        let mut columns = if self.append || self.schema == input_schema {
+            input.column_statistics.clone()
+        } else {
+            Vec::new()
+        };
+        columns.resize_with(self.schema.fields().len(), ColumnStatistics::new_unknown);
+        Ok(Arc::new(Statistics {
+            num_rows: input.num_rows,
+            total_byte_size: input.total_byte_size.to_inexact(),
+            column_statistics: columns,
+        }))
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::Equal
+    }
+}
+
+/// The metrics of one partition.
+#[derive(Debug, Clone)]
+struct PartitionMetrics {
+    baseline: BaselineMetrics,
+    bytes_to_device: Count,
+    bytes_from_device: Count,
+    upload_wait: Time,
+    device_step: Time,
+    download: Time,
+    download_mib_per_s: Gauge,
+}
+
+impl PartitionMetrics {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            baseline: BaselineMetrics::new(metrics, partition),
+            bytes_to_device: MetricBuilder::new(metrics).counter("bytes_to_device", partition),
+            bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
+            upload_wait: MetricBuilder::new(metrics).subset_time("upload_wait", partition),
+            device_step: MetricBuilder::new(metrics).subset_time("device_step", partition),
+            download: MetricBuilder::new(metrics).subset_time("download", partition),
+            download_mib_per_s: MetricBuilder::new(metrics).gauge("download_mib_per_s", partition),
+        }
+    }
+}
+
+/// The child's batches as the upload thread pulls them: polled there inside the tokio
+/// runtime of the query (DataFusion's streams may spawn tasks on first poll), projected
+/// to the step's input columns; the whole batch kept for [`StepOutput::Append`]; empty
+/// batches skipped; an error of the child kept aside (delivered unchanged by
+/// [`DeviceBatchStream`]) and the end of the feed.
+struct ChildFeed {
+    inner: SendableRecordBatchStream,
+    runtime: Option<tokio::runtime::Handle>,
+    projection: Option<Vec<usize>>,
+    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    error: Arc<Mutex<Option<DataFusionError>>>,
+    done: bool,
+}
+
+impl Stream for ChildFeed {
+    type Item = std::result::Result<RecordBatch, devarrow::abi::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let _runtime = this.runtime.as_ref().map(|r| r.enter());
+            let batch = match this.inner.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    *this.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Ok(batch))) => batch,
+            };
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let upload = match &this.projection {
+                Some(indices) => match batch.project(indices) {
+                    Ok(projected) => projected,
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                },
+                None => batch.clone(),
+            };
+            if let Some(host) = &this.host {
+                host.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(batch);
+            }
+            return Poll::Ready(Some(Ok(upload)));
+        }
+    }
+}
+
+/// One partition of a [`DeviceExec`] after its step, on the device
+/// ([`DeviceExec::execute_device`]).
+pub struct DeviceBatchStream {
+    uploads: UploadStream,
+    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    child_error: Arc<Mutex<Option<DataFusionError>>>,
+    step: Arc<DeviceStep>,
+    step_schema: SchemaRef,
+    device: ExecDevice,
+    partition: usize,
+    batch: usize,
+    waiting_since: Option<Instant>,
+    done: bool,
+    metrics: PartitionMetrics,
+}
+
+impl fmt::Debug for DeviceBatchStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBatchStream")
+            .field("step", &self.step.name())
+            .field("device", &self.device.id())
+            .field("partition", &self.partition)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceBatchStream {
+    /// The schema of the step's batches.
+    pub fn step_schema(&self) -> &SchemaRef {
+        &self.step_schema
+    }
+
+    /// Runs the step on one uploaded batch and checks its output.
+    fn run_step(&mut self, uploaded: DeviceBatch) -> Result<DeviceBatch> {
+        let batch = self.batch;
+        let rows = uploaded.num_rows();
+        self.metrics.bytes_to_device.add(uploaded.device_bytes());
+        let cx = StepContext {
+            partition: self.partition,
+            batch,
+            device: &self.device,
+        };
+        let timer = self.metrics.device_step.timer();
+        // The polling thread may be any of the runtime's: the step's CUDA calls (cudarc's,
+        // some of which take the thread's current context) find the device's context bound.
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = self.device.cuda() {
+            cuda.primary_context()
+                .context()
+                .bind_to_thread()
+                .map_err(|e| DeviceExecError::Step {
+                    step: self.step.name().to_string(),
+                    partition: self.partition,
+                    batch,
+                    source: Box::new(e),
+                })?;
+        }
+        let output = self
+            .step
+            .run(uploaded, &cx)
+            .map_err(|source| DeviceExecError::Step {
+                step: self.step.name().to_string(),
+                partition: self.partition,
+                batch,
+                source,
+            })?;
+        timer.done();
+        let same_columns = output.schema().fields().len() == self.step_schema.fields().len()
+            && output
+                .schema()
+                .fields()
+                .iter()
+                .zip(self.step_schema.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same_columns {
+            return Err(DeviceExecError::OutputSchema {
+                step: self.step.name().to_string(),
+                partition: self.partition,
+                batch,
+                expected: self.step_schema.to_string(),
+                found: output.schema().to_string(),
+            }
+            .into());
+        }
+        if output.num_rows() != rows {
+            return Err(DeviceExecError::OutputRows {
+                step: self.step.name().to_string(),
+                partition: self.partition,
+                batch,
+                expected: rows,
+                found: output.num_rows(),
+            }
+            .into());
+        }
+        Ok(output)
+    }
+
+    /// The input batch the device batch `batch` was uploaded from
+    /// ([`StepOutput::Append`] only).
+    fn take_host_batch(&self) -> Option<RecordBatch> {
+        self.host
+            .as_ref()
+            .and_then(|h| h.lock().unwrap_or_else(|e| e.into_inner()).pop_front())
+    }
+}
+
+impl Stream for DeviceBatchStream {
+    type Item = Result<DeviceBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let polled = self.uploads.poll_next_unpin(cx);
+        match polled {
+            Poll::Pending => {
+                self.waiting_since.get_or_insert_with(Instant::now);
+                Poll::Pending
+            }
+            Poll::Ready(item) => {
+                if let Some(since) = self.waiting_since.take() {
+                    self.metrics.upload_wait.add_elapsed(since);
+                }
+                match item {
+                    None => {
+                        self.done = true;
+                        let child_error = self
+                            .child_error
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .take();
+                        match child_error {
+                            Some(e) => Poll::Ready(Some(Err(e))),
+                            None => Poll::Ready(None),
+                        }
+                    }
+                    Some(Err(source)) => {
+                        self.done = true;
+                        let error = DeviceExecError::Upload {
+                            partition: self.partition,
+                            device: self.device.id().to_string(),
+                            source: Box::new(source),
+                        };
+                        Poll::Ready(Some(Err(error.into())))
+                    }
+                    Some(Ok(uploaded)) => {
+                        let output = self.run_step(uploaded);
+                        if output.is_err() {
+                            self.done = true;
+                        }
+                        self.batch += 1;
+                        Poll::Ready(Some(output))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`DeviceBatchStream`] downloaded: the output of [`DeviceExec::execute`].
+struct HostBatchStream {
+    inner: DeviceBatchStream,
+    transfer: Transfer,
+    schema: SchemaRef,
+}
+
+impl HostBatchStream {
+    fn download(&mut self, output: DeviceBatch) -> Result<RecordBatch> {
+        let batch = self.inner.batch - 1;
+        let metrics = self.inner.metrics.clone();
+        let timer = metrics.download.timer();
+        let downloaded =
+            self.transfer
+                .to_host(&output)
+                .map_err(|source| DeviceExecError::Download {
+                    partition: self.inner.partition,
+                    batch,
+                    device: self.inner.device.id().to_string(),
+                    source: Box::new(source),
+                })?;
+        timer.done();
+        drop(output);
+        let stats = self.transfer.take_stats().to_host;
+        metrics.bytes_from_device.add(stats.bytes as usize);
+        let (bytes, nanos) = (
+            metrics.bytes_from_device.value(),
+            metrics.download.value().max(1),
+        );
+        metrics
+            .download_mib_per_s
+            .set((bytes as f64 / (1 << 20) as f64 / (nanos as f64 * 1e-9)) as usize);
+        let columns = match self.inner.take_host_batch() {
+            Some(host) => {
+                let mut columns = host.columns().to_vec();
+                columns.extend(downloaded.columns().iter().cloned());
+                columns
+            }
+            None => downloaded.columns().to_vec(),
+        };
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+impl Stream for HostBatchStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.inner.poll_next_unpin(cx);
+        let poll = match polled {
+            Poll::Ready(Some(Ok(output))) => {
+                let compute = self.inner.metrics.baseline.elapsed_compute().clone();
+                let timer = compute.timer();
+                let result = self.download(output);
+                timer.done();
+                if result.is_err() {
+                    self.inner.done = true;
+                }
+                Poll::Ready(Some(result))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        };
+        self.inner.metrics.baseline.clone().record_poll(poll)
+    }
+}
+
+impl RecordBatchStream for HostBatchStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}

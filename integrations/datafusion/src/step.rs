@@ -1,0 +1,302 @@
+//! The device step of a [`DeviceExec`](crate::DeviceExec) ([`DeviceStep`]), the device it
+//! runs on ([`ExecDevice`]) and the registry of steps by name ([`StepRegistry`]) that a
+//! codec looks them up in on each executor.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use arrow_schema::{Field, Fields, Schema, SchemaRef};
+use devarrow::abi::device::{CpuDevice, Device};
+use devarrow::bridge::DeviceBatch;
+use devarrow::{select_device, DeviceRequest};
+
+use crate::error::{BoxError, DeviceExecError};
+
+/// What a step sees besides its batch: where it runs.
+#[derive(Debug)]
+pub struct StepContext<'a> {
+    /// The partition of the plan.
+    pub partition: usize,
+    /// The batch of that partition (0-based).
+    pub batch: usize,
+    /// The device the batch is on, and its CUDA handle when it is a CUDA device.
+    pub device: &'a ExecDevice,
+}
+
+/// The code of a step: the uploaded batch in, a batch on the same device out (the
+/// step's declared columns, one row per input row). On CUDA it enqueues its kernels on
+/// the device's stream ([`ExecDevice::cuda`], `CudaDevice::stream`), with the device's
+/// context current on the calling thread; the download waits for them.
+pub type StepFn =
+    dyn Fn(DeviceBatch, &StepContext<'_>) -> Result<DeviceBatch, BoxError> + Send + Sync;
+
+/// What a step's output is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// The step returns these columns, which the plan appends to its input's columns
+    /// (downloading only them): the input's partitioning and ordering stay valid.
+    Append(Fields),
+    /// The step returns batches of this schema, which is the plan's output. When it is
+    /// the input's schema, the input's partitioning and ordering are kept; otherwise the
+    /// partitioning is unknown and no ordering is claimed.
+    Replace(SchemaRef),
+}
+
+/// A user-given step on the device: a name (what a serialized plan carries), the input
+/// columns to upload, the output, and the code.
+#[derive(Clone)]
+pub struct DeviceStep {
+    name: String,
+    inputs: Option<Vec<String>>,
+    output: Option<StepOutput>,
+    run: Arc<StepFn>,
+}
+
+impl fmt::Debug for DeviceStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceStep")
+            .field("name", &self.name)
+            .field("inputs", &self.inputs)
+            .field("output", &self.output)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceStep {
+    /// A step named `name` running `run` on every batch. By default it gets every column
+    /// and returns batches of the input's schema ([`StepOutput::Replace`] with the
+    /// input's schema); see [`DeviceStep::with_inputs`] and [`DeviceStep::appending`].
+    ///
+    /// `name` is what a serialized plan carries: letters, digits, `_`, `-`, `.`, `:`.
+    ///
+    /// # Panics
+    /// If `name` is empty or holds another character (a programming error).
+    pub fn new(
+        name: impl Into<String>,
+        run: impl Fn(DeviceBatch, &StepContext<'_>) -> Result<DeviceBatch, BoxError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        let name = name.into();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c)),
+            "a device step's name is letters, digits, `_`, `-`, `.` and `:`: {name:?}"
+        );
+        Self {
+            name,
+            inputs: None,
+            output: None,
+            run: Arc::new(run),
+        }
+    }
+
+    /// Uploads only these columns of the input (in this order): the step sees a batch of
+    /// them.
+    pub fn with_inputs<I: Into<String>>(mut self, columns: impl IntoIterator<Item = I>) -> Self {
+        self.inputs = Some(columns.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The step returns `fields`, appended to the input's columns
+    /// ([`StepOutput::Append`]).
+    pub fn appending(mut self, fields: impl Into<Fields>) -> Self {
+        self.output = Some(StepOutput::Append(fields.into()));
+        self
+    }
+
+    /// The step returns batches of `schema` ([`StepOutput::Replace`]).
+    pub fn replacing(mut self, schema: SchemaRef) -> Self {
+        self.output = Some(StepOutput::Replace(schema));
+        self
+    }
+
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The input columns it uploads (`None`: all).
+    pub fn inputs(&self) -> Option<&[String]> {
+        self.inputs.as_deref()
+    }
+
+    /// Runs the step's code (what [`DeviceExec`](crate::DeviceExec) does with each
+    /// batch; a step may run another's).
+    pub fn run(&self, batch: DeviceBatch, cx: &StepContext<'_>) -> Result<DeviceBatch, BoxError> {
+        (self.run)(batch, cx)
+    }
+
+    fn input_error(&self, reason: String) -> DeviceExecError {
+        DeviceExecError::Input {
+            step: self.name.clone(),
+            reason,
+        }
+    }
+
+    /// The indices of the uploaded columns in `input` (`None`: all of them).
+    pub(crate) fn upload_projection(
+        &self,
+        input: &Schema,
+    ) -> Result<Option<Vec<usize>>, DeviceExecError> {
+        let Some(names) = &self.inputs else {
+            return Ok(None);
+        };
+        names
+            .iter()
+            .map(|name| {
+                input.index_of(name).map_err(|_| {
+                    self.input_error(format!(
+                        "no column `{name}` in the input's columns {:?}",
+                        input.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// The output, resolved against the input's schema.
+    pub(crate) fn output(&self, input: &SchemaRef) -> StepOutput {
+        self.output
+            .clone()
+            .unwrap_or_else(|| StepOutput::Replace(input.clone()))
+    }
+
+    /// The plan's output schema for `input`, and the schema the step's batches must
+    /// have.
+    pub(crate) fn schemas(
+        &self,
+        input: &SchemaRef,
+    ) -> Result<(SchemaRef, SchemaRef), DeviceExecError> {
+        match self.output(input) {
+            StepOutput::Append(fields) => {
+                let mut all: Vec<Arc<Field>> = input.fields().iter().cloned().collect();
+                for field in fields.iter() {
+                    if input.index_of(field.name()).is_ok() {
+                        return Err(self.input_error(format!(
+                            "it appends column `{}`, which the input has already",
+                            field.name()
+                        )));
+                    }
+                    all.push(field.clone());
+                }
+                let output = Arc::new(Schema::new_with_metadata(all, input.metadata().clone()));
+                Ok((output, Arc::new(Schema::new(fields))))
+            }
+            StepOutput::Replace(schema) => Ok((schema.clone(), schema)),
+        }
+    }
+}
+
+/// The device a [`DeviceExec`](crate::DeviceExec) runs on: devarrow's device, its CUDA
+/// handle when it is one, and its name (`cpu`, `cuda:N`).
+#[derive(Debug, Clone)]
+pub struct ExecDevice {
+    device: Arc<dyn Device>,
+    #[cfg(feature = "cuda")]
+    cuda: Option<Arc<devarrow::cuda::CudaDevice>>,
+    id: String,
+}
+
+impl ExecDevice {
+    /// Opens the device named by a device string of devarrow's grammar (one device:
+    /// `cpu`, `cuda:N`, `cuda`, `auto`; see `devarrow::DeviceSpec`).
+    pub fn open(spec: &str) -> Result<Self, DeviceExecError> {
+        let error = |reason: String| DeviceExecError::Device {
+            spec: spec.to_string(),
+            reason,
+        };
+        let request: DeviceRequest = spec.parse().map_err(|e| error(format!("{e}")))?;
+        let selected = select_device(request).map_err(|e| error(e.to_string()))?;
+        Ok(Self {
+            device: selected.device,
+            #[cfg(feature = "cuda")]
+            cuda: selected.cuda,
+            id: selected.id,
+        })
+    }
+
+    /// The CPU device (a new one).
+    pub fn cpu() -> Self {
+        Self::from_cpu(Arc::new(CpuDevice::new()))
+    }
+
+    /// This CPU device.
+    pub fn from_cpu(device: Arc<CpuDevice>) -> Self {
+        Self {
+            device,
+            #[cfg(feature = "cuda")]
+            cuda: None,
+            id: "cpu".into(),
+        }
+    }
+
+    /// This CUDA device.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(device: Arc<devarrow::cuda::CudaDevice>) -> Self {
+        Self {
+            id: format!("cuda:{}", device.primary_context().id()),
+            device: device.clone(),
+            cuda: Some(device),
+        }
+    }
+
+    /// devarrow's device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The CUDA device, when it is one: its stream (`stream()`) is where a step enqueues
+    /// its kernels, its context (`primary_context()`) where it loads them.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&Arc<devarrow::cuda::CudaDevice>> {
+        self.cuda.as_ref()
+    }
+
+    /// `cpu` or `cuda:N`.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The device steps of a process, by name: what a codec rebuilds a shipped
+/// [`DeviceExec`](crate::DeviceExec) with (each Ballista executor registers the same
+/// names, each with code for its own device).
+#[derive(Debug, Default)]
+pub struct StepRegistry {
+    steps: RwLock<BTreeMap<String, Arc<DeviceStep>>>,
+}
+
+impl StepRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `step` under its name, replacing a step of that name; returns it.
+    pub fn register(&self, step: DeviceStep) -> Arc<DeviceStep> {
+        let step = Arc::new(step);
+        self.steps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(step.name().to_string(), step.clone());
+        step
+    }
+
+    /// The step named `name`.
+    pub fn get(&self, name: &str) -> Result<Arc<DeviceStep>, DeviceExecError> {
+        let steps = self.steps.read().unwrap_or_else(|e| e.into_inner());
+        steps
+            .get(name)
+            .cloned()
+            .ok_or_else(|| DeviceExecError::UnknownStep {
+                name: name.to_string(),
+                registered: steps.keys().cloned().collect::<Vec<_>>().join(", "),
+            })
+    }
+}

@@ -1,0 +1,431 @@
+//! DeviceExec on devarrow's CPU device (runs everywhere): results against DataFusion's
+//! own, batch boundaries, partitioning and ordering, metrics, typed errors naming the
+//! partition, cancellation leaving no device memory, and the codec.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_schema::SortOptions;
+use datafusion::physical_expr::expressions::col;
+use datafusion::physical_expr::PhysicalSortExpr;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::statistics::StatisticsArgs;
+use datafusion::physical_plan::{
+    collect, collect_partitioned, ExecutionPlan, ExecutionPlanProperties,
+};
+use datafusion::prelude::SessionContext;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use devarrow::abi::device::CpuDevice;
+use devarrow_datafusion::revenue::revenue_step;
+use devarrow_datafusion::{
+    DeviceExec, DeviceExecCodec, DeviceExecError, DeviceStep, ExecDevice, StepRegistry,
+};
+use futures::StreamExt;
+
+use common::*;
+
+const SCALE: f64 = 0.01;
+
+#[tokio::test]
+async fn revenue_on_the_cpu_device_is_datafusions() {
+    let ctx = session(lineitem(SCALE, 3, 8192));
+    let plan = device_plan(&ctx, ExecDevice::cpu()).await.unwrap();
+    assert_eq!(
+        partitions_of(plan.as_ref()),
+        partitions_of(plan.input().as_ref())
+    );
+    let out = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+    let expected = datafusion_revenue(&ctx).await.unwrap();
+    let n = check_against_datafusion(&out, &expected);
+    assert!(n > 50_000, "{n} rows");
+    // The input's columns come first, as they were; revenue is appended.
+    let input_schema = plan.input().schema();
+    assert_eq!(
+        &out[0].schema().fields()[..input_schema.fields().len()],
+        &input_schema.fields()[..]
+    );
+    assert_eq!(
+        out[0].schema().field(input_schema.fields().len()).name(),
+        "revenue"
+    );
+
+    // Statistics: the input's row count and column statistics, revenue's unknown.
+    let stats = datafusion::physical_plan::statistics::StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .unwrap();
+    let input_stats = datafusion::physical_plan::statistics::StatisticsContext::new()
+        .compute(plan.input().as_ref(), &StatisticsArgs::new())
+        .unwrap();
+    assert_eq!(stats.num_rows, input_stats.num_rows);
+    assert_eq!(
+        stats.column_statistics.len(),
+        input_schema.fields().len() + 1
+    );
+    assert_eq!(
+        stats.column_statistics[..input_schema.fields().len()],
+        input_stats.column_statistics[..]
+    );
+
+    // Metrics: rows out, bytes both ways, the step's and the download's times.
+    let metrics = plan.metrics().unwrap();
+    assert_eq!(metrics.output_rows(), Some(n));
+    let sum = |name: &str| {
+        metrics
+            .sum_by_name(name)
+            .unwrap_or_else(|| panic!("metric {name}"))
+            .as_usize()
+    };
+    // Two Decimal128 columns up (16 bytes a row each), one down.
+    assert!(
+        sum("bytes_to_device") >= n * 32,
+        "{}",
+        sum("bytes_to_device")
+    );
+    assert!(
+        sum("bytes_from_device") >= n * 16,
+        "{}",
+        sum("bytes_from_device")
+    );
+    assert!(sum("device_step") > 0 && sum("download") > 0);
+}
+
+#[tokio::test]
+async fn batches_partitions_and_order_are_the_inputs() {
+    let ctx = session(lineitem(SCALE, 2, 1000));
+    let scan = ctx
+        .sql(SCAN)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    // Sorted partitions: the DeviceExec must claim the same ordering.
+    let ordering = [PhysicalSortExpr::new(
+        col("l_extendedprice", &scan.schema()).unwrap(),
+        SortOptions::default(),
+    )];
+    let sorted: Arc<dyn ExecutionPlan> =
+        Arc::new(SortExec::new(ordering.into(), scan).with_preserve_partitioning(true));
+    let step = Arc::new(revenue_step());
+    let plan: Arc<dyn ExecutionPlan> = Arc::new(
+        DeviceExec::try_new(sorted.clone(), step, ExecDevice::cpu())
+            .unwrap()
+            .with_read_ahead(1),
+    );
+    // (DataFusion's `UnknownPartitioning` is equal to nothing, itself included.)
+    assert_eq!(
+        format!("{:?}", plan.output_partitioning()),
+        format!("{:?}", sorted.output_partitioning())
+    );
+    assert_eq!(
+        plan.output_ordering().map(|o| o.to_string()),
+        sorted.output_ordering().map(|o| o.to_string())
+    );
+    let inputs = collect_partitioned(sorted, ctx.task_ctx()).await.unwrap();
+    let outputs = collect_partitioned(plan, ctx.task_ctx()).await.unwrap();
+    assert_eq!(outputs.len(), inputs.len());
+    for (input, output) in inputs.iter().zip(&outputs) {
+        let input: Vec<_> = input.iter().filter(|b| b.num_rows() > 0).collect();
+        assert_eq!(output.len(), input.len(), "one batch out per batch in");
+        for (i, o) in input.iter().zip(output) {
+            assert_eq!(i.num_rows(), o.num_rows());
+            for c in 0..i.num_columns() {
+                assert_eq!(i.column(c), o.column(c), "column {c} as it came in");
+            }
+        }
+    }
+}
+
+/// The revenue step, failing on one partition's second batch.
+fn failing_step(partition: usize) -> DeviceStep {
+    let revenue = revenue_step();
+    DeviceStep::new("fails.on.one.partition", move |batch, cx| {
+        if cx.partition == partition && cx.batch == 1 {
+            return Err(format!("kernel failed on partition {}", cx.partition).into());
+        }
+        revenue.run(batch, cx)
+    })
+    .with_inputs(["l_extendedprice", "l_discount"])
+    .appending(vec![devarrow_datafusion::revenue::revenue_field()])
+}
+
+#[tokio::test]
+async fn a_failing_step_fails_the_query_naming_the_partition() {
+    let ctx = session(lineitem(SCALE, 3, 4096));
+    let scan = ctx
+        .sql(SCAN)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let plan =
+        Arc::new(DeviceExec::try_new(scan, Arc::new(failing_step(2)), ExecDevice::cpu()).unwrap());
+    let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
+    let found = DeviceExecError::find(&error).unwrap_or_else(|| panic!("not typed: {error}"));
+    match found {
+        DeviceExecError::Step {
+            step,
+            partition,
+            batch,
+            source,
+        } => {
+            assert_eq!(
+                (step.as_str(), *partition, *batch),
+                ("fails.on.one.partition", 2, 1)
+            );
+            assert!(source.to_string().contains("kernel failed"), "{source}");
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(found.partition(), Some(2));
+    assert!(error.to_string().contains("partition 2"), "{error}");
+}
+
+#[tokio::test]
+async fn a_step_returning_the_wrong_columns_is_a_typed_error() {
+    let ctx = session(lineitem(SCALE, 1, 4096));
+    let scan = ctx
+        .sql(SCAN)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    // Declares an Int64 column, returns the uploaded batch unchanged.
+    let step = DeviceStep::new("identity", |batch, _| Ok(batch))
+        .with_inputs(["l_discount"])
+        .appending(vec![arrow_schema::Field::new(
+            "x",
+            arrow_schema::DataType::Int64,
+            false,
+        )]);
+    let plan = Arc::new(DeviceExec::try_new(scan, Arc::new(step), ExecDevice::cpu()).unwrap());
+    let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::OutputSchema { partition: 0, .. })
+        ),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_step_needing_a_missing_column_is_refused_at_planning() {
+    let ctx = session(lineitem(SCALE, 1, 4096));
+    let scan = ctx
+        .sql("SELECT l_orderkey FROM lineitem")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let error = DeviceExec::try_new(scan, Arc::new(revenue_step()), ExecDevice::cpu()).unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Input { .. })
+        ),
+        "{error}"
+    );
+}
+
+/// Waits (a hang guard, 10 s) until the CPU device's pool has no block in use.
+fn wait_for_no_device_memory(device: &CpuDevice) -> usize {
+    let start = Instant::now();
+    loop {
+        let in_use = device.memory_pool_stats().in_use_bytes;
+        if in_use == 0 || start.elapsed() > Duration::from_secs(10) {
+            return in_use;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_partition_stream_leaves_no_device_memory() {
+    let ctx = session(lineitem(SCALE, 2, 1024));
+    let cpu = Arc::new(CpuDevice::new());
+    let plan = device_plan(&ctx, ExecDevice::from_cpu(cpu.clone()))
+        .await
+        .unwrap();
+    let plan = Arc::new(
+        DeviceExec::try_new(
+            plan.input().clone(),
+            plan.step().clone(),
+            plan.device().clone(),
+        )
+        .unwrap()
+        .with_read_ahead(8),
+    );
+    assert_eq!(cpu.memory_pool_stats().in_use_bytes, 0);
+    for partition in 0..2 {
+        let mut stream = plan.execute(partition, ctx.task_ctx()).unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        // Let the read-ahead fill: uploads hold device memory now.
+        let start = Instant::now();
+        while cpu.memory_pool_stats().in_use_bytes == 0 && start.elapsed() < Duration::from_secs(5)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(
+            cpu.memory_pool_stats().in_use_bytes > 0,
+            "uploads ahead hold memory"
+        );
+        drop(stream);
+        // The drop stopped and joined the upload thread: nothing is left, at once.
+        assert_eq!(
+            cpu.memory_pool_stats().in_use_bytes,
+            0,
+            "partition {partition}"
+        );
+        drop(first);
+    }
+    // Device batches handed on, dropped mid-stream.
+    let mut device_batches = plan.execute_device(1, ctx.task_ctx()).unwrap();
+    let one = device_batches.next().await.unwrap().unwrap();
+    assert_eq!(one.schema().field(0).name(), "revenue");
+    drop(one);
+    drop(device_batches);
+    assert_eq!(wait_for_no_device_memory(&cpu), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_query_leaves_no_device_memory() {
+    let ctx = session(lineitem(SCALE, 3, 1024));
+    let cpu = Arc::new(CpuDevice::new());
+    let plan = device_plan(&ctx, ExecDevice::from_cpu(cpu.clone()))
+        .await
+        .unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = {
+        let (plan, ctx, seen) = (plan.clone(), ctx.task_ctx(), seen.clone());
+        tokio::spawn(async move {
+            let mut stream = datafusion::physical_plan::execute_stream(plan, ctx).unwrap();
+            while let Some(batch) = stream.next().await {
+                batch.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    while seen.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(wait_for_no_device_memory(&cpu), 0);
+}
+
+#[tokio::test]
+async fn the_codec_ships_the_step_by_name_to_each_device() {
+    let ctx = session(lineitem(SCALE, 2, 4096));
+    let plan = device_plan(&ctx, ExecDevice::cpu()).await.unwrap();
+    let registry = Arc::new(StepRegistry::new());
+    registry.register(revenue_step());
+    // The "client" encodes; an "executor" decodes onto its own device.
+    let client = DeviceExecCodec::new(registry.clone(), ExecDevice::cpu());
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan.clone(), &client).unwrap();
+    let executor_device = Arc::new(CpuDevice::new());
+    let executor = DeviceExecCodec::new(registry, ExecDevice::from_cpu(executor_device.clone()));
+    let decoded =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &executor).unwrap();
+    let node = decoded.downcast_ref::<DeviceExec>().expect("a DeviceExec");
+    assert_eq!(node.step().name(), "tpch.revenue");
+    assert_eq!(node.read_ahead(), plan.read_ahead());
+    assert_eq!(node.schema(), plan.schema());
+    let out = collect(decoded, ctx.task_ctx()).await.unwrap();
+    check_against_datafusion(&out, &datafusion_revenue(&ctx).await.unwrap());
+    assert!(
+        executor_device.memory_pool_stats().hits + executor_device.memory_pool_stats().misses > 0,
+        "ran on the executor's device"
+    );
+
+    // An executor without the step: a typed error naming it.
+    let bare = DeviceExecCodec::new(Arc::new(StepRegistry::new()), ExecDevice::cpu());
+    let error =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &bare).unwrap_err();
+    assert!(
+        error.to_string().contains("no device step `tpch.revenue`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn devices_open_by_name() {
+    assert_eq!(ExecDevice::open("cpu").unwrap().id(), "cpu");
+    assert!(matches!(
+        ExecDevice::open("gpu"),
+        Err(DeviceExecError::Device { .. })
+    ));
+    // `auto` is a GPU when there is one, else the CPU device.
+    let auto = ExecDevice::open("auto").unwrap();
+    assert!(auto.id() == "cpu" || auto.id().starts_with("cuda:"));
+    let _unused: Option<SessionContext> = None;
+}
+
+#[tokio::test]
+async fn a_logical_device_step_plans_into_a_device_exec_and_ships_by_name() {
+    use datafusion::dataframe::DataFrame;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::logical_expr::{Extension, UserDefinedLogicalNode};
+    use datafusion::physical_plan::displayable;
+    use datafusion::prelude::SessionConfig;
+    use datafusion_proto::logical_plan::{DefaultLogicalExtensionCodec, LogicalExtensionCodec};
+    use devarrow_datafusion::{DeviceLogicalCodec, DevicePlanner, DeviceStepNode};
+
+    let registry = Arc::new(StepRegistry::new());
+    let step = registry.register(revenue_step());
+    let cpu = Arc::new(CpuDevice::new());
+    let planner = DevicePlanner::new(registry.clone(), ExecDevice::from_cpu(cpu.clone()));
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(SessionConfig::new().with_target_partitions(2))
+        .with_query_planner(Arc::new(planner))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    register_lineitem(&ctx, lineitem(SCALE, 2, 4096));
+
+    let scan = ctx.sql(SCAN).await.unwrap();
+    let node = DeviceStepNode::try_new(scan.logical_plan().clone(), &step).unwrap();
+    let df = DataFrame::new(ctx.state(), node.clone().into_plan());
+    let physical = df.clone().create_physical_plan().await.unwrap();
+    let shown = displayable(physical.as_ref()).indent(false).to_string();
+    assert!(
+        shown.contains("DeviceExec: step=tpch.revenue, device=cpu"),
+        "{shown}"
+    );
+    let out = df.collect().await.unwrap();
+    check_against_datafusion(&out, &datafusion_revenue(&ctx).await.unwrap());
+    assert!(
+        cpu.memory_pool_stats().misses > 0,
+        "ran on the planner's device"
+    );
+
+    // The logical codec: the node goes by the step's name, other nodes to the inner codec.
+    let codec = DeviceLogicalCodec::new(registry, Arc::new(DefaultLogicalExtensionCodec {}));
+    let mut buf = Vec::new();
+    let extension = Extension {
+        node: Arc::new(node.clone()),
+    };
+    codec.try_encode(&extension, &mut buf).unwrap();
+    let decoded = codec
+        .try_decode(&buf, &[scan.logical_plan().clone()], &ctx.task_ctx())
+        .unwrap();
+    let decoded = decoded
+        .node
+        .as_any()
+        .downcast_ref::<DeviceStepNode>()
+        .unwrap();
+    assert_eq!(decoded, &node);
+    assert!(UserDefinedLogicalNode::schema(decoded)
+        .field_with_unqualified_name("revenue")
+        .is_ok());
+}

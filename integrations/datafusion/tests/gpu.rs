@@ -1,0 +1,179 @@
+//! DeviceExec on CUDA: the revenue kernel (PTX) against DataFusion, cancellation and a
+//! failing step leaving no device memory (devarrow's exact counts and the device's free
+//! memory), and two devices standing in for two executors, each decoding the shipped plan
+//! onto its own.
+//!
+//! Skips without a GPU (printing why); fails instead with DEVARROW_REQUIRE_GPU=1. Without
+//! a GPU it runs on the emulated driver (`.ci/datafusion`: DEVARROW_EMU_DEVICES=2).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::Arc;
+
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use devarrow::cuda::{device_count, CudaDevice};
+use devarrow_datafusion::revenue::revenue_step;
+use devarrow_datafusion::{DeviceExec, DeviceExecCodec, ExecDevice, StepRegistry};
+use devarrow_testing::gpu::open_or_skip;
+use devarrow_testing::leaks::DeviceMemoryCheck;
+use futures::StreamExt;
+
+use common::*;
+
+const SCALE: f64 = 0.01;
+
+/// A tokio runtime for one test: GPU tests are plain tests that hold devarrow's GPU test
+/// lock (a std mutex) around a `block_on`, never across an await of their own runtime.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn revenue_kernel_on_cuda_is_datafusions_and_frees_everything() {
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(async {
+        let ctx = session(lineitem(SCALE, 2, 8192));
+        let plan = device_plan(&ctx, ExecDevice::from_cuda(cuda.clone()))
+            .await
+            .unwrap();
+        assert_eq!(plan.device().id(), "cuda:0");
+        let out = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+        let n = check_against_datafusion(&out, &datafusion_revenue(&ctx).await.unwrap());
+        assert!(n > 50_000);
+        let metrics = plan.metrics().unwrap();
+        assert_eq!(metrics.output_rows(), Some(n));
+        assert!(metrics.sum_by_name("bytes_to_device").unwrap().as_usize() >= n * 32);
+    });
+    check.assert_no_leak("the revenue plan on CUDA");
+}
+
+#[test]
+fn a_dropped_partition_on_cuda_leaves_no_device_memory() {
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(async {
+        let ctx = session(lineitem(SCALE, 2, 1024));
+        let plan = device_plan(&ctx, ExecDevice::from_cuda(cuda.clone()))
+            .await
+            .unwrap();
+        let plan = DeviceExec::try_new(
+            plan.input().clone(),
+            plan.step().clone(),
+            plan.device().clone(),
+        )
+        .unwrap()
+        .with_read_ahead(8);
+        let mut stream = plan.execute(0, ctx.task_ctx()).unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        let mut device_batches = plan.execute_device(1, ctx.task_ctx()).unwrap();
+        let on_device = device_batches.next().await.unwrap().unwrap();
+        assert_eq!(on_device.num_rows(), first.num_rows());
+        // Cancel both mid-stream, with uploads in flight.
+        drop(stream);
+        drop(device_batches);
+        drop(on_device);
+    });
+    check.assert_no_leak("partitions dropped mid-stream on CUDA");
+}
+
+/// Two devices stand in for two executors: the plan goes through the codec, and each
+/// "executor" decodes it onto its own device and runs one partition.
+#[test]
+fn two_devices_each_run_the_shipped_plan() {
+    let Some((_lock, first)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let devices = device_count().unwrap_or(0);
+    if devices < 2 {
+        println!("skipping: {devices} CUDA device(s), the test needs 2");
+        return;
+    }
+    let first = Arc::new(first);
+    let check0 = DeviceMemoryCheck::start(first.primary_context());
+    let second = Arc::new(CudaDevice::open(1).unwrap());
+    let check1 = DeviceMemoryCheck::start(second.primary_context());
+    runtime().block_on(async {
+        let ctx = session(lineitem(SCALE, 2, 8192));
+        let registry = Arc::new(StepRegistry::new());
+        registry.register(revenue_step());
+        let plan = device_plan(&ctx, ExecDevice::cpu()).await.unwrap();
+        let client = DeviceExecCodec::new(registry.clone(), ExecDevice::cpu());
+        let bytes = physical_plan_to_bytes_with_extension_codec(plan, &client).unwrap();
+        let mut out = Vec::new();
+        for (partition, device) in [(0, first.clone()), (1, second.clone())] {
+            let executor = DeviceExecCodec::new(registry.clone(), ExecDevice::from_cuda(device));
+            let decoded =
+                physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &executor)
+                    .unwrap();
+            let node = decoded.downcast_ref::<DeviceExec>().unwrap();
+            assert_eq!(node.device().id(), format!("cuda:{partition}"));
+            let mut stream = decoded.execute(partition, ctx.task_ctx()).unwrap();
+            while let Some(batch) = stream.next().await {
+                out.push(batch.unwrap());
+            }
+        }
+        check_against_datafusion(&out, &datafusion_revenue(&ctx).await.unwrap());
+    });
+    check0.assert_no_leak("executor on cuda:0");
+    check1.assert_no_leak("executor on cuda:1");
+}
+
+/// A step failing on CUDA mid-partition fails the query with its typed error, and the
+/// partitions' uploads (in flight, read ahead) leave no device memory behind.
+#[test]
+fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(async {
+        let ctx = session(lineitem(SCALE, 2, 2048));
+        let revenue = revenue_step();
+        let failing = devarrow_datafusion::DeviceStep::new("fails.on.cuda", move |batch, cx| {
+            if cx.partition == 1 && cx.batch == 2 {
+                return Err("the kernel failed".into());
+            }
+            revenue.run(batch, cx)
+        })
+        .with_inputs(["l_extendedprice", "l_discount"])
+        .appending(vec![devarrow_datafusion::revenue::revenue_field()]);
+        let scan = ctx
+            .sql(SCAN)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let plan =
+            DeviceExec::try_new(scan, Arc::new(failing), ExecDevice::from_cuda(cuda.clone()))
+                .unwrap()
+                .with_read_ahead(4);
+        let error = collect(Arc::new(plan), ctx.task_ctx()).await.unwrap_err();
+        match devarrow_datafusion::DeviceExecError::find(&error) {
+            Some(devarrow_datafusion::DeviceExecError::Step {
+                partition: 1,
+                batch: 2,
+                ..
+            }) => {}
+            other => panic!("{other:?}: {error}"),
+        }
+    });
+    check.assert_no_leak("a query failed by its step on CUDA");
+}
