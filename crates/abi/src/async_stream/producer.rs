@@ -205,9 +205,7 @@ impl ProducerShared {
             device_type,
             request: Some(request),
             cancel: Some(cancel),
-            additional_metadata: additional_metadata
-                .as_ref()
-                .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>()),
+            additional_metadata: std::ptr::null(),
             private_data: std::ptr::null_mut(),
         }));
         let shared = Arc::new(ProducerShared {
@@ -217,10 +215,21 @@ impl ProducerShared {
             raw,
             _additional_metadata: additional_metadata,
         });
+        // The metadata's address is taken once it has its final place (moving the `Box`
+        // into the state would invalidate a pointer taken before, under Rust's aliasing
+        // rules: Miri's Stacked Borrows found it); it is never moved or written again.
+        let metadata = shared
+            ._additional_metadata
+            .as_ref()
+            .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>());
         // SAFETY: `raw` was just allocated and is not shared yet. `private_data` does not
         // own a reference: the struct lives exactly as long as `shared` (its drop frees
-        // it), so the pointer is valid whenever the struct is.
-        unsafe { (*raw).private_data = Arc::as_ptr(&shared) as *mut c_void };
+        // it), so the pointer is valid whenever the struct is; so is `metadata`, owned by
+        // `shared` too.
+        unsafe {
+            (*raw).additional_metadata = metadata;
+            (*raw).private_data = Arc::as_ptr(&shared) as *mut c_void;
+        }
         shared
     }
 
