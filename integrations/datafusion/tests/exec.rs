@@ -97,13 +97,7 @@ async fn revenue_on_the_cpu_device_is_datafusions() {
 #[tokio::test]
 async fn batches_partitions_and_order_are_the_inputs() {
     let ctx = session(lineitem(SCALE, 2, 1000));
-    let scan = ctx
-        .sql(SCAN)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let scan = scan_plan(&ctx).await.unwrap();
     // Sorted partitions: the DeviceExec must claim the same ordering.
     let ordering = [PhysicalSortExpr::new(
         col("l_extendedprice", &scan.schema()).unwrap(),
@@ -157,13 +151,7 @@ fn failing_step(partition: usize) -> DeviceStep {
 #[tokio::test]
 async fn a_failing_step_fails_the_query_naming_the_partition() {
     let ctx = session(lineitem(SCALE, 3, 4096));
-    let scan = ctx
-        .sql(SCAN)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let scan = scan_plan(&ctx).await.unwrap();
     let plan =
         Arc::new(DeviceExec::try_new(scan, Arc::new(failing_step(2)), ExecDevice::cpu()).unwrap());
     let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
@@ -190,13 +178,7 @@ async fn a_failing_step_fails_the_query_naming_the_partition() {
 #[tokio::test]
 async fn a_step_returning_the_wrong_columns_is_a_typed_error() {
     let ctx = session(lineitem(SCALE, 1, 4096));
-    let scan = ctx
-        .sql(SCAN)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let scan = scan_plan(&ctx).await.unwrap();
     // Declares an Int64 column, returns the uploaded batch unchanged.
     let step = DeviceStep::new("identity", |batch, _| Ok(batch))
         .with_inputs(["l_discount"])

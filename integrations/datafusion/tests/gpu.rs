@@ -154,13 +154,7 @@ fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
         })
         .with_inputs(["l_extendedprice", "l_discount"])
         .appending(vec![devarrow_datafusion::revenue::revenue_field()]);
-        let scan = ctx
-            .sql(SCAN)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
+        let scan = scan_plan(&ctx).await.unwrap();
         let plan =
             DeviceExec::try_new(scan, Arc::new(failing), ExecDevice::from_cuda(cuda.clone()))
                 .unwrap()

@@ -55,9 +55,14 @@ pub fn register_lineitem(ctx: &SessionContext, partitions: Vec<Vec<RecordBatch>>
         .expect("register lineitem");
 }
 
+/// The physical plan of [`SCAN`] over the session's lineitem.
+pub async fn scan_plan(ctx: &SessionContext) -> Result<Arc<dyn ExecutionPlan>> {
+    ctx.sql(SCAN).await?.create_physical_plan().await
+}
+
 /// The scan's physical plan under a `DeviceExec` running the revenue step on `device`.
 pub async fn device_plan(ctx: &SessionContext, device: ExecDevice) -> Result<Arc<DeviceExec>> {
-    let scan = ctx.sql(SCAN).await?.create_physical_plan().await?;
+    let scan = scan_plan(ctx).await?;
     let step = Arc::new(revenue_step());
     Ok(Arc::new(DeviceExec::try_new(scan, step, device)?))
 }
