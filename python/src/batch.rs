@@ -287,10 +287,10 @@ fn sync_stream(inner: &DeviceInner, batch: &DeviceBatch, stream: Option<i64>) ->
         }
         Some(s) => s as usize,
     };
-    // SAFETY: the stream handle is the consumer's live stream of the device's context, as
-    // DLPack defines it (the consumer's contract: devarrow cannot check it, the driver
-    // does not validate it); a CUDA batch's sync event pointer is NULL or a `CUevent*` to
-    // the batch's live event (kept alive by `batch`).
+    // The stream handle is the consumer's contract under DLPack: devarrow cannot check it
+    // and the driver does not validate it.
+    // SAFETY: the handle is the consumer's live stream of the device's context; a CUDA
+    // batch's sync event pointer is NULL or a `CUevent*` to its live event (`batch`).
     unsafe { cuda.make_raw_stream_wait(handle as sys::CUstream, batch.event().as_ref()) }.map_err(
         |e| match e {
             CudaError::Driver {

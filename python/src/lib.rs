@@ -15,6 +15,7 @@ mod capsule;
 mod device;
 mod dlpack;
 mod errors;
+mod from_device;
 mod host;
 mod opened;
 mod stream;
@@ -32,8 +33,8 @@ fn _capsule_counts() -> (u64, u64, u64) {
 fn _devarrow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(device::device, m)?)?;
-    m.add_function(wrap_pyfunction!(host::from_device, m)?)?;
-    m.add_function(wrap_pyfunction!(host::from_device_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(from_device::from_device, m)?)?;
+    m.add_function(wrap_pyfunction!(from_device::from_device_batches, m)?)?;
     m.add_function(wrap_pyfunction!(_capsule_counts, m)?)?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<batch::PyDeviceBatch>()?;

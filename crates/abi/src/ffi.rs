@@ -96,9 +96,9 @@ pub fn schema_is_released(schema: &ArrowSchema) -> bool {
         assert!(std::mem::align_of::<Layout>() == std::mem::align_of::<FFI_ArrowSchema>());
     };
     let raw = (schema as *const ArrowSchema).cast::<Layout>();
-    // SAFETY: arrow-rs's `FFI_ArrowSchema` is the `#[repr(C)]` `struct ArrowSchema` of the
-    // C data interface, whose layout `Layout` repeats (same size and alignment, checked
-    // above); `raw` comes from a live reference, so the read is in bounds and aligned, and
+    // arrow-rs's `FFI_ArrowSchema` is the `#[repr(C)]` `struct ArrowSchema` of the C data
+    // interface, whose layout `Layout` repeats (same size and alignment, checked above).
+    // SAFETY: so, `raw` coming from a live reference, the read is in bounds and aligned;
     // a nullable function pointer has no invalid bit pattern.
     let release = unsafe { std::ptr::addr_of!((*raw).release).read() };
     release.is_none()

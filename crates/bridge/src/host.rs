@@ -148,11 +148,11 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Resu
     if trusted {
         // `trusted`: this crate planned the tree from arrow-rs data and `host` holds the
         // bytes it packed, unchanged (exported device memory is read-only to consumers).
+        // Strings are UTF-8, or came from an import whose caller vouched that no code
+        // reads them as `str` (`cpu::import_record_batch_trusting_utf8`), a promise that
+        // covers the batch brought back.
         // SAFETY: so every invariant `build` would check held when the planner read the
-        // input, and still holds; UTF-8 too, or the input came from an import whose
-        // caller vouched that no code reads its strings as `str`
-        // (`cpu::import_record_batch_trusting_utf8`), a promise that covers the batch
-        // brought back.
+        // input, and still holds.
         builder = unsafe { builder.skip_validation(true) };
     }
     // Validated unless trusted; a panic of arrow-rs on malformed (foreign) data becomes an

@@ -92,10 +92,11 @@ fn cpu_values<'a>(column: &DeviceColumn<'a>) -> Result<&'a [i128], BoxError> {
     if !ptr.is_aligned() {
         return Err("values buffer not aligned for i128".into());
     }
-    // SAFETY: the buffer is CPU-device memory, which is host memory (the caller checked
-    // the device type) owned by the batch that `column` borrows for 'a, so it lives and
-    // is not written for 'a; the batch's event was waited for, so its upload has
-    // completed; it holds `offset + len` aligned i128s (checked above).
+    // The buffer is CPU-device memory, which is host memory (the caller checked the
+    // device type), owned by the batch that `column` borrows for 'a; the batch's event
+    // was waited for, so its upload has completed.
+    // SAFETY: so it lives and is not written for 'a; it holds `offset + len` aligned
+    // i128s (checked above).
     Ok(unsafe { std::slice::from_raw_parts(ptr.add(offset), len) })
 }
 
@@ -159,10 +160,10 @@ fn cuda_revenue(
         shared_mem_bytes: 0,
     };
     if n > 0 {
-        // SAFETY: `revenue_decimal128` takes (u64 price, u64 discount, u64 out, u64 n,
-        // s64 one) and reads n i128s of `price` and `discount` and writes n of `out`,
-        // which all hold n; the views keep the batch alive until their drop, which orders
-        // the batch's release after this kernel on the stream.
+        // `revenue_decimal128` takes (u64 price, u64 discount, u64 out, u64 n, s64 one)
+        // and reads n i128s of `price` and `discount` and writes n of `out`.
+        // SAFETY: those arguments, all holding n; the views keep the batch alive until
+        // their drop, which orders the batch's release after this kernel on the stream.
         unsafe { launch.launch(cfg) }?;
     }
     drop((price, discount));

@@ -222,10 +222,10 @@ impl ProducerShared {
             ._additional_metadata
             .as_ref()
             .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>());
-        // SAFETY: `raw` was just allocated and is not shared yet. `private_data` does not
-        // own a reference: the struct lives exactly as long as `shared` (its drop frees
-        // it), so the pointer is valid whenever the struct is; so is `metadata`, owned by
-        // `shared` too.
+        // `private_data` does not own a reference: the struct lives exactly as long as
+        // `shared` (its drop frees it), so the pointer is valid whenever the struct is;
+        // so is `metadata`, owned by `shared` too.
+        // SAFETY: `raw` was just allocated and is not shared yet; the pointers as above.
         unsafe {
             (*raw).additional_metadata = metadata;
             (*raw).private_data = Arc::as_ptr(&shared) as *mut c_void;
