@@ -89,38 +89,33 @@ fn import_host_batches(
             .map(|(array, schema)| crate::host::import_host_batch(array, &schema, validate))
             .collect();
     }
-    // batch i goes to thread i % threads; every thread returns its results in order
-    let mut shares: Vec<Vec<(usize, (DeviceArray, FFI_ArrowSchema))>> =
-        (0..threads).map(|_| Vec::new()).collect();
-    let n = taken.len();
-    for (i, item) in taken.into_iter().enumerate() {
-        shares[i % threads].push((i, item));
+    // contiguous runs of batches, one per thread, joined in order
+    let per_thread = taken.len().div_ceil(threads);
+    let mut runs = Vec::with_capacity(threads);
+    let mut rest = taken;
+    while !rest.is_empty() {
+        let tail = rest.split_off(per_thread.min(rest.len()));
+        runs.push(std::mem::replace(&mut rest, tail));
     }
-    let mut out: Vec<Option<devarrow::abi::Result<RecordBatch>>> = (0..n).map(|_| None).collect();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = shares
+        let handles: Vec<_> = runs
             .into_iter()
-            .map(|share| {
+            .map(|run| {
                 scope.spawn(move || {
-                    share
-                        .into_iter()
-                        .map(|(i, (array, schema))| {
-                            (i, crate::host::import_host_batch(array, &schema, validate))
+                    run.into_iter()
+                        .map(|(array, schema)| {
+                            crate::host::import_host_batch(array, &schema, validate)
                         })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        for handle in handles {
+        handles
+            .into_iter()
             // an import catches arrow-rs's panics itself (`cpu`): a panic here is a bug
-            for (i, result) in handle.join().expect("an import thread panicked") {
-                out[i] = Some(result);
-            }
-        }
-    });
-    out.into_iter()
-        .map(|r| r.expect("every batch was imported"))
-        .collect()
+            .flat_map(|h| h.join().expect("an import thread panicked"))
+            .collect()
+    })
 }
 
 /// A `Send` wrapper of a foreign C stream reader.
