@@ -75,6 +75,7 @@
 
 pub mod async_batch_stream;
 pub mod batch_stream;
+pub mod copy;
 pub mod pack;
 pub mod pinned;
 pub mod plan;

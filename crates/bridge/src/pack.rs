@@ -12,6 +12,8 @@ use std::mem::MaybeUninit;
 use arrow_buffer::Buffer;
 use rayon::prelude::*;
 
+use crate::copy::{copy_bytes, Stores};
+
 /// The smallest byte range one thread is given when a copy is split.
 pub const MIN_PART_BYTES: usize = 256 << 10;
 
@@ -72,8 +74,20 @@ pub fn pack_range(segments: &[(Buffer, usize)], start: usize, out: &mut [u8]) {
 
 /// [`pack_range`] into memory that may be uninitialized (device memory the host writes
 /// directly): bytes no segment covers are left as they are, so only the segments' bytes
-/// are initialized afterwards.
+/// are initialized afterwards. Streaming stores from
+/// [`STREAMING_MIN_BYTES`](crate::copy::STREAMING_MIN_BYTES) bytes ([`Stores::for_bytes`]).
 pub fn pack_range_uninit(segments: &[(Buffer, usize)], start: usize, out: &mut [MaybeUninit<u8>]) {
+    pack_range_with(segments, start, out, Stores::for_bytes(out.len()))
+}
+
+/// [`pack_range_uninit`] with the stores given: a part of a larger pack passes the
+/// stores chosen for the whole.
+pub fn pack_range_with(
+    segments: &[(Buffer, usize)],
+    start: usize,
+    out: &mut [MaybeUninit<u8>],
+    stores: Stores,
+) {
     let end = start + out.len();
     let first = segments.partition_point(|(bytes, at)| at + bytes.len() <= start);
     for (bytes, at) in &segments[first..] {
@@ -87,7 +101,12 @@ pub fn pack_range_uninit(segments: &[(Buffer, usize)], start: usize, out: &mut [
         // SAFETY: `dst` and `src` have the same length (`to - from`); a `&mut` and a `&`
         // cannot overlap, and `MaybeUninit<u8>` has the layout of `u8`.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len())
+            copy_bytes(
+                dst.as_mut_ptr().cast::<u8>(),
+                src.as_ptr(),
+                src.len(),
+                stores,
+            )
         };
     }
 }
@@ -116,14 +135,86 @@ pub fn pack_window_uninit(
     out: &mut [MaybeUninit<u8>],
     parallelism: Parallelism,
 ) {
+    let stores = Stores::for_bytes(out.len());
     let parts = parallelism.parts(out.len());
     if parts <= 1 {
-        return pack_range_uninit(segments, start, out);
+        return pack_range_with(segments, start, out, stores);
     }
     let part = out.len().div_ceil(parts);
     out.par_chunks_mut(part)
         .enumerate()
-        .for_each(|(i, chunk)| pack_range_uninit(segments, start + i * part, chunk));
+        .for_each(|(i, chunk)| pack_range_with(segments, start + i * part, chunk, stores));
+}
+
+/// Fills several outputs in one parallel pass: their bytes, taken in order as one range,
+/// are split into `parallelism.parts(total)` equal parts, one per thread, and `fill(source,
+/// offset, piece, stores)` writes each piece (`piece` is `out[offset..offset +
+/// piece.len()]` of the output of `source`) with the stores chosen for the whole
+/// ([`Stores::for_bytes`] of the total). Many outputs thus cost one hand-off to the
+/// thread pool, balanced by bytes, as one large copy does, instead of one hand-off (and
+/// one wait for the slowest thread) each.
+pub fn fill_outputs<S: Sync>(
+    outputs: Vec<(S, &mut [MaybeUninit<u8>])>,
+    parallelism: Parallelism,
+    fill: impl Fn(&S, usize, &mut [MaybeUninit<u8>], Stores) + Sync,
+) {
+    let total: usize = outputs.iter().map(|(_, out)| out.len()).sum();
+    let stores = Stores::for_bytes(total);
+    let parts = parallelism.parts(total);
+    if parts <= 1 {
+        for (source, out) in outputs {
+            fill(&source, 0, out, stores);
+        }
+        return;
+    }
+    let part = total.div_ceil(parts);
+    // The pieces of each part: (output, offset in it, bytes).
+    type Piece<'a> = (usize, usize, &'a mut [MaybeUninit<u8>]);
+    let mut pieces: Vec<Vec<Piece<'_>>> = (0..parts).map(|_| Vec::new()).collect();
+    let mut sources = Vec::with_capacity(outputs.len());
+    let mut at = 0;
+    for (i, (source, mut out)) in outputs.into_iter().enumerate() {
+        sources.push(source);
+        let mut offset = 0;
+        while !out.is_empty() {
+            let p = at / part;
+            let take = ((p + 1) * part - at).min(out.len());
+            let (piece, rest) = std::mem::take(&mut out).split_at_mut(take);
+            pieces[p].push((i, offset, piece));
+            out = rest;
+            offset += take;
+            at += take;
+        }
+    }
+    pieces.into_par_iter().for_each(|list| {
+        for (i, offset, piece) in list {
+            fill(&sources[i], offset, piece, stores);
+        }
+    });
+}
+
+/// Copies `src` into the (possibly uninitialized) `dst` of the same length with `stores`,
+/// on the calling thread.
+///
+/// # Panics
+/// Panics if the lengths differ.
+pub fn copy_into_uninit(dst: &mut [MaybeUninit<u8>], src: &[u8], stores: Stores) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between ranges of different lengths"
+    );
+    // SAFETY: `dst` is valid for `src.len()` writes (same length, exclusively borrowed),
+    // `src` for as many reads; a `&mut` and a `&` cannot overlap, and `MaybeUninit<u8>`
+    // has the layout of `u8`.
+    unsafe {
+        copy_bytes(
+            dst.as_mut_ptr().cast::<u8>(),
+            src.as_ptr(),
+            src.len(),
+            stores,
+        )
+    };
 }
 
 /// Copies `src` into the (possibly uninitialized) `dst` of the same length, split over up
@@ -137,23 +228,15 @@ pub fn copy_to_uninit(dst: &mut [MaybeUninit<u8>], src: &[u8], parallelism: Para
         src.len(),
         "copy between ranges of different lengths"
     );
-    fn copy(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
-        debug_assert_eq!(dst.len(), src.len());
-        // SAFETY: `dst` is valid for `src.len()` writes (same length, exclusively
-        // borrowed), `src` for as many reads; a `&mut` and a `&` cannot overlap, and
-        // `MaybeUninit<u8>` has the layout of `u8`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len())
-        };
-    }
+    let stores = Stores::for_bytes(src.len());
     let parts = parallelism.parts(src.len());
     if parts <= 1 {
-        return copy(dst, src);
+        return copy_into_uninit(dst, src, stores);
     }
     let part = src.len().div_ceil(parts);
     dst.par_chunks_mut(part)
         .zip(src.par_chunks(part))
-        .for_each(|(d, s)| copy(d, s));
+        .for_each(|(d, s)| copy_into_uninit(d, s, stores));
 }
 
 /// The size of the windows an upload of `staged` bytes (all the batches of one call that
@@ -286,6 +369,46 @@ mod tests {
             out[*at..at + b.len()].copy_from_slice(b.as_slice());
         }
         out
+    }
+
+    #[test]
+    fn many_outputs_are_filled_in_one_pass_whatever_the_parts() {
+        let (segs, total) = segments();
+        let want = expected(&segs, total, 0xab);
+        // Images of the same segments, one empty, filled together: parts cut them anywhere.
+        for (threads, min) in [(1, usize::MAX), (2, 0), (3, 0), (8, 0)] {
+            let mut outs = vec![vec![0xabu8; total], Vec::new(), vec![0xabu8; total]];
+            let outputs = outs
+                .iter_mut()
+                .map(|out| (&segs[..], as_uninit(out)))
+                .collect();
+            let parallelism = Parallelism {
+                threads,
+                min_bytes: min,
+            };
+            fill_outputs(outputs, parallelism, |segs, offset, out, stores| {
+                pack_range_with(segs, offset, out, stores)
+            });
+            assert_eq!(outs[0], want, "{threads} threads");
+            assert!(outs[1].is_empty());
+            assert_eq!(outs[2], want, "{threads} threads");
+        }
+        // Copies of sources of different lengths, the pieces' offsets checked.
+        let sources: Vec<Vec<u8>> = [0usize, 5, 300_000, 1 << 20, 17]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (0..len).map(|j| (j * 13 + i) as u8).collect())
+            .collect();
+        let mut outs: Vec<Vec<u8>> = sources.iter().map(|s| vec![0; s.len()]).collect();
+        let outputs = sources
+            .iter()
+            .zip(&mut outs)
+            .map(|(src, out)| (&src[..], as_uninit(out)))
+            .collect();
+        fill_outputs(outputs, Parallelism::new(4, 0), |src, offset, out, stores| {
+            copy_into_uninit(out, &src[offset..offset + out.len()], stores)
+        });
+        assert_eq!(outs, sources);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use devarrow_abi::Result;
 
 use super::{release_registrations, DeviceBatch, Retained, Stage, Transfer};
 use crate::batch::Storage;
-use crate::pack::{pack_window_uninit, upload_window_bytes};
+use crate::pack::{fill_outputs, pack_range_with, upload_window_bytes};
 use crate::pinned::{direct_runs, staged_ranges};
 use crate::plan::{plan_batch, Packer};
 use crate::stages::StageTimes;
@@ -101,17 +101,15 @@ impl Transfer {
             times.allocate += planned.elapsed();
             plans.push(plan);
         }
+        let images: Vec<(&Packer, &dyn DeviceMemory)> = plans
+            .iter()
+            .zip(&memories)
+            .map(|(plan, memory)| (&plan.image, memory.as_ref()))
+            .collect();
         let uploaded = if self.device.host_accessible() {
-            for (plan, memory) in plans.iter().zip(&memories) {
-                self.pack_into(&plan.image, memory.as_ref(), times);
-            }
+            self.pack_into(&images, times);
             Ok(())
         } else {
-            let images: Vec<(&Packer, &dyn DeviceMemory)> = plans
-                .iter()
-                .zip(&memories)
-                .map(|(plan, memory)| (&plan.image, memory.as_ref()))
-                .collect();
             self.upload(&images, times)
         };
         let start = Instant::now();
@@ -134,23 +132,34 @@ impl Transfer {
             .collect())
     }
 
-    /// Packs `image` straight into `memory`, which the host may write
-    /// ([`Device::host_accessible`](devarrow_abi::device::Device::host_accessible)): the
-    /// whole image in one parallel pack, no staging.
-    fn pack_into(&self, image: &Packer, memory: &dyn DeviceMemory, times: &mut StageTimes) {
-        let total = image.total;
-        if total == 0 {
-            return;
-        }
+    /// Packs every image straight into its memory, which the host may write
+    /// ([`Device::host_accessible`](devarrow_abi::device::Device::host_accessible)): all
+    /// images in one parallel pass (see [`fill_outputs`]), no staging.
+    fn pack_into(&self, images: &[(&Packer, &dyn DeviceMemory)], times: &mut StageTimes) {
         let start = Instant::now();
-        // `host_accessible`: the address is a host address of `memory.len() >= total`
-        // bytes, and no device work is pending on it; the allocation is fresh, so nothing
-        // else reads or writes it yet.
-        // SAFETY: so the range is valid for writes and exclusively ours while we pack.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(memory.address().cast::<MaybeUninit<u8>>(), total)
-        };
-        pack_window_uninit(&image.segments, 0, out, self.parallelism());
+        let outputs = images
+            .iter()
+            .filter(|(image, _)| image.total > 0)
+            .map(|(image, memory)| {
+                // `host_accessible`: the address is a host address of `memory.len() >=
+                // total` bytes, and no device work is pending on it; the allocation is
+                // fresh, so nothing else reads or writes it yet.
+                // SAFETY: so the range is valid for writes and exclusively ours while we
+                // pack.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        memory.address().cast::<MaybeUninit<u8>>(),
+                        image.total,
+                    )
+                };
+                (&image.segments[..], out)
+            })
+            .collect();
+        fill_outputs(
+            outputs,
+            self.parallelism(),
+            |segments, offset, out, stores| pack_range_with(segments, offset, out, stores),
+        );
         times.pack += start.elapsed();
     }
 

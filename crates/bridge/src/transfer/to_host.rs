@@ -16,7 +16,9 @@ use devarrow_abi::Result;
 
 use super::{release_registrations, DeviceBatch, Transfer};
 use crate::host::host_batch;
-use crate::pack::{advise_huge_pages, copy_to_uninit, ramped_windows};
+use crate::pack::{
+    advise_huge_pages, copy_into_uninit, copy_to_uninit, fill_outputs, ramped_windows,
+};
 use crate::stages::StageTimes;
 
 impl Transfer {
@@ -476,27 +478,38 @@ impl Transfer {
         sources: &[(*const std::ffi::c_void, usize)],
         times: &mut StageTimes,
     ) -> Result<Vec<Buffer>> {
-        let parallelism = self.parallelism();
-        sources
+        let start = Instant::now();
+        let mut hosts = sources
             .iter()
-            .map(|&(src, len)| {
-                let start = Instant::now();
-                let mut host = HostOut::new(len, self.host_pool.as_ref())?;
-                let unpacking = Instant::now();
-                times.allocate += unpacking - start;
-                if len > 0 {
-                    // `host_accessible`: `src` is a host address of `len` initialized bytes
-                    // of device memory, which no device work is writing (the batches'
-                    // events have completed: the device never has work pending).
+            .map(|&(_, len)| HostOut::new(len, self.host_pool.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let unpacking = Instant::now();
+        times.allocate += unpacking - start;
+        let outputs = sources
+            .iter()
+            .zip(&mut hosts)
+            .map(|(&(src, len), host)| {
+                // `host_accessible`: `src` is a host address of `len` initialized bytes of
+                // device memory, which no device work is writing (the batches' events have
+                // completed: the device never has work pending). An empty range is not
+                // read at all (`src` may be null).
+                let from: &[u8] = match len {
+                    0 => &[],
                     // SAFETY: so the range is valid for reads while the download lives.
-                    let from = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
-                    copy_to_uninit(host.as_uninit(), from, parallelism);
-                }
-                times.unpack += unpacking.elapsed();
-                // SAFETY: every byte of `0..len` was copied above.
-                Ok(unsafe { host.into_buffer() })
+                    _ => unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) },
+                };
+                (from, host.as_uninit())
             })
-            .collect()
+            .collect();
+        fill_outputs(outputs, self.parallelism(), |from, offset, out, stores| {
+            copy_into_uninit(out, &from[offset..offset + out.len()], stores)
+        });
+        times.unpack += unpacking.elapsed();
+        Ok(hosts
+            .into_iter()
+            // SAFETY: every byte of every output was copied above.
+            .map(|host| unsafe { host.into_buffer() })
+            .collect())
     }
 }
 

@@ -194,9 +194,16 @@ pub struct HostMemory {
 /// - `pinned_memcpy`: a parallel `memcpy` (the threads devarrow packs with) from ordinary
 ///   memory into pinned staging memory: what packing an upload can reach;
 /// - `faulted_memcpy`: the same into ordinary memory already faulted in: what the host
-///   side of a download into pageable memory can reach.
+///   side of a download into pageable memory can reach;
+/// - `gather_memcpy`: a parallel `memcpy` of the batches' own arrow-rs buffers, in order,
+///   split by bytes over the same threads, into pinned memory: what packing can reach
+///   from the memory the batches lie in (their buffers are many and scattered, where
+///   `pinned_memcpy` reads one contiguous range), so that the two ratios tell devarrow's
+///   own cost from its source's.
 ///
-/// At most [`CEILING_BYTES`] are copied (the rate does not depend on more).
+/// At most [`CEILING_BYTES`] are copied (the rate does not depend on more). The three
+/// copies take turns within each repetition, so that a machine whose speed drifts (a
+/// shared VM) drifts for all three alike.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostCeilings {
     /// Threads of each copy.
@@ -207,6 +214,10 @@ pub struct HostCeilings {
     pub pinned_memcpy: Vec<Duration>,
     /// Every timed repetition into pre-faulted memory.
     pub faulted_memcpy: Vec<Duration>,
+    /// Bytes of each gather of the batches' buffers (0: not measured).
+    pub gather_bytes: usize,
+    /// Every timed repetition of the gather.
+    pub gather_memcpy: Vec<Duration>,
 }
 
 /// The most pinned host memory the job lets devarrow's downloads land in: 64 GiB.
@@ -226,11 +237,20 @@ impl HostCeilings {
         gbps(self.bytes, best(&self.faulted_memcpy))
     }
 
-    /// Measures both on `device` (its staging memory) for `bytes` bytes (at most
-    /// [`CEILING_BYTES`]), `reps` timed repetitions after one warm-up each.
+    /// The gather of the batches' buffers into pinned memory, GB/s (best repetition);
+    /// `None` when not measured.
+    pub fn gather_gbps(&self) -> Option<f64> {
+        (self.gather_bytes > 0 && !self.gather_memcpy.is_empty())
+            .then(|| gbps(self.gather_bytes, best(&self.gather_memcpy)))
+    }
+
+    /// Measures all three on `device` (its staging memory) for `bytes` bytes (at most
+    /// [`CEILING_BYTES`]), the gather from the buffers of `batches` (none: not measured),
+    /// `reps` timed repetitions after one warm-up each.
     pub fn measure(
         device: &Arc<dyn Device>,
         bytes: usize,
+        batches: &[RecordBatch],
         reps: usize,
     ) -> devarrow::abi::Result<Self> {
         let threads = devarrow::bridge::pack::Parallelism::new(0, 0).threads;
@@ -240,6 +260,23 @@ impl HostCeilings {
         let mut pinned = device.allocate_staging(bytes)?;
         let mut faulted = vec![0u8; bytes];
         faulted.fill(1);
+        // The batches' buffers, as many as fit in `bytes`.
+        let mut buffers = Vec::new();
+        for batch in batches {
+            for column in batch.columns() {
+                collect_buffers(&column.to_data(), &mut buffers);
+            }
+        }
+        let mut gather_bytes = 0;
+        let sources: Vec<&[u8]> = buffers
+            .iter()
+            .map(arrow_buffer::Buffer::as_slice)
+            .take_while(|b| {
+                gather_bytes += b.len();
+                gather_bytes <= bytes
+            })
+            .collect();
+        let gather_bytes: usize = sources.iter().map(|b| b.len()).sum();
         let time = |dst: &mut [u8]| {
             let start = Instant::now();
             parallel_copy(&mut dst[..bytes], &source, threads);
@@ -247,12 +284,23 @@ impl HostCeilings {
         };
         let mut pinned_memcpy = Vec::with_capacity(reps);
         let mut faulted_memcpy = Vec::with_capacity(reps);
+        let mut gather_memcpy = Vec::with_capacity(reps);
         for rep in 0..=reps {
             let p = time(pinned.as_mut_slice());
             let f = time(&mut faulted);
+            let start = Instant::now();
+            parallel_gather(
+                &mut pinned.as_mut_slice()[..gather_bytes],
+                &sources,
+                threads,
+            );
+            let g = start.elapsed();
             if rep > 0 {
                 pinned_memcpy.push(p);
                 faulted_memcpy.push(f);
+                if gather_bytes > 0 {
+                    gather_memcpy.push(g);
+                }
             }
         }
         Ok(Self {
@@ -260,15 +308,62 @@ impl HostCeilings {
             bytes,
             pinned_memcpy,
             faulted_memcpy,
+            gather_bytes,
+            gather_memcpy,
         })
     }
+}
+
+/// Every buffer of `data` and of its children (validity bitmaps included), in order.
+fn collect_buffers(data: &arrow_data::ArrayData, out: &mut Vec<arrow_buffer::Buffer>) {
+    if let Some(nulls) = data.nulls() {
+        out.push(nulls.buffer().clone());
+    }
+    out.extend(data.buffers().iter().cloned());
+    for child in data.child_data() {
+        collect_buffers(child, out);
+    }
+}
+
+/// Copies `sources`, one after the other, into `dst` (their total length) on `threads`
+/// scoped threads, each an equal byte range of `dst` (a source may be split between two).
+fn parallel_gather(dst: &mut [u8], sources: &[&[u8]], threads: usize) {
+    let part = dst.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        let mut sources = sources.iter().copied();
+        let mut pending: &[u8] = &[];
+        for chunk in dst.chunks_mut(part) {
+            // The sources (and parts of them) that fill `chunk`.
+            let mut pieces = Vec::new();
+            let mut room = chunk.len();
+            while room > 0 {
+                if pending.is_empty() {
+                    match sources.next() {
+                        Some(next) => pending = next,
+                        None => break,
+                    }
+                }
+                let (piece, rest) = pending.split_at(pending.len().min(room));
+                pieces.push(piece);
+                room -= piece.len();
+                pending = rest;
+            }
+            scope.spawn(move || {
+                let mut at = 0;
+                for piece in pieces {
+                    chunk[at..at + piece.len()].copy_from_slice(piece);
+                    at += piece.len();
+                }
+            });
+        }
+    });
 }
 
 /// This machine's parallel memcpy rate into (the CPU device's) pinned memory, bytes per
 /// second: 256 MiB with the threads devarrow packs with, best of 3 after a warm-up.
 pub fn host_memcpy_rate() -> f64 {
     let device: Arc<dyn Device> = Arc::new(devarrow::abi::device::CpuDevice::new());
-    match HostCeilings::measure(&device, 256 << 20, 3) {
+    match HostCeilings::measure(&device, 256 << 20, &[], 3) {
         Ok(c) => c.pinned_gbps() * 1e9,
         // The CPU device's staging is plain host memory: it fails only out of memory.
         Err(_) => 4e9,
@@ -577,7 +672,7 @@ pub fn measure_point(
 
     // The host's own ceilings for the same bytes.
     stage.part("host ceilings");
-    let ceilings = HostCeilings::measure(device, bytes, reps)
+    let ceilings = HostCeilings::measure(device, bytes, batches, reps)
         .map_err(abi("measuring the host's memcpy ceilings"))?;
 
     // Raw copies of the same byte count, in one copy each.

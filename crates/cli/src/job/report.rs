@@ -361,7 +361,16 @@ impl Run {
                             .iter()
                             .map(Duration::as_secs_f64)
                             .collect(),
+                        gather_memcpy_gbps: c.gather_gbps(),
+                        gather_memcpy_times_s: c
+                            .gather_memcpy
+                            .iter()
+                            .map(Duration::as_secs_f64)
+                            .collect(),
                         devarrow_h2d_of_pinned_memcpy: of(Direction::HostToDevice, c.pinned_gbps()),
+                        devarrow_h2d_of_gather_memcpy: c
+                            .gather_gbps()
+                            .and_then(|g| of(Direction::HostToDevice, g)),
                         devarrow_d2h_of_faulted_memcpy: of(
                             Direction::DeviceToHost,
                             c.faulted_gbps(),
@@ -652,8 +661,14 @@ struct JsonCeilings {
     faulted_memcpy_gbps: f64,
     pinned_memcpy_times_s: Vec<f64>,
     faulted_memcpy_times_s: Vec<f64>,
+    /// A parallel memcpy of the batches' own buffers into pinned memory (see
+    /// `HostCeilings`).
+    gather_memcpy_gbps: Option<f64>,
+    gather_memcpy_times_s: Vec<f64>,
     /// devarrow host to device over the memcpy into pinned memory.
     devarrow_h2d_of_pinned_memcpy: Option<f64>,
+    /// devarrow host to device over the gather of the batches' buffers.
+    devarrow_h2d_of_gather_memcpy: Option<f64>,
     /// devarrow device to host over the memcpy into pre-faulted memory.
     devarrow_d2h_of_faulted_memcpy: Option<f64>,
 }
@@ -695,17 +710,20 @@ fn host_lines(out: &mut String, points: &[Point]) {
         let _ = writeln!(
             out,
             "\nhost ceilings: a parallel memcpy of the same bytes ({} threads, {} MB), measured \
-             beside each batch size",
+             beside each batch size, from one range into pinned and into faulted memory, and \
+             from the batches' own buffers into pinned memory",
             first.threads,
             thousands((first.bytes / 1_000_000) as u64)
         );
         let _ = writeln!(
             out,
-            "  {:>10}  {:>14} {:>14}  {:>22} {:>22}",
+            "  {:>10}  {:>14} {:>14} {:>16}  {:>22} {:>22} {:>22}",
             "rows/batch",
             "into pinned",
             "into faulted",
+            "its buffers",
             "devarrow H2D / pinned",
+            "H2D / its buffers",
             "devarrow D2H / faulted"
         );
         for (p, c) in &with {
@@ -717,13 +735,16 @@ fn host_lines(out: &mut String, points: &[Point]) {
                         |t| format!("{:.2}x", t.gbps() / ceiling),
                     )
             };
+            let gather = c.gather_gbps();
             let _ = writeln!(
                 out,
-                "  {:>10}  {:>9.2} GB/s {:>9.2} GB/s  {:>22} {:>22}",
+                "  {:>10}  {:>9.2} GB/s {:>9.2} GB/s {:>16}  {:>22} {:>22} {:>22}",
                 thousands(p.batch_rows as u64),
                 c.pinned_gbps(),
                 c.faulted_gbps(),
+                gather.map_or_else(|| "-".to_string(), |g| format!("{g:.2} GB/s")),
                 ratio(Direction::HostToDevice, c.pinned_gbps()),
+                gather.map_or_else(|| "-".to_string(), |g| ratio(Direction::HostToDevice, g)),
                 ratio(Direction::DeviceToHost, c.faulted_gbps()),
             );
         }
