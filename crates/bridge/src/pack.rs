@@ -405,9 +405,13 @@ mod tests {
             .zip(&mut outs)
             .map(|(src, out)| (&src[..], as_uninit(out)))
             .collect();
-        fill_outputs(outputs, Parallelism::new(4, 0), |src, offset, out, stores| {
-            copy_into_uninit(out, &src[offset..offset + out.len()], stores)
-        });
+        fill_outputs(
+            outputs,
+            Parallelism::new(4, 0),
+            |src, offset, out, stores| {
+                copy_into_uninit(out, &src[offset..offset + out.len()], stores)
+            },
+        );
         assert_eq!(outs, sources);
     }
 

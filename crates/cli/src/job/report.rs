@@ -709,9 +709,9 @@ fn host_lines(out: &mut String, points: &[Point]) {
     if let Some((_, first)) = with.first() {
         let _ = writeln!(
             out,
-            "\nhost ceilings: a parallel memcpy of the same bytes ({} threads, {} MB), measured \
-             beside each batch size, from one range into pinned and into faulted memory, and \
-             from the batches' own buffers into pinned memory",
+            "\nhost ceilings: a parallel memcpy of the same bytes ({} threads, {} MB) beside each \
+             batch size:\n  one range into pinned memory, into faulted memory, and the batches' \
+             own buffers into pinned memory",
             first.threads,
             thousands((first.bytes / 1_000_000) as u64)
         );
