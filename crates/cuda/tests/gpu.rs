@@ -286,6 +286,45 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
     check.assert_no_leak("the pool policy test");
 }
 
+/// `Device::retain_freed_memory` is the release threshold of devarrow's pool: raised, what
+/// a cycle frees stays for the next cycle across synchronizations; back to the default,
+/// the pool keeps at most 1 GiB (here: gives back what a threshold of 0 would not keep).
+#[test]
+fn retain_freed_memory_sets_what_the_pool_keeps_across_synchronizations() {
+    let (_lock, dev) = gpu_or_skip!();
+    if !dev.supports_memory_pools() {
+        println!("skipping: device {} has no memory pools", dev.id());
+        return;
+    }
+    let check = DeviceMemoryCheck::start(&dev);
+    let before = check.free_at_start();
+    let device: Arc<dyn Device> = Arc::new(CudaDevice::new(dev.clone()).unwrap());
+    let size = 512 << 20;
+    device.retain_freed_memory(Some(2 * size)).unwrap();
+    drop(device.allocate(size).unwrap());
+    device.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let (kept, _) = dev.memory_info().unwrap();
+    assert!(
+        kept + size / 2 <= before,
+        "a threshold of {} bytes kept nothing: {before} -> {kept} free",
+        2 * size
+    );
+    device.retain_freed_memory(Some(0)).unwrap();
+    drop(device.allocate(size).unwrap());
+    device.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let (given_back, _) = dev.memory_info().unwrap();
+    assert!(
+        given_back + DEVICE_MEMORY_MARGIN >= before,
+        "a threshold of 0 kept memory: {before} -> {given_back} free"
+    );
+    device.retain_freed_memory(None).unwrap();
+    assert_eq!(pool::policy(dev.id()), PoolPolicy::default());
+    drop(device);
+    check.assert_no_leak("retain_freed_memory");
+}
+
 /// Zero-length pinned memory allocates nothing: the driver answers `cuMemAllocHost(0)`
 /// with success and no pointer, so devarrow never asks it and keeps an empty buffer.
 #[test]

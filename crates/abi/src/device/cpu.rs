@@ -372,6 +372,11 @@ unsafe impl Device for CpuDevice {
         }
         Ok(())
     }
+    /// The limit of the device's memory pool ([`CpuDevice::memory_pool`]).
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()> {
+        self.pool.set_limit(bytes.unwrap_or(DEFAULT_POOL_LIMIT));
+        Ok(())
+    }
     fn copy_count(&self) -> u64 {
         self.copies.load(Ordering::Relaxed)
     }

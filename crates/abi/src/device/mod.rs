@@ -275,6 +275,19 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()>;
     /// Blocks the host until all work enqueued on this device's stream has completed.
     fn synchronize(&self) -> Result<()>;
+    /// Lets the device's memory pool keep up to `bytes` of freed device memory for reuse
+    /// (`None`: what it keeps by default, 1 GiB; on CUDA an eighth of the device where
+    /// that is less), for a steady state that frees and allocates more than that. Beyond what the pool
+    /// keeps, each cycle's allocations take fresh memory from the system: page faults on
+    /// the CPU device, new physical pages mapped on CUDA. Memory kept is not available to
+    /// other allocators (another library on the same GPU). The default does nothing.
+    ///
+    /// CUDA: the release threshold of devarrow's pool of the device
+    /// (`devarrow_cuda::pool::PoolPolicy::release_threshold`), for every handle on it.
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()> {
+        let _ = bytes;
+        Ok(())
+    }
     /// How many host-device copies this device has enqueued since it was created: lets
     /// tests assert that a transfer moved its buffers in few copies.
     fn copy_count(&self) -> u64;

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Device, DeviceMemory, StagingMemory, BUFFER_ALIGNMENT};
@@ -274,7 +275,8 @@ pub type Fence = Box<dyn Fn() + Send + Sync>;
 /// [`PooledMemory`] gives the block back. Cheap to share (`Arc`).
 pub struct HostPool {
     state: Mutex<PoolState>,
-    limit: usize,
+    /// Bytes of freed blocks kept (system memory), or held in all (pinned).
+    limit: AtomicUsize,
     fence: Option<Fence>,
     /// The device whose pinned memory the blocks are ([`HostPool::pinned`]); `None`:
     /// the system allocator.
@@ -284,7 +286,7 @@ pub struct HostPool {
 impl fmt::Debug for HostPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostPool")
-            .field("limit", &self.limit)
+            .field("limit", &self.limit())
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
@@ -301,7 +303,7 @@ impl HostPool {
     pub fn new(limit: usize) -> Self {
         Self {
             state: Mutex::new(PoolState::default()),
-            limit,
+            limit: AtomicUsize::new(limit),
             fence: None,
             pinned: None,
         }
@@ -356,9 +358,17 @@ impl HostPool {
         }
     }
 
-    /// The most bytes of freed blocks kept for reuse.
+    /// The most bytes of freed blocks kept for reuse (a pool of pinned memory: the most
+    /// bytes it holds, in use and cached).
     pub fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes [`HostPool::limit`]. Lowered, it takes effect as blocks are freed or
+    /// allocated (cached blocks beyond it go back to the system then, or on
+    /// [`HostPool::trim`]); blocks in use are never taken back.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     fn state(&self) -> MutexGuard<'_, PoolState> {
@@ -381,7 +391,7 @@ impl HostPool {
         self.try_allocate(len)?.ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "a pinned host memory pool of {} bytes is full: {} bytes in use",
-                self.limit,
+                self.limit(),
                 self.stats().in_use_bytes
             ))
         })
@@ -417,13 +427,14 @@ impl HostPool {
                     // Everything pinned counts against the capacity: make room among the
                     // cached blocks of other sizes, or give up.
                     let held = state.stats.in_use_bytes + state.stats.cached_bytes;
-                    if held + class > self.limit {
+                    let limit = self.limit();
+                    if held + class > limit {
                         let in_use = state.stats.in_use_bytes;
-                        if in_use + class > self.limit {
+                        if in_use + class > limit {
                             state.stats.exhausted += 1;
                             return Ok(None);
                         }
-                        let need = held + class - self.limit;
+                        let need = held + class - limit;
                         let mut freed = 0;
                         while freed < need {
                             let Some(victim) = state
@@ -515,7 +526,7 @@ impl HostPool {
         let mut state = self.state();
         state.stats.in_use_bytes -= class;
         state.touch(class);
-        let (evicted, dropped) = match state.make_room(class, self.limit) {
+        let (evicted, dropped) = match state.make_room(class, self.limit()) {
             Some(evicted) => {
                 state.stats.cached_bytes += class;
                 state.free.entry(class).or_default().push(block);
@@ -700,6 +711,41 @@ mod tests {
         assert_eq!(pool.stats().cached_bytes, size_class(8000));
         pool.trim();
         assert_eq!(fenced.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_raised_limit_keeps_a_whole_cycle_and_the_cpu_device_raises_it() {
+        let pool = Arc::new(HostPool::new(10_000));
+        let cycle = |pool: &Arc<HostPool>| {
+            let blocks: Vec<_> = (0..4).map(|_| pool.allocate(8000).unwrap()).collect();
+            drop(blocks);
+        };
+        cycle(&pool);
+        assert_eq!(
+            pool.stats().cached_bytes,
+            size_class(8000),
+            "one kept under 10,000"
+        );
+        pool.set_limit(4 * size_class(8000));
+        assert_eq!(pool.limit(), 4 * size_class(8000));
+        cycle(&pool);
+        cycle(&pool);
+        let stats = pool.stats();
+        assert_eq!(stats.cached_bytes, 4 * size_class(8000), "{stats:?}");
+        assert_eq!(stats.hits, 1 + 4, "{stats:?}");
+        // Lowered, blocks go back as they are freed.
+        pool.set_limit(0);
+        let block = pool.allocate(8000).unwrap();
+        drop(block);
+        assert_eq!(pool.stats().cached_bytes, 3 * size_class(8000));
+        assert_eq!(pool.trim(), 3 * size_class(8000));
+
+        use crate::device::{CpuDevice, Device};
+        let device = CpuDevice::direct();
+        device.retain_freed_memory(Some(3 << 30)).unwrap();
+        assert_eq!(device.memory_pool().limit(), 3 << 30);
+        device.retain_freed_memory(None).unwrap();
+        assert_eq!(device.memory_pool().limit(), DEFAULT_POOL_LIMIT);
     }
 
     #[test]

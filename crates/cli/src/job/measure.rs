@@ -558,6 +558,15 @@ pub fn measure_point(
     // returns once the copies are enqueued, so the time runs until the events of every
     // batch have completed.
     stage.part("devarrow");
+    // A repetition frees the last one's device memory and allocates as much again: the
+    // device's pool keeps it for reuse, as an engine moving this much per cycle would set
+    // it to (by default a pool keeps 1 GiB: beyond it, every repetition's allocations
+    // would fault in, or map, fresh memory, and cost more per byte the more there is).
+    let device_bytes = crate::tpch::batch_bytes(batches);
+    let retained = device_bytes + device_bytes / 4 + batches.len() * 4096;
+    device
+        .retain_freed_memory(Some(retained.max(1 << 30)))
+        .map_err(abi("sizing the device's memory pool"))?;
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
     let mut copies = 0;
@@ -666,6 +675,10 @@ pub fn measure_point(
         pageable: landed.1,
         note: transfer.host_memory_note().map(str::to_string),
     });
+    // The pool back to its default before the batches' memory is freed into it.
+    device
+        .retain_freed_memory(None)
+        .map_err(abi("sizing the device's memory pool"))?;
     drop((back, on_device, transfer));
     sync()?;
     super::memory::release_free_memory();
