@@ -377,7 +377,7 @@ mod tests {
         let want = expected(&segs, total, 0xab);
         // Images of the same segments, one empty, filled together: parts cut them anywhere.
         for (threads, min) in [(1, usize::MAX), (2, 0), (3, 0), (8, 0)] {
-            let mut outs = vec![vec![0xabu8; total], Vec::new(), vec![0xabu8; total]];
+            let mut outs = [vec![0xabu8; total], Vec::new(), vec![0xabu8; total]];
             let outputs = outs
                 .iter_mut()
                 .map(|out| (&segs[..], as_uninit(out)))
