@@ -75,7 +75,6 @@
 
 pub mod async_batch_stream;
 pub mod batch_stream;
-pub mod copy;
 pub mod pack;
 pub mod pinned;
 pub mod plan;
@@ -92,6 +91,9 @@ pub use batch_stream::{
     DEFAULT_READ_AHEAD,
 };
 pub use column::{ColumnBuffer, DeviceColumn};
+/// Bulk host copies with cached or streaming stores (`devarrow_abi::device::copy`), as
+/// packing and unpacking use them.
+pub use devarrow_abi::device::copy;
 /// The C `ArrowSchema` (arrow-rs's `FFI_ArrowSchema`), so users need no `arrow-schema`
 /// dependency of their own.
 pub use devarrow_abi::ArrowSchema;

@@ -19,6 +19,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::copy::{copy_bytes, Stores};
 use super::kernels::{CpuKernels, DeviceKernels, RowIntegers, Validity};
 use super::link::{LinkEngine, LinkEvent, LinkModel};
 use super::pool::{HostPool, PoolStats, DEFAULT_POOL_LIMIT};
@@ -289,7 +290,7 @@ unsafe impl Device for CpuDevice {
             }
             // SAFETY: the caller guarantees both ranges are valid; they are distinct
             // allocations (staging or user memory, and device memory).
-            _ => unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), len) },
+            _ => unsafe { copy_bytes(dst.cast::<u8>(), src, len, Stores::for_bytes(len)) },
         }
         Ok(())
     }
@@ -304,7 +305,7 @@ unsafe impl Device for CpuDevice {
                 }
             }
             // SAFETY: as in `copy_to_device`.
-            _ => unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, len) },
+            _ => unsafe { copy_bytes(dst, src.cast::<u8>(), len, Stores::for_bytes(len)) },
         }
         Ok(())
     }
@@ -321,7 +322,12 @@ unsafe impl Device for CpuDevice {
                 },
                 // SAFETY: as above; the copy completes here.
                 _ => unsafe {
-                    std::ptr::copy_nonoverlapping(c.src.cast::<u8>(), c.dst.cast::<u8>(), c.len)
+                    copy_bytes(
+                        c.dst.cast::<u8>(),
+                        c.src.cast::<u8>(),
+                        c.len,
+                        Stores::for_bytes(c.len),
+                    )
                 },
             }
         }
@@ -344,7 +350,14 @@ unsafe impl Device for CpuDevice {
         if len > 0 {
             // SAFETY: the caller guarantees `src` readable and `dst` writable for `len`
             // bytes; both devices' pending copies completed above; distinct allocations.
-            unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.cast::<u8>(), len) };
+            unsafe {
+                copy_bytes(
+                    dst.cast::<u8>(),
+                    src.cast::<u8>(),
+                    len,
+                    Stores::for_bytes(len),
+                )
+            };
         }
         Ok(true)
     }

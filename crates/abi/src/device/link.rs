@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::copy::{copy_bytes, Stores};
 use super::SyncEvent;
 use crate::error::Result;
 
@@ -282,7 +283,7 @@ impl LinkEngine {
             if op.len > 0 {
                 // SAFETY: the enqueuer guaranteed both ranges valid and disjoint until this
                 // copy completes, which is signalled below, after it.
-                unsafe { std::ptr::copy_nonoverlapping(op.src, op.dst, op.len) };
+                unsafe { copy_bytes(op.dst, op.src, op.len, Stores::for_bytes(op.len)) };
             }
             if op.timed {
                 let copied = Instant::now();

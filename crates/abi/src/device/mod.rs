@@ -436,6 +436,7 @@ pub fn check_stream_device(device: &dyn Device, found: ArrowDeviceType) -> Resul
     }
 }
 
+pub mod copy;
 mod cpu;
 mod kernels;
 pub mod link;

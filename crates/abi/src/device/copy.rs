@@ -13,11 +13,13 @@
 //!
 //! [`Stores::for_bytes`] chooses per call: streaming from [`STREAMING_MIN_BYTES`] written
 //! in all, cached below (a small copy is likely read again from the cache soon).
+//!
+//! The CPU device's own copies (its stand-in for a DMA engine, which writes no CPU cache)
+//! use them too, so that its raw copies and devarrow's packing are measured alike.
 
-/// Bytes written by one pack or unpack call from which it uses streaming stores: 1 MiB,
-/// the size from which a copy is split over threads
-/// ([`DEFAULT_PARALLEL_MIN_BYTES`](crate::pack::DEFAULT_PARALLEL_MIN_BYTES)) and about
-/// a core's L2 cache.
+/// Bytes written by one copy call (a pack or unpack of the bridge, a copy of the CPU
+/// device) from which it uses streaming stores: 1 MiB, the size from which the bridge
+/// splits a copy over threads, and about a core's L2 cache.
 pub const STREAMING_MIN_BYTES: usize = 1 << 20;
 
 /// How a copy writes its destination.
