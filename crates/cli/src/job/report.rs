@@ -412,11 +412,7 @@ impl Run {
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            host: JsonHost {
-                os: std::env::consts::OS,
-                arch: std::env::consts::ARCH,
-                cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            },
+            host: JsonHost::this_machine(),
             device: JsonDevice {
                 id: &self.device.id,
                 name: &self.device.name,
@@ -501,6 +497,51 @@ struct JsonHost {
     os: &'static str,
     arch: &'static str,
     cpus: usize,
+    /// The CPU's model name (`/proc/cpuinfo`), where known.
+    cpu_model: Option<String>,
+    /// NUMA nodes with CPUs or memory (`/sys/devices/system/node`), where known: on more
+    /// than one, where the batches and the staging memory lie against the GPU's node
+    /// bounds what the host side reaches.
+    numa_nodes: Option<usize>,
+    /// The transparent huge page mode (`always`, `madvise` or `never`), where known.
+    transparent_hugepages: Option<String>,
+}
+
+impl JsonHost {
+    fn this_machine() -> Self {
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        Self {
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model: read("/proc/cpuinfo").and_then(|info| {
+                info.lines()
+                    .find(|line| line.starts_with("model name"))
+                    .and_then(|line| line.split_once(':'))
+                    .map(|(_, name)| name.trim().to_string())
+            }),
+            numa_nodes: std::fs::read_dir("/sys/devices/system/node")
+                .ok()
+                .map(|dir| {
+                    dir.filter_map(|entry| entry.ok())
+                        .filter(|entry| {
+                            let name = entry.file_name();
+                            let name = name.to_string_lossy();
+                            name.strip_prefix("node")
+                                .is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
+                        })
+                        .count()
+                }),
+            // The mode in use is the bracketed one: "always [madvise] never".
+            transparent_hugepages: read("/sys/kernel/mm/transparent_hugepage/enabled").and_then(
+                |modes| {
+                    let (_, rest) = modes.split_once('[')?;
+                    let (mode, _) = rest.split_once(']')?;
+                    Some(mode.to_string())
+                },
+            ),
+        }
+    }
 }
 
 /// The device, and what the machine said about CUDA.
