@@ -97,17 +97,7 @@ pub fn pack_range_with(
         let from = (*at).max(start);
         let to = (at + bytes.len()).min(end);
         let src = &bytes.as_slice()[from - at..to - at];
-        let dst = &mut out[from - start..to - start];
-        // SAFETY: `dst` and `src` have the same length (`to - from`); a `&mut` and a `&`
-        // cannot overlap, and `MaybeUninit<u8>` has the layout of `u8`.
-        unsafe {
-            copy_bytes(
-                dst.as_mut_ptr().cast::<u8>(),
-                src.as_ptr(),
-                src.len(),
-                stores,
-            )
-        };
+        copy_into_uninit(&mut out[from - start..to - start], src, stores);
     }
 }
 

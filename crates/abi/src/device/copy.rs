@@ -95,64 +95,63 @@ mod x86 {
         unsafe { _mm_sfence() };
     }
 
-    /// # Safety
-    /// As [`super::copy_bytes`], and the CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
-        const LANE: usize = 32;
-        let head = (dst.align_offset(LANE)).min(len);
-        // SAFETY: `head <= len`: inside both ranges.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let mut at = head;
-        while at + 4 * LANE <= len {
-            // SAFETY: `at + 4 * LANE <= len`: the loads read inside `src`'s range
-            // (unaligned loads), the stores write inside `dst`'s, at `dst + at`, which is
-            // 32-byte aligned (`head` aligned it, and `at` grows by multiples of 32).
-            unsafe {
-                let s = src.add(at);
-                let d = dst.add(at);
-                let a = _mm256_loadu_si256(s.cast::<__m256i>());
-                let b = _mm256_loadu_si256(s.add(LANE).cast::<__m256i>());
-                let c = _mm256_loadu_si256(s.add(2 * LANE).cast::<__m256i>());
-                let e = _mm256_loadu_si256(s.add(3 * LANE).cast::<__m256i>());
-                _mm256_stream_si256(d.cast::<__m256i>(), a);
-                _mm256_stream_si256(d.add(LANE).cast::<__m256i>(), b);
-                _mm256_stream_si256(d.add(2 * LANE).cast::<__m256i>(), c);
-                _mm256_stream_si256(d.add(3 * LANE).cast::<__m256i>(), e);
+    /// `$name(dst, src, len)`: a copy whose body stores `$lane`-byte vectors (`$vector`,
+    /// loaded with `$load`, stored with `$stream`) at `$lane`-aligned destinations, four
+    /// at a time, and copies the unaligned head and the tail with ordinary stores.
+    macro_rules! streaming_copy {
+        ($(#[$attr:meta])* $name:ident, $lane:literal, $vector:ty, $load:ident, $stream:ident) => {
+            $(#[$attr])*
+            unsafe fn $name(dst: *mut u8, src: *const u8, len: usize) {
+                const LANE: usize = $lane;
+                let head = dst.align_offset(LANE).min(len);
+                // SAFETY: `head <= len`: inside both ranges.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+                let mut at = head;
+                while at + 4 * LANE <= len {
+                    // SAFETY: `at + 4 * LANE <= len`: the loads read inside `src`'s range
+                    // (unaligned loads), the stores write inside `dst`'s, at `dst + at`,
+                    // which is `LANE`-aligned (`head` aligned it, and `at` grows by
+                    // multiples of `LANE`).
+                    unsafe {
+                        let s = src.add(at);
+                        let d = dst.add(at);
+                        let a = $load(s.cast::<$vector>());
+                        let b = $load(s.add(LANE).cast::<$vector>());
+                        let c = $load(s.add(2 * LANE).cast::<$vector>());
+                        let e = $load(s.add(3 * LANE).cast::<$vector>());
+                        $stream(d.cast::<$vector>(), a);
+                        $stream(d.add(LANE).cast::<$vector>(), b);
+                        $stream(d.add(2 * LANE).cast::<$vector>(), c);
+                        $stream(d.add(3 * LANE).cast::<$vector>(), e);
+                    }
+                    at += 4 * LANE;
+                }
+                // SAFETY: `at <= len`: the tail lies inside both ranges.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at) };
             }
-            at += 4 * LANE;
-        }
-        // SAFETY: `at <= len`: the tail lies inside both ranges.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at) };
+        };
     }
 
-    /// # Safety
-    /// As [`super::copy_bytes`].
-    unsafe fn copy_sse2(dst: *mut u8, src: *const u8, len: usize) {
-        const LANE: usize = 16;
-        let head = (dst.align_offset(LANE)).min(len);
-        // SAFETY: `head <= len`: inside both ranges.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let mut at = head;
-        while at + 4 * LANE <= len {
-            // SAFETY: as in `copy_avx2`, with 16-byte lanes and alignment.
-            unsafe {
-                let s = src.add(at);
-                let d = dst.add(at);
-                let a = _mm_loadu_si128(s.cast::<__m128i>());
-                let b = _mm_loadu_si128(s.add(LANE).cast::<__m128i>());
-                let c = _mm_loadu_si128(s.add(2 * LANE).cast::<__m128i>());
-                let e = _mm_loadu_si128(s.add(3 * LANE).cast::<__m128i>());
-                _mm_stream_si128(d.cast::<__m128i>(), a);
-                _mm_stream_si128(d.add(LANE).cast::<__m128i>(), b);
-                _mm_stream_si128(d.add(2 * LANE).cast::<__m128i>(), c);
-                _mm_stream_si128(d.add(3 * LANE).cast::<__m128i>(), e);
-            }
-            at += 4 * LANE;
-        }
-        // SAFETY: `at <= len`: the tail lies inside both ranges.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at) };
-    }
+    streaming_copy!(
+        /// # Safety
+        /// As [`super::copy_bytes`], and the CPU must have AVX2.
+        #[target_feature(enable = "avx2")]
+        copy_avx2,
+        32,
+        __m256i,
+        _mm256_loadu_si256,
+        _mm256_stream_si256
+    );
+
+    streaming_copy!(
+        /// # Safety
+        /// As [`super::copy_bytes`] (SSE2 is part of x86-64).
+        copy_sse2,
+        16,
+        __m128i,
+        _mm_loadu_si128,
+        _mm_stream_si128
+    );
 }
 
 #[cfg(test)]
