@@ -11,6 +11,7 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use devarrow_abi::device::{DeviceMemory, HostToDevice, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::Result;
+use rayon::prelude::*;
 
 use super::{release_registrations, DeviceBatch, Retained, Stage, Transfer};
 use crate::batch::Storage;
@@ -22,6 +23,25 @@ use crate::stages::StageTimes;
 /// How many uploads with direct copies keep their source buffers alive at most before
 /// the oldest is waited for (see [`Transfer::retain`]).
 const MAX_RETAINED: usize = 4;
+
+/// Batches a call plans on the calling thread alone: planning one takes a few µs, about
+/// what handing work to another thread costs.
+const SERIAL_PLAN_BATCHES: usize = 8;
+
+/// The plans of `batches`, in order: on the rayon pool's threads, a run of at least
+/// [`SERIAL_PLAN_BATCHES`] batches each, when there are more. Many small batches spend as
+/// long planning as packing (586 batches of 1,024 `lineitem` rows: 1.8 ms of planning, 5.4
+/// ms of packing on 2 threads).
+fn plan_batches(batches: &[RecordBatch]) -> Result<Vec<crate::plan::Plan>> {
+    if batches.len() <= SERIAL_PLAN_BATCHES {
+        return batches.iter().map(plan_batch).collect();
+    }
+    batches
+        .par_iter()
+        .with_min_len(SERIAL_PLAN_BATCHES)
+        .map(plan_batch)
+        .collect()
+}
 
 impl Transfer {
     /// Moves a record batch to the device.
@@ -37,7 +57,8 @@ impl Transfer {
     /// Prefer it for many batches of a few MB.
     ///
     /// The batches share one sync event, recorded after the last copy. The result is in
-    /// the order of `batches`; the first error returns, and no batch is returned then.
+    /// the order of `batches`. On an error, no batch is returned: the error is that of a
+    /// failing batch (the batches are planned in parallel, so not always the first).
     ///
     /// # Example
     ///
@@ -89,18 +110,16 @@ impl Transfer {
         batches: &[RecordBatch],
         times: &mut StageTimes,
     ) -> Result<Vec<DeviceBatch>> {
-        let mut plans = Vec::with_capacity(batches.len());
-        let mut memories = Vec::with_capacity(batches.len());
-        for batch in batches {
-            let start = Instant::now();
-            let plan = plan_batch(batch)?;
-            times.bytes += plan.image.total as u64;
-            let planned = Instant::now();
-            times.plan += planned - start;
-            memories.push(self.device.allocate(plan.image.total)?);
-            times.allocate += planned.elapsed();
-            plans.push(plan);
-        }
+        let start = Instant::now();
+        let plans = plan_batches(batches)?;
+        times.bytes += plans.iter().map(|p| p.image.total as u64).sum::<u64>();
+        let planned = Instant::now();
+        times.plan += planned - start;
+        let memories = plans
+            .iter()
+            .map(|plan| self.device.allocate(plan.image.total))
+            .collect::<Result<Vec<_>>>()?;
+        times.allocate += planned.elapsed();
         let images: Vec<(&Packer, &dyn DeviceMemory)> = plans
             .iter()
             .zip(&memories)
