@@ -19,7 +19,8 @@
 //! `to_host_batches` call landing in pinned memory, `d2h/devarrow-pageable` the same
 //! into pageable memory through staging, `d2h/devarrow-per-batch` one `to_host` per
 //! batch. The `threads/*` groups are the thread-scaling table (1 to 16 threads, beside a
-//! parallel memcpy into pinned memory with as many), and the `pack/*` groups time
+//! parallel memcpy into pinned memory with as many, and the same with streaming stores),
+//! and the `pack/*` groups time
 //! packing alone (serial vs parallel).
 //!
 //! Throughput is the bytes each method moves: the device image for devarrow and the raw
@@ -39,6 +40,7 @@ use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Fields};
 use common::{scale, scaled, BenchDevice};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use devarrow::bridge::copy::{copy_bytes, Stores};
 use devarrow::bridge::pack::{pack_window, Parallelism};
 use devarrow::bridge::plan::plan_array;
 use devarrow::bridge::{pin_batch, DeviceBatch, Transfer, TransferOptions};
@@ -445,6 +447,26 @@ fn thread_scaling(
                         .zip(source.chunks(part))
                     {
                         scope.spawn(move || d.copy_from_slice(s));
+                    }
+                });
+            })
+        });
+        // The same with the streaming stores devarrow packs and unpacks with: how much
+        // of the two ceilings' difference this host's memory system gives.
+        group.bench_function(format!("streaming-into-pinned/{threads}"), |b| {
+            b.iter(|| {
+                let dst = pinned.as_mut_slice();
+                let part = ceiling_bytes.div_ceil(threads);
+                std::thread::scope(|scope| {
+                    for (d, s) in dst[..ceiling_bytes]
+                        .chunks_mut(part)
+                        .zip(source.chunks(part))
+                    {
+                        // SAFETY: `d` and `s` are equal-length chunks of two distinct
+                        // allocations.
+                        scope.spawn(move || unsafe {
+                            copy_bytes(d.as_mut_ptr(), s.as_ptr(), s.len(), Stores::Streaming)
+                        });
                     }
                 });
             })
