@@ -727,9 +727,25 @@ fn trusting_utf8_skips_only_the_utf8_check() {
     assert_eq!(bytes.buffers()[1].as_slice(), &[0xff, 0xfe, b'a']);
     assert_eq!(batch.num_rows(), 2);
 
-    // the same import still refuses what reads outside the buffers: decreasing offsets
+    // the same import still refuses what reads outside the buffers: decreasing offsets,
+    // a negative first offset (the layout checks; arrow-rs does not walk them again)
     let err = import_batch_trusting_utf8(strings(&[0, 4, 2, 5], b"abcde")).unwrap_err();
     assert!(err.to_string().contains("offsets decrease"), "{err}");
+    let err = import_batch_trusting_utf8(strings(&[-1, 2, 3], b"abc")).unwrap_err();
+    assert!(matches!(err, Error::InvalidOffsets { .. }), "{err}");
+    // a list whose last offset is past its child
+    let item = Arc::new(arrow_schema::Field::new("item", DataType::Int32, true));
+    let list = unvalidated(
+        ArrayData::builder(DataType::List(item))
+            .len(2)
+            .add_buffer(Buffer::from_slice_ref([0i32, 2, 9]))
+            .child_data(vec![Int32Array::from(vec![1, 2, 3]).into_data()]),
+    );
+    let err = import_batch_trusting_utf8(list).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidOffsets { .. }) && err.to_string().contains("past the end"),
+        "{err}"
+    );
 
     // a dictionary key past its values
     let values = StringArray::from(vec!["a", "b"]).into_data();
