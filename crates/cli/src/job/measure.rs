@@ -935,6 +935,17 @@ pub fn measure_several(
         }
         Ok(())
     };
+    // Each device's pool keeps its share of a repetition (see `measure_point`).
+    for (worker, (id, device)) in workers.iter().zip(devices) {
+        let bytes: usize = worker
+            .batches
+            .iter()
+            .map(|b| crate::tpch::batch_bytes(std::slice::from_ref(*b)))
+            .sum();
+        device
+            .retain_freed_memory(Some((bytes + bytes / 4).max(1 << 30)))
+            .map_err(|e| JobError::new(format!("sizing the memory pool of {id}: {e}")))?;
+    }
     let mut wall_to_device = Vec::with_capacity(reps);
     let mut times_to_device = vec![Vec::with_capacity(reps); workers.len()];
     for rep in 0..=reps {
@@ -986,6 +997,11 @@ pub fn measure_several(
             to_host,
         })
         .collect();
+    for (id, device) in devices {
+        device
+            .retain_freed_memory(None)
+            .map_err(|e| JobError::new(format!("sizing the memory pool of {id}: {e}")))?;
+    }
     drop(workers);
     sync()?;
     Ok(MultiPoint {
