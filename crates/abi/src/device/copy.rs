@@ -47,6 +47,17 @@ impl Stores {
 
 /// Copies `len` bytes from `src` to `dst` with `stores`.
 ///
+/// ```
+/// use devarrow_abi::device::copy::{copy_bytes, Stores};
+///
+/// let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; src.len() + 1];
+/// // A large copy would choose by its size (`Stores::for_bytes`); any copy may stream.
+/// // SAFETY: two distinct vectors, each at least `src.len()` bytes long.
+/// unsafe { copy_bytes(dst[1..].as_mut_ptr(), src.as_ptr(), src.len(), Stores::Streaming) };
+/// assert_eq!(&dst[1..], &src[..]);
+/// ```
+///
 /// # Safety
 /// `src` must be valid for `len` reads and `dst` for `len` writes, and the two ranges must
 /// not overlap (as for [`std::ptr::copy_nonoverlapping`]).
