@@ -437,42 +437,35 @@ fn thread_scaling(
             b.iter_with_large_drop(|| transfer.to_host_batches(on_device).expect("to_host"))
         });
         group.throughput(Throughput::Bytes(ceiling_bytes as u64));
-        group.bench_function(format!("memcpy-into-pinned/{threads}"), |b| {
-            b.iter(|| {
-                let dst = pinned.as_mut_slice();
-                let part = ceiling_bytes.div_ceil(threads);
-                std::thread::scope(|scope| {
-                    for (d, s) in dst[..ceiling_bytes]
-                        .chunks_mut(part)
-                        .zip(source.chunks(part))
-                    {
-                        scope.spawn(move || d.copy_from_slice(s));
-                    }
-                });
-            })
-        });
-        // The same with the streaming stores devarrow packs and unpacks with: how much
-        // of the two ceilings' difference this host's memory system gives.
-        group.bench_function(format!("streaming-into-pinned/{threads}"), |b| {
-            b.iter(|| {
-                let dst = pinned.as_mut_slice();
-                let part = ceiling_bytes.div_ceil(threads);
-                std::thread::scope(|scope| {
-                    for (d, s) in dst[..ceiling_bytes]
-                        .chunks_mut(part)
-                        .zip(source.chunks(part))
-                    {
-                        // SAFETY: `d` and `s` are equal-length chunks of two distinct
-                        // allocations.
-                        scope.spawn(move || unsafe {
-                            copy_bytes(d.as_mut_ptr(), s.as_ptr(), s.len(), Stores::Streaming)
-                        });
-                    }
-                });
-            })
-        });
+        // A plain memcpy, then the streaming stores devarrow packs and unpacks with: how
+        // much of the two ceilings' difference this host's memory system gives.
+        for (name, stores) in [("memcpy", Stores::Cached), ("streaming", Stores::Streaming)] {
+            group.bench_function(format!("{name}-into-pinned/{threads}"), |b| {
+                b.iter(|| {
+                    let dst = &mut pinned.as_mut_slice()[..ceiling_bytes];
+                    parallel_copy(dst, &source, threads, stores)
+                })
+            });
+        }
     }
     group.finish();
+}
+
+/// `dst.copy_from_slice(src)` on `threads` scoped threads, each an equal part, with
+/// `stores` (`Cached`: the platform's `memcpy`).
+fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize, stores: Stores) {
+    let part = src.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            scope.spawn(move || match stores {
+                Stores::Cached => d.copy_from_slice(s),
+                // SAFETY: `d` and `s` are equal-length parts of two distinct allocations.
+                Stores::Streaming => unsafe {
+                    copy_bytes(d.as_mut_ptr(), s.as_ptr(), s.len(), stores)
+                },
+            });
+        }
+    });
 }
 
 fn transfers(c: &mut Criterion) {
