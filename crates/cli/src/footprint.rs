@@ -35,16 +35,7 @@ impl Allocations {
 
     /// Adds every buffer of `data`, its children and its dictionary.
     pub fn add_array(&mut self, data: &ArrayData) {
-        if let Some(nulls) = data.nulls() {
-            self.add_buffer(nulls.buffer());
-        }
-        for buffer in data.buffers() {
-            self.add_buffer(buffer);
-        }
-        // Dictionary values, and the children of nested types, are child data.
-        for child in data.child_data() {
-            self.add_array(child);
-        }
+        for_each_buffer(data, &mut |buffer| self.add_buffer(buffer));
     }
 
     /// Adds every column of `batch`.
@@ -67,6 +58,18 @@ impl Allocations {
     /// Their bytes, each allocation once.
     pub fn bytes(&self) -> usize {
         self.0.values().sum()
+    }
+}
+
+/// Calls `f` with every buffer of `data` (validity, offsets, values, view data), then of
+/// its children and its dictionary (both child data), in that order.
+pub fn for_each_buffer(data: &ArrayData, f: &mut impl FnMut(&Buffer)) {
+    if let Some(nulls) = data.nulls() {
+        f(nulls.buffer());
+    }
+    data.buffers().iter().for_each(&mut *f);
+    for child in data.child_data() {
+        for_each_buffer(child, f);
     }
 }
 

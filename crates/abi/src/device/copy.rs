@@ -119,10 +119,9 @@ mod x86 {
                 unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
                 let mut at = head;
                 while at + 4 * LANE <= len {
-                    // SAFETY: `at + 4 * LANE <= len`: the loads read inside `src`'s range
-                    // (unaligned loads), the stores write inside `dst`'s, at `dst + at`,
-                    // which is `LANE`-aligned (`head` aligned it, and `at` grows by
-                    // multiples of `LANE`).
+                    // SAFETY: `at + 4 * LANE <= len`: unaligned loads inside `src`, stores
+                    // inside `dst` at `dst + at`, `LANE`-aligned (by `head`, and `at` grows
+                    // by multiples of `LANE`).
                     unsafe {
                         let s = src.add(at);
                         let d = dst.add(at);

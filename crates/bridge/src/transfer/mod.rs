@@ -77,6 +77,25 @@ pub const DEFAULT_HOST_POOL_BYTES: usize = 256 << 20;
 /// [`TransferOptions::pinned_host_bytes`]).
 pub const DEFAULT_PINNED_HOST_BYTES: usize = 1 << 30;
 
+/// Batches a call handles on the calling thread alone: planning or rebuilding one takes a
+/// few µs, about what handing work to another thread costs.
+const SERIAL_BATCHES: usize = 8;
+
+/// `f(i)` for every batch `i` of `0..n`, in order: on the rayon pool's threads, in runs of
+/// at least [`SERIAL_BATCHES`], when there are more. On an error, that of a failing batch
+/// (not always the first).
+fn per_batch<R: Send>(n: usize, f: impl Fn(usize) -> Result<R> + Sync + Send) -> Result<Vec<R>> {
+    use rayon::prelude::*;
+    if n <= SERIAL_BATCHES {
+        return (0..n).map(f).collect();
+    }
+    (0..n)
+        .into_par_iter()
+        .with_min_len(SERIAL_BATCHES)
+        .map(f)
+        .collect()
+}
+
 /// Options of a [`Transfer`].
 ///
 /// Build them with struct update syntax, e.g.

@@ -11,9 +11,8 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use devarrow_abi::device::{DeviceMemory, HostToDevice, SyncEvent, BUFFER_ALIGNMENT};
 use devarrow_abi::Result;
-use rayon::prelude::*;
 
-use super::{release_registrations, DeviceBatch, Retained, Stage, Transfer};
+use super::{per_batch, release_registrations, DeviceBatch, Retained, Stage, Transfer};
 use crate::batch::Storage;
 use crate::pack::{fill_outputs, pack_range_with, upload_window_bytes};
 use crate::pinned::{direct_runs, staged_ranges};
@@ -23,25 +22,6 @@ use crate::stages::StageTimes;
 /// How many uploads with direct copies keep their source buffers alive at most before
 /// the oldest is waited for (see [`Transfer::retain`]).
 const MAX_RETAINED: usize = 4;
-
-/// Batches a call plans on the calling thread alone: planning one takes a few µs, about
-/// what handing work to another thread costs.
-const SERIAL_PLAN_BATCHES: usize = 8;
-
-/// The plans of `batches`, in order: on the rayon pool's threads, a run of at least
-/// [`SERIAL_PLAN_BATCHES`] batches each, when there are more. Many small batches spend as
-/// long planning as packing (586 batches of 1,024 `lineitem` rows: 1.8 ms of planning, 5.4
-/// ms of packing on 2 threads).
-fn plan_batches(batches: &[RecordBatch]) -> Result<Vec<crate::plan::Plan>> {
-    if batches.len() <= SERIAL_PLAN_BATCHES {
-        return batches.iter().map(plan_batch).collect();
-    }
-    batches
-        .par_iter()
-        .with_min_len(SERIAL_PLAN_BATCHES)
-        .map(plan_batch)
-        .collect()
-}
 
 impl Transfer {
     /// Moves a record batch to the device.
@@ -111,7 +91,9 @@ impl Transfer {
         times: &mut StageTimes,
     ) -> Result<Vec<DeviceBatch>> {
         let start = Instant::now();
-        let plans = plan_batches(batches)?;
+        // Many small batches spend as long planning as packing (587 batches of 1,024
+        // `lineitem` rows: 1.8 ms of planning, 5.4 ms of packing on 2 threads).
+        let plans = per_batch(batches.len(), |i| plan_batch(&batches[i]))?;
         times.bytes += plans.iter().map(|p| p.image.total as u64).sum::<u64>();
         let planned = Instant::now();
         times.plan += planned - start;

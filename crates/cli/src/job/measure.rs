@@ -264,7 +264,9 @@ impl HostCeilings {
         let mut buffers = Vec::new();
         for batch in batches {
             for column in batch.columns() {
-                collect_buffers(&column.to_data(), &mut buffers);
+                crate::footprint::for_each_buffer(&column.to_data(), &mut |b| {
+                    buffers.push(b.clone())
+                });
             }
         }
         let mut gather_bytes = 0;
@@ -311,17 +313,6 @@ impl HostCeilings {
             gather_bytes,
             gather_memcpy,
         })
-    }
-}
-
-/// Every buffer of `data` and of its children (validity bitmaps included), in order.
-fn collect_buffers(data: &arrow_data::ArrayData, out: &mut Vec<arrow_buffer::Buffer>) {
-    if let Some(nulls) = data.nulls() {
-        out.push(nulls.buffer().clone());
-    }
-    out.extend(data.buffers().iter().cloned());
-    for child in data.child_data() {
-        collect_buffers(child, out);
     }
 }
 
@@ -378,6 +369,21 @@ fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
             scope.spawn(move || d.copy_from_slice(s));
         }
     });
+}
+
+/// `bytes` of `batches` batches in memory rounded up by size class (at most a quarter)
+/// and aligned per batch: what a pool must hold to keep them all.
+fn with_headroom(bytes: usize, batches: usize) -> usize {
+    bytes + bytes / 4 + batches * 4096
+}
+
+/// What a device's pool keeps for a repetition of `batches`: their bytes with headroom,
+/// and never less than a pool's default 1 GiB.
+fn pool_retention<'a>(batches: impl ExactSizeIterator<Item = &'a RecordBatch>) -> usize {
+    let count = batches.len();
+    let mut allocations = crate::footprint::Allocations::new();
+    batches.for_each(|batch| allocations.add_batch(batch));
+    with_headroom(allocations.bytes(), count).max(1 << 30)
 }
 
 /// devarrow's figures on one device of a run on several.
@@ -562,10 +568,8 @@ pub fn measure_point(
     // device's pool keeps it for reuse, as an engine moving this much per cycle would set
     // it to (by default a pool keeps 1 GiB: beyond it, every repetition's allocations
     // would fault in, or map, fresh memory, and cost more per byte the more there is).
-    let device_bytes = crate::tpch::batch_bytes(batches);
-    let retained = device_bytes + device_bytes / 4 + batches.len() * 4096;
     device
-        .retain_freed_memory(Some(retained.max(1 << 30)))
+        .retain_freed_memory(Some(pool_retention(batches.iter())))
         .map_err(abi("sizing the device's memory pool"))?;
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
@@ -617,7 +621,7 @@ pub fn measure_point(
     // On a device whose memory the host reads directly (the CPU device without a link)
     // downloads are a memcpy into pageable memory of the transfer's host pool: sized
     // likewise, so that a repetition reuses the memory the last one faulted in.
-    let need = bytes + bytes / 4 + on_device.len() * 4096;
+    let need = with_headroom(bytes, on_device.len());
     if device.host_accessible() {
         transfer.set_host_pool(Some(Arc::new(HostPool::new(need))));
     } else {
@@ -937,13 +941,8 @@ pub fn measure_several(
     };
     // Each device's pool keeps its share of a repetition (see `measure_point`).
     for (worker, (id, device)) in workers.iter().zip(devices) {
-        let bytes: usize = worker
-            .batches
-            .iter()
-            .map(|b| crate::tpch::batch_bytes(std::slice::from_ref(*b)))
-            .sum();
         device
-            .retain_freed_memory(Some((bytes + bytes / 4).max(1 << 30)))
+            .retain_freed_memory(Some(pool_retention(worker.batches.iter().copied())))
             .map_err(|e| JobError::new(format!("sizing the memory pool of {id}: {e}")))?;
     }
     let mut wall_to_device = Vec::with_capacity(reps);
