@@ -113,6 +113,43 @@ pub enum DeviceExecError {
     /// A serialized plan node that is not a `DeviceExec` of this version.
     #[error("not a devarrow DeviceExec node: {0}")]
     Codec(String),
+    /// A device frame (a batch inside a device region) was built inconsistently: a
+    /// column of another length, type or device (a bug of a device operator).
+    #[error("inconsistent device frame: {0}")]
+    Frame(String),
+    /// A device operator of a region failed.
+    #[error(
+        "device operator `{operator}` failed on partition {partition}, batch {batch}: {source}"
+    )]
+    Operator {
+        /// The operator (`DeviceFilterExec`, ...).
+        operator: String,
+        /// The partition.
+        partition: usize,
+        /// The batch of that partition (0-based).
+        batch: usize,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// DataFusion's memory pool refused the device bytes a partition needed.
+    #[error(
+        "partition {partition} on {device} needs {bytes} more bytes of device memory, \
+         which the memory pool refused: {reason}"
+    )]
+    Memory {
+        /// The partition.
+        partition: usize,
+        /// The device (`cpu`, `cuda:N`).
+        device: String,
+        /// The bytes asked for.
+        bytes: usize,
+        /// The pool's answer.
+        reason: String,
+    },
+    /// devarrow's session options (`devarrow.*`) are invalid.
+    #[error("invalid devarrow option: {0}")]
+    Config(String),
 }
 
 impl DeviceExecError {

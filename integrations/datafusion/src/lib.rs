@@ -8,8 +8,10 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod compute;
 pub mod error;
 pub mod exec;
+pub mod frame;
 pub mod logical;
 pub mod revenue;
 pub mod step;
