@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt8Array};
-use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, FieldRef, SchemaRef};
 use datafusion::arrow::compute::filter_record_batch;
 use devarrow::abi::device::Device;
 use devarrow::bridge::{DeviceBatch, DeviceColumn, Transfer};
@@ -346,9 +346,4 @@ impl DeviceFrame {
         let mask: BooleanArray = mask.iter().map(|v| Some(v.unwrap_or(0) != 0)).collect();
         Ok(filter_record_batch(&batch, &mask)?)
     }
-}
-
-/// The schema of `fields`, no metadata.
-pub(crate) fn schema_of(fields: Vec<Field>) -> SchemaRef {
-    Arc::new(Schema::new(fields))
 }

@@ -9,15 +9,22 @@
 
 pub mod codec;
 pub mod compute;
+pub mod config;
 pub mod error;
 pub mod exec;
 pub mod frame;
 pub mod logical;
+pub mod region;
 pub mod revenue;
+pub mod rule;
 pub mod step;
 
 pub use codec::DeviceExecCodec;
+pub use config::DevarrowConfig;
 pub use error::{BoxError, DeviceExecError};
 pub use exec::{DeviceBatchStream, DeviceExec, DEFAULT_READ_AHEAD};
+pub use frame::{DeviceFrame, FrameColumn};
 pub use logical::{DeviceExtensionPlanner, DeviceLogicalCodec, DevicePlanner, DeviceStepNode};
+pub use region::{DeviceLoadExec, DeviceOperatorExec, DeviceUnloadExec};
+pub use rule::{device_session, DevicePlacementRule, HostOnlyExec};
 pub use step::{DeviceStep, ExecDevice, StepContext, StepFn, StepOutput, StepRegistry};

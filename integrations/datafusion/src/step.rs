@@ -246,6 +246,25 @@ impl ExecDevice {
         }
     }
 
+    /// Another handle of the same device: on CUDA with a stream of its own (made now),
+    /// on the CPU device the same device.
+    ///
+    /// # Errors
+    /// [`DeviceExecError::Device`] when CUDA refuses a new stream.
+    pub fn another_stream(&self) -> Result<Self, DeviceExecError> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let error = |e: devarrow::cuda::CudaError| DeviceExecError::Device {
+                spec: self.id.clone(),
+                reason: e.to_string(),
+            };
+            let stream = cuda.primary_context().new_stream().map_err(error)?;
+            let device = devarrow::cuda::CudaDevice::on_stream(stream).map_err(error)?;
+            return Ok(Self::from_cuda(Arc::new(device)));
+        }
+        Ok(self.clone())
+    }
+
     /// devarrow's device.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device

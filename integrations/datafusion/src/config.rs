@@ -1,0 +1,392 @@
+//! devarrow's session options ([`DevarrowConfig`], DataFusion's `ConfigExtension` under
+//! the prefix `devarrow`) and the devices a plan runs on, chosen when it runs
+//! ([`DevicePool`], [`DeviceLease`]).
+//!
+//! A plan never names a device: the scheduler and the client plan with none. When a
+//! partition of a device region starts, it reads `devarrow.devices` from its task's
+//! session options, takes the device `partition % n` of that list, and waits for one of
+//! that device's slots (`devarrow.partitions_per_device`: the per-device limit of
+//! partitions running at once). On CUDA each slot has its own stream, made when the
+//! device is first opened by the process, so one partition's copies overlap another's
+//! kernels; the slots' streams are ordered with each other only by the events of the
+//! batches they share (none, within devarrow's plans).
+//!
+//! ```
+//! use datafusion::prelude::{SessionConfig, SessionContext};
+//! use devarrow_datafusion::config::DevarrowConfig;
+//!
+//! let config = SessionConfig::new().with_option_extension(DevarrowConfig::default());
+//! let ctx = SessionContext::new_with_config(config);
+//! // `SET devarrow.devices = 'cuda:0,1'` in SQL, or:
+//! let mut state = ctx.state();
+//! state.config_mut().options_mut().set("devarrow.devices", "cpu").unwrap();
+//! let options = state.config().options().extensions.get::<DevarrowConfig>().unwrap();
+//! assert_eq!(options.devices, "cpu");
+//! assert_eq!(options.device_requests().unwrap().len(), 1);
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use datafusion::common::config::ConfigExtension;
+use datafusion::common::extensions_options;
+use devarrow::abi::device::CpuDevice;
+use devarrow::bridge::{Transfer, TransferOptions};
+use devarrow::{DeviceRequest, DeviceSpec};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::DeviceExecError;
+use crate::step::ExecDevice;
+
+/// What a region's load gathers before one upload by default: 32 MiB. Below about 8 MiB
+/// a batch's fixed costs (a pipeline's setup, the step's launches, one event) show in
+/// its time; above, the upload runs at the rate of its copies (`docs/datafusion-gpu.md`,
+/// "Coalescing"). DataFusion's default batches of 8,192 rows of lineitem are about 1 MiB.
+pub const DEFAULT_BATCH_BYTES: usize = 32 << 20;
+
+extensions_options! {
+    /// devarrow's options of a DataFusion session (prefix `devarrow`): register with
+    /// `SessionConfig::with_option_extension(DevarrowConfig::default())`, set with
+    /// `SET devarrow.<name> = ...`.
+    pub struct DevarrowConfig {
+        /// Whether the `DevicePlacement` rule moves plan nodes onto devices.
+        pub enabled: bool, default = true
+        /// The devices partitions run on, in devarrow's grammar (`auto`, `cpu`,
+        /// `cuda:N`, `cuda:N,M,...`, `cuda:all`; `cuda:0,cuda:1` is read as `cuda:0,1`):
+        /// partition `p` runs on device `p % n`. Read when a partition starts, not when
+        /// the plan is made.
+        pub devices: String, default = "auto".to_string()
+        /// The host bytes a region's load gathers (coalescing small batches) before one
+        /// upload; 0: every batch as it comes.
+        pub batch_bytes: usize, default = DEFAULT_BATCH_BYTES
+        /// Batches a region uploads ahead of its operators (0: on demand).
+        pub read_ahead: usize, default = 2
+        /// Partitions running on one device at once (each with a stream of its own on
+        /// CUDA); a partition beyond waits for one to end.
+        pub partitions_per_device: usize, default = 4
+    }
+}
+
+impl ConfigExtension for DevarrowConfig {
+    const PREFIX: &'static str = "devarrow";
+}
+
+impl DevarrowConfig {
+    /// The devices of [`DevarrowConfig::devices`], one request each, in order.
+    ///
+    /// # Errors
+    /// [`DeviceExecError::Config`] for a string outside devarrow's grammar.
+    pub fn device_requests(&self) -> Result<Vec<DeviceRequest>, DeviceExecError> {
+        parse_devices(&self.devices)
+    }
+}
+
+/// `cuda:0,cuda:1` (a list of single devices) or a string of devarrow's grammar.
+fn parse_devices(spec: &str) -> Result<Vec<DeviceRequest>, DeviceExecError> {
+    let items: Vec<&str> = spec.split(',').collect();
+    if items.len() > 1 {
+        if let Ok(requests) = items
+            .iter()
+            .map(|item| item.parse::<DeviceRequest>())
+            .collect::<Result<Vec<_>, _>>()
+        {
+            if requests.iter().any(|r| matches!(r, DeviceRequest::Cuda(_)))
+                && requests.iter().all(|r| matches!(r, DeviceRequest::Cuda(_)))
+            {
+                return Ok(requests);
+            }
+        }
+    }
+    let parsed: DeviceSpec = spec
+        .parse()
+        .map_err(|e| DeviceExecError::Config(format!("devarrow.devices = `{spec}`: {e}")))?;
+    Ok(match parsed {
+        DeviceSpec::Auto => vec![DeviceRequest::Auto],
+        DeviceSpec::Cpu => vec![DeviceRequest::Cpu],
+        DeviceSpec::Cuda(id) => vec![DeviceRequest::Cuda(id)],
+        DeviceSpec::CudaList(ids) => ids.into_iter().map(DeviceRequest::Cuda).collect(),
+        DeviceSpec::CudaAll => cuda_all(),
+    })
+}
+
+/// Every CUDA device that opens (`cuda:all`), or `auto` when none does.
+fn cuda_all() -> Vec<DeviceRequest> {
+    let mut ids = Vec::new();
+    while pool_for(DeviceRequest::Cuda(ids.len()), 1).is_ok() {
+        ids.push(DeviceRequest::Cuda(ids.len()));
+    }
+    if ids.is_empty() {
+        ids.push(DeviceRequest::Auto);
+    }
+    ids
+}
+
+/// The slots of one device: `slots` handles of it (on CUDA each on a stream of its own),
+/// lent to one partition at a time.
+pub struct DevicePool {
+    id: String,
+    slots: Vec<Slot>,
+    free: Mutex<Vec<usize>>,
+    permits: Arc<Semaphore>,
+}
+
+impl fmt::Debug for DevicePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DevicePool")
+            .field("id", &self.id)
+            .field("slots", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DevicePool {
+    fn open(request: DeviceRequest, slots: usize) -> Result<Self, DeviceExecError> {
+        let spec = match request {
+            DeviceRequest::Auto => "auto".to_string(),
+            DeviceRequest::Cpu => "cpu".to_string(),
+            DeviceRequest::Cuda(id) => format!("cuda:{id}"),
+        };
+        let first = ExecDevice::open(&spec)?;
+        let slots = slots.max(1);
+        let mut handles = vec![Slot::new(first.clone())?];
+        for _ in 1..slots {
+            handles.push(Slot::new(first.another_stream()?)?);
+        }
+        Ok(Self {
+            id: first.id().to_string(),
+            slots: handles,
+            free: Mutex::new((0..slots).rev().collect()),
+            permits: Arc::new(Semaphore::new(slots)),
+        })
+    }
+
+    /// A pool of `slots` handles of an existing CPU device (tests: one device whose
+    /// memory they count).
+    pub fn cpu(device: Arc<CpuDevice>, slots: usize) -> Self {
+        let slots = slots.max(1);
+        let device = ExecDevice::from_cpu(device);
+        Self {
+            id: "cpu".into(),
+            slots: (0..slots)
+                .map(|_| Slot::new(device.clone()).expect("the CPU device's transfers prepare"))
+                .collect(),
+            free: Mutex::new((0..slots).rev().collect()),
+            permits: Arc::new(Semaphore::new(slots)),
+        }
+    }
+
+    /// `cpu` or `cuda:N`.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How many partitions may run on it at once.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Partitions running on it now.
+    pub fn in_use(&self) -> usize {
+        self.slots.len() - self.permits.available_permits()
+    }
+
+    /// Waits for a free slot (a partition beyond the limit waits here, without blocking
+    /// a thread).
+    pub async fn lease(self: &Arc<Self>) -> DeviceLease {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("a device pool's semaphore is never closed");
+        let slot = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .expect("a permit guarantees a free slot");
+        DeviceLease {
+            pool: self.clone(),
+            slot,
+            _permit: permit,
+        }
+    }
+}
+
+/// A device handle and its two transfers, lent to one partition at a time.
+struct Slot {
+    device: ExecDevice,
+    upload: Mutex<Transfer>,
+    download: Mutex<Transfer>,
+}
+
+impl Slot {
+    /// The handle and its transfers, their staging allocated now (the warm-up: on CUDA
+    /// the pinned allocations that synchronize happen here, not in a running query).
+    fn new(device: ExecDevice) -> Result<Self, DeviceExecError> {
+        let transfer = || -> Result<Transfer, DeviceExecError> {
+            let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+            transfer.prepare().map_err(|e| DeviceExecError::Device {
+                spec: device.id().to_string(),
+                reason: e.to_string(),
+            })?;
+            Ok(transfer)
+        };
+        Ok(Self {
+            upload: Mutex::new(transfer()?),
+            download: Mutex::new(transfer()?),
+            device,
+        })
+    }
+}
+
+/// One slot of a device, held by a running partition; dropping it frees the slot.
+pub struct DeviceLease {
+    pool: Arc<DevicePool>,
+    slot: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl fmt::Debug for DeviceLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceLease")
+            .field("device", &self.pool.id)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl DeviceLease {
+    /// The slot's device handle (on CUDA, with the slot's own stream).
+    pub fn device(&self) -> &ExecDevice {
+        &self.pool.slots[self.slot].device
+    }
+
+    /// The slot's transfer for uploads (warm: its staging allocated when the device was
+    /// opened).
+    pub fn upload(&self) -> MutexGuard<'_, Transfer> {
+        self.pool.slots[self.slot]
+            .upload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot's transfer for downloads (into pinned memory the batches own).
+    pub fn download(&self) -> MutexGuard<'_, Transfer> {
+        self.pool.slots[self.slot]
+            .download
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot's number on its device.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+}
+
+impl Drop for DeviceLease {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.slot);
+    }
+}
+
+type PoolKey = (String, usize);
+
+fn pools() -> &'static Mutex<HashMap<PoolKey, Arc<DevicePool>>> {
+    static POOLS: OnceLock<Mutex<HashMap<PoolKey, Arc<DevicePool>>>> = OnceLock::new();
+    POOLS.get_or_init(Default::default)
+}
+
+/// The process's pool of `request` with `slots` slots, opened on first use and kept
+/// (opening a CUDA device, its streams and its pinned tables is the warm-up that keeps
+/// driver calls that synchronize out of running queries).
+pub fn pool_for(request: DeviceRequest, slots: usize) -> Result<Arc<DevicePool>, DeviceExecError> {
+    let key = (format!("{request:?}"), slots.max(1));
+    let mut pools = pools().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pool) = pools.get(&key) {
+        return Ok(pool.clone());
+    }
+    let pool = Arc::new(DevicePool::open(request, slots)?);
+    pools.insert(key, pool.clone());
+    Ok(pool)
+}
+
+/// Where a region's partitions run: a pool per device, partition `p` on pool `p % n`.
+#[derive(Debug, Clone)]
+pub enum DevicePlacement {
+    /// The devices of the session's `devarrow.devices`, opened (once per process) when a
+    /// partition first runs.
+    FromSession,
+    /// These pools, whatever the session says (tests, embedders with devices of their
+    /// own).
+    Pools(Vec<Arc<DevicePool>>),
+}
+
+impl DevicePlacement {
+    /// The pool partition `partition` runs on, under `config`.
+    pub fn pool(
+        &self,
+        config: &DevarrowConfig,
+        partition: usize,
+    ) -> Result<Arc<DevicePool>, DeviceExecError> {
+        match self {
+            Self::Pools(pools) if !pools.is_empty() => Ok(pools[partition % pools.len()].clone()),
+            Self::Pools(_) => Err(DeviceExecError::Config("no device pool".into())),
+            Self::FromSession => {
+                let requests = config.device_requests()?;
+                pool_for(
+                    requests[partition % requests.len()],
+                    config.partitions_per_device,
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_of_both_forms() {
+        assert_eq!(
+            parse_devices("cuda:0,cuda:1").unwrap(),
+            vec![DeviceRequest::Cuda(0), DeviceRequest::Cuda(1)]
+        );
+        assert_eq!(
+            parse_devices("cuda:1,0").unwrap(),
+            vec![DeviceRequest::Cuda(1), DeviceRequest::Cuda(0)]
+        );
+        assert_eq!(parse_devices("cpu").unwrap(), vec![DeviceRequest::Cpu]);
+        assert!(matches!(
+            parse_devices("tpu:0"),
+            Err(DeviceExecError::Config(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_pool_lends_each_slot_to_one_partition_at_a_time() {
+        let pool = Arc::new(DevicePool::cpu(Arc::new(CpuDevice::new()), 2));
+        let a = pool.lease().await;
+        let b = pool.lease().await;
+        assert_ne!(a.slot(), b.slot());
+        assert_eq!(pool.in_use(), 2);
+        let third = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.lease().await.slot() }
+        });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished(), "a third partition waits for a slot");
+        let freed = a.slot();
+        drop(a);
+        assert_eq!(third.await.unwrap(), freed);
+        drop(b);
+        assert_eq!(pool.in_use(), 0);
+    }
+}

@@ -1,0 +1,240 @@
+//! The device operators that replace DataFusion's own nodes: a filter, a projection and
+//! a partial aggregate (see [`crate::compute`] for what each computes on the device).
+//!
+//! Each computes what the host node it replaces computes, and so declares what that
+//! node declares (its host twin's properties):
+//!
+//! | operator | replaces | order | partitioning | columns |
+//! | --- | --- | --- | --- | --- |
+//! | [`FilterOperator`] | `FilterExec` | kept | kept | untouched (a pending selection; its projection picks columns) |
+//! | [`ProjectionOperator`] | `ProjectionExec` | kept where the sort columns are passed through | kept where the key columns are | passed through or computed |
+//! | [`PartialAggregateOperator`] | `AggregateExec` (`Partial`) | none | the input's partition count | group keys and partial states |
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::compute::{select, DeviceExpr, DevicePartialAggregate, Unsupported};
+use crate::error::BoxError;
+use crate::frame::DeviceFrame;
+
+use super::{DeviceOperator, OperatorContext, RegionBatch};
+
+/// `FilterExec` on the device: the predicate's selection, and-ed with the frame's
+/// pending one; no row moves (the unload, or a terminal operator, applies it).
+#[derive(Debug)]
+pub struct FilterOperator {
+    predicate: Arc<dyn PhysicalExpr>,
+    compiled: DeviceExpr,
+    projection: Option<Vec<usize>>,
+}
+
+impl FilterOperator {
+    /// `filter` on the device, or why not.
+    pub fn try_new(filter: &FilterExec) -> Result<Self, Unsupported> {
+        if filter.fetch().is_some() {
+            return Err(Unsupported(
+                "a filter with a fetch (LIMIT) stays on the host".into(),
+            ));
+        }
+        let compiled = DeviceExpr::compile(filter.predicate(), &filter.input().schema())?;
+        Ok(Self {
+            predicate: filter.predicate().clone(),
+            compiled,
+            projection: filter.projection().as_ref().map(|p| p.to_vec()),
+        })
+    }
+}
+
+impl DeviceOperator for FilterOperator {
+    fn name(&self) -> &'static str {
+        "DeviceFilterExec"
+    }
+
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.predicate)?;
+        if let Some(projection) = &self.projection {
+            write!(f, ", projection={projection:?}")?;
+        }
+        Ok(())
+    }
+
+    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        let selection = select(&self.compiled, &frame, cx.device)?;
+        let mut frame = frame.with_selection(selection)?;
+        if let Some(projection) = &self.projection {
+            frame = frame.project(projection)?;
+        }
+        Ok(RegionBatch::Device(frame))
+    }
+}
+
+/// One output column of a projection.
+#[derive(Debug)]
+enum Projected {
+    /// An input column, passed on zero-copy.
+    Input(usize),
+    /// A column computed on the device.
+    Computed(DeviceExpr),
+}
+
+/// `ProjectionExec` on the device: input columns passed on, others computed.
+#[derive(Debug)]
+pub struct ProjectionOperator {
+    exprs: Vec<(Arc<dyn PhysicalExpr>, String)>,
+    columns: Vec<Projected>,
+    schema: SchemaRef,
+}
+
+impl ProjectionOperator {
+    /// `projection` on the device, or why not.
+    pub fn try_new(projection: &ProjectionExec) -> Result<Self, Unsupported> {
+        let input = projection.input().schema();
+        let mut exprs = Vec::new();
+        let mut columns = Vec::new();
+        for item in projection.projection_expr().iter() {
+            exprs.push((item.expr.clone(), item.alias.clone()));
+            columns.push(match item.expr.downcast_ref::<Column>() {
+                Some(column) => Projected::Input(column.index()),
+                None => Projected::Computed(DeviceExpr::compile(&item.expr, &input)?),
+            });
+        }
+        if columns.iter().all(|c| matches!(c, Projected::Input(_))) {
+            return Err(Unsupported(
+                "a projection that only picks columns has nothing to compute on the device".into(),
+            ));
+        }
+        Ok(Self {
+            exprs,
+            columns,
+            schema: projection.schema(),
+        })
+    }
+}
+
+impl DeviceOperator for ProjectionOperator {
+    fn name(&self) -> &'static str {
+        "DeviceProjectionExec"
+    }
+
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "expr=[")?;
+        for (i, (expr, alias)) in self.exprs.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{expr} as {alias}")?;
+        }
+        write!(f, "]")
+    }
+
+    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        let mut columns = Vec::with_capacity(self.columns.len());
+        for column in &self.columns {
+            columns.push(match column {
+                Projected::Input(i) => frame
+                    .column(*i)
+                    .ok_or_else(|| format!("no input column {i}"))?
+                    .clone(),
+                Projected::Computed(expr) => expr.evaluate(&frame, cx.device)?,
+            });
+        }
+        let frame = DeviceFrame::try_new(
+            self.schema.clone(),
+            columns,
+            frame.num_rows(),
+            frame.selection().cloned(),
+        )?;
+        Ok(RegionBatch::Device(frame))
+    }
+}
+
+/// `AggregateExec` in `Partial` mode on the device, per batch: the groups of the
+/// frame's selected rows and their partial states, read back to the host (a few rows
+/// per batch), where DataFusion's final aggregate takes them as its own partial's.
+#[derive(Debug)]
+pub struct PartialAggregateOperator {
+    compiled: DevicePartialAggregate,
+    description: String,
+}
+
+impl PartialAggregateOperator {
+    /// `aggregate` on the device, or why not.
+    pub fn try_new(aggregate: &AggregateExec) -> Result<Self, Unsupported> {
+        if *aggregate.mode() != AggregateMode::Partial {
+            return Err(Unsupported(format!(
+                "only partial aggregates run on the device, not {:?}",
+                aggregate.mode()
+            )));
+        }
+        let compiled = DevicePartialAggregate::compile(aggregate)?;
+        let groups: Vec<String> = aggregate
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, name)| format!("{e} as {name}"))
+            .collect();
+        let aggregates: Vec<String> = aggregate
+            .aggr_expr()
+            .iter()
+            .map(|a| a.name().to_string())
+            .collect();
+        Ok(Self {
+            compiled,
+            description: format!(
+                "mode=Partial, gby=[{}], aggr=[{}]",
+                groups.join(", "),
+                aggregates.join(", ")
+            ),
+        })
+    }
+}
+
+impl DeviceOperator for PartialAggregateOperator {
+    fn name(&self) -> &'static str {
+        "DevicePartialAggregateExec"
+    }
+
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.description)
+    }
+
+    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        Ok(RegionBatch::Host(self.compiled.run(&frame, cx.device)?))
+    }
+
+    fn is_terminal(&self) -> bool {
+        true
+    }
+}
+
+/// The device operator for `node`: `None` when no device operator replaces nodes of its
+/// kind, `Some(Err(why))` when one does but not this node.
+pub fn device_operator(
+    node: &Arc<dyn ExecutionPlan>,
+) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
+    fn boxed<T: DeviceOperator + 'static>(
+        op: Result<T, Unsupported>,
+    ) -> Result<Arc<dyn DeviceOperator>, Unsupported> {
+        op.map(|op| Arc::new(op) as Arc<dyn DeviceOperator>)
+    }
+    if let Some(filter) = node.downcast_ref::<FilterExec>() {
+        return Some(boxed(FilterOperator::try_new(filter)));
+    }
+    if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        return Some(boxed(ProjectionOperator::try_new(projection)));
+    }
+    if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+        if *aggregate.mode() == AggregateMode::Partial {
+            return Some(boxed(PartialAggregateOperator::try_new(aggregate)));
+        }
+    }
+    None
+}

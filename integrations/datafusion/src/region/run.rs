@@ -1,0 +1,518 @@
+//! One partition of a device region, run: a load thread (the child's batches,
+//! coalesced, uploaded ahead), an operator thread (the operators on each frame, then the
+//! download), and a stream that takes the finished host batches off a channel.
+//!
+//! Nothing here blocks a tokio worker: the stream waits for its device slot
+//! asynchronously, and every host wait for the device (an upload's staging, an
+//! aggregate's read-back, a download) happens on the partition's two threads. Dropping
+//! the stream raises a flag and drops the channel; the threads see it at their next
+//! step and end on their own, freeing the partition's device memory, its memory
+//! reservation and its device slot. No drop joins a thread.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
+};
+use datafusion::physical_plan::ExecutionPlan;
+use devarrow::bridge::DeviceBatch;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::mpsc;
+
+use crate::config::{DevarrowConfig, DeviceLease};
+use crate::error::DeviceExecError;
+use crate::frame::DeviceFrame;
+
+use super::{chain, DeviceOperatorExec, OperatorContext, RegionBatch};
+
+/// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
+pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            data.get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
+/// The load's metrics of one partition.
+#[derive(Clone)]
+struct LoadMetrics {
+    bytes_to_device: Count,
+    input_batches: Count,
+    uploaded_batches: Count,
+    load_time: Time,
+}
+
+impl LoadMetrics {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            bytes_to_device: MetricBuilder::new(metrics).counter("bytes_to_device", partition),
+            input_batches: MetricBuilder::new(metrics).counter("input_batches", partition),
+            uploaded_batches: MetricBuilder::new(metrics).counter("uploaded_batches", partition),
+            load_time: MetricBuilder::new(metrics).subset_time("load_time", partition),
+        }
+    }
+}
+
+/// The region's output metrics of one partition (on the unload, or the node executed).
+#[derive(Clone)]
+struct UnloadMetrics {
+    baseline: BaselineMetrics,
+    bytes_from_device: Count,
+    unload_time: Time,
+    load_wait: Time,
+}
+
+impl UnloadMetrics {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            baseline: BaselineMetrics::new(metrics, partition),
+            bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
+            unload_time: MetricBuilder::new(metrics).subset_time("unload_time", partition),
+            load_wait: MetricBuilder::new(metrics).subset_time("load_wait", partition),
+        }
+    }
+}
+
+/// What the load thread hands the operator thread: an uploaded batch and the bytes
+/// reserved for it.
+type Uploaded = std::result::Result<(DeviceBatch, usize), DataFusionError>;
+
+/// Everything a partition's threads need, gathered before its device slot is granted.
+struct Pending {
+    child: SendableRecordBatchStream,
+    ops: Vec<Arc<DeviceOperatorExec>>,
+    config: DevarrowConfig,
+    reservation: Arc<MemoryReservation>,
+    load_metrics: LoadMetrics,
+    unload_metrics: UnloadMetrics,
+    runtime: Option<tokio::runtime::Handle>,
+    partition: usize,
+}
+
+/// Runs the region whose top node is `top` for `partition`; its output metrics go to
+/// `metrics` (the unload's), or to `top`'s own node when `None`.
+pub(crate) fn execute_region(
+    top: &Arc<dyn ExecutionPlan>,
+    metrics: Option<&ExecutionPlanMetricsSet>,
+    partition: usize,
+    context: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let (load, ops) = chain(top)?;
+    let schema = top.schema();
+    let config = context
+        .session_config()
+        .options()
+        .extensions
+        .get::<DevarrowConfig>()
+        .cloned()
+        .unwrap_or_default();
+    let pool = load.placement().pool(&config, partition)?;
+    let child = load.input().execute(partition, context.clone())?;
+    let reservation = Arc::new(
+        MemoryConsumer::new(format!("DeviceRegion[{partition}]@{}", pool.id()))
+            .register(context.memory_pool()),
+    );
+    let own_metrics = ops
+        .last()
+        .map(|op| op.metrics_set().clone())
+        .unwrap_or_else(|| load.metrics_set().clone());
+    let unload_metrics = UnloadMetrics::new(metrics.unwrap_or(&own_metrics), partition);
+    let pending = Pending {
+        child,
+        ops,
+        config,
+        reservation,
+        load_metrics: LoadMetrics::new(load.metrics_set(), partition),
+        unload_metrics: unload_metrics.clone(),
+        runtime: tokio::runtime::Handle::try_current().ok(),
+        partition,
+    };
+    let lease = async move { pool.lease().await }.boxed();
+    Ok(Box::pin(RegionStream {
+        schema,
+        state: State::Leasing(lease, Some(pending)),
+        cancel: Arc::new(AtomicBool::new(false)),
+        baseline: unload_metrics.baseline,
+    }))
+}
+
+enum State {
+    /// Waiting for a slot of the partition's device.
+    Leasing(BoxFuture<'static, DeviceLease>, Option<Pending>),
+    /// The threads run; their batches come through here.
+    Running(mpsc::Receiver<Result<RecordBatch>>),
+    /// Ended.
+    Done,
+}
+
+/// A partition of a region, as DataFusion polls it.
+struct RegionStream {
+    schema: SchemaRef,
+    state: State,
+    cancel: Arc<AtomicBool>,
+    baseline: BaselineMetrics,
+}
+
+impl Drop for RegionStream {
+    fn drop(&mut self) {
+        // The threads end on their own (no join on a runtime thread).
+        self.cancel.store(true, Ordering::Release);
+    }
+}
+
+impl RecordBatchStream for RegionStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+impl Stream for RegionStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                State::Leasing(lease, pending) => {
+                    let Poll::Ready(lease) = lease.poll_unpin(cx) else {
+                        return Poll::Pending;
+                    };
+                    let pending = pending.take().expect("a leasing state holds its work");
+                    let receiver = start(pending, lease, this.cancel.clone());
+                    this.state = match receiver {
+                        Ok(receiver) => State::Running(receiver),
+                        Err(e) => {
+                            this.state = State::Done;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    };
+                }
+                State::Running(receiver) => {
+                    let poll = receiver.poll_recv(cx);
+                    if let Poll::Ready(None) = poll {
+                        this.state = State::Done;
+                    }
+                    return this.baseline.record_poll(poll);
+                }
+                State::Done => return Poll::Ready(None),
+            }
+        }
+    }
+}
+
+/// Starts the partition's two threads on `lease`'s device slot.
+fn start(
+    pending: Pending,
+    lease: DeviceLease,
+    cancel: Arc<AtomicBool>,
+) -> Result<mpsc::Receiver<Result<RecordBatch>>> {
+    let lease = Arc::new(lease);
+    let Pending {
+        child,
+        ops,
+        config,
+        reservation,
+        load_metrics,
+        unload_metrics,
+        runtime,
+        partition,
+    } = pending;
+    let (upload_tx, upload_rx) = sync_channel::<Uploaded>(config.read_ahead);
+    let (out_tx, out_rx) = mpsc::channel::<Result<RecordBatch>>(1);
+    let spawn_error = |e: std::io::Error| {
+        DataFusionError::External(Box::new(DeviceExecError::Device {
+            spec: lease.device().id().to_string(),
+            reason: format!("no thread for partition {partition}: {e}"),
+        }))
+    };
+    {
+        let (lease, cancel, reservation) = (lease.clone(), cancel.clone(), reservation.clone());
+        let load = LoadThread {
+            child,
+            runtime,
+            lease,
+            batch_bytes: config.batch_bytes,
+            reservation,
+            cancel,
+            metrics: load_metrics,
+            partition,
+        };
+        std::thread::Builder::new()
+            .name(format!("devarrow-load-{partition}"))
+            .spawn(move || load.run(upload_tx))
+            .map_err(spawn_error)?;
+    }
+    let operators = OperatorThread {
+        ops,
+        lease: lease.clone(),
+        reservation,
+        cancel,
+        metrics: unload_metrics,
+        partition,
+    };
+    std::thread::Builder::new()
+        .name(format!("devarrow-region-{partition}"))
+        .spawn(move || operators.run(upload_rx, out_tx))
+        .map_err(spawn_error)?;
+    Ok(out_rx)
+}
+
+/// The load: the child's batches, coalesced, uploaded.
+struct LoadThread {
+    child: SendableRecordBatchStream,
+    runtime: Option<tokio::runtime::Handle>,
+    lease: Arc<DeviceLease>,
+    batch_bytes: usize,
+    reservation: Arc<MemoryReservation>,
+    cancel: Arc<AtomicBool>,
+    metrics: LoadMetrics,
+    partition: usize,
+}
+
+impl LoadThread {
+    fn run(mut self, out: SyncSender<Uploaded>) {
+        let result = catch_unwind(AssertUnwindSafe(|| self.feed(&out)));
+        let error = match result {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => DataFusionError::External(Box::new(DeviceExecError::Device {
+                spec: self.lease.device().id().to_string(),
+                reason: format!("the load of partition {} panicked", self.partition),
+            })),
+        };
+        let _ = out.send(Err(error));
+    }
+
+    /// The child's next batch, polled on the query's runtime.
+    fn next_child(&mut self) -> Option<Result<RecordBatch>> {
+        match &self.runtime {
+            Some(runtime) => runtime.block_on(self.child.next()),
+            None => futures::executor::block_on(self.child.next()),
+        }
+    }
+
+    fn feed(&mut self, out: &SyncSender<Uploaded>) -> Result<()> {
+        let schema = self.child.schema();
+        let mut gathered: Vec<RecordBatch> = Vec::new();
+        let mut gathered_bytes = 0;
+        let mut ended = false;
+        while !ended {
+            if self.cancel.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            match self.next_child() {
+                None => ended = true,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(batch)) => {
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    self.metrics.input_batches.add(1);
+                    gathered_bytes += batch_bytes(&batch);
+                    gathered.push(batch);
+                    if gathered_bytes < self.batch_bytes {
+                        continue;
+                    }
+                }
+            }
+            if gathered.is_empty() {
+                continue;
+            }
+            let timer = self.metrics.load_time.timer();
+            let batch = if gathered.len() == 1 {
+                gathered.pop().expect("one batch")
+            } else {
+                let batch = concat_batches(&schema, &gathered)?;
+                gathered.clear();
+                batch
+            };
+            let bytes = std::mem::take(&mut gathered_bytes);
+            self.reservation.try_grow(bytes).map_err(|e| {
+                DataFusionError::External(Box::new(DeviceExecError::Memory {
+                    partition: self.partition,
+                    device: self.lease.device().id().to_string(),
+                    bytes,
+                    reason: e.to_string(),
+                }))
+            })?;
+            let uploaded = self.lease.upload().to_device(&batch);
+            let uploaded = match uploaded {
+                Ok(uploaded) => uploaded,
+                Err(source) => {
+                    self.reservation.shrink(bytes);
+                    return Err(DataFusionError::External(Box::new(
+                        DeviceExecError::Upload {
+                            partition: self.partition,
+                            device: self.lease.device().id().to_string(),
+                            source: Box::new(source),
+                        },
+                    )));
+                }
+            };
+            timer.done();
+            self.metrics.bytes_to_device.add(bytes);
+            self.metrics.uploaded_batches.add(1);
+            if out.send(Ok((uploaded, bytes))).is_err() {
+                // The operator thread ended; its receiver dropped the batch (and its
+                // reservation is released by whoever drops the last handle).
+                self.reservation.shrink(bytes);
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The operators, then the download.
+struct OperatorThread {
+    ops: Vec<Arc<DeviceOperatorExec>>,
+    lease: Arc<DeviceLease>,
+    reservation: Arc<MemoryReservation>,
+    cancel: Arc<AtomicBool>,
+    metrics: UnloadMetrics,
+    partition: usize,
+}
+
+impl OperatorThread {
+    fn run(self, uploads: Receiver<Uploaded>, out: mpsc::Sender<Result<RecordBatch>>) {
+        let result = catch_unwind(AssertUnwindSafe(|| self.drain(&uploads, &out)));
+        let error = match result {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => DataFusionError::External(Box::new(DeviceExecError::Device {
+                spec: self.lease.device().id().to_string(),
+                reason: format!("the operators of partition {} panicked", self.partition),
+            })),
+        };
+        let _ = out.blocking_send(Err(error));
+    }
+
+    fn drain(
+        &self,
+        uploads: &Receiver<Uploaded>,
+        out: &mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<()> {
+        let ops: Vec<_> = self
+            .ops
+            .iter()
+            .map(|op| {
+                let time =
+                    MetricBuilder::new(op.metrics_set()).subset_time("device_time", self.partition);
+                (op, time)
+            })
+            .collect();
+        let mut index = 0;
+        loop {
+            if self.cancel.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let waiting = Instant::now();
+            let Ok(uploaded) = uploads.recv() else {
+                return Ok(());
+            };
+            self.metrics.load_wait.add_elapsed(waiting);
+            let (batch, reserved) = uploaded?;
+            let compute = self.metrics.baseline.elapsed_compute().clone();
+            let timer = compute.timer();
+            let host = self.through(batch, &ops, index);
+            self.reservation.shrink(reserved);
+            timer.done();
+            let host = host?;
+            index += 1;
+            if host.num_rows() == 0 {
+                continue;
+            }
+            if out.blocking_send(Ok(host)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One uploaded batch through the operators and down to the host.
+    fn through(
+        &self,
+        batch: DeviceBatch,
+        ops: &[(&Arc<DeviceOperatorExec>, Time)],
+        index: usize,
+    ) -> Result<RecordBatch> {
+        let device = self.lease.device();
+        let cx = OperatorContext {
+            partition: self.partition,
+            batch: index,
+            device,
+        };
+        // A step's CUDA calls (cudarc's, some of which take the thread's current context)
+        // find the device's context bound.
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            cuda.primary_context()
+                .context()
+                .bind_to_thread()
+                .map_err(|e| DeviceExecError::Device {
+                    spec: device.id().to_string(),
+                    reason: e.to_string(),
+                })?;
+        }
+        let mut current = RegionBatch::Device(DeviceFrame::from_batch(batch));
+        for (op, time) in ops {
+            let frame = match current {
+                RegionBatch::Device(frame) => frame,
+                RegionBatch::Host(_) => {
+                    return Err(DataFusionError::Internal(format!(
+                        "{} follows an operator whose output is on the host",
+                        op.operator().name()
+                    )))
+                }
+            };
+            let timer = time.timer();
+            current =
+                op.operator()
+                    .apply(frame, &cx)
+                    .map_err(|source| DeviceExecError::Operator {
+                        operator: op.operator().name().to_string(),
+                        partition: self.partition,
+                        batch: index,
+                        source,
+                    })?;
+            timer.done();
+        }
+        match current {
+            RegionBatch::Host(batch) => Ok(batch),
+            RegionBatch::Device(frame) => {
+                let timer = self.metrics.unload_time.timer();
+                let mut transfer = self.lease.download();
+                let host = frame.download(&mut transfer).map_err(|source| {
+                    DataFusionError::External(Box::new(DeviceExecError::Operator {
+                        operator: "DeviceUnloadExec".into(),
+                        partition: self.partition,
+                        batch: index,
+                        source,
+                    }))
+                })?;
+                let stats = transfer.take_stats().to_host;
+                drop(transfer);
+                self.metrics.bytes_from_device.add(stats.bytes as usize);
+                timer.done();
+                Ok(host)
+            }
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! [`DevicePlacementRule`]: the physical optimizer rule that moves plan nodes onto
+//! devices, and the registry of device operators it asks ([`DeviceOperatorRegistry`]).
+//!
+//! Bottom up, for every node that a registered factory knows:
+//! - when the factory makes a device operator of it, the node becomes a
+//!   [`DeviceOperatorExec`] over its child on the device: a region's top when the child
+//!   is a region (its unload removed: adjacent device nodes merge into one region, one
+//!   load, N operators, one unload), else a new [`DeviceLoadExec`] over the host child;
+//!   then a [`DeviceUnloadExec`] on top;
+//! - when it cannot (a type with no device operator, an expression with no kernel), the
+//!   node stays on the host under a [`HostOnlyExec`] that says why in `EXPLAIN`.
+//!
+//! Nodes no factory knows (joins, sorts, repartitions, scans) stay as they are. The rule
+//! runs after DataFusion's own (add it last): it keeps every node's properties (a device
+//! operator declares its host twin's), so the plan it returns satisfies the same
+//! requirements. Devices are not chosen here but when a partition runs.
+//!
+//! ```
+//! use datafusion::prelude::{SessionConfig, SessionContext};
+//! use devarrow_datafusion::rule::device_session;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> datafusion::error::Result<()> {
+//! let ctx = device_session(SessionConfig::new());
+//! ctx.sql("SET devarrow.devices = 'cpu'").await?.collect().await?;
+//! ctx.sql("CREATE TABLE t (a DECIMAL(15, 2), b INT) AS VALUES (1.50, 1), (2.25, 2), (3.00, 3)")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! let plan = ctx
+//!     .sql("EXPLAIN SELECT a * 2 AS twice FROM t WHERE b > 1")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! let text = datafusion::arrow::util::pretty::pretty_format_batches(&plan)?.to_string();
+//! assert!(text.contains("DeviceLoadExec") && text.contains("DeviceUnloadExec"), "{text}");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, Result, Statistics};
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{replace_children_if_necessary, CardinalityEffect};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::compute::Unsupported;
+use crate::config::{DevarrowConfig, DevicePlacement};
+use crate::region::{
+    host_twin, ops, DeviceLoadExec, DeviceOperator, DeviceOperatorExec, DeviceUnloadExec,
+};
+
+/// Makes device operators of plan nodes it knows.
+pub trait DeviceOperatorFactory: fmt::Debug + Send + Sync {
+    /// `None` when `node` is of a kind this factory does not replace; `Some(Err(why))`
+    /// when it is, but this node cannot run on the device.
+    fn device_operator(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+    ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>>;
+}
+
+/// devarrow's own operators: `FilterExec`, `ProjectionExec`, `AggregateExec`
+/// (`Partial`).
+#[derive(Debug, Default)]
+pub struct BuiltinOperators;
+
+impl DeviceOperatorFactory for BuiltinOperators {
+    fn device_operator(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+    ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
+        ops::device_operator(node)
+    }
+}
+
+/// The device operator factories a rule asks, in order (the first that knows a node's
+/// kind decides).
+#[derive(Debug, Clone)]
+pub struct DeviceOperatorRegistry {
+    factories: Vec<Arc<dyn DeviceOperatorFactory>>,
+}
+
+impl Default for DeviceOperatorRegistry {
+    /// devarrow's own operators ([`BuiltinOperators`]).
+    fn default() -> Self {
+        Self {
+            factories: vec![Arc::new(BuiltinOperators)],
+        }
+    }
+}
+
+impl DeviceOperatorRegistry {
+    /// No factory: nothing moves to a device.
+    pub fn empty() -> Self {
+        Self {
+            factories: Vec::new(),
+        }
+    }
+
+    /// Adds `factory`, asked before those registered earlier.
+    pub fn register(&mut self, factory: Arc<dyn DeviceOperatorFactory>) -> &mut Self {
+        self.factories.insert(0, factory);
+        self
+    }
+
+    /// The device operator of `node` (see [`DeviceOperatorFactory::device_operator`]).
+    pub fn device_operator(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+    ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
+        self.factories
+            .iter()
+            .find_map(|factory| factory.device_operator(node))
+    }
+}
+
+/// The rule: see the [module](self).
+#[derive(Debug)]
+pub struct DevicePlacementRule {
+    registry: DeviceOperatorRegistry,
+    placement: DevicePlacement,
+}
+
+impl Default for DevicePlacementRule {
+    /// devarrow's operators, on the session's devices.
+    fn default() -> Self {
+        Self::new(DeviceOperatorRegistry::default())
+    }
+}
+
+impl DevicePlacementRule {
+    /// A rule asking `registry`, its regions on the session's devices
+    /// (`devarrow.devices`, read when a partition runs).
+    pub fn new(registry: DeviceOperatorRegistry) -> Self {
+        Self {
+            registry,
+            placement: DevicePlacement::FromSession,
+        }
+    }
+
+    /// This rule, its regions on `placement`'s devices.
+    pub fn with_placement(mut self, placement: DevicePlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Rewrites one node whose children are rewritten already.
+    fn place(&self, node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(host_only) = node.downcast_ref::<HostOnlyExec>() {
+            // The rule run again: one reason is enough.
+            if host_only.input().downcast_ref::<HostOnlyExec>().is_some() {
+                return Ok(Transformed::yes(host_only.input().clone()));
+            }
+        }
+        let Some(operator) = self.registry.device_operator(&node) else {
+            return Ok(Transformed::no(node));
+        };
+        let operator = match operator {
+            Ok(operator) => operator,
+            Err(why) => {
+                let annotated = HostOnlyExec::new(node, why.0);
+                return Ok(Transformed::yes(Arc::new(annotated)));
+            }
+        };
+        let children = node.children();
+        let [child] = children.as_slice() else {
+            return Ok(Transformed::no(node));
+        };
+        let device_child: Arc<dyn ExecutionPlan> = match child.downcast_ref::<DeviceUnloadExec>() {
+            Some(unload) if !ends_on_host(unload.input()) => unload.input().clone(),
+            _ => Arc::new(DeviceLoadExec::with_placement(
+                (*child).clone(),
+                self.placement.clone(),
+            )),
+        };
+        let twin = replace_children_if_necessary(node.clone(), vec![host_twin(&device_child)])?;
+        let device: Arc<dyn ExecutionPlan> =
+            Arc::new(DeviceOperatorExec::try_new(operator, device_child, twin)?);
+        Ok(Transformed::yes(Arc::new(DeviceUnloadExec::try_new(
+            device,
+        )?)))
+    }
+}
+
+/// Whether the region topped by `top` ends with a terminal operator (its output is on
+/// the host: nothing can follow it on the device).
+fn ends_on_host(top: &Arc<dyn ExecutionPlan>) -> bool {
+    top.downcast_ref::<DeviceOperatorExec>()
+        .is_some_and(|op| op.operator().is_terminal())
+}
+
+impl PhysicalOptimizerRule for DevicePlacementRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let enabled = config
+            .extensions
+            .get::<DevarrowConfig>()
+            .is_none_or(|c| c.enabled);
+        if !enabled {
+            return Ok(plan);
+        }
+        plan.transform_up(|node| self.place(node)).map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "devarrow_device_placement"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// A session whose plans run on devices: `config` with devarrow's options
+/// ([`DevarrowConfig`], unless it has them) and DataFusion's default rules followed by
+/// [`DevicePlacementRule`].
+pub fn device_session(config: SessionConfig) -> SessionContext {
+    let config = if config
+        .options()
+        .extensions
+        .get::<DevarrowConfig>()
+        .is_some()
+    {
+        config
+    } else {
+        config.with_option_extension(DevarrowConfig::default())
+    };
+    let state = with_device_placement(
+        SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features(),
+    )
+    .build();
+    SessionContext::new_with_state(state)
+}
+
+/// `builder` with [`DevicePlacementRule`] after its physical optimizer rules.
+pub fn with_device_placement(builder: SessionStateBuilder) -> SessionStateBuilder {
+    builder.with_physical_optimizer_rule(Arc::new(DevicePlacementRule::default()))
+}
+
+/// A node the rule could not move to a device, with the reason (`EXPLAIN` shows it); it
+/// passes its child's batches on untouched.
+#[derive(Debug, Clone)]
+pub struct HostOnlyExec {
+    input: Arc<dyn ExecutionPlan>,
+    reason: String,
+}
+
+impl HostOnlyExec {
+    /// `input`, kept on the host because of `reason`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, reason: impl Into<String>) -> Self {
+        Self {
+            input,
+            reason: reason.into(),
+        }
+    }
+
+    /// Why the child stays on the host.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The node that stays on the host.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for HostOnlyExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "HostOnlyExec: {} stays on the host: {}",
+                self.input.name(),
+                self.reason
+            ),
+            DisplayFormatType::TreeRender => write!(f, "reason={}", self.reason),
+        }
+    }
+}
+
+impl ExecutionPlan for HostOnlyExec {
+    fn name(&self) -> &str {
+        "HostOnlyExec"
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.input.schema()
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("HostOnlyExec takes one child");
+        }
+        Ok(Arc::new(Self::new(
+            children.swap_remove(0),
+            self.reason.clone(),
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(input_stats[0].clone())
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::Equal
+    }
+}

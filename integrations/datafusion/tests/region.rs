@@ -1,0 +1,529 @@
+//! Device regions on the CPU device: the rule's placement (snapshots of `EXPLAIN`),
+//! results against DataFusion alone, devices chosen when the plan runs, memory
+//! reservations, the per-device limit, coalescing, cancellation and a runtime that is
+//! never blocked.
+//!
+//! The operators here are the tests' own ([`HostEvalFactory`]: a registered factory, as
+//! an engine would add one), so that the region's plumbing is tested apart from
+//! devarrow's device kernels (`tests/compute.rs`, `tests/tpch.rs`).
+
+mod common;
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt8Array};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::common::cast::as_boolean_array;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use devarrow::abi::device::CpuDevice;
+use devarrow::bridge::{Transfer, TransferOptions};
+use devarrow_datafusion::compute::Unsupported;
+use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+use devarrow_datafusion::frame::{DeviceFrame, FrameColumn};
+use devarrow_datafusion::region::{DeviceOperator, OperatorContext, RegionBatch};
+use devarrow_datafusion::rule::{DeviceOperatorFactory, DeviceOperatorRegistry};
+use devarrow_datafusion::{BoxError, DeviceExecError, DevicePlacementRule};
+use futures::StreamExt;
+
+use common::{lineitem, register_lineitem};
+
+/// Counts operators running at once (the per-device limit's test).
+#[derive(Debug, Default)]
+struct Running {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+/// Filters and projections evaluated by DataFusion on the host, inside a region: the
+/// frame comes down, the expression runs, the result goes up again. Slow, and exactly
+/// DataFusion's results: what the region's plumbing must preserve.
+#[derive(Debug, Default)]
+struct HostEvalFactory {
+    /// Sleeps this long in every operator call.
+    delay: Duration,
+    running: Arc<Running>,
+}
+
+#[derive(Debug)]
+struct HostEval {
+    name: &'static str,
+    node: Arc<dyn ExecutionPlan>,
+    delay: Duration,
+    running: Arc<Running>,
+}
+
+impl DeviceOperatorFactory for HostEvalFactory {
+    fn device_operator(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+    ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
+        let name = if node.downcast_ref::<FilterExec>().is_some() {
+            "DeviceFilterExec"
+        } else if node.downcast_ref::<ProjectionExec>().is_some() {
+            "DeviceProjectionExec"
+        } else {
+            return None;
+        };
+        if node
+            .schema()
+            .fields()
+            .iter()
+            .any(|f| f.name() == "no_device")
+        {
+            return Some(Err(Unsupported(
+                "column `no_device` has no device operator".into(),
+            )));
+        }
+        Some(Ok(Arc::new(HostEval {
+            name,
+            node: node.clone(),
+            delay: self.delay,
+            running: self.running.clone(),
+        })))
+    }
+}
+
+impl DeviceOperator for HostEval {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "host-evaluated")
+    }
+
+    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        let now = self.running.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.running.most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        let result = self.eval(frame, cx);
+        self.running.now.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
+impl HostEval {
+    fn eval(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        let device = cx.device.device().clone();
+        let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+        let host = frame.download(&mut transfer)?;
+        if let Some(filter) = self.node.downcast_ref::<FilterExec>() {
+            // A pending selection, as devarrow's own filter leaves one.
+            let mask = filter
+                .predicate()
+                .evaluate(&host)?
+                .into_array(host.num_rows())?;
+            let mask = as_boolean_array(&mask)?;
+            let selection: UInt8Array = mask
+                .iter()
+                .map(|v| Some(u8::from(v == Some(true))))
+                .collect();
+            let selection =
+                RecordBatch::try_from_iter([("selection", Arc::new(selection) as ArrayRef)])?;
+            let selection = FrameColumn::single(transfer.to_device(&selection)?)?;
+            let up = DeviceFrame::from_batch(transfer.to_device(&host)?);
+            let up = up.with_selection(selection)?;
+            let up = match filter.projection() {
+                Some(p) => up.project(p)?,
+                None => up,
+            };
+            return Ok(RegionBatch::Device(up));
+        }
+        let projection = self
+            .node
+            .downcast_ref::<ProjectionExec>()
+            .expect("a projection");
+        let columns = projection
+            .projection_expr()
+            .iter()
+            .map(|e| {
+                e.expr
+                    .evaluate(&host)
+                    .and_then(|v| v.into_array(host.num_rows()))
+            })
+            .collect::<datafusion::common::Result<Vec<_>>>()?;
+        let out = RecordBatch::try_new(projection.schema(), columns)?;
+        Ok(RegionBatch::Device(DeviceFrame::from_batch(
+            transfer.to_device(&out)?,
+        )))
+    }
+}
+
+/// A session whose rule asks `factory` and runs regions on `pools` (or the session's
+/// `devarrow.devices` when `None`), with `memory_limit` bytes of memory pool if given.
+fn session_with(
+    factory: HostEvalFactory,
+    pools: Option<Vec<Arc<DevicePool>>>,
+    memory_limit: Option<usize>,
+    partitions: Vec<Vec<RecordBatch>>,
+) -> SessionContext {
+    let mut registry = DeviceOperatorRegistry::empty();
+    registry.register(Arc::new(factory));
+    let mut rule = DevicePlacementRule::new(registry);
+    if let Some(pools) = pools {
+        rule = rule.with_placement(DevicePlacement::Pools(pools));
+    }
+    let config = SessionConfig::new()
+        .with_target_partitions(partitions.len().max(1))
+        .with_option_extension(DevarrowConfig::default());
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(rule));
+    if let Some(limit) = memory_limit {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()
+            .unwrap();
+        builder = builder.with_runtime_env(runtime);
+    }
+    let ctx = SessionContext::new_with_state(builder.build());
+    register_lineitem(&ctx, partitions);
+    ctx
+}
+
+const QUERY: &str =
+    "SELECT l_orderkey, l_linenumber, l_extendedprice * (1 - l_discount) AS revenue \
+                     FROM lineitem WHERE l_quantity > 10";
+
+async fn plan_of(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
+}
+
+fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(false).to_string()
+}
+
+async fn set(ctx: &SessionContext, option: &str, value: &str) {
+    ctx.sql(&format!("SET devarrow.{option} = '{value}'"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+}
+
+/// Rows as sorted text: equal results, whatever the order.
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut rows: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test]
+async fn adjacent_device_nodes_make_one_region() {
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        None,
+        None,
+        lineitem(0.001, 1, 1024),
+    );
+    let plan = plan_of(&ctx, QUERY).await;
+    insta::assert_snapshot!("filter_projection_region", text(&plan));
+    let text = text(&plan);
+    assert_eq!(text.matches("DeviceLoadExec").count(), 1, "{text}");
+    assert_eq!(text.matches("DeviceUnloadExec").count(), 1, "{text}");
+}
+
+#[tokio::test]
+async fn a_node_without_a_device_operator_stays_on_the_host_saying_why() {
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        None,
+        None,
+        lineitem(0.001, 1, 1024),
+    );
+    let plan = plan_of(
+        &ctx,
+        "SELECT l_orderkey, l_quantity * 2 AS no_device FROM lineitem WHERE l_quantity > 10",
+    )
+    .await;
+    insta::assert_snapshot!("host_only_reason", text(&plan));
+    let text = text(&plan);
+    assert!(
+        text.contains("HostOnlyExec: ProjectionExec stays on the host: column `no_device` has no device operator"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_gives_datafusions_results() {
+    let data = lineitem(0.01, 3, 1000);
+    let ctx = session_with(HostEvalFactory::default(), None, None, data.clone());
+    set(&ctx, "devices", "cpu").await;
+    let plain = common::session(data);
+    let want = plain.sql(QUERY).await.unwrap().collect().await.unwrap();
+    let got = ctx.sql(QUERY).await.unwrap().collect().await.unwrap();
+    assert_eq!(sorted_rows(&got), sorted_rows(&want));
+    assert!(common::rows(&got) > 1000);
+}
+
+#[tokio::test]
+async fn devices_are_chosen_when_the_plan_runs_not_when_it_is_planned() {
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        None,
+        None,
+        lineitem(0.001, 1, 1024),
+    );
+    // Planned for a device this machine cannot have: planning opens no device.
+    set(&ctx, "devices", "cuda:97").await;
+    let plan = plan_of(&ctx, QUERY).await;
+    let error = collect(plan.clone(), ctx.task_ctx()).await.unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Device { .. })
+        ),
+        "{error}"
+    );
+    // The same plan, run where the session says `cpu`.
+    set(&ctx, "devices", "cpu").await;
+    let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+    assert!(common::rows(&batches) > 0);
+    // A string outside the grammar is a typed error when the plan runs.
+    set(&ctx, "devices", "tpu:0").await;
+    let plan = plan_of(&ctx, QUERY).await;
+    let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Config(_))
+        ),
+        "{error}"
+    );
+}
+
+/// Waits (a hang guard, 10 s) until the CPU device's pool has `bytes` in use.
+fn wait_for_device_memory(device: &CpuDevice, bytes: usize) -> usize {
+    let start = Instant::now();
+    loop {
+        let in_use = device.memory_pool_stats().in_use_bytes;
+        if in_use == bytes || start.elapsed() > Duration::from_secs(10) {
+            return in_use;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reservation_is_a_typed_error_and_leaks_nothing() {
+    let cpu = Arc::new(CpuDevice::new());
+    let pool = Arc::new(DevicePool::cpu(cpu.clone(), 2));
+    let before = cpu.memory_pool_stats().in_use_bytes;
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        Some(vec![pool]),
+        Some(256 << 10),
+        lineitem(0.01, 2, 8192),
+    );
+    set(&ctx, "batch_bytes", &(4 << 20).to_string()).await;
+    let error = ctx.sql(QUERY).await.unwrap().collect().await.unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Memory { .. })
+        ),
+        "{error}"
+    );
+    assert_eq!(wait_for_device_memory(&cpu, before), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_beyond_the_per_device_limit_wait_for_a_slot() {
+    let cpu = Arc::new(CpuDevice::new());
+    let pool = Arc::new(DevicePool::cpu(cpu.clone(), 1));
+    let factory = HostEvalFactory {
+        delay: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let running = factory.running.clone();
+    let data = lineitem(0.005, 4, 1000);
+    let ctx = session_with(factory, Some(vec![pool.clone()]), None, data.clone());
+    set(&ctx, "batch_bytes", "0").await;
+    let got = ctx.sql(QUERY).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        running.most.load(Ordering::SeqCst),
+        1,
+        "one partition at a time"
+    );
+    let want = common::session(data)
+        .sql(QUERY)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(sorted_rows(&got), sorted_rows(&want));
+    assert_eq!(pool.in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_batches_are_coalesced_before_the_upload() {
+    let data = lineitem(0.01, 1, 512);
+    let input_batches = data[0].len();
+    let ctx = session_with(HostEvalFactory::default(), None, None, data);
+    set(&ctx, "devices", "cpu").await;
+    let uploaded = |plan: &Arc<dyn ExecutionPlan>| -> (usize, usize) {
+        let mut found = None;
+        let mut stack = vec![plan.clone()];
+        while let Some(node) = stack.pop() {
+            if node.name() == "DeviceLoadExec" {
+                let m = node.metrics().unwrap();
+                let get = |name: &str| {
+                    m.sum_by_name(name)
+                        .map(|v| v.as_usize())
+                        .unwrap_or_default()
+                };
+                found = Some((get("input_batches"), get("uploaded_batches")));
+            }
+            stack.extend(node.children().into_iter().cloned());
+        }
+        found.expect("a load")
+    };
+    let plan = plan_of(&ctx, QUERY).await;
+    collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+    let (inputs, uploads) = uploaded(&plan);
+    assert!(inputs >= input_batches / 2, "{inputs} of {input_batches}");
+    assert!(
+        uploads * 4 <= inputs,
+        "{uploads} uploads of {inputs} batches"
+    );
+    set(&ctx, "batch_bytes", "0").await;
+    let plan = plan_of(&ctx, QUERY).await;
+    collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+    let (inputs, uploads) = uploaded(&plan);
+    assert_eq!(inputs, uploads, "batch_bytes = 0: every batch as it comes");
+}
+
+#[test]
+fn the_runtime_is_never_blocked_by_a_region() {
+    // One thread runs the query and a ticker: if a poll of the region waited for the
+    // device (here, operators that sleep), the ticker would stall.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let factory = HostEvalFactory {
+            delay: Duration::from_millis(40),
+            ..Default::default()
+        };
+        let ctx = session_with(factory, None, None, lineitem(0.005, 1, 2048));
+        set(&ctx, "devices", "cpu").await;
+        set(&ctx, "batch_bytes", "0").await;
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let start = Instant::now();
+        let batches = ctx.sql(QUERY).await.unwrap().collect().await.unwrap();
+        let elapsed = start.elapsed();
+        ticker.abort();
+        assert!(common::rows(&batches) > 0);
+        // The operators slept at least 40 ms a batch; a ticker of 2 ms that ran all the
+        // while ticked many times (a blocked one: about once per batch).
+        let ticks = ticks.load(Ordering::SeqCst);
+        assert!(
+            ticks as u128 >= elapsed.as_millis() / 8,
+            "{ticks} ticks in {elapsed:?}"
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_region_stream_frees_its_device_memory() {
+    let cpu = Arc::new(CpuDevice::new());
+    let pool = Arc::new(DevicePool::cpu(cpu.clone(), 2));
+    let before = cpu.memory_pool_stats().in_use_bytes;
+    let factory = HostEvalFactory {
+        delay: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let ctx = session_with(
+        factory,
+        Some(vec![pool.clone()]),
+        None,
+        lineitem(0.01, 1, 1024),
+    );
+    set(&ctx, "batch_bytes", "0").await;
+    set(&ctx, "read_ahead", "4").await;
+    let plan = plan_of(&ctx, QUERY).await;
+    let mut stream = execute_stream(plan, ctx.task_ctx()).unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.num_rows() > 0);
+    let start = Instant::now();
+    drop(stream);
+    assert!(
+        start.elapsed() < Duration::from_millis(200),
+        "the drop joins nothing"
+    );
+    assert_eq!(wait_for_device_memory(&cpu, before), before);
+    let start = Instant::now();
+    while pool.in_use() > 0 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(pool.in_use(), 0, "the slot came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_the_regions_metrics() {
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        None,
+        None,
+        lineitem(0.001, 1, 1024),
+    );
+    set(&ctx, "devices", "cpu").await;
+    let batches = ctx
+        .sql(&format!("EXPLAIN ANALYZE {QUERY}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let text = pretty_format_batches(&batches).unwrap().to_string();
+    for metric in [
+        "output_rows",
+        "elapsed_compute",
+        "bytes_from_device",
+        "unload_time",
+        "load_wait",
+        "bytes_to_device",
+        "uploaded_batches",
+        "device_time",
+    ] {
+        assert!(text.contains(metric), "{metric} in {text}");
+    }
+}
+
+/// Keeps `Array` in scope (the host-evaluated filter uses its methods).
+#[allow(dead_code)]
+fn _uses(a: &dyn Array) -> usize {
+    a.len()
+}
