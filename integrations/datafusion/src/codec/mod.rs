@@ -1,7 +1,17 @@
 //! [`DeviceExecCodec`]: a [`DeviceExec`] in a serialized physical plan (DataFusion's
 //! protobuf plans, as Ballista ships them to executors).
 //!
-//! The node carries the step's **name** and the read-ahead, never code or a device:
+//! Device regions travel too: a [`DeviceLoadExec`](crate::DeviceLoadExec) and a
+//! [`DeviceUnloadExec`](crate::DeviceUnloadExec) carry nothing (devices are chosen where
+//! the plan runs), a [`HostOnlyExec`](crate::HostOnlyExec) its reason, and a
+//! [`DeviceOperatorExec`](crate::DeviceOperatorExec) its operator's parameters: its host
+//! twin, as DataFusion's own protobuf, over a placeholder child. The receiving process
+//! rebuilds the operator from the twin with its own registry, for its own devices.
+//! Decoding never panics on bytes off the wire: anything malformed is
+//! `DeviceExecError::Codec` (`fuzz/` holds the fuzz target, `tests/codec_fuzz.rs` runs
+//! its body on mutations of real encodings).
+//!
+//! The `DeviceExec` node carries the step's **name** and the read-ahead, never code or a device:
 //! each process decodes it with its own codec, which looks the step up in its
 //! [`StepRegistry`] and runs it on its own device (`cuda:N` on a GPU executor, `cpu`
 //! elsewhere).
@@ -15,7 +25,10 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 
 use crate::error::DeviceExecError;
 use crate::exec::DeviceExec;
+use crate::rule::DeviceOperatorRegistry;
 use crate::step::{ExecDevice, StepRegistry};
+
+mod region;
 
 /// The first line of an encoded node: what it is, and the version of the encoding.
 const HEADER: &str = "devarrow-datafusion DeviceExec v1";
@@ -27,6 +40,7 @@ const HEADER: &str = "devarrow-datafusion DeviceExec v1";
 pub struct DeviceExecCodec {
     registry: Arc<StepRegistry>,
     device: ExecDevice,
+    operators: DeviceOperatorRegistry,
     fallback: Option<Arc<dyn PhysicalExtensionCodec>>,
 }
 
@@ -36,8 +50,16 @@ impl DeviceExecCodec {
         Self {
             registry,
             device,
+            operators: DeviceOperatorRegistry::default(),
             fallback: None,
         }
+    }
+
+    /// This codec, rebuilding decoded device operators with `operators` (an engine's
+    /// own factories; devarrow's by default).
+    pub fn with_operators(mut self, operators: DeviceOperatorRegistry) -> Self {
+        self.operators = operators;
+        self
     }
 
     /// This codec, passing the nodes that are not `DeviceExec`s to `fallback`.
@@ -96,6 +118,9 @@ impl PhysicalExtensionCodec for DeviceExecCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if buf.starts_with(region::PREFIX.as_bytes()) {
+            return region::decode(self, buf, inputs, ctx, proto_converter);
+        }
         if let Some(fallback) = &self.fallback {
             if !buf.starts_with(HEADER.as_bytes()) {
                 return fallback.try_decode(buf, inputs, ctx, proto_converter);
@@ -117,6 +142,9 @@ impl PhysicalExtensionCodec for DeviceExecCodec {
         buf: &mut Vec<u8>,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if region::encode(self, &node, buf, proto_converter)? {
+            return Ok(());
+        }
         let Some(exec) = node.downcast_ref::<DeviceExec>() else {
             if let Some(fallback) = &self.fallback {
                 return fallback.try_encode(node, buf, proto_converter);
