@@ -147,7 +147,15 @@ impl DevicePool {
             DeviceRequest::Cpu => "cpu".to_string(),
             DeviceRequest::Cuda(id) => format!("cuda:{id}"),
         };
-        let first = ExecDevice::open(&spec)?;
+        Self::new(ExecDevice::open(&spec)?, slots)
+    }
+
+    /// A pool of `slots` handles of `first`'s device: `first`, and on CUDA others with
+    /// streams of their own, each with warm transfers.
+    ///
+    /// # Errors
+    /// [`DeviceExecError::Device`] when a stream or a transfer's staging is refused.
+    pub fn new(first: ExecDevice, slots: usize) -> Result<Self, DeviceExecError> {
         let slots = slots.max(1);
         let mut handles = vec![Slot::new(first.clone())?];
         for _ in 1..slots {
@@ -164,16 +172,12 @@ impl DevicePool {
     /// A pool of `slots` handles of an existing CPU device (tests: one device whose
     /// memory they count).
     pub fn cpu(device: Arc<CpuDevice>, slots: usize) -> Self {
-        let slots = slots.max(1);
-        let device = ExecDevice::from_cpu(device);
-        Self {
-            id: "cpu".into(),
-            slots: (0..slots)
-                .map(|_| Slot::new(device.clone()).expect("the CPU device's transfers prepare"))
-                .collect(),
-            free: Mutex::new((0..slots).rev().collect()),
-            permits: Arc::new(Semaphore::new(slots)),
-        }
+        Self::new(ExecDevice::from_cpu(device), slots).expect("the CPU device's transfers prepare")
+    }
+
+    /// The slots' device handles (on CUDA, each with its own stream).
+    pub fn devices(&self) -> impl Iterator<Item = &ExecDevice> {
+        self.slots.iter().map(|slot| &slot.device)
     }
 
     /// `cpu` or `cuda:N`.

@@ -9,6 +9,9 @@
 
 mod common;
 
+#[path = "common/host_eval.rs"]
+mod host_eval;
+
 use std::sync::Arc;
 
 use datafusion::physical_plan::{collect, ExecutionPlan};
@@ -170,4 +173,65 @@ fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
         }
     });
     check.assert_no_leak("a query failed by its step on CUDA");
+}
+
+/// A device region over two devices: partition `p` runs on `cuda:{p % 2}`, each slot of a
+/// device on a stream of its own, the results DataFusion's, and no device memory left on
+/// either device once the plan and its pools are dropped.
+#[test]
+fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
+    use devarrow_datafusion::config::DevicePool;
+
+    let Some((_lock, first)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let devices = device_count().unwrap_or(0);
+    if devices < 2 {
+        println!("skipping: {devices} CUDA device(s), the test needs 2");
+        return;
+    }
+    let first = Arc::new(first);
+    let second = Arc::new(CudaDevice::open(1).unwrap());
+    let check0 = DeviceMemoryCheck::start(first.primary_context());
+    let check1 = DeviceMemoryCheck::start(second.primary_context());
+    runtime().block_on(async {
+        let pools = vec![
+            Arc::new(DevicePool::new(ExecDevice::from_cuda(first.clone()), 2).unwrap()),
+            Arc::new(DevicePool::new(ExecDevice::from_cuda(second.clone()), 2).unwrap()),
+        ];
+        for pool in &pools {
+            let streams: std::collections::BTreeSet<usize> = pool
+                .devices()
+                .map(|d| Arc::as_ptr(d.cuda().unwrap().stream()) as usize)
+                .collect();
+            assert_eq!(
+                streams.len(),
+                2,
+                "each slot of {} has its own stream",
+                pool.id()
+            );
+        }
+        let factory = host_eval::HostEvalFactory::default();
+        let running = factory.running.clone();
+        let data = lineitem(SCALE, 4, 4096);
+        let ctx = host_eval::session_with(factory, Some(pools), None, data.clone());
+        let sql = "SELECT l_orderkey, l_linenumber, l_extendedprice * (1 - l_discount) AS revenue \
+                   FROM lineitem WHERE l_quantity > 10";
+        let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let want = session(data)
+            .sql(sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(rows(&got), rows(&want));
+        let seen = running.devices.lock().unwrap().clone();
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            vec!["cuda:0".to_string(), "cuda:1".to_string()]
+        );
+    });
+    check0.assert_no_leak("a region's partitions on cuda:0");
+    check1.assert_no_leak("a region's partitions on cuda:1");
 }
