@@ -1,23 +1,81 @@
 //! Device compute for the device operators of a region: DataFusion's physical
 //! expressions compiled for the device ([`DeviceExpr`]), row selections ([`select`]) and
 //! per-batch partial aggregates ([`DevicePartialAggregate`]). On CUDA, PTX kernels
-//! (`kernels/`); on the CPU device, the same arithmetic on the host.
+//! (`kernels/compute.ptx`); on the CPU device, the same arithmetic on the host.
 //!
 //! What cannot run on the device is refused when compiled, with the reason
 //! ([`Unsupported`]): the optimizer rule leaves that node on the host and says why in
 //! `EXPLAIN`.
+//!
+//! # Design
+//!
+//! Every value is a signed 64-bit lane plus a validity flag: a decimal its unscaled value
+//! (precision at most 18 fits; a wider decimal column is accepted while its values fit,
+//! else the query fails with [`ComputeError::Overflow`]), integers and dates themselves,
+//! booleans 0 or 1. An expression is a tree evaluated column-at-a-time, one elementwise
+//! pass (one kernel launch on CUDA) per node, each node's lanes a temporary buffer of
+//! `rows` i64s and `rows` validity bytes:
+//!
+//! - `Column`: Decimal128, Int8/16/32/64, Date32, Boolean (and a `UInt8` selection);
+//! - `Literal`: Decimal128 (its value within 64 bits), Int8/16/32/64, Date32, Boolean,
+//!   and their nulls;
+//! - `BinaryExpr`: `+ - *` on two decimals (the sum's operands aligned to the larger
+//!   scale by multiplying by 10^k, as arrow does; the product at the sum of the scales;
+//!   the result type the host expression's `data_type`, checked against those rules) or
+//!   two integers (an Int32 result outside Int32's range is an overflow error where
+//!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
+//!   integers, dates and booleans; `AND`/`OR` with SQL's three-valued logic;
+//! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`;
+//! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
+//!   decimal of an equal or larger scale (exact: a multiplication by 10^k), the result
+//!   checked against the target precision (or integer range): out of range is an error,
+//!   or a null for `TRY_CAST` and a cast whose options are `safe`.
+//!
+//! Nulls propagate (a null operand gives a null), except through `AND`/`OR` (SQL's
+//! three-valued logic), `IS [NOT] NULL`, and a null predicate, which selects nothing.
+//! Overflow of a 64-bit lane (or of a checked range) on a valid row fails the operator
+//! with [`ComputeError::Overflow`], never a wrong value; null rows are never checked.
+//!
+//! A partial aggregate encodes each selected row's group key in fixed-width words
+//! (`aggregate`'s docs: a string key of at most 12 bytes is its Arrow view, longer is
+//! [`ComputeError::KeyTooLong`]), finds the groups (a hash table on the host; on CUDA
+//! one in device global memory, claimed with `atom.cas` by the first row of a key),
+//! accumulates sums in 128 bits (two 64-bit atomics with carry on CUDA: no overflow for
+//! fewer than 2^63 rows), counts and min/max, then builds the host batch of the
+//! `AggregateExec`'s own output schema from the small group table.
+//!
+//! Outputs are arrays of exactly the expression's type; a computed column is a one-column
+//! device batch (on the CPU device, a host batch exported in place; on CUDA, cudarc slices
+//! written by the kernels). On CUDA, an expression whose nodes can overflow reads one
+//! error word back (one synchronize of the device's stream), as does a nullable output
+//! (its null count); the aggregate synchronizes its stream twice (the group count, then
+//! the table). Boolean results are produced on CUDA only as selections ([`select`]);
+//! [`DeviceExpr::evaluate`] of a Boolean expression on CUDA is an error.
 
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use arrow_schema::{DataType, Schema};
+use arrow_array::{RecordBatch, UInt8Array};
+use arrow_schema::{DataType, Field, Schema};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
+use devarrow::abi::ArrowDeviceType;
+use devarrow::bridge::DeviceBatch;
 
 use crate::error::BoxError;
-use crate::frame::{DeviceFrame, FrameColumn};
+use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
+
+mod aggregate;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod expr;
+mod host;
+
+/// u64 words of one group key (see the aggregate's encoding in the module docs).
+pub(crate) const KEY_WORDS: usize = 2;
+/// u64 words of one aggregate's state per group: `[lo, hi, count]`.
+pub(crate) const ACC_WORDS: usize = 3;
 
 /// Why an expression or an aggregate cannot run on the device (shown in `EXPLAIN`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,17 +89,61 @@ impl fmt::Display for Unsupported {
 
 impl std::error::Error for Unsupported {}
 
+/// Why device compute failed at run time (the operator fails the query with it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ComputeError {
+    /// A value does not fit: a 64-bit lane, an Int32 result, a cast's target precision.
+    #[error("arithmetic overflow on the device: {0}")]
+    Overflow(String),
+    /// A string group key longer than the 12 bytes a key holds.
+    #[error(
+        "group key column `{column}` holds a string of {len} bytes (row {row}); device group \
+         keys hold at most 12"
+    )]
+    KeyTooLong {
+        /// The column.
+        column: String,
+        /// The row (of the batch; on CUDA, 0 when unknown).
+        row: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// An input the compiled expression does not fit (a missing column, another type, a
+    /// device without kernels).
+    #[error("device compute input: {0}")]
+    Input(String),
+}
+
 /// A physical expression compiled for the device.
 #[derive(Debug, Clone)]
 pub struct DeviceExpr {
     data_type: DataType,
+    node: Arc<expr::Node>,
+    text: String,
 }
 
 impl DeviceExpr {
     /// `expr` over `input`, or why it cannot run on the device.
     pub fn compile(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
-        let _ = (expr, input);
-        Err(Unsupported("device expressions are not built yet".into()))
+        let (node, data_type) = expr::compile(expr, input)?;
+        if !matches!(
+            data_type,
+            DataType::Boolean
+                | DataType::Int8
+                | DataType::Int16
+                | DataType::Int32
+                | DataType::Int64
+                | DataType::Date32
+                | DataType::Decimal128(..)
+        ) {
+            return Err(Unsupported(format!("{data_type} has no device operator")));
+        }
+        Ok(Self {
+            data_type,
+            node: Arc::new(node),
+            text: expr.to_string(),
+        })
     }
 
     /// The type of its values (the host expression's).
@@ -55,10 +157,45 @@ impl DeviceExpr {
         frame: &DeviceFrame,
         device: &ExecDevice,
     ) -> Result<FrameColumn, BoxError> {
-        let _ = (frame, device);
-        Err("device expressions are not built yet".into())
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            return cuda::evaluate(self, frame, cuda, device);
+        }
+        check_cpu(device)?;
+        let lanes = host::eval(&self.node, frame, &self.text)?;
+        let values: Vec<Option<i64>> = (0..frame.num_rows())
+            .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))
+            .collect();
+        let array = aggregate::values_array(&values, &self.data_type, &self.text)?;
+        let nullable = array.null_count() > 0;
+        let schema = schema_of(vec![Field::new(
+            &self.text,
+            self.data_type.clone(),
+            nullable,
+        )]);
+        cpu_column(RecordBatch::try_new(schema, vec![array])?, device)
     }
 }
+
+fn check_cpu(device: &ExecDevice) -> Result<(), BoxError> {
+    if device.device().device_type() != ArrowDeviceType::CPU {
+        return Err(
+            ComputeError::Input(format!("no device compute for device {}", device.id())).into(),
+        );
+    }
+    Ok(())
+}
+
+/// A one-column host batch as a column on the CPU device (exported in place).
+fn cpu_column(batch: RecordBatch, device: &ExecDevice) -> Result<FrameColumn, BoxError> {
+    let schema = batch.schema();
+    let (array, _ffi_schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
+    let batch = DeviceBatch::import(device.device().clone(), array, schema)?;
+    Ok(FrameColumn::single(batch)?)
+}
+
+/// The name of a selection column.
+const SELECTION: &str = "__selection";
 
 /// The selection of `frame`'s rows where `predicate` (a `Boolean` expression) is true,
 /// and-ed with the frame's own pending selection: a `UInt8` column (1 selected, 0 not)
@@ -68,28 +205,55 @@ pub fn select(
     frame: &DeviceFrame,
     device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
-    let _ = (predicate, frame, device);
-    Err("device selections are not built yet".into())
+    if predicate.data_type != DataType::Boolean {
+        return Err(
+            ComputeError::Input(format!("a predicate of type {}", predicate.data_type)).into(),
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = device.cuda() {
+        return cuda::select(predicate, frame, cuda, device);
+    }
+    check_cpu(device)?;
+    let lanes = host::eval(&predicate.node, frame, &predicate.text)?;
+    let before = host::selection(frame)?;
+    let mask = UInt8Array::from_iter_values(
+        (0..frame.num_rows())
+            .map(|i| (lanes.is_valid(i) && lanes.values[i] != 0) as u8 & before[i]),
+    );
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        SELECTION,
+        DataType::UInt8,
+        false,
+    )]));
+    cpu_column(RecordBatch::try_new(schema, vec![Arc::new(mask)])?, device)
 }
 
 /// An `AggregateExec` in `Partial` mode compiled for the device: per batch, the groups
 /// and their partial states, read back as a host batch of the aggregate's own schema.
 #[derive(Debug, Clone)]
 pub struct DevicePartialAggregate {
-    _private: (),
+    plan: Arc<aggregate::Plan>,
 }
 
 impl DevicePartialAggregate {
     /// `aggregate` (mode `Partial`), or why it cannot run on the device.
     pub fn compile(aggregate: &AggregateExec) -> Result<Self, Unsupported> {
-        let _ = aggregate;
-        Err(Unsupported("device aggregates are not built yet".into()))
+        Ok(Self {
+            plan: Arc::new(aggregate::compile(aggregate)?),
+        })
     }
 
     /// The partial aggregate of `frame`'s selected rows: a host batch of the
     /// aggregate's output schema (one row per group present).
     pub fn run(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<RecordBatch, BoxError> {
-        let _ = (frame, device);
-        Err("device aggregates are not built yet".into())
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            let groups = cuda::groups(&self.plan, frame, cuda)?;
+            return aggregate::output(&self.plan, groups);
+        }
+        check_cpu(device)?;
+        let groups = aggregate::cpu_groups(&self.plan, frame)?;
+        aggregate::output(&self.plan, groups)
     }
 }

@@ -1,0 +1,492 @@
+//! Partial aggregates: the plan compiled from an `AggregateExec` (mode `Partial`), the
+//! group table both devices produce ([`Groups`]), the CPU device's grouping, and the host
+//! batch of the aggregate's output schema built from a group table.
+//!
+//! A group key is [`KEY_WORDS`] u64 words per group expression (a string: its 16-byte
+//! Arrow view, length then up to 12 inline bytes, zero-padded; a number: its i64 lane,
+//! then 0), then one word of null flags (bit k: key k is null). Each aggregate keeps
+//! [`ACC_WORDS`] u64 words per group: `[lo, hi, count]`, where a sum is the 128-bit
+//! two's complement `hi:lo` of the sum of its non-null values, a min or max is an i64
+//! mapped to an order-preserving u64 (`v ^ 2^63` for max, `!(v ^ 2^63)` for min: the
+//! largest mapped value wins, and 0 is the identity), and `count` the rows it saw (its
+//! non-null values; every selected row for `count(*)`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::builder::{StringBuilder, StringViewBuilder};
+use arrow_array::{
+    ArrayRef, Date32Array, Decimal128Array, Int16Array, Int32Array, Int64Array, Int8Array,
+    RecordBatch, RecordBatchOptions, UInt64Array,
+};
+use arrow_schema::{DataType, SchemaRef};
+use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::expr::{self, Node};
+use super::host::{self, Lanes};
+use super::{ComputeError, Unsupported, ACC_WORDS, KEY_WORDS};
+use crate::error::BoxError;
+use crate::frame::DeviceFrame;
+
+/// Where a group key comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum KeySource {
+    /// A `Utf8View` or `Utf8` column (index in the input schema, name).
+    String { index: usize, name: String },
+    /// A numeric expression (integers, dates, decimals).
+    Value(Node),
+}
+
+/// The aggregate functions on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AggKind {
+    Sum,
+    Count,
+    Avg,
+    Min,
+    Max,
+}
+
+/// One aggregate: its function and argument (`None`: every row, `count(*)`).
+#[derive(Debug, Clone)]
+pub(crate) struct Agg {
+    pub kind: AggKind,
+    pub arg: Option<Node>,
+    #[allow(dead_code)] // (CUDA, soon)
+    pub arg_type: Option<DataType>,
+    pub text: String,
+}
+
+/// The compiled partial aggregate.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub keys: Vec<(KeySource, DataType)>,
+    pub aggs: Vec<Agg>,
+    pub output: SchemaRef,
+}
+
+impl Plan {
+    /// u64 words of a group's key.
+    pub(crate) fn key_width(&self) -> usize {
+        KEY_WORDS * self.keys.len() + 1
+    }
+}
+
+/// The group table: `keys` (`key_width` words per group), `accs` (`ACC_WORDS` per
+/// aggregate per group).
+#[derive(Debug, Default)]
+pub(crate) struct Groups {
+    pub count: usize,
+    pub keys: Vec<u64>,
+    pub accs: Vec<u64>,
+}
+
+const SIGN: u64 = 1 << 63;
+
+/// The order-preserving map of a min or max (see the module).
+pub(crate) fn minmax_word(kind: AggKind, v: i64) -> u64 {
+    let u = (v as u64) ^ SIGN;
+    if kind == AggKind::Min {
+        !u
+    } else {
+        u
+    }
+}
+
+fn minmax_value(kind: AggKind, w: u64) -> i64 {
+    let u = if kind == AggKind::Min { !w } else { w };
+    (u ^ SIGN) as i64
+}
+
+pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
+    if *aggregate.mode() != AggregateMode::Partial {
+        return Err(Unsupported(format!(
+            "a {:?} aggregate (the device runs Partial ones)",
+            aggregate.mode()
+        )));
+    }
+    let group_by = aggregate.group_expr();
+    if group_by.has_grouping_set() || group_by.groups().len() > 1 {
+        return Err(Unsupported(
+            "GROUPING SETS, CUBE and ROLLUP run on the host".into(),
+        ));
+    }
+    if aggregate.filter_expr().iter().any(Option::is_some) {
+        return Err(Unsupported("aggregates with FILTER run on the host".into()));
+    }
+    let input = aggregate.input_schema();
+    let output = aggregate.schema();
+    let mut keys = Vec::new();
+    for (e, name) in group_by.expr() {
+        let t = e
+            .data_type(&input)
+            .map_err(|err| Unsupported(format!("the type of group key `{name}`: {err}")))?;
+        match &t {
+            DataType::Utf8View | DataType::Utf8 => {
+                let Some(column) = e.downcast_ref::<Column>() else {
+                    return Err(Unsupported(format!(
+                        "group key `{e}`: a string key must be a column"
+                    )));
+                };
+                keys.push((
+                    KeySource::String {
+                        index: column.index(),
+                        name: column.name().to_string(),
+                    },
+                    t,
+                ));
+            }
+            DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Date32
+            | DataType::Decimal128(..) => {
+                let (node, _) = expr::compile(e, &input)?;
+                keys.push((KeySource::Value(node), t));
+            }
+            other => {
+                return Err(Unsupported(format!(
+                    "group key `{name}` of type {other} has no device encoding"
+                )))
+            }
+        }
+    }
+    let mut aggs = Vec::new();
+    let mut field = keys.len();
+    for a in aggregate.aggr_expr() {
+        let text = a.name().to_string();
+        if a.is_distinct() {
+            return Err(Unsupported(format!("`{text}`: DISTINCT runs on the host")));
+        }
+        if !a.order_bys().is_empty() {
+            return Err(Unsupported(format!("`{text}`: ORDER BY runs on the host")));
+        }
+        let kind = match a.fun().name() {
+            "sum" => AggKind::Sum,
+            "count" => AggKind::Count,
+            "avg" => AggKind::Avg,
+            "min" => AggKind::Min,
+            "max" => AggKind::Max,
+            other => {
+                return Err(Unsupported(format!(
+                    "aggregate function `{other}` has no device kernel"
+                )))
+            }
+        };
+        let args = a.expressions();
+        if args.len() != 1 {
+            return Err(Unsupported(format!(
+                "`{text}` with {} arguments has no device kernel",
+                args.len()
+            )));
+        }
+        let arg = &args[0];
+        // count(*) is count of a non-null literal: every row.
+        let every_row = kind == AggKind::Count
+            && arg
+                .downcast_ref::<Literal>()
+                .is_some_and(|l| !l.value().is_null());
+        let (arg, arg_type) = if every_row {
+            (None, None)
+        } else {
+            let (node, t) = expr::compile(arg, &input)?;
+            (Some(node), Some(t))
+        };
+        let states = if kind == AggKind::Avg { 2 } else { 1 };
+        let fields = &output.fields()[field.min(output.fields().len())..];
+        if fields.len() < states {
+            return Err(Unsupported(format!(
+                "`{text}`: the output schema has not its state fields"
+            )));
+        }
+        let state = |i: usize| fields[i].data_type();
+        let ok = match (kind, &arg_type) {
+            (AggKind::Count, _) => state(0) == &DataType::Int64,
+            (AggKind::Sum, Some(DataType::Decimal128(_, s))) => {
+                matches!(state(0), DataType::Decimal128(_, ss) if *ss == *s)
+            }
+            (
+                AggKind::Sum,
+                Some(DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64),
+            ) => state(0) == &DataType::Int64,
+            (AggKind::Avg, Some(DataType::Decimal128(_, s))) => {
+                state(0) == &DataType::UInt64
+                    && matches!(state(1), DataType::Decimal128(_, ss) if *ss == *s)
+            }
+            (AggKind::Min | AggKind::Max, Some(t)) => {
+                matches!(
+                    t,
+                    DataType::Decimal128(..)
+                        | DataType::Int8
+                        | DataType::Int16
+                        | DataType::Int32
+                        | DataType::Int64
+                        | DataType::Date32
+                ) && state(0) == t
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(Unsupported(format!(
+                "`{text}` over {} with state {} has no device kernel",
+                arg_type.as_ref().map_or("*".to_string(), |t| t.to_string()),
+                fields[..states]
+                    .iter()
+                    .map(|f| f.data_type().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        field += states;
+        aggs.push(Agg {
+            kind,
+            arg,
+            arg_type,
+            text,
+        });
+    }
+    if field != output.fields().len() {
+        return Err(Unsupported(format!(
+            "the aggregate's output has {} fields, the device builds {field}",
+            output.fields().len()
+        )));
+    }
+    Ok(Plan { keys, aggs, output })
+}
+
+/// The CPU device's group table of `frame`'s selected rows.
+pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, BoxError> {
+    let n = frame.num_rows();
+    let selected = host::selection(frame)?;
+    let width = plan.key_width();
+    // Every row's key.
+    let mut keys = vec![0u64; n * width];
+    for (k, (source, _)) in plan.keys.iter().enumerate() {
+        let (words, valid): host::KeyWords = match source {
+            KeySource::String { index, name } => {
+                host::string_keys(host::frame_column(frame, *index, name)?, name)?
+            }
+            KeySource::Value(node) => {
+                let Lanes { values, valid } = host::eval(node, frame, "a group key")?;
+                (values.iter().map(|&v| [v as u64, 0]).collect(), valid)
+            }
+        };
+        for i in 0..n {
+            let row = &mut keys[i * width..(i + 1) * width];
+            if valid.as_ref().is_some_and(|v| v[i] == 0) {
+                row[width - 1] |= 1 << k;
+            } else {
+                row[k * KEY_WORDS..(k + 1) * KEY_WORDS].copy_from_slice(&words[i]);
+            }
+        }
+    }
+    let args = plan
+        .aggs
+        .iter()
+        .map(|a| {
+            a.arg
+                .as_ref()
+                .map(|node| host::eval(node, frame, &a.text))
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut index: HashMap<&[u64], usize> = HashMap::new();
+    let mut groups = Groups::default();
+    let naggs = plan.aggs.len();
+    for i in 0..n {
+        if selected[i] == 0 {
+            continue;
+        }
+        let key = &keys[i * width..(i + 1) * width];
+        let g = *index.entry(key).or_insert_with(|| {
+            groups.keys.extend_from_slice(key);
+            groups
+                .accs
+                .extend(std::iter::repeat_n(0, naggs * ACC_WORDS));
+            groups.count += 1;
+            groups.count - 1
+        });
+        for (a, (agg, arg)) in plan.aggs.iter().zip(&args).enumerate() {
+            let acc = &mut groups.accs[(g * naggs + a) * ACC_WORDS..][..ACC_WORDS];
+            let v = match arg {
+                None => None,
+                Some(lanes) if !lanes.is_valid(i) => continue,
+                Some(lanes) => Some(lanes.values[i]),
+            };
+            acc[2] += 1;
+            let Some(v) = v else { continue };
+            match agg.kind {
+                AggKind::Count => {}
+                AggKind::Sum | AggKind::Avg => {
+                    let sum = ((acc[1] as u128) << 64 | acc[0] as u128) as i128;
+                    let sum = sum.wrapping_add(v as i128) as u128;
+                    acc[0] = sum as u64;
+                    acc[1] = (sum >> 64) as u64;
+                }
+                AggKind::Min | AggKind::Max => acc[0] = acc[0].max(minmax_word(agg.kind, v)),
+            }
+        }
+    }
+    Ok(groups)
+}
+
+fn overflow(what: &str, v: i128, t: &DataType) -> BoxError {
+    ComputeError::Overflow(format!("{what}: {v} does not fit {t}")).into()
+}
+
+/// The host batch of the aggregate's output schema from a group table (one row per
+/// group; one row of empty states for an aggregate without keys and no group).
+pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, BoxError> {
+    let naggs = plan.aggs.len();
+    let width = plan.key_width();
+    if plan.keys.is_empty() && groups.count == 0 {
+        groups.count = 1;
+        groups.keys = vec![0; width];
+        groups.accs = vec![0; naggs * ACC_WORDS];
+    }
+    let n = groups.count;
+    let fields = plan.output.fields();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(fields.len());
+    for (k, (_, t)) in plan.keys.iter().enumerate() {
+        let null = |g: usize| groups.keys[g * width + width - 1] >> k & 1 == 1;
+        let word = |g: usize| groups.keys[g * width + k * KEY_WORDS];
+        let string = |g: usize| -> Result<String, BoxError> {
+            let mut view = [0u8; 16];
+            view[..8].copy_from_slice(&word(g).to_le_bytes());
+            view[8..].copy_from_slice(&groups.keys[g * width + k * KEY_WORDS + 1].to_le_bytes());
+            let len = (u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize).min(12);
+            Ok(String::from_utf8(view[4..4 + len].to_vec())
+                .map_err(|e| ComputeError::Input(format!("a group key is not UTF-8: {e}")))?)
+        };
+        let target = fields[k].data_type();
+        let array: ArrayRef = match t {
+            DataType::Utf8View => {
+                let mut b = StringViewBuilder::with_capacity(n);
+                for g in 0..n {
+                    if null(g) {
+                        b.append_null()
+                    } else {
+                        b.append_value(string(g)?)
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            DataType::Utf8 => {
+                let mut b = StringBuilder::new();
+                for g in 0..n {
+                    if null(g) {
+                        b.append_null()
+                    } else {
+                        b.append_value(string(g)?)
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            _ => {
+                let lanes: Vec<Option<i64>> =
+                    (0..n).map(|g| (!null(g)).then(|| word(g) as i64)).collect();
+                values_array(&lanes, t, "a group key")?
+            }
+        };
+        if array.data_type() != target {
+            return Err(ComputeError::Input(format!(
+                "group key {k} built as {}, the schema says {target}",
+                array.data_type()
+            ))
+            .into());
+        }
+        columns.push(array);
+    }
+    let mut field = plan.keys.len();
+    for (a, agg) in plan.aggs.iter().enumerate() {
+        let acc = |g: usize| &groups.accs[(g * naggs + a) * ACC_WORDS..][..ACC_WORDS];
+        let sum = |g: usize| ((acc(g)[1] as u128) << 64 | acc(g)[0] as u128) as i128;
+        let count = |g: usize| acc(g)[2];
+        match agg.kind {
+            AggKind::Count => {
+                columns.push(Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|g| count(g) as i64),
+                )));
+            }
+            AggKind::Sum | AggKind::Avg => {
+                if agg.kind == AggKind::Avg {
+                    columns.push(Arc::new(UInt64Array::from_iter_values((0..n).map(count))));
+                    field += 1;
+                }
+                let t = fields[field].data_type();
+                let values: Vec<Option<i128>> =
+                    (0..n).map(|g| (count(g) > 0).then(|| sum(g))).collect();
+                let array: ArrayRef = match t {
+                    DataType::Decimal128(p, s) => {
+                        Arc::new(Decimal128Array::from(values).with_precision_and_scale(*p, *s)?)
+                    }
+                    DataType::Int64 => Arc::new(
+                        values
+                            .iter()
+                            .map(|v| {
+                                v.map(|v| i64::try_from(v).map_err(|_| overflow(&agg.text, v, t)))
+                                    .transpose()
+                            })
+                            .collect::<Result<Int64Array, _>>()?,
+                    ),
+                    other => {
+                        return Err(ComputeError::Input(format!("a sum state of {other}")).into())
+                    }
+                };
+                columns.push(array);
+            }
+            AggKind::Min | AggKind::Max => {
+                let lanes: Vec<Option<i64>> = (0..n)
+                    .map(|g| (count(g) > 0).then(|| minmax_value(agg.kind, acc(g)[0])))
+                    .collect();
+                columns.push(values_array(&lanes, fields[field].data_type(), &agg.text)?);
+            }
+        }
+        field += 1;
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(n));
+    Ok(RecordBatch::try_new_with_options(
+        plan.output.clone(),
+        columns,
+        &options,
+    )?)
+}
+
+/// An array of `t` (integers, dates, decimals) from lanes.
+pub(crate) fn values_array(
+    lanes: &[Option<i64>],
+    t: &DataType,
+    what: &str,
+) -> Result<ArrayRef, BoxError> {
+    fn narrow<T: TryFrom<i64>>(
+        lanes: &[Option<i64>],
+        t: &DataType,
+        what: &str,
+    ) -> Result<Vec<Option<T>>, BoxError> {
+        lanes
+            .iter()
+            .map(|v| {
+                v.map(|v| T::try_from(v).map_err(|_| overflow(what, v as i128, t)))
+                    .transpose()
+            })
+            .collect()
+    }
+    Ok(match t {
+        DataType::Decimal128(p, s) => Arc::new(
+            Decimal128Array::from(lanes.iter().map(|v| v.map(i128::from)).collect::<Vec<_>>())
+                .with_precision_and_scale(*p, *s)?,
+        ),
+        DataType::Int64 => Arc::new(Int64Array::from(lanes.to_vec())),
+        DataType::Int32 => Arc::new(Int32Array::from(narrow::<i32>(lanes, t, what)?)),
+        DataType::Int16 => Arc::new(Int16Array::from(narrow::<i16>(lanes, t, what)?)),
+        DataType::Int8 => Arc::new(Int8Array::from(narrow::<i8>(lanes, t, what)?)),
+        DataType::Date32 => Arc::new(Date32Array::from(narrow::<i32>(lanes, t, what)?)),
+        DataType::Boolean => Arc::new(arrow_array::BooleanArray::from(
+            lanes.iter().map(|v| v.map(|v| v != 0)).collect::<Vec<_>>(),
+        )),
+        other => return Err(ComputeError::Input(format!("{what}: no array of {other}")).into()),
+    })
+}

@@ -1,0 +1,436 @@
+//! Compiling DataFusion's physical expressions into the device's expression tree
+//! ([`Node`]): every value a signed 64-bit lane (decimals as their unscaled value at the
+//! node's scale, integers and dates as themselves, booleans 0 or 1) plus a validity
+//! flag, so one set of elementwise operations serves every supported type.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Schema};
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr, TryCastExpr,
+};
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+
+use super::Unsupported;
+
+/// Binary operation codes (shared with `kernels/compute.ptx`'s `binary_i64`).
+pub(crate) mod op {
+    pub const ADD: u32 = 0;
+    pub const SUB: u32 = 1;
+    pub const MUL: u32 = 2;
+    pub const EQ: u32 = 3;
+    pub const NE: u32 = 4;
+    pub const LT: u32 = 5;
+    pub const LE: u32 = 6;
+    pub const GT: u32 = 7;
+    pub const GE: u32 = 8;
+    pub const AND: u32 = 9;
+    pub const OR: u32 = 10;
+    /// Unary (`unary_i64`): logical not (validity kept).
+    pub const NOT: u32 = 0;
+    /// Unary: 1 where null, always valid.
+    pub const IS_NULL: u32 = 1;
+    /// Unary: 1 where not null, always valid.
+    pub const IS_NOT_NULL: u32 = 2;
+    /// Unary: `v * mul`, then checked against `[lo, hi]`.
+    pub const CAST: u32 = 3;
+}
+
+/// What an out-of-range value becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnFail {
+    /// The query fails ([`ComputeError::Overflow`](super::ComputeError::Overflow)).
+    Error,
+    /// The row becomes null (`TRY_CAST`, a safe cast).
+    Null,
+}
+
+/// A node of a device expression. Every node's values are i64 lanes.
+#[derive(Debug, Clone)]
+pub(crate) enum Node {
+    /// A column of the input (its index in the compiled schema, its name, and its type).
+    Column {
+        index: usize,
+        name: String,
+        #[allow(dead_code)] // (CUDA, soon)
+        data_type: DataType,
+    },
+    /// A constant (`None`: null).
+    Literal(Option<i64>),
+    /// `left op right`, each operand first multiplied by its factor (decimal scale
+    /// alignment), the result (of arithmetic) checked against `[lo, hi]`; overflow of
+    /// the 64-bit lanes is an error.
+    Binary {
+        op: u32,
+        left: Box<Node>,
+        right: Box<Node>,
+        lmul: i64,
+        rmul: i64,
+        lo: i64,
+        hi: i64,
+    },
+    /// A unary operation ([`op::NOT`], [`op::IS_NULL`], [`op::IS_NOT_NULL`],
+    /// [`op::CAST`]: `v * mul` checked against `[lo, hi]`, `on_fail` when not).
+    Unary {
+        op: u32,
+        input: Box<Node>,
+        mul: i64,
+        lo: i64,
+        hi: i64,
+        on_fail: OnFail,
+    },
+}
+
+/// The largest decimal scale difference a lane can align (10^18 fits an i64).
+const MAX_POW10: u32 = 18;
+
+pub(crate) fn pow10(k: u32) -> Option<i64> {
+    (k <= MAX_POW10).then(|| 10i64.pow(k))
+}
+
+/// What a type is on the device's lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Decimal(i8),
+    Int,
+    Date,
+    Bool,
+}
+
+fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
+    Ok(match data_type {
+        DataType::Decimal128(_, s) if *s >= 0 && *s as u32 <= MAX_POW10 => Kind::Decimal(*s),
+        DataType::Decimal128(p, s) => {
+            return Err(Unsupported(format!(
+                "Decimal128({p}, {s}) has no device operator (scales 0 to {MAX_POW10} only)"
+            )))
+        }
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Kind::Int,
+        DataType::Date32 => Kind::Date,
+        DataType::Boolean => Kind::Bool,
+        other => return Err(Unsupported(format!("{other} has no device operator"))),
+    })
+}
+
+/// The range of values a lane of `data_type` may hold (a narrower integer).
+fn range_of(data_type: &DataType) -> (i64, i64) {
+    match data_type {
+        DataType::Int8 => (i8::MIN as i64, i8::MAX as i64),
+        DataType::Int16 => (i16::MIN as i64, i16::MAX as i64),
+        DataType::Int32 | DataType::Date32 => (i32::MIN as i64, i32::MAX as i64),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+/// `|v| < 10^precision` for a decimal of that precision (any i64 when above 18).
+fn precision_range(precision: u8) -> (i64, i64) {
+    match pow10(precision as u32) {
+        Some(p) => (-(p - 1), p - 1),
+        None => (i64::MIN, i64::MAX),
+    }
+}
+
+/// Compiles `expr` over `input` into a node and its type.
+pub(crate) fn compile(
+    expr: &Arc<dyn PhysicalExpr>,
+    input: &Schema,
+) -> Result<(Node, DataType), Unsupported> {
+    let data_type = expr
+        .data_type(input)
+        .map_err(|e| Unsupported(format!("the type of `{expr}`: {e}")))?;
+    let node = compile_node(expr, input, &data_type)?;
+    Ok((node, data_type))
+}
+
+fn compile_node(
+    expr: &Arc<dyn PhysicalExpr>,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    if let Some(column) = expr.downcast_ref::<Column>() {
+        kind(data_type)?;
+        if column.index() >= input.fields().len() {
+            return Err(Unsupported(format!(
+                "column `{}` (index {}) is not in the input",
+                column.name(),
+                column.index()
+            )));
+        }
+        return Ok(Node::Column {
+            index: column.index(),
+            name: column.name().to_string(),
+            data_type: data_type.clone(),
+        });
+    }
+    if let Some(literal) = expr.downcast_ref::<Literal>() {
+        return literal_node(literal.value());
+    }
+    if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+        return binary_node(binary, input, data_type);
+    }
+    if let Some(not) = expr.downcast_ref::<NotExpr>() {
+        let (input_node, t) = compile(not.arg(), input)?;
+        if t != DataType::Boolean {
+            return Err(Unsupported(format!("NOT of {t}")));
+        }
+        return Ok(unary(op::NOT, input_node));
+    }
+    if let Some(is_null) = expr.downcast_ref::<IsNullExpr>() {
+        let (input_node, _) = compile(is_null.arg(), input)?;
+        return Ok(unary(op::IS_NULL, input_node));
+    }
+    if let Some(is_not_null) = expr.downcast_ref::<IsNotNullExpr>() {
+        let (input_node, _) = compile(is_not_null.arg(), input)?;
+        return Ok(unary(op::IS_NOT_NULL, input_node));
+    }
+    if let Some(cast) = expr.downcast_ref::<CastExpr>() {
+        let on_fail = if cast.cast_options().safe {
+            OnFail::Null
+        } else {
+            OnFail::Error
+        };
+        return cast_node(cast.expr(), cast.cast_type(), input, on_fail);
+    }
+    if let Some(cast) = expr.downcast_ref::<TryCastExpr>() {
+        return cast_node(cast.expr(), cast.cast_type(), input, OnFail::Null);
+    }
+    if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
+        return Err(Unsupported(format!(
+            "function `{}` has no device kernel",
+            function.name()
+        )));
+    }
+    Err(Unsupported(format!("`{expr}` has no device kernel")))
+}
+
+fn unary(op: u32, input: Node) -> Node {
+    Node::Unary {
+        op,
+        input: Box::new(input),
+        mul: 1,
+        lo: i64::MIN,
+        hi: i64::MAX,
+        on_fail: OnFail::Error,
+    }
+}
+
+fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
+    let v = match value {
+        ScalarValue::Decimal128(v, p, s) => {
+            kind(&DataType::Decimal128(*p, *s))?;
+            match v {
+                Some(v) => Some(i64::try_from(*v).map_err(|_| {
+                    Unsupported(format!(
+                        "the literal {value} does not fit the device's 64-bit lanes"
+                    ))
+                })?),
+                None => None,
+            }
+        }
+        ScalarValue::Int8(v) => v.map(i64::from),
+        ScalarValue::Int16(v) => v.map(i64::from),
+        ScalarValue::Int32(v) => v.map(i64::from),
+        ScalarValue::Int64(v) => *v,
+        ScalarValue::Date32(v) => v.map(i64::from),
+        ScalarValue::Boolean(v) => v.map(i64::from),
+        other => {
+            return Err(Unsupported(format!(
+                "a literal of {} has no device operator",
+                other.data_type()
+            )))
+        }
+    };
+    Ok(Node::Literal(v))
+}
+
+fn binary_node(
+    binary: &BinaryExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let (left, lt) = compile(binary.left(), input)?;
+    let (right, rt) = compile(binary.right(), input)?;
+    let (lk, rk) = (kind(&lt)?, kind(&rt)?);
+    let refuse = |why: &str| {
+        Err(Unsupported(format!(
+            "`{} {} {}` ({lt} {} {rt}): {why}",
+            binary.left(),
+            binary.op(),
+            binary.right(),
+            binary.op()
+        )))
+    };
+    let op = match binary.op() {
+        Operator::Plus => op::ADD,
+        Operator::Minus => op::SUB,
+        Operator::Multiply => op::MUL,
+        Operator::Eq => op::EQ,
+        Operator::NotEq => op::NE,
+        Operator::Lt => op::LT,
+        Operator::LtEq => op::LE,
+        Operator::Gt => op::GT,
+        Operator::GtEq => op::GE,
+        Operator::And => op::AND,
+        Operator::Or => op::OR,
+        other => return refuse(&format!("operator `{other}` has no device kernel")),
+    };
+    let (mut lmul, mut rmul) = (1i64, 1i64);
+    let (mut lo, mut hi) = (i64::MIN, i64::MAX);
+    match op {
+        op::AND | op::OR => {
+            if lk != Kind::Bool || rk != Kind::Bool {
+                return refuse("AND/OR take booleans");
+            }
+        }
+        op::ADD | op::SUB | op::MUL => match (lk, rk, kind(data_type)?) {
+            (Kind::Decimal(ls), Kind::Decimal(rs), Kind::Decimal(s)) => {
+                if op == op::MUL {
+                    if s as i32 != ls as i32 + rs as i32 {
+                        return refuse(&format!("the product's scale is {s}, not {ls} + {rs}"));
+                    }
+                } else {
+                    if s != ls.max(rs) {
+                        return refuse(&format!("the result's scale is {s}, not max({ls}, {rs})"));
+                    }
+                    lmul = pow10((s - ls) as u32).expect("scales of at most 18");
+                    rmul = pow10((s - rs) as u32).expect("scales of at most 18");
+                }
+            }
+            (Kind::Int, Kind::Int, Kind::Int) => (lo, hi) = range_of(data_type),
+            _ => return refuse("arithmetic on the device takes two decimals or two integers"),
+        },
+        _ => match (lk, rk) {
+            (Kind::Decimal(ls), Kind::Decimal(rs)) => {
+                let s = ls.max(rs);
+                lmul = pow10((s - ls) as u32).expect("scales of at most 18");
+                rmul = pow10((s - rs) as u32).expect("scales of at most 18");
+            }
+            (Kind::Int, Kind::Int) | (Kind::Date, Kind::Date) | (Kind::Bool, Kind::Bool) => {}
+            _ => return refuse("comparisons on the device take operands of one kind"),
+        },
+    }
+    Ok(Node::Binary {
+        op,
+        left: Box::new(left),
+        right: Box::new(right),
+        lmul,
+        rmul,
+        lo,
+        hi,
+    })
+}
+
+fn cast_node(
+    expr: &Arc<dyn PhysicalExpr>,
+    to: &DataType,
+    input: &Schema,
+    on_fail: OnFail,
+) -> Result<Node, Unsupported> {
+    let (node, from) = compile(expr, input)?;
+    let refuse = |why: &str| {
+        Err(Unsupported(format!(
+            "CAST(`{expr}` AS {to}) from {from}: {why}"
+        )))
+    };
+    if &from == to {
+        return Ok(node);
+    }
+    let (mul, (lo, hi)) = match (kind(&from)?, kind(to)?) {
+        (Kind::Int, Kind::Int) => (1, range_of(to)),
+        (Kind::Int, Kind::Decimal(s)) => {
+            let DataType::Decimal128(p, _) = to else {
+                return refuse("not a decimal");
+            };
+            (
+                pow10(s as u32).expect("scale of at most 18"),
+                precision_range(*p),
+            )
+        }
+        (Kind::Decimal(fs), Kind::Decimal(ts)) if ts >= fs => {
+            let DataType::Decimal128(p, _) = to else {
+                return refuse("not a decimal");
+            };
+            (
+                pow10((ts - fs) as u32).expect("scales of at most 18"),
+                precision_range(*p),
+            )
+        }
+        (Kind::Decimal(_), Kind::Decimal(_)) => {
+            return refuse("a cast to a smaller scale rounds, which has no device kernel")
+        }
+        _ => return refuse("no device kernel for this cast"),
+    };
+    Ok(Node::Unary {
+        op: op::CAST,
+        input: Box::new(node),
+        mul,
+        lo,
+        hi,
+        on_fail,
+    })
+}
+
+#[allow(dead_code)] // (CUDA, soon)
+impl Node {
+    /// Whether evaluating it may raise an error (an overflow check).
+    pub(crate) fn may_fail(&self) -> bool {
+        match self {
+            Node::Column { data_type, .. } => {
+                matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
+            }
+            Node::Literal(_) => false,
+            Node::Binary {
+                op,
+                left,
+                right,
+                lmul,
+                rmul,
+                ..
+            } => {
+                matches!(*op, op::ADD | op::SUB | op::MUL)
+                    || *lmul != 1
+                    || *rmul != 1
+                    || left.may_fail()
+                    || right.may_fail()
+            }
+            Node::Unary {
+                op, input, on_fail, ..
+            } => (*op == op::CAST && *on_fail == OnFail::Error) || input.may_fail(),
+        }
+    }
+
+    /// Whether it may be null where its columns are not (a null literal, a safe cast).
+    pub(crate) fn introduces_nulls(&self) -> bool {
+        match self {
+            Node::Column { .. } => false,
+            Node::Literal(v) => v.is_none(),
+            Node::Binary { left, right, .. } => left.introduces_nulls() || right.introduces_nulls(),
+            Node::Unary {
+                op, input, on_fail, ..
+            } => match *op {
+                op::IS_NULL | op::IS_NOT_NULL => false,
+                op::CAST => *on_fail == OnFail::Null || input.introduces_nulls(),
+                _ => input.introduces_nulls(),
+            },
+        }
+    }
+
+    /// The columns it reads (indices in the compiled schema, with names).
+    pub(crate) fn columns<'a>(&'a self, out: &mut Vec<(usize, &'a str)>) {
+        match self {
+            Node::Column { index, name, .. } => {
+                if !out.iter().any(|(i, _)| i == index) {
+                    out.push((*index, name));
+                }
+            }
+            Node::Literal(_) => {}
+            Node::Binary { left, right, .. } => {
+                left.columns(out);
+                right.columns(out);
+            }
+            Node::Unary { input, .. } => input.columns(out),
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The CPU device: columns read in place (the CPU device's memory is host memory) into
+//! i64 lanes, the expression tree evaluated node by node with the same arithmetic and
+//! overflow rules as the PTX kernels, and group keys encoded as the kernels encode them.
+
+use arrow_schema::DataType;
+use devarrow::abi::ArrowDeviceType;
+use devarrow::bridge::DeviceColumn;
+
+use super::expr::{op, Node, OnFail};
+use super::{ComputeError, KEY_WORDS};
+use crate::error::BoxError;
+use crate::frame::{DeviceFrame, FrameColumn};
+
+/// Values as i64 lanes and their validity (`None`: all valid; else 1 valid, 0 null).
+#[derive(Debug, Clone)]
+pub(crate) struct Lanes {
+    pub values: Vec<i64>,
+    pub valid: Option<Vec<u8>>,
+}
+
+impl Lanes {
+    pub(crate) fn is_valid(&self, i: usize) -> bool {
+        self.valid.as_ref().is_none_or(|v| v[i] != 0)
+    }
+}
+
+/// The bytes of a buffer of a CPU-device column.
+fn cpu_bytes<'a>(buffer: devarrow::bridge::ColumnBuffer<'a>) -> Result<&'a [u8], BoxError> {
+    if buffer.device_type() != ArrowDeviceType::CPU {
+        return Err(ComputeError::Input(format!(
+            "a buffer on {:?} read as host memory",
+            buffer.device_type()
+        ))
+        .into());
+    }
+    if buffer.is_empty() {
+        return Ok(&[]);
+    }
+    // The buffer is CPU-device memory, which is host memory (checked above), owned by
+    // the batch that the buffer borrows for 'a; the caller waited for the batch's event,
+    // so its upload has completed and nothing writes it (device batches are immutable).
+    // SAFETY: so `len` bytes at its address are initialised and live, unwritten, for 'a.
+    Ok(unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u8>(), buffer.len()) })
+}
+
+/// The column's validity (1 valid), `None` without a bitmap.
+fn validity(column: &DeviceColumn<'_>) -> Result<Option<Vec<u8>>, BoxError> {
+    let Some(bitmap) = column.validity() else {
+        return Ok(None);
+    };
+    let bits = cpu_bytes(bitmap)?;
+    let (offset, len) = (column.offset(), column.len());
+    if (offset + len).div_ceil(8) > bits.len() {
+        return Err(ComputeError::Input("a validity bitmap too short".into()).into());
+    }
+    Ok(Some(
+        (0..len)
+            .map(|i| (bits[(offset + i) / 8] >> ((offset + i) % 8)) & 1)
+            .collect(),
+    ))
+}
+
+/// The `width`-byte little-endian values of a fixed-width column.
+fn fixed<'a>(column: &DeviceColumn<'a>, width: usize) -> Result<&'a [u8], BoxError> {
+    let values = column.values().ok_or("a column without a values buffer")?;
+    let bytes = cpu_bytes(values)?;
+    let (offset, len) = (column.offset(), column.len());
+    let (start, end) = (offset * width, (offset + len) * width);
+    bytes.get(start..end).ok_or_else(|| {
+        ComputeError::Input(format!(
+            "a values buffer of {} bytes, {end} needed",
+            bytes.len()
+        ))
+        .into()
+    })
+}
+
+/// Checks that `column` is on the CPU device and waits for its batch.
+fn ready(column: &FrameColumn) -> Result<(), BoxError> {
+    if column.device().device_type() != ArrowDeviceType::CPU {
+        return Err(ComputeError::Input("a host computation of a non-CPU column".into()).into());
+    }
+    column.batch().event().wait_host()?;
+    Ok(())
+}
+
+/// A column as lanes: decimals (whose values must fit 64 bits), integers, dates,
+/// booleans and `UInt8` (a selection).
+pub(crate) fn load(column: &FrameColumn, name: &str) -> Result<Lanes, BoxError> {
+    ready(column)?;
+    let c = column.column();
+    let valid = validity(&c)?;
+    let len = c.len();
+    let values: Vec<i64> = match c.data_type() {
+        DataType::Decimal128(..) => {
+            let bytes = fixed(&c, 16)?;
+            let mut out = Vec::with_capacity(len);
+            for (i, chunk) in bytes.chunks_exact(16).enumerate() {
+                let v = i128::from_le_bytes(chunk.try_into().expect("16 bytes"));
+                let valid_row = valid.as_ref().is_none_or(|v| v[i] != 0);
+                match i64::try_from(v) {
+                    Ok(v) => out.push(v),
+                    Err(_) if !valid_row => out.push(0),
+                    Err(_) => {
+                        return Err(ComputeError::Overflow(format!(
+                            "column `{name}` holds {v} (row {i}), beyond the device's 64-bit lanes"
+                        ))
+                        .into())
+                    }
+                }
+            }
+            out
+        }
+        DataType::Int64 => fixed(&c, 8)?
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect(),
+        DataType::Int32 | DataType::Date32 => fixed(&c, 4)?
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+            .collect(),
+        DataType::Int16 => fixed(&c, 2)?
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes(b.try_into().expect("2 bytes")) as i64)
+            .collect(),
+        DataType::Int8 => fixed(&c, 1)?.iter().map(|&b| b as i8 as i64).collect(),
+        DataType::UInt8 => fixed(&c, 1)?.iter().map(|&b| b as i64).collect(),
+        DataType::Boolean => {
+            let bits = cpu_bytes(c.values().ok_or("a Boolean column without values")?)?;
+            let offset = c.offset();
+            if (offset + len).div_ceil(8) > bits.len() {
+                return Err(ComputeError::Input("a Boolean values buffer too short".into()).into());
+            }
+            (0..len)
+                .map(|i| ((bits[(offset + i) / 8] >> ((offset + i) % 8)) & 1) as i64)
+                .collect()
+        }
+        other => {
+            return Err(ComputeError::Input(format!(
+                "column `{name}` is {other}, which the device does not compute on"
+            ))
+            .into())
+        }
+    };
+    Ok(Lanes { values, valid })
+}
+
+/// The frame's column for `(index, name)`: by index when the name matches there, else by
+/// name.
+pub(crate) fn frame_column<'a>(
+    frame: &'a DeviceFrame,
+    index: usize,
+    name: &str,
+) -> Result<&'a FrameColumn, BoxError> {
+    let by_index = frame
+        .schema()
+        .fields()
+        .get(index)
+        .filter(|f| f.name() == name)
+        .and_then(|_| frame.column(index));
+    by_index
+        .or_else(|| frame.column_by_name(name))
+        .ok_or_else(|| ComputeError::Input(format!("the frame has no column `{name}`")).into())
+}
+
+/// `x * mul` checked against `[lo, hi]`.
+pub(crate) fn scaled(x: i64, mul: i64, lo: i64, hi: i64) -> Option<i64> {
+    x.checked_mul(mul).filter(|v| (lo..=hi).contains(v))
+}
+
+/// One row of a binary operation on valid operands: `Err(())` on overflow.
+pub(crate) fn binary_row(
+    op: u32,
+    a: i64,
+    b: i64,
+    lmul: i64,
+    rmul: i64,
+    lo: i64,
+    hi: i64,
+) -> Result<i64, ()> {
+    let a = a.checked_mul(lmul).ok_or(())?;
+    let b = b.checked_mul(rmul).ok_or(())?;
+    let r = match op {
+        op::ADD => a.checked_add(b),
+        op::SUB => a.checked_sub(b),
+        op::MUL => a.checked_mul(b),
+        op::EQ => return Ok((a == b) as i64),
+        op::NE => return Ok((a != b) as i64),
+        op::LT => return Ok((a < b) as i64),
+        op::LE => return Ok((a <= b) as i64),
+        op::GT => return Ok((a > b) as i64),
+        op::GE => return Ok((a >= b) as i64),
+        _ => None,
+    };
+    r.filter(|v| (lo..=hi).contains(v)).ok_or(())
+}
+
+/// Evaluates `node` over `frame` (every row) on the host.
+pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes, BoxError> {
+    let n = frame.num_rows();
+    match node {
+        Node::Column { index, name, .. } => load(frame_column(frame, *index, name)?, name),
+        Node::Literal(v) => Ok(Lanes {
+            values: vec![v.unwrap_or(0); n],
+            valid: v.is_none().then(|| vec![0; n]),
+        }),
+        Node::Binary {
+            op,
+            left,
+            right,
+            lmul,
+            rmul,
+            lo,
+            hi,
+        } => {
+            let (a, b) = (eval(left, frame, text)?, eval(right, frame, text)?);
+            let mut values = vec![0i64; n];
+            if *op == op::AND || *op == op::OR {
+                // SQL's three-valued logic: false AND x is false, true OR x is true.
+                let mut valid = vec![1u8; n];
+                for i in 0..n {
+                    let (av, bv) = (a.is_valid(i), b.is_valid(i));
+                    let (x, y) = (a.values[i] != 0, b.values[i] != 0);
+                    let (value, ok) = if *op == op::AND {
+                        if (av && !x) || (bv && !y) {
+                            (false, true)
+                        } else {
+                            (true, av && bv)
+                        }
+                    } else if (av && x) || (bv && y) {
+                        (true, true)
+                    } else {
+                        (false, av && bv)
+                    };
+                    values[i] = if ok { value as i64 } else { 0 };
+                    valid[i] = ok as u8;
+                }
+                let valid = valid.contains(&0).then_some(valid);
+                return Ok(Lanes { values, valid });
+            }
+            let valid = match (&a.valid, &b.valid) {
+                (None, None) => None,
+                (Some(x), None) | (None, Some(x)) => Some(x.clone()),
+                (Some(x), Some(y)) => Some(x.iter().zip(y).map(|(x, y)| x & y).collect()),
+            };
+            for i in 0..n {
+                if valid.as_ref().is_some_and(|v| v[i] == 0) {
+                    continue;
+                }
+                values[i] = binary_row(*op, a.values[i], b.values[i], *lmul, *rmul, *lo, *hi)
+                    .map_err(|()| {
+                        ComputeError::Overflow(format!(
+                            "`{text}` overflows at row {i} ({} and {})",
+                            a.values[i], b.values[i]
+                        ))
+                    })?;
+            }
+            Ok(Lanes { values, valid })
+        }
+        Node::Unary {
+            op,
+            input,
+            mul,
+            lo,
+            hi,
+            on_fail,
+        } => {
+            let a = eval(input, frame, text)?;
+            match *op {
+                op::NOT => Ok(Lanes {
+                    values: a
+                        .values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| if a.is_valid(i) { (v == 0) as i64 } else { 0 })
+                        .collect(),
+                    valid: a.valid,
+                }),
+                op::IS_NULL | op::IS_NOT_NULL => Ok(Lanes {
+                    values: (0..n)
+                        .map(|i| (a.is_valid(i) == (*op == op::IS_NOT_NULL)) as i64)
+                        .collect(),
+                    valid: None,
+                }),
+                _ => {
+                    let mut values = vec![0i64; n];
+                    let mut valid = a.valid.clone();
+                    for (i, out) in values.iter_mut().enumerate() {
+                        if !a.is_valid(i) {
+                            continue;
+                        }
+                        match scaled(a.values[i], *mul, *lo, *hi) {
+                            Some(v) => *out = v,
+                            None if *on_fail == OnFail::Null => {
+                                valid.get_or_insert_with(|| vec![1; n])[i] = 0
+                            }
+                            None => {
+                                return Err(ComputeError::Overflow(format!(
+                                    "`{text}`: {} is out of range at row {i}",
+                                    a.values[i]
+                                ))
+                                .into())
+                            }
+                        }
+                    }
+                    Ok(Lanes { values, valid })
+                }
+            }
+        }
+    }
+}
+
+/// The frame's pending selection as 0/1 per row (all 1 without one).
+pub(crate) fn selection(frame: &DeviceFrame) -> Result<Vec<u8>, BoxError> {
+    let n = frame.num_rows();
+    let Some(selection) = frame.selection() else {
+        return Ok(vec![1; n]);
+    };
+    let lanes = load(selection, "selection")?;
+    Ok((0..n)
+        .map(|i| (lanes.is_valid(i) && lanes.values[i] != 0) as u8)
+        .collect())
+}
+
+/// Each row's key words and the validity.
+pub(crate) type KeyWords = (Vec<[u64; KEY_WORDS]>, Option<Vec<u8>>);
+
+/// A string group key's words: its 16-byte view (length, then up to 12 bytes inline,
+/// zero-padded).
+pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
+    if bytes.len() > 12 {
+        return None;
+    }
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    view[4..4 + bytes.len()].copy_from_slice(bytes);
+    Some([
+        u64::from_le_bytes(view[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(view[8..].try_into().expect("8 bytes")),
+    ])
+}
+
+/// The key words of a `Utf8View` or `Utf8` column, per row, and its validity.
+pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, BoxError> {
+    ready(column)?;
+    let c = column.column();
+    let valid = validity(&c)?;
+    let (offset, len) = (c.offset(), c.len());
+    let too_long = |i: usize, l: usize| -> BoxError {
+        ComputeError::KeyTooLong {
+            column: name.to_string(),
+            row: i,
+            len: l,
+        }
+        .into()
+    };
+    let mut keys = Vec::with_capacity(len);
+    match c.data_type() {
+        DataType::Utf8View => {
+            let views = cpu_bytes(c.buffer(1).ok_or("a view column without views")?)?;
+            let views = views
+                .get(offset * 16..(offset + len) * 16)
+                .ok_or("a views buffer too short")?;
+            for (i, view) in views.chunks_exact(16).enumerate() {
+                if valid.as_ref().is_some_and(|v| v[i] == 0) {
+                    keys.push([0; KEY_WORDS]);
+                    continue;
+                }
+                let l = u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize;
+                let key = string_key(view.get(4..4 + l).ok_or_else(|| too_long(i, l))?)
+                    .ok_or_else(|| too_long(i, l))?;
+                keys.push(key);
+            }
+        }
+        DataType::Utf8 => {
+            let offsets = cpu_bytes(c.buffer(1).ok_or("a Utf8 column without offsets")?)?;
+            let data = match c.buffer(2) {
+                Some(b) => cpu_bytes(b)?,
+                None => &[],
+            };
+            let at = |j: usize| -> Result<usize, BoxError> {
+                let b = offsets
+                    .get(j * 4..j * 4 + 4)
+                    .ok_or("an offsets buffer too short")?;
+                Ok(i32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            };
+            for i in 0..len {
+                if valid.as_ref().is_some_and(|v| v[i] == 0) {
+                    keys.push([0; KEY_WORDS]);
+                    continue;
+                }
+                let (start, end) = (at(offset + i)?, at(offset + i + 1)?);
+                let bytes = data.get(start..end).ok_or("a Utf8 data buffer too short")?;
+                keys.push(string_key(bytes).ok_or_else(|| too_long(i, bytes.len()))?);
+            }
+        }
+        other => return Err(ComputeError::Input(format!("a string key of type {other}")).into()),
+    }
+    Ok((keys, valid))
+}

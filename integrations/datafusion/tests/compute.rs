@@ -1,0 +1,683 @@
+//! Device compute (`devarrow_datafusion::compute`) on the CPU device, against DataFusion's
+//! own evaluation: each expression kind and type (nulls, decimal scale alignment,
+//! overflow), selections against DataFusion's filter, and the partial aggregates of TPC-H
+//! Q1 and Q6 against DataFusion's own `Partial` `AggregateExec` on the same batches, then
+//! a `Final` aggregate over the device's partials against DataFusion's.
+//!
+//! The checks take the device: `tests/gpu.rs` runs them on CUDA (the PTX kernels).
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array,
+    RecordBatch, StringArray, UInt8Array,
+};
+use arrow_schema::{DataType, Field, Schema};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{collect, collect_partitioned, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow_datafusion::compute::{
+    select, ComputeError, DeviceExpr, DevicePartialAggregate, Unsupported,
+};
+use devarrow_datafusion::frame::{DeviceFrame, FrameColumn};
+use devarrow_datafusion::ExecDevice;
+
+use common::*;
+
+/// Whether these are the CPU tests of this file (not its checks included by gpu.rs).
+fn own_tests() -> bool {
+    !module_path!().contains("compute_checks")
+}
+
+pub const Q1: &str = "select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, \
+    sum(l_extendedprice) as sum_base_price, sum(l_extendedprice * (1 - l_discount)) as \
+    sum_disc_price, sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) as sum_charge, \
+    avg(l_quantity) as avg_qty, avg(l_extendedprice) as avg_price, avg(l_discount) as \
+    avg_disc, count(*) as count_order from lineitem where l_shipdate <= date '1998-12-01' - \
+    interval '90' day group by l_returnflag, l_linestatus order by l_returnflag, l_linestatus";
+
+pub const Q6: &str = "select sum(l_extendedprice * l_discount) as revenue from lineitem \
+    where l_shipdate >= date '1994-01-01' and l_shipdate < date '1994-01-01' + interval '1' \
+    year and l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l_quantity < 24";
+
+/// A frame of `batch` on `device`.
+pub fn upload(batch: &RecordBatch, device: &ExecDevice) -> DeviceFrame {
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    DeviceFrame::from_batch(transfer.to_device(batch).expect("upload"))
+}
+
+/// A computed column back on the host.
+pub fn download(column: &FrameColumn, device: &ExecDevice) -> ArrayRef {
+    let schema = Arc::new(Schema::new(vec![column.field().clone()]));
+    let frame = DeviceFrame::try_new(schema, vec![column.clone()], column.len(), None).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    frame
+        .download(&mut transfer)
+        .expect("download")
+        .column(0)
+        .clone()
+}
+
+/// The plan's first node of type `T`, depth first.
+pub fn find<T: ExecutionPlan>(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.downcast_ref::<T>().is_some() {
+        return Some(plan.clone());
+    }
+    plan.children().into_iter().find_map(|c| find::<T>(c))
+}
+
+/// A table of every supported type, with nulls.
+pub fn typed_batch() -> RecordBatch {
+    let n = 40;
+    let a = Decimal128Array::from(
+        (0..n)
+            .map(|i| (i % 7 != 3).then_some((i as i128 - 20) * 12_345 + 7))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(15, 2)
+    .unwrap();
+    let b = Decimal128Array::from(
+        (0..n)
+            .map(|i| (i % 5 != 1).then_some(i as i128 * 9_999 - 123_456))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(12, 4)
+    .unwrap();
+    let x = Int32Array::from(
+        (0..n)
+            .map(|i| (i % 6 != 2).then_some(i * 1_000 - 17_000))
+            .collect::<Vec<_>>(),
+    );
+    let y = Int64Array::from((0..n).map(|i| i as i64 * 77 - 1_000).collect::<Vec<_>>());
+    let d = Date32Array::from((0..n).map(|i| 10_000 + i * 3).collect::<Vec<_>>());
+    let f = BooleanArray::from(
+        (0..n)
+            .map(|i| (i % 4 != 0).then_some(i % 3 == 0))
+            .collect::<Vec<_>>(),
+    );
+    let k = StringArray::from(
+        (0..n)
+            .map(|i| (i % 9 != 4).then(|| ["A", "bb", "", "twelve bytes"][i as usize % 4]))
+            .collect::<Vec<_>>(),
+    );
+    let big = Decimal128Array::from(
+        (0..n)
+            .map(|i| Some(900_000_000_000_000_000 - i as i128))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(18, 0)
+    .unwrap();
+    RecordBatch::try_from_iter([
+        ("a", Arc::new(a) as ArrayRef),
+        ("b", Arc::new(b)),
+        ("x", Arc::new(x)),
+        ("y", Arc::new(y)),
+        ("d", Arc::new(d)),
+        ("f", Arc::new(f)),
+        ("k", Arc::new(k)),
+        ("big", Arc::new(big)),
+    ])
+    .unwrap()
+}
+
+/// A session with `t`: the typed batch, in two partitions (so aggregates are
+/// Partial/Final).
+pub fn typed_session() -> SessionContext {
+    let batch = typed_batch();
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let parts = vec![vec![batch.slice(0, 17)], vec![batch.slice(17, 23)]];
+    let table = MemTable::try_new(batch.schema(), parts).unwrap();
+    ctx.register_table("t", Arc::new(table)).unwrap();
+    ctx
+}
+
+/// The projection expression of `SELECT {expr} AS v FROM t` and its input's batches.
+async fn projection(
+    ctx: &SessionContext,
+    expr: &str,
+) -> (
+    Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+    Arc<Schema>,
+    Vec<RecordBatch>,
+) {
+    let plan = ctx
+        .sql(&format!("SELECT {expr} AS v FROM t"))
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let node = find::<ProjectionExec>(&plan).unwrap_or_else(|| panic!("no projection: {expr}"));
+    let projection = node.downcast_ref::<ProjectionExec>().unwrap();
+    let e = projection.expr()[0].expr.clone();
+    let input = projection.input().clone();
+    let batches = collect(input.clone(), ctx.task_ctx()).await.unwrap();
+    (e, input.schema(), batches)
+}
+
+/// Every expression evaluated on `device` equals DataFusion's evaluation of the same
+/// physical expression on the same batch (values and type).
+pub async fn check_expressions(device: &ExecDevice) {
+    let ctx = typed_session();
+    let exprs = [
+        "a",
+        "a + b",
+        "a - b",
+        "b - a",
+        "a * b",
+        "a + 1",
+        "1 - a",
+        "a * (1 - a)",
+        "a * CAST('2.5' AS DECIMAL(3,1))",
+        "(a + b) * (a - b)",
+        "x + y",
+        "x * 3",
+        "x - 7",
+        "y * y",
+        "x",
+        "d",
+        "a > b",
+        "a = b",
+        "a <= CAST('100.5' AS DECIMAL(4,1))",
+        "a < 0",
+        "d < DATE '1970-01-01' + INTERVAL '10050' DAY",
+        "d >= DATE '1997-06-01'",
+        "x <> -5000",
+        "x >= y",
+        "f = true",
+        "f",
+        "(a > 0) AND f",
+        "(a > 0) OR f",
+        "NOT f",
+        "f IS NULL",
+        "a IS NOT NULL",
+        "NOT (a IS NULL OR x > 0)",
+        "CAST(x AS DECIMAL(12,2))",
+        "CAST(a AS DECIMAL(20,4))",
+        "CAST(x AS BIGINT)",
+        "TRY_CAST(a AS DECIMAL(5,2))",
+        "CAST(NULL AS INT) + x",
+        "a + CAST(NULL AS DECIMAL(15,2))",
+    ];
+    for text in exprs {
+        let (e, schema, batches) = projection(&ctx, text).await;
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("`{text}` ({e}) refused: {u}"));
+        assert_eq!(
+            compiled.data_type(),
+            &e.data_type(&schema).unwrap(),
+            "{text}"
+        );
+        for batch in &batches {
+            let want = e
+                .evaluate(batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let frame = upload(batch, device);
+            let got = compiled
+                .evaluate(&frame, device)
+                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
+            assert_eq!(got.data_type(), compiled.data_type(), "{text}");
+            let got = download(&got, device);
+            assert_eq!(got.data_type(), want.data_type(), "{text}");
+            assert_eq!(&got, &want, "`{text}` ({e})");
+        }
+    }
+}
+
+/// Overflow is a typed error, never a wrong answer; a cast out of precision errors as
+/// DataFusion's does, and a TRY_CAST is null.
+pub async fn check_overflow(device: &ExecDevice) {
+    let ctx = typed_session();
+    for text in [
+        "big * big",
+        "big * 100",
+        "x * x * x",
+        "CAST(a AS DECIMAL(5,2))",
+        "big + big * 10",
+    ] {
+        let (e, schema, batches) = projection(&ctx, text).await;
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("`{text}` ({e}) refused: {u}"));
+        let batch = &batches[0];
+        let frame = upload(batch, device);
+        let err = compiled
+            .evaluate(&frame, device)
+            .expect_err(&format!("`{text}` overflows"));
+        let typed = err.downcast_ref::<ComputeError>();
+        assert!(
+            matches!(typed, Some(ComputeError::Overflow(_))),
+            "`{text}`: {err}"
+        );
+    }
+}
+
+/// What the device refuses, with a reason.
+pub async fn check_refusals() {
+    let ctx = typed_session();
+    for (text, why) in [
+        ("a / b", "operator `/`"),
+        ("CAST(a AS DOUBLE)", "Float64"),
+        ("abs(x)", "function `abs` has no device kernel"),
+        ("CAST(a AS DECIMAL(15,0))", "smaller scale"),
+        ("k", "Utf8"),
+    ] {
+        let (e, schema, _) = projection(&ctx, text).await;
+        let Err(Unsupported(reason)) = DeviceExpr::compile(&e, &schema) else {
+            panic!("`{text}` compiled");
+        };
+        assert!(reason.contains(why), "`{text}`: {reason}");
+    }
+}
+
+/// `select` against DataFusion's filter, alone and and-ed with a pending selection.
+pub async fn check_select(device: &ExecDevice) {
+    let ctx = typed_session();
+    for text in [
+        "a > b",
+        "f",
+        "(a > 0) OR f",
+        "x IS NULL",
+        "d >= DATE '1997-06-01' AND a < 0",
+        "NOT f",
+    ] {
+        let (e, schema, batches) = projection(&ctx, &format!("({text})")).await;
+        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+        for batch in &batches {
+            let want = e
+                .evaluate(batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+            let frame = upload(batch, device);
+            let selection = select(&compiled, &frame, device).unwrap();
+            assert_eq!(selection.data_type(), &DataType::UInt8);
+            let mask = download(&selection, device);
+            let mask = mask.as_any().downcast_ref::<UInt8Array>().unwrap();
+            for i in 0..batch.num_rows() {
+                assert_eq!(
+                    mask.value(i) == 1,
+                    want.is_valid(i) && want.value(i),
+                    "{text} row {i}"
+                );
+                assert!(mask.value(i) <= 1);
+            }
+            // The frame's download with the selection is DataFusion's filter.
+            let filtered = frame.clone().with_selection(selection).unwrap();
+            let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+            let got = filtered.download(&mut transfer).unwrap();
+            assert_eq!(got, filter_record_batch(batch, want).unwrap(), "{text}");
+            // And-ed with a pending selection (every third row, one of them null).
+            let pending = UInt8Array::from(
+                (0..batch.num_rows())
+                    .map(|i| (i != 1).then_some((i % 3 != 0) as u8 * 7))
+                    .collect::<Vec<_>>(),
+            );
+            let pending = selection_column(pending, device);
+            let frame = frame.with_selection(pending).unwrap();
+            let both = select(&compiled, &frame, device).unwrap();
+            let both = download(&both, device);
+            let both = both.as_any().downcast_ref::<UInt8Array>().unwrap();
+            for i in 0..batch.num_rows() {
+                let before = i != 1 && i % 3 != 0;
+                assert_eq!(
+                    both.value(i) == 1,
+                    before && want.is_valid(i) && want.value(i),
+                    "{text} row {i} and-ed"
+                );
+            }
+        }
+    }
+}
+
+/// A `UInt8` selection column on `device`.
+pub fn selection_column(mask: UInt8Array, device: &ExecDevice) -> FrameColumn {
+    let nullable = mask.null_count() > 0;
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "sel",
+        DataType::UInt8,
+        nullable,
+    )]));
+    let batch = RecordBatch::try_new(schema, vec![Arc::new(mask)]).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let on_device: DeviceBatch = transfer.to_device(&batch).unwrap();
+    FrameColumn::single(on_device).unwrap()
+}
+
+/// The rows of batches as sorted lines (any order).
+fn lines(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut rows: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// DataFusion's own `mode` aggregate of `partial`'s parameters over `batches`.
+async fn datafusion_aggregate(
+    partial: &AggregateExec,
+    mode: AggregateMode,
+    batches: Vec<RecordBatch>,
+    schema: Arc<Schema>,
+    ctx: &SessionContext,
+) -> Vec<RecordBatch> {
+    let input = MemorySourceConfig::try_new_exec(&[batches], schema, None).unwrap();
+    let group_by = match mode {
+        AggregateMode::Partial => partial.group_expr().clone(),
+        _ => partial.group_expr().as_final(),
+    };
+    let aggregate = AggregateExec::try_new(
+        mode,
+        group_by,
+        partial.aggr_expr().to_vec(),
+        partial.filter_expr().to_vec(),
+        input,
+        partial.input_schema(),
+    )
+    .unwrap();
+    collect(Arc::new(aggregate), ctx.task_ctx()).await.unwrap()
+}
+
+/// The query's Partial aggregate on `device` over every input batch (all rows, then
+/// every other row selected, then none) equals DataFusion's Partial over the same rows;
+/// a Final over the device's partials equals DataFusion's Final over its own.
+pub async fn check_partial_aggregate(ctx: &SessionContext, sql: &str, device: &ExecDevice) {
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let node = find::<AggregateExec>(&plan).expect("an aggregate");
+    let mut partial = node.downcast_ref::<AggregateExec>().unwrap();
+    let owned;
+    if *partial.mode() != AggregateMode::Partial {
+        owned = find::<AggregateExec>(&partial.input().clone()).expect("a partial aggregate");
+        partial = owned.downcast_ref::<AggregateExec>().unwrap();
+    }
+    assert_eq!(*partial.mode(), AggregateMode::Partial, "{sql}");
+    let compiled =
+        DevicePartialAggregate::compile(partial).unwrap_or_else(|u| panic!("refused: {u}"));
+    let input = partial.input().clone();
+    let in_schema = input.schema();
+    let partitions = collect_partitioned(input, ctx.task_ctx()).await.unwrap();
+    let (mut device_partials, mut df_partials) = (Vec::new(), Vec::new());
+    let mut groups = 0;
+    for batch in partitions.iter().flatten() {
+        let frame = upload(batch, device);
+        let got = compiled.run(&frame, device).unwrap();
+        assert_eq!(got.schema(), partial.schema(), "{sql}");
+        let want = datafusion_aggregate(
+            partial,
+            AggregateMode::Partial,
+            vec![batch.clone()],
+            in_schema.clone(),
+            ctx,
+        )
+        .await;
+        assert_eq!(lines(std::slice::from_ref(&got)), lines(&want), "{sql}");
+        groups += got.num_rows();
+        device_partials.push(got);
+        df_partials.extend(want);
+
+        // Every other row selected.
+        let n = batch.num_rows();
+        let mask = UInt8Array::from_iter_values((0..n).map(|i| (i % 2) as u8));
+        let keep = BooleanArray::from((0..n).map(|i| i % 2 == 1).collect::<Vec<_>>());
+        let selected = frame
+            .clone()
+            .with_selection(selection_column(mask, device))
+            .unwrap();
+        let got = compiled.run(&selected, device).unwrap();
+        let want = datafusion_aggregate(
+            partial,
+            AggregateMode::Partial,
+            vec![filter_record_batch(batch, &keep).unwrap()],
+            in_schema.clone(),
+            ctx,
+        )
+        .await;
+        assert_eq!(
+            lines(std::slice::from_ref(&got)),
+            lines(&want),
+            "{sql}, half"
+        );
+
+        // None selected.
+        let none = UInt8Array::from_iter_values((0..n).map(|_| 0u8));
+        let empty = frame
+            .with_selection(selection_column(none, device))
+            .unwrap();
+        let got = compiled.run(&empty, device).unwrap();
+        let want = datafusion_aggregate(
+            partial,
+            AggregateMode::Partial,
+            vec![batch.slice(0, 0)],
+            in_schema.clone(),
+            ctx,
+        )
+        .await;
+        assert_eq!(got.schema(), partial.schema());
+        assert_eq!(
+            lines(std::slice::from_ref(&got)),
+            lines(&want),
+            "{sql}, none"
+        );
+    }
+    assert!(groups > 0, "{sql}: no groups");
+    let schema = partial.schema();
+    let got = datafusion_aggregate(
+        partial,
+        AggregateMode::Final,
+        device_partials,
+        schema.clone(),
+        ctx,
+    )
+    .await;
+    let want = datafusion_aggregate(partial, AggregateMode::Final, df_partials, schema, ctx).await;
+    assert_eq!(lines(&got), lines(&want), "{sql}: final");
+    assert!(!lines(&want).is_empty());
+}
+
+/// Q1, Q6 and aggregates of every supported type, with nulls and null keys.
+pub async fn check_aggregates(device: &ExecDevice) {
+    let ctx = session(lineitem(0.01, 2, 8192));
+    check_partial_aggregate(&ctx, Q1, device).await;
+    check_partial_aggregate(&ctx, Q6, device).await;
+    let typed = typed_session();
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, sum(a), count(a), count(*), avg(b), min(a), max(a), min(x), max(y), \
+         sum(x), sum(y), min(d), max(d), count(f) FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT x, d, sum(a), count(*), max(b) FROM t GROUP BY x, d",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT sum(a), count(a), count(*), avg(a), min(d), max(x) FROM t WHERE x > 0",
+        device,
+    )
+    .await;
+    check_partial_aggregate(&typed, "SELECT a, count(*) FROM t GROUP BY a", device).await;
+}
+
+/// A string key longer than 12 bytes is a typed error.
+pub async fn check_long_keys(device: &ExecDevice) {
+    let ctx = session(lineitem(0.001, 2, 8192));
+    let plan = ctx
+        .sql("SELECT l_shipmode, l_comment, count(*) FROM lineitem GROUP BY l_shipmode, l_comment")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut node = find::<AggregateExec>(&plan).unwrap();
+    if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
+        node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
+    }
+    let partial = node.downcast_ref::<AggregateExec>().unwrap();
+    let compiled = DevicePartialAggregate::compile(partial).unwrap();
+    let batches = collect(partial.input().clone(), ctx.task_ctx())
+        .await
+        .unwrap();
+    let err = compiled
+        .run(&upload(&batches[0], device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<ComputeError>(),
+            Some(ComputeError::KeyTooLong { .. })
+        ),
+        "{err}"
+    );
+}
+
+/// What the aggregate compiler refuses.
+pub async fn check_aggregate_refusals() {
+    let ctx = typed_session();
+    for (sql, why) in [
+        (
+            "SELECT k, count(DISTINCT x), count(DISTINCT y) FROM t GROUP BY k",
+            "DISTINCT",
+        ),
+        (
+            "SELECT k, sum(CAST(a AS DOUBLE)) FROM t GROUP BY k",
+            "Float64",
+        ),
+        ("SELECT k, avg(x) FROM t GROUP BY k", "Float64"),
+        ("SELECT f, count(*) FROM t GROUP BY f", "Boolean"),
+        (
+            "SELECT k, sum(a) FILTER (WHERE x > 0) FROM t GROUP BY k",
+            "FILTER",
+        ),
+    ] {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut reasons = Vec::new();
+        let mut stack = vec![plan];
+        while let Some(p) = stack.pop() {
+            if let Some(a) = p.downcast_ref::<AggregateExec>() {
+                match DevicePartialAggregate::compile(a) {
+                    Ok(_) => reasons.push(format!("{:?} compiled", a.mode())),
+                    Err(u) => reasons.push(u.0),
+                }
+            }
+            stack.extend(p.children().into_iter().cloned());
+        }
+        assert!(
+            reasons.iter().any(|r| r.contains(why)),
+            "{sql}: {reasons:?}"
+        );
+        assert!(
+            reasons.iter().all(|r| !r.contains("Partial compiled")),
+            "{sql}: {reasons:?}"
+        );
+    }
+}
+
+/// Filter predicates of Q1 and Q6 compile and select as DataFusion's filters do.
+pub async fn check_tpch_filters(device: &ExecDevice) {
+    let ctx = session(lineitem(0.01, 1, 8192));
+    for sql in [Q1, Q6] {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let node = find::<FilterExec>(&plan).unwrap();
+        let filter = node.downcast_ref::<FilterExec>().unwrap();
+        let input = filter.input().clone();
+        let compiled = DeviceExpr::compile(filter.predicate(), &input.schema()).unwrap();
+        for batch in collect(input, ctx.task_ctx()).await.unwrap() {
+            let want = filter
+                .predicate()
+                .evaluate(&batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+            let frame = upload(&batch, device);
+            let selection = select(&compiled, &frame, device).unwrap();
+            let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+            let got = frame
+                .with_selection(selection)
+                .unwrap()
+                .download(&mut transfer)
+                .unwrap();
+            assert_eq!(got, filter_record_batch(&batch, want).unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn expressions_are_datafusions() {
+    if own_tests() {
+        check_expressions(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn overflow_is_a_typed_error() {
+    if own_tests() {
+        check_overflow(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn unsupported_expressions_say_why() {
+    if own_tests() {
+        check_refusals().await;
+        check_aggregate_refusals().await;
+    }
+}
+
+#[tokio::test]
+async fn selections_are_datafusions_filters() {
+    if own_tests() {
+        check_select(&ExecDevice::cpu()).await;
+        check_tpch_filters(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn partial_aggregates_are_datafusions() {
+    if own_tests() {
+        check_aggregates(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn long_string_keys_are_a_typed_error() {
+    if own_tests() {
+        check_long_keys(&ExecDevice::cpu()).await;
+    }
+}
