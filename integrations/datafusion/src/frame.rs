@@ -347,3 +347,8 @@ impl DeviceFrame {
         Ok(filter_record_batch(&batch, &mask)?)
     }
 }
+
+/// The schema of `fields`, no metadata.
+pub(crate) fn schema_of(fields: Vec<Field>) -> SchemaRef {
+    Arc::new(arrow_schema::Schema::new(fields))
+}

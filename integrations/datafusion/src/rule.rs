@@ -50,12 +50,14 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{replace_children_if_necessary, CardinalityEffect};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::compute::Unsupported;
 use crate::config::{DevarrowConfig, DevicePlacement};
+use crate::region::ops::ProjectionOperator;
 use crate::region::{
     host_twin, ops, DeviceLoadExec, DeviceOperator, DeviceOperatorExec, DeviceUnloadExec,
 };
@@ -163,7 +165,11 @@ impl DevicePlacementRule {
                 return Ok(Transformed::yes(host_only.input().clone()));
             }
         }
-        let Some(operator) = self.registry.device_operator(&node) else {
+        let Some(operator) = self
+            .registry
+            .device_operator(&node)
+            .or_else(|| picking_above_a_region(&node))
+        else {
             return Ok(Transformed::no(node));
         };
         let operator = match operator {
@@ -191,6 +197,22 @@ impl DevicePlacementRule {
             device,
         )?)))
     }
+}
+
+/// A projection that only picks columns, over a region it can join (zero-copy: the
+/// columns it drops are not downloaded).
+fn picking_above_a_region(
+    node: &Arc<dyn ExecutionPlan>,
+) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
+    let projection = node.downcast_ref::<ProjectionExec>()?;
+    if !ProjectionOperator::picks_only(projection) {
+        return None;
+    }
+    let unload = projection.input().downcast_ref::<DeviceUnloadExec>()?;
+    if ends_on_host(unload.input()) {
+        return None;
+    }
+    Some(ProjectionOperator::try_new(projection).map(|op| Arc::new(op) as Arc<dyn DeviceOperator>))
 }
 
 /// Whether the region topped by `top` ends with a terminal operator (its output is on

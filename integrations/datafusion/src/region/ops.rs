@@ -106,16 +106,19 @@ impl ProjectionOperator {
                 None => Projected::Computed(DeviceExpr::compile(&item.expr, &input)?),
             });
         }
-        if columns.iter().all(|c| matches!(c, Projected::Input(_))) {
-            return Err(Unsupported(
-                "a projection that only picks columns has nothing to compute on the device".into(),
-            ));
-        }
         Ok(Self {
             exprs,
             columns,
             schema: projection.schema(),
         })
+    }
+
+    /// Whether it only picks and renames input columns (nothing to compute).
+    pub fn picks_only(projection: &ProjectionExec) -> bool {
+        projection
+            .projection_expr()
+            .iter()
+            .all(|item| item.expr.downcast_ref::<Column>().is_some())
     }
 }
 
@@ -229,6 +232,11 @@ pub fn device_operator(
         return Some(boxed(FilterOperator::try_new(filter)));
     }
     if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        // Picking columns is worth a device operator only inside a region (the rule
+        // merges such a projection into the region below it: fewer bytes come down).
+        if ProjectionOperator::picks_only(projection) {
+            return None;
+        }
         return Some(boxed(ProjectionOperator::try_new(projection)));
     }
     if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {

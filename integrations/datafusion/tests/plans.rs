@@ -1,0 +1,89 @@
+//! devarrow's own device operators in TPC-H Q1 and Q6 on the CPU device: the plans the
+//! rule makes (snapshots of `EXPLAIN`: one region each, the filter, the projection and
+//! the partial aggregate on the device) and their results, DataFusion's alone.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use devarrow_datafusion::device_session;
+
+use common::{lineitem, register_lineitem};
+
+/// TPC-H Q1 (DataFusion's benchmark text).
+const Q1: &str = "select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, \
+    sum(l_extendedprice) as sum_base_price, \
+    sum(l_extendedprice * (1 - l_discount)) as sum_disc_price, \
+    sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) as sum_charge, \
+    avg(l_quantity) as avg_qty, avg(l_extendedprice) as avg_price, \
+    avg(l_discount) as avg_disc, count(*) as count_order \
+    from lineitem where l_shipdate <= date '1998-09-02' \
+    group by l_returnflag, l_linestatus order by l_returnflag, l_linestatus";
+
+/// TPC-H Q6.
+const Q6: &str = "select sum(l_extendedprice * l_discount) as revenue from lineitem \
+    where l_shipdate >= date '1994-01-01' and l_shipdate < date '1995-01-01' \
+    and l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l_quantity < 24";
+
+fn device_ctx(partitions: Vec<Vec<RecordBatch>>) -> SessionContext {
+    let ctx = device_session(SessionConfig::new().with_target_partitions(partitions.len()));
+    register_lineitem(&ctx, partitions);
+    ctx
+}
+
+async fn plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
+}
+
+fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(false).to_string()
+}
+
+async fn check(name: &str, sql: &str) {
+    let data = lineitem(0.01, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    ctx.sql("SET devarrow.devices = 'cpu'")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let device_plan = plan(&ctx, sql).await;
+    let shown = text(&device_plan);
+    insta::assert_snapshot!(name, shown);
+    assert_eq!(shown.matches("DeviceLoadExec").count(), 1, "{shown}");
+    assert_eq!(shown.matches("DeviceUnloadExec").count(), 1, "{shown}");
+    assert!(!shown.contains("HostOnlyExec"), "{shown}");
+    let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
+    let want = common::session(data)
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    // Ordered queries: the same rows in the same order, every value equal.
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q1_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
+    check("q1", Q1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q6_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
+    check("q6", Q6).await;
+}
