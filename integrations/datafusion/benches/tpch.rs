@@ -1,0 +1,224 @@
+//! TPC-H Q1 and Q6 with their filter, projection and partial aggregate on a device
+//! (`DevicePlacementRule`: one region each) beside DataFusion alone, both planned once
+//! (the physical plan is made before the timing; each iteration executes it):
+//!
+//! - `q1/datafusion`, `q1/device`, `q6/datafusion`, `q6/device`;
+//! - `transitions/load_unload`: the region's transitions alone: Q1's scan onto the device
+//!   and back (a region of no operator), in bytes per second;
+//! - `transitions/host_ceiling`: the same bytes copied host to host by every core at once,
+//!   the better of `memcpy` and streaming stores (devarrow's packing writes with
+//!   streaming stores): what the host can do, measured in the same run. On the CPU device
+//!   a "transition" is a host copy, so its GB/s is read against this ceiling.
+//!
+//! Before measuring, one run of each device plan prints where the region's time went (its
+//! nodes' metrics: `load_time`, each operator's `device_time`, `unload_time`), so the
+//! transitions' share is read off the same plan.
+//!
+//! ```text
+//! cargo bench --bench tpch                              # auto: CUDA 0, else the CPU device
+//! DEVARROW_DEVICE=cpu DEVARROW_TPCH_SCALE=1 cargo bench --bench tpch
+//! ```
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use devarrow::bridge::copy::{copy_bytes, Stores};
+use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
+use devarrow_datafusion::device_session;
+
+use common::*;
+
+const Q1: &str = "select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, \
+    sum(l_extendedprice) as sum_base_price, \
+    sum(l_extendedprice * (1 - l_discount)) as sum_disc_price, \
+    sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) as sum_charge, \
+    avg(l_quantity) as avg_qty, avg(l_extendedprice) as avg_price, \
+    avg(l_discount) as avg_disc, count(*) as count_order \
+    from lineitem where l_shipdate <= date '1998-09-02' \
+    group by l_returnflag, l_linestatus order by l_returnflag, l_linestatus";
+
+const Q6: &str = "select sum(l_extendedprice * l_discount) as revenue from lineitem \
+    where l_shipdate >= date '1994-01-01' and l_shipdate < date '1995-01-01' \
+    and l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l_quantity < 24";
+
+/// Q1's scan: the columns its region loads.
+const Q1_SCAN: &str = "select l_quantity, l_extendedprice, l_discount, l_tax, l_returnflag, \
+    l_linestatus, l_shipdate from lineitem";
+
+/// Sums a metric over every node of `plan` named `node` (`None`: every node).
+fn metric(plan: &Arc<dyn ExecutionPlan>, node: Option<&str>, name: &str) -> f64 {
+    let mut total = 0.0;
+    let mut stack = vec![plan.clone()];
+    while let Some(n) = stack.pop() {
+        if node.is_none_or(|want| n.name() == want) {
+            if let Some(m) = n.metrics() {
+                total += m.sum_by_name(name).map_or(0, |v| v.as_usize()) as f64;
+            }
+        }
+        stack.extend(n.children().into_iter().cloned());
+    }
+    total
+}
+
+/// The host's copy ceiling for `bytes` bytes: every core copying its share into
+/// pre-faulted memory, the better of ordinary and streaming stores, in GB/s.
+fn host_ceiling(source: &[u8], target: &mut [u8]) -> (f64, f64) {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let run = |stores: Stores, target: &mut [u8]| -> f64 {
+        let chunk = source.len().div_ceil(threads);
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for (from, to) in source.chunks(chunk).zip(target.chunks_mut(chunk)) {
+                s.spawn(move || {
+                    // SAFETY: `to` and `from` are disjoint slices of the same length
+                    // (chunks of equal-length buffers), each borrowed for the call.
+                    unsafe { copy_bytes(to.as_mut_ptr(), from.as_ptr(), from.len(), stores) };
+                });
+            }
+        });
+        source.len() as f64 / start.elapsed().as_secs_f64() / 1e9
+    };
+    run(Stores::Cached, target);
+    let mut best = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        best.0 = best.0.max(run(Stores::Cached, target));
+        best.1 = best.1.max(run(Stores::Streaming, target));
+    }
+    best
+}
+
+fn tpch(c: &mut Criterion) {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let spec = std::env::var("DEVARROW_DEVICE").unwrap_or_else(|_| "auto".into());
+    let scale: f64 = std::env::var("DEVARROW_TPCH_SCALE")
+        .ok()
+        .map(|s| s.parse().expect("DEVARROW_TPCH_SCALE is a number"))
+        .unwrap_or(1.0);
+    let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let data = lineitem(scale, partitions, 8192);
+    let plain = session(data.clone());
+    let device = device_session(SessionConfig::new().with_target_partitions(partitions));
+    register_lineitem(&device, data);
+    let set = |ctx: &SessionContext, sql: &str| {
+        runtime
+            .block_on(async { ctx.sql(sql).await?.collect().await })
+            .expect(sql);
+    };
+    set(&device, &format!("SET devarrow.devices = '{spec}'"));
+    let plan_of = |ctx: &SessionContext, sql: &str| -> Arc<dyn ExecutionPlan> {
+        runtime
+            .block_on(async { ctx.sql(sql).await?.create_physical_plan().await })
+            .expect(sql)
+    };
+
+    let mut group = c.benchmark_group("tpch");
+    group.sample_size(10);
+    for (name, sql) in [("q1", Q1), ("q6", Q6)] {
+        let on_host = plan_of(&plain, sql);
+        let on_device = plan_of(&device, sql);
+        let want = runtime
+            .block_on(collect(on_host.clone(), plain.task_ctx()))
+            .unwrap();
+        let got = runtime
+            .block_on(collect(on_device.clone(), device.task_ctx()))
+            .unwrap();
+        let text = |b: &[RecordBatch]| {
+            datafusion::arrow::util::pretty::pretty_format_batches(b)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(text(&got), text(&want), "{name}: the device plan's result");
+        let ms = |ns: f64| ns / 1e6;
+        eprintln!(
+            "{name} at scale {scale} on {spec} ({partitions} partitions), the region's time \
+             summed over partitions: load {:.1} ms ({:.1} MiB up), operators {:.1} ms, \
+             unload {:.1} ms ({:.2} MiB down): transitions {:.0}% of the region",
+            ms(metric(&on_device, Some("DeviceLoadExec"), "load_time")),
+            metric(&on_device, Some("DeviceLoadExec"), "bytes_to_device") / (1 << 20) as f64,
+            ms(metric(&on_device, None, "device_time")),
+            ms(metric(&on_device, Some("DeviceUnloadExec"), "unload_time")),
+            metric(&on_device, Some("DeviceUnloadExec"), "bytes_from_device") / (1 << 20) as f64,
+            100.0
+                * (metric(&on_device, Some("DeviceLoadExec"), "load_time")
+                    + metric(&on_device, Some("DeviceUnloadExec"), "unload_time"))
+                / (metric(&on_device, Some("DeviceLoadExec"), "load_time")
+                    + metric(&on_device, None, "device_time")
+                    + metric(&on_device, Some("DeviceUnloadExec"), "unload_time"))
+                .max(1.0),
+        );
+        group.bench_function(format!("{name}/datafusion"), |b| {
+            b.iter(|| runtime.block_on(collect(on_host.clone(), plain.task_ctx())).unwrap())
+        });
+        group.bench_function(format!("{name}/device"), |b| {
+            b.iter(|| {
+                runtime
+                    .block_on(collect(on_device.clone(), device.task_ctx()))
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+
+    // The transitions alone, and the host's ceiling for the same bytes.
+    let scan = plan_of(&plain, Q1_SCAN);
+    let batches = runtime
+        .block_on(collect(scan.clone(), plain.task_ctx()))
+        .unwrap();
+    let bytes: usize = batches
+        .iter()
+        .flat_map(|b| b.columns().iter())
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum();
+    let round_trip: Arc<dyn ExecutionPlan> = Arc::new(
+        DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan))).expect("a region"),
+    );
+    let source = vec![1u8; bytes];
+    let mut target = vec![0u8; bytes];
+    let (memcpy, streaming) = host_ceiling(&source, &mut target);
+    eprintln!(
+        "transitions: Q1's scan, {:.1} MiB; host ceiling (every core, pre-faulted): memcpy \
+         {memcpy:.1} GB/s, streaming stores {streaming:.1} GB/s",
+        bytes as f64 / (1 << 20) as f64
+    );
+    let mut group = c.benchmark_group("transitions");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("load_unload", |b| {
+        b.iter(|| {
+            runtime
+                .block_on(collect(round_trip.clone(), device.task_ctx()))
+                .unwrap()
+        })
+    });
+    group.bench_function("host_ceiling", |b| {
+        let stores = if streaming >= memcpy {
+            Stores::Streaming
+        } else {
+            Stores::Cached
+        };
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let chunk = source.len().div_ceil(threads);
+        b.iter(|| {
+            std::thread::scope(|s| {
+                for (from, to) in source.chunks(chunk).zip(target.chunks_mut(chunk)) {
+                    s.spawn(move || {
+                        // SAFETY: `to` and `from` are disjoint slices of the same
+                        // length, each borrowed for the call.
+                        unsafe { copy_bytes(to.as_mut_ptr(), from.as_ptr(), from.len(), stores) };
+                    });
+                }
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, tpch);
+criterion_main!(benches);
