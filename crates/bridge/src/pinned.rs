@@ -120,6 +120,9 @@ pub fn pinned_buffer(
         )));
     }
     let bytes = &mut bytes[..len];
+    // Staging memory is initialized but holds what its last user wrote: zeroed here, as
+    // documented, for an `init` that leaves bytes alone.
+    bytes.fill(0);
     init(bytes);
     let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
     let owner: Arc<dyn Allocation> = Arc::new(StagingOwner(Mutex::new(staging)));

@@ -327,19 +327,27 @@ impl Transfer {
     /// ([`TransferOptions::staging_bytes`] in all), instead of as the first transfers
     /// need them; a no-op where the host reads the device's memory directly (no staging).
     ///
-    /// On CUDA the staging memory is pinned, and allocating pinned memory
-    /// (`cuMemHostAlloc`) is one of the calls NVIDIA documents as implicitly synchronizing:
+    /// On CUDA the staging memory is a block of the pinned memory the device's context
+    /// reserved (a `CudaDevice` reserves 128 MiB when its context's first is made, and
+    /// never allocates pinned memory after that unless asked: beyond its reserve, staging
+    /// is pageable, and slower); this is such an ask, an explicit warm-up: it first
+    /// makes sure the reserve has room for the whole staging
+    /// ([`Device::reserve_staging`]), allocating pinned memory if not
+    /// (`cuMemHostAlloc`, one of the calls NVIDIA documents as implicitly synchronizing:
     /// work enqueued afterwards on any stream of the device runs only after all the work
-    /// enqueued before it, another library's included. Prepared at setup, the transfers
+    /// enqueued before it, another library's included). Prepared or not, the transfers
     /// that follow make no such call: a stream held by someone else does not delay them.
-    /// (Staging given back by a dropped transfer of the same `CudaDevice` is reused
-    /// without that call.)
     pub fn prepare(&mut self) -> Result<()> {
         if self.device.host_accessible() {
             return Ok(());
         }
         let chunk = self.full_chunk();
         let (_, stages) = self.geometry(chunk);
+        let held: usize = (0..stages)
+            .filter(|&i| self.stages.get(i).is_some_and(|s| s.memory.is_some()))
+            .count();
+        self.device
+            .reserve_staging((stages - held.min(stages)) * chunk)?;
         for i in 0..stages {
             self.stage(i, chunk)?;
         }
