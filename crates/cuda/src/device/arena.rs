@@ -71,8 +71,9 @@ struct State {
 
 /// The pinned memory of one context (see the module docs).
 pub(crate) struct PinnedArena {
-    device: PrimaryContext,
+    // (Dropped in this order: the slabs, then the context they were allocated in.)
     state: Mutex<State>,
+    device: PrimaryContext,
 }
 
 /// The arena of each context (by `cuCtxGetId`), while any `CudaDevice` or block holds it.
