@@ -2382,10 +2382,9 @@ fn a_fresh_device_imports_and_downloads_without_waiting_for_the_device() {
     let mut owned = Uploaded::default();
     let root = upload_node(&opened, Memory::Device, &mut owned, &data);
     opened.synchronize().unwrap();
-    // devarrow's side, set up first: a new device, its transfer prepared: its staging
-    // allocated, and its pool of pinned memory holding a block of the download's size
-    // (the download of an import of the same data, before the producer's stream is held;
-    // a pool's first block of a size is a `cuMemHostAlloc`, which synchronizes).
+    // devarrow's side, set up first: a new device, its transfer prepared and warmed by
+    // the download of an import of the same data, before the producer's stream is held
+    // (the cold case: `a_cold_device_and_transfer_import_and_download_20_mb_…`).
     let device = Arc::new(CudaDevice::new(opened.primary_context().clone()).unwrap());
     let mut transfer = chunked_transfer(&device);
     transfer.prepare().unwrap();

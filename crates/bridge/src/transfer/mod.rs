@@ -154,12 +154,11 @@ pub struct TransferOptions {
     /// land in pageable memory through staging instead, and
     /// [`Transfer::host_memory_note`] says why. 0: always pageable memory.
     ///
-    /// The pool's first block of each size is allocated when a download first needs it
-    /// (on CUDA `cuMemHostAlloc`, which NVIDIA documents as synchronizing: work enqueued
-    /// afterwards on any stream of the device waits for all the work enqueued before);
-    /// once the sizes of a workload are cached, downloads make no such call. A first
-    /// download that must not wait for other streams follows a warm-up download of the
-    /// same size, or sets this to 0 (after [`Transfer::prepare`]).
+    /// On CUDA the pool's blocks are blocks of the pinned memory the device's context
+    /// reserved (`CudaDevice::reserve_pinned`), taken and given back with no driver call
+    /// (allocating pinned memory, `cuMemHostAlloc`, is documented as synchronizing the
+    /// device): a download of a cold transfer waits for no other stream. Where the
+    /// reserve has no room left, the pool counts as full.
     pub pinned_host_bytes: usize,
 }
 
@@ -374,9 +373,8 @@ impl Transfer {
     /// Takes stage `i`, waiting for its last copy to finish and allocating it if needed.
     ///
     /// A stage is allocated once at the full chunk size, whatever the first transfer
-    /// needs: growing it later would free and allocate pinned memory in the middle of a
-    /// pipeline, and `cuMemFreeHost` / `cuMemHostAlloc` stall every stream of the device
-    /// (other libraries' work too).
+    /// needs, so that it never grows (on CUDA a block of the context's pinned reserve,
+    /// taken with no driver call).
     fn stage(&mut self, i: usize, chunk: usize) -> Result<&mut Box<dyn StagingMemory>> {
         let size = chunk.max(self.full_chunk());
         if self.stages.len() <= i {

@@ -158,10 +158,7 @@ impl PinnedArena {
             })
             .min_by_key(|&(_, _, l)| l)?;
         let slab = &mut state.slabs[slab_at];
-        slab.free.remove(&offset);
-        if free_len > size {
-            slab.free.insert(offset + size, free_len - size);
-        }
+        take(&mut slab.free, offset, free_len, size);
         slab.in_use += size;
         Some(ArenaBlock {
             arena: self.clone(),
@@ -180,17 +177,7 @@ impl PinnedArena {
             return;
         };
         slab.in_use -= size;
-        let (mut start, mut end) = (offset, offset + size);
-        if let Some((&before, &before_len)) = slab.free.range(..offset).next_back() {
-            if before + before_len == offset {
-                slab.free.remove(&before);
-                start = before;
-            }
-        }
-        if let Some(after_len) = slab.free.remove(&end) {
-            end += after_len;
-        }
-        slab.free.insert(start, end - start);
+        give_back(&mut slab.free, offset, size);
     }
 
     /// Frees (`cuMemFreeHost`, which may wait for the whole device: the caller's explicit
@@ -223,6 +210,29 @@ impl PinnedArena {
                 .unwrap_or(0),
         }
     }
+}
+
+/// Takes `size` bytes from the start of the free range at `offset` (`len` bytes long).
+fn take(free: &mut BTreeMap<usize, usize>, offset: usize, len: usize, size: usize) {
+    free.remove(&offset);
+    if len > size {
+        free.insert(offset + size, len - size);
+    }
+}
+
+/// Frees `offset..offset + size`, merged with the free ranges that touch it.
+fn give_back(free: &mut BTreeMap<usize, usize>, offset: usize, size: usize) {
+    let (mut start, mut end) = (offset, offset + size);
+    if let Some((&before, &before_len)) = free.range(..offset).next_back() {
+        if before + before_len == offset {
+            free.remove(&before);
+            start = before;
+        }
+    }
+    if let Some(after_len) = free.remove(&end) {
+        end += after_len;
+    }
+    free.insert(start, end - start);
 }
 
 /// A block of a [`PinnedArena`]: `len` bytes at `addr`, its range of the slab taken
@@ -264,5 +274,64 @@ impl ArenaBlock {
 impl Drop for ArenaBlock {
     fn drop(&mut self) {
         self.arena.release(self.slab, self.offset, self.size);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{give_back, take, BLOCK_ALIGN};
+
+    /// Best fit over one slab's free list, as `PinnedArena::allocate` does over all.
+    fn allocate(free: &mut BTreeMap<usize, usize>, size: usize) -> Option<usize> {
+        let (&offset, &len) = free
+            .iter()
+            .filter(|&(_, &l)| l >= size)
+            .min_by_key(|e| e.1)?;
+        take(free, offset, len, size);
+        Some(offset)
+    }
+
+    #[test]
+    fn blocks_never_overlap_and_free_ranges_merge_back_into_the_slab() {
+        const SLAB: usize = 1 << 20;
+        let mut free = BTreeMap::from([(0, SLAB)]);
+        let mut taken: Vec<(usize, usize)> = Vec::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..20_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            if !rng.is_multiple_of(3) || taken.is_empty() {
+                let size = ((rng >> 8) as usize % (SLAB / 16)).next_multiple_of(BLOCK_ALIGN);
+                if let Some(offset) = allocate(&mut free, size.max(BLOCK_ALIGN)) {
+                    taken.push((offset, size.max(BLOCK_ALIGN)));
+                }
+            } else {
+                let (offset, size) = taken.swap_remove((rng >> 16) as usize % taken.len());
+                give_back(&mut free, offset, size);
+            }
+            // Free ranges and blocks tile the slab exactly; no two free ranges touch.
+            let mut all: Vec<(usize, usize, bool)> = free
+                .iter()
+                .map(|(&o, &l)| (o, l, true))
+                .chain(taken.iter().map(|&(o, l)| (o, l, false)))
+                .collect();
+            all.sort();
+            let mut at = 0;
+            for pair in all.windows(2) {
+                assert!(!(pair[0].2 && pair[1].2), "step {step}: free ranges touch");
+            }
+            for (offset, len, _) in all {
+                assert_eq!(offset, at, "step {step}: a gap or an overlap");
+                at += len;
+            }
+            assert_eq!(at, SLAB, "step {step}");
+        }
+        for (offset, size) in taken.drain(..) {
+            give_back(&mut free, offset, size);
+        }
+        assert_eq!(free, BTreeMap::from([(0, SLAB)]));
     }
 }
