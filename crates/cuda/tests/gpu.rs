@@ -2198,9 +2198,10 @@ fn staging_is_reused_without_allocating_pinned_memory_again() {
     };
     if let Some((allocs, counted)) = calls(&start, "cuMemHostAlloc") {
         // The reserve is made by the context's first device (here, unless a test before
-        // left a block of its reserve alive).
+        // left a block of its reserve alive); the kernels are loaded at open too, where a
+        // test before has not loaded them in this context.
         assert!(
-            matches!(allocs, 1 | 2) && counted.total == allocs,
+            matches!(allocs, 1 | 2),
             "the descriptor table and the reserve, at open: {counted}"
         );
     }
