@@ -261,7 +261,14 @@ fn dl_device(device_type: ArrowDeviceType, device_id: i64) -> DLDevice {
 }
 
 /// DLPack's `stream` argument on CUDA: makes the consumer's stream wait (on the GPU) on
-/// the batch's event. None is the legacy default stream, -1 no synchronization.
+/// the batch's event. -1: no synchronization. None: the calling thread's per-thread
+/// default stream (`CU_STREAM_PER_THREAD`), not the legacy default stream DLPack names
+/// for None: a command on the legacy default stream waits for every blocking stream of
+/// the device and makes them all wait for it (an implicit synchronization of other
+/// libraries' work). A consumer on the legacy default stream is ordered all the same:
+/// the per-thread default stream is a blocking stream, which the legacy default stream
+/// waits for before its next command. A consumer on any other stream passes its handle,
+/// as DLPack asks; 1 still names the legacy default stream.
 ///
 /// Any other positive value is handed to `cuStreamWaitEvent` as the consumer's
 /// `CUstream`, which nothing can validate: NVIDIA's driver dereferences stream handles,
@@ -274,7 +281,8 @@ fn sync_stream(inner: &DeviceInner, batch: &DeviceBatch, stream: Option<i64>) ->
         return Ok(()); // the CPU device: data is ready when the batch exists
     };
     let handle = match stream {
-        None => 1, // CU_STREAM_LEGACY
+        // CU_STREAM_PER_THREAD (see above), not CU_STREAM_LEGACY.
+        None => 2,
         Some(-1) => return Ok(()),
         Some(0) => {
             return Err(PyValueError::new_err(
@@ -486,7 +494,10 @@ impl PyDeviceColumn {
 
     /// A DLPack capsule of the values (``dltensor_versioned`` when ``max_version`` is at
     /// least ``(1, 0)``, else ``dltensor``), zero-copy. On CUDA the consumer's ``stream``
-    /// waits on the batch's event (None: the legacy default stream; -1: no wait).
+    /// waits on the batch's event (None: the calling thread's per-thread default stream,
+    /// which the legacy default stream waits for too, rather than a command on the legacy
+    /// default stream, which would synchronize the device; 1: the legacy default stream;
+    /// -1: no wait).
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,

@@ -365,8 +365,11 @@ def test_unconsumed_tensors_free_the_batch(cuda, batch):
 
 def test_cuda_stream_semantics(cuda, batch):
     col = cuda.to_device(batch).column("float64")
-    col.__dlpack__(stream=None)  # the legacy default stream waits on devarrow's event
-    col.__dlpack__(stream=1)
+    # None: the per-thread default stream waits on devarrow's event (the legacy default
+    # stream waits for it in turn), with no implicit synchronization of the device.
+    col.__dlpack__(stream=None)
+    col.__dlpack__(stream=1)  # the legacy default stream: an implicit synchronization
+    col.__dlpack__(stream=2)
     col.__dlpack__(stream=-1)  # no synchronization
     with pytest.raises(ValueError, match="ambiguous"):
         col.__dlpack__(stream=0)

@@ -99,7 +99,10 @@ use crate::plan::plan_array;
 /// mutex only makes the (`Send`) allocation `Sync`, as [`Allocation`] requires.
 struct StagingOwner(#[allow(dead_code)] Mutex<Box<dyn StagingMemory>>);
 
-/// Allocates `len` bytes of `device`'s staging memory (pinned on CUDA; zeroed), lets
+/// Allocates `len` bytes of `device`'s staging memory (pinned on CUDA: a block of the
+/// context's pinned reserve, which this first grows where it has no room for `len`
+/// bytes, [`Device::reserve_staging`], an explicit and synchronizing allocation of
+/// pinned memory; see `CudaDevice::reserve_pinned`; zeroed), lets
 /// `init` fill them, and returns them as an arrow-rs [`Buffer`] that owns the allocation
 /// (freed when the last clone or slice of the `Buffer` drops).
 ///
@@ -111,6 +114,7 @@ pub fn pinned_buffer(
     len: usize,
     init: impl FnOnce(&mut [u8]),
 ) -> Result<Buffer> {
+    device.reserve_staging(len)?;
     let mut staging = device.allocate_staging(len)?;
     let bytes = staging.as_mut_slice();
     if bytes.len() < len {
@@ -120,6 +124,9 @@ pub fn pinned_buffer(
         )));
     }
     let bytes = &mut bytes[..len];
+    // Staging memory is initialized but holds what its last user wrote: zeroed here, as
+    // documented, for an `init` that leaves bytes alone.
+    bytes.fill(0);
     init(bytes);
     let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
     let owner: Arc<dyn Allocation> = Arc::new(StagingOwner(Mutex::new(staging)));

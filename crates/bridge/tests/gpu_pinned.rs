@@ -45,7 +45,7 @@ fn the_driver_and_the_registry_know_pinned_memory() {
     assert!(device.is_pinned(other.as_slice().as_ptr(), other.as_slice().len()));
     let address = bytes.as_ptr();
     drop(staging);
-    // Given back to the device, which keeps it (pinned) for the next staging of its size.
+    // Given back to the device's pinned reserve, and handed out again.
     let again = device.allocate_staging(1 << 20).unwrap();
     assert_eq!(
         again.as_slice().as_ptr(),
@@ -53,12 +53,16 @@ fn the_driver_and_the_registry_know_pinned_memory() {
         "staging given back is reused"
     );
     drop(again);
-    // Freed with the device that kept it: forgotten, and the driver no longer knows it.
+    // Given back to the context's pinned reserve, which every device of the context
+    // shares: still pinned. Freed by an explicit trim: forgotten, and the driver no
+    // longer knows it.
     let checker = devarrow_cuda::CudaDevice::new(device.primary_context().clone()).unwrap();
     drop(device);
+    assert!(checker.is_pinned(address, 1), "kept by the reserve");
+    assert!(checker.trim_pinned() > 0);
     assert!(
         !checker.is_pinned(address, 1),
-        "freed staging is forgotten (and the driver no longer knows it)"
+        "trimmed staging is forgotten (and the driver no longer knows it)"
     );
 }
 

@@ -114,7 +114,8 @@ pub use borrowed::{AfterUse, BorrowedSlice};
 pub use cudarc;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use device::{
-    CudaDevice, CudaDeviceOptions, CudaSyncEvent, HostWait, PinnedStaging, TransferMemory,
+    CudaDevice, CudaDeviceOptions, CudaSyncEvent, HostWait, PinnedStaging, PinnedStats,
+    TransferMemory, DEFAULT_PINNED_RESERVE_BYTES,
 };
 pub use error::{is_sticky_error, CudaError, Result};
 pub use export::export_array_data;

@@ -2174,51 +2174,100 @@ mod device_kernels {
 }
 
 /// A `CudaDevice`'s pinned memory makes no implicitly synchronizing driver call once the
-/// device is open: the descriptor table of its copies on the device is allocated at open,
-/// and staging given back by a dropped `PinnedStaging` is reused, zeroed, by the next
-/// staging of its size (a new `Transfer`, a new stream), with no `cuMemHostAlloc` (which
-/// orders every stream of the device after the work before it) nor `cuMemFreeHost`
-/// (which blocks the host until the whole device is idle). Only a size not kept
-/// allocates. The emulated driver counts the calls; on a real driver the count is skipped
-/// (said).
+/// device is open (issue 41, section 2): the descriptor table of its copies on the device
+/// and the context's pinned reserve (`DEFAULT_PINNED_RESERVE_BYTES`, shared by every
+/// `CudaDevice` of the context) are allocated when the first device is made; staging of
+/// any size is a block of the reserve, handed out and given back with no driver call (a
+/// block given back is handed out again as its last user left it: initialized, not
+/// zeroed again); staging beyond the reserve is pageable memory, with no call either.
+/// Only the explicit warm-up (`reserve_pinned`: `cuMemHostAlloc`) and trim
+/// (`trim_pinned`: `cuMemFreeHost`) make calls. The emulated driver counts the calls; on
+/// a real driver the count is skipped (said).
 #[test]
 fn staging_is_reused_without_allocating_pinned_memory_again() {
+    use devarrow_cuda::DEFAULT_PINNED_RESERVE_BYTES;
     use devarrow_testing::gpu::ImplicitSyncs;
     let (_lock, dev) = gpu_or_skip!();
     let start = ImplicitSyncs::snapshot();
     let device = CudaDevice::new(dev.clone()).unwrap();
-    let host_allocs = |since: &Option<ImplicitSyncs>| {
+    let calls = |since: &Option<ImplicitSyncs>, name: &str| {
         since.as_ref().map(|since| {
             let counted = ImplicitSyncs::counted_since(since).unwrap();
-            (
-                counted.calls.get("cuMemHostAlloc").copied().unwrap_or(0),
-                counted,
-            )
+            (counted.calls.get(name).copied().unwrap_or(0), counted)
         })
     };
-    if let Some((allocs, counted)) = host_allocs(&start) {
-        assert_eq!(allocs, 1, "the descriptor table, at open: {counted}");
+    if let Some((allocs, counted)) = calls(&start, "cuMemHostAlloc") {
+        // The reserve is made by the context's first device (here, unless a test before
+        // left a block of its reserve alive); the kernels are loaded at open too, where a
+        // test before has not loaded them in this context.
+        assert!(
+            matches!(allocs, 1 | 2),
+            "the descriptor table and the reserve, at open: {counted}"
+        );
     }
+    let reserve = device.pinned_stats();
+    assert_eq!(
+        reserve.reserved, DEFAULT_PINNED_RESERVE_BYTES,
+        "{reserve:?}"
+    );
+    assert_eq!(reserve.in_use, 0, "{reserve:?}");
+    let second = CudaDevice::new(dev.clone()).unwrap();
+    assert_eq!(second.pinned_stats(), reserve, "one reserve per context");
+    let before = ImplicitSyncs::snapshot();
     let mut staging = device.allocate_staging(1 << 20).unwrap();
     staging.as_mut_slice().fill(0xab);
     let address = staging.as_slice().as_ptr();
-    drop(staging);
-    let before = ImplicitSyncs::snapshot();
-    let again = device.allocate_staging(1 << 20).unwrap();
-    assert_eq!(again.as_slice().as_ptr(), address, "the buffer given back");
-    assert!(again.as_slice().iter().all(|&b| b == 0), "zeroed again");
     assert!(device.is_pinned(address, 1 << 20));
-    if let Some((_, counted)) = host_allocs(&before) {
-        assert!(counted.is_empty(), "reused staging: {counted}");
-    }
+    drop(staging);
+    let again = device.allocate_staging(1 << 20).unwrap();
+    assert_eq!(again.as_slice().as_ptr(), address, "the block given back");
+    assert!(
+        again.as_slice().iter().all(|&b| b == 0xab),
+        "as its last user left it"
+    );
     let other = device.allocate_staging(4096).unwrap();
-    if let Some((allocs, counted)) = host_allocs(&before) {
-        assert_eq!((allocs, counted.total), (1, 1), "a new size: {counted}");
+    let large = second.allocate_staging(48 << 20).unwrap();
+    assert!(device.is_pinned(large.as_slice().as_ptr(), 48 << 20));
+    // Beyond the reserve: pageable, not pinned, no driver call.
+    let beyond = device
+        .allocate_staging(DEFAULT_PINNED_RESERVE_BYTES)
+        .unwrap();
+    assert!(!device.is_pinned(beyond.as_slice().as_ptr(), 4096));
+    assert!(
+        beyond.as_slice().iter().all(|&b| b == 0),
+        "pageable: zeroed"
+    );
+    assert_eq!(device.pageable_staging(), 1);
+    drop((again, other, large, beyond));
+    if let Some((_, counted)) = calls(&before, "cuMemHostAlloc") {
+        assert!(counted.is_empty(), "staging of any size: {counted}");
+    }
+    // The explicit warm-up and trim.
+    let before = ImplicitSyncs::snapshot();
+    assert!(device.reserve_pinned(DEFAULT_PINNED_RESERVE_BYTES).unwrap() == 0);
+    let added = device
+        .reserve_pinned(DEFAULT_PINNED_RESERVE_BYTES + 1)
+        .unwrap();
+    assert!(added > DEFAULT_PINNED_RESERVE_BYTES, "{added}");
+    let beyond = device
+        .allocate_staging(DEFAULT_PINNED_RESERVE_BYTES)
+        .unwrap();
+    assert!(device.is_pinned(beyond.as_slice().as_ptr(), 4096));
+    if let Some((allocs, counted)) = calls(&before, "cuMemHostAlloc") {
+        assert_eq!((allocs, counted.total), (1, 1), "the warm-up: {counted}");
+    }
+    drop(beyond);
+    let before = ImplicitSyncs::snapshot();
+    let freed = second.trim_pinned();
+    assert_eq!(freed, DEFAULT_PINNED_RESERVE_BYTES + added);
+    assert_eq!(device.pinned_stats().reserved, 0);
+    if let Some((frees, counted)) = calls(&before, "cuMemFreeHost") {
+        assert_eq!((frees, counted.total), (2, 2), "the trim: {counted}");
     } else {
         println!(
             "skipping the count of implicitly synchronizing calls: the driver is not the \
              emulator, which counts them"
         );
     }
-    drop((again, other, device));
+    drop((device, second));
 }

@@ -718,6 +718,61 @@ fn the_legacy_null_stream_waits_for_blocking_streams_only() {
     }
 }
 
+/// `CU_STREAM_PER_THREAD` names the calling thread's own per-thread default stream, a
+/// blocking stream (CUDA driver API, "Stream synchronization behavior": "not a
+/// non-blocking stream and will synchronize with the legacy default stream"): the
+/// legacy NULL stream waits for it, it does not wait for other streams, a wait enqueued
+/// on it is not an implicit synchronization, and another thread's is another stream.
+#[test]
+fn the_per_thread_default_stream_is_the_threads_own_and_blocks_only_the_legacy_stream() {
+    let emu = Emu::new();
+    let per_thread = 2 as CUstream;
+    let other = emu.stream(0);
+    // SAFETY: valid handles.
+    unsafe {
+        let held = Gate::block(other);
+        let e = emu.event();
+        ck(cuEventRecord(e, other));
+        let before = implicit_syncs();
+        ck(cuStreamWaitEvent(per_thread, e, 0));
+        assert_eq!(implicit_syncs().0, before.0, "a wait on it: not counted");
+        let after = emu.event();
+        ck(cuEventRecord(after, per_thread));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            cuEventQuery(after),
+            CUDA_ERROR_NOT_READY,
+            "it waits on the event"
+        );
+        assert_eq!(cuStreamQuery(per_thread), CUDA_ERROR_NOT_READY);
+        // Another thread's per-thread default stream is another stream: idle.
+        let ctx = {
+            let mut ctx = std::ptr::null_mut();
+            ck(cuCtxGetCurrent(&mut ctx));
+            ctx as usize
+        };
+        let idle = std::thread::spawn(move || {
+            ck(cuCtxSetCurrent(ctx as CUcontext));
+            cuStreamQuery(2 as CUstream)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(idle, CUDA_SUCCESS, "another thread's per-thread stream");
+        // The legacy stream waits for it (a blocking stream).
+        let legacy = emu.event();
+        ck(cuEventRecord(legacy, std::ptr::null_mut()));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(cuEventQuery(legacy), CUDA_ERROR_NOT_READY);
+        held.open();
+        ck(cuStreamSynchronize(per_thread));
+        ck(cuEventSynchronize(legacy));
+        for e in [e, after, legacy] {
+            ck(cuEventDestroy_v2(e));
+        }
+        ck(cuStreamDestroy_v2(other));
+    }
+}
+
 /// The implicit synchronization counts of the emulator (`devarrow_emu_implicit_syncs`):
 /// total and `name -> count`.
 fn implicit_syncs() -> (u64, std::collections::BTreeMap<String, u64>) {
@@ -1982,7 +2037,8 @@ const MISUSE: &str = "DEVARROW_EMU_TEST_MISUSE";
 /// the process with a message naming the call, as NVIDIA's driver (which dereferences
 /// handles) would crash there: no error code a caller or a test could rely on. Each
 /// misuse runs in a child process of this binary. NULL and `CU_STREAM_LEGACY` are valid
-/// stream handles, `CU_STREAM_PER_THREAD` too (not emulated: `CUDA_ERROR_NOT_SUPPORTED`).
+/// stream handles, `CU_STREAM_PER_THREAD` too (the calling thread's per-thread default
+/// stream).
 #[test]
 fn misused_stream_and_event_handles_abort_naming_the_call() {
     {
@@ -1991,7 +2047,7 @@ fn misused_stream_and_event_handles_abort_naming_the_call() {
         unsafe {
             ck(cuStreamQuery(std::ptr::null_mut()));
             ck(cuStreamQuery(1 as CUstream));
-            assert_eq!(cuStreamQuery(2 as CUstream), CUDA_ERROR_NOT_SUPPORTED);
+            ck(cuStreamQuery(2 as CUstream));
         }
     }
     for (misuse, message) in [

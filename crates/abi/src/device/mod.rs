@@ -131,8 +131,26 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     /// Allocates `len` bytes (uninitialized), aligned to [`BUFFER_ALIGNMENT`].
     fn allocate(&self, len: usize) -> Result<Arc<dyn DeviceMemory>>;
     /// Allocates host staging memory the device can copy from and to without another
-    /// copy (pinned on CUDA).
+    /// copy (pinned on CUDA, from the pinned memory the device reserved; beyond it, CUDA
+    /// hands out pageable memory rather than allocate pinned memory, which would
+    /// synchronize the device). Its bytes are initialized, not necessarily zero (memory
+    /// used before holds what its last user wrote).
     fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>>;
+    /// [`Device::allocate_staging`] where the device can hand out memory it copies
+    /// directly without allocating any (CUDA: a block of the pinned memory it reserved),
+    /// else `None`. The default allocates.
+    fn try_allocate_staging(&self, len: usize) -> Result<Option<Box<dyn StagingMemory>>> {
+        self.allocate_staging(len).map(Some)
+    }
+    /// An explicit warm-up: makes sure a staging allocation of `bytes` can be served
+    /// from memory the device already holds (CUDA: reserves pinned memory with
+    /// `cuMemHostAlloc` where its free pinned memory has no range that large, an
+    /// implicit synchronization of the device made here rather than in a pipeline). The
+    /// default does nothing.
+    fn reserve_staging(&self, bytes: usize) -> Result<()> {
+        let _ = bytes;
+        Ok(())
+    }
     /// Enqueues a copy of `len` bytes from host memory `src` to device address `dst`.
     ///
     /// # Safety

@@ -183,9 +183,12 @@ impl Block {
     }
 
     /// A block of `capacity` bytes of `device`'s pinned memory (initialized: staging
-    /// memory is handed out as an initialized slice).
-    fn pinned(device: &dyn Device, capacity: usize) -> Result<Self> {
-        let mut memory = device.allocate_staging(capacity.max(1))?;
+    /// memory is handed out as an initialized slice), or `None` where the device has none
+    /// to hand out without allocating ([`Device::try_allocate_staging`]).
+    fn pinned(device: &dyn Device, capacity: usize) -> Result<Option<Self>> {
+        let Some(mut memory) = device.try_allocate_staging(capacity.max(1))? else {
+            return Ok(None);
+        };
         let bytes = memory.as_mut_slice();
         if bytes.len() < capacity || bytes.as_ptr().align_offset(BUFFER_ALIGNMENT) != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -197,11 +200,11 @@ impl Block {
         }
         let ptr = NonNull::new(bytes.as_mut_ptr())
             .ok_or_else(|| Error::InvalidArgument("staging memory at address 0".into()))?;
-        Ok(Self {
+        Ok(Some(Self {
             ptr,
             capacity,
             backing: Backing::Pinned(memory),
-        })
+        }))
     }
 
     fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
@@ -314,9 +317,10 @@ impl HostPool {
     /// than go beyond it. Memory a device copies to and from directly, so that a download
     /// lands in it with no staging copy, and an upload of what it holds is a direct copy.
     ///
-    /// Blocks come from [`Device::allocate_staging`] (on CUDA, `cuMemHostAlloc`, which
-    /// synchronizes the device: a pool reused in steady state allocates none) and go back
-    /// to the device only when the pool is trimmed or dropped, or to make room for
+    /// Blocks come from [`Device::try_allocate_staging`] (on CUDA, blocks of the pinned
+    /// memory the device reserved, with no driver call: allocating pinned memory would
+    /// synchronize the device; where the device has none left, the pool is full) and go
+    /// back to the device only when the pool is trimmed or dropped, or to make room for
     /// another size.
     ///
     /// ```
@@ -471,7 +475,27 @@ impl HostPool {
         let block = match cached {
             Some(block) => block,
             None => match self.new_block(class) {
-                Ok(block) => block,
+                Ok(Some(block)) => block,
+                Ok(None) => {
+                    // The device has no pinned memory to hand out without allocating: the
+                    // cache's blocks go back to it, and it is asked once more.
+                    self.state().stats.in_use_bytes -= class;
+                    let again = if self.trim() > 0 {
+                        self.new_block(class)?
+                    } else {
+                        None
+                    };
+                    match again {
+                        Some(block) => {
+                            self.state().stats.in_use_bytes += class;
+                            block
+                        }
+                        None => {
+                            self.state().stats.exhausted += 1;
+                            return Ok(None);
+                        }
+                    }
+                }
                 Err(e) => {
                     // Out of memory: give the cache back and try once more.
                     self.state().stats.in_use_bytes -= class;
@@ -479,9 +503,17 @@ impl HostPool {
                         return Err(e);
                     }
                     self.state().stats.in_use_bytes += class;
-                    self.new_block(class).inspect_err(|_| {
-                        self.state().stats.in_use_bytes -= class;
-                    })?
+                    self.new_block(class)
+                        .and_then(|block| {
+                            block.ok_or_else(|| {
+                                Error::InvalidArgument(format!(
+                                    "no pinned memory for a block of {class} bytes"
+                                ))
+                            })
+                        })
+                        .inspect_err(|_| {
+                            self.state().stats.in_use_bytes -= class;
+                        })?
                 }
             },
         };
@@ -493,10 +525,12 @@ impl HostPool {
         }))
     }
 
-    fn new_block(&self, class: usize) -> Result<Block> {
+    /// A new block of `class` bytes; `None` where a pool of pinned memory's device has
+    /// none to hand out without allocating.
+    fn new_block(&self, class: usize) -> Result<Option<Block>> {
         match &self.pinned {
             Some(device) => Block::pinned(device.as_ref(), class),
-            None => Block::new(class),
+            None => Block::new(class).map(Some),
         }
     }
 

@@ -154,12 +154,11 @@ pub struct TransferOptions {
     /// land in pageable memory through staging instead, and
     /// [`Transfer::host_memory_note`] says why. 0: always pageable memory.
     ///
-    /// The pool's first block of each size is allocated when a download first needs it
-    /// (on CUDA `cuMemHostAlloc`, which NVIDIA documents as synchronizing: work enqueued
-    /// afterwards on any stream of the device waits for all the work enqueued before);
-    /// once the sizes of a workload are cached, downloads make no such call. A first
-    /// download that must not wait for other streams follows a warm-up download of the
-    /// same size, or sets this to 0 (after [`Transfer::prepare`]).
+    /// On CUDA the pool's blocks are blocks of the pinned memory the device's context
+    /// reserved (`CudaDevice::reserve_pinned`), taken and given back with no driver call
+    /// (allocating pinned memory, `cuMemHostAlloc`, is documented as synchronizing the
+    /// device): a download of a cold transfer waits for no other stream. Where the
+    /// reserve has no room left, the pool counts as full.
     pub pinned_host_bytes: usize,
 }
 
@@ -327,19 +326,27 @@ impl Transfer {
     /// ([`TransferOptions::staging_bytes`] in all), instead of as the first transfers
     /// need them; a no-op where the host reads the device's memory directly (no staging).
     ///
-    /// On CUDA the staging memory is pinned, and allocating pinned memory
-    /// (`cuMemHostAlloc`) is one of the calls NVIDIA documents as implicitly synchronizing:
+    /// On CUDA the staging memory is a block of the pinned memory the device's context
+    /// reserved (a `CudaDevice` reserves 128 MiB when its context's first is made, and
+    /// never allocates pinned memory after that unless asked: beyond its reserve, staging
+    /// is pageable, and slower); this is such an ask, an explicit warm-up: it first
+    /// makes sure the reserve has room for the whole staging
+    /// ([`Device::reserve_staging`]), allocating pinned memory if not
+    /// (`cuMemHostAlloc`, one of the calls NVIDIA documents as implicitly synchronizing:
     /// work enqueued afterwards on any stream of the device runs only after all the work
-    /// enqueued before it, another library's included. Prepared at setup, the transfers
+    /// enqueued before it, another library's included). Prepared or not, the transfers
     /// that follow make no such call: a stream held by someone else does not delay them.
-    /// (Staging given back by a dropped transfer of the same `CudaDevice` is reused
-    /// without that call.)
     pub fn prepare(&mut self) -> Result<()> {
         if self.device.host_accessible() {
             return Ok(());
         }
         let chunk = self.full_chunk();
         let (_, stages) = self.geometry(chunk);
+        let held: usize = (0..stages)
+            .filter(|&i| self.stages.get(i).is_some_and(|s| s.memory.is_some()))
+            .count();
+        self.device
+            .reserve_staging((stages - held.min(stages)) * chunk)?;
         for i in 0..stages {
             self.stage(i, chunk)?;
         }
@@ -366,9 +373,8 @@ impl Transfer {
     /// Takes stage `i`, waiting for its last copy to finish and allocating it if needed.
     ///
     /// A stage is allocated once at the full chunk size, whatever the first transfer
-    /// needs: growing it later would free and allocate pinned memory in the middle of a
-    /// pipeline, and `cuMemFreeHost` / `cuMemHostAlloc` stall every stream of the device
-    /// (other libraries' work too).
+    /// needs, so that it never grows (on CUDA a block of the context's pinned reserve,
+    /// taken with no driver call).
     fn stage(&mut self, i: usize, chunk: usize) -> Result<&mut Box<dyn StagingMemory>> {
         let size = chunk.max(self.full_chunk());
         if self.stages.len() <= i {

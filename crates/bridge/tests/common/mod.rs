@@ -382,6 +382,25 @@ unsafe impl Device for InstrumentedDevice {
         let inner = self.inner.allocate_staging(len)?;
         Ok(Box::new(Counted::new(inner, &self.live)))
     }
+    fn try_allocate_staging(
+        &self,
+        len: usize,
+    ) -> devarrow_abi::Result<Option<Box<dyn StagingMemory>>> {
+        if self.refuse_staging_from.is_some_and(|from| len >= from) {
+            return Err(Error::Device {
+                device: "TEST",
+                source: format!("{len} bytes of pinned memory refused").into(),
+            });
+        }
+        let Some(inner) = self.inner.try_allocate_staging(len)? else {
+            return Ok(None);
+        };
+        self.staging.lock().unwrap().push(len);
+        Ok(Some(Box::new(Counted::new(inner, &self.live))))
+    }
+    fn reserve_staging(&self, bytes: usize) -> devarrow_abi::Result<()> {
+        self.inner.reserve_staging(bytes)
+    }
     unsafe fn copy_to_device(
         &self,
         src: *const u8,

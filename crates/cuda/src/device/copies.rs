@@ -24,8 +24,10 @@ use crate::host_register::{self, Registered};
 use crate::kernels::{self, CopySegment};
 use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
 
+use super::arena::ArenaBlock;
+
 use super::event::CudaSyncEvent;
-use super::{CudaDevice, Direction, DESCRIPTOR_STAGING_BYTES};
+use super::{CudaDevice, DescriptorStaging, Direction};
 
 /// Per pair of contexts (their `cuCtxGetId`s: this device's, the source memory's):
 /// whether copies go device to device (`cuDeviceCanAccessPeer` said so and peer access
@@ -65,93 +67,73 @@ unsafe impl DeviceMemory for TransferMemory {
     }
 }
 
-/// Pinned host staging memory of a [`CudaDevice`], registered (while it lives) in
-/// the process-wide registry [`CudaDevice::is_pinned`] answers from.
+/// Host staging memory of a [`CudaDevice`]: a block of the pinned memory its context
+/// reserved ([`CudaDevice::reserve_pinned`]), registered (while it lives) in the
+/// process-wide registry [`CudaDevice::is_pinned`] answers from; or, where the reserved
+/// memory has no room for it, pageable memory ([`PinnedStaging::is_pinned`] says which).
 ///
-/// Dropped, its buffer goes back to the device's cache (up to 128 MiB per device), and the next [`Device::allocate_staging`] of the same size
-/// takes it (zeroed again) instead of allocating: `cuMemHostAlloc` is an implicit
-/// synchronization (NVIDIA's programming guide: it orders every stream of the device
-/// after the work enqueued before it, other libraries' work included), and
+/// Neither allocating nor dropping it makes a driver call: `cuMemHostAlloc` is an
+/// implicit synchronization (NVIDIA's programming guide: it orders every stream of the
+/// device after the work enqueued before it, other libraries' work included), and
 /// `cuMemFreeHost` may block the host until the whole device is idle (AMD documents that
-/// for `hipHostFree`; the emulated driver does it), so a new `Transfer` or stream per
-/// batch or file must not make them every time. The memory must be unused by pending copies when the value
-/// drops, as for any staging memory.
+/// for `hipHostFree`; the emulated driver does it), so neither may run in a pipeline,
+/// nor when a user drops a batch downloaded into such memory. A dropped block's range
+/// goes back to the context's pinned memory for the next. Pageable staging is correct
+/// but slower: copies from it are staged by the driver, copies into it return only once
+/// they have run. The memory must be unused by pending copies when the value drops, as
+/// for any staging memory.
 #[derive(Debug)]
 pub struct PinnedStaging {
-    buffer: Option<PinnedHostBuffer>,
-    cache: Arc<StagingCache>,
+    memory: StagingBacking,
+}
+
+#[derive(Debug)]
+enum StagingBacking {
+    Pinned(ArenaBlock),
+    Pageable(Box<[u8]>),
 }
 
 impl PinnedStaging {
-    fn new(buffer: PinnedHostBuffer, cache: Arc<StagingCache>) -> Self {
-        CUDA_PINNED.register(buffer.as_slice().as_ptr(), buffer.as_slice().len());
+    fn pinned(block: ArenaBlock) -> Self {
+        CUDA_PINNED.register(block.as_slice().as_ptr(), block.as_slice().len());
         Self {
-            buffer: Some(buffer),
-            cache,
+            memory: StagingBacking::Pinned(block),
         }
     }
 
-    /// The underlying pinned buffer.
-    pub fn buffer(&self) -> &PinnedHostBuffer {
-        self.buffer.as_ref().expect("until dropped")
-    }
-
-    fn buffer_mut(&mut self) -> &mut PinnedHostBuffer {
-        self.buffer.as_mut().expect("until dropped")
+    /// Whether the memory is pinned (a block of the reserved pinned memory), not the
+    /// pageable memory handed out beyond it.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.memory, StagingBacking::Pinned(_))
     }
 }
 
 impl Drop for PinnedStaging {
     fn drop(&mut self) {
-        if let Some(buffer) = self.buffer.take() {
-            CUDA_PINNED.unregister(buffer.as_slice().as_ptr());
-            self.cache.give_back(buffer);
+        if let StagingBacking::Pinned(block) = &self.memory {
+            CUDA_PINNED.unregister(block.as_slice().as_ptr());
         }
     }
 }
 
-/// At most this many bytes of idle staging memory are kept per [`CudaDevice`] (two
-/// `Transfer`s' worth of the default 64 MiB of staging).
-const MAX_IDLE_STAGING_BYTES: usize = 128 << 20;
-
-/// The idle staging buffers of a [`CudaDevice`] (see [`PinnedStaging`]): freed when the
-/// device and every staging buffer taken from it are gone.
-#[derive(Debug, Default)]
-pub(super) struct StagingCache {
-    idle: Mutex<Vec<PinnedHostBuffer>>,
-}
-
-impl StagingCache {
-    /// An idle buffer of exactly `len` bytes, zeroed, if one is kept (the one given back
-    /// last).
-    fn take(&self, len: usize) -> Option<PinnedHostBuffer> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let at = idle.iter().rposition(|b| b.len() == len)?;
-        let mut buffer = idle.remove(at);
-        drop(idle);
-        buffer.as_mut_slice().fill(0);
-        Some(buffer)
-    }
-
-    /// Keeps `buffer` for reuse, freeing (`cuMemFreeHost`) the buffers given back
-    /// longest ago beyond [`MAX_IDLE_STAGING_BYTES`] (`buffer` itself when it is larger).
-    fn give_back(&self, buffer: PinnedHostBuffer) {
-        if buffer.len() == 0 {
-            return;
+impl CudaDevice {
+    /// Staging of `len` bytes: a block of the context's reserved pinned memory, else
+    /// pageable memory (zeroed), counted ([`CudaDevice::pageable_staging`]).
+    fn staging_of(&self, len: usize) -> PinnedStaging {
+        match self.pinned.allocate(len) {
+            Some(block) => PinnedStaging::pinned(block),
+            None => {
+                self.pageable_staging.fetch_add(1, Ordering::Relaxed);
+                PinnedStaging {
+                    memory: StagingBacking::Pageable(vec![0; len].into_boxed_slice()),
+                }
+            }
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.push(buffer);
-        let mut kept: usize = idle.iter().map(PinnedHostBuffer::len).sum();
-        let mut evicted = Vec::new();
-        while kept > MAX_IDLE_STAGING_BYTES {
-            let oldest = idle.remove(0);
-            kept -= oldest.len();
-            evicted.push(oldest);
-        }
-        drop(idle);
-        drop(evicted);
     }
 }
+
+/// The bytes of one descriptor of `dvx_batched_copy` (a [`CopySegment`]).
+const DESCRIPTOR_BYTES: usize = std::mem::size_of::<CopySegment>();
 
 /// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
 /// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaDevice`]) can DMA it.
@@ -182,13 +164,20 @@ fn driver_reports_pinned(first: usize, last: usize) -> bool {
     pointer_type_and_buffer(last) == (first_type, first_buffer)
 }
 
-// SAFETY: both slices cover the one pinned allocation the value owns, never reallocated.
+// SAFETY: both slices cover the one allocation the value owns (a block of a slab, or a
+// boxed slice), never reallocated nor moved while the value lives.
 unsafe impl StagingMemory for PinnedStaging {
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.buffer_mut().as_mut_slice()
+        match &mut self.memory {
+            StagingBacking::Pinned(block) => block.as_mut_slice(),
+            StagingBacking::Pageable(bytes) => bytes,
+        }
     }
     fn as_slice(&self) -> &[u8] {
-        self.buffer().as_slice()
+        match &self.memory {
+            StagingBacking::Pinned(block) => block.as_slice(),
+            StagingBacking::Pageable(bytes) => bytes,
+        }
     }
 }
 
@@ -218,14 +207,28 @@ unsafe impl Device for CudaDevice {
         Some(self)
     }
 
-    /// Pinned memory (`cuMemHostAlloc`), zeroed: an idle buffer of `len` bytes from the
-    /// device's cache when there is one (see [`PinnedStaging`]), else a new allocation.
+    /// A block of the context's reserved pinned memory ([`PinnedStaging`]), or pageable
+    /// memory (zeroed) where the reserve has no room for `len` bytes: never a driver call.
     fn allocate_staging(&self, len: usize) -> devarrow_abi::Result<Box<dyn StagingMemory>> {
-        let buffer = match self.staging.take(len) {
-            Some(buffer) => buffer,
-            None => PinnedHostBuffer::alloc(&self.device, len)?,
-        };
-        Ok(Box::new(PinnedStaging::new(buffer, self.staging.clone())))
+        Ok(Box::new(self.staging_of(len)))
+    }
+
+    /// A block of the context's reserved pinned memory, or `None` where it has no room
+    /// for `len` bytes: never a driver call.
+    fn try_allocate_staging(
+        &self,
+        len: usize,
+    ) -> devarrow_abi::Result<Option<Box<dyn StagingMemory>>> {
+        Ok(self
+            .pinned
+            .allocate(len)
+            .map(|block| Box::new(PinnedStaging::pinned(block)) as Box<dyn StagingMemory>))
+    }
+
+    /// [`CudaDevice::reserve_pinned`]: an explicit warm-up.
+    fn reserve_staging(&self, bytes: usize) -> devarrow_abi::Result<()> {
+        self.reserve_pinned(bytes)?;
+        Ok(())
     }
 
     unsafe fn copy_to_device(
@@ -324,11 +327,14 @@ unsafe impl Device for CudaDevice {
         Ok(())
     }
 
-    /// One `dvx_batched_copy` launch on the device's stream for all `copies` (cut into
-    /// pieces by [`kernels::plan_batched_copy`]). The descriptor table is written to
-    /// reused pinned memory, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
-    /// device table (freed in stream order after the kernel): nothing blocks the host,
-    /// unless the previous call's upload has not yet run.
+    /// `dvx_batched_copy` launches on the device's stream for all `copies` (cut into
+    /// pieces by [`kernels::plan_batched_copy`]): one per table of at most one wave of
+    /// the kernel's resident warps (the size a plan has unless it copies more segments
+    /// than that). Each table is written to one of two slots of pinned memory allocated
+    /// when the device was made, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
+    /// device table (freed in stream order after its kernel): no driver call that
+    /// synchronizes, and nothing blocks the host unless the upload of the table before
+    /// last has not yet run.
     unsafe fn copy_on_device(
         &self,
         copies: &[devarrow_abi::device::DeviceCopy],
@@ -353,64 +359,76 @@ unsafe impl Device for CudaDevice {
         }
         self.bind()?;
         let pieces = kernels::plan_batched_copy(&self.stream, &segments)?;
-        let bytes = std::mem::size_of_val(&pieces[..]);
-        let mut staging = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(event) = staging.uploaded.take() {
-            context::sync_event(&event)?;
-        }
-        // 64 KiB (2,730 descriptors) from the start, doubling past that: regrowing frees
-        // and allocates pinned memory, which stalls every stream of the device.
-        if staging.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
-            staging.buffer = None;
-            staging.buffer = Some(PinnedHostBuffer::alloc(
+        let mut tables = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
+        if tables.buffer.is_none() {
+            // Only where the allocation at open failed (then this one likely fails too):
+            // a `cuMemHostAlloc` here is an implicit synchronization.
+            tables.buffer = Some(PinnedHostBuffer::alloc(
                 &self.device,
-                bytes.next_power_of_two().max(DESCRIPTOR_STAGING_BYTES),
+                DescriptorStaging::SLOTS * tables.capacity * DESCRIPTOR_BYTES,
             )?);
         }
-        let host = staging.buffer.as_mut().expect("allocated above");
-        for (out, piece) in host.as_mut_slice().chunks_exact_mut(24).zip(&pieces) {
-            out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
-            out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
-            out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
-        }
-        let table = DeviceBuffer::alloc(&self.stream, bytes)?;
-        // SAFETY: `host` is pinned memory of at least `bytes` bytes that is not written
-        // again before the event recorded next has completed (see above); `table` is a
-        // fresh device allocation of `bytes` bytes on this stream; the context is bound.
-        unsafe {
-            driver::memcpy_htod_async(
-                table.device_ptr(),
-                host.as_slice().as_ptr().cast(),
-                bytes,
-                self.stream.cu_stream(),
-            )
-        }?;
-        let recorded = self
-            .device
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .call("cuEventCreate")
-            .and_then(|event| {
+        // One launch per `capacity` descriptors, each table written to the next slot of
+        // the pinned memory once that slot's last upload has run: the table never grows,
+        // whatever the number of copies.
+        for chunk in pieces.chunks(tables.capacity) {
+            let slot = tables.next;
+            tables.next = (slot + 1) % DescriptorStaging::SLOTS;
+            if let Some(event) = &tables.uploaded[slot] {
+                context::sync_event(event)?;
+            }
+            let bytes = std::mem::size_of_val(chunk);
+            let at = slot * tables.capacity * DESCRIPTOR_BYTES;
+            let host = tables.buffer.as_mut().expect("allocated above");
+            let host = &mut host.as_mut_slice()[at..at + bytes];
+            for (out, piece) in host.chunks_exact_mut(DESCRIPTOR_BYTES).zip(chunk) {
+                out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
+                out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
+                out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
+            }
+            let source = host.as_ptr();
+            let table = DeviceBuffer::alloc(&self.stream, bytes)?;
+            // SAFETY: `source` is `bytes` bytes of pinned memory (this slot) that is not
+            // written again before the event recorded next has completed (waited for
+            // above, the next time the slot comes round); `table` is a fresh device
+            // allocation of `bytes` bytes on this stream; the context is bound.
+            unsafe {
+                driver::memcpy_htod_async(
+                    table.device_ptr(),
+                    source.cast(),
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }?;
+            let event = match tables.uploaded[slot].take() {
+                Some(event) => Ok(event),
+                None => self
+                    .device
+                    .context()
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .call("cuEventCreate"),
+            };
+            let recorded = event.and_then(|event| {
                 event.record(&self.stream).call("cuEventRecord")?;
                 Ok(event)
             });
-        match recorded {
-            Ok(event) => staging.uploaded = Some(event),
-            Err(e) => {
-                // Without an event the pinned table must not be reused before the upload
-                // ran: wait for it here.
-                let _ = context::sync_stream(&self.stream);
-                return Err(e.into());
+            match recorded {
+                Ok(event) => tables.uploaded[slot] = Some(event),
+                Err(e) => {
+                    // Without an event the slot must not be reused before the upload ran:
+                    // wait for it here.
+                    let _ = context::sync_stream(&self.stream);
+                    return Err(e.into());
+                }
             }
+            // SAFETY: the table holds `chunk.len()` descriptors (uploaded before the
+            // launch in stream order) and is freed in stream order after it (dropped
+            // below); the ranges are the caller's guarantee.
+            unsafe {
+                kernels::launch_batched_copy(&self.stream, table.device_ptr(), chunk.len() as u64)
+            }?;
+            drop(table);
         }
-        drop(staging);
-        // SAFETY: the table holds `pieces.len()` descriptors (uploaded before the launch
-        // in stream order) and is freed in stream order after it (dropped below); the
-        // ranges are the caller's guarantee.
-        unsafe {
-            kernels::launch_batched_copy(&self.stream, table.device_ptr(), pieces.len() as u64)
-        }?;
-        drop(table);
         Ok(())
     }
 

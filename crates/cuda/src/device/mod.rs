@@ -36,11 +36,13 @@ use crate::error::{CudaError, Result};
 use crate::memory::PinnedHostBuffer;
 use crate::primary_context::PrimaryContext;
 
+mod arena;
 mod copies;
 pub(crate) mod event;
 mod kernels;
 
-use copies::StagingCache;
+use arena::PinnedArena;
+pub use arena::{PinnedStats, DEFAULT_PINNED_RESERVE_BYTES};
 pub use copies::{PinnedStaging, TransferMemory};
 pub use event::CudaSyncEvent;
 use event::EventPool;
@@ -101,9 +103,11 @@ pub struct CudaDevice {
     stream: DropInContext<Arc<CudaStream>>,
     copies: AtomicU64,
     descriptors: Mutex<DescriptorStaging>,
-    /// Staging buffers given back by dropped [`PinnedStaging`]s, for the next
-    /// [`Device::allocate_staging`].
-    staging: Arc<StagingCache>,
+    /// The pinned memory of the device's context that staging and download blocks are
+    /// handed out from ([`CudaDevice::reserve_pinned`]).
+    pinned: Arc<PinnedArena>,
+    /// Staging handed out as pageable memory: the reserved pinned memory had no room.
+    pageable_staging: AtomicU64,
     options: CudaDeviceOptions,
     events: Arc<EventPool>,
     /// Whether `cuMemcpyBatchAsync` is there: [`BATCH_UNKNOWN`] until first needed.
@@ -253,23 +257,35 @@ impl CudaDeviceOptions {
     }
 }
 
-/// The pinned memory for descriptor tables a [`CudaDevice`] starts with (2,730
-/// descriptors of [`Device::copy_on_device`]).
-const DESCRIPTOR_STAGING_BYTES: usize = 64 << 10;
+/// The descriptors a table of [`Device::copy_on_device`] holds at least (64 KiB), where
+/// the kernels could not say how many warps are resident.
+const MIN_DESCRIPTORS: usize = 2730;
 
 /// The pinned host memory the descriptor tables of [`Device::copy_on_device`] are
-/// uploaded from (reused by every call), and the event after its last upload: the next
-/// call overwrites it only once that upload has completed.
-#[derive(Default)]
+/// uploaded from: [`DescriptorStaging::SLOTS`] slots of `capacity` descriptors each,
+/// allocated when the device is made and never regrown (a plan of more descriptors is
+/// launched in several tables), and the event after each slot's last upload: a slot is
+/// overwritten only once that upload has completed.
 struct DescriptorStaging {
     buffer: Option<PinnedHostBuffer>,
-    uploaded: Option<CudaEvent>,
+    /// Descriptors per slot: one wave of `dvx_batched_copy`'s resident warps, the most
+    /// pieces a plan of up to a quarter that many segments has.
+    capacity: usize,
+    /// The slot the next table goes to.
+    next: usize,
+    uploaded: [Option<CudaEvent>; DescriptorStaging::SLOTS],
+}
+
+impl DescriptorStaging {
+    /// Two slots: a call's table is written while the previous call's may still be
+    /// waiting to upload behind other work of the stream.
+    const SLOTS: usize = 2;
 }
 
 impl Drop for DescriptorStaging {
     fn drop(&mut self) {
-        // The last upload may still read the pinned buffer: let it finish first.
-        if let Some(event) = self.uploaded.take() {
+        // The last uploads may still read the pinned buffer: let them finish first.
+        for event in self.uploaded.iter_mut().filter_map(Option::take) {
             if let Ok(_bound) = ContextGuard::enter(event.context()) {
                 // SAFETY: the event is live (we own it) and its context is bound.
                 let _ = unsafe { driver::event_synchronize(event.cu_event()) };
@@ -339,29 +355,48 @@ impl CudaDevice {
     }
 
     fn with(device: PrimaryContext, stream: Arc<CudaStream>) -> Self {
-        // The descriptor tables' pinned memory, allocated now rather than by the first
-        // copy on the device (an import, a download of an imported batch): that
-        // `cuMemHostAlloc` orders every stream of the device after the work enqueued
-        // before it (an implicit synchronization), which at open is normally nothing,
-        // and in the middle of a pipeline another library's work. Where it fails, the
-        // first copy allocates it.
-        let descriptors = DescriptorStaging {
-            buffer: PinnedHostBuffer::alloc(&device, DESCRIPTOR_STAGING_BYTES).ok(),
-            uploaded: None,
-        };
         // devarrow's kernels, loaded now (once per context) rather than by the first
         // launch: with lazy loading, the driver's default since CUDA 12.2, loading a
         // kernel "might require context synchronization" (CUDA C++ Programming Guide,
         // "Lazy Loading", "Potential Hazards"), which in the middle of a pipeline would
         // wait for another library's work. Where it fails, the first launch loads them
         // and reports the error.
-        let _ = crate::kernels::Kernels::for_context(device.context());
+        let kernels = crate::kernels::Kernels::for_context(device.context()).ok();
+        // The descriptor tables' pinned memory, allocated now rather than by the first
+        // copy on the device (an import, a download of an imported batch): that
+        // `cuMemHostAlloc` orders every stream of the device after the work enqueued
+        // before it (an implicit synchronization), which at open is normally nothing,
+        // and in the middle of a pipeline another library's work. Sized for one wave
+        // of the copy kernel's resident warps per table, the most pieces a plan has
+        // unless it copies more segments than a quarter of that: such plans take
+        // several tables, so it never regrows. Where it fails, the first copy allocates
+        // it.
+        let capacity = kernels
+            .as_ref()
+            .map_or(MIN_DESCRIPTORS, |k| k.batched_copy_warps() as usize)
+            .max(MIN_DESCRIPTORS);
+        let descriptors = DescriptorStaging {
+            buffer: PinnedHostBuffer::alloc(
+                &device,
+                DescriptorStaging::SLOTS
+                    * capacity
+                    * std::mem::size_of::<crate::kernels::CopySegment>(),
+            )
+            .ok(),
+            capacity,
+            next: 0,
+            uploaded: [None, None],
+        };
+        // The context's pinned memory for staging and downloads: reserved now when no
+        // other `CudaDevice` of the context holds it (see `arena.rs`).
+        let pinned = PinnedArena::for_context(&device);
         Self {
             device,
             stream: DropInContext::new(stream),
             copies: AtomicU64::new(0),
             descriptors: Mutex::new(descriptors),
-            staging: Arc::default(),
+            pinned,
+            pageable_staging: AtomicU64::new(0),
             options: CudaDeviceOptions::default(),
             events: Arc::default(),
             batch_copy: AtomicU8::new(BATCH_UNKNOWN),
@@ -370,6 +405,55 @@ impl CudaDevice {
             ranges_registered: AtomicU64::new(0),
             registrations_refused: AtomicU64::new(0),
         }
+    }
+
+    /// An explicit warm-up: makes sure the pinned memory of the device's context (which
+    /// every `CudaDevice` of the context shares) has a free range of at least `bytes`,
+    /// allocating a slab of that size where it has not (`cuMemHostAlloc`, zeroed once).
+    /// Returns the bytes allocated (0: it had room).
+    ///
+    /// Staging ([`Device::allocate_staging`](devarrow_abi::device::Device::allocate_staging)) and the pinned blocks downloads land in
+    /// (`devarrow_bridge`'s `TransferOptions::pinned_host_bytes`) are handed out from
+    /// that memory with no driver call, and given back to it with none; the first
+    /// `CudaDevice` of a context reserves [`DEFAULT_PINNED_RESERVE_BYTES`], and nothing
+    /// else ever allocates pinned memory for them: beyond the reserve, staging is pageable
+    /// memory and downloads land in pageable memory. Allocating pinned memory is an
+    /// implicit synchronization of the device (work enqueued afterwards on any stream
+    /// waits for all work enqueued before, other libraries' included): call this at
+    /// set-up (devarrow_bridge's `Transfer::prepare` does, for its staging).
+    pub fn reserve_pinned(&self, bytes: usize) -> Result<usize> {
+        self.pinned.reserve(bytes)
+    }
+
+    /// An explicit trim: gives back to the driver (`cuMemFreeHost`, which may wait for
+    /// the whole device) every slab of the context's pinned memory that no block is
+    /// taken from, the one reserved at open included; returns the bytes freed. Without
+    /// it, the slabs are freed when the last `CudaDevice` of the context and the last
+    /// block taken from them are gone.
+    pub fn trim_pinned(&self) -> usize {
+        self.pinned.trim()
+    }
+
+    /// How much pinned memory the device's context holds for staging and downloads,
+    /// and how much of it is in use ([`CudaDevice::reserve_pinned`]).
+    pub fn pinned_stats(&self) -> PinnedStats {
+        self.pinned.stats()
+    }
+
+    /// How many staging allocations this device handed out as pageable memory because
+    /// the reserved pinned memory had no room for them
+    /// ([`CudaDevice::reserve_pinned`]).
+    pub fn pageable_staging(&self) -> u64 {
+        self.pageable_staging.load(Ordering::Relaxed)
+    }
+
+    /// Descriptors per table of [`Device::copy_on_device`] (one kernel launch each):
+    /// about one wave of the copy kernel's resident warps, fixed when the device was made.
+    pub fn descriptors_per_table(&self) -> usize {
+        self.descriptors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .capacity
     }
 
     /// The device with `options` (set before the device is shared: events already

@@ -101,8 +101,9 @@
 //!   (`devarrow-emu: fatal: <call>: ...` on stderr, then `abort`): NVIDIA's driver
 //!   dereferences handles without validating them, so such a call crashes there, and no
 //!   test may expect an error code from it. NULL, `CU_STREAM_LEGACY` and
-//!   `CU_STREAM_PER_THREAD` are valid stream handles (the last answers
-//!   `CUDA_ERROR_NOT_SUPPORTED`: not emulated); a live stream of another context is
+//!   `CU_STREAM_PER_THREAD` are valid stream handles (the last names the calling
+//!   thread's per-thread default stream, made on first use, blocking: it synchronizes
+//!   with the legacy NULL stream only); a live stream of another context is
 //!   `CUDA_ERROR_INVALID_CONTEXT`, and a handle that went with its context (destroyed or
 //!   reset) `CUDA_ERROR_INVALID_HANDLE`.
 //! - **Implicit synchronization** ([`sync`]): the calls NVIDIA documents as synchronizing

@@ -55,6 +55,9 @@ pub(crate) struct Context {
     /// whose worker still runs the work enqueued before the destroy (a context
     /// synchronization or destruction waits for that work too).
     pub streams: Mutex<Vec<Arc<Stream>>>,
+    /// The per-thread default streams (`CU_STREAM_PER_THREAD`) of the threads that used
+    /// one, each also in `streams`.
+    pub per_thread: Mutex<HashMap<std::thread::ThreadId, Arc<Stream>>>,
     pub flags: AtomicU32,
     pub limits: Mutex<HashMap<u32, usize>>,
     pub cache_config: AtomicU32,
@@ -162,15 +165,32 @@ impl Context {
         Ok(())
     }
 
+    /// The calling thread's per-thread default stream of this context
+    /// (`CU_STREAM_PER_THREAD`), made on its first use: as NVIDIA documents it, "not a
+    /// non-blocking stream", so it synchronizes with the legacy NULL stream (it waits for
+    /// it, and the NULL stream waits for it, as for any blocking stream), and with no
+    /// other stream (CUDA driver API, "Stream synchronization behavior", "Per-thread
+    /// default stream"). Each thread has its own; it lives as long as the context.
+    pub fn per_thread_stream(&self) -> Arc<Stream> {
+        let thread = std::thread::current().id();
+        let mut per_thread = lock(&self.per_thread);
+        if let Some(stream) = per_thread.get(&thread) {
+            return stream.clone();
+        }
+        let d = driver();
+        let stream = Stream::spawn(d.new_handle(), self.shared.clone(), &d.mem, 0, 0, false);
+        lock(&self.streams).push(stream.clone());
+        per_thread.insert(thread, stream.clone());
+        stream
+    }
+
     /// The stream a `CUstream` handle names in this context (NULL and
-    /// `CU_STREAM_LEGACY` are the legacy NULL stream).
+    /// `CU_STREAM_LEGACY` are the legacy NULL stream, `CU_STREAM_PER_THREAD` the calling
+    /// thread's per-thread default stream).
     pub fn stream(&self, handle: u64) -> R<Arc<Stream>> {
         match handle {
             0 | 1 => Ok(self.null_stream.clone()),
-            2 => {
-                eprintln!("devarrow-emu: CU_STREAM_PER_THREAD is not emulated");
-                Err(CUDA_ERROR_NOT_SUPPORTED)
-            }
+            2 => Ok(self.per_thread_stream()),
             h => match driver().get(h) {
                 Some(Object::Stream(s)) if s.ctx.handle == self.handle() => Ok(s),
                 Some(Object::Stream(_)) => Err(CUDA_ERROR_INVALID_CONTEXT),
@@ -328,6 +348,7 @@ impl Driver {
             shared,
             null_stream,
             streams: Mutex::new(Vec::new()),
+            per_thread: Mutex::new(HashMap::new()),
             flags: AtomicU32::new(p.flags),
             limits: Mutex::new(HashMap::new()),
             cache_config: AtomicU32::new(0),
@@ -407,6 +428,7 @@ impl Driver {
             s.wait_exited();
         }
         lock(&ctx.streams).clear();
+        lock(&ctx.per_thread).clear();
         self.mem.free_all_of(ctx.device(), ctx.handle());
         // Peer access to this context ends with it (a new one starts without).
         let bit = !(1u64 << ctx.device());
