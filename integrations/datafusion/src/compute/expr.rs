@@ -54,7 +54,7 @@ pub(crate) enum Node {
     Column {
         index: usize,
         name: String,
-        #[allow(dead_code)] // (CUDA, soon)
+        #[allow(dead_code)] // its type, for Debug
         data_type: DataType,
     },
     /// A constant (`None`: null).
@@ -372,7 +372,6 @@ fn cast_node(
     })
 }
 
-#[allow(dead_code)] // (CUDA, soon)
 impl Node {
     /// Whether evaluating it may raise an error (an overflow check).
     pub(crate) fn may_fail(&self) -> bool {
