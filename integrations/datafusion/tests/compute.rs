@@ -211,6 +211,9 @@ pub async fn check_expressions(device: &ExecDevice) {
         "CAST(x AS BIGINT)",
         "TRY_CAST(a AS DECIMAL(5,2))",
         "CAST(NULL AS INT) + x",
+        "-a",
+        "-x + y",
+        "-(a - b)",
         "a + CAST(NULL AS DECIMAL(15,2))",
     ];
     for text in exprs {
@@ -541,6 +544,62 @@ pub async fn check_aggregates(device: &ExecDevice) {
     )
     .await;
     check_partial_aggregate(&typed, "SELECT a, count(*) FROM t GROUP BY a", device).await;
+    // Sums beyond 64 bits (40 values near 9e17), negative sums, min and max.
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, sum(big), sum(-big), min(big), max(-big), avg(big) FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT sum(big), sum(-big), sum(big * 3), min(big), max(big) FROM t",
+        device,
+    )
+    .await;
+    // Thousands of groups: collisions and probing in the group table.
+    check_partial_aggregate(
+        &ctx,
+        "SELECT l_orderkey, l_returnflag, count(*), sum(l_quantity), min(l_shipdate), \
+         max(l_extendedprice) FROM lineitem GROUP BY l_orderkey, l_returnflag",
+        device,
+    )
+    .await;
+}
+
+/// A frame of no rows: empty columns, no group (one row of empty states without keys).
+pub async fn check_empty_frames(device: &ExecDevice) {
+    let ctx = typed_session();
+    let (e, schema, batches) = projection(&ctx, "a * b + a").await;
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let empty = batches[0].slice(0, 0);
+    let got = compiled.evaluate(&upload(&empty, device), device).unwrap();
+    assert_eq!(got.len(), 0);
+    assert_eq!(download(&got, device).len(), 0);
+    for sql in [
+        "SELECT k, sum(a), count(*) FROM t GROUP BY k",
+        "SELECT sum(a), count(*), min(x), avg(b) FROM t",
+    ] {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut node = find::<AggregateExec>(&plan).unwrap();
+        if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
+            node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
+        }
+        let partial = node.downcast_ref::<AggregateExec>().unwrap();
+        let compiled = DevicePartialAggregate::compile(partial).unwrap();
+        let input = partial.input().schema();
+        let empty = RecordBatch::new_empty(input.clone());
+        let got = compiled.run(&upload(&empty, device), device).unwrap();
+        let want =
+            datafusion_aggregate(partial, AggregateMode::Partial, vec![empty], input, &ctx).await;
+        assert_eq!(lines(std::slice::from_ref(&got)), lines(&want), "{sql}");
+    }
 }
 
 /// A string key longer than 12 bytes is a typed error.
@@ -692,6 +751,13 @@ async fn selections_are_datafusions_filters() {
 async fn partial_aggregates_are_datafusions() {
     if own_tests() {
         check_aggregates(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn empty_frames() {
+    if own_tests() {
+        check_empty_frames(&ExecDevice::cpu()).await;
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_schema::{DataType, Field};
-use devarrow::bridge::DeviceBatch;
+use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
 use devarrow::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -370,9 +370,12 @@ pub(crate) fn evaluate(
         ))
         .into());
     }
+    let n = frame.num_rows();
+    if n == 0 {
+        return empty_column(Field::new(&expr.text, dt, false), device);
+    }
     let cx = context(cuda)?;
     let s = cx.stream;
-    let n = frame.num_rows();
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
     let lanes = eval(&cx, &expr.node, frame, e)?;
@@ -444,6 +447,14 @@ pub(crate) fn evaluate(
     Ok(FrameColumn::single(batch)?)
 }
 
+/// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host
+/// array, uploaded).
+fn empty_column(field: Field, device: &ExecDevice) -> Result<FrameColumn, BoxError> {
+    let batch = arrow_array::RecordBatch::new_empty(schema_of(vec![field]));
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    Ok(FrameColumn::single(transfer.to_device(&batch)?)?)
+}
+
 /// The frame's pending selection as lanes, if it has one.
 fn prior_selection(cx: &Cx<'_>, frame: &DeviceFrame, err: u64) -> Result<Option<Lanes>, BoxError> {
     frame
@@ -487,6 +498,9 @@ pub(crate) fn select(
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
+    if frame.num_rows() == 0 {
+        return empty_column(Field::new(SELECTION, DataType::UInt8, false), device);
+    }
     let cx = context(cuda)?;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, cx.stream);
@@ -517,9 +531,13 @@ pub(crate) fn groups(
     frame: &DeviceFrame,
     cuda: &Arc<CudaDevice>,
 ) -> Result<Groups, BoxError> {
+    let n = frame.num_rows();
+    if n == 0 {
+        // (CUDA allocates no empty buffer.)
+        return Ok(Groups::default());
+    }
     let cx = context(cuda)?;
     let s = cx.stream;
-    let n = frame.num_rows();
     let width = plan.key_width();
     let naggs = plan.aggs.len();
     let accw = naggs * ACC_WORDS;
