@@ -363,13 +363,6 @@ pub(crate) fn evaluate(
     device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
     let dt = expr.data_type().clone();
-    if dt == DataType::Boolean {
-        return Err(ComputeError::Input(format!(
-            "`{}`: a Boolean column is not built on CUDA (use it as a selection)",
-            expr.text
-        ))
-        .into());
-    }
     let n = frame.num_rows();
     if n == 0 {
         return empty_column(Field::new(&expr.text, dt, false), device);
@@ -379,6 +372,9 @@ pub(crate) fn evaluate(
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
     let lanes = eval(&cx, &expr.node, frame, e)?;
+    if dt == DataType::Boolean {
+        return boolean_column(&cx, expr, lanes, &err, device);
+    }
     let width: u32 = match &dt {
         DataType::Decimal128(..) => 16,
         DataType::Int64 => 8,
@@ -445,6 +441,35 @@ pub(crate) fn evaluate(
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
     let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
     Ok(FrameColumn::single(batch)?)
+}
+
+/// A Boolean result: devarrow builds CUDA arrays of fixed-width values only, so the
+/// lanes come back to the host (one synchronize) and the bit-packed column is uploaded.
+fn boolean_column(
+    cx: &Cx<'_>,
+    expr: &DeviceExpr,
+    lanes: Lanes,
+    err: &CudaSlice<u32>,
+    device: &ExecDevice,
+) -> Result<FrameColumn, BoxError> {
+    let n = lanes.values.len();
+    let mut values = vec![0i64; n];
+    let mut valid = vec![0u8; n];
+    cx.stream.memcpy_dtoh(&lanes.values, &mut values)?;
+    cx.stream.memcpy_dtoh(&lanes.valid, &mut valid)?;
+    check(cx, err, &expr.text)?;
+    let array = arrow_array::BooleanArray::from(
+        values
+            .iter()
+            .zip(&valid)
+            .map(|(&v, &ok)| (ok != 0).then_some(v != 0))
+            .collect::<Vec<_>>(),
+    );
+    let nullable = arrow_array::Array::null_count(&array) > 0;
+    let schema = schema_of(vec![Field::new(&expr.text, DataType::Boolean, nullable)]);
+    let batch = arrow_array::RecordBatch::try_new(schema, vec![Arc::new(array)])?;
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    Ok(FrameColumn::single(transfer.to_device(&batch)?)?)
 }
 
 /// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host

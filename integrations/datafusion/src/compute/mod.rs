@@ -25,7 +25,7 @@
 //!   two integers (an Int32 result outside Int32's range is an overflow error where
 //!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
 //!   integers, dates and booleans; `AND`/`OR` with SQL's three-valued logic;
-//! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`;
+//! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`, `NegativeExpr` (as `0 - x`);
 //! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
 //!   decimal of an equal or larger scale (exact: a multiplication by 10^k), the result
 //!   checked against the target precision (or integer range): out of range is an error,
@@ -46,11 +46,26 @@
 //!
 //! Outputs are arrays of exactly the expression's type; a computed column is a one-column
 //! device batch (on the CPU device, a host batch exported in place; on CUDA, cudarc slices
-//! written by the kernels). On CUDA, an expression whose nodes can overflow reads one
-//! error word back (one synchronize of the device's stream), as does a nullable output
-//! (its null count); the aggregate synchronizes its stream twice (the group count, then
-//! the table). Boolean results are produced on CUDA only as selections ([`select`]);
-//! [`DeviceExpr::evaluate`] of a Boolean expression on CUDA is an error.
+//! written by the kernels, made a batch with `DeviceBatch::from_cuda_arrays`).
+//!
+//! # On CUDA
+//!
+//! `kernels/compute.ptx`, loaded once per context, launched on the device's stream
+//! (grid-stride loops, at most 1024 blocks of 256 threads). The host waits (one
+//! synchronize of that stream, never of the device) only where a result must come back:
+//! - an expression whose nodes can overflow reads its error word back;
+//! - a nullable output counts its nulls (devarrow's `CudaArray::with_validity`);
+//! - a Boolean output comes back to the host and is uploaded bit-packed (devarrow builds
+//!   CUDA arrays of fixed-width values only): a projection of a predicate costs a round
+//!   trip, a selection ([`select`]) does not;
+//! - the aggregate reads its group count and error words, then its group table (keys of
+//!   each group's first row and the states, one copy).
+//!
+//! A frame of no rows yields empty uploaded columns (CUDA allocates no empty buffer). A
+//! string group key longer than 12 bytes is [`ComputeError::KeyTooLong`] naming the
+//! column (on CUDA without its row and length). Temporaries are cudarc slices freed in
+//! stream order when dropped, on every path, errors included; columns are read through
+//! devarrow's views, which order the release of their batch after the kernels.
 
 use std::fmt;
 use std::sync::Arc;
@@ -104,9 +119,9 @@ pub enum ComputeError {
     KeyTooLong {
         /// The column.
         column: String,
-        /// The row (of the batch; on CUDA, 0 when unknown).
+        /// The row of the batch (0 on CUDA, which does not tell).
         row: usize,
-        /// Its length in bytes.
+        /// Its length in bytes (0 on CUDA, which does not tell).
         len: usize,
     },
     /// An input the compiled expression does not fit (a missing column, another type, a
