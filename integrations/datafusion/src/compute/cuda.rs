@@ -197,6 +197,7 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
         ))
         .into());
     }
+    aligned(values.address(), bytes_per_value.clamp(1, 8), name)?;
     let view = values.cuda_view::<u8>(cx.stream)?;
     let bitmap = c.cuda_validity(cx.stream)?;
     if let Some(b) = &bitmap {
@@ -224,6 +225,18 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
     )?;
     drop((view, bitmap));
     Ok(out)
+}
+
+/// Checks that a buffer the kernels load `align`-byte words from is aligned for them (a
+/// foreign producer's buffers may not be).
+fn aligned(address: u64, align: u64, name: &str) -> Result<(), BoxError> {
+    if !address.is_multiple_of(align) {
+        return Err(ComputeError::Input(format!(
+            "column `{name}`: a buffer at {address:#x}, not aligned to {align} bytes"
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// Evaluates `node` over the frame's rows, errors flagged at `err`.
@@ -590,6 +603,7 @@ pub(crate) fn groups(
                                 ComputeError::Input("a views buffer too short".into()).into()
                             );
                         }
+                        aligned(views.address(), 8, name)?;
                         let views = views.cuda_view::<u8>(s)?;
                         cx.launch(
                             &cx.k.key_view,
@@ -613,6 +627,7 @@ pub(crate) fn groups(
                                 ComputeError::Input("an offsets buffer too short".into()).into()
                             );
                         }
+                        aligned(offsets.address(), 4, name)?;
                         let offsets = offsets.cuda_view::<u8>(s)?;
                         let data = c.buffer(2).map(|b| b.cuda_view::<u8>(s)).transpose()?;
                         cx.launch(
