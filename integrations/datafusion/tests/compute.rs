@@ -116,8 +116,14 @@ pub fn typed_batch() -> RecordBatch {
     )
     .with_precision_and_scale(18, 0)
     .unwrap();
+    let small = arrow_array::Int16Array::from(
+        (0..n)
+            .map(|i| (i % 8 != 5).then_some((i as i16 - 20) * 500))
+            .collect::<Vec<_>>(),
+    );
     RecordBatch::try_from_iter([
-        ("a", Arc::new(a) as ArrayRef),
+        ("small", Arc::new(small) as ArrayRef),
+        ("a", Arc::new(a)),
         ("b", Arc::new(b)),
         ("x", Arc::new(x)),
         ("y", Arc::new(y)),
@@ -207,6 +213,11 @@ pub async fn check_expressions(device: &ExecDevice) {
         "TRY_CAST(a AS DECIMAL(5,2))",
         "CAST(NULL AS INT) + x",
         "-a",
+        "small",
+        "small + small",
+        "small * 2",
+        "CAST(small AS DECIMAL(10,2)) + a",
+        "small < x",
         "-x + y",
         "-(a - b)",
         "a + CAST(NULL AS DECIMAL(15,2))",
@@ -259,6 +270,7 @@ pub async fn check_overflow(device: &ExecDevice) {
         "big * big",
         "big * 100",
         "x * x * x",
+        "small * small",
         "CAST(a AS DECIMAL(5,2))",
         "big + big * 10",
     ] {
@@ -374,11 +386,12 @@ pub fn selection_column(mask: UInt8Array, device: &ExecDevice) -> FrameColumn {
 /// The rows of batches as sorted lines (any order).
 fn lines(batches: &[RecordBatch]) -> Vec<String> {
     let text = pretty_format_batches(batches).unwrap().to_string();
+    // Cells trimmed: column widths follow the column names.
     let mut rows: Vec<String> = text
         .lines()
         .filter(|l| l.starts_with('|'))
         .skip(1)
-        .map(str::to_string)
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
         .collect();
     rows.sort();
     rows
@@ -413,6 +426,17 @@ async fn datafusion_aggregate(
 /// every other row selected, then none) equals DataFusion's Partial over the same rows;
 /// a Final over the device's partials equals DataFusion's Final over its own.
 pub async fn check_partial_aggregate(ctx: &SessionContext, sql: &str, device: &ExecDevice) {
+    check_partial_aggregate_with(ctx, sql, device, false).await
+}
+
+/// [`check_partial_aggregate`], and (`whole_query`) the Final over the device's partials
+/// equals the query's own result (a query whose select list is its aggregate's output).
+pub async fn check_partial_aggregate_with(
+    ctx: &SessionContext,
+    sql: &str,
+    device: &ExecDevice,
+    whole_query: bool,
+) {
     let plan = ctx
         .sql(sql)
         .await
@@ -509,18 +533,22 @@ pub async fn check_partial_aggregate(ctx: &SessionContext, sql: &str, device: &E
     let want = datafusion_aggregate(partial, AggregateMode::Final, df_partials, schema, ctx).await;
     assert_eq!(lines(&got), lines(&want), "{sql}: final");
     assert!(!lines(&want).is_empty());
+    if whole_query {
+        let query = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&query), "{sql}: the query's result");
+    }
 }
 
 /// Q1, Q6 and aggregates of every supported type, with nulls and null keys.
 pub async fn check_aggregates(device: &ExecDevice) {
     let ctx = session(lineitem(0.01, 2, 8192));
-    check_partial_aggregate(&ctx, Q1, device).await;
-    check_partial_aggregate(&ctx, Q6, device).await;
+    check_partial_aggregate_with(&ctx, Q1, device, true).await;
+    check_partial_aggregate_with(&ctx, Q6, device, true).await;
     let typed = typed_session();
     check_partial_aggregate(
         &typed,
         "SELECT k, sum(a), count(a), count(*), avg(b), min(a), max(a), min(x), max(y), \
-         sum(x), sum(y), min(d), max(d), count(f) FROM t GROUP BY k",
+         sum(x), sum(y), min(d), max(d), count(f), sum(small), min(small) FROM t GROUP BY k",
         device,
     )
     .await;
