@@ -287,6 +287,21 @@ pub async fn check_overflow(device: &ExecDevice) {
             matches!(typed, Some(ComputeError::Overflow(_))),
             "`{text}`: {err}"
         );
+        // Deferred: at once on the CPU device, at the check on CUDA.
+        let err = match compiled.evaluate_deferred(&frame, device) {
+            Err(err) => err,
+            Ok((_column, pending)) => {
+                assert!(pending.is_pending(), "`{text}`");
+                pending.check().expect_err("the deferred check fails")
+            }
+        };
+        assert!(
+            matches!(
+                err.downcast_ref::<ComputeError>(),
+                Some(ComputeError::Overflow(_))
+            ),
+            "`{text}`: {err}"
+        );
     }
 }
 

@@ -339,13 +339,7 @@ fn check(cx: &Cx<'_>, err: &CudaSlice<u32>, what: &str) -> Result<(), BoxError> 
     let mut word = [0u32; 1];
     cx.stream.memcpy_dtoh(&err.slice(0..1), &mut word)?;
     cx.stream.synchronize()?;
-    if word[0] & 1 != 0 {
-        return Err(ComputeError::Overflow(format!(
-            "`{what}` overflows the device's 64-bit lanes or its result's range"
-        ))
-        .into());
-    }
-    Ok(())
+    overflow_of(word[0], what)
 }
 
 /// Whether the frame columns `node` reads may hold nulls.
@@ -374,11 +368,15 @@ pub(crate) fn evaluate(
     frame: &DeviceFrame,
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
-) -> Result<FrameColumn, BoxError> {
+    defer: bool,
+) -> Result<(FrameColumn, Option<ErrorWord>), BoxError> {
     let dt = expr.data_type().clone();
     let n = frame.num_rows();
     if n == 0 {
-        return empty_column(Field::new(&expr.text, dt, false), device);
+        return Ok((
+            empty_column(Field::new(&expr.text, dt, false), device)?,
+            None,
+        ));
     }
     let cx = context(cuda)?;
     let s = cx.stream;
@@ -386,7 +384,7 @@ pub(crate) fn evaluate(
     let e = addr(&err, s);
     let lanes = eval(&cx, &expr.node, frame, e)?;
     if dt == DataType::Boolean {
-        return boolean_column(&cx, expr, lanes, &err, device);
+        return Ok((boolean_column(&cx, expr, lanes, &err, device)?, None));
     }
     let width: u32 = match &dt {
         DataType::Decimal128(..) => 16,
@@ -446,14 +444,71 @@ pub(crate) fn evaluate(
         2 => array::<i16>(&cx, &dt, n, store, bitmap)?,
         _ => array::<i8>(&cx, &dt, n, store, bitmap)?,
     };
-    if expr.node.may_fail() || width < 8 {
-        check(&cx, &err, &expr.text)?;
-    }
+    let pending = pending(
+        &cx,
+        err,
+        &expr.text,
+        expr.node.may_fail() || width < 8,
+        defer,
+    )?;
     drop(lanes);
     let nullable = column.null_count() > 0;
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
     let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
-    Ok(FrameColumn::single(batch)?)
+    Ok((FrameColumn::single(batch)?, pending))
+}
+
+/// The error word of an evaluation, read back later ([`super::PendingCheck`]).
+#[derive(Debug)]
+pub(crate) struct ErrorWord {
+    stream: Arc<CudaStream>,
+    word: CudaSlice<u32>,
+    what: String,
+}
+
+impl ErrorWord {
+    /// Reads the word back (one synchronize of the stream): an overflow error if a
+    /// kernel flagged one.
+    pub(crate) fn check(self) -> Result<(), BoxError> {
+        let mut word = [0u32; 1];
+        self.stream.memcpy_dtoh(&self.word.slice(0..1), &mut word)?;
+        self.stream.synchronize()?;
+        overflow_of(word[0], &self.what)
+    }
+}
+
+fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
+    if word & 1 != 0 {
+        return Err(ComputeError::Overflow(format!(
+            "`{what}` overflows the device's 64-bit lanes or its result's range"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The error word checked now (`defer` false), handed back (`defer`), or dropped when
+/// nothing can have set it (`needed` false).
+fn pending(
+    cx: &Cx<'_>,
+    word: CudaSlice<u32>,
+    what: &str,
+    needed: bool,
+    defer: bool,
+) -> Result<Option<ErrorWord>, BoxError> {
+    if !needed {
+        return Ok(None);
+    }
+    let word = ErrorWord {
+        stream: cx.stream.clone(),
+        word,
+        what: what.to_string(),
+    };
+    if defer {
+        return Ok(Some(word));
+    }
+    word.check()?;
+    Ok(None)
 }
 
 /// A Boolean result: devarrow builds CUDA arrays of fixed-width values only, so the
@@ -535,23 +590,23 @@ pub(crate) fn select(
     frame: &DeviceFrame,
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
-) -> Result<FrameColumn, BoxError> {
+    defer: bool,
+) -> Result<(FrameColumn, Option<ErrorWord>), BoxError> {
     if frame.num_rows() == 0 {
-        return empty_column(Field::new(SELECTION, DataType::UInt8, false), device);
+        let field = Field::new(SELECTION, DataType::UInt8, false);
+        return Ok((empty_column(field, device)?, None));
     }
     let cx = context(cuda)?;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, cx.stream);
     let lanes = eval(&cx, &predicate.node, frame, e)?;
     let mask = selected(&cx, Some(&lanes), frame, e)?;
-    if predicate.node.may_fail() {
-        check(&cx, &err, &predicate.text)?;
-    }
+    let pending = pending(&cx, err, &predicate.text, predicate.node.may_fail(), defer)?;
     drop(lanes);
     let column = CudaArray::from_values(DataType::UInt8, mask)?;
     let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
     let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
-    Ok(FrameColumn::single(batch)?)
+    Ok((FrameColumn::single(batch)?, pending))
 }
 
 /// The accumulate kernel's kind code.

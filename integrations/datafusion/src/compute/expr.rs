@@ -390,6 +390,7 @@ fn cast_node(
     })
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
 impl Node {
     /// Whether evaluating it may raise an error (an overflow check).
     pub(crate) fn may_fail(&self) -> bool {

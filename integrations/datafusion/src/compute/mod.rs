@@ -167,14 +167,34 @@ impl DeviceExpr {
     }
 
     /// Its values for every row of `frame` (selected or not), a new column on `device`.
+    ///
+    /// # Errors
+    /// [`ComputeError::Overflow`] when a value does not fit (on CUDA, read back at once:
+    /// see [`DeviceExpr::evaluate_deferred`] to check it later), devarrow's and the
+    /// driver's errors.
     pub fn evaluate(
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
     ) -> Result<FrameColumn, BoxError> {
+        let (column, pending) = self.evaluate_deferred(frame, device)?;
+        pending.check()?;
+        Ok(column)
+    }
+
+    /// [`DeviceExpr::evaluate`] whose overflow check on CUDA is left to the caller
+    /// ([`PendingCheck::check`], say once per batch where the region reads its results
+    /// back anyway): the column must not be used for a result until it passed. On the
+    /// CPU device, errors are raised at once and the check is empty.
+    pub fn evaluate_deferred(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(FrameColumn, PendingCheck), BoxError> {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
-            return cuda::evaluate(self, frame, cuda, device);
+            let (column, word) = cuda::evaluate(self, frame, cuda, device, true)?;
+            return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
         let lanes = host::eval(&self.node, frame, &self.text)?;
@@ -188,7 +208,43 @@ impl DeviceExpr {
             self.data_type.clone(),
             nullable,
         )]);
-        cpu_column(RecordBatch::try_new(schema, vec![array])?, device)
+        let column = cpu_column(RecordBatch::try_new(schema, vec![array])?, device)?;
+        Ok((column, PendingCheck::default()))
+    }
+}
+
+/// The overflow check of a deferred evaluation ([`DeviceExpr::evaluate_deferred`],
+/// [`select_deferred`]): on CUDA, the error word its kernels set, read back by
+/// [`PendingCheck::check`] (one synchronize of the device's stream); empty when nothing
+/// can overflow, and on the CPU device. Dropping it unchecked forgoes the check.
+#[derive(Debug, Default)]
+#[must_use = "an unchecked device evaluation may hide an overflow"]
+pub struct PendingCheck {
+    #[cfg(feature = "cuda")]
+    word: Option<cuda::ErrorWord>,
+}
+
+impl PendingCheck {
+    /// Whether there is anything to check (a read-back).
+    pub fn is_pending(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.word.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// [`ComputeError::Overflow`] if a kernel flagged one.
+    pub fn check(self) -> Result<(), BoxError> {
+        #[cfg(feature = "cuda")]
+        if let Some(word) = self.word {
+            return word.check();
+        }
+        Ok(())
+    }
+
+    /// Checks every one of `checks` (the first error).
+    pub fn check_all(checks: impl IntoIterator<Item = PendingCheck>) -> Result<(), BoxError> {
+        checks.into_iter().try_for_each(PendingCheck::check)
     }
 }
 
@@ -220,6 +276,18 @@ pub fn select(
     frame: &DeviceFrame,
     device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
+    let (column, pending) = select_deferred(predicate, frame, device)?;
+    pending.check()?;
+    Ok(column)
+}
+
+/// [`select`] whose overflow check on CUDA is left to the caller (as
+/// [`DeviceExpr::evaluate_deferred`]).
+pub fn select_deferred(
+    predicate: &DeviceExpr,
+    frame: &DeviceFrame,
+    device: &ExecDevice,
+) -> Result<(FrameColumn, PendingCheck), BoxError> {
     if predicate.data_type != DataType::Boolean {
         return Err(
             ComputeError::Input(format!("a predicate of type {}", predicate.data_type)).into(),
@@ -227,7 +295,8 @@ pub fn select(
     }
     #[cfg(feature = "cuda")]
     if let Some(cuda) = device.cuda() {
-        return cuda::select(predicate, frame, cuda, device);
+        let (column, word) = cuda::select(predicate, frame, cuda, device, true)?;
+        return Ok((column, PendingCheck { word }));
     }
     check_cpu(device)?;
     let lanes = host::eval(&predicate.node, frame, &predicate.text)?;
@@ -236,12 +305,9 @@ pub fn select(
         (0..frame.num_rows())
             .map(|i| (lanes.is_valid(i) && lanes.values[i] != 0) as u8 & before[i]),
     );
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        SELECTION,
-        DataType::UInt8,
-        false,
-    )]));
-    cpu_column(RecordBatch::try_new(schema, vec![Arc::new(mask)])?, device)
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let column = cpu_column(RecordBatch::try_new(schema, vec![Arc::new(mask)])?, device)?;
+    Ok((column, PendingCheck::default()))
 }
 
 /// An `AggregateExec` in `Partial` mode compiled for the device: per batch, the groups
