@@ -53,7 +53,10 @@
 //! `kernels/compute.ptx`, loaded once per context, launched on the device's stream
 //! (grid-stride loops, at most 1024 blocks of 256 threads). The host waits (one
 //! synchronize of that stream, never of the device) only where a result must come back:
-//! - an expression whose nodes can overflow reads its error word back;
+//! - an expression whose nodes can overflow reads its error word back, at once
+//!   ([`DeviceExpr::evaluate`], [`select`]) or when the caller checks
+//!   ([`DeviceExpr::evaluate_deferred`], [`select_deferred`], [`PendingCheck`]: a region
+//!   can check once per batch, when it reads its results back anyway);
 //! - a nullable output counts its nulls (devarrow's `CudaArray::with_validity`);
 //! - a Boolean output comes back to the host and is uploaded bit-packed (devarrow builds
 //!   CUDA arrays of fixed-width values only): a projection of a predicate costs a round
