@@ -116,8 +116,14 @@ pub fn typed_batch() -> RecordBatch {
     )
     .with_precision_and_scale(18, 0)
     .unwrap();
+    let small = arrow_array::Int16Array::from(
+        (0..n)
+            .map(|i| (i % 8 != 5).then_some((i as i16 - 20) * 500))
+            .collect::<Vec<_>>(),
+    );
     RecordBatch::try_from_iter([
-        ("a", Arc::new(a) as ArrayRef),
+        ("small", Arc::new(small) as ArrayRef),
+        ("a", Arc::new(a)),
         ("b", Arc::new(b)),
         ("x", Arc::new(x)),
         ("y", Arc::new(y)),
@@ -206,6 +212,14 @@ pub async fn check_expressions(device: &ExecDevice) {
         "CAST(x AS BIGINT)",
         "TRY_CAST(a AS DECIMAL(5,2))",
         "CAST(NULL AS INT) + x",
+        "-a",
+        "small",
+        "small + small",
+        "small * 2",
+        "CAST(small AS DECIMAL(10,2)) + a",
+        "small < x",
+        "-x + y",
+        "-(a - b)",
         "a + CAST(NULL AS DECIMAL(15,2))",
     ];
     for text in exprs {
@@ -224,6 +238,19 @@ pub async fn check_expressions(device: &ExecDevice) {
                 .into_array(batch.num_rows())
                 .unwrap();
             let frame = upload(batch, device);
+            if compiled.data_type() == &DataType::Boolean {
+                // As a selection too.
+                let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+                let mask = download(&select(&compiled, &frame, device).unwrap(), device);
+                let mask = mask.as_any().downcast_ref::<UInt8Array>().unwrap();
+                for i in 0..batch.num_rows() {
+                    assert_eq!(
+                        mask.value(i) == 1,
+                        want.is_valid(i) && want.value(i),
+                        "{text}"
+                    );
+                }
+            }
             let got = compiled
                 .evaluate(&frame, device)
                 .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
@@ -243,6 +270,7 @@ pub async fn check_overflow(device: &ExecDevice) {
         "big * big",
         "big * 100",
         "x * x * x",
+        "small * small",
         "CAST(a AS DECIMAL(5,2))",
         "big + big * 10",
     ] {
@@ -257,6 +285,21 @@ pub async fn check_overflow(device: &ExecDevice) {
         let typed = err.downcast_ref::<ComputeError>();
         assert!(
             matches!(typed, Some(ComputeError::Overflow(_))),
+            "`{text}`: {err}"
+        );
+        // Deferred: at once on the CPU device, at the check on CUDA.
+        let err = match compiled.evaluate_deferred(&frame, device) {
+            Err(err) => err,
+            Ok((_column, pending)) => {
+                assert!(pending.is_pending(), "`{text}`");
+                pending.check().expect_err("the deferred check fails")
+            }
+        };
+        assert!(
+            matches!(
+                err.downcast_ref::<ComputeError>(),
+                Some(ComputeError::Overflow(_))
+            ),
             "`{text}`: {err}"
         );
     }
@@ -358,11 +401,12 @@ pub fn selection_column(mask: UInt8Array, device: &ExecDevice) -> FrameColumn {
 /// The rows of batches as sorted lines (any order).
 fn lines(batches: &[RecordBatch]) -> Vec<String> {
     let text = pretty_format_batches(batches).unwrap().to_string();
+    // Cells trimmed: column widths follow the column names.
     let mut rows: Vec<String> = text
         .lines()
         .filter(|l| l.starts_with('|'))
         .skip(1)
-        .map(str::to_string)
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
         .collect();
     rows.sort();
     rows
@@ -397,6 +441,17 @@ async fn datafusion_aggregate(
 /// every other row selected, then none) equals DataFusion's Partial over the same rows;
 /// a Final over the device's partials equals DataFusion's Final over its own.
 pub async fn check_partial_aggregate(ctx: &SessionContext, sql: &str, device: &ExecDevice) {
+    check_partial_aggregate_with(ctx, sql, device, false).await
+}
+
+/// [`check_partial_aggregate`], and (`whole_query`) the Final over the device's partials
+/// equals the query's own result (a query whose select list is its aggregate's output).
+pub async fn check_partial_aggregate_with(
+    ctx: &SessionContext,
+    sql: &str,
+    device: &ExecDevice,
+    whole_query: bool,
+) {
     let plan = ctx
         .sql(sql)
         .await
@@ -493,18 +548,22 @@ pub async fn check_partial_aggregate(ctx: &SessionContext, sql: &str, device: &E
     let want = datafusion_aggregate(partial, AggregateMode::Final, df_partials, schema, ctx).await;
     assert_eq!(lines(&got), lines(&want), "{sql}: final");
     assert!(!lines(&want).is_empty());
+    if whole_query {
+        let query = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&query), "{sql}: the query's result");
+    }
 }
 
 /// Q1, Q6 and aggregates of every supported type, with nulls and null keys.
 pub async fn check_aggregates(device: &ExecDevice) {
     let ctx = session(lineitem(0.01, 2, 8192));
-    check_partial_aggregate(&ctx, Q1, device).await;
-    check_partial_aggregate(&ctx, Q6, device).await;
+    check_partial_aggregate_with(&ctx, Q1, device, true).await;
+    check_partial_aggregate_with(&ctx, Q6, device, true).await;
     let typed = typed_session();
     check_partial_aggregate(
         &typed,
         "SELECT k, sum(a), count(a), count(*), avg(b), min(a), max(a), min(x), max(y), \
-         sum(x), sum(y), min(d), max(d), count(f) FROM t GROUP BY k",
+         sum(x), sum(y), min(d), max(d), count(f), sum(small), min(small) FROM t GROUP BY k",
         device,
     )
     .await;
@@ -521,6 +580,62 @@ pub async fn check_aggregates(device: &ExecDevice) {
     )
     .await;
     check_partial_aggregate(&typed, "SELECT a, count(*) FROM t GROUP BY a", device).await;
+    // Sums beyond 64 bits (40 values near 9e17), negative sums, min and max.
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, sum(big), sum(-big), min(big), max(-big), avg(big) FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT sum(big), sum(-big), sum(big * 3), min(big), max(big) FROM t",
+        device,
+    )
+    .await;
+    // Thousands of groups: collisions and probing in the group table.
+    check_partial_aggregate(
+        &ctx,
+        "SELECT l_orderkey, l_returnflag, count(*), sum(l_quantity), min(l_shipdate), \
+         max(l_extendedprice) FROM lineitem GROUP BY l_orderkey, l_returnflag",
+        device,
+    )
+    .await;
+}
+
+/// A frame of no rows: empty columns, no group (one row of empty states without keys).
+pub async fn check_empty_frames(device: &ExecDevice) {
+    let ctx = typed_session();
+    let (e, schema, batches) = projection(&ctx, "a * b + a").await;
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let empty = batches[0].slice(0, 0);
+    let got = compiled.evaluate(&upload(&empty, device), device).unwrap();
+    assert_eq!(got.len(), 0);
+    assert_eq!(download(&got, device).len(), 0);
+    for sql in [
+        "SELECT k, sum(a), count(*) FROM t GROUP BY k",
+        "SELECT sum(a), count(*), min(x), avg(b) FROM t",
+    ] {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut node = find::<AggregateExec>(&plan).unwrap();
+        if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
+            node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
+        }
+        let partial = node.downcast_ref::<AggregateExec>().unwrap();
+        let compiled = DevicePartialAggregate::compile(partial).unwrap();
+        let input = partial.input().schema();
+        let empty = RecordBatch::new_empty(input.clone());
+        let got = compiled.run(&upload(&empty, device), device).unwrap();
+        let want =
+            datafusion_aggregate(partial, AggregateMode::Partial, vec![empty], input, &ctx).await;
+        assert_eq!(lines(std::slice::from_ref(&got)), lines(&want), "{sql}");
+    }
 }
 
 /// A string key longer than 12 bytes is a typed error.
@@ -672,6 +787,13 @@ async fn selections_are_datafusions_filters() {
 async fn partial_aggregates_are_datafusions() {
     if own_tests() {
         check_aggregates(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn empty_frames() {
+    if own_tests() {
+        check_empty_frames(&ExecDevice::cpu()).await;
     }
 }
 

@@ -235,3 +235,49 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
     check0.assert_no_leak("a region's partitions on cuda:0");
     check1.assert_no_leak("a region's partitions on cuda:1");
 }
+
+/// The device compute checks of `tests/compute.rs` (its CPU tests skip themselves here).
+// (It declares `mod common;` itself: a second copy of the shared helpers.)
+#[path = "compute.rs"]
+#[allow(clippy::duplicate_mod)]
+mod compute_checks;
+
+/// Runs `checks` on `cuda:0` (the PTX kernels of `kernels/compute.ptx`), then checks
+/// that they left no device memory behind.
+fn on_cuda_without_leaks<F: std::future::Future<Output = ()>>(
+    what: &str,
+    checks: impl FnOnce(ExecDevice) -> F,
+) {
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(checks(ExecDevice::from_cuda(cuda.clone())));
+    check.assert_no_leak(what);
+}
+
+#[test]
+fn device_expressions_on_cuda_are_datafusions() {
+    on_cuda_without_leaks("expressions on CUDA", |device| async move {
+        compute_checks::check_expressions(&device).await;
+        compute_checks::check_overflow(&device).await;
+    });
+}
+
+#[test]
+fn device_selections_on_cuda_are_datafusions_filters() {
+    on_cuda_without_leaks("selections on CUDA", |device| async move {
+        compute_checks::check_select(&device).await;
+        compute_checks::check_tpch_filters(&device).await;
+    });
+}
+
+#[test]
+fn device_partial_aggregates_on_cuda_are_datafusions() {
+    on_cuda_without_leaks("partial aggregates on CUDA", |device| async move {
+        compute_checks::check_aggregates(&device).await;
+        compute_checks::check_long_keys(&device).await;
+        compute_checks::check_empty_frames(&device).await;
+    });
+}

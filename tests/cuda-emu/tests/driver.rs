@@ -2390,3 +2390,111 @@ fn several_devices_child() {
     }
     println!("several devices checked: {n}");
 }
+
+/// `atom.cas.b64` and `atom.cas.b32` (global and shared) are atomic compare-and-swaps,
+/// as the PTX ISA defines them (`d = [a]; [a] = d == b ? c : d`): of 512 threads in 4
+/// blocks claiming 8 global slots, exactly one claims each (and only a thread of that
+/// slot), one per block claims a shared slot, and a CAS loop computes the largest id.
+#[test]
+fn atom_cas_claims_each_slot_once() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry cas_claim(
+    .param .u64 p_slots,
+    .param .u64 p_wins,
+    .param .u64 p_max
+)
+{
+    .shared .align 8 .b64 s_slot;
+    .reg .pred %p<4>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<12>;
+
+    ld.param.u64 %rd1, [p_slots];
+    ld.param.u64 %rd2, [p_wins];
+    ld.param.u64 %rd9, [p_max];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %ctaid.x;
+    mad.lo.u32 %r4, %r3, %r2, %r1;
+    and.b32 %r5, %r4, 7;
+    mul.wide.u32 %rd3, %r5, 8;
+    add.u64 %rd4, %rd1, %rd3;
+    cvt.u64.u32 %rd5, %r4;
+    add.u64 %rd5, %rd5, 1;
+    atom.global.cas.b64 %rd6, [%rd4], 0, %rd5;
+    setp.eq.u64 %p1, %rd6, 0;
+    @%p1 atom.global.add.u32 %r6, [%rd2], 1;
+    setp.eq.u32 %p3, %r1, 0;
+    @%p3 st.shared.u64 [s_slot], 0;
+    bar.sync 0;
+    atom.shared.cas.b64 %rd7, [s_slot], 0, %rd5;
+    setp.eq.u64 %p1, %rd7, 0;
+    @%p1 atom.global.add.u32 %r6, [%rd2+4], 1;
+    ld.global.u32 %r7, [%rd9];
+MAX_LOOP:
+    setp.ge.u32 %p2, %r7, %r4;
+    @%p2 bra MAX_DONE;
+    atom.global.cas.b32 %r8, [%rd9], %r7, %r4;
+    setp.eq.u32 %p2, %r8, %r7;
+    @%p2 bra MAX_DONE;
+    mov.u32 %r7, %r8;
+    bra.uni MAX_LOOP;
+MAX_DONE:
+    ret;
+}
+"#;
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let slots = emu.alloc(64);
+    let wins = emu.alloc(8);
+    let max = emu.alloc(4);
+    emu.upload(slots, &[0u8; 64]);
+    emu.upload(wins, &[0u8; 8]);
+    emu.upload(max, &[0u8; 4]);
+    // SAFETY: valid handles; the parameters match cas_claim(u64, u64, u64), each
+    // pointing to device memory of the sizes the kernel reads and writes.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"cas_claim".as_ptr()));
+        let (mut a, mut b, mut c) = (slots, wins, max);
+        let mut params: [*mut c_void; 3] = [
+            (&mut a as *mut u64).cast(),
+            (&mut b as *mut u64).cast(),
+            (&mut c as *mut u64).cast(),
+        ];
+        ck(cuLaunchKernel(
+            f,
+            4,
+            1,
+            1,
+            128,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(slots, 64);
+    for (j, word) in got.chunks_exact(8).enumerate() {
+        let claimed = u64::from_le_bytes(word.try_into().unwrap());
+        assert!(
+            claimed > 0 && (claimed - 1) % 8 == j as u64,
+            "slot {j}: {claimed}"
+        );
+    }
+    let wins = emu.download(wins, 8);
+    assert_eq!(u32::from_le_bytes(wins[..4].try_into().unwrap()), 8);
+    assert_eq!(u32::from_le_bytes(wins[4..].try_into().unwrap()), 4);
+    let max = emu.download(max, 4);
+    assert_eq!(u32::from_le_bytes(max.try_into().unwrap()), 511);
+}

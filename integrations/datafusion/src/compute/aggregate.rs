@@ -54,7 +54,7 @@ pub(crate) enum AggKind {
 pub(crate) struct Agg {
     pub kind: AggKind,
     pub arg: Option<Node>,
-    #[allow(dead_code)] // (CUDA, soon)
+    #[allow(dead_code)] // its type, for Debug
     pub arg_type: Option<DataType>,
     pub text: String,
 }

@@ -1,37 +1,841 @@
-//! CUDA: the PTX kernels of `kernels/compute.ptx`.
+//! CUDA: the PTX kernels of `kernels/compute.ptx`, loaded once per context, launched on
+//! the device's stream. Expression nodes are evaluated one kernel per node into
+//! temporary lanes (freed in stream order when dropped); columns are read in place
+//! through devarrow's views; the host waits only for what must come back (an error word,
+//! a null count, the aggregate's group table).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use devarrow::cuda::CudaDevice;
+use arrow_schema::{DataType, Field};
+use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow::cuda::cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use devarrow::cuda::{CudaArray, CudaDevice};
 
-use super::aggregate::{Groups, Plan};
-use super::{ComputeError, DeviceExpr};
+use super::aggregate::{AggKind, Groups, KeySource, Plan};
+use super::expr::{Node, OnFail};
+use super::host::frame_column;
+use super::{ComputeError, DeviceExpr, ACC_WORDS, SELECTION};
 use crate::error::BoxError;
-use crate::frame::{DeviceFrame, FrameColumn};
+use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
 
+/// The kernels' PTX.
+pub const COMPUTE_PTX: &str = include_str!("../../kernels/compute.ptx");
+
+/// The kernels of one context.
+struct Kernels {
+    /// The module the functions belong to (kept loaded).
+    _module: Arc<CudaModule>,
+    load_lanes: CudaFunction,
+    fill_lanes: CudaFunction,
+    binary_lanes: CudaFunction,
+    unary_lanes: CudaFunction,
+    store_lanes: CudaFunction,
+    pack_bits: CudaFunction,
+    select_rows: CudaFunction,
+    key_view: CudaFunction,
+    key_utf8: CudaFunction,
+    key_lanes: CudaFunction,
+    group_rows: CudaFunction,
+    compact_groups: CudaFunction,
+    accumulate: CudaFunction,
+    gather_groups: CudaFunction,
+}
+
+/// The kernels in `cuda`'s context, loaded once per context.
+fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
+    static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+    let context = cuda.primary_context().context();
+    // The context's address identifies it while it lives; the primary context of a
+    // device lives as long as the process holds it (the map holds it too).
+    let key = Arc::as_ptr(context) as usize;
+    let mut modules = MODULES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(kernels) = modules.get(&key) {
+        return Ok(kernels.clone());
+    }
+    let module = devarrow::cuda::kernels::load_module(context, "compute.ptx", COMPUTE_PTX)?;
+    // cuModuleGetFunction needs the module's context current on this thread.
+    context.bind_to_thread()?;
+    let f = |name: &str| module.load_function(name);
+    let kernels = Arc::new(Kernels {
+        _module: module.clone(),
+        load_lanes: f("load_lanes")?,
+        fill_lanes: f("fill_lanes")?,
+        binary_lanes: f("binary_lanes")?,
+        unary_lanes: f("unary_lanes")?,
+        store_lanes: f("store_lanes")?,
+        pack_bits: f("pack_bits")?,
+        select_rows: f("select_rows")?,
+        key_view: f("key_view")?,
+        key_utf8: f("key_utf8")?,
+        key_lanes: f("key_lanes")?,
+        group_rows: f("group_rows")?,
+        compact_groups: f("compact_groups")?,
+        accumulate: f("accumulate")?,
+        gather_groups: f("gather_groups")?,
+    });
+    modules.insert(key, kernels.clone());
+    Ok(kernels)
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy)]
+enum A {
+    U64(u64),
+    U32(u32),
+    I64(i64),
+}
+
+/// Everything a launch needs.
+struct Cx<'a> {
+    stream: &'a Arc<CudaStream>,
+    k: Arc<Kernels>,
+}
+
+impl Cx<'_> {
+    /// Launches `f` over `rows` (grid-stride: at most 1024 blocks of 256 threads);
+    /// nothing for 0 rows.
+    fn launch(&self, f: &CudaFunction, rows: usize, args: &[A]) -> Result<(), BoxError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                A::U64(v) => launch.arg(v),
+                A::U32(v) => launch.arg(v),
+                A::I64(v) => launch.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256).clamp(1, 1024) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Every kernel of compute.ptx takes the parameters its comment lists, in order
+        // (u64 device addresses, u32 and s64 scalars), which the callers pass: addresses
+        // of live allocations on this stream (or views kept alive until after the
+        // launch, whose drop orders their release after it), each holding the elements
+        // the kernel reads or writes for `rows` rows (checked or allocated so).
+        // SAFETY: so the kernel reads and writes only memory it was given, in bounds.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn zeros<
+        T: devarrow::cuda::cudarc::driver::DeviceRepr
+            + devarrow::cuda::cudarc::driver::ValidAsZeroBits,
+    >(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, BoxError> {
+        Ok(self.stream.alloc_zeros::<T>(n.max(1))?)
+    }
+}
+
+/// The device address of a cudarc slice on `stream` (all of this module's work is on
+/// the one stream, so no event is needed to order it).
+fn addr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    let (ptr, _record) = slice.device_ptr(stream);
+    ptr
+}
+
+/// Lanes on the device: values and validity flags.
+struct Lanes {
+    values: CudaSlice<i64>,
+    valid: CudaSlice<u8>,
+}
+
+/// The load width code of `load_lanes` for a type.
+fn width_code(data_type: &DataType) -> Option<u32> {
+    Some(match data_type {
+        DataType::Boolean => 0,
+        DataType::UInt8 => 1,
+        DataType::Int8 => 2,
+        DataType::Int16 => 3,
+        DataType::Int32 | DataType::Date32 => 4,
+        DataType::Int64 => 8,
+        DataType::Decimal128(..) => 16,
+        _ => return None,
+    })
+}
+
+/// A column as lanes (`load_lanes`), checked against its buffer.
+fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes, BoxError> {
+    let c = column.column();
+    let n = c.len();
+    let code = width_code(c.data_type()).ok_or_else(|| {
+        ComputeError::Input(format!(
+            "column `{name}` is {}, which the device does not compute on",
+            c.data_type()
+        ))
+    })?;
+    let values = c.values().ok_or("a column without a values buffer")?;
+    let bytes_per_value: u64 = match code {
+        0 => 0,
+        1 | 2 => 1,
+        3 => 2,
+        other => other as u64,
+    };
+    let end = (c.offset() + n) as u64;
+    let bits = if code == 0 {
+        end
+    } else {
+        end * bytes_per_value * 8
+    };
+    if (values.len() as u64) * 8 < bits {
+        return Err(ComputeError::Input(format!(
+            "column `{name}`: a values buffer of {} bytes, {} bits needed",
+            values.len(),
+            bits
+        ))
+        .into());
+    }
+    aligned(values.address(), bytes_per_value.clamp(1, 8), name)?;
+    let view = values.cuda_view::<u8>(cx.stream)?;
+    let bitmap = c.cuda_validity(cx.stream)?;
+    if let Some(b) = &bitmap {
+        if (b.len() as u64) * 8 < (c.offset() + n) as u64 {
+            return Err(ComputeError::Input(format!("column `{name}`: a bitmap too short")).into());
+        }
+    }
+    let out = Lanes {
+        values: cx.zeros::<i64>(n)?,
+        valid: cx.zeros::<u8>(n)?,
+    };
+    cx.launch(
+        &cx.k.load_lanes,
+        n,
+        &[
+            A::U64(view.device_ptr()),
+            A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+            A::U64(c.offset() as u64),
+            A::U64(n as u64),
+            A::U32(code),
+            A::U64(addr(&out.values, cx.stream)),
+            A::U64(addr(&out.valid, cx.stream)),
+            A::U64(err),
+        ],
+    )?;
+    drop((view, bitmap));
+    Ok(out)
+}
+
+/// Checks that a buffer the kernels load `align`-byte words from is aligned for them (a
+/// foreign producer's buffers may not be).
+fn aligned(address: u64, align: u64, name: &str) -> Result<(), BoxError> {
+    if !address.is_multiple_of(align) {
+        return Err(ComputeError::Input(format!(
+            "column `{name}`: a buffer at {address:#x}, not aligned to {align} bytes"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Evaluates `node` over the frame's rows, errors flagged at `err`.
+fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes, BoxError> {
+    let n = frame.num_rows();
+    let s = cx.stream;
+    match node {
+        Node::Column { index, name, .. } => load(cx, frame_column(frame, *index, name)?, name, err),
+        Node::Literal(v) => {
+            let out = Lanes {
+                values: cx.zeros::<i64>(n)?,
+                valid: cx.zeros::<u8>(n)?,
+            };
+            cx.launch(
+                &cx.k.fill_lanes,
+                n,
+                &[
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(n as u64),
+                    A::I64(v.unwrap_or(0)),
+                    A::U32(v.is_some() as u32),
+                ],
+            )?;
+            Ok(out)
+        }
+        Node::Binary {
+            op,
+            left,
+            right,
+            lmul,
+            rmul,
+            lo,
+            hi,
+        } => {
+            let a = eval(cx, left, frame, err)?;
+            let b = eval(cx, right, frame, err)?;
+            let out = Lanes {
+                values: cx.zeros::<i64>(n)?,
+                valid: cx.zeros::<u8>(n)?,
+            };
+            cx.launch(
+                &cx.k.binary_lanes,
+                n,
+                &[
+                    A::U64(addr(&a.values, s)),
+                    A::U64(addr(&a.valid, s)),
+                    A::U64(addr(&b.values, s)),
+                    A::U64(addr(&b.valid, s)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(n as u64),
+                    A::U32(*op),
+                    A::I64(*lmul),
+                    A::I64(*rmul),
+                    A::I64(*lo),
+                    A::I64(*hi),
+                    A::U64(err),
+                ],
+            )?;
+            Ok(out)
+        }
+        Node::Unary {
+            op,
+            input,
+            mul,
+            lo,
+            hi,
+            on_fail,
+        } => {
+            let a = eval(cx, input, frame, err)?;
+            let out = Lanes {
+                values: cx.zeros::<i64>(n)?,
+                valid: cx.zeros::<u8>(n)?,
+            };
+            cx.launch(
+                &cx.k.unary_lanes,
+                n,
+                &[
+                    A::U64(addr(&a.values, s)),
+                    A::U64(addr(&a.valid, s)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(n as u64),
+                    A::U32(*op),
+                    A::I64(*mul),
+                    A::I64(*lo),
+                    A::I64(*hi),
+                    A::U32((*on_fail == OnFail::Null) as u32),
+                    A::U64(err),
+                ],
+            )?;
+            Ok(out)
+        }
+    }
+}
+
+/// Reads the error word back (one synchronize of the stream) and turns it into an error.
+fn check(cx: &Cx<'_>, err: &CudaSlice<u32>, what: &str) -> Result<(), BoxError> {
+    let mut word = [0u32; 1];
+    cx.stream.memcpy_dtoh(&err.slice(0..1), &mut word)?;
+    cx.stream.synchronize()?;
+    overflow_of(word[0], what)
+}
+
+/// Whether the frame columns `node` reads may hold nulls.
+fn columns_have_nulls(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
+    let mut columns = Vec::new();
+    node.columns(&mut columns);
+    for (index, name) in columns {
+        let c = frame_column(frame, index, name)?.column();
+        if c.validity().is_some() && c.null_count() != Some(0) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn context<'a>(cuda: &'a Arc<CudaDevice>) -> Result<Cx<'a>, BoxError> {
+    let k = kernels(cuda)?;
+    Ok(Cx {
+        stream: cuda.stream(),
+        k,
+    })
+}
+
 pub(crate) fn evaluate(
-    _expr: &DeviceExpr,
-    _frame: &DeviceFrame,
-    _cuda: &Arc<CudaDevice>,
-    _device: &ExecDevice,
+    expr: &DeviceExpr,
+    frame: &DeviceFrame,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+    defer: bool,
+) -> Result<(FrameColumn, Option<ErrorWord>), BoxError> {
+    let dt = expr.data_type().clone();
+    let n = frame.num_rows();
+    if n == 0 {
+        return Ok((
+            empty_column(Field::new(&expr.text, dt, false), device)?,
+            None,
+        ));
+    }
+    let cx = context(cuda)?;
+    let s = cx.stream;
+    let err = cx.zeros::<u32>(1)?;
+    let e = addr(&err, s);
+    let lanes = eval(&cx, &expr.node, frame, e)?;
+    if dt == DataType::Boolean {
+        return Ok((boolean_column(&cx, expr, lanes, &err, device)?, None));
+    }
+    let width: u32 = match &dt {
+        DataType::Decimal128(..) => 16,
+        DataType::Int64 => 8,
+        DataType::Int32 | DataType::Date32 => 4,
+        DataType::Int16 => 2,
+        DataType::Int8 => 1,
+        other => return Err(ComputeError::Input(format!("no CUDA output of {other}")).into()),
+    };
+    let store = |out: u64| {
+        cx.launch(
+            &cx.k.store_lanes,
+            n,
+            &[
+                A::U64(addr(&lanes.values, s)),
+                A::U64(out),
+                A::U64(n as u64),
+                A::U32(width),
+                A::U64(e),
+            ],
+        )
+    };
+    let nullable = expr.node.introduces_nulls() || columns_have_nulls(&expr.node, frame)?;
+    let bitmap = if nullable {
+        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+        cx.launch(
+            &cx.k.pack_bits,
+            n.div_ceil(8),
+            &[
+                A::U64(addr(&lanes.valid, s)),
+                A::U64(addr(&bits, s)),
+                A::U64(n as u64),
+            ],
+        )?;
+        Some(bits)
+    } else {
+        None
+    };
+    fn array<T: devarrow::cuda::DeviceNative + devarrow::cuda::cudarc::driver::ValidAsZeroBits>(
+        cx: &Cx<'_>,
+        dt: &DataType,
+        n: usize,
+        store: impl Fn(u64) -> Result<(), BoxError>,
+        bitmap: Option<CudaSlice<u8>>,
+    ) -> Result<CudaArray, BoxError> {
+        let out = cx.stream.alloc_zeros::<T>(n)?;
+        store(addr(&out, cx.stream))?;
+        Ok(match bitmap {
+            Some(bits) => CudaArray::with_validity(dt.clone(), out, bits, None)?,
+            None => CudaArray::from_values(dt.clone(), out)?,
+        })
+    }
+    let column = match width {
+        16 => array::<i128>(&cx, &dt, n, store, bitmap)?,
+        8 => array::<i64>(&cx, &dt, n, store, bitmap)?,
+        4 => array::<i32>(&cx, &dt, n, store, bitmap)?,
+        2 => array::<i16>(&cx, &dt, n, store, bitmap)?,
+        _ => array::<i8>(&cx, &dt, n, store, bitmap)?,
+    };
+    let pending = pending(
+        &cx,
+        err,
+        &expr.text,
+        expr.node.may_fail() || width < 8,
+        defer,
+    )?;
+    drop(lanes);
+    let nullable = column.null_count() > 0;
+    let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
+    let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
+    Ok((FrameColumn::single(batch)?, pending))
+}
+
+/// The error word of an evaluation, read back later ([`super::PendingCheck`]).
+#[derive(Debug)]
+pub(crate) struct ErrorWord {
+    stream: Arc<CudaStream>,
+    word: CudaSlice<u32>,
+    what: String,
+}
+
+impl ErrorWord {
+    /// Reads the word back (one synchronize of the stream): an overflow error if a
+    /// kernel flagged one.
+    pub(crate) fn check(self) -> Result<(), BoxError> {
+        let mut word = [0u32; 1];
+        self.stream.memcpy_dtoh(&self.word.slice(0..1), &mut word)?;
+        self.stream.synchronize()?;
+        overflow_of(word[0], &self.what)
+    }
+}
+
+fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
+    if word & 1 != 0 {
+        return Err(ComputeError::Overflow(format!(
+            "`{what}` overflows the device's 64-bit lanes or its result's range"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The error word checked now (`defer` false), handed back (`defer`), or dropped when
+/// nothing can have set it (`needed` false).
+fn pending(
+    cx: &Cx<'_>,
+    word: CudaSlice<u32>,
+    what: &str,
+    needed: bool,
+    defer: bool,
+) -> Result<Option<ErrorWord>, BoxError> {
+    if !needed {
+        return Ok(None);
+    }
+    let word = ErrorWord {
+        stream: cx.stream.clone(),
+        word,
+        what: what.to_string(),
+    };
+    if defer {
+        return Ok(Some(word));
+    }
+    word.check()?;
+    Ok(None)
+}
+
+/// A Boolean result: devarrow builds CUDA arrays of fixed-width values only, so the
+/// lanes come back to the host (one synchronize) and the bit-packed column is uploaded.
+fn boolean_column(
+    cx: &Cx<'_>,
+    expr: &DeviceExpr,
+    lanes: Lanes,
+    err: &CudaSlice<u32>,
+    device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
-    Err(ComputeError::Input("CUDA expressions are not built yet".into()).into())
+    let n = lanes.values.len();
+    let mut values = vec![0i64; n];
+    let mut valid = vec![0u8; n];
+    cx.stream.memcpy_dtoh(&lanes.values, &mut values)?;
+    cx.stream.memcpy_dtoh(&lanes.valid, &mut valid)?;
+    check(cx, err, &expr.text)?;
+    let array = arrow_array::BooleanArray::from(
+        values
+            .iter()
+            .zip(&valid)
+            .map(|(&v, &ok)| (ok != 0).then_some(v != 0))
+            .collect::<Vec<_>>(),
+    );
+    let nullable = arrow_array::Array::null_count(&array) > 0;
+    let schema = schema_of(vec![Field::new(&expr.text, DataType::Boolean, nullable)]);
+    let batch = arrow_array::RecordBatch::try_new(schema, vec![Arc::new(array)])?;
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    Ok(FrameColumn::single(transfer.to_device(&batch)?)?)
+}
+
+/// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host
+/// array, uploaded).
+fn empty_column(field: Field, device: &ExecDevice) -> Result<FrameColumn, BoxError> {
+    let batch = arrow_array::RecordBatch::new_empty(schema_of(vec![field]));
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    Ok(FrameColumn::single(transfer.to_device(&batch)?)?)
+}
+
+/// The frame's pending selection as lanes, if it has one.
+fn prior_selection(cx: &Cx<'_>, frame: &DeviceFrame, err: u64) -> Result<Option<Lanes>, BoxError> {
+    frame
+        .selection()
+        .map(|s| load(cx, s, SELECTION, err))
+        .transpose()
+}
+
+/// `select_rows` of `pred` (None: every row) and the frame's selection: u8 per row.
+fn selected(
+    cx: &Cx<'_>,
+    pred: Option<&Lanes>,
+    frame: &DeviceFrame,
+    err: u64,
+) -> Result<CudaSlice<u8>, BoxError> {
+    let n = frame.num_rows();
+    let s = cx.stream;
+    let prior = prior_selection(cx, frame, err)?;
+    let out = cx.stream.alloc_zeros::<u8>(n)?;
+    let ptrs = |l: Option<&Lanes>| l.map_or((0, 0), |l| (addr(&l.values, s), addr(&l.valid, s)));
+    let (p, pv) = ptrs(pred);
+    let (q, qv) = ptrs(prior.as_ref());
+    cx.launch(
+        &cx.k.select_rows,
+        n,
+        &[
+            A::U64(p),
+            A::U64(pv),
+            A::U64(q),
+            A::U64(qv),
+            A::U64(addr(&out, s)),
+            A::U64(n as u64),
+        ],
+    )?;
+    Ok(out)
 }
 
 pub(crate) fn select(
-    _expr: &DeviceExpr,
-    _frame: &DeviceFrame,
-    _cuda: &Arc<CudaDevice>,
-    _device: &ExecDevice,
-) -> Result<FrameColumn, BoxError> {
-    Err(ComputeError::Input("CUDA selections are not built yet".into()).into())
+    predicate: &DeviceExpr,
+    frame: &DeviceFrame,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+    defer: bool,
+) -> Result<(FrameColumn, Option<ErrorWord>), BoxError> {
+    if frame.num_rows() == 0 {
+        let field = Field::new(SELECTION, DataType::UInt8, false);
+        return Ok((empty_column(field, device)?, None));
+    }
+    let cx = context(cuda)?;
+    let err = cx.zeros::<u32>(1)?;
+    let e = addr(&err, cx.stream);
+    let lanes = eval(&cx, &predicate.node, frame, e)?;
+    let mask = selected(&cx, Some(&lanes), frame, e)?;
+    let pending = pending(&cx, err, &predicate.text, predicate.node.may_fail(), defer)?;
+    drop(lanes);
+    let column = CudaArray::from_values(DataType::UInt8, mask)?;
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
+    Ok((FrameColumn::single(batch)?, pending))
+}
+
+/// The accumulate kernel's kind code.
+fn kind_code(kind: AggKind) -> u32 {
+    match kind {
+        AggKind::Sum | AggKind::Avg => 0,
+        AggKind::Count => 1,
+        AggKind::Min => 2,
+        AggKind::Max => 3,
+    }
 }
 
 pub(crate) fn groups(
-    _plan: &Plan,
-    _frame: &DeviceFrame,
-    _cuda: &Arc<CudaDevice>,
+    plan: &Plan,
+    frame: &DeviceFrame,
+    cuda: &Arc<CudaDevice>,
 ) -> Result<Groups, BoxError> {
-    Err(ComputeError::Input("CUDA aggregates are not built yet".into()).into())
+    let n = frame.num_rows();
+    if n == 0 {
+        // (CUDA allocates no empty buffer.)
+        return Ok(Groups::default());
+    }
+    let cx = context(cuda)?;
+    let s = cx.stream;
+    let width = plan.key_width();
+    let naggs = plan.aggs.len();
+    let accw = naggs * ACC_WORDS;
+    // status: [groups, overflow flags, then one error word per key]
+    let status = cx.zeros::<u64>(2 + plan.keys.len())?;
+    let status_at = addr(&status, s);
+    let err = status_at + 8;
+    let sel = selected(&cx, None, frame, err)?;
+    let keys = cx.zeros::<u64>(n * width)?;
+    let keys_at = addr(&keys, s);
+    for (k, (source, _)) in plan.keys.iter().enumerate() {
+        let key_err = status_at + 8 * (2 + k as u64);
+        match source {
+            KeySource::String { index, name } => {
+                let column = frame_column(frame, *index, name)?;
+                let c = column.column();
+                let bitmap = c.cuda_validity(s)?;
+                let bitmap_at = bitmap.as_ref().map_or(0, |b| b.device_ptr());
+                let end = c.offset() + c.len();
+                match c.data_type() {
+                    DataType::Utf8View => {
+                        let views = c.buffer(1).ok_or("a view column without views")?;
+                        if views.len() < end * 16 {
+                            return Err(
+                                ComputeError::Input("a views buffer too short".into()).into()
+                            );
+                        }
+                        aligned(views.address(), 8, name)?;
+                        let views = views.cuda_view::<u8>(s)?;
+                        cx.launch(
+                            &cx.k.key_view,
+                            n,
+                            &[
+                                A::U64(views.device_ptr()),
+                                A::U64(bitmap_at),
+                                A::U64(c.offset() as u64),
+                                A::U64(n as u64),
+                                A::U64(keys_at),
+                                A::U32(width as u32),
+                                A::U32(k as u32),
+                                A::U64(key_err),
+                            ],
+                        )?;
+                    }
+                    DataType::Utf8 => {
+                        let offsets = c.buffer(1).ok_or("a Utf8 column without offsets")?;
+                        if offsets.len() < (end + 1) * 4 {
+                            return Err(
+                                ComputeError::Input("an offsets buffer too short".into()).into()
+                            );
+                        }
+                        aligned(offsets.address(), 4, name)?;
+                        let offsets = offsets.cuda_view::<u8>(s)?;
+                        let data = c.buffer(2).map(|b| b.cuda_view::<u8>(s)).transpose()?;
+                        cx.launch(
+                            &cx.k.key_utf8,
+                            n,
+                            &[
+                                A::U64(offsets.device_ptr()),
+                                A::U64(data.as_ref().map_or(0, |d| d.device_ptr())),
+                                A::U64(bitmap_at),
+                                A::U64(c.offset() as u64),
+                                A::U64(n as u64),
+                                A::U64(keys_at),
+                                A::U32(width as u32),
+                                A::U32(k as u32),
+                                A::U64(key_err),
+                            ],
+                        )?;
+                    }
+                    other => {
+                        return Err(
+                            ComputeError::Input(format!("a string key of type {other}")).into()
+                        )
+                    }
+                }
+            }
+            KeySource::Value(node) => {
+                let lanes = eval(&cx, node, frame, err)?;
+                cx.launch(
+                    &cx.k.key_lanes,
+                    n,
+                    &[
+                        A::U64(addr(&lanes.values, s)),
+                        A::U64(addr(&lanes.valid, s)),
+                        A::U64(n as u64),
+                        A::U64(keys_at),
+                        A::U32(width as u32),
+                        A::U32(k as u32),
+                    ],
+                )?;
+            }
+        }
+    }
+    let cap = (2 * n).next_power_of_two().max(16);
+    let table = cx.zeros::<u64>(cap)?;
+    let slot_of = cx.zeros::<u64>(n)?;
+    let dense = cx.zeros::<u64>(cap)?;
+    let rep = cx.zeros::<u64>(n)?;
+    cx.launch(
+        &cx.k.group_rows,
+        n,
+        &[
+            A::U64(keys_at),
+            A::U32(width as u32),
+            A::U64(addr(&sel, s)),
+            A::U64(n as u64),
+            A::U64(addr(&table, s)),
+            A::U64(cap as u64 - 1),
+            A::U64(addr(&slot_of, s)),
+        ],
+    )?;
+    cx.launch(
+        &cx.k.compact_groups,
+        cap,
+        &[
+            A::U64(addr(&table, s)),
+            A::U64(cap as u64),
+            A::U64(addr(&dense, s)),
+            A::U64(addr(&rep, s)),
+            A::U64(status_at),
+        ],
+    )?;
+    let acc = cx.zeros::<u64>(n * accw)?;
+    for (a, agg) in plan.aggs.iter().enumerate() {
+        let lanes = agg
+            .arg
+            .as_ref()
+            .map(|node| eval(&cx, node, frame, err))
+            .transpose()?;
+        let (values, valid) = lanes
+            .as_ref()
+            .map_or((0, 0), |l| (addr(&l.values, s), addr(&l.valid, s)));
+        cx.launch(
+            &cx.k.accumulate,
+            n,
+            &[
+                A::U64(addr(&slot_of, s)),
+                A::U64(addr(&dense, s)),
+                A::U64(n as u64),
+                A::U64(values),
+                A::U64(valid),
+                A::U64(addr(&acc, s)),
+                A::U32(accw as u32),
+                A::U32((a * ACC_WORDS) as u32),
+                A::U32(kind_code(agg.kind)),
+            ],
+        )?;
+    }
+    // The group count and the error words, then the table.
+    let mut words = vec![0u64; 2 + plan.keys.len()];
+    s.memcpy_dtoh(&status, &mut words)?;
+    s.synchronize()?;
+    if words[1] & 1 != 0 {
+        return Err(ComputeError::Overflow(
+            "an aggregate's argument or key overflows the device's 64-bit lanes".into(),
+        )
+        .into());
+    }
+    for (k, (source, _)) in plan.keys.iter().enumerate() {
+        if words[2 + k] != 0 {
+            let column = match source {
+                KeySource::String { name, .. } => name.clone(),
+                KeySource::Value(_) => format!("key {k}"),
+            };
+            return Err(ComputeError::KeyTooLong {
+                column,
+                row: 0,
+                len: 0,
+            }
+            .into());
+        }
+    }
+    let count = words[0] as usize;
+    if count == 0 {
+        return Ok(Groups::default());
+    }
+    let row = width + accw;
+    let out = cx.zeros::<u64>(count * row)?;
+    cx.launch(
+        &cx.k.gather_groups,
+        count,
+        &[
+            A::U64(keys_at),
+            A::U32(width as u32),
+            A::U64(addr(&rep, s)),
+            A::U64(addr(&acc, s)),
+            A::U32(accw as u32),
+            A::U64(count as u64),
+            A::U64(addr(&out, s)),
+        ],
+    )?;
+    let mut host = vec![0u64; count * row];
+    s.memcpy_dtoh(&out.slice(0..count * row), &mut host)?;
+    s.synchronize()?;
+    let mut groups = Groups {
+        count,
+        keys: Vec::with_capacity(count * width),
+        accs: Vec::with_capacity(count * accw),
+    };
+    for g in host.chunks_exact(row) {
+        groups.keys.extend_from_slice(&g[..width]);
+        groups.accs.extend_from_slice(&g[width..]);
+    }
+    // `sel` and the other temporaries are freed in stream order after the kernels.
+    drop((sel, keys, table, slot_of, dense, rep, acc, status));
+    Ok(groups)
 }

@@ -9,7 +9,8 @@ use arrow_schema::{DataType, Schema};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr, TryCastExpr,
+    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr, NotExpr,
+    TryCastExpr,
 };
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
@@ -54,7 +55,7 @@ pub(crate) enum Node {
     Column {
         index: usize,
         name: String,
-        #[allow(dead_code)] // (CUDA, soon)
+        #[allow(dead_code)] // its type, for Debug
         data_type: DataType,
     },
     /// A constant (`None`: null).
@@ -176,6 +177,23 @@ fn compile_node(
             return Err(Unsupported(format!("NOT of {t}")));
         }
         return Ok(unary(op::NOT, input_node));
+    }
+    if let Some(negative) = expr.downcast_ref::<NegativeExpr>() {
+        // -x as 0 - x (checked: -i64::MIN, and an Int32's -i32::MIN, overflow).
+        let (input_node, t) = compile(negative.arg(), input)?;
+        if !matches!(kind(&t)?, Kind::Decimal(_) | Kind::Int) {
+            return Err(Unsupported(format!("the negation of {t}")));
+        }
+        let (lo, hi) = range_of(&t);
+        return Ok(Node::Binary {
+            op: op::SUB,
+            left: Box::new(Node::Literal(Some(0))),
+            right: Box::new(input_node),
+            lmul: 1,
+            rmul: 1,
+            lo,
+            hi,
+        });
     }
     if let Some(is_null) = expr.downcast_ref::<IsNullExpr>() {
         let (input_node, _) = compile(is_null.arg(), input)?;
@@ -372,7 +390,7 @@ fn cast_node(
     })
 }
 
-#[allow(dead_code)] // (CUDA, soon)
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
 impl Node {
     /// Whether evaluating it may raise an error (an overflow check).
     pub(crate) fn may_fail(&self) -> bool {

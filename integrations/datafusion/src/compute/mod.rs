@@ -25,7 +25,7 @@
 //!   two integers (an Int32 result outside Int32's range is an overflow error where
 //!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
 //!   integers, dates and booleans; `AND`/`OR` with SQL's three-valued logic;
-//! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`;
+//! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`, `NegativeExpr` (as `0 - x`);
 //! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
 //!   decimal of an equal or larger scale (exact: a multiplication by 10^k), the result
 //!   checked against the target precision (or integer range): out of range is an error,
@@ -46,11 +46,29 @@
 //!
 //! Outputs are arrays of exactly the expression's type; a computed column is a one-column
 //! device batch (on the CPU device, a host batch exported in place; on CUDA, cudarc slices
-//! written by the kernels). On CUDA, an expression whose nodes can overflow reads one
-//! error word back (one synchronize of the device's stream), as does a nullable output
-//! (its null count); the aggregate synchronizes its stream twice (the group count, then
-//! the table). Boolean results are produced on CUDA only as selections ([`select`]);
-//! [`DeviceExpr::evaluate`] of a Boolean expression on CUDA is an error.
+//! written by the kernels, made a batch with `DeviceBatch::from_cuda_arrays`).
+//!
+//! # On CUDA
+//!
+//! `kernels/compute.ptx`, loaded once per context, launched on the device's stream
+//! (grid-stride loops, at most 1024 blocks of 256 threads). The host waits (one
+//! synchronize of that stream, never of the device) only where a result must come back:
+//! - an expression whose nodes can overflow reads its error word back, at once
+//!   ([`DeviceExpr::evaluate`], [`select`]) or when the caller checks
+//!   ([`DeviceExpr::evaluate_deferred`], [`select_deferred`], [`PendingCheck`]: a region
+//!   can check once per batch, when it reads its results back anyway);
+//! - a nullable output counts its nulls (devarrow's `CudaArray::with_validity`);
+//! - a Boolean output comes back to the host and is uploaded bit-packed (devarrow builds
+//!   CUDA arrays of fixed-width values only): a projection of a predicate costs a round
+//!   trip, a selection ([`select`]) does not;
+//! - the aggregate reads its group count and error words, then its group table (keys of
+//!   each group's first row and the states, one copy).
+//!
+//! A frame of no rows yields empty uploaded columns (CUDA allocates no empty buffer). A
+//! string group key longer than 12 bytes is [`ComputeError::KeyTooLong`] naming the
+//! column (on CUDA without its row and length). Temporaries are cudarc slices freed in
+//! stream order when dropped, on every path, errors included; columns are read through
+//! devarrow's views, which order the release of their batch after the kernels.
 
 use std::fmt;
 use std::sync::Arc;
@@ -104,9 +122,9 @@ pub enum ComputeError {
     KeyTooLong {
         /// The column.
         column: String,
-        /// The row (of the batch; on CUDA, 0 when unknown).
+        /// The row of the batch (0 on CUDA, which does not tell).
         row: usize,
-        /// Its length in bytes.
+        /// Its length in bytes (0 on CUDA, which does not tell).
         len: usize,
     },
     /// An input the compiled expression does not fit (a missing column, another type, a
@@ -152,14 +170,34 @@ impl DeviceExpr {
     }
 
     /// Its values for every row of `frame` (selected or not), a new column on `device`.
+    ///
+    /// # Errors
+    /// [`ComputeError::Overflow`] when a value does not fit (on CUDA, read back at once:
+    /// see [`DeviceExpr::evaluate_deferred`] to check it later), devarrow's and the
+    /// driver's errors.
     pub fn evaluate(
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
     ) -> Result<FrameColumn, BoxError> {
+        let (column, pending) = self.evaluate_deferred(frame, device)?;
+        pending.check()?;
+        Ok(column)
+    }
+
+    /// [`DeviceExpr::evaluate`] whose overflow check on CUDA is left to the caller
+    /// ([`PendingCheck::check`], say once per batch where the region reads its results
+    /// back anyway): the column must not be used for a result until it passed. On the
+    /// CPU device, errors are raised at once and the check is empty.
+    pub fn evaluate_deferred(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(FrameColumn, PendingCheck), BoxError> {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
-            return cuda::evaluate(self, frame, cuda, device);
+            let (column, word) = cuda::evaluate(self, frame, cuda, device, true)?;
+            return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
         let lanes = host::eval(&self.node, frame, &self.text)?;
@@ -173,7 +211,43 @@ impl DeviceExpr {
             self.data_type.clone(),
             nullable,
         )]);
-        cpu_column(RecordBatch::try_new(schema, vec![array])?, device)
+        let column = cpu_column(RecordBatch::try_new(schema, vec![array])?, device)?;
+        Ok((column, PendingCheck::default()))
+    }
+}
+
+/// The overflow check of a deferred evaluation ([`DeviceExpr::evaluate_deferred`],
+/// [`select_deferred`]): on CUDA, the error word its kernels set, read back by
+/// [`PendingCheck::check`] (one synchronize of the device's stream); empty when nothing
+/// can overflow, and on the CPU device. Dropping it unchecked forgoes the check.
+#[derive(Debug, Default)]
+#[must_use = "an unchecked device evaluation may hide an overflow"]
+pub struct PendingCheck {
+    #[cfg(feature = "cuda")]
+    word: Option<cuda::ErrorWord>,
+}
+
+impl PendingCheck {
+    /// Whether there is anything to check (a read-back).
+    pub fn is_pending(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.word.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// [`ComputeError::Overflow`] if a kernel flagged one.
+    pub fn check(self) -> Result<(), BoxError> {
+        #[cfg(feature = "cuda")]
+        if let Some(word) = self.word {
+            return word.check();
+        }
+        Ok(())
+    }
+
+    /// Checks every one of `checks` (the first error).
+    pub fn check_all(checks: impl IntoIterator<Item = PendingCheck>) -> Result<(), BoxError> {
+        checks.into_iter().try_for_each(PendingCheck::check)
     }
 }
 
@@ -205,6 +279,18 @@ pub fn select(
     frame: &DeviceFrame,
     device: &ExecDevice,
 ) -> Result<FrameColumn, BoxError> {
+    let (column, pending) = select_deferred(predicate, frame, device)?;
+    pending.check()?;
+    Ok(column)
+}
+
+/// [`select`] whose overflow check on CUDA is left to the caller (as
+/// [`DeviceExpr::evaluate_deferred`]).
+pub fn select_deferred(
+    predicate: &DeviceExpr,
+    frame: &DeviceFrame,
+    device: &ExecDevice,
+) -> Result<(FrameColumn, PendingCheck), BoxError> {
     if predicate.data_type != DataType::Boolean {
         return Err(
             ComputeError::Input(format!("a predicate of type {}", predicate.data_type)).into(),
@@ -212,7 +298,8 @@ pub fn select(
     }
     #[cfg(feature = "cuda")]
     if let Some(cuda) = device.cuda() {
-        return cuda::select(predicate, frame, cuda, device);
+        let (column, word) = cuda::select(predicate, frame, cuda, device, true)?;
+        return Ok((column, PendingCheck { word }));
     }
     check_cpu(device)?;
     let lanes = host::eval(&predicate.node, frame, &predicate.text)?;
@@ -221,12 +308,9 @@ pub fn select(
         (0..frame.num_rows())
             .map(|i| (lanes.is_valid(i) && lanes.values[i] != 0) as u8 & before[i]),
     );
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        SELECTION,
-        DataType::UInt8,
-        false,
-    )]));
-    cpu_column(RecordBatch::try_new(schema, vec![Arc::new(mask)])?, device)
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let column = cpu_column(RecordBatch::try_new(schema, vec![Arc::new(mask)])?, device)?;
+    Ok((column, PendingCheck::default()))
 }
 
 /// An `AggregateExec` in `Partial` mode compiled for the device: per batch, the groups

@@ -977,6 +977,40 @@ impl Memory for KernelMemory<'_> {
         Ok(atomic.fetch_add(value, Ordering::SeqCst))
     }
 
+    fn atomic_cas_u64(&self, addr: u64, expected: u64, new: u64) -> Result<u64, Fault> {
+        if !addr.is_multiple_of(8) {
+            return Err(Self::fault(
+                addr,
+                8,
+                "misaligned atomic",
+                "atomics must be naturally aligned".into(),
+            ));
+        }
+        let p = self.resolve(addr, 8, "atomic")?;
+        // SAFETY: as in `atomic_add_u64`.
+        let atomic = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Ok(atomic
+            .compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst)
+            .unwrap_or_else(|old| old))
+    }
+
+    fn atomic_cas_u32(&self, addr: u64, expected: u32, new: u32) -> Result<u32, Fault> {
+        if !addr.is_multiple_of(4) {
+            return Err(Self::fault(
+                addr,
+                4,
+                "misaligned atomic",
+                "atomics must be naturally aligned".into(),
+            ));
+        }
+        let p = self.resolve(addr, 4, "atomic")?;
+        // SAFETY: as in `atomic_add_u64`, with 4 bytes.
+        let atomic = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) };
+        Ok(atomic
+            .compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst)
+            .unwrap_or_else(|old| old))
+    }
+
     fn global_timer_ns(&self) -> u64 {
         global_timer_ns()
     }

@@ -659,6 +659,55 @@ impl Launch<'_> {
                         r!(*d) = old;
                     }
                 }
+                Op::AtomCas {
+                    space,
+                    size,
+                    d,
+                    base,
+                    off,
+                    b,
+                    c,
+                } => {
+                    let addr = r!(*base).wrapping_add(*off as u64);
+                    let sz = *size as usize;
+                    let mask = if sz == 8 { u64::MAX } else { u32::MAX as u64 };
+                    let (expected, new) = (r!(*b) & mask, r!(*c) & mask);
+                    let old = match space {
+                        Space::Global => {
+                            if addr & (sz as u64 - 1) != 0 {
+                                fail!(Fault {
+                                    addr,
+                                    size: sz,
+                                    kind: "misaligned atomic".into()
+                                });
+                            }
+                            let res = if sz == 8 {
+                                self.mem.atomic_cas_u64(addr, expected, new)
+                            } else {
+                                self.mem
+                                    .atomic_cas_u32(addr, expected as u32, new as u32)
+                                    .map(|x| x as u64)
+                            };
+                            match res {
+                                Ok(x) => x,
+                                Err(f) => fail!(f),
+                            }
+                        }
+                        // A block's threads run one at a time: the read, compare and
+                        // write are one step.
+                        Space::Shared => match shared_range(shared.len(), addr, sz, "atomic") {
+                            Ok(rg) => {
+                                let old = le(&shared[rg.clone()]);
+                                if old == expected {
+                                    shared[rg].copy_from_slice(&new.to_le_bytes()[..sz]);
+                                }
+                                old
+                            }
+                            Err(f) => fail!(f),
+                        },
+                    };
+                    r!(*d) = old;
+                }
                 Op::Bra { target } => {
                     pc = *target as usize;
                     continue;

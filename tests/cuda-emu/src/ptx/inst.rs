@@ -314,6 +314,17 @@ pub(crate) enum Op {
         off: i64,
         b: Slot,
     },
+    /// `atom.cas`: `d = [base + off]`, which becomes `c` where it equals `b`, in one
+    /// atomic step.
+    AtomCas {
+        space: Space,
+        size: u8,
+        d: Slot,
+        base: Slot,
+        off: i64,
+        b: Slot,
+        c: Slot,
+    },
     Bra {
         target: u32,
     },

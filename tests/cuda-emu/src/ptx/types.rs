@@ -17,6 +17,12 @@ pub trait Memory: Sync {
     fn atomic_add_u64(&self, addr: u64, value: u64) -> Result<u64, Fault>;
     /// Atomically adds `value` to the `u32` at `addr`; returns the old value.
     fn atomic_add_u32(&self, addr: u64, value: u32) -> Result<u32, Fault>;
+    /// Atomically replaces the `u64` at `addr` by `new` where it equals `expected`;
+    /// returns the old value (`atom.cas.b64`).
+    fn atomic_cas_u64(&self, addr: u64, expected: u64, new: u64) -> Result<u64, Fault>;
+    /// Atomically replaces the `u32` at `addr` by `new` where it equals `expected`;
+    /// returns the old value (`atom.cas.b32`).
+    fn atomic_cas_u32(&self, addr: u64, expected: u32, new: u32) -> Result<u32, Fault>;
     /// `%globaltimer`: nanoseconds from a monotonic clock.
     fn global_timer_ns(&self) -> u64;
 }

@@ -19,6 +19,7 @@ impl<'a> Parser<'a> {
             "atom" | "red" => {
                 let mut space = Space::Global;
                 let mut add = false;
+                let mut cas = false;
                 let mut ty = None;
                 for (i, m) in mods.iter().enumerate() {
                     match *m {
@@ -26,9 +27,35 @@ impl<'a> Parser<'a> {
                         "shared" => space = Space::Shared,
                         "relaxed" | "cta" | "gpu" | "sys" => {}
                         "add" => add = true,
+                        "cas" if base == "atom" => cas = true,
                         _ if i == mods.len() - 1 => ty = parse_ty(m),
                         _ => return insn.unsupported(),
                     }
+                }
+                if cas {
+                    // atom.cas.{b32,b64} d, [a], b, c: d = [a]; [a] = ([a] == b) ? c : [a]
+                    // (the ISA also allows .b16 on sm_70, and .u32/.s32/.u64 are not
+                    // among its types: only the bit-size types are accepted here).
+                    let Some(t) = ty
+                        .filter(|t| !add && t.kind == TyKind::B && (t.bits == 32 || t.bits == 64))
+                    else {
+                        return insn.unsupported();
+                    };
+                    let w = W::Exact(t.bits);
+                    insn.nops(4)?;
+                    let d = self.dst(fc, &ops[0], w, line)?.0;
+                    let (abase, off) = self.address(fc, &ops[1], space, line)?;
+                    let b = self.src(fc, &ops[2], w, line)?;
+                    let c = self.src(fc, &ops[3], w, line)?;
+                    return Ok(Op::AtomCas {
+                        space,
+                        size: t.bits / 8,
+                        d,
+                        base: abase,
+                        off,
+                        b,
+                        c,
+                    });
                 }
                 let Some(t) = ty.filter(|t| {
                     add && t.is_int() && t.kind != TyKind::B && (t.bits == 32 || t.bits == 64)
