@@ -22,6 +22,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+#[path = "../tests/common/tpch.rs"]
+mod tpch;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,19 +37,6 @@ use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
 use devarrow_datafusion::device_session;
 
 use common::*;
-
-const Q1: &str = "select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, \
-    sum(l_extendedprice) as sum_base_price, \
-    sum(l_extendedprice * (1 - l_discount)) as sum_disc_price, \
-    sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) as sum_charge, \
-    avg(l_quantity) as avg_qty, avg(l_extendedprice) as avg_price, \
-    avg(l_discount) as avg_disc, count(*) as count_order \
-    from lineitem where l_shipdate <= date '1998-09-02' \
-    group by l_returnflag, l_linestatus order by l_returnflag, l_linestatus";
-
-const Q6: &str = "select sum(l_extendedprice * l_discount) as revenue from lineitem \
-    where l_shipdate >= date '1994-01-01' and l_shipdate < date '1995-01-01' \
-    and l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l_quantity < 24";
 
 /// Q1's scan: the columns its region loads.
 const Q1_SCAN: &str = "select l_quantity, l_extendedprice, l_discount, l_tax, l_returnflag, \
@@ -120,7 +110,7 @@ fn tpch(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("tpch");
     group.sample_size(10);
-    for (name, sql) in [("q1", Q1), ("q6", Q6)] {
+    for (name, sql) in [("q1", tpch::query(1)), ("q6", tpch::query(6))] {
         let on_host = plan_of(&plain, sql);
         let on_device = plan_of(&device, sql);
         let want = runtime

@@ -4,12 +4,14 @@
 //!
 //! A plan never names a device: the scheduler and the client plan with none. When a
 //! partition of a device region starts, it reads `devarrow.devices` from its task's
-//! session options, takes the device `partition % n` of that list, and waits for one of
-//! that device's slots (`devarrow.partitions_per_device`: the per-device limit of
-//! partitions running at once). On CUDA each slot has its own stream, made when the
-//! device is first opened by the process, so one partition's copies overlap another's
-//! kernels; the slots' streams are ordered with each other only by the events of the
-//! batches they share (none, within devarrow's plans).
+//! session options and takes the device `partition % n` of that list. Each time it works
+//! on the device (an upload; a batch's operators and download) it holds one of that
+//! device's slots (`devarrow.partitions_per_device`: the per-device limit of partitions
+//! on the device at once), never while it waits for its input, so regions nested in
+//! regions (a region above a join of regions) cannot starve each other of slots. On
+//! CUDA each slot has its own stream, made when the device is first opened by the
+//! process, so one partition's copies overlap another's kernels; a batch is ordered
+//! across slots by its events.
 //!
 //! ```
 //! use datafusion::prelude::{SessionConfig, SessionContext};
@@ -195,8 +197,13 @@ impl DevicePool {
         self.slots.len() - self.permits.available_permits()
     }
 
-    /// Waits for a free slot (a partition beyond the limit waits here, without blocking
-    /// a thread).
+    /// Waits for a free slot, blocking the calling thread (a partition's own thread,
+    /// never a runtime's).
+    pub fn lease_blocking(self: &Arc<Self>) -> DeviceLease {
+        futures::executor::block_on(self.lease())
+    }
+
+    /// Waits for a free slot (without blocking a thread).
     pub async fn lease(self: &Arc<Self>) -> DeviceLease {
         let permit = self
             .permits
@@ -245,7 +252,8 @@ impl Slot {
     }
 }
 
-/// One slot of a device, held by a running partition; dropping it frees the slot.
+/// One slot of a device, held while a partition works on the device (an upload, or a
+/// batch's operators and download); dropping it frees the slot.
 pub struct DeviceLease {
     pool: Arc<DevicePool>,
     slot: usize,

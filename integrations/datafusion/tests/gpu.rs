@@ -12,6 +12,9 @@ mod common;
 #[path = "common/host_eval.rs"]
 mod host_eval;
 
+#[path = "common/tpch.rs"]
+mod tpch;
+
 use std::sync::Arc;
 
 use datafusion::physical_plan::{collect, ExecutionPlan};
@@ -280,4 +283,63 @@ fn device_partial_aggregates_on_cuda_are_datafusions() {
         compute_checks::check_long_keys(&device).await;
         compute_checks::check_empty_frames(&device).await;
     });
+}
+
+/// TPC-H Q1 and Q6 with devarrow's own operators on CUDA (the PTX kernels of
+/// `kernels/compute.ptx`): one region each, the results DataFusion's to the last digit,
+/// no device memory left behind.
+#[test]
+fn q1_and_q6_regions_on_cuda_are_datafusions() {
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+    use devarrow_datafusion::rule::DeviceOperatorRegistry;
+    use devarrow_datafusion::DevicePlacementRule;
+
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    runtime().block_on(async {
+        let pool = Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), 2).unwrap());
+        let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
+            .with_placement(DevicePlacement::Pools(vec![pool]));
+        let data = lineitem(SCALE, 2, 4096);
+        let config = SessionConfig::new()
+            .with_target_partitions(2)
+            .with_option_extension(DevarrowConfig::default());
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(rule))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        register_lineitem(&ctx, data.clone());
+        let plain = session(data);
+        for q in [1, 6] {
+            let sql = tpch::query(q);
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(false)
+                .to_string();
+            assert_eq!(shown.matches("DeviceUnloadExec").count(), 1, "{shown}");
+            assert!(!shown.contains("HostOnlyExec"), "{shown}");
+            let got = collect(plan, ctx.task_ctx()).await.unwrap();
+            let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+            assert_eq!(
+                pretty_format_batches(&got).unwrap().to_string(),
+                pretty_format_batches(&want).unwrap().to_string(),
+                "Q{q}"
+            );
+        }
+    });
+    check.assert_no_leak("Q1 and Q6 regions on CUDA");
 }

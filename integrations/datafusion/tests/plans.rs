@@ -1,8 +1,12 @@
-//! devarrow's own device operators in TPC-H Q1 and Q6 on the CPU device: the plans the
+//! devarrow's own device operators in TPC-H Q1 and Q6 (`tests/common/tpch.rs`) on the
+//! CPU device: the plans the
 //! rule makes (snapshots of `EXPLAIN`: one region each, the filter, the projection and
 //! the partial aggregate on the device) and their results, DataFusion's alone.
 
 mod common;
+
+#[path = "common/tpch.rs"]
+mod tpch;
 
 use std::sync::Arc;
 
@@ -13,21 +17,6 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use devarrow_datafusion::device_session;
 
 use common::{lineitem, register_lineitem};
-
-/// TPC-H Q1 (DataFusion's benchmark text).
-const Q1: &str = "select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, \
-    sum(l_extendedprice) as sum_base_price, \
-    sum(l_extendedprice * (1 - l_discount)) as sum_disc_price, \
-    sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) as sum_charge, \
-    avg(l_quantity) as avg_qty, avg(l_extendedprice) as avg_price, \
-    avg(l_discount) as avg_disc, count(*) as count_order \
-    from lineitem where l_shipdate <= date '1998-09-02' \
-    group by l_returnflag, l_linestatus order by l_returnflag, l_linestatus";
-
-/// TPC-H Q6.
-const Q6: &str = "select sum(l_extendedprice * l_discount) as revenue from lineitem \
-    where l_shipdate >= date '1994-01-01' and l_shipdate < date '1995-01-01' \
-    and l_discount between 0.06 - 0.01 and 0.06 + 0.01 and l_quantity < 24";
 
 fn device_ctx(partitions: Vec<Vec<RecordBatch>>) -> SessionContext {
     let ctx = device_session(SessionConfig::new().with_target_partitions(partitions.len()));
@@ -80,10 +69,10 @@ async fn check(name: &str, sql: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q1_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
-    check("q1", Q1).await;
+    check("q1", tpch::query(1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q6_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
-    check("q6", Q6).await;
+    check("q6", tpch::query(6)).await;
 }

@@ -2,12 +2,14 @@
 //! coalesced, uploaded ahead), an operator thread (the operators on each frame, then the
 //! download), and a stream that takes the finished host batches off a channel.
 //!
-//! Nothing here blocks a tokio worker: the stream waits for its device slot
-//! asynchronously, and every host wait for the device (an upload's staging, an
-//! aggregate's read-back, a download) happens on the partition's two threads. Dropping
-//! the stream raises a flag and drops the channel; the threads see it at their next
-//! step and end on their own, freeing the partition's device memory, its memory
-//! reservation and its device slot. No drop joins a thread.
+//! Nothing here blocks a tokio worker: every wait for a device slot and every host wait
+//! for the device (an upload's staging, an aggregate's read-back, a download) happens on
+//! the partition's two threads. A thread holds a device slot only while it works on the
+//! device (one upload; one batch's operators and download), never while it waits for its
+//! input: a region whose input is another region (through a join or a sort) cannot take
+//! every slot and leave its input none. Dropping the stream raises a flag and drops the
+//! channel; the threads see it at their next step and end on their own, freeing the
+//! partition's device memory and its memory reservation. No drop joins a thread.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -28,11 +30,10 @@ use datafusion::physical_plan::metrics::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 use devarrow::bridge::DeviceBatch;
-use futures::future::BoxFuture;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
-use crate::config::{DevarrowConfig, DeviceLease};
+use crate::config::{DevarrowConfig, DeviceLease, DevicePool};
 use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
@@ -78,6 +79,7 @@ struct UnloadMetrics {
     bytes_from_device: Count,
     unload_time: Time,
     load_wait: Time,
+    slot_wait: Time,
 }
 
 impl UnloadMetrics {
@@ -87,6 +89,7 @@ impl UnloadMetrics {
             bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
             unload_time: MetricBuilder::new(metrics).subset_time("unload_time", partition),
             load_wait: MetricBuilder::new(metrics).subset_time("load_wait", partition),
+            slot_wait: MetricBuilder::new(metrics).subset_time("slot_wait", partition),
         }
     }
 }
@@ -97,6 +100,7 @@ type Uploaded = std::result::Result<(DeviceBatch, usize), DataFusionError>;
 
 /// Everything a partition's threads need, gathered before its device slot is granted.
 struct Pending {
+    pool: Arc<DevicePool>,
     child: SendableRecordBatchStream,
     ops: Vec<Arc<DeviceOperatorExec>>,
     config: DevarrowConfig,
@@ -136,6 +140,7 @@ pub(crate) fn execute_region(
         .unwrap_or_else(|| load.metrics_set().clone());
     let unload_metrics = UnloadMetrics::new(metrics.unwrap_or(&own_metrics), partition);
     let pending = Pending {
+        pool,
         child,
         ops,
         config,
@@ -145,18 +150,17 @@ pub(crate) fn execute_region(
         runtime: tokio::runtime::Handle::try_current().ok(),
         partition,
     };
-    let lease = async move { pool.lease().await }.boxed();
     Ok(Box::pin(RegionStream {
         schema,
-        state: State::Leasing(lease, Some(pending)),
+        state: State::Starting(Some(Box::new(pending))),
         cancel: Arc::new(AtomicBool::new(false)),
         baseline: unload_metrics.baseline,
     }))
 }
 
 enum State {
-    /// Waiting for a slot of the partition's device.
-    Leasing(BoxFuture<'static, DeviceLease>, Option<Pending>),
+    /// Not polled yet: the threads start at the first poll.
+    Starting(Option<Box<Pending>>),
     /// The threads run; their batches come through here.
     Running(mpsc::Receiver<Result<RecordBatch>>),
     /// Ended.
@@ -191,12 +195,9 @@ impl Stream for RegionStream {
         let this = &mut *self;
         loop {
             match &mut this.state {
-                State::Leasing(lease, pending) => {
-                    let Poll::Ready(lease) = lease.poll_unpin(cx) else {
-                        return Poll::Pending;
-                    };
-                    let pending = pending.take().expect("a leasing state holds its work");
-                    let receiver = start(pending, lease, this.cancel.clone());
+                State::Starting(pending) => {
+                    let pending = pending.take().expect("a starting state holds its work");
+                    let receiver = start(*pending, this.cancel.clone());
                     this.state = match receiver {
                         Ok(receiver) => State::Running(receiver),
                         Err(e) => {
@@ -218,14 +219,10 @@ impl Stream for RegionStream {
     }
 }
 
-/// Starts the partition's two threads on `lease`'s device slot.
-fn start(
-    pending: Pending,
-    lease: DeviceLease,
-    cancel: Arc<AtomicBool>,
-) -> Result<mpsc::Receiver<Result<RecordBatch>>> {
-    let lease = Arc::new(lease);
+/// Starts the partition's two threads.
+fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Result<RecordBatch>>> {
     let Pending {
+        pool,
         child,
         ops,
         config,
@@ -239,16 +236,16 @@ fn start(
     let (out_tx, out_rx) = mpsc::channel::<Result<RecordBatch>>(1);
     let spawn_error = |e: std::io::Error| {
         DataFusionError::External(Box::new(DeviceExecError::Device {
-            spec: lease.device().id().to_string(),
+            spec: pool.id().to_string(),
             reason: format!("no thread for partition {partition}: {e}"),
         }))
     };
     {
-        let (lease, cancel, reservation) = (lease.clone(), cancel.clone(), reservation.clone());
+        let (pool, cancel, reservation) = (pool.clone(), cancel.clone(), reservation.clone());
         let load = LoadThread {
             child,
             runtime,
-            lease,
+            pool,
             batch_bytes: config.batch_bytes,
             reservation,
             cancel,
@@ -262,7 +259,7 @@ fn start(
     }
     let operators = OperatorThread {
         ops,
-        lease: lease.clone(),
+        pool,
         reservation,
         cancel,
         metrics: unload_metrics,
@@ -279,7 +276,7 @@ fn start(
 struct LoadThread {
     child: SendableRecordBatchStream,
     runtime: Option<tokio::runtime::Handle>,
-    lease: Arc<DeviceLease>,
+    pool: Arc<DevicePool>,
     batch_bytes: usize,
     reservation: Arc<MemoryReservation>,
     cancel: Arc<AtomicBool>,
@@ -294,7 +291,7 @@ impl LoadThread {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
             Err(_) => DataFusionError::External(Box::new(DeviceExecError::Device {
-                spec: self.lease.device().id().to_string(),
+                spec: self.pool.id().to_string(),
                 reason: format!("the load of partition {} panicked", self.partition),
             })),
         };
@@ -348,12 +345,15 @@ impl LoadThread {
             self.reservation.try_grow(bytes).map_err(|e| {
                 DataFusionError::External(Box::new(DeviceExecError::Memory {
                     partition: self.partition,
-                    device: self.lease.device().id().to_string(),
+                    device: self.pool.id().to_string(),
                     bytes,
                     reason: e.to_string(),
                 }))
             })?;
-            let uploaded = self.lease.upload().to_device(&batch);
+            // A slot for this upload only: none is held while the child is read.
+            let lease = self.pool.lease_blocking();
+            let uploaded = lease.upload().to_device(&batch);
+            drop(lease);
             let uploaded = match uploaded {
                 Ok(uploaded) => uploaded,
                 Err(source) => {
@@ -361,7 +361,7 @@ impl LoadThread {
                     return Err(DataFusionError::External(Box::new(
                         DeviceExecError::Upload {
                             partition: self.partition,
-                            device: self.lease.device().id().to_string(),
+                            device: self.pool.id().to_string(),
                             source: Box::new(source),
                         },
                     )));
@@ -384,7 +384,7 @@ impl LoadThread {
 /// The operators, then the download.
 struct OperatorThread {
     ops: Vec<Arc<DeviceOperatorExec>>,
-    lease: Arc<DeviceLease>,
+    pool: Arc<DevicePool>,
     reservation: Arc<MemoryReservation>,
     cancel: Arc<AtomicBool>,
     metrics: UnloadMetrics,
@@ -398,7 +398,7 @@ impl OperatorThread {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
             Err(_) => DataFusionError::External(Box::new(DeviceExecError::Device {
-                spec: self.lease.device().id().to_string(),
+                spec: self.pool.id().to_string(),
                 reason: format!("the operators of partition {} panicked", self.partition),
             })),
         };
@@ -430,9 +430,14 @@ impl OperatorThread {
             };
             self.metrics.load_wait.add_elapsed(waiting);
             let (batch, reserved) = uploaded?;
+            // A slot for this batch's operators and download only.
+            let waiting = Instant::now();
+            let lease = self.pool.lease_blocking();
+            self.metrics.slot_wait.add_elapsed(waiting);
             let compute = self.metrics.baseline.elapsed_compute().clone();
             let timer = compute.timer();
-            let host = self.through(batch, &ops, index);
+            let host = self.through(&lease, batch, &ops, index);
+            drop(lease);
             self.reservation.shrink(reserved);
             timer.done();
             let host = host?;
@@ -449,11 +454,12 @@ impl OperatorThread {
     /// One uploaded batch through the operators and down to the host.
     fn through(
         &self,
+        lease: &DeviceLease,
         batch: DeviceBatch,
         ops: &[(&Arc<DeviceOperatorExec>, Time)],
         index: usize,
     ) -> Result<RecordBatch> {
-        let device = self.lease.device();
+        let device = lease.device();
         let cx = OperatorContext {
             partition: self.partition,
             batch: index,
@@ -498,7 +504,7 @@ impl OperatorThread {
             RegionBatch::Host(batch) => Ok(batch),
             RegionBatch::Device(frame) => {
                 let timer = self.metrics.unload_time.timer();
-                let mut transfer = self.lease.download();
+                let mut transfer = lease.download();
                 let host = frame.download(&mut transfer).map_err(|source| {
                     DataFusionError::External(Box::new(DeviceExecError::Operator {
                         operator: "DeviceUnloadExec".into(),
