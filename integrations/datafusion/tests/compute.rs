@@ -106,7 +106,9 @@ pub fn typed_batch() -> RecordBatch {
     );
     let k = StringArray::from(
         (0..n)
-            .map(|i| (i % 9 != 4).then(|| ["A", "bb", "", "twelve bytes"][i as usize % 4]))
+            .map(|i| {
+                (i % 9 != 4).then(|| ["A", "bb", "", "twelve bytes", "ünïcödé"][i as usize % 5])
+            })
             .collect::<Vec<_>>(),
     );
     let big = Decimal128Array::from(
@@ -580,6 +582,13 @@ pub async fn check_aggregates(device: &ExecDevice) {
     )
     .await;
     check_partial_aggregate(&typed, "SELECT a, count(*) FROM t GROUP BY a", device).await;
+    // A group whose values are all null (`b` of `bb`): null states, a count of 0.
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, sum(b), min(b), max(b), count(b), avg(b) FROM t GROUP BY k",
+        device,
+    )
+    .await;
     // Sums beyond 64 bits (40 values near 9e17), negative sums, min and max.
     check_partial_aggregate(
         &typed,

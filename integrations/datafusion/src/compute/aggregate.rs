@@ -413,7 +413,14 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
             }
             AggKind::Sum | AggKind::Avg => {
                 if agg.kind == AggKind::Avg {
-                    columns.push(Arc::new(UInt64Array::from_iter_values((0..n).map(count))));
+                    // DataFusion's grouped avg state has a null count (as its sum) where a
+                    // group saw no value; its ungrouped one a count of 0.
+                    let grouped = !plan.keys.is_empty();
+                    columns.push(Arc::new(
+                        (0..n)
+                            .map(|g| (count(g) > 0 || !grouped).then(|| count(g)))
+                            .collect::<UInt64Array>(),
+                    ));
                     field += 1;
                 }
                 let t = fields[field].data_type();

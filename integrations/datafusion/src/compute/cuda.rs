@@ -609,6 +609,10 @@ pub(crate) fn select(
     Ok((FrameColumn::single(batch)?, pending))
 }
 
+/// Groups whose table comes back with the group count (one read-back); more take a
+/// second.
+const SPECULATIVE_GROUPS: usize = 64;
+
 /// The accumulate kernel's kind code.
 fn kind_code(kind: AggKind) -> u32 {
     match kind {
@@ -634,8 +638,13 @@ pub(crate) fn groups(
     let width = plan.key_width();
     let naggs = plan.aggs.len();
     let accw = naggs * ACC_WORDS;
-    // status: [groups, overflow flags, then one error word per key]
-    let status = cx.zeros::<u64>(2 + plan.keys.len())?;
+    // One read-back buffer: the status ([groups, overflow flags, then one error word per
+    // key]), then the table of the first SPECULATIVE_GROUPS groups, gathered before the
+    // count is known: one copy and one synchronize unless there are more groups.
+    let head = 2 + plan.keys.len();
+    let row = width + accw;
+    let spec = n.min(SPECULATIVE_GROUPS);
+    let status = cx.zeros::<u64>(head + spec * row)?;
     let status_at = addr(&status, s);
     let err = status_at + 8;
     let sel = selected(&cx, None, frame, err)?;
@@ -780,8 +789,25 @@ pub(crate) fn groups(
             ],
         )?;
     }
-    // The group count and the error words, then the table.
-    let mut words = vec![0u64; 2 + plan.keys.len()];
+    // Rows past the count read the table's row 0 (`rep` is zeroed) and zeroed states:
+    // in bounds, and dropped below.
+    let gather = |ng: usize, out: u64| {
+        cx.launch(
+            &cx.k.gather_groups,
+            ng,
+            &[
+                A::U64(keys_at),
+                A::U32(width as u32),
+                A::U64(addr(&rep, s)),
+                A::U64(addr(&acc, s)),
+                A::U32(accw as u32),
+                A::U64(ng as u64),
+                A::U64(out),
+            ],
+        )
+    };
+    gather(spec, status_at + 8 * head as u64)?;
+    let mut words = vec![0u64; head + spec * row];
     s.memcpy_dtoh(&status, &mut words)?;
     s.synchronize()?;
     if words[1] & 1 != 0 {
@@ -808,24 +834,19 @@ pub(crate) fn groups(
     if count == 0 {
         return Ok(Groups::default());
     }
-    let row = width + accw;
-    let out = cx.zeros::<u64>(count * row)?;
-    cx.launch(
-        &cx.k.gather_groups,
-        count,
-        &[
-            A::U64(keys_at),
-            A::U32(width as u32),
-            A::U64(addr(&rep, s)),
-            A::U64(addr(&acc, s)),
-            A::U32(accw as u32),
-            A::U64(count as u64),
-            A::U64(addr(&out, s)),
-        ],
-    )?;
-    let mut host = vec![0u64; count * row];
-    s.memcpy_dtoh(&out.slice(0..count * row), &mut host)?;
-    s.synchronize()?;
+    let host = if count <= spec {
+        words.drain(..head);
+        words.truncate(count * row);
+        words
+    } else {
+        // More groups than gathered: the whole table, a second copy.
+        let out = cx.zeros::<u64>(count * row)?;
+        gather(count, addr(&out, s))?;
+        let mut host = vec![0u64; count * row];
+        s.memcpy_dtoh(&out.slice(0..count * row), &mut host)?;
+        s.synchronize()?;
+        host
+    };
     let mut groups = Groups {
         count,
         keys: Vec::with_capacity(count * width),

@@ -61,8 +61,9 @@
 //! - a Boolean output comes back to the host and is uploaded bit-packed (devarrow builds
 //!   CUDA arrays of fixed-width values only): a projection of a predicate costs a round
 //!   trip, a selection ([`select`]) does not;
-//! - the aggregate reads its group count and error words, then its group table (keys of
-//!   each group's first row and the states, one copy).
+//! - the aggregate reads its group count, its error words and the table of its first 64
+//!   groups (keys of each group's first row, then the states) in one copy; more groups
+//!   take a second copy of the whole table.
 //!
 //! A frame of no rows yields empty uploaded columns (CUDA allocates no empty buffer). A
 //! string group key longer than 12 bytes is [`ComputeError::KeyTooLong`] naming the
