@@ -75,12 +75,15 @@
 
 pub mod async_batch_stream;
 pub mod batch_stream;
-pub mod pack;
-pub mod pinned;
 pub mod plan;
 pub mod select;
-pub mod stages;
 pub mod transfer;
+
+// The transfer's parts live in `transfer/`; their public paths stay where users found
+// them (`devarrow_bridge::pinned::pin_batch`, `devarrow_bridge::pack::Parallelism`).
+pub use transfer::pack;
+pub use transfer::pinned;
+pub use transfer::stages;
 
 pub use async_batch_stream::{
     device_batch_handler, spawn_device_producer, spawn_device_producer_into,
@@ -109,9 +112,7 @@ mod cuda;
 mod export_convert;
 mod export_options;
 mod foreign;
-mod host;
 mod slicing;
-mod upload;
 
 /// The README's example (crates.io shows it), compiled and run as a doctest.
 #[cfg(doctest)]

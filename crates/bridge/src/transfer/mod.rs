@@ -7,8 +7,8 @@
 //! Small buffers therefore travel together in one copy, a slice moves only its bytes, and
 //! no copy waits for another except to reuse a staging buffer.
 //!
-//! Chunks are packed and unpacked on several threads ([`crate::pack`]), and buffers that
-//! already lie in pinned memory are copied straight from it ([`crate::pinned`]). On a
+//! Chunks are packed and unpacked on several threads ([`crate::transfer::pack`]), and buffers that
+//! already lie in pinned memory are copied straight from it ([`crate::transfer::pinned`]). On a
 //! device whose memory the host reaches directly ([`Device::host_accessible`]: the CPU
 //! device made by `CpuDevice::direct`) there is no staging: a batch is packed straight
 //! into device memory and unpacked straight from it.
@@ -31,7 +31,7 @@
 //! (both directions register large host buffers for direct DMA). `transfer/to_device.rs`
 //! is the upload side ([`Transfer::to_device`], [`Transfer::to_device_batches`]: planning,
 //! direct copies, and the staged pipeline of `upload.rs` over the packing of
-//! [`crate::pack`]). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
+//! [`crate::transfer::pack`]). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
 //! [`Transfer::to_host_batches`]: the host memory batches come back into, and staged,
 //! pinned and registered downloads, rebuilt by `host.rs`).
 
@@ -45,14 +45,21 @@ use devarrow_abi::device::{
 use devarrow_abi::Result;
 
 pub use crate::batch::DeviceBatch;
-use crate::pack::Parallelism;
+use crate::transfer::pack::Parallelism;
 #[doc(inline)]
-pub use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
+pub use crate::transfer::pack::DEFAULT_PARALLEL_MIN_BYTES;
 #[doc(inline)]
-pub use crate::stages::{StageTimes, TransferStats};
+pub use crate::transfer::stages::{StageTimes, TransferStats};
+use landing::PinnedLanding;
 
+pub(crate) mod host;
+mod landing;
+pub mod pack;
+pub mod pinned;
+pub mod stages;
 mod to_device;
 mod to_host;
+mod upload;
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
@@ -111,7 +118,7 @@ pub struct TransferOptions {
     ///
     /// An upload is cut in windows of about a sixteenth of what it stages, at least
     /// [`first_chunk_bytes`](Self::first_chunk_bytes) and at most this (see
-    /// [`pack::upload_window_bytes`](crate::pack::upload_window_bytes)): each worker packs
+    /// [`pack::upload_window_bytes`](crate::transfer::pack::upload_window_bytes)): each worker packs
     /// a whole window into a buffer of its own while the copies of earlier windows run,
     /// so the buffers must outnumber the workers (8 by default) and the copies kept in
     /// flight (a quarter of the buffers): with the default 64 MiB, 16 buffers of 4 MiB.
@@ -136,7 +143,7 @@ pub struct TransferOptions {
     /// to other threads costs a few µs).
     pub parallel_min_bytes: usize,
     /// Runs of buffers at least this long that lie in pinned memory (see
-    /// [`crate::pinned`] and [`Device::is_pinned`]) are copied directly to the device,
+    /// [`crate::transfer::pinned`] and [`Device::is_pinned`]) are copied directly to the device,
     /// skipping staging; smaller ones are packed with the others (one copy for many
     /// small buffers beats many tiny copies). `usize::MAX` disables direct copies.
     pub direct_min_bytes: usize,
@@ -280,12 +287,8 @@ pub struct Transfer {
     retained: VecDeque<Retained>,
     /// Where the host memory of downloads comes from (`None`: fresh allocations).
     host_pool: Option<Arc<HostPool>>,
-    /// The pinned memory downloads land in (made on first use).
-    pinned_pool: Option<Arc<HostPool>>,
-    /// Set once the device refused to pin memory: downloads stay pageable.
-    pinned_refused: bool,
-    /// Why downloads last fell back to pageable memory.
-    note: Option<String>,
+    /// Where downloads land: the pinned pool, or pageable memory after a refusal.
+    landing: PinnedLanding,
     stats: TransferStats,
 }
 
@@ -300,9 +303,7 @@ impl Transfer {
             stages: Vec::new(),
             retained: VecDeque::new(),
             host_pool,
-            pinned_pool: None,
-            pinned_refused: false,
-            note: None,
+            landing: PinnedLanding::default(),
             stats: TransferStats::default(),
         }
     }
