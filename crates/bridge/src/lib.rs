@@ -75,14 +75,22 @@
 
 pub mod async_batch_stream;
 pub mod batch_stream;
-pub mod plan;
 pub mod select;
 pub mod transfer;
 
-// The transfer's parts live in `transfer/`; their public paths stay where users found
-// them (`devarrow_bridge::pinned::pin_batch`, `devarrow_bridge::pack::Parallelism`).
-pub use transfer::pack;
+/// Batches in pinned host memory (`transfer/pinned.rs`), at the path users know.
 pub use transfer::pinned;
+
+// The unstable door. `plan` (the planner), `pack` (the packing and its windows) and
+// `stages` (the stage timings' module; its types are re-exported below) are public only
+// so that devarrow's own benches (benches/), tests and command (crates/cli) can drive and
+// measure the transfer's parts. They are not the API: no semver promise, they change with
+// the implementation, and the docs do not show them. Users call `Transfer`.
+#[doc(hidden)]
+pub mod plan;
+#[doc(hidden)]
+pub use transfer::pack;
+#[doc(hidden)]
 pub use transfer::stages;
 
 pub use async_batch_stream::{

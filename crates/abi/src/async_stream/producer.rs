@@ -676,7 +676,10 @@ impl ProducerHandle {
 }
 
 /// Stream-level settings of an async producer ([`spawn_producer_with`]).
+///
+/// `#[non_exhaustive]`: build them with [`ProducerOptions::new`] and the `with_*` methods.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProducerOptions {
     /// `ArrowAsyncProducer.additional_metadata`, which the consumer can read from
     /// `on_schema` on (devarrow's: [`AsyncDeviceArrayStream::additional_metadata`](super::AsyncDeviceArrayStream::additional_metadata));

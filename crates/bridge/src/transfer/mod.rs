@@ -1,13 +1,13 @@
 //! Moving record batches between the host and a [`Device`]: [`Transfer`], which makes and
 //! downloads device-resident batches ([`DeviceBatch`], re-exported here).
 //!
-//! A transfer plans the batch ([`crate::plan`]), allocates one device region for all its
+//! A transfer plans the batch (`plan/`), allocates one device region for all its
 //! buffers, and streams the packed image through a bounded set of staging buffers (pinned
 //! on CUDA): while chunk *k* is copied by the device, chunk *k + 1* is packed on the host.
 //! Small buffers therefore travel together in one copy, a slice moves only its bytes, and
 //! no copy waits for another except to reuse a staging buffer.
 //!
-//! Chunks are packed and unpacked on several threads ([`crate::transfer::pack`]), and buffers that
+//! Chunks are packed and unpacked on several threads (`transfer/pack.rs`), and buffers that
 //! already lie in pinned memory are copied straight from it ([`crate::transfer::pinned`]). On a
 //! device whose memory the host reaches directly ([`Device::host_accessible`]: the CPU
 //! device made by `CpuDevice::direct`) there is no staging: a batch is packed straight
@@ -31,7 +31,7 @@
 //! (both directions register large host buffers for direct DMA). `transfer/to_device.rs`
 //! is the upload side ([`Transfer::to_device`], [`Transfer::to_device_batches`]: planning,
 //! direct copies, and the staged pipeline of `upload.rs` over the packing of
-//! [`crate::transfer::pack`]). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
+//! `transfer/pack.rs`). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
 //! [`Transfer::to_host_batches`]: the host memory batches come back into, and staged,
 //! pinned and registered downloads, rebuilt by `host.rs`).
 
@@ -54,8 +54,11 @@ use landing::PinnedLanding;
 
 pub(crate) mod host;
 mod landing;
+// Unstable, hidden: public for devarrow's benches, tests and command only (see lib.rs).
+#[doc(hidden)]
 pub mod pack;
 pub mod pinned;
+#[doc(hidden)]
 pub mod stages;
 mod to_device;
 mod to_host;
@@ -105,9 +108,23 @@ fn per_batch<R: Send>(n: usize, f: impl Fn(usize) -> Result<R> + Sync + Send) ->
 
 /// Options of a [`Transfer`].
 ///
-/// Build them with struct update syntax, e.g.
-/// `TransferOptions { staging_bytes: 1 << 20, ..Default::default() }`.
+/// Build them from the defaults with the `with_*` methods (the struct is
+/// `#[non_exhaustive]`: an option added later breaks no caller); the fields stay public
+/// for reading.
+///
+/// ```
+/// use devarrow_bridge::TransferOptions;
+///
+/// let options = TransferOptions::default()
+///     .with_staging_bytes(1 << 20)
+///     .with_chunk_bytes(256 << 10)
+///     .with_pinned_host_bytes(0); // downloads always land in pageable memory
+/// assert_eq!(options.staging_bytes, 1 << 20);
+/// assert_eq!(options.chunk_bytes, 256 << 10);
+/// assert_eq!(options.host_pool_bytes, devarrow_bridge::transfer::DEFAULT_HOST_POOL_BYTES);
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct TransferOptions {
     /// The most staging memory the transfer allocates, in `staging_bytes / chunk_bytes`
     /// (at least 2) buffers of one chunk each, used in turn so that packing a window
@@ -118,7 +135,7 @@ pub struct TransferOptions {
     ///
     /// An upload is cut in windows of about a sixteenth of what it stages, at least
     /// [`first_chunk_bytes`](Self::first_chunk_bytes) and at most this (see
-    /// [`pack::upload_window_bytes`](crate::transfer::pack::upload_window_bytes)): each worker packs
+    /// `pack::upload_window_bytes`): each worker packs
     /// a whole window into a buffer of its own while the copies of earlier windows run,
     /// so the buffers must outnumber the workers (8 by default) and the copies kept in
     /// flight (a quarter of the buffers): with the default 64 MiB, 16 buffers of 4 MiB.
@@ -181,6 +198,56 @@ impl Default for TransferOptions {
             host_pool_bytes: DEFAULT_HOST_POOL_BYTES,
             pinned_host_bytes: DEFAULT_PINNED_HOST_BYTES,
         }
+    }
+}
+
+impl TransferOptions {
+    /// These options with [`staging_bytes`](Self::staging_bytes) set to `v`.
+    pub fn with_staging_bytes(mut self, v: usize) -> Self {
+        self.staging_bytes = v;
+        self
+    }
+
+    /// These options with [`chunk_bytes`](Self::chunk_bytes) set to `v`.
+    pub fn with_chunk_bytes(mut self, v: usize) -> Self {
+        self.chunk_bytes = v;
+        self
+    }
+
+    /// These options with [`first_chunk_bytes`](Self::first_chunk_bytes) set to `v`.
+    pub fn with_first_chunk_bytes(mut self, v: usize) -> Self {
+        self.first_chunk_bytes = v;
+        self
+    }
+
+    /// These options with [`pack_threads`](Self::pack_threads) set to `v`.
+    pub fn with_pack_threads(mut self, v: usize) -> Self {
+        self.pack_threads = v;
+        self
+    }
+
+    /// These options with [`parallel_min_bytes`](Self::parallel_min_bytes) set to `v`.
+    pub fn with_parallel_min_bytes(mut self, v: usize) -> Self {
+        self.parallel_min_bytes = v;
+        self
+    }
+
+    /// These options with [`direct_min_bytes`](Self::direct_min_bytes) set to `v`.
+    pub fn with_direct_min_bytes(mut self, v: usize) -> Self {
+        self.direct_min_bytes = v;
+        self
+    }
+
+    /// These options with [`host_pool_bytes`](Self::host_pool_bytes) set to `v`.
+    pub fn with_host_pool_bytes(mut self, v: usize) -> Self {
+        self.host_pool_bytes = v;
+        self
+    }
+
+    /// These options with [`pinned_host_bytes`](Self::pinned_host_bytes) set to `v`.
+    pub fn with_pinned_host_bytes(mut self, v: usize) -> Self {
+        self.pinned_host_bytes = v;
+        self
     }
 }
 
