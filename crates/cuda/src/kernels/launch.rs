@@ -8,7 +8,7 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
 use super::{Kernels, BLOCK_SIZE, SCAN_TILE};
 use crate::error::{CudaError, DriverResultExt, Result};
-use crate::memory::DeviceBuffer;
+use crate::memory::{CudaMemory, DeviceBuffer};
 
 /// Enqueues `dvx_count_set_bits`: adds the number of set bits of bits
 /// `[offset, offset + len)` of the bitmap at `bitmap` to the `u64` at `out`.

@@ -1,32 +1,22 @@
 //! The driver: the thread that pulls the Rust stream and calls the consumer's handler
 //! (schema, tasks, errors, the end), as the consumer's demand allows.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::task::Poll;
-use std::thread::JoinHandle;
 
-use arrow_array::RecordBatch;
 use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::SchemaRef;
-use futures::task::AtomicWaker;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 
 use super::tasks::{reclaim_tasks_of, register_task, take_task};
-use super::{request, ProducerShared, Wait};
-use crate::async_stream::{lock, AsyncStreamHandler, WithMetadata};
-use crate::boundary::{catch_panic, swallow_panic};
-use crate::cpu;
+use super::{ProducerShared, Wait};
+use crate::async_stream::WithMetadata;
+use crate::boundary::swallow_panic;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
-use crate::ffi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
+use crate::ffi::{ArrowAsyncDeviceStreamHandler, ArrowAsyncTask, ArrowDeviceType, ArrowSchema};
 use crate::metadata::Metadata;
 
 // ---------------------------------------------------------------------------------------

@@ -7,13 +7,8 @@ mod tasks;
 use driver::{encode_optional, Driver, Finisher};
 pub use tasks::new_task;
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::task::Poll;
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
@@ -23,14 +18,11 @@ use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 
 use crate::async_stream::{lock, AsyncStreamHandler, WithMetadata};
-use crate::boundary::{catch_panic, swallow_panic};
+use crate::boundary::swallow_panic;
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
-use crate::ffi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
+use crate::ffi::{ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowDeviceType};
 use crate::metadata::Metadata;
 
 // ---------------------------------------------------------------------------------------

@@ -2,31 +2,16 @@
 //! callback that extracts a task's array.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::task::Poll;
-use std::thread::JoinHandle;
-
-use arrow_array::RecordBatch;
-use arrow_schema::ffi::FFI_ArrowSchema;
-use arrow_schema::SchemaRef;
-use futures::task::AtomicWaker;
-use futures::{Stream, StreamExt};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::ProducerShared;
-use crate::async_stream::{lock, AsyncStreamHandler, WithMetadata};
+use crate::async_stream::lock;
 use crate::boundary::{catch_panic, swallow_panic};
-use crate::cpu;
 use crate::device_array::DeviceArray;
-use crate::error::{Error, Result};
-use crate::ffi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
-use crate::metadata::Metadata;
+use crate::error::Error;
+use crate::ffi::{ArrowAsyncTask, ArrowDeviceArray};
 
 // ---------------------------------------------------------------------------------------
 // Tasks
