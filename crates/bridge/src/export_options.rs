@@ -131,6 +131,28 @@ impl ExportOptions {
 }
 
 /// Options of [`DeviceBatch::import_with_options`](crate::DeviceBatch::import_with_options).
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+/// use devarrow_abi::device::CpuDevice;
+/// use devarrow_bridge::{DeviceBatch, ImportOptions, Transfer, TransferOptions};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let x: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+/// let batch = RecordBatch::try_from_iter([("x", x)])?;
+/// let device = Arc::new(CpuDevice::new());
+/// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+/// let (array, _ffi_schema) = transfer.to_device(&batch)?.export()?;
+///
+/// // The default refuses arrays of another device; this one is ours anyway.
+/// let options = ImportOptions::default().copy_from_other_device(true);
+/// let imported = DeviceBatch::import_with_options(device, array, batch.schema(), options)?;
+/// assert_eq!(transfer.to_host(&imported)?, batch);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ImportOptions {

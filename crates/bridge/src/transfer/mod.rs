@@ -404,6 +404,27 @@ impl Transfer {
     /// work enqueued afterwards on any stream of the device runs only after all the work
     /// enqueued before it, another library's included). Prepared or not, the transfers
     /// that follow make no such call: a stream held by someone else does not delay them.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    /// use devarrow_abi::device::{CpuDevice, Device};
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let device = Arc::new(CpuDevice::new());
+    /// let options = TransferOptions::default().with_staging_bytes(4 << 20);
+    /// let mut transfer = Transfer::new(device.clone(), options);
+    /// transfer.prepare()?; // every staging chunk allocated now, not by the first upload
+    ///
+    /// let x: ArrayRef = Arc::new(Int32Array::from_iter_values(0..1000));
+    /// let batch = RecordBatch::try_from_iter([("x", x)])?;
+    /// let on_device = transfer.to_device(&batch)?;
+    /// assert_eq!(on_device.num_rows(), 1000);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn prepare(&mut self) -> Result<()> {
         if self.device.host_accessible() {
             return Ok(());

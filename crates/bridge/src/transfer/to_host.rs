@@ -49,6 +49,23 @@ impl Transfer {
     /// Takes the host memory of downloads from `pool` (e.g. one shared by several
     /// transfers), or, with `None`, from fresh allocations. Batches already downloaded
     /// keep their memory, which goes back to the pool it came from when they drop.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use devarrow_abi::device::{CpuDevice, HostPool};
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// let device = Arc::new(CpuDevice::new());
+    /// let shared = Arc::new(HostPool::new(256 << 20));
+    /// let mut a = Transfer::new(device.clone(), TransferOptions::default());
+    /// let mut b = Transfer::new(device, TransferOptions::default());
+    /// a.set_host_pool(Some(shared.clone()));
+    /// b.set_host_pool(Some(shared.clone()));
+    /// assert!(Arc::ptr_eq(a.host_pool().unwrap(), b.host_pool().unwrap()));
+    /// a.set_host_pool(None); // fresh allocations from now on
+    /// assert!(a.host_pool().is_none());
+    /// ```
     pub fn set_host_pool(&mut self, pool: Option<Arc<HostPool>>) {
         self.host_pool = pool;
     }

@@ -315,6 +315,22 @@ impl ProducerOptions {
 
     /// Announces the row and batch counts of `batches`, the stream's record batches when
     /// they are known up front.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    /// use devarrow_abi::async_stream::ProducerOptions;
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let x: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+    /// let batch = RecordBatch::try_from_iter([("x", x)])?;
+    /// let options = ProducerOptions::new().counting(&[batch.clone(), batch]);
+    /// assert_eq!(options.additional_metadata.num_rows()?, Some(6));
+    /// assert_eq!(options.additional_metadata.num_batches()?, Some(2));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn counting(self, batches: &[RecordBatch]) -> Self {
         let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
         self.with_num_rows(rows)
