@@ -460,7 +460,7 @@ impl CudaDevice {
         self.pageable_staging.load(Ordering::Relaxed)
     }
 
-    /// Descriptors per table of [`Device::copy_on_device`] (one kernel launch each):
+    /// Descriptors per table of [`Device::copy_on_device`](devarrow_abi::device::Device::copy_on_device) (one kernel launch each):
     /// about one wave of the copy kernel's resident warps, fixed when the device was made.
     pub fn descriptors_per_table(&self) -> usize {
         self.descriptors
