@@ -128,6 +128,36 @@ impl ExportOptions {
         self.normalize_root_offset = normalize;
         self
     }
+
+    /// The options with [`ExportOptions::exact_null_counts`] set to `v`.
+    pub fn exact_null_counts(mut self, v: bool) -> Self {
+        self.exact_null_counts = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::views_to_offsets`] set to `v`.
+    pub fn views_to_offsets(mut self, v: bool) -> Self {
+        self.views_to_offsets = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::lists_to_list32`] set to `v`.
+    pub fn lists_to_list32(mut self, v: bool) -> Self {
+        self.lists_to_list32 = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::signed_dictionary_indices`] set to `v`.
+    pub fn signed_dictionary_indices(mut self, v: bool) -> Self {
+        self.signed_dictionary_indices = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::refuse_outside_libcudf`] set to `v`.
+    pub fn refuse_outside_libcudf(mut self, v: bool) -> Self {
+        self.refuse_outside_libcudf = v;
+        self
+    }
 }
 
 /// Options of [`DeviceBatch::import_with_options`](crate::DeviceBatch::import_with_options).
