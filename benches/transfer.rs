@@ -221,35 +221,26 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
     let total: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     // Downloads land in pinned memory: a pool large enough for every batch of a sample
     // (the sample's batches are dropped before the next).
-    let options = TransferOptions {
-        pinned_host_bytes: (total + total / 2).max(TransferOptions::default().pinned_host_bytes),
-        ..Default::default()
-    };
+    let options = TransferOptions::default().with_pinned_host_bytes(
+        (total + total / 2).max(TransferOptions::default().pinned_host_bytes),
+    );
     let mut transfer = Transfer::new(device.clone(), options);
     // Downloads into pageable memory, through staging (the fallback).
     let mut pageable = Transfer::new(
         device.clone(),
-        TransferOptions {
-            pinned_host_bytes: 0,
-            ..Default::default()
-        },
+        TransferOptions::default().with_pinned_host_bytes(0),
     );
     // The engine as it was before parallel packing: one thread, 2 chunks of 32 MiB.
     let mut serial = Transfer::new(
         device.clone(),
-        TransferOptions {
-            chunk_bytes: 32 << 20,
-            pack_threads: 1,
-            ..Default::default()
-        },
+        TransferOptions::default()
+            .with_chunk_bytes(32 << 20)
+            .with_pack_threads(1),
     );
     // The default engine with every chunk the same size (no ramp at the ends).
     let mut equal = Transfer::new(
         device.clone(),
-        TransferOptions {
-            first_chunk_bytes: 0,
-            ..Default::default()
-        },
+        TransferOptions::default().with_first_chunk_bytes(0),
     );
     let on_device = to_device_all(&mut transfer, &batches);
     let bytes: usize = on_device.iter().map(|d| d.device_bytes()).sum();
@@ -423,11 +414,9 @@ fn thread_scaling(
         group.sample_size(10);
     }
     for &threads in &counts {
-        let options = TransferOptions {
-            pack_threads: threads,
-            pinned_host_bytes: 0,
-            ..Default::default()
-        };
+        let options = TransferOptions::default()
+            .with_pack_threads(threads)
+            .with_pinned_host_bytes(0);
         let mut transfer = Transfer::new(device.clone(), options);
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function(format!("h2d-devarrow/{threads}"), |b| {

@@ -61,14 +61,8 @@ fn main() {
 fn run(batches: &[RecordBatch], rows: usize, reps: usize) {
     let staged: Arc<dyn Device> = Arc::new(CpuDevice::new());
     let direct: Arc<dyn Device> = Arc::new(CpuDevice::direct());
-    let fresh = TransferOptions {
-        host_pool_bytes: 0,
-        ..Default::default()
-    };
-    let fresh_serial = TransferOptions {
-        pack_threads: 1,
-        ..fresh
-    };
+    let fresh = TransferOptions::default().with_host_pool_bytes(0);
+    let fresh_serial = fresh.with_pack_threads(1);
     let mut variants: Vec<Variant> = Vec::new();
     for (dev_name, device) in [("staged", &staged), ("direct", &direct)] {
         for (host, options) in [

@@ -31,17 +31,15 @@ fn one(u: &mut Unstructured) -> arbitrary::Result<()> {
         let schema = Schema::new(fields.clone());
         let spec = tree::node(u, &DataType::Struct(fields), None, &mut Gen::default())?;
         let device = tree::device_fields(u)?;
-        let options = TransferOptions {
-            staging_bytes: 1 << u.int_in_range(7..=20)?,
-            chunk_bytes: 1 << u.int_in_range(6..=16)?,
-            first_chunk_bytes: if rare(u, 2)? {
+        let options = TransferOptions::default()
+            .with_staging_bytes(1 << u.int_in_range(7..=20)?)
+            .with_chunk_bytes(1 << u.int_in_range(6..=16)?)
+            .with_first_chunk_bytes(if rare(u, 2)? {
                 0
             } else {
                 1 << u.int_in_range(6..=12)?
-            },
-            pack_threads: 1,
-            ..Default::default()
-        };
+            })
+            .with_pack_threads(1);
         check_record_batch(&schema, &spec, &device, options);
     } else {
         let data_type = types::data_type(u, 3)?;

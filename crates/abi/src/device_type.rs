@@ -8,6 +8,17 @@ use std::fmt;
 /// through unchanged: the 15 values the specification names have associated constants
 /// (their numbers are DLPack's `DLDeviceType`), and any other value is kept as it is and
 /// displayed as `UNKNOWN(n)` rather than rejected or lost.
+///
+/// ```
+/// use devarrow_abi::ArrowDeviceType;
+///
+/// assert_eq!(ArrowDeviceType::CUDA.0, 2); // DLPack's kDLCUDA
+/// assert_eq!(ArrowDeviceType::CUDA.to_string(), "ARROW_DEVICE_CUDA");
+/// assert!(ArrowDeviceType::CUDA_HOST.is_host_accessible());
+/// assert!(!ArrowDeviceType::CUDA.is_host_accessible());
+/// // A value the specification does not name is carried through, not rejected.
+/// assert_eq!(ArrowDeviceType::from(99).to_string(), "UNKNOWN(99)");
+/// ```
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ArrowDeviceType(pub i32);

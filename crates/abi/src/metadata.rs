@@ -140,6 +140,19 @@ impl Metadata {
 
     /// Encodes the pairs as `ArrowSchema.metadata` does. Fails with [`Error::Metadata`]
     /// when a key, a value or the number of pairs exceeds `i32::MAX`.
+    ///
+    /// ```
+    /// use devarrow_abi::Metadata;
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let metadata = Metadata::new().with("origin", "sensor-7").with_num_rows(1000);
+    /// let bytes = metadata.encode()?; // what a C `additional_metadata` points to
+    /// let back = Metadata::decode(&bytes)?;
+    /// assert_eq!(back.get("origin"), Some("sensor-7"));
+    /// assert_eq!(back.num_rows()?, Some(1000));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn encode(&self) -> Result<Vec<u8>> {
         fn len_of(n: usize, what: &str) -> Result<[u8; 4]> {
             i32::try_from(n)

@@ -16,8 +16,8 @@ use devarrow_abi::{ArrowDeviceType, DeviceArray, Result};
 use crate::export_convert;
 use crate::export_options::{normalize_root_offset, ExportOptions, ImportOptions};
 use crate::foreign::Foreign;
-use crate::host::Download;
 use crate::plan::Node;
+use crate::transfer::host::Download;
 
 /// A record batch resident on a device: its schema, and an array tree whose buffers lie
 /// in device memory, ready once `event` has completed.

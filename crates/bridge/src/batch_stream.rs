@@ -69,7 +69,20 @@ use crate::transfer::{Transfer, TransferOptions};
 pub const DEFAULT_READ_AHEAD: usize = 2;
 
 /// Options of the uploading producers ([`Uploader`], [`UploadStream`](crate::UploadStream)).
+///
+/// `#[non_exhaustive]`: build them from the defaults with the `with_*` methods.
+///
+/// ```
+/// use devarrow_bridge::{StreamOptions, TransferOptions};
+///
+/// let options = StreamOptions::default()
+///     .with_read_ahead(4)
+///     .with_transfer(TransferOptions::default().with_staging_bytes(8 << 20));
+/// assert_eq!(options.read_ahead, 4);
+/// assert_eq!(options.transfer.staging_bytes, 8 << 20);
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct StreamOptions {
     /// How many batches the background thread may upload ahead of the consumer's
     /// requests (see the [module documentation](self)); 0 uploads on demand only.
@@ -91,6 +104,12 @@ impl StreamOptions {
     /// These options with `read_ahead` batches of read-ahead.
     pub fn with_read_ahead(mut self, read_ahead: usize) -> Self {
         self.read_ahead = read_ahead;
+        self
+    }
+
+    /// These options with `transfer` as the background thread's [`TransferOptions`].
+    pub fn with_transfer(mut self, transfer: TransferOptions) -> Self {
+        self.transfer = transfer;
         self
     }
 }

@@ -128,9 +128,61 @@ impl ExportOptions {
         self.normalize_root_offset = normalize;
         self
     }
+
+    /// The options with [`ExportOptions::exact_null_counts`] set to `v`.
+    pub fn exact_null_counts(mut self, v: bool) -> Self {
+        self.exact_null_counts = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::views_to_offsets`] set to `v`.
+    pub fn views_to_offsets(mut self, v: bool) -> Self {
+        self.views_to_offsets = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::lists_to_list32`] set to `v`.
+    pub fn lists_to_list32(mut self, v: bool) -> Self {
+        self.lists_to_list32 = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::signed_dictionary_indices`] set to `v`.
+    pub fn signed_dictionary_indices(mut self, v: bool) -> Self {
+        self.signed_dictionary_indices = v;
+        self
+    }
+
+    /// The options with [`ExportOptions::refuse_outside_libcudf`] set to `v`.
+    pub fn refuse_outside_libcudf(mut self, v: bool) -> Self {
+        self.refuse_outside_libcudf = v;
+        self
+    }
 }
 
 /// Options of [`DeviceBatch::import_with_options`](crate::DeviceBatch::import_with_options).
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+/// use devarrow_abi::device::CpuDevice;
+/// use devarrow_bridge::{DeviceBatch, ImportOptions, Transfer, TransferOptions};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let x: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+/// let batch = RecordBatch::try_from_iter([("x", x)])?;
+/// let device = Arc::new(CpuDevice::new());
+/// let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+/// let (array, _ffi_schema) = transfer.to_device(&batch)?.export()?;
+///
+/// // The default refuses arrays of another device; this one is ours anyway.
+/// let options = ImportOptions::default().copy_from_other_device(true);
+/// let imported = DeviceBatch::import_with_options(device, array, batch.schema(), options)?;
+/// assert_eq!(transfer.to_host(&imported)?, batch);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ImportOptions {

@@ -75,12 +75,23 @@
 
 pub mod async_batch_stream;
 pub mod batch_stream;
-pub mod pack;
-pub mod pinned;
-pub mod plan;
 pub mod select;
-pub mod stages;
 pub mod transfer;
+
+/// Batches in pinned host memory (`transfer/pinned.rs`), at the path users know.
+pub use transfer::pinned;
+
+// The unstable door. `plan` (the planner), `pack` (the packing and its windows) and
+// `stages` (the stage timings' module; its types are re-exported below) are public only
+// so that devarrow's own benches (benches/), tests and command (crates/cli) can drive and
+// measure the transfer's parts. They are not the API: no semver promise, they change with
+// the implementation, and the docs do not show them. Users call `Transfer`.
+#[doc(hidden)]
+pub mod plan;
+#[doc(hidden)]
+pub use transfer::pack;
+#[doc(hidden)]
+pub use transfer::stages;
 
 pub use async_batch_stream::{
     device_batch_handler, spawn_device_producer, spawn_device_producer_into,
@@ -109,9 +120,7 @@ mod cuda;
 mod export_convert;
 mod export_options;
 mod foreign;
-mod host;
 mod slicing;
-mod upload;
 
 /// The README's example (crates.io shows it), compiled and run as a doctest.
 #[cfg(doctest)]

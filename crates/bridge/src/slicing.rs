@@ -2,7 +2,7 @@
 //! arithmetic of cutting a slice out of a list view, a dense union, a run-end encoded array
 //! or a view array, shared by the planner of arrow-rs arrays ([`crate::plan`], the values
 //! at hand on the host), the import of foreign arrays ([`crate::foreign`], the values read
-//! back from the device) and the host rebuild of an imported slice ([`crate::host`]), so
+//! back from the device) and the host rebuild of an imported slice ([`crate::transfer::host`]), so
 //! that both paths cut a slice the same way.
 //!
 //! Functions that read foreign values check them and return what is wrong as a message

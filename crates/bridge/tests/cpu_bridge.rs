@@ -113,10 +113,7 @@ fn many_batches_come_back_in_one_pipeline() {
     let device = Arc::new(CpuDevice::new());
     let mut transfer = Transfer::new(
         device.clone(),
-        TransferOptions {
-            pinned_host_bytes: 0,
-            ..Default::default()
-        },
+        TransferOptions::default().with_pinned_host_bytes(0),
     );
     let mut on_device: Vec<DeviceBatch> = batches
         .iter()
@@ -189,10 +186,7 @@ fn staging_is_bounded_and_chunks_are_pipelined() {
     let device = Arc::new(CpuDevice::new());
     let mut transfer = Transfer::new(
         device.clone(),
-        TransferOptions {
-            staging_bytes: 1 << 20,
-            ..Default::default()
-        },
+        TransferOptions::default().with_staging_bytes(1 << 20),
     );
     let on_device = transfer.to_device(&batch).unwrap();
     let copies = device.copy_count();

@@ -36,12 +36,10 @@ fn big_batch(rows: usize) -> RecordBatch {
 
 /// Small chunks, so that a batch of a few MB goes through many copies in a pipeline.
 fn small_chunks() -> TransferOptions {
-    TransferOptions {
-        staging_bytes: (1 << 20) / MIRI_SCALE,
-        chunk_bytes: (256 << 10) / MIRI_SCALE,
-        first_chunk_bytes: (64 << 10) / MIRI_SCALE,
-        ..Default::default()
-    }
+    TransferOptions::default()
+        .with_staging_bytes((1 << 20) / MIRI_SCALE)
+        .with_chunk_bytes((256 << 10) / MIRI_SCALE)
+        .with_first_chunk_bytes((64 << 10) / MIRI_SCALE)
 }
 
 fn round_trips(device: Arc<dyn Device>, options: TransferOptions) {
@@ -133,10 +131,7 @@ fn downloads_reuse_the_host_pool() {
         Arc::new(CpuDevice::direct()),
     ] {
         // Pageable downloads (the pinned pool is the next test's).
-        let pageable = TransferOptions {
-            pinned_host_bytes: 0,
-            ..Default::default()
-        };
+        let pageable = TransferOptions::default().with_pinned_host_bytes(0);
         let mut transfer = Transfer::new(device.clone(), pageable);
         let pool = transfer.host_pool().expect("a pool by default").clone();
         let batch = big_batch(100_000);
@@ -160,13 +155,7 @@ fn downloads_reuse_the_host_pool() {
         transfer.set_host_pool(Some(shared.clone()));
         assert_eq!(transfer.to_host(&on_device).unwrap(), batch);
         assert_eq!(shared.stats().misses, 1);
-        let mut fresh = Transfer::new(
-            device,
-            TransferOptions {
-                host_pool_bytes: 0,
-                ..pageable
-            },
-        );
+        let mut fresh = Transfer::new(device, pageable.with_host_pool_bytes(0));
         assert!(fresh.host_pool().is_none());
         assert_eq!(fresh.to_host(&on_device).unwrap(), batch);
     }
@@ -212,10 +201,7 @@ fn downloads_land_in_the_pinned_pool_and_reuse_it() {
     // A pool too small for two batches at once: the second falls back, and says so.
     let mut small = Transfer::new(
         device.clone(),
-        TransferOptions {
-            pinned_host_bytes: on_device.device_bytes() * 5 / 4 + 64,
-            ..Default::default()
-        },
+        TransferOptions::default().with_pinned_host_bytes(on_device.device_bytes() * 5 / 4 + 64),
     );
     let held = small.to_host(&on_device).unwrap();
     let fallback = small.to_host(&on_device).unwrap();

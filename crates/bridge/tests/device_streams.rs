@@ -229,13 +229,9 @@ fn the_uploader_iterates_device_batches() {
 #[cfg_attr(miri, ignore)]
 fn small_staging_chunks_round_trip() {
     let batches: Vec<RecordBatch> = (0..6).map(|k| batch(k * 1000)).collect();
-    let options = StreamOptions {
-        read_ahead: 3,
-        transfer: TransferOptions {
-            staging_bytes: 256,
-            ..Default::default()
-        },
-    };
+    let options = StreamOptions::default()
+        .with_read_ahead(3)
+        .with_transfer(TransferOptions::default().with_staging_bytes(256));
     let reader = through_c(export_reader_to_device(reader_of(&batches), cpu(), options).unwrap());
     let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().unwrap();
     assert_batches_eq(&batches, &back);

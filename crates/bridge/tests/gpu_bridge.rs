@@ -610,10 +610,7 @@ fn downloads_land_in_pinned_memory_on_cuda() {
     assert!(pool.stats().hits >= 1, "{:?}", pool.stats());
     let mut small = Transfer::new(
         device.clone(),
-        TransferOptions {
-            pinned_host_bytes: 1 << 20,
-            ..Default::default()
-        },
+        TransferOptions::default().with_pinned_host_bytes(1 << 20),
     );
     assert_eq!(small.to_host(&on_device).unwrap(), batch);
     assert_eq!(small.stats().pageable_downloads, 1);
@@ -632,11 +629,9 @@ fn staging_is_bounded_and_copies_are_chunked() {
     let recording = Arc::new(InstrumentedDevice::wrapping(device.clone()));
     let mut transfer = Transfer::new(
         recording.clone(),
-        TransferOptions {
-            staging_bytes: bound,
-            pinned_host_bytes: 0, // downloads through staging too
-            ..Default::default()
-        },
+        TransferOptions::default()
+            .with_staging_bytes(bound)
+            .with_pinned_host_bytes(0), // downloads through staging too
     );
     let on_device = transfer.to_device(&batch).unwrap();
     let chunks = on_device.device_bytes().div_ceil(bound / 2) as u64;
@@ -662,13 +657,11 @@ fn many_batches_come_back_in_one_pipeline_through_few_stages() {
     // 4 stages of 256 KiB, ramped from 64 KiB: the copies of the next batch are in
     // flight (into stages that the previous batch's chunks used) while a batch is
     // unpacked, so a stage reused before its copy completed shows as wrong data.
-    let options = TransferOptions {
-        staging_bytes: 1 << 20,
-        chunk_bytes: 256 << 10,
-        first_chunk_bytes: 64 << 10,
-        pinned_host_bytes: 0, // downloads through the stages, not into pinned memory
-        ..Default::default()
-    };
+    let options = TransferOptions::default()
+        .with_staging_bytes(1 << 20)
+        .with_chunk_bytes(256 << 10)
+        .with_first_chunk_bytes(64 << 10)
+        .with_pinned_host_bytes(0); // downloads through the stages, not into pinned memory
     let mut transfer = Transfer::new(device.clone(), options);
     let mut batches: Vec<RecordBatch> = (0..5).map(|i| wide_batch(3, 20_000 + 777 * i)).collect();
     batches.push(wide_batch(3, 0));
@@ -1425,10 +1418,7 @@ fn batched_copies_and_registered_pageable_buffers_move_the_same_batches() {
                 .register_pageable(register_pageable),
         );
         // Every buffer a candidate for a direct copy, so that registration triggers.
-        let options = TransferOptions {
-            direct_min_bytes: 1,
-            ..Default::default()
-        };
+        let options = TransferOptions::default().with_direct_min_bytes(1);
         let mut transfer = Transfer::new(cuda.clone(), options);
         for batch in &batches {
             let on_device = transfer.to_device(batch).unwrap();
@@ -1512,10 +1502,7 @@ fn a_restricted_runtime_moves_the_same_batches_without_registration_or_batched_c
             .batch_copies(true)
             .register_pageable(Some(1)),
     );
-    let options = TransferOptions {
-        direct_min_bytes: 1,
-        ..Default::default()
-    };
+    let options = TransferOptions::default().with_direct_min_bytes(1);
     let batches = [
         sample::every_type_batch(),
         sample::sliced_every_type_batch(),
@@ -1592,10 +1579,7 @@ fn a_driver_failure_with_batched_copies_and_registrations_leaks_nothing() {
             .register_pageable(Some(1)),
     );
     let batch = wide_batch(3, 40_000);
-    let options = TransferOptions {
-        direct_min_bytes: 1,
-        ..Default::default()
-    };
+    let options = TransferOptions::default().with_direct_min_bytes(1);
     let run = || exported_round_trip(&mut Transfer::new(cuda.clone(), options), &cuda, &batch);
     let (warm, _) = run();
     assert_eq!(warm.unwrap(), batch);
@@ -2263,11 +2247,9 @@ fn pipeline_round(
 fn chunked_transfer(device: &Arc<CudaDevice>) -> Transfer {
     Transfer::new(
         device.clone(),
-        TransferOptions {
-            staging_bytes: 1 << 20,
-            chunk_bytes: 128 << 10,
-            ..Default::default()
-        },
+        TransferOptions::default()
+            .with_staging_bytes(1 << 20)
+            .with_chunk_bytes(128 << 10),
     )
 }
 

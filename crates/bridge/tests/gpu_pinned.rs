@@ -89,10 +89,7 @@ fn pinned_every_type_batches_round_trip() {
     let batch = sample::every_type_batch();
     let mut transfer = Transfer::new(
         device.clone(),
-        TransferOptions {
-            direct_min_bytes: 1,
-            ..Default::default()
-        },
+        TransferOptions::default().with_direct_min_bytes(1),
     );
     for (offset, len) in [(0, batch.num_rows()), (1, 3), (2, 0)] {
         let slice = batch.slice(offset, len);
@@ -114,13 +111,11 @@ fn many_small_chunks_in_flight_round_trip() {
     for (staging, chunk, threads) in [(8 << 20, 1 << 20, 4), (64 << 20, 8 << 20, 0)] {
         let mut transfer = Transfer::new(
             device.clone(),
-            TransferOptions {
-                staging_bytes: staging,
-                chunk_bytes: chunk,
-                pack_threads: threads,
-                parallel_min_bytes: 0,
-                ..Default::default()
-            },
+            TransferOptions::default()
+                .with_staging_bytes(staging)
+                .with_chunk_bytes(chunk)
+                .with_pack_threads(threads)
+                .with_parallel_min_bytes(0),
         );
         for _ in 0..3 {
             let on_device = transfer.to_device(&batch).unwrap();

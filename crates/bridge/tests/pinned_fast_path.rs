@@ -65,10 +65,7 @@ fn a_pinned_batch_moves_in_one_copy_without_staging() {
 #[test]
 fn every_type_and_slice_round_trips_pinned() {
     let batch = sample::every_type_batch();
-    let options = TransferOptions {
-        direct_min_bytes: 1, // everything pinned goes direct, however small
-        ..Default::default()
-    };
+    let options = TransferOptions::default().with_direct_min_bytes(1); // everything pinned goes direct, however small
     for (offset, len) in [(0, batch.num_rows()), (1, 3), (2, 0), (3, 2)] {
         let slice = batch.slice(offset, len);
         let pinned = pin_batch(&CpuDevice::new(), &slice).unwrap();
@@ -148,11 +145,9 @@ fn large_pinned_buffers_go_direct_and_small_ones_are_packed() {
         let counting = Arc::new(InstrumentedDevice::default().reporting_pinned());
         let mut transfer = Transfer::new(
             counting.clone(),
-            TransferOptions {
-                direct_min_bytes: usize::MAX,
-                first_chunk_bytes,
-                ..Default::default()
-            },
+            TransferOptions::default()
+                .with_direct_min_bytes(usize::MAX)
+                .with_first_chunk_bytes(first_chunk_bytes),
         );
         let on_device = transfer.to_device(&batch).unwrap();
         let bytes = on_device.device_bytes();
@@ -197,13 +192,11 @@ fn parallel_packing_with_small_chunks_round_trips() {
         let device = Arc::new(InstrumentedDevice::default().reporting_pinned());
         let mut transfer = Transfer::new(
             device.clone(),
-            TransferOptions {
-                staging_bytes: staging,
-                chunk_bytes: chunk,
-                pack_threads: threads,
-                parallel_min_bytes: 0,
-                ..Default::default()
-            },
+            TransferOptions::default()
+                .with_staging_bytes(staging)
+                .with_chunk_bytes(chunk)
+                .with_pack_threads(threads)
+                .with_parallel_min_bytes(0),
         );
         let on_device = transfer.to_device(&batch).unwrap();
         let chunk = chunk.min(staging / 2);
@@ -243,13 +236,11 @@ fn staging_is_allocated_once_at_full_chunk_size() {
     let (staging, chunk) = (8 << 20, 2 << 20);
     let mut transfer = Transfer::new(
         device.clone(),
-        TransferOptions {
-            staging_bytes: staging,
-            chunk_bytes: chunk,
-            first_chunk_bytes: 256 << 10,
-            pinned_host_bytes: 0, // downloads through staging too
-            ..Default::default()
-        },
+        TransferOptions::default()
+            .with_staging_bytes(staging)
+            .with_chunk_bytes(chunk)
+            .with_first_chunk_bytes(256 << 10)
+            .with_pinned_host_bytes(0), // downloads through staging too
     );
     for rows in [100, 1_000, 400_000, 100, 1_500_000] {
         let batch = wide_batch(3, rows);
@@ -285,10 +276,7 @@ fn registered_pageable_buffers_go_direct_both_ways_and_are_all_released() {
     ] {
         let device = Arc::new(InstrumentedDevice::wrapping(inner).registering_from(64 << 10));
         // Downloads into registered pageable memory, not the pinned pool.
-        let options = TransferOptions {
-            pinned_host_bytes: 0,
-            ..Default::default()
-        };
+        let options = TransferOptions::default().with_pinned_host_bytes(0);
         let mut transfer = Transfer::new(device.clone(), options);
         let on_device = transfer.to_device(&batch).unwrap();
         assert_eq!(device.batch_calls(), 1, "the direct copies in one call");
@@ -344,11 +332,9 @@ fn a_device_failing_in_the_middle_of_the_pipeline_is_an_error_not_a_hang() {
         let device = Arc::new(InstrumentedDevice::default().failing_events_after(after));
         let mut transfer = Transfer::new(
             device.clone(),
-            TransferOptions {
-                pack_threads: 4,
-                parallel_min_bytes: 0,
-                ..Default::default()
-            },
+            TransferOptions::default()
+                .with_pack_threads(4)
+                .with_parallel_min_bytes(0),
         );
         let failed = transfer.to_device(&batch);
         assert!(failed.is_err(), "failing after {after} events");

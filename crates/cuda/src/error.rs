@@ -331,6 +331,17 @@ impl CudaError {
 ///
 /// (CUDA 12.x's `CUDA_ERROR_CONTAINED`, also sticky, is not in the CUDA 12.8 bindings
 /// devarrow is built with; it would count as not sticky.)
+///
+/// ```
+/// use devarrow_cuda::cudarc::driver::sys::CUresult;
+/// use devarrow_cuda::is_sticky_error;
+///
+/// // The context is corrupted: only resetting it (or a new process) recovers.
+/// assert!(is_sticky_error(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+/// // An error of the one call: the context works on (optional features fall back).
+/// assert!(!is_sticky_error(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+/// assert!(!is_sticky_error(CUresult::CUDA_ERROR_NOT_SUPPORTED));
+/// ```
 pub fn is_sticky_error(code: sys::CUresult) -> bool {
     use sys::CUresult::*;
     matches!(

@@ -209,7 +209,7 @@ struct Geo {
 /// The warps of the standard geometry's largest grid (`Kernels::batched_copy_warps`).
 const STANDARD_WARPS: u64 = 8 * SMS * (BLOCK_SIZE as u64 / 32);
 
-/// The launch geometry of `Kernels::config` (crates/cuda/src/kernels/mod.rs).
+/// The launch geometry of `Kernels::config` (crates/cuda/src/kernels/cache.rs).
 fn standard(items: u64) -> Geo {
     Geo {
         grid: items.div_ceil(BLOCK_SIZE as u64).clamp(1, 8 * SMS) as u32,

@@ -276,6 +276,23 @@ pub type Fence = Box<dyn Fn() + Send + Sync>;
 /// Host memory blocks for reuse: [`HostPool::allocate`] takes a cached block of the size
 /// class when there is one, else a new one from the system; dropping the
 /// [`PooledMemory`] gives the block back. Cheap to share (`Arc`).
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use devarrow_abi::device::HostPool;
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let pool = Arc::new(HostPool::new(64 << 20)); // keeps up to 64 MiB of freed blocks
+/// let block = pool.allocate(1 << 20)?;
+/// assert_eq!(block.len(), 1 << 20);
+/// drop(block); // back to the pool
+/// let again = pool.allocate(1 << 20)?; // the same block: written again without page faults
+/// assert_eq!((pool.stats().misses, pool.stats().hits), (1, 1));
+/// # drop(again);
+/// # Ok(())
+/// # }
+/// ```
 pub struct HostPool {
     state: Mutex<PoolState>,
     /// Bytes of freed blocks kept (system memory), or held in all (pinned).

@@ -1,14 +1,14 @@
 //! Moving record batches between the host and a [`Device`]: [`Transfer`], which makes and
 //! downloads device-resident batches ([`DeviceBatch`], re-exported here).
 //!
-//! A transfer plans the batch ([`crate::plan`]), allocates one device region for all its
+//! A transfer plans the batch (`plan/`), allocates one device region for all its
 //! buffers, and streams the packed image through a bounded set of staging buffers (pinned
 //! on CUDA): while chunk *k* is copied by the device, chunk *k + 1* is packed on the host.
 //! Small buffers therefore travel together in one copy, a slice moves only its bytes, and
 //! no copy waits for another except to reuse a staging buffer.
 //!
-//! Chunks are packed and unpacked on several threads ([`crate::pack`]), and buffers that
-//! already lie in pinned memory are copied straight from it ([`crate::pinned`]). On a
+//! Chunks are packed and unpacked on several threads (`transfer/pack.rs`), and buffers that
+//! already lie in pinned memory are copied straight from it ([`crate::transfer::pinned`]). On a
 //! device whose memory the host reaches directly ([`Device::host_accessible`]: the CPU
 //! device made by `CpuDevice::direct`) there is no staging: a batch is packed straight
 //! into device memory and unpacked straight from it.
@@ -31,7 +31,7 @@
 //! (both directions register large host buffers for direct DMA). `transfer/to_device.rs`
 //! is the upload side ([`Transfer::to_device`], [`Transfer::to_device_batches`]: planning,
 //! direct copies, and the staged pipeline of `upload.rs` over the packing of
-//! [`crate::pack`]). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
+//! `transfer/pack.rs`). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
 //! [`Transfer::to_host_batches`]: the host memory batches come back into, and staged,
 //! pinned and registered downloads, rebuilt by `host.rs`).
 
@@ -45,14 +45,24 @@ use devarrow_abi::device::{
 use devarrow_abi::Result;
 
 pub use crate::batch::DeviceBatch;
-use crate::pack::Parallelism;
+use crate::transfer::pack::Parallelism;
 #[doc(inline)]
-pub use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
+pub use crate::transfer::pack::DEFAULT_PARALLEL_MIN_BYTES;
 #[doc(inline)]
-pub use crate::stages::{StageTimes, TransferStats};
+pub use crate::transfer::stages::{StageTimes, TransferStats};
+use landing::PinnedLanding;
 
+pub(crate) mod host;
+mod landing;
+// Unstable, hidden: public for devarrow's benches, tests and command only (see lib.rs).
+#[doc(hidden)]
+pub mod pack;
+pub mod pinned;
+#[doc(hidden)]
+pub mod stages;
 mod to_device;
 mod to_host;
+mod upload;
 
 /// Default bound on staging memory per [`Transfer`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
@@ -98,9 +108,23 @@ fn per_batch<R: Send>(n: usize, f: impl Fn(usize) -> Result<R> + Sync + Send) ->
 
 /// Options of a [`Transfer`].
 ///
-/// Build them with struct update syntax, e.g.
-/// `TransferOptions { staging_bytes: 1 << 20, ..Default::default() }`.
+/// Build them from the defaults with the `with_*` methods (the struct is
+/// `#[non_exhaustive]`: an option added later breaks no caller); the fields stay public
+/// for reading.
+///
+/// ```
+/// use devarrow_bridge::TransferOptions;
+///
+/// let options = TransferOptions::default()
+///     .with_staging_bytes(1 << 20)
+///     .with_chunk_bytes(256 << 10)
+///     .with_pinned_host_bytes(0); // downloads always land in pageable memory
+/// assert_eq!(options.staging_bytes, 1 << 20);
+/// assert_eq!(options.chunk_bytes, 256 << 10);
+/// assert_eq!(options.host_pool_bytes, devarrow_bridge::transfer::DEFAULT_HOST_POOL_BYTES);
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct TransferOptions {
     /// The most staging memory the transfer allocates, in `staging_bytes / chunk_bytes`
     /// (at least 2) buffers of one chunk each, used in turn so that packing a window
@@ -111,7 +135,7 @@ pub struct TransferOptions {
     ///
     /// An upload is cut in windows of about a sixteenth of what it stages, at least
     /// [`first_chunk_bytes`](Self::first_chunk_bytes) and at most this (see
-    /// [`pack::upload_window_bytes`](crate::pack::upload_window_bytes)): each worker packs
+    /// `pack::upload_window_bytes`): each worker packs
     /// a whole window into a buffer of its own while the copies of earlier windows run,
     /// so the buffers must outnumber the workers (8 by default) and the copies kept in
     /// flight (a quarter of the buffers): with the default 64 MiB, 16 buffers of 4 MiB.
@@ -136,7 +160,7 @@ pub struct TransferOptions {
     /// to other threads costs a few µs).
     pub parallel_min_bytes: usize,
     /// Runs of buffers at least this long that lie in pinned memory (see
-    /// [`crate::pinned`] and [`Device::is_pinned`]) are copied directly to the device,
+    /// [`crate::transfer::pinned`] and [`Device::is_pinned`]) are copied directly to the device,
     /// skipping staging; smaller ones are packed with the others (one copy for many
     /// small buffers beats many tiny copies). `usize::MAX` disables direct copies.
     pub direct_min_bytes: usize,
@@ -174,6 +198,56 @@ impl Default for TransferOptions {
             host_pool_bytes: DEFAULT_HOST_POOL_BYTES,
             pinned_host_bytes: DEFAULT_PINNED_HOST_BYTES,
         }
+    }
+}
+
+impl TransferOptions {
+    /// These options with [`staging_bytes`](Self::staging_bytes) set to `v`.
+    pub fn with_staging_bytes(mut self, v: usize) -> Self {
+        self.staging_bytes = v;
+        self
+    }
+
+    /// These options with [`chunk_bytes`](Self::chunk_bytes) set to `v`.
+    pub fn with_chunk_bytes(mut self, v: usize) -> Self {
+        self.chunk_bytes = v;
+        self
+    }
+
+    /// These options with [`first_chunk_bytes`](Self::first_chunk_bytes) set to `v`.
+    pub fn with_first_chunk_bytes(mut self, v: usize) -> Self {
+        self.first_chunk_bytes = v;
+        self
+    }
+
+    /// These options with [`pack_threads`](Self::pack_threads) set to `v`.
+    pub fn with_pack_threads(mut self, v: usize) -> Self {
+        self.pack_threads = v;
+        self
+    }
+
+    /// These options with [`parallel_min_bytes`](Self::parallel_min_bytes) set to `v`.
+    pub fn with_parallel_min_bytes(mut self, v: usize) -> Self {
+        self.parallel_min_bytes = v;
+        self
+    }
+
+    /// These options with [`direct_min_bytes`](Self::direct_min_bytes) set to `v`.
+    pub fn with_direct_min_bytes(mut self, v: usize) -> Self {
+        self.direct_min_bytes = v;
+        self
+    }
+
+    /// These options with [`host_pool_bytes`](Self::host_pool_bytes) set to `v`.
+    pub fn with_host_pool_bytes(mut self, v: usize) -> Self {
+        self.host_pool_bytes = v;
+        self
+    }
+
+    /// These options with [`pinned_host_bytes`](Self::pinned_host_bytes) set to `v`.
+    pub fn with_pinned_host_bytes(mut self, v: usize) -> Self {
+        self.pinned_host_bytes = v;
+        self
     }
 }
 
@@ -280,12 +354,8 @@ pub struct Transfer {
     retained: VecDeque<Retained>,
     /// Where the host memory of downloads comes from (`None`: fresh allocations).
     host_pool: Option<Arc<HostPool>>,
-    /// The pinned memory downloads land in (made on first use).
-    pinned_pool: Option<Arc<HostPool>>,
-    /// Set once the device refused to pin memory: downloads stay pageable.
-    pinned_refused: bool,
-    /// Why downloads last fell back to pageable memory.
-    note: Option<String>,
+    /// Where downloads land: the pinned pool, or pageable memory after a refusal.
+    landing: PinnedLanding,
     stats: TransferStats,
 }
 
@@ -300,9 +370,7 @@ impl Transfer {
             stages: Vec::new(),
             retained: VecDeque::new(),
             host_pool,
-            pinned_pool: None,
-            pinned_refused: false,
-            note: None,
+            landing: PinnedLanding::default(),
             stats: TransferStats::default(),
         }
     }
@@ -336,6 +404,27 @@ impl Transfer {
     /// work enqueued afterwards on any stream of the device runs only after all the work
     /// enqueued before it, another library's included). Prepared or not, the transfers
     /// that follow make no such call: a stream held by someone else does not delay them.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    /// use devarrow_abi::device::{CpuDevice, Device};
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let device = Arc::new(CpuDevice::new());
+    /// let options = TransferOptions::default().with_staging_bytes(4 << 20);
+    /// let mut transfer = Transfer::new(device.clone(), options);
+    /// transfer.prepare()?; // every staging chunk allocated now, not by the first upload
+    ///
+    /// let x: ArrayRef = Arc::new(Int32Array::from_iter_values(0..1000));
+    /// let batch = RecordBatch::try_from_iter([("x", x)])?;
+    /// let on_device = transfer.to_device(&batch)?;
+    /// assert_eq!(on_device.num_rows(), 1000);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn prepare(&mut self) -> Result<()> {
         if self.device.host_accessible() {
             return Ok(());

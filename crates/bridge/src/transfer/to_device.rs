@@ -1,7 +1,7 @@
 //! The upload side of a [`Transfer`]: a batch planned ([`crate::plan`]) into one device
 //! allocation, the runs already in pinned (or registered) host memory copied directly,
-//! and the rest through the staging pipeline ([`crate::upload`], packing with
-//! [`crate::pack`]); or, where the host writes the device's memory, packed straight into
+//! and the rest through the staging pipeline ([`crate::transfer::upload`], packing with
+//! [`crate::transfer::pack`]); or, where the host writes the device's memory, packed straight into
 //! it.
 
 use std::mem::MaybeUninit;
@@ -14,10 +14,10 @@ use devarrow_abi::Result;
 
 use super::{per_batch, release_registrations, DeviceBatch, Retained, Stage, Transfer};
 use crate::batch::Storage;
-use crate::pack::{fill_outputs, pack_range_with, upload_window_bytes};
-use crate::pinned::{direct_runs, staged_ranges};
 use crate::plan::{plan_batch, Packer};
-use crate::stages::StageTimes;
+use crate::transfer::pack::{fill_outputs, pack_range_with, upload_window_bytes};
+use crate::transfer::pinned::{direct_runs, staged_ranges};
+use crate::transfer::stages::StageTimes;
 
 /// How many uploads with direct copies keep their source buffers alive at most before
 /// the oldest is waited for (see [`Transfer::retain`]).
@@ -187,7 +187,7 @@ impl Transfer {
         let size = upload_window_bytes(staged_total, self.options.first_chunk_bytes, chunk);
         let mut windows = Vec::new();
         for (i, ranges) in staged.iter().enumerate() {
-            crate::upload::cut_windows(i, ranges, size, &mut windows);
+            crate::transfer::upload::cut_windows(i, ranges, size, &mut windows);
         }
         if windows.is_empty() {
             return Ok(());
@@ -209,9 +209,9 @@ impl Transfer {
         } else {
             parallelism.threads
         };
-        let pipeline_images: Vec<crate::upload::Image<'_>> = images
+        let pipeline_images: Vec<crate::transfer::upload::Image<'_>> = images
             .iter()
-            .map(|(image, memory)| crate::upload::Image {
+            .map(|(image, memory)| crate::transfer::upload::Image {
                 segments: &image.segments,
                 dst_base: memory.address() as usize,
             })
@@ -221,7 +221,7 @@ impl Transfer {
             .map(|stage| stage.pending.take())
             .collect();
         times.copy += start.elapsed();
-        let result = crate::upload::Pipeline {
+        let result = crate::transfer::upload::Pipeline {
             images: &pipeline_images,
             windows: &windows,
             slots: &slot_list,
@@ -238,7 +238,7 @@ impl Transfer {
 
     /// The first `n` staging buffers, allocated (at the full chunk size) where missing,
     /// as the pipeline's slots. Their pending copies are not waited for here.
-    fn slots(&mut self, n: usize) -> Result<Vec<crate::upload::Slot>> {
+    fn slots(&mut self, n: usize) -> Result<Vec<crate::transfer::upload::Slot>> {
         let size = self.full_chunk();
         if self.stages.len() < n {
             self.stages.resize_with(n, Stage::default);
@@ -260,7 +260,7 @@ impl Transfer {
             }
             let memory = stage.memory.as_mut().expect("allocated above");
             let bytes = memory.as_mut_slice();
-            slots.push(crate::upload::Slot {
+            slots.push(crate::transfer::upload::Slot {
                 ptr: bytes.as_mut_ptr(),
                 len: bytes.len(),
             });

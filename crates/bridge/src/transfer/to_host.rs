@@ -1,6 +1,6 @@
 //! The download side of a [`Transfer`]: device batches packed on the device, copied
 //! into host memory (pinned blocks of a pool, registered pages, or pageable memory
-//! through the staging buffers) and rebuilt as arrow-rs batches ([`crate::host`]); the
+//! through the staging buffers) and rebuilt as arrow-rs batches ([`crate::transfer::host`]); the
 //! host memory they come back into ([`Transfer::host_pool`],
 //! [`Transfer::pinned_host_pool`]).
 
@@ -15,31 +15,30 @@ use devarrow_abi::device::{check_same_device, DeviceToHost, HostPool, PooledMemo
 use devarrow_abi::Result;
 
 use super::{per_batch, release_registrations, DeviceBatch, Transfer};
-use crate::host::host_batch;
-use crate::pack::{
+use crate::transfer::host::host_batch;
+use crate::transfer::pack::{
     advise_huge_pages, copy_into_uninit, copy_to_uninit, fill_outputs, ramped_windows,
 };
-use crate::stages::StageTimes;
+use crate::transfer::stages::StageTimes;
 
 impl Transfer {
     /// Why the last downloads that fell back from pinned to pageable memory did so (the
     /// pool was full, or the device refused to pin memory); `None` if none did.
     pub fn host_memory_note(&self) -> Option<&str> {
-        self.note.as_deref()
+        self.landing.note()
     }
 
     /// The pool of pinned host memory downloads land in, once made (see
     /// [`TransferOptions::pinned_host_bytes`](super::TransferOptions::pinned_host_bytes)).
     pub fn pinned_host_pool(&self) -> Option<&Arc<HostPool>> {
-        self.pinned_pool.as_ref()
+        self.landing.pool()
     }
 
     /// Lands downloads in `pool` (e.g. one shared by several transfers; a pool made by
     /// [`HostPool::pinned`] for this transfer's device), or, with `None`, in the pool
     /// this transfer makes on first use. Batches already downloaded keep their memory.
     pub fn set_pinned_host_pool(&mut self, pool: Option<Arc<HostPool>>) {
-        self.pinned_pool = pool;
-        self.pinned_refused = false;
+        self.landing.set_pool(pool);
     }
 
     /// The pool the host memory of downloads comes from (`None`: fresh allocations).
@@ -50,6 +49,23 @@ impl Transfer {
     /// Takes the host memory of downloads from `pool` (e.g. one shared by several
     /// transfers), or, with `None`, from fresh allocations. Batches already downloaded
     /// keep their memory, which goes back to the pool it came from when they drop.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use devarrow_abi::device::{CpuDevice, HostPool};
+    /// use devarrow_bridge::{Transfer, TransferOptions};
+    ///
+    /// let device = Arc::new(CpuDevice::new());
+    /// let shared = Arc::new(HostPool::new(256 << 20));
+    /// let mut a = Transfer::new(device.clone(), TransferOptions::default());
+    /// let mut b = Transfer::new(device, TransferOptions::default());
+    /// a.set_host_pool(Some(shared.clone()));
+    /// b.set_host_pool(Some(shared.clone()));
+    /// assert!(Arc::ptr_eq(a.host_pool().unwrap(), b.host_pool().unwrap()));
+    /// a.set_host_pool(None); // fresh allocations from now on
+    /// assert!(a.host_pool().is_none());
+    /// ```
     pub fn set_host_pool(&mut self, pool: Option<Arc<HostPool>>) {
         self.host_pool = pool;
     }
@@ -142,7 +158,7 @@ impl Transfer {
     /// flight, each chunk unpacked (in parallel) as soon as its copy completes and its slot
     /// refilled at once, so the copies of range k + 1 run while range k is unpacked. Only
     /// the first and the last chunk of the whole call are ramped (see
-    /// [`windows`](crate::pack::windows)). The host buffers are not zero-filled first:
+    /// [`windows`](crate::transfer::pack::windows)). The host buffers are not zero-filled first:
     /// every byte is written by the unpacking.
     fn download(
         &mut self,
@@ -152,7 +168,7 @@ impl Transfer {
         if let Some(pool) = self.pinned_pool()? {
             return self.download_pinned(sources, &pool, times);
         }
-        if self.pinned_refused {
+        if self.landing.refused() {
             // Pinning was refused earlier: these fall back too (the note says why).
             self.stats.pageable_downloads += sources.len() as u64;
         }
@@ -274,17 +290,9 @@ impl Transfer {
     /// ([`Device::host_accessible`](devarrow_abi::device::Device::host_accessible)), or it
     /// was given up ([`Transfer::host_memory_note`] says why).
     fn pinned_pool(&mut self) -> Result<Option<Arc<HostPool>>> {
-        if self.pinned_pool.is_none()
-            && !self.pinned_refused
-            && self.options.pinned_host_bytes > 0
-            && !self.device.host_accessible()
-        {
-            self.pinned_pool = Some(Arc::new(HostPool::pinned(
-                self.device.clone(),
-                self.options.pinned_host_bytes,
-            )));
-        }
-        Ok(self.pinned_pool.clone())
+        Ok(self
+            .landing
+            .pool_or_make(&self.device, self.options.pinned_host_bytes))
     }
 
     /// [`Transfer::download`] into pinned memory of `pool`: each source is copied straight
@@ -303,24 +311,7 @@ impl Transfer {
         let mut direct = Vec::new();
         let mut staged = Vec::new();
         for (i, &(src, len)) in sources.iter().enumerate() {
-            let tried = if self.pinned_refused {
-                Ok(None)
-            } else {
-                pool.try_allocate(len)
-            };
-            let block = match tried {
-                Ok(block) => block,
-                Err(e) => {
-                    // Pinning refused (a sandbox, a lock limit): pageable from now on.
-                    self.pinned_refused = true;
-                    self.pinned_pool = None;
-                    self.note = Some(format!(
-                        "pinned host memory refused ({e}): downloads land in pageable memory"
-                    ));
-                    None
-                }
-            };
-            match block {
+            match self.landing.block(pool, len) {
                 Some(mut block) => {
                     let dst = block.as_uninit_mut().as_mut_ptr().cast::<u8>();
                     if len > 0 {
@@ -330,16 +321,6 @@ impl Transfer {
                     self.stats.pinned_downloads += 1;
                 }
                 None => {
-                    if !self.pinned_refused {
-                        let stats = pool.stats();
-                        self.note = Some(format!(
-                            "the pinned host memory pool ({} bytes, TransferOptions::\
-                             pinned_host_bytes) was full ({} bytes held by batches not yet \
-                             dropped): downloads beyond it land in pageable memory",
-                            pool.limit(),
-                            stats.in_use_bytes
-                        ));
-                    }
                     staged.push(i);
                     hosts.push(None);
                     self.stats.pageable_downloads += 1;

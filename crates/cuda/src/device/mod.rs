@@ -154,6 +154,19 @@ pub enum HostWait {
 /// The choices of a [`CudaDevice`] that a GPU run decides (see `docs/gpu-results.md`):
 /// exercised on the emulated driver, their defaults to be chosen by the transfer bench
 /// on a GPU.
+///
+/// ```
+/// use devarrow_cuda::{CudaDeviceOptions, HostWait};
+///
+/// // Building options needs no GPU; `CudaDevice::with_options` applies them.
+/// let options = CudaDeviceOptions::default()
+///     .host_wait(HostWait::Block)
+///     .register_pageable(Some(4 << 20))
+///     .batch_copies(false);
+/// assert_eq!(options.host_wait, HostWait::Block);
+/// assert_eq!(options.register_pageable, Some(4 << 20));
+/// assert!(!options.batch_copies);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CudaDeviceOptions {
@@ -447,7 +460,7 @@ impl CudaDevice {
         self.pageable_staging.load(Ordering::Relaxed)
     }
 
-    /// Descriptors per table of [`Device::copy_on_device`] (one kernel launch each):
+    /// Descriptors per table of [`Device::copy_on_device`](devarrow_abi::device::Device::copy_on_device) (one kernel launch each):
     /// about one wave of the copy kernel's resident warps, fixed when the device was made.
     pub fn descriptors_per_table(&self) -> usize {
         self.descriptors
@@ -673,6 +686,7 @@ impl CudaDevice {
     /// wait for) and the driver's own answer.
     ///
     /// # Example
+    ///
     /// ```
     /// use devarrow_abi::device::Device;
     /// use devarrow_cuda::{CudaDevice, CudaError};

@@ -41,6 +41,17 @@ pub const MAX_COPY_PIECE: u64 = 1 << 30;
 /// Splits segments into pieces of at most `max_piece` bytes (empty segments are
 /// dropped), so that one long segment spreads over many warps. Piece boundaries are
 /// multiples of `max_piece` from the segment start.
+///
+/// ```
+/// use devarrow_cuda::kernels::{split_segments, CopySegment};
+///
+/// let copy = CopySegment { src: 0x1000, dst: 0x8000, len: 5000 };
+/// let empty = CopySegment { src: 0x9000, dst: 0xA000, len: 0 };
+/// let pieces = split_segments(&[copy, empty], 2048);
+/// let lens: Vec<u64> = pieces.iter().map(|p| p.len).collect();
+/// assert_eq!(lens, [2048, 2048, 904]); // the empty segment is dropped
+/// assert_eq!((pieces[1].src, pieces[1].dst), (0x1000 + 2048, 0x8000 + 2048));
+/// ```
 pub fn split_segments(segments: &[CopySegment], max_piece: u64) -> Vec<CopySegment> {
     assert!(max_piece > 0);
     let mut out = Vec::with_capacity(segments.len());
@@ -89,6 +100,20 @@ pub fn piece_size(segments: &[CopySegment], warps: u64) -> u64 {
 /// The descriptors of one `dvx_batched_copy` launch copying `segments` on a device
 /// with `warps` resident warps of the kernel: the segments cut into pieces of
 /// [`piece_size`] bytes (empty segments dropped).
+///
+/// ```
+/// use devarrow_cuda::kernels::{plan_pieces, CopySegment, COPY_ROUND};
+///
+/// // 10 MiB and 3 KiB on a device with 64 resident warps of the kernel.
+/// let segments = [
+///     CopySegment { src: 0x10_0000, dst: 0x9000_0000, len: 10 << 20 },
+///     CopySegment { src: 0x20_0000, dst: 0xA000_0000, len: 3 << 10 },
+/// ];
+/// let pieces = plan_pieces(&segments, 64);
+/// assert!(pieces.len() <= 64); // one wave: at most a piece per warp
+/// assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), (10 << 20) + (3 << 10));
+/// assert_eq!(pieces[0].len % COPY_ROUND, 0); // full pieces are whole rounds
+/// ```
 pub fn plan_pieces(segments: &[CopySegment], warps: u64) -> Vec<CopySegment> {
     split_segments(segments, piece_size(segments, warps))
 }

@@ -1,13 +1,14 @@
 //! The producer side: drives a consumer's `ArrowAsyncDeviceStreamHandler` from a Rust
 //! stream on a driver thread.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::task::Poll;
+mod driver;
+mod tasks;
+
+use driver::{encode_optional, Driver, Finisher};
+pub use tasks::new_task;
+
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
@@ -16,133 +17,13 @@ use arrow_schema::SchemaRef;
 use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 
-use super::{lock, AsyncStreamHandler, WithMetadata};
-use crate::boundary::{catch_panic, swallow_panic};
+use crate::async_stream::{lock, AsyncStreamHandler, WithMetadata};
+use crate::boundary::swallow_panic;
 use crate::cpu;
 use crate::device_array::DeviceArray;
 use crate::error::{Error, Result};
-use crate::ffi::{
-    ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowAsyncTask, ArrowDeviceArray,
-    ArrowDeviceType, ArrowSchema,
-};
+use crate::ffi::{ArrowAsyncDeviceStreamHandler, ArrowAsyncProducer, ArrowDeviceType};
 use crate::metadata::Metadata;
-
-// ---------------------------------------------------------------------------------------
-// Tasks
-// ---------------------------------------------------------------------------------------
-
-/// Ids of tasks; 0 is never used, so a task's `private_data` is never NULL before
-/// extraction.
-static NEXT_TASK_ID: AtomicUsize = AtomicUsize::new(1);
-
-/// A task not yet extracted: its array, and the producer that handed it out, kept alive
-/// until the task is extracted (or reclaimed after a refusal).
-struct PendingTask {
-    array: DeviceArray,
-    _producer: Option<Arc<ProducerShared>>,
-}
-
-/// The tasks not yet extracted, by id.
-fn pending_tasks() -> &'static Mutex<HashMap<usize, PendingTask>> {
-    static TASKS: OnceLock<Mutex<HashMap<usize, PendingTask>>> = OnceLock::new();
-    TASKS.get_or_init(Default::default)
-}
-
-/// Wraps a device array in an `ArrowAsyncTask` whose `extract_data` hands it over exactly
-/// once: into `out`, or released when `out` is NULL.
-///
-/// The task's `private_data` is an id in a process-wide registry, not a pointer, so the
-/// task struct may be copied freely and outlives any producer. A second `extract_data` on
-/// the task or on any copy of it returns `EINVAL` and touches nothing; so does one on a
-/// struct whose `private_data` was not made here. A task made here (not by a producer)
-/// that is never extracted keeps its array alive until the process ends.
-pub fn new_task(array: DeviceArray) -> ArrowAsyncTask {
-    register_task(array, None)
-}
-
-/// [`new_task`], keeping `producer` (its `ArrowAsyncProducer` struct included) alive until
-/// the task is extracted or reclaimed.
-fn register_task(array: DeviceArray, producer: Option<Arc<ProducerShared>>) -> ArrowAsyncTask {
-    let id = NEXT_TASK_ID.fetch_add(1, Ordering::Relaxed);
-    lock(pending_tasks()).insert(
-        id,
-        PendingTask {
-            array,
-            _producer: producer,
-        },
-    );
-    ArrowAsyncTask {
-        extract_data: Some(extract_data),
-        private_data: std::ptr::without_provenance_mut(id),
-    }
-}
-
-/// Removes a task from the registry (`None` when already extracted). The caller drops it
-/// outside the registry's lock: that releases its array (a foreign callback) and maybe
-/// the last reference to its producer.
-fn take_task(id: usize) -> Option<PendingTask> {
-    lock(pending_tasks()).remove(&id)
-}
-
-/// Removes every task that `producer` handed out and that is not extracted yet, and
-/// releases their arrays (outside the registry's lock); returns how many there were. A
-/// later `extract_data` on one of them finds nothing and returns `EINVAL`.
-fn reclaim_tasks_of(producer: &Arc<ProducerShared>) -> usize {
-    let reclaimed: Vec<PendingTask> = {
-        let mut tasks = lock(pending_tasks());
-        let ids: Vec<usize> = tasks
-            .iter()
-            .filter(|(_, task)| {
-                task._producer
-                    .as_ref()
-                    .is_some_and(|p| Arc::ptr_eq(p, producer))
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        ids.iter().filter_map(|id| tasks.remove(id)).collect()
-    };
-    let n = reclaimed.len();
-    swallow_panic(
-        "while releasing the reclaimed tasks of a failed async stream",
-        move || drop(reclaimed),
-    );
-    n
-}
-
-unsafe extern "C" fn extract_data(task: *mut ArrowAsyncTask, out: *mut ArrowDeviceArray) -> c_int {
-    let result = catch_panic(|| {
-        if task.is_null() {
-            return Err(Error::NullPointer {
-                what: "ArrowAsyncTask",
-            });
-        }
-        // SAFETY: a non-null `task` points to the task given to `on_next_task` or to a copy
-        // the consumer made of it (spec: valid and writable for this call). The id is read
-        // and the field cleared, so a repeated call on this very struct sees NULL.
-        let id = unsafe { std::mem::replace(&mut (*task).private_data, std::ptr::null_mut()) };
-        let pending = take_task(id.addr()).ok_or_else(|| {
-            Error::InvalidArgument(
-                "extract_data called on a task that was already extracted (or not made by \
-                 this producer)"
-                    .into(),
-            )
-        })?;
-        if out.is_null() {
-            drop(pending.array);
-        } else {
-            // SAFETY: a non-null `out` is a consumer-allocated, writable ArrowDeviceArray
-            // (spec: extract_data); ownership of the array moves into it.
-            unsafe { pending.array.move_into(out) };
-        }
-        // `pending._producer` drops here, after the array moved: the producer struct may
-        // be freed now, but this call no longer needs it.
-        Ok(())
-    });
-    match result {
-        Ok(()) => 0,
-        Err(e) => e.c_code(),
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Demand, cancellation and the C callbacks of ArrowAsyncProducer
@@ -348,287 +229,6 @@ unsafe extern "C" fn cancel(producer: *mut ArrowAsyncProducer) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The driver
-// ---------------------------------------------------------------------------------------
-
-type OnSchema = unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler, *mut ArrowSchema) -> c_int;
-type OnNextTask = unsafe extern "C" fn(
-    *mut ArrowAsyncDeviceStreamHandler,
-    *mut ArrowAsyncTask,
-    *const c_char,
-) -> c_int;
-type OnError =
-    unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler, c_int, *const c_char, *const c_char);
-type Release = unsafe extern "C" fn(*mut ArrowAsyncDeviceStreamHandler);
-
-type BoxedItems = Pin<Box<dyn Stream<Item = Result<WithMetadata<DeviceArray>>> + Send>>;
-
-/// Reports `error` through `on_error` (the message copied into a C string).
-///
-/// # Safety
-/// `handler` must be a live handler whose `on_error` is `on_error`.
-unsafe fn report(handler: *mut ArrowAsyncDeviceStreamHandler, on_error: OnError, error: &Error) {
-    let code = error.c_code();
-    let message =
-        CString::new(error.to_string().replace('\0', "\\0")).expect("interior NULs were replaced");
-    // SAFETY: per the contract; the message outlives the call, metadata is NULL.
-    unsafe { on_error(handler, code, message.as_ptr(), std::ptr::null()) };
-}
-
-/// Makes the last calls of a producer exactly once, also when the driver never runs or
-/// unwinds: `on_error` when an error is pending, then `release`. The producer struct is
-/// not freed here: it lives as long as its [`ProducerShared`], which the driver, the
-/// [`ProducerHandle`] and every task not yet extracted hold.
-struct Finisher {
-    handler: *mut ArrowAsyncDeviceStreamHandler,
-    on_error: OnError,
-    release: Release,
-    shared: Arc<ProducerShared>,
-    released: bool,
-    /// Reported with `on_error` before `release`.
-    pending_error: Option<Error>,
-    /// The stream failed (an error was reported, or the consumer returned non-zero): the
-    /// tasks not extracted by now are reclaimed before `release`.
-    failed: bool,
-}
-
-impl Finisher {
-    fn finish(&mut self) {
-        if self.released {
-            return;
-        }
-        self.released = true;
-        if let Some(error) = self.pending_error.take() {
-            self.failed = true;
-            // SAFETY: the handler is live until `release` below; it was validated to have
-            // this `on_error` when the producer was spawned.
-            unsafe { report(self.handler, self.on_error, &error) };
-        }
-        if self.failed {
-            // After `on_error` (a consumer may extract its queued tasks there, as
-            // devarrow's does), before `release`: a consumer that drops its queue on an
-            // error without extracting (Arrow C++'s) would leak them otherwise. See the
-            // module documentation, "Tasks a consumer never extracts".
-            reclaim_tasks_of(&self.shared);
-        }
-        // From here on `request` and `cancel` are no-ops (a consumer may still call them
-        // while it holds tasks, as Arrow C++'s does).
-        self.shared.finish();
-        // SAFETY: the handler is live and this is the last call on it; `release` was
-        // validated when the producer was spawned.
-        unsafe { (self.release)(self.handler) };
-    }
-}
-
-impl Drop for Finisher {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// How the driver's loop ended.
-enum Outcome {
-    /// The NULL task was delivered.
-    Finished,
-    /// `cancel` was called.
-    Cancelled,
-    /// An error to report with `on_error`.
-    Failed(Error),
-    /// The consumer returned non-zero: no `on_error`, the error is only for `join`.
-    Rejected(Error),
-}
-
-struct Driver {
-    // Fields drop in this order: the source first, the finisher (release) last.
-    source: Option<BoxedItems>,
-    schema: Option<FFI_ArrowSchema>,
-    handler: *mut ArrowAsyncDeviceStreamHandler,
-    on_schema: OnSchema,
-    on_next_task: OnNextTask,
-    device_type: ArrowDeviceType,
-    n_fields: usize,
-    finisher: Finisher,
-}
-
-// SAFETY: the raw pointer is the consumer's handler, which the spec lets the producer
-// call from any thread, serialized (only the driver thread calls it); the source stream,
-// the schema and the shared state are Send.
-unsafe impl Send for Driver {}
-
-impl Driver {
-    fn shared(&self) -> &ProducerShared {
-        &self.finisher.shared
-    }
-
-    fn run(mut self) -> Result<()> {
-        // Should `drive` unwind, the finisher reports its pending "stopped unexpectedly".
-        let outcome = self.drive();
-        self.finisher.pending_error = None;
-        let source = self.source.take();
-        swallow_panic("while dropping the async producer's source", move || {
-            drop(source)
-        });
-        let result = match outcome {
-            Outcome::Finished | Outcome::Cancelled => Ok(()),
-            Outcome::Failed(error) => {
-                // SAFETY: the handler is live (not yet released) and has this on_error.
-                unsafe { report(self.handler, self.finisher.on_error, &error) };
-                self.finisher.failed = true;
-                Err(error)
-            }
-            Outcome::Rejected(error) => {
-                self.finisher.failed = true;
-                Err(error)
-            }
-        };
-        self.finisher.finish();
-        result
-    }
-
-    fn stopped(wait: Wait) -> Option<Outcome> {
-        match wait {
-            Wait::Serve => None,
-            Wait::Cancelled => Some(Outcome::Cancelled),
-            Wait::Invalid(n) => Some(Outcome::Failed(Error::InvalidArgument(format!(
-                "ArrowAsyncProducer.request needs n > 0, got {n}"
-            )))),
-        }
-    }
-
-    fn drive(&mut self) -> Outcome {
-        let mut schema = self.schema.take().unwrap_or_else(FFI_ArrowSchema::empty);
-        // SAFETY: the handler is live; `handler->producer` was set before this first call;
-        // the schema is valid for the call and the consumer may move it out.
-        let rc = unsafe { (self.on_schema)(self.handler, &mut schema) };
-        // Releases the schema unless the consumer moved it out.
-        drop(schema);
-        if rc != 0 {
-            return Outcome::Rejected(callback_error("on_schema", rc));
-        }
-        loop {
-            // The source is polled before waiting for demand (one item ahead of it, as
-            // Arrow C++'s producer does), so that its end is found and sent without a
-            // request.
-            let next = self.next_item();
-            if let Some(outcome) = self.shared().stop().and_then(Self::stopped) {
-                return outcome;
-            }
-            let item = match next {
-                // Only when stopped, handled above.
-                Next::Interrupted => continue,
-                Next::Item(Err(error)) => return Outcome::Failed(error),
-                Next::Item(Ok(item)) => item,
-                Next::End => {
-                    // SAFETY: the handler is live; a NULL task marks the end of the stream
-                    // (it takes no requested unit).
-                    let rc = unsafe {
-                        (self.on_next_task)(self.handler, std::ptr::null_mut(), std::ptr::null())
-                    };
-                    return match rc {
-                        0 => Outcome::Finished,
-                        rc => Outcome::Rejected(callback_error("on_next_task", rc)),
-                    };
-                }
-            };
-            if let Err(error) = self.check(&item.data) {
-                return Outcome::Failed(error);
-            }
-            let metadata = match encode_optional(&item.metadata) {
-                Ok(metadata) => metadata,
-                Err(error) => return Outcome::Failed(error),
-            };
-            if let Some(outcome) = Self::stopped(self.shared().wait()) {
-                return outcome;
-            }
-            let mut task = register_task(item.data, Some(self.finisher.shared.clone()));
-            let id = task.private_data.addr();
-            let metadata_ptr = metadata
-                .as_ref()
-                .map_or(std::ptr::null(), |m| m.as_ptr().cast::<c_char>());
-            // SAFETY: the handler is live; the task and the metadata are valid for the
-            // duration of the call (the consumer copies them to keep them).
-            let rc = unsafe { (self.on_next_task)(self.handler, &mut task, metadata_ptr) };
-            if rc != 0 {
-                // The consumer refused the task, so it is still ours (see the module's
-                // protocol decisions): reclaim it. Should the consumer have extracted it
-                // anyway, the registry finds nothing and nothing is freed twice.
-                drop(take_task(id));
-                return Outcome::Rejected(callback_error("on_next_task", rc));
-            }
-        }
-    }
-
-    /// Polls the source for its next item, giving up when cancelled or on a bad request.
-    fn next_item(&mut self) -> Next {
-        let Some(source) = self.source.as_mut() else {
-            return Next::End;
-        };
-        let shared = &*self.finisher.shared;
-        let polled = catch_unwind(AssertUnwindSafe(|| {
-            futures::executor::block_on(futures::future::poll_fn(|cx| {
-                shared.interrupt.register(cx.waker());
-                if shared.interrupted() {
-                    return Poll::Ready(Next::Interrupted);
-                }
-                source.as_mut().poll_next(cx).map(|item| match item {
-                    Some(item) => Next::Item(item),
-                    None => Next::End,
-                })
-            }))
-        }));
-        polled.unwrap_or_else(|payload| {
-            // A panicking stream is not polled again.
-            let source = self.source.take();
-            swallow_panic(
-                "while dropping a panicked async producer source",
-                move || drop(source),
-            );
-            Next::Item(Err(Error::from_panic(payload)))
-        })
-    }
-
-    fn check(&self, array: &DeviceArray) -> Result<()> {
-        if array.device_type() != self.device_type {
-            return Err(Error::InvalidArgument(format!(
-                "the async producer offers {} arrays, but the source yielded one on {}",
-                self.device_type,
-                array.device_type()
-            )));
-        }
-        if array.array().n_children != self.n_fields as i64 {
-            return Err(Error::InvalidArgument(format!(
-                "the source yielded a struct array with {} children for a schema of {} fields",
-                array.array().n_children,
-                self.n_fields
-            )));
-        }
-        Ok(())
-    }
-}
-
-enum Next {
-    Item(Result<WithMetadata<DeviceArray>>),
-    End,
-    Interrupted,
-}
-
-/// The C encoding of `metadata`, `None` (NULL) when it is empty.
-fn encode_optional(metadata: &Metadata) -> Result<Option<Box<[u8]>>> {
-    if metadata.is_empty() {
-        return Ok(None);
-    }
-    metadata.encode().map(|m| Some(m.into_boxed_slice()))
-}
-
-fn callback_error(operation: &'static str, code: c_int) -> Error {
-    Error::Callback {
-        operation,
-        code,
-        message: "the consumer returned an error code".into(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Public API
 // ---------------------------------------------------------------------------------------
 
@@ -676,7 +276,10 @@ impl ProducerHandle {
 }
 
 /// Stream-level settings of an async producer ([`spawn_producer_with`]).
+///
+/// `#[non_exhaustive]`: build them with [`ProducerOptions::new`] and the `with_*` methods.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProducerOptions {
     /// `ArrowAsyncProducer.additional_metadata`, which the consumer can read from
     /// `on_schema` on (devarrow's: [`AsyncDeviceArrayStream::additional_metadata`](super::AsyncDeviceArrayStream::additional_metadata));
@@ -712,6 +315,22 @@ impl ProducerOptions {
 
     /// Announces the row and batch counts of `batches`, the stream's record batches when
     /// they are known up front.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    /// use devarrow_abi::async_stream::ProducerOptions;
+    ///
+    /// # fn main() -> devarrow_abi::Result<()> {
+    /// let x: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+    /// let batch = RecordBatch::try_from_iter([("x", x)])?;
+    /// let options = ProducerOptions::new().counting(&[batch.clone(), batch]);
+    /// assert_eq!(options.additional_metadata.num_rows()?, Some(6));
+    /// assert_eq!(options.additional_metadata.num_batches()?, Some(2));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn counting(self, batches: &[RecordBatch]) -> Self {
         let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
         self.with_num_rows(rows)

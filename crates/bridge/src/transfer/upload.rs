@@ -42,8 +42,8 @@ use arrow_buffer::Buffer;
 use devarrow_abi::device::{Device, SyncEvent};
 use devarrow_abi::{Error, Result};
 
-use crate::pack::{equal_windows, pack_range_uninit};
-use crate::stages::StageTimes;
+use crate::transfer::pack::{equal_windows, pack_range_uninit};
+use crate::transfer::stages::StageTimes;
 
 /// One window of the pipeline: bytes `start..end` of image `image`, copied to
 /// `dst_base + start` on the device.

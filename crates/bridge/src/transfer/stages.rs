@@ -19,6 +19,31 @@ use std::time::Duration;
 ///
 /// To the device, the copies still in flight when `to_device` returns are not counted:
 /// the caller waits for them (on the batch's event).
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+/// use devarrow_abi::device::CpuDevice;
+/// use devarrow_bridge::{Transfer, TransferOptions};
+///
+/// # fn main() -> devarrow_abi::Result<()> {
+/// let v: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10_000));
+/// let batch = RecordBatch::try_from_iter([("v", v)])?;
+/// let mut transfer = Transfer::new(Arc::new(CpuDevice::new()), TransferOptions::default());
+/// let on_device = transfer.to_device(&batch)?;
+/// transfer.to_host(&on_device)?;
+///
+/// let stats = transfer.take_stats();
+/// assert_eq!((stats.to_device.batches, stats.to_host.batches), (1, 1));
+/// assert!(stats.to_device.bytes >= 80_000); // the device image: 10,000 i64 values
+/// for (stage, time) in stats.to_device.stages() {
+///     println!("{stage}: {time:?}");
+/// }
+/// assert_eq!(transfer.stats().to_device.batches, 0); // counting afresh
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageTimes {
     /// Planning (to the device) or preparing downloads (to the host).

@@ -20,9 +20,9 @@ use devarrow_abi::layout::{buffer_roles, offset_width, BufferRole};
 use devarrow_abi::{Error, Result};
 use rayon::prelude::*;
 
-use crate::pack::DEFAULT_PARALLEL_MIN_BYTES;
 use crate::plan::{Node, Placement, ViewRange};
 use crate::slicing;
+use crate::transfer::pack::DEFAULT_PARALLEL_MIN_BYTES;
 
 /// What [`Transfer::to_host`](crate::Transfer::to_host) downloads: one packed image on the
 /// device, the tree that points into it, and the event its data is ready after.

@@ -91,9 +91,9 @@ use arrow_buffer::Buffer;
 use devarrow_abi::device::{whole_pages, Device, HostRegistration, StagingMemory};
 use devarrow_abi::{Error, Result};
 
-use crate::host::host_batch;
-use crate::pack::{pack_window, Parallelism};
 use crate::plan::plan_array;
+use crate::transfer::host::host_batch;
+use crate::transfer::pack::{pack_window, Parallelism};
 
 /// Keeps a staging allocation alive behind arrow-rs [`Buffer`]s. Never accessed: the
 /// mutex only makes the (`Send`) allocation `Sync`, as [`Allocation`] requires.
