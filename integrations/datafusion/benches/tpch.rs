@@ -33,8 +33,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use devarrow::bridge::copy::{copy_bytes, Stores};
-use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
 use devarrow_datafusion::device_session;
+use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
 
 use common::*;
 
@@ -144,7 +144,11 @@ fn tpch(c: &mut Criterion) {
                 .max(1.0),
         );
         group.bench_function(format!("{name}/datafusion"), |b| {
-            b.iter(|| runtime.block_on(collect(on_host.clone(), plain.task_ctx())).unwrap())
+            b.iter(|| {
+                runtime
+                    .block_on(collect(on_host.clone(), plain.task_ctx()))
+                    .unwrap()
+            })
         });
         group.bench_function(format!("{name}/device"), |b| {
             b.iter(|| {
@@ -166,9 +170,8 @@ fn tpch(c: &mut Criterion) {
         .flat_map(|b| b.columns().iter())
         .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
         .sum();
-    let round_trip: Arc<dyn ExecutionPlan> = Arc::new(
-        DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan))).expect("a region"),
-    );
+    let round_trip: Arc<dyn ExecutionPlan> =
+        Arc::new(DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan))).expect("a region"));
     let source = vec![1u8; bytes];
     let mut target = vec![0u8; bytes];
     let (memcpy, streaming) = host_ceiling(&source, &mut target);

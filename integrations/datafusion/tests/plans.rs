@@ -76,3 +76,48 @@ async fn q1_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
 async fn q6_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
     check("q6", tpch::query(6)).await;
 }
+
+/// A group key the device cannot hold (a string of more than 12 bytes: TPC-H's
+/// `l_shipinstruct`, "DELIVER IN PERSON") makes its batch fall back to the host, counted,
+/// with DataFusion's results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
+    let data = lineitem(0.005, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    ctx.sql("SET devarrow.devices = 'cpu'")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let sql = "select l_shipinstruct, sum(l_quantity) as q, count(*) as n from lineitem \
+               where l_quantity > 10 group by l_shipinstruct order by l_shipinstruct";
+    let device_plan = plan(&ctx, sql).await;
+    assert!(text(&device_plan).contains("DevicePartialAggregateExec"));
+    let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
+    let want = common::session(data)
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+    let mut fallbacks = 0;
+    let mut stack = vec![device_plan];
+    while let Some(node) = stack.pop() {
+        if let Some(m) = node.metrics() {
+            fallbacks += m
+                .sum_by_name("host_fallback_batches")
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    assert!(
+        fallbacks > 0,
+        "the long keys' batches fell back to the host"
+    );
+}

@@ -21,6 +21,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use devarrow_datafusion::region::ops::ProjectionOperator;
 use devarrow_datafusion::HostOnlyExec;
 
 use tpch::{compare_results, device_session_on, host_session, plan_query, Placement, Tables};
@@ -52,8 +53,12 @@ fn tables() -> &'static Tables {
 /// neither device operators nor under a `HostOnlyExec` saying why: the rule missed
 /// them.
 fn unplaced(plan: &Arc<dyn ExecutionPlan>, under_host_only: bool, found: &mut Vec<String>) {
+    // A projection that only picks columns is no device candidate (it joins a region
+    // below it when there is one).
     let asked = plan.downcast_ref::<FilterExec>().is_some()
-        || plan.downcast_ref::<ProjectionExec>().is_some()
+        || plan
+            .downcast_ref::<ProjectionExec>()
+            .is_some_and(|p| !ProjectionOperator::picks_only(p))
         || plan
             .downcast_ref::<AggregateExec>()
             .is_some_and(|a| *a.mode() == AggregateMode::Partial);

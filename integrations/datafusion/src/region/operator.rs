@@ -14,7 +14,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::distribution_requirements::InputDistributionRequirements;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
@@ -41,8 +41,11 @@ pub struct OperatorContext<'a> {
     pub partition: usize,
     /// The batch of the partition (0-based, as the region's load made them).
     pub batch: usize,
-    /// The device, with the partition's own stream on CUDA: kernels go there.
+    /// The device, with the slot's own stream on CUDA: kernels go there.
     pub device: &'a ExecDevice,
+    /// Batches an operator computed on the host instead (the operator's
+    /// `host_fallback_batches` metric).
+    pub host_fallback_batches: &'a Count,
 }
 
 /// A device operator: one host node's computation on device frames.

@@ -21,7 +21,15 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::compute::{select, DeviceExpr, DevicePartialAggregate, Unsupported};
+use arrow_array::RecordBatch;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::collect;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use devarrow::bridge::{Transfer, TransferOptions};
+
+use crate::compute::{select, ComputeError, DeviceExpr, DevicePartialAggregate, Unsupported};
 use crate::error::BoxError;
 use crate::frame::DeviceFrame;
 
@@ -162,9 +170,15 @@ impl DeviceOperator for ProjectionOperator {
 /// `AggregateExec` in `Partial` mode on the device, per batch: the groups of the
 /// frame's selected rows and their partial states, read back to the host (a few rows
 /// per batch), where DataFusion's final aggregate takes them as its own partial's.
+///
+/// A batch the device cannot group (a string key longer than the 12 bytes a device key
+/// holds: `ComputeError::KeyTooLong`) is aggregated on the host instead, by the
+/// `AggregateExec` itself over the downloaded batch: the query never fails for it, and
+/// the operator's `host_fallback_batches` metric counts those batches.
 #[derive(Debug)]
 pub struct PartialAggregateOperator {
     compiled: DevicePartialAggregate,
+    host: Arc<dyn ExecutionPlan>,
     description: String,
 }
 
@@ -191,6 +205,7 @@ impl PartialAggregateOperator {
             .collect();
         Ok(Self {
             compiled,
+            host: Arc::new(aggregate.clone()),
             description: format!(
                 "mode=Partial, gby=[{}], aggr=[{}]",
                 groups.join(", "),
@@ -210,12 +225,52 @@ impl DeviceOperator for PartialAggregateOperator {
     }
 
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
-        Ok(RegionBatch::Host(self.compiled.run(&frame, cx.device)?))
+        match self.compiled.run(&frame, cx.device) {
+            Ok(batch) => Ok(RegionBatch::Host(batch)),
+            Err(e) if is_key_too_long(e.as_ref()) => {
+                cx.host_fallback_batches.add(1);
+                Ok(RegionBatch::Host(self.on_host(&frame, cx)?))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn is_terminal(&self) -> bool {
         true
     }
+}
+
+impl PartialAggregateOperator {
+    /// The partial aggregate of `frame`'s selected rows by DataFusion on the host.
+    fn on_host(
+        &self,
+        frame: &DeviceFrame,
+        cx: &OperatorContext<'_>,
+    ) -> Result<RecordBatch, BoxError> {
+        let mut transfer = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+        let batch = frame.download(&mut transfer)?;
+        let source =
+            MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], batch.schema(), None)?;
+        let plan = replace_children_if_necessary(self.host.clone(), vec![source])?;
+        let batches =
+            futures::executor::block_on(collect(plan.clone(), Arc::new(TaskContext::default())))?;
+        Ok(concat_batches(&plan.schema(), &batches)?)
+    }
+}
+
+/// Whether `error` is (or wraps) the device's refusal of a long string key.
+fn is_key_too_long(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if matches!(
+            e.downcast_ref::<ComputeError>(),
+            Some(ComputeError::KeyTooLong { .. })
+        ) {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// The device operator for `node`: `None` when no device operator replaces nodes of its

@@ -234,9 +234,10 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
     } = pending;
     let (upload_tx, upload_rx) = sync_channel::<Uploaded>(config.read_ahead);
     let (out_tx, out_rx) = mpsc::channel::<Result<RecordBatch>>(1);
+    let device_id = pool.id().to_string();
     let spawn_error = |e: std::io::Error| {
         DataFusionError::External(Box::new(DeviceExecError::Device {
-            spec: pool.id().to_string(),
+            spec: device_id.clone(),
             reason: format!("no thread for partition {partition}: {e}"),
         }))
     };
@@ -416,7 +417,9 @@ impl OperatorThread {
             .map(|op| {
                 let time =
                     MetricBuilder::new(op.metrics_set()).subset_time("device_time", self.partition);
-                (op, time)
+                let fallbacks = MetricBuilder::new(op.metrics_set())
+                    .counter("host_fallback_batches", self.partition);
+                (op, time, fallbacks)
             })
             .collect();
         let mut index = 0;
@@ -456,15 +459,11 @@ impl OperatorThread {
         &self,
         lease: &DeviceLease,
         batch: DeviceBatch,
-        ops: &[(&Arc<DeviceOperatorExec>, Time)],
+        ops: &[(&Arc<DeviceOperatorExec>, Time, Count)],
         index: usize,
     ) -> Result<RecordBatch> {
         let device = lease.device();
-        let cx = OperatorContext {
-            partition: self.partition,
-            batch: index,
-            device,
-        };
+
         // A step's CUDA calls (cudarc's, some of which take the thread's current context)
         // find the device's context bound.
         #[cfg(feature = "cuda")]
@@ -478,7 +477,13 @@ impl OperatorThread {
                 })?;
         }
         let mut current = RegionBatch::Device(DeviceFrame::from_batch(batch));
-        for (op, time) in ops {
+        for (op, time, fallbacks) in ops {
+            let cx = OperatorContext {
+                partition: self.partition,
+                batch: index,
+                device,
+                host_fallback_batches: fallbacks,
+            };
             let frame = match current {
                 RegionBatch::Device(frame) => frame,
                 RegionBatch::Host(_) => {
