@@ -12,21 +12,22 @@ use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, ColumnStatistics, DataFusionError, Result, Statistics};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::projection::{ProjectionMapping, ProjectionTargets};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use devarrow::bridge::{DeviceBatch, StreamOptions, Transfer, TransferOptions, UploadStream};
 use futures::{Stream, StreamExt};
 
 use crate::error::DeviceExecError;
-use crate::step::{DeviceStep, ExecDevice, StepContext, StepOutput};
+use crate::step::{DeviceStep, ExecDevice, KeptColumns, StepContext, StepOutput};
 
 /// How many batches of a partition are uploaded ahead of the step by default.
 pub const DEFAULT_READ_AHEAD: usize = 2;
@@ -37,11 +38,16 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 /// and the step's output is downloaded ([`ExecutionPlan::execute`]) or handed on as
 /// device batches ([`DeviceExec::execute_device`]).
 ///
-/// - One output batch per non-empty input batch, same rows, same order; the
-///   partitioning and ordering of the child are kept when the step appends columns
-///   ([`StepOutput::Append`]) or keeps the schema.
-/// - Statistics: the child's row count and its columns' statistics, unknown for the
-///   step's own columns.
+/// - One output batch per non-empty input batch, same rows, same order. Of the child's
+///   properties the node claims only what the step declares it keeps
+///   ([`Preserves`](crate::Preserves)): an appending step ([`StepOutput::Append`]) keeps
+///   the child's orderings, equivalences and partitioning on the input's columns; a
+///   replacing step claims none of them unless it declares them
+///   ([`DeviceStep::preserves_order`], [`DeviceStep::preserves_partitioning`],
+///   [`DeviceStep::leaves_untouched`]), and its partitioning is otherwise
+///   `UnknownPartitioning` of the child's partition count.
+/// - Statistics: the child's row count; column statistics for the columns the step
+///   leaves untouched, unknown for the others.
 /// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step and the
 ///   download), `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
 ///   waited for its next uploaded batch: the child's work and the upload, where
@@ -61,6 +67,8 @@ pub struct DeviceExec {
     step_schema: SchemaRef,
     append: bool,
     projection: Option<Vec<usize>>,
+    kept: KeptColumns,
+    maintains_order: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -91,7 +99,13 @@ impl DeviceExec {
         let projection = step.upload_projection(&input_schema)?;
         let (schema, step_schema) = step.schemas(&input_schema)?;
         let append = matches!(step.output(&input_schema), StepOutput::Append(_));
-        let properties = Arc::new(Self::compute_properties(&input, &schema, append));
+        let kept = step.kept_columns(&input_schema, &schema)?;
+        // DataFusion pushes a sort required above a node that maintains its input's
+        // order down to the child, column for column (same indices): only sound when
+        // each of the child's columns is at its index in the output, ordered as it was.
+        let width = input_schema.fields().len().min(schema.fields().len());
+        let maintains_order = (0..width).all(|i| kept.order.contains(&(i, i)));
+        let properties = Arc::new(Self::compute_properties(&input, &schema, &kept)?);
         Ok(Self {
             input,
             step,
@@ -101,6 +115,8 @@ impl DeviceExec {
             step_schema,
             append,
             projection,
+            kept,
+            maintains_order,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -132,35 +148,60 @@ impl DeviceExec {
         &self.input
     }
 
+    /// The child's properties that hold on the output: its equivalences, orderings and
+    /// partitioning projected onto the columns the step keeps ([`KeptColumns`]).
     fn compute_properties(
         input: &Arc<dyn ExecutionPlan>,
         schema: &SchemaRef,
-        append: bool,
-    ) -> PlanProperties {
+        kept: &KeptColumns,
+    ) -> Result<PlanProperties> {
         let input_properties = input.properties();
-        let (eq_properties, partitioning) = if append {
-            // The input's columns keep their indices: its orderings and partitioning
-            // still hold.
-            let mut eq = EquivalenceProperties::new(schema.clone());
-            eq.add_orderings(input_properties.eq_properties.oeq_class().iter().cloned());
-            (eq, input_properties.partitioning.clone())
-        } else if schema == &input.schema() {
-            (
-                input_properties.eq_properties.clone(),
-                input_properties.partitioning.clone(),
-            )
-        } else {
-            (
-                EquivalenceProperties::new(schema.clone()),
-                Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
-            )
+        let input_schema = input.schema();
+        let input_eq = &input_properties.eq_properties;
+        let mapping = |pairs: &[(usize, usize)]| -> ProjectionMapping {
+            pairs
+                .iter()
+                .map(|&(i, o)| {
+                    let source: Arc<dyn PhysicalExpr> =
+                        Arc::new(Column::new(input_schema.field(i).name(), i));
+                    let target: Arc<dyn PhysicalExpr> =
+                        Arc::new(Column::new(schema.field(o).name(), o));
+                    (source, ProjectionTargets::from(vec![(target, o)]))
+                })
+                .collect()
         };
-        PlanProperties::new(
+        let mut eq_properties = input_eq.project(&mapping(&kept.untouched), schema.clone());
+        if kept.order != kept.untouched {
+            let ordered = input_eq.project(&mapping(&kept.order), schema.clone());
+            eq_properties.add_orderings(ordered.oeq_class().iter().cloned());
+        }
+        let count = input_properties.partitioning.partition_count();
+        let partitioning = match &input_properties.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                let by = mapping(&kept.partitioning);
+                match input_eq
+                    .project_expressions(exprs, &by)
+                    .collect::<Option<Vec<_>>>()
+                {
+                    Some(exprs) => Partitioning::Hash(exprs, *n),
+                    None => Partitioning::UnknownPartitioning(count),
+                }
+            }
+            Partitioning::Range(_) => input_properties
+                .partitioning
+                .project(&mapping(&kept.partitioning), input_eq),
+            // How the rows were dealt, not what they hold: one output batch per input
+            // batch keeps it.
+            Partitioning::RoundRobinBatch(_) | Partitioning::UnknownPartitioning(_) => {
+                input_properties.partitioning.clone()
+            }
+        };
+        Ok(PlanProperties::new(
             eq_properties,
             partitioning,
             input_properties.emission_type,
             input_properties.boundedness,
-        )
+        ))
     }
 
     /// The partition's batches after the step, still on the device (the step's output
@@ -241,8 +282,12 @@ impl ExecutionPlan for DeviceExec {
         &self.properties
     }
 
+    /// Rows keep their order, but DataFusion reads `true` as "a sort required above may
+    /// be pushed below, column for column": true only when each of the child's columns
+    /// is at its index in the output with its order kept (an appending step, or one
+    /// declaring [`DeviceStep::preserves_order`] or leaving every column untouched).
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        vec![self.maintains_order]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
@@ -298,21 +343,20 @@ impl ExecutionPlan for DeviceExec {
     }
 
     /// The child's row count (one row out per row in); its column statistics for the
-    /// columns it passes on (the input's, when the step appends or keeps the schema);
-    /// unknown for the step's own columns, and byte sizes inexact.
+    /// columns the step leaves untouched (all the input's, when it appends); unknown
+    /// for the others, and byte sizes inexact.
     fn statistics_from_inputs(
         &self,
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         let input = &input_stats[0];
-        let input_schema = self.input.schema();
-        let mut columns = if self.append || self.schema == input_schema {
-            input.column_statistics.clone()
-        } else {
-            Vec::new()
-        };
-        columns.resize_with(self.schema.fields().len(), ColumnStatistics::new_unknown);
+        let mut columns = vec![ColumnStatistics::new_unknown(); self.schema.fields().len()];
+        for &(i, o) in &self.kept.untouched {
+            if let Some(stats) = input.column_statistics.get(i) {
+                columns[o] = stats.clone();
+            }
+        }
         Ok(Arc::new(Statistics {
             num_rows: input.num_rows,
             total_byte_size: input.total_byte_size.to_inexact(),

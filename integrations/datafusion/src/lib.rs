@@ -18,4 +18,5 @@ pub use codec::DeviceExecCodec;
 pub use error::{BoxError, DeviceExecError};
 pub use exec::{DeviceBatchStream, DeviceExec, DEFAULT_READ_AHEAD};
 pub use logical::{DeviceExtensionPlanner, DeviceLogicalCodec, DevicePlanner, DeviceStepNode};
+pub use step::Preserves;
 pub use step::{DeviceStep, ExecDevice, StepContext, StepFn, StepOutput, StepRegistry};
