@@ -11,6 +11,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, ColumnStatistics, DataFusionError, Result, Statistics};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::projection::{ProjectionMapping, ProjectionTargets};
@@ -206,14 +207,34 @@ impl DeviceExec {
 
     /// The partition's batches after the step, still on the device (the step's output
     /// only: with [`StepOutput::Append`], without the input's columns). Dropping the
-    /// stream stops the partition's uploads and frees its device memory.
+    /// stream stops the partition's uploads and frees its device memory. It keeps no
+    /// input batch on the host (only [`ExecutionPlan::execute`] joins them with the
+    /// step's output).
     pub fn execute_device(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<DeviceBatchStream> {
+        self.stream_partition(partition, context, false)
+    }
+
+    /// The partition through the step; with `keep_host`, an appending step's input
+    /// batches queued for the download to join its output with.
+    fn stream_partition(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        keep_host: bool,
+    ) -> Result<DeviceBatchStream> {
+        let memory_pool = context.memory_pool().clone();
         let child = self.input.execute(partition, context)?;
-        let host = self.append.then(|| Arc::new(Mutex::new(VecDeque::new())));
+        let host = (keep_host && self.append).then(|| {
+            Arc::new(Mutex::new(HostQueue {
+                batches: VecDeque::new(),
+                reservation: MemoryConsumer::new(format!("DeviceExec[{partition}]"))
+                    .register(&memory_pool),
+            }))
+        });
         let child_error = Arc::new(Mutex::new(None));
         let upload_schema = match &self.projection {
             Some(indices) => Arc::new(child.schema().project(indices)?),
@@ -326,7 +347,7 @@ impl ExecutionPlan for DeviceExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let device_batches = self.execute_device(partition, context)?;
+        let device_batches = self.stream_partition(partition, context, true)?;
         Ok(Box::pin(HostBatchStream {
             transfer: Transfer::new(self.device.device().clone(), TransferOptions::default()),
             schema: self.schema.clone(),
@@ -369,6 +390,28 @@ impl ExecutionPlan for DeviceExec {
     }
 }
 
+/// The input batches whose columns an appending step's output is joined with
+/// ([`DeviceExec::execute`] only), in upload order, with their memory accounted in
+/// DataFusion's memory pool while they wait.
+struct HostQueue {
+    batches: VecDeque<(RecordBatch, usize)>,
+    reservation: MemoryReservation,
+}
+
+impl HostQueue {
+    fn push(&mut self, batch: RecordBatch) {
+        let size = batch.get_array_memory_size();
+        self.reservation.grow(size);
+        self.batches.push_back((batch, size));
+    }
+
+    fn pop(&mut self) -> Option<RecordBatch> {
+        let (batch, size) = self.batches.pop_front()?;
+        self.reservation.shrink(size);
+        Some(batch)
+    }
+}
+
 /// The metrics of one partition.
 #[derive(Debug, Clone)]
 struct PartitionMetrics {
@@ -404,7 +447,7 @@ struct ChildFeed {
     inner: SendableRecordBatchStream,
     runtime: Option<tokio::runtime::Handle>,
     projection: Option<Vec<usize>>,
-    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    host: Option<Arc<Mutex<HostQueue>>>,
     error: Arc<Mutex<Option<DataFusionError>>>,
     done: bool,
 }
@@ -443,9 +486,7 @@ impl Stream for ChildFeed {
                 None => batch.clone(),
             };
             if let Some(host) = &this.host {
-                host.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back(batch);
+                host.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
             }
             return Poll::Ready(Some(Ok(upload)));
         }
@@ -456,7 +497,7 @@ impl Stream for ChildFeed {
 /// ([`DeviceExec::execute_device`]).
 pub struct DeviceBatchStream {
     uploads: UploadStream,
-    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    host: Option<Arc<Mutex<HostQueue>>>,
     child_error: Arc<Mutex<Option<DataFusionError>>>,
     step: Arc<DeviceStep>,
     step_schema: SchemaRef,
@@ -555,7 +596,7 @@ impl DeviceBatchStream {
     fn take_host_batch(&self) -> Option<RecordBatch> {
         self.host
             .as_ref()
-            .and_then(|h| h.lock().unwrap_or_else(|e| e.into_inner()).pop_front())
+            .and_then(|h| h.lock().unwrap_or_else(|e| e.into_inner()).pop())
     }
 }
 

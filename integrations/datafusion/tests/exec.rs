@@ -682,3 +682,38 @@ async fn statistics_are_the_childs_for_untouched_columns_only() {
     assert_eq!(stats.column_statistics[0], ColumnStatistics::new_unknown());
     assert_eq!(stats.column_statistics[1].null_count, Precision::Exact(0));
 }
+
+#[tokio::test]
+async fn execute_device_holds_no_host_batches() {
+    // One partition of many batches (no filter: no coalescing), an appending step.
+    let ctx = session(lineitem(SCALE, 1, 512));
+    let scan = ctx
+        .sql("SELECT l_orderkey, l_linenumber, l_extendedprice, l_discount FROM lineitem")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let plan = DeviceExec::try_new(scan, Arc::new(revenue_step()), ExecDevice::cpu()).unwrap();
+    let pool = ctx.runtime_env().memory_pool.clone();
+    let mut device_batches = plan.execute_device(0, ctx.task_ctx()).unwrap();
+    let mut n = 0;
+    while let Some(batch) = device_batches.next().await {
+        drop(batch.unwrap());
+        n += 1;
+        // The input's columns are never handed on here: none is kept.
+        assert_eq!(pool.reserved(), 0, "host memory held after {n} batches");
+    }
+    assert!(n > 50, "{n} batches");
+    drop(device_batches);
+
+    // `execute` joins each input batch with its output and lets it go: the queue's
+    // memory (accounted in the pool while the batches wait) is back to none at the end.
+    let mut host_batches = plan.execute(0, ctx.task_ctx()).unwrap();
+    let mut rows = 0;
+    while let Some(batch) = host_batches.next().await {
+        rows += batch.unwrap().num_rows();
+    }
+    assert!(rows > 0);
+    assert_eq!(pool.reserved(), 0, "host memory held after the last batch");
+}
