@@ -49,8 +49,9 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 ///   `UnknownPartitioning` of the child's partition count.
 /// - Statistics: the child's row count; column statistics for the columns the step
 ///   leaves untouched, unknown for the others.
-/// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step and the
-///   download), `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
+/// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step, and the
+///   download with [`ExecutionPlan::execute`]: at least `device_step` + `download`),
+///   `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
 ///   waited for its next uploaded batch: the child's work and the upload, where
 ///   read-ahead did not hide them), `device_step` (the
 ///   step's code; on CUDA it enqueues, and the kernels' time shows in the download),
@@ -536,7 +537,10 @@ impl DeviceBatchStream {
             batch,
             device: &self.device,
         };
-        let timer = self.metrics.device_step.timer();
+        // elapsed_compute encloses device_step (the download adds its own share in
+        // HostBatchStream): started first, stopped last, on errors too (on drop).
+        let compute_timer = self.metrics.baseline.elapsed_compute().timer();
+        let step_timer = self.metrics.device_step.timer();
         // The polling thread may be any of the runtime's: the step's CUDA calls (cudarc's,
         // some of which take the thread's current context) find the device's context bound.
         #[cfg(feature = "cuda")]
@@ -560,7 +564,8 @@ impl DeviceBatchStream {
                 batch,
                 source,
             })?;
-        timer.done();
+        step_timer.done();
+        compute_timer.done();
         let same_columns = output.schema().fields().len() == self.step_schema.fields().len()
             && output
                 .schema()

@@ -717,3 +717,35 @@ async fn execute_device_holds_no_host_batches() {
     assert!(rows > 0);
     assert_eq!(pool.reserved(), 0, "host memory held after the last batch");
 }
+
+#[tokio::test]
+async fn elapsed_compute_covers_the_step_and_the_download() {
+    let ctx = session(lineitem(SCALE, 2, 8192));
+    let scan = scan_plan(&ctx).await.unwrap();
+    let revenue = revenue_step();
+    // The revenue step, 5 ms slower per batch.
+    let slow = DeviceStep::new("slow.revenue", move |batch, cx| {
+        std::thread::sleep(Duration::from_millis(5));
+        revenue.run(batch, cx)
+    })
+    .with_inputs(["l_extendedprice", "l_discount"])
+    .appending(vec![devarrow_datafusion::revenue::revenue_field()]);
+    let plan = Arc::new(DeviceExec::try_new(scan, Arc::new(slow), ExecDevice::cpu()).unwrap());
+    let batches = collect(plan.clone(), ctx.task_ctx()).await.unwrap().len();
+    let metrics = plan.metrics().unwrap();
+    let nanos = |name: &str| metrics.sum_by_name(name).unwrap().as_usize();
+    let (compute, step, download) = (
+        metrics.elapsed_compute().unwrap(),
+        nanos("device_step"),
+        nanos("download"),
+    );
+    assert!(
+        step >= batches * 5_000_000,
+        "device_step {step} ns, {batches} batches"
+    );
+    assert!(download > 0);
+    assert!(
+        compute >= step + download,
+        "elapsed_compute {compute} ns < device_step {step} ns + download {download} ns"
+    );
+}
