@@ -60,6 +60,52 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 ///   the step, the partition and the batch; the child's errors come through unchanged.
 /// - Dropping a partition's stream (a cancelled query) stops its upload thread and
 ///   waits for it: when the drop returns, the partition holds no device memory.
+///
+/// # Example
+///
+/// TPC-H's revenue on devarrow's CPU device (no GPU needed; `ExecDevice::open("cuda:0")`
+/// runs the same plan on a GPU):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{Array, Decimal128Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use datafusion::datasource::memory::MemorySourceConfig;
+/// use datafusion::physical_plan::{collect, ExecutionPlan};
+/// use datafusion::prelude::SessionContext;
+/// use devarrow_datafusion::revenue::revenue_step;
+/// use devarrow_datafusion::{DeviceExec, ExecDevice};
+///
+/// # fn main() -> datafusion::common::Result<()> {
+/// let decimal = |values: Vec<i128>| -> datafusion::common::Result<_> {
+///     Ok(Arc::new(Decimal128Array::from(values).with_precision_and_scale(15, 2)?))
+/// };
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("l_extendedprice", DataType::Decimal128(15, 2), false),
+///     Field::new("l_discount", DataType::Decimal128(15, 2), false),
+/// ]));
+/// // 100.00 at 10% off, 20.50 at none.
+/// let batch = RecordBatch::try_new(
+///     schema.clone(),
+///     vec![decimal(vec![10_000, 2_050])?, decimal(vec![10, 0])?],
+/// )?;
+/// let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+/// let plan = Arc::new(DeviceExec::try_new(input, Arc::new(revenue_step()), ExecDevice::cpu())?);
+///
+/// let ctx = SessionContext::new();
+/// let runtime = tokio::runtime::Runtime::new()?;
+/// let out = runtime.block_on(collect(plan.clone(), ctx.task_ctx()))?;
+/// // The input's columns, then `revenue` (scale 4): 90.0000 and 20.5000.
+/// let revenue = out[0].column_by_name("revenue").unwrap();
+/// let revenue = revenue.as_any().downcast_ref::<Decimal128Array>().unwrap();
+/// assert_eq!(revenue.values().to_vec(), vec![900_000, 205_000]);
+/// // Its metrics: what went up and came down.
+/// let metrics = plan.metrics().unwrap();
+/// assert!(metrics.sum_by_name("bytes_to_device").unwrap().as_usize() >= 2 * 2 * 16);
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceExec {
     input: Arc<dyn ExecutionPlan>,
     step: Arc<DeviceStep>,

@@ -92,7 +92,63 @@ pub(crate) struct KeptColumns {
 }
 
 /// A user-given step on the device: a name (what a serialized plan carries), the input
-/// columns to upload, the output, and the code.
+/// columns to upload, the output, what it keeps of its input ([`Preserves`]), and the
+/// code.
+///
+/// # Example
+///
+/// A step appending `twice = 2 * x`, computed on devarrow's CPU device (whose memory
+/// is host memory: here the batch is downloaded, computed on and imported back; a CUDA
+/// step launches a kernel on [`ExecDevice::cuda`]'s stream instead):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{Array, Int64Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use datafusion::datasource::memory::MemorySourceConfig;
+/// use datafusion::physical_plan::collect;
+/// use datafusion::prelude::SessionContext;
+/// use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+/// use devarrow_datafusion::{DeviceExec, DeviceStep, ExecDevice};
+///
+/// # fn main() -> datafusion::common::Result<()> {
+/// let twice = Field::new("twice", DataType::Int64, false);
+/// let out_schema = Arc::new(Schema::new(vec![twice.clone()]));
+/// let step = DeviceStep::new("example.twice", move |batch, cx| {
+///     let device = cx.device.device().clone();
+///     let host = Transfer::new(device.clone(), TransferOptions::default()).to_host(&batch)?;
+///     let x = host.column(0).as_any().downcast_ref::<Int64Array>().ok_or("x is Int64")?;
+///     let doubled: Int64Array = x.iter().map(|v| v.map(|v| 2 * v)).collect();
+///     let out = RecordBatch::try_new(out_schema.clone(), vec![Arc::new(doubled)])?;
+///     let (array, _schema) = devarrow::abi::cpu::export_record_batch(&out)?;
+///     Ok(DeviceBatch::import(device, array, out_schema.clone())?)
+/// })
+/// .with_inputs(["x"]) // only x goes up
+/// .appending(vec![twice]); // only `twice` comes down; x, y stay untouched
+///
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("x", DataType::Int64, false),
+///     Field::new("y", DataType::Int64, false),
+/// ]));
+/// let batch = RecordBatch::try_new(
+///     schema.clone(),
+///     vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(Int64Array::from(vec![7, 8, 9]))],
+/// )?;
+/// let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+/// let plan = Arc::new(DeviceExec::try_new(input, Arc::new(step), ExecDevice::cpu())?);
+/// let out = tokio::runtime::Runtime::new()?
+///     .block_on(collect(plan, SessionContext::new().task_ctx()))?;
+/// let twice = out[0].column_by_name("twice").unwrap();
+/// assert_eq!(twice.as_any().downcast_ref::<Int64Array>().unwrap().values(), &[2, 4, 6]);
+/// assert_eq!(out[0].num_columns(), 3);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A step that replaces the batch claims nothing of its input's ordering, partitioning
+/// or statistics unless it declares it: `DeviceStep::new("clamp", code)
+/// .leaves_untouched(["id"])` keeps `id`'s ordering and hash partitioning.
 #[derive(Clone)]
 pub struct DeviceStep {
     name: String,
