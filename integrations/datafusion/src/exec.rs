@@ -487,8 +487,9 @@ impl PartitionMetrics {
 
 /// The child's batches as the upload thread pulls them: polled there inside the tokio
 /// runtime of the query (DataFusion's streams may spawn tasks on first poll), projected
-/// to the step's input columns; the whole batch kept for [`StepOutput::Append`]; empty
-/// batches skipped; an error of the child kept aside (delivered unchanged by
+/// to the step's input columns; the whole batch queued ([`HostQueue`]) only when
+/// [`DeviceExec::execute`] joins it with an appending step's output; empty batches
+/// skipped; an error of the child kept aside (delivered unchanged by
 /// [`DeviceBatchStream`]) and the end of the feed.
 struct ChildFeed {
     inner: SendableRecordBatchStream,
