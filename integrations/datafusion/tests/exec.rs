@@ -636,8 +636,28 @@ async fn a_step_rewriting_a_hash_key_claims_no_partitioning() {
         Partitioning::UnknownPartitioning(3)
     ));
     let keeps_k = host_step("bucket.v", |b| map_column(b, "v", |v| v % 2)).leaves_untouched(["k"]);
-    let node = DeviceExec::try_new(repartitioned, Arc::new(keeps_k), ExecDevice::cpu()).unwrap();
+    let node =
+        DeviceExec::try_new(repartitioned.clone(), Arc::new(keeps_k), ExecDevice::cpu()).unwrap();
     assert_eq!(node.properties().partitioning, hash);
+    let keeps_keys =
+        host_step("bucket.v", |b| map_column(b, "v", |v| v % 2)).preserves_partitioning();
+    let node = DeviceExec::try_new(
+        repartitioned.clone(),
+        Arc::new(keeps_keys),
+        ExecDevice::cpu(),
+    )
+    .unwrap();
+    assert_eq!(node.properties().partitioning, hash);
+    // A column declared untouched must be there.
+    let wrong = host_step("bucket.v", |b| b.clone()).leaves_untouched(["nope"]);
+    let error = DeviceExec::try_new(repartitioned, Arc::new(wrong), ExecDevice::cpu()).unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Input { .. })
+        ),
+        "{error}"
+    );
 }
 
 #[tokio::test]
