@@ -4,6 +4,9 @@
 //!   lineitem WHERE ...`, DataFusion computing the product;
 //! - `device_step/<device>`: the scan's plan under a `DeviceExec` whose step computes it
 //!   on the device (uploading the two columns, downloading the product);
+//!
+//!   both physical plans built once, before measuring: each iteration executes its plan
+//!   (`collect`), neither plans (SQL parsing and optimizing are not measured);
 //! - `transfers_only/<device>`: the device step's transfers alone, without DataFusion or
 //!   the step: the same rows' two input columns up and one `Decimal128` column down, batch
 //!   by batch, one partition after the other (`Transfer::to_device`, `to_host`; only
@@ -46,6 +49,10 @@ fn revenue(c: &mut Criterion) {
     let plan = runtime
         .block_on(device_plan(&ctx, device.clone()))
         .expect("the device plan");
+    // DataFusion alone, planned once as the device plan is.
+    let datafusion_plan = runtime
+        .block_on(async { ctx.sql(REVENUE_SQL).await?.create_physical_plan().await })
+        .expect("DataFusion's plan");
 
     // The step's transfers alone: its input columns up, a column of its output's size down.
     let inputs: Vec<RecordBatch> = runtime
@@ -97,7 +104,7 @@ fn revenue(c: &mut Criterion) {
             .expect("device plan");
     });
     let by_datafusion = runtime
-        .block_on(datafusion_revenue(&ctx))
+        .block_on(collect(datafusion_plan.clone(), ctx.task_ctx()))
         .expect("DataFusion");
     let n = check_against_datafusion(&on_device, &by_datafusion);
     transfer.take_stats();
@@ -122,8 +129,11 @@ fn revenue(c: &mut Criterion) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(n as u64));
     group.bench_function("datafusion", |b| {
-        b.to_async(&runtime)
-            .iter(|| async { datafusion_revenue(&ctx).await.unwrap() })
+        b.to_async(&runtime).iter(|| async {
+            collect(datafusion_plan.clone(), ctx.task_ctx())
+                .await
+                .unwrap()
+        })
     });
     group.bench_function(format!("device_step/{}", device.id()), |b| {
         b.to_async(&runtime).iter(|| async {

@@ -11,22 +11,24 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, ColumnStatistics, DataFusionError, Result, Statistics};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::projection::{ProjectionMapping, ProjectionTargets};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use devarrow::bridge::{DeviceBatch, StreamOptions, Transfer, TransferOptions, UploadStream};
 use futures::{Stream, StreamExt};
 
 use crate::error::DeviceExecError;
-use crate::step::{DeviceStep, ExecDevice, StepContext, StepOutput};
+use crate::step::{DeviceStep, ExecDevice, KeptColumns, StepContext, StepOutput};
 
 /// How many batches of a partition are uploaded ahead of the step by default.
 pub const DEFAULT_READ_AHEAD: usize = 2;
@@ -37,13 +39,19 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 /// and the step's output is downloaded ([`ExecutionPlan::execute`]) or handed on as
 /// device batches ([`DeviceExec::execute_device`]).
 ///
-/// - One output batch per non-empty input batch, same rows, same order; the
-///   partitioning and ordering of the child are kept when the step appends columns
-///   ([`StepOutput::Append`]) or keeps the schema.
-/// - Statistics: the child's row count and its columns' statistics, unknown for the
-///   step's own columns.
-/// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step and the
-///   download), `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
+/// - One output batch per non-empty input batch, same rows, same order. Of the child's
+///   properties the node claims only what the step declares it keeps
+///   ([`Preserves`](crate::Preserves)): an appending step ([`StepOutput::Append`]) keeps
+///   the child's orderings, equivalences and partitioning on the input's columns; a
+///   replacing step claims none of them unless it declares them
+///   ([`DeviceStep::preserves_order`], [`DeviceStep::preserves_partitioning`],
+///   [`DeviceStep::leaves_untouched`]), and its partitioning is otherwise
+///   `UnknownPartitioning` of the child's partition count.
+/// - Statistics: the child's row count; column statistics for the columns the step
+///   leaves untouched, unknown for the others.
+/// - Metrics (per partition): `output_rows`, `elapsed_compute` (the step, and the
+///   download with [`ExecutionPlan::execute`]: at least `device_step` + `download`),
+///   `bytes_to_device`, `bytes_from_device`, `upload_wait` (time the step
 ///   waited for its next uploaded batch: the child's work and the upload, where
 ///   read-ahead did not hide them), `device_step` (the
 ///   step's code; on CUDA it enqueues, and the kernels' time shows in the download),
@@ -52,6 +60,52 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 ///   the step, the partition and the batch; the child's errors come through unchanged.
 /// - Dropping a partition's stream (a cancelled query) stops its upload thread and
 ///   waits for it: when the drop returns, the partition holds no device memory.
+///
+/// # Example
+///
+/// TPC-H's revenue on devarrow's CPU device (no GPU needed; `ExecDevice::open("cuda:0")`
+/// runs the same plan on a GPU):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{Array, Decimal128Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use datafusion::datasource::memory::MemorySourceConfig;
+/// use datafusion::physical_plan::{collect, ExecutionPlan};
+/// use datafusion::prelude::SessionContext;
+/// use devarrow_datafusion::revenue::revenue_step;
+/// use devarrow_datafusion::{DeviceExec, ExecDevice};
+///
+/// # fn main() -> datafusion::common::Result<()> {
+/// let decimal = |values: Vec<i128>| -> datafusion::common::Result<_> {
+///     Ok(Arc::new(Decimal128Array::from(values).with_precision_and_scale(15, 2)?))
+/// };
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("l_extendedprice", DataType::Decimal128(15, 2), false),
+///     Field::new("l_discount", DataType::Decimal128(15, 2), false),
+/// ]));
+/// // 100.00 at 10% off, 20.50 at none.
+/// let batch = RecordBatch::try_new(
+///     schema.clone(),
+///     vec![decimal(vec![10_000, 2_050])?, decimal(vec![10, 0])?],
+/// )?;
+/// let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+/// let plan = Arc::new(DeviceExec::try_new(input, Arc::new(revenue_step()), ExecDevice::cpu())?);
+///
+/// let ctx = SessionContext::new();
+/// let runtime = tokio::runtime::Runtime::new()?;
+/// let out = runtime.block_on(collect(plan.clone(), ctx.task_ctx()))?;
+/// // The input's columns, then `revenue` (scale 4): 90.0000 and 20.5000.
+/// let revenue = out[0].column_by_name("revenue").unwrap();
+/// let revenue = revenue.as_any().downcast_ref::<Decimal128Array>().unwrap();
+/// assert_eq!(revenue.values().to_vec(), vec![900_000, 205_000]);
+/// // Its metrics: what went up and came down.
+/// let metrics = plan.metrics().unwrap();
+/// assert!(metrics.sum_by_name("bytes_to_device").unwrap().as_usize() >= 2 * 2 * 16);
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceExec {
     input: Arc<dyn ExecutionPlan>,
     step: Arc<DeviceStep>,
@@ -61,6 +115,8 @@ pub struct DeviceExec {
     step_schema: SchemaRef,
     append: bool,
     projection: Option<Vec<usize>>,
+    kept: KeptColumns,
+    maintains_order: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -91,7 +147,13 @@ impl DeviceExec {
         let projection = step.upload_projection(&input_schema)?;
         let (schema, step_schema) = step.schemas(&input_schema)?;
         let append = matches!(step.output(&input_schema), StepOutput::Append(_));
-        let properties = Arc::new(Self::compute_properties(&input, &schema, append));
+        let kept = step.kept_columns(&input_schema, &schema)?;
+        // DataFusion pushes a sort required above a node that maintains its input's
+        // order down to the child, column for column (same indices): only sound when
+        // each of the child's columns is at its index in the output, ordered as it was.
+        let width = input_schema.fields().len().min(schema.fields().len());
+        let maintains_order = (0..width).all(|i| kept.order.contains(&(i, i)));
+        let properties = Arc::new(Self::compute_properties(&input, &schema, &kept)?);
         Ok(Self {
             input,
             step,
@@ -101,6 +163,8 @@ impl DeviceExec {
             step_schema,
             append,
             projection,
+            kept,
+            maintains_order,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -132,47 +196,92 @@ impl DeviceExec {
         &self.input
     }
 
+    /// The child's properties that hold on the output: its equivalences, orderings and
+    /// partitioning projected onto the columns the step keeps ([`KeptColumns`]).
     fn compute_properties(
         input: &Arc<dyn ExecutionPlan>,
         schema: &SchemaRef,
-        append: bool,
-    ) -> PlanProperties {
+        kept: &KeptColumns,
+    ) -> Result<PlanProperties> {
         let input_properties = input.properties();
-        let (eq_properties, partitioning) = if append {
-            // The input's columns keep their indices: its orderings and partitioning
-            // still hold.
-            let mut eq = EquivalenceProperties::new(schema.clone());
-            eq.add_orderings(input_properties.eq_properties.oeq_class().iter().cloned());
-            (eq, input_properties.partitioning.clone())
-        } else if schema == &input.schema() {
-            (
-                input_properties.eq_properties.clone(),
-                input_properties.partitioning.clone(),
-            )
-        } else {
-            (
-                EquivalenceProperties::new(schema.clone()),
-                Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
-            )
+        let input_schema = input.schema();
+        let input_eq = &input_properties.eq_properties;
+        let mapping = |pairs: &[(usize, usize)]| -> ProjectionMapping {
+            pairs
+                .iter()
+                .map(|&(i, o)| {
+                    let source: Arc<dyn PhysicalExpr> =
+                        Arc::new(Column::new(input_schema.field(i).name(), i));
+                    let target: Arc<dyn PhysicalExpr> =
+                        Arc::new(Column::new(schema.field(o).name(), o));
+                    (source, ProjectionTargets::from(vec![(target, o)]))
+                })
+                .collect()
         };
-        PlanProperties::new(
+        let mut eq_properties = input_eq.project(&mapping(&kept.untouched), schema.clone());
+        if kept.order != kept.untouched {
+            let ordered = input_eq.project(&mapping(&kept.order), schema.clone());
+            eq_properties.add_orderings(ordered.oeq_class().iter().cloned());
+        }
+        let count = input_properties.partitioning.partition_count();
+        let partitioning = match &input_properties.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                let by = mapping(&kept.partitioning);
+                match input_eq
+                    .project_expressions(exprs, &by)
+                    .collect::<Option<Vec<_>>>()
+                {
+                    Some(exprs) => Partitioning::Hash(exprs, *n),
+                    None => Partitioning::UnknownPartitioning(count),
+                }
+            }
+            Partitioning::Range(_) => input_properties
+                .partitioning
+                .project(&mapping(&kept.partitioning), input_eq),
+            // How the rows were dealt, not what they hold: one output batch per input
+            // batch keeps it.
+            Partitioning::RoundRobinBatch(_) | Partitioning::UnknownPartitioning(_) => {
+                input_properties.partitioning.clone()
+            }
+        };
+        Ok(PlanProperties::new(
             eq_properties,
             partitioning,
             input_properties.emission_type,
             input_properties.boundedness,
-        )
+        ))
     }
 
     /// The partition's batches after the step, still on the device (the step's output
     /// only: with [`StepOutput::Append`], without the input's columns). Dropping the
-    /// stream stops the partition's uploads and frees its device memory.
+    /// stream stops the partition's uploads and frees its device memory. It keeps no
+    /// input batch on the host (only [`ExecutionPlan::execute`] joins them with the
+    /// step's output).
     pub fn execute_device(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<DeviceBatchStream> {
+        self.stream_partition(partition, context, false)
+    }
+
+    /// The partition through the step; with `keep_host`, an appending step's input
+    /// batches queued for the download to join its output with.
+    fn stream_partition(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        keep_host: bool,
+    ) -> Result<DeviceBatchStream> {
+        let memory_pool = context.memory_pool().clone();
         let child = self.input.execute(partition, context)?;
-        let host = self.append.then(|| Arc::new(Mutex::new(VecDeque::new())));
+        let host = (keep_host && self.append).then(|| {
+            Arc::new(Mutex::new(HostQueue {
+                batches: VecDeque::new(),
+                reservation: MemoryConsumer::new(format!("DeviceExec[{partition}]"))
+                    .register(&memory_pool),
+            }))
+        });
         let child_error = Arc::new(Mutex::new(None));
         let upload_schema = match &self.projection {
             Some(indices) => Arc::new(child.schema().project(indices)?),
@@ -241,8 +350,12 @@ impl ExecutionPlan for DeviceExec {
         &self.properties
     }
 
+    /// Rows keep their order, but DataFusion reads `true` as "a sort required above may
+    /// be pushed below, column for column": true only when each of the child's columns
+    /// is at its index in the output with its order kept (an appending step, or one
+    /// declaring [`DeviceStep::preserves_order`] or leaving every column untouched).
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        vec![self.maintains_order]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
@@ -281,7 +394,7 @@ impl ExecutionPlan for DeviceExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let device_batches = self.execute_device(partition, context)?;
+        let device_batches = self.stream_partition(partition, context, true)?;
         Ok(Box::pin(HostBatchStream {
             transfer: Transfer::new(self.device.device().clone(), TransferOptions::default()),
             schema: self.schema.clone(),
@@ -298,21 +411,20 @@ impl ExecutionPlan for DeviceExec {
     }
 
     /// The child's row count (one row out per row in); its column statistics for the
-    /// columns it passes on (the input's, when the step appends or keeps the schema);
-    /// unknown for the step's own columns, and byte sizes inexact.
+    /// columns the step leaves untouched (all the input's, when it appends); unknown
+    /// for the others, and byte sizes inexact.
     fn statistics_from_inputs(
         &self,
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         let input = &input_stats[0];
-        let input_schema = self.input.schema();
-        let mut columns = if self.append || self.schema == input_schema {
-            input.column_statistics.clone()
-        } else {
-            Vec::new()
-        };
-        columns.resize_with(self.schema.fields().len(), ColumnStatistics::new_unknown);
+        let mut columns = vec![ColumnStatistics::new_unknown(); self.schema.fields().len()];
+        for &(i, o) in &self.kept.untouched {
+            if let Some(stats) = input.column_statistics.get(i) {
+                columns[o] = stats.clone();
+            }
+        }
         Ok(Arc::new(Statistics {
             num_rows: input.num_rows,
             total_byte_size: input.total_byte_size.to_inexact(),
@@ -322,6 +434,28 @@ impl ExecutionPlan for DeviceExec {
 
     fn cardinality_effect(&self) -> CardinalityEffect {
         CardinalityEffect::Equal
+    }
+}
+
+/// The input batches whose columns an appending step's output is joined with
+/// ([`DeviceExec::execute`] only), in upload order, with their memory accounted in
+/// DataFusion's memory pool while they wait.
+struct HostQueue {
+    batches: VecDeque<(RecordBatch, usize)>,
+    reservation: MemoryReservation,
+}
+
+impl HostQueue {
+    fn push(&mut self, batch: RecordBatch) {
+        let size = batch.get_array_memory_size();
+        self.reservation.grow(size);
+        self.batches.push_back((batch, size));
+    }
+
+    fn pop(&mut self) -> Option<RecordBatch> {
+        let (batch, size) = self.batches.pop_front()?;
+        self.reservation.shrink(size);
+        Some(batch)
     }
 }
 
@@ -353,14 +487,15 @@ impl PartitionMetrics {
 
 /// The child's batches as the upload thread pulls them: polled there inside the tokio
 /// runtime of the query (DataFusion's streams may spawn tasks on first poll), projected
-/// to the step's input columns; the whole batch kept for [`StepOutput::Append`]; empty
-/// batches skipped; an error of the child kept aside (delivered unchanged by
+/// to the step's input columns; the whole batch queued ([`HostQueue`]) only when
+/// [`DeviceExec::execute`] joins it with an appending step's output; empty batches
+/// skipped; an error of the child kept aside (delivered unchanged by
 /// [`DeviceBatchStream`]) and the end of the feed.
 struct ChildFeed {
     inner: SendableRecordBatchStream,
     runtime: Option<tokio::runtime::Handle>,
     projection: Option<Vec<usize>>,
-    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    host: Option<Arc<Mutex<HostQueue>>>,
     error: Arc<Mutex<Option<DataFusionError>>>,
     done: bool,
 }
@@ -399,9 +534,7 @@ impl Stream for ChildFeed {
                 None => batch.clone(),
             };
             if let Some(host) = &this.host {
-                host.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back(batch);
+                host.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
             }
             return Poll::Ready(Some(Ok(upload)));
         }
@@ -412,7 +545,7 @@ impl Stream for ChildFeed {
 /// ([`DeviceExec::execute_device`]).
 pub struct DeviceBatchStream {
     uploads: UploadStream,
-    host: Option<Arc<Mutex<VecDeque<RecordBatch>>>>,
+    host: Option<Arc<Mutex<HostQueue>>>,
     child_error: Arc<Mutex<Option<DataFusionError>>>,
     step: Arc<DeviceStep>,
     step_schema: SchemaRef,
@@ -451,7 +584,10 @@ impl DeviceBatchStream {
             batch,
             device: &self.device,
         };
-        let timer = self.metrics.device_step.timer();
+        // elapsed_compute encloses device_step (the download adds its own share in
+        // HostBatchStream): started first, stopped last, on errors too (on drop).
+        let compute_timer = self.metrics.baseline.elapsed_compute().timer();
+        let step_timer = self.metrics.device_step.timer();
         // The polling thread may be any of the runtime's: the step's CUDA calls (cudarc's,
         // some of which take the thread's current context) find the device's context bound.
         #[cfg(feature = "cuda")]
@@ -475,7 +611,8 @@ impl DeviceBatchStream {
                 batch,
                 source,
             })?;
-        timer.done();
+        step_timer.done();
+        compute_timer.done();
         let same_columns = output.schema().fields().len() == self.step_schema.fields().len()
             && output
                 .schema()
@@ -511,7 +648,7 @@ impl DeviceBatchStream {
     fn take_host_batch(&self) -> Option<RecordBatch> {
         self.host
             .as_ref()
-            .and_then(|h| h.lock().unwrap_or_else(|e| e.into_inner()).pop_front())
+            .and_then(|h| h.lock().unwrap_or_else(|e| e.into_inner()).pop())
     }
 }
 

@@ -27,4 +27,5 @@ pub use frame::{DeviceFrame, FrameColumn};
 pub use logical::{DeviceExtensionPlanner, DeviceLogicalCodec, DevicePlanner, DeviceStepNode};
 pub use region::{DeviceLoadExec, DeviceOperatorExec, DeviceUnloadExec};
 pub use rule::{device_session, DevicePlacementRule, HostOnlyExec};
+pub use step::Preserves;
 pub use step::{DeviceStep, ExecDevice, StepContext, StepFn, StepOutput, StepRegistry};

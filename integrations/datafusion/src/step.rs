@@ -35,21 +35,126 @@ pub type StepFn =
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepOutput {
     /// The step returns these columns, which the plan appends to its input's columns
-    /// (downloading only them): the input's partitioning and ordering stay valid.
+    /// (downloading only them): the input's columns pass untouched, so the input's
+    /// orderings, equivalences, partitioning and column statistics stay valid on them.
     Append(Fields),
-    /// The step returns batches of this schema, which is the plan's output. When it is
-    /// the input's schema, the input's partitioning and ordering are kept; otherwise the
-    /// partitioning is unknown and no ordering is claimed.
+    /// The step returns batches of this schema, which is the plan's output. The plan
+    /// claims of the input only what the step declares it keeps ([`Preserves`]): by
+    /// default nothing (no ordering, an unknown partitioning of the same count, unknown
+    /// column statistics), even when the schema is the input's.
     Replace(SchemaRef),
 }
 
+/// What a step declares it keeps of its input, and so what a
+/// [`DeviceExec`](crate::DeviceExec) claims of its child's properties (DataFusion's
+/// optimizer trusts these claims: `EnforceSorting` drops a sort an ordering satisfies,
+/// `EnforceDistribution` a repartition a partitioning satisfies). A step that rewrites a
+/// sort or hash-key column must not declare it kept.
+///
+/// Columns match by name (and type) between the input and the output. An appending step
+/// ([`StepOutput::Append`]) leaves every input column untouched by construction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Preserves {
+    order: bool,
+    partitioning: bool,
+    untouched: Vec<String>,
+}
+
+impl Preserves {
+    /// The input's orderings hold on the output ([`DeviceStep::preserves_order`]).
+    pub fn order(&self) -> bool {
+        self.order
+    }
+
+    /// The input's partitioning holds on the output
+    /// ([`DeviceStep::preserves_partitioning`]).
+    pub fn partitioning(&self) -> bool {
+        self.partitioning
+    }
+
+    /// The columns passed on with the input's values ([`DeviceStep::leaves_untouched`]).
+    pub fn untouched(&self) -> &[String] {
+        &self.untouched
+    }
+}
+
+/// How the columns of a step's input reach its plan's output: pairs of (input index,
+/// output index) for each kind of claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct KeptColumns {
+    /// Columns with the input's values, row for row: equivalences, orderings,
+    /// partitioning and column statistics hold on them.
+    pub untouched: Vec<(usize, usize)>,
+    /// Columns on which the input's orderings hold.
+    pub order: Vec<(usize, usize)>,
+    /// Columns on which the input's partitioning holds.
+    pub partitioning: Vec<(usize, usize)>,
+}
+
 /// A user-given step on the device: a name (what a serialized plan carries), the input
-/// columns to upload, the output, and the code.
+/// columns to upload, the output, what it keeps of its input ([`Preserves`]), and the
+/// code.
+///
+/// # Example
+///
+/// A step appending `twice = 2 * x`, computed on devarrow's CPU device (whose memory
+/// is host memory: here the batch is downloaded, computed on and imported back; a CUDA
+/// step launches a kernel on [`ExecDevice::cuda`]'s stream instead):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{Array, Int64Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use datafusion::datasource::memory::MemorySourceConfig;
+/// use datafusion::physical_plan::collect;
+/// use datafusion::prelude::SessionContext;
+/// use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+/// use devarrow_datafusion::{DeviceExec, DeviceStep, ExecDevice};
+///
+/// # fn main() -> datafusion::common::Result<()> {
+/// let twice = Field::new("twice", DataType::Int64, false);
+/// let out_schema = Arc::new(Schema::new(vec![twice.clone()]));
+/// let step = DeviceStep::new("example.twice", move |batch, cx| {
+///     let device = cx.device.device().clone();
+///     let host = Transfer::new(device.clone(), TransferOptions::default()).to_host(&batch)?;
+///     let x = host.column(0).as_any().downcast_ref::<Int64Array>().ok_or("x is Int64")?;
+///     let doubled: Int64Array = x.iter().map(|v| v.map(|v| 2 * v)).collect();
+///     let out = RecordBatch::try_new(out_schema.clone(), vec![Arc::new(doubled)])?;
+///     let (array, _schema) = devarrow::abi::cpu::export_record_batch(&out)?;
+///     Ok(DeviceBatch::import(device, array, out_schema.clone())?)
+/// })
+/// .with_inputs(["x"]) // only x goes up
+/// .appending(vec![twice]); // only `twice` comes down; x, y stay untouched
+///
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("x", DataType::Int64, false),
+///     Field::new("y", DataType::Int64, false),
+/// ]));
+/// let batch = RecordBatch::try_new(
+///     schema.clone(),
+///     vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(Int64Array::from(vec![7, 8, 9]))],
+/// )?;
+/// let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+/// let plan = Arc::new(DeviceExec::try_new(input, Arc::new(step), ExecDevice::cpu())?);
+/// let out = tokio::runtime::Runtime::new()?
+///     .block_on(collect(plan, SessionContext::new().task_ctx()))?;
+/// let twice = out[0].column_by_name("twice").unwrap();
+/// assert_eq!(twice.as_any().downcast_ref::<Int64Array>().unwrap().values(), &[2, 4, 6]);
+/// assert_eq!(out[0].num_columns(), 3);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A step that replaces the batch claims nothing of its input's ordering, partitioning
+/// or statistics unless it declares it: `DeviceStep::new("clamp", code)
+/// .leaves_untouched(["id"])` keeps `id`'s ordering and hash partitioning.
 #[derive(Clone)]
 pub struct DeviceStep {
     name: String,
     inputs: Option<Vec<String>>,
     output: Option<StepOutput>,
+    preserves: Preserves,
     run: Arc<StepFn>,
 }
 
@@ -59,6 +164,7 @@ impl fmt::Debug for DeviceStep {
             .field("name", &self.name)
             .field("inputs", &self.inputs)
             .field("output", &self.output)
+            .field("preserves", &self.preserves)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +197,7 @@ impl DeviceStep {
             name,
             inputs: None,
             output: None,
+            preserves: Preserves::default(),
             run: Arc::new(run),
         }
     }
@@ -113,6 +220,44 @@ impl DeviceStep {
     pub fn replacing(mut self, schema: SchemaRef) -> Self {
         self.output = Some(StepOutput::Replace(schema));
         self
+    }
+
+    /// Declares that the input's orderings hold on the step's output: every column of
+    /// the input's sort keys is in the output (same name and type), left as it is or
+    /// rewritten in an order-preserving way. The plan then claims the input's orderings
+    /// and `maintains_input_order` (when the output keeps the input's columns at their
+    /// indices). Without it a replacing step claims no ordering.
+    pub fn preserves_order(mut self) -> Self {
+        self.preserves.order = true;
+        self
+    }
+
+    /// Declares that the input's partitioning holds on the step's output: the columns of
+    /// the input's partitioning keys are in the output (same name and type) with their
+    /// values unchanged. Without it a replacing step's partitioning is
+    /// `UnknownPartitioning` of the input's partition count.
+    pub fn preserves_partitioning(mut self) -> Self {
+        self.preserves.partitioning = true;
+        self
+    }
+
+    /// Declares that the step returns these input columns (same name and type) with the
+    /// input's values, row for row: the plan keeps the input's equivalences, orderings
+    /// and partitioning on them, and their column statistics. For a replacing step they
+    /// must be uploaded ([`DeviceStep::with_inputs`]) and in its output schema.
+    pub fn leaves_untouched<I: Into<String>>(
+        mut self,
+        columns: impl IntoIterator<Item = I>,
+    ) -> Self {
+        self.preserves
+            .untouched
+            .extend(columns.into_iter().map(Into::into));
+        self
+    }
+
+    /// What the step declares it keeps of its input.
+    pub fn preserves(&self) -> &Preserves {
+        &self.preserves
     }
 
     /// The step's name.
@@ -190,6 +335,73 @@ impl DeviceStep {
             }
             StepOutput::Replace(schema) => Ok((schema.clone(), schema)),
         }
+    }
+
+    /// How the input's columns reach `output` (the plan's output schema for `input`),
+    /// from what the step declares.
+    pub(crate) fn kept_columns(
+        &self,
+        input: &SchemaRef,
+        output: &Schema,
+    ) -> Result<KeptColumns, DeviceExecError> {
+        if let StepOutput::Append(_) = self.output(input) {
+            // The input's columns come first, as they were.
+            let all: Vec<_> = (0..input.fields().len()).map(|i| (i, i)).collect();
+            return Ok(KeptColumns {
+                untouched: all.clone(),
+                order: all.clone(),
+                partitioning: all,
+            });
+        }
+        // An input column's index in the output: same name, same type.
+        let in_output = |i: usize| {
+            let field = input.field(i);
+            output
+                .index_of(field.name())
+                .ok()
+                .filter(|&o| output.field(o).data_type() == field.data_type())
+        };
+        let mut untouched = Vec::new();
+        for name in &self.preserves.untouched {
+            let i = input.index_of(name).map_err(|_| {
+                self.input_error(format!(
+                    "it leaves `{name}` untouched, which the input lacks"
+                ))
+            })?;
+            let o = in_output(i).ok_or_else(|| {
+                self.input_error(format!(
+                    "it leaves `{name}` untouched, which its output lacks (or has of another type)"
+                ))
+            })?;
+            if self
+                .inputs
+                .as_ref()
+                .is_some_and(|inputs| !inputs.contains(name))
+            {
+                return Err(self.input_error(format!(
+                    "it leaves `{name}` untouched but does not upload it"
+                )));
+            }
+            if !untouched.contains(&(i, o)) {
+                untouched.push((i, o));
+            }
+        }
+        let same_named: Vec<_> = (0..input.fields().len())
+            .filter_map(|i| in_output(i).map(|o| (i, o)))
+            .collect();
+        Ok(KeptColumns {
+            order: if self.preserves.order {
+                same_named.clone()
+            } else {
+                untouched.clone()
+            },
+            partitioning: if self.preserves.partitioning {
+                same_named
+            } else {
+                untouched.clone()
+            },
+            untouched,
+        })
     }
 }
 

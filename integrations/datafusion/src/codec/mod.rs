@@ -36,6 +36,50 @@ const HEADER: &str = "devarrow-datafusion DeviceExec v1";
 /// Encodes and decodes [`DeviceExec`] nodes; decoded nodes run their step from
 /// `registry` on `device`. Other nodes go to the fallback codec, if any (an engine's own:
 /// Ballista's, for its shuffle nodes), else are an error.
+///
+/// # Example
+///
+/// A plan serialized by a client and decoded by an executor onto its own device (the CPU
+/// device here; `ExecDevice::open("cuda:1")` on a GPU executor):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use arrow_array::{Int64Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use datafusion::datasource::memory::MemorySourceConfig;
+/// use datafusion::physical_plan::{collect, ExecutionPlan};
+/// use datafusion::prelude::SessionContext;
+/// use datafusion_proto::bytes::{
+///     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+/// };
+/// use devarrow_datafusion::{DeviceExec, DeviceExecCodec, DeviceStep, ExecDevice, StepRegistry};
+///
+/// # fn main() -> datafusion::common::Result<()> {
+/// // Each process registers the same step names, with code for its own devices.
+/// let registry = Arc::new(StepRegistry::new());
+/// let step = registry.register(DeviceStep::new("example.identity", |batch, _cx| Ok(batch)));
+///
+/// let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+/// let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])?;
+/// let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+/// let plan: Arc<dyn ExecutionPlan> =
+///     Arc::new(DeviceExec::try_new(input, step, ExecDevice::cpu())?);
+///
+/// // The client: the node goes as the step's name and the read-ahead.
+/// let client = DeviceExecCodec::new(registry.clone(), ExecDevice::cpu());
+/// let bytes = physical_plan_to_bytes_with_extension_codec(plan, &client)?;
+/// // An executor: the step looked up by name, run on its device.
+/// let executor = DeviceExecCodec::new(registry, ExecDevice::open("cpu")?);
+/// let ctx = SessionContext::new();
+/// let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &executor)?;
+/// let node = decoded.downcast_ref::<DeviceExec>().unwrap();
+/// assert_eq!(node.step().name(), "example.identity");
+/// let out = tokio::runtime::Runtime::new()?.block_on(collect(decoded, ctx.task_ctx()))?;
+/// assert_eq!(out[0].num_rows(), 2);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct DeviceExecCodec {
     registry: Arc<StepRegistry>,
