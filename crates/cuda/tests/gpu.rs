@@ -718,7 +718,8 @@ fn export_then_import_honours_the_sync_event() {
     drop(bits);
 }
 
-/// A diagnostic, not a check of devarrow: on the first real GPU run (an H200) two
+/// A diagnostic, not a check of devarrow: on the only real GPU run (an H200, 2026-11-28,
+/// at `9615f3d`) two
 /// ordering tests found the timer spin (`dvx_spin_fill_u32`, 300 ms of `%globaltimer`)
 /// over right after its launch. Here nothing runs between the launch and the query of an
 /// event recorded after it, and the test writes uncaptured to stderr whether the kernel

@@ -58,8 +58,11 @@ pub const DEFAULT_READ_AHEAD: usize = 2;
 ///   `download`, `download_mib_per_s`.
 /// - Errors: a failing step fails the partition with [`DeviceExecError::Step`] naming
 ///   the step, the partition and the batch; the child's errors come through unchanged.
-/// - Dropping a partition's stream (a cancelled query) stops its upload thread and
-///   waits for it: when the drop returns, the partition holds no device memory.
+/// - The step and the download run on a thread of the partition, never on a tokio
+///   worker: the stream takes finished batches off a channel.
+/// - Dropping a partition's stream (a cancelled query) stops its threads without
+///   waiting for them (no join on a runtime thread); the partition's device memory is
+///   freed as they end.
 ///
 /// # Example
 ///
@@ -304,7 +307,7 @@ impl DeviceExec {
                     source: Box::new(source),
                 })?;
         Ok(DeviceBatchStream {
-            uploads,
+            uploads: Some(uploads),
             host,
             child_error,
             step: self.step.clone(),
@@ -395,11 +398,16 @@ impl ExecutionPlan for DeviceExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let device_batches = self.stream_partition(partition, context, true)?;
-        Ok(Box::pin(HostBatchStream {
+        let host = HostBatchStream {
             transfer: Transfer::new(self.device.device().clone(), TransferOptions::default()),
             schema: self.schema.clone(),
             inner: device_batches,
-        }))
+        };
+        Ok(Box::pin(OffRuntime::new(
+            self.schema.clone(),
+            host,
+            format!("devarrow-step-{partition}"),
+        )))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -544,7 +552,9 @@ impl Stream for ChildFeed {
 /// One partition of a [`DeviceExec`] after its step, on the device
 /// ([`DeviceExec::execute_device`]).
 pub struct DeviceBatchStream {
-    uploads: UploadStream,
+    /// `None` once dropped (its drop, which stops and joins the upload thread, runs on a
+    /// thread of its own: never on the runtime thread that drops this stream).
+    uploads: Option<UploadStream>,
     host: Option<Arc<Mutex<HostQueue>>>,
     child_error: Arc<Mutex<Option<DataFusionError>>>,
     step: Arc<DeviceStep>,
@@ -652,6 +662,23 @@ impl DeviceBatchStream {
     }
 }
 
+impl Drop for DeviceBatchStream {
+    fn drop(&mut self) {
+        // Stopping the upload thread joins it: hand that to a thread of its own, so that a
+        // tokio worker dropping this stream (a cancelled query) never waits for it. The
+        // partition's device memory is freed when that join ends.
+        if let Some(uploads) = self.uploads.take() {
+            let dropped = std::thread::Builder::new()
+                .name("devarrow-step-drop".into())
+                .spawn(move || drop(uploads));
+            if let Err(e) = dropped {
+                // No thread to be had: join here rather than leak the uploads.
+                drop(e);
+            }
+        }
+    }
+}
+
 impl Stream for DeviceBatchStream {
     type Item = Result<DeviceBatch>;
 
@@ -659,7 +686,10 @@ impl Stream for DeviceBatchStream {
         if self.done {
             return Poll::Ready(None);
         }
-        let polled = self.uploads.poll_next_unpin(cx);
+        let Some(uploads) = self.uploads.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = uploads.poll_next_unpin(cx);
         match polled {
             Poll::Pending => {
                 self.waiting_since.get_or_insert_with(Instant::now);
@@ -774,6 +804,76 @@ impl Stream for HostBatchStream {
 }
 
 impl RecordBatchStream for HostBatchStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// A stream driven on a thread of its own, its items handed over a channel: the step and
+/// the download (host waits for the device) never run on a tokio worker. The thread
+/// starts at the first poll; dropping this stream drops the channel and the thread ends
+/// at its next item, dropping the inner stream there (no join here).
+struct OffRuntime {
+    schema: SchemaRef,
+    start: Option<(HostBatchStream, String)>,
+    receiver: Option<tokio::sync::mpsc::Receiver<Result<RecordBatch>>>,
+}
+
+impl OffRuntime {
+    fn new(schema: SchemaRef, inner: HostBatchStream, name: String) -> Self {
+        Self {
+            schema,
+            start: Some((inner, name)),
+            receiver: None,
+        }
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let Some((mut inner, name)) = self.start.take() else {
+            return Ok(());
+        };
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        let partition = inner.inner.partition;
+        let device = inner.inner.device.id().to_string();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    while let Some(item) = futures::executor::block_on(inner.next()) {
+                        if sender.blocking_send(item).is_err() {
+                            return;
+                        }
+                    }
+                }));
+                if caught.is_err() {
+                    let error = DeviceExecError::Device {
+                        spec: device,
+                        reason: format!("the device step of partition {partition} panicked"),
+                    };
+                    let _ = sender.blocking_send(Err(error.into()));
+                }
+            })
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        self.receiver = Some(receiver);
+        Ok(())
+    }
+}
+
+impl Stream for OffRuntime {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Err(e) = self.start() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match self.receiver.as_mut() {
+            Some(receiver) => receiver.poll_recv(cx),
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+impl RecordBatchStream for OffRuntime {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }

@@ -3,8 +3,8 @@
 //!
 //! A timed spin cannot make a test's precondition hold: a host call between its launch
 //! and the test's check that waits for the whole device (an implicitly synchronizing
-//! driver call) waits it out unseen, and so does a slow host. On the first real GPU run
-//! (an H200, 2026-11-28) two ordering tests found their 300 ms spin already over right
+//! driver call) waits it out unseen, and so does a slow host. On the only real GPU run
+//! (an H200, 2026-11-28, at `9615f3d`; nothing since has run on a GPU) two ordering tests found their 300 ms spin already over right
 //! after its launch. Tests that rely on a kernel still running use
 //! [`crate::gate::Gate`], whose kernel ends only when the test opens it; the spin remains
 //! for simulated work of a chosen length (the streams bench), and for the diagnostic GPU

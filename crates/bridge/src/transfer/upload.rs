@@ -2,9 +2,10 @@
 //! window of its own, while the calling thread enqueues the copies of the windows already
 //! packed.
 //!
-//! The first GPU run (an H200 on PCIe 5, 16 cores) showed why a window must not be packed
-//! by all threads together: packing alone ran at 44 GiB/s and copying a packed batch at
-//! 46 GiB/s, yet the two in one pipeline gave 12–18 GB/s, with the host packing 93 ms of
+//! The only GPU run so far (an H200 on PCIe 5, 16 cores, 2026-11-28, at `9615f3d`; nothing
+//! since, this pipeline included, has run on a GPU) suggested why a window must not be
+//! packed by all threads together: packing alone ran at 44 GiB/s and copying a packed batch
+//! at 46 GiB/s, yet the two in one pipeline gave 12–18 GB/s, with the host packing 93 ms of
 //! 107. Each window was a fork-join over the thread pool (a few µs to hand out the work,
 //! tens of µs to wake threads that went to sleep while the calling thread waited for a
 //! staging buffer), and nothing was packed while the calling thread enqueued a copy or

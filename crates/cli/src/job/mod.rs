@@ -396,6 +396,10 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             fallback: selected.fallback.clone(),
             link: (selected.id == "cpu").then_some(options.link).flatten(),
             cuda_options: selected.cuda.as_ref().map(|cuda| cuda.options()),
+            batched_copies: selected
+                .cuda
+                .as_ref()
+                .map(|cuda| (cuda.batch_copies_available(), cuda.batched_copy_calls())),
             several,
         },
         data,

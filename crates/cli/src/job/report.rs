@@ -8,7 +8,7 @@ use devarrow::cuda::CudaDeviceOptions;
 use serde::Serialize;
 
 use super::cuda_options::{self, CudaOptions};
-use super::measure::{Direction, HostCeilings, Method, MultiPoint, Point};
+use super::measure::{Ceiling, CopyStores, Direction, HostCeilings, Method, MultiPoint, Point};
 use super::options::{JsonTarget, Options};
 pub use super::text::thousands;
 
@@ -27,6 +27,9 @@ pub struct DeviceInfo {
     pub link: Option<LinkModel>,
     /// The options the CUDA device ran with (`None` on the CPU device).
     pub cuda_options: Option<CudaDeviceOptions>,
+    /// On CUDA: whether the driver has `cuMemcpyBatchAsync` (`None`: never looked up, as
+    /// when `batch_copies` is off) and how many calls of it the device made in the run.
+    pub batched_copies: Option<(Option<bool>, u64)>,
     /// Every device of a run on several (`--device cuda:0,1`, `cuda:all`), as `(id,
     /// name)`, the first being the one described above; empty on one device.
     pub several: Vec<(String, String)>,
@@ -237,6 +240,18 @@ impl Run {
         } else if let Some(unused) = cuda_options_unused(&o.cuda_options, false) {
             let _ = writeln!(out, "options: {unused}");
         }
+        if let Some((available, calls)) = self.device.batched_copies {
+            let _ = writeln!(
+                out,
+                "batched: cuMemcpyBatchAsync {}; devarrow's device made {calls} batched copy \
+                 calls in this run",
+                match available {
+                    Some(true) => "available",
+                    Some(false) => "NOT available (copies went one by one)",
+                    None => "not looked up (batch_copies off, or never needed)",
+                }
+            );
+        }
         let _ = writeln!(out, "data:    {}", self.data.describe());
         let fewest = self
             .points
@@ -349,32 +364,14 @@ impl Run {
                     JsonCeilings {
                         threads: c.threads,
                         bytes: c.bytes,
-                        pinned_memcpy_gbps: c.pinned_gbps(),
-                        faulted_memcpy_gbps: c.faulted_gbps(),
-                        pinned_memcpy_times_s: c
-                            .pinned_memcpy
-                            .iter()
-                            .map(Duration::as_secs_f64)
-                            .collect(),
-                        faulted_memcpy_times_s: c
-                            .faulted_memcpy
-                            .iter()
-                            .map(Duration::as_secs_f64)
-                            .collect(),
-                        gather_memcpy_gbps: c.gather_gbps(),
-                        gather_memcpy_times_s: c
-                            .gather_memcpy
-                            .iter()
-                            .map(Duration::as_secs_f64)
-                            .collect(),
-                        devarrow_h2d_of_pinned_memcpy: of(Direction::HostToDevice, c.pinned_gbps()),
-                        devarrow_h2d_of_gather_memcpy: c
+                        pinned: JsonCeiling::new(&c.pinned),
+                        faulted: JsonCeiling::new(&c.faulted),
+                        gather: (c.gather.bytes > 0).then(|| JsonCeiling::new(&c.gather)),
+                        devarrow_h2d_of_pinned: of(Direction::HostToDevice, c.pinned_gbps()),
+                        devarrow_h2d_of_gather: c
                             .gather_gbps()
                             .and_then(|g| of(Direction::HostToDevice, g)),
-                        devarrow_d2h_of_faulted_memcpy: of(
-                            Direction::DeviceToHost,
-                            c.faulted_gbps(),
-                        ),
+                        devarrow_d2h_of_faulted: of(Direction::DeviceToHost, c.faulted_gbps()),
                     }
                 }),
                 downloads_landed: p.host_memory.as_ref().map(|m| JsonLanded {
@@ -429,6 +426,10 @@ impl Run {
                     host_wait: cuda_options::host_wait_name(c.host_wait),
                     reuse_events: c.reuse_events,
                 }),
+                batched_copies: self
+                    .device
+                    .batched_copies
+                    .map(|(available, calls)| JsonBatched { available, calls }),
                 devices: (!self.device.several.is_empty()).then(|| {
                     self.device
                         .several
@@ -556,9 +557,21 @@ struct JsonDevice<'a> {
     link: Option<JsonLink>,
     /// The options the CUDA device ran with, all four (`null` on the CPU device).
     cuda_options: Option<JsonCudaOptions>,
+    /// Whether the driver has `cuMemcpyBatchAsync` and how many calls the device made
+    /// (absent on the CPU device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batched_copies: Option<JsonBatched>,
     /// Every device of a run on several (absent on one device).
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<JsonDeviceName<'a>>>,
+}
+
+/// `cuMemcpyBatchAsync` on the device of the run: there (`null`: never looked up) and
+/// used how often.
+#[derive(Debug, Serialize)]
+struct JsonBatched {
+    available: Option<bool>,
+    calls: u64,
 }
 
 /// A device of a run on several.
@@ -692,26 +705,53 @@ struct JsonPoint {
     downloads_landed: Option<JsonLanded>,
 }
 
-/// A parallel memcpy of the same bytes into pinned and into pre-faulted memory, and
-/// devarrow's figures as multiples of them.
+/// The host's ceilings: a parallel copy of the same bytes into pinned and into
+/// pre-faulted memory, and of the batches' own buffers into pinned memory, each the better
+/// of a memcpy and streaming stores, and devarrow's figures as multiples of them (above
+/// 1.0: a wrong ceiling, not a fast devarrow).
 #[derive(Debug, Serialize)]
 struct JsonCeilings {
     threads: usize,
     bytes: usize,
-    pinned_memcpy_gbps: f64,
-    faulted_memcpy_gbps: f64,
-    pinned_memcpy_times_s: Vec<f64>,
-    faulted_memcpy_times_s: Vec<f64>,
-    /// A parallel memcpy of the batches' own buffers into pinned memory (see
-    /// `HostCeilings`).
-    gather_memcpy_gbps: Option<f64>,
-    gather_memcpy_times_s: Vec<f64>,
-    /// devarrow host to device over the memcpy into pinned memory.
-    devarrow_h2d_of_pinned_memcpy: Option<f64>,
+    pinned: JsonCeiling,
+    faulted: JsonCeiling,
+    /// Absent when not measured.
+    gather: Option<JsonCeiling>,
+    /// devarrow host to device over the ceiling into pinned memory.
+    devarrow_h2d_of_pinned: Option<f64>,
     /// devarrow host to device over the gather of the batches' buffers.
-    devarrow_h2d_of_gather_memcpy: Option<f64>,
-    /// devarrow device to host over the memcpy into pre-faulted memory.
-    devarrow_d2h_of_faulted_memcpy: Option<f64>,
+    devarrow_h2d_of_gather: Option<f64>,
+    /// devarrow device to host over the ceiling into pre-faulted memory.
+    devarrow_d2h_of_faulted: Option<f64>,
+}
+
+/// One ceiling both ways, and the better of them.
+#[derive(Debug, Serialize)]
+struct JsonCeiling {
+    bytes: usize,
+    /// The better of `memcpy_gbps` and `streaming_gbps`.
+    gbps: f64,
+    /// Which it was: `memcpy` or `streaming`.
+    best: Option<&'static str>,
+    memcpy_gbps: Option<f64>,
+    streaming_gbps: Option<f64>,
+    memcpy_times_s: Vec<f64>,
+    streaming_times_s: Vec<f64>,
+}
+
+impl JsonCeiling {
+    fn new(c: &Ceiling) -> Self {
+        let secs = |t: &[Duration]| t.iter().map(Duration::as_secs_f64).collect();
+        Self {
+            bytes: c.bytes,
+            gbps: c.gbps(),
+            best: c.best().map(|(_, s)| s.key()),
+            memcpy_gbps: c.memcpy_gbps(),
+            streaming_gbps: c.streaming_gbps(),
+            memcpy_times_s: secs(&c.memcpy),
+            streaming_times_s: secs(&c.streaming),
+        }
+    }
 }
 
 /// Batches of devarrow's downloads that landed in pinned and in pageable memory.
@@ -739,9 +779,10 @@ struct JsonMeasurement {
     stages_s: Option<std::collections::BTreeMap<String, f64>>,
 }
 
-/// The host's ceilings beside devarrow (its share of a parallel memcpy of the same bytes
-/// into pinned memory host to device, into pre-faulted memory device to host), and where
-/// devarrow's downloads landed.
+/// The host's ceilings beside devarrow (its share of a parallel copy of the same bytes
+/// into pinned memory host to device, into pre-faulted memory device to host, each the
+/// better of a memcpy and streaming stores, and both ways of each), and where devarrow's
+/// downloads landed.
 fn host_lines(out: &mut String, points: &[Point]) {
     let with: Vec<(&Point, &HostCeilings)> = points
         .iter()
@@ -750,9 +791,10 @@ fn host_lines(out: &mut String, points: &[Point]) {
     if let Some((_, first)) = with.first() {
         let _ = writeln!(
             out,
-            "\nhost ceilings: a parallel memcpy of the same bytes ({} threads, {} MB) beside each \
-             batch size:\n  one range into pinned memory, into faulted memory, and the batches' \
-             own buffers into pinned memory",
+            "\nhost ceilings: the better of a parallel memcpy and parallel streaming stores of \
+             the same bytes ({} threads, {} MB) beside each batch size:\n  one range into \
+             pinned memory, into faulted memory, and the batches' own buffers into pinned \
+             memory; devarrow above 1.00x of one points to a wrong ceiling",
             first.threads,
             thousands((first.bytes / 1_000_000) as u64)
         );
@@ -787,6 +829,30 @@ fn host_lines(out: &mut String, points: &[Point]) {
                 ratio(Direction::HostToDevice, c.pinned_gbps()),
                 gather.map_or_else(|| "-".to_string(), |g| ratio(Direction::HostToDevice, g)),
                 ratio(Direction::DeviceToHost, c.faulted_gbps()),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  each ceiling both ways, GB/s: {} / {}",
+            CopyStores::Memcpy.key(),
+            CopyStores::Streaming.key()
+        );
+        for (p, c) in &with {
+            let both = |c: &Ceiling| match (c.memcpy_gbps(), c.streaming_gbps()) {
+                (None, None) => "-".to_string(),
+                (m, s) => {
+                    let g =
+                        |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+                    format!("{} / {}", g(m), g(s))
+                }
+            };
+            let _ = writeln!(
+                out,
+                "  {:>10}  {:>14} {:>14} {:>16}",
+                thousands(p.batch_rows as u64),
+                both(&c.pinned),
+                both(&c.faulted),
+                both(&c.gather),
             );
         }
     }
@@ -1010,6 +1076,7 @@ pub(crate) mod tests {
                 fallback: Some("no CUDA device found: no driver".into()),
                 link: None,
                 cuda_options: None,
+                batched_copies: None,
                 several: Vec::new(),
             },
             data: DataInfo {

@@ -192,9 +192,15 @@ pub struct CudaDeviceOptions {
     /// elsewhere the copies go one by one, as with the option off.
     /// [`CudaDevice::batched_copy_calls`] counts the calls made.
     ///
-    /// **On by default**: on an NVIDIA H200 (2026-11-28, `docs/gpu-results.md`) the main
-    /// job with it was faster in every cell, device to host by 18-40%; off where the
-    /// driver lacks the call, as above.
+    /// **On by default**, on one run's evidence, which does not decide it: the only GPU
+    /// run (an NVIDIA H200, 2026-11-28, at `9615f3d`, when it was off by default;
+    /// `docs/gpu-results.md`) ran the main job with it once. Against that run's defaults
+    /// it gained 40% device to host at 64K rows and 14% at 1M rows (13-14% host to
+    /// device), but the same command with the defaults again (the chart step) was faster
+    /// device to host at 1M rows (10.77 against 10.34 GB/s): the gains are of the size of
+    /// the run-to-run spread, and whether that driver has `cuMemcpyBatchAsync` at all is
+    /// not in its logs. Nothing since has run on a GPU. Off where the driver lacks the
+    /// call, as above.
     pub batch_copies: bool,
     /// Pageable host buffers of at least this many bytes are page-locked in place
     /// (`cuMemHostRegister` of the whole pages inside them, `CU_MEMHOSTREGISTER_PORTABLE`)

@@ -6,8 +6,10 @@
 //!
 //! `convert.ptx` holds the kernels of [`devarrow_abi::device::DeviceKernels`], which
 //! [`crate::CudaDevice`] implements on its stream (all asynchronous; checked on the
-//! emulated driver and through ptxas, and `gpu`'s `device_kernels` passed on an H200 on
-//! 2026-11-28, see `docs/gpu-results.md`):
+//! emulated driver and through ptxas; on hardware only in the one GPU run, an H200 on
+//! 2026-11-28 at `9615f3d`, where `gpu`'s `device_kernels` passed, see
+//! `docs/gpu-results.md`: that run predates [`launch_gather_views`]'s kernel,
+//! `dvx_gather_views` (f17fc94), which has never run on a GPU, nor has anything since):
 //! - [`launch_row_sizes`]: per-row sizes (string view lengths, list view sizes) as `i64`s,
 //!   0 for null rows;
 //! - [`inclusive_scan_i64`]: [`launch_scan_tiles_i64`] (a tile of [`SCAN_TILE`] items per
