@@ -782,7 +782,7 @@ fn a_slow_step_never_blocks_the_runtime() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let ctx = session(lineitem(0.002, 1, 2048));
+        let ctx = session(lineitem(0.002, 1, 512));
         let scan = scan_plan(&ctx).await.unwrap();
         let step = DeviceStep::new("slow", |batch, _| {
             std::thread::sleep(Duration::from_millis(40));
@@ -803,7 +803,7 @@ fn a_slow_step_never_blocks_the_runtime() {
         let batches = collect(plan, ctx.task_ctx()).await.unwrap();
         let elapsed = start.elapsed();
         ticker.abort();
-        assert!(batches.len() >= 4, "{} batches", batches.len());
+        assert!(batches.len() >= 2, "{} batches", batches.len());
         let ticks = ticks.load(Ordering::SeqCst);
         assert!(
             ticks as u128 >= elapsed.as_millis() / 8,
