@@ -16,25 +16,23 @@
 //! none. A partition now holds a slot only while it works on the device;
 //! `nested_regions_do_not_deadlock_even_on_one_slot` runs Q3 with 4 partitions on one slot.
 
+mod common;
+
+#[path = "common/host_eval.rs"]
+mod host_eval;
+
 #[path = "common/tpch.rs"]
 mod tpch;
 
-use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use arrow_array::{ArrayRef, RecordBatch, UInt8Array};
-use datafusion::common::cast::as_boolean_array;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use devarrow::bridge::{Transfer, TransferOptions};
-use devarrow_datafusion::compute::Unsupported;
-use devarrow_datafusion::frame::{DeviceFrame, FrameColumn};
-use devarrow_datafusion::region::{DeviceOperator, OperatorContext, RegionBatch};
-use devarrow_datafusion::rule::{DeviceOperatorFactory, DeviceOperatorRegistry};
-use devarrow_datafusion::{BoxError, DevarrowConfig, DevicePlacementRule};
+use devarrow_datafusion::rule::DeviceOperatorRegistry;
+use devarrow_datafusion::{DevarrowConfig, DevicePlacementRule};
+
+use host_eval::HostEvalFactory;
 
 use tpch::{compare_results, host_session, Placement, Tables};
 
@@ -57,92 +55,6 @@ fn tables() -> &'static Tables {
 }
 
 /// Every filter and projection, evaluated on the host inside a region.
-#[derive(Debug, Default)]
-struct HostEvalFactory;
-
-#[derive(Debug)]
-struct HostEval {
-    name: &'static str,
-    node: Arc<dyn ExecutionPlan>,
-}
-
-impl DeviceOperatorFactory for HostEvalFactory {
-    fn device_operator(
-        &self,
-        node: &Arc<dyn ExecutionPlan>,
-    ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
-        let name = if let Some(filter) = node.downcast_ref::<FilterExec>() {
-            if filter.fetch().is_some() {
-                return Some(Err(Unsupported("a filter with a fetch".into())));
-            }
-            "DeviceFilterExec"
-        } else if node.downcast_ref::<ProjectionExec>().is_some() {
-            "DeviceProjectionExec"
-        } else {
-            return None;
-        };
-        Some(Ok(Arc::new(HostEval {
-            name,
-            node: node.clone(),
-        })))
-    }
-}
-
-impl DeviceOperator for HostEval {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "host-evaluated")
-    }
-
-    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
-        let device = cx.device.device().clone();
-        let mut transfer = Transfer::new(device, TransferOptions::default());
-        let host = frame.download(&mut transfer)?;
-        if let Some(filter) = self.node.downcast_ref::<FilterExec>() {
-            // A pending selection, as devarrow's own filter leaves one.
-            let mask = filter
-                .predicate()
-                .evaluate(&host)?
-                .into_array(host.num_rows())?;
-            let mask = as_boolean_array(&mask)?;
-            let selection: UInt8Array = mask
-                .iter()
-                .map(|v| Some(u8::from(v == Some(true))))
-                .collect();
-            let selection =
-                RecordBatch::try_from_iter([("selection", Arc::new(selection) as ArrayRef)])?;
-            let selection = FrameColumn::single(transfer.to_device(&selection)?)?;
-            let up =
-                DeviceFrame::from_batch(transfer.to_device(&host)?).with_selection(selection)?;
-            let up = match filter.projection() {
-                Some(p) => up.project(p)?,
-                None => up,
-            };
-            return Ok(RegionBatch::Device(up));
-        }
-        let projection = self
-            .node
-            .downcast_ref::<ProjectionExec>()
-            .expect("a projection");
-        let columns = projection
-            .projection_expr()
-            .iter()
-            .map(|e| {
-                e.expr
-                    .evaluate(&host)
-                    .and_then(|v| v.into_array(host.num_rows()))
-            })
-            .collect::<datafusion::common::Result<Vec<_>>>()?;
-        let out = RecordBatch::try_new(projection.schema(), columns)?;
-        Ok(RegionBatch::Device(DeviceFrame::from_batch(
-            transfer.to_device(&out)?,
-        )))
-    }
-}
-
 /// A session whose rule asks [`HostEvalFactory`], its regions on the CPU device, with
 /// `slots` partitions per device (`None`: the default).
 async fn host_eval_session(
@@ -151,7 +63,7 @@ async fn host_eval_session(
     slots: Option<usize>,
 ) -> SessionContext {
     let mut registry = DeviceOperatorRegistry::empty();
-    registry.register(Arc::new(HostEvalFactory));
+    registry.register(Arc::new(HostEvalFactory::default()));
     let config = SessionConfig::new()
         .with_target_partitions(partitions)
         .with_option_extension(DevarrowConfig::default());

@@ -60,7 +60,10 @@ impl DeviceOperatorFactory for HostEvalFactory {
         &self,
         node: &Arc<dyn ExecutionPlan>,
     ) -> Option<Result<Arc<dyn DeviceOperator>, Unsupported>> {
-        let name = if node.downcast_ref::<FilterExec>().is_some() {
+        let name = if let Some(filter) = node.downcast_ref::<FilterExec>() {
+            if filter.fetch().is_some() {
+                return Some(Err(Unsupported("a filter with a fetch".into())));
+            }
             "DeviceFilterExec"
         } else if node.downcast_ref::<ProjectionExec>().is_some() {
             "DeviceProjectionExec"
