@@ -173,6 +173,30 @@ impl Memory for TestMem {
         Ok(old)
     }
 
+    fn atomic_cas_u64(&self, addr: u64, expected: u64, new: u64) -> Result<u64, Fault> {
+        let _g = self.atomics.lock().unwrap();
+        let cell = self.find(addr, 8, false).and(self.find(addr, 8, true))?;
+        let old = u64::from_le_bytes(std::array::from_fn(|i| cell[i].load(Ordering::Relaxed)));
+        if old == expected {
+            for (c, b) in cell.iter().zip(new.to_le_bytes()) {
+                c.store(b, Ordering::Relaxed);
+            }
+        }
+        Ok(old)
+    }
+
+    fn atomic_cas_u32(&self, addr: u64, expected: u32, new: u32) -> Result<u32, Fault> {
+        let _g = self.atomics.lock().unwrap();
+        let cell = self.find(addr, 4, false).and(self.find(addr, 4, true))?;
+        let old = u32::from_le_bytes(std::array::from_fn(|i| cell[i].load(Ordering::Relaxed)));
+        if old == expected {
+            for (c, b) in cell.iter().zip(new.to_le_bytes()) {
+                c.store(b, Ordering::Relaxed);
+            }
+        }
+        Ok(old)
+    }
+
     fn global_timer_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
