@@ -536,9 +536,9 @@ pub(crate) unsafe fn zero_in_parallel(ptr: *mut u8, len: usize) {
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         return;
     }
-    // SAFETY: the caller's guarantee: `len` writable bytes, accessed by nothing else
-    // while the threads below (all joined before the scope ends) write disjoint runs.
-    // (`MaybeUninit`: the bytes are not initialized yet.)
+    // The threads below (all joined before the scope ends) write disjoint runs;
+    // `MaybeUninit`: the bytes are not initialized yet.
+    // SAFETY: the caller's guarantee: `len` writable bytes, accessed by nothing else.
     let bytes =
         unsafe { std::slice::from_raw_parts_mut(ptr.cast::<std::mem::MaybeUninit<u8>>(), len) };
     let run = len.div_ceil(threads);

@@ -1632,10 +1632,10 @@ fn a_kernel_spins_on_mapped_host_memory_until_the_host_writes_it() {
     let mut f: CUfunction = std::ptr::null_mut();
     let mut host: *mut c_void = std::ptr::null_mut();
     let mut flag: CUdeviceptr = 0;
+    // The flag is a naturally aligned u32 of the pinned allocation, accessed on the host
+    // through an atomic only, freed after the stream is synchronized.
     // SAFETY: valid handles and out-pointers; the parameters match
-    // dvx_gate_fill_u32(u64, u64, u64, u32); the flag is a naturally aligned u32 of the
-    // pinned allocation, accessed on the host through an atomic only, freed after the
-    // stream is synchronized.
+    // dvx_gate_fill_u32(u64, u64, u64, u32).
     unsafe {
         ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
         ck(cuModuleGetFunction(

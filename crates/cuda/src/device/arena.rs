@@ -257,11 +257,11 @@ impl std::fmt::Debug for ArenaBlock {
 
 impl ArenaBlock {
     pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `addr..addr + len` lies in a slab that lives while `self.arena` does (a
-        // slab with a block taken is never trimmed, and the arena frees its slabs only
-        // when it drops); the range is this block's alone until it drops (the arena hands
-        // a range to one block at a time); its bytes are initialized (zeroed with the
-        // slab, written only as `u8`s since).
+        // `addr..addr + len` lies in a slab that lives while `self.arena` does (a slab
+        // with a block taken is never trimmed, and the arena frees its slabs only when it
+        // drops); the arena hands a range to one block at a time; the slab was zeroed and
+        // is written only as `u8`s since.
+        // SAFETY: so the range is live, this block's alone, and initialized.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 

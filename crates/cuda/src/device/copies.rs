@@ -388,10 +388,10 @@ unsafe impl Device for CudaDevice {
             }
             let source = host.as_ptr();
             let table = DeviceBuffer::alloc(&self.stream, bytes)?;
-            // SAFETY: `source` is `bytes` bytes of pinned memory (this slot) that is not
-            // written again before the event recorded next has completed (waited for
-            // above, the next time the slot comes round); `table` is a fresh device
-            // allocation of `bytes` bytes on this stream; the context is bound.
+            // `source` is `bytes` bytes of pinned memory (this slot), not written again
+            // before the event recorded next has completed (waited for above, the next
+            // time the slot comes round); `table` is a fresh allocation of `bytes` bytes.
+            // SAFETY: so both ranges are valid for the copy; the context is bound.
             unsafe {
                 driver::memcpy_htod_async(
                     table.device_ptr(),

@@ -872,10 +872,11 @@ impl<'a> KernelMemory<'a> {
 /// `p` must be valid for reads of `buf.len()` bytes, and not overlap `buf`.
 unsafe fn load_scalar(p: *const u8, buf: &mut [u8]) {
     let aligned = (p as usize).is_multiple_of(buf.len());
-    // SAFETY: in every arm, `p` is valid for `buf.len()` bytes (the caller's guarantee)
-    // and aligned for the atomic type of that size (checked). A host thread that writes
-    // a flag a kernel spins on writes it atomically (devarrow_testing's `Gate`); any
-    // other access racing a kernel's is the program's race, as it would be on a GPU.
+    // A host thread that writes a flag a kernel spins on writes it atomically
+    // (devarrow_testing's `Gate`); any other access racing a kernel's is the program's
+    // race, as it would be on a GPU.
+    // SAFETY: in every arm `p` is valid for `buf.len()` bytes (the caller's guarantee)
+    // and aligned for the atomic type of that size (checked).
     unsafe {
         match buf.len() {
             1 => buf[0] = AtomicU8::from_ptr(p.cast_mut()).load(Ordering::Relaxed),
