@@ -32,6 +32,18 @@ use common::*;
 
 const SCALE: f64 = 0.01;
 
+/// No device memory left once the partitions' threads have ended: a dropped or failed
+/// partition's threads free their memory as they end, not before its stream's drop
+/// returns (no drop joins a thread on a runtime thread), so the check waits for them (at
+/// most 10 s), then asserts.
+fn no_leak_once_released(check: &DeviceMemoryCheck, what: impl std::fmt::Display) {
+    let start = std::time::Instant::now();
+    while check.leak().is_some() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    check.assert_no_leak(what);
+}
+
 /// A tokio runtime for one test: GPU tests are plain tests that hold devarrow's GPU test
 /// lock (a std mutex) around a `block_on`, never across an await of their own runtime.
 fn runtime() -> tokio::runtime::Runtime {
@@ -62,7 +74,7 @@ fn revenue_kernel_on_cuda_is_datafusions_and_frees_everything() {
         assert_eq!(metrics.output_rows(), Some(n));
         assert!(metrics.sum_by_name("bytes_to_device").unwrap().as_usize() >= n * 32);
     });
-    check.assert_no_leak("the revenue plan on CUDA");
+    no_leak_once_released(&check, "the revenue plan on CUDA");
 }
 
 #[test]
@@ -95,7 +107,7 @@ fn a_dropped_partition_on_cuda_leaves_no_device_memory() {
         drop(device_batches);
         drop(on_device);
     });
-    check.assert_no_leak("partitions dropped mid-stream on CUDA");
+    no_leak_once_released(&check, "partitions dropped mid-stream on CUDA");
 }
 
 /// Two devices stand in for two executors: the plan goes through the codec, and each
@@ -136,8 +148,8 @@ fn two_devices_each_run_the_shipped_plan() {
         }
         check_against_datafusion(&out, &datafusion_revenue(&ctx).await.unwrap());
     });
-    check0.assert_no_leak("executor on cuda:0");
-    check1.assert_no_leak("executor on cuda:1");
+    no_leak_once_released(&check0, "executor on cuda:0");
+    no_leak_once_released(&check1, "executor on cuda:1");
 }
 
 /// A step failing on CUDA mid-partition fails the query with its typed error, and the
@@ -175,7 +187,7 @@ fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
             other => panic!("{other:?}: {error}"),
         }
     });
-    check.assert_no_leak("a query failed by its step on CUDA");
+    no_leak_once_released(&check, "a query failed by its step on CUDA");
 }
 
 /// A device region over two devices: partition `p` runs on `cuda:{p % 2}`, each slot of a
@@ -235,8 +247,8 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
             vec!["cuda:0".to_string(), "cuda:1".to_string()]
         );
     });
-    check0.assert_no_leak("a region's partitions on cuda:0");
-    check1.assert_no_leak("a region's partitions on cuda:1");
+    no_leak_once_released(&check0, "a region's partitions on cuda:0");
+    no_leak_once_released(&check1, "a region's partitions on cuda:1");
 }
 
 /// The device compute checks of `tests/compute.rs` (its CPU tests skip themselves here).
@@ -257,7 +269,7 @@ fn on_cuda_without_leaks<F: std::future::Future<Output = ()>>(
     let cuda = Arc::new(cuda);
     let check = DeviceMemoryCheck::start(cuda.primary_context());
     runtime().block_on(checks(ExecDevice::from_cuda(cuda.clone())));
-    check.assert_no_leak(what);
+    no_leak_once_released(&check, what);
 }
 
 #[test]
@@ -341,5 +353,5 @@ fn q1_and_q6_regions_on_cuda_are_datafusions() {
             );
         }
     });
-    check.assert_no_leak("Q1 and Q6 regions on CUDA");
+    no_leak_once_released(&check, "Q1 and Q6 regions on CUDA");
 }

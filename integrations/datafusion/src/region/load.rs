@@ -21,7 +21,8 @@ use super::run;
 ///
 /// - Pipelined: a thread of the partition pulls the child's batches and uploads them,
 ///   up to `devarrow.read_ahead` batches ahead of the region's operators (a bounded
-///   queue: slow operators hold the child back), on the partition's own stream.
+///   queue: slow operators hold the child back), on the stream of a device slot it holds for
+///   that upload only.
 /// - Coalescing: it gathers the child's batches up to `devarrow.batch_bytes` (32 MiB by
 ///   default) before one upload, so the operators see few large batches (one kernel
 ///   launch and one event per batch, not per 8,192 rows).
