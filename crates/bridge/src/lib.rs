@@ -109,7 +109,7 @@ pub use devarrow_abi::device::copy;
 /// dependency of their own.
 pub use devarrow_abi::ArrowSchema;
 pub use export_options::{ExportOptions, ImportOptions};
-pub use pinned::{pin_batch, pinned_buffer};
+pub use pinned::{pin_batch, pinned_buffer, pinned_gather};
 pub use transfer::{DeviceBatch, StageTimes, Transfer, TransferOptions, TransferStats};
 
 mod batch;

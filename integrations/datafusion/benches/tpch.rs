@@ -31,11 +31,12 @@ use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use devarrow::bridge::copy::{copy_bytes, Stores};
 use devarrow_datafusion::device_session;
 use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
+use futures::StreamExt;
 
 use common::*;
 
@@ -173,8 +174,9 @@ fn tpch(c: &mut Criterion) {
         .flat_map(|b| b.columns().iter())
         .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
         .sum();
-    let round_trip: Arc<dyn ExecutionPlan> =
-        Arc::new(DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan))).expect("a region"));
+    let round_trip: Arc<dyn ExecutionPlan> = Arc::new(
+        DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan.clone()))).expect("a region"),
+    );
     let source = vec![1u8; bytes];
     let mut target = vec![0u8; bytes];
     let (memcpy, streaming) = host_ceiling(&source, &mut target);
@@ -186,13 +188,35 @@ fn tpch(c: &mut Criterion) {
     let mut group = c.benchmark_group("transitions");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(bytes as u64));
-    group.bench_function("load_unload", |b| {
-        b.iter(|| {
-            runtime
-                .block_on(collect(round_trip.clone(), device.task_ctx()))
-                .unwrap()
+    // Each batch is dropped as it arrives, as an operator above the region would: a
+    // `collect` would hold every landed batch, so that each run lands in memory fresh
+    // from the system.
+    let drain = |plan: Arc<dyn ExecutionPlan>| -> usize {
+        runtime.block_on(async {
+            let mut stream = execute_stream(plan, device.task_ctx()).unwrap();
+            let mut rows = 0;
+            while let Some(batch) = stream.next().await {
+                rows += batch.unwrap().num_rows();
+            }
+            rows
         })
-    });
+    };
+    let probe: Arc<dyn ExecutionPlan> = Arc::new(
+        DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::new(scan.clone()))).expect("a region"),
+    );
+    drain(probe.clone());
+    let seconds = |node: &str, name: &str| metric(&probe, Some(node), name) / 1e9;
+    eprintln!(
+        "transitions, one run: load {:.1} GB/s per partition thread ({:.1} ms summed), unload \
+         {:.1} GB/s per partition thread ({:.1} ms summed)",
+        bytes as f64 / seconds("DeviceLoadExec", "load_time") / 1e9,
+        seconds("DeviceLoadExec", "load_time") * 1e3,
+        metric(&probe, Some("DeviceUnloadExec"), "bytes_from_device")
+            / seconds("DeviceUnloadExec", "unload_time")
+            / 1e9,
+        seconds("DeviceUnloadExec", "unload_time") * 1e3,
+    );
+    group.bench_function("load_unload", |b| b.iter(|| drain(round_trip.clone())));
     group.bench_function("host_ceiling", |b| {
         let stores = if streaming >= memcpy {
             Stores::Streaming

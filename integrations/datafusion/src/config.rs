@@ -182,6 +182,12 @@ impl DevicePool {
         self.slots.iter().map(|slot| &slot.device)
     }
 
+    /// The device handle whose staging memory a partition's load coalesces into (on
+    /// CUDA, the context's pinned memory, shared by every slot).
+    pub(crate) fn staging_device(&self) -> &ExecDevice {
+        &self.slots[0].device
+    }
+
     /// `cpu` or `cuda:N`.
     pub fn id(&self) -> &str {
         &self.id

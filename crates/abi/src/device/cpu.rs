@@ -22,7 +22,11 @@ use std::sync::{Arc, Weak};
 use super::copy::{copy_bytes, Stores};
 use super::kernels::{CpuKernels, DeviceKernels, RowIntegers, Validity};
 use super::link::{LinkEngine, LinkEvent, LinkModel};
-use super::pool::{HostPool, PoolStats, DEFAULT_POOL_LIMIT};
+use super::pool::{HostPool, PoolStats, PooledMemory, DEFAULT_POOL_LIMIT};
+
+/// The staging memory a [`CpuDevice`] keeps once its transfers free it: 256 MiB, above
+/// what a transfer's staging and a few coalesced uploads hold at once.
+const STAGING_POOL_LIMIT: usize = 256 << 20;
 use super::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
 use crate::error::{Error, Result};
 use crate::ffi::ArrowDeviceType;
@@ -77,6 +81,9 @@ enum Mode {
 pub struct CpuDevice {
     copies: AtomicU64,
     pool: Arc<HostPool>,
+    /// Staging memory freed by transfers, kept for the next (as CUDA's reserve of pinned
+    /// memory is sub-allocated again, never faulted in anew).
+    staging: Arc<HostPool>,
     mode: Mode,
 }
 
@@ -96,6 +103,7 @@ impl CpuDevice {
         Self {
             copies: AtomicU64::new(0),
             pool: Arc::new(HostPool::new(DEFAULT_POOL_LIMIT)),
+            staging: Arc::new(HostPool::new(STAGING_POOL_LIMIT)),
             mode,
         }
     }
@@ -124,6 +132,7 @@ impl CpuDevice {
         Self {
             copies: AtomicU64::new(0),
             pool: Arc::new(HostPool::with_fence(DEFAULT_POOL_LIMIT, fence)),
+            staging: Arc::new(HostPool::new(STAGING_POOL_LIMIT)),
             mode: Mode::Link(engine),
         }
     }
@@ -144,6 +153,12 @@ impl CpuDevice {
     /// What the memory pool has done.
     pub fn memory_pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// What the pool of staging memory has done (misses: staging memory new from the
+    /// system, faulted in when first written).
+    pub fn staging_pool_stats(&self) -> PoolStats {
+        self.staging.stats()
     }
 
     /// Gives the freed memory the pool keeps back to the system; returns the bytes freed.
@@ -275,7 +290,7 @@ unsafe impl Device for CpuDevice {
         Ok(Arc::new(self.pool.allocate(len)?))
     }
     fn allocate_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
-        Ok(Box::new(CpuStaging::new(len)?))
+        Ok(Box::new(CpuStaging::from_pool(&self.staging, len)?))
     }
     unsafe fn copy_to_device(&self, src: *const u8, dst: *mut c_void, len: usize) -> Result<()> {
         self.copies.fetch_add(1, Ordering::Relaxed);
@@ -409,33 +424,43 @@ unsafe impl Device for CpuDevice {
 /// The live staging allocations of every [`CpuDevice`].
 static CPU_STAGING: PinnedRegistry = PinnedRegistry::new();
 
-/// Staging memory of the [`CpuDevice`]: [`HostMemory`] registered as "pinned" while it
-/// lives (see [`Device::is_pinned`]).
+/// Staging memory of the [`CpuDevice`]: host memory registered as "pinned" while it
+/// lives (see [`Device::is_pinned`]). A device's staging comes from a pool of its own, so
+/// transfers write memory already faulted in, as CUDA's staging comes from the pinned
+/// memory its context reserved.
 #[derive(Debug)]
-pub struct CpuStaging(HostMemory);
+pub struct CpuStaging(PooledMemory);
 
 impl CpuStaging {
-    /// Allocates `len` zeroed bytes and registers them.
+    /// Allocates `len` zeroed bytes of its own (freed when dropped) and registers them.
     pub fn new(len: usize) -> Result<Self> {
-        let memory = HostMemory::zeroed(len)?;
-        CPU_STAGING.register(memory.ptr, memory.len);
+        Self::from_pool(&Arc::new(HostPool::new(0)), len)
+    }
+
+    /// `len` bytes of `pool` (zeroed when new, else what their last user wrote), registered.
+    fn from_pool(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+        let memory = pool.allocate(len)?;
+        CPU_STAGING.register(memory.as_ptr(), memory.len());
         Ok(Self(memory))
     }
 }
 
 impl Drop for CpuStaging {
     fn drop(&mut self) {
-        CPU_STAGING.unregister(self.0.ptr);
+        CPU_STAGING.unregister(self.0.as_ptr());
     }
 }
 
-// SAFETY: delegates to the `HostMemory` it owns.
+// SAFETY: the pooled block is valid for `len` initialized bytes (a pool's blocks are
+// zeroed when new, else hold what their last user wrote) and owned by the value.
 unsafe impl StagingMemory for CpuStaging {
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut_slice()
+        // SAFETY: as above; borrowed exclusively through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), self.0.len()) }
     }
     fn as_slice(&self) -> &[u8] {
-        self.0.as_slice()
+        // SAFETY: as above; the bytes are not written while `&self` is borrowed.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), self.0.len()) }
     }
 }
 

@@ -26,6 +26,7 @@
 //! the twins of its new children when DataFusion rewrites the plan. It claims nothing
 //! else.
 
+mod coalesce;
 mod load;
 mod operator;
 pub mod ops;

@@ -21,7 +21,6 @@ use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::concat_batches;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
@@ -37,6 +36,7 @@ use crate::config::{DevarrowConfig, DeviceLease, DevicePool};
 use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
+use super::coalesce::coalesce;
 use super::{chain, DeviceOperatorExec, OperatorContext, RegionBatch};
 
 /// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
@@ -299,6 +299,15 @@ impl LoadThread {
         let _ = out.send(Err(error));
     }
 
+    /// An upload (or its coalescing) failed.
+    fn upload_error(&self, source: devarrow::abi::Error) -> DataFusionError {
+        DataFusionError::External(Box::new(DeviceExecError::Upload {
+            partition: self.partition,
+            device: self.pool.id().to_string(),
+            source: Box::new(source),
+        }))
+    }
+
     /// The child's next batch, polled on the query's runtime.
     fn next_child(&mut self) -> Option<Result<RecordBatch>> {
         match &self.runtime {
@@ -338,7 +347,9 @@ impl LoadThread {
             let batch = if gathered.len() == 1 {
                 gathered.pop().expect("one batch")
             } else {
-                let batch = concat_batches(&schema, &gathered)?;
+                let staging = self.pool.staging_device();
+                let batch = coalesce(staging.device().as_ref(), &schema, &gathered)
+                    .map_err(|source| self.upload_error(source))?;
                 gathered.clear();
                 batch
             };
@@ -359,13 +370,7 @@ impl LoadThread {
                 Ok(uploaded) => uploaded,
                 Err(source) => {
                     self.reservation.shrink(bytes);
-                    return Err(DataFusionError::External(Box::new(
-                        DeviceExecError::Upload {
-                            partition: self.partition,
-                            device: self.pool.id().to_string(),
-                            source: Box::new(source),
-                        },
-                    )));
+                    return Err(self.upload_error(source));
                 }
             };
             timer.done();
