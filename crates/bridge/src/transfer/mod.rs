@@ -55,6 +55,7 @@ use in_flight::InFlight;
 use landing::PinnedLanding;
 
 pub(crate) mod host;
+mod host_out;
 mod in_flight;
 mod landing;
 // Unstable, hidden: public for devarrow's benches, tests and command only (see lib.rs).
