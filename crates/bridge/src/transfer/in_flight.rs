@@ -47,6 +47,11 @@ impl<'d, T> InFlight<'d, T> {
         }
     }
 
+    /// The memory held, to add to before copies use it.
+    pub(super) fn held_mut(&mut self) -> &mut T {
+        self.held.as_mut().expect("held until settled")
+    }
+
     /// Copies on the device use the memory held from now on (mark it before enqueuing
     /// them: one may be enqueued even when the call enqueuing it fails).
     pub(super) fn enqueued(&mut self) {

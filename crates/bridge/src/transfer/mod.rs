@@ -33,8 +33,9 @@
 //! is the upload side ([`Transfer::to_device`], [`Transfer::to_device_batches`]: planning,
 //! direct copies, and the staged pipeline of `upload.rs` over the packing of
 //! `transfer/pack.rs`). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
-//! [`Transfer::to_host_batches`]: the host memory batches come back into, and staged,
-//! pinned and registered downloads, rebuilt by `host.rs`).
+//! [`Transfer::to_host_batches`]: the host memory batches come back into, rebuilt by
+//! `host.rs`); `transfer/download.rs` its copies, one path whether they land in pinned
+//! blocks, registered pages or, through staging, pageable memory (`host_out.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,6 +55,7 @@ pub use crate::transfer::stages::{StageTimes, TransferStats};
 use in_flight::InFlight;
 use landing::PinnedLanding;
 
+mod download;
 pub(crate) mod host;
 mod host_out;
 mod in_flight;
