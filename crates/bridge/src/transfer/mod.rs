@@ -28,12 +28,14 @@
 //!
 //! The code is split by direction. `transfer/mod.rs` holds [`Transfer`], its options, the
 //! staging buffers both directions share, and the release of host memory registrations
-//! (both directions register large host buffers for direct DMA). `transfer/to_device.rs`
+//! (both directions register large host buffers for direct DMA; `transfer/in_flight.rs`
+//! owns host memory that enqueued copies use until they complete). `transfer/to_device.rs`
 //! is the upload side ([`Transfer::to_device`], [`Transfer::to_device_batches`]: planning,
 //! direct copies, and the staged pipeline of `upload.rs` over the packing of
 //! `transfer/pack.rs`). `transfer/to_host.rs` is the download side ([`Transfer::to_host`],
-//! [`Transfer::to_host_batches`]: the host memory batches come back into, and staged,
-//! pinned and registered downloads, rebuilt by `host.rs`).
+//! [`Transfer::to_host_batches`]: the host memory batches come back into, rebuilt by
+//! `host.rs`); `transfer/download.rs` its copies, one path whether they land in pinned
+//! blocks, registered pages or, through staging, pageable memory (`host_out.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -50,9 +52,13 @@ use crate::transfer::pack::Parallelism;
 pub use crate::transfer::pack::DEFAULT_PARALLEL_MIN_BYTES;
 #[doc(inline)]
 pub use crate::transfer::stages::{StageTimes, TransferStats};
+use in_flight::InFlight;
 use landing::PinnedLanding;
 
+mod download;
 pub(crate) mod host;
+mod host_out;
+mod in_flight;
 mod landing;
 // Unstable, hidden: public for devarrow's benches, tests and command only (see lib.rs).
 #[doc(hidden)]
@@ -285,28 +291,19 @@ impl Retained {
 /// copies have completed: after `event`, or, without one or when waiting for it fails,
 /// after synchronizing the device. Where even that fails, they are leaked rather than
 /// undone under a DMA that may still run (which could read or write pages the system
-/// has moved meanwhile); the driver drops them with the context. Returns the first
-/// error.
+/// has moved meanwhile); the driver drops them with the context (see [`InFlight`]).
+/// Returns the first error.
 fn release_registrations(
     device: &dyn Device,
     event: Option<&Arc<dyn SyncEvent>>,
     registrations: Vec<Box<dyn HostRegistration>>,
 ) -> Result<()> {
-    let waited = match event {
-        Some(event) => event.wait_host(),
-        None if registrations.is_empty() => Ok(()),
-        None => device.synchronize(),
-    };
-    let done = match &waited {
-        Ok(()) => true,
-        Err(_) => !registrations.is_empty() && device.synchronize().is_ok(),
-    };
-    if done {
-        drop(registrations);
-    } else {
-        std::mem::forget(registrations);
+    if registrations.is_empty() {
+        return event.map_or(Ok(()), |event| event.wait_host());
     }
-    waited
+    let mut registrations = InFlight::new(device, registrations);
+    registrations.enqueued();
+    registrations.settle(event).map(drop)
 }
 
 /// A reusable transfer engine for one device: owns the staging buffers.
