@@ -186,6 +186,68 @@ async fn a_refused_reservation_is_a_typed_error_and_leaks_nothing() {
     assert_eq!(wait_for_device_memory(&cpu, before), before);
 }
 
+/// The load's `bytes_to_device` of `plan`'s region.
+fn bytes_to_device(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let mut stack = vec![plan.clone()];
+    while let Some(node) = stack.pop() {
+        if node.name() == "DeviceLoadExec" {
+            return node
+                .metrics()
+                .unwrap()
+                .sum_by_name("bytes_to_device")
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    panic!("no load in the plan")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_computed_inside_a_region_are_reserved() {
+    // One batch of one partition: one upload. Its projection holds 4 MiB of device memory
+    // beyond what was uploaded; a pool with room for the upload and 2 MiB more refuses
+    // it, and one with room for 8 MiB more admits it and ends with nothing reserved.
+    let scratch = 4 << 20;
+    let data = lineitem(0.002, 1, 1 << 20);
+    assert_eq!(data[0].len(), 1);
+    let factory = || HostEvalFactory {
+        scratch_bytes: scratch,
+        ..Default::default()
+    };
+    let cpu = Arc::new(CpuDevice::new());
+    let pool = Arc::new(DevicePool::cpu(cpu.clone(), 1));
+    let before = cpu.memory_pool_stats().in_use_bytes;
+    let unlimited = session_with(factory(), Some(vec![pool.clone()]), None, data.clone());
+    let plan = plan_of(&unlimited, QUERY).await;
+    let want = collect(plan.clone(), unlimited.task_ctx()).await.unwrap();
+    let uploaded = bytes_to_device(&plan);
+    assert!(uploaded > 0);
+
+    let tight = session_with(
+        factory(),
+        Some(vec![pool.clone()]),
+        Some(uploaded + (2 << 20)),
+        data.clone(),
+    );
+    let error = tight.sql(QUERY).await.unwrap().collect().await.unwrap_err();
+    match DeviceExecError::find(&error) {
+        Some(DeviceExecError::Memory { bytes, .. }) => assert!(*bytes > 2 << 20, "{error}"),
+        _ => panic!("a memory error, not {error}"),
+    }
+    assert_eq!(wait_for_device_memory(&cpu, before), before);
+
+    let roomy = session_with(
+        factory(),
+        Some(vec![pool]),
+        Some(uploaded + (8 << 20)),
+        data,
+    );
+    let got = roomy.sql(QUERY).await.unwrap().collect().await.unwrap();
+    assert_eq!(sorted_rows(&got), sorted_rows(&want));
+    assert_eq!(roomy.runtime_env().memory_pool.reserved(), 0);
+    assert_eq!(wait_for_device_memory(&cpu, before), before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn partitions_beyond_the_per_device_limit_wait_for_a_slot() {
     let cpu = Arc::new(CpuDevice::new());

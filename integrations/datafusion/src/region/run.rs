@@ -444,9 +444,10 @@ impl OperatorThread {
             self.metrics.slot_wait.add_elapsed(waiting);
             let compute = self.metrics.baseline.elapsed_compute().clone();
             let timer = compute.timer();
-            let host = self.through(&lease, batch, &ops, index);
+            let mut held = reserved;
+            let host = self.through(&lease, batch, &ops, index, &mut held);
             drop(lease);
-            self.reservation.shrink(reserved);
+            self.reservation.shrink(held);
             timer.done();
             let host = host?;
             index += 1;
@@ -459,6 +460,30 @@ impl OperatorThread {
         }
     }
 
+    /// Grows the partition's reservation to the device memory `frame` holds (its
+    /// batches: the upload's and the columns operators computed), where that is more
+    /// than the `held` bytes reserved for the batch so far; `held` is what the batch
+    /// then holds reserved, given back when the batch is done. A column computed inside
+    /// the region is thus reserved as an uploaded one is (its peak, operator by
+    /// operator), and a refusal ends the partition with [`DeviceExecError::Memory`].
+    fn reserve_frame(&self, frame: &DeviceFrame, held: &mut usize) -> Result<()> {
+        let live = frame.device_bytes();
+        if live <= *held {
+            return Ok(());
+        }
+        let more = live - *held;
+        self.reservation.try_grow(more).map_err(|e| {
+            DataFusionError::External(Box::new(DeviceExecError::Memory {
+                partition: self.partition,
+                device: self.pool.id().to_string(),
+                bytes: more,
+                reason: e.to_string(),
+            }))
+        })?;
+        *held = live;
+        Ok(())
+    }
+
     /// One uploaded batch through the operators and down to the host.
     fn through(
         &self,
@@ -466,6 +491,7 @@ impl OperatorThread {
         batch: DeviceBatch,
         ops: &[(&Arc<DeviceOperatorExec>, Time, Count)],
         index: usize,
+        held: &mut usize,
     ) -> Result<RecordBatch> {
         let device = lease.device();
 
@@ -509,6 +535,9 @@ impl OperatorThread {
                         source,
                     })?;
             timer.done();
+            if let RegionBatch::Device(frame) = &current {
+                self.reserve_frame(frame, held)?;
+            }
         }
         match current {
             RegionBatch::Host(batch) => Ok(batch),

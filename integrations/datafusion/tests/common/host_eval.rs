@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt8Array};
+use arrow_array::{Array, ArrayRef, FixedSizeBinaryArray, RecordBatch, UInt8Array};
+use arrow_buffer::Buffer;
+use arrow_schema::{Field, Schema};
 use datafusion::common::cast::as_boolean_array;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
@@ -45,6 +47,10 @@ pub struct HostEvalFactory {
     /// Sleeps this long in every operator call.
     pub delay: Duration,
     pub running: Arc<Running>,
+    /// Device memory each projection's output holds beyond its columns (a scratch column
+    /// uploaded with them, then projected away: its batch stays alive with the frame),
+    /// about this many bytes per batch: a computed column that the region must reserve.
+    pub scratch_bytes: usize,
 }
 
 #[derive(Debug)]
@@ -53,6 +59,7 @@ struct HostEval {
     node: Arc<dyn ExecutionPlan>,
     delay: Duration,
     running: Arc<Running>,
+    scratch_bytes: usize,
 }
 
 impl DeviceOperatorFactory for HostEvalFactory {
@@ -85,6 +92,7 @@ impl DeviceOperatorFactory for HostEvalFactory {
             node: node.clone(),
             delay: self.delay,
             running: self.running.clone(),
+            scratch_bytes: self.scratch_bytes,
         })))
     }
 }
@@ -154,9 +162,29 @@ impl HostEval {
             })
             .collect::<datafusion::common::Result<Vec<_>>>()?;
         let out = RecordBatch::try_new(projection.schema(), columns)?;
-        Ok(RegionBatch::Device(DeviceFrame::from_batch(
-            transfer.to_device(&out)?,
-        )))
+        if self.scratch_bytes == 0 || out.num_rows() == 0 {
+            return Ok(RegionBatch::Device(DeviceFrame::from_batch(
+                transfer.to_device(&out)?,
+            )));
+        }
+        let width = self.scratch_bytes.div_ceil(out.num_rows());
+        let scratch = FixedSizeBinaryArray::new(
+            width as i32,
+            Buffer::from_vec(vec![0u8; width * out.num_rows()]),
+            None,
+        );
+        let mut fields = out.schema().fields().to_vec();
+        fields.push(Arc::new(Field::new(
+            "scratch",
+            scratch.data_type().clone(),
+            false,
+        )));
+        let mut columns = out.columns().to_vec();
+        columns.push(Arc::new(scratch));
+        let padded = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+        let frame = DeviceFrame::from_batch(transfer.to_device(&padded)?);
+        let kept: Vec<usize> = (0..out.num_columns()).collect();
+        Ok(RegionBatch::Device(frame.project(&kept)?))
     }
 }
 
