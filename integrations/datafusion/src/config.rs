@@ -4,7 +4,9 @@
 //!
 //! A plan never names a device: the scheduler and the client plan with none. When a
 //! partition of a device region starts, it reads `devarrow.devices` from its task's
-//! session options and takes the device `partition % n` of that list. Each time it works
+//! session options, on the machine that runs it (`auto`: every CUDA device there), and
+//! takes the device of that list running the fewest partitions
+//! ([`DevicePlacement::place`]). Each time it works
 //! on the device (an upload; a batch's operators and download) it holds one of that
 //! device's slots (`devarrow.partitions_per_device`: the per-device limit of partitions
 //! on the device at once), never while it waits for its input, so regions nested in
@@ -29,6 +31,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use datafusion::common::config::ConfigExtension;
@@ -55,9 +58,11 @@ extensions_options! {
         /// Whether the `DevicePlacement` rule moves plan nodes onto devices.
         pub enabled: bool, default = true
         /// The devices partitions run on, in devarrow's grammar (`auto`, `cpu`,
-        /// `cuda:N`, `cuda:N,M,...`, `cuda:all`; `cuda:0,cuda:1` is read as `cuda:0,1`):
-        /// partition `p` runs on device `p % n`. Read when a partition starts, not when
-        /// the plan is made.
+        /// `cuda:N`, `cuda:N,M,...`, `cuda:all`; `cuda:0,cuda:1` is read as `cuda:0,1`).
+        /// Read when a partition starts, where it runs (a Ballista executor reads it
+        /// on its own machine), never when the plan is made: `auto` and `cuda:all` are
+        /// every CUDA device of that machine (`auto`: the CPU device where it has none).
+        /// Each partition goes to the device of the list running the fewest partitions.
         pub devices: String, default = "auto".to_string()
         /// The host bytes a region's load gathers (coalescing small batches) before one
         /// upload; 0: every batch as it comes.
@@ -104,7 +109,7 @@ fn parse_devices(spec: &str) -> Result<Vec<DeviceRequest>, DeviceExecError> {
         .parse()
         .map_err(|e| DeviceExecError::Config(format!("devarrow.devices = `{spec}`: {e}")))?;
     Ok(match parsed {
-        DeviceSpec::Auto => vec![DeviceRequest::Auto],
+        DeviceSpec::Auto => cuda_all(),
         DeviceSpec::Cpu => vec![DeviceRequest::Cpu],
         DeviceSpec::Cuda(id) => vec![DeviceRequest::Cuda(id)],
         DeviceSpec::CudaList(ids) => ids.into_iter().map(DeviceRequest::Cuda).collect(),
@@ -112,16 +117,17 @@ fn parse_devices(spec: &str) -> Result<Vec<DeviceRequest>, DeviceExecError> {
     })
 }
 
-/// Every CUDA device that opens (`cuda:all`), or `auto` when none does.
+/// Every CUDA device of the machine that reads the option (`cuda:all`, and `auto`: a
+/// partition runs where it is read, so an executor with several GPUs uses them all), or
+/// `auto` (the CPU device) when it has none.
 fn cuda_all() -> Vec<DeviceRequest> {
-    let mut ids = Vec::new();
-    while pool_for(DeviceRequest::Cuda(ids.len()), 1).is_ok() {
-        ids.push(DeviceRequest::Cuda(ids.len()));
+    #[cfg(feature = "cuda")]
+    if let Ok(devices) = devarrow::cuda::list_devices() {
+        if !devices.is_empty() {
+            return devices.iter().map(|d| DeviceRequest::Cuda(d.id)).collect();
+        }
     }
-    if ids.is_empty() {
-        ids.push(DeviceRequest::Auto);
-    }
-    ids
+    vec![DeviceRequest::Auto]
 }
 
 /// The slots of one device: `slots` handles of it (on CUDA each on a stream of its own),
@@ -131,6 +137,10 @@ pub struct DevicePool {
     slots: Vec<Slot>,
     free: Mutex<Vec<usize>>,
     permits: Arc<Semaphore>,
+    /// Partitions placed on the device and not yet ended ([`PartitionTicket`]s).
+    partitions: AtomicUsize,
+    /// Partitions ever placed on the device.
+    placed: AtomicU64,
 }
 
 impl fmt::Debug for DevicePool {
@@ -168,6 +178,8 @@ impl DevicePool {
             slots: handles,
             free: Mutex::new((0..slots).rev().collect()),
             permits: Arc::new(Semaphore::new(slots)),
+            partitions: AtomicUsize::new(0),
+            placed: AtomicU64::new(0),
         })
     }
 
@@ -198,7 +210,19 @@ impl DevicePool {
         self.slots.len()
     }
 
-    /// Partitions running on it now.
+    /// Partitions of regions placed on the device that have not ended (running, or
+    /// waiting for their input or a slot).
+    pub fn partitions(&self) -> usize {
+        self.partitions.load(Ordering::Acquire)
+    }
+
+    /// Partitions ever placed on the device (how a test or an operator sees that every
+    /// device of a host was used).
+    pub fn placed(&self) -> u64 {
+        self.placed.load(Ordering::Acquire)
+    }
+
+    /// Slots lent now (partitions working on the device at this moment).
     pub fn in_use(&self) -> usize {
         self.slots.len() - self.permits.available_permits()
     }
@@ -335,7 +359,34 @@ pub fn pool_for(request: DeviceRequest, slots: usize) -> Result<Arc<DevicePool>,
     Ok(pool)
 }
 
-/// Where a region's partitions run: a pool per device, partition `p` on pool `p % n`.
+/// A partition's place on a device, from its start to its end: while it lives the
+/// partition counts in [`DevicePool::partitions`], which [`DevicePlacement::place`]
+/// reads to put the next partition on the device running fewest.
+#[derive(Debug)]
+pub struct PartitionTicket {
+    pool: Arc<DevicePool>,
+}
+
+impl PartitionTicket {
+    /// The device the partition was placed on.
+    pub fn pool(&self) -> &Arc<DevicePool> {
+        &self.pool
+    }
+}
+
+impl Drop for PartitionTicket {
+    fn drop(&mut self) {
+        self.pool.partitions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serializes placements, so that two partitions starting at once see each other.
+static PLACING: Mutex<()> = Mutex::new(());
+
+/// Where a region's partitions run: one pool per device, and each partition placed,
+/// when it starts, on the device with the fewest partitions running (ties: partition
+/// `p` prefers device `p % n`). A Ballista executor runs only some partitions of a
+/// stage, so `p % n` alone could put them all on one of its devices.
 #[derive(Debug, Clone)]
 pub enum DevicePlacement {
     /// The devices of the session's `devarrow.devices`, opened (once per process) when a
@@ -347,7 +398,41 @@ pub enum DevicePlacement {
 }
 
 impl DevicePlacement {
-    /// The pool partition `partition` runs on, under `config`.
+    /// Places partition `partition` (under `config`): on the device of the list running
+    /// the fewest partitions, first from `partition % n` on among equals. The ticket
+    /// counts the partition there until it drops.
+    ///
+    /// # Errors
+    /// [`DeviceExecError::Config`] for a bad `devarrow.devices` or no pool;
+    /// [`DeviceExecError::Device`] when a device of the list does not open.
+    pub fn place(
+        &self,
+        config: &DevarrowConfig,
+        partition: usize,
+    ) -> Result<PartitionTicket, DeviceExecError> {
+        let pools = match self {
+            Self::Pools(pools) if !pools.is_empty() => pools.clone(),
+            Self::Pools(_) => return Err(DeviceExecError::Config("no device pool".into())),
+            Self::FromSession => config
+                .device_requests()?
+                .into_iter()
+                .map(|request| pool_for(request, config.partitions_per_device))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        let _placing = PLACING.lock().unwrap_or_else(|e| e.into_inner());
+        let n = pools.len();
+        let chosen = (0..n)
+            .map(|k| (partition + k) % n)
+            .min_by_key(|&i| pools[i].partitions())
+            .expect("at least one pool");
+        let pool = pools[chosen].clone();
+        pool.partitions.fetch_add(1, Ordering::AcqRel);
+        pool.placed.fetch_add(1, Ordering::AcqRel);
+        Ok(PartitionTicket { pool })
+    }
+
+    /// The pool partition `partition` runs on under `config` when it alone is placed
+    /// (device `partition % n` of the list).
     pub fn pool(
         &self,
         config: &DevarrowConfig,
@@ -386,6 +471,47 @@ mod tests {
             parse_devices("tpu:0"),
             Err(DeviceExecError::Config(_))
         ));
+    }
+
+    #[test]
+    fn partitions_go_to_the_device_running_fewest() {
+        let pools: Vec<Arc<DevicePool>> = (0..2)
+            .map(|_| Arc::new(DevicePool::cpu(Arc::new(CpuDevice::new()), 1)))
+            .collect();
+        let placement = DevicePlacement::Pools(pools.clone());
+        let config = DevarrowConfig::default();
+        // An executor given only the even partitions of a stage: `p % 2` would put them
+        // all on the first device.
+        let tickets: Vec<PartitionTicket> = [0, 2, 4, 6]
+            .iter()
+            .map(|p| placement.place(&config, *p).unwrap())
+            .collect();
+        assert_eq!(
+            pools.iter().map(|p| p.partitions()).collect::<Vec<_>>(),
+            [2, 2]
+        );
+        // Ended partitions free their place: the next goes where fewest run.
+        let (second, _first): (Vec<_>, Vec<_>) = tickets
+            .into_iter()
+            .partition(|t| Arc::ptr_eq(t.pool(), &pools[1]));
+        drop(second);
+        let next = placement.place(&config, 0).unwrap();
+        assert!(Arc::ptr_eq(next.pool(), &pools[1]));
+        assert_eq!(pools.iter().map(|p| p.placed()).collect::<Vec<_>>(), [2, 3]);
+    }
+
+    #[test]
+    fn auto_is_every_cuda_device_of_the_machine_else_the_cpu_device() {
+        let requests = parse_devices("auto").unwrap();
+        #[cfg(feature = "cuda")]
+        if let Ok(devices) = devarrow::cuda::list_devices() {
+            if !devices.is_empty() {
+                assert_eq!(requests.len(), devices.len());
+                assert!(requests.iter().all(|r| matches!(r, DeviceRequest::Cuda(_))));
+                return;
+            }
+        }
+        assert_eq!(requests, vec![DeviceRequest::Auto]);
     }
 
     #[tokio::test]

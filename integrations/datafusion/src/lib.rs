@@ -55,6 +55,6 @@ pub use exec::{DeviceBatchStream, DeviceExec, DEFAULT_READ_AHEAD};
 pub use frame::{DeviceFrame, FrameColumn};
 pub use logical::{DeviceExtensionPlanner, DeviceLogicalCodec, DevicePlanner, DeviceStepNode};
 pub use region::{DeviceLoadExec, DeviceOperatorExec, DeviceUnloadExec};
-pub use rule::{device_session, DevicePlacementRule, HostOnlyExec};
+pub use rule::{device_session, with_device_placement, DevicePlacementRule, HostOnlyExec};
 pub use step::Preserves;
 pub use step::{DeviceStep, ExecDevice, StepContext, StepFn, StepOutput, StepRegistry};

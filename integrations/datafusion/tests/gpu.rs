@@ -251,6 +251,61 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
     no_leak_once_released(&check1, "a region's partitions on cuda:1");
 }
 
+/// `devarrow.devices = auto` (the default) read where the partitions run: every CUDA
+/// device of this machine, each partition on the device running fewest, as a Ballista
+/// executor with several GPUs reads it (`examples/ballista_regions.rs` runs the same on
+/// Ballista).
+#[test]
+fn auto_spreads_partitions_over_every_device_of_the_machine() {
+    use devarrow::DeviceRequest;
+    use devarrow_datafusion::config::{pool_for, DevarrowConfig};
+
+    let Some((_lock, _first)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let devices = device_count().unwrap_or(0);
+    if devices < 2 {
+        println!("skipping: {devices} CUDA device(s), the test needs 2");
+        return;
+    }
+    let options = DevarrowConfig::default();
+    assert_eq!(options.devices, "auto");
+    let requests = options.device_requests().unwrap();
+    assert_eq!(
+        requests,
+        (0..devices).map(DeviceRequest::Cuda).collect::<Vec<_>>()
+    );
+    let placed = |id: usize| {
+        pool_for(DeviceRequest::Cuda(id), options.partitions_per_device)
+            .unwrap()
+            .placed()
+    };
+    let before: Vec<u64> = (0..devices).map(placed).collect();
+    runtime().block_on(async {
+        let data = lineitem(SCALE, 4, 4096);
+        let ctx = host_eval::session_with(
+            host_eval::HostEvalFactory::default(),
+            None,
+            None,
+            data.clone(),
+        );
+        let sql = "SELECT l_orderkey, l_linenumber, l_extendedprice * (1 - l_discount) AS revenue \
+                   FROM lineitem WHERE l_quantity > 10";
+        let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let want = session(data)
+            .sql(sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(rows(&got), rows(&want));
+    });
+    for (id, before) in before.iter().enumerate() {
+        assert!(placed(id) > *before, "cuda:{id} ran no partition");
+    }
+}
+
 /// The device compute checks of `tests/compute.rs` (its CPU tests skip themselves here).
 // (It declares `mod common;` itself: a second copy of the shared helpers.)
 #[path = "compute.rs"]

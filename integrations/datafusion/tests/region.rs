@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
 use datafusion::prelude::SessionContext;
 use devarrow::abi::device::CpuDevice;
@@ -389,6 +391,59 @@ async fn dropping_a_region_stream_frees_its_device_memory() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(pool.in_use(), 0, "the slot came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_child_put_under_a_device_node_makes_it_its_host_twin() {
+    // DataFusion's EnforceDistribution (as Ballista's scheduler runs it on each stage)
+    // probes a node by rebuilding it over a `CoalescePartitionsExec` of its child.
+    let ctx = session_with(
+        HostEvalFactory::default(),
+        None,
+        None,
+        lineitem(0.001, 2, 1024),
+    );
+    set(&ctx, "devices", "cpu").await;
+    let plan = plan_of(&ctx, QUERY).await;
+    let mut found = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(node) = stack.pop() {
+        let child = node.children().first().map(|c| (*c).clone());
+        if let (true, Some(child)) = (
+            matches!(
+                node.name(),
+                "DeviceFilterExec" | "DeviceProjectionExec" | "DeviceUnloadExec"
+            ),
+            child,
+        ) {
+            let coalesced: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(child));
+            let rebuilt = replace_children_if_necessary(node.clone(), vec![coalesced]).unwrap();
+            if node.name() == "DeviceUnloadExec" {
+                assert_eq!(rebuilt.name(), "CoalescePartitionsExec");
+            } else {
+                assert_eq!(
+                    rebuilt.name(),
+                    if node.name() == "DeviceFilterExec" {
+                        "FilterExec"
+                    } else {
+                        "ProjectionExec"
+                    }
+                );
+                assert_eq!(rebuilt.schema(), node.schema());
+                // It runs, on the host, over the region below.
+                let rows: usize = collect(rebuilt, ctx.task_ctx())
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(RecordBatch::num_rows)
+                    .sum();
+                assert!(rows > 0);
+            }
+            found += 1;
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    assert!(found >= 3, "{}", text(&plan));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -191,6 +191,13 @@ impl ExecutionPlan for DeviceOperatorExec {
             return internal_err!("{} takes one child", self.operator.name());
         }
         let input = children.swap_remove(0);
+        if !super::is_on_device(&input) {
+            // A rewrite put a host node under this one (DataFusion's EnforceDistribution
+            // does, to probe a plan with a `CoalescePartitionsExec`): the operator's
+            // input is no longer on the device, so the node becomes its host twin,
+            // which computes the same rows on the host.
+            return replace_children_if_necessary(self.host_twin.clone(), vec![input]);
+        }
         let twin = replace_children_if_necessary(self.host_twin.clone(), vec![host_twin(&input)])?;
         Ok(Arc::new(Self::try_new(self.operator.clone(), input, twin)?))
     }

@@ -32,7 +32,7 @@ use devarrow::bridge::DeviceBatch;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
-use crate::config::{DevarrowConfig, DeviceLease, DevicePool};
+use crate::config::{DevarrowConfig, DeviceLease, DevicePool, PartitionTicket};
 use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
@@ -101,6 +101,7 @@ type Uploaded = std::result::Result<(DeviceBatch, usize), DataFusionError>;
 /// Everything a partition's threads need, gathered before its device slot is granted.
 struct Pending {
     pool: Arc<DevicePool>,
+    ticket: PartitionTicket,
     child: SendableRecordBatchStream,
     ops: Vec<Arc<DeviceOperatorExec>>,
     config: DevarrowConfig,
@@ -128,7 +129,8 @@ pub(crate) fn execute_region(
         .get::<DevarrowConfig>()
         .cloned()
         .unwrap_or_default();
-    let pool = load.placement().pool(&config, partition)?;
+    let ticket = load.placement().place(&config, partition)?;
+    let pool = ticket.pool().clone();
     let child = load.input().execute(partition, context.clone())?;
     let reservation = Arc::new(
         MemoryConsumer::new(format!("DeviceRegion[{partition}]@{}", pool.id()))
@@ -141,6 +143,7 @@ pub(crate) fn execute_region(
     let unload_metrics = UnloadMetrics::new(metrics.unwrap_or(&own_metrics), partition);
     let pending = Pending {
         pool,
+        ticket,
         child,
         ops,
         config,
@@ -223,6 +226,7 @@ impl Stream for RegionStream {
 fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Result<RecordBatch>>> {
     let Pending {
         pool,
+        ticket,
         child,
         ops,
         config,
@@ -259,6 +263,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
             .map_err(spawn_error)?;
     }
     let operators = OperatorThread {
+        _ticket: ticket,
         ops,
         pool,
         reservation,
@@ -389,6 +394,8 @@ impl LoadThread {
 
 /// The operators, then the download.
 struct OperatorThread {
+    /// The partition's place on its device, given up when the thread ends.
+    _ticket: PartitionTicket,
     ops: Vec<Arc<DeviceOperatorExec>>,
     pool: Arc<DevicePool>,
     reservation: Arc<MemoryReservation>,

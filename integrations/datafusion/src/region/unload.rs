@@ -110,7 +110,12 @@ impl ExecutionPlan for DeviceUnloadExec {
         if children.len() != 1 {
             return internal_err!("DeviceUnloadExec takes one child");
         }
-        Ok(Arc::new(Self::try_new(children.swap_remove(0))?))
+        let input = children.swap_remove(0);
+        if !is_on_device(&input) {
+            // A rewrite put a host node under the unload: nothing is left to bring back.
+            return Ok(input);
+        }
+        Ok(Arc::new(Self::try_new(input)?))
     }
 
     fn execute(

@@ -1,0 +1,157 @@
+//! TPC-H Q1 and Q6 with device regions on real Ballista (55, in-process "standalone"
+//! mode): the scheduler plans with `DevicePlacementRule` and opens no device; **one
+//! executor uses every device of its machine**; the results are checked against
+//! DataFusion's, row by row.
+//!
+//! ```text
+//! cargo run --release --features ballista --example ballista_regions -- [SCALE] [PARTITIONS]
+//! ```
+//!
+//! - lineitem (tpchgen-arrow, default scale 0.01) is written to Parquet files
+//!   (Ballista's executors read tables from files);
+//! - the client's session has the rule, the codec of region nodes
+//!   (`DeviceExecCodec`, around Ballista's for the rest) and `devarrow.devices = auto`;
+//! - the scheduler cuts the plan into stages: the regions travel as bytes (each
+//!   operator as its host twin's protobuf), with no device in them;
+//! - the executor decodes each stage with its own codec and runs it. `auto` is read
+//!   there, when a partition starts: every CUDA device of that machine (the CPU device
+//!   where it has none), each partition on the device running fewest. The example ends
+//!   with an error unless every such device ran partitions.
+//!
+//! On the emulated driver with two devices (`DEVARROW_EMU_DEVICES=2`, as `.ci/datafusion`
+//! runs it with `DEVARROW_CI_BALLISTA=1`), the one executor uses both.
+
+use std::error::Error;
+use std::sync::Arc;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+#[path = "../tests/common/tpch.rs"]
+mod tpch;
+
+use ballista::prelude::{SessionConfigExt, SessionContextExt};
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::dataframe::DataFrameWriteOptions;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use devarrow_datafusion::config::{pool_for, DevarrowConfig};
+use devarrow_datafusion::{with_device_placement, DeviceExecCodec, ExecDevice, StepRegistry};
+
+use common::*;
+
+/// Ballista's session state, with device regions: the placement rule, the codec of
+/// region nodes (other nodes go to Ballista's own codecs) and devarrow's options.
+fn state(partitions: usize) -> datafusion::execution::SessionState {
+    // The codec's own device is for `DeviceExec` steps only (none here); regions choose
+    // theirs when they run.
+    let physical = Arc::new(
+        DeviceExecCodec::new(Arc::new(StepRegistry::new()), ExecDevice::cpu())
+            .with_fallback(Arc::new(BallistaPhysicalExtensionCodec::default())),
+    );
+    // Ballista's adaptive planner (on by default) plans stages with a rule list of its
+    // own, without the session's physical optimizer rules: regions need its static
+    // planner, which plans with the session state's rules.
+    let config = SessionConfig::new_with_ballista()
+        .with_ballista_adaptive_query_planner(false)
+        .with_target_partitions(partitions)
+        .with_ballista_standalone_parallelism(partitions)
+        .with_ballista_logical_extension_codec(Arc::new(BallistaLogicalExtensionCodec::default()))
+        .with_ballista_physical_extension_codec(physical)
+        .with_option_extension(DevarrowConfig::default());
+    with_device_placement(
+        SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features(),
+    )
+    .build()
+}
+
+/// Rows as sorted text.
+fn sorted(batches: &[arrow_array::RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut rows: Vec<String> = text.lines().map(str::to_string).collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scale: f64 = args.first().map(|s| s.parse()).transpose()?.unwrap_or(0.01);
+    let partitions: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(4);
+
+    let dir =
+        std::env::temp_dir().join(format!("devarrow-ballista-regions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.to_str().ok_or("path")?.to_string();
+    session(lineitem(scale, partitions, 8192))
+        .table("lineitem")
+        .await?
+        .write_parquet(&path, DataFrameWriteOptions::new(), None)
+        .await?;
+
+    let state = state(partitions);
+    let addr = ballista_scheduler::standalone::new_standalone_scheduler_from_state(&state).await?;
+    let scheduler_url = format!("http://localhost:{}", addr.port());
+    let scheduler = loop {
+        match SchedulerGrpcClient::connect(scheduler_url.clone()).await {
+            Ok(client) => break client,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    };
+    ballista_executor::new_standalone_executor_from_state(scheduler, partitions, &state).await?;
+    let ctx = SessionContext::remote_with_state(&scheduler_url, state.clone()).await?;
+    ctx.register_parquet("lineitem", &path, ParquetReadOptions::default())
+        .await?;
+
+    // The same plan locally, to show the regions the scheduler plans (planning opens no
+    // device); the state's catalog, with lineitem, is the client's.
+    let local = SessionContext::new_with_state(state.clone());
+    let alone = SessionContext::new();
+    alone
+        .register_parquet("lineitem", &path, ParquetReadOptions::default())
+        .await?;
+    for q in [1, 6] {
+        let sql = tpch::query(q);
+        let plan = local.sql(sql).await?.create_physical_plan().await?;
+        let text = displayable(plan.as_ref()).indent(false).to_string();
+        if !text.contains("DeviceLoadExec") {
+            return Err(format!("Q{q} has no device region:\n{text}").into());
+        }
+        println!("Q{q}, as the scheduler plans it:\n{text}");
+        let got = ctx.sql(sql).await?.collect().await?;
+        let want = alone.sql(sql).await?.collect().await?;
+        if sorted(&got) != sorted(&want) {
+            return Err(format!(
+                "Q{q} through Ballista differs from DataFusion's:\n{}\n{}",
+                pretty_format_batches(&got)?,
+                pretty_format_batches(&want)?
+            )
+            .into());
+        }
+        println!(
+            "Q{q}: {} rows through Ballista equal DataFusion's",
+            rows(&got)
+        );
+    }
+
+    // Every device `auto` names on this machine ran partitions.
+    let options = DevarrowConfig::default();
+    let mut idle = Vec::new();
+    for request in options.device_requests()? {
+        let pool = pool_for(request, options.partitions_per_device)?;
+        println!("{}: {} partitions placed", pool.id(), pool.placed());
+        if pool.placed() == 0 {
+            idle.push(pool.id().to_string());
+        }
+    }
+    std::fs::remove_dir_all(&dir)?;
+    if !idle.is_empty() {
+        return Err(format!("devices that ran no partition: {}", idle.join(", ")).into());
+    }
+    Ok(())
+}
