@@ -5,8 +5,9 @@
 //! A frame is zero-copy to project (it picks columns), to extend (a computed column is a
 //! one-column batch of its own) and to filter (a filter sets [`DeviceFrame::selection`]
 //! instead of moving rows: the operators after it honour the selection, and the region's
-//! unload applies it last). Only [`DeviceFrame::download`] moves bytes, once per distinct
-//! batch the frame's columns come from.
+//! unload applies it last, compacting the kept rows on the device first where it can,
+//! `compute::compact`). Only [`DeviceFrame::download`] moves bytes to the host, once per
+//! distinct batch the frame's columns come from.
 
 use std::fmt;
 use std::sync::Arc;

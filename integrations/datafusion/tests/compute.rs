@@ -792,6 +792,93 @@ async fn selections_are_datafusions_filters() {
     }
 }
 
+/// A frame compacted by its selection on the device (the unload's step before the
+/// download) equals DataFusion's filter of the batch: every fixed-width type, with and
+/// without nulls, slices, no row kept, and the cases left to the host (a string column,
+/// a decimal beyond 64 bits, no selection).
+pub async fn check_compact(device: &ExecDevice) {
+    use devarrow_datafusion::compute::compact;
+
+    let typed = typed_batch();
+    let fixed = typed
+        .project(&[0, 1, 2, 3, 4, 5])
+        .expect("small, a, b, x, y, d");
+    let tiny = arrow_array::Int8Array::from(
+        (0..fixed.num_rows() as i32)
+            .map(|i| (i % 4 != 1).then_some((i - 20) as i8))
+            .collect::<Vec<_>>(),
+    );
+    let mut columns = fixed.columns().to_vec();
+    columns.push(Arc::new(tiny));
+    let mut fields: Vec<_> = fixed.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new("tiny", DataType::Int8, true)));
+    let fixed = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    type Mask = Box<dyn Fn(usize) -> Option<u8>>;
+    let masks: [(&str, Mask); 4] = [
+        ("every third row", Box::new(|i| Some((i % 3 == 0) as u8))),
+        ("all but nulls", Box::new(|i| (i % 5 != 2).then_some(9))),
+        ("none", Box::new(|_| Some(0))),
+        ("all", Box::new(|_| Some(1))),
+    ];
+    for batch in [fixed.clone(), fixed.slice(3, 29)] {
+        for (what, mask) in &masks {
+            let mask = UInt8Array::from((0..batch.num_rows()).map(mask).collect::<Vec<_>>());
+            let keep = BooleanArray::from(
+                mask.iter()
+                    .map(|m| Some(m.unwrap_or(0) != 0))
+                    .collect::<Vec<_>>(),
+            );
+            let want = filter_record_batch(&batch, &keep).unwrap();
+            let frame = upload(&batch, device)
+                .with_selection(selection_column(mask, device))
+                .unwrap();
+            match compact(&frame, device).unwrap() {
+                Some(Some(kept)) => {
+                    assert!(kept.selection().is_none());
+                    assert_eq!(kept.num_rows(), want.num_rows(), "{what}");
+                    let mut transfer =
+                        Transfer::new(device.device().clone(), TransferOptions::default());
+                    assert_eq!(kept.download(&mut transfer).unwrap(), want, "{what}");
+                }
+                Some(None) => assert_eq!(want.num_rows(), 0, "{what}"),
+                None => panic!("{what}: fixed-width columns compact on the device"),
+            }
+        }
+    }
+    // Left to the host's filter after the download.
+    let every_other =
+        |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());
+    let huge = Decimal128Array::from(
+        (0..typed.num_rows())
+            .map(|i| Some(100_000_000_000_000_000_000 + i as i128))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(38, 0)
+    .unwrap();
+    let huge = RecordBatch::try_from_iter([
+        ("x", typed.column(3).clone()),
+        ("huge", Arc::new(huge) as ArrayRef),
+    ])
+    .unwrap();
+    for (what, batch) in [
+        ("a string column", typed.project(&[3, 7]).unwrap()),
+        ("a decimal beyond 64 bits", huge),
+    ] {
+        let frame = upload(&batch, device)
+            .with_selection(selection_column(every_other(batch.num_rows()), device))
+            .unwrap();
+        assert!(compact(&frame, device).unwrap().is_none(), "{what}");
+    }
+    assert!(compact(&upload(&fixed, device), device).unwrap().is_none());
+}
+
+#[tokio::test]
+async fn selections_compact_on_the_device() {
+    if own_tests() {
+        check_compact(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn partial_aggregates_are_datafusions() {
     if own_tests() {

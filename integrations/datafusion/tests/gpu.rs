@@ -340,6 +340,7 @@ fn device_selections_on_cuda_are_datafusions_filters() {
     on_cuda_without_leaks("selections on CUDA", |device| async move {
         compute_checks::check_select(&device).await;
         compute_checks::check_tpch_filters(&device).await;
+        compute_checks::check_compact(&device).await;
     });
 }
 

@@ -121,3 +121,57 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
         "the long keys' batches fell back to the host"
     );
 }
+
+/// The sum of metric `name` over the nodes of `plan` called `node`.
+fn metric(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
+    let mut total = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(n) = stack.pop() {
+        if n.name() == node {
+            total += n
+                .metrics()
+                .and_then(|m| m.sum_by_name(name))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(n.children().into_iter().cloned());
+    }
+    total
+}
+
+/// A region that ends in a filter compacts its rows on the device: only the rows the
+/// filter keeps cross the link (about a tenth here), and the result is DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_ending_in_a_filter_brings_back_only_the_kept_rows() {
+    let data = lineitem(0.01, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    ctx.sql("SET devarrow.devices = 'cpu'")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let sql = "SELECT l_orderkey, l_quantity, l_extendedprice FROM lineitem \
+               WHERE l_quantity > 45 ORDER BY l_orderkey, l_extendedprice";
+    let device_plan = plan(&ctx, sql).await;
+    let shown = text(&device_plan);
+    assert!(shown.contains("DeviceFilterExec"), "{shown}");
+    let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
+    let want = common::session(data)
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+    let up = metric(&device_plan, "DeviceLoadExec", "bytes_to_device");
+    let down = metric(&device_plan, "DeviceUnloadExec", "bytes_from_device");
+    assert!(
+        metric(&device_plan, "DeviceUnloadExec", "compacted_batches") > 0,
+        "{shown}"
+    );
+    assert!(down * 5 < up, "{down} bytes down for {up} up");
+}

@@ -314,6 +314,81 @@ pub fn select_deferred(
     Ok((column, PendingCheck::default()))
 }
 
+/// Whether [`compact`] moves a column of this type on the device.
+fn compactable(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Date32
+            | DataType::Decimal128(..)
+    )
+}
+
+/// The rows `frame`'s pending selection keeps, moved to the front on the device, so
+/// that an unload brings back only them (the fewest bytes cross the link), not every row
+/// for the host to filter after the download.
+///
+/// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
+/// - `Ok(Some(None))`: no row is kept (nothing to bring back);
+/// - `Ok(None)`: not here: no selection, a column of a type the device does not compact
+///   (strings, booleans, nested types: the host filters them after the download), or a
+///   decimal beyond 64 bits.
+///
+/// On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's scan, with one
+/// read-back (the kept row count); on the CPU device the same steps on the host.
+///
+/// # Errors
+/// The device's errors.
+pub fn compact(
+    frame: &DeviceFrame,
+    device: &ExecDevice,
+) -> Result<Option<Option<DeviceFrame>>, BoxError> {
+    let Some(selection) = frame.selection() else {
+        return Ok(None);
+    };
+    if frame.num_rows() == 0
+        || !frame
+            .schema()
+            .fields()
+            .iter()
+            .all(|f| compactable(f.data_type()))
+    {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = device.cuda() {
+        return cuda::compact(frame, selection, cuda, device);
+    }
+    check_cpu(device)?;
+    let keep = host::selection(frame)?;
+    let kept = keep.iter().filter(|k| **k != 0).count();
+    if kept == 0 {
+        return Ok(Some(None));
+    }
+    let mut columns = Vec::with_capacity(frame.columns().len());
+    for (column, field) in frame.columns().iter().zip(frame.schema().fields()) {
+        let Ok(lanes) = host::load(column, field.name()) else {
+            return Ok(None);
+        };
+        let values: Vec<Option<i64>> = (0..frame.num_rows())
+            .filter(|i| keep[*i] != 0)
+            .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))
+            .collect();
+        columns.push(aggregate::values_array(
+            &values,
+            field.data_type(),
+            field.name(),
+        )?);
+    }
+    let batch = RecordBatch::try_new(frame.schema().clone(), columns)?;
+    let (array, _schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
+    let batch = DeviceBatch::import(device.device().clone(), array, batch.schema())?;
+    Ok(Some(Some(DeviceFrame::from_batch(batch))))
+}
+
 /// An `AggregateExec` in `Partial` mode compiled for the device: per batch, the groups
 /// and their partial states, read back as a host batch of the aggregate's own schema.
 #[derive(Debug, Clone)]

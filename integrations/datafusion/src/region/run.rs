@@ -80,6 +80,7 @@ struct UnloadMetrics {
     unload_time: Time,
     load_wait: Time,
     slot_wait: Time,
+    compacted_batches: Count,
 }
 
 impl UnloadMetrics {
@@ -90,6 +91,7 @@ impl UnloadMetrics {
             unload_time: MetricBuilder::new(metrics).subset_time("unload_time", partition),
             load_wait: MetricBuilder::new(metrics).subset_time("load_wait", partition),
             slot_wait: MetricBuilder::new(metrics).subset_time("slot_wait", partition),
+            compacted_batches: MetricBuilder::new(metrics).counter("compacted_batches", partition),
         }
     }
 }
@@ -474,7 +476,11 @@ impl OperatorThread {
     /// the region is thus reserved as an uploaded one is (its peak, operator by
     /// operator), and a refusal ends the partition with [`DeviceExecError::Memory`].
     fn reserve_frame(&self, frame: &DeviceFrame, held: &mut usize) -> Result<()> {
-        let live = frame.device_bytes();
+        self.reserve_bytes(frame.device_bytes(), held)
+    }
+
+    /// Grows the batch's reservation to `live` bytes where that is more than `held`.
+    fn reserve_bytes(&self, live: usize, held: &mut usize) -> Result<()> {
         if live <= *held {
             return Ok(());
         }
@@ -550,15 +556,31 @@ impl OperatorThread {
             RegionBatch::Host(batch) => Ok(batch),
             RegionBatch::Device(frame) => {
                 let timer = self.metrics.unload_time.timer();
-                let mut transfer = lease.download();
-                let host = frame.download(&mut transfer).map_err(|source| {
+                let unload_error = |source| {
                     DataFusionError::External(Box::new(DeviceExecError::Operator {
                         operator: "DeviceUnloadExec".into(),
                         partition: self.partition,
                         batch: index,
                         source,
                     }))
-                })?;
+                };
+                // Only the rows a pending selection keeps cross the link, where the
+                // device compacts the frame's columns.
+                let frame = match crate::compute::compact(&frame, device).map_err(unload_error)? {
+                    Some(Some(kept)) => {
+                        self.reserve_bytes(frame.device_bytes() + kept.device_bytes(), held)?;
+                        self.metrics.compacted_batches.add(1);
+                        kept
+                    }
+                    Some(None) => {
+                        self.metrics.compacted_batches.add(1);
+                        timer.done();
+                        return Ok(RecordBatch::new_empty(frame.schema().clone()));
+                    }
+                    None => frame,
+                };
+                let mut transfer = lease.download();
+                let host = frame.download(&mut transfer).map_err(unload_error)?;
                 let stats = transfer.take_stats().to_host;
                 drop(transfer);
                 self.metrics.bytes_from_device.add(stats.bytes as usize);
