@@ -411,3 +411,164 @@ fn q1_and_q6_regions_on_cuda_are_datafusions() {
     });
     no_leak_once_released(&check, "Q1 and Q6 regions on CUDA");
 }
+
+/// The best of `runs` wall times of `f`, in seconds.
+fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
+    (0..runs)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Figures of device regions on CUDA, printed (run it with `--nocapture`); it asserts
+/// results only. Not a benchmark (criterion's `benches/tpch.rs` is, where Rust is
+/// built): the numbers the GPU proof (`ci/gpu/proof`) brings back for issue 39, each
+/// beside its peer of the same run.
+///
+/// - TPC-H Q1 and Q6 at `DEVARROW_TPCH_SCALE` (default SF 1; 0.01 on the emulated
+///   driver), DataFusion alone and with one region each, planned outside the timing,
+///   best of 3 each;
+/// - the transitions alone (a region of no operator over Q1's scan: coalesce, upload,
+///   download into pinned memory), best of 3, beside one pinned copy of the same bytes
+///   each way (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from the device's reserved
+///   pinned memory): the issue's goal is the round trip at 0.85x or more of the pinned
+///   copies' round trip.
+#[test]
+fn tpch_regions_on_cuda_figures() {
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::physical_plan::execute_stream;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    use devarrow::abi::device::Device;
+    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+    use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
+    use devarrow_datafusion::rule::DeviceOperatorRegistry;
+    use devarrow_datafusion::DevicePlacementRule;
+    use devarrow_testing::gpu::EmulatedDriver;
+
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let emulated = EmulatedDriver::find().is_some();
+    let scale: f64 = std::env::var("DEVARROW_TPCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if emulated { 0.01 } else { 1.0 });
+    let partitions = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    let rt = runtime();
+    let pool = Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), 4).unwrap());
+    let data = lineitem(scale, partitions, 8192);
+    let plain = session(data.clone());
+    let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
+        .with_placement(DevicePlacement::Pools(vec![pool.clone()]));
+    let config = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_option_extension(DevarrowConfig::default());
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(rule))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    register_lineitem(&ctx, data);
+    let plan_of = |ctx: &SessionContext, sql: &str| -> Arc<dyn ExecutionPlan> {
+        rt.block_on(async { ctx.sql(sql).await?.create_physical_plan().await })
+            .unwrap()
+    };
+    let drain =
+        |plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext| -> Vec<arrow_array::RecordBatch> {
+            rt.block_on(collect(plan, ctx.task_ctx())).unwrap()
+        };
+    println!(
+        "figures: TPC-H SF {scale}, {partitions} partitions, cuda:0 ({}), 4 slots",
+        if emulated {
+            "EMULATED driver: results only, never quote"
+        } else {
+            "real driver"
+        }
+    );
+    for q in [1, 6] {
+        let sql = tpch::query(q);
+        let want = drain(plan_of(&plain, sql), &plain);
+        let got = drain(plan_of(&ctx, sql), &ctx);
+        assert_eq!(rows(&got), rows(&want), "Q{q}");
+        let host = best_of(3, || {
+            drain(plan_of(&plain, sql), &plain);
+        });
+        let mut plans: Vec<_> = (0..3).map(|_| plan_of(&ctx, sql)).collect();
+        let device = best_of(3, || {
+            drain(plans.pop().unwrap(), &ctx);
+        });
+        println!(
+            "figures: Q{q}: DataFusion alone {:.1} ms, one region on cuda:0 {:.1} ms ({:.2}x)",
+            host * 1e3,
+            device * 1e3,
+            host / device
+        );
+    }
+
+    // The transitions alone, beside the pinned copies of the same bytes.
+    let scan = plan_of(
+        &plain,
+        "select l_quantity, l_extendedprice, l_discount, l_tax, l_returnflag, \
+         l_linestatus, l_shipdate from lineitem",
+    );
+    let bytes: usize = drain(scan.clone(), &plain)
+        .iter()
+        .flat_map(|b| b.columns().iter())
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum();
+    let region = || -> Arc<dyn ExecutionPlan> {
+        Arc::new(
+            DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::with_placement(
+                scan.clone(),
+                DevicePlacement::Pools(vec![pool.clone()]),
+            )))
+            .unwrap(),
+        )
+    };
+    let round_trip = best_of(3, || {
+        rt.block_on(async {
+            let mut stream = execute_stream(region(), ctx.task_ctx()).unwrap();
+            while let Some(batch) = stream.next().await {
+                drop(batch.unwrap());
+            }
+        })
+    });
+    let device: &dyn Device = cuda.as_ref();
+    device.reserve_staging(bytes).unwrap();
+    let mut host = device.allocate_staging(bytes).unwrap();
+    let on_device = device.allocate(bytes).unwrap();
+    let src = host.as_mut_slice().as_mut_ptr();
+    let h2d = best_of(3, || {
+        // SAFETY: `host` (pinned, `bytes` long) and `on_device` (`bytes` long) outlive
+        // the copy, waited for before the closure returns.
+        unsafe { device.copy_to_device(src, on_device.address(), bytes) }.unwrap();
+        device.record_event().unwrap().wait_host().unwrap();
+    });
+    let d2h = best_of(3, || {
+        // SAFETY: as above, the other way.
+        unsafe { device.copy_to_host(on_device.address(), src, bytes) }.unwrap();
+        device.record_event().unwrap().wait_host().unwrap();
+    });
+    drop((host, on_device));
+    let gbs = |t: f64| bytes as f64 / t / 1e9;
+    println!(
+        "figures: transitions: Q1's scan, {:.1} MiB up and down: {:.1} ms ({:.1} GB/s); \
+         pinned copies of the same bytes: host to device {:.1} GB/s, device to host {:.1} \
+         GB/s, their round trip {:.1} ms; the transitions at {:.2}x of the pinned round trip",
+        bytes as f64 / (1 << 20) as f64,
+        round_trip * 1e3,
+        gbs(round_trip),
+        gbs(h2d),
+        gbs(d2h),
+        (h2d + d2h) * 1e3,
+        (h2d + d2h) / round_trip
+    );
+    drop((ctx, plain, pool));
+    no_leak_once_released(&check, "the figures' regions on CUDA");
+}
