@@ -872,6 +872,102 @@ pub async fn check_compact(device: &ExecDevice) {
     assert!(compact(&upload(&fixed, device), device).unwrap().is_none());
 }
 
+/// String predicates over a `Utf8View` column (`=`, `<>`, `IN`, `NOT IN` against
+/// literals of at most 12 bytes), with nulls, values longer than 12 bytes and a slice,
+/// select DataFusion's rows; a longer literal says why it stays on the host.
+pub async fn check_string_predicates(device: &ExecDevice) {
+    let n = 60;
+    let modes = ["AIR", "REG AIR", "MAIL", "SHIP", "TRUCK", "FOB", "RAIL"];
+    let s = arrow_array::StringViewArray::from(
+        (0..n)
+            .map(|i| match i % 9 {
+                4 => None,
+                7 => Some("a mode much longer than twelve bytes".to_string()),
+                8 => Some(String::new()),
+                _ => Some(modes[i % modes.len()].to_string()),
+            })
+            .collect::<Vec<_>>(),
+    );
+    let x = Int32Array::from((0..n as i32).map(|i| i - 30).collect::<Vec<_>>());
+    let batch =
+        RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("x", Arc::new(x))]).unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    ctx.register_table("v", Arc::new(table)).unwrap();
+    for text in [
+        "s = 'AIR'",
+        "'MAIL' = s",
+        "s <> 'SHIP'",
+        "s = ''",
+        "s IN ('AIR', 'REG AIR', 'FOB')",
+        "s NOT IN ('AIR', 'TRUCK')",
+        "s = 'AIR' AND x > 0",
+        "s IN ('RAIL') OR x < -20",
+        "x IN (-3, 7, 12)",
+        "x NOT IN (0, 1, 29)",
+    ] {
+        let plan = ctx
+            .sql(&format!("SELECT ({text}) AS p FROM v"))
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let node = find::<ProjectionExec>(&plan).unwrap();
+        let projection = node.downcast_ref::<ProjectionExec>().unwrap();
+        let e = projection.expr()[0].expr.clone();
+        let schema = projection.input().schema();
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("{text} compiles for the device: {u:?}"));
+        // The projection's input: the columns the predicate reads.
+        let read: Vec<usize> = schema
+            .fields()
+            .iter()
+            .map(|f| batch.schema().index_of(f.name()).unwrap())
+            .collect();
+        let input = batch.project(&read).unwrap();
+        for batch in [input.clone(), input.slice(5, 41)] {
+            let want = e
+                .evaluate(&batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+            let frame = upload(&batch, device);
+            let mask = download(&select(&compiled, &frame, device).unwrap(), device);
+            let mask = mask.as_any().downcast_ref::<UInt8Array>().unwrap();
+            for i in 0..batch.num_rows() {
+                assert_eq!(
+                    mask.value(i) == 1,
+                    want.is_valid(i) && want.value(i),
+                    "{text} row {i}"
+                );
+            }
+        }
+    }
+    let plan = ctx
+        .sql("SELECT (s = 'a literal longer than twelve') AS p FROM v")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let node = find::<ProjectionExec>(&plan).unwrap();
+    let projection = node.downcast_ref::<ProjectionExec>().unwrap();
+    let refused = DeviceExpr::compile(&projection.expr()[0].expr, &projection.input().schema());
+    assert!(
+        matches!(&refused, Err(Unsupported(why)) if why.contains("longer than 12 bytes")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn string_predicates_are_datafusions() {
+    if own_tests() {
+        check_string_predicates(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn selections_compact_on_the_device() {
     if own_tests() {

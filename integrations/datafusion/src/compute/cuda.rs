@@ -44,6 +44,7 @@ struct Kernels {
     accumulate: CudaFunction,
     gather_groups: CudaFunction,
     compact_lanes: CudaFunction,
+    view_in: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -81,6 +82,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         accumulate: f("accumulate")?,
         gather_groups: f("gather_groups")?,
         compact_lanes: f("compact_lanes")?,
+        view_in: f("view_in")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
@@ -247,6 +249,55 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
     let s = cx.stream;
     match node {
         Node::Column { index, name, .. } => load(cx, frame_column(frame, *index, name)?, name, err),
+        Node::StrIn {
+            index,
+            name,
+            words,
+            negated,
+        } => {
+            let column = frame_column(frame, *index, name)?;
+            let c = column.column();
+            if c.data_type() != &DataType::Utf8View {
+                return Err(ComputeError::Input(format!(
+                    "column `{name}` is {}, not Utf8View",
+                    c.data_type()
+                ))
+                .into());
+            }
+            let views = c.buffer(1).ok_or("a view column without views")?;
+            if (views.len() as u64) < ((c.offset() + n) as u64) * 16 {
+                return Err(ComputeError::Input(format!(
+                    "column `{name}`: a views buffer too short"
+                ))
+                .into());
+            }
+            aligned(views.address(), 8, name)?;
+            let views = views.cuda_view::<u8>(s)?;
+            let bitmap = c.cuda_validity(s)?;
+            let flat: Vec<u64> = words.iter().flatten().copied().collect();
+            let words_on_device = s.clone_htod(&flat)?;
+            let out = Lanes {
+                values: cx.zeros::<i64>(n)?,
+                valid: cx.zeros::<u8>(n)?,
+            };
+            cx.launch(
+                &cx.k.view_in,
+                n,
+                &[
+                    A::U64(views.device_ptr()),
+                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+                    A::U64(c.offset() as u64),
+                    A::U64(n as u64),
+                    A::U64(addr(&words_on_device, s)),
+                    A::U64(words.len() as u64),
+                    A::U32(u32::from(*negated)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                ],
+            )?;
+            drop((views, bitmap, words_on_device));
+            Ok(out)
+        }
         Node::Literal(v) => {
             let out = Lanes {
                 values: cx.zeros::<i64>(n)?,

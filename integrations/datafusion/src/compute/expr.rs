@@ -9,8 +9,8 @@ use arrow_schema::{DataType, Schema};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr, NotExpr,
-    TryCastExpr,
+    BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr,
+    NotExpr, TryCastExpr,
 };
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
@@ -71,6 +71,17 @@ pub(crate) enum Node {
         rmul: i64,
         lo: i64,
         hi: i64,
+    },
+    /// Whether a `Utf8View` column's value is one of `words` (`col = 'x'`, `col IN ('x',
+    /// 'y')`, negated for `<>` and `NOT IN`): each literal as the 16 bytes of its view
+    /// (length, then its at most 12 bytes inline, zero-padded), which a value's view
+    /// equals exactly when the value equals the literal (a longer value's length differs).
+    /// A null value gives null.
+    StrIn {
+        index: usize,
+        name: String,
+        words: Vec<[u64; 2]>,
+        negated: bool,
     },
     /// A unary operation ([`op::NOT`], [`op::IS_NULL`], [`op::IS_NOT_NULL`],
     /// [`op::CAST`]: `v * mul` checked against `[lo, hi]`, `on_fail` when not).
@@ -169,7 +180,13 @@ fn compile_node(
         return literal_node(literal.value());
     }
     if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+        if let Some(node) = string_equality(binary, input)? {
+            return Ok(node);
+        }
         return binary_node(binary, input, data_type);
+    }
+    if let Some(in_list) = expr.downcast_ref::<InListExpr>() {
+        return string_in_list(in_list.expr(), in_list.list(), in_list.negated(), input);
     }
     if let Some(not) = expr.downcast_ref::<NotExpr>() {
         let (input_node, t) = compile(not.arg(), input)?;
@@ -221,6 +238,109 @@ fn compile_node(
         )));
     }
     Err(Unsupported(format!("`{expr}` has no device kernel")))
+}
+
+/// The view words of a string literal of at most 12 bytes (`None`: not a string
+/// literal; an error: a longer one, or null).
+fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<[u64; 2]>, Unsupported> {
+    let Some(literal) = expr.downcast_ref::<Literal>() else {
+        return Ok(None);
+    };
+    let text = match literal.value() {
+        ScalarValue::Utf8(v) | ScalarValue::Utf8View(v) | ScalarValue::LargeUtf8(v) => v,
+        _ => return Ok(None),
+    };
+    let Some(text) = text else {
+        return Err(Unsupported(
+            "a null string literal has no device kernel".into(),
+        ));
+    };
+    super::host::string_key(text.as_bytes())
+        .map(Some)
+        .ok_or_else(|| {
+            Unsupported(format!(
+                "the string literal '{text}' is longer than 12 bytes (no device kernel)"
+            ))
+        })
+}
+
+/// A `Utf8View` column of the input (`None`: not a column, or another type).
+fn view_column(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(usize, String)> {
+    let column = expr.downcast_ref::<Column>()?;
+    let field = input.fields().get(column.index())?;
+    (field.data_type() == &DataType::Utf8View).then(|| (column.index(), column.name().into()))
+}
+
+/// `col = 'x'`, `'x' = col`, `col <> 'x'` over a `Utf8View` column.
+fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, Unsupported> {
+    let negated = match binary.op() {
+        Operator::Eq => false,
+        Operator::NotEq => true,
+        _ => return Ok(None),
+    };
+    let (column, literal) = match view_column(binary.left(), input) {
+        Some(c) => (c, binary.right()),
+        None => match view_column(binary.right(), input) {
+            Some(c) => (c, binary.left()),
+            None => return Ok(None),
+        },
+    };
+    let Some(word) = string_literal(literal)? else {
+        return Ok(None);
+    };
+    Ok(Some(Node::StrIn {
+        index: column.0,
+        name: column.1,
+        words: vec![word],
+        negated,
+    }))
+}
+
+/// `col IN ('x', 'y', ...)` and `NOT IN` over a `Utf8View` column.
+fn string_in_list(
+    expr: &Arc<dyn PhysicalExpr>,
+    list: &[Arc<dyn PhysicalExpr>],
+    negated: bool,
+    input: &Schema,
+) -> Result<Node, Unsupported> {
+    let Some((index, name)) = view_column(expr, input) else {
+        // Numbers: `x = a OR x = b ...` (NOT of it for NOT IN), which has IN's
+        // three-valued logic for a list of non-null literals.
+        if list.is_empty()
+            || list
+                .iter()
+                .any(|item| item.downcast_ref::<Literal>().is_none())
+        {
+            return Err(Unsupported(format!(
+                "`{expr} IN (...)` has no device kernel (a list of literals only)"
+            )));
+        }
+        let equal = |item: &Arc<dyn PhysicalExpr>| -> Arc<dyn PhysicalExpr> {
+            Arc::new(BinaryExpr::new(expr.clone(), Operator::Eq, item.clone()))
+        };
+        let mut any = equal(&list[0]);
+        for item in &list[1..] {
+            any = Arc::new(BinaryExpr::new(any, Operator::Or, equal(item)));
+        }
+        if negated {
+            any = Arc::new(NotExpr::new(any));
+        }
+        return compile(&any, input).map(|(node, _)| node);
+    };
+    let mut words = Vec::with_capacity(list.len());
+    for item in list {
+        words.push(
+            string_literal(item)?.ok_or_else(|| {
+                Unsupported(format!("`{item}` in an IN list has no device kernel"))
+            })?,
+        );
+    }
+    Ok(Node::StrIn {
+        index,
+        name,
+        words,
+        negated,
+    })
 }
 
 fn unary(op: u32, input: Node) -> Node {
@@ -398,7 +518,7 @@ impl Node {
             Node::Column { data_type, .. } => {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
-            Node::Literal(_) => false,
+            Node::Literal(_) | Node::StrIn { .. } => false,
             Node::Binary {
                 op,
                 left,
@@ -422,7 +542,7 @@ impl Node {
     /// Whether it may be null where its columns are not (a null literal, a safe cast).
     pub(crate) fn introduces_nulls(&self) -> bool {
         match self {
-            Node::Column { .. } => false,
+            Node::Column { .. } | Node::StrIn { .. } => false,
             Node::Literal(v) => v.is_none(),
             Node::Binary { left, right, .. } => left.introduces_nulls() || right.introduces_nulls(),
             Node::Unary {
@@ -438,7 +558,7 @@ impl Node {
     /// The columns it reads (indices in the compiled schema, with names).
     pub(crate) fn columns<'a>(&'a self, out: &mut Vec<(usize, &'a str)>) {
         match self {
-            Node::Column { index, name, .. } => {
+            Node::Column { index, name, .. } | Node::StrIn { index, name, .. } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));
                 }

@@ -200,6 +200,22 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
     let n = frame.num_rows();
     match node {
         Node::Column { index, name, .. } => load(frame_column(frame, *index, name)?, name),
+        Node::StrIn {
+            index,
+            name,
+            words,
+            negated,
+        } => {
+            let (keys, valid) =
+                string_words(frame_column(frame, *index, name)?, name, Some(LONG_STRING))?;
+            Ok(Lanes {
+                values: keys
+                    .iter()
+                    .map(|k| i64::from(words.contains(k) != *negated))
+                    .collect(),
+                valid,
+            })
+        }
         Node::Literal(v) => Ok(Lanes {
             values: vec![v.unwrap_or(0); n],
             valid: v.is_none().then(|| vec![0; n]),
@@ -340,8 +356,22 @@ pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
     ])
 }
 
-/// The key words of a `Utf8View` or `Utf8` column, per row, and its validity.
+/// What a string of more than 12 bytes is among [`string_words`]' words: a length no
+/// view of at most 12 bytes has, so it equals none of them.
+pub(crate) const LONG_STRING: [u64; KEY_WORDS] = [u64::MAX; KEY_WORDS];
+
+/// The key words of a `Utf8View` or `Utf8` column, per row, and its validity; a string
+/// of more than 12 bytes is an error.
 pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, BoxError> {
+    string_words(column, name, None)
+}
+
+/// [`string_keys`], a string of more than 12 bytes given `long` instead where it is set.
+pub(crate) fn string_words(
+    column: &FrameColumn,
+    name: &str,
+    long: Option<[u64; KEY_WORDS]>,
+) -> Result<KeyWords, BoxError> {
     ready(column)?;
     let c = column.column();
     let valid = validity(&c)?;
@@ -367,8 +397,11 @@ pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, 
                     continue;
                 }
                 let l = u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize;
-                let key = string_key(view.get(4..4 + l).ok_or_else(|| too_long(i, l))?)
-                    .ok_or_else(|| too_long(i, l))?;
+                let key = match (view.get(4..4 + l).and_then(string_key), long) {
+                    (Some(key), _) => key,
+                    (None, Some(long)) => long,
+                    (None, None) => return Err(too_long(i, l)),
+                };
                 keys.push(key);
             }
         }
@@ -391,7 +424,11 @@ pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, 
                 }
                 let (start, end) = (at(offset + i)?, at(offset + i + 1)?);
                 let bytes = data.get(start..end).ok_or("a Utf8 data buffer too short")?;
-                keys.push(string_key(bytes).ok_or_else(|| too_long(i, bytes.len()))?);
+                keys.push(match (string_key(bytes), long) {
+                    (Some(key), _) => key,
+                    (None, Some(long)) => long,
+                    (None, None) => return Err(too_long(i, bytes.len())),
+                });
             }
         }
         other => return Err(ComputeError::Input(format!("a string key of type {other}")).into()),
