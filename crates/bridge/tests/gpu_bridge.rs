@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory};
+use devarrow_abi::device::{CopyCounter, Device, DeviceMemory, StagingMemory};
 use devarrow_abi::ArrowDeviceType;
 use devarrow_bridge::{
     device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,

@@ -18,7 +18,7 @@ use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Fields};
 use common::libcudf::{check_round_trip, input, null_counts, round_trips, rows};
 use common::{count_releases, releases};
-use devarrow_abi::device::{CpuDevice, Device, LinkModel};
+use devarrow_abi::device::{CopyCounter, CpuDevice, Device, LinkModel};
 use devarrow_abi::ffi::ArrowArray;
 use devarrow_abi::{cpu, DeviceArray, Error};
 use devarrow_bridge::{DeviceBatch, ExportOptions, Transfer, TransferOptions};

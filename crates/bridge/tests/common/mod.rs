@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use devarrow_abi::device::{
-    CpuDevice, Device, DeviceCopy, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice,
-    StagingMemory, SyncEvent,
+    CopyCounter, CpuDevice, Device, DeviceCopy, DeviceMemory, DeviceToHost, HostRegistration,
+    HostToDevice, StagingMemory, SyncEvent,
 };
 use devarrow_abi::{ArrowDeviceType, Error};
 use devarrow_cuda::CudaDevice;
@@ -97,7 +97,7 @@ pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
 /// (otherwise it reports none, as the trait's default does).
 #[derive(Debug)]
 pub struct InstrumentedDevice {
-    inner: Arc<dyn Device>,
+    inner: Arc<dyn CountedDevice>,
     /// `(device type, device id)` to report instead of the inner device's.
     pub pose_as: Option<(ArrowDeviceType, i64)>,
     /// Refuse every `allocate` from this many on.
@@ -134,6 +134,19 @@ pub struct InstrumentedDevice {
     on_device_bytes: AtomicU64,
 }
 
+/// A device that counts its host-device copies: what [`InstrumentedDevice`] wraps (the
+/// CPU and CUDA devices are).
+pub trait CountedDevice: Device + CopyCounter {}
+
+impl<T: Device + CopyCounter + ?Sized> CountedDevice for T {}
+
+/// The inner device's count.
+impl CopyCounter for InstrumentedDevice {
+    fn copy_count(&self) -> u64 {
+        self.inner.copy_count()
+    }
+}
+
 impl Default for InstrumentedDevice {
     fn default() -> Self {
         Self::wrapping(Arc::new(CpuDevice::new()))
@@ -146,7 +159,7 @@ impl InstrumentedDevice {
         Arc::new(Self::default())
     }
     /// Instruments `inner`.
-    pub fn wrapping(inner: Arc<dyn Device>) -> Self {
+    pub fn wrapping(inner: Arc<dyn CountedDevice>) -> Self {
         Self {
             inner,
             pose_as: None,
@@ -494,9 +507,6 @@ unsafe impl Device for InstrumentedDevice {
     fn synchronize(&self) -> devarrow_abi::Result<()> {
         self.synchronizations.fetch_add(1, Ordering::SeqCst);
         self.inner.synchronize()
-    }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
     }
     fn kernels(&self) -> Option<&dyn devarrow_abi::device::DeviceKernels> {
         self.inner.kernels()

@@ -8,11 +8,18 @@ use std::time::{Duration, Instant};
 use crate::baseline::{BufferByBuffer, RawCopy};
 use arrow_array::RecordBatch;
 use devarrow::abi::device::copy::{copy_bytes, Stores};
-use devarrow::abi::device::{Device, HostPool};
+use devarrow::abi::device::{CopyCounter, Device, HostPool, MemoryPoolPolicy};
 use devarrow::bridge::{DeviceBatch, StageTimes, Transfer, TransferOptions};
 
 use super::progress::Stage;
 use super::JobError;
+
+/// A device as the job measures it: a [`Device`] whose pool the job sizes
+/// ([`MemoryPoolPolicy`]) and whose copies it counts ([`CopyCounter`]). The CPU and CUDA
+/// devices are.
+pub trait JobDevice: Device + MemoryPoolPolicy + CopyCounter {}
+
+impl<T: Device + MemoryPoolPolicy + CopyCounter + ?Sized> JobDevice for T {}
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -677,12 +684,13 @@ pub fn steps(reps: usize) -> u64 {
 /// the CPU device the "device" memory is host memory too): the device copy and the
 /// batches brought back, then the raw copies' device buffer and one host buffer.
 pub fn measure_point(
-    device: &Arc<dyn Device>,
+    measured: &Arc<dyn JobDevice>,
     batches: &[RecordBatch],
     batch_rows: usize,
     reps: usize,
     stage: &Stage,
 ) -> Result<Point, JobError> {
+    let device: &Arc<dyn Device> = &(measured.clone() as Arc<dyn Device>);
     let sync = || {
         device
             .synchronize()
@@ -698,7 +706,7 @@ pub fn measure_point(
     // device's pool keeps it for reuse, as an engine moving this much per cycle would set
     // it to (by default a pool keeps 1 GiB: beyond it, every repetition's allocations
     // would fault in, or map, fresh memory, and cost more per byte the more there is).
-    device
+    measured
         .retain_freed_memory(Some(pool_retention(batches.iter())))
         .map_err(abi("sizing the device's memory pool"))?;
     let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
@@ -716,7 +724,7 @@ pub fn measure_point(
             sync()
         },
         |on_device| {
-            let before = device.copy_count();
+            let before = measured.copy_count();
             on_device.extend(
                 transfer
                     .to_device_batches(batches)
@@ -728,7 +736,7 @@ pub fn measure_point(
                     .wait_host()
                     .map_err(abi("waiting for a transfer"))?;
             }
-            copies = device.copy_count() - before;
+            copies = measured.copy_count() - before;
             stages.push(transfer.take_stats().to_device);
             Ok(())
         },
@@ -776,13 +784,13 @@ pub fn measure_point(
             Ok(())
         },
         |back| {
-            let before = device.copy_count();
+            let before = measured.copy_count();
             back.extend(
                 transfer
                     .to_host_batches(&on_device)
                     .map_err(abi("moving the batches back to the host"))?,
             );
-            copies = device.copy_count() - before;
+            copies = measured.copy_count() - before;
             let stats = transfer.take_stats();
             stages.push(stats.to_host);
             landed = (stats.pinned_downloads, stats.pageable_downloads);
@@ -810,7 +818,7 @@ pub fn measure_point(
         note: transfer.host_memory_note().map(str::to_string),
     });
     // The pool back to its default before the batches' memory is freed into it.
-    device
+    measured
         .retain_freed_memory(None)
         .map_err(abi("sizing the device's memory pool"))?;
     drop((back, on_device, transfer));
@@ -1043,7 +1051,7 @@ fn all_at_once<'a>(
 /// together; host to device, then device to host. Checks that every batch comes back
 /// equal. Every repetition (all devices) is a step of `stage` (see [`several_steps`]).
 pub fn measure_several(
-    devices: &[(String, Arc<dyn Device>)],
+    devices: &[(String, Arc<dyn JobDevice>)],
     batches: &[RecordBatch],
     reps: usize,
     stage: &Stage,
@@ -1240,7 +1248,7 @@ mod tests {
 
     #[test]
     fn every_method_both_ways_on_the_cpu_device() {
-        let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+        let device: Arc<dyn JobDevice> = Arc::new(CpuDevice::new());
         let batches = crate::tpch::lineitem(0.001, 2000);
         let stage = Stage::off();
         let point = measure_point(&device, &batches, 2000, 2, &stage).unwrap();
@@ -1279,9 +1287,9 @@ mod tests {
 
     #[test]
     fn several_devices_at_once_on_cpu_devices() {
-        let devices: Vec<(String, Arc<dyn Device>)> = (0..3)
+        let devices: Vec<(String, Arc<dyn JobDevice>)> = (0..3)
             .map(|i| {
-                let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+                let device: Arc<dyn JobDevice> = Arc::new(CpuDevice::new());
                 (format!("cpu:{i}"), device)
             })
             .collect();

@@ -576,25 +576,6 @@ unsafe impl Device for CudaDevice {
         Ok(())
     }
 
-    /// The release threshold of devarrow's pool of the device
-    /// ([`crate::pool::set_policy`]), for every handle on the device.
-    fn retain_freed_memory(&self, bytes: Option<usize>) -> devarrow_abi::Result<()> {
-        let device = self.primary_context();
-        if !device.supports_memory_pools() {
-            return Ok(());
-        }
-        self.bind()?;
-        let ctx = device.context();
-        let mut policy = crate::pool::policy(ctx.ordinal());
-        policy.release_threshold = bytes.map(|b| b as u64);
-        crate::pool::set_policy(ctx, policy)?;
-        Ok(())
-    }
-
-    fn copy_count(&self) -> u64 {
-        self.copies.load(Ordering::Relaxed)
-    }
-
     /// [`CudaDeviceOptions::register_pageable`], unless the driver said registering is
     /// not supported here.
     ///

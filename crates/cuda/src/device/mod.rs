@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
-use devarrow_abi::device::SyncEvent;
+use devarrow_abi::device::{CopyCounter, MemoryPoolPolicy, SyncEvent};
 
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
@@ -66,7 +66,7 @@ use event::EventPool;
 /// `sync_event` points to) and wait for it.
 ///
 /// ```
-/// use devarrow_abi::device::Device;
+/// use devarrow_abi::device::{CopyCounter, Device};
 /// use devarrow_cuda::{CudaDevice, CudaDeviceOptions, CudaError, HostWait};
 ///
 /// # fn main() -> devarrow_cuda::Result<()> {
@@ -789,9 +789,32 @@ impl CudaDevice {
     }
 }
 
+impl CopyCounter for CudaDevice {
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+}
+
+impl MemoryPoolPolicy for CudaDevice {
+    /// The release threshold of devarrow's pool of the device
+    /// ([`crate::pool::set_policy`]), for every handle on the device.
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> devarrow_abi::Result<()> {
+        let device = self.primary_context();
+        if !device.supports_memory_pools() {
+            return Ok(());
+        }
+        self.bind()?;
+        let ctx = device.context();
+        let mut policy = crate::pool::policy(ctx.ordinal());
+        policy.release_threshold = bytes.map(|b| b as u64);
+        crate::pool::set_policy(ctx, policy)?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use devarrow_abi::device::Device;
+    use devarrow_abi::device::{CopyCounter, Device};
     use devarrow_abi::ArrowDeviceType;
 
     use super::*;
