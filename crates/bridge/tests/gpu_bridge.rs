@@ -122,6 +122,16 @@ fn the_libcudf_export_converts_on_cuda() {
     check.assert_no_leak("libcudf exports");
 }
 
+/// On CUDA too, the libcudf conversions wait once per level of nesting of the batch, not
+/// once per column.
+#[test]
+fn the_libcudf_conversions_wait_once_per_level_of_nesting_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let check = DeviceMemoryCheck::start(device.primary_context());
+    common::libcudf::check_waits_per_level(device.clone());
+    check.assert_no_leak("libcudf exports");
+}
+
 #[test]
 fn every_slice_of_every_type_round_trips_through_cuda() {
     let (_lock, device) = gpu_or_skip!();

@@ -122,6 +122,8 @@ pub struct InstrumentedDevice {
     batch_calls: AtomicU64,
     /// While set, `wait_host` fails on every event this device recorded (before or after).
     fail_waits: Arc<AtomicBool>,
+    /// Host waits on the events this device recorded.
+    event_waits: Arc<AtomicU64>,
     synchronizations: AtomicU64,
     allocations: AtomicUsize,
     events: AtomicUsize,
@@ -174,6 +176,7 @@ impl InstrumentedDevice {
             registered: AtomicUsize::new(0),
             batch_calls: AtomicU64::new(0),
             fail_waits: Arc::new(AtomicBool::new(false)),
+            event_waits: Arc::new(AtomicU64::new(0)),
             synchronizations: AtomicU64::new(0),
             allocations: AtomicUsize::new(0),
             events: AtomicUsize::new(0),
@@ -280,6 +283,11 @@ impl InstrumentedDevice {
     pub fn synchronizations(&self) -> u64 {
         self.synchronizations.load(Ordering::SeqCst)
     }
+    /// Times the host waited for the device so far: host waits on its events and calls
+    /// of `synchronize`.
+    pub fn host_waits(&self) -> u64 {
+        self.event_waits.load(Ordering::SeqCst) + self.synchronizations()
+    }
 }
 
 /// An event of an [`InstrumentedDevice`]: the inner device's, whose host wait fails while
@@ -288,6 +296,7 @@ impl InstrumentedDevice {
 struct FailableEvent {
     inner: Arc<dyn SyncEvent>,
     fail: Arc<AtomicBool>,
+    waits: Arc<AtomicU64>,
 }
 
 // SAFETY: waits on the wrapped event (or fails); the pointer is the wrapped event's.
@@ -296,6 +305,7 @@ unsafe impl SyncEvent for FailableEvent {
         self.inner.as_sync_event_ptr()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::Device {
                 device: "TEST",
@@ -498,6 +508,7 @@ unsafe impl Device for InstrumentedDevice {
         Ok(Arc::new(FailableEvent {
             inner: self.inner.record_event()?,
             fail: self.fail_waits.clone(),
+            waits: self.event_waits.clone(),
         }))
     }
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
