@@ -52,6 +52,7 @@ pub use crate::transfer::pack::DEFAULT_PARALLEL_MIN_BYTES;
 pub use crate::transfer::stages::{StageTimes, TransferStats};
 use landing::PinnedLanding;
 
+mod downloads;
 pub(crate) mod host;
 mod landing;
 // Unstable, hidden: public for devarrow's benches, tests and command only (see lib.rs).
