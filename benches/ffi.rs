@@ -124,7 +124,9 @@ fn device_export_import(c: &mut Criterion) {
 /// - a batch with a `Utf8View` column (mixed inline and long strings): the conversion
 ///   (sizes, scan, one gather of the bytes, narrowed offsets), beside its peer from the
 ///   same run, one device-to-device copy of the same number of bytes
-///   (`Device::copy_on_device`), the least a pass that writes them can cost.
+///   (`Device::copy_on_device`), the least a pass that writes them can cost;
+/// - a batch of 12 columns, views and large lists of views: two levels of sizes to read
+///   back, the host waits of one export printed (one per level, not one per column).
 fn libcudf_export(c: &mut Criterion) {
     use arrow_array::builder::StringViewBuilder;
     use devarrow::abi::device::DeviceCopy;
@@ -215,7 +217,187 @@ fn libcudf_export(c: &mut Criterion) {
             })
         },
     );
+
+    // Many columns over two levels of nesting: the conversions read their sizes back once
+    // per level for the whole batch, not once per column (printed once, then timed).
+    let columns = 12;
+    let nested_rows = (rows / columns).max(1);
+    let nested_batch = RecordBatch::try_from_iter((0..columns).map(|c| {
+        // every third column a large list of two views per row
+        let list = c % 3 == 2;
+        let mut views = StringViewBuilder::new();
+        for i in 0..if list { 2 * nested_rows } else { nested_rows } {
+            views.append_value(format!("column {c}, a string longer than inline, row {i}"));
+        }
+        let views: ArrayRef = Arc::new(views.finish());
+        let column: ArrayRef = if list {
+            Arc::new(arrow_array::LargeListArray::new(
+                Arc::new(arrow_schema::Field::new(
+                    "item",
+                    arrow_schema::DataType::Utf8View,
+                    true,
+                )),
+                arrow_buffer::OffsetBuffer::from_lengths(std::iter::repeat_n(2, nested_rows)),
+                views,
+                None,
+            ))
+        } else {
+            views
+        };
+        (format!("c{c}"), column)
+    }))
+    .unwrap();
+    let on_device = transfer.to_device(&nested_batch).unwrap();
+    on_device.event().wait_host().unwrap();
+    let waits = host_waits_of_libcudf_export(&device, &on_device);
+    println!(
+        "[ffi] for_libcudf of {columns} columns ({} of them lists of views: two levels of \
+         sizes to read back): {waits} host waits",
+        columns / 3
+    );
+    let nested_bytes: usize = (0..columns)
+        .map(|c| {
+            let values = if c % 3 == 2 {
+                2 * nested_rows
+            } else {
+                nested_rows
+            };
+            (0..values)
+                .map(|i| format!("column {c}, a string longer than inline, row {i}").len())
+                .sum::<usize>()
+        })
+        .sum();
+    group.throughput(Throughput::Bytes(nested_bytes as u64));
+    let shape = format!("{columns} columns, 2 levels/{nested_rows} rows");
+    group.bench_function(BenchmarkId::new("for_libcudf", &shape), |b| {
+        b.iter(|| {
+            let export = on_device.export_with(ExportOptions::for_libcudf()).unwrap();
+            device.synchronize().unwrap();
+            export
+        })
+    });
     group.finish();
+}
+
+/// How many times the host waits for the device in `batch.export_with(for_libcudf)`: the
+/// batch's plain export imported on a [`CountingWaits`] wrapper of `device`, whose export
+/// then runs the conversions.
+fn host_waits_of_libcudf_export(
+    device: &Arc<dyn devarrow::abi::device::Device>,
+    batch: &devarrow::bridge::DeviceBatch,
+) -> u64 {
+    use devarrow::bridge::{DeviceBatch, ExportOptions};
+    let counting = Arc::new(CountingWaits {
+        inner: device.clone(),
+        waits: Arc::default(),
+    });
+    let (array, schema) = batch.export().unwrap();
+    let imported = DeviceBatch::import_with_ffi_schema(counting.clone(), array, &schema).unwrap();
+    let before = counting.waits.load(std::sync::atomic::Ordering::SeqCst);
+    let export = imported.export_with(ExportOptions::for_libcudf()).unwrap();
+    let waits = counting.waits.load(std::sync::atomic::Ordering::SeqCst) - before;
+    drop(export);
+    device.synchronize().unwrap();
+    waits
+}
+
+/// A device counting the host's waits for it (on its events, and `synchronize`),
+/// forwarding everything to `inner`.
+#[derive(Debug)]
+struct CountingWaits {
+    inner: Arc<dyn devarrow::abi::device::Device>,
+    waits: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// An event of [`CountingWaits`]: its host waits counted.
+#[derive(Debug)]
+struct CountedEvent {
+    inner: Arc<dyn devarrow::abi::device::SyncEvent>,
+    waits: Arc<std::sync::atomic::AtomicU64>,
+}
+
+// SAFETY: the inner event's pointer; waits on the inner event.
+unsafe impl devarrow::abi::device::SyncEvent for CountedEvent {
+    fn as_sync_event_ptr(&self) -> *mut std::ffi::c_void {
+        self.inner.as_sync_event_ptr()
+    }
+    fn wait_host(&self) -> devarrow::abi::Result<()> {
+        self.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.wait_host()
+    }
+}
+
+// SAFETY: every call forwarded to the inner device, whose guarantees these are.
+unsafe impl devarrow::abi::device::Device for CountingWaits {
+    fn device_type(&self) -> devarrow::abi::ArrowDeviceType {
+        self.inner.device_type()
+    }
+    fn device_id(&self) -> i64 {
+        self.inner.device_id()
+    }
+    fn allocate(
+        &self,
+        len: usize,
+    ) -> devarrow::abi::Result<Arc<dyn devarrow::abi::device::DeviceMemory>> {
+        self.inner.allocate(len)
+    }
+    fn allocate_staging(
+        &self,
+        len: usize,
+    ) -> devarrow::abi::Result<Box<dyn devarrow::abi::device::StagingMemory>> {
+        self.inner.allocate_staging(len)
+    }
+    unsafe fn copy_to_device(
+        &self,
+        src: *const u8,
+        dst: *mut std::ffi::c_void,
+        len: usize,
+    ) -> devarrow::abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_device(src, dst, len) }
+    }
+    unsafe fn copy_to_host(
+        &self,
+        src: *const std::ffi::c_void,
+        dst: *mut u8,
+        len: usize,
+    ) -> devarrow::abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_to_host(src, dst, len) }
+    }
+    unsafe fn copy_on_device(
+        &self,
+        copies: &[devarrow::abi::device::DeviceCopy],
+    ) -> devarrow::abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.copy_on_device(copies) }
+    }
+    fn kernels(&self) -> Option<&dyn devarrow::abi::device::DeviceKernels> {
+        self.inner.kernels()
+    }
+    fn record_event(&self) -> devarrow::abi::Result<Arc<dyn devarrow::abi::device::SyncEvent>> {
+        Ok(Arc::new(CountedEvent {
+            inner: self.inner.record_event()?,
+            waits: self.waits.clone(),
+        }))
+    }
+    unsafe fn wait_sync_event(
+        &self,
+        sync_event: *mut std::ffi::c_void,
+    ) -> devarrow::abi::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.wait_sync_event(sync_event) }
+    }
+    fn synchronize(&self) -> devarrow::abi::Result<()> {
+        self.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.synchronize()
+    }
+    fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
+        self.inner.is_pinned(ptr, len)
+    }
+    fn host_accessible(&self) -> bool {
+        self.inner.host_accessible()
+    }
 }
 
 /// Issue #32, goal 8: the import (`DeviceBatch::import_with_ffi_schema`, CPU device) and

@@ -28,7 +28,10 @@ fn _capsule_counts() -> (u64, u64, u64) {
     capsule::counts()
 }
 
-/// The Python module.
+/// devarrow's extension module: Arrow data on a GPU and back. Use it through the
+/// ``devarrow`` package, which re-exports it and documents the round trip
+/// (``Device.to_device``, ``devarrow.from_device``) and the DLPack hand-off
+/// (``DeviceBatch.column(...).__dlpack__``).
 #[pymodule]
 fn _devarrow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

@@ -71,9 +71,6 @@ unsafe impl Device for Counting {
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
-    }
     fn is_pinned(&self, ptr: *const u8, len: usize) -> bool {
         self.inner.is_pinned(ptr, len)
     }

@@ -17,7 +17,7 @@ use arrow_array::{
 };
 use common::InstrumentedDevice;
 use devarrow_abi::cpu;
-use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_abi::device::{CopyCounter, CpuDevice, Device};
 use devarrow_bridge::pack::ramped_windows;
 use devarrow_bridge::plan::plan_array;
 use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};

@@ -21,7 +21,7 @@ use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field};
 use common::{count_releases, max_read_backs, releases, InstrumentedDevice};
 use devarrow_abi::cpu;
-use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_abi::device::{CopyCounter, CpuDevice, Device};
 use devarrow_abi::{slice_data, ArrowDeviceType, Error};
 use devarrow_bridge::{ColumnBuffer, DeviceBatch, DeviceColumn, Transfer, TransferOptions};
 use devarrow_testing::sample;

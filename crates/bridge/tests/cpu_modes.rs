@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
-use devarrow_abi::device::{CpuDevice, Device, HostPool, LinkModel};
+use devarrow_abi::device::{CopyCounter, CpuDevice, Device, HostPool, LinkModel};
 use devarrow_bridge::{pin_batch, DeviceBatch, Transfer, TransferOptions};
 use devarrow_testing::sample;
 

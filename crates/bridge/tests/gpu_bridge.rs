@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
-use devarrow_abi::device::{Device, DeviceMemory, StagingMemory};
+use devarrow_abi::device::{CopyCounter, Device, DeviceMemory, StagingMemory};
 use devarrow_abi::ArrowDeviceType;
 use devarrow_bridge::{
     device_batch_handler, export_reader_to_device, spawn_device_producer_into, DeviceBatch,
@@ -119,6 +119,16 @@ fn the_libcudf_export_converts_on_cuda() {
     let imported = DeviceBatch::import_with_ffi_schema(dyn_device.clone(), array, &schema).unwrap();
     common::libcudf::check_round_trip(&dyn_device, &imported, &batch);
     drop((imported, transfer));
+    check.assert_no_leak("libcudf exports");
+}
+
+/// On CUDA too, the libcudf conversions wait once per level of nesting of the batch, not
+/// once per column.
+#[test]
+fn the_libcudf_conversions_wait_once_per_level_of_nesting_on_cuda() {
+    let (_lock, device) = gpu_or_skip!();
+    let check = DeviceMemoryCheck::start(device.primary_context());
+    common::libcudf::check_waits_per_level(device.clone());
     check.assert_no_leak("libcudf exports");
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use devarrow_abi::device::Device;
+use devarrow_abi::device::{CopyCounter, Device};
 use devarrow_abi::Error;
 use devarrow_bridge::{DeviceBatch, ImportOptions, Transfer, TransferOptions};
 use devarrow_cuda::cudarc::driver::sys;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use common::gpu_or_skip;
-use devarrow_abi::device::Device;
+use devarrow_abi::device::{CopyCounter, Device};
 use devarrow_bridge::pinned::{pin_batch, pinned_bytes};
 use devarrow_bridge::{Transfer, TransferOptions};
 use devarrow_cuda::PinnedHostBuffer;

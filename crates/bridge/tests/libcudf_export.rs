@@ -18,7 +18,7 @@ use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Fields};
 use common::libcudf::{check_round_trip, input, null_counts, round_trips, rows};
 use common::{count_releases, releases};
-use devarrow_abi::device::{CpuDevice, Device, LinkModel};
+use devarrow_abi::device::{CopyCounter, CpuDevice, Device, LinkModel};
 use devarrow_abi::ffi::ArrowArray;
 use devarrow_abi::{cpu, DeviceArray, Error};
 use devarrow_bridge::{DeviceBatch, ExportOptions, Transfer, TransferOptions};
@@ -45,6 +45,12 @@ fn every_conversion_round_trips_on_each_cpu_device_mode() {
         eprintln!("{name}");
         round_trips(&device);
     }
+}
+
+/// The conversions wait once per level of nesting, not once per column.
+#[test]
+fn the_conversions_wait_once_per_level_of_nesting() {
+    common::libcudf::check_waits_per_level(Arc::new(CpuDevice::new()));
 }
 
 /// A foreign array keeps the offsets arrow-rs's slices give its columns (and their
@@ -237,6 +243,29 @@ fn what_libcudf_refuses_is_a_typed_error_naming_the_column() {
         in_use,
         "a failed export leaks nothing"
     );
+
+    // several columns refused: the first one's error, though a later column's comes in
+    // an earlier round of the walk (its type is refused at once, the first column's
+    // child only once its offsets were read back)
+    views.append_value(b"more bytes");
+    let list_of_views = arrow_array::LargeListArray::new(
+        Arc::new(Field::new("item", DataType::BinaryView, true)),
+        arrow_buffer::OffsetBuffer::from_lengths([1]),
+        Arc::new(views.finish()),
+        None,
+    );
+    let two = RecordBatch::try_from_iter([
+        ("first", Arc::new(list_of_views) as ArrayRef),
+        ("second", half_floats().slice(0, 1)),
+    ])
+    .unwrap();
+    let (path, _) = not_convertible(
+        transfer
+            .to_device(&two)
+            .unwrap()
+            .export_with(ExportOptions::for_libcudf()),
+    );
+    assert_eq!(path, "first.item", "the first column's error");
 
     // unsigned dictionary indices over too many values for the signed type
     let dict = DictionaryArray::<UInt8Type>::new(

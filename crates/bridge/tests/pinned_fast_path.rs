@@ -12,7 +12,7 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::ScalarBuffer;
 use common::InstrumentedDevice;
-use devarrow_abi::device::{CpuDevice, Device};
+use devarrow_abi::device::{CopyCounter, CpuDevice};
 use devarrow_bridge::pack::{equal_windows, upload_window_bytes};
 use devarrow_bridge::pinned::{pin_batch, pinned_buffer, pinned_bytes};
 use devarrow_bridge::transfer::{DEFAULT_CHUNK_BYTES, DEFAULT_FIRST_CHUNK_BYTES};

@@ -209,11 +209,12 @@ fn collect_buffers(data: &ArrayData, out: &mut Vec<Buffer>) {
 mod tests {
     use super::*;
     use arrow_array::{Int32Array, StringArray};
-    use devarrow::abi::device::CpuDevice;
+    use devarrow::abi::device::{CopyCounter, CpuDevice};
 
     #[test]
     fn baselines_copy_every_byte_on_the_cpu_device() {
-        let device: Arc<dyn Device> = Arc::new(CpuDevice::new());
+        let cpu = Arc::new(CpuDevice::new());
+        let device: Arc<dyn Device> = cpu.clone();
         let mut raw = RawCopy::new(device.clone(), 1000).unwrap();
         raw.pinned_to_device().unwrap();
         raw.pageable_to_host().unwrap();
@@ -249,10 +250,10 @@ mod tests {
         .unwrap();
         let bbb = BufferByBuffer::new(device.clone(), &batch);
         assert_eq!(bbb.buffer_count(), 4); // validity + values, offsets + data
-        let before = device.copy_count();
+        let before = cpu.copy_count();
         let on_device = bbb.to_device().unwrap();
         let back = bbb.to_host(&on_device).unwrap();
-        assert_eq!(device.copy_count() - before, 8);
+        assert_eq!(cpu.copy_count() - before, 8);
         for (h, b) in bbb.host.iter().zip(&back) {
             assert_eq!(h.as_slice(), b.as_slice());
         }

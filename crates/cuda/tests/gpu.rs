@@ -9,7 +9,9 @@ use std::time::Instant;
 use arrow_buffer::alloc::Allocation;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
-use devarrow_abi::device::{host_page_size, Device, DeviceToHost, HostToDevice};
+use devarrow_abi::device::{
+    host_page_size, CopyCounter, Device, DeviceToHost, HostToDevice, MemoryPoolPolicy,
+};
 use devarrow_abi::{ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 use devarrow_cuda::cudarc::driver::{result, sys};
 use devarrow_cuda::kernels::{self, CopySegment, Kernels};
@@ -286,7 +288,7 @@ fn the_pool_policy_bounds_what_devarrow_keeps_and_short_memory_is_trimmed_first(
     check.assert_no_leak("the pool policy test");
 }
 
-/// `Device::retain_freed_memory` is the release threshold of devarrow's pool: raised, what
+/// `MemoryPoolPolicy::retain_freed_memory` is the release threshold of devarrow's pool: raised, what
 /// a cycle frees stays for the next cycle across synchronizations; back to the default,
 /// the pool keeps at most 1 GiB (here: gives back what a threshold of 0 would not keep).
 #[test]
@@ -298,7 +300,7 @@ fn retain_freed_memory_sets_what_the_pool_keeps_across_synchronizations() {
     }
     let check = DeviceMemoryCheck::start(&dev);
     let before = check.free_at_start();
-    let device: Arc<dyn Device> = Arc::new(CudaDevice::new(dev.clone()).unwrap());
+    let device = Arc::new(CudaDevice::new(dev.clone()).unwrap());
     let size = 512 << 20;
     device.retain_freed_memory(Some(2 * size)).unwrap();
     drop(device.allocate(size).unwrap());

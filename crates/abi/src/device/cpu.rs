@@ -23,14 +23,17 @@ use super::copy::{copy_bytes, Stores};
 use super::kernels::{CpuKernels, DeviceKernels, RowIntegers, Validity};
 use super::link::{LinkEngine, LinkEvent, LinkModel};
 use super::pool::{HostPool, PoolStats, PooledMemory, DEFAULT_POOL_LIMIT};
+use super::{
+    CopyCounter, Device, DeviceCopy, DeviceMemory, MemoryPoolPolicy, StagingMemory, SyncEvent,
+    BUFFER_ALIGNMENT,
+};
+use crate::error::{Error, Result};
+use crate::ffi::ArrowDeviceType;
+use crate::pinned_registry::PinnedRegistry;
 
 /// The staging memory a [`CpuDevice`] keeps once its transfers free it: 256 MiB, above
 /// what a transfer's staging and a few coalesced uploads hold at once.
 const STAGING_POOL_LIMIT: usize = 256 << 20;
-use super::{Device, DeviceCopy, DeviceMemory, StagingMemory, SyncEvent, BUFFER_ALIGNMENT};
-use crate::error::{Error, Result};
-use crate::ffi::ArrowDeviceType;
-use crate::pinned_registry::PinnedRegistry;
 
 /// How a [`CpuDevice`] runs its copies.
 #[derive(Debug)]
@@ -55,7 +58,7 @@ enum Mode {
 /// device's stream, record an event, wait for it.
 ///
 /// ```
-/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_abi::device::{CopyCounter, CpuDevice, Device};
 /// use devarrow_abi::ArrowDeviceType;
 ///
 /// # fn main() -> devarrow_abi::Result<()> {
@@ -169,6 +172,20 @@ impl CpuDevice {
     /// Whether `len` bytes at `ptr` lie in staging memory of a CPU device.
     fn staged(ptr: *const u8, len: usize) -> bool {
         CPU_STAGING.contains(ptr, len)
+    }
+}
+
+impl MemoryPoolPolicy for CpuDevice {
+    /// The limit of the device's memory pool ([`CpuDevice::memory_pool`]).
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()> {
+        self.pool.set_limit(bytes.unwrap_or(DEFAULT_POOL_LIMIT));
+        Ok(())
+    }
+}
+
+impl CopyCounter for CpuDevice {
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
     }
 }
 
@@ -399,14 +416,6 @@ unsafe impl Device for CpuDevice {
             engine.synchronize();
         }
         Ok(())
-    }
-    /// The limit of the device's memory pool ([`CpuDevice::memory_pool`]).
-    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()> {
-        self.pool.set_limit(bytes.unwrap_or(DEFAULT_POOL_LIMIT));
-        Ok(())
-    }
-    fn copy_count(&self) -> u64 {
-        self.copies.load(Ordering::Relaxed)
     }
 
     /// The CPU's own staging allocations (any [`CpuDevice`]'s) count as pinned, nothing

@@ -165,7 +165,7 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     unsafe fn copy_to_host(&self, src: *const c_void, dst: *mut u8, len: usize) -> Result<()>;
     /// Enqueues every copy of `copies` from device memory to device memory, as one
     /// operation where the device has one (one `dvx_batched_copy` kernel launch on CUDA,
-    /// `memcpy`s on the CPU). Not counted by [`Device::copy_count`], which counts
+    /// `memcpy`s on the CPU). Not counted by [`CopyCounter::copy_count`], which counts
     /// host-device copies.
     ///
     /// The default goes through host staging memory (a copy to the host per segment, a
@@ -217,7 +217,7 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     /// where the device has one (on CUDA, one `cuMemcpyBatchAsync` when its options ask
     /// for batched copies and the driver has them), else one
     /// [`Device::copy_to_device`] each, in order (the default). Each copy counts in
-    /// [`Device::copy_count`] as one.
+    /// [`CopyCounter::copy_count`] as one.
     ///
     /// # Safety
     /// Every copy as [`Device::copy_to_device`] requires; the copies may run in any order
@@ -293,22 +293,6 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()>;
     /// Blocks the host until all work enqueued on this device's stream has completed.
     fn synchronize(&self) -> Result<()>;
-    /// Lets the device's memory pool keep up to `bytes` of freed device memory for reuse
-    /// (`None`: what it keeps by default, 1 GiB; on CUDA an eighth of the device where
-    /// that is less), for a steady state that frees and allocates more than that. Beyond what the pool
-    /// keeps, each cycle's allocations take fresh memory from the system: page faults on
-    /// the CPU device, new physical pages mapped on CUDA. Memory kept is not available to
-    /// other allocators (another library on the same GPU). The default does nothing.
-    ///
-    /// CUDA: the release threshold of devarrow's pool of the device
-    /// (`devarrow_cuda::pool::PoolPolicy::release_threshold`), for every handle on it.
-    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()> {
-        let _ = bytes;
-        Ok(())
-    }
-    /// How many host-device copies this device has enqueued since it was created: lets
-    /// tests assert that a transfer moved its buffers in few copies.
-    fn copy_count(&self) -> u64;
 
     // ---- Pinned host memory: what the device can DMA directly (issue #4) ----
 
@@ -387,6 +371,33 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     fn host_accessible(&self) -> bool {
         false
     }
+}
+
+// ---- Beside the device: its memory pool's policy, its instrumentation ----
+
+/// What a device's memory pool keeps of the memory freed into it: a policy of the pool,
+/// not something a device needs to move data (the bridge never calls it). Engines and
+/// benchmarks that free and allocate a known amount per cycle set it.
+pub trait MemoryPoolPolicy {
+    /// Lets the device's memory pool keep up to `bytes` of freed device memory for reuse
+    /// (`None`: what it keeps by default, 1 GiB; on CUDA an eighth of the device where
+    /// that is less), for a steady state that frees and allocates more than that. Beyond
+    /// what the pool keeps, each cycle's allocations take fresh memory from the system:
+    /// page faults on the CPU device, new physical pages mapped on CUDA. Memory kept is
+    /// not available to other allocators (another library on the same GPU).
+    ///
+    /// CUDA: the release threshold of devarrow's pool of the device
+    /// (`devarrow_cuda::pool::PoolPolicy::release_threshold`), for every handle on it.
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> Result<()>;
+}
+
+/// Instrumentation of a device: how many host-device copies it has enqueued. Lets tests
+/// and benchmarks assert, or report, that a transfer moved its buffers in few copies;
+/// nothing in the bridge depends on it.
+pub trait CopyCounter {
+    /// How many host-device copies this device has enqueued since it was created (each
+    /// copy of a batched copy counts as one; copies on the device do not count).
+    fn copy_count(&self) -> u64;
 }
 
 // ---- Same-device checks ----

@@ -791,7 +791,7 @@ mod tests {
         assert_eq!(pool.stats().cached_bytes, 3 * size_class(8000));
         assert_eq!(pool.trim(), 3 * size_class(8000));
 
-        use crate::device::{CpuDevice, Device};
+        use crate::device::{CpuDevice, MemoryPoolPolicy};
         let device = CpuDevice::direct();
         device.retain_freed_memory(Some(3 << 30)).unwrap();
         assert_eq!(device.memory_pool().limit(), 3 << 30);

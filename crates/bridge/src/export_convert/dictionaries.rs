@@ -8,9 +8,9 @@ use arrow_schema::{DataType, Field, FieldRef};
 use devarrow_abi::export_tree::ArrayNode;
 use devarrow_abi::{Error, Result};
 
-use super::Converter;
+use super::{Converter, Step};
 
-impl Converter<'_> {
+impl<'a> Converter<'a> {
     /// A dictionary column of `data_type` (indices `key`, values `value`): its index type
     /// ([`Converter::dictionary_key`]) and its values converted.
     pub(super) fn dictionary(
@@ -19,20 +19,20 @@ impl Converter<'_> {
         data_type: &DataType,
         key: &DataType,
         value: &DataType,
-        node: &mut ArrayNode,
-    ) -> Result<DataType> {
-        let key = self.dictionary_key(path, data_type, key, node)?;
+        mut node: ArrayNode,
+    ) -> Result<Step<'a, (DataType, ArrayNode)>> {
+        let key = self.dictionary_key(path, data_type, key, &node)?;
         let value_field: FieldRef = Arc::new(Field::new("values", value.clone(), true));
         let dictionary = node.dictionary.take().ok_or_else(|| {
             Error::InvalidArgument(format!("{path}: a dictionary array without its dictionary"))
         })?;
-        let (value_field, dictionary) =
-            self.array(&format!("{path}.values"), &value_field, *dictionary)?;
-        node.dictionary = Some(Box::new(dictionary));
-        Ok(DataType::Dictionary(
-            Box::new(key),
-            Box::new(value_field.data_type().clone()),
-        ))
+        Ok(self
+            .array(&format!("{path}.values"), &value_field, *dictionary)?
+            .map(move |(value_field, dictionary)| {
+                node.dictionary = Some(Box::new(dictionary));
+                let value = value_field.data_type().clone();
+                (DataType::Dictionary(Box::new(key), Box::new(value)), node)
+            }))
     }
 
     /// The index type of a dictionary: unsigned relabelled as signed when every index of

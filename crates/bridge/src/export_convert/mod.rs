@@ -7,16 +7,19 @@
 //! rewrites is rewritten by the device's kernels ([`DeviceKernels`]) on the device's
 //! stream, into new device memory. The host reads back only what it must know to size a
 //! buffer or label a type: a string column's total bytes, a list's last offset, whether
-//! list views are in order, and the unknown null counts (one readback for all of them).
+//! list views are in order, and the unknown null counts. Those reads are planned for the
+//! whole batch (`rounds.rs`): one round (one device-to-host copy, one host wait) per
+//! level of nesting, whatever the number of columns, and one for all the null counts.
 //! A batch that needs nothing is returned untouched: no kernel, no readback, no memory.
 //!
 //! The conversions are split by concern, one file each, as libcudf's options are:
 //! `views.rs` (views to offsets), `lists.rs` (list views, large and fixed-size lists,
-//! maps, and the gathers of list views' children), `decimals.rs` (wider decimals),
-//! `dictionaries.rs` (signed indices), `null_counts.rs` (exact null counts) and
+//! maps), `gather.rs` (the gathers of list views' children), `decimals.rs` (wider
+//! decimals), `dictionaries.rs` (signed indices), `null_counts.rs` (exact null counts) and
 //! `refusals.rs` (what libcudf refuses: the [`Error::NotConvertible`] errors). This file
 //! holds the walk ([`convert`], `Converter::array`, which sends each column to its
-//! concern) and the helpers they share (device memory, kernels, readbacks). Each file is
+//! concern) and the helpers they share (device memory, kernels); `rounds.rs` the steps a
+//! conversion waits in and the read-backs of a round. Each file is
 //! what a new libcudf option extends without touching the others: a new option is an arm
 //! of the walk and a method in its concern's file (or a new file beside them).
 
@@ -32,10 +35,14 @@ use crate::export_options::ExportOptions;
 
 mod decimals;
 mod dictionaries;
+mod gather;
 mod lists;
 mod null_counts;
 mod refusals;
+mod rounds;
 mod views;
+
+use rounds::{all, Read, Step};
 
 const DIALECT: &str = "libcudf";
 
@@ -68,6 +75,7 @@ pub(crate) fn convert(
         device,
         options,
         memory: Vec::new(),
+        host: Vec::new(),
         ran: false,
         counts: Vec::new(),
     };
@@ -79,10 +87,25 @@ pub(crate) fn convert(
             children.len()
         )));
     }
-    let mut fields = Vec::with_capacity(children.len());
+    let walked = all(
+        &mut converter,
+        schema.fields().iter().zip(children),
+        |converter, (field, child)| converter.array(field.name(), field, child),
+    )
+    .and_then(|step| converter.finish(step));
+    let converted = match walked {
+        Ok(converted) => converted,
+        Err(e) => {
+            if converter.ran {
+                // Copies from the host memory the walk holds may still be running.
+                let _ = device.synchronize();
+            }
+            return Err(e);
+        }
+    };
+    let mut fields = Vec::with_capacity(converted.len());
     let mut changed = false;
-    for (field, child) in schema.fields().iter().zip(children) {
-        let (new_field, child) = converter.array(field.name(), field, child)?;
+    for (field, (new_field, child)) in schema.fields().iter().zip(converted) {
         changed |= !Arc::ptr_eq(field, &new_field);
         fields.push(new_field);
         root.children.push(child);
@@ -118,6 +141,9 @@ struct Converter<'a> {
     device: &'a dyn Device,
     options: &'a ExportOptions,
     memory: Vec<Arc<dyn DeviceMemory>>,
+    /// Host bytes copied to the device, kept until the walk has waited for the copies
+    /// (every copy is followed by a round's wait; an error synchronizes the device).
+    host: Vec<Box<[u8]>>,
     /// Whether a kernel or a copy was enqueued.
     ran: bool,
     /// Null counts to compute: (bitmap, bit offset, length) per pending slot.
@@ -147,130 +173,145 @@ impl<'a> Converter<'a> {
     }
 
     /// Reads the `int64`s at `addresses` back to the host, after the work enqueued so far
-    /// (one wait for all of them).
+    /// (one round: one copy, one wait).
     fn read_i64s(&mut self, addresses: &[*const c_void]) -> Result<Vec<i64>> {
-        let mut values = vec![0i64; addresses.len()];
-        for (value, &address) in values.iter_mut().zip(addresses) {
-            // SAFETY: every address is device memory of 8 bytes written by this walk's
-            // kernels (or the batch's own buffers, in range); `values` outlives the copy,
-            // waited for below.
-            unsafe {
-                self.device
-                    .copy_to_host(address, (value as *mut i64).cast::<u8>(), 8)?
-            };
-        }
-        self.device.record_event()?.wait_host()?;
-        Ok(values)
+        let reads: Vec<Read> = addresses.iter().map(|&a| Read::i64(a)).collect();
+        self.read_round(&reads)
     }
 
-    /// Reads one integer of `width` bytes (4: signed `int32`, 8: `int64`) at `address`.
-    fn read_int(&mut self, address: *const c_void, width: u64) -> Result<i64> {
-        let mut bytes = [0u8; 8];
-        // SAFETY: `address` holds `width` bytes of the batch's buffers (the caller's
-        // range); `bytes` outlives the copy, waited for below.
+    /// Enqueues a copy of `bytes` (host memory the walk keeps, see `Converter::host`) to
+    /// the device address `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be device memory writable for `bytes.len()` bytes.
+    unsafe fn copy_bytes_to_device(&mut self, bytes: Vec<u8>, dst: *mut c_void) -> Result<()> {
+        let bytes = bytes.into_boxed_slice();
+        // SAFETY: `dst` is the caller's guarantee; the bytes are kept (their heap memory
+        // does not move) until the walk has waited for the copy.
         unsafe {
             self.device
-                .copy_to_host(address, bytes.as_mut_ptr(), width as usize)?
+                .copy_to_device(bytes.as_ptr(), dst, bytes.len())?
         };
-        self.device.record_event()?.wait_host()?;
-        Ok(if width == 4 {
-            i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as i64
-        } else {
-            i64::from_le_bytes(bytes)
-        })
+        self.host.push(bytes);
+        Ok(())
     }
 
-    /// Converts one array (and its children) of `field`.
+    /// Converts one array (and its children) of `field`: its new field and node once its
+    /// rounds are done.
     fn array(
         &mut self,
         path: &str,
         field: &FieldRef,
         mut node: ArrayNode,
-    ) -> Result<(FieldRef, ArrayNode)> {
+    ) -> Result<Step<'a, (FieldRef, ArrayNode)>> {
         let o = self.options;
         let data_type = field.data_type().clone();
-        let new_type = match &data_type {
+        let converted: Step<'a, (DataType, ArrayNode)> = match &data_type {
             DataType::Utf8View | DataType::BinaryView if o.views_to_offsets => {
-                self.views_to_offsets(path, &data_type, &mut node)?
+                self.views_to_offsets(path, &data_type, node)?
             }
             DataType::ListView(child) | DataType::LargeListView(child) if o.lists_to_list32 => {
                 let large = matches!(data_type, DataType::LargeListView(_));
-                let child = self.list_views(path, &data_type, child, large, &mut node)?;
-                DataType::List(child)
+                self.list_views(path, &data_type, child, large, node)?
+                    .map(|(child, node)| (DataType::List(child), node))
             }
             DataType::LargeList(child) if o.lists_to_list32 => {
-                self.large_list(path, &data_type, &mut node)?;
-                DataType::List(self.only_child(path, child, &mut node)?)
+                let (path, child) = (path.to_string(), child.clone());
+                self.large_list(&path, &data_type, node)?.and_then(
+                    self,
+                    move |converter, node| {
+                        Ok(converter
+                            .only_child(&path, &child, node)?
+                            .map(|(child, node)| (DataType::List(child), node)))
+                    },
+                )?
             }
             DataType::FixedSizeList(child, size) if o.lists_to_list32 => {
                 self.fixed_size_list(path, &data_type, *size, &mut node)?;
-                DataType::List(self.only_child(path, child, &mut node)?)
+                self.only_child(path, child, node)?
+                    .map(|(child, node)| (DataType::List(child), node))
             }
-            DataType::Map(entries, _) if o.lists_to_list32 => {
-                DataType::List(self.only_child(path, entries, &mut node)?)
-            }
-            DataType::List(child) => DataType::List(self.only_child(path, child, &mut node)?),
-            DataType::LargeList(child) => {
-                DataType::LargeList(self.only_child(path, child, &mut node)?)
-            }
+            DataType::Map(entries, _) if o.lists_to_list32 => self
+                .only_child(path, entries, node)?
+                .map(|(child, node)| (DataType::List(child), node)),
+            DataType::List(child) => self
+                .only_child(path, child, node)?
+                .map(|(child, node)| (DataType::List(child), node)),
+            DataType::LargeList(child) => self
+                .only_child(path, child, node)?
+                .map(|(child, node)| (DataType::LargeList(child), node)),
             DataType::FixedSizeList(child, size) => {
-                DataType::FixedSizeList(self.only_child(path, child, &mut node)?, *size)
+                let size = *size;
+                self.only_child(path, child, node)?
+                    .map(move |(child, node)| (DataType::FixedSizeList(child, size), node))
             }
             DataType::Map(entries, sorted) => {
-                DataType::Map(self.only_child(path, entries, &mut node)?, *sorted)
+                let sorted = *sorted;
+                self.only_child(path, entries, node)?
+                    .map(move |(child, node)| (DataType::Map(child, sorted), node))
             }
-            DataType::ListView(child) => {
-                DataType::ListView(self.only_child(path, child, &mut node)?)
-            }
-            DataType::LargeListView(child) => {
-                DataType::LargeListView(self.only_child(path, child, &mut node)?)
-            }
+            DataType::ListView(child) => self
+                .only_child(path, child, node)?
+                .map(|(child, node)| (DataType::ListView(child), node)),
+            DataType::LargeListView(child) => self
+                .only_child(path, child, node)?
+                .map(|(child, node)| (DataType::LargeListView(child), node)),
             DataType::Struct(fields) => {
                 let children = std::mem::take(&mut node.children);
-                let mut new_fields = Vec::with_capacity(fields.len());
-                for (f, c) in fields.iter().zip(children) {
-                    let (f, c) = self.array(&format!("{path}.{}", f.name()), f, c)?;
-                    new_fields.push(f);
-                    node.children.push(c);
-                }
-                DataType::Struct(Fields::from(new_fields))
+                all(self, fields.iter().zip(children), |converter, (f, c)| {
+                    converter.array(&format!("{path}.{}", f.name()), f, c)
+                })?
+                .map(move |converted| {
+                    let (new_fields, children): (Vec<FieldRef>, Vec<ArrayNode>) =
+                        converted.into_iter().unzip();
+                    node.children = children;
+                    (DataType::Struct(Fields::from(new_fields)), node)
+                })
             }
             DataType::Dictionary(key, value) => {
-                self.dictionary(path, &data_type, key, value, &mut node)?
+                self.dictionary(path, &data_type, key, value, node)?
             }
             DataType::Decimal32(..) | DataType::Decimal64(..) if o.widen_small_decimals => {
-                self.widen_decimal_column(path, &data_type, &mut node)?
+                let new_type = self.widen_decimal_column(path, &data_type, &mut node)?;
+                Step::Done((new_type, node))
             }
-            other => other.clone(),
+            other => Step::Done((other.clone(), node)),
         };
-        if o.refuse_outside_libcudf {
-            self.check_libcudf_type(path, &new_type, &node)?;
-        }
-        if o.exact_null_counts {
-            self.schedule_null_count(&new_type, &mut node);
-        }
-        let field = if &new_type == field.data_type() {
-            field.clone() // unchanged: no new field (a batch that needs nothing stays free)
-        } else {
-            Arc::new(field.as_ref().clone().with_data_type(new_type))
-        };
-        Ok((field, node))
+        let (path, field) = (path.to_string(), field.clone());
+        converted.and_then(self, move |converter, (new_type, mut node)| {
+            if o.refuse_outside_libcudf {
+                converter.check_libcudf_type(&path, &new_type, &node)?;
+            }
+            if o.exact_null_counts {
+                converter.schedule_null_count(&new_type, &mut node);
+            }
+            let field = if &new_type == field.data_type() {
+                field // unchanged: no new field (a batch that needs nothing stays free)
+            } else {
+                Arc::new(field.as_ref().clone().with_data_type(new_type))
+            };
+            Ok(Step::Done((field, node)))
+        })
     }
 
-    /// Converts the only child of a list-like node.
+    /// Converts the only child of a list-like node: the child's new field and the node
+    /// holding the converted child.
     fn only_child(
         &mut self,
         path: &str,
         child: &FieldRef,
-        node: &mut ArrayNode,
-    ) -> Result<FieldRef> {
+        mut node: ArrayNode,
+    ) -> Result<Step<'a, (FieldRef, ArrayNode)>> {
         let Some(c) = node.children.pop() else {
             return Err(Error::InvalidArgument(format!(
                 "{path}: a list array without its child"
             )));
         };
-        let (child, c) = self.array(&format!("{path}.{}", child.name()), child, c)?;
-        node.children.push(c);
-        Ok(child)
+        Ok(self
+            .array(&format!("{path}.{}", child.name()), child, c)?
+            .map(move |(child, c)| {
+                node.children.push(c);
+                (child, node)
+            }))
     }
 }

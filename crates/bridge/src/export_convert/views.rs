@@ -7,29 +7,40 @@ use devarrow_abi::device::{RowIntegers, Validity};
 use devarrow_abi::export_tree::ArrayNode;
 use devarrow_abi::{Error, Result};
 
-use super::{at, at_mut, Converter};
+use super::{at, at_mut, Converter, Read, Step};
 
-impl Converter<'_> {
-    /// The type a view column of `data_type` becomes, its `node` converted by
+impl<'a> Converter<'a> {
+    /// The type a view column of `data_type` becomes, and its `node` converted by
     /// [`Converter::views`].
     pub(super) fn views_to_offsets(
         &mut self,
         path: &str,
         data_type: &DataType,
-        node: &mut ArrayNode,
-    ) -> Result<DataType> {
-        let large = self.views(path, data_type, node)?;
-        Ok(match (data_type, large) {
-            (DataType::Utf8View, false) => DataType::Utf8,
-            (DataType::Utf8View, true) => DataType::LargeUtf8,
-            (_, false) => DataType::Binary,
-            (_, true) => DataType::LargeBinary,
-        })
+        node: ArrayNode,
+    ) -> Result<Step<'a, (DataType, ArrayNode)>> {
+        let data_type_of = data_type.clone();
+        Ok(self
+            .views(path, data_type, node)?
+            .map(move |(large, node)| {
+                let new_type = match (data_type_of, large) {
+                    (DataType::Utf8View, false) => DataType::Utf8,
+                    (DataType::Utf8View, true) => DataType::LargeUtf8,
+                    (_, false) => DataType::Binary,
+                    (_, true) => DataType::LargeBinary,
+                };
+                (new_type, node)
+            }))
     }
 
     /// `Utf8View` / `BinaryView` to offsets and one data buffer; whether the offsets are
-    /// `int64` (the bytes reach 2^31).
-    fn views(&mut self, path: &str, data_type: &DataType, node: &mut ArrayNode) -> Result<bool> {
+    /// `int64` (the bytes reach 2^31). The views' sizes are scanned into offsets, whose
+    /// last (the total bytes) is read back in the next round, which sizes the data.
+    fn views(
+        &mut self,
+        path: &str,
+        data_type: &DataType,
+        mut node: ArrayNode,
+    ) -> Result<Step<'a, (bool, ArrayNode)>> {
         let (n, offset) = (node.length as u64, node.offset as u64);
         let rows = offset + n;
         if node.buffers.len() < 3 {
@@ -40,20 +51,16 @@ impl Converter<'_> {
         }
         let validity = Validity::new(node.buffers[0], offset);
         let views = at(node.buffers[1], 16 * offset);
-        let variadic: Vec<u64> = node.buffers[2..node.buffers.len() - 1]
+        let variadic: Vec<u8> = node.buffers[2..node.buffers.len() - 1]
             .iter()
-            .map(|&b| b as u64)
+            .flat_map(|&b| (b as u64).to_ne_bytes())
             .collect();
         let table = if variadic.is_empty() {
             std::ptr::null_mut()
         } else {
-            let table = self.allocate(8 * variadic.len() as u64)?;
-            // SAFETY: `table` holds the 8 bytes per address just allocated; `variadic`
-            // outlives the copy (the readback below waits for it).
-            unsafe {
-                self.device
-                    .copy_to_device(variadic.as_ptr().cast(), table, 8 * variadic.len())?
-            };
+            let table = self.allocate(variadic.len() as u64)?;
+            // SAFETY: `table` holds the 8 bytes per address just allocated.
+            unsafe { self.copy_bytes_to_device(variadic, table)? };
             table
         };
         let offsets = self.allocate(8 * (rows + 1))?;
@@ -77,35 +84,49 @@ impl Converter<'_> {
             )?;
             kernels.inclusive_scan_i64(offsets, rows + 1)?;
         }
-        let total = self.read_i64s(&[at(offsets, 8 * rows)])?[0];
-        drop(variadic); // copied: the readback waited
-        let total = u64::try_from(total).map_err(|_| {
-            self.refuse(
-                path,
-                data_type,
-                format!("its views add up to {total} bytes"),
-            )
-        })?;
-        let data = self.allocate(total)?;
-        let large = total > i32::MAX as u64;
-        let kernels = self.kernels(path, data_type)?;
-        // SAFETY: the views and validity as above; `table` holds the variadic buffers'
-        // addresses (the views' buffer indices were checked at import or written by
-        // devarrow's own upload); `offsets` the scan; `data` its `total` bytes.
-        unsafe {
-            kernels.gather_view_bytes(views, validity, n, table, at(offsets, 8 * offset), data)?
-        };
-        let offsets = if large {
-            offsets
-        } else {
-            let narrow = self.allocate(4 * (rows + 1))?;
-            let kernels = self.kernels(path, data_type)?;
-            // SAFETY: rows + 1 int64s to as many int32s, each fitting (at most `total`).
-            unsafe { kernels.narrow_i64_to_i32(offsets, rows + 1, narrow)? };
-            narrow
-        };
-        node.buffers = vec![node.buffers[0], offsets, data];
-        node.children.clear();
-        Ok(large)
+        let (path, data_type) = (path.to_string(), data_type.clone());
+        Ok(Step::read(
+            vec![Read::i64(at(offsets, 8 * rows))],
+            move |converter, values| {
+                let total = values[0];
+                let total = u64::try_from(total).map_err(|_| {
+                    converter.refuse(
+                        &path,
+                        &data_type,
+                        format!("its views add up to {total} bytes"),
+                    )
+                })?;
+                let data = converter.allocate(total)?;
+                let large = total > i32::MAX as u64;
+                let kernels = converter.kernels(&path, &data_type)?;
+                // The views and validity as above; `table` holds the variadic buffers'
+                // addresses (the views' buffer indices were checked at import or written
+                // by devarrow's own upload); `offsets` the scan; `data` its `total` bytes.
+                // SAFETY: the ranges just described.
+                unsafe {
+                    kernels.gather_view_bytes(
+                        views,
+                        validity,
+                        n,
+                        table,
+                        at(offsets, 8 * offset),
+                        data,
+                    )?
+                };
+                let offsets = if large {
+                    offsets
+                } else {
+                    let narrow = converter.allocate(4 * (rows + 1))?;
+                    let kernels = converter.kernels(&path, &data_type)?;
+                    // SAFETY: rows + 1 int64s to as many int32s, each fitting (at most
+                    // `total`).
+                    unsafe { kernels.narrow_i64_to_i32(offsets, rows + 1, narrow)? };
+                    narrow
+                };
+                node.buffers = vec![node.buffers[0], offsets, data];
+                node.children.clear();
+                Ok(Step::Done((large, node)))
+            },
+        ))
     }
 }

@@ -317,7 +317,7 @@ fn release_registrations(
 /// use std::sync::Arc;
 ///
 /// use arrow_array::{ArrayRef, Float64Array, Int32Array, RecordBatch};
-/// use devarrow_abi::device::{CpuDevice, Device};
+/// use devarrow_abi::device::{CopyCounter, CpuDevice, Device};
 /// use devarrow_bridge::{Transfer, TransferOptions};
 ///
 /// # fn main() -> devarrow_abi::Result<()> {

@@ -49,7 +49,7 @@ impl Transfer {
     /// use std::sync::Arc;
     ///
     /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-    /// use devarrow_abi::device::{CpuDevice, Device};
+    /// use devarrow_abi::device::{CopyCounter, CpuDevice, Device};
     /// use devarrow_bridge::{Transfer, TransferOptions};
     ///
     /// # fn main() -> devarrow_abi::Result<()> {

@@ -382,7 +382,7 @@ pub(crate) fn cut_windows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devarrow_abi::device::CpuDevice;
+    use devarrow_abi::device::{CopyCounter, CpuDevice};
 
     fn segments(lens: &[usize]) -> (Vec<(Buffer, usize)>, usize) {
         let mut segs = Vec::new();
@@ -397,11 +397,11 @@ mod tests {
     }
 
     fn run(workers: usize, slots: usize, in_flight: usize, max: usize, link: bool) {
-        let device: Arc<dyn Device> = if link {
-            Arc::new(CpuDevice::with_link("50GB/s,1us".parse().unwrap()))
+        let device = Arc::new(if link {
+            CpuDevice::with_link("50GB/s,1us".parse().unwrap())
         } else {
-            Arc::new(CpuDevice::new())
-        };
+            CpuDevice::new()
+        });
         // Smaller under Miri (interpreted), with the same shape: windows that cut
         // segments, segments shorter than a window.
         let scale = if cfg!(miri) { 64 } else { 1 };

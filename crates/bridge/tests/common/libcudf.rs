@@ -348,3 +348,95 @@ pub fn round_trips(device: &Arc<dyn Device>) {
         check_round_trip(device, &on_device, &expected);
     }
 }
+
+/// The host waits of the libcudf export of a batch: the conversions read sizes back (a
+/// view column's bytes, a list's last offset, a list view's first offset and whether it
+/// is in order) once per level of nesting for the whole batch, not once per column.
+/// `inner` is the device (wrapped to count the waits).
+pub fn check_waits_per_level(inner: Arc<dyn super::CountedDevice>) {
+    let device = Arc::new(super::InstrumentedDevice::wrapping(inner));
+    let dyn_device: Arc<dyn Device> = device.clone();
+    let n = 64;
+    let large_list = |n: usize| -> ArrayRef {
+        let sizes = (0..n).map(|i| i % 3);
+        let values: i64 = (0..n).map(|i| (i % 3) as i64).sum();
+        Arc::new(LargeListArray::new(
+            Arc::new(Field::new("item", DataType::Int64, true)),
+            OffsetBuffer::from_lengths(sizes),
+            Arc::new(Int64Array::from_iter_values(0..values)),
+            None,
+        ))
+    };
+    let list_view = |n: usize| -> ArrayRef {
+        let sizes: Vec<usize> = (0..n).map(|i| i % 4).collect();
+        let total: usize = sizes.iter().sum();
+        Arc::new(ListViewArray::from(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int32, true)),
+            OffsetBuffer::from_lengths(sizes),
+            Arc::new(Int32Array::from_iter_values(0..total as i32)),
+            None,
+        )))
+    };
+    let large_list_of_views = |n: usize| -> ArrayRef {
+        let sizes = (0..n).map(|i| i % 3);
+        let values = (0..n).map(|i| i % 3).sum();
+        Arc::new(LargeListArray::new(
+            Arc::new(Field::new("item", DataType::Utf8View, true)),
+            OffsetBuffer::from_lengths(sizes),
+            string_views(values),
+            None,
+        ))
+    };
+    // One level: three view columns and two large lists, each of them reading one size.
+    let flat = RecordBatch::try_from_iter([
+        ("v1", string_views(n)),
+        ("v2", string_views(n)),
+        ("l1", large_list(n)),
+        ("v3", string_views(n)),
+        ("l2", large_list(n)),
+        (
+            "a",
+            Arc::new(Int64Array::from_iter_values(0..n as i64)) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    // Two levels: a list view (its first offset, then its last and whether it is in
+    // order) and a large list of views (its last offset, then its child's bytes) beside
+    // the columns of one level.
+    let mut columns: Vec<(String, ArrayRef)> = flat
+        .schema()
+        .fields()
+        .iter()
+        .zip(flat.columns())
+        .map(|(f, c)| (f.name().clone(), c.clone()))
+        .collect();
+    columns.push(("lv".into(), list_view(n)));
+    columns.push(("lsv".into(), large_list_of_views(n)));
+    let nested = RecordBatch::try_from_iter(columns).unwrap();
+    let mut transfer = Transfer::new(dyn_device.clone(), TransferOptions::default());
+    for (batch, levels) in [(&flat, 1), (&nested, 2)] {
+        let on_device = transfer.to_device(batch).unwrap();
+        on_device.event().wait_host().unwrap();
+        let before = device.host_waits();
+        let (array, schema) = on_device.export_with(options()).unwrap();
+        let waits = device.host_waits() - before;
+        // (an uploaded batch's null counts are known: none is counted on the device)
+        assert_eq!(
+            waits,
+            levels,
+            "{} columns, {levels} level(s) of sizes to read: one wait per level",
+            batch.num_columns()
+        );
+        let imported =
+            DeviceBatch::import_with_ffi_schema(dyn_device.clone(), array, &schema).unwrap();
+        let back = transfer.to_host(&imported).unwrap();
+        for (i, field) in batch.schema().fields().iter().enumerate() {
+            assert_eq!(
+                rows(back.column(i).as_ref()),
+                rows(batch.column(i).as_ref()),
+                "column {}",
+                field.name()
+            );
+        }
+    }
+}

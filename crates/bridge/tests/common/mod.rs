@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use devarrow_abi::device::{
-    CpuDevice, Device, DeviceCopy, DeviceMemory, DeviceToHost, HostRegistration, HostToDevice,
-    StagingMemory, SyncEvent,
+    CopyCounter, CpuDevice, Device, DeviceCopy, DeviceMemory, DeviceToHost, HostRegistration,
+    HostToDevice, StagingMemory, SyncEvent,
 };
 use devarrow_abi::{ArrowDeviceType, Error};
 use devarrow_cuda::CudaDevice;
@@ -97,7 +97,7 @@ pub fn assert_batches_eq(expected: &[RecordBatch], actual: &[RecordBatch]) {
 /// (otherwise it reports none, as the trait's default does).
 #[derive(Debug)]
 pub struct InstrumentedDevice {
-    inner: Arc<dyn Device>,
+    inner: Arc<dyn CountedDevice>,
     /// `(device type, device id)` to report instead of the inner device's.
     pub pose_as: Option<(ArrowDeviceType, i64)>,
     /// Refuse every `allocate` from this many on.
@@ -122,6 +122,8 @@ pub struct InstrumentedDevice {
     batch_calls: AtomicU64,
     /// While set, `wait_host` fails on every event this device recorded (before or after).
     fail_waits: Arc<AtomicBool>,
+    /// Host waits on the events this device recorded.
+    event_waits: Arc<AtomicU64>,
     synchronizations: AtomicU64,
     allocations: AtomicUsize,
     events: AtomicUsize,
@@ -132,6 +134,19 @@ pub struct InstrumentedDevice {
     bytes_to_host: AtomicU64,
     on_device: AtomicU64,
     on_device_bytes: AtomicU64,
+}
+
+/// A device that counts its host-device copies: what [`InstrumentedDevice`] wraps (the
+/// CPU and CUDA devices are).
+pub trait CountedDevice: Device + CopyCounter {}
+
+impl<T: Device + CopyCounter + ?Sized> CountedDevice for T {}
+
+/// The inner device's count.
+impl CopyCounter for InstrumentedDevice {
+    fn copy_count(&self) -> u64 {
+        self.inner.copy_count()
+    }
 }
 
 impl Default for InstrumentedDevice {
@@ -146,7 +161,7 @@ impl InstrumentedDevice {
         Arc::new(Self::default())
     }
     /// Instruments `inner`.
-    pub fn wrapping(inner: Arc<dyn Device>) -> Self {
+    pub fn wrapping(inner: Arc<dyn CountedDevice>) -> Self {
         Self {
             inner,
             pose_as: None,
@@ -161,6 +176,7 @@ impl InstrumentedDevice {
             registered: AtomicUsize::new(0),
             batch_calls: AtomicU64::new(0),
             fail_waits: Arc::new(AtomicBool::new(false)),
+            event_waits: Arc::new(AtomicU64::new(0)),
             synchronizations: AtomicU64::new(0),
             allocations: AtomicUsize::new(0),
             events: AtomicUsize::new(0),
@@ -267,6 +283,11 @@ impl InstrumentedDevice {
     pub fn synchronizations(&self) -> u64 {
         self.synchronizations.load(Ordering::SeqCst)
     }
+    /// Times the host waited for the device so far: host waits on its events and calls
+    /// of `synchronize`.
+    pub fn host_waits(&self) -> u64 {
+        self.event_waits.load(Ordering::SeqCst) + self.synchronizations()
+    }
 }
 
 /// An event of an [`InstrumentedDevice`]: the inner device's, whose host wait fails while
@@ -275,6 +296,7 @@ impl InstrumentedDevice {
 struct FailableEvent {
     inner: Arc<dyn SyncEvent>,
     fail: Arc<AtomicBool>,
+    waits: Arc<AtomicU64>,
 }
 
 // SAFETY: waits on the wrapped event (or fails); the pointer is the wrapped event's.
@@ -283,6 +305,7 @@ unsafe impl SyncEvent for FailableEvent {
         self.inner.as_sync_event_ptr()
     }
     fn wait_host(&self) -> devarrow_abi::Result<()> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::Device {
                 device: "TEST",
@@ -485,6 +508,7 @@ unsafe impl Device for InstrumentedDevice {
         Ok(Arc::new(FailableEvent {
             inner: self.inner.record_event()?,
             fail: self.fail_waits.clone(),
+            waits: self.event_waits.clone(),
         }))
     }
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> devarrow_abi::Result<()> {
@@ -494,9 +518,6 @@ unsafe impl Device for InstrumentedDevice {
     fn synchronize(&self) -> devarrow_abi::Result<()> {
         self.synchronizations.fetch_add(1, Ordering::SeqCst);
         self.inner.synchronize()
-    }
-    fn copy_count(&self) -> u64 {
-        self.inner.copy_count()
     }
     fn kernels(&self) -> Option<&dyn devarrow_abi::device::DeviceKernels> {
         self.inner.kernels()

@@ -6,14 +6,44 @@ use std::sync::Arc;
 
 use devarrow::abi::device::{CpuDevice, LinkModel};
 use devarrow::cuda::CudaDevice;
-use devarrow::{select_device, DeviceRequest};
+use devarrow::{select_device, DeviceRequest, SelectedDevice};
 
 use super::cuda_options::{CudaOptions, Source};
+use super::measure::JobDevice;
 use super::options::DeviceChoice;
 use super::JobError;
 
-/// The device a run uses, and what the machine said about CUDA.
-pub type Selected = devarrow::SelectedDevice;
+/// The device a run uses, and what the machine said about CUDA: the library's
+/// [`SelectedDevice`] with the device the job opened (with the run's options).
+#[derive(Debug)]
+pub struct Selected {
+    /// The device.
+    pub device: Arc<dyn JobDevice>,
+    /// The same device when it is a CUDA device.
+    pub cuda: Option<Arc<CudaDevice>>,
+    /// `cuda:N` or `cpu`.
+    pub id: String,
+    /// The GPU's name, or `CPU device`.
+    pub name: String,
+    /// The CUDA devices of the machine in one line, or why there are none.
+    pub cuda_summary: Result<String, String>,
+    /// Why `auto` fell back to the CPU device; `None` when it did not.
+    pub fallback: Option<String>,
+}
+
+impl Selected {
+    /// `selected` on `device`, the device the job opened in its place.
+    fn new(selected: SelectedDevice, device: Arc<dyn JobDevice>) -> Self {
+        Self {
+            device,
+            cuda: selected.cuda,
+            id: selected.id,
+            name: selected.name,
+            cuda_summary: selected.cuda_summary,
+            fallback: selected.fallback,
+        }
+    }
+}
 
 /// Opens the device asked for. `auto` falls back to the CPU device (saying why);
 /// an explicit `cuda:N` that does not open is an error.
@@ -49,39 +79,39 @@ pub fn select(
             )))
         }
     };
-    let mut selected = select_device(request)
+    let selected = select_device(request)
         .map_err(|e| JobError::new(format!("{e} (use --device cpu to run on the CPU device)")))?;
     if selected.id == "cpu" {
-        selected.device = match link {
+        let device: Arc<dyn JobDevice> = match link {
             Some(link) => Arc::new(CpuDevice::with_link(link)),
             None => Arc::new(CpuDevice::direct()),
         };
+        return Ok(Selected::new(selected, device));
     } else if link.is_some() {
         return Err(JobError::new(format!(
             "--link models a link on the CPU device; {} has a real one (use --device cpu)",
             selected.id
         )));
     }
-    with_options(&mut selected, cuda_options)
-        .map_err(|e| JobError::new(format!("opening {}: {e}", selected.id)))?;
-    Ok(selected)
+    let id = selected.id.clone();
+    with_options(selected, cuda_options).map_err(|e| JobError::new(format!("opening {id}: {e}")))
 }
 
-/// Gives a selected CUDA device the options of the run (nothing on the CPU device).
+/// Gives a selected CUDA device the options of the run: a device of the same context
+/// with the options (`select_device` opens devices with the defaults, and a device's
+/// options are set before it first works).
 fn with_options(
-    selected: &mut Selected,
+    mut selected: SelectedDevice,
     cuda_options: &CudaOptions,
-) -> Result<(), devarrow::cuda::CudaError> {
-    if let Some(opened) = selected.cuda.take() {
-        // A device of the same context with the options: `select_device` opens devices
-        // with the defaults, and a device's options are set before it first works.
-        let device =
-            CudaDevice::new(opened.primary_context().clone())?.with_options(cuda_options.options);
-        let device = Arc::new(device);
-        selected.device = device.clone();
-        selected.cuda = Some(device);
-    }
-    Ok(())
+) -> Result<Selected, devarrow::cuda::CudaError> {
+    let Some(opened) = selected.cuda.take() else {
+        return Err(devarrow::cuda::CudaError::NoDevice);
+    };
+    let device =
+        CudaDevice::new(opened.primary_context().clone())?.with_options(cuda_options.options);
+    let device = Arc::new(device);
+    selected.cuda = Some(device.clone());
+    Ok(Selected::new(selected, device))
 }
 
 /// Why the CUDA devices of `--device cuda:N,M,...` or `--device cuda:all` did not open.
@@ -150,13 +180,14 @@ pub fn select_several(
             id,
             reason,
         };
-        let mut selected = select_device(DeviceRequest::Cuda(id)).map_err(|e| match e {
+        let selected = select_device(DeviceRequest::Cuda(id)).map_err(|e| match e {
             devarrow::bridge::select::SelectError::CudaUnavailable { reason, .. } => {
                 did_not_open(reason)
             }
             other => did_not_open(other.to_string()),
         })?;
-        with_options(&mut selected, cuda_options).map_err(|e| did_not_open(e.to_string()))?;
+        let selected =
+            with_options(selected, cuda_options).map_err(|e| did_not_open(e.to_string()))?;
         devices.push(selected);
     }
     Ok(devices)

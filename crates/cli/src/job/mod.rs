@@ -35,11 +35,11 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use clap::Parser as _;
 use devarrow::abi::cpu;
-use devarrow::abi::device::Device;
 use devarrow::bridge::{Transfer, TransferOptions};
 use devarrow::cuda::ImportedArray;
 
 use self::device::Selected;
+use self::measure::JobDevice;
 use self::memory::NotEnoughMemory;
 use self::options::{Cli, JsonTarget, Options};
 use self::progress::{Progress, Unit};
@@ -238,7 +238,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
     // device is a run on that device.
     let (selected, several) = if options.device.is_multi() {
         let mut all = device::select_several(&options.device, options.link, &options.cuda_options)?;
-        let several: Vec<(String, String, Arc<dyn Device>)> = if all.len() > 1 {
+        let several: Vec<(String, String, Arc<dyn JobDevice>)> = if all.len() > 1 {
             all.iter()
                 .map(|s| (s.id.clone(), s.name.clone(), s.device.clone()))
                 .collect()
@@ -337,7 +337,7 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
         } else {
             measure::several_steps(options.reps)
         };
-    let devices: Vec<(String, Arc<dyn Device>)> = several
+    let devices: Vec<(String, Arc<dyn JobDevice>)> = several
         .iter()
         .map(|(id, _, device)| (id.clone(), device.clone()))
         .collect();

@@ -1,12 +1,12 @@
 //! `impl Device for CudaDevice`: allocations, staging memory and the copies each way (one
-//! by one, in one `cuMemcpyBatchAsync`, from a peer device, from registered pageable
-//! memory), the events, and the memory types they hand out ([`TransferMemory`],
-//! [`PinnedStaging`]).
+//! by one, in one `cuMemcpyBatchAsync` (`batch.rs`), on the device (`on_device.rs`), from
+//! a peer device (`peer.rs`), from registered pageable memory), the events, and the
+//! memory types they hand out ([`TransferMemory`], [`PinnedStaging`]).
 
 use std::any::Any;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 use devarrow_abi::device::{
@@ -18,25 +18,15 @@ use devarrow_abi::ArrowDeviceType;
 
 use crate::context;
 use crate::driver;
-use crate::error::{CudaError, DriverResultExt};
+use crate::error::CudaError;
 use crate::event::Event;
 use crate::host_register::{self, Registered};
-use crate::kernels::{self, CopySegment};
-use crate::memory::{CudaMemory as _, DeviceBuffer, PinnedHostBuffer};
+use crate::memory::{CudaMemory as _, DeviceBuffer};
 
 use super::arena::ArenaBlock;
 
 use super::event::CudaSyncEvent;
-use super::{CudaDevice, DescriptorStaging, Direction};
-
-/// Per pair of contexts (their `cuCtxGetId`s: this device's, the source memory's):
-/// whether copies go device to device (`cuDeviceCanAccessPeer` said so and peer access
-/// from the first to the second was enabled), asked once per pair for the process
-/// ([`Device::copy_from_peer`]): peer access belongs to the context, which every
-/// `CudaDevice` of its device shares, so a second enable (another `CudaDevice` of the
-/// same device) would be `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`. A context made anew
-/// after a reset has a new id, and is asked again.
-static PEER_ACCESS: Mutex<Option<std::collections::HashMap<(u64, u64), bool>>> = Mutex::new(None);
+use super::{CudaDevice, Direction};
 
 /// Device memory of a [`CudaDevice`]: a [`DeviceBuffer`] seen through
 /// [`devarrow_abi::device::DeviceMemory`] (the address is the `CUdeviceptr`).
@@ -131,9 +121,6 @@ impl CudaDevice {
         }
     }
 }
-
-/// The bytes of one descriptor of `dvx_batched_copy` (a [`CopySegment`]).
-const DESCRIPTOR_BYTES: usize = std::mem::size_of::<CopySegment>();
 
 /// Every live [`PinnedStaging`] of the process. Pinned memory is allocated
 /// `CU_MEMHOSTALLOC_PORTABLE`, so any context (any [`CudaDevice`]) can DMA it.
@@ -328,8 +315,8 @@ unsafe impl Device for CudaDevice {
     }
 
     /// `dvx_batched_copy` launches on the device's stream for all `copies` (cut into
-    /// pieces by [`kernels::plan_batched_copy`]): one per table of at most one wave of
-    /// the kernel's resident warps (the size a plan has unless it copies more segments
+    /// pieces by [`crate::kernels::plan_batched_copy`]): one per table of at most one wave
+    /// of the kernel's resident warps (the size a plan has unless it copies more segments
     /// than that). Each table is written to one of two slots of pinned memory allocated
     /// when the device was made, uploaded with `cuMemcpyHtoDAsync` into a stream-ordered
     /// device table (freed in stream order after its kernel): no driver call that
@@ -339,97 +326,8 @@ unsafe impl Device for CudaDevice {
         &self,
         copies: &[devarrow_abi::device::DeviceCopy],
     ) -> devarrow_abi::Result<()> {
-        let segments: Vec<CopySegment> = copies
-            .iter()
-            .filter(|c| c.len > 0)
-            .map(|c| CopySegment {
-                src: c.src as u64,
-                dst: c.dst as u64,
-                len: c.len as u64,
-            })
-            .collect();
-        if segments.is_empty() {
-            return Ok(());
-        }
-        if segments.iter().any(|s| s.src == 0 || s.dst == 0) {
-            return Err(CudaError::InvalidArgument(
-                "copy on the device with a NULL pointer".into(),
-            )
-            .into());
-        }
-        self.bind()?;
-        let pieces = kernels::plan_batched_copy(&self.stream, &segments)?;
-        let mut tables = self.descriptors.lock().unwrap_or_else(|e| e.into_inner());
-        if tables.buffer.is_none() {
-            // Only where the allocation at open failed (then this one likely fails too):
-            // a `cuMemHostAlloc` here is an implicit synchronization.
-            tables.buffer = Some(PinnedHostBuffer::alloc(
-                &self.device,
-                DescriptorStaging::SLOTS * tables.capacity * DESCRIPTOR_BYTES,
-            )?);
-        }
-        // One launch per `capacity` descriptors, each table written to the next slot of
-        // the pinned memory once that slot's last upload has run: the table never grows,
-        // whatever the number of copies.
-        for chunk in pieces.chunks(tables.capacity) {
-            let slot = tables.next;
-            tables.next = (slot + 1) % DescriptorStaging::SLOTS;
-            if let Some(event) = &tables.uploaded[slot] {
-                context::sync_event(event)?;
-            }
-            let bytes = std::mem::size_of_val(chunk);
-            let at = slot * tables.capacity * DESCRIPTOR_BYTES;
-            let host = tables.buffer.as_mut().expect("allocated above");
-            let host = &mut host.as_mut_slice()[at..at + bytes];
-            for (out, piece) in host.chunks_exact_mut(DESCRIPTOR_BYTES).zip(chunk) {
-                out[0..8].copy_from_slice(&piece.src.to_ne_bytes());
-                out[8..16].copy_from_slice(&piece.dst.to_ne_bytes());
-                out[16..24].copy_from_slice(&piece.len.to_ne_bytes());
-            }
-            let source = host.as_ptr();
-            let table = DeviceBuffer::alloc(&self.stream, bytes)?;
-            // `source` is `bytes` bytes of pinned memory (this slot), not written again
-            // before the event recorded next has completed (waited for above, the next
-            // time the slot comes round); `table` is a fresh allocation of `bytes` bytes.
-            // SAFETY: so both ranges are valid for the copy; the context is bound.
-            unsafe {
-                driver::memcpy_htod_async(
-                    table.device_ptr(),
-                    source.cast(),
-                    bytes,
-                    self.stream.cu_stream(),
-                )
-            }?;
-            let event = match tables.uploaded[slot].take() {
-                Some(event) => Ok(event),
-                None => self
-                    .device
-                    .context()
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .call("cuEventCreate"),
-            };
-            let recorded = event.and_then(|event| {
-                event.record(&self.stream).call("cuEventRecord")?;
-                Ok(event)
-            });
-            match recorded {
-                Ok(event) => tables.uploaded[slot] = Some(event),
-                Err(e) => {
-                    // Without an event the slot must not be reused before the upload ran:
-                    // wait for it here.
-                    let _ = context::sync_stream(&self.stream);
-                    return Err(e.into());
-                }
-            }
-            // SAFETY: the table holds `chunk.len()` descriptors (uploaded before the
-            // launch in stream order) and is freed in stream order after it (dropped
-            // below); the ranges are the caller's guarantee.
-            unsafe {
-                kernels::launch_batched_copy(&self.stream, table.device_ptr(), chunk.len() as u64)
-            }?;
-            drop(table);
-        }
-        Ok(())
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { self.batched_copy_on_device(copies) }
     }
 
     /// One `cuMemcpyPeerAsync` on the device's stream from another CUDA device's memory
@@ -446,80 +344,8 @@ unsafe impl Device for CudaDevice {
         dst: *mut c_void,
         len: usize,
     ) -> devarrow_abi::Result<bool> {
-        if from.device_type() != ArrowDeviceType::CUDA {
-            return Ok(false);
-        }
-        if len == 0 {
-            return Ok(true);
-        }
-        if src.is_null() || dst.is_null() {
-            return Err(CudaError::InvalidArgument(format!(
-                "peer copy of {len} bytes with a NULL pointer"
-            ))
-            .into());
-        }
-        self.bind()?;
-        let stream = self.stream.cu_stream();
-        let peer = from.device_id();
-        if peer == self.device_id() {
-            // SAFETY: the caller guarantees both ranges, device memory of this device,
-            // until the copy completes; the stream belongs to the context bound above.
-            unsafe {
-                driver::memcpy_async(
-                    dst as sys::CUdeviceptr,
-                    src as sys::CUdeviceptr,
-                    len,
-                    stream,
-                )
-            }?;
-            return Ok(true);
-        }
-        let src_ctx = driver::pointer_context(src as usize)?;
-        let pair = (
-            driver::ctx_get_id(self.device.cu_context())?,
-            driver::ctx_get_id(src_ctx)?,
-        );
-        let mut peers = PEER_ACCESS.lock().unwrap_or_else(|e| e.into_inner());
-        let known = peers
-            .get_or_insert_with(Default::default)
-            .get(&pair)
-            .copied();
-        let direct = match known {
-            Some(direct) => direct,
-            None => {
-                let own = driver::device_get(self.device.id() as i32)?;
-                let other = driver::device_get(
-                    i32::try_from(peer)
-                        .map_err(|_| CudaError::InvalidArgument(format!("device id {peer}")))?,
-                )?;
-                let can = driver::device_can_access_peer(own, other)?;
-                if can {
-                    // SAFETY: `src_ctx` owns live memory (the source), so it is live; our
-                    // context is current (bound above).
-                    unsafe { driver::ctx_enable_peer_access(src_ctx) }?;
-                }
-                peers.get_or_insert_with(Default::default).insert(pair, can);
-                can
-            }
-        };
-        drop(peers);
-        if !direct {
-            return Ok(false);
-        }
-        // SAFETY: the caller guarantees `src` (memory of `src_ctx`) readable and `dst`
-        // (memory of our context) writable for `len` bytes until the copy completes; the
-        // stream belongs to our context, bound above.
-        unsafe {
-            driver::memcpy_peer_async(
-                dst as sys::CUdeviceptr,
-                self.device.cu_context(),
-                src as sys::CUdeviceptr,
-                src_ctx,
-                len,
-                stream,
-            )
-        }?;
-        Ok(true)
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { self.direct_copy_from_peer(from, src, dst, len) }
     }
 
     /// [`CudaDevice::open`] of `device_id` with this device's options.
@@ -574,25 +400,6 @@ unsafe impl Device for CudaDevice {
     fn synchronize(&self) -> devarrow_abi::Result<()> {
         context::sync_stream(&self.stream)?;
         Ok(())
-    }
-
-    /// The release threshold of devarrow's pool of the device
-    /// ([`crate::pool::set_policy`]), for every handle on the device.
-    fn retain_freed_memory(&self, bytes: Option<usize>) -> devarrow_abi::Result<()> {
-        let device = self.primary_context();
-        if !device.supports_memory_pools() {
-            return Ok(());
-        }
-        self.bind()?;
-        let ctx = device.context();
-        let mut policy = crate::pool::policy(ctx.ordinal());
-        policy.release_threshold = bytes.map(|b| b as u64);
-        crate::pool::set_policy(ctx, policy)?;
-        Ok(())
-    }
-
-    fn copy_count(&self) -> u64 {
-        self.copies.load(Ordering::Relaxed)
     }
 
     /// [`CudaDeviceOptions::register_pageable`], unless the driver said registering is

@@ -19,16 +19,19 @@
 //!   `ArrowDeviceArray.sync_event` = a pointer **to** the `CUevent`, as the C Device Data
 //!   Interface requires for `ARROW_DEVICE_CUDA`.
 //!
-//! Files: this one (`CudaDevice`, its options and its own methods), `copies.rs` (`impl
-//! Device`: allocations, staging, copies, events; [`TransferMemory`], [`PinnedStaging`]),
-//! `kernels.rs` (`impl DeviceKernels`) and `event.rs` ([`CudaSyncEvent`]), as
-//! `devarrow_abi`'s `device/` is split.
+//! Files: this one (`CudaDevice`, its options and its own methods; its pool policy and
+//! copy count), `copies.rs` (`impl Device`: allocations, staging, copies, events;
+//! [`TransferMemory`], [`PinnedStaging`]), which delegates to `batch.rs` (lists of copies
+//! in one `cuMemcpyBatchAsync`), `on_device.rs` (copies on the device, `dvx_batched_copy`)
+//! and `peer.rs` (copies from a peer device); `streams.rs` (ordering the device's stream
+//! with other streams), `kernels.rs` (`impl DeviceKernels`) and `event.rs`
+//! ([`CudaSyncEvent`]), as `devarrow_abi`'s `device/` is split.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
-use devarrow_abi::device::SyncEvent;
+use devarrow_abi::device::{CopyCounter, MemoryPoolPolicy};
 
 use crate::context::{self, ContextGuard, DropInContext};
 use crate::driver;
@@ -37,9 +40,13 @@ use crate::memory::PinnedHostBuffer;
 use crate::primary_context::PrimaryContext;
 
 mod arena;
+mod batch;
 mod copies;
 pub(crate) mod event;
 mod kernels;
+mod on_device;
+mod peer;
+mod streams;
 
 use arena::PinnedArena;
 pub use arena::{PinnedStats, DEFAULT_PINNED_RESERVE_BYTES};
@@ -66,7 +73,7 @@ use event::EventPool;
 /// `sync_event` points to) and wait for it.
 ///
 /// ```
-/// use devarrow_abi::device::Device;
+/// use devarrow_abi::device::{CopyCounter, Device};
 /// use devarrow_cuda::{CudaDevice, CudaDeviceOptions, CudaError, HostWait};
 ///
 /// # fn main() -> devarrow_cuda::Result<()> {
@@ -536,228 +543,6 @@ impl CudaDevice {
         self.registration_unsupported.load(Ordering::Relaxed)
     }
 
-    /// Whether a list of copies goes to `cuMemcpyBatchAsync`: asked for, the stream not
-    /// the legacy default stream, and the symbol in the driver (looked up once).
-    fn batch_copy_usable(&self) -> bool {
-        if !self.options.batch_copies {
-            return false;
-        }
-        let stream = self.stream.cu_stream() as usize;
-        if stream == 0 || stream == LEGACY_STREAM {
-            return false;
-        }
-        match self.batch_copy.load(Ordering::Acquire) {
-            BATCH_AVAILABLE => true,
-            BATCH_UNAVAILABLE => false,
-            _ => {
-                let present = driver::memcpy_batch_async_present();
-                let state = if present {
-                    BATCH_AVAILABLE
-                } else {
-                    BATCH_UNAVAILABLE
-                };
-                self.batch_copy.store(state, Ordering::Release);
-                present
-            }
-        }
-    }
-
-    /// Enqueues `copies` (`(dst, src, len)` unified addresses, none empty or NULL) in one
-    /// `cuMemcpyBatchAsync` where [`CudaDevice::batch_copy_usable`]: `Ok(true)` when they
-    /// were, `Ok(false)` when the caller must copy them one by one (too few to batch, not
-    /// asked for, or the driver does not have it: then remembered).
-    ///
-    /// # Safety
-    /// Every source readable and every destination writable for its length until the
-    /// copies complete, no destination overlapping another copy; the context bound.
-    unsafe fn try_batch(&self, copies: &[(u64, u64, usize)], direction: Direction) -> Result<bool> {
-        if copies.len() < 2 || !self.batch_copy_usable() {
-            return Ok(false);
-        }
-        let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
-        let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
-        let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
-        let host = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        };
-        let device = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.device.id() as i32,
-        };
-        let locations = match direction {
-            Direction::ToDevice => (host, device),
-            Direction::ToHost => (device, host),
-        };
-        // SAFETY: the symbol is there (`batch_copy_usable`); the ranges are the caller's
-        // guarantee; the stream is the device's, a created stream (not the legacy one,
-        // checked above) of the context the caller bound.
-        let batched = unsafe {
-            driver::memcpy_batch_async(
-                &mut dsts,
-                &mut srcs,
-                &mut sizes,
-                locations,
-                self.stream.cu_stream(),
-            )
-        };
-        match batched {
-            Ok(()) => {
-                self.batched_calls.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
-            }
-            Err(e) if e.allows_fallback() => {
-                // Not usable here after all, whatever code says so: a driver that
-                // exports the symbol but does not implement it (NOT_SUPPORTED,
-                // NOT_FOUND), a sandbox that refuses it (NOT_PERMITTED, OPERATING_SYSTEM
-                // under gVisor's nvproxy), ...: any error that leaves the context
-                // usable. Copy one by one, from now on. The batch enqueued nothing (and
-                // had it enqueued a part, copying the same sources to the same
-                // destinations again writes the same bytes).
-                self.batch_copy.store(BATCH_UNAVAILABLE, Ordering::Release);
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// What a list of copies does first: counts them, drops the empty ones, refuses NULL
-    /// pointers, and binds the context. `(dst, src, len)` of the copies left.
-    fn begin_batch(
-        &self,
-        copies: impl ExactSizeIterator<Item = (u64, u64, usize)>,
-        towards: &str,
-    ) -> Result<Vec<(u64, u64, usize)>> {
-        self.copies
-            .fetch_add(copies.len() as u64, Ordering::Relaxed);
-        let copies: Vec<_> = copies.filter(|c| c.2 > 0).collect();
-        if copies.iter().any(|c| c.0 == 0 || c.1 == 0) {
-            return Err(CudaError::InvalidArgument(format!(
-                "a batch of copies to the {towards} with a NULL pointer"
-            )));
-        }
-        if !copies.is_empty() {
-            self.bind()?;
-        }
-        Ok(copies)
-    }
-
-    /// Makes the device's stream wait (on the GPU: the host is not blocked) for the work
-    /// queued on `stream` so far: an event is recorded on `stream` and the device's
-    /// stream waits on it. Copies, allocations and kernels devarrow enqueues afterwards
-    /// run after that work (e.g. after the caller's kernel that wrote a buffer devarrow
-    /// then exports or downloads). A no-op when `stream` is the device's stream.
-    pub fn wait_for_stream(&self, stream: &CudaStream) -> Result<()> {
-        self.check_same_context(stream)?;
-        crate::memory::stream_waits_for(&self.stream, stream)
-    }
-
-    /// Makes `stream` wait (on the GPU: the host is not blocked) for the work queued on
-    /// the device's stream so far: an event is recorded on the device's stream and
-    /// `stream` waits on it. Work the caller enqueues on `stream` afterwards runs after
-    /// devarrow's uploads and downloads so far. A no-op when `stream` is the device's
-    /// stream.
-    pub fn make_stream_wait(&self, stream: &CudaStream) -> Result<()> {
-        self.check_same_context(stream)?;
-        crate::memory::stream_waits_for(stream, &self.stream)
-    }
-
-    /// Makes a stream the caller created outside devarrow, given as a raw `CUstream`
-    /// (a DLPack consumer's, a C++ or Python library's), wait on the GPU for `event`:
-    /// work the caller enqueues on `stream` afterwards runs after the work before the
-    /// event. The host is not blocked. `event` is typically the event of a
-    /// `devarrow_bridge::DeviceBatch` on this device or one that [`Device::record_event`]
-    /// returned; a NULL [`SyncEvent::as_sync_event_ptr`] (data
-    /// ready as soon as it exists, as on the CPU) makes this a no-op. The device's context
-    /// is made current first (and left current), so that the driver's special handles
-    /// name its default streams. For a [`CudaStream`], use
-    /// [`CudaSyncEvent::wait_on`].
-    ///
-    /// This is `cuStreamWaitEvent(stream, *event, CU_EVENT_WAIT_DEFAULT)`; a failure is
-    /// [`CudaError::Driver`] naming `cuStreamWaitEvent`.
-    ///
-    /// # Safety
-    /// - `stream` must be a live stream of this device's (primary) context, or one of the
-    ///   driver's special handles: `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD`
-    ///   (`2`) or NULL (the legacy default stream), which then name the default streams
-    ///   of this device's context.
-    /// - `event`'s pointer must be NULL or a `CUevent*` to a live event, as it is for
-    ///   every event of a CUDA device ([`SyncEvent`]'s contract for the CUDA device
-    ///   type; the driver lets a stream wait on an event of another device).
-    ///
-    /// devarrow cannot check the stream: the driver API has no call that validates a
-    /// handle, and the real driver does not validate it either. A destroyed or garbage
-    /// handle, or a stream of another context, is undefined behaviour: at best an error,
-    /// often a crash inside the driver. What is checked: a NULL event pointer (nothing to
-    /// wait for) and the driver's own answer.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use devarrow_abi::device::Device;
-    /// use devarrow_cuda::{CudaDevice, CudaError};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let device = match CudaDevice::open(0) {
-    ///     Ok(device) => device,
-    ///     Err(e @ (CudaError::NoDriver | CudaError::NoDevice)) => {
-    /// #       assert!(std::env::var("DEVARROW_REQUIRE_GPU").as_deref() != Ok("1"), "{e}");
-    ///         println!("no GPU here: {e}");
-    ///         return Ok(());
-    ///     }
-    ///     Err(e) => return Err(e.into()),
-    /// };
-    /// let memory = device.allocate(4)?;
-    /// // SAFETY: the array outlives the copy (the stream below is synchronized before the
-    /// // end of the example), and `memory` holds 4 bytes of this device.
-    /// unsafe { device.copy_to_device([1u8, 2, 3, 4].as_ptr(), memory.address(), 4)? };
-    /// let ready = device.record_event()?;
-    /// // A stream of another library, known only by its raw handle.
-    /// let theirs = device.primary_context().new_stream()?;
-    /// let raw = theirs.cu_stream();
-    /// // SAFETY: `raw` is a live stream (`theirs` holds it) of the device's context, and
-    /// // `ready` is an event of a CUDA device.
-    /// unsafe { device.make_raw_stream_wait(raw, ready.as_ref())? };
-    /// // Work enqueued on `raw` from here on sees the 4 bytes in `memory`.
-    /// theirs.synchronize()?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// [`Device::record_event`]: devarrow_abi::device::Device::record_event
-    pub unsafe fn make_raw_stream_wait(
-        &self,
-        stream: sys::CUstream,
-        event: &dyn SyncEvent,
-    ) -> Result<()> {
-        let event = event.as_sync_event_ptr();
-        if event.is_null() {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: a non-NULL pointer is a `CUevent*` to a live event, and `stream` a live
-        // stream of the context bound above or a special handle (the caller's
-        // guarantees).
-        unsafe { driver::stream_wait_event(stream, *event.cast::<sys::CUevent>()) }
-    }
-
-    /// Refuses a stream of another context than the device's.
-    fn check_same_context(&self, stream: &CudaStream) -> Result<()> {
-        let ctx = stream.context();
-        if ctx.ordinal() != self.device.id() {
-            return Err(CudaError::DeviceMismatch {
-                expected: self.device.id() as i64,
-                found: ctx.ordinal() as i64,
-            });
-        }
-        if ctx.cu_ctx() != self.device.cu_context() {
-            return Err(CudaError::NotPrimaryContext {
-                device: ctx.ordinal(),
-            });
-        }
-        Ok(())
-    }
-
     /// The CUDA device.
     pub fn primary_context(&self) -> &PrimaryContext {
         &self.device
@@ -789,9 +574,32 @@ impl CudaDevice {
     }
 }
 
+impl CopyCounter for CudaDevice {
+    fn copy_count(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+}
+
+impl MemoryPoolPolicy for CudaDevice {
+    /// The release threshold of devarrow's pool of the device
+    /// ([`crate::pool::set_policy`]), for every handle on the device.
+    fn retain_freed_memory(&self, bytes: Option<usize>) -> devarrow_abi::Result<()> {
+        let device = self.primary_context();
+        if !device.supports_memory_pools() {
+            return Ok(());
+        }
+        self.bind()?;
+        let ctx = device.context();
+        let mut policy = crate::pool::policy(ctx.ordinal());
+        policy.release_threshold = bytes.map(|b| b as u64);
+        crate::pool::set_policy(ctx, policy)?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use devarrow_abi::device::Device;
+    use devarrow_abi::device::{CopyCounter, Device};
     use devarrow_abi::ArrowDeviceType;
 
     use super::*;
