@@ -4,13 +4,11 @@
 
 use std::sync::Arc;
 
-use arrow_schema::DataType;
 use devarrow::bridge::DeviceBatch;
-use devarrow::cuda::cudarc::driver::CudaSlice;
-use devarrow::cuda::{CudaArray, CudaDevice};
+use devarrow::cuda::CudaDevice;
 
-use super::{addr, context, load, Cx, Lanes, A};
-use crate::compute::{ComputeError, SELECTION};
+use super::{addr, context, load, store_column, Lanes, A};
+use crate::compute::SELECTION;
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
@@ -110,7 +108,7 @@ pub(crate) fn compact(
         arrays.push(store_column(
             &cx,
             field.data_type(),
-            out,
+            &out,
             m,
             field.is_nullable(),
             e,
@@ -120,75 +118,4 @@ pub(crate) fn compact(
     let batch =
         DeviceBatch::from_cuda_arrays(device.device().clone(), frame.schema().clone(), arrays)?;
     Ok(Some(Some(DeviceFrame::from_batch(batch))))
-}
-
-/// `n` (at least 1) lanes stored as a column of `dt` (its width, a bitmap where
-/// `nullable`).
-fn store_column(
-    cx: &Cx<'_>,
-    dt: &DataType,
-    lanes: Lanes,
-    n: usize,
-    nullable: bool,
-    e: u64,
-) -> Result<CudaArray, BoxError> {
-    let s = cx.stream;
-    let width: u32 = match dt {
-        DataType::Decimal128(..) => 16,
-        DataType::Int64 => 8,
-        DataType::Int32 | DataType::Date32 => 4,
-        DataType::Int16 => 2,
-        DataType::Int8 => 1,
-        other => return Err(ComputeError::Input(format!("no CUDA output of {other}")).into()),
-    };
-    let bitmap = if nullable && n > 0 {
-        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
-        cx.launch(
-            &cx.k.pack_bits,
-            n.div_ceil(8),
-            &[
-                A::U64(addr(&lanes.valid, s)),
-                A::U64(addr(&bits, s)),
-                A::U64(n as u64),
-            ],
-        )?;
-        Some(bits)
-    } else {
-        None
-    };
-    fn array<T: devarrow::cuda::DeviceNative + devarrow::cuda::cudarc::driver::ValidAsZeroBits>(
-        cx: &Cx<'_>,
-        dt: &DataType,
-        lanes: &Lanes,
-        n: usize,
-        width: u32,
-        bitmap: Option<CudaSlice<u8>>,
-        e: u64,
-    ) -> Result<CudaArray, BoxError> {
-        let out = cx.stream.alloc_zeros::<T>(n)?;
-        cx.launch(
-            &cx.k.store_lanes,
-            n,
-            &[
-                A::U64(addr(&lanes.values, cx.stream)),
-                A::U64(addr(&out, cx.stream)),
-                A::U64(n as u64),
-                A::U32(width),
-                A::U64(e),
-            ],
-        )?;
-        Ok(match bitmap {
-            Some(bits) => CudaArray::with_validity(dt.clone(), out, bits, None)?,
-            None => CudaArray::from_values(dt.clone(), out)?,
-        })
-    }
-    let column = match width {
-        16 => array::<i128>(cx, dt, &lanes, n, width, bitmap, e)?,
-        8 => array::<i64>(cx, dt, &lanes, n, width, bitmap, e)?,
-        4 => array::<i32>(cx, dt, &lanes, n, width, bitmap, e)?,
-        2 => array::<i16>(cx, dt, &lanes, n, width, bitmap, e)?,
-        _ => array::<i8>(cx, dt, &lanes, n, width, bitmap, e)?,
-    };
-    drop(lanes);
-    Ok(column)
 }

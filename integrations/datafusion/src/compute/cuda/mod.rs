@@ -443,29 +443,48 @@ pub(crate) fn evaluate(
     if dt == DataType::Boolean {
         return Ok((boolean_column(&cx, expr, lanes, &err, device)?, None));
     }
-    let width: u32 = match &dt {
+    let width = store_width(&dt)?;
+    let nullable = expr.node.introduces_nulls() || columns_have_nulls(&expr.node, frame)?;
+    let column = store_column(&cx, &dt, &lanes, n, nullable, e)?;
+    let pending = pending(
+        &cx,
+        err,
+        &expr.text,
+        expr.node.may_fail() || width < 8,
+        defer,
+    )?;
+    drop(lanes);
+    let nullable = column.null_count() > 0;
+    let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
+    let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
+    Ok((FrameColumn::single(batch)?, pending))
+}
+
+/// The bytes per value `store_lanes` writes for an output of `dt`.
+fn store_width(dt: &DataType) -> Result<u32, BoxError> {
+    Ok(match dt {
         DataType::Decimal128(..) => 16,
         DataType::Int64 => 8,
         DataType::Int32 | DataType::Date32 => 4,
         DataType::Int16 => 2,
         DataType::Int8 => 1,
         other => return Err(ComputeError::Input(format!("no CUDA output of {other}")).into()),
-    };
-    let store = |out: u64| {
-        cx.launch(
-            &cx.k.store_lanes,
-            n,
-            &[
-                A::U64(addr(&lanes.values, s)),
-                A::U64(out),
-                A::U64(n as u64),
-                A::U32(width),
-                A::U64(e),
-            ],
-        )
-    };
-    let nullable = expr.node.introduces_nulls() || columns_have_nulls(&expr.node, frame)?;
-    let bitmap = if nullable {
+    })
+}
+
+/// `n` (at least 1) lanes stored as a column of `dt` (its width, a bitmap where
+/// `nullable`).
+fn store_column(
+    cx: &Cx<'_>,
+    dt: &DataType,
+    lanes: &Lanes,
+    n: usize,
+    nullable: bool,
+    e: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let width = store_width(dt)?;
+    let bitmap = if nullable && n > 0 {
         let bits = cx.zeros::<u8>(n.div_ceil(8))?;
         cx.launch(
             &cx.k.pack_bits,
@@ -483,36 +502,37 @@ pub(crate) fn evaluate(
     fn array<T: devarrow::cuda::DeviceNative + devarrow::cuda::cudarc::driver::ValidAsZeroBits>(
         cx: &Cx<'_>,
         dt: &DataType,
+        lanes: &Lanes,
         n: usize,
-        store: impl Fn(u64) -> Result<(), BoxError>,
+        width: u32,
         bitmap: Option<CudaSlice<u8>>,
+        e: u64,
     ) -> Result<CudaArray, BoxError> {
         let out = cx.stream.alloc_zeros::<T>(n)?;
-        store(addr(&out, cx.stream))?;
+        cx.launch(
+            &cx.k.store_lanes,
+            n,
+            &[
+                A::U64(addr(&lanes.values, cx.stream)),
+                A::U64(addr(&out, cx.stream)),
+                A::U64(n as u64),
+                A::U32(width),
+                A::U64(e),
+            ],
+        )?;
         Ok(match bitmap {
             Some(bits) => CudaArray::with_validity(dt.clone(), out, bits, None)?,
             None => CudaArray::from_values(dt.clone(), out)?,
         })
     }
     let column = match width {
-        16 => array::<i128>(&cx, &dt, n, store, bitmap)?,
-        8 => array::<i64>(&cx, &dt, n, store, bitmap)?,
-        4 => array::<i32>(&cx, &dt, n, store, bitmap)?,
-        2 => array::<i16>(&cx, &dt, n, store, bitmap)?,
-        _ => array::<i8>(&cx, &dt, n, store, bitmap)?,
+        16 => array::<i128>(cx, dt, lanes, n, width, bitmap, e)?,
+        8 => array::<i64>(cx, dt, lanes, n, width, bitmap, e)?,
+        4 => array::<i32>(cx, dt, lanes, n, width, bitmap, e)?,
+        2 => array::<i16>(cx, dt, lanes, n, width, bitmap, e)?,
+        _ => array::<i8>(cx, dt, lanes, n, width, bitmap, e)?,
     };
-    let pending = pending(
-        &cx,
-        err,
-        &expr.text,
-        expr.node.may_fail() || width < 8,
-        defer,
-    )?;
-    drop(lanes);
-    let nullable = column.null_count() > 0;
-    let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
-    let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
-    Ok((FrameColumn::single(batch)?, pending))
+    Ok(column)
 }
 
 /// The error word of an evaluation, read back later ([`super::PendingCheck`]).
