@@ -7,7 +7,7 @@ use std::sync::Arc;
 use devarrow::bridge::DeviceBatch;
 use devarrow::cuda::CudaDevice;
 
-use super::{addr, context, load, store_column, Lanes, A};
+use super::{addr, context, load, store_column, A};
 use crate::compute::SELECTION;
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -34,10 +34,7 @@ pub(crate) fn compact(
     let e = addr(&err, s);
     let incl = load(&cx, selection, SELECTION, e)?;
     // Selected: valid and non-zero, as 0/1 lanes (a null selection keeps no row).
-    let keep = Lanes {
-        values: cx.zeros::<i64>(n)?,
-        valid: cx.zeros::<u8>(n)?,
-    };
+    let keep = cx.lanes(n)?;
     cx.launch(
         &cx.k.select_rows,
         n,
@@ -89,10 +86,7 @@ pub(crate) fn compact(
     }
     let mut arrays = Vec::with_capacity(loaded.len());
     for (lanes, field) in loaded.iter().zip(frame.schema().fields()) {
-        let out = Lanes {
-            values: cx.zeros::<i64>(m)?,
-            valid: cx.zeros::<u8>(m)?,
-        };
+        let out = cx.lanes(m)?;
         cx.launch(
             &cx.k.compact_lanes,
             n,

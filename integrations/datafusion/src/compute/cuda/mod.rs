@@ -136,6 +136,14 @@ impl Cx<'_> {
         Ok(())
     }
 
+    /// `n` zeroed lanes (values and validity flags).
+    fn lanes(&self, n: usize) -> Result<Lanes, BoxError> {
+        Ok(Lanes {
+            values: self.zeros::<i64>(n)?,
+            valid: self.zeros::<u8>(n)?,
+        })
+    }
+
     fn zeros<
         T: devarrow::cuda::cudarc::driver::DeviceRepr
             + devarrow::cuda::cudarc::driver::ValidAsZeroBits,
@@ -213,10 +221,7 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
             return Err(ComputeError::Input(format!("column `{name}`: a bitmap too short")).into());
         }
     }
-    let out = Lanes {
-        values: cx.zeros::<i64>(n)?,
-        valid: cx.zeros::<u8>(n)?,
-    };
+    let out = cx.lanes(n)?;
     cx.launch(
         &cx.k.load_lanes,
         n,
@@ -280,10 +285,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             let bitmap = c.cuda_validity(s)?;
             let flat: Vec<u64> = words.iter().flatten().copied().collect();
             let words_on_device = s.clone_htod(&flat)?;
-            let out = Lanes {
-                values: cx.zeros::<i64>(n)?,
-                valid: cx.zeros::<u8>(n)?,
-            };
+            let out = cx.lanes(n)?;
             cx.launch(
                 &cx.k.view_in,
                 n,
@@ -303,10 +305,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             Ok(out)
         }
         Node::Literal(v) => {
-            let out = Lanes {
-                values: cx.zeros::<i64>(n)?,
-                valid: cx.zeros::<u8>(n)?,
-            };
+            let out = cx.lanes(n)?;
             cx.launch(
                 &cx.k.fill_lanes,
                 n,
@@ -331,10 +330,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         } => {
             let a = eval(cx, left, frame, err)?;
             let b = eval(cx, right, frame, err)?;
-            let out = Lanes {
-                values: cx.zeros::<i64>(n)?,
-                valid: cx.zeros::<u8>(n)?,
-            };
+            let out = cx.lanes(n)?;
             cx.launch(
                 &cx.k.binary_lanes,
                 n,
@@ -365,10 +361,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             on_fail,
         } => {
             let a = eval(cx, input, frame, err)?;
-            let out = Lanes {
-                values: cx.zeros::<i64>(n)?,
-                valid: cx.zeros::<u8>(n)?,
-            };
+            let out = cx.lanes(n)?;
             cx.launch(
                 &cx.k.unary_lanes,
                 n,
