@@ -14,7 +14,7 @@ use datafusion::physical_expr::expressions::{
 };
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
-use super::Unsupported;
+use super::{Unsupported, KEY_WORDS};
 
 /// Binary operation codes (shared with `kernels/compute.ptx`'s `binary_i64`).
 pub(crate) mod op {
@@ -240,6 +240,21 @@ fn compile_node(
     Err(Unsupported(format!("`{expr}` has no device kernel")))
 }
 
+/// A string's view words, where it has at most 12 bytes: its 16-byte view (length, then
+/// the bytes inline, zero-padded), as a group key and as a literal compared with views.
+pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
+    if bytes.len() > 12 {
+        return None;
+    }
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    view[4..4 + bytes.len()].copy_from_slice(bytes);
+    Some([
+        u64::from_le_bytes(view[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(view[8..].try_into().expect("8 bytes")),
+    ])
+}
+
 /// The view words of a string literal of at most 12 bytes (`None`: not a string
 /// literal; an error: a longer one, or null).
 fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<[u64; 2]>, Unsupported> {
@@ -255,13 +270,11 @@ fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<[u64; 2]>, Unsu
             "a null string literal has no device kernel".into(),
         ));
     };
-    super::host::string_key(text.as_bytes())
-        .map(Some)
-        .ok_or_else(|| {
-            Unsupported(format!(
-                "the string literal '{text}' is longer than 12 bytes (no device kernel)"
-            ))
-        })
+    string_key(text.as_bytes()).map(Some).ok_or_else(|| {
+        Unsupported(format!(
+            "the string literal '{text}' is longer than 12 bytes (no device kernel)"
+        ))
+    })
 }
 
 /// A `Utf8View` column of the input (`None`: not a column, or another type).

@@ -6,7 +6,7 @@ use arrow_schema::DataType;
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
-use super::expr::{op, Node, OnFail};
+use super::expr::{op, string_key, Node, OnFail};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -340,21 +340,6 @@ pub(crate) fn selection(frame: &DeviceFrame) -> Result<Vec<u8>, BoxError> {
 
 /// Each row's key words and the validity.
 pub(crate) type KeyWords = (Vec<[u64; KEY_WORDS]>, Option<Vec<u8>>);
-
-/// A string group key's words: its 16-byte view (length, then up to 12 bytes inline,
-/// zero-padded).
-pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
-    if bytes.len() > 12 {
-        return None;
-    }
-    let mut view = [0u8; 16];
-    view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
-    view[4..4 + bytes.len()].copy_from_slice(bytes);
-    Some([
-        u64::from_le_bytes(view[..8].try_into().expect("8 bytes")),
-        u64::from_le_bytes(view[8..].try_into().expect("8 bytes")),
-    ])
-}
 
 /// What a string of more than 12 bytes is among [`string_words`]' words: a length no
 /// view of at most 12 bytes has, so it equals none of them.
