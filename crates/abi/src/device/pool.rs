@@ -77,7 +77,8 @@ pub fn whole_pages(ptr: *const u8, len: usize) -> std::ops::Range<usize> {
 /// 512. Ranges below [`HUGE_PAGE_MIN_BYTES`] are left alone.
 ///
 /// The advice changes no byte and no permission; it is ignored where huge pages are
-/// disabled, and on systems other than Linux this does nothing.
+/// disabled, and on systems other than Linux (and under Miri, which runs no system
+/// call) this does nothing.
 pub fn advise_huge_pages(range: &mut [MaybeUninit<u8>]) {
     if range.len() < HUGE_PAGE_MIN_BYTES {
         return;
@@ -87,7 +88,7 @@ pub fn advise_huge_pages(range: &mut [MaybeUninit<u8>]) {
     if end <= begin {
         return;
     }
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(miri)))]
     {
         // `MADV_HUGEPAGE` only changes how the kernel backs the pages: contents,
         // permissions and mapping are unchanged, so no Rust reference is invalidated. Its
