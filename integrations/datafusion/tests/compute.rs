@@ -15,7 +15,7 @@ use arrow_array::{
     RecordBatch, StringArray, UInt8Array,
 };
 use arrow_schema::{DataType, Field, Schema};
-use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::compute::{concat_batches, filter_record_batch};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::MemTable;
@@ -157,8 +157,21 @@ async fn projection(
     Arc<Schema>,
     Vec<RecordBatch>,
 ) {
+    projection_of(ctx, "t", expr).await
+}
+
+/// [`projection`] over table `table`.
+async fn projection_of(
+    ctx: &SessionContext,
+    table: &str,
+    expr: &str,
+) -> (
+    Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+    Arc<Schema>,
+    Vec<RecordBatch>,
+) {
     let plan = ctx
-        .sql(&format!("SELECT {expr} AS v FROM t"))
+        .sql(&format!("SELECT {expr} AS v FROM {table}"))
         .await
         .unwrap()
         .create_physical_plan()
@@ -906,26 +919,11 @@ pub async fn check_string_predicates(device: &ExecDevice) {
         "x IN (-3, 7, 12)",
         "x NOT IN (0, 1, 29)",
     ] {
-        let plan = ctx
-            .sql(&format!("SELECT ({text}) AS p FROM v"))
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let node = find::<ProjectionExec>(&plan).unwrap();
-        let projection = node.downcast_ref::<ProjectionExec>().unwrap();
-        let e = projection.expr()[0].expr.clone();
-        let schema = projection.input().schema();
+        // The projection's input batches: the columns the predicate reads.
+        let (e, schema, batches) = projection_of(&ctx, "v", &format!("({text})")).await;
         let compiled = DeviceExpr::compile(&e, &schema)
             .unwrap_or_else(|u| panic!("{text} compiles for the device: {u:?}"));
-        // The projection's input: the columns the predicate reads.
-        let read: Vec<usize> = schema
-            .fields()
-            .iter()
-            .map(|f| batch.schema().index_of(f.name()).unwrap())
-            .collect();
-        let input = batch.project(&read).unwrap();
+        let input = concat_batches(&schema, &batches).unwrap();
         for batch in [input.clone(), input.slice(5, 41)] {
             let want = e
                 .evaluate(&batch)
@@ -945,16 +943,8 @@ pub async fn check_string_predicates(device: &ExecDevice) {
             }
         }
     }
-    let plan = ctx
-        .sql("SELECT (s = 'a literal longer than twelve') AS p FROM v")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let node = find::<ProjectionExec>(&plan).unwrap();
-    let projection = node.downcast_ref::<ProjectionExec>().unwrap();
-    let refused = DeviceExpr::compile(&projection.expr()[0].expr, &projection.input().schema());
+    let (e, schema, _) = projection_of(&ctx, "v", "(s = 'a literal longer than twelve')").await;
+    let refused = DeviceExpr::compile(&e, &schema);
     assert!(
         matches!(&refused, Err(Unsupported(why)) if why.contains("longer than 12 bytes")),
         "{refused:?}"
