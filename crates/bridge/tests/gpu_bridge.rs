@@ -2125,6 +2125,100 @@ mod cuda_interop {
             .unwrap();
         assert_eq!(stream.clone_dtoh(&*f).unwrap(), floats);
     }
+
+    /// Booleans and string views built from cudarc slices (a kernel's output) download
+    /// as the arrays they describe; the views' variadic sizes travel on the device.
+    #[test]
+    fn booleans_and_views_from_cudarc_slices_download() {
+        use arrow_array::{BooleanArray, StringViewArray};
+        let (_lock, device) = gpu_or_skip!();
+        let (_ctx, stream) = callers_stream();
+        let bits = [0b1010_1101u8, 0b10];
+        let valid = [0b1111_0111u8, 0b11];
+
+        let err = CudaArray::from_bits(17, stream.clone_htod(&bits).unwrap(), None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CudaError::BufferTooShort {
+                    buffer: "values",
+                    bytes: 2,
+                    needed: 3
+                }
+            ),
+            "{err:?}"
+        );
+        let flags = CudaArray::from_bits(
+            6,
+            stream.clone_htod(&bits).unwrap(),
+            Some((stream.clone_htod(&valid).unwrap(), Some(1))),
+        )
+        .unwrap();
+        assert_eq!((flags.len(), flags.null_count()), (6, 1));
+
+        // Views of a host array (short values inline, long ones in two blocks), their
+        // blocks and bitmap uploaded as they are.
+        let values: Vec<Option<&str>> = vec![
+            Some("inline"),
+            None,
+            Some("a value longer than twelve bytes"),
+            Some(""),
+            Some("twelve bytes"),
+            Some("another value, in the second block"),
+        ];
+        let mut builder = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(40);
+        for v in &values {
+            builder.append_option(*v);
+        }
+        let host: StringViewArray = builder.finish();
+        assert_eq!(host.data_buffers().len(), 2);
+        let views: Vec<u128> = host.views().to_vec();
+        let blocks: Vec<_> = host
+            .data_buffers()
+            .iter()
+            .map(|b| stream.clone_htod(b.as_slice()).unwrap())
+            .collect();
+        let bitmap = host.nulls().unwrap().buffer().as_slice().to_vec();
+        // SAFETY: refused before any view is used (the type is not a view type).
+        let err = unsafe {
+            CudaArray::from_views(
+                DataType::Utf8,
+                stream.clone_htod(&views).unwrap(),
+                vec![],
+                None,
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        // SAFETY: the views are arrow-rs's, well formed for these blocks.
+        let strings = unsafe {
+            CudaArray::from_views(
+                DataType::Utf8View,
+                stream.clone_htod(&views).unwrap(),
+                blocks,
+                Some((stream.clone_htod(&bitmap).unwrap(), None)),
+            )
+        }
+        .unwrap();
+        assert_eq!((strings.len(), strings.null_count()), (6, 1));
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("flag", DataType::Boolean, true),
+            Field::new("s", DataType::Utf8View, true),
+        ]));
+        let on_device =
+            DeviceBatch::from_cuda_arrays(device.clone(), schema.clone(), vec![flags, strings])
+                .unwrap();
+        let back = transfer(&device).to_host(&on_device).unwrap();
+        let bit = |bytes: &[u8], i: usize| bytes[i / 8] & (1 << (i % 8)) != 0;
+        let flags = BooleanArray::from(
+            (0..6)
+                .map(|i| bit(&valid, i).then_some(bit(&bits, i)))
+                .collect::<Vec<_>>(),
+        );
+        let expected = RecordBatch::try_new(schema, vec![Arc::new(flags), Arc::new(host)]).unwrap();
+        assert_eq!(back, expected);
+    }
 }
 
 /// `batch` up through `transfer`, exported, imported again on `device` and down: the

@@ -704,6 +704,24 @@ pub(crate) unsafe fn memset_d8_async(
     unsafe { result::memset_d8_async(ptr, value, bytes, stream) }.call("cuMemsetD8Async")
 }
 
+/// `cuMemsetD32Async`: sets `count` 32-bit words at `ptr` (4-byte aligned) to `value` on
+/// `stream`.
+///
+/// # Safety
+/// `ptr` must be device-accessible memory writable for `4 * count` bytes until the memset
+/// completes; `stream` must be a live stream of the current context.
+pub(crate) unsafe fn memset_d32_async(
+    ptr: sys::CUdeviceptr,
+    value: u32,
+    count: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe { sys::cuMemsetD32Async(ptr, value, count, stream) }
+        .result()
+        .call("cuMemsetD32Async")
+}
+
 /// `cuMemsetD8`: sets `bytes` bytes at `ptr` to `value`, on the current context's legacy
 /// default stream (the call may return before the memset completes).
 ///

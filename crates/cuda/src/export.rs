@@ -67,7 +67,9 @@ unsafe extern "C" fn release_exported(array: *mut ArrowArray) {
 }
 
 /// Checks that arrow-rs can export `data` without reading any buffer on the host.
-fn check_exportable(data: &ArrayData, path: &str) -> Result<()> {
+/// `device_view_sizes`: view arrays carry their variadic sizes in device memory
+/// ([`export_with_device_view_sizes`]); otherwise they are refused.
+fn check_exportable(data: &ArrayData, path: &str, device_view_sizes: bool) -> Result<()> {
     if let Some(nulls) = data.nulls() {
         if nulls.offset() != data.offset() {
             return Err(CudaError::InvalidArgument(format!(
@@ -78,16 +80,65 @@ fn check_exportable(data: &ArrayData, path: &str) -> Result<()> {
             )));
         }
     }
-    if matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView) {
+    if is_view(data.data_type()) && !device_view_sizes {
         return Err(CudaError::InvalidArgument(format!(
             "{path}: view types are not exported from CUDA memory (arrow-rs puts the \
              variadic buffer sizes in host memory)"
         )));
     }
     for (i, child) in data.child_data().iter().enumerate() {
-        check_exportable(child, &format!("{path}.children[{i}]"))?;
+        check_exportable(child, &format!("{path}.children[{i}]"), device_view_sizes)?;
     }
     Ok(())
+}
+
+fn is_view(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8View | DataType::BinaryView)
+}
+
+/// Drops the host sizes buffer arrow-rs appends to every view array of the export
+/// (`n_buffers` one less), so that the array's own last buffer, its variadic sizes in
+/// device memory, is the one the C data interface reads as the sizes.
+///
+/// # Safety
+/// `array` is arrow-rs's live export of `data` (the same tree of children and
+/// dictionaries), not yet handed to anyone.
+unsafe fn use_device_view_sizes(data: &ArrayData, array: &mut ArrowArray) {
+    if is_view(data.data_type()) {
+        array.n_buffers -= 1;
+    }
+    let dictionary = matches!(data.data_type(), DataType::Dictionary(..));
+    for (i, child) in data.child_data().iter().enumerate() {
+        // SAFETY: arrow-rs exports each child of `data` as a child of `array`, in order,
+        // and the values of a dictionary as its `dictionary`; all are live structs owned
+        // by the export (the caller's guarantee).
+        unsafe {
+            let target = if dictionary {
+                array.dictionary
+            } else {
+                *array.children.add(i)
+            };
+            if let Some(target) = target.as_mut() {
+                use_device_view_sizes(child, target);
+            }
+        }
+    }
+}
+
+/// [`export_array_data`] for `data` whose view arrays (`Utf8View`, `BinaryView`) each carry
+/// one more buffer than arrow-rs knows of, last: the sizes of their variadic buffers as
+/// `i64`s in device memory. The export's view arrays point to that buffer as their sizes
+/// (arrow-rs would write them to host memory), as the C device data interface requires.
+///
+/// # Safety
+/// Every view array of `data` has that last buffer, with one `i64` per other variadic
+/// buffer, equal to its length in bytes.
+pub(crate) unsafe fn export_with_device_view_sizes(
+    data: ArrayData,
+    device_type: ArrowDeviceType,
+    stream: &Arc<CudaStream>,
+) -> Result<DeviceArray> {
+    export(data, device_type, stream, true)
 }
 
 /// Exports `data`, whose buffers live in CUDA memory of `device_type`
@@ -122,17 +173,30 @@ pub fn export_array_data(
     device_type: ArrowDeviceType,
     stream: &Arc<CudaStream>,
 ) -> Result<DeviceArray> {
+    export(data, device_type, stream, false)
+}
+
+fn export(
+    data: ArrayData,
+    device_type: ArrowDeviceType,
+    stream: &Arc<CudaStream>,
+    device_view_sizes: bool,
+) -> Result<DeviceArray> {
     if !device_type.is_cuda() {
         return Err(CudaError::UnsupportedDeviceType {
             found: device_type,
             expected: "ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST or ARROW_DEVICE_CUDA_MANAGED",
         });
     }
-    check_exportable(&data, "array")?;
+    check_exportable(&data, "array", device_view_sizes)?;
     let ctx = stream.context();
     let event = ctx.new_event(None).call("cuEventCreate")?;
     event.record(stream).call("cuEventRecord")?;
-    let inner = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
+    let mut inner = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
+    if device_view_sizes {
+        // SAFETY: `inner` is arrow-rs's export of `data`, owned here alone.
+        unsafe { use_device_view_sizes(&data, &mut inner) };
+    }
     drop(data);
     let private = Box::into_raw(Box::new(ExportPrivate {
         event_handle: event.cu_event(),
@@ -195,10 +259,10 @@ mod tests {
             .unwrap()
             .slice(1, 8);
         // slicing keeps the offsets equal: exportable
-        assert!(check_exportable(&data, "array").is_ok());
+        assert!(check_exportable(&data, "array", false).is_ok());
         let view = ArrayData::new_empty(&DataType::Utf8View);
         assert!(matches!(
-            check_exportable(&view, "array"),
+            check_exportable(&view, "array", false),
             Err(CudaError::InvalidArgument(_))
         ));
     }

@@ -11,8 +11,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use devarrow_abi::{ArrowDeviceType, DeviceArray};
 
 use crate::context::{self, DropInContext, InContext};
-use crate::error::{CudaError, Result};
-use crate::export::export_array_data;
+use crate::error::{CudaError, DriverResultExt, Result};
+use crate::export::export_with_device_view_sizes;
 use crate::kernels;
 use crate::memory::{stream_waits_for, CudaMemory};
 use crate::native::DeviceNative;
@@ -41,7 +41,7 @@ impl<T> std::panic::RefUnwindSafe for SliceOwner<T> {}
 /// # Safety
 /// The `Buffer` points to device memory: it must never be read on the host, only its
 /// address and length used (as the export does).
-unsafe fn device_buffer<T: DeviceNative>(slice: CudaSlice<T>, ptr: u64) -> Buffer {
+unsafe fn device_buffer<T: 'static>(slice: CudaSlice<T>, ptr: u64) -> Buffer {
     let bytes = slice.num_bytes();
     let ptr = NonNull::new(ptr as *mut u8).unwrap_or(NonNull::<u64>::dangling().cast());
     // SAFETY: `ptr..ptr + bytes` is the slice's allocation, alive as long as the owner
@@ -86,13 +86,16 @@ impl CudaMemory for Bitmap {
     }
 }
 
-/// A primitive Arrow array whose buffers are cudarc slices in CUDA device memory: the
-/// values (`CudaSlice<T>`, one element per row) and optionally a validity bitmap
+/// An Arrow array whose buffers are cudarc slices in CUDA device memory: the values
+/// (`CudaSlice<T>`, one element per row; a bitmap for booleans; 16-byte views and their
+/// variadic buffers for `Utf8View` and `BinaryView`) and optionally a validity bitmap
 /// (`CudaSlice<u8>`, bit `i` set when row `i` is valid, LSB first).
 ///
-/// Built by [`CudaArray::from_values`] and [`CudaArray::with_validity`], which check the
-/// slices against the data type (typed errors: [`CudaError::TypeMismatch`],
-/// [`CudaError::BufferTooShort`], [`CudaError::DeviceMismatch`]). The array owns the
+/// Built by [`CudaArray::from_values`] and [`CudaArray::with_validity`] (fixed-width
+/// types), [`CudaArray::from_bits`] (booleans) and [`CudaArray::from_views`] (views),
+/// which check the slices against the data type (typed errors:
+/// [`CudaError::TypeMismatch`], [`CudaError::BufferTooShort`],
+/// [`CudaError::DeviceMismatch`]). The array owns the
 /// slices; they are freed (by cudarc, in order on their stream) when the array, or the
 /// consumer of its export, releases them.
 ///
@@ -194,66 +197,140 @@ impl CudaArray {
         }
         let stream = values.stream().clone();
         context::check_keepable(&stream, "CudaArray")?;
-        let ctx = stream.context().clone();
         let len = values.len();
         let values_ptr = address_for_reads(&values, &stream);
-        let mut builder = ArrayData::builder(data_type).len(len);
-        if let Some((validity, null_count)) = validity {
-            let needed = len.div_ceil(8);
-            if validity.len() < needed {
-                return Err(CudaError::BufferTooShort {
-                    buffer: "validity",
-                    bytes: validity.len(),
-                    needed,
-                });
-            }
-            let vctx = validity.context();
-            if vctx.ordinal() != ctx.ordinal() {
-                return Err(CudaError::DeviceMismatch {
-                    expected: ctx.ordinal() as i64,
-                    found: vctx.ordinal() as i64,
-                });
-            }
-            if vctx.cu_ctx() != ctx.cu_ctx() {
-                return Err(CudaError::InvalidArgument(
-                    "the validity slice belongs to another CUDA context than the values".into(),
-                ));
-            }
-            if let Some(n) = null_count.filter(|&n| n > len) {
-                return Err(CudaError::InvalidArgument(format!(
-                    "a null count of {n} for {len} rows"
-                )));
-            }
-            // The export's event is recorded on the values' stream: order the bitmap's
-            // writes before it.
-            stream_waits_for(&stream, validity.stream())?;
-            let bitmap_ptr = address_for_reads(&validity, &stream);
-            let null_count = match null_count {
-                Some(n) => n,
-                None => {
-                    let bitmap = Bitmap {
-                        ptr: bitmap_ptr,
-                        len: validity.len(),
-                        device: ctx.ordinal() as i64,
-                    };
-                    len - kernels::count_set_bits(&stream, &bitmap, 0, len)? as usize
-                }
-            };
-            // SAFETY: the buffer is only exported (address and length), never read.
-            let bits = unsafe { device_buffer(validity, bitmap_ptr) };
-            // `BooleanBuffer::new` checks the length only (8 bits per byte), reads nothing.
-            let bits = BooleanBuffer::new(bits, 0, len);
-            // SAFETY: `null_count` is the number of unset bits among the first `len`
-            // (counted above, or the caller's count, which arrow-rs never checks here:
-            // the buffer is not read on the host).
-            builder = builder.nulls(Some(unsafe { NullBuffer::new_unchecked(bits, null_count) }));
-        }
+        let nulls = nulls(&stream, len, validity)?;
         // SAFETY: the buffer is only exported (address and length), never read.
         let values = unsafe { device_buffer(values, values_ptr) };
         // SAFETY: a fixed-width array of `len` rows: one values buffer of `len` elements
         // of the type's width (`T` fits the type), and a bitmap of at least `len` bits
-        // with its null count (checked above); `build_unchecked` reads no buffer.
-        let data = unsafe { builder.add_buffer(values).build_unchecked() };
+        // with its null count (checked by `nulls`); `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(data_type)
+                .len(len)
+                .nulls(nulls)
+                .add_buffer(values)
+                .build_unchecked()
+        };
+        Ok(Self { data, stream })
+    }
+
+    /// A `Boolean` array of `len` rows whose values are the first `len` bits of `bits`
+    /// (bit `i` LSB first for row `i`; at least `ceil(len / 8)` bytes, else
+    /// [`CudaError::BufferTooShort`]), with an optional validity bitmap and null count as
+    /// for [`CudaArray::with_validity`]. The per-thread default stream is refused.
+    pub fn from_bits(
+        len: usize,
+        bits: CudaSlice<u8>,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        let stream = bits.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        if bits.len() < len.div_ceil(8) {
+            return Err(CudaError::BufferTooShort {
+                buffer: "values",
+                bytes: bits.len(),
+                needed: len.div_ceil(8),
+            });
+        }
+        let bits_ptr = address_for_reads(&bits, &stream);
+        let nulls = nulls(&stream, len, validity)?;
+        // SAFETY: the buffer is only exported (address and length), never read.
+        let bits = unsafe { device_buffer(bits, bits_ptr) };
+        // SAFETY: a Boolean array of `len` rows: a values bitmap of at least `len` bits
+        // (checked above) and a validity bitmap with its null count (checked by `nulls`);
+        // `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(DataType::Boolean)
+                .len(len)
+                .nulls(nulls)
+                .add_buffer(bits)
+                .build_unchecked()
+        };
+        Ok(Self { data, stream })
+    }
+
+    /// A `Utf8View` or `BinaryView` array (else [`CudaError::TypeMismatch`]) of one row
+    /// per view of `views` (16 bytes each: a length, then the value itself up to 12
+    /// bytes, or its first 4 bytes, the index of a buffer of `data` and the offset of
+    /// the value in it), with the variadic buffers `data` and an optional validity bitmap
+    /// and null count as for [`CudaArray::with_validity`].
+    ///
+    /// The export carries the sizes of `data`'s buffers in device memory as the C device
+    /// data interface requires: they are written on the views' stream here
+    /// (`cuMemsetD32Async`, no host wait).
+    ///
+    /// # Safety
+    /// Nothing reads the views here. Every view of a valid row must be well formed for
+    /// `data`: a value of more than 12 bytes lies inside the buffer its view names, its
+    /// prefix is its first 4 bytes, and for `Utf8View` every value is UTF-8. A consumer
+    /// that reads the array on the host (a download) trusts it.
+    pub unsafe fn from_views(
+        data_type: DataType,
+        views: CudaSlice<u128>,
+        data: Vec<CudaSlice<u8>>,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        if !matches!(data_type, DataType::Utf8View | DataType::BinaryView) {
+            return Err(CudaError::TypeMismatch {
+                data_type,
+                native: "u128 views",
+            });
+        }
+        let stream = views.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        let ctx = stream.context().clone();
+        let len = views.len();
+        let views_ptr = address_for_reads(&views, &stream);
+        let nulls = nulls(&stream, len, validity)?;
+        let mut buffers = Vec::with_capacity(data.len() + 2);
+        // SAFETY: the buffer is only exported (address and length), never read.
+        buffers.push(unsafe { device_buffer(views, views_ptr) });
+        let sizes: Vec<i64> = data.iter().map(|d| d.len() as i64).collect();
+        for buffer in data {
+            same_context(&ctx, buffer.context())?;
+            stream_waits_for(&stream, buffer.stream())?;
+            let ptr = address_for_reads(&buffer, &stream);
+            // SAFETY: the buffer is only exported (address and length), never read.
+            buffers.push(unsafe { device_buffer(buffer, ptr) });
+        }
+        let on_device = stream
+            .alloc_zeros::<i64>(sizes.len().max(1))
+            .call("cuMemAllocAsync")?;
+        let sizes_ptr = address_for_reads(&on_device, &stream);
+        context::bind(&ctx)?;
+        for (i, size) in sizes.iter().enumerate() {
+            let (low, high) = (*size as u64 as u32, (*size as u64 >> 32) as u32);
+            for (word, value) in [(0u64, low), (4, high)] {
+                if value != 0 {
+                    // SAFETY: `on_device` holds `sizes.len()` i64s on this context, alive
+                    // (owned by the array) until the memset on its stream completes.
+                    unsafe {
+                        crate::driver::memset_d32_async(
+                            sizes_ptr + 8 * i as u64 + word,
+                            value,
+                            1,
+                            stream.cu_stream(),
+                        )
+                    }?;
+                }
+            }
+        }
+        // SAFETY: the buffer is only exported (address and length), never read.
+        let sizes_buffer = unsafe { device_buffer(on_device, sizes_ptr) };
+        // `slice_with_length` checks the bounds only, reads nothing.
+        buffers.push(sizes_buffer.slice_with_length(0, 8 * sizes.len()));
+        // SAFETY: a view array of `len` rows: `len` views (16 bytes each), the variadic
+        // buffers, then their sizes on the device, which the export points to
+        // (`export_with_device_view_sizes`), and a validity bitmap with its null count
+        // (checked by `nulls`). The views are the caller's promise. No buffer is read.
+        let data = unsafe {
+            ArrayData::builder(data_type)
+                .len(len)
+                .nulls(nulls)
+                .buffers(buffers)
+                .build_unchecked()
+        };
         Ok(Self { data, stream })
     }
 
@@ -291,7 +368,9 @@ impl CudaArray {
     /// device) whose `sync_event` is recorded now on the values' stream; the slices are
     /// freed when the consumer releases it.
     pub fn export(self) -> Result<DeviceArray> {
-        export_array_data(self.data, ArrowDeviceType::CUDA, &self.stream)
+        // SAFETY: the only view arrays of a `CudaArray` are `from_views`', whose last
+        // buffer is their variadic sizes on the device.
+        unsafe { export_with_device_view_sizes(self.data, ArrowDeviceType::CUDA, &self.stream) }
     }
 
     /// Exports `columns` as one struct array (a record batch) with `fields`: one field
@@ -356,6 +435,75 @@ impl CudaArray {
                 .child_data(children)
                 .build_unchecked()
         };
-        export_array_data(data, ArrowDeviceType::CUDA, &stream)
+        // SAFETY: the only view arrays of a `CudaArray` are `from_views`', whose last
+        // buffer is their variadic sizes on the device.
+        unsafe { export_with_device_view_sizes(data, ArrowDeviceType::CUDA, &stream) }
     }
+}
+
+/// The validity bitmap of an array of `len` rows on `stream`, as arrow-rs holds it: at
+/// least `ceil(len / 8)` bytes on the stream's context, with its null count (`None`:
+/// counted on the GPU, which blocks the host until counted).
+fn nulls(
+    stream: &Arc<CudaStream>,
+    len: usize,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+) -> Result<Option<NullBuffer>> {
+    let Some((validity, null_count)) = validity else {
+        return Ok(None);
+    };
+    let ctx = stream.context();
+    let needed = len.div_ceil(8);
+    if validity.len() < needed {
+        return Err(CudaError::BufferTooShort {
+            buffer: "validity",
+            bytes: validity.len(),
+            needed,
+        });
+    }
+    same_context(ctx, validity.context())?;
+    if let Some(n) = null_count.filter(|&n| n > len) {
+        return Err(CudaError::InvalidArgument(format!(
+            "a null count of {n} for {len} rows"
+        )));
+    }
+    // The export's event is recorded on the values' stream: order the bitmap's writes
+    // before it.
+    stream_waits_for(stream, validity.stream())?;
+    let bitmap_ptr = address_for_reads(&validity, stream);
+    let null_count = match null_count {
+        Some(n) => n,
+        None => {
+            let bitmap = Bitmap {
+                ptr: bitmap_ptr,
+                len: validity.len(),
+                device: ctx.ordinal() as i64,
+            };
+            len - kernels::count_set_bits(stream, &bitmap, 0, len)? as usize
+        }
+    };
+    // SAFETY: the buffer is only exported (address and length), never read.
+    let bits = unsafe { device_buffer(validity, bitmap_ptr) };
+    // `BooleanBuffer::new` checks the length only (8 bits per byte), reads nothing.
+    let bits = BooleanBuffer::new(bits, 0, len);
+    // SAFETY: `null_count` is the number of unset bits among the first `len` (counted
+    // above, or the caller's count, which arrow-rs never checks here: the buffer is not
+    // read on the host).
+    Ok(Some(unsafe { NullBuffer::new_unchecked(bits, null_count) }))
+}
+
+/// Checks that a slice (a bitmap, a variadic buffer) belongs to the values' context.
+fn same_context(values: &CudaContext, other: &CudaContext) -> Result<()> {
+    if other.ordinal() != values.ordinal() {
+        return Err(CudaError::DeviceMismatch {
+            expected: values.ordinal() as i64,
+            found: other.ordinal() as i64,
+        });
+    }
+    if other.cu_ctx() != values.cu_ctx() {
+        return Err(CudaError::InvalidArgument(
+            "a slice belongs to another CUDA context than the values".into(),
+        ));
+    }
+    Ok(())
 }

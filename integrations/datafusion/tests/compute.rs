@@ -270,6 +270,11 @@ pub async fn check_expressions(device: &ExecDevice) {
                 .evaluate(&frame, device)
                 .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
             assert_eq!(got.data_type(), compiled.data_type(), "{text}");
+            if device.device().device_type() == devarrow::abi::ArrowDeviceType::CUDA {
+                // Every result stays on the device, Boolean ones included: the kernels'
+                // output as CUDA arrays, not values read back and uploaded again.
+                assert!(got.batch().is_imported(), "`{text}` went through the host");
+            }
             let got = download(&got, device);
             assert_eq!(got.data_type(), want.data_type(), "{text}");
             assert_eq!(&got, &want, "`{text}` ({e})");
@@ -806,34 +811,87 @@ async fn selections_are_datafusions_filters() {
 }
 
 /// A frame compacted by its selection on the device (the unload's step before the
-/// download) equals DataFusion's filter of the batch: every fixed-width type, with and
-/// without nulls, slices, no row kept, and the cases left to the host (a string column,
-/// a decimal beyond 64 bits, no selection).
+/// download) equals DataFusion's filter of the batch: every fixed-width type (integers of
+/// every width, signed and not, floats, dates, timestamps, decimals of 128 bits beyond
+/// 64), booleans, string and binary views (inline, long, in several blocks, empty), with
+/// and without nulls, slices, no row kept, every row kept; and the cases left to the host
+/// (an offset-based string column, no selection).
 pub async fn check_compact(device: &ExecDevice) {
+    use arrow_array::{
+        BinaryViewArray, Float64Array, StringViewArray, TimestampMicrosecondArray, UInt64Array,
+    };
     use devarrow_datafusion::compute::compact;
 
     let typed = typed_batch();
+    let n = typed.num_rows();
     let fixed = typed
-        .project(&[0, 1, 2, 3, 4, 5])
-        .expect("small, a, b, x, y, d");
+        .project(&[0, 1, 2, 3, 4, 5, 6, 8])
+        .expect("small, a, b, x, y, d, f, big");
     let tiny = arrow_array::Int8Array::from(
-        (0..fixed.num_rows() as i32)
+        (0..n as i32)
             .map(|i| (i % 4 != 1).then_some((i - 20) as i8))
             .collect::<Vec<_>>(),
     );
+    let huge = Decimal128Array::from(
+        (0..n)
+            .map(|i| (i % 6 != 4).then_some(100_000_000_000_000_000_000 + i as i128))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(38, 0)
+    .unwrap();
+    let floats = Float64Array::from((0..n).map(|i| i as f64 / 3.0).collect::<Vec<_>>());
+    let unsigned = UInt64Array::from(
+        (0..n as u64)
+            .map(|i| (i % 7 != 0).then_some(u64::MAX - i))
+            .collect::<Vec<_>>(),
+    );
+    let times = TimestampMicrosecondArray::from(
+        (0..n as i64)
+            .map(|i| 1_700_000_000_000_000 + i)
+            .collect::<Vec<_>>(),
+    );
+    // Views: inline, long (two blocks of 64 bytes each at least), empty and null.
+    let mut strings = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
+    for i in 0..n {
+        match i % 5 {
+            0 => strings.append_value(format!("short {i}")),
+            1 => strings.append_value(format!("a value of more than twelve bytes, row {i}")),
+            2 => strings.append_null(),
+            3 => strings.append_value(""),
+            _ => strings.append_value(format!("{i:>13}")),
+        }
+    }
+    let strings: StringViewArray = strings.finish();
+    assert!(strings.data_buffers().len() > 1, "several blocks");
+    let blobs = BinaryViewArray::from_iter_values((0..n).map(|i| vec![i as u8; i % 20]));
     let mut columns = fixed.columns().to_vec();
-    columns.push(Arc::new(tiny));
     let mut fields: Vec<_> = fixed.schema().fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new("tiny", DataType::Int8, true)));
-    let fixed = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    for (name, column) in [
+        ("tiny", Arc::new(tiny) as ArrayRef),
+        ("huge", Arc::new(huge)),
+        ("floats", Arc::new(floats)),
+        ("unsigned", Arc::new(unsigned)),
+        ("times", Arc::new(times)),
+        ("strings", Arc::new(strings)),
+        ("blobs", Arc::new(blobs)),
+    ] {
+        fields.push(Arc::new(Field::new(
+            name,
+            column.data_type().clone(),
+            column.null_count() > 0,
+        )));
+        columns.push(column);
+    }
+    let all = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
     type Mask = Box<dyn Fn(usize) -> Option<u8>>;
-    let masks: [(&str, Mask); 4] = [
+    let masks: [(&str, Mask); 5] = [
         ("every third row", Box::new(|i| Some((i % 3 == 0) as u8))),
         ("all but nulls", Box::new(|i| (i % 5 != 2).then_some(9))),
+        ("the last rows", Box::new(|i| Some((i > 30) as u8))),
         ("none", Box::new(|_| Some(0))),
         ("all", Box::new(|_| Some(1))),
     ];
-    for batch in [fixed.clone(), fixed.slice(3, 29)] {
+    for batch in [all.clone(), all.slice(3, 29)] {
         for (what, mask) in &masks {
             let mask = UInt8Array::from((0..batch.num_rows()).map(mask).collect::<Vec<_>>());
             let keep = BooleanArray::from(
@@ -854,35 +912,18 @@ pub async fn check_compact(device: &ExecDevice) {
                     assert_eq!(kept.download(&mut transfer).unwrap(), want, "{what}");
                 }
                 Some(None) => assert_eq!(want.num_rows(), 0, "{what}"),
-                None => panic!("{what}: fixed-width columns compact on the device"),
+                None => panic!("{what}: these columns compact on the device"),
             }
         }
     }
     // Left to the host's filter after the download.
     let every_other =
         |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());
-    let huge = Decimal128Array::from(
-        (0..typed.num_rows())
-            .map(|i| Some(100_000_000_000_000_000_000 + i as i128))
-            .collect::<Vec<_>>(),
-    )
-    .with_precision_and_scale(38, 0)
-    .unwrap();
-    let huge = RecordBatch::try_from_iter([
-        ("x", typed.column(3).clone()),
-        ("huge", Arc::new(huge) as ArrayRef),
-    ])
-    .unwrap();
-    for (what, batch) in [
-        ("a string column", typed.project(&[3, 7]).unwrap()),
-        ("a decimal beyond 64 bits", huge),
-    ] {
-        let frame = upload(&batch, device)
-            .with_selection(selection_column(every_other(batch.num_rows()), device))
-            .unwrap();
-        assert!(compact(&frame, device).unwrap().is_none(), "{what}");
-    }
-    assert!(compact(&upload(&fixed, device), device).unwrap().is_none());
+    let frame = upload(&typed.project(&[3, 7]).unwrap(), device)
+        .with_selection(selection_column(every_other(n), device))
+        .unwrap();
+    assert!(compact(&frame, device).unwrap().is_none(), "a Utf8 column");
+    assert!(compact(&upload(&all, device), device).unwrap().is_none());
 }
 
 /// String predicates over a `Utf8View` column (`=`, `<>`, `IN`, `NOT IN` against

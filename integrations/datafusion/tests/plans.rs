@@ -142,6 +142,26 @@ fn metric(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
 /// filter keeps cross the link (about a tenth here), and the result is DataFusion's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_ending_in_a_filter_brings_back_only_the_kept_rows() {
+    brings_back_only_the_kept_rows(
+        "SELECT l_orderkey, l_quantity, l_extendedprice FROM lineitem \
+         WHERE l_quantity > 45 ORDER BY l_orderkey, l_extendedprice",
+    )
+    .await;
+}
+
+/// The same with strings (views, inline and long), booleans and dates among the columns:
+/// they are compacted on the device too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strings_and_booleans_are_compacted_before_the_download() {
+    brings_back_only_the_kept_rows(
+        "SELECT l_orderkey, l_linenumber, l_shipmode, l_comment, l_returnflag, l_shipdate, \
+         l_quantity > 48 AS most FROM lineitem WHERE l_quantity > 45 \
+         ORDER BY l_orderkey, l_linenumber",
+    )
+    .await;
+}
+
+async fn brings_back_only_the_kept_rows(sql: &str) {
     let data = lineitem(0.01, 2, 2048);
     let ctx = device_ctx(data.clone());
     ctx.sql("SET devarrow.devices = 'cpu'")
@@ -150,8 +170,6 @@ async fn a_region_ending_in_a_filter_brings_back_only_the_kept_rows() {
         .collect()
         .await
         .unwrap();
-    let sql = "SELECT l_orderkey, l_quantity, l_extendedprice FROM lineitem \
-               WHERE l_quantity > 45 ORDER BY l_orderkey, l_extendedprice";
     let device_plan = plan(&ctx, sql).await;
     let shown = text(&device_plan);
     assert!(shown.contains("DeviceFilterExec"), "{shown}");

@@ -79,7 +79,7 @@ use arrow_schema::{DataType, Field, Schema};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use devarrow::abi::ArrowDeviceType;
-use devarrow::bridge::DeviceBatch;
+use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
 
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -314,17 +314,39 @@ pub fn select_deferred(
     Ok((column, PendingCheck::default()))
 }
 
-/// Whether [`compact`] moves a column of this type on the device.
+/// The bytes per value of a fixed-width type [`compact`] moves on the device (the types
+/// devarrow builds CUDA arrays of: integers, floats, dates, times, timestamps, durations,
+/// decimals of 128 bits), `None` for other types.
+pub(crate) fn fixed_width(data_type: &DataType) -> Option<u32> {
+    Some(match data_type {
+        DataType::Int8 | DataType::UInt8 => 1,
+        DataType::Int16 | DataType::UInt16 => 2,
+        DataType::Int32
+        | DataType::UInt32
+        | DataType::Float32
+        | DataType::Date32
+        | DataType::Time32(_)
+        | DataType::Interval(arrow_schema::IntervalUnit::YearMonth) => 4,
+        DataType::Int64
+        | DataType::UInt64
+        | DataType::Float64
+        | DataType::Date64
+        | DataType::Time64(_)
+        | DataType::Timestamp(..)
+        | DataType::Duration(_) => 8,
+        DataType::Decimal128(..) => 16,
+        _ => return None,
+    })
+}
+
+/// Whether [`compact`] moves a column of this type on the device: fixed-width values,
+/// booleans and string or binary views, with or without nulls.
 fn compactable(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::Date32
-            | DataType::Decimal128(..)
-    )
+    fixed_width(data_type).is_some()
+        || matches!(
+            data_type,
+            DataType::Boolean | DataType::Utf8View | DataType::BinaryView
+        )
 }
 
 /// The rows `frame`'s pending selection keeps, moved to the front on the device, so
@@ -333,12 +355,17 @@ fn compactable(data_type: &DataType) -> bool {
 ///
 /// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
 /// - `Ok(Some(None))`: no row is kept (nothing to bring back);
-/// - `Ok(None)`: not here: no selection, a column of a type the device does not compact
-///   (strings, booleans, nested types: the host filters them after the download), or a
-///   decimal beyond 64 bits.
+/// - `Ok(None)`: not here: no selection, or a column of a type the device does not
+///   compact (offset-based strings and binaries, nested types, dictionaries: the host
+///   filters them after the download), or a foreign view that points outside its
+///   buffers.
 ///
-/// On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's scan, with one
-/// read-back (the kept row count); on the CPU device the same steps on the host.
+/// Every column moves at its own width: fixed-width values (`compact_fixed`), bitmaps of
+/// validity and booleans (`compact_bits`), string views with their long values gathered
+/// into one buffer (`view_bytes`, devarrow's scan, `compact_views`). On CUDA the PTX
+/// kernels of `kernels/compute.ptx` and devarrow's scan, with one read-back (the kept
+/// row count, each column's null count and long values' bytes, and the error word
+/// together); on the CPU device arrow's filter, on the device's memory.
 ///
 /// # Errors
 /// The device's errors.
@@ -363,29 +390,15 @@ pub fn compact(
         return cuda::compact(frame, selection, cuda, device);
     }
     check_cpu(device)?;
-    let keep = host::selection(frame)?;
-    let kept = keep.iter().filter(|k| **k != 0).count();
-    if kept == 0 {
+    // The CPU device's memory is the host's: the frame's filter, as a download makes it,
+    // and back on the device.
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let kept = frame.download(&mut transfer)?;
+    if kept.num_rows() == 0 {
         return Ok(Some(None));
     }
-    let mut columns = Vec::with_capacity(frame.columns().len());
-    for (column, field) in frame.columns().iter().zip(frame.schema().fields()) {
-        let Ok(lanes) = host::load(column, field.name()) else {
-            return Ok(None);
-        };
-        let values: Vec<Option<i64>> = (0..frame.num_rows())
-            .filter(|i| keep[*i] != 0)
-            .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))
-            .collect();
-        columns.push(aggregate::values_array(
-            &values,
-            field.data_type(),
-            field.name(),
-        )?);
-    }
-    let batch = RecordBatch::try_new(frame.schema().clone(), columns)?;
-    let (array, _schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
-    let batch = DeviceBatch::import(device.device().clone(), array, batch.schema())?;
+    let (array, _schema) = devarrow::abi::cpu::export_record_batch(&kept)?;
+    let batch = DeviceBatch::import(device.device().clone(), array, kept.schema())?;
     Ok(Some(Some(DeviceFrame::from_batch(batch))))
 }
 

@@ -1,24 +1,52 @@
 //! The compaction of a frame's kept rows on CUDA ([`crate::compute::compact`]): the
-//! selection scanned, each column moved to the front (`compact_lanes`) and stored back
-//! at its width.
+//! selection scanned, then every column moved to the front at its own width: fixed-width
+//! values (`compact_fixed`), bitmaps (`compact_bits`), string views and their long values
+//! (`view_bytes`, a scan, `compact_views`). One read-back in all.
 
 use std::sync::Arc;
 
-use devarrow::bridge::DeviceBatch;
-use devarrow::cuda::CudaDevice;
+use arrow_schema::DataType;
+use devarrow::bridge::{DeviceBatch, DeviceColumn};
+use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
+use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
 
-use super::{addr, context, load, store_column, A};
-use crate::compute::SELECTION;
+use super::{addr, aligned, context, load, Cx, A};
+use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
 
-/// [`crate::compute::compact`] on CUDA: the selection's lanes scanned (devarrow's
-/// `inclusive_scan_i64`, on this stream), every column loaded as lanes and compacted
-/// (`compact_lanes`), stored back at its width (`store_lanes`, `pack_bits`); one
-/// read-back, of the kept row count and the error word together. `Some(None)` when no row
-/// is kept; `None` where a column's values do not fit a lane (a decimal beyond 64 bits):
-/// the caller filters on the host.
+/// What one column needs once the kept row count is known, prepared before the
+/// read-back.
+enum Prepared {
+    Fixed {
+        /// The values at the column's first row.
+        values: u64,
+        width: u32,
+    },
+    Bits {
+        /// The values' bitmap, compacted.
+        bits: CudaSlice<u8>,
+    },
+    Views {
+        /// The views at the column's first row.
+        views: u64,
+        /// The variadic buffers' addresses, on the device.
+        buffers: CudaSlice<u64>,
+        /// The inclusive scan of each row's long-value bytes.
+        bytes: CudaSlice<i64>,
+    },
+}
+
+/// A column's validity, compacted: the bitmap, and the slot of its valid kept rows.
+struct Validity {
+    bits: CudaSlice<u8>,
+    slot: usize,
+}
+
+/// [`crate::compute::compact`] on CUDA. `Some(None)` when no row is kept; `None` where
+/// a foreign view points outside its buffers (or the long values exceed one buffer's
+/// 2 GiB): the caller filters on the host.
 pub(crate) fn compact(
     frame: &DeviceFrame,
     selection: &FrameColumn,
@@ -30,8 +58,22 @@ pub(crate) fn compact(
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let s = cx.stream;
-    let err = cx.zeros::<u32>(1)?;
-    let e = addr(&err, s);
+    let columns: Vec<DeviceColumn<'_>> = frame.columns().iter().map(|c| c.column()).collect();
+    // The buffer tables of view columns go up first (a copy from pageable memory may wait
+    // for the stream).
+    let mut tables = Vec::with_capacity(columns.len());
+    for c in &columns {
+        tables.push(match c.data_type() {
+            DataType::Utf8View | DataType::BinaryView => Some(view_tables(&cx, c)?),
+            _ => None,
+        });
+    }
+    // Read back at once: [kept rows, error word, then per column: valid kept rows, long
+    // values' bytes].
+    let scalars = cx.zeros::<i64>(2 + 2 * columns.len())?;
+    let base = addr(&scalars, s);
+    let e = base + 8;
+    let slot = |i: usize| base + 8 * i as u64;
     let incl = load(&cx, selection, SELECTION, e)?;
     // Selected: valid and non-zero, as 0/1 lanes (a null selection keeps no row).
     let keep = cx.lanes(n)?;
@@ -67,49 +109,304 @@ pub(crate) fn compact(
     // SAFETY: `keep.values` holds `n` i64s on this device, written by the launches above
     // on the device's stream, the stream the scan runs on (in order after them).
     unsafe { cuda.inclusive_scan_i64(scan as *mut std::ffi::c_void, n as u64) }?;
-    let mut loaded = Vec::with_capacity(frame.columns().len());
-    for (i, column) in frame.columns().iter().enumerate() {
-        let name = frame.schema().field(i).name().clone();
-        loaded.push(load(&cx, column, &name, e)?);
+    let mut scalars = scalars;
+    copy_last(&cx, &keep.values, n, &mut scalars, 0)?;
+
+    let words = n.div_ceil(32);
+    let mut prepared = Vec::with_capacity(columns.len());
+    let mut validities = Vec::with_capacity(columns.len());
+    let mut held = Vec::new();
+    for (i, (c, table)) in columns.iter().zip(tables).enumerate() {
+        let name = frame.schema().field(i).name();
+        let offset = c.offset() as u64;
+        let validity = match c.cuda_validity(s)? {
+            Some(bitmap) => {
+                if (bitmap.len() as u64) * 8 < offset + n as u64 {
+                    return Err(ComputeError::Input(format!(
+                        "column `{name}`: a bitmap too short"
+                    ))
+                    .into());
+                }
+                let bits = cx.zeros::<u8>(4 * words)?;
+                compact_bits(
+                    &cx,
+                    scan,
+                    bitmap.device_ptr(),
+                    offset,
+                    &bits,
+                    n,
+                    slot(2 + 2 * i),
+                )?;
+                held.push(bitmap);
+                Some(Validity {
+                    bits,
+                    slot: 2 + 2 * i,
+                })
+            }
+            None => None,
+        };
+        validities.push(validity);
+        let values = c
+            .values()
+            .or_else(|| c.buffer(1))
+            .ok_or_else(|| ComputeError::Input(format!("column `{name}` without values")))?;
+        let view = values.cuda_view::<u8>(s)?;
+        let start = view.device_ptr();
+        prepared.push(match c.data_type() {
+            DataType::Boolean => {
+                if (values.len() as u64) * 8 < offset + n as u64 {
+                    return Err(
+                        ComputeError::Input(format!("column `{name}`: values too short")).into(),
+                    );
+                }
+                let bits = cx.zeros::<u8>(4 * words)?;
+                compact_bits(&cx, scan, start, offset, &bits, n, 0)?;
+                Prepared::Bits { bits }
+            }
+            DataType::Utf8View | DataType::BinaryView => {
+                let (buffers, sizes, count) = table.ok_or("a view column without tables")?;
+                if (values.len() as u64) < 16 * (offset + n as u64) {
+                    return Err(
+                        ComputeError::Input(format!("column `{name}`: views too short")).into(),
+                    );
+                }
+                let views = start + 16 * offset;
+                aligned(views, 8, name)?;
+                let bitmap = c.validity();
+                let bytes = cx.zeros::<i64>(n)?;
+                cx.launch(
+                    &cx.k.view_bytes,
+                    n,
+                    &[
+                        A::U64(scan),
+                        A::U64(views),
+                        A::U64(bitmap.map_or(0, |b| b.address())),
+                        A::U64(offset),
+                        A::U64(addr(&sizes, s)),
+                        A::U64(count),
+                        A::U64(addr(&bytes, s)),
+                        A::U64(n as u64),
+                        A::U64(e),
+                    ],
+                )?;
+                let at = addr(&bytes, s);
+                // SAFETY: `bytes` holds `n` i64s on this device, written by `view_bytes`
+                // on the stream the scan runs on (in order after it).
+                unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+                copy_last(&cx, &bytes, n, &mut scalars, 3 + 2 * i)?;
+                held.push(view);
+                // The sizes stay until the launch above is done: freed in stream order.
+                drop(sizes);
+                Prepared::Views {
+                    views,
+                    buffers,
+                    bytes,
+                }
+            }
+            data_type => {
+                let width = fixed_width(data_type).ok_or_else(|| {
+                    ComputeError::Input(format!("column `{name}`: {data_type} is not compacted"))
+                })?;
+                if (values.len() as u64) < u64::from(width) * (offset + n as u64) {
+                    return Err(
+                        ComputeError::Input(format!("column `{name}`: values too short")).into(),
+                    );
+                }
+                let values = start + u64::from(width) * offset;
+                aligned(values, u64::from(width.min(8)), name)?;
+                held.push(view);
+                Prepared::Fixed { values, width }
+            }
+        });
     }
-    let mut kept = [0i64; 1];
-    let mut word = [0u32; 1];
-    s.memcpy_dtoh(&keep.values.slice(n - 1..n), &mut kept)?;
-    s.memcpy_dtoh(&err.slice(0..1), &mut word)?;
+
+    let mut read = vec![0i64; 2 + 2 * columns.len()];
+    s.memcpy_dtoh(&scalars, &mut read)?;
     s.synchronize()?;
-    if word[0] != 0 {
+    // The error word: 4 for a view outside its buffers (`view_bytes`).
+    if read[1] != 0 {
         return Ok(None);
     }
-    let m = kept[0].max(0) as usize;
+    let m = read[0].max(0) as usize;
     if m == 0 {
         return Ok(Some(None));
     }
-    let mut arrays = Vec::with_capacity(loaded.len());
-    for (lanes, field) in loaded.iter().zip(frame.schema().fields()) {
-        let out = cx.lanes(m)?;
-        cx.launch(
-            &cx.k.compact_lanes,
-            n,
-            &[
-                A::U64(scan),
-                A::U64(addr(&lanes.values, s)),
-                A::U64(addr(&lanes.valid, s)),
-                A::U64(addr(&out.values, s)),
-                A::U64(addr(&out.valid, s)),
-                A::U64(n as u64),
-            ],
-        )?;
-        arrays.push(store_column(
-            &cx,
-            field.data_type(),
-            &out,
-            m,
-            field.is_nullable(),
-            e,
-        )?);
+    let mut arrays = Vec::with_capacity(columns.len());
+    for ((prepared, validity), field) in prepared
+        .into_iter()
+        .zip(validities)
+        .zip(frame.schema().fields())
+    {
+        let validity = validity.map(|v| {
+            let nulls = m.saturating_sub(read[v.slot].max(0) as usize);
+            (v.bits, Some(nulls))
+        });
+        let dt = field.data_type().clone();
+        arrays.push(match prepared {
+            Prepared::Fixed { values, width } => {
+                fixed(&cx, dt, scan, values, width, n, m, validity)?
+            }
+            Prepared::Bits { bits } => CudaArray::from_bits(m, bits, validity)?,
+            Prepared::Views {
+                views,
+                buffers,
+                bytes,
+            } => {
+                let i = arrays.len();
+                let total = read[3 + 2 * i].max(0) as usize;
+                if total > i32::MAX as usize {
+                    return Ok(None);
+                }
+                let out_views = cx.zeros::<u128>(m)?;
+                let out_data = cx.zeros::<u8>(total.max(1))?;
+                cx.launch(
+                    &cx.k.compact_views,
+                    n,
+                    &[
+                        A::U64(scan),
+                        A::U64(views),
+                        A::U64(c_bitmap(frame, i)),
+                        A::U64(frame.columns()[i].column().offset() as u64),
+                        A::U64(addr(&buffers, s)),
+                        A::U64(addr(&bytes, s)),
+                        A::U64(addr(&out_views, s)),
+                        A::U64(addr(&out_data, s)),
+                        A::U64(n as u64),
+                    ],
+                )?;
+                // SAFETY: `compact_views` wrote a view per kept row (ordered before the
+                // array's export on this stream): inline values as they were, long ones
+                // copied into `out_data` (one buffer, sized by the scan of their lengths,
+                // bounds checked by `view_bytes`) with views pointing there; the bytes
+                // are the column's, so a `Utf8View`'s stay UTF-8.
+                unsafe { CudaArray::from_views(dt, out_views, vec![out_data], validity) }?
+            }
+        });
     }
-    drop((keep, all_valid, loaded));
+    // The borrowed buffers are released in stream order after the launches above.
+    drop((held, keep, all_valid, scalars));
     let batch =
         DeviceBatch::from_cuda_arrays(device.device().clone(), frame.schema().clone(), arrays)?;
     Ok(Some(Some(DeviceFrame::from_batch(batch))))
+}
+
+/// The address of column `i`'s validity bitmap (0: none).
+fn c_bitmap(frame: &DeviceFrame, i: usize) -> u64 {
+    frame.columns()[i]
+        .column()
+        .validity()
+        .map_or(0, |b| b.address())
+}
+
+/// The variadic buffers of a view column, as two tables on the device (addresses and
+/// sizes, u64 each) and their count. A buffer the batch holds as NULL has address and
+/// size 0, so a view into it is out of bounds.
+fn view_tables(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'_>,
+) -> Result<(CudaSlice<u64>, CudaSlice<u64>, u64), BoxError> {
+    // Buffers: validity, views, the variadic buffers, their sizes.
+    let count = c.n_buffers().saturating_sub(3);
+    let (mut addresses, mut sizes) = (Vec::with_capacity(count + 1), Vec::with_capacity(count + 1));
+    for b in 2..2 + count {
+        let buffer = c.buffer(b);
+        addresses.push(buffer.map_or(0, |b| b.address()));
+        sizes.push(buffer.map_or(0, |b| b.len() as u64));
+    }
+    // At least one entry: CUDA allocates no empty buffer.
+    addresses.push(0);
+    sizes.push(0);
+    Ok((
+        cx.stream.clone_htod(&addresses)?,
+        cx.stream.clone_htod(&sizes)?,
+        count as u64,
+    ))
+}
+
+/// Copies the last of `n` i64s of `from` into `to[at]` (stream order, no host wait).
+fn copy_last(
+    cx: &Cx<'_>,
+    from: &CudaSlice<i64>,
+    n: usize,
+    to: &mut CudaSlice<i64>,
+    at: usize,
+) -> Result<(), BoxError> {
+    cx.stream
+        .memcpy_dtod(&from.slice(n - 1..n), &mut to.slice_mut(at..at + 1))?;
+    Ok(())
+}
+
+/// `compact_bits` of the bitmap at `bits` (bit `offset` for the first row) into `out`,
+/// adding its set bits to the i64 at `count` (0: not counted).
+fn compact_bits(
+    cx: &Cx<'_>,
+    scan: u64,
+    bits: u64,
+    offset: u64,
+    out: &CudaSlice<u8>,
+    n: usize,
+    count: u64,
+) -> Result<(), BoxError> {
+    cx.launch(
+        &cx.k.compact_bits,
+        n.div_ceil(32),
+        &[
+            A::U64(scan),
+            A::U64(bits),
+            A::U64(offset),
+            A::U64(addr(out, cx.stream)),
+            A::U64(n as u64),
+            A::U64(count),
+        ],
+    )
+}
+
+/// A fixed-width column's kept rows (`compact_fixed`) as an array of `dt`.
+#[allow(clippy::too_many_arguments)]
+fn fixed(
+    cx: &Cx<'_>,
+    dt: DataType,
+    scan: u64,
+    values: u64,
+    width: u32,
+    n: usize,
+    m: usize,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+) -> Result<CudaArray, BoxError> {
+    fn typed<T: DeviceNative + ValidAsZeroBits>(
+        cx: &Cx<'_>,
+        dt: DataType,
+        scan: u64,
+        values: u64,
+        width: u32,
+        n: usize,
+        m: usize,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<CudaArray, BoxError> {
+        let out = cx.stream.alloc_zeros::<T>(m)?;
+        cx.launch(
+            &cx.k.compact_fixed,
+            n,
+            &[
+                A::U64(scan),
+                A::U64(values),
+                A::U32(width),
+                A::U64(addr(&out, cx.stream)),
+                A::U64(n as u64),
+            ],
+        )?;
+        Ok(match validity {
+            Some((bits, nulls)) => CudaArray::with_validity(dt, out, bits, nulls)?,
+            None => CudaArray::from_values(dt, out)?,
+        })
+    }
+    macro_rules! first_fit {
+        ($($t:ty),*) => {
+            $(if <$t>::fits(&dt) && size_of::<$t>() == width as usize {
+                return typed::<$t>(cx, dt, scan, values, width, n, m, validity);
+            })*
+        };
+    }
+    first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
+    Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
 }

@@ -47,8 +47,11 @@ struct Kernels {
     compact_groups: CudaFunction,
     accumulate: CudaFunction,
     gather_groups: CudaFunction,
-    compact_lanes: CudaFunction,
     view_in: CudaFunction,
+    compact_fixed: CudaFunction,
+    compact_bits: CudaFunction,
+    view_bytes: CudaFunction,
+    compact_views: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -85,8 +88,11 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         compact_groups: f("compact_groups")?,
         accumulate: f("accumulate")?,
         gather_groups: f("gather_groups")?,
-        compact_lanes: f("compact_lanes")?,
         view_in: f("view_in")?,
+        compact_fixed: f("compact_fixed")?,
+        compact_bits: f("compact_bits")?,
+        view_bytes: f("view_bytes")?,
+        compact_views: f("compact_views")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
@@ -384,14 +390,6 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
     }
 }
 
-/// Reads the error word back (one synchronize of the stream) and turns it into an error.
-fn check(cx: &Cx<'_>, err: &CudaSlice<u32>, what: &str) -> Result<(), BoxError> {
-    let mut word = [0u32; 1];
-    cx.stream.memcpy_dtoh(&err.slice(0..1), &mut word)?;
-    cx.stream.synchronize()?;
-    overflow_of(word[0], what)
-}
-
 /// Whether the frame columns `node` reads may hold nulls.
 fn columns_have_nulls(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
     let mut columns = Vec::new();
@@ -433,19 +431,14 @@ pub(crate) fn evaluate(
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
     let lanes = eval(&cx, &expr.node, frame, e)?;
-    if dt == DataType::Boolean {
-        return Ok((boolean_column(&cx, expr, lanes, &err, device)?, None));
-    }
-    let width = store_width(&dt)?;
     let nullable = expr.node.introduces_nulls() || columns_have_nulls(&expr.node, frame)?;
-    let column = store_column(&cx, &dt, &lanes, n, nullable, e)?;
-    let pending = pending(
-        &cx,
-        err,
-        &expr.text,
-        expr.node.may_fail() || width < 8,
-        defer,
-    )?;
+    let (column, narrow) = if dt == DataType::Boolean {
+        (boolean_column(&cx, &lanes, n, nullable, e)?, true)
+    } else {
+        let narrow = store_width(&dt)? < 8;
+        (store_column(&cx, &dt, &lanes, n, nullable, e)?, narrow)
+    };
+    let pending = pending(&cx, err, &expr.text, expr.node.may_fail() || narrow, defer)?;
     drop(lanes);
     let nullable = column.null_count() > 0;
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
@@ -581,33 +574,45 @@ fn pending(
     Ok(None)
 }
 
-/// A Boolean result: devarrow builds CUDA arrays of fixed-width values only, so the
-/// lanes come back to the host (one synchronize) and the bit-packed column is uploaded.
+/// A Boolean result of `n` (at least 1) lanes of 0/1, on the device: the lanes narrowed
+/// to flags (`store_lanes`, one byte each), packed as the values' bitmap (`pack_bits`),
+/// and the validity flags packed as the validity bitmap where `nullable`.
 fn boolean_column(
     cx: &Cx<'_>,
-    expr: &DeviceExpr,
-    lanes: Lanes,
-    err: &CudaSlice<u32>,
-    device: &ExecDevice,
-) -> Result<FrameColumn, BoxError> {
-    let n = lanes.values.len();
-    let mut values = vec![0i64; n];
-    let mut valid = vec![0u8; n];
-    cx.stream.memcpy_dtoh(&lanes.values, &mut values)?;
-    cx.stream.memcpy_dtoh(&lanes.valid, &mut valid)?;
-    check(cx, err, &expr.text)?;
-    let array = arrow_array::BooleanArray::from(
-        values
-            .iter()
-            .zip(&valid)
-            .map(|(&v, &ok)| (ok != 0).then_some(v != 0))
-            .collect::<Vec<_>>(),
-    );
-    let nullable = arrow_array::Array::null_count(&array) > 0;
-    let schema = schema_of(vec![Field::new(&expr.text, DataType::Boolean, nullable)]);
-    let batch = arrow_array::RecordBatch::try_new(schema, vec![Arc::new(array)])?;
-    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
-    Ok(FrameColumn::single(transfer.to_device(&batch)?)?)
+    lanes: &Lanes,
+    n: usize,
+    nullable: bool,
+    e: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let pack = |flags: u64| -> Result<CudaSlice<u8>, BoxError> {
+        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+        cx.launch(
+            &cx.k.pack_bits,
+            n.div_ceil(8),
+            &[A::U64(flags), A::U64(addr(&bits, s)), A::U64(n as u64)],
+        )?;
+        Ok(bits)
+    };
+    let flags = cx.zeros::<u8>(n)?;
+    cx.launch(
+        &cx.k.store_lanes,
+        n,
+        &[
+            A::U64(addr(&lanes.values, s)),
+            A::U64(addr(&flags, s)),
+            A::U64(n as u64),
+            A::U32(1),
+            A::U64(e),
+        ],
+    )?;
+    let bits = pack(addr(&flags, s))?;
+    let validity = if nullable {
+        Some((pack(addr(&lanes.valid, s))?, None))
+    } else {
+        None
+    };
+    Ok(CudaArray::from_bits(n, bits, validity)?)
 }
 
 /// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host
