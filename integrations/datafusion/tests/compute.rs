@@ -943,8 +943,32 @@ pub async fn check_string_predicates(device: &ExecDevice) {
             .collect::<Vec<_>>(),
     );
     let x = Int32Array::from((0..n as i32).map(|i| i - 30).collect::<Vec<_>>());
-    let batch =
-        RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("x", Arc::new(x))]).unwrap();
+    // Long values in several blocks, and short ones, for LIKE.
+    let comments = [
+        "Customer requests sleep; Complaints follow",
+        "carefully special packages nag: requests",
+        "special requests",
+        "abab",
+        "aba",
+        "regular deposits haggle furiously above the Customer",
+        "Complaints",
+        "final special asymptotes wake. slyly ironic requests",
+    ];
+    let mut c = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(96);
+    for i in 0..n {
+        match i % 11 {
+            10 => c.append_null(),
+            _ => c.append_value(comments[i % comments.len()]),
+        }
+    }
+    let c = c.finish();
+    assert!(c.data_buffers().len() > 1, "several blocks");
+    let batch = RecordBatch::try_from_iter([
+        ("s", Arc::new(s) as ArrayRef),
+        ("x", Arc::new(x)),
+        ("c", Arc::new(c)),
+    ])
+    .unwrap();
     let ctx = SessionContext::new();
     let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
     ctx.register_table("v", Arc::new(table)).unwrap();
@@ -959,6 +983,33 @@ pub async fn check_string_predicates(device: &ExecDevice) {
         "s IN ('RAIL') OR x < -20",
         "x IN (-3, 7, 12)",
         "x NOT IN (0, 1, 29)",
+        // Literals of more than 12 bytes: compared byte by byte.
+        "s = 'a mode much longer than twelve bytes'",
+        "s <> 'a mode much longer than twelve bytes'",
+        "s = 'a mode much longer than twelve bytez'",
+        "s IN ('AIR', 'a mode much longer than twelve bytes')",
+        "s NOT IN ('FOB', 'a mode much longer than twelve bytes')",
+        "c = 'carefully special packages nag: requests'",
+        // LIKE patterns of literal pieces and %.
+        "s LIKE 'REG%'",
+        "s LIKE '%AIR'",
+        "s LIKE '%A%'",
+        "s NOT LIKE '%AI%'",
+        "s LIKE 'AIR'",
+        "s LIKE ''",
+        "s LIKE 'a%longer%bytes'",
+        "s LIKE 'a mode much longer than twelve bytes%'",
+        "c LIKE '%special%requests%'",
+        "c NOT LIKE '%special%requests%'",
+        "c LIKE 'Customer%'",
+        "c LIKE '%Complaints'",
+        "c LIKE '%Customer%Complaints%'",
+        "c LIKE 'ab%ab'",
+        "c LIKE '%ab%ab%'",
+        "c LIKE 'aba%'",
+        "c LIKE '%ba'",
+        "c LIKE 'special%requests'",
+        "c LIKE '%requests' AND x > 0",
     ] {
         // The projection's input batches: the columns the predicate reads.
         let (e, schema, batches) = projection_of(&ctx, "v", &format!("({text})")).await;
@@ -984,12 +1035,112 @@ pub async fn check_string_predicates(device: &ExecDevice) {
             }
         }
     }
-    let (e, schema, _) = projection_of(&ctx, "v", "(s = 'a literal longer than twelve')").await;
+    for (text, why) in [
+        ("(s LIKE 'A_R')", "`_` or an escape"),
+        ("(s ILIKE 'air')", "ILIKE"),
+        ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
+    ] {
+        let (e, schema, _) = projection_of(&ctx, "v", text).await;
+        let refused = DeviceExpr::compile(&e, &schema);
+        assert!(
+            matches!(&refused, Err(Unsupported(w)) if w.contains(why)),
+            "{text}: {refused:?}"
+        );
+    }
+}
+
+/// `CASE` and the year and month of dates, on a table of its own: dates across four
+/// centuries either side of 1970 (leap days, the ends of years, 1600, 1900, 2000), with
+/// nulls.
+pub async fn check_case_and_dates(device: &ExecDevice) {
+    let mut days: Vec<Option<i32>> = (-160_000..160_000).step_by(997).map(Some).collect();
+    for (y, m, d) in [
+        (1600i32, 2u32, 29u32),
+        (1900, 2, 28),
+        (1900, 3, 1),
+        (1969, 12, 31),
+        (1970, 1, 1),
+        (2000, 2, 29),
+        (2000, 3, 1),
+        (1998, 12, 31),
+        (1999, 1, 1),
+        (2100, 3, 1),
+    ] {
+        // Howard Hinnant's days_from_civil.
+        let y = if m <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = (m as i32 + 9) % 12;
+        let doy = (153 * mp + 2) / 5 + d as i32 - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        days.push(Some(era * 146_097 + doe - 719_468));
+    }
+    days.push(None);
+    let n = days.len();
+    let d = Date32Array::from(days);
+    let x = Int32Array::from(
+        (0..n as i32)
+            .map(|i| (i % 7 != 3).then_some(i % 5 - 2))
+            .collect::<Vec<_>>(),
+    );
+    let m = Decimal128Array::from(
+        (0..n as i128)
+            .map(|i| Some(i * 125 - 900))
+            .collect::<Vec<_>>(),
+    )
+    .with_precision_and_scale(12, 2)
+    .unwrap();
+    let batch = RecordBatch::try_from_iter([
+        ("d", Arc::new(d) as ArrayRef),
+        ("x", Arc::new(x)),
+        ("m", Arc::new(m)),
+    ])
+    .unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+    ctx.register_table("w", Arc::new(table)).unwrap();
+    for text in [
+        "date_part('year', d)",
+        "date_part('month', d)",
+        "EXTRACT(YEAR FROM d)",
+        "EXTRACT(MONTH FROM d) * 100 + x",
+        "date_part('YEAR', d) = 1998",
+        "CASE WHEN x > 0 THEN m ELSE 0 END",
+        "CASE WHEN x > 0 THEN m WHEN x < 0 THEN -m END",
+        "CASE x WHEN 1 THEN 10 WHEN -1 THEN 20 ELSE 30 END",
+        "CASE WHEN x IS NULL THEN d END",
+    ] {
+        let (e, schema, batches) = projection_of(&ctx, "w", text).await;
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("`{text}` ({e}) refused: {u}"));
+        let input = concat_batches(&schema, &batches).unwrap();
+        for batch in [input.clone(), input.slice(3, n - 10)] {
+            let want = e
+                .evaluate(&batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let frame = upload(&batch, device);
+            let got = compiled
+                .evaluate(&frame, device)
+                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
+            let got = download(&got, device);
+            assert_eq!(&got, &want, "`{text}` ({e})");
+        }
+    }
+    let (e, schema, _) = projection_of(&ctx, "w", "date_part('day', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);
     assert!(
-        matches!(&refused, Err(Unsupported(why)) if why.contains("longer than 12 bytes")),
+        matches!(&refused, Err(Unsupported(w)) if w.contains("`day`")),
         "{refused:?}"
     );
+}
+
+#[tokio::test]
+async fn case_and_dates_are_datafusions() {
+    if own_tests() {
+        check_case_and_dates(&ExecDevice::cpu()).await;
+    }
 }
 
 #[tokio::test]

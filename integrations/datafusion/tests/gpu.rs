@@ -332,6 +332,7 @@ fn device_expressions_on_cuda_are_datafusions() {
     on_cuda_without_leaks("expressions on CUDA", |device| async move {
         compute_checks::check_expressions(&device).await;
         compute_checks::check_overflow(&device).await;
+        compute_checks::check_case_and_dates(&device).await;
     });
 }
 

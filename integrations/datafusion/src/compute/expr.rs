@@ -9,8 +9,8 @@ use arrow_schema::{DataType, Schema};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr,
-    NotExpr, TryCastExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
+    Literal, NegativeExpr, NotExpr, TryCastExpr,
 };
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
@@ -37,6 +37,80 @@ pub(crate) mod op {
     pub const IS_NOT_NULL: u32 = 2;
     /// Unary: `v * mul`, then checked against `[lo, hi]`.
     pub const CAST: u32 = 3;
+    /// Unary: a date's year (proleptic Gregorian, as `date_part('year', d)`).
+    pub const YEAR: u32 = 4;
+    /// Unary: a date's month, 1 to 12.
+    pub const MONTH: u32 = 5;
+}
+
+/// A `LIKE` pattern of literal bytes and `%` wildcards (no `_`, no escape): its pieces
+/// between the `%`s, in order, and whether the value must start with the first piece and
+/// end with the last. `'abc'` (exact) is one piece anchored at both ends; `'%'` no piece.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LikePattern {
+    pub(crate) pieces: Vec<Vec<u8>>,
+    pub(crate) anchored_start: bool,
+    pub(crate) anchored_end: bool,
+}
+
+impl LikePattern {
+    /// `pattern`, or why it has no device kernel.
+    pub(crate) fn parse(pattern: &str) -> Result<Self, Unsupported> {
+        if pattern.contains(['_', '\\']) {
+            return Err(Unsupported(format!(
+                "the LIKE pattern '{pattern}' has `_` or an escape (no device kernel)"
+            )));
+        }
+        Ok(Self {
+            pieces: pattern
+                .split('%')
+                .filter(|p| !p.is_empty())
+                .map(|p| p.as_bytes().to_vec())
+                .collect(),
+            anchored_start: !pattern.starts_with('%'),
+            anchored_end: !pattern.ends_with('%'),
+        })
+    }
+
+    /// Exactly `value`.
+    pub(crate) fn exact(value: &[u8]) -> Self {
+        Self {
+            pieces: vec![value.to_vec()],
+            anchored_start: true,
+            anchored_end: true,
+        }
+    }
+
+    /// Whether `value` matches (the device's algorithm: each piece at its leftmost place
+    /// after the previous one, the first at 0 and the last at the end where anchored).
+    pub(crate) fn matches(&self, value: &[u8]) -> bool {
+        let n = self.pieces.len();
+        if n == 0 {
+            return !self.anchored_start || value.is_empty();
+        }
+        let mut pos = 0usize;
+        for (j, piece) in self.pieces.iter().enumerate() {
+            let Some(hi) = value.len().checked_sub(piece.len()) else {
+                return false;
+            };
+            let (mut lo, mut hi) = (pos, hi);
+            if j == 0 && self.anchored_start {
+                hi = 0;
+            }
+            if j == n - 1 && self.anchored_end {
+                if value.len() - piece.len() < lo {
+                    return false;
+                }
+                lo = value.len() - piece.len();
+            }
+            let Some(at) = (lo..=hi).find(|&p| &value[p..p + piece.len()] == piece.as_slice())
+            else {
+                return false;
+            };
+            pos = at + piece.len();
+        }
+        true
+    }
 }
 
 /// What an out-of-range value becomes.
@@ -83,8 +157,25 @@ pub(crate) enum Node {
         words: Vec<[u64; 2]>,
         negated: bool,
     },
+    /// Whether a `Utf8View` column's value matches a `LIKE` pattern (negated for `NOT
+    /// LIKE`; an exact pattern for `=` and `<>` with a literal of more than 12 bytes). A
+    /// null value gives null. The values' bytes are read where they lie: in the view, or
+    /// in its buffer (a view outside its buffer is an input error).
+    StrLike {
+        index: usize,
+        name: String,
+        pattern: LikePattern,
+        negated: bool,
+    },
+    /// `CASE WHEN c1 THEN v1 ... ELSE e END`: the value of the first branch whose
+    /// condition is true (not null), else `otherwise` (a null literal without `ELSE`).
+    Case {
+        branches: Vec<(Node, Node)>,
+        otherwise: Box<Node>,
+    },
     /// A unary operation ([`op::NOT`], [`op::IS_NULL`], [`op::IS_NOT_NULL`],
-    /// [`op::CAST`]: `v * mul` checked against `[lo, hi]`, `on_fail` when not).
+    /// [`op::CAST`]: `v * mul` checked against `[lo, hi]`, `on_fail` when not;
+    /// [`op::YEAR`], [`op::MONTH`] of a date).
     Unary {
         op: u32,
         input: Box<Node>,
@@ -231,7 +322,16 @@ fn compile_node(
     if let Some(cast) = expr.downcast_ref::<TryCastExpr>() {
         return cast_node(cast.expr(), cast.cast_type(), input, OnFail::Null);
     }
+    if let Some(case) = expr.downcast_ref::<CaseExpr>() {
+        return case_node(case, input, data_type);
+    }
+    if let Some(like) = expr.downcast_ref::<LikeExpr>() {
+        return like_node(like, input);
+    }
     if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
+        if function.name() == "date_part" {
+            return date_part_node(function, input);
+        }
         return Err(Unsupported(format!(
             "function `{}` has no device kernel",
             function.name()
@@ -255,9 +355,8 @@ pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
     ])
 }
 
-/// The view words of a string literal of at most 12 bytes (`None`: not a string
-/// literal; an error: a longer one, or null).
-fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<[u64; 2]>, Unsupported> {
+/// The bytes of a string literal (`None`: not a string literal; an error: null).
+fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<Vec<u8>>, Unsupported> {
     let Some(literal) = expr.downcast_ref::<Literal>() else {
         return Ok(None);
     };
@@ -270,11 +369,80 @@ fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<[u64; 2]>, Unsu
             "a null string literal has no device kernel".into(),
         ));
     };
-    string_key(text.as_bytes()).map(Some).ok_or_else(|| {
-        Unsupported(format!(
-            "the string literal '{text}' is longer than 12 bytes (no device kernel)"
-        ))
-    })
+    Ok(Some(text.as_bytes().to_vec()))
+}
+
+/// Whether a `Utf8View` column equals one of `literals` (negated: none): literals of at
+/// most 12 bytes by their views ([`Node::StrIn`]), longer ones by their bytes
+/// ([`Node::StrLike`], exact), or-ed.
+fn string_equals(index: usize, name: String, literals: Vec<Vec<u8>>, negated: bool) -> Node {
+    let (short, long): (Vec<_>, Vec<_>) =
+        literals.into_iter().partition(|l| string_key(l).is_some());
+    let mut any: Option<Node> = None;
+    let mut or = |node: Node| {
+        any = Some(match any.take() {
+            None => node,
+            Some(left) => Node::Binary {
+                op: op::OR,
+                left: Box::new(left),
+                right: Box::new(node),
+                lmul: 1,
+                rmul: 1,
+                lo: i64::MIN,
+                hi: i64::MAX,
+            },
+        })
+    };
+    if !short.is_empty() {
+        or(Node::StrIn {
+            index,
+            name: name.clone(),
+            words: short
+                .iter()
+                .map(|l| string_key(l).expect("at most 12 bytes"))
+                .collect(),
+            negated: false,
+        });
+    }
+    for literal in long {
+        or(Node::StrLike {
+            index,
+            name: name.clone(),
+            pattern: LikePattern::exact(&literal),
+            negated: false,
+        });
+    }
+    let any = any.expect("at least one literal");
+    match (negated, any) {
+        (false, any) => any,
+        // One test negates itself in the kernel.
+        (
+            true,
+            Node::StrIn {
+                index, name, words, ..
+            },
+        ) => Node::StrIn {
+            index,
+            name,
+            words,
+            negated: true,
+        },
+        (
+            true,
+            Node::StrLike {
+                index,
+                name,
+                pattern,
+                ..
+            },
+        ) => Node::StrLike {
+            index,
+            name,
+            pattern,
+            negated: true,
+        },
+        (true, any) => unary(op::NOT, any),
+    }
 }
 
 /// A `Utf8View` column of the input (`None`: not a column, or another type).
@@ -298,15 +466,15 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
             None => return Ok(None),
         },
     };
-    let Some(word) = string_literal(literal)? else {
+    let Some(bytes) = string_literal(literal)? else {
         return Ok(None);
     };
-    Ok(Some(Node::StrIn {
-        index: column.0,
-        name: column.1,
-        words: vec![word],
+    Ok(Some(string_equals(
+        column.0,
+        column.1,
+        vec![bytes],
         negated,
-    }))
+    )))
 }
 
 /// `col IN ('x', 'y', ...)` and `NOT IN` over a `Utf8View` column.
@@ -340,20 +508,108 @@ fn string_in_list(
         }
         return compile(&any, input).map(|(node, _)| node);
     };
-    let mut words = Vec::with_capacity(list.len());
+    if list.is_empty() {
+        return Err(Unsupported("an empty IN list has no device kernel".into()));
+    }
+    let mut literals = Vec::with_capacity(list.len());
     for item in list {
-        words.push(
+        literals.push(
             string_literal(item)?.ok_or_else(|| {
                 Unsupported(format!("`{item}` in an IN list has no device kernel"))
             })?,
         );
     }
-    Ok(Node::StrIn {
+    Ok(string_equals(index, name, literals, negated))
+}
+
+/// `col LIKE 'pattern'` (and `NOT LIKE`) over a `Utf8View` column, for patterns of
+/// literal bytes and `%`.
+fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
+    if like.case_insensitive() {
+        return Err(Unsupported(format!(
+            "`{like}` (ILIKE) has no device kernel"
+        )));
+    }
+    let Some((index, name)) = view_column(like.expr(), input) else {
+        return Err(Unsupported(format!(
+            "`{like}`: LIKE on the device takes a Utf8View column"
+        )));
+    };
+    let pattern = match like.pattern().downcast_ref::<Literal>().map(Literal::value) {
+        Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
+        | Some(ScalarValue::LargeUtf8(Some(p))) => LikePattern::parse(p)?,
+        _ => {
+            return Err(Unsupported(format!(
+                "`{like}`: LIKE on the device takes a literal pattern"
+            )))
+        }
+    };
+    Ok(Node::StrLike {
         index,
         name,
-        words,
-        negated,
+        pattern,
+        negated: like.negated(),
     })
+}
+
+/// `CASE [x] WHEN c THEN v ... [ELSE e] END` whose values have the result's type (cast
+/// to it where DataFusion left another) and whose conditions are booleans (`x = c` with
+/// a base expression).
+fn case_node(case: &CaseExpr, input: &Schema, data_type: &DataType) -> Result<Node, Unsupported> {
+    kind(data_type)?;
+    let value = |expr: &Arc<dyn PhysicalExpr>| -> Result<Node, Unsupported> {
+        let t = expr
+            .data_type(input)
+            .map_err(|e| Unsupported(format!("the type of `{expr}`: {e}")))?;
+        if &t == data_type {
+            compile(expr, input).map(|(node, _)| node)
+        } else {
+            cast_node(expr, data_type, input, OnFail::Error)
+        }
+    };
+    let mut branches = Vec::with_capacity(case.when_then_expr().len());
+    for (when, then) in case.when_then_expr() {
+        let condition: Arc<dyn PhysicalExpr> = match case.expr() {
+            Some(base) => Arc::new(BinaryExpr::new(base.clone(), Operator::Eq, when.clone())),
+            None => when.clone(),
+        };
+        let (condition, t) = compile(&condition, input)?;
+        if t != DataType::Boolean {
+            return Err(Unsupported(format!("a CASE condition of {t}")));
+        }
+        branches.push((condition, value(then)?));
+    }
+    let otherwise = match case.else_expr() {
+        Some(e) => value(e)?,
+        None => Node::Literal(None),
+    };
+    Ok(Node::Case {
+        branches,
+        otherwise: Box::new(otherwise),
+    })
+}
+
+/// `date_part('year' | 'month', d)` (and `EXTRACT`) of a `Date32`: an `Int32`.
+fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
+    let [part, date] = function.args() else {
+        return refuse("two arguments expected");
+    };
+    let part = match part.downcast_ref::<Literal>().map(Literal::value) {
+        Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
+        | Some(ScalarValue::LargeUtf8(Some(p))) => p.trim_matches(['\'', '"']).to_lowercase(),
+        _ => return refuse("the part is not a literal"),
+    };
+    let op = match part.as_str() {
+        "year" => op::YEAR,
+        "month" => op::MONTH,
+        other => return refuse(&format!("the part `{other}` has no device kernel")),
+    };
+    let (node, t) = compile(date, input)?;
+    if t != DataType::Date32 {
+        return refuse(&format!("date_part of {t} has no device kernel"));
+    }
+    Ok(unary(op, node))
 }
 
 fn unary(op: u32, input: Node) -> Node {
@@ -532,6 +788,12 @@ impl Node {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
             Node::Literal(_) | Node::StrIn { .. } => false,
+            // A view outside its buffer (checked, flagged in the error word).
+            Node::StrLike { .. } => true,
+            Node::Case {
+                branches,
+                otherwise,
+            } => otherwise.may_fail() || branches.iter().any(|(c, v)| c.may_fail() || v.may_fail()),
             Node::Binary {
                 op,
                 left,
@@ -555,7 +817,12 @@ impl Node {
     /// Whether it may be null where its columns are not (a null literal, a safe cast).
     pub(crate) fn introduces_nulls(&self) -> bool {
         match self {
-            Node::Column { .. } | Node::StrIn { .. } => false,
+            Node::Column { .. } | Node::StrIn { .. } | Node::StrLike { .. } => false,
+            // A row no branch takes and an ELSE that is null.
+            Node::Case {
+                branches,
+                otherwise,
+            } => otherwise.introduces_nulls() || branches.iter().any(|(_, v)| v.introduces_nulls()),
             Node::Literal(v) => v.is_none(),
             Node::Binary { left, right, .. } => left.introduces_nulls() || right.introduces_nulls(),
             Node::Unary {
@@ -571,7 +838,9 @@ impl Node {
     /// The columns it reads (indices in the compiled schema, with names).
     pub(crate) fn columns<'a>(&'a self, out: &mut Vec<(usize, &'a str)>) {
         match self {
-            Node::Column { index, name, .. } | Node::StrIn { index, name, .. } => {
+            Node::Column { index, name, .. }
+            | Node::StrIn { index, name, .. }
+            | Node::StrLike { index, name, .. } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));
                 }
@@ -582,6 +851,16 @@ impl Node {
                 right.columns(out);
             }
             Node::Unary { input, .. } => input.columns(out),
+            Node::Case {
+                branches,
+                otherwise,
+            } => {
+                for (condition, value) in branches {
+                    condition.columns(out);
+                    value.columns(out);
+                }
+                otherwise.columns(out);
+            }
         }
     }
 }

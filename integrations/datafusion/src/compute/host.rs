@@ -216,6 +216,43 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 valid,
             })
         }
+        Node::StrLike {
+            index,
+            name,
+            pattern,
+            negated,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            Ok(Lanes {
+                values: values
+                    .iter()
+                    .map(|v| v.is_some_and(|v| pattern.matches(v) != *negated) as i64)
+                    .collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
+        Node::Case {
+            branches,
+            otherwise,
+        } => {
+            let mut out = eval(otherwise, frame, text)?;
+            // Last branch first, so that the first true condition wins.
+            for (condition, value) in branches.iter().rev() {
+                let (c, v) = (eval(condition, frame, text)?, eval(value, frame, text)?);
+                for i in 0..n {
+                    if c.is_valid(i) && c.values[i] != 0 {
+                        out.values[i] = v.values[i];
+                        if !v.is_valid(i) || out.valid.is_some() {
+                            out.valid.get_or_insert_with(|| vec![1; n])[i] = v.is_valid(i) as u8;
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        }
         Node::Literal(v) => Ok(Lanes {
             values: vec![v.unwrap_or(0); n],
             valid: v.is_none().then(|| vec![0; n]),
@@ -292,6 +329,25 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: a.valid,
                 }),
+                op::YEAR | op::MONTH => Ok(Lanes {
+                    values: a
+                        .values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| match a.is_valid(i) {
+                            true => {
+                                let (year, month) = civil_from_days(d);
+                                if *op == op::YEAR {
+                                    year
+                                } else {
+                                    month
+                                }
+                            }
+                            false => 0,
+                        })
+                        .collect(),
+                    valid: a.valid,
+                }),
                 op::IS_NULL | op::IS_NOT_NULL => Ok(Lanes {
                     values: (0..n)
                         .map(|i| (a.is_valid(i) == (*op == op::IS_NOT_NULL)) as i64)
@@ -324,6 +380,68 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
         }
     }
+}
+
+/// The year and month (1 to 12) of a day count since 1970-01-01 in the proleptic
+/// Gregorian calendar (Howard Hinnant's `civil_from_days`, as `unary_lanes` computes it).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64) {
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month)
+}
+
+/// The bytes of each value of a `Utf8View` column on the CPU device (`None`: null),
+/// read where they lie: in the view, or in the variadic buffer it names.
+fn view_values<'a>(column: &'a FrameColumn, name: &str) -> Result<Vec<Option<&'a [u8]>>, BoxError> {
+    ready(column)?;
+    let c = column.column();
+    if c.data_type() != &DataType::Utf8View {
+        return Err(ComputeError::Input(format!(
+            "column `{name}` is {}, not Utf8View",
+            c.data_type()
+        ))
+        .into());
+    }
+    let valid = validity(&c)?;
+    let (offset, len) = (c.offset(), c.len());
+    let views = cpu_bytes(c.buffer(1).ok_or("a view column without views")?)?;
+    let views = views
+        .get(offset * 16..(offset + len) * 16)
+        .ok_or("a views buffer too short")?;
+    // Buffers: validity, views, the variadic buffers, their sizes.
+    let blocks = (2..c.n_buffers().saturating_sub(1))
+        .map(|b| c.buffer(b).map_or(Ok(&[][..]), cpu_bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outside = || -> BoxError {
+        ComputeError::Input(format!(
+            "column `{name}`: a string view points outside its buffers"
+        ))
+        .into()
+    };
+    let mut out = Vec::with_capacity(len);
+    for (i, view) in views.chunks_exact(16).enumerate() {
+        if valid.as_ref().is_some_and(|v| v[i] == 0) {
+            out.push(None);
+            continue;
+        }
+        let word = |at: usize| u32::from_le_bytes(view[at..at + 4].try_into().expect("4 bytes"));
+        let l = word(0) as usize;
+        out.push(Some(if l <= 12 {
+            &view[4..4 + l]
+        } else {
+            let (block, at) = (word(8) as usize, word(12) as usize);
+            blocks
+                .get(block)
+                .and_then(|b| b.get(at..at.checked_add(l)?))
+                .ok_or_else(outside)?
+        }));
+    }
+    Ok(out)
 }
 
 /// The frame's pending selection as 0/1 per row (all 1 without one).

@@ -52,6 +52,8 @@ struct Kernels {
     compact_bits: CudaFunction,
     view_bytes: CudaFunction,
     compact_views: CudaFunction,
+    view_like: CudaFunction,
+    select_lanes: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -93,6 +95,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         compact_bits: f("compact_bits")?,
         view_bytes: f("view_bytes")?,
         compact_views: f("compact_views")?,
+        view_like: f("view_like")?,
+        select_lanes: f("select_lanes")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
@@ -308,6 +312,114 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 ],
             )?;
             drop((views, bitmap, words_on_device));
+            Ok(out)
+        }
+        Node::StrLike {
+            index,
+            name,
+            pattern,
+            negated,
+        } => {
+            let column = frame_column(frame, *index, name)?;
+            let c = column.column();
+            if c.data_type() != &DataType::Utf8View {
+                return Err(ComputeError::Input(format!(
+                    "column `{name}` is {}, not Utf8View",
+                    c.data_type()
+                ))
+                .into());
+            }
+            let views = c.buffer(1).ok_or("a view column without views")?;
+            if (views.len() as u64) < ((c.offset() + n) as u64) * 16 {
+                return Err(ComputeError::Input(format!(
+                    "column `{name}`: a views buffer too short"
+                ))
+                .into());
+            }
+            aligned(views.address(), 8, name)?;
+            // The variadic buffers (between the views and their sizes) as two tables,
+            // and the pattern's bytes with a table of its pieces (start, length).
+            let count = c.n_buffers().saturating_sub(3);
+            let mut addresses: Vec<u64> = Vec::with_capacity(count + 1);
+            let mut sizes: Vec<u64> = Vec::with_capacity(count + 1);
+            for b in 2..2 + count {
+                let buffer = c.buffer(b);
+                addresses.push(buffer.map_or(0, |b| b.address()));
+                sizes.push(buffer.map_or(0, |b| b.len() as u64));
+            }
+            let mut bytes: Vec<u8> = Vec::new();
+            let mut pieces: Vec<u64> = Vec::with_capacity(2 * pattern.pieces.len());
+            for piece in &pattern.pieces {
+                pieces.extend([bytes.len() as u64, piece.len() as u64]);
+                bytes.extend_from_slice(piece);
+            }
+            // At least one entry each: CUDA allocates no empty buffer.
+            addresses.push(0);
+            sizes.push(0);
+            bytes.push(0);
+            pieces.push(0);
+            let tables = (
+                s.clone_htod(&addresses)?,
+                s.clone_htod(&sizes)?,
+                s.clone_htod(&bytes)?,
+                s.clone_htod(&pieces)?,
+            );
+            let views = views.cuda_view::<u8>(s)?;
+            let bitmap = c.cuda_validity(s)?;
+            let flags = u32::from(pattern.anchored_start)
+                | u32::from(pattern.anchored_end) << 1
+                | u32::from(*negated) << 2;
+            let out = cx.lanes(n)?;
+            cx.launch(
+                &cx.k.view_like,
+                n,
+                &[
+                    A::U64(views.device_ptr()),
+                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+                    A::U64(c.offset() as u64),
+                    A::U64(n as u64),
+                    A::U64(addr(&tables.0, s)),
+                    A::U64(addr(&tables.1, s)),
+                    A::U64(count as u64),
+                    A::U64(addr(&tables.2, s)),
+                    A::U64(addr(&tables.3, s)),
+                    A::U64(pattern.pieces.len() as u64),
+                    A::U32(flags),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(err),
+                ],
+            )?;
+            drop((views, bitmap, tables));
+            Ok(out)
+        }
+        Node::Case {
+            branches,
+            otherwise,
+        } => {
+            // The last branch first, so that the first true condition wins.
+            let mut out = eval(cx, otherwise, frame, err)?;
+            for (condition, value) in branches.iter().rev() {
+                let c = eval(cx, condition, frame, err)?;
+                let v = eval(cx, value, frame, err)?;
+                let next = cx.lanes(n)?;
+                cx.launch(
+                    &cx.k.select_lanes,
+                    n,
+                    &[
+                        A::U64(addr(&c.values, s)),
+                        A::U64(addr(&c.valid, s)),
+                        A::U64(addr(&v.values, s)),
+                        A::U64(addr(&v.valid, s)),
+                        A::U64(addr(&out.values, s)),
+                        A::U64(addr(&out.valid, s)),
+                        A::U64(addr(&next.values, s)),
+                        A::U64(addr(&next.valid, s)),
+                        A::U64(n as u64),
+                    ],
+                )?;
+                out = next;
+            }
             Ok(out)
         }
         Node::Literal(v) => {
@@ -541,6 +653,12 @@ impl ErrorWord {
 }
 
 fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
+    if word & 4 != 0 {
+        return Err(ComputeError::Input(format!(
+            "`{what}`: a string view points outside its buffers"
+        ))
+        .into());
+    }
     if word & 1 != 0 {
         return Err(ComputeError::Overflow(format!(
             "`{what}` overflows the device's 64-bit lanes or its result's range"
