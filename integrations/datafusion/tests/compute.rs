@@ -931,7 +931,9 @@ pub async fn check_compact(device: &ExecDevice) {
 /// select DataFusion's rows; a longer literal says why it stays on the host.
 pub async fn check_string_predicates(device: &ExecDevice) {
     let n = 60;
-    let modes = ["AIR", "REG AIR", "MAIL", "SHIP", "TRUCK", "FOB", "RAIL"];
+    let modes = [
+        "AIR", "REG AIR", "MAIL", "SHIP", "TRUCK", "FOB", "RAIL", "ünï",
+    ];
     let s = arrow_array::StringViewArray::from(
         (0..n)
             .map(|i| match i % 9 {
@@ -1010,6 +1012,23 @@ pub async fn check_string_predicates(device: &ExecDevice) {
         "c LIKE '%ba'",
         "c LIKE 'special%requests'",
         "c LIKE '%requests' AND x > 0",
+        // The first k characters (substr from 1): a prefix, the value, or nothing.
+        "substr(s, 1, 2) = 'RE'",
+        "substr(s, 1, 3) IN ('AIR', 'REG', 'MA')",
+        "substr(s, 1, 3) NOT IN ('SHI', 'FOBX')",
+        "substring(s from 1 for 4) = 'a mo'",
+        "substr(s, 1, 20) = 'AIR'",
+        "substr(s, 1, 20) = 'a mode much longer than'",
+        "substr(c, 1, 8) = 'Customer'",
+        "substr(s, 1, 2) = 'ün'",
+        "substr(s, 1, 1) = 'ü'",
+        "substr(s, 1, 2) IN ('MAIL', 'SHIP')",
+        // Validity of a string column, and IS [NOT] DISTINCT FROM.
+        "s IS NULL",
+        "c IS NOT NULL",
+        "s IS NULL OR x > 0",
+        "(s = 'AIR') IS DISTINCT FROM true",
+        "(x > 0) IS NOT DISTINCT FROM (s = 'AIR')",
     ] {
         // The projection's input batches: the columns the predicate reads.
         let (e, schema, batches) = projection_of(&ctx, "v", &format!("({text})")).await;
@@ -1109,6 +1128,7 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CASE WHEN x > 0 THEN m WHEN x < 0 THEN -m END",
         "CASE x WHEN 1 THEN 10 WHEN -1 THEN 20 ELSE 30 END",
         "CASE WHEN x IS NULL THEN d END",
+        "CASE WHEN x >= 0 THEN x > 1 ELSE NULL END",
     ] {
         let (e, schema, batches) = projection_of(&ctx, "w", text).await;
         let compiled = DeviceExpr::compile(&e, &schema)

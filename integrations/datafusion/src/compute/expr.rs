@@ -167,6 +167,9 @@ pub(crate) enum Node {
         pattern: LikePattern,
         negated: bool,
     },
+    /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
+    /// column of any type (only its validity bitmap is read).
+    Valid { index: usize, name: String },
     /// `CASE WHEN c1 THEN v1 ... ELSE e END`: the value of the first branch whose
     /// condition is true (not null), else `otherwise` (a null literal without `ELSE`).
     Case {
@@ -274,6 +277,12 @@ fn compile_node(
         if let Some(node) = string_equality(binary, input)? {
             return Ok(node);
         }
+        if matches!(
+            binary.op(),
+            Operator::IsDistinctFrom | Operator::IsNotDistinctFrom
+        ) {
+            return distinct_node(binary, input);
+        }
         return binary_node(binary, input, data_type);
     }
     if let Some(in_list) = expr.downcast_ref::<InListExpr>() {
@@ -304,10 +313,16 @@ fn compile_node(
         });
     }
     if let Some(is_null) = expr.downcast_ref::<IsNullExpr>() {
+        if let Some(valid) = validity_of(is_null.arg(), input) {
+            return Ok(unary(op::NOT, valid));
+        }
         let (input_node, _) = compile(is_null.arg(), input)?;
         return Ok(unary(op::IS_NULL, input_node));
     }
     if let Some(is_not_null) = expr.downcast_ref::<IsNotNullExpr>() {
+        if let Some(valid) = validity_of(is_not_null.arg(), input) {
+            return Ok(valid);
+        }
         let (input_node, _) = compile(is_not_null.arg(), input)?;
         return Ok(unary(op::IS_NOT_NULL, input_node));
     }
@@ -372,50 +387,68 @@ fn string_literal(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<Vec<u8>>, Unsup
     Ok(Some(text.as_bytes().to_vec()))
 }
 
-/// Whether a `Utf8View` column equals one of `literals` (negated: none): literals of at
-/// most 12 bytes by their views ([`Node::StrIn`]), longer ones by their bytes
-/// ([`Node::StrLike`], exact), or-ed.
-fn string_equals(index: usize, name: String, literals: Vec<Vec<u8>>, negated: bool) -> Node {
-    let (short, long): (Vec<_>, Vec<_>) =
-        literals.into_iter().partition(|l| string_key(l).is_some());
-    let mut any: Option<Node> = None;
-    let mut or = |node: Node| {
-        any = Some(match any.take() {
-            None => node,
-            Some(left) => Node::Binary {
-                op: op::OR,
-                left: Box::new(left),
-                right: Box::new(node),
-                lmul: 1,
-                rmul: 1,
-                lo: i64::MIN,
-                hi: i64::MAX,
+/// Whether a `Utf8View` column (or its first `k` characters) equals one of `literals`
+/// (negated: none): literals of at most 12 bytes by their views ([`Node::StrIn`]),
+/// longer ones by their bytes ([`Node::StrLike`], exact), or-ed. The first `k` characters
+/// of a value equal a literal of exactly `k` characters where the value starts with it
+/// (UTF-8 is prefix-free), one of fewer where the value is it, and never one of more.
+fn string_equals(subject: Subject, literals: Vec<Vec<u8>>, negated: bool) -> Node {
+    let Subject {
+        index,
+        name,
+        prefix,
+    } = subject;
+    let mut short = Vec::new();
+    let mut patterns = Vec::new();
+    for literal in literals {
+        let chars = String::from_utf8_lossy(&literal).chars().count();
+        match prefix {
+            Some(k) if chars > k => {}
+            Some(k) if chars == k => patterns.push(LikePattern {
+                pieces: vec![literal],
+                anchored_start: true,
+                anchored_end: false,
+            }),
+            _ => match string_key(&literal) {
+                Some(key) => short.push(key),
+                None => patterns.push(LikePattern::exact(&literal)),
             },
-        })
-    };
-    if !short.is_empty() {
-        or(Node::StrIn {
+        }
+    }
+    let mut tests = Vec::new();
+    if !short.is_empty() || patterns.is_empty() {
+        // (No word at all: equal to nothing, null where the value is.)
+        tests.push(Node::StrIn {
             index,
             name: name.clone(),
-            words: short
-                .iter()
-                .map(|l| string_key(l).expect("at most 12 bytes"))
-                .collect(),
+            words: short,
             negated: false,
         });
     }
-    for literal in long {
-        or(Node::StrLike {
+    for pattern in patterns {
+        tests.push(Node::StrLike {
             index,
             name: name.clone(),
-            pattern: LikePattern::exact(&literal),
+            pattern,
             negated: false,
         });
     }
-    let any = any.expect("at least one literal");
+    let mut tests = tests.into_iter();
+    let mut any = tests.next().expect("at least one test");
+    for test in tests {
+        any = Node::Binary {
+            op: op::OR,
+            left: Box::new(any),
+            right: Box::new(test),
+            lmul: 1,
+            rmul: 1,
+            lo: i64::MIN,
+            hi: i64::MAX,
+        };
+    }
     match (negated, any) {
         (false, any) => any,
-        // One test negates itself in the kernel.
+        // One test negates itself in its kernel.
         (
             true,
             Node::StrIn {
@@ -452,6 +485,43 @@ fn view_column(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(usize, S
     (field.data_type() == &DataType::Utf8View).then(|| (column.index(), column.name().into()))
 }
 
+/// What a string comparison compares: a `Utf8View` column, or the first `k` characters
+/// of one (`substr(col, 1, k)`, `k` at least 1).
+struct Subject {
+    index: usize,
+    name: String,
+    prefix: Option<usize>,
+}
+
+fn view_subject(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Subject> {
+    if let Some((index, name)) = view_column(expr, input) {
+        return Some(Subject {
+            index,
+            name,
+            prefix: None,
+        });
+    }
+    let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    if !matches!(function.name(), "substr" | "substring") {
+        return None;
+    }
+    let [column, start, count] = function.args() else {
+        return None;
+    };
+    let int = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>()?.value() {
+        ScalarValue::Int64(Some(v)) => Some(*v),
+        ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
+        _ => None,
+    };
+    let (index, name) = view_column(column, input)?;
+    let k = usize::try_from(int(count)?).ok().filter(|k| *k >= 1)?;
+    (int(start)? == 1).then_some(Subject {
+        index,
+        name,
+        prefix: Some(k),
+    })
+}
+
 /// `col = 'x'`, `'x' = col`, `col <> 'x'` over a `Utf8View` column.
 fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, Unsupported> {
     let negated = match binary.op() {
@@ -459,9 +529,9 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
         Operator::NotEq => true,
         _ => return Ok(None),
     };
-    let (column, literal) = match view_column(binary.left(), input) {
+    let (subject, literal) = match view_subject(binary.left(), input) {
         Some(c) => (c, binary.right()),
-        None => match view_column(binary.right(), input) {
+        None => match view_subject(binary.right(), input) {
             Some(c) => (c, binary.left()),
             None => return Ok(None),
         },
@@ -469,12 +539,7 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
     let Some(bytes) = string_literal(literal)? else {
         return Ok(None);
     };
-    Ok(Some(string_equals(
-        column.0,
-        column.1,
-        vec![bytes],
-        negated,
-    )))
+    Ok(Some(string_equals(subject, vec![bytes], negated)))
 }
 
 /// `col IN ('x', 'y', ...)` and `NOT IN` over a `Utf8View` column.
@@ -484,7 +549,7 @@ fn string_in_list(
     negated: bool,
     input: &Schema,
 ) -> Result<Node, Unsupported> {
-    let Some((index, name)) = view_column(expr, input) else {
+    let Some(subject) = view_subject(expr, input) else {
         // Numbers: `x = a OR x = b ...` (NOT of it for NOT IN), which has IN's
         // three-valued logic for a list of non-null literals.
         if list.is_empty()
@@ -519,7 +584,54 @@ fn string_in_list(
             })?,
         );
     }
-    Ok(string_equals(index, name, literals, negated))
+    Ok(string_equals(subject, literals, negated))
+}
+
+/// A column whose lanes the device does not load (a string, say), as its validity.
+fn validity_of(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
+    let column = expr.downcast_ref::<Column>()?;
+    let field = input.fields().get(column.index())?;
+    kind(field.data_type()).is_err().then(|| Node::Valid {
+        index: column.index(),
+        name: column.name().to_string(),
+    })
+}
+
+/// `a IS NOT DISTINCT FROM b` as `(a IS NULL AND b IS NULL) OR (a IS NOT NULL AND b IS
+/// NOT NULL AND a = b)`, always valid; `IS DISTINCT FROM` its negation.
+fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let (a, _) = compile(binary.left(), input)?;
+    let (b, _) = compile(binary.right(), input)?;
+    let equal: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+        binary.left().clone(),
+        Operator::Eq,
+        binary.right().clone(),
+    ));
+    let (equal, _) = compile(&equal, input)?;
+    let logic = |op, left: Node, right: Node| Node::Binary {
+        op,
+        left: Box::new(left),
+        right: Box::new(right),
+        lmul: 1,
+        rmul: 1,
+        lo: i64::MIN,
+        hi: i64::MAX,
+    };
+    let both_null = logic(
+        op::AND,
+        unary(op::IS_NULL, a.clone()),
+        unary(op::IS_NULL, b.clone()),
+    );
+    let both_valid = logic(
+        op::AND,
+        unary(op::IS_NOT_NULL, a),
+        unary(op::IS_NOT_NULL, b),
+    );
+    let same = logic(op::OR, both_null, logic(op::AND, both_valid, equal));
+    Ok(match binary.op() {
+        Operator::IsDistinctFrom => unary(op::NOT, same),
+        _ => same,
+    })
 }
 
 /// `col LIKE 'pattern'` (and `NOT LIKE`) over a `Utf8View` column, for patterns of
@@ -787,7 +899,7 @@ impl Node {
             Node::Column { data_type, .. } => {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
-            Node::Literal(_) | Node::StrIn { .. } => false,
+            Node::Literal(_) | Node::StrIn { .. } | Node::Valid { .. } => false,
             // A view outside its buffer (checked, flagged in the error word).
             Node::StrLike { .. } => true,
             Node::Case {
@@ -817,7 +929,10 @@ impl Node {
     /// Whether it may be null where its columns are not (a null literal, a safe cast).
     pub(crate) fn introduces_nulls(&self) -> bool {
         match self {
-            Node::Column { .. } | Node::StrIn { .. } | Node::StrLike { .. } => false,
+            Node::Column { .. }
+            | Node::StrIn { .. }
+            | Node::StrLike { .. }
+            | Node::Valid { .. } => false,
             // A row no branch takes and an ELSE that is null.
             Node::Case {
                 branches,
@@ -840,7 +955,8 @@ impl Node {
         match self {
             Node::Column { index, name, .. }
             | Node::StrIn { index, name, .. }
-            | Node::StrLike { index, name, .. } => {
+            | Node::StrLike { index, name, .. }
+            | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));
                 }

@@ -234,6 +234,18 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
+        Node::Valid { index, name } => {
+            let column = frame_column(frame, *index, name)?;
+            ready(column)?;
+            let valid = validity(&column.column())?;
+            Ok(Lanes {
+                values: match valid {
+                    Some(v) => v.into_iter().map(i64::from).collect(),
+                    None => vec![1; n],
+                },
+                valid: None,
+            })
+        }
         Node::Case {
             branches,
             otherwise,

@@ -293,7 +293,11 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             aligned(views.address(), 8, name)?;
             let views = views.cuda_view::<u8>(s)?;
             let bitmap = c.cuda_validity(s)?;
-            let flat: Vec<u64> = words.iter().flatten().copied().collect();
+            let mut flat: Vec<u64> = words.iter().flatten().copied().collect();
+            // CUDA allocates no empty buffer (no word: equal to nothing).
+            if flat.is_empty() {
+                flat.extend([0, 0]);
+            }
             let words_on_device = s.clone_htod(&flat)?;
             let out = cx.lanes(n)?;
             cx.launch(
@@ -391,6 +395,47 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 ],
             )?;
             drop((views, bitmap, tables));
+            Ok(out)
+        }
+        Node::Valid { index, name } => {
+            let c = frame_column(frame, *index, name)?.column();
+            let out = cx.lanes(n)?;
+            match c.cuda_validity(s)? {
+                // The bitmap's bits as the values (`load_lanes`' boolean width), valid.
+                Some(bitmap) => {
+                    if (bitmap.len() as u64) * 8 < (c.offset() + n) as u64 {
+                        return Err(ComputeError::Input(format!(
+                            "column `{name}`: a bitmap too short"
+                        ))
+                        .into());
+                    }
+                    cx.launch(
+                        &cx.k.load_lanes,
+                        n,
+                        &[
+                            A::U64(bitmap.device_ptr()),
+                            A::U64(0),
+                            A::U64(c.offset() as u64),
+                            A::U64(n as u64),
+                            A::U32(0),
+                            A::U64(addr(&out.values, s)),
+                            A::U64(addr(&out.valid, s)),
+                            A::U64(err),
+                        ],
+                    )?;
+                }
+                None => cx.launch(
+                    &cx.k.fill_lanes,
+                    n,
+                    &[
+                        A::U64(addr(&out.values, s)),
+                        A::U64(addr(&out.valid, s)),
+                        A::U64(n as u64),
+                        A::I64(1),
+                        A::U32(1),
+                    ],
+                )?,
+            }
             Ok(out)
         }
         Node::Case {
