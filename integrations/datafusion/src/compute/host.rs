@@ -412,13 +412,7 @@ pub(crate) fn civil_from_days(days: i64) -> (i64, i64) {
 fn view_values<'a>(column: &'a FrameColumn, name: &str) -> Result<Vec<Option<&'a [u8]>>, BoxError> {
     ready(column)?;
     let c = column.column();
-    if c.data_type() != &DataType::Utf8View {
-        return Err(ComputeError::Input(format!(
-            "column `{name}` is {}, not Utf8View",
-            c.data_type()
-        ))
-        .into());
-    }
+    super::check_view(&c, name)?;
     let valid = validity(&c)?;
     let (offset, len) = (c.offset(), c.len());
     let views = cpu_bytes(c.buffer(1).ok_or("a view column without views")?)?;

@@ -314,6 +314,21 @@ pub fn select_deferred(
     Ok((column, PendingCheck::default()))
 }
 
+/// Checks that a column read as strings by the device is a `Utf8View` one.
+pub(crate) fn check_view(
+    c: &devarrow::bridge::DeviceColumn<'_>,
+    name: &str,
+) -> Result<(), BoxError> {
+    if c.data_type() != &DataType::Utf8View {
+        return Err(ComputeError::Input(format!(
+            "column `{name}` is {}, not Utf8View",
+            c.data_type()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The bytes per value of a fixed-width type [`compact`] moves on the device (the types
 /// devarrow builds CUDA arrays of: integers, floats, dates, times, timestamps, durations,
 /// decimals of 128 bits), `None` for other types.

@@ -10,7 +10,7 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
 
-use super::{addr, aligned, context, load, Cx, A};
+use super::{addr, aligned, context, load, variadic_tables, Cx, A};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -64,7 +64,7 @@ pub(crate) fn compact(
     let mut tables = Vec::with_capacity(columns.len());
     for c in &columns {
         tables.push(match c.data_type() {
-            DataType::Utf8View | DataType::BinaryView => Some(view_tables(&cx, c)?),
+            DataType::Utf8View | DataType::BinaryView => Some(variadic_tables(&cx, c)?),
             _ => None,
         });
     }
@@ -243,9 +243,14 @@ pub(crate) fn compact(
         });
         let dt = field.data_type().clone();
         arrays.push(match prepared {
-            Prepared::Fixed { values, width } => {
-                fixed(&cx, dt, scan, values, width, n, m, validity)?
+            Prepared::Fixed { values, width } => Fixed {
+                scan,
+                values,
+                width,
+                n,
+                m,
             }
+            .array(&cx, dt, validity)?,
             Prepared::Bits { bits } => CudaArray::from_bits(m, bits, validity)?,
             Prepared::Views {
                 views,
@@ -298,31 +303,6 @@ fn c_bitmap(frame: &DeviceFrame, i: usize) -> u64 {
         .map_or(0, |b| b.address())
 }
 
-/// The variadic buffers of a view column, as two tables on the device (addresses and
-/// sizes, u64 each) and their count. A buffer the batch holds as NULL has address and
-/// size 0, so a view into it is out of bounds.
-fn view_tables(
-    cx: &Cx<'_>,
-    c: &DeviceColumn<'_>,
-) -> Result<(CudaSlice<u64>, CudaSlice<u64>, u64), BoxError> {
-    // Buffers: validity, views, the variadic buffers, their sizes.
-    let count = c.n_buffers().saturating_sub(3);
-    let (mut addresses, mut sizes) = (Vec::with_capacity(count + 1), Vec::with_capacity(count + 1));
-    for b in 2..2 + count {
-        let buffer = c.buffer(b);
-        addresses.push(buffer.map_or(0, |b| b.address()));
-        sizes.push(buffer.map_or(0, |b| b.len() as u64));
-    }
-    // At least one entry: CUDA allocates no empty buffer.
-    addresses.push(0);
-    sizes.push(0);
-    Ok((
-        cx.stream.clone_htod(&addresses)?,
-        cx.stream.clone_htod(&sizes)?,
-        count as u64,
-    ))
-}
-
 /// Copies the last of `n` i64s of `from` into `to[at]` (stream order, no host wait).
 fn copy_last(
     cx: &Cx<'_>,
@@ -361,38 +341,51 @@ fn compact_bits(
     )
 }
 
-/// A fixed-width column's kept rows (`compact_fixed`) as an array of `dt`.
-#[allow(clippy::too_many_arguments)]
-fn fixed(
-    cx: &Cx<'_>,
-    dt: DataType,
+/// A fixed-width column's kept rows (`compact_fixed`): `width`-byte values at `values`,
+/// `n` rows scanned (`scan`), `m` kept.
+struct Fixed {
     scan: u64,
     values: u64,
     width: u32,
     n: usize,
     m: usize,
-    validity: Option<(CudaSlice<u8>, Option<usize>)>,
-) -> Result<CudaArray, BoxError> {
-    fn typed<T: DeviceNative + ValidAsZeroBits>(
+}
+
+impl Fixed {
+    /// The kept rows as an array of `dt`, with `validity`.
+    fn array(
+        &self,
         cx: &Cx<'_>,
         dt: DataType,
-        scan: u64,
-        values: u64,
-        width: u32,
-        n: usize,
-        m: usize,
         validity: Option<(CudaSlice<u8>, Option<usize>)>,
     ) -> Result<CudaArray, BoxError> {
-        let out = cx.stream.alloc_zeros::<T>(m)?;
+        macro_rules! first_fit {
+            ($($t:ty),*) => {
+                $(if <$t>::fits(&dt) && size_of::<$t>() == self.width as usize {
+                    return self.typed::<$t>(cx, dt, validity);
+                })*
+            };
+        }
+        first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
+        Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
+    }
+
+    fn typed<T: DeviceNative + ValidAsZeroBits>(
+        &self,
+        cx: &Cx<'_>,
+        dt: DataType,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<CudaArray, BoxError> {
+        let out = cx.stream.alloc_zeros::<T>(self.m)?;
         cx.launch(
             &cx.k.compact_fixed,
-            n,
+            self.n,
             &[
-                A::U64(scan),
-                A::U64(values),
-                A::U32(width),
+                A::U64(self.scan),
+                A::U64(self.values),
+                A::U32(self.width),
                 A::U64(addr(&out, cx.stream)),
-                A::U64(n as u64),
+                A::U64(self.n as u64),
             ],
         )?;
         Ok(match validity {
@@ -400,13 +393,4 @@ fn fixed(
             None => CudaArray::from_values(dt, out)?,
         })
     }
-    macro_rules! first_fit {
-        ($($t:ty),*) => {
-            $(if <$t>::fits(&dt) && size_of::<$t>() == width as usize {
-                return typed::<$t>(cx, dt, scan, values, width, n, m, validity);
-            })*
-        };
-    }
-    first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
-    Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
 }

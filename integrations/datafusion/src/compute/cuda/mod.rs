@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_schema::{DataType, Field};
-use devarrow::bridge::{DeviceBatch, Transfer, TransferOptions};
+use devarrow::bridge::{ColumnBuffer, DeviceBatch, DeviceColumn, Transfer, TransferOptions};
 use devarrow::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -250,6 +250,48 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
     Ok(out)
 }
 
+/// A `Utf8View` column of `n` rows (else an input error) and its views' buffer, long
+/// enough and aligned for the kernels' 8-byte loads.
+fn view_column<'a>(
+    column: &'a FrameColumn,
+    name: &str,
+) -> Result<(DeviceColumn<'a>, ColumnBuffer<'a>), BoxError> {
+    let c = column.column();
+    super::check_view(&c, name)?;
+    let views = c.buffer(1).ok_or("a view column without views")?;
+    if (views.len() as u64) < ((c.offset() + c.len()) as u64) * 16 {
+        return Err(
+            ComputeError::Input(format!("column `{name}`: a views buffer too short")).into(),
+        );
+    }
+    aligned(views.address(), 8, name)?;
+    Ok((c, views))
+}
+
+/// The variadic buffers of a view column (between the views and their sizes) as two
+/// tables on the device, their addresses and sizes (u64 each), and their count. A buffer
+/// the batch holds as NULL has address and size 0, so a view into it is out of bounds.
+fn variadic_tables(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'_>,
+) -> Result<(CudaSlice<u64>, CudaSlice<u64>, u64), BoxError> {
+    let count = c.n_buffers().saturating_sub(3);
+    let (mut addresses, mut sizes) = (Vec::with_capacity(count + 1), Vec::with_capacity(count + 1));
+    for b in 2..2 + count {
+        let buffer = c.buffer(b);
+        addresses.push(buffer.map_or(0, |b| b.address()));
+        sizes.push(buffer.map_or(0, |b| b.len() as u64));
+    }
+    // At least one entry: CUDA allocates no empty buffer.
+    addresses.push(0);
+    sizes.push(0);
+    Ok((
+        cx.stream.clone_htod(&addresses)?,
+        cx.stream.clone_htod(&sizes)?,
+        count as u64,
+    ))
+}
+
 /// Checks that a buffer the kernels load `align`-byte words from is aligned for them (a
 /// foreign producer's buffers may not be).
 fn aligned(address: u64, align: u64, name: &str) -> Result<(), BoxError> {
@@ -274,23 +316,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             words,
             negated,
         } => {
-            let column = frame_column(frame, *index, name)?;
-            let c = column.column();
-            if c.data_type() != &DataType::Utf8View {
-                return Err(ComputeError::Input(format!(
-                    "column `{name}` is {}, not Utf8View",
-                    c.data_type()
-                ))
-                .into());
-            }
-            let views = c.buffer(1).ok_or("a view column without views")?;
-            if (views.len() as u64) < ((c.offset() + n) as u64) * 16 {
-                return Err(ComputeError::Input(format!(
-                    "column `{name}`: a views buffer too short"
-                ))
-                .into());
-            }
-            aligned(views.address(), 8, name)?;
+            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
             let views = views.cuda_view::<u8>(s)?;
             let bitmap = c.cuda_validity(s)?;
             let mut flat: Vec<u64> = words.iter().flatten().copied().collect();
@@ -324,33 +350,10 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             pattern,
             negated,
         } => {
-            let column = frame_column(frame, *index, name)?;
-            let c = column.column();
-            if c.data_type() != &DataType::Utf8View {
-                return Err(ComputeError::Input(format!(
-                    "column `{name}` is {}, not Utf8View",
-                    c.data_type()
-                ))
-                .into());
-            }
-            let views = c.buffer(1).ok_or("a view column without views")?;
-            if (views.len() as u64) < ((c.offset() + n) as u64) * 16 {
-                return Err(ComputeError::Input(format!(
-                    "column `{name}`: a views buffer too short"
-                ))
-                .into());
-            }
-            aligned(views.address(), 8, name)?;
-            // The variadic buffers (between the views and their sizes) as two tables,
-            // and the pattern's bytes with a table of its pieces (start, length).
-            let count = c.n_buffers().saturating_sub(3);
-            let mut addresses: Vec<u64> = Vec::with_capacity(count + 1);
-            let mut sizes: Vec<u64> = Vec::with_capacity(count + 1);
-            for b in 2..2 + count {
-                let buffer = c.buffer(b);
-                addresses.push(buffer.map_or(0, |b| b.address()));
-                sizes.push(buffer.map_or(0, |b| b.len() as u64));
-            }
+            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
+            // The variadic buffers as two tables, and the pattern's bytes with a table of
+            // its pieces (start, length).
+            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
             let mut bytes: Vec<u8> = Vec::new();
             let mut pieces: Vec<u64> = Vec::with_capacity(2 * pattern.pieces.len());
             for piece in &pattern.pieces {
@@ -358,13 +361,11 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 bytes.extend_from_slice(piece);
             }
             // At least one entry each: CUDA allocates no empty buffer.
-            addresses.push(0);
-            sizes.push(0);
             bytes.push(0);
             pieces.push(0);
             let tables = (
-                s.clone_htod(&addresses)?,
-                s.clone_htod(&sizes)?,
+                addresses,
+                sizes,
                 s.clone_htod(&bytes)?,
                 s.clone_htod(&pieces)?,
             );
@@ -384,7 +385,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                     A::U64(n as u64),
                     A::U64(addr(&tables.0, s)),
                     A::U64(addr(&tables.1, s)),
-                    A::U64(count as u64),
+                    A::U64(count),
                     A::U64(addr(&tables.2, s)),
                     A::U64(addr(&tables.3, s)),
                     A::U64(pattern.pieces.len() as u64),
