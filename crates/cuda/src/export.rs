@@ -245,6 +245,60 @@ mod tests {
     use super::*;
     use arrow_buffer::{Buffer, NullBuffer};
 
+    /// The export of a view array built as `CudaArray::from_views` builds it (its sizes
+    /// as one more buffer, last) points to that buffer as its variadic sizes, and drops
+    /// arrow-rs's own host copy: `n_buffers` counts validity, views, the data buffers
+    /// and the sizes, as the C data interface says. Host memory stands in for the device
+    /// here (nothing is read but the struct).
+    #[test]
+    fn view_exports_point_to_their_own_sizes_buffer() {
+        let views = Buffer::from_vec(vec![0u128; 3]);
+        let blocks = [
+            Buffer::from_vec(vec![0u8; 40]),
+            Buffer::from_vec(vec![0u8; 24]),
+        ];
+        let sizes = Buffer::from_vec(vec![40i64, 24]);
+        let sizes_ptr = sizes.as_ptr();
+        let child = ArrayData::builder(DataType::Utf8View)
+            .len(3)
+            .buffers(vec![views, blocks[0].clone(), blocks[1].clone(), sizes])
+            .nulls(Some(NullBuffer::from(vec![true, false, true])));
+        // SAFETY: never read as an array: only exported and its C struct inspected.
+        let child = unsafe { child.build_unchecked() };
+        let fields = arrow_schema::Fields::from(vec![arrow_schema::Field::new(
+            "s",
+            DataType::Utf8View,
+            true,
+        )]);
+        // SAFETY: a struct of that one child; nothing is read.
+        let data = unsafe {
+            ArrayData::builder(DataType::Struct(fields))
+                .len(3)
+                .child_data(vec![child.clone()])
+                .build_unchecked()
+        };
+        assert!(check_exportable(&data, "array", false).is_err());
+        assert!(check_exportable(&data, "array", true).is_ok());
+        let mut root = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
+        // SAFETY: `root` is arrow-rs's export of `data`, owned here.
+        unsafe { use_device_view_sizes(&data, &mut root) };
+        assert_eq!(root.n_buffers, 1, "the struct's validity only");
+        // SAFETY: the export has one child, a live struct with `n_buffers` pointers.
+        let (n, last, block) = unsafe {
+            let c = &**root.children;
+            (
+                c.n_buffers,
+                *c.buffers.add(c.n_buffers as usize - 1),
+                *c.buffers.add(2),
+            )
+        };
+        assert_eq!(n, 5, "validity, views, two blocks, their sizes");
+        assert_eq!(last.cast::<u8>(), sizes_ptr, "the array's own sizes buffer");
+        assert_eq!(block.cast::<u8>(), blocks[0].as_ptr());
+        // SAFETY: released once, as arrow-rs's export (its own release).
+        unsafe { root.release.expect("an exported array")(&mut root) };
+    }
+
     #[test]
     fn host_realigning_exports_are_refused_before_any_cuda_call() {
         // A validity bitmap whose offset differs from the array's would be realigned by

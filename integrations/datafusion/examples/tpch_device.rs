@@ -51,6 +51,22 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The sum of metric `name` over the plan's nodes called `node` (after a run).
+fn metric(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
+    let mut total = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(n) = stack.pop() {
+        if n.name() == node {
+            total += n
+                .metrics()
+                .and_then(|m| m.sum_by_name(name))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(n.children().into_iter().cloned());
+    }
+    total
+}
+
 /// Runs query `q` both ways; `Ok(false)` when the results differ.
 async fn check(
     q: usize,
@@ -69,6 +85,15 @@ async fn check(
                 ms(device_time),
                 placement.regions.len(),
                 placement.host_only.len()
+            );
+            // The first run's plan holds its metrics: the bytes that crossed the link.
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            println!(
+                "    link: {:.1} MiB up, {:.1} MiB down ({} of the batches down compacted \
+                 on the device)",
+                mib(metric(&device_plan, "DeviceLoadExec", "bytes_to_device")),
+                mib(metric(&device_plan, "DeviceUnloadExec", "bytes_from_device")),
+                metric(&device_plan, "DeviceUnloadExec", "compacted_batches"),
             );
             println!("    placement: {placement}");
             Ok(true)
