@@ -92,7 +92,11 @@ async fn check(
                 "    link: {:.1} MiB up, {:.1} MiB down ({} of the batches down compacted \
                  on the device)",
                 mib(metric(&device_plan, "DeviceLoadExec", "bytes_to_device")),
-                mib(metric(&device_plan, "DeviceUnloadExec", "bytes_from_device")),
+                mib(metric(
+                    &device_plan,
+                    "DeviceUnloadExec",
+                    "bytes_from_device"
+                )),
                 metric(&device_plan, "DeviceUnloadExec", "compacted_batches"),
             );
             println!("    placement: {placement}");

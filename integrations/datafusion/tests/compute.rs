@@ -1054,8 +1054,35 @@ pub async fn check_string_predicates(device: &ExecDevice) {
             }
         }
     }
+    // substr(s, 1, k) as a projection's string value (k of at most 3 characters: every
+    // value inline), with nulls, two-byte characters, values shorter than k, a slice.
+    for text in [
+        "substr(s, 1, 2)",
+        "substr(s, 1, 3)",
+        "substring(c from 1 for 1)",
+        "substr(s, 1, 1)",
+    ] {
+        let (e, schema, batches) = projection_of(&ctx, "v", text).await;
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("{text} compiles for the device: {u:?}"));
+        assert_eq!(compiled.data_type(), &DataType::Utf8View);
+        let input = concat_batches(&schema, &batches).unwrap();
+        for batch in [input.clone(), input.slice(5, 41)] {
+            let want = e
+                .evaluate(&batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            let got = compiled
+                .evaluate(&upload(&batch, device), device)
+                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
+            assert_eq!(&download(&got, device), &want, "{text}");
+        }
+    }
     for (text, why) in [
         ("(s LIKE 'A_R')", "`_` or an escape"),
+        ("substr(s, 1, 4)", "`substr` has no device kernel"),
+        ("substr(s, 2, 2)", "`substr` has no device kernel"),
         ("(s ILIKE 'air')", "ILIKE"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
     ] {

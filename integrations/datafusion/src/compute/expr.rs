@@ -167,6 +167,14 @@ pub(crate) enum Node {
         pattern: LikePattern,
         negated: bool,
     },
+    /// `substr(col, 1, k)` of a `Utf8View` column for `k` of at most 3 characters (at
+    /// most 12 bytes of UTF-8: an inline view): a string value, so only the root of a
+    /// projection's expression ([`prefix_node`]), never lanes.
+    Prefix {
+        index: usize,
+        name: String,
+        chars: usize,
+    },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
@@ -587,6 +595,22 @@ fn string_in_list(
     Ok(string_equals(subject, literals, negated))
 }
 
+/// The most characters of a [`Node::Prefix`]: 3 characters of UTF-8 are at most 12
+/// bytes, so every value fits its view.
+pub(crate) const PREFIX_CHARS: usize = 3;
+
+/// `substr(col, 1, k)` of a `Utf8View` column with `k` at most [`PREFIX_CHARS`], as a
+/// projection's (string) value.
+pub(crate) fn prefix_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
+    let subject = view_subject(expr, input)?;
+    let chars = subject.prefix.filter(|k| *k <= PREFIX_CHARS)?;
+    Some(Node::Prefix {
+        index: subject.index,
+        name: subject.name,
+        chars,
+    })
+}
+
 /// A column whose lanes the device does not load (a string, say), as its validity.
 fn validity_of(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
     let column = expr.downcast_ref::<Column>()?;
@@ -901,6 +925,8 @@ impl Node {
             }
             Node::Literal(_) | Node::StrIn { .. } | Node::Valid { .. } => false,
             // A view outside its buffer (checked, flagged in the error word).
+            Node::Prefix { .. } => true,
+            // A view outside its buffer (checked, flagged in the error word).
             Node::StrLike { .. } => true,
             Node::Case {
                 branches,
@@ -932,6 +958,7 @@ impl Node {
             Node::Column { .. }
             | Node::StrIn { .. }
             | Node::StrLike { .. }
+            | Node::Prefix { .. }
             | Node::Valid { .. } => false,
             // A row no branch takes and an ELSE that is null.
             Node::Case {
@@ -956,6 +983,7 @@ impl Node {
             Node::Column { index, name, .. }
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
+            | Node::Prefix { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));

@@ -234,6 +234,9 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
+        Node::Prefix { .. } => {
+            Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
+        }
         Node::Valid { index, name } => {
             let column = frame_column(frame, *index, name)?;
             ready(column)?;
@@ -405,6 +408,38 @@ pub(crate) fn civil_from_days(days: i64) -> (i64, i64) {
     let mp = (5 * doy + 2) / 153;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     (yoe + era * 400 + i64::from(month <= 2), month)
+}
+
+/// The first `chars` characters of each value of a `Utf8View` column (`substr(col, 1,
+/// chars)`), counted as `view_prefix` counts them: by each UTF-8 lead byte's length.
+pub(crate) fn prefixes(
+    column: &FrameColumn,
+    name: &str,
+    chars: usize,
+) -> Result<arrow_array::StringViewArray, BoxError> {
+    let values = view_values(column, name)?;
+    let mut out = arrow_array::builder::StringViewBuilder::with_capacity(values.len());
+    for value in values {
+        let Some(value) = value else {
+            out.append_null();
+            continue;
+        };
+        let (mut at, mut count) = (0, 0);
+        while at < value.len() && count < chars {
+            at += match value[at] {
+                b if b < 0x80 => 1,
+                b if b < 0xE0 => 2,
+                b if b < 0xF0 => 3,
+                _ => 4,
+            };
+            count += 1;
+        }
+        let prefix = &value[..at.min(value.len())];
+        out.append_value(std::str::from_utf8(prefix).map_err(|e| {
+            ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
+        })?);
+    }
+    Ok(out.finish())
 }
 
 /// The bytes of each value of a `Utf8View` column on the CPU device (`None`: null),

@@ -145,6 +145,13 @@ pub struct DeviceExpr {
 impl DeviceExpr {
     /// `expr` over `input`, or why it cannot run on the device.
     pub fn compile(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
+        if let Some(node) = expr::prefix_node(expr, input) {
+            return Ok(Self {
+                data_type: DataType::Utf8View,
+                node: Arc::new(node),
+                text: expr.to_string(),
+            });
+        }
         let (node, data_type) = expr::compile(expr, input)?;
         if !matches!(
             data_type,
@@ -201,6 +208,13 @@ impl DeviceExpr {
             return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
+        if let expr::Node::Prefix { index, name, chars } = self.node.as_ref() {
+            let array = host::prefixes(host::frame_column(frame, *index, name)?, name, *chars)?;
+            let nullable = arrow_array::Array::null_count(&array) > 0;
+            let schema = schema_of(vec![Field::new(&self.text, DataType::Utf8View, nullable)]);
+            let column = cpu_column(RecordBatch::try_new(schema, vec![Arc::new(array)])?, device)?;
+            return Ok((column, PendingCheck::default()));
+        }
         let lanes = host::eval(&self.node, frame, &self.text)?;
         let values: Vec<Option<i64>> = (0..frame.num_rows())
             .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))

@@ -54,6 +54,7 @@ struct Kernels {
     compact_views: CudaFunction,
     view_like: CudaFunction,
     select_lanes: CudaFunction,
+    view_prefix: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -97,6 +98,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         compact_views: f("compact_views")?,
         view_like: f("view_like")?,
         select_lanes: f("select_lanes")?,
+        view_prefix: f("view_prefix")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
@@ -398,6 +400,10 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop((views, bitmap, tables));
             Ok(out)
         }
+        Node::Prefix { .. } => Err(ComputeError::Input(
+            "a string prefix is a column, not a value of lanes".into(),
+        )
+        .into()),
         Node::Valid { index, name } => {
             let c = frame_column(frame, *index, name)?.column();
             let out = cx.lanes(n)?;
@@ -588,6 +594,14 @@ pub(crate) fn evaluate(
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
+    if let Node::Prefix { index, name, chars } = expr.node.as_ref() {
+        let column = prefix_column(&cx, frame_column(frame, *index, name)?, name, *chars, e)?;
+        let pending = pending(&cx, err, &expr.text, true, defer)?;
+        let nullable = column.null_count() > 0;
+        let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
+        let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
+        return Ok((FrameColumn::single(batch)?, pending));
+    }
     let lanes = eval(&cx, &expr.node, frame, e)?;
     let nullable = expr.node.introduces_nulls() || columns_have_nulls(&expr.node, frame)?;
     let (column, narrow) = if dt == DataType::Boolean {
@@ -777,6 +791,64 @@ fn boolean_column(
         None
     };
     Ok(CudaArray::from_bits(n, bits, validity)?)
+}
+
+/// `substr(col, 1, chars)` of a `Utf8View` column (`chars` at most 3: every value
+/// inline): `view_prefix` writes each row's view, its validity flags are packed into the
+/// bitmap (`pack_bits`); no variadic buffer.
+fn prefix_column(
+    cx: &Cx<'_>,
+    column: &FrameColumn,
+    name: &str,
+    chars: usize,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let (c, views) = view_column(column, name)?;
+    let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+    let views = views.cuda_view::<u8>(s)?;
+    let bitmap = c.cuda_validity(s)?;
+    let out = cx.zeros::<u128>(n)?;
+    let valid = cx.zeros::<u8>(n)?;
+    cx.launch(
+        &cx.k.view_prefix,
+        n,
+        &[
+            A::U64(views.device_ptr()),
+            A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+            A::U64(c.offset() as u64),
+            A::U64(n as u64),
+            A::U64(addr(&addresses, s)),
+            A::U64(addr(&sizes, s)),
+            A::U64(count),
+            A::U64(chars as u64),
+            A::U64(addr(&out, s)),
+            A::U64(addr(&valid, s)),
+            A::U64(err),
+        ],
+    )?;
+    let validity = match &bitmap {
+        Some(_) => {
+            let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+            cx.launch(
+                &cx.k.pack_bits,
+                n.div_ceil(8),
+                &[
+                    A::U64(addr(&valid, s)),
+                    A::U64(addr(&bits, s)),
+                    A::U64(n as u64),
+                ],
+            )?;
+            Some((bits, None))
+        }
+        None => None,
+    };
+    drop((views, bitmap, addresses, sizes, valid));
+    // SAFETY: `view_prefix` wrote one view per row (ordered before the export on this
+    // stream): at most 12 bytes, inline, the first characters of a UTF-8 value; no view
+    // names a buffer.
+    Ok(unsafe { CudaArray::from_views(DataType::Utf8View, out, Vec::new(), validity) }?)
 }
 
 /// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host
