@@ -55,6 +55,35 @@ pub fn upload(batch: &RecordBatch, device: &ExecDevice) -> DeviceFrame {
     DeviceFrame::from_batch(transfer.to_device(batch).expect("upload"))
 }
 
+/// `batch` on `device` as an imported batch whose root struct has an offset: uploaded
+/// with `skip` more rows in front, exported, the root's offset and length set to the
+/// rows of `batch`, and imported again (every column then has a non-zero offset into
+/// buffers that begin before its first row, as a foreign producer's slice has).
+pub fn upload_with_offset(batch: &RecordBatch, skip: usize, device: &ExecDevice) -> DeviceFrame {
+    let front = batch.slice(0, skip.min(batch.num_rows()));
+    let padded = concat_batches(&batch.schema(), [&front, batch]).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let whole = transfer.to_device(&padded).expect("upload");
+    let (array, _schema) = whole.export().expect("export");
+    let mut raw = array.into_raw();
+    raw.array.offset = front.num_rows() as i64;
+    raw.array.length = batch.num_rows() as i64;
+    // SAFETY: the export's own struct, released by the import; only its root's offset
+    // and length changed, to rows its children hold.
+    let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
+    let imported = DeviceBatch::import(device.device().clone(), array, batch.schema())
+        .expect("import with an offset");
+    let frame = DeviceFrame::from_batch(imported);
+    for column in frame.columns() {
+        assert_eq!(
+            column.column().offset(),
+            front.num_rows(),
+            "an offset column"
+        );
+    }
+    frame
+}
+
 /// A computed column back on the host.
 pub fn download(column: &FrameColumn, device: &ExecDevice) -> ArrayRef {
     let schema = Arc::new(Schema::new(vec![column.field().clone()]));
@@ -900,19 +929,25 @@ pub async fn check_compact(device: &ExecDevice) {
                     .collect::<Vec<_>>(),
             );
             let want = filter_record_batch(&batch, &keep).unwrap();
-            let frame = upload(&batch, device)
-                .with_selection(selection_column(mask, device))
-                .unwrap();
-            match compact(&frame, device).unwrap() {
-                Some(Some(kept)) => {
-                    assert!(kept.selection().is_none());
-                    assert_eq!(kept.num_rows(), want.num_rows(), "{what}");
-                    let mut transfer =
-                        Transfer::new(device.device().clone(), TransferOptions::default());
-                    assert_eq!(kept.download(&mut transfer).unwrap(), want, "{what}");
+            // Uploaded as it is, and imported with an offset into its buffers.
+            for frame in [
+                upload(&batch, device),
+                upload_with_offset(&batch, 7, device),
+            ] {
+                let frame = frame
+                    .with_selection(selection_column(mask.clone(), device))
+                    .unwrap();
+                match compact(&frame, device).unwrap() {
+                    Some(Some(kept)) => {
+                        assert!(kept.selection().is_none());
+                        assert_eq!(kept.num_rows(), want.num_rows(), "{what}");
+                        let mut transfer =
+                            Transfer::new(device.device().clone(), TransferOptions::default());
+                        assert_eq!(kept.download(&mut transfer).unwrap(), want, "{what}");
+                    }
+                    Some(None) => assert_eq!(want.num_rows(), 0, "{what}"),
+                    None => panic!("{what}: these columns compact on the device"),
                 }
-                Some(None) => assert_eq!(want.num_rows(), 0, "{what}"),
-                None => panic!("{what}: these columns compact on the device"),
             }
         }
     }
@@ -1042,15 +1077,19 @@ pub async fn check_string_predicates(device: &ExecDevice) {
                 .into_array(batch.num_rows())
                 .unwrap();
             let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
-            let frame = upload(&batch, device);
-            let mask = download(&select(&compiled, &frame, device).unwrap(), device);
-            let mask = mask.as_any().downcast_ref::<UInt8Array>().unwrap();
-            for i in 0..batch.num_rows() {
-                assert_eq!(
-                    mask.value(i) == 1,
-                    want.is_valid(i) && want.value(i),
-                    "{text} row {i}"
-                );
+            for frame in [
+                upload(&batch, device),
+                upload_with_offset(&batch, 3, device),
+            ] {
+                let mask = download(&select(&compiled, &frame, device).unwrap(), device);
+                let mask = mask.as_any().downcast_ref::<UInt8Array>().unwrap();
+                for i in 0..batch.num_rows() {
+                    assert_eq!(
+                        mask.value(i) == 1,
+                        want.is_valid(i) && want.value(i),
+                        "{text} row {i}"
+                    );
+                }
             }
         }
     }
@@ -1073,10 +1112,15 @@ pub async fn check_string_predicates(device: &ExecDevice) {
                 .unwrap()
                 .into_array(batch.num_rows())
                 .unwrap();
-            let got = compiled
-                .evaluate(&upload(&batch, device), device)
-                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
-            assert_eq!(&download(&got, device), &want, "{text}");
+            for frame in [
+                upload(&batch, device),
+                upload_with_offset(&batch, 3, device),
+            ] {
+                let got = compiled
+                    .evaluate(&frame, device)
+                    .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
+                assert_eq!(&download(&got, device), &want, "{text}");
+            }
         }
     }
     for (text, why) in [
