@@ -136,6 +136,13 @@ impl CudaMemory for Bitmap {
 /// let floats = stream.clone_htod(&[1.5f32]).map_err(driver_error)?;
 /// let wrong = CudaArray::from_values(DataType::Int64, floats);
 /// assert!(matches!(wrong, Err(CudaError::TypeMismatch { .. })));
+///
+/// // Booleans from a bitmap (a kernel's packed flags): true, false, true; the second
+/// // row null.
+/// let bits = stream.clone_htod(&[0b101u8]).map_err(driver_error)?;
+/// let valid = stream.clone_htod(&[0b101u8]).map_err(driver_error)?;
+/// let flags = CudaArray::from_bits(3, bits, Some((valid, Some(1))))?;
+/// assert_eq!((flags.data_type(), flags.null_count()), (&DataType::Boolean, 1));
 /// # Ok(())
 /// # }
 /// ```
