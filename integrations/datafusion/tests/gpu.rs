@@ -433,6 +433,9 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 /// - TPC-H Q1 and Q6 at `DEVARROW_TPCH_SCALE` (default SF 1; 0.01 on the emulated
 ///   driver), DataFusion alone and with one region each, planned outside the timing,
 ///   best of 3 each;
+/// - a region that ends in a filter of strings (`IN`, `NOT LIKE` over the comments), its
+///   kept rows compacted on the device, strings included: DataFusion alone and the
+///   region, best of 3 each, and the bytes it moved;
 /// - the transitions alone (a region of no operator over Q1's scan: coalesce, upload,
 ///   download into pinned memory), best of 3, beside one pinned copy of the same bytes
 ///   each way (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from the device's reserved
@@ -512,6 +515,59 @@ fn tpch_regions_on_cuda_figures() {
             host / device
         );
     }
+
+    // A region that ends in a filter of strings (IN and LIKE on views, over lineitem's
+    // long comments) and brings back its kept rows compacted, strings included.
+    let sql = "select l_orderkey, l_shipmode, l_comment from lineitem \
+               where l_shipmode in ('MAIL', 'SHIP') and l_commitdate < l_receiptdate \
+               and l_comment not like '%special%requests%' \
+               and l_receiptdate >= date '1994-01-01' and l_receiptdate < date '1995-01-01'";
+    let sorted = |batches: &[arrow_array::RecordBatch]| {
+        let mut rows: Vec<String> = datafusion::arrow::util::pretty::pretty_format_batches(batches)
+            .unwrap()
+            .to_string()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        rows.sort();
+        rows
+    };
+    let want = drain(plan_of(&plain, sql), &plain);
+    let first = plan_of(&ctx, sql);
+    let got = drain(first.clone(), &ctx);
+    assert_eq!(sorted(&got), sorted(&want), "the strings filter");
+    let metric = |name: &str, node: &str| -> usize {
+        let mut total = 0;
+        let mut stack = vec![first.clone()];
+        while let Some(n) = stack.pop() {
+            if n.name() == node {
+                total += n
+                    .metrics()
+                    .and_then(|m| m.sum_by_name(name))
+                    .map_or(0, |v| v.as_usize());
+            }
+            stack.extend(n.children().into_iter().cloned());
+        }
+        total
+    };
+    let host = best_of(3, || {
+        drain(plan_of(&plain, sql), &plain);
+    });
+    let mut plans: Vec<_> = (0..3).map(|_| plan_of(&ctx, sql)).collect();
+    let device = best_of(3, || {
+        drain(plans.pop().unwrap(), &ctx);
+    });
+    println!(
+        "figures: strings filter (IN, NOT LIKE, compaction of views): DataFusion alone {:.1} \
+         ms, one region on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up, {:.1} MiB down, {} \
+         batches compacted",
+        host * 1e3,
+        device * 1e3,
+        host / device,
+        metric("bytes_to_device", "DeviceLoadExec") as f64 / (1 << 20) as f64,
+        metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
+        metric("compacted_batches", "DeviceUnloadExec"),
+    );
 
     // The transitions alone, beside the pinned copies of the same bytes.
     let scan = plan_of(
