@@ -1234,6 +1234,70 @@ async fn case_and_dates_are_datafusions() {
     }
 }
 
+/// LIKE against DataFusion on random values and patterns: values of 0 to 30 characters
+/// of `a`, `b`, `c` and `é` (inline and long, in several blocks, some null), patterns of
+/// up to 8 of those and `%`, each as `LIKE` and `NOT LIKE`. A small xorshift makes them,
+/// seeded, so a failure names a pattern that fails again.
+pub async fn check_random_like(device: &ExecDevice) {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    let alphabet = ['a', 'b', 'c', 'é'];
+    let mut values = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
+    for _ in 0..300 {
+        if next(13) == 0 {
+            values.append_null();
+            continue;
+        }
+        let len = next(31) as usize;
+        let value: String = (0..len)
+            .map(|_| alphabet[(next(16) as usize).min(12) / 4])
+            .collect();
+        values.append_value(value);
+    }
+    let values = values.finish();
+    assert!(values.data_buffers().len() > 1, "several blocks");
+    let batch = RecordBatch::try_from_iter([("s", Arc::new(values) as ArrayRef)]).unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+    ctx.register_table("r", Arc::new(table)).unwrap();
+    for round in 0..120 {
+        let len = next(9) as usize;
+        let pattern: String = (0..len)
+            .map(|_| match next(10) {
+                0..=3 => '%',
+                k => alphabet[((k - 4) as usize).min(3)],
+            })
+            .collect();
+        let not = if round % 2 == 0 { "" } else { "NOT " };
+        let text = format!("(s {not}LIKE '{pattern}')");
+        let (e, schema, batches) = projection_of(&ctx, "r", &text).await;
+        let compiled = DeviceExpr::compile(&e, &schema)
+            .unwrap_or_else(|u| panic!("{text} ({e}) compiles for the device: {u:?}"));
+        let input = concat_batches(&schema, &batches).unwrap();
+        let want = e
+            .evaluate(&input)
+            .unwrap()
+            .into_array(input.num_rows())
+            .unwrap();
+        let got = compiled
+            .evaluate(&upload(&input, device), device)
+            .unwrap_or_else(|err| panic!("{text} failed: {err}"));
+        assert_eq!(&download(&got, device), &want, "{text} ({e})");
+    }
+}
+
+#[tokio::test]
+async fn random_like_patterns_are_datafusions() {
+    if own_tests() {
+        check_random_like(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn string_predicates_are_datafusions() {
     if own_tests() {
