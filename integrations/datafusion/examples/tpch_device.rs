@@ -29,7 +29,9 @@ use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::SessionContext;
 use devarrow_datafusion::ExecDevice;
 
-use tpch::{compare_results, device_session_on, host_session, plan_query, Placement, Tables};
+use tpch::{
+    compare_results, device_session_on, host_session, metric_sum, plan_query, Placement, Tables,
+};
 
 /// Query `q` planned and collected twice in `ctx`: the first plan, and the second run's
 /// batches and time (of `collect` alone: each plan is made before its run starts; a
@@ -49,22 +51,6 @@ async fn run_twice(
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// The sum of metric `name` over the plan's nodes called `node` (after a run).
-fn metric(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
-    let mut total = 0;
-    let mut stack = vec![plan.clone()];
-    while let Some(n) = stack.pop() {
-        if n.name() == node {
-            total += n
-                .metrics()
-                .and_then(|m| m.sum_by_name(name))
-                .map_or(0, |v| v.as_usize());
-        }
-        stack.extend(n.children().into_iter().cloned());
-    }
-    total
 }
 
 /// Runs query `q` both ways; `Ok(false)` when the results differ.
@@ -91,13 +77,17 @@ async fn check(
             println!(
                 "    link: {:.1} MiB up, {:.1} MiB down ({} of the batches down compacted \
                  on the device)",
-                mib(metric(&device_plan, "DeviceLoadExec", "bytes_to_device")),
-                mib(metric(
+                mib(metric_sum(
+                    &device_plan,
+                    "DeviceLoadExec",
+                    "bytes_to_device"
+                )),
+                mib(metric_sum(
                     &device_plan,
                     "DeviceUnloadExec",
                     "bytes_from_device"
                 )),
-                metric(&device_plan, "DeviceUnloadExec", "compacted_batches"),
+                metric_sum(&device_plan, "DeviceUnloadExec", "compacted_batches"),
             );
             println!("    placement: {placement}");
             Ok(true)

@@ -84,6 +84,42 @@ pub fn upload_with_offset(batch: &RecordBatch, skip: usize, device: &ExecDevice)
     frame
 }
 
+/// `text`, a projection over `table` of `ctx`, compiled for the device and evaluated on
+/// `device` over the table's rows and the slices `[start, start + len)` of them (each
+/// uploaded as it is and imported with an offset), equals DataFusion's evaluation of the
+/// same physical expression. Returns the compiled expression.
+pub async fn assert_evaluates_as_datafusion(
+    ctx: &SessionContext,
+    table: &str,
+    text: &str,
+    slices: &[(usize, usize)],
+    device: &ExecDevice,
+) -> DeviceExpr {
+    let (e, schema, batches) = projection_of(ctx, table, text).await;
+    let compiled =
+        DeviceExpr::compile(&e, &schema).unwrap_or_else(|u| panic!("`{text}` ({e}) refused: {u}"));
+    let input = concat_batches(&schema, &batches).unwrap();
+    let mut inputs = vec![input.clone()];
+    inputs.extend(slices.iter().map(|&(start, len)| input.slice(start, len)));
+    for batch in inputs {
+        let want = e
+            .evaluate(&batch)
+            .unwrap()
+            .into_array(batch.num_rows())
+            .unwrap();
+        for frame in [
+            upload(&batch, device),
+            upload_with_offset(&batch, 3, device),
+        ] {
+            let got = compiled
+                .evaluate(&frame, device)
+                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
+            assert_eq!(&download(&got, device), &want, "`{text}` ({e})");
+        }
+    }
+    compiled
+}
+
 /// A computed column back on the host.
 pub fn download(column: &FrameColumn, device: &ExecDevice) -> ArrayRef {
     let schema = Arc::new(Schema::new(vec![column.field().clone()]));
@@ -1101,27 +1137,8 @@ pub async fn check_string_predicates(device: &ExecDevice) {
         "substring(c from 1 for 1)",
         "substr(s, 1, 1)",
     ] {
-        let (e, schema, batches) = projection_of(&ctx, "v", text).await;
-        let compiled = DeviceExpr::compile(&e, &schema)
-            .unwrap_or_else(|u| panic!("{text} compiles for the device: {u:?}"));
+        let compiled = assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
         assert_eq!(compiled.data_type(), &DataType::Utf8View);
-        let input = concat_batches(&schema, &batches).unwrap();
-        for batch in [input.clone(), input.slice(5, 41)] {
-            let want = e
-                .evaluate(&batch)
-                .unwrap()
-                .into_array(batch.num_rows())
-                .unwrap();
-            for frame in [
-                upload(&batch, device),
-                upload_with_offset(&batch, 3, device),
-            ] {
-                let got = compiled
-                    .evaluate(&frame, device)
-                    .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
-                assert_eq!(&download(&got, device), &want, "{text}");
-            }
-        }
     }
     for (text, why) in [
         ("(s LIKE 'A_R')", "`_` or an escape"),
@@ -1201,23 +1218,7 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CASE WHEN x IS NULL THEN d END",
         "CASE WHEN x >= 0 THEN x > 1 ELSE NULL END",
     ] {
-        let (e, schema, batches) = projection_of(&ctx, "w", text).await;
-        let compiled = DeviceExpr::compile(&e, &schema)
-            .unwrap_or_else(|u| panic!("`{text}` ({e}) refused: {u}"));
-        let input = concat_batches(&schema, &batches).unwrap();
-        for batch in [input.clone(), input.slice(3, n - 10)] {
-            let want = e
-                .evaluate(&batch)
-                .unwrap()
-                .into_array(batch.num_rows())
-                .unwrap();
-            let frame = upload(&batch, device);
-            let got = compiled
-                .evaluate(&frame, device)
-                .unwrap_or_else(|err| panic!("`{text}` failed: {err}"));
-            let got = download(&got, device);
-            assert_eq!(&got, &want, "`{text}` ({e})");
-        }
+        assert_evaluates_as_datafusion(&ctx, "w", text, &[(3, n - 10)], device).await;
     }
     let (e, schema, _) = projection_of(&ctx, "w", "date_part('day', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);
@@ -1275,19 +1276,7 @@ pub async fn check_random_like(device: &ExecDevice) {
             .collect();
         let not = if round % 2 == 0 { "" } else { "NOT " };
         let text = format!("(s {not}LIKE '{pattern}')");
-        let (e, schema, batches) = projection_of(&ctx, "r", &text).await;
-        let compiled = DeviceExpr::compile(&e, &schema)
-            .unwrap_or_else(|u| panic!("{text} ({e}) compiles for the device: {u:?}"));
-        let input = concat_batches(&schema, &batches).unwrap();
-        let want = e
-            .evaluate(&input)
-            .unwrap()
-            .into_array(input.num_rows())
-            .unwrap();
-        let got = compiled
-            .evaluate(&upload(&input, device), device)
-            .unwrap_or_else(|err| panic!("{text} failed: {err}"));
-        assert_eq!(&download(&got, device), &want, "{text} ({e})");
+        assert_evaluates_as_datafusion(&ctx, "r", &text, &[], device).await;
     }
 }
 

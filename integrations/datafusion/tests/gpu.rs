@@ -489,6 +489,18 @@ fn tpch_regions_on_cuda_figures() {
         |plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext| -> Vec<arrow_array::RecordBatch> {
             rt.block_on(collect(plan, ctx.task_ctx())).unwrap()
         };
+    // DataFusion alone and with its regions, best of 3 each, each plan made before its
+    // run (a DataFusion physical plan runs once).
+    let both_ways = |sql: &str| -> (f64, f64) {
+        let host = best_of(3, || {
+            drain(plan_of(&plain, sql), &plain);
+        });
+        let mut plans: Vec<_> = (0..3).map(|_| plan_of(&ctx, sql)).collect();
+        let device = best_of(3, || {
+            drain(plans.pop().unwrap(), &ctx);
+        });
+        (host, device)
+    };
     println!(
         "figures: TPC-H SF {scale}, {partitions} partitions, cuda:0 ({}), 4 slots",
         if emulated {
@@ -502,13 +514,7 @@ fn tpch_regions_on_cuda_figures() {
         let want = drain(plan_of(&plain, sql), &plain);
         let got = drain(plan_of(&ctx, sql), &ctx);
         assert_eq!(rows(&got), rows(&want), "Q{q}");
-        let host = best_of(3, || {
-            drain(plan_of(&plain, sql), &plain);
-        });
-        let mut plans: Vec<_> = (0..3).map(|_| plan_of(&ctx, sql)).collect();
-        let device = best_of(3, || {
-            drain(plans.pop().unwrap(), &ctx);
-        });
+        let (host, device) = both_ways(sql);
         println!(
             "figures: Q{q}: DataFusion alone {:.1} ms, one region on cuda:0 {:.1} ms ({:.2}x)",
             host * 1e3,
@@ -537,27 +543,8 @@ fn tpch_regions_on_cuda_figures() {
     let first = plan_of(&ctx, sql);
     let got = drain(first.clone(), &ctx);
     assert_eq!(sorted(&got), sorted(&want), "the strings filter");
-    let metric = |name: &str, node: &str| -> usize {
-        let mut total = 0;
-        let mut stack = vec![first.clone()];
-        while let Some(n) = stack.pop() {
-            if n.name() == node {
-                total += n
-                    .metrics()
-                    .and_then(|m| m.sum_by_name(name))
-                    .map_or(0, |v| v.as_usize());
-            }
-            stack.extend(n.children().into_iter().cloned());
-        }
-        total
-    };
-    let host = best_of(3, || {
-        drain(plan_of(&plain, sql), &plain);
-    });
-    let mut plans: Vec<_> = (0..3).map(|_| plan_of(&ctx, sql)).collect();
-    let device = best_of(3, || {
-        drain(plans.pop().unwrap(), &ctx);
-    });
+    let metric = |name: &str, node: &str| tpch::metric_sum(&first, node, name);
+    let (host, device) = both_ways(sql);
     println!(
         "figures: strings filter (IN, NOT LIKE, compaction of views): DataFusion alone {:.1} \
          ms, one region on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up, {:.1} MiB down, {} \

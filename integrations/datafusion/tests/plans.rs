@@ -122,22 +122,6 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
     );
 }
 
-/// The sum of metric `name` over the nodes of `plan` called `node`.
-fn metric(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
-    let mut total = 0;
-    let mut stack = vec![plan.clone()];
-    while let Some(n) = stack.pop() {
-        if n.name() == node {
-            total += n
-                .metrics()
-                .and_then(|m| m.sum_by_name(name))
-                .map_or(0, |v| v.as_usize());
-        }
-        stack.extend(n.children().into_iter().cloned());
-    }
-    total
-}
-
 /// A region that ends in a filter compacts its rows on the device: only the rows the
 /// filter keeps cross the link (about a tenth here), and the result is DataFusion's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,10 +169,10 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
         pretty_format_batches(&got).unwrap().to_string(),
         pretty_format_batches(&want).unwrap().to_string()
     );
-    let up = metric(&device_plan, "DeviceLoadExec", "bytes_to_device");
-    let down = metric(&device_plan, "DeviceUnloadExec", "bytes_from_device");
+    let up = tpch::metric_sum(&device_plan, "DeviceLoadExec", "bytes_to_device");
+    let down = tpch::metric_sum(&device_plan, "DeviceUnloadExec", "bytes_from_device");
     assert!(
-        metric(&device_plan, "DeviceUnloadExec", "compacted_batches") > 0,
+        tpch::metric_sum(&device_plan, "DeviceUnloadExec", "compacted_batches") > 0,
         "{shown}"
     );
     assert!(down * 5 < up, "{down} bytes down for {up} up");

@@ -201,6 +201,23 @@ pub async fn plan_query(ctx: &SessionContext, q: usize) -> Result<Arc<dyn Execut
 }
 
 /// The text of TPC-H query `q` (1..=22).
+/// The sum of metric `name` over the nodes of `plan` called `node` (after a run: the
+/// bytes a region's loads and unloads moved, the batches they compacted, ...).
+pub fn metric_sum(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
+    let mut total = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(n) = stack.pop() {
+        if n.name() == node {
+            total += n
+                .metrics()
+                .and_then(|m| m.sum_by_name(name))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(n.children().into_iter().cloned());
+    }
+    total
+}
+
 pub fn query(q: usize) -> &'static str {
     assert!((1..=22).contains(&q), "TPC-H has queries 1 to 22, not {q}");
     QUERIES[q - 1]
