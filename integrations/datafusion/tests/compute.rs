@@ -1156,9 +1156,9 @@ pub async fn check_string_predicates(device: &ExecDevice) {
     }
 }
 
-/// `CASE` and the year and month of dates, on a table of its own: dates across four
-/// centuries either side of 1970 (leap days, the ends of years, 1600, 1900, 2000), with
-/// nulls.
+/// `CASE`, the year and month of dates and comparisons of floats, on a table of its
+/// own: dates across four centuries either side of 1970 (leap days, the ends of years,
+/// 1600, 1900, 2000), floats with NaN, infinities and both zeros, with nulls.
 pub async fn check_case_and_dates(device: &ExecDevice) {
     let mut days: Vec<Option<i32>> = (-160_000..160_000).step_by(997).map(Some).collect();
     for (y, m, d) in [
@@ -1197,10 +1197,35 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     )
     .with_precision_and_scale(12, 2)
     .unwrap();
+    // Floats with the values a total order places: NaN, infinities, both zeros.
+    let specials = [
+        f64::NAN,
+        -f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.5,
+        -2.25,
+        1e300,
+        -1e-300,
+    ];
+    let f = arrow_array::Float64Array::from(
+        (0..n)
+            .map(|i| (i % 11 != 5).then(|| specials[i % specials.len()] * (i / 9 + 1) as f64))
+            .collect::<Vec<_>>(),
+    );
+    let g = arrow_array::Float64Array::from(
+        (0..n)
+            .map(|i| specials[(i * 7) % specials.len()])
+            .collect::<Vec<_>>(),
+    );
     let batch = RecordBatch::try_from_iter([
         ("d", Arc::new(d) as ArrayRef),
         ("x", Arc::new(x)),
         ("m", Arc::new(m)),
+        ("f", Arc::new(f)),
+        ("g", Arc::new(g)),
     ])
     .unwrap();
     let ctx = SessionContext::new();
@@ -1217,8 +1242,29 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CASE x WHEN 1 THEN 10 WHEN -1 THEN 20 ELSE 30 END",
         "CASE WHEN x IS NULL THEN d END",
         "CASE WHEN x >= 0 THEN x > 1 ELSE NULL END",
+        // Float64 comparisons, in DataFusion's order: total, NaN above everything, but
+        // -0.0 equal to 0.0.
+        "f > 1.5",
+        "f = 0.0",
+        "f < -0.0",
+        "f <= g",
+        "f = g",
+        "f <> g",
+        "f >= CAST('NaN' AS DOUBLE)",
+        "f = CAST('-inf' AS DOUBLE)",
+        "f IN (1.5, -2.25, 0.0)",
+        "f IS NULL OR f > g",
+        "CASE WHEN x > 0 THEN f ELSE g END > 1.0",
+        "f IS NOT DISTINCT FROM g",
     ] {
         assert_evaluates_as_datafusion(&ctx, "w", text, &[(3, n - 10)], device).await;
+    }
+    for text in ["f + 1.0", "f * g > 1.0", "CAST(x AS DOUBLE) > f"] {
+        let (e, schema, _) = projection_of(&ctx, "w", text).await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "`{text}`: no Float64 arithmetic or cast on the device"
+        );
     }
     let (e, schema, _) = projection_of(&ctx, "w", "date_part('day', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);

@@ -41,6 +41,11 @@ pub(crate) mod op {
     pub const YEAR: u32 = 4;
     /// Unary: a date's month, 1 to 12.
     pub const MONTH: u32 = 5;
+    /// Unary: a Float64's bits (its lanes) as an i64 whose signed order is the order
+    /// DataFusion compares floats in (`f64::total_cmp`, NaN above everything, but -0.0
+    /// equal to 0.0): -0.0 made 0.0, then `v ^ ((v >> 63) & i64::MAX)`, so that
+    /// comparisons of floats are comparisons of these keys.
+    pub const FLOAT_KEY: u32 = 6;
 }
 
 /// A `LIKE` pattern of literal bytes and `%` wildcards (no `_`, no escape): its pieces
@@ -211,6 +216,8 @@ enum Kind {
     Int,
     Date,
     Bool,
+    /// Float64, as its bits: compared only (through [`op::FLOAT_KEY`]).
+    Float,
 }
 
 fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
@@ -224,6 +231,7 @@ fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Kind::Int,
         DataType::Date32 => Kind::Date,
         DataType::Boolean => Kind::Bool,
+        DataType::Float64 => Kind::Float,
         other => return Err(Unsupported(format!("{other} has no device operator"))),
     })
 }
@@ -778,6 +786,7 @@ fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
         ScalarValue::Int64(v) => *v,
         ScalarValue::Date32(v) => v.map(i64::from),
         ScalarValue::Boolean(v) => v.map(i64::from),
+        ScalarValue::Float64(v) => v.map(|f| f.to_bits() as i64),
         other => {
             return Err(Unsupported(format!(
                 "a literal of {} has no device operator",
@@ -851,6 +860,17 @@ fn binary_node(
                 rmul = pow10((s - rs) as u32).expect("scales of at most 18");
             }
             (Kind::Int, Kind::Int) | (Kind::Date, Kind::Date) | (Kind::Bool, Kind::Bool) => {}
+            (Kind::Float, Kind::Float) => {
+                return Ok(Node::Binary {
+                    op,
+                    left: Box::new(unary(op::FLOAT_KEY, left)),
+                    right: Box::new(unary(op::FLOAT_KEY, right)),
+                    lmul,
+                    rmul,
+                    lo,
+                    hi,
+                })
+            }
             _ => return refuse("comparisons on the device take operands of one kind"),
         },
     }

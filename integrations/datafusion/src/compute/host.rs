@@ -111,7 +111,8 @@ pub(crate) fn load(column: &FrameColumn, name: &str) -> Result<Lanes, BoxError> 
             }
             out
         }
-        DataType::Int64 => fixed(&c, 8)?
+        // A Float64's lanes are its bits (compared through `op::FLOAT_KEY`).
+        DataType::Int64 | DataType::Float64 => fixed(&c, 8)?
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
             .collect(),
@@ -344,6 +345,10 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: a.valid,
                 }),
+                op::FLOAT_KEY => Ok(Lanes {
+                    values: a.values.iter().map(|&v| float_key(v)).collect(),
+                    valid: a.valid,
+                }),
                 op::YEAR | op::MONTH => Ok(Lanes {
                     values: a
                         .values
@@ -395,6 +400,14 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
         }
     }
+}
+
+/// A Float64's bits as an i64 whose signed order is the order DataFusion compares floats
+/// in: `f64::total_cmp` (arrow's) but -0.0 equal to 0.0. -0.0 becomes 0.0, then negative
+/// floats' bits but the sign are flipped, as `unary_lanes` computes it.
+pub(crate) fn float_key(bits: i64) -> i64 {
+    let bits = if bits == i64::MIN { 0 } else { bits };
+    bits ^ ((bits >> 63) & i64::MAX)
 }
 
 /// The year and month (1 to 12) of a day count since 1970-01-01 in the proleptic

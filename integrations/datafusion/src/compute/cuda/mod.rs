@@ -188,7 +188,7 @@ fn width_code(data_type: &DataType) -> Option<u32> {
         DataType::Int8 => 2,
         DataType::Int16 => 3,
         DataType::Int32 | DataType::Date32 => 4,
-        DataType::Int64 => 8,
+        DataType::Int64 | DataType::Float64 => 8,
         DataType::Decimal128(..) => 16,
         _ => return None,
     })
