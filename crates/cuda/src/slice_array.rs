@@ -327,10 +327,10 @@ impl CudaArray {
         let sizes_buffer = unsafe { device_buffer(on_device, sizes_ptr) };
         // `slice_with_length` checks the bounds only, reads nothing.
         buffers.push(sizes_buffer.slice_with_length(0, 8 * sizes.len()));
-        // SAFETY: a view array of `len` rows: `len` views (16 bytes each), the variadic
-        // buffers, then their sizes on the device, which the export points to
-        // (`export_with_device_view_sizes`), and a validity bitmap with its null count
-        // (checked by `nulls`). The views are the caller's promise. No buffer is read.
+        // The export points to the sizes (`export_with_device_view_sizes`); the views are
+        // the caller's promise.
+        // SAFETY: `len` views, the variadic buffers, their sizes on the device, a bitmap
+        // with its null count (checked by `nulls`); `build_unchecked` reads no buffer.
         let data = unsafe {
             ArrayData::builder(data_type)
                 .len(len)

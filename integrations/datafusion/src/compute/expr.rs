@@ -452,15 +452,7 @@ fn string_equals(subject: Subject, literals: Vec<Vec<u8>>, negated: bool) -> Nod
     let mut tests = tests.into_iter();
     let mut any = tests.next().expect("at least one test");
     for test in tests {
-        any = Node::Binary {
-            op: op::OR,
-            left: Box::new(any),
-            right: Box::new(test),
-            lmul: 1,
-            rmul: 1,
-            lo: i64::MIN,
-            hi: i64::MAX,
-        };
+        any = logical(op::OR, any, test);
     }
     match (negated, any) {
         (false, any) => any,
@@ -640,26 +632,17 @@ fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupporte
         binary.right().clone(),
     ));
     let (equal, _) = compile(&equal, input)?;
-    let logic = |op, left: Node, right: Node| Node::Binary {
-        op,
-        left: Box::new(left),
-        right: Box::new(right),
-        lmul: 1,
-        rmul: 1,
-        lo: i64::MIN,
-        hi: i64::MAX,
-    };
-    let both_null = logic(
+    let both_null = logical(
         op::AND,
         unary(op::IS_NULL, a.clone()),
         unary(op::IS_NULL, b.clone()),
     );
-    let both_valid = logic(
+    let both_valid = logical(
         op::AND,
         unary(op::IS_NOT_NULL, a),
         unary(op::IS_NOT_NULL, b),
     );
-    let same = logic(op::OR, both_null, logic(op::AND, both_valid, equal));
+    let same = logical(op::OR, both_null, logical(op::AND, both_valid, equal));
     Ok(match binary.op() {
         Operator::IsDistinctFrom => unary(op::NOT, same),
         _ => same,
@@ -754,6 +737,20 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
         return refuse(&format!("date_part of {t} has no device kernel"));
     }
     Ok(unary(op, node))
+}
+
+/// SQL's `left AND right` / `left OR right` ([`op::AND`], [`op::OR`]) of two Boolean
+/// nodes.
+fn logical(op: u32, left: Node, right: Node) -> Node {
+    Node::Binary {
+        op,
+        left: Box::new(left),
+        right: Box::new(right),
+        lmul: 1,
+        rmul: 1,
+        lo: i64::MIN,
+        hi: i64::MAX,
+    }
 }
 
 fn unary(op: u32, input: Node) -> Node {

@@ -31,6 +31,11 @@ enum Prepared {
     Views {
         /// The views at the column's first row.
         views: u64,
+        /// The validity bitmap (0: none) and the bit of the first row.
+        bitmap: u64,
+        offset: u64,
+        /// The slot of the long values' bytes among the read-back scalars.
+        slot: usize,
         /// The variadic buffers' addresses, on the device.
         buffers: CudaSlice<u64>,
         /// The inclusive scan of each row's long-value bytes.
@@ -172,7 +177,7 @@ pub(crate) fn compact(
                 }
                 let views = start + 16 * offset;
                 aligned(views, 8, name)?;
-                let bitmap = c.validity();
+                let bitmap = c.validity().map_or(0, |b| b.address());
                 let bytes = cx.zeros::<i64>(n)?;
                 cx.launch(
                     &cx.k.view_bytes,
@@ -180,7 +185,7 @@ pub(crate) fn compact(
                     &[
                         A::U64(scan),
                         A::U64(views),
-                        A::U64(bitmap.map_or(0, |b| b.address())),
+                        A::U64(bitmap),
                         A::U64(offset),
                         A::U64(addr(&sizes, s)),
                         A::U64(count),
@@ -199,6 +204,9 @@ pub(crate) fn compact(
                 drop(sizes);
                 Prepared::Views {
                     views,
+                    bitmap,
+                    offset,
+                    slot: 3 + 2 * i,
                     buffers,
                     bytes,
                 }
@@ -254,11 +262,13 @@ pub(crate) fn compact(
             Prepared::Bits { bits } => CudaArray::from_bits(m, bits, validity)?,
             Prepared::Views {
                 views,
+                bitmap,
+                offset,
+                slot,
                 buffers,
                 bytes,
             } => {
-                let i = arrays.len();
-                let total = read[3 + 2 * i].max(0) as usize;
+                let total = read[slot].max(0) as usize;
                 if total > i32::MAX as usize {
                     return Ok(None);
                 }
@@ -270,8 +280,8 @@ pub(crate) fn compact(
                     &[
                         A::U64(scan),
                         A::U64(views),
-                        A::U64(c_bitmap(frame, i)),
-                        A::U64(frame.columns()[i].column().offset() as u64),
+                        A::U64(bitmap),
+                        A::U64(offset),
                         A::U64(addr(&buffers, s)),
                         A::U64(addr(&bytes, s)),
                         A::U64(addr(&out_views, s)),
@@ -279,11 +289,10 @@ pub(crate) fn compact(
                         A::U64(n as u64),
                     ],
                 )?;
-                // SAFETY: `compact_views` wrote a view per kept row (ordered before the
-                // array's export on this stream): inline values as they were, long ones
-                // copied into `out_data` (one buffer, sized by the scan of their lengths,
-                // bounds checked by `view_bytes`) with views pointing there; the bytes
-                // are the column's, so a `Utf8View`'s stay UTF-8.
+                // `compact_views` wrote a view per kept row, on this stream: inline values
+                // as they were, long ones copied into `out_data` (sized by the scan).
+                // SAFETY: so every view lies in `out_data` (bounds checked by
+                // `view_bytes`), and the bytes are the column's: still UTF-8.
                 unsafe { CudaArray::from_views(dt, out_views, vec![out_data], validity) }?
             }
         });
@@ -293,14 +302,6 @@ pub(crate) fn compact(
     let batch =
         DeviceBatch::from_cuda_arrays(device.device().clone(), frame.schema().clone(), arrays)?;
     Ok(Some(Some(DeviceFrame::from_batch(batch))))
-}
-
-/// The address of column `i`'s validity bitmap (0: none).
-fn c_bitmap(frame: &DeviceFrame, i: usize) -> u64 {
-    frame.columns()[i]
-        .column()
-        .validity()
-        .map_or(0, |b| b.address())
 }
 
 /// Copies the last of `n` i64s of `from` into `to[at]` (stream order, no host wait).
