@@ -10,7 +10,12 @@
 //! - when it cannot (a type with no device operator, an expression with no kernel), the
 //!   node stays on the host under a [`HostOnlyExec`] that says why in `EXPLAIN`.
 //!
-//! Nodes no factory knows (joins, sorts, repartitions, scans) stay as they are. The rule
+//! A node of several children (a hash join) keeps the others as host children of its
+//! device operator (a join's build side, read whole per partition): only the child the
+//! operator names ([`DeviceOperator::device_child`], a join's probe side) joins or starts
+//! the region.
+//!
+//! Nodes no factory knows (sorts, repartitions, scans, other joins) stay as they are. The rule
 //! runs after DataFusion's own (add it last): it keeps every node's properties (a device
 //! operator declares its host twin's), so the plan it returns satisfies the same
 //! requirements. Devices are not chosen here but when a partition runs.
@@ -73,7 +78,7 @@ pub trait DeviceOperatorFactory: fmt::Debug + Send + Sync {
 }
 
 /// devarrow's own operators: `FilterExec`, `ProjectionExec`, `AggregateExec`
-/// (`Partial`).
+/// (`Partial`), `HashJoinExec` (`Inner`, `RightSemi`, `RightAnti`).
 #[derive(Debug, Default)]
 pub struct BuiltinOperators;
 
@@ -179,20 +184,28 @@ impl DevicePlacementRule {
                 return Ok(Transformed::yes(Arc::new(annotated)));
             }
         };
-        let children = node.children();
-        let [child] = children.as_slice() else {
+        let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+        let at = operator.device_child();
+        let Some(child) = children.get(at) else {
             return Ok(Transformed::no(node));
         };
         let device_child: Arc<dyn ExecutionPlan> = match child.downcast_ref::<DeviceUnloadExec>() {
             Some(unload) if !ends_on_host(unload.input()) => unload.input().clone(),
             _ => Arc::new(DeviceLoadExec::with_placement(
-                (*child).clone(),
+                child.clone(),
                 self.placement.clone(),
             )),
         };
-        let twin = replace_children_if_necessary(node.clone(), vec![host_twin(&device_child)])?;
-        let device: Arc<dyn ExecutionPlan> =
-            Arc::new(DeviceOperatorExec::try_new(operator, device_child, twin)?);
+        let mut twin_children = children.clone();
+        twin_children[at] = host_twin(&device_child);
+        let twin = replace_children_if_necessary(node.clone(), twin_children)?;
+        let mut device_children = children;
+        device_children[at] = device_child;
+        let device: Arc<dyn ExecutionPlan> = Arc::new(DeviceOperatorExec::with_children(
+            operator,
+            device_children,
+            twin,
+        )?);
         Ok(Transformed::yes(Arc::new(DeviceUnloadExec::try_new(
             device,
         )?)))

@@ -1367,3 +1367,326 @@ async fn long_string_keys_are_a_typed_error() {
         check_long_keys(&ExecDevice::cpu()).await;
     }
 }
+
+/// A session whose device operators run on `device` (a pool of two slots), DataFusion's
+/// rules followed by devarrow's placement rule, `partitions` target partitions.
+fn session_on(device: &ExecDevice, partitions: usize) -> SessionContext {
+    session_limited(device, partitions, None)
+}
+
+/// [`session_on`] with a memory pool of `memory_limit` bytes, if given.
+fn session_limited(
+    device: &ExecDevice,
+    partitions: usize,
+    memory_limit: Option<usize>,
+) -> SessionContext {
+    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+    use devarrow_datafusion::rule::DeviceOperatorRegistry;
+    use devarrow_datafusion::DevicePlacementRule;
+
+    let pool = Arc::new(DevicePool::new(device.clone(), 2).unwrap());
+    let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
+        .with_placement(DevicePlacement::Pools(vec![pool]));
+    let config = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_option_extension(DevarrowConfig::default());
+    let mut builder = datafusion::execution::session_state::SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(rule));
+    if let Some(limit) = memory_limit {
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()
+            .unwrap();
+        builder = builder.with_runtime_env(runtime);
+    }
+    let state = builder.build();
+    SessionContext::new_with_state(state)
+}
+
+/// The tables of the join checks: `dim` (the small side: unique keys `k` and `k2`, one
+/// null `k`; short and long strings, booleans, decimals and dates, with nulls), `dup`
+/// (keys that repeat) and `fact` (the large side, two partitions of two batches: keys
+/// that match, that do not, and nulls).
+fn join_tables(ctx: &SessionContext) {
+    use arrow_array::StringViewArray;
+    let dim_schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, true),
+        Field::new("k2", DataType::Int64, false),
+        Field::new("name", DataType::Utf8View, true),
+        Field::new("flag", DataType::Boolean, true),
+        Field::new("price", DataType::Decimal128(15, 2), false),
+        Field::new("day", DataType::Date32, true),
+    ]));
+    let n = 40;
+    let dim = RecordBatch::try_new(
+        dim_schema.clone(),
+        vec![
+            Arc::new(Int32Array::from_iter(
+                (0..n).map(|i| (i != 7).then_some(i * 3)),
+            )) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| i64::from(i % 4)),
+            )),
+            Arc::new(StringViewArray::from_iter((0..n).map(|i| {
+                (i % 9 != 4).then(|| {
+                    if i % 2 == 0 {
+                        format!("d{i}")
+                    } else {
+                        format!("a dimension value longer than twelve bytes, {i}")
+                    }
+                })
+            }))),
+            Arc::new(BooleanArray::from_iter(
+                (0..n).map(|i| (i % 5 != 1).then_some(i % 3 == 0)),
+            )),
+            Arc::new(
+                Decimal128Array::from_iter_values((0..n).map(|i| i128::from(i) * 125 - 900))
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            ),
+            Arc::new(Date32Array::from_iter(
+                (0..n).map(|i| (i % 6 != 2).then_some(9000 + i)),
+            )),
+        ],
+    )
+    .unwrap();
+    let dup = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("dk", DataType::Int32, false),
+            Field::new("tag", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(Int32Array::from_iter_values((0..12).map(|i| (i % 4) * 3))) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(0..12)),
+        ],
+    )
+    .unwrap();
+    let fact_schema = Arc::new(Schema::new(vec![
+        Field::new("fk", DataType::Int32, true),
+        Field::new("fk2", DataType::Int64, false),
+        Field::new("qty", DataType::Int64, false),
+        Field::new("note", DataType::Utf8View, false),
+    ]));
+    let fact = |part: i32, batch: i32| {
+        let rows = 700;
+        let base = (part * 2 + batch) * rows;
+        RecordBatch::try_new(
+            fact_schema.clone(),
+            vec![
+                Arc::new(Int32Array::from_iter(
+                    (base..base + rows).map(|r| (r % 11 != 3).then_some((r * 7) % 150)),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(
+                    (base..base + rows).map(|r| i64::from(r % 5)),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    (base..base + rows).map(|r| i64::from(r % 13)),
+                )),
+                Arc::new(StringViewArray::from_iter_values((base..base + rows).map(
+                    |r| {
+                        if r % 3 == 0 {
+                            format!("a fact note longer than twelve bytes {r}")
+                        } else {
+                            format!("f{r}")
+                        }
+                    },
+                ))),
+            ],
+        )
+        .unwrap()
+    };
+    let register = |name: &str, schema, parts| {
+        let table = MemTable::try_new(schema, parts).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    };
+    register("dim", dim_schema, vec![vec![dim]]);
+    register("dup", dup.schema(), vec![vec![dup]]);
+    register(
+        "fact",
+        fact_schema.clone(),
+        vec![vec![fact(0, 0), fact(0, 1)], vec![fact(1, 0), fact(1, 1)]],
+    );
+}
+
+/// Device hash joins against DataFusion's own: inner joins on one and two keys (build
+/// columns of every gathered kind: integers, decimals, dates, booleans, short and long
+/// strings, with nulls), after a filter (a pending selection), under a partial
+/// aggregate, semi and anti joins (null keys), duplicate build keys (joined on the host,
+/// counted), an empty build side; each plan has its `DeviceHashJoinExec`.
+pub async fn check_joins(device: &ExecDevice) {
+    use datafusion::physical_plan::displayable;
+
+    let ctx = session_on(device, 2);
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    join_tables(&ctx);
+    join_tables(&plain);
+    let cases: [(&str, bool); 10] = [
+        (
+            "select f.qty, f.note, d.k, d.name, d.flag, d.price, d.day from fact f \
+             join dim d on f.fk = d.k",
+            false,
+        ),
+        (
+            "select f.qty, d.name, d.price from fact f join dim d on f.fk = d.k \
+             where f.qty > 6 and d.k2 <> 1",
+            false,
+        ),
+        (
+            "select f.qty, d.name from fact f join dim d on f.fk = d.k and f.fk2 = d.k2",
+            false,
+        ),
+        (
+            "select d.name, sum(f.qty) as total, count(*) as n from fact f \
+             join dim d on f.fk = d.k group by d.name",
+            false,
+        ),
+        (
+            "select f.fk, f.note from fact f where exists \
+             (select 1 from dim d where d.k = f.fk and d.k2 < 3)",
+            false,
+        ),
+        (
+            "select f.fk, f.qty from fact f where not exists \
+             (select 1 from dim d where d.k = f.fk)",
+            false,
+        ),
+        (
+            "select f.fk, f.qty from fact f where f.qty < 5 and not exists \
+             (select 1 from dim d where d.k = f.fk)",
+            false,
+        ),
+        (
+            "select f.qty, u.tag from fact f join dup u on f.fk = u.dk",
+            true,
+        ),
+        (
+            "select f.qty, d.name from fact f join (select * from dim where k > 1000) d \
+             on f.fk = d.k",
+            false,
+        ),
+        (
+            "select f.fk, f.qty from fact f where not exists \
+             (select 1 from dim d where d.k = f.fk and d.k > 1000)",
+            false,
+        ),
+    ];
+    for (sql, duplicates) in cases {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(shown.contains("DeviceHashJoinExec"), "{sql}\n{shown}");
+        let got = collect(plan.clone(), ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+        let fallbacks = fallback_frames(&plan);
+        assert_eq!(
+            fallbacks > 0,
+            duplicates,
+            "{sql}: {fallbacks} frames joined on the host"
+        );
+    }
+}
+
+/// The frames device joins of `plan` joined on the host (`host_fallback_batches`).
+fn fallback_frames(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let mut total = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(node) = stack.pop() {
+        if node.name() == "DeviceHashJoinExec" {
+            total += node
+                .metrics()
+                .and_then(|m| m.sum_by_name("host_fallback_batches"))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    total
+}
+
+#[tokio::test]
+async fn joins_are_datafusions() {
+    if own_tests() {
+        check_joins(&ExecDevice::cpu()).await;
+    }
+}
+
+/// A join's table is reserved in the partition's `MemoryPool`: refused, the query fails
+/// with `DeviceExecError::Memory` and the device gets back every byte.
+pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> usize) {
+    use devarrow_datafusion::DeviceExecError;
+
+    let before = in_use();
+    let ctx = session_limited(device, 1, Some(600 << 10));
+    let rows = 40_000;
+    let big = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 2))),
+        ],
+    )
+    .unwrap();
+    let small = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("fk", DataType::Int64, false)])),
+        vec![Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef],
+    )
+    .unwrap();
+    for (name, batch) in [("big", big), ("small", small)] {
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+    // The build side must be the big table for its table to be refused (the small one
+    // the probe side, in the region): DataFusion keeps the join's sides as written.
+    ctx.sql("set datafusion.optimizer.join_reordering = false")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let sql = "select s.fk, b.v from big b join small s on s.fk = b.k";
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    assert!(shown.contains("DeviceHashJoinExec"), "{shown}");
+    let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
+    assert!(
+        matches!(
+            DeviceExecError::find(&error),
+            Some(DeviceExecError::Memory { .. })
+        ),
+        "{error}\n{shown}"
+    );
+    let start = std::time::Instant::now();
+    while in_use() != before && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(in_use(), before, "device memory left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_join_table_is_a_typed_error_and_leaks_nothing() {
+    if own_tests() {
+        let cpu = Arc::new(devarrow::abi::device::CpuDevice::new());
+        let device = ExecDevice::from_cpu(cpu.clone());
+        check_join_reservation(&device, || cpu.memory_pool_stats().in_use_bytes).await;
+    }
+}

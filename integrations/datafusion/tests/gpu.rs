@@ -356,6 +356,15 @@ fn device_partial_aggregates_on_cuda_are_datafusions() {
     });
 }
 
+#[test]
+fn device_hash_joins_on_cuda_are_datafusions() {
+    on_cuda_without_leaks("hash joins on CUDA", |device| async move {
+        compute_checks::check_joins(&device).await;
+        // Device memory is checked by `on_cuda_without_leaks`, once the pool is dropped.
+        compute_checks::check_join_reservation(&device, || 0).await;
+    });
+}
+
 /// TPC-H Q1 and Q6 with devarrow's own operators on CUDA (the PTX kernels of
 /// `kernels/compute.ptx`): one region each, the results DataFusion's to the last digit,
 /// no device memory left behind.

@@ -177,3 +177,54 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
     );
     assert!(down * 5 < up, "{down} bytes down for {up} up");
 }
+
+/// TPC-H Q3: both joins on the device, each with its build side a host child (itself a
+/// region's output) and its probe side in the region, which runs on from the lineitem
+/// filter through the join into the partial aggregate: lineitem's rows never come back
+/// to the host. The results are DataFusion's; the plan round-trips through the codec
+/// (a device operator with two children).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
+    use datafusion_proto::bytes::{
+        physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    };
+    use devarrow_datafusion::rule::DeviceOperatorRegistry;
+    use devarrow_datafusion::{DeviceExecCodec, ExecDevice, StepRegistry};
+
+    let tables = tpch::Tables::generate(0.01, 2);
+    let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
+    let device_plan = tpch::plan_query(&ctx, 3).await.unwrap();
+    let shown = text(&device_plan);
+    insta::assert_snapshot!("q3", shown);
+    assert_eq!(shown.matches("DeviceHashJoinExec").count(), 2, "{shown}");
+    assert!(
+        shown.contains("DevicePartialAggregateExec: mode=Partial, gby=[l_orderkey@2 as l_orderkey"),
+        "{shown}"
+    );
+    // Encoded before it runs (a run fills in the TopK's dynamic filter).
+    let codec = DeviceExecCodec::new(Arc::new(StepRegistry::new()), ExecDevice::cpu())
+        .with_operators(DeviceOperatorRegistry::default());
+    let bytes = physical_plan_to_bytes_with_extension_codec(device_plan.clone(), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    assert_eq!(text(&back), shown);
+    let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
+    let want = tpch::host_session(&tables, 2)
+        .unwrap()
+        .sql(tpch::query(3))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+
+    let again = collect(back, ctx.task_ctx()).await.unwrap();
+    assert_eq!(
+        pretty_format_batches(&again).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+}

@@ -6,7 +6,7 @@
 //! | `DeviceLoadExec` | nothing |
 //! | `DeviceUnloadExec` | nothing |
 //! | `HostOnlyExec` | the reason, UTF-8 |
-//! | `DeviceOperatorExec` | the host twin over an `EmptyExec` of its input's schema, as DataFusion's protobuf `PhysicalPlanNode` |
+//! | `DeviceOperatorExec` | the host twin over an `EmptyExec` of each child's schema, as DataFusion's protobuf `PhysicalPlanNode` |
 
 use std::sync::Arc;
 
@@ -53,8 +53,12 @@ pub(super) fn encode(
         buf.extend_from_slice(host_only.reason().as_bytes());
     } else if let Some(op) = node.downcast_ref::<DeviceOperatorExec>() {
         let twin = op.host_twin();
-        let placeholder: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(op.input().schema()));
-        let alone = replace_children_if_necessary(twin.clone(), vec![placeholder])?;
+        let placeholders: Vec<Arc<dyn ExecutionPlan>> = op
+            .children()
+            .into_iter()
+            .map(|c| Arc::new(EmptyExec::new(c.schema())) as Arc<dyn ExecutionPlan>)
+            .collect();
+        let alone = replace_children_if_necessary(twin.clone(), placeholders)?;
         let bytes = physical_plan_to_bytes_with_proto_converter(alone, codec, proto_converter)?;
         buf.extend_from_slice(OPERATOR.as_bytes());
         buf.extend_from_slice(&bytes);
@@ -72,26 +76,27 @@ pub(super) fn decode(
     ctx: &TaskContext,
     proto_converter: &dyn PhysicalProtoConverterExtension,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let [input] = inputs else {
-        return Err(bad(format!(
-            "a device region's node has one input, this one {}",
-            inputs.len()
-        )));
-    };
-    let input = input.clone();
-    if buf == LOAD.as_bytes() {
-        return Ok(Arc::new(DeviceLoadExec::new(input)));
-    }
-    if buf == UNLOAD.as_bytes() {
-        return Ok(Arc::new(
-            DeviceUnloadExec::try_new(input).map_err(|e| bad(e.to_string()))?,
-        ));
-    }
-    if let Some(reason) = buf.strip_prefix(HOST_ONLY.as_bytes()) {
-        let reason = std::str::from_utf8(reason).map_err(|_| bad("a reason that is not UTF-8"))?;
-        return Ok(Arc::new(HostOnlyExec::new(input, reason)));
-    }
     let Some(twin) = buf.strip_prefix(OPERATOR.as_bytes()) else {
+        let [input] = inputs else {
+            return Err(bad(format!(
+                "a device region's load, unload or host-only node has one input, this one {}",
+                inputs.len()
+            )));
+        };
+        let input = input.clone();
+        if buf == LOAD.as_bytes() {
+            return Ok(Arc::new(DeviceLoadExec::new(input)));
+        }
+        if buf == UNLOAD.as_bytes() {
+            return Ok(Arc::new(
+                DeviceUnloadExec::try_new(input).map_err(|e| bad(e.to_string()))?,
+            ));
+        }
+        if let Some(reason) = buf.strip_prefix(HOST_ONLY.as_bytes()) {
+            let reason =
+                std::str::from_utf8(reason).map_err(|_| bad("a reason that is not UTF-8"))?;
+            return Ok(Arc::new(HostOnlyExec::new(input, reason)));
+        }
         let header = buf.split(|&b| b == b'\n').next().unwrap_or_default();
         return Err(bad(format!(
             "unknown region node `{}`",
@@ -102,13 +107,19 @@ pub(super) fn decode(
     // (the fuzz target checks that too).
     let alone = physical_plan_from_bytes_with_proto_converter(twin, ctx, codec, proto_converter)
         .map_err(|e| bad(format!("a device operator's host twin: {e}")))?;
-    if alone.children().len() != 1 || alone.children()[0].schema() != input.schema() {
+    let placeholders = alone.children();
+    if placeholders.len() != inputs.len()
+        || placeholders
+            .iter()
+            .zip(inputs)
+            .any(|(p, input)| p.schema() != input.schema())
+    {
         return Err(bad(format!(
-            "a device operator's host twin `{}` does not take its input's schema",
+            "a device operator's host twin `{}` does not take its inputs' schemas",
             alone.name()
         )));
     }
-    let twin = replace_children_if_necessary(alone, vec![host_twin(&input)])
+    let twin = replace_children_if_necessary(alone, inputs.iter().map(host_twin).collect())
         .map_err(|e| bad(e.to_string()))?;
     let operator = match codec.operators.device_operator(&twin) {
         Some(Ok(operator)) => operator,
@@ -126,6 +137,7 @@ pub(super) fn decode(
         }
     };
     Ok(Arc::new(
-        DeviceOperatorExec::try_new(operator, input, twin).map_err(|e| bad(e.to_string()))?,
+        DeviceOperatorExec::with_children(operator, inputs.to_vec(), twin)
+            .map_err(|e| bad(e.to_string()))?,
     ))
 }

@@ -1,6 +1,7 @@
 //! Device compute for the device operators of a region: DataFusion's physical
-//! expressions compiled for the device ([`DeviceExpr`]), row selections ([`select`]) and
-//! per-batch partial aggregates ([`DevicePartialAggregate`]). On CUDA, PTX kernels
+//! expressions compiled for the device ([`DeviceExpr`]), row selections ([`select`]),
+//! per-batch partial aggregates ([`DevicePartialAggregate`]) and hash joins
+//! ([`join::DeviceHashJoin`]). On CUDA, PTX kernels
 //! (`kernels/compute.ptx`); on the CPU device, the same arithmetic on the host.
 //!
 //! What cannot run on the device is refused when compiled, with the reason
@@ -90,6 +91,7 @@ mod aggregate;
 mod cuda;
 mod expr;
 mod host;
+pub mod join;
 
 /// u64 words of one group key (see the aggregate's encoding in the module docs).
 pub(crate) const KEY_WORDS: usize = 2;
@@ -370,7 +372,7 @@ pub(crate) fn fixed_width(data_type: &DataType) -> Option<u32> {
 
 /// Whether [`compact`] moves a column of this type on the device: fixed-width values,
 /// booleans and string or binary views, with or without nulls.
-fn compactable(data_type: &DataType) -> bool {
+pub(crate) fn compactable(data_type: &DataType) -> bool {
     fixed_width(data_type).is_some()
         || matches!(
             data_type,

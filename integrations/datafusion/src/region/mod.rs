@@ -15,7 +15,7 @@
 //! properties. Data does not travel between the region's nodes in DataFusion's
 //! `RecordBatch` streams, though: when the unload (or any node of the region, executed
 //! on its own) runs a partition, it walks down to the load, collects the operators, and
-//! runs the whole chain on the partition's device ([`run`]), handing [`DeviceFrame`]s
+//! runs the whole chain on the partition's device (`run.rs`), handing [`DeviceFrame`](crate::frame::DeviceFrame)s
 //! from operator to operator. Only the unload's output crosses into DataFusion.
 //! `docs/datafusion-gpu.md` says why (and what the other way, device columns inside
 //! `RecordBatch`es, would cost).
@@ -34,7 +34,7 @@ mod run;
 mod unload;
 
 pub use load::DeviceLoadExec;
-pub use operator::{DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
+pub use operator::{BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
 pub use unload::DeviceUnloadExec;
 
 use std::sync::Arc;

@@ -18,6 +18,8 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Metrics
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
+use devarrow::bridge::Transfer;
+
 use crate::error::BoxError;
 use crate::frame::DeviceFrame;
 use crate::step::ExecDevice;
@@ -32,6 +34,17 @@ pub enum RegionBatch {
     Device(DeviceFrame),
     /// On the host: the region's output for this batch.
     Host(RecordBatch),
+}
+
+/// What an operator sees when it is bound to a partition ([`DeviceOperator::bind`]).
+#[derive(Debug)]
+pub struct BindContext<'a> {
+    /// The partition.
+    pub partition: usize,
+    /// The device, with the slot's own stream on CUDA.
+    pub device: &'a ExecDevice,
+    /// The slot's upload `Transfer` (pipelined, pinned staging).
+    pub upload: &'a mut Transfer,
 }
 
 /// What an operator sees besides its frame.
@@ -64,15 +77,53 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
     fn is_terminal(&self) -> bool {
         false
     }
+
+    /// Which child of the host node it replaces runs on the device (the chain goes
+    /// through it); its other children stay host plans that the operator reads whole
+    /// per partition ([`DeviceOperator::bind`]), as a join reads its build side. 0 for a
+    /// node of one child.
+    fn device_child(&self) -> usize {
+        0
+    }
+
+    /// The partition of host child `child` that partition `partition` reads (a join
+    /// that collects its build side reads partition 0, one partitioned reads its own).
+    fn host_partition(&self, _child: usize, partition: usize) -> usize {
+        partition
+    }
+
+    /// The operator bound to one partition, given the batches of its host children
+    /// (one list per host child, in child order): a join builds its table and uploads
+    /// it here, once per partition, before the partition's first frame. `None` (the
+    /// default, for an operator without host children): the operator itself.
+    ///
+    /// # Errors
+    /// The operator's.
+    fn bind(
+        &self,
+        _host_inputs: Vec<Vec<RecordBatch>>,
+        _cx: &mut BindContext<'_>,
+    ) -> Result<Option<Arc<dyn DeviceOperator>>, BoxError> {
+        Ok(None)
+    }
+
+    /// The device memory a bound operator holds for its partition (a join's table),
+    /// reserved in the partition's `MemoryPool` for as long as the partition runs.
+    fn bound_bytes(&self) -> usize {
+        0
+    }
 }
 
-/// A device operator's node: its operator, its device child, and its host twin (the
-/// host node it replaces, over the host twins of its children), whose properties it
-/// declares.
+/// A device operator's node: its operator, its device child, its host children (a
+/// join's build side; none for most operators), and its host twin (the host node it
+/// replaces, over the host twins of its children), whose properties it declares.
+///
+/// Its children are in the host twin's order: the device child at the operator's
+/// [`DeviceOperator::device_child`], the host children around it.
 #[derive(Debug, Clone)]
 pub struct DeviceOperatorExec {
     operator: Arc<dyn DeviceOperator>,
-    input: Arc<dyn ExecutionPlan>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
     host_twin: Arc<dyn ExecutionPlan>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -88,24 +139,56 @@ impl DeviceOperatorExec {
         input: Arc<dyn ExecutionPlan>,
         host_twin: Arc<dyn ExecutionPlan>,
     ) -> Result<Self> {
-        if !super::is_on_device(&input) {
+        Self::with_children(operator, vec![input], host_twin)
+    }
+
+    /// `operator` over `children` (in its host twin's order: the one at the operator's
+    /// [`DeviceOperator::device_child`] on the device, the others host plans), standing
+    /// for `host_twin`.
+    ///
+    /// # Errors
+    /// An internal error when the device child is not on the device, a host child is,
+    /// or a child's schema is not that of the host twin's child at its place.
+    pub fn with_children(
+        operator: Arc<dyn DeviceOperator>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        host_twin: Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let at = operator.device_child();
+        let twin_inputs = host_twin.children();
+        if twin_inputs.len() != children.len() || at >= children.len() {
             return internal_err!(
-                "{} takes a child on the device, not {}",
+                "{}'s host twin {} takes {} children, the operator is given {}",
                 operator.name(),
-                input.name()
+                host_twin.name(),
+                twin_inputs.len(),
+                children.len()
             );
         }
-        let twin_inputs = host_twin.children();
-        if twin_inputs.len() != 1 || twin_inputs[0].schema() != input.schema() {
-            return internal_err!(
-                "{}'s host twin {} does not take its child's schema",
-                operator.name(),
-                host_twin.name()
-            );
+        for (i, (child, twin_child)) in children.iter().zip(&twin_inputs).enumerate() {
+            if super::is_on_device(child) != (i == at) {
+                return internal_err!(
+                    "{} takes its child {i} {}, not {}",
+                    operator.name(),
+                    if i == at {
+                        "on the device"
+                    } else {
+                        "on the host"
+                    },
+                    child.name()
+                );
+            }
+            if child.schema() != twin_child.schema() {
+                return internal_err!(
+                    "{}'s host twin {} does not take its child {i}'s schema",
+                    operator.name(),
+                    host_twin.name()
+                );
+            }
         }
         Ok(Self {
             operator,
-            input,
+            children,
             host_twin,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -116,9 +199,19 @@ impl DeviceOperatorExec {
         &self.operator
     }
 
-    /// The child, on the device.
+    /// The child on the device.
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
-        &self.input
+        &self.children[self.operator.device_child()]
+    }
+
+    /// The host children (a join's build side), in child order, with their index among
+    /// the node's children.
+    pub fn host_inputs(&self) -> impl Iterator<Item = (usize, &Arc<dyn ExecutionPlan>)> {
+        let at = self.operator.device_child();
+        self.children
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| *i != at)
     }
 
     /// The host node it stands for.
@@ -169,11 +262,11 @@ impl ExecutionPlan for DeviceOperatorExec {
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
+        vec![false; self.children.len()]
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
+        self.children.iter().collect()
     }
 
     fn apply_expressions(
@@ -185,21 +278,44 @@ impl ExecutionPlan for DeviceOperatorExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return internal_err!("{} takes one child", self.operator.name());
+        let at = self.operator.device_child();
+        if children.len() != self.children.len() {
+            return internal_err!(
+                "{} takes {} children",
+                self.operator.name(),
+                self.children.len()
+            );
         }
-        let input = children.swap_remove(0);
-        if !super::is_on_device(&input) {
-            // A rewrite put a host node under this one (DataFusion's EnforceDistribution
-            // does, to probe a plan with a `CoalescePartitionsExec`): the operator's
-            // input is no longer on the device, so the node becomes its host twin,
-            // which computes the same rows on the host.
-            return replace_children_if_necessary(self.host_twin.clone(), vec![input]);
+        if !super::is_on_device(&children[at])
+            || children
+                .iter()
+                .enumerate()
+                .any(|(i, c)| i != at && super::is_on_device(c))
+        {
+            // A rewrite put a host node under this one where its device child was
+            // (DataFusion's EnforceDistribution does, to probe a plan with a
+            // `CoalescePartitionsExec`), or a device node where a host child was: the
+            // node becomes its host twin, which computes the same rows on the host, over
+            // those children (a child on the device through an unload).
+            let mut host = Vec::with_capacity(children.len());
+            for child in children {
+                host.push(if super::is_on_device(&child) {
+                    Arc::new(super::DeviceUnloadExec::try_new(child)?) as Arc<dyn ExecutionPlan>
+                } else {
+                    child
+                });
+            }
+            return replace_children_if_necessary(self.host_twin.clone(), host);
         }
-        let twin = replace_children_if_necessary(self.host_twin.clone(), vec![host_twin(&input)])?;
-        Ok(Arc::new(Self::try_new(self.operator.clone(), input, twin)?))
+        let twins: Vec<_> = children.iter().map(host_twin).collect();
+        let twin = replace_children_if_necessary(self.host_twin.clone(), twins)?;
+        Ok(Arc::new(Self::with_children(
+            self.operator.clone(),
+            children,
+            twin,
+        )?))
     }
 
     fn execute(

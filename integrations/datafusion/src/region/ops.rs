@@ -9,6 +9,7 @@
 //! | [`FilterOperator`] | `FilterExec` | kept | kept | untouched (a pending selection; its projection picks columns) |
 //! | [`ProjectionOperator`] | `ProjectionExec` | kept where the sort columns are passed through | kept where the key columns are | passed through or computed |
 //! | [`PartialAggregateOperator`] | `AggregateExec` (`Partial`) | none | the input's partition count | group keys and partial states |
+//! | [`HashJoinOperator`] | `HashJoinExec` (`Inner`, `RightSemi`, `RightAnti`) | the probe side's, as DataFusion's join declares it | the join's | probe columns untouched, build columns gathered |
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -29,11 +31,12 @@ use datafusion::physical_plan::collect;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use devarrow::bridge::{Transfer, TransferOptions};
 
+use crate::compute::join::{BuiltJoin, DeviceHashJoin};
 use crate::compute::{select, ComputeError, DeviceExpr, DevicePartialAggregate, Unsupported};
 use crate::error::BoxError;
 use crate::frame::DeviceFrame;
 
-use super::{DeviceOperator, OperatorContext, RegionBatch};
+use super::{BindContext, DeviceOperator, OperatorContext, RegionBatch};
 
 /// `FilterExec` on the device: the predicate's selection, and-ed with the frame's
 /// pending one; no row moves (the unload, or a terminal operator, applies it).
@@ -258,6 +261,142 @@ impl PartialAggregateOperator {
     }
 }
 
+/// `HashJoinExec` on the device: its right child (the probe side) in the region, its
+/// left child (the build side) a host plan read whole per partition (partition 0 of it
+/// when the join collects its left side, else the partition's own), made into a table
+/// and uploaded when the partition starts ([`DeviceOperator::bind`]), then probed frame
+/// by frame with no host wait (see [`crate::compute::join`]).
+///
+/// An inner join whose build side has duplicate keys in a partition joins that
+/// partition's frames on the host instead (downloaded, joined by the `HashJoinExec`
+/// itself, uploaded again): the query never fails for it, and the operator's
+/// `host_fallback_batches` metric counts those frames.
+#[derive(Debug)]
+pub struct HashJoinOperator {
+    compiled: DeviceHashJoin,
+    host: Arc<dyn ExecutionPlan>,
+    collect_left: bool,
+    description: String,
+    built: Option<Arc<BuiltJoin>>,
+}
+
+impl HashJoinOperator {
+    /// `join` (the node `node`) on the device, or why not.
+    pub fn try_new(
+        node: &Arc<dyn ExecutionPlan>,
+        join: &HashJoinExec,
+    ) -> Result<Self, Unsupported> {
+        let compiled = DeviceHashJoin::compile(join)?;
+        let on: Vec<String> = join
+            .on()
+            .iter()
+            .map(|(l, r)| format!("({l}, {r})"))
+            .collect();
+        let mut description = format!(
+            "mode={:?}, join_type={}, on=[{}]",
+            join.partition_mode(),
+            join.join_type(),
+            on.join(", ")
+        );
+        if let Some(projection) = &join.projection {
+            let schema = join.schema();
+            let names: Vec<String> = projection
+                .iter()
+                .zip(schema.fields())
+                .map(|(i, f)| format!("{}@{i}", f.name()))
+                .collect();
+            description.push_str(&format!(", projection=[{}]", names.join(", ")));
+        }
+        Ok(Self {
+            compiled,
+            host: node.clone(),
+            collect_left: *join.partition_mode() == PartitionMode::CollectLeft,
+            description,
+            built: None,
+        })
+    }
+
+    /// The join of `frame` by DataFusion on the host, uploaded again.
+    fn on_host(
+        &self,
+        built: &BuiltJoin,
+        frame: &DeviceFrame,
+        cx: &OperatorContext<'_>,
+    ) -> Result<DeviceFrame, BoxError> {
+        let device = cx.device.device().clone();
+        let mut transfer = Transfer::new(device, TransferOptions::default());
+        let probe = frame.download(&mut transfer)?;
+        let build_schema = self.host.children()[0].schema();
+        let build =
+            MemorySourceConfig::try_new_exec(&[built.host_batches().to_vec()], build_schema, None)?;
+        let probe = MemorySourceConfig::try_new_exec(&[vec![probe.clone()]], probe.schema(), None)?;
+        let plan = replace_children_if_necessary(self.host.clone(), vec![build, probe])?;
+        let batches =
+            futures::executor::block_on(collect(plan.clone(), Arc::new(TaskContext::default())))?;
+        let joined = concat_batches(&plan.schema(), &batches)?;
+        Ok(DeviceFrame::from_batch(transfer.to_device(&joined)?))
+    }
+}
+
+impl DeviceOperator for HashJoinOperator {
+    fn name(&self) -> &'static str {
+        "DeviceHashJoinExec"
+    }
+
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.description)
+    }
+
+    fn device_child(&self) -> usize {
+        1
+    }
+
+    fn host_partition(&self, _child: usize, partition: usize) -> usize {
+        if self.collect_left {
+            0
+        } else {
+            partition
+        }
+    }
+
+    fn bind(
+        &self,
+        mut host_inputs: Vec<Vec<RecordBatch>>,
+        cx: &mut BindContext<'_>,
+    ) -> Result<Option<Arc<dyn DeviceOperator>>, BoxError> {
+        let [build] = host_inputs.as_mut_slice() else {
+            return Err(ComputeError::Input(format!(
+                "a join has one build side, not {}",
+                host_inputs.len()
+            ))
+            .into());
+        };
+        let built = self.compiled.build(build, cx.device, cx.upload)?;
+        Ok(Some(Arc::new(Self {
+            compiled: self.compiled.clone(),
+            host: self.host.clone(),
+            collect_left: self.collect_left,
+            description: self.description.clone(),
+            built: Some(Arc::new(built)),
+        })))
+    }
+
+    fn bound_bytes(&self) -> usize {
+        self.built.as_ref().map_or(0, |b| b.device_bytes())
+    }
+
+    fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
+        let built = self.built.as_ref().ok_or_else(|| {
+            ComputeError::Input("a device join used before its build side".into())
+        })?;
+        if built.is_unique() {
+            return Ok(RegionBatch::Device(built.probe(&frame, cx.device)?));
+        }
+        cx.host_fallback_batches.add(1);
+        Ok(RegionBatch::Device(self.on_host(built, &frame, cx)?))
+    }
+}
+
 /// Whether `error` is (or wraps) the device's refusal of a long string key.
 fn is_key_too_long(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
@@ -298,6 +437,9 @@ pub fn device_operator(
         if *aggregate.mode() == AggregateMode::Partial {
             return Some(boxed(PartialAggregateOperator::try_new(aggregate)));
         }
+    }
+    if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+        return Some(boxed(HashJoinOperator::try_new(node, join)));
     }
     None
 }

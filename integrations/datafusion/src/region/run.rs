@@ -29,7 +29,7 @@ use datafusion::physical_plan::metrics::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 use devarrow::bridge::DeviceBatch;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use crate::config::{DevarrowConfig, DeviceLease, DevicePool, PartitionTicket};
@@ -37,7 +37,7 @@ use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
 use super::coalesce::coalesce;
-use super::{chain, DeviceOperatorExec, OperatorContext, RegionBatch};
+use super::{chain, BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
 
 /// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
 pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
@@ -106,6 +106,8 @@ struct Pending {
     ticket: PartitionTicket,
     child: SendableRecordBatchStream,
     ops: Vec<Arc<DeviceOperatorExec>>,
+    /// Per operator, the streams of its host children (a join's build side).
+    host_inputs: Vec<Vec<SendableRecordBatchStream>>,
     config: DevarrowConfig,
     reservation: Arc<MemoryReservation>,
     load_metrics: LoadMetrics,
@@ -134,6 +136,15 @@ pub(crate) fn execute_region(
     let ticket = load.placement().place(&config, partition)?;
     let pool = ticket.pool().clone();
     let child = load.input().execute(partition, context.clone())?;
+    let mut host_inputs = Vec::with_capacity(ops.len());
+    for op in &ops {
+        let mut streams = Vec::new();
+        for (i, input) in op.host_inputs() {
+            let at = op.operator().host_partition(i, partition);
+            streams.push(input.execute(at, context.clone())?);
+        }
+        host_inputs.push(streams);
+    }
     let reservation = Arc::new(
         MemoryConsumer::new(format!("DeviceRegion[{partition}]@{}", pool.id()))
             .register(context.memory_pool()),
@@ -148,6 +159,7 @@ pub(crate) fn execute_region(
         ticket,
         child,
         ops,
+        host_inputs,
         config,
         reservation,
         load_metrics: LoadMetrics::new(load.metrics_set(), partition),
@@ -231,6 +243,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
         ticket,
         child,
         ops,
+        host_inputs,
         config,
         reservation,
         load_metrics,
@@ -251,7 +264,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
         let (pool, cancel, reservation) = (pool.clone(), cancel.clone(), reservation.clone());
         let load = LoadThread {
             child,
-            runtime,
+            runtime: runtime.clone(),
             pool,
             batch_bytes: config.batch_bytes,
             reservation,
@@ -267,6 +280,8 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
     let operators = OperatorThread {
         _ticket: ticket,
         ops,
+        host_inputs,
+        runtime,
         pool,
         reservation,
         cancel,
@@ -399,6 +414,8 @@ struct OperatorThread {
     /// The partition's place on its device, given up when the thread ends.
     _ticket: PartitionTicket,
     ops: Vec<Arc<DeviceOperatorExec>>,
+    host_inputs: Vec<Vec<SendableRecordBatchStream>>,
+    runtime: Option<tokio::runtime::Handle>,
     pool: Arc<DevicePool>,
     reservation: Arc<MemoryReservation>,
     cancel: Arc<AtomicBool>,
@@ -407,8 +424,11 @@ struct OperatorThread {
 }
 
 impl OperatorThread {
-    fn run(self, uploads: Receiver<Uploaded>, out: mpsc::Sender<Result<RecordBatch>>) {
-        let result = catch_unwind(AssertUnwindSafe(|| self.drain(&uploads, &out)));
+    fn run(mut self, uploads: Receiver<Uploaded>, out: mpsc::Sender<Result<RecordBatch>>) {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let bound = self.bind()?;
+            self.drain(&bound, &uploads, &out)
+        }));
         let error = match result {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
@@ -420,20 +440,76 @@ impl OperatorThread {
         let _ = out.blocking_send(Err(error));
     }
 
+    /// The operators bound to the partition: each one with host children (a join's
+    /// build side) given their batches, read here on the query's runtime (holding no
+    /// device slot), then bound under a slot and its bytes reserved for the partition.
+    fn bind(&mut self) -> Result<Vec<Arc<dyn DeviceOperator>>> {
+        let mut bound = Vec::with_capacity(self.ops.len());
+        let host_inputs = std::mem::take(&mut self.host_inputs);
+        for (op, streams) in self.ops.iter().zip(host_inputs) {
+            if streams.is_empty() {
+                bound.push(op.operator().clone());
+                continue;
+            }
+            let mut inputs = Vec::with_capacity(streams.len());
+            for stream in streams {
+                let batches = match &self.runtime {
+                    Some(runtime) => runtime.block_on(stream.try_collect::<Vec<_>>()),
+                    None => futures::executor::block_on(stream.try_collect::<Vec<_>>()),
+                }?;
+                inputs.push(batches);
+            }
+            if self.cancel.load(Ordering::Acquire) {
+                return Ok(bound);
+            }
+            let lease = self.pool.lease_blocking();
+            let mut upload = lease.upload();
+            let mut cx = BindContext {
+                partition: self.partition,
+                device: lease.device(),
+                upload: &mut upload,
+            };
+            let operator = op.operator().bind(inputs, &mut cx);
+            drop(upload);
+            drop(lease);
+            let operator = operator
+                .map_err(|source| DeviceExecError::Operator {
+                    operator: op.operator().name().to_string(),
+                    partition: self.partition,
+                    batch: 0,
+                    source,
+                })?
+                .unwrap_or_else(|| op.operator().clone());
+            let bytes = operator.bound_bytes();
+            self.reservation.try_grow(bytes).map_err(|e| {
+                DataFusionError::External(Box::new(DeviceExecError::Memory {
+                    partition: self.partition,
+                    device: self.pool.id().to_string(),
+                    bytes,
+                    reason: e.to_string(),
+                }))
+            })?;
+            bound.push(operator);
+        }
+        Ok(bound)
+    }
+
     fn drain(
         &self,
+        bound: &[Arc<dyn DeviceOperator>],
         uploads: &Receiver<Uploaded>,
         out: &mpsc::Sender<Result<RecordBatch>>,
     ) -> Result<()> {
         let ops: Vec<_> = self
             .ops
             .iter()
-            .map(|op| {
+            .zip(bound)
+            .map(|(op, operator)| {
                 let time =
                     MetricBuilder::new(op.metrics_set()).subset_time("device_time", self.partition);
                 let fallbacks = MetricBuilder::new(op.metrics_set())
                     .counter("host_fallback_batches", self.partition);
-                (op, time, fallbacks)
+                (operator, time, fallbacks)
             })
             .collect();
         let mut index = 0;
@@ -502,7 +578,7 @@ impl OperatorThread {
         &self,
         lease: &DeviceLease,
         batch: DeviceBatch,
-        ops: &[(&Arc<DeviceOperatorExec>, Time, Count)],
+        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
         index: usize,
         held: &mut usize,
     ) -> Result<RecordBatch> {
@@ -533,20 +609,19 @@ impl OperatorThread {
                 RegionBatch::Host(_) => {
                     return Err(DataFusionError::Internal(format!(
                         "{} follows an operator whose output is on the host",
-                        op.operator().name()
+                        op.name()
                     )))
                 }
             };
             let timer = time.timer();
-            current =
-                op.operator()
-                    .apply(frame, &cx)
-                    .map_err(|source| DeviceExecError::Operator {
-                        operator: op.operator().name().to_string(),
-                        partition: self.partition,
-                        batch: index,
-                        source,
-                    })?;
+            current = op
+                .apply(frame, &cx)
+                .map_err(|source| DeviceExecError::Operator {
+                    operator: op.name().to_string(),
+                    partition: self.partition,
+                    batch: index,
+                    source,
+                })?;
             timer.done();
             if let RegionBatch::Device(frame) = &current {
                 self.reserve_frame(frame, held)?;

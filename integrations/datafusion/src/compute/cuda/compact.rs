@@ -360,38 +360,53 @@ impl Fixed {
         dt: DataType,
         validity: Option<(CudaSlice<u8>, Option<usize>)>,
     ) -> Result<CudaArray, BoxError> {
-        macro_rules! first_fit {
-            ($($t:ty),*) => {
-                $(if <$t>::fits(&dt) && size_of::<$t>() == self.width as usize {
-                    return self.typed::<$t>(cx, dt, validity);
-                })*
-            };
-        }
-        first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
-        Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
+        fixed_array(cx, dt, self.width, self.m, validity, |out| {
+            cx.launch(
+                &cx.k.compact_fixed,
+                self.n,
+                &[
+                    A::U64(self.scan),
+                    A::U64(self.values),
+                    A::U32(self.width),
+                    A::U64(out),
+                    A::U64(self.n as u64),
+                ],
+            )
+        })
     }
+}
 
+/// An array of `dt` of `m` rows of `width`-byte values, with `validity`: its values
+/// allocated zeroed on the stream, then written by `fill`, given their address.
+pub(super) fn fixed_array(
+    cx: &Cx<'_>,
+    dt: DataType,
+    width: u32,
+    m: usize,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    fill: impl FnOnce(u64) -> Result<(), BoxError>,
+) -> Result<CudaArray, BoxError> {
     fn typed<T: DeviceNative + ValidAsZeroBits>(
-        &self,
         cx: &Cx<'_>,
         dt: DataType,
+        m: usize,
         validity: Option<(CudaSlice<u8>, Option<usize>)>,
+        fill: impl FnOnce(u64) -> Result<(), BoxError>,
     ) -> Result<CudaArray, BoxError> {
-        let out = cx.stream.alloc_zeros::<T>(self.m)?;
-        cx.launch(
-            &cx.k.compact_fixed,
-            self.n,
-            &[
-                A::U64(self.scan),
-                A::U64(self.values),
-                A::U32(self.width),
-                A::U64(addr(&out, cx.stream)),
-                A::U64(self.n as u64),
-            ],
-        )?;
+        let out = cx.stream.alloc_zeros::<T>(m)?;
+        fill(addr(&out, cx.stream))?;
         Ok(match validity {
             Some((bits, nulls)) => CudaArray::with_validity(dt, out, bits, nulls)?,
             None => CudaArray::from_values(dt, out)?,
         })
     }
+    macro_rules! first_fit {
+        ($($t:ty),*) => {
+            $(if <$t>::fits(&dt) && size_of::<$t>() == width as usize {
+                return typed::<$t>(cx, dt, m, validity, fill);
+            })*
+        };
+    }
+    first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
+    Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
 }

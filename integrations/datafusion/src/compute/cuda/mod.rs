@@ -23,8 +23,10 @@ use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
 
 mod compact;
+mod join;
 
 pub(crate) use compact::compact;
+pub(crate) use join::join;
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
@@ -55,6 +57,9 @@ struct Kernels {
     view_like: CudaFunction,
     select_lanes: CudaFunction,
     view_prefix: CudaFunction,
+    join_probe: CudaFunction,
+    gather_fixed: CudaFunction,
+    gather_bits: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -99,6 +104,9 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_like: f("view_like")?,
         select_lanes: f("select_lanes")?,
         view_prefix: f("view_prefix")?,
+        join_probe: f("join_probe")?,
+        gather_fixed: f("gather_fixed")?,
+        gather_bits: f("gather_bits")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)

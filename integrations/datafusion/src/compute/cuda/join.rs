@@ -1,0 +1,300 @@
+//! A device hash join on CUDA ([`crate::compute::join`]): the probe (`join_probe`) and
+//! the build columns gathered to the probe rows (`gather_fixed`, `gather_bits`; a view
+//! column's views gathered, its data buffers copied whole). No host wait, except one
+//! read-back of the null counts when a gathered build column has a validity bitmap.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema};
+use devarrow::bridge::{DeviceBatch, DeviceColumn};
+use devarrow::cuda::cudarc::driver::CudaSlice;
+use devarrow::cuda::{CudaArray, CudaDevice};
+
+use super::compact::fixed_array;
+use super::{addr, aligned, context, eval, pending, selected, Cx, A};
+use crate::compute::join::{BuiltJoin, JoinKind};
+use crate::compute::{fixed_width, ComputeError, SELECTION};
+use crate::error::BoxError;
+use crate::frame::{schema_of, DeviceFrame, FrameColumn};
+use crate::step::ExecDevice;
+
+/// The address of `c`'s buffer `b` at its first row (`width` bytes per row), checked to
+/// hold `rows` rows from there, and the view that keeps it readable on the stream.
+fn at_first_row<'a>(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'a>,
+    b: usize,
+    width: u64,
+    name: &str,
+) -> Result<(u64, devarrow::cuda::BorrowedSlice<'a, u8>), BoxError> {
+    let buffer = c
+        .buffer(b)
+        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without buffer {b}")))?;
+    let end = (c.offset() + c.len()) as u64;
+    if (buffer.len() as u64) < width * end {
+        return Err(ComputeError::Input(format!("column `{name}`: buffer {b} too short")).into());
+    }
+    let view = buffer.cuda_view::<u8>(cx.stream)?;
+    let start = view.device_ptr() + width * c.offset() as u64;
+    aligned(start, width.clamp(1, 8), name)?;
+    Ok((start, view))
+}
+
+/// The join of `frame` with `built`'s table on the device: the output's selection
+/// (`UInt8`) and, for an inner join, the build columns gathered to the probe rows.
+pub(crate) fn join(
+    built: &BuiltJoin,
+    frame: &DeviceFrame,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+) -> Result<(FrameColumn, Option<DeviceBatch>), BoxError> {
+    let tables = built
+        .on_device
+        .as_ref()
+        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let plan = &built.plan;
+    let n = frame.num_rows();
+    let cx = context(cuda)?;
+    let s = cx.stream;
+    let err = cx.zeros::<u32>(1)?;
+    let e = addr(&err, s);
+    let k = plan.probe_keys.len();
+    let mut keys = cx.zeros::<i64>(k * n)?;
+    let mut valid = cx.zeros::<u8>(k * n)?;
+    let mut may_fail = false;
+    for (j, key) in plan.probe_keys.iter().enumerate() {
+        let lanes = eval(&cx, &key.node, frame, e)?;
+        s.memcpy_dtod(
+            &lanes.values.slice(0..n),
+            &mut keys.slice_mut(j * n..(j + 1) * n),
+        )?;
+        s.memcpy_dtod(
+            &lanes.valid.slice(0..n),
+            &mut valid.slice_mut(j * n..(j + 1) * n),
+        )?;
+        may_fail |= key.node.may_fail();
+    }
+    let sel = selected(&cx, None, frame, e)?;
+    let idx = cx.zeros::<u32>(n)?;
+    let hit = cx.zeros::<u8>(n)?;
+    let slots = tables.slots.column(0).ok_or("a join table without slots")?;
+    let (slots_at, slots_view) = at_first_row(&cx, &slots, 1, 4, "slots")?;
+    let build_keys = tables.keys.column(0).ok_or("a join table without keys")?;
+    let (keys_at, keys_view) = at_first_row(&cx, &build_keys, 1, 8, "keys")?;
+    if slots.len() as u64 != built.mask + 1 || build_keys.len() != k * built.rows {
+        return Err(ComputeError::Input("a join table of another size".into()).into());
+    }
+    cx.launch(
+        &cx.k.join_probe,
+        n,
+        &[
+            A::U64(addr(&keys, s)),
+            A::U64(addr(&valid, s)),
+            A::U64(addr(&sel, s)),
+            A::U64(n as u64),
+            A::U32(k as u32),
+            A::U64(slots_at),
+            A::U64(built.mask),
+            A::U64(keys_at),
+            A::U64(built.rows as u64),
+            A::U64(addr(&idx, s)),
+            A::U64(addr(&hit, s)),
+            A::U32((plan.kind == JoinKind::Anti) as u32),
+        ],
+    )?;
+    // The keys' overflow, if one can overflow (one read-back).
+    if let Some(word) = pending(&cx, err, "a join key", may_fail, true)? {
+        word.check()?;
+    }
+    drop((slots_view, keys_view, keys, valid, sel));
+    let selection = CudaArray::from_values(DataType::UInt8, hit)?;
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let selection =
+        DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
+    let selection = FrameColumn::single(selection)?;
+    if plan.kind != JoinKind::Inner || tables.payload.schema().fields().is_empty() {
+        return Ok((selection, None));
+    }
+    let gathered = gather(&cx, &tables.payload, &idx, n, device)?;
+    drop(idx);
+    Ok((selection, Some(gathered)))
+}
+
+/// A gathered column's array, made once its null count is known.
+type Build<'a> =
+    Box<dyn FnOnce(Option<(CudaSlice<u8>, Option<usize>)>) -> Result<CudaArray, BoxError> + 'a>;
+
+/// Every column of `payload` gathered to `n` rows by `idx` (a build row, or none: zero
+/// bits), as one batch of nullable columns.
+fn gather(
+    cx: &Cx<'_>,
+    payload: &DeviceBatch,
+    idx: &CudaSlice<u32>,
+    n: usize,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let s = cx.stream;
+    let at = addr(idx, s);
+    let schema = payload.schema();
+    let words = n.div_ceil(32);
+    let counts = cx.zeros::<i64>(schema.fields().len())?;
+    let mut nullable = false;
+    let mut held = Vec::new();
+    let mut pending = Vec::with_capacity(schema.fields().len());
+    for (i, field) in schema.fields().iter().enumerate() {
+        let name = field.name();
+        let c = payload
+            .column(i)
+            .ok_or_else(|| ComputeError::Input(format!("no build column {i}")))?;
+        let dt = field.data_type().clone();
+        // The validity: bit offset + row of the bitmap, gathered, its set bits counted.
+        let validity = match c.cuda_validity(s)? {
+            Some(bitmap) if c.null_count() != Some(0) => {
+                if (bitmap.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
+                    return Err(ComputeError::Input(format!(
+                        "column `{name}`: a bitmap too short"
+                    ))
+                    .into());
+                }
+                let bits = cx.zeros::<u8>(4 * words)?;
+                gather_bits(cx, at, bitmap.device_ptr(), c.offset() as u64, &bits, n, {
+                    addr(&counts, s) + 8 * i as u64
+                })?;
+                held.push(bitmap);
+                nullable = true;
+                Some(bits)
+            }
+            _ => None,
+        };
+        let build: Build<'_> = match &dt {
+            DataType::Boolean => {
+                let values = c.buffer(1).ok_or_else(|| {
+                    ComputeError::Input(format!("column `{name}` without values"))
+                })?;
+                if (values.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
+                    return Err(
+                        ComputeError::Input(format!("column `{name}`: values too short")).into(),
+                    );
+                }
+                let view = values.cuda_view::<u8>(s)?;
+                let bits = cx.zeros::<u8>(4 * words)?;
+                gather_bits(cx, at, view.device_ptr(), c.offset() as u64, &bits, n, 0)?;
+                held.push(view);
+                Box::new(move |validity| Ok(CudaArray::from_bits(n, bits, validity)?))
+            }
+            DataType::Utf8View | DataType::BinaryView => {
+                let (views, view) = at_first_row(cx, &c, 1, 16, name)?;
+                let out = cx.zeros::<u128>(n)?;
+                cx.launch(
+                    &cx.k.gather_fixed,
+                    n,
+                    &[
+                        A::U64(at),
+                        A::U64(views),
+                        A::U32(16),
+                        A::U64(addr(&out, s)),
+                        A::U64(n as u64),
+                    ],
+                )?;
+                held.push(view);
+                // The data buffers, copied whole: every gathered view names the buffer
+                // it named, at the same offset.
+                let mut data = Vec::new();
+                for b in 2..c.n_buffers().saturating_sub(1) {
+                    let Some(buffer) = c.buffer(b) else {
+                        data.push(cx.zeros::<u8>(1)?);
+                        continue;
+                    };
+                    let from = buffer.cuda_view::<u8>(s)?;
+                    let mut to = cx.zeros::<u8>(buffer.len())?;
+                    if !buffer.is_empty() {
+                        s.memcpy_dtod(
+                            &from.slice(0..buffer.len()),
+                            &mut to.slice_mut(0..buffer.len()),
+                        )?;
+                    }
+                    held.push(from);
+                    data.push(to);
+                }
+                let dt = dt.clone();
+                Box::new(move |validity| {
+                    // SAFETY: each view is one of the build column's (or zero: an empty
+                    // value) and names the same buffer, copied whole, at the same offset,
+                    // so it lies inside it; the bytes are the column's, UTF-8 where it was.
+                    Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?)
+                })
+            }
+            _ => {
+                let width = fixed_width(&dt).ok_or_else(|| {
+                    ComputeError::Input(format!("build column `{name}` of {dt} is not gathered"))
+                })?;
+                let (values, view) = at_first_row(cx, &c, 1, u64::from(width), name)?;
+                held.push(view);
+                let dt = dt.clone();
+                Box::new(move |validity| {
+                    fixed_array(cx, dt, width, n, validity, |out| {
+                        cx.launch(
+                            &cx.k.gather_fixed,
+                            n,
+                            &[
+                                A::U64(at),
+                                A::U64(values),
+                                A::U32(width),
+                                A::U64(out),
+                                A::U64(n as u64),
+                            ],
+                        )
+                    })
+                })
+            }
+        };
+        pending.push((validity, build));
+    }
+    // One read-back of the valid rows' counts, where a column has a bitmap.
+    let mut read = vec![0i64; schema.fields().len()];
+    if nullable {
+        s.memcpy_dtoh(&counts, &mut read)?;
+        s.synchronize()?;
+    }
+    let mut arrays = Vec::with_capacity(pending.len());
+    for (i, (validity, build)) in pending.into_iter().enumerate() {
+        let nulls = n.saturating_sub(read[i].max(0) as usize);
+        arrays.push(build(validity.map(|bits| (bits, Some(nulls))))?);
+    }
+    drop((held, counts));
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    Ok(DeviceBatch::from_cuda_arrays(
+        device.device().clone(),
+        Arc::new(Schema::new(fields)),
+        arrays,
+    )?)
+}
+
+/// `gather_bits` of the bitmap at `bits` (bit `offset` for row 0) by the rows at `idx`
+/// into `out`, adding its set bits to the i64 at `count` (0: not counted).
+fn gather_bits(
+    cx: &Cx<'_>,
+    idx: u64,
+    bits: u64,
+    offset: u64,
+    out: &CudaSlice<u8>,
+    n: usize,
+    count: u64,
+) -> Result<(), BoxError> {
+    cx.launch(
+        &cx.k.gather_bits,
+        n.div_ceil(32),
+        &[
+            A::U64(idx),
+            A::U64(bits),
+            A::U64(offset),
+            A::U64(addr(out, cx.stream)),
+            A::U64(n as u64),
+            A::U64(count),
+        ],
+    )
+}

@@ -1,0 +1,506 @@
+//! Hash joins on the device: an equi-join's build side made into a table once per
+//! partition ([`DeviceHashJoin::build`]), its probe side a frame of the region, probed on
+//! the device ([`BuiltJoin::probe`]).
+//!
+//! # Design
+//!
+//! - **The build side is built on the host, probed on the device.** It reaches the join
+//!   as host batches (a host plan, or another region's unload), so the host hashes it
+//!   where it already is: its key columns (evaluated by DataFusion, cast to i64 lanes),
+//!   an open-addressing table of u32 slots (a power of two, at least twice the rows: a
+//!   slot holds the build row + 1 of its key, linear probing from the key's hash), and
+//!   the columns the join's output takes. All three are uploaded once per partition
+//!   through the slot's `Transfer`.
+//! - **Probing marks rows, it moves none.** Each probe row finds the build row with its
+//!   keys (`join_probe`), or none. An inner join whose build keys are unique (each probe
+//!   row matches at most one build row: a key of the build side, the common case of a
+//!   fact table joined to a dimension) is then the probe frame itself, its columns
+//!   untouched, with a selection of the rows that matched and the build columns gathered
+//!   to the probe rows (`gather_fixed`, `gather_bits`; a view column's views gathered and
+//!   its data buffers copied whole on the device, so every view still points into
+//!   them). A semi join is only the selection, an anti join its complement. No count is
+//!   read back: the join costs no host wait.
+//! - **What the device does not join** is refused when compiled, with the reason that
+//!   `EXPLAIN` shows: join types other than `Inner`, `RightSemi` and `RightAnti` (the
+//!   probe side is the right one, as DataFusion's), a join filter, keys that are not
+//!   integers or dates of one type on both sides, null-equal or null-aware joins, a
+//!   fetch, build columns of types the device does not gather (`Utf8`, nested types).
+//! - **Duplicate build keys** (an inner join whose probe rows may match several build
+//!   rows) are found when the table is built: [`BuiltJoin::is_unique`] is false and the
+//!   operator joins those batches on the host ([`crate::region::ops`]).
+//!
+//! Null keys never match (DataFusion's `NullEqualsNothing`): a build row with a null
+//! key is not in the table; a probe row with one matches nothing (and an anti join keeps
+//! it, as DataFusion's does).
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt8Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::compute::{cast, concat_batches, take};
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::ExecutionPlan;
+use devarrow::bridge::{DeviceBatch, Transfer};
+
+use super::{check_cpu, compactable, cpu_column, host, ComputeError, DeviceExpr, Unsupported};
+use crate::error::BoxError;
+use crate::frame::{schema_of, DeviceFrame, FrameColumn};
+use crate::step::ExecDevice;
+
+/// The row index of a probe row with no match.
+pub(crate) const NO_ROW: u32 = u32::MAX;
+
+/// The kinds of join the device runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinKind {
+    /// The probe rows that match, each with its build row's columns.
+    Inner,
+    /// The probe rows that match (`RightSemi`).
+    Semi,
+    /// The probe rows that do not (`RightAnti`).
+    Anti,
+}
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    /// Column `j` of the gathered build columns.
+    Build(usize),
+    /// Column `i` of the probe frame.
+    Probe(usize),
+}
+
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) kind: JoinKind,
+    pub(crate) probe_keys: Vec<DeviceExpr>,
+    build_keys: Vec<Arc<dyn PhysicalExpr>>,
+    build_schema: SchemaRef,
+    /// The build columns the output takes, in the order of [`Out::Build`].
+    build_columns: Vec<usize>,
+    output: Vec<Out>,
+    schema: SchemaRef,
+}
+
+/// A `HashJoinExec` compiled for the device.
+#[derive(Debug, Clone)]
+pub struct DeviceHashJoin {
+    plan: Arc<Plan>,
+}
+
+/// Whether the device joins on keys of this type (as i64 lanes).
+fn key_type(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32
+    )
+}
+
+impl DeviceHashJoin {
+    /// `join` on the device, or why not.
+    pub fn compile(join: &HashJoinExec) -> Result<Self, Unsupported> {
+        let kind = match join.join_type() {
+            JoinType::Inner => JoinKind::Inner,
+            JoinType::RightSemi => JoinKind::Semi,
+            JoinType::RightAnti => JoinKind::Anti,
+            other => {
+                return Err(Unsupported(format!(
+                    "a {other} join has no device operator (Inner, RightSemi and RightAnti do)"
+                )))
+            }
+        };
+        if join.filter().is_some() {
+            return Err(Unsupported("a join filter has no device operator".into()));
+        }
+        if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
+            return Err(Unsupported(
+                "a join where nulls match (or a null-aware anti join) has no device operator"
+                    .into(),
+            ));
+        }
+        if join.fetch().is_some() {
+            return Err(Unsupported(
+                "a join with a fetch (LIMIT) stays on the host".into(),
+            ));
+        }
+        if !matches!(
+            join.partition_mode(),
+            PartitionMode::CollectLeft | PartitionMode::Partitioned
+        ) {
+            return Err(Unsupported(format!(
+                "a join of mode {:?} has no device operator",
+                join.partition_mode()
+            )));
+        }
+        let (left, right) = (join.left().schema(), join.right().schema());
+        let mut probe_keys = Vec::with_capacity(join.on().len());
+        let mut build_keys = Vec::with_capacity(join.on().len());
+        for (l, r) in join.on() {
+            let lt = l
+                .data_type(&left)
+                .map_err(|e| Unsupported(format!("the type of `{l}`: {e}")))?;
+            let rt = r
+                .data_type(&right)
+                .map_err(|e| Unsupported(format!("the type of `{r}`: {e}")))?;
+            if lt != rt || !key_type(&lt) {
+                return Err(Unsupported(format!(
+                    "join keys `{l}` ({lt}) and `{r}` ({rt}): the device joins on integers \
+                     and dates of one type"
+                )));
+            }
+            probe_keys.push(DeviceExpr::compile(r, &right)?);
+            build_keys.push(l.clone());
+        }
+        let all: Vec<Out> = match kind {
+            JoinKind::Inner => (0..left.fields().len())
+                .map(Out::Build)
+                .chain((0..right.fields().len()).map(Out::Probe))
+                .collect(),
+            JoinKind::Semi | JoinKind::Anti => (0..right.fields().len()).map(Out::Probe).collect(),
+        };
+        let picked: Vec<Out> = match &join.projection {
+            Some(projection) => projection.iter().map(|&i| all[i]).collect(),
+            None => all,
+        };
+        // Build columns renumbered in the order the output takes them.
+        let mut build_columns = Vec::new();
+        let output = picked
+            .into_iter()
+            .map(|out| match out {
+                Out::Build(i) => {
+                    let j = build_columns
+                        .iter()
+                        .position(|&c| c == i)
+                        .unwrap_or_else(|| {
+                            build_columns.push(i);
+                            build_columns.len() - 1
+                        });
+                    Out::Build(j)
+                }
+                probe => probe,
+            })
+            .collect();
+        for &i in &build_columns {
+            let field = left.field(i);
+            if !compactable(field.data_type()) {
+                return Err(Unsupported(format!(
+                    "build column `{}` is {}, which the device does not gather",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+        }
+        Ok(Self {
+            plan: Arc::new(Plan {
+                kind,
+                probe_keys,
+                build_keys,
+                build_schema: left,
+                build_columns,
+                output,
+                schema: join.schema(),
+            }),
+        })
+    }
+
+    /// The table of the build side `batches` (of the join's left schema), uploaded to
+    /// `device` through `upload` where the device is not the host's.
+    ///
+    /// # Errors
+    /// DataFusion's (evaluating the build keys), devarrow's (the upload), and
+    /// [`ComputeError::Input`] for a build side of 2^32 - 1 rows or more.
+    pub fn build(
+        &self,
+        batches: &[RecordBatch],
+        device: &ExecDevice,
+        upload: &mut Transfer,
+    ) -> Result<BuiltJoin, BoxError> {
+        let plan = &self.plan;
+        let batch = concat_batches(&plan.build_schema, batches)?;
+        let rows = batch.num_rows();
+        if rows >= NO_ROW as usize {
+            return Err(ComputeError::Input(format!(
+                "a join's build side of {rows} rows (the device table holds fewer than 2^32 - 1)"
+            ))
+            .into());
+        }
+        let k = plan.build_keys.len();
+        let mut keys = vec![0i64; k * rows];
+        let mut valid = vec![true; rows];
+        for (j, expr) in plan.build_keys.iter().enumerate() {
+            let array = expr.evaluate(&batch)?.into_array(rows)?;
+            let array = cast(&array, &DataType::Int64)?;
+            let values = array.as_primitive::<Int64Type>();
+            for (r, slot) in keys[j * rows..(j + 1) * rows].iter_mut().enumerate() {
+                if values.is_null(r) {
+                    valid[r] = false;
+                } else {
+                    *slot = values.value(r);
+                }
+            }
+        }
+        let capacity = (2 * rows).next_power_of_two().max(16);
+        let mask = capacity as u64 - 1;
+        let mut slots = vec![0u32; capacity];
+        let mut unique = true;
+        for r in (0..rows).filter(|&r| valid[r]) {
+            let key = |row: usize, j: usize| keys[j * rows + row];
+            let mut at = hash((0..k).map(|j| key(r, j))) & mask;
+            loop {
+                let slot = slots[at as usize];
+                if slot == 0 {
+                    slots[at as usize] = r as u32 + 1;
+                    break;
+                }
+                let other = (slot - 1) as usize;
+                if (0..k).all(|j| key(other, j) == key(r, j)) {
+                    unique = false;
+                    break;
+                }
+                at = (at + 1) & mask;
+            }
+        }
+        let payload = batch.project(&plan.build_columns)?;
+        let mut built = BuiltJoin {
+            plan: plan.clone(),
+            rows,
+            unique,
+            mask,
+            slots,
+            keys,
+            payload,
+            host_batches: batches.to_vec(),
+            on_device: None,
+        };
+        #[cfg(feature = "cuda")]
+        if device.cuda().is_some() && rows > 0 {
+            built.on_device = Some(built.upload(upload)?);
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (device, upload);
+        Ok(built)
+    }
+}
+
+/// The hash of a row's keys (the same as `join_probe`'s, and as `group_rows`').
+pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
+    for w in words {
+        h = (h ^ w as u64).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        h ^= h >> 33;
+    }
+    h
+}
+
+/// The build side's table on the device: its columns the output takes, its keys (one
+/// `Int64` column of `k * rows` lanes, key-major) and its slots (`UInt32`).
+#[derive(Debug)]
+pub(crate) struct DeviceTables {
+    pub(crate) payload: DeviceBatch,
+    pub(crate) keys: DeviceBatch,
+    pub(crate) slots: DeviceBatch,
+}
+
+/// A join's build side, made into a table for one partition ([`DeviceHashJoin::build`]).
+#[derive(Debug)]
+pub struct BuiltJoin {
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) rows: usize,
+    unique: bool,
+    pub(crate) mask: u64,
+    slots: Vec<u32>,
+    keys: Vec<i64>,
+    payload: RecordBatch,
+    host_batches: Vec<RecordBatch>,
+    pub(crate) on_device: Option<DeviceTables>,
+}
+
+impl BuiltJoin {
+    /// Whether each probe row matches at most one build row (no two build rows share
+    /// their keys), or the join is a semi or anti join, where only a match's existence
+    /// counts: then [`BuiltJoin::probe`] joins on the device.
+    pub fn is_unique(&self) -> bool {
+        self.unique || self.plan.kind != JoinKind::Inner
+    }
+
+    /// The build side's rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The build side's batches, as the join received them.
+    pub fn host_batches(&self) -> &[RecordBatch] {
+        &self.host_batches
+    }
+
+    /// The device memory the table holds (on the CPU device, its host memory).
+    pub fn device_bytes(&self) -> usize {
+        match &self.on_device {
+            Some(t) => t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes(),
+            None => {
+                self.payload.get_array_memory_size()
+                    + self.keys.len() * size_of::<i64>()
+                    + self.slots.len() * size_of::<u32>()
+            }
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn upload(&self, upload: &mut Transfer) -> Result<DeviceTables, BoxError> {
+        let one = |name: &str, array: ArrayRef| {
+            let field = Field::new(name, array.data_type().clone(), false);
+            RecordBatch::try_new(schema_of(vec![field]), vec![array])
+        };
+        let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
+        let slots = one("slots", Arc::new(UInt32Array::from(self.slots.clone())))?;
+        Ok(DeviceTables {
+            payload: upload.to_device(&self.payload)?,
+            keys: upload.to_device(&keys)?,
+            slots: upload.to_device(&slots)?,
+        })
+    }
+
+    /// The build row whose keys are `key(0..k)`, if any (the probe of `join_probe`).
+    fn find(&self, key: impl Fn(usize) -> i64) -> Option<u32> {
+        let k = self.plan.build_keys.len();
+        let mut at = hash((0..k).map(&key)) & self.mask;
+        loop {
+            let slot = self.slots[at as usize];
+            if slot == 0 {
+                return None;
+            }
+            let row = (slot - 1) as usize;
+            if (0..k).all(|j| self.keys[j * self.rows + row] == key(j)) {
+                return Some(slot - 1);
+            }
+            at = (at + 1) & self.mask;
+        }
+    }
+
+    /// The join of `frame` (of the join's right schema), on `device`: the probe rows
+    /// with a selection (see the [module](self)). Only for a table that
+    /// [`is_unique`](BuiltJoin::is_unique).
+    ///
+    /// # Errors
+    /// [`ComputeError::Input`] for a table with duplicate keys of an inner join, the
+    /// device's errors.
+    pub fn probe(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+        if !self.is_unique() {
+            return Err(ComputeError::Input(
+                "an inner join's build side with duplicate keys is joined on the host".into(),
+            )
+            .into());
+        }
+        let n = frame.num_rows();
+        if n == 0 || (self.rows == 0 && self.plan.kind != JoinKind::Anti) {
+            return empty_frame(&self.plan.schema, device);
+        }
+        if self.rows == 0 {
+            // An anti join with an empty build side keeps every probe row it is given.
+            return self.output(frame, frame.selection().cloned(), None);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            let (selection, gathered) = super::cuda::join(self, frame, cuda, device)?;
+            return self.output(frame, Some(selection), gathered);
+        }
+        check_cpu(device)?;
+        let selected = host::selection(frame)?;
+        let lanes = self
+            .plan
+            .probe_keys
+            .iter()
+            .map(|key| host::eval(&key.node, frame, &key.text))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Vec::with_capacity(n);
+        let mut hits = Vec::with_capacity(n);
+        for (i, &selected) in selected.iter().enumerate() {
+            let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
+                .then(|| self.find(|j| lanes[j].values[i]))
+                .flatten();
+            rows.push(found);
+            hits.push(match self.plan.kind {
+                JoinKind::Anti => (selected != 0 && found.is_none()) as u8,
+                _ => found.is_some() as u8,
+            });
+        }
+        let schema = schema_of(vec![Field::new(super::SELECTION, DataType::UInt8, false)]);
+        let selection = RecordBatch::try_new(schema, vec![Arc::new(UInt8Array::from(hits))])?;
+        let selection = cpu_column(selection, device)?;
+        let gathered = if self.plan.build_columns.is_empty() {
+            None
+        } else {
+            // A row with no match takes build row 0 (there is one: the table is not
+            // empty): not selected, it is never seen, and it brings no null into a
+            // column that declares none.
+            let indices = UInt32Array::from_iter_values(rows.iter().map(|r| r.unwrap_or(0)));
+            let mut fields = Vec::with_capacity(self.payload.num_columns());
+            let mut columns = Vec::with_capacity(self.payload.num_columns());
+            for (field, column) in self
+                .payload
+                .schema()
+                .fields()
+                .iter()
+                .zip(self.payload.columns())
+            {
+                fields.push(field.as_ref().clone().with_nullable(true));
+                columns.push(take(column.as_ref(), &indices, None)?);
+            }
+            let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+            let (array, _schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
+            Some(DeviceBatch::import(
+                device.device().clone(),
+                array,
+                batch.schema(),
+            )?)
+        };
+        self.output(frame, Some(selection), gathered)
+    }
+
+    /// The output frame: the probe frame's rows, `selection`, the build columns
+    /// `gathered` to the probe rows (one batch, in the order of the plan's build
+    /// columns), the output columns picked.
+    pub(crate) fn output(
+        &self,
+        frame: &DeviceFrame,
+        selection: Option<FrameColumn>,
+        gathered: Option<DeviceBatch>,
+    ) -> Result<DeviceFrame, BoxError> {
+        let gathered = gathered.map(Arc::new);
+        let mut columns = Vec::with_capacity(self.plan.output.len());
+        for out in &self.plan.output {
+            columns.push(match *out {
+                Out::Probe(i) => frame
+                    .column(i)
+                    .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
+                    .clone(),
+                Out::Build(j) => {
+                    let batch = gathered
+                        .as_ref()
+                        .ok_or_else(|| ComputeError::Input("no gathered build columns".into()))?;
+                    FrameColumn::new(batch.clone(), j)?
+                }
+            });
+        }
+        Ok(DeviceFrame::try_new(
+            self.plan.schema.clone(),
+            columns,
+            frame.num_rows(),
+            selection,
+        )?)
+    }
+}
+
+/// A frame of no rows of `schema` on `device` (an empty batch, uploaded).
+fn empty_frame(schema: &SchemaRef, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+    let batch = RecordBatch::new_empty(schema.clone());
+    let mut transfer = Transfer::new(
+        device.device().clone(),
+        devarrow::bridge::TransferOptions::default(),
+    );
+    Ok(DeviceFrame::from_batch(transfer.to_device(&batch)?))
+}
