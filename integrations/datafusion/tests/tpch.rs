@@ -111,8 +111,10 @@ async fn check_query(q: usize) -> Placement {
             displayable(plan.as_ref()).indent(true)
         )
     });
+    let joined_on_host = tpch::metric_sum(&plan, "DeviceHashJoinExec", "host_fallback_batches");
     println!(
-        "Q{q:02} (SF {}, {partitions} partitions): {rows} rows, equal; placement: {placement}",
+        "Q{q:02} (SF {}, {partitions} partitions): {rows} rows, equal; device join frames \
+         joined on the host (duplicate build keys): {joined_on_host}; placement: {placement}",
         tables.scale
     );
 

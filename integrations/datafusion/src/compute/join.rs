@@ -26,8 +26,11 @@
 //!   integers or dates of one type on both sides, null-equal or null-aware joins, a
 //!   fetch, build columns of types the device does not gather (`Utf8`, nested types).
 //! - **Duplicate build keys** (an inner join whose probe rows may match several build
-//!   rows) are found when the table is built: [`BuiltJoin::is_unique`] is false and the
-//!   operator joins those batches on the host ([`crate::region::ops`]).
+//!   rows) are found when the table is built ([`BuiltJoin::is_unique`] is false; the rows
+//!   of a key are chained). Each frame then makes one row per matching pair: the matches
+//!   counted per probe row (`join_count`), scanned, their total read back (the one host
+//!   wait: it sizes the output), the pairs written (`join_expand`), and both sides'
+//!   columns gathered to them.
 //!
 //! Null keys never match (DataFusion's `NullEqualsNothing`): a build row with a null
 //! key is not in the table; a probe row with one matches nothing (and an anti join keeps
@@ -84,6 +87,21 @@ pub(crate) struct Plan {
     build_columns: Vec<usize>,
     output: Vec<Out>,
     schema: SchemaRef,
+}
+
+impl Plan {
+    /// The probe columns the output takes, in output order, each once.
+    fn probe_columns(&self) -> Vec<usize> {
+        let mut columns = Vec::new();
+        for out in &self.output {
+            if let Out::Probe(i) = *out {
+                if !columns.contains(&i) {
+                    columns.push(i);
+                }
+            }
+        }
+        columns
+    }
 }
 
 /// A `HashJoinExec` compiled for the device.
@@ -246,6 +264,7 @@ impl DeviceHashJoin {
         let capacity = (2 * rows).next_power_of_two().max(16);
         let mask = capacity as u64 - 1;
         let mut slots = vec![0u32; capacity];
+        let mut next = vec![0u32; rows];
         let mut unique = true;
         for r in (0..rows).filter(|&r| valid[r]) {
             let key = |row: usize, j: usize| keys[j * rows + row];
@@ -258,7 +277,10 @@ impl DeviceHashJoin {
                 }
                 let other = (slot - 1) as usize;
                 if (0..k).all(|j| key(other, j) == key(r, j)) {
+                    // The row goes first in its key's chain.
                     unique = false;
+                    next[r] = slot;
+                    slots[at as usize] = r as u32 + 1;
                     break;
                 }
                 at = (at + 1) & mask;
@@ -271,6 +293,7 @@ impl DeviceHashJoin {
             unique,
             mask,
             slots,
+            next,
             keys,
             payload,
             host_batches: batches.to_vec(),
@@ -297,7 +320,8 @@ pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
 }
 
 /// The build side's table on the device: its columns the output takes, its keys (one
-/// `Int64` column of `k * rows` lanes, key-major) and its slots (`UInt32`).
+/// `Int64` column of `k * rows` lanes, key-major) and its slots then each row's next row
+/// of its key + 1 (one `UInt32` column of `capacity + rows`).
 #[derive(Debug)]
 pub(crate) struct DeviceTables {
     pub(crate) payload: DeviceBatch,
@@ -313,6 +337,8 @@ pub struct BuiltJoin {
     unique: bool,
     pub(crate) mask: u64,
     slots: Vec<u32>,
+    /// The next build row of each row's key + 1 (0: the last).
+    next: Vec<u32>,
     keys: Vec<i64>,
     payload: RecordBatch,
     host_batches: Vec<RecordBatch>,
@@ -322,7 +348,8 @@ pub struct BuiltJoin {
 impl BuiltJoin {
     /// Whether each probe row matches at most one build row (no two build rows share
     /// their keys), or the join is a semi or anti join, where only a match's existence
-    /// counts: then [`BuiltJoin::probe`] joins on the device.
+    /// counts: then [`BuiltJoin::probe`] moves no row (else it makes one per matching
+    /// pair).
     pub fn is_unique(&self) -> bool {
         self.unique || self.plan.kind != JoinKind::Inner
     }
@@ -344,7 +371,7 @@ impl BuiltJoin {
             None => {
                 self.payload.get_array_memory_size()
                     + self.keys.len() * size_of::<i64>()
-                    + self.slots.len() * size_of::<u32>()
+                    + (self.slots.len() + self.next.len()) * size_of::<u32>()
             }
         }
     }
@@ -356,7 +383,8 @@ impl BuiltJoin {
             RecordBatch::try_new(schema_of(vec![field]), vec![array])
         };
         let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
-        let slots = one("slots", Arc::new(UInt32Array::from(self.slots.clone())))?;
+        let table: Vec<u32> = self.slots.iter().chain(&self.next).copied().collect();
+        let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
         Ok(DeviceTables {
             payload: upload.to_device(&self.payload)?,
             keys: upload.to_device(&keys)?,
@@ -382,18 +410,15 @@ impl BuiltJoin {
     }
 
     /// The join of `frame` (of the join's right schema), on `device`: the probe rows
-    /// with a selection (see the [module](self)). Only for a table that
-    /// [`is_unique`](BuiltJoin::is_unique).
+    /// with a selection where [`is_unique`](BuiltJoin::is_unique), else one row per
+    /// matching pair (see the [module](self)).
     ///
     /// # Errors
-    /// [`ComputeError::Input`] for a table with duplicate keys of an inner join, the
-    /// device's errors.
+    /// The device's errors, [`ComputeError::Overflow`] for a key expression that
+    /// overflows.
     pub fn probe(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
         if !self.is_unique() {
-            return Err(ComputeError::Input(
-                "an inner join's build side with duplicate keys is joined on the host".into(),
-            )
-            .into());
+            return self.expand(frame, device);
         }
         let n = frame.num_rows();
         if n == 0 || (self.rows == 0 && self.plan.kind != JoinKind::Anti) {
@@ -409,25 +434,7 @@ impl BuiltJoin {
             return self.output(frame, Some(selection), gathered);
         }
         check_cpu(device)?;
-        let selected = host::selection(frame)?;
-        let lanes = self
-            .plan
-            .probe_keys
-            .iter()
-            .map(|key| host::eval(&key.node, frame, &key.text))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut rows = Vec::with_capacity(n);
-        let mut hits = Vec::with_capacity(n);
-        for (i, &selected) in selected.iter().enumerate() {
-            let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
-                .then(|| self.find(|j| lanes[j].values[i]))
-                .flatten();
-            rows.push(found);
-            hits.push(match self.plan.kind {
-                JoinKind::Anti => (selected != 0 && found.is_none()) as u8,
-                _ => found.is_some() as u8,
-            });
-        }
+        let (rows, hits) = self.probe_on_host(frame)?;
         let schema = schema_of(vec![Field::new(super::SELECTION, DataType::UInt8, false)]);
         let selection = RecordBatch::try_new(schema, vec![Arc::new(UInt8Array::from(hits))])?;
         let selection = cpu_column(selection, device)?;
@@ -438,27 +445,136 @@ impl BuiltJoin {
             // empty): not selected, it is never seen, and it brings no null into a
             // column that declares none.
             let indices = UInt32Array::from_iter_values(rows.iter().map(|r| r.unwrap_or(0)));
-            let mut fields = Vec::with_capacity(self.payload.num_columns());
-            let mut columns = Vec::with_capacity(self.payload.num_columns());
-            for (field, column) in self
-                .payload
-                .schema()
-                .fields()
-                .iter()
-                .zip(self.payload.columns())
-            {
-                fields.push(field.as_ref().clone().with_nullable(true));
-                columns.push(take(column.as_ref(), &indices, None)?);
-            }
-            let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
-            let (array, _schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
-            Some(DeviceBatch::import(
-                device.device().clone(),
-                array,
-                batch.schema(),
-            )?)
+            Some(taken(&self.payload, &indices, device)?)
         };
         self.output(frame, Some(selection), gathered)
+    }
+
+    /// Each probe row's build row (the first of its key's chain), and whether it is in
+    /// the output (a match; no match for an anti join), on the host.
+    fn probe_on_host(&self, frame: &DeviceFrame) -> Result<(Vec<Option<u32>>, Vec<u8>), BoxError> {
+        let selected = host::selection(frame)?;
+        let lanes = self
+            .plan
+            .probe_keys
+            .iter()
+            .map(|key| host::eval(&key.node, frame, &key.text))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Vec::with_capacity(selected.len());
+        let mut hits = Vec::with_capacity(selected.len());
+        for (i, &selected) in selected.iter().enumerate() {
+            let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
+                .then(|| self.find(|j| lanes[j].values[i]))
+                .flatten();
+            rows.push(found);
+            hits.push(match self.plan.kind {
+                JoinKind::Anti => (selected != 0 && found.is_none()) as u8,
+                _ => found.is_some() as u8,
+            });
+        }
+        Ok((rows, hits))
+    }
+
+    /// An inner join whose build keys repeat: one output row per matching pair, the
+    /// pairs in probe order, each side's columns gathered to them; no selection.
+    fn expand(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+        let n = frame.num_rows();
+        if n == 0 || self.rows == 0 {
+            return empty_frame(&self.plan.schema, device);
+        }
+        let probe_columns = self.plan.probe_columns();
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            let expanded = super::cuda::join_expanded(self, frame, &probe_columns, cuda, device)?;
+            if expanded.rows == 0 {
+                return empty_frame(&self.plan.schema, device);
+            }
+            return self.output_pairs(
+                expanded.rows,
+                &probe_columns,
+                expanded.build,
+                expanded.probe,
+            );
+        }
+        check_cpu(device)?;
+        let (rows, _hits) = self.probe_on_host(frame)?;
+        let (mut build_rows, mut probe_rows) = (Vec::new(), Vec::new());
+        for (i, first) in rows.iter().enumerate() {
+            let mut row = *first;
+            while let Some(r) = row {
+                build_rows.push(r);
+                probe_rows.push(i as u32);
+                row = self.next[r as usize].checked_sub(1);
+            }
+        }
+        if build_rows.is_empty() {
+            return empty_frame(&self.plan.schema, device);
+        }
+        let pairs = build_rows.len();
+        let build = if self.plan.build_columns.is_empty() {
+            None
+        } else {
+            Some(taken(
+                &self.payload,
+                &UInt32Array::from(build_rows),
+                device,
+            )?)
+        };
+        let probe = if probe_columns.is_empty() {
+            None
+        } else {
+            let mut transfer = Transfer::new(
+                device.device().clone(),
+                devarrow::bridge::TransferOptions::default(),
+            );
+            let picked = frame.project(&probe_columns)?;
+            let unselected = DeviceFrame::try_new(
+                picked.schema().clone(),
+                picked.columns().to_vec(),
+                picked.num_rows(),
+                None,
+            )?;
+            let host = unselected.download(&mut transfer)?;
+            Some(taken(&host, &UInt32Array::from(probe_rows), device)?)
+        };
+        self.output_pairs(pairs, &probe_columns, build, probe)
+    }
+
+    /// The output frame of `rows` pairs: the build columns (`build`, in the order of the
+    /// plan's build columns) and the probe columns at `probe_columns` (`probe`), gathered
+    /// to the pairs; no selection.
+    fn output_pairs(
+        &self,
+        rows: usize,
+        probe_columns: &[usize],
+        build: Option<DeviceBatch>,
+        probe: Option<DeviceBatch>,
+    ) -> Result<DeviceFrame, BoxError> {
+        let build = build.map(Arc::new);
+        let probe = probe.map(Arc::new);
+        let mut columns = Vec::with_capacity(self.plan.output.len());
+        for out in &self.plan.output {
+            let (batch, at) = match *out {
+                Out::Build(j) => (&build, j),
+                Out::Probe(i) => (
+                    &probe,
+                    probe_columns
+                        .iter()
+                        .position(|&c| c == i)
+                        .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?,
+                ),
+            };
+            let batch = batch
+                .as_ref()
+                .ok_or_else(|| ComputeError::Input("no gathered columns".into()))?;
+            columns.push(FrameColumn::new(batch.clone(), at)?);
+        }
+        Ok(DeviceFrame::try_new(
+            self.plan.schema.clone(),
+            columns,
+            rows,
+            None,
+        )?)
     }
 
     /// The output frame: the probe frame's rows, `selection`, the build columns
@@ -493,6 +609,28 @@ impl BuiltJoin {
             selection,
         )?)
     }
+}
+
+/// The rows `indices` of every column of `batch` (a host batch), as a batch of nullable
+/// columns on the CPU device (exported in place).
+fn taken(
+    batch: &RecordBatch,
+    indices: &UInt32Array,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        fields.push(field.as_ref().clone().with_nullable(true));
+        columns.push(take(column.as_ref(), indices, None)?);
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+    let (array, _schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
+    Ok(DeviceBatch::import(
+        device.device().clone(),
+        array,
+        batch.schema(),
+    )?)
 }
 
 /// A frame of no rows of `schema` on `device` (an empty batch, uploaded).

@@ -267,10 +267,8 @@ impl PartialAggregateOperator {
 /// and uploaded when the partition starts ([`DeviceOperator::bind`]), then probed frame
 /// by frame with no host wait (see [`crate::compute::join`]).
 ///
-/// An inner join whose build side has duplicate keys in a partition joins that
-/// partition's frames on the host instead (downloaded, joined by the `HashJoinExec`
-/// itself, uploaded again): the query never fails for it, and the operator's
-/// `host_fallback_batches` metric counts those frames.
+/// An inner join whose build keys repeat makes one row per matching pair, on the
+/// device too (its pair count read back once per frame).
 #[derive(Debug)]
 pub struct HashJoinOperator {
     compiled: DeviceHashJoin,
@@ -314,27 +312,6 @@ impl HashJoinOperator {
             description,
             built: None,
         })
-    }
-
-    /// The join of `frame` by DataFusion on the host, uploaded again.
-    fn on_host(
-        &self,
-        built: &BuiltJoin,
-        frame: &DeviceFrame,
-        cx: &OperatorContext<'_>,
-    ) -> Result<DeviceFrame, BoxError> {
-        let device = cx.device.device().clone();
-        let mut transfer = Transfer::new(device, TransferOptions::default());
-        let probe = frame.download(&mut transfer)?;
-        let build_schema = self.host.children()[0].schema();
-        let build =
-            MemorySourceConfig::try_new_exec(&[built.host_batches().to_vec()], build_schema, None)?;
-        let probe = MemorySourceConfig::try_new_exec(&[vec![probe.clone()]], probe.schema(), None)?;
-        let plan = replace_children_if_necessary(self.host.clone(), vec![build, probe])?;
-        let batches =
-            futures::executor::block_on(collect(plan.clone(), Arc::new(TaskContext::default())))?;
-        let joined = concat_batches(&plan.schema(), &batches)?;
-        Ok(DeviceFrame::from_batch(transfer.to_device(&joined)?))
     }
 }
 
@@ -389,11 +366,7 @@ impl DeviceOperator for HashJoinOperator {
         let built = self.built.as_ref().ok_or_else(|| {
             ComputeError::Input("a device join used before its build side".into())
         })?;
-        if built.is_unique() {
-            return Ok(RegionBatch::Device(built.probe(&frame, cx.device)?));
-        }
-        cx.host_fallback_batches.add(1);
-        Ok(RegionBatch::Device(self.on_host(built, &frame, cx)?))
+        Ok(RegionBatch::Device(built.probe(&frame, cx.device)?))
     }
 }
 

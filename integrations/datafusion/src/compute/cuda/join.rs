@@ -55,6 +55,34 @@ pub(crate) fn join(
     let plan = &built.plan;
     let n = frame.num_rows();
     let cx = context(cuda)?;
+    let (idx, hit) = probe(&cx, built, frame)?;
+    let selection = CudaArray::from_values(DataType::UInt8, hit)?;
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let selection =
+        DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
+    let selection = FrameColumn::single(selection)?;
+    if plan.kind != JoinKind::Inner || tables.payload.schema().fields().is_empty() {
+        return Ok((selection, None));
+    }
+    let gathered = gather_batch(&cx, &tables.payload, &idx, n, device)?;
+    drop(idx);
+    Ok((selection, Some(gathered)))
+}
+
+/// `join_probe` of `frame` (its keys evaluated, its selection) in `built`'s table: each
+/// row's build row (or ~0) and whether it is in the output (a match; no match for an
+/// anti join).
+fn probe(
+    cx: &Cx<'_>,
+    built: &BuiltJoin,
+    frame: &DeviceFrame,
+) -> Result<(CudaSlice<u32>, CudaSlice<u8>), BoxError> {
+    let tables = built
+        .on_device
+        .as_ref()
+        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let plan = &built.plan;
+    let n = frame.num_rows();
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
@@ -63,7 +91,7 @@ pub(crate) fn join(
     let mut valid = cx.zeros::<u8>(k * n)?;
     let mut may_fail = false;
     for (j, key) in plan.probe_keys.iter().enumerate() {
-        let lanes = eval(&cx, &key.node, frame, e)?;
+        let lanes = eval(cx, &key.node, frame, e)?;
         s.memcpy_dtod(
             &lanes.values.slice(0..n),
             &mut keys.slice_mut(j * n..(j + 1) * n),
@@ -74,14 +102,16 @@ pub(crate) fn join(
         )?;
         may_fail |= key.node.may_fail();
     }
-    let sel = selected(&cx, None, frame, e)?;
+    let sel = selected(cx, None, frame, e)?;
     let idx = cx.zeros::<u32>(n)?;
     let hit = cx.zeros::<u8>(n)?;
     let slots = tables.slots.column(0).ok_or("a join table without slots")?;
-    let (slots_at, slots_view) = at_first_row(&cx, &slots, 1, 4, "slots")?;
+    let (slots_at, slots_view) = at_first_row(cx, &slots, 1, 4, "slots")?;
     let build_keys = tables.keys.column(0).ok_or("a join table without keys")?;
-    let (keys_at, keys_view) = at_first_row(&cx, &build_keys, 1, 8, "keys")?;
-    if slots.len() as u64 != built.mask + 1 || build_keys.len() != k * built.rows {
+    let (keys_at, keys_view) = at_first_row(cx, &build_keys, 1, 8, "keys")?;
+    if slots.len() as u64 != built.mask + 1 + built.rows as u64
+        || build_keys.len() != k * built.rows
+    {
         return Err(ComputeError::Input("a join table of another size".into()).into());
     }
     cx.launch(
@@ -103,21 +133,112 @@ pub(crate) fn join(
         ],
     )?;
     // The keys' overflow, if one can overflow (one read-back).
-    if let Some(word) = pending(&cx, err, "a join key", may_fail, true)? {
+    if let Some(word) = pending(cx, err, "a join key", may_fail, true)? {
         word.check()?;
     }
     drop((slots_view, keys_view, keys, valid, sel));
-    let selection = CudaArray::from_values(DataType::UInt8, hit)?;
-    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
-    let selection =
-        DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
-    let selection = FrameColumn::single(selection)?;
-    if plan.kind != JoinKind::Inner || tables.payload.schema().fields().is_empty() {
-        return Ok((selection, None));
+    Ok((idx, hit))
+}
+
+/// What an inner join whose build keys repeat makes of a probe frame on the device.
+pub(crate) struct Expanded {
+    /// The output rows (one per matching pair).
+    pub(crate) rows: usize,
+    /// The build columns, gathered to the pairs.
+    pub(crate) build: Option<DeviceBatch>,
+    /// The probe columns at `probe_columns`, gathered to the pairs.
+    pub(crate) probe: Option<DeviceBatch>,
+}
+
+/// The inner join of `frame` with `built`'s table whose keys repeat: the pairs of
+/// matching rows (`join_probe`, `join_count`, devarrow's scan, one read-back of the
+/// pair count, `join_expand`), each side's columns gathered to them (the probe frame's
+/// `probe_columns`).
+pub(crate) fn join_expanded(
+    built: &BuiltJoin,
+    frame: &DeviceFrame,
+    probe_columns: &[usize],
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+) -> Result<Expanded, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
+    let tables = built
+        .on_device
+        .as_ref()
+        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let n = frame.num_rows();
+    let cx = context(cuda)?;
+    let s = cx.stream;
+    let (idx, hit) = probe(&cx, built, frame)?;
+    drop(hit);
+    let table = tables.slots.column(0).ok_or("a join table without slots")?;
+    let (slots_at, slots_view) = at_first_row(&cx, &table, 1, 4, "slots")?;
+    let next = slots_at + 4 * (built.mask + 1);
+    let incl = cx.zeros::<i64>(n)?;
+    cx.launch(
+        &cx.k.join_count,
+        n,
+        &[
+            A::U64(addr(&idx, s)),
+            A::U64(next),
+            A::U64(addr(&incl, s)),
+            A::U64(n as u64),
+        ],
+    )?;
+    let scan = addr(&incl, s);
+    // SAFETY: `incl` holds `n` i64s on this device, written by `join_count` on the
+    // device's stream, the stream the scan runs on (in order after it).
+    unsafe { cuda.inclusive_scan_i64(scan as *mut std::ffi::c_void, n as u64) }?;
+    let mut total = [0i64];
+    s.memcpy_dtoh(&incl.slice(n - 1..n), &mut total)?;
+    s.synchronize()?;
+    let rows = total[0].max(0) as usize;
+    if rows == 0 {
+        drop((slots_view, idx, incl));
+        return Ok(Expanded {
+            rows,
+            build: None,
+            probe: None,
+        });
     }
-    let gathered = gather(&cx, &tables.payload, &idx, n, device)?;
-    drop(idx);
-    Ok((selection, Some(gathered)))
+    let out_build = cx.zeros::<u32>(rows)?;
+    let out_probe = cx.zeros::<u32>(rows)?;
+    cx.launch(
+        &cx.k.join_expand,
+        n,
+        &[
+            A::U64(addr(&idx, s)),
+            A::U64(next),
+            A::U64(scan),
+            A::U64(n as u64),
+            A::U64(addr(&out_build, s)),
+            A::U64(addr(&out_probe, s)),
+        ],
+    )?;
+    drop((slots_view, idx, incl));
+    let build = if tables.payload.schema().fields().is_empty() {
+        None
+    } else {
+        Some(gather_batch(
+            &cx,
+            &tables.payload,
+            &out_build,
+            rows,
+            device,
+        )?)
+    };
+    let probe = if probe_columns.is_empty() {
+        None
+    } else {
+        let columns: Vec<_> = probe_columns
+            .iter()
+            .map(|&i| (frame.columns()[i].column(), frame.schema().field(i).clone()))
+            .collect();
+        Some(gather(&cx, &columns, &out_probe, rows, device)?)
+    };
+    drop((out_build, out_probe));
+    Ok(Expanded { rows, build, probe })
 }
 
 /// A gathered column's array, made once its null count is known.
@@ -126,26 +247,42 @@ type Build<'a> =
 
 /// Every column of `payload` gathered to `n` rows by `idx` (a build row, or none: zero
 /// bits), as one batch of nullable columns.
-fn gather(
+fn gather_batch(
     cx: &Cx<'_>,
     payload: &DeviceBatch,
     idx: &CudaSlice<u32>,
     n: usize,
     device: &ExecDevice,
 ) -> Result<DeviceBatch, BoxError> {
-    let s = cx.stream;
-    let at = addr(idx, s);
     let schema = payload.schema();
-    let words = n.div_ceil(32);
-    let counts = cx.zeros::<i64>(schema.fields().len())?;
-    let mut nullable = false;
-    let mut held = Vec::new();
-    let mut pending = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
     for (i, field) in schema.fields().iter().enumerate() {
-        let name = field.name();
         let c = payload
             .column(i)
             .ok_or_else(|| ComputeError::Input(format!("no build column {i}")))?;
+        columns.push((c, field.as_ref().clone()));
+    }
+    gather(cx, &columns, idx, n, device)
+}
+
+/// `columns` gathered to `n` rows by `idx` (a row of theirs, or none: zero bits), as one
+/// batch of nullable columns.
+fn gather(
+    cx: &Cx<'_>,
+    columns: &[(DeviceColumn<'_>, Field)],
+    idx: &CudaSlice<u32>,
+    n: usize,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let s = cx.stream;
+    let at = addr(idx, s);
+    let words = n.div_ceil(32);
+    let counts = cx.zeros::<i64>(columns.len())?;
+    let mut nullable = false;
+    let mut held = Vec::new();
+    let mut pending = Vec::with_capacity(columns.len());
+    for (i, (c, field)) in columns.iter().enumerate() {
+        let name = field.name();
         let dt = field.data_type().clone();
         // The validity: bit offset + row of the bitmap, gathered, its set bits counted.
         let validity = match c.cuda_validity(s)? {
@@ -183,7 +320,7 @@ fn gather(
                 Box::new(move |validity| Ok(CudaArray::from_bits(n, bits, validity)?))
             }
             DataType::Utf8View | DataType::BinaryView => {
-                let (views, view) = at_first_row(cx, &c, 1, 16, name)?;
+                let (views, view) = at_first_row(cx, c, 1, 16, name)?;
                 let out = cx.zeros::<u128>(n)?;
                 cx.launch(
                     &cx.k.gather_fixed,
@@ -228,7 +365,7 @@ fn gather(
                 let width = fixed_width(&dt).ok_or_else(|| {
                     ComputeError::Input(format!("build column `{name}` of {dt} is not gathered"))
                 })?;
-                let (values, view) = at_first_row(cx, &c, 1, u64::from(width), name)?;
+                let (values, view) = at_first_row(cx, c, 1, u64::from(width), name)?;
                 held.push(view);
                 let dt = dt.clone();
                 Box::new(move |validity| {
@@ -251,7 +388,7 @@ fn gather(
         pending.push((validity, build));
     }
     // One read-back of the valid rows' counts, where a column has a bitmap.
-    let mut read = vec![0i64; schema.fields().len()];
+    let mut read = vec![0i64; columns.len()];
     if nullable {
         s.memcpy_dtoh(&counts, &mut read)?;
         s.synchronize()?;
@@ -262,10 +399,9 @@ fn gather(
         arrays.push(build(validity.map(|bits| (bits, Some(nulls))))?);
     }
     drop((held, counts));
-    let fields: Vec<Field> = schema
-        .fields()
+    let fields: Vec<Field> = columns
         .iter()
-        .map(|f| f.as_ref().clone().with_nullable(true))
+        .map(|(_, f)| f.clone().with_nullable(true))
         .collect();
     Ok(DeviceBatch::from_cuda_arrays(
         device.device().clone(),

@@ -26,7 +26,7 @@ mod compact;
 mod join;
 
 pub(crate) use compact::compact;
-pub(crate) use join::join;
+pub(crate) use join::{join, join_expanded};
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
@@ -60,6 +60,8 @@ struct Kernels {
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_bits: CudaFunction,
+    join_count: CudaFunction,
+    join_expand: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -107,6 +109,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_bits: f("gather_bits")?,
+        join_count: f("join_count")?,
+        join_expand: f("join_expand")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
