@@ -228,3 +228,47 @@ async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
         pretty_format_batches(&want).unwrap().to_string()
     );
 }
+
+/// A join that collects its build side reads it once per query, whatever the number of
+/// partitions that probe it: its build child's `output_rows` are the build side's rows,
+/// not one copy per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collected_build_side_is_read_once_per_query() {
+    use devarrow_datafusion::region::DeviceOperatorExec;
+
+    let tables = tpch::Tables::generate(0.01, 4);
+    let ctx = tpch::device_session_on(&tables, 4, "cpu").await.unwrap();
+    // The device joins that collect their build side, and their build children.
+    let builds = |plan: &Arc<dyn ExecutionPlan>| {
+        let mut builds = Vec::new();
+        let mut stack = vec![plan.clone()];
+        while let Some(node) = stack.pop() {
+            if let Some(op) = node.downcast_ref::<DeviceOperatorExec>() {
+                if op.operator().name() == "DeviceHashJoinExec"
+                    && text(&node).contains("mode=CollectLeft")
+                {
+                    builds.push(op.host_inputs().next().unwrap().1.clone());
+                }
+            }
+            stack.extend(node.children().into_iter().cloned());
+        }
+        builds
+    };
+    // The rows of each build side, from another plan of the query (its own metrics).
+    let mut rows = Vec::new();
+    for build in builds(&tpch::plan_query(&ctx, 3).await.unwrap()) {
+        let batches = collect(build, ctx.task_ctx()).await.unwrap();
+        rows.push(batches.iter().map(|b| b.num_rows()).sum::<usize>());
+    }
+    let device_plan = tpch::plan_query(&ctx, 3).await.unwrap();
+    let read = builds(&device_plan);
+    assert_eq!(read.len(), 2, "{}", text(&device_plan));
+    collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
+    for (build, rows) in read.iter().zip(&rows) {
+        let output_rows = build
+            .metrics()
+            .and_then(|m| m.output_rows())
+            .unwrap_or_default();
+        assert_eq!(output_rows, *rows, "{}", text(build));
+    }
+}

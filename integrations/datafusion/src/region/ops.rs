@@ -336,6 +336,10 @@ impl DeviceOperator for HashJoinOperator {
         }
     }
 
+    fn shares_host_input(&self, _child: usize) -> bool {
+        self.collect_left
+    }
+
     fn bind(
         &self,
         mut host_inputs: Vec<Vec<RecordBatch>>,

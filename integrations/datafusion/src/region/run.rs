@@ -37,6 +37,7 @@ use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
 use super::coalesce::coalesce;
+use super::operator::SharedInput;
 use super::{chain, BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
 
 /// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
@@ -96,6 +97,20 @@ impl UnloadMetrics {
     }
 }
 
+/// A host child of an operator (a join's build side), read when the partition starts.
+enum HostInput {
+    /// The partition's own stream of it.
+    Stream(SendableRecordBatchStream),
+    /// Its batches, shared by the query's partitions: the first to need them reads
+    /// `partition` of `plan`, the others wait for them (on their own threads).
+    Shared {
+        batches: SharedInput,
+        plan: Arc<dyn ExecutionPlan>,
+        partition: usize,
+        context: Arc<TaskContext>,
+    },
+}
+
 /// What the load thread hands the operator thread: an uploaded batch and the bytes
 /// reserved for it.
 type Uploaded = std::result::Result<(DeviceBatch, usize), DataFusionError>;
@@ -106,8 +121,8 @@ struct Pending {
     ticket: PartitionTicket,
     child: SendableRecordBatchStream,
     ops: Vec<Arc<DeviceOperatorExec>>,
-    /// Per operator, the streams of its host children (a join's build side).
-    host_inputs: Vec<Vec<SendableRecordBatchStream>>,
+    /// Per operator, its host children (a join's build side).
+    host_inputs: Vec<Vec<HostInput>>,
     config: DevarrowConfig,
     reservation: Arc<MemoryReservation>,
     load_metrics: LoadMetrics,
@@ -138,12 +153,21 @@ pub(crate) fn execute_region(
     let child = load.input().execute(partition, context.clone())?;
     let mut host_inputs = Vec::with_capacity(ops.len());
     for op in &ops {
-        let mut streams = Vec::new();
+        let mut inputs = Vec::new();
         for (i, input) in op.host_inputs() {
             let at = op.operator().host_partition(i, partition);
-            streams.push(input.execute(at, context.clone())?);
+            inputs.push(if op.operator().shares_host_input(i) {
+                HostInput::Shared {
+                    batches: op.shared_input(i, &context),
+                    plan: input.clone(),
+                    partition: at,
+                    context: context.clone(),
+                }
+            } else {
+                HostInput::Stream(input.execute(at, context.clone())?)
+            });
         }
-        host_inputs.push(streams);
+        host_inputs.push(inputs);
     }
     let reservation = Arc::new(
         MemoryConsumer::new(format!("DeviceRegion[{partition}]@{}", pool.id()))
@@ -414,7 +438,7 @@ struct OperatorThread {
     /// The partition's place on its device, given up when the thread ends.
     _ticket: PartitionTicket,
     ops: Vec<Arc<DeviceOperatorExec>>,
-    host_inputs: Vec<Vec<SendableRecordBatchStream>>,
+    host_inputs: Vec<Vec<HostInput>>,
     runtime: Option<tokio::runtime::Handle>,
     pool: Arc<DevicePool>,
     reservation: Arc<MemoryReservation>,
@@ -446,18 +470,35 @@ impl OperatorThread {
     fn bind(&mut self) -> Result<Vec<Arc<dyn DeviceOperator>>> {
         let mut bound = Vec::with_capacity(self.ops.len());
         let host_inputs = std::mem::take(&mut self.host_inputs);
-        for (op, streams) in self.ops.iter().zip(host_inputs) {
-            if streams.is_empty() {
+        for (op, host) in self.ops.iter().zip(host_inputs) {
+            if host.is_empty() {
                 bound.push(op.operator().clone());
                 continue;
             }
-            let mut inputs = Vec::with_capacity(streams.len());
-            for stream in streams {
-                let batches = match &self.runtime {
-                    Some(runtime) => runtime.block_on(stream.try_collect::<Vec<_>>()),
-                    None => futures::executor::block_on(stream.try_collect::<Vec<_>>()),
-                }?;
-                inputs.push(batches);
+            let mut inputs = Vec::with_capacity(host.len());
+            for input in host {
+                inputs.push(match input {
+                    HostInput::Stream(stream) => self.collect(stream)?,
+                    HostInput::Shared {
+                        batches,
+                        plan,
+                        partition,
+                        context,
+                    } => {
+                        let read = batches.get_or_init(|| {
+                            // Executing a plan may spawn its tasks on the query's runtime.
+                            let _entered = self.runtime.as_ref().map(|r| r.enter());
+                            plan.execute(partition, context)
+                                .and_then(|stream| self.collect(stream))
+                                .map(Arc::new)
+                                .map_err(Arc::new)
+                        });
+                        match read {
+                            Ok(batches) => batches.as_ref().clone(),
+                            Err(e) => return Err(DataFusionError::Shared(e.clone())),
+                        }
+                    }
+                });
             }
             if self.cancel.load(Ordering::Acquire) {
                 return Ok(bound);
@@ -492,6 +533,14 @@ impl OperatorThread {
             bound.push(operator);
         }
         Ok(bound)
+    }
+
+    /// A host stream's batches, read on the query's runtime.
+    fn collect(&self, stream: SendableRecordBatchStream) -> Result<Vec<RecordBatch>> {
+        match &self.runtime {
+            Some(runtime) => runtime.block_on(stream.try_collect::<Vec<_>>()),
+            None => futures::executor::block_on(stream.try_collect::<Vec<_>>()),
+        }
     }
 
     fn drain(
