@@ -1513,8 +1513,9 @@ fn join_tables(ctx: &SessionContext) {
 /// Device hash joins against DataFusion's own: inner joins on one and two keys (build
 /// columns of every gathered kind: integers, decimals, dates, booleans, short and long
 /// strings, with nulls), after a filter (a pending selection), under a partial
-/// aggregate, semi and anti joins (null keys), build keys that repeat (one row per
-/// matching pair), an empty build side; each plan has its `DeviceHashJoinExec`.
+/// aggregate, with join filters over both sides, semi and anti joins (null keys), build
+/// keys that repeat (one row per matching pair), an empty build side; each plan has its
+/// `DeviceHashJoinExec`.
 pub async fn check_joins(device: &ExecDevice) {
     use datafusion::physical_plan::displayable;
 
@@ -1524,7 +1525,7 @@ pub async fn check_joins(device: &ExecDevice) {
     join_tables(&plain);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 13] = [
+    let cases: [&str; 16] = [
         "select f.qty, f.note, d.k, d.name, d.flag, d.price, d.day from fact f \
           join dim d on f.fk = d.k",
         "select f.qty, d.name, d.price from fact f join dim d on f.fk = d.k \
@@ -1539,6 +1540,11 @@ pub async fn check_joins(device: &ExecDevice) {
         "select f.fk, f.qty from fact f where f.qty < 5 and not exists \
              (select 1 from dim d where d.k = f.fk)",
         "select f.qty, u.tag from fact f join dup u on f.fk = u.dk",
+        "select f.qty, d.name, d.k2 from fact f join dim d \
+         on f.fk = d.k and f.qty > d.k2 * 3",
+        "select f.qty, f.note, d.name from fact f join dim d on f.fk = d.k \
+         and (d.name = 'd4' or f.note like 'a fact%' or d.flag) where f.fk2 <> 2",
+        "select f.qty, u.tag from fact f join dup u on f.fk = u.dk and u.tag < f.qty",
         "select f.qty, f.note, f.fk, u.tag from fact f join dup u on f.fk = u.dk \
           where f.qty > 4",
         "select u.tag, count(*) as n, sum(f.qty) as total from fact f \

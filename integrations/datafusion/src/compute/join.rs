@@ -43,7 +43,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt8Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::compute::{cast, concat_batches, take};
-use datafusion::common::{JoinType, NullEquality};
+use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::ExecutionPlan;
@@ -87,13 +87,16 @@ pub(crate) struct Plan {
     build_columns: Vec<usize>,
     output: Vec<Out>,
     schema: SchemaRef,
+    /// An inner join's filter: its predicate over its own schema, whose columns are these.
+    filter: Option<(DeviceExpr, SchemaRef, Vec<Out>)>,
 }
 
 impl Plan {
-    /// The probe columns the output takes, in output order, each once.
+    /// The probe columns the output (then the filter) takes, in that order, each once.
     fn probe_columns(&self) -> Vec<usize> {
         let mut columns = Vec::new();
-        for out in &self.output {
+        let filter = self.filter.iter().flat_map(|(_, _, columns)| columns);
+        for out in self.output.iter().chain(filter) {
             if let Out::Probe(i) = *out {
                 if !columns.contains(&i) {
                     columns.push(i);
@@ -131,8 +134,10 @@ impl DeviceHashJoin {
                 )))
             }
         };
-        if join.filter().is_some() {
-            return Err(Unsupported("a join filter has no device operator".into()));
+        if join.filter().is_some() && kind != JoinKind::Inner {
+            return Err(Unsupported(
+                "a semi or anti join's filter has no device operator".into(),
+            ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
             return Err(Unsupported(
@@ -184,24 +189,45 @@ impl DeviceHashJoin {
             Some(projection) => projection.iter().map(|&i| all[i]).collect(),
             None => all,
         };
-        // Build columns renumbered in the order the output takes them.
+        // Build columns renumbered in the order the output (then the filter) takes them.
         let mut build_columns = Vec::new();
-        let output = picked
-            .into_iter()
-            .map(|out| match out {
-                Out::Build(i) => {
-                    let j = build_columns
-                        .iter()
-                        .position(|&c| c == i)
-                        .unwrap_or_else(|| {
-                            build_columns.push(i);
-                            build_columns.len() - 1
-                        });
-                    Out::Build(j)
+        let mut renumber = |out: Out| match out {
+            Out::Build(i) => {
+                let j = build_columns
+                    .iter()
+                    .position(|&c| c == i)
+                    .unwrap_or_else(|| {
+                        build_columns.push(i);
+                        build_columns.len() - 1
+                    });
+                Out::Build(j)
+            }
+            probe => probe,
+        };
+        let output: Vec<Out> = picked.into_iter().map(&mut renumber).collect();
+        let filter = match join.filter() {
+            None => None,
+            Some(filter) => {
+                let predicate = DeviceExpr::compile(filter.expression(), filter.schema())?;
+                if predicate.data_type() != &DataType::Boolean {
+                    return Err(Unsupported(format!(
+                        "a join filter of type {}",
+                        predicate.data_type()
+                    )));
                 }
-                probe => probe,
-            })
-            .collect();
+                let columns = filter
+                    .column_indices()
+                    .iter()
+                    .map(|c| {
+                        renumber(match c.side {
+                            JoinSide::Left => Out::Build(c.index),
+                            _ => Out::Probe(c.index),
+                        })
+                    })
+                    .collect();
+                Some((predicate, filter.schema().clone(), columns))
+            }
+        };
         for &i in &build_columns {
             let field = left.field(i);
             if !compactable(field.data_type()) {
@@ -221,6 +247,7 @@ impl DeviceHashJoin {
                 build_columns,
                 output,
                 schema: join.schema(),
+                filter,
             }),
         })
     }
@@ -426,12 +453,12 @@ impl BuiltJoin {
         }
         if self.rows == 0 {
             // An anti join with an empty build side keeps every probe row it is given.
-            return self.output(frame, frame.selection().cloned(), None);
+            return self.output(frame, frame.selection().cloned(), None, device);
         }
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
             let (selection, gathered) = super::cuda::join(self, frame, cuda, device)?;
-            return self.output(frame, Some(selection), gathered);
+            return self.output(frame, Some(selection), gathered, device);
         }
         check_cpu(device)?;
         let (rows, hits) = self.probe_on_host(frame)?;
@@ -447,7 +474,7 @@ impl BuiltJoin {
             let indices = UInt32Array::from_iter_values(rows.iter().map(|r| r.unwrap_or(0)));
             Some(taken(&self.payload, &indices, device)?)
         };
-        self.output(frame, Some(selection), gathered)
+        self.output(frame, Some(selection), gathered, device)
     }
 
     /// Each probe row's build row (the first of its key's chain), and whether it is in
@@ -494,6 +521,7 @@ impl BuiltJoin {
                 &probe_columns,
                 expanded.build,
                 expanded.probe,
+                device,
             );
         }
         check_cpu(device)?;
@@ -537,24 +565,24 @@ impl BuiltJoin {
             let host = unselected.download(&mut transfer)?;
             Some(taken(&host, &UInt32Array::from(probe_rows), device)?)
         };
-        self.output_pairs(pairs, &probe_columns, build, probe)
+        self.output_pairs(pairs, &probe_columns, build, probe, device)
     }
 
     /// The output frame of `rows` pairs: the build columns (`build`, in the order of the
     /// plan's build columns) and the probe columns at `probe_columns` (`probe`), gathered
-    /// to the pairs; no selection.
+    /// to the pairs; the filter's selection, if the join has one.
     fn output_pairs(
         &self,
         rows: usize,
         probe_columns: &[usize],
         build: Option<DeviceBatch>,
         probe: Option<DeviceBatch>,
+        device: &ExecDevice,
     ) -> Result<DeviceFrame, BoxError> {
         let build = build.map(Arc::new);
         let probe = probe.map(Arc::new);
-        let mut columns = Vec::with_capacity(self.plan.output.len());
-        for out in &self.plan.output {
-            let (batch, at) = match *out {
+        self.finish(rows, None, device, |out| {
+            let (batch, at) = match out {
                 Out::Build(j) => (&build, j),
                 Out::Probe(i) => (
                     &probe,
@@ -567,45 +595,65 @@ impl BuiltJoin {
             let batch = batch
                 .as_ref()
                 .ok_or_else(|| ComputeError::Input("no gathered columns".into()))?;
-            columns.push(FrameColumn::new(batch.clone(), at)?);
-        }
-        Ok(DeviceFrame::try_new(
-            self.plan.schema.clone(),
-            columns,
-            rows,
-            None,
-        )?)
+            Ok(FrameColumn::new(batch.clone(), at)?)
+        })
     }
 
     /// The output frame: the probe frame's rows, `selection`, the build columns
     /// `gathered` to the probe rows (one batch, in the order of the plan's build
-    /// columns), the output columns picked.
+    /// columns), the output columns picked; and the filter, if the join has one.
     pub(crate) fn output(
         &self,
         frame: &DeviceFrame,
         selection: Option<FrameColumn>,
         gathered: Option<DeviceBatch>,
+        device: &ExecDevice,
     ) -> Result<DeviceFrame, BoxError> {
         let gathered = gathered.map(Arc::new);
-        let mut columns = Vec::with_capacity(self.plan.output.len());
-        for out in &self.plan.output {
-            columns.push(match *out {
-                Out::Probe(i) => frame
-                    .column(i)
-                    .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
-                    .clone(),
-                Out::Build(j) => {
-                    let batch = gathered
-                        .as_ref()
-                        .ok_or_else(|| ComputeError::Input("no gathered build columns".into()))?;
-                    FrameColumn::new(batch.clone(), j)?
-                }
-            });
-        }
+        self.finish(frame.num_rows(), selection, device, |out| match out {
+            Out::Probe(i) => Ok(frame
+                .column(i)
+                .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
+                .clone()),
+            Out::Build(j) => {
+                let batch = gathered
+                    .as_ref()
+                    .ok_or_else(|| ComputeError::Input("no gathered build columns".into()))?;
+                Ok(FrameColumn::new(batch.clone(), j)?)
+            }
+        })
+    }
+
+    /// The output frame of `rows` rows whose columns `column` finds, with `selection`
+    /// and-ed with the join filter's, if the join has one.
+    fn finish(
+        &self,
+        rows: usize,
+        selection: Option<FrameColumn>,
+        device: &ExecDevice,
+        column: impl Fn(Out) -> Result<FrameColumn, BoxError>,
+    ) -> Result<DeviceFrame, BoxError> {
+        let selection = match &self.plan.filter {
+            None => selection,
+            Some((predicate, schema, columns)) => {
+                let columns = columns
+                    .iter()
+                    .map(|&c| column(c))
+                    .collect::<Result<_, _>>()?;
+                let intermediate = DeviceFrame::try_new(schema.clone(), columns, rows, selection)?;
+                Some(super::select(predicate, &intermediate, device)?)
+            }
+        };
+        let columns = self
+            .plan
+            .output
+            .iter()
+            .map(|&c| column(c))
+            .collect::<Result<_, _>>()?;
         Ok(DeviceFrame::try_new(
             self.plan.schema.clone(),
             columns,
-            frame.num_rows(),
+            rows,
             selection,
         )?)
     }

@@ -296,6 +296,9 @@ impl HashJoinOperator {
             join.join_type(),
             on.join(", ")
         );
+        if let Some(filter) = join.filter() {
+            description.push_str(&format!(", filter={}", filter.expression()));
+        }
         if let Some(projection) = &join.projection {
             let schema = join.schema();
             let names: Vec<String> = projection
