@@ -110,7 +110,7 @@ async fn check(
 fn usage(why: &str) -> ExitCode {
     eprintln!(
         "{why}\nusage: tpch_device [auto|cpu|cuda:N|cuda:0,1] [SCALE] [PARTITIONS] \
-         [q1,q6,...|all]"
+         [q1,q6,...|all] [SET devarrow.<option> = <value>; ...]"
     );
     ExitCode::from(2)
 }
@@ -164,6 +164,20 @@ async fn main() -> ExitCode {
         Ok(ctx) => ctx,
         Err(e) => return usage(&format!("the device session: {e}")),
     };
+    // Session options, as SQL: `"SET devarrow.always_place_joins = true"`.
+    for set in args.get(4).into_iter().flat_map(|s| s.split(';')) {
+        if set.trim().is_empty() {
+            continue;
+        }
+        let applied = match device.sql(set).await {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = applied {
+            return usage(&format!("`{set}`: {e}"));
+        }
+        println!("{}", set.trim());
+    }
 
     let mut failed = Vec::new();
     for q in queries {

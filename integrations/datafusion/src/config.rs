@@ -57,6 +57,12 @@ extensions_options! {
     pub struct DevarrowConfig {
         /// Whether the `DevicePlacement` rule moves plan nodes onto devices.
         pub enabled: bool, default = true
+        /// Whether every join the device can run goes on the device. When false (the
+        /// default), a join at the top of a region goes back to the host where it would
+        /// move more bytes across the link than the host join: where the region would
+        /// be only its input uploaded for it, or its output rows are wider than its
+        /// input's (`EXPLAIN` says so).
+        pub always_place_joins: bool, default = false
         /// The devices partitions run on, in devarrow's grammar (`auto`, `cpu`,
         /// `cuda:N`, `cuda:N,M,...`, `cuda:all`; `cuda:0,cuda:1` is read as `cuda:0,1`).
         /// Read when a partition starts, where it runs (a Ballista executor reads it

@@ -212,6 +212,95 @@ impl DevicePlacementRule {
     }
 }
 
+/// The second pass of the rule: the operators that may not end a region
+/// (`DeviceOperator::may_end_a_region`: a join) at the top of one (looking through ones
+/// that only pick columns) go back to the host, under a `HostOnlyExec` saying why, where
+/// they would move more bytes across the link than the host version moves:
+///
+/// - the region starts with them (their device input is the load): it would upload
+///   their input only to bring back their output, where the host moves nothing;
+/// - their output rows are wider than their input's ([`row_bytes`]): an inner join with
+///   unique build keys keeps or drops probe rows, never adds any, so a region that ends
+///   in one brings back no more bytes than it would without it where its rows are not
+///   wider (a selective join, TPC-H Q3's customer-orders join, brings back fewer).
+///
+/// A region left with no operator is no region. `devarrow.always_place_joins` turns this
+/// pass off.
+fn retract(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    if let Some(host_only) = node.downcast_ref::<HostOnlyExec>() {
+        // A node retracted on an earlier run of the rule, retracted again.
+        if host_only.input().downcast_ref::<HostOnlyExec>().is_some() {
+            return Ok(Transformed::yes(host_only.input().clone()));
+        }
+    }
+    let Some(unload) = node.downcast_ref::<DeviceUnloadExec>() else {
+        return Ok(Transformed::no(node));
+    };
+    // From the top down: the operators that only pick columns or may not end a region;
+    // those down to the last that may not end it go back to the host.
+    let mut given_back: Vec<(Arc<dyn ExecutionPlan>, DeviceOperatorExec)> = Vec::new();
+    let mut top = unload.input().clone();
+    while let Some(op) = top.downcast_ref::<DeviceOperatorExec>() {
+        if !op.operator().only_picks() && op.operator().may_end_a_region() {
+            break;
+        }
+        let (op, next) = (op.clone(), op.input().clone());
+        given_back.push((top, op));
+        top = next;
+    }
+    while given_back
+        .last()
+        .is_some_and(|(_, op)| op.operator().may_end_a_region())
+    {
+        given_back.pop();
+    }
+    let Some((_, deepest)) = given_back.last() else {
+        return Ok(Transformed::no(node));
+    };
+    let below = deepest.input().clone();
+    if below.downcast_ref::<DeviceLoadExec>().is_none()
+        && row_bytes(&unload.schema()) <= row_bytes(&below.schema())
+    {
+        return Ok(Transformed::no(node));
+    }
+    // The region now ends below them; each goes back to the host over its children.
+    let mut current: Arc<dyn ExecutionPlan> = match below.downcast_ref::<DeviceLoadExec>() {
+        Some(load) => load.input().clone(),
+        None => Arc::new(DeviceUnloadExec::try_new(below)?),
+    };
+    for (node, op) in given_back.iter().rev() {
+        let mut children: Vec<Arc<dyn ExecutionPlan>> =
+            op.children().into_iter().cloned().collect();
+        children[op.operator().device_child()] = current;
+        let host = replace_children_if_necessary(host_twin(node), children)?;
+        current = if op.operator().may_end_a_region() {
+            host
+        } else {
+            Arc::new(HostOnlyExec::new(
+                host,
+                "its output would go straight back to the host, wider than its input (or \
+                 its input uploaded for it alone): more bytes over the link than the host \
+                 join moves",
+            ))
+        };
+    }
+    Ok(Transformed::yes(current))
+}
+
+/// An estimate of the bytes a row of `schema` moves across the link: fixed-width
+/// values at their width, booleans as a byte, strings and binaries as 32 (a view and
+/// some bytes), anything else as 32.
+fn row_bytes(schema: &SchemaRef) -> usize {
+    schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            arrow_schema::DataType::Boolean => 1,
+            dt => crate::compute::fixed_width(dt).map_or(32, |w| w as usize),
+        })
+        .sum()
+}
+
 /// A projection that only picks columns, over a region it can join (zero-copy: the
 /// columns it drops are not downloaded).
 fn picking_above_a_region(
@@ -241,14 +330,15 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let enabled = config
-            .extensions
-            .get::<DevarrowConfig>()
-            .is_none_or(|c| c.enabled);
-        if !enabled {
+        let options = config.extensions.get::<DevarrowConfig>();
+        if !options.is_none_or(|c| c.enabled) {
             return Ok(plan);
         }
-        plan.transform_up(|node| self.place(node)).map(|t| t.data)
+        let placed = plan.transform_up(|node| self.place(node))?.data;
+        if options.is_some_and(|c| c.always_place_joins) {
+            return Ok(placed);
+        }
+        placed.transform_up(retract).map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -1380,11 +1380,22 @@ fn session_limited(
     partitions: usize,
     memory_limit: Option<usize>,
 ) -> SessionContext {
-    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+    let pool = devarrow_datafusion::config::DevicePool::new(device.clone(), 2).unwrap();
+    session_with_pool(Arc::new(pool), partitions, memory_limit)
+}
+
+/// A session whose device operators run on `pool`, DataFusion's rules followed by
+/// devarrow's placement rule, `partitions` target partitions, a memory pool of
+/// `memory_limit` bytes if given.
+pub fn session_with_pool(
+    pool: Arc<devarrow_datafusion::config::DevicePool>,
+    partitions: usize,
+    memory_limit: Option<usize>,
+) -> SessionContext {
+    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement};
     use devarrow_datafusion::rule::DeviceOperatorRegistry;
     use devarrow_datafusion::DevicePlacementRule;
 
-    let pool = Arc::new(DevicePool::new(device.clone(), 2).unwrap());
     let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
         .with_placement(DevicePlacement::Pools(vec![pool]));
     let config = SessionConfig::new()
@@ -1401,8 +1412,7 @@ fn session_limited(
             .unwrap();
         builder = builder.with_runtime_env(runtime);
     }
-    let state = builder.build();
-    SessionContext::new_with_state(state)
+    SessionContext::new_with_state(builder.build())
 }
 
 /// The tables of the join checks: `dim` (the small side: unique keys `k` and `k2`, one
@@ -1520,6 +1530,14 @@ pub async fn check_joins(device: &ExecDevice) {
     use datafusion::physical_plan::displayable;
 
     let ctx = session_on(device, 2);
+    // Every join on the device, whatever the bytes it moves (the joins of these tables'
+    // scans would otherwise go back to the host: see `join_placement_counts_the_bytes`).
+    ctx.sql("set devarrow.always_place_joins = true")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     join_tables(&ctx);
     join_tables(&plain);
@@ -1612,12 +1630,12 @@ pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> us
     }
     // The build side must be the big table for its table to be refused (the small one
     // the probe side, in the region): DataFusion keeps the join's sides as written.
-    ctx.sql("set datafusion.optimizer.join_reordering = false")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    for set in [
+        "set datafusion.optimizer.join_reordering = false",
+        "set devarrow.always_place_joins = true",
+    ] {
+        ctx.sql(set).await.unwrap().collect().await.unwrap();
+    }
     let sql = "select s.fk, b.v from big b join small s on s.fk = b.k";
     let plan = ctx
         .sql(sql)

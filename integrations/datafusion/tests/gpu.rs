@@ -371,11 +371,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
 #[test]
 fn q1_and_q6_regions_on_cuda_are_datafusions() {
     use datafusion::arrow::util::pretty::pretty_format_batches;
-    use datafusion::execution::session_state::SessionStateBuilder;
-    use datafusion::prelude::{SessionConfig, SessionContext};
-    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
-    use devarrow_datafusion::rule::DeviceOperatorRegistry;
-    use devarrow_datafusion::DevicePlacementRule;
+    use devarrow_datafusion::config::DevicePool;
 
     let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
         return;
@@ -384,18 +380,8 @@ fn q1_and_q6_regions_on_cuda_are_datafusions() {
     let check = DeviceMemoryCheck::start(cuda.primary_context());
     runtime().block_on(async {
         let pool = Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), 2).unwrap());
-        let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
-            .with_placement(DevicePlacement::Pools(vec![pool]));
         let data = lineitem(SCALE, 2, 4096);
-        let config = SessionConfig::new()
-            .with_target_partitions(2)
-            .with_option_extension(DevarrowConfig::default());
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(rule))
-            .build();
-        let ctx = SessionContext::new_with_state(state);
+        let ctx = compute_checks::session_with_pool(pool, 2, None);
         register_lineitem(&ctx, data.clone());
         let plain = session(data);
         for q in [1, 6] {
@@ -450,17 +436,17 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 ///   download into pinned memory), best of 3, beside one pinned copy of the same bytes
 ///   each way (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from the device's reserved
 ///   pinned memory): the issue's goal is the round trip at 0.85x or more of the pinned
-///   copies' round trip.
+///   copies' round trip;
+/// - TPC-H Q3, Q5, Q9 and Q10 with their device joins at `DEVARROW_TPCH_JOIN_SCALE`
+///   (default SF 0.1; 0.01 on the emulated driver), checked against DataFusion, then
+///   DataFusion alone and with the rule, best of 2 each, and the bytes they moved.
 #[test]
 fn tpch_regions_on_cuda_figures() {
-    use datafusion::execution::session_state::SessionStateBuilder;
     use datafusion::physical_plan::execute_stream;
-    use datafusion::prelude::{SessionConfig, SessionContext};
+    use datafusion::prelude::SessionContext;
     use devarrow::abi::device::Device;
-    use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement, DevicePool};
+    use devarrow_datafusion::config::{DevicePlacement, DevicePool};
     use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
-    use devarrow_datafusion::rule::DeviceOperatorRegistry;
-    use devarrow_datafusion::DevicePlacementRule;
     use devarrow_testing::gpu::EmulatedDriver;
 
     let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
@@ -478,17 +464,7 @@ fn tpch_regions_on_cuda_figures() {
     let pool = Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), 4).unwrap());
     let data = lineitem(scale, partitions, 8192);
     let plain = session(data.clone());
-    let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
-        .with_placement(DevicePlacement::Pools(vec![pool.clone()]));
-    let config = SessionConfig::new()
-        .with_target_partitions(partitions)
-        .with_option_extension(DevarrowConfig::default());
-    let state = SessionStateBuilder::new()
-        .with_config(config)
-        .with_default_features()
-        .with_physical_optimizer_rule(Arc::new(rule))
-        .build();
-    let ctx = SessionContext::new_with_state(state);
+    let ctx = compute_checks::session_with_pool(pool.clone(), partitions, None);
     register_lineitem(&ctx, data);
     let plan_of = |ctx: &SessionContext, sql: &str| -> Arc<dyn ExecutionPlan> {
         rt.block_on(async { ctx.sql(sql).await?.create_physical_plan().await })
@@ -624,6 +600,49 @@ fn tpch_regions_on_cuda_figures() {
         (h2d + d2h) * 1e3,
         (h2d + d2h) / round_trip
     );
+
+    // Device joins: TPC-H queries whose joins run in regions (the fact table filtered,
+    // joined and partially aggregated on the device), at a smaller scale (the whole
+    // TPC-H schema is generated), DataFusion alone and with the rule, best of 2 each.
+    let join_scale: f64 = std::env::var("DEVARROW_TPCH_JOIN_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if emulated { 0.01 } else { 0.1 });
+    let tables = tpch::Tables::generate(join_scale, partitions);
+    let joins_plain = tpch::host_session(&tables, partitions).unwrap();
+    let joins_ctx = compute_checks::session_with_pool(pool.clone(), partitions, None);
+    tables.register(&joins_ctx).unwrap();
+    for q in [3, 5, 9, 10] {
+        let sql = tpch::query(q);
+        let want = drain(plan_of(&joins_plain, sql), &joins_plain);
+        let first = plan_of(&joins_ctx, sql);
+        let got = drain(first.clone(), &joins_ctx);
+        tpch::compare_results(&got, &want).unwrap_or_else(|e| panic!("Q{q} with joins: {e}"));
+        let joins = datafusion::physical_plan::displayable(first.as_ref())
+            .indent(false)
+            .to_string()
+            .matches("DeviceHashJoinExec")
+            .count();
+        let metric = |name: &str, node: &str| tpch::metric_sum(&first, node, name);
+        let host = best_of(2, || {
+            drain(plan_of(&joins_plain, sql), &joins_plain);
+        });
+        let mut plans: Vec<_> = (0..2).map(|_| plan_of(&joins_ctx, sql)).collect();
+        let device = best_of(2, || {
+            drain(plans.pop().unwrap(), &joins_ctx);
+        });
+        println!(
+            "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
+             with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up, {:.1} MiB down",
+            host * 1e3,
+            device * 1e3,
+            host / device,
+            metric("bytes_to_device", "DeviceLoadExec") as f64 / (1 << 20) as f64,
+            metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
+        );
+    }
+    drop((joins_ctx, joins_plain, tables));
+
     drop((ctx, plain, pool));
     no_leak_once_released(&check, "the figures' regions on CUDA");
 }

@@ -272,3 +272,44 @@ async fn a_collected_build_side_is_read_once_per_query() {
         assert_eq!(output_rows, *rows, "{}", text(build));
     }
 }
+
+/// Where a join would only add bytes on the link, the rule leaves it on the host and
+/// says why: here the join's output (orders' strings added to lineitem's rows) goes
+/// straight back to the host. `devarrow.always_place_joins` puts it on the device
+/// anyway, with the same results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_would_add_link_bytes_stays_on_the_host_saying_why() {
+    let tables = tpch::Tables::generate(0.01, 2);
+    let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
+    let sql = "select l_orderkey, o_orderdate, o_clerk, o_comment from lineitem \
+               join orders on l_orderkey = o_orderkey where l_quantity > 45";
+    let want = tpch::host_session(&tables, 2)
+        .unwrap()
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    for always in [false, true] {
+        ctx.sql(&format!("set devarrow.always_place_joins = {always}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let device_plan = plan(&ctx, sql).await;
+        let shown = text(&device_plan);
+        if always {
+            assert!(shown.contains("DeviceHashJoinExec"), "{shown}");
+        } else {
+            assert!(!shown.contains("DeviceHashJoinExec"), "{shown}");
+            assert!(
+                shown.contains("HostOnlyExec: HashJoinExec stays on the host: its output would go straight back to the host"),
+                "{shown}"
+            );
+        }
+        let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
+        tpch::compare_results(&got, &want).unwrap();
+    }
+}

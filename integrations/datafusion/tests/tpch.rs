@@ -96,6 +96,12 @@ async fn check_query(q: usize) -> Placement {
         .await
         .unwrap_or_else(|e| panic!("Q{q}'s plan with the rule: {e}"));
     let placement = Placement::of(&plan);
+    if std::env::var_os("DEVARROW_TPCH_SHOW_PLANS").is_some() {
+        println!(
+            "Q{q} with the rule:\n{}",
+            displayable(plan.as_ref()).indent(true)
+        );
+    }
     let got = collect(plan.clone(), device.task_ctx())
         .await
         .unwrap_or_else(|e| {
@@ -111,12 +117,32 @@ async fn check_query(q: usize) -> Placement {
             displayable(plan.as_ref()).indent(true)
         )
     });
-    let joined_on_host = tpch::metric_sum(&plan, "DeviceHashJoinExec", "host_fallback_batches");
     println!(
-        "Q{q:02} (SF {}, {partitions} partitions): {rows} rows, equal; device join frames \
-         joined on the host (duplicate build keys): {joined_on_host}; placement: {placement}",
+        "Q{q:02} (SF {}, {partitions} partitions): {rows} rows, equal; placement: {placement}",
         tables.scale
     );
+
+    // Every join the device can run on the device (not only those that save link
+    // bytes): the same rows.
+    let set = |on: bool| {
+        let device = device.clone();
+        async move {
+            let sql = format!("SET devarrow.always_place_joins = {on}");
+            device.sql(&sql).await.unwrap().collect().await.unwrap();
+        }
+    };
+    set(true).await;
+    let every_join = plan_query(&device, q).await.unwrap();
+    let got = collect(every_join.clone(), device.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("Q{q} with every join on the device: {e}"));
+    compare_results(&got, &want).unwrap_or_else(|diff| {
+        panic!(
+            "Q{q} with every join on the device: not DataFusion's results: {diff}\nplan:\n{}",
+            displayable(every_join.as_ref()).indent(true)
+        )
+    });
+    set(false).await;
 
     let mut missed = Vec::new();
     unplaced(&plan, false, &mut missed);

@@ -78,6 +78,21 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether it is worth running on the device as the region's last operator, its
+    /// output going straight back to the host. A join is not: its output is its probe
+    /// rows widened by build columns, and uploading its inputs only to bring that back
+    /// moves more bytes than the host join moves none; the rule leaves such a join on
+    /// the host (a join stays on the device where a device operator takes its output).
+    fn may_end_a_region(&self) -> bool {
+        true
+    }
+
+    /// Whether it only picks (and renames) input columns: the rule looks through it for
+    /// the operator below when it decides where a region ends.
+    fn only_picks(&self) -> bool {
+        false
+    }
+
     /// Which child of the host node it replaces runs on the device (the chain goes
     /// through it); its other children stay host plans that the operator reads whole
     /// per partition ([`DeviceOperator::bind`]), as a join reads its build side. 0 for a

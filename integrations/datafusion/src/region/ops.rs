@@ -138,6 +138,12 @@ impl DeviceOperator for ProjectionOperator {
         "DeviceProjectionExec"
     }
 
+    fn only_picks(&self) -> bool {
+        self.columns
+            .iter()
+            .all(|c| matches!(c, Projected::Input(_)))
+    }
+
     fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "expr=[")?;
         for (i, (expr, alias)) in self.exprs.iter().enumerate() {
@@ -329,6 +335,10 @@ impl DeviceOperator for HashJoinOperator {
 
     fn device_child(&self) -> usize {
         1
+    }
+
+    fn may_end_a_region(&self) -> bool {
+        false
     }
 
     fn host_partition(&self, _child: usize, partition: usize) -> usize {

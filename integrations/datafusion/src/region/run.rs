@@ -53,6 +53,23 @@ pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
+/// Grows a partition's `reservation` by `bytes`, or the partition's typed memory error.
+fn reserve(
+    reservation: &MemoryReservation,
+    bytes: usize,
+    partition: usize,
+    pool: &DevicePool,
+) -> Result<()> {
+    reservation.try_grow(bytes).map_err(|e| {
+        DataFusionError::External(Box::new(DeviceExecError::Memory {
+            partition,
+            device: pool.id().to_string(),
+            bytes,
+            reason: e.to_string(),
+        }))
+    })
+}
+
 /// The load's metrics of one partition.
 #[derive(Clone)]
 struct LoadMetrics {
@@ -400,14 +417,7 @@ impl LoadThread {
                 batch
             };
             let bytes = std::mem::take(&mut gathered_bytes);
-            self.reservation.try_grow(bytes).map_err(|e| {
-                DataFusionError::External(Box::new(DeviceExecError::Memory {
-                    partition: self.partition,
-                    device: self.pool.id().to_string(),
-                    bytes,
-                    reason: e.to_string(),
-                }))
-            })?;
+            reserve(&self.reservation, bytes, self.partition, &self.pool)?;
             // A slot for this upload only: none is held while the child is read.
             let lease = self.pool.lease_blocking();
             let uploaded = lease.upload().to_device(&batch);
@@ -522,14 +532,7 @@ impl OperatorThread {
                 })?
                 .unwrap_or_else(|| op.operator().clone());
             let bytes = operator.bound_bytes();
-            self.reservation.try_grow(bytes).map_err(|e| {
-                DataFusionError::External(Box::new(DeviceExecError::Memory {
-                    partition: self.partition,
-                    device: self.pool.id().to_string(),
-                    bytes,
-                    reason: e.to_string(),
-                }))
-            })?;
+            reserve(&self.reservation, bytes, self.partition, &self.pool)?;
             bound.push(operator);
         }
         Ok(bound)
@@ -610,14 +613,7 @@ impl OperatorThread {
             return Ok(());
         }
         let more = live - *held;
-        self.reservation.try_grow(more).map_err(|e| {
-            DataFusionError::External(Box::new(DeviceExecError::Memory {
-                partition: self.partition,
-                device: self.pool.id().to_string(),
-                bytes: more,
-                reason: e.to_string(),
-            }))
-        })?;
+        reserve(&self.reservation, more, self.partition, &self.pool)?;
         *held = live;
         Ok(())
     }

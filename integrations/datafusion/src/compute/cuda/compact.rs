@@ -328,11 +328,29 @@ fn compact_bits(
     n: usize,
     count: u64,
 ) -> Result<(), BoxError> {
+    launch_bits(cx, &cx.k.compact_bits, scan, bits, offset, out, n, count)
+}
+
+/// A kernel that writes a bitmap of `n` rows as whole u32 words, one thread per word
+/// (`compact_bits` of rows kept by the scan at `rows`, `gather_bits` of the rows at
+/// `rows`), from the bitmap at `bits` (bit `offset` for row 0) into `out`, adding its set
+/// bits to the i64 at `count` (0: not counted).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_bits(
+    cx: &Cx<'_>,
+    kernel: &devarrow::cuda::cudarc::driver::CudaFunction,
+    rows: u64,
+    bits: u64,
+    offset: u64,
+    out: &CudaSlice<u8>,
+    n: usize,
+    count: u64,
+) -> Result<(), BoxError> {
     cx.launch(
-        &cx.k.compact_bits,
+        kernel,
         n.div_ceil(32),
         &[
-            A::U64(scan),
+            A::U64(rows),
             A::U64(bits),
             A::U64(offset),
             A::U64(addr(out, cx.stream)),

@@ -10,9 +10,9 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::CudaSlice;
 use devarrow::cuda::{CudaArray, CudaDevice};
 
-use super::compact::fixed_array;
+use super::compact::{fixed_array, launch_bits};
 use super::{addr, aligned, context, eval, pending, selected, Cx, A};
-use crate::compute::join::{BuiltJoin, JoinKind};
+use crate::compute::join::{BuiltJoin, DeviceTables, JoinKind};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -40,6 +40,14 @@ fn at_first_row<'a>(
     Ok((start, view))
 }
 
+/// `built`'s table on the device.
+fn tables(built: &BuiltJoin) -> Result<&DeviceTables, BoxError> {
+    Ok(built
+        .on_device
+        .as_ref()
+        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?)
+}
+
 /// The join of `frame` with `built`'s table on the device: the output's selection
 /// (`UInt8`) and, for an inner join, the build columns gathered to the probe rows.
 pub(crate) fn join(
@@ -48,10 +56,7 @@ pub(crate) fn join(
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
 ) -> Result<(FrameColumn, Option<DeviceBatch>), BoxError> {
-    let tables = built
-        .on_device
-        .as_ref()
-        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let tables = tables(built)?;
     let plan = &built.plan;
     let n = frame.num_rows();
     let cx = context(cuda)?;
@@ -77,10 +82,7 @@ fn probe(
     built: &BuiltJoin,
     frame: &DeviceFrame,
 ) -> Result<(CudaSlice<u32>, CudaSlice<u8>), BoxError> {
-    let tables = built
-        .on_device
-        .as_ref()
-        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let tables = tables(built)?;
     let plan = &built.plan;
     let n = frame.num_rows();
     let s = cx.stream;
@@ -163,10 +165,7 @@ pub(crate) fn join_expanded(
 ) -> Result<Expanded, BoxError> {
     use devarrow::abi::device::DeviceKernels;
 
-    let tables = built
-        .on_device
-        .as_ref()
-        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+    let tables = tables(built)?;
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let s = cx.stream;
@@ -421,16 +420,5 @@ fn gather_bits(
     n: usize,
     count: u64,
 ) -> Result<(), BoxError> {
-    cx.launch(
-        &cx.k.gather_bits,
-        n.div_ceil(32),
-        &[
-            A::U64(idx),
-            A::U64(bits),
-            A::U64(offset),
-            A::U64(addr(out, cx.stream)),
-            A::U64(n as u64),
-            A::U64(count),
-        ],
-    )
+    launch_bits(cx, &cx.k.gather_bits, idx, bits, offset, out, n, count)
 }
