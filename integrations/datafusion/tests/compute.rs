@@ -1392,12 +1392,21 @@ pub fn session_with_pool(
     partitions: usize,
     memory_limit: Option<usize>,
 ) -> SessionContext {
+    session_with_pools(vec![pool], partitions, memory_limit)
+}
+
+/// [`session_with_pool`] over several devices' pools (partitions spread over them).
+pub fn session_with_pools(
+    pools: Vec<Arc<devarrow_datafusion::config::DevicePool>>,
+    partitions: usize,
+    memory_limit: Option<usize>,
+) -> SessionContext {
     use devarrow_datafusion::config::{DevarrowConfig, DevicePlacement};
     use devarrow_datafusion::rule::DeviceOperatorRegistry;
     use devarrow_datafusion::DevicePlacementRule;
 
     let rule = DevicePlacementRule::new(DeviceOperatorRegistry::default())
-        .with_placement(DevicePlacement::Pools(vec![pool]));
+        .with_placement(DevicePlacement::Pools(pools));
     let config = SessionConfig::new()
         .with_target_partitions(partitions)
         .with_option_extension(DevarrowConfig::default());

@@ -251,6 +251,66 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
     no_leak_once_released(&check1, "a region's partitions on cuda:1");
 }
 
+/// TPC-H Q3, Q5 and Q10 with every join on the device, over two devices: each partition
+/// builds and uploads its join tables on its own device (a collected build side read
+/// once for both), the results DataFusion's, both devices used, no device memory left on
+/// either.
+#[test]
+fn device_joins_over_two_devices_are_datafusions() {
+    use devarrow_datafusion::config::DevicePool;
+
+    let Some((_lock, first)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let devices = device_count().unwrap_or(0);
+    if devices < 2 {
+        println!("skipping: {devices} CUDA device(s), the test needs 2");
+        return;
+    }
+    let first = Arc::new(first);
+    let second = Arc::new(CudaDevice::open(1).unwrap());
+    let check0 = DeviceMemoryCheck::start(first.primary_context());
+    let check1 = DeviceMemoryCheck::start(second.primary_context());
+    runtime().block_on(async {
+        let pools = vec![
+            Arc::new(DevicePool::new(ExecDevice::from_cuda(first.clone()), 2).unwrap()),
+            Arc::new(DevicePool::new(ExecDevice::from_cuda(second.clone()), 2).unwrap()),
+        ];
+        let tables = tpch::Tables::generate(SCALE, 4);
+        let ctx = compute_checks::session_with_pools(pools.clone(), 4, None);
+        tables.register(&ctx).unwrap();
+        ctx.sql("SET devarrow.always_place_joins = true")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let plain = tpch::host_session(&tables, 4).unwrap();
+        for q in [3, 5, 10] {
+            let sql = tpch::query(q);
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(false)
+                .to_string();
+            assert!(shown.contains("DeviceHashJoinExec"), "Q{q}:\n{shown}");
+            let got = collect(plan, ctx.task_ctx()).await.unwrap();
+            let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+            tpch::compare_results(&got, &want).unwrap_or_else(|e| panic!("Q{q}: {e}"));
+        }
+        for pool in &pools {
+            assert!(pool.placed() > 0, "{} ran no partition", pool.id());
+        }
+    });
+    no_leak_once_released(&check0, "device joins on cuda:0");
+    no_leak_once_released(&check1, "device joins on cuda:1");
+}
+
 /// `devarrow.devices = auto` (the default) read where the partitions run: every CUDA
 /// device of this machine, each partition on the device running fewest, as a Ballista
 /// executor with several GPUs reads it (`examples/ballista_regions.rs` runs the same on
