@@ -4,10 +4,12 @@
 //!
 //! 1. **A session whose plans run on devices**: [`device_session`] adds devarrow's
 //!    options ([`DevarrowConfig`], `SET devarrow.devices = 'cuda:0,1'`) and the
-//!    [`DevicePlacementRule`], which moves filters, projections and partial aggregates
-//!    into device regions: a [`DeviceLoadExec`], device operators
+//!    [`DevicePlacementRule`], which moves filters, projections, partial aggregates and
+//!    hash joins into device regions: a [`DeviceLoadExec`], device operators
 //!    ([`DeviceOperatorExec`]) handing each other device data ([`DeviceFrame`]), and a
-//!    [`DeviceUnloadExec`]. What stays on the host says why ([`HostOnlyExec`]).
+//!    [`DeviceUnloadExec`]. A join's build side is a host child of its device operator;
+//!    its probe side runs on in the region. What stays on the host says why
+//!    ([`HostOnlyExec`]).
 //! 2. **Devices are chosen when a partition runs** ([`config`]): the plan names none.
 //! 3. **A step of your own** on every batch: [`DeviceExec`] with a [`DeviceStep`].
 //! 4. **Plans on the wire** (Ballista): [`DeviceExecCodec`].
