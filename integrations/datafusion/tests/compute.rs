@@ -1680,3 +1680,156 @@ async fn a_refused_join_table_is_a_typed_error_and_leaks_nothing() {
         check_join_reservation(&device, || cpu.memory_pool_stats().in_use_bytes).await;
     }
 }
+
+/// Random joins against DataFusion's: tables of random sizes (empty ones among them),
+/// keys drawn from small ranges (so they repeat on both sides, or not at all) with
+/// nulls, one or two keys, several batches, payloads of every gathered kind (long and
+/// short strings in several view blocks, booleans, decimals, with nulls), inner, semi and
+/// anti joins, with and without a filter before the join and a join filter; every join
+/// on the device.
+pub async fn check_random_joins(device: &ExecDevice) {
+    use arrow_array::builder::StringViewBuilder;
+
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below.max(1)
+    };
+    for round in 0..24 {
+        let ctx = session_on(device, 2);
+        ctx.sql("set devarrow.always_place_joins = true")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        let key_range = 1 + next(40) as i32;
+        let unique = round % 3 == 0;
+        // The build side's rows (a key per row when `unique`), in one or two batches.
+        let build_rows = if round % 7 == 3 { 0 } else { next(120) as i32 };
+        let batch = |rows: i32, first: i32, nullable: bool, next: &mut dyn FnMut(u64) -> u64| {
+            let mut names = StringViewBuilder::new().with_fixed_block_size(64);
+            for r in 0..rows {
+                match next(9) {
+                    0 if nullable => names.append_null(),
+                    1..=3 => names.append_value(format!("a value longer than twelve {r}")),
+                    _ => names.append_value(format!("v{}", r % 7)),
+                }
+            }
+            let keys: Vec<Option<i32>> = (0..rows)
+                .map(|r| {
+                    if nullable && next(11) == 0 {
+                        None
+                    } else if unique {
+                        Some(first + r)
+                    } else {
+                        Some(next(key_range as u64) as i32)
+                    }
+                })
+                .collect();
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![
+                    Field::new("k", DataType::Int32, true),
+                    Field::new("k2", DataType::Int64, false),
+                    Field::new("name", DataType::Utf8View, true),
+                    Field::new("flag", DataType::Boolean, true),
+                    Field::new("price", DataType::Decimal128(12, 2), true),
+                ])),
+                vec![
+                    Arc::new(Int32Array::from(keys)) as ArrayRef,
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..rows).map(|_| next(3) as i64),
+                    )),
+                    Arc::new(names.finish()),
+                    Arc::new(BooleanArray::from_iter(
+                        (0..rows).map(|_| (next(5) != 0).then(|| next(2) == 0)),
+                    )),
+                    Arc::new(
+                        Decimal128Array::from_iter(
+                            (0..rows).map(|_| (next(6) != 0).then(|| next(100_000) as i128 - 500)),
+                        )
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                    ),
+                ],
+            )
+            .unwrap()
+        };
+        let half = build_rows / 2;
+        let build = vec![
+            batch(half, 0, true, &mut next),
+            batch(build_rows - half, half, true, &mut next),
+        ];
+        let probe_batches: Vec<Vec<RecordBatch>> = (0..2)
+            .map(|_| {
+                (0..2)
+                    .map(|_| {
+                        let rows = next(400) as i32;
+                        let b = batch(rows, 0, round % 2 == 0, &mut next);
+                        // Probe keys over the whole range (some match nothing).
+                        let keys: Vec<Option<i32>> = (0..rows)
+                            .map(|_| {
+                                (next(13) != 0)
+                                    .then(|| next((key_range + build_rows) as u64 + 5) as i32)
+                            })
+                            .collect();
+                        let mut columns = b.columns().to_vec();
+                        columns[0] = Arc::new(Int32Array::from(keys));
+                        RecordBatch::try_new(b.schema(), columns).unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        for c in [&ctx, &plain] {
+            let schema = build[0].schema();
+            let table = MemTable::try_new(schema.clone(), vec![build.clone()]).unwrap();
+            c.register_table("b", Arc::new(table)).unwrap();
+            let table = MemTable::try_new(schema, probe_batches.clone()).unwrap();
+            c.register_table("p", Arc::new(table)).unwrap();
+        }
+        let on = if next(2) == 0 {
+            "p.k = b.k"
+        } else {
+            "p.k = b.k and p.k2 = b.k2"
+        };
+        let before = ["", " and p.price > 0", " and p.name like 'v%'"][next(3) as usize];
+        let sql = match next(5) {
+            0 => format!("select p.k, p.name, b.name, b.flag, b.price from p join b on {on} where true{before}"),
+            1 => format!(
+                "select p.k2, b.name, b.price, p.flag from p join b on {on} and (b.price > p.price or b.flag) where true{before}"
+            ),
+            2 => format!("select b.name, count(*) as n, sum(p.price) as s from p join b on {on} where true{before} group by b.name"),
+            3 => format!("select p.k, p.name from p where exists (select 1 from b where {on}){before}"),
+            _ => format!("select p.k, p.price from p where not exists (select 1 from b where {on}){before}"),
+        };
+        let plan = ctx
+            .sql(&sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        assert!(
+            shown.contains("DeviceHashJoinExec"),
+            "round {round}: {sql}\n{shown}"
+        );
+        let got = collect(plan, ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {sql}: {e}\n{shown}"));
+        let want = plain.sql(&sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "round {round}: {sql}\n{shown}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_joins_are_datafusions() {
+    if own_tests() {
+        check_random_joins(&ExecDevice::cpu()).await;
+    }
+}

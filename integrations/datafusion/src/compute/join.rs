@@ -107,7 +107,60 @@ impl Plan {
     }
 }
 
-/// A `HashJoinExec` compiled for the device.
+/// A `HashJoinExec` compiled for the device: build its table from the build side's
+/// batches once ([`DeviceHashJoin::build`]), then probe frames of the probe side
+/// ([`BuiltJoin::probe`]). The region's `DeviceHashJoinExec` does this per partition;
+/// here by hand, on the CPU device:
+///
+/// ```
+/// use datafusion::physical_plan::joins::HashJoinExec;
+/// use datafusion::physical_plan::{collect, ExecutionPlan};
+/// use datafusion::prelude::SessionContext;
+/// use devarrow::bridge::{Transfer, TransferOptions};
+/// use devarrow_datafusion::compute::join::DeviceHashJoin;
+/// use devarrow_datafusion::{DeviceFrame, ExecDevice};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let ctx = SessionContext::new();
+/// for sql in [
+///     "CREATE TABLE dim (k INT, name VARCHAR) AS VALUES (1, 'one'), (2, 'two')",
+///     "CREATE TABLE fact (fk INT, qty INT) AS VALUES (1, 10), (2, 20), (3, 30), (2, 40)",
+/// ] {
+///     ctx.sql(sql).await?.collect().await?;
+/// }
+/// let plan = ctx
+///     .sql("SELECT qty, name FROM fact JOIN dim ON fk = k")
+///     .await?
+///     .create_physical_plan()
+///     .await?;
+/// // DataFusion's join: its left child is the build side, its right child the probe side.
+/// let mut nodes = vec![plan];
+/// let node = loop {
+///     let node = nodes.pop().expect("a hash join in the plan");
+///     if node.downcast_ref::<HashJoinExec>().is_some() {
+///         break node;
+///     }
+///     nodes.extend(node.children().into_iter().cloned());
+/// };
+/// let join = node.downcast_ref::<HashJoinExec>().unwrap();
+/// let compiled = DeviceHashJoin::compile(join)?;
+///
+/// let device = ExecDevice::cpu();
+/// let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+/// let build = collect(join.left().clone(), ctx.task_ctx()).await?;
+/// let built = compiled.build(&build, &device, &mut transfer)?;
+/// let mut rows = 0;
+/// for batch in collect(join.right().clone(), ctx.task_ctx()).await? {
+///     let probe = DeviceFrame::from_batch(transfer.to_device(&batch)?);
+///     // The probe rows, a selection of those that matched, the build columns gathered.
+///     let joined = built.probe(&probe, &device)?;
+///     rows += joined.download(&mut transfer)?.num_rows();
+/// }
+/// assert_eq!(rows, 3);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct DeviceHashJoin {
     plan: Arc<Plan>,
