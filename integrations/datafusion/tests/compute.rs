@@ -1424,6 +1424,20 @@ pub fn session_with_pools(
     SessionContext::new_with_state(builder.build())
 }
 
+/// [`session_on`] (2 partitions) with every join the device can run on the device,
+/// whatever the bytes it moves: the joins of the checks' scans would otherwise go back to
+/// the host (`tests/plans.rs`, `a_join_that_would_add_link_bytes_stays_on_the_host_saying_why`).
+async fn every_join_session(device: &ExecDevice) -> SessionContext {
+    let ctx = session_on(device, 2);
+    ctx.sql("set devarrow.always_place_joins = true")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    ctx
+}
+
 /// The tables of the join checks: `dim` (the small side: unique keys `k` and `k2`, one
 /// null `k`; short and long strings, booleans, decimals and dates, with nulls), `dup`
 /// (keys that repeat) and `fact` (the large side, two partitions of two batches: keys
@@ -1538,15 +1552,7 @@ fn join_tables(ctx: &SessionContext) {
 pub async fn check_joins(device: &ExecDevice) {
     use datafusion::physical_plan::displayable;
 
-    let ctx = session_on(device, 2);
-    // Every join on the device, whatever the bytes it moves (the joins of these tables'
-    // scans would otherwise go back to the host: see `join_placement_counts_the_bytes`).
-    ctx.sql("set devarrow.always_place_joins = true")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let ctx = every_join_session(device).await;
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     join_tables(&ctx);
     join_tables(&plain);
@@ -1698,13 +1704,7 @@ pub async fn check_random_joins(device: &ExecDevice) {
         state % below.max(1)
     };
     for round in 0..24 {
-        let ctx = session_on(device, 2);
-        ctx.sql("set devarrow.always_place_joins = true")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let ctx = every_join_session(device).await;
         let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
         let key_range = 1 + next(40) as i32;
         let unique = round % 3 == 0;

@@ -190,11 +190,12 @@ fn a_failing_step_on_cuda_fails_the_query_and_frees_everything() {
     no_leak_once_released(&check, "a query failed by its step on CUDA");
 }
 
-/// A device region over two devices: partition `p` runs on `cuda:{p % 2}`, each slot of a
-/// device on a stream of its own, the results DataFusion's, and no device memory left on
-/// either device once the plan and its pools are dropped.
-#[test]
-fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
+/// Runs `checks` with a pool of two slots on each of `cuda:0` and `cuda:1` (skipped
+/// with fewer devices), then checks that neither device has memory left.
+fn on_two_devices<F: std::future::Future<Output = ()>>(
+    what: &str,
+    checks: impl FnOnce(Vec<Arc<devarrow_datafusion::config::DevicePool>>) -> F,
+) {
     use devarrow_datafusion::config::DevicePool;
 
     let Some((_lock, first)) = open_or_skip(|| CudaDevice::open(0)) else {
@@ -209,11 +210,21 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
     let second = Arc::new(CudaDevice::open(1).unwrap());
     let check0 = DeviceMemoryCheck::start(first.primary_context());
     let check1 = DeviceMemoryCheck::start(second.primary_context());
-    runtime().block_on(async {
-        let pools = vec![
-            Arc::new(DevicePool::new(ExecDevice::from_cuda(first.clone()), 2).unwrap()),
-            Arc::new(DevicePool::new(ExecDevice::from_cuda(second.clone()), 2).unwrap()),
-        ];
+    let pools = vec![
+        Arc::new(DevicePool::new(ExecDevice::from_cuda(first.clone()), 2).unwrap()),
+        Arc::new(DevicePool::new(ExecDevice::from_cuda(second.clone()), 2).unwrap()),
+    ];
+    runtime().block_on(checks(pools));
+    no_leak_once_released(&check0, format!("{what} on cuda:0"));
+    no_leak_once_released(&check1, format!("{what} on cuda:1"));
+}
+
+/// A device region over two devices: partition `p` runs on `cuda:{p % 2}`, each slot of a
+/// device on a stream of its own, the results DataFusion's, and no device memory left on
+/// either device once the plan and its pools are dropped.
+#[test]
+fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
+    on_two_devices("a region's partitions", |pools| async move {
         for pool in &pools {
             let streams: std::collections::BTreeSet<usize> = pool
                 .devices()
@@ -247,8 +258,6 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
             vec!["cuda:0".to_string(), "cuda:1".to_string()]
         );
     });
-    no_leak_once_released(&check0, "a region's partitions on cuda:0");
-    no_leak_once_released(&check1, "a region's partitions on cuda:1");
 }
 
 /// TPC-H Q3, Q5 and Q10 with every join on the device, over two devices: each partition
@@ -257,25 +266,7 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
 /// either.
 #[test]
 fn device_joins_over_two_devices_are_datafusions() {
-    use devarrow_datafusion::config::DevicePool;
-
-    let Some((_lock, first)) = open_or_skip(|| CudaDevice::open(0)) else {
-        return;
-    };
-    let devices = device_count().unwrap_or(0);
-    if devices < 2 {
-        println!("skipping: {devices} CUDA device(s), the test needs 2");
-        return;
-    }
-    let first = Arc::new(first);
-    let second = Arc::new(CudaDevice::open(1).unwrap());
-    let check0 = DeviceMemoryCheck::start(first.primary_context());
-    let check1 = DeviceMemoryCheck::start(second.primary_context());
-    runtime().block_on(async {
-        let pools = vec![
-            Arc::new(DevicePool::new(ExecDevice::from_cuda(first.clone()), 2).unwrap()),
-            Arc::new(DevicePool::new(ExecDevice::from_cuda(second.clone()), 2).unwrap()),
-        ];
+    on_two_devices("device joins", |pools| async move {
         let tables = tpch::Tables::generate(SCALE, 4);
         let ctx = compute_checks::session_with_pools(pools.clone(), 4, None);
         tables.register(&ctx).unwrap();
@@ -307,8 +298,6 @@ fn device_joins_over_two_devices_are_datafusions() {
             assert!(pool.placed() > 0, "{} ran no partition", pool.id());
         }
     });
-    no_leak_once_released(&check0, "device joins on cuda:0");
-    no_leak_once_released(&check1, "device joins on cuda:1");
 }
 
 /// `devarrow.devices = auto` (the default) read where the partitions run: every CUDA
