@@ -231,7 +231,8 @@ async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
 
 /// A join that collects its build side reads it once per query, whatever the number of
 /// partitions that probe it: its build child's `output_rows` are the build side's rows,
-/// not one copy per partition.
+/// not one copy per partition; and its host table is built once
+/// (`host_tables_built`), each partition uploading it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collected_build_side_is_read_once_per_query() {
     use devarrow_datafusion::region::DeviceOperatorExec;
@@ -271,6 +272,13 @@ async fn a_collected_build_side_is_read_once_per_query() {
             .unwrap_or_default();
         assert_eq!(output_rows, *rows, "{}", text(build));
     }
+    // Each join's host table built once (by one partition; the others upload it).
+    assert_eq!(
+        tpch::metric_sum(&device_plan, "DeviceHashJoinExec", "host_tables_built"),
+        read.len(),
+        "{}",
+        text(&device_plan)
+    );
 }
 
 /// Where a join would only add bytes on the link, the rule leaves it on the host and

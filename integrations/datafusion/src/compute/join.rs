@@ -306,7 +306,8 @@ impl DeviceHashJoin {
     }
 
     /// The table of the build side `batches` (of the join's left schema), uploaded to
-    /// `device` through `upload` where the device is not the host's.
+    /// `device` through `upload` where the device is not the host's: [`DeviceHashJoin::table`]
+    /// then [`DeviceHashJoin::bind_table`].
     ///
     /// # Errors
     /// DataFusion's (evaluating the build keys), devarrow's (the upload), and
@@ -317,8 +318,19 @@ impl DeviceHashJoin {
         device: &ExecDevice,
         upload: &mut Transfer,
     ) -> Result<BuiltJoin, BoxError> {
+        let table = self.table(Arc::new(batches.to_vec()))?;
+        self.bind_table(Arc::new(table), device, upload)
+    }
+
+    /// The table of `batches` on the host (the work every partition of a query can
+    /// share: their keys hashed, the columns the output takes; it keeps no reference to
+    /// `batches` themselves, only to the arrays of the columns it takes).
+    ///
+    /// # Errors
+    /// As [`DeviceHashJoin::build`], without the upload's.
+    pub fn table(&self, batches: Arc<Vec<RecordBatch>>) -> Result<JoinTable, BoxError> {
         let plan = &self.plan;
-        let batch = concat_batches(&plan.build_schema, batches)?;
+        let batch = concat_batches(&plan.build_schema, batches.iter())?;
         let rows = batch.num_rows();
         if rows >= NO_ROW as usize {
             return Err(ComputeError::Input(format!(
@@ -367,7 +379,7 @@ impl DeviceHashJoin {
             }
         }
         let payload = batch.project(&plan.build_columns)?;
-        let mut built = BuiltJoin {
+        Ok(JoinTable {
             plan: plan.clone(),
             rows,
             unique,
@@ -376,11 +388,26 @@ impl DeviceHashJoin {
             next,
             keys,
             payload,
-            host_batches: batches.to_vec(),
+        })
+    }
+
+    /// `table` on `device`: uploaded through `upload` where the device is not the
+    /// host's (once per partition: each on its own slot's stream).
+    ///
+    /// # Errors
+    /// devarrow's (the upload).
+    pub fn bind_table(
+        &self,
+        table: Arc<JoinTable>,
+        device: &ExecDevice,
+        upload: &mut Transfer,
+    ) -> Result<BuiltJoin, BoxError> {
+        let mut built = BuiltJoin {
+            table,
             on_device: None,
         };
         #[cfg(feature = "cuda")]
-        if device.cuda().is_some() && rows > 0 {
+        if device.cuda().is_some() && built.rows > 0 {
             built.on_device = Some(built.upload(upload)?);
         }
         #[cfg(not(feature = "cuda"))]
@@ -409,9 +436,10 @@ pub(crate) struct DeviceTables {
     pub(crate) slots: DeviceBatch,
 }
 
-/// A join's build side, made into a table for one partition ([`DeviceHashJoin::build`]).
+/// A join's build side made into a table on the host ([`DeviceHashJoin::table`]): what
+/// the partitions of a query that read the same build side share.
 #[derive(Debug)]
-pub struct BuiltJoin {
+pub struct JoinTable {
     pub(crate) plan: Arc<Plan>,
     pub(crate) rows: usize,
     unique: bool,
@@ -421,8 +449,21 @@ pub struct BuiltJoin {
     next: Vec<u32>,
     keys: Vec<i64>,
     payload: RecordBatch,
-    host_batches: Vec<RecordBatch>,
+}
+
+/// A join's table bound to one partition's device ([`DeviceHashJoin::bind_table`]).
+#[derive(Debug)]
+pub struct BuiltJoin {
+    table: Arc<JoinTable>,
     pub(crate) on_device: Option<DeviceTables>,
+}
+
+impl std::ops::Deref for BuiltJoin {
+    type Target = JoinTable;
+
+    fn deref(&self) -> &JoinTable {
+        &self.table
+    }
 }
 
 impl BuiltJoin {
@@ -439,9 +480,9 @@ impl BuiltJoin {
         self.rows
     }
 
-    /// The build side's batches, as the join received them.
-    pub fn host_batches(&self) -> &[RecordBatch] {
-        &self.host_batches
+    /// The table on the host.
+    pub fn table(&self) -> &Arc<JoinTable> {
+        &self.table
     }
 
     /// The device memory the table holds (on the CPU device, its host memory).

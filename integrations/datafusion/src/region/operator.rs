@@ -45,6 +45,9 @@ pub struct BindContext<'a> {
     pub device: &'a ExecDevice,
     /// The slot's upload `Transfer` (pipelined, pinned staging).
     pub upload: &'a mut Transfer,
+    /// Host tables (a join's) the operator built for this partition rather than took
+    /// from another partition of the query (the operator's `host_tables_built` metric).
+    pub host_tables_built: &'a Count,
 }
 
 /// What an operator sees besides its frame.
@@ -115,15 +118,17 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
     }
 
     /// The operator bound to one partition, given the batches of its host children
-    /// (one list per host child, in child order): a join builds its table and uploads
-    /// it here, once per partition, before the partition's first frame. `None` (the
+    /// (one list per host child, in child order; the same `Arc` for every partition of a
+    /// query where the child is shared, [`DeviceOperator::shares_host_input`]): a join
+    /// builds its table and uploads it here, once per partition, before the partition's
+    /// first frame. `None` (the
     /// default, for an operator without host children): the operator itself.
     ///
     /// # Errors
     /// The operator's.
     fn bind(
         &self,
-        _host_inputs: Vec<Vec<RecordBatch>>,
+        _host_inputs: Vec<Arc<Vec<RecordBatch>>>,
         _cx: &mut BindContext<'_>,
     ) -> Result<Option<Arc<dyn DeviceOperator>>, BoxError> {
         Ok(None)

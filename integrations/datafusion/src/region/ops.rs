@@ -12,7 +12,7 @@
 //! | [`HashJoinOperator`] | `HashJoinExec` (`Inner`, `RightSemi`, `RightAnti`) | the probe side's, as DataFusion's join declares it | the join's | probe columns untouched, build columns gathered |
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use arrow_schema::SchemaRef;
 use datafusion::physical_expr::expressions::Column;
@@ -31,7 +31,7 @@ use datafusion::physical_plan::collect;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use devarrow::bridge::{Transfer, TransferOptions};
 
-use crate::compute::join::{BuiltJoin, DeviceHashJoin};
+use crate::compute::join::{BuiltJoin, DeviceHashJoin, JoinTable};
 use crate::compute::{select, ComputeError, DeviceExpr, DevicePartialAggregate, Unsupported};
 use crate::error::BoxError;
 use crate::frame::DeviceFrame;
@@ -282,7 +282,15 @@ pub struct HashJoinOperator {
     collect_left: bool,
     description: String,
     built: Option<Arc<BuiltJoin>>,
+    /// The host tables of the build sides partitions share (a collected one), by those
+    /// batches: the first partition builds it, the others upload it.
+    tables: Mutex<Vec<SharedTable>>,
 }
+
+/// A host table, by the (weak) batches it was built from: kept while a partition of the
+/// query may still bind (the query's partitions hold the batches until they have), then
+/// dropped at the next bind (the bound operators hold it as long as they run).
+type SharedTable = (Weak<Vec<RecordBatch>>, Arc<JoinTable>);
 
 impl HashJoinOperator {
     /// `join` (the node `node`) on the device, or why not.
@@ -320,6 +328,7 @@ impl HashJoinOperator {
             collect_left: *join.partition_mode() == PartitionMode::CollectLeft,
             description,
             built: None,
+            tables: Mutex::default(),
         })
     }
 }
@@ -355,23 +364,43 @@ impl DeviceOperator for HashJoinOperator {
 
     fn bind(
         &self,
-        mut host_inputs: Vec<Vec<RecordBatch>>,
+        host_inputs: Vec<Arc<Vec<RecordBatch>>>,
         cx: &mut BindContext<'_>,
     ) -> Result<Option<Arc<dyn DeviceOperator>>, BoxError> {
-        let [build] = host_inputs.as_mut_slice() else {
+        let [build] = host_inputs.as_slice() else {
             return Err(ComputeError::Input(format!(
                 "a join has one build side, not {}",
                 host_inputs.len()
             ))
             .into());
         };
-        let built = self.compiled.build(build, cx.device, cx.upload)?;
+        let table = {
+            // Held while a table is built: a partition of the same query waits, then
+            // takes it.
+            let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            tables.retain(|(batches, _)| batches.strong_count() > 0);
+            let shared = tables.iter().find_map(|(batches, table)| {
+                let same = batches.upgrade().is_some_and(|b| Arc::ptr_eq(&b, build));
+                same.then(|| table.clone())
+            });
+            match shared {
+                Some(table) => table,
+                None => {
+                    let table = Arc::new(self.compiled.table(build.clone())?);
+                    tables.push((Arc::downgrade(build), table.clone()));
+                    cx.host_tables_built.add(1);
+                    table
+                }
+            }
+        };
+        let built = self.compiled.bind_table(table, cx.device, cx.upload)?;
         Ok(Some(Arc::new(Self {
             compiled: self.compiled.clone(),
             host: self.host.clone(),
             collect_left: self.collect_left,
             description: self.description.clone(),
             built: Some(Arc::new(built)),
+            tables: Mutex::default(),
         })))
     }
 

@@ -488,7 +488,7 @@ impl OperatorThread {
             let mut inputs = Vec::with_capacity(host.len());
             for input in host {
                 inputs.push(match input {
-                    HostInput::Stream(stream) => self.collect(stream)?,
+                    HostInput::Stream(stream) => Arc::new(self.collect(stream)?),
                     HostInput::Shared {
                         batches,
                         plan,
@@ -504,7 +504,7 @@ impl OperatorThread {
                                 .map_err(Arc::new)
                         });
                         match read {
-                            Ok(batches) => batches.as_ref().clone(),
+                            Ok(batches) => batches.clone(),
                             Err(e) => return Err(DataFusionError::Shared(e.clone())),
                         }
                     }
@@ -515,10 +515,13 @@ impl OperatorThread {
             }
             let lease = self.pool.lease_blocking();
             let mut upload = lease.upload();
+            let built =
+                MetricBuilder::new(op.metrics_set()).counter("host_tables_built", self.partition);
             let mut cx = BindContext {
                 partition: self.partition,
                 device: lease.device(),
                 upload: &mut upload,
+                host_tables_built: &built,
             };
             let operator = op.operator().bind(inputs, &mut cx);
             drop(upload);
