@@ -1833,3 +1833,104 @@ async fn random_joins_are_datafusions() {
         check_random_joins(&ExecDevice::cpu()).await;
     }
 }
+
+/// A probe frame whose string views point outside their buffers (a foreign import: a
+/// view rewritten past its buffer's end) is a typed error where a join gathers its views (build
+/// keys that repeat), never an array that reads out of bounds. CUDA only: the CPU
+/// device's join reads the frame through arrow's own import.
+pub async fn check_foreign_probe_views(device: &ExecDevice) {
+    use arrow_array::StringViewArray;
+    use datafusion::physical_plan::joins::HashJoinExec;
+    use devarrow_datafusion::compute::join::DeviceHashJoin;
+
+    if device.cuda().is_none() {
+        return;
+    }
+    let ctx = SessionContext::new();
+    let dim = RecordBatch::try_from_iter([
+        ("k", Arc::new(Int32Array::from(vec![1, 1, 2])) as ArrayRef),
+        (
+            "v",
+            Arc::new(Int32Array::from(vec![10, 11, 20])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let fact = RecordBatch::try_from_iter([
+        (
+            "fk",
+            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
+        ),
+        (
+            "s",
+            Arc::new(StringViewArray::from_iter_values(
+                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    for (name, batch) in [("d", dim), ("f", fact.clone())] {
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+    let plan = ctx
+        .sql("select f.s, d.v from f join d on f.fk = d.k")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut nodes = vec![plan];
+    let node = loop {
+        let node = nodes.pop().expect("a hash join");
+        if node.downcast_ref::<HashJoinExec>().is_some() {
+            break node;
+        }
+        nodes.extend(node.children().into_iter().cloned());
+    };
+    let join = node.downcast_ref::<HashJoinExec>().unwrap();
+    assert_eq!(
+        join.right().schema().field(1).name(),
+        "s",
+        "f is the probe side"
+    );
+    let compiled = DeviceHashJoin::compile(join).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let build = collect(join.left().clone(), ctx.task_ctx()).await.unwrap();
+    let built = compiled.build(&build, device, &mut transfer).unwrap();
+    assert!(!built.is_unique(), "the build keys repeat");
+
+    let uploaded = transfer.to_device(&fact).unwrap();
+    let (array, _schema) = uploaded.export().unwrap();
+    let raw = array.into_raw();
+    // Row 1's view (a row that matches) rewritten on the device: its 40 bytes at offset
+    // 1 MiB of buffer 0, far past the buffer's end (a foreign producer's bad view).
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&40u32.to_le_bytes());
+    view[4..8].copy_from_slice(b"a va");
+    view[12..].copy_from_slice(&(1u32 << 20).to_le_bytes());
+    // SAFETY: the export's own struct: its second child is the view column, whose
+    // buffer 1 holds its 8 views (16 bytes each) in device memory.
+    let views = unsafe {
+        let strings = &**raw.array.children.add(1);
+        *strings.buffers.add(1) as u64
+    };
+    let d = device.device();
+    let row1 = (views + 16) as *mut std::ffi::c_void;
+    // SAFETY: `view` (16 bytes) outlives the copy, waited for at once; the destination,
+    // row 1's view, lies in the views buffer the export keeps alive.
+    unsafe { d.copy_to_device(view.as_ptr(), row1, 16) }.unwrap();
+    d.record_event().unwrap().wait_host().unwrap();
+    // SAFETY: the export's own struct, unchanged, released by the import.
+    let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
+    let foreign = DeviceBatch::import(device.device().clone(), array, fact.schema()).unwrap();
+    let error = built
+        .probe(&DeviceFrame::from_batch(foreign), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            error.downcast_ref::<ComputeError>(),
+            Some(ComputeError::Input(why)) if why.contains("outside its buffers")
+        ),
+        "{error}"
+    );
+}

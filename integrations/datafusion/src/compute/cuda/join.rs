@@ -11,7 +11,7 @@ use devarrow::cuda::cudarc::driver::CudaSlice;
 use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::compact::{fixed_array, launch_bits};
-use super::{addr, aligned, context, eval, pending, selected, Cx, A};
+use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
 use crate::compute::join::{BuiltJoin, DeviceTables, JoinKind};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
@@ -189,9 +189,49 @@ pub(crate) fn join_expanded(
     // SAFETY: `incl` holds `n` i64s on this device, written by `join_count` on the
     // device's stream, the stream the scan runs on (in order after it).
     unsafe { cuda.inclusive_scan_i64(scan as *mut std::ffi::c_void, n as u64) }?;
-    let mut total = [0i64];
+    // The probe side's view columns are gathered with their buffers copied whole: the
+    // views of the rows that will be gathered are checked to lie in their buffers first
+    // (`view_bytes`, error word 4), as the compaction checks them (a frame's columns may
+    // come from a foreign import).
+    let err = cx.zeros::<u32>(1)?;
+    let e = addr(&err, s);
+    let mut checked = Vec::new();
+    for &i in probe_columns {
+        let c = frame.columns()[i].column();
+        if !matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView) {
+            continue;
+        }
+        let name = frame.schema().field(i).name();
+        let (views, view) = at_first_row(&cx, &c, 1, 16, name)?;
+        let (_buffers, sizes, count) = variadic_tables(&cx, &c)?;
+        let bytes = cx.zeros::<i64>(n)?;
+        cx.launch(
+            &cx.k.view_bytes,
+            n,
+            &[
+                A::U64(scan),
+                A::U64(views),
+                A::U64(c.validity().map_or(0, |b| b.address())),
+                A::U64(c.offset() as u64),
+                A::U64(addr(&sizes, s)),
+                A::U64(count),
+                A::U64(addr(&bytes, s)),
+                A::U64(n as u64),
+                A::U64(e),
+            ],
+        )?;
+        checked.push((view, sizes, bytes));
+    }
+    let (mut total, mut word) = ([0i64], [0u32]);
     s.memcpy_dtoh(&incl.slice(n - 1..n), &mut total)?;
+    s.memcpy_dtoh(&err, &mut word)?;
     s.synchronize()?;
+    drop(checked);
+    if word[0] != 0 {
+        return Err(
+            ComputeError::Input("a probe column's view points outside its buffers".into()).into(),
+        );
+    }
     let rows = total[0].max(0) as usize;
     if rows == 0 {
         drop((slots_view, idx, incl));
@@ -354,9 +394,12 @@ fn gather(
                 }
                 let dt = dt.clone();
                 Box::new(move |validity| {
-                    // SAFETY: each view is one of the build column's (or zero: an empty
-                    // value) and names the same buffer, copied whole, at the same offset,
-                    // so it lies inside it; the bytes are the column's, UTF-8 where it was.
+                    // Each view is the column's (or zero: an empty value), the column
+                    // one devarrow uploaded (a build side's) or checked (a probe side's:
+                    // `join_expanded`), naming the same buffer, copied whole, at the same
+                    // offset.
+                    // SAFETY: so it lies inside it; the bytes are the column's, UTF-8
+                    // where they were.
                     Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?)
                 })
             }
