@@ -1934,3 +1934,41 @@ pub async fn check_foreign_probe_views(device: &ExecDevice) {
         "{error}"
     );
 }
+
+/// A stream of a region with a device join dropped after its first batch: the
+/// partitions' threads end on their own (while binding, or between frames) and give the
+/// device back every byte (the join's table included).
+pub async fn check_dropped_join_stream(device: &ExecDevice, in_use: impl Fn() -> usize) {
+    use datafusion::physical_plan::execute_stream;
+    use futures::StreamExt;
+
+    let before = in_use();
+    let ctx = every_join_session(device).await;
+    join_tables(&ctx);
+    let sql = "select f.qty, f.note, d.name, d.price from fact f join dim d on f.fk = d.k";
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut stream = execute_stream(plan, ctx.task_ctx()).unwrap();
+    let first = stream.next().await.expect("a first batch").unwrap();
+    assert!(first.num_rows() > 0);
+    drop(stream);
+    let start = std::time::Instant::now();
+    while in_use() != before && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(in_use(), before, "device memory left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_join_stream_frees_its_device_memory() {
+    if own_tests() {
+        let cpu = Arc::new(devarrow::abi::device::CpuDevice::new());
+        let device = ExecDevice::from_cpu(cpu.clone());
+        check_dropped_join_stream(&device, || cpu.memory_pool_stats().in_use_bytes).await;
+    }
+}

@@ -411,6 +411,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
         compute_checks::check_joins(&device).await;
         compute_checks::check_random_joins(&device).await;
         compute_checks::check_foreign_probe_views(&device).await;
+        compute_checks::check_dropped_join_stream(&device, || 0).await;
         // Device memory is checked by `on_cuda_without_leaks`, once the pool is dropped.
         compute_checks::check_join_reservation(&device, || 0).await;
     });

@@ -459,9 +459,10 @@ struct OperatorThread {
 
 impl OperatorThread {
     fn run(mut self, uploads: Receiver<Uploaded>, out: mpsc::Sender<Result<RecordBatch>>) {
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            let bound = self.bind()?;
-            self.drain(&bound, &uploads, &out)
+        let result = catch_unwind(AssertUnwindSafe(|| match self.bind()? {
+            Some(bound) => self.drain(&bound, &uploads, &out),
+            // Cancelled while binding: nothing more to do.
+            None => Ok(()),
         }));
         let error = match result {
             Ok(Ok(())) => return,
@@ -477,7 +478,8 @@ impl OperatorThread {
     /// The operators bound to the partition: each one with host children (a join's
     /// build side) given their batches, read here on the query's runtime (holding no
     /// device slot), then bound under a slot and its bytes reserved for the partition.
-    fn bind(&mut self) -> Result<Vec<Arc<dyn DeviceOperator>>> {
+    /// `None` when the stream was dropped meanwhile.
+    fn bind(&mut self) -> Result<Option<Vec<Arc<dyn DeviceOperator>>>> {
         let mut bound = Vec::with_capacity(self.ops.len());
         let host_inputs = std::mem::take(&mut self.host_inputs);
         for (op, host) in self.ops.iter().zip(host_inputs) {
@@ -511,7 +513,7 @@ impl OperatorThread {
                 });
             }
             if self.cancel.load(Ordering::Acquire) {
-                return Ok(bound);
+                return Ok(None);
             }
             let lease = self.pool.lease_blocking();
             let mut upload = lease.upload();
@@ -538,7 +540,7 @@ impl OperatorThread {
             reserve(&self.reservation, bytes, self.partition, &self.pool)?;
             bound.push(operator);
         }
-        Ok(bound)
+        Ok(Some(bound))
     }
 
     /// A host stream's batches, read on the query's runtime.
