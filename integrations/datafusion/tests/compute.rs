@@ -1671,11 +1671,7 @@ pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> us
         ),
         "{error}\n{shown}"
     );
-    let start = std::time::Instant::now();
-    while in_use() != before && start.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(in_use(), before, "device memory left behind");
+    memory_returns(in_use, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1685,6 +1681,16 @@ async fn a_refused_join_table_is_a_typed_error_and_leaks_nothing() {
         let device = ExecDevice::from_cpu(cpu.clone());
         check_join_reservation(&device, || cpu.memory_pool_stats().in_use_bytes).await;
     }
+}
+
+/// Waits up to 10 s for `in_use()` (the device's bytes in use) to come back to `before`,
+/// then checks that it did.
+fn memory_returns(in_use: impl Fn() -> usize, before: usize) {
+    let start = std::time::Instant::now();
+    while in_use() != before && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(in_use(), before, "device memory left behind");
 }
 
 /// Random joins against DataFusion's: tables of random sizes (empty ones among them),
@@ -1957,11 +1963,7 @@ pub async fn check_dropped_join_stream(device: &ExecDevice, in_use: impl Fn() ->
     let first = stream.next().await.expect("a first batch").unwrap();
     assert!(first.num_rows() > 0);
     drop(stream);
-    let start = std::time::Instant::now();
-    while in_use() != before && start.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(in_use(), before, "device memory left behind");
+    memory_returns(in_use, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

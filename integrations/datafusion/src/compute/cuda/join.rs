@@ -333,9 +333,16 @@ fn gather(
                     .into());
                 }
                 let bits = cx.zeros::<u8>(4 * words)?;
-                gather_bits(cx, at, bitmap.device_ptr(), c.offset() as u64, &bits, n, {
-                    addr(&counts, s) + 8 * i as u64
-                })?;
+                launch_bits(
+                    cx,
+                    &cx.k.gather_bits,
+                    at,
+                    bitmap.device_ptr(),
+                    c.offset() as u64,
+                    &bits,
+                    n,
+                    addr(&counts, s) + 8 * i as u64,
+                )?;
                 held.push(bitmap);
                 nullable = true;
                 Some(bits)
@@ -354,7 +361,16 @@ fn gather(
                 }
                 let view = values.cuda_view::<u8>(s)?;
                 let bits = cx.zeros::<u8>(4 * words)?;
-                gather_bits(cx, at, view.device_ptr(), c.offset() as u64, &bits, n, 0)?;
+                launch_bits(
+                    cx,
+                    &cx.k.gather_bits,
+                    at,
+                    view.device_ptr(),
+                    c.offset() as u64,
+                    &bits,
+                    n,
+                    0,
+                )?;
                 held.push(view);
                 Box::new(move |validity| Ok(CudaArray::from_bits(n, bits, validity)?))
             }
@@ -450,18 +466,4 @@ fn gather(
         Arc::new(Schema::new(fields)),
         arrays,
     )?)
-}
-
-/// `gather_bits` of the bitmap at `bits` (bit `offset` for row 0) by the rows at `idx`
-/// into `out`, adding its set bits to the i64 at `count` (0: not counted).
-fn gather_bits(
-    cx: &Cx<'_>,
-    idx: u64,
-    bits: u64,
-    offset: u64,
-    out: &CudaSlice<u8>,
-    n: usize,
-    count: u64,
-) -> Result<(), BoxError> {
-    launch_bits(cx, &cx.k.gather_bits, idx, bits, offset, out, n, count)
 }
