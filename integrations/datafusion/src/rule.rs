@@ -78,7 +78,7 @@ pub trait DeviceOperatorFactory: fmt::Debug + Send + Sync {
 }
 
 /// devarrow's own operators: `FilterExec`, `ProjectionExec`, `AggregateExec`
-/// (`Partial`), `HashJoinExec` (`Inner`, `RightSemi`, `RightAnti`).
+/// (`Partial`), `HashJoinExec` (`Inner`, `Right`, `RightSemi`, `RightAnti`).
 #[derive(Debug, Default)]
 pub struct BuiltinOperators;
 

@@ -18,10 +18,11 @@
 //!   untouched, with a selection of the rows that matched and the build columns gathered
 //!   to the probe rows (`gather_fixed`, `gather_bits`; a view column's views gathered and
 //!   its data buffers copied whole on the device, so every view still points into
-//!   them). A semi join is only the selection, an anti join its complement. No count is
-//!   read back: the join costs no host wait.
+//!   them). A semi join is only the selection, an anti join its complement. A right join
+//!   keeps the frame's selection, its build columns null where a row matched nothing. No
+//!   count is read back: the join costs no host wait.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: join types other than `Inner`, `RightSemi` and `RightAnti` (the
+//!   `EXPLAIN` shows: join types other than `Inner`, `Right`, `RightSemi` and `RightAnti` (the
 //!   probe side is the right one, as DataFusion's), a join filter, keys that are not
 //!   integers or dates of one type on both sides, null-equal or null-aware joins, a
 //!   fetch, build columns of types the device does not gather (`Utf8`, nested types).
@@ -57,6 +58,10 @@ use crate::step::ExecDevice;
 /// The row index of a probe row with no match.
 pub(crate) const NO_ROW: u32 = u32::MAX;
 
+/// The name of a right join's all-true build column, whose gather is the validity of the
+/// build columns (the last column of the payload; never in the output).
+pub(crate) const MATCHED: &str = "__matched";
+
 /// The kinds of join the device runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum JoinKind {
@@ -66,6 +71,8 @@ pub(crate) enum JoinKind {
     Semi,
     /// The probe rows that do not (`RightAnti`).
     Anti,
+    /// Every probe row, with its build row's columns, null where it has none (`Right`).
+    Right,
 }
 
 /// Where an output column comes from.
@@ -181,15 +188,17 @@ impl DeviceHashJoin {
             JoinType::Inner => JoinKind::Inner,
             JoinType::RightSemi => JoinKind::Semi,
             JoinType::RightAnti => JoinKind::Anti,
+            JoinType::Right => JoinKind::Right,
             other => {
                 return Err(Unsupported(format!(
-                    "a {other} join has no device operator (Inner, RightSemi and RightAnti do)"
+                    "a {other} join has no device operator (Inner, Right, RightSemi and \
+                     RightAnti do)"
                 )))
             }
         };
         if join.filter().is_some() && kind != JoinKind::Inner {
             return Err(Unsupported(
-                "a semi or anti join's filter has no device operator".into(),
+                "a right, semi or anti join's filter has no device operator".into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -232,7 +241,7 @@ impl DeviceHashJoin {
             build_keys.push(l.clone());
         }
         let all: Vec<Out> = match kind {
-            JoinKind::Inner => (0..left.fields().len())
+            JoinKind::Inner | JoinKind::Right => (0..left.fields().len())
                 .map(Out::Build)
                 .chain((0..right.fields().len()).map(Out::Probe))
                 .collect(),
@@ -378,7 +387,16 @@ impl DeviceHashJoin {
                 at = (at + 1) & mask;
             }
         }
-        let payload = batch.project(&plan.build_columns)?;
+        let mut payload = batch.project(&plan.build_columns)?;
+        if plan.kind == JoinKind::Right {
+            // All true: gathered to the probe rows, false (null) where a row has no
+            // build row, it is the build columns' validity.
+            let mut fields = payload.schema().fields().to_vec();
+            fields.push(Arc::new(Field::new(MATCHED, DataType::Boolean, false)));
+            let mut columns = payload.columns().to_vec();
+            columns.push(Arc::new(arrow_array::BooleanArray::from(vec![true; rows])));
+            payload = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+        }
         Ok(JoinTable {
             plan: plan.clone(),
             rows,
@@ -472,7 +490,7 @@ impl BuiltJoin {
     /// counts: then [`BuiltJoin::probe`] moves no row (else it makes one per matching
     /// pair).
     pub fn is_unique(&self) -> bool {
-        self.unique || self.plan.kind != JoinKind::Inner
+        self.unique || matches!(self.plan.kind, JoinKind::Semi | JoinKind::Anti)
     }
 
     /// The build side's rows.
@@ -542,20 +560,37 @@ impl BuiltJoin {
             return self.expand(frame, device);
         }
         let n = frame.num_rows();
-        if n == 0 || (self.rows == 0 && self.plan.kind != JoinKind::Anti) {
+        let right = self.plan.kind == JoinKind::Right;
+        if n == 0 || (self.rows == 0 && !matches!(self.plan.kind, JoinKind::Anti | JoinKind::Right))
+        {
             return empty_frame(&self.plan.schema, device);
         }
         if self.rows == 0 {
-            // An anti join with an empty build side keeps every probe row it is given.
-            return self.output(frame, frame.selection().cloned(), None, device);
+            // An anti join with an empty build side keeps every probe row it is given, a
+            // right join too, its build columns null.
+            let nulls = right
+                .then(|| self.null_build_columns(n, device))
+                .transpose()?;
+            return self.output(frame, frame.selection().cloned(), nulls, device);
         }
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
             let (selection, gathered) = super::cuda::join(self, frame, cuda, device)?;
-            return self.output(frame, Some(selection), gathered, device);
+            // A right join keeps the frame's rows: its selection is the frame's.
+            let selection = if right {
+                frame.selection().cloned()
+            } else {
+                Some(selection)
+            };
+            return self.output(frame, selection, gathered, device);
         }
         check_cpu(device)?;
         let (rows, hits) = self.probe_on_host(frame)?;
+        if right {
+            let indices = UInt32Array::from(rows);
+            let gathered = taken(&self.payload, &indices, device)?;
+            return self.output(frame, frame.selection().cloned(), Some(gathered), device);
+        }
         let schema = schema_of(vec![Field::new(super::SELECTION, DataType::UInt8, false)]);
         let selection = RecordBatch::try_new(schema, vec![Arc::new(UInt8Array::from(hits))])?;
         let selection = cpu_column(selection, device)?;
@@ -600,7 +635,7 @@ impl BuiltJoin {
     /// pairs in probe order, each side's columns gathered to them; no selection.
     fn expand(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
         let n = frame.num_rows();
-        if n == 0 || self.rows == 0 {
+        if n == 0 {
             return empty_frame(&self.plan.schema, device);
         }
         let probe_columns = self.plan.probe_columns();
@@ -620,11 +655,17 @@ impl BuiltJoin {
         }
         check_cpu(device)?;
         let (rows, _hits) = self.probe_on_host(frame)?;
+        let selected = host::selection(frame)?;
         let (mut build_rows, mut probe_rows) = (Vec::new(), Vec::new());
         for (i, first) in rows.iter().enumerate() {
+            if first.is_none() && self.plan.kind == JoinKind::Right && selected[i] != 0 {
+                // A right join keeps a selected row with no match, its build columns null.
+                build_rows.push(None);
+                probe_rows.push(i as u32);
+            }
             let mut row = *first;
             while let Some(r) = row {
-                build_rows.push(r);
+                build_rows.push(Some(r));
                 probe_rows.push(i as u32);
                 row = self.next[r as usize].checked_sub(1);
             }
@@ -750,6 +791,29 @@ impl BuiltJoin {
             rows,
             selection,
         )?)
+    }
+}
+
+impl BuiltJoin {
+    /// A right join's build columns for `n` probe rows when its build side is empty:
+    /// every value null (uploaded).
+    fn null_build_columns(&self, n: usize, device: &ExecDevice) -> Result<DeviceBatch, BoxError> {
+        let schema = self.payload.schema();
+        let fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let columns = fields
+            .iter()
+            .map(|f| arrow_array::new_null_array(f.data_type(), n))
+            .collect();
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+        let mut transfer = Transfer::new(
+            device.device().clone(),
+            devarrow::bridge::TransferOptions::default(),
+        );
+        Ok(transfer.to_device(&batch)?)
     }
 }
 

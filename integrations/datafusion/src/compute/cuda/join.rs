@@ -12,7 +12,7 @@ use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::compact::{fixed_array, launch_bits};
 use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
-use crate::compute::join::{BuiltJoin, DeviceTables, JoinKind};
+use crate::compute::join::{BuiltJoin, DeviceTables, JoinKind, MATCHED};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -60,28 +60,31 @@ pub(crate) fn join(
     let plan = &built.plan;
     let n = frame.num_rows();
     let cx = context(cuda)?;
-    let (idx, hit) = probe(&cx, built, frame)?;
+    let (idx, hit, _) = probe(&cx, built, frame)?;
     let selection = CudaArray::from_values(DataType::UInt8, hit)?;
     let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
     let selection =
         DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
     let selection = FrameColumn::single(selection)?;
-    if plan.kind != JoinKind::Inner || tables.payload.schema().fields().is_empty() {
+    if !matches!(plan.kind, JoinKind::Inner | JoinKind::Right)
+        || tables.payload.schema().fields().is_empty()
+    {
         return Ok((selection, None));
     }
-    let gathered = gather_batch(&cx, &tables.payload, &idx, n, device)?;
+    let right = plan.kind == JoinKind::Right;
+    let gathered = gather_batch(&cx, &tables.payload, &idx, n, device, right)?;
     drop(idx);
     Ok((selection, Some(gathered)))
 }
 
+/// What `join_probe` gives: each row's build row (or ~0), whether it is in the output,
+/// and whether it was selected (u8 per row each).
+type Probed = (CudaSlice<u32>, CudaSlice<u8>, CudaSlice<u8>);
+
 /// `join_probe` of `frame` (its keys evaluated, its selection) in `built`'s table: each
 /// row's build row (or ~0) and whether it is in the output (a match; no match for an
 /// anti join).
-fn probe(
-    cx: &Cx<'_>,
-    built: &BuiltJoin,
-    frame: &DeviceFrame,
-) -> Result<(CudaSlice<u32>, CudaSlice<u8>), BoxError> {
+fn probe(cx: &Cx<'_>, built: &BuiltJoin, frame: &DeviceFrame) -> Result<Probed, BoxError> {
     let tables = tables(built)?;
     let plan = &built.plan;
     let n = frame.num_rows();
@@ -138,8 +141,8 @@ fn probe(
     if let Some(word) = pending(cx, err, "a join key", may_fail, true)? {
         word.check()?;
     }
-    drop((slots_view, keys_view, keys, valid, sel));
-    Ok((idx, hit))
+    drop((slots_view, keys_view, keys, valid));
+    Ok((idx, hit, sel))
 }
 
 /// What an inner join whose build keys repeat makes of a probe frame on the device.
@@ -169,8 +172,9 @@ pub(crate) fn join_expanded(
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let s = cx.stream;
-    let (idx, hit) = probe(&cx, built, frame)?;
+    let (idx, hit, sel) = probe(&cx, built, frame)?;
     drop(hit);
+    let right = built.plan.kind == JoinKind::Right;
     let table = tables.slots.column(0).ok_or("a join table without slots")?;
     let (slots_at, slots_view) = at_first_row(&cx, &table, 1, 4, "slots")?;
     let next = slots_at + 4 * (built.mask + 1);
@@ -183,6 +187,8 @@ pub(crate) fn join_expanded(
             A::U64(next),
             A::U64(addr(&incl, s)),
             A::U64(n as u64),
+            A::U64(addr(&sel, s)),
+            A::U32(right as u32),
         ],
     )?;
     let scan = addr(&incl, s);
@@ -234,7 +240,7 @@ pub(crate) fn join_expanded(
     }
     let rows = total[0].max(0) as usize;
     if rows == 0 {
-        drop((slots_view, idx, incl));
+        drop((slots_view, idx, incl, sel));
         return Ok(Expanded {
             rows,
             build: None,
@@ -255,7 +261,7 @@ pub(crate) fn join_expanded(
             A::U64(addr(&out_probe, s)),
         ],
     )?;
-    drop((slots_view, idx, incl));
+    drop((slots_view, idx, incl, sel));
     let build = if tables.payload.schema().fields().is_empty() {
         None
     } else {
@@ -265,6 +271,7 @@ pub(crate) fn join_expanded(
             &out_build,
             rows,
             device,
+            right,
         )?)
     };
     let probe = if probe_columns.is_empty() {
@@ -274,7 +281,7 @@ pub(crate) fn join_expanded(
             .iter()
             .map(|&i| (frame.columns()[i].column(), frame.schema().field(i).clone()))
             .collect();
-        Some(gather(&cx, &columns, &out_probe, rows, device)?)
+        Some(gather(&cx, &columns, &out_probe, rows, device, false)?)
     };
     drop((out_build, out_probe));
     Ok(Expanded { rows, build, probe })
@@ -292,6 +299,7 @@ fn gather_batch(
     idx: &CudaSlice<u32>,
     n: usize,
     device: &ExecDevice,
+    right: bool,
 ) -> Result<DeviceBatch, BoxError> {
     let schema = payload.schema();
     let mut columns = Vec::with_capacity(schema.fields().len());
@@ -301,17 +309,20 @@ fn gather_batch(
             .ok_or_else(|| ComputeError::Input(format!("no build column {i}")))?;
         columns.push((c, field.as_ref().clone()));
     }
-    gather(cx, &columns, idx, n, device)
+    gather(cx, &columns, idx, n, device, right)
 }
 
 /// `columns` gathered to `n` rows by `idx` (a row of theirs, or none: zero bits), as one
-/// batch of nullable columns.
+/// batch of nullable columns. With `right` (a right join's build side), the last column
+/// is the all-true `MATCHED` one: gathered, it is the validity of the columns that have
+/// none (null where a row has no build row), and it is not in the batch.
 fn gather(
     cx: &Cx<'_>,
     columns: &[(DeviceColumn<'_>, Field)],
     idx: &CudaSlice<u32>,
     n: usize,
     device: &ExecDevice,
+    right: bool,
 ) -> Result<DeviceBatch, BoxError> {
     let s = cx.stream;
     let at = addr(idx, s);
@@ -319,6 +330,36 @@ fn gather(
     let counts = cx.zeros::<i64>(columns.len())?;
     let mut nullable = false;
     let mut held = Vec::new();
+    let (columns, matched) = match columns.split_last() {
+        Some(((c, field), rest)) if right => {
+            if field.name() != MATCHED || c.data_type() != &DataType::Boolean {
+                return Err(
+                    ComputeError::Input("a right join without its matched column".into()).into(),
+                );
+            }
+            let values = c.buffer(1).ok_or("a matched column without values")?;
+            if (values.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
+                return Err(ComputeError::Input("the matched column too short".into()).into());
+            }
+            let view = values.cuda_view::<u8>(s)?;
+            let bits = cx.zeros::<u8>(4 * words)?;
+            let slot = rest.len();
+            launch_bits(
+                cx,
+                &cx.k.gather_bits,
+                at,
+                view.device_ptr(),
+                c.offset() as u64,
+                &bits,
+                n,
+                addr(&counts, s) + 8 * slot as u64,
+            )?;
+            held.push(view);
+            nullable = true;
+            (rest, Some((bits, slot)))
+        }
+        _ => (columns, None),
+    };
     let mut pending = Vec::with_capacity(columns.len());
     for (i, (c, field)) in columns.iter().enumerate() {
         let name = field.name();
@@ -345,9 +386,17 @@ fn gather(
                 )?;
                 held.push(bitmap);
                 nullable = true;
-                Some(bits)
+                Some((bits, i))
             }
-            _ => None,
+            // A right join's column without nulls: null where a row has no build row.
+            _ => match &matched {
+                Some((bits, slot)) => {
+                    let mut copy = cx.zeros::<u8>(4 * words)?;
+                    s.memcpy_dtod(bits, &mut copy)?;
+                    Some((copy, *slot))
+                }
+                None => None,
+            },
         };
         let build: Build<'_> = match &dt {
             DataType::Boolean => {
@@ -446,17 +495,18 @@ fn gather(
         pending.push((validity, build));
     }
     // One read-back of the valid rows' counts, where a column has a bitmap.
-    let mut read = vec![0i64; columns.len()];
+    let mut read = vec![0i64; counts.len()];
     if nullable {
         s.memcpy_dtoh(&counts, &mut read)?;
         s.synchronize()?;
     }
     let mut arrays = Vec::with_capacity(pending.len());
-    for (i, (validity, build)) in pending.into_iter().enumerate() {
-        let nulls = n.saturating_sub(read[i].max(0) as usize);
-        arrays.push(build(validity.map(|bits| (bits, Some(nulls))))?);
+    for (validity, build) in pending {
+        arrays.push(build(validity.map(|(bits, slot)| {
+            (bits, Some(n.saturating_sub(read[slot].max(0) as usize)))
+        }))?);
     }
-    drop((held, counts));
+    drop((held, counts, matched));
     let fields: Vec<Field> = columns
         .iter()
         .map(|(_, f)| f.clone().with_nullable(true))
