@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt8Array};
+use arrow_array::{Array, RecordBatch, UInt32Array, UInt8Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::compute::{cast, concat_batches, take};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
@@ -420,8 +420,10 @@ impl DeviceHashJoin {
         device: &ExecDevice,
         upload: &mut Transfer,
     ) -> Result<BuiltJoin, BoxError> {
+        #[allow(unused_mut)] // set on CUDA only
         let mut built = BuiltJoin {
             table,
+            #[cfg(feature = "cuda")]
             on_device: None,
         };
         #[cfg(feature = "cuda")]
@@ -444,16 +446,6 @@ pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
     h
 }
 
-/// The build side's table on the device: its columns the output takes, its keys (one
-/// `Int64` column of `k * rows` lanes, key-major) and its slots then each row's next row
-/// of its key + 1 (one `UInt32` column of `capacity + rows`).
-#[derive(Debug)]
-pub(crate) struct DeviceTables {
-    pub(crate) payload: DeviceBatch,
-    pub(crate) keys: DeviceBatch,
-    pub(crate) slots: DeviceBatch,
-}
-
 /// A join's build side made into a table on the host ([`DeviceHashJoin::table`]): what
 /// the partitions of a query that read the same build side share.
 #[derive(Debug)]
@@ -473,7 +465,8 @@ pub struct JoinTable {
 #[derive(Debug)]
 pub struct BuiltJoin {
     table: Arc<JoinTable>,
-    pub(crate) on_device: Option<DeviceTables>,
+    #[cfg(feature = "cuda")]
+    on_device: Option<super::cuda::DeviceTables>,
 }
 
 impl std::ops::Deref for BuiltJoin {
@@ -505,18 +498,38 @@ impl BuiltJoin {
 
     /// The device memory the table holds (on the CPU device, its host memory).
     pub fn device_bytes(&self) -> usize {
-        match &self.on_device {
-            Some(t) => t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes(),
-            None => {
-                self.payload.get_array_memory_size()
-                    + self.keys.len() * size_of::<i64>()
-                    + (self.slots.len() + self.next.len()) * size_of::<u32>()
-            }
+        #[cfg(feature = "cuda")]
+        if let Some(t) = &self.on_device {
+            return t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes();
         }
+        self.payload.get_array_memory_size()
+            + self.keys.len() * size_of::<i64>()
+            + (self.slots.len() + self.next.len()) * size_of::<u32>()
+    }
+
+    /// What the CUDA probe reads of the join.
+    #[cfg(feature = "cuda")]
+    fn device_probe(&self) -> Result<super::cuda::Probe<'_>, BoxError> {
+        let tables = self
+            .on_device
+            .as_ref()
+            .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
+        let kind = self.plan.kind;
+        Ok(super::cuda::Probe {
+            tables,
+            keys: &self.plan.probe_keys,
+            rows: self.rows,
+            mask: self.mask,
+            anti: kind == JoinKind::Anti,
+            right: kind == JoinKind::Right,
+            gathers: matches!(kind, JoinKind::Inner | JoinKind::Right),
+        })
     }
 
     #[cfg(feature = "cuda")]
-    fn upload(&self, upload: &mut Transfer) -> Result<DeviceTables, BoxError> {
+    fn upload(&self, upload: &mut Transfer) -> Result<super::cuda::DeviceTables, BoxError> {
+        use arrow_array::{ArrayRef, Int64Array};
+
         let one = |name: &str, array: ArrayRef| {
             let field = Field::new(name, array.data_type().clone(), false);
             RecordBatch::try_new(schema_of(vec![field]), vec![array])
@@ -524,7 +537,7 @@ impl BuiltJoin {
         let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
         let table: Vec<u32> = self.slots.iter().chain(&self.next).copied().collect();
         let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
-        Ok(DeviceTables {
+        Ok(super::cuda::DeviceTables {
             payload: upload.to_device(&self.payload)?,
             keys: upload.to_device(&keys)?,
             slots: upload.to_device(&slots)?,
@@ -575,7 +588,8 @@ impl BuiltJoin {
         }
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
-            let (selection, gathered) = super::cuda::join(self, frame, cuda, device)?;
+            let (selection, gathered) =
+                super::cuda::join(&self.device_probe()?, frame, cuda, device)?;
             // A right join keeps the frame's rows: its selection is the frame's.
             let selection = if right {
                 frame.selection().cloned()
@@ -641,7 +655,13 @@ impl BuiltJoin {
         let probe_columns = self.plan.probe_columns();
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
-            let expanded = super::cuda::join_expanded(self, frame, &probe_columns, cuda, device)?;
+            let expanded = super::cuda::join_expanded(
+                &self.device_probe()?,
+                frame,
+                &probe_columns,
+                cuda,
+                device,
+            )?;
             if expanded.rows == 0 {
                 return empty_frame(&self.plan.schema, device);
             }

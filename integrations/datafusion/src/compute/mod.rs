@@ -420,6 +420,8 @@ pub fn compact(
     if let Some(cuda) = device.cuda() {
         return cuda::compact(frame, selection, cuda, device);
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = selection;
     check_cpu(device)?;
     // The CPU device's memory is the host's: the frame's filter, as a download makes it,
     // and back on the device.

@@ -2,12 +2,12 @@
 //! [`DeviceOperatorExec`], its plan node.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{internal_err, DataFusionError, Result, Statistics};
+use datafusion::common::{internal_err, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::OrderingRequirements;
 use datafusion::physical_expr::PhysicalExpr;
@@ -24,7 +24,8 @@ use crate::error::BoxError;
 use crate::frame::DeviceFrame;
 use crate::step::ExecDevice;
 
-use super::{host_twin, run};
+use super::host_twin;
+use super::run::{self, SharedInputs};
 
 /// What an operator hands on: a frame still on the device, or (a terminal operator's,
 /// such as a partial aggregate reading its small result back) a host batch.
@@ -153,23 +154,7 @@ pub struct DeviceOperatorExec {
     children: Vec<Arc<dyn ExecutionPlan>>,
     host_twin: Arc<dyn ExecutionPlan>,
     metrics: ExecutionPlanMetricsSet,
-    shared: Arc<Mutex<Vec<SharedSlot>>>,
-}
-
-/// The batches of a host child every partition reads, read once per query.
-type SharedCell = OnceLock<std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>>;
-
-/// A query's partitions' handle on a [`SharedCell`].
-pub(crate) type SharedInput = Arc<SharedCell>;
-
-/// A shared host input of one child for one query (its task context), held by the
-/// query's partitions (the node keeps only weak references: the batches go when the
-/// query's partitions do).
-#[derive(Debug)]
-struct SharedSlot {
-    child: usize,
-    context: Weak<TaskContext>,
-    input: Weak<SharedCell>,
+    shared: Arc<SharedInputs>,
 }
 
 impl DeviceOperatorExec {
@@ -239,27 +224,9 @@ impl DeviceOperatorExec {
         })
     }
 
-    /// The shared batches of host child `child` for the query of `context` (the same
-    /// cell for every partition of that query; filled by the first that reads it).
-    pub(crate) fn shared_input(&self, child: usize, context: &Arc<TaskContext>) -> SharedInput {
-        let mut slots = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        slots.retain(|s| s.context.strong_count() > 0 && s.input.strong_count() > 0);
-        let found = slots.iter().find(|s| {
-            s.child == child
-                && s.context
-                    .upgrade()
-                    .is_some_and(|c| Arc::ptr_eq(&c, context))
-        });
-        if let Some(input) = found.and_then(|s| s.input.upgrade()) {
-            return input;
-        }
-        let input = SharedInput::default();
-        slots.push(SharedSlot {
-            child,
-            context: Arc::downgrade(context),
-            input: Arc::downgrade(&input),
-        });
-        input
+    /// The batches of host children its partitions share (`shares_host_input`).
+    pub(crate) fn shared_inputs(&self) -> &SharedInputs {
+        &self.shared
     }
 
     /// The operator.

@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -37,7 +37,6 @@ use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
 use super::coalesce::coalesce;
-use super::operator::SharedInput;
 use super::{chain, BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
 
 /// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
@@ -114,6 +113,52 @@ impl UnloadMetrics {
     }
 }
 
+/// The batches of a host child every partition of a query reads, read once.
+type SharedCell = OnceLock<std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>>;
+
+/// A query's partitions' handle on a [`SharedCell`].
+type SharedInput = Arc<SharedCell>;
+
+/// The host inputs an operator node's partitions share (a collected build side), one
+/// per child and query (task context). The node keeps only weak references: the batches
+/// go when the query's partitions do.
+#[derive(Debug, Default)]
+pub(crate) struct SharedInputs {
+    slots: Mutex<Vec<SharedSlot>>,
+}
+
+#[derive(Debug)]
+struct SharedSlot {
+    child: usize,
+    context: Weak<TaskContext>,
+    input: Weak<SharedCell>,
+}
+
+impl SharedInputs {
+    /// The shared batches of host child `child` for the query of `context` (the same
+    /// cell for every partition of that query; filled by the first that reads it).
+    fn get(&self, child: usize, context: &Arc<TaskContext>) -> SharedInput {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.retain(|s| s.context.strong_count() > 0 && s.input.strong_count() > 0);
+        let found = slots.iter().find(|s| {
+            s.child == child
+                && s.context
+                    .upgrade()
+                    .is_some_and(|c| Arc::ptr_eq(&c, context))
+        });
+        if let Some(input) = found.and_then(|s| s.input.upgrade()) {
+            return input;
+        }
+        let input = SharedInput::default();
+        slots.push(SharedSlot {
+            child,
+            context: Arc::downgrade(context),
+            input: Arc::downgrade(&input),
+        });
+        input
+    }
+}
+
 /// A host child of an operator (a join's build side), read when the partition starts.
 enum HostInput {
     /// The partition's own stream of it.
@@ -175,7 +220,7 @@ pub(crate) fn execute_region(
             let at = op.operator().host_partition(i, partition);
             inputs.push(if op.operator().shares_host_input(i) {
                 HostInput::Shared {
-                    batches: op.shared_input(i, &context),
+                    batches: op.shared_inputs().get(i, &context),
                     plan: input.clone(),
                     partition: at,
                     context: context.clone(),

@@ -12,8 +12,7 @@ use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::compact::{fixed_array, launch_bits};
 use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
-use crate::compute::join::{BuiltJoin, DeviceTables, JoinKind, MATCHED};
-use crate::compute::{fixed_width, ComputeError, SELECTION};
+use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
@@ -40,39 +39,56 @@ fn at_first_row<'a>(
     Ok((start, view))
 }
 
-/// `built`'s table on the device.
-fn tables(built: &BuiltJoin) -> Result<&DeviceTables, BoxError> {
-    Ok(built
-        .on_device
-        .as_ref()
-        .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?)
+/// The build side's table on the device: its columns the output takes, its keys (one
+/// `Int64` column of `k * rows` lanes, key-major) and its slots then each row's next row
+/// of its key + 1 (one `UInt32` column of `capacity + rows`).
+#[derive(Debug)]
+pub(crate) struct DeviceTables {
+    pub(crate) payload: DeviceBatch,
+    pub(crate) keys: DeviceBatch,
+    pub(crate) slots: DeviceBatch,
 }
 
-/// The join of `frame` with `built`'s table on the device: the output's selection
-/// (`UInt8`) and, for an inner join, the build columns gathered to the probe rows.
+/// What a probe on the device reads of a join (`crate::compute::join::BuiltJoin`).
+pub(crate) struct Probe<'a> {
+    /// The build side's table.
+    pub(crate) tables: &'a DeviceTables,
+    /// The probe side's keys, one per build key.
+    pub(crate) keys: &'a [DeviceExpr],
+    /// The build side's rows.
+    pub(crate) rows: usize,
+    /// The slots' count - 1 (a power of two - 1).
+    pub(crate) mask: u64,
+    /// An anti join: a selected row that matches nothing is in the output.
+    pub(crate) anti: bool,
+    /// A right join: the build columns' last is the all-true matched one, and a selected
+    /// row that matches nothing is kept.
+    pub(crate) right: bool,
+    /// Whether the output takes build columns (an inner or a right join).
+    pub(crate) gathers: bool,
+}
+
+/// The join of `frame` with `p`'s table on the device: the output's selection
+/// (`UInt8`) and, for an inner or right join, the build columns gathered to the probe
+/// rows.
 pub(crate) fn join(
-    built: &BuiltJoin,
+    p: &Probe<'_>,
     frame: &DeviceFrame,
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
 ) -> Result<(FrameColumn, Option<DeviceBatch>), BoxError> {
-    let tables = tables(built)?;
-    let plan = &built.plan;
     let n = frame.num_rows();
     let cx = context(cuda)?;
-    let (idx, hit, _) = probe(&cx, built, frame)?;
+    let (idx, hit, _) = probe(&cx, p, frame)?;
     let selection = CudaArray::from_values(DataType::UInt8, hit)?;
     let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
     let selection =
         DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
     let selection = FrameColumn::single(selection)?;
-    if !matches!(plan.kind, JoinKind::Inner | JoinKind::Right)
-        || tables.payload.schema().fields().is_empty()
-    {
+    if !p.gathers || p.tables.payload.schema().fields().is_empty() {
         return Ok((selection, None));
     }
-    let right = plan.kind == JoinKind::Right;
-    let gathered = gather_batch(&cx, &tables.payload, &idx, n, device, right)?;
+    let gathered = gather_batch(&cx, &p.tables.payload, &idx, n, device, p.right)?;
     drop(idx);
     Ok((selection, Some(gathered)))
 }
@@ -84,18 +100,17 @@ type Probed = (CudaSlice<u32>, CudaSlice<u8>, CudaSlice<u8>);
 /// `join_probe` of `frame` (its keys evaluated, its selection) in `built`'s table: each
 /// row's build row (or ~0) and whether it is in the output (a match; no match for an
 /// anti join).
-fn probe(cx: &Cx<'_>, built: &BuiltJoin, frame: &DeviceFrame) -> Result<Probed, BoxError> {
-    let tables = tables(built)?;
-    let plan = &built.plan;
+fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxError> {
+    let tables = p.tables;
     let n = frame.num_rows();
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
-    let k = plan.probe_keys.len();
+    let k = p.keys.len();
     let mut keys = cx.zeros::<i64>(k * n)?;
     let mut valid = cx.zeros::<u8>(k * n)?;
     let mut may_fail = false;
-    for (j, key) in plan.probe_keys.iter().enumerate() {
+    for (j, key) in p.keys.iter().enumerate() {
         let lanes = eval(cx, &key.node, frame, e)?;
         s.memcpy_dtod(
             &lanes.values.slice(0..n),
@@ -114,9 +129,7 @@ fn probe(cx: &Cx<'_>, built: &BuiltJoin, frame: &DeviceFrame) -> Result<Probed, 
     let (slots_at, slots_view) = at_first_row(cx, &slots, 1, 4, "slots")?;
     let build_keys = tables.keys.column(0).ok_or("a join table without keys")?;
     let (keys_at, keys_view) = at_first_row(cx, &build_keys, 1, 8, "keys")?;
-    if slots.len() as u64 != built.mask + 1 + built.rows as u64
-        || build_keys.len() != k * built.rows
-    {
+    if slots.len() as u64 != p.mask + 1 + p.rows as u64 || build_keys.len() != k * p.rows {
         return Err(ComputeError::Input("a join table of another size".into()).into());
     }
     cx.launch(
@@ -129,12 +142,12 @@ fn probe(cx: &Cx<'_>, built: &BuiltJoin, frame: &DeviceFrame) -> Result<Probed, 
             A::U64(n as u64),
             A::U32(k as u32),
             A::U64(slots_at),
-            A::U64(built.mask),
+            A::U64(p.mask),
             A::U64(keys_at),
-            A::U64(built.rows as u64),
+            A::U64(p.rows as u64),
             A::U64(addr(&idx, s)),
             A::U64(addr(&hit, s)),
-            A::U32((plan.kind == JoinKind::Anti) as u32),
+            A::U32(p.anti as u32),
         ],
     )?;
     // The keys' overflow, if one can overflow (one read-back).
@@ -155,12 +168,12 @@ pub(crate) struct Expanded {
     pub(crate) probe: Option<DeviceBatch>,
 }
 
-/// The inner join of `frame` with `built`'s table whose keys repeat: the pairs of
+/// The inner or right join of `frame` with `p`'s table whose keys repeat: the pairs of
 /// matching rows (`join_probe`, `join_count`, devarrow's scan, one read-back of the
 /// pair count, `join_expand`), each side's columns gathered to them (the probe frame's
 /// `probe_columns`).
 pub(crate) fn join_expanded(
-    built: &BuiltJoin,
+    p: &Probe<'_>,
     frame: &DeviceFrame,
     probe_columns: &[usize],
     cuda: &Arc<CudaDevice>,
@@ -168,16 +181,16 @@ pub(crate) fn join_expanded(
 ) -> Result<Expanded, BoxError> {
     use devarrow::abi::device::DeviceKernels;
 
-    let tables = tables(built)?;
+    let tables = p.tables;
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let s = cx.stream;
-    let (idx, hit, sel) = probe(&cx, built, frame)?;
+    let (idx, hit, sel) = probe(&cx, p, frame)?;
     drop(hit);
-    let right = built.plan.kind == JoinKind::Right;
+    let right = p.right;
     let table = tables.slots.column(0).ok_or("a join table without slots")?;
     let (slots_at, slots_view) = at_first_row(&cx, &table, 1, 4, "slots")?;
-    let next = slots_at + 4 * (built.mask + 1);
+    let next = slots_at + 4 * (p.mask + 1);
     let incl = cx.zeros::<i64>(n)?;
     cx.launch(
         &cx.k.join_count,
@@ -287,6 +300,49 @@ pub(crate) fn join_expanded(
     Ok(Expanded { rows, build, probe })
 }
 
+/// A Boolean column's values bitmap (buffer 1), readable on the stream.
+fn values_bits<'a>(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'a>,
+    what: &str,
+) -> Result<devarrow::cuda::BorrowedSlice<'a, u8>, BoxError> {
+    let values = c
+        .buffer(1)
+        .ok_or_else(|| ComputeError::Input(format!("{what}: no buffer")))?;
+    Ok(values.cuda_view::<u8>(cx.stream)?)
+}
+
+/// `bitmap`, a bitmap of column `c` (its validity, or a Boolean's values: bit
+/// `c.offset() + r` for row `r`), checked to hold the column's rows, then gathered by the
+/// rows at `idx` to `n` rows (`gather_bits`: a zero bit where a row is ~0), its set bits
+/// added to the i64 at `count` (0: not counted).
+fn gather_bitmap(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'_>,
+    bitmap: &devarrow::cuda::BorrowedSlice<'_, u8>,
+    idx: u64,
+    n: usize,
+    count: u64,
+    what: &str,
+) -> Result<CudaSlice<u8>, BoxError> {
+    if (bitmap.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
+        return Err(ComputeError::Input(format!("{what}: too short")).into());
+    }
+    let bits = cx.zeros::<u8>(4 * n.div_ceil(32))?;
+    let offset = c.offset() as u64;
+    launch_bits(
+        cx,
+        &cx.k.gather_bits,
+        idx,
+        bitmap.device_ptr(),
+        offset,
+        &bits,
+        n,
+        count,
+    )?;
+    Ok(bits)
+}
+
 /// A gathered column's array, made once its null count is known.
 type Build<'a> =
     Box<dyn FnOnce(Option<(CudaSlice<u8>, Option<usize>)>) -> Result<CudaArray, BoxError> + 'a>;
@@ -314,7 +370,7 @@ fn gather_batch(
 
 /// `columns` gathered to `n` rows by `idx` (a row of theirs, or none: zero bits), as one
 /// batch of nullable columns. With `right` (a right join's build side), the last column
-/// is the all-true `MATCHED` one: gathered, it is the validity of the columns that have
+/// is the all-true matched one (`crate::compute::join::MATCHED`): gathered, it is the validity of the columns that have
 /// none (null where a row has no build row), and it is not in the batch.
 fn gather(
     cx: &Cx<'_>,
@@ -331,30 +387,17 @@ fn gather(
     let mut nullable = false;
     let mut held = Vec::new();
     let (columns, matched) = match columns.split_last() {
-        Some(((c, field), rest)) if right => {
-            if field.name() != MATCHED || c.data_type() != &DataType::Boolean {
+        Some(((c, _), rest)) if right => {
+            if c.data_type() != &DataType::Boolean {
                 return Err(
                     ComputeError::Input("a right join without its matched column".into()).into(),
                 );
             }
-            let values = c.buffer(1).ok_or("a matched column without values")?;
-            if (values.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
-                return Err(ComputeError::Input("the matched column too short".into()).into());
-            }
-            let view = values.cuda_view::<u8>(s)?;
-            let bits = cx.zeros::<u8>(4 * words)?;
             let slot = rest.len();
-            launch_bits(
-                cx,
-                &cx.k.gather_bits,
-                at,
-                view.device_ptr(),
-                c.offset() as u64,
-                &bits,
-                n,
-                addr(&counts, s) + 8 * slot as u64,
-            )?;
-            held.push(view);
+            let values = values_bits(cx, c, "the matched column")?;
+            let count = addr(&counts, s) + 8 * slot as u64;
+            let bits = gather_bitmap(cx, c, &values, at, n, count, "the matched column")?;
+            held.push(values);
             nullable = true;
             (rest, Some((bits, slot)))
         }
@@ -367,23 +410,9 @@ fn gather(
         // The validity: bit offset + row of the bitmap, gathered, its set bits counted.
         let validity = match c.cuda_validity(s)? {
             Some(bitmap) if c.null_count() != Some(0) => {
-                if (bitmap.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
-                    return Err(ComputeError::Input(format!(
-                        "column `{name}`: a bitmap too short"
-                    ))
-                    .into());
-                }
-                let bits = cx.zeros::<u8>(4 * words)?;
-                launch_bits(
-                    cx,
-                    &cx.k.gather_bits,
-                    at,
-                    bitmap.device_ptr(),
-                    c.offset() as u64,
-                    &bits,
-                    n,
-                    addr(&counts, s) + 8 * i as u64,
-                )?;
+                let count = addr(&counts, s) + 8 * i as u64;
+                let what = format!("column `{name}`'s bitmap");
+                let bits = gather_bitmap(cx, c, &bitmap, at, n, count, &what)?;
                 held.push(bitmap);
                 nullable = true;
                 Some((bits, i))
@@ -400,27 +429,10 @@ fn gather(
         };
         let build: Build<'_> = match &dt {
             DataType::Boolean => {
-                let values = c.buffer(1).ok_or_else(|| {
-                    ComputeError::Input(format!("column `{name}` without values"))
-                })?;
-                if (values.len() as u64) * 8 < (c.offset() + c.len()) as u64 {
-                    return Err(
-                        ComputeError::Input(format!("column `{name}`: values too short")).into(),
-                    );
-                }
-                let view = values.cuda_view::<u8>(s)?;
-                let bits = cx.zeros::<u8>(4 * words)?;
-                launch_bits(
-                    cx,
-                    &cx.k.gather_bits,
-                    at,
-                    view.device_ptr(),
-                    c.offset() as u64,
-                    &bits,
-                    n,
-                    0,
-                )?;
-                held.push(view);
+                let what = format!("column `{name}`'s values");
+                let values = values_bits(cx, c, &what)?;
+                let bits = gather_bitmap(cx, c, &values, at, n, 0, &what)?;
+                held.push(values);
                 Box::new(move |validity| Ok(CudaArray::from_bits(n, bits, validity)?))
             }
             DataType::Utf8View | DataType::BinaryView => {

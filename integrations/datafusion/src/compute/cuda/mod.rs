@@ -26,7 +26,7 @@ mod compact;
 mod join;
 
 pub(crate) use compact::compact;
-pub(crate) use join::{join, join_expanded};
+pub(crate) use join::{join, join_expanded, DeviceTables, Probe};
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
