@@ -1558,7 +1558,25 @@ pub async fn check_joins(device: &ExecDevice) {
     join_tables(&plain);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 21] = [
+    let cases: [&str; 29] = [
+        // The smaller side's rows that some (or no) fact row matches, and a left join
+        // of the smaller side: left semi, anti and outer joins, whose output is build
+        // rows emitted when the probe side has ended.
+        "select d.k, d.name, d.price, d.flag from dim d where exists \
+         (select 1 from fact f where f.fk = d.k)",
+        "select d.k, d.day from dim d where not exists \
+         (select 1 from fact f where f.fk = d.k and f.qty > 3)",
+        "select u.dk, u.tag from dup u where exists \
+         (select 1 from fact f where f.fk = u.dk and f.qty < 3)",
+        "select count(*) as n from dup u where not exists \
+         (select 1 from fact f where f.fk = u.dk and f.fk2 = 1)",
+        "select d.name, d.day, f.qty, f.note from dim d left join fact f on f.fk = d.k",
+        "select u.tag, f.qty, f.note from dup u left join fact f on f.fk = u.dk \
+         and f.fk2 = u.tag % 3",
+        "select d.name, count(f.qty) as n, sum(f.qty) as q from dim d \
+         left join fact f on f.fk = d.k and f.fk2 = d.k2 group by d.name",
+        "select d.k, d.price from dim d where d.k2 < 3 and exists \
+         (select 1 from fact f where f.fk = d.k and f.qty > 6)",
         // Left joins of fact to the smaller side: DataFusion makes them right joins
         // whose build side is that side.
         "select f.qty, f.note, d.name, d.flag, d.price, d.day from fact f \
@@ -1600,7 +1618,70 @@ pub async fn check_joins(device: &ExecDevice) {
         "select f.fk, f.qty from fact f where not exists \
              (select 1 from dim d where d.k = f.fk and d.k > 1000)",
     ];
-    for sql in cases {
+    // Each case with the build side collected (shared by the probe partitions), then
+    // partitioned by the keys (each partition its own).
+    for mode in ["CollectLeft", "Partitioned"] {
+        if mode == "Partitioned" {
+            for set in [
+                "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
+                "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+            ] {
+                ctx.sql(set).await.unwrap().collect().await.unwrap();
+            }
+        }
+        for sql in cases {
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let shown = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(
+                shown.contains("DeviceHashJoinExec") && shown.contains(&format!("mode={mode}")),
+                "{sql}\n{shown}"
+            );
+            let got = collect(plan.clone(), ctx.task_ctx())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+            let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+            assert_eq!(lines(&got), lines(&want), "{mode}: {sql}\n{shown}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn joins_are_datafusions() {
+    if own_tests() {
+        check_joins(&ExecDevice::cpu()).await;
+    }
+}
+
+/// The partitions of a query whose device join collects its build side, run one after
+/// another (each to its end before the next starts, as a scheduler with one slot runs
+/// them): they share one build side (read and hashed once), and a left semi, anti or
+/// outer join emits its build rows once, when the last of them ends.
+pub async fn check_partitions_one_after_another(device: &ExecDevice) {
+    use datafusion::physical_plan::displayable;
+
+    let ctx = every_join_session(device).await;
+    // The joins as written: `dim` the build side, `fact` (two partitions) the probe side.
+    ctx.sql("set datafusion.optimizer.join_reordering = false")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    join_tables(&ctx);
+    join_tables(&plain);
+    for sql in [
+        "select d.k, d.name from dim d where exists (select 1 from fact f where f.fk = d.k)",
+        "select d.k from dim d where not exists (select 1 from fact f where f.fk = d.k)",
+        "select d.name, f.qty from dim d left join fact f on f.fk = d.k",
+        "select f.qty, d.name from dim d join fact f on f.fk = d.k",
+    ] {
         let plan = ctx
             .sql(sql)
             .await
@@ -1609,19 +1690,43 @@ pub async fn check_joins(device: &ExecDevice) {
             .await
             .unwrap();
         let shown = displayable(plan.as_ref()).indent(true).to_string();
-        assert!(shown.contains("DeviceHashJoinExec"), "{sql}\n{shown}");
-        let got = collect(plan.clone(), ctx.task_ctx())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        assert!(shown.contains("mode=CollectLeft"), "{sql}\n{shown}");
+        let partitions = plan.properties().partitioning.partition_count();
+        assert!(partitions > 1, "{sql}\n{shown}");
+        let task = ctx.task_ctx();
+        let mut got = Vec::new();
+        for partition in 0..partitions {
+            let stream = plan.execute(partition, task.clone()).unwrap();
+            got.extend(
+                datafusion::physical_plan::common::collect(stream)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}")),
+            );
+        }
         let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
         assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+        let metrics = |node: &Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
+            let mut built = 0;
+            let mut stack = vec![node.clone()];
+            while let Some(node) = stack.pop() {
+                if node.name() == "DeviceOperatorExec" || node.name() == "DeviceHashJoinExec" {
+                    built += node
+                        .metrics()
+                        .and_then(|m| m.sum_by_name("host_tables_built"))
+                        .map_or(0, |v| v.as_usize());
+                }
+                stack.extend(node.children().into_iter().cloned());
+            }
+            built
+        };
+        assert_eq!(metrics(&plan), 1, "{sql}\n{shown}");
     }
 }
 
-#[tokio::test]
-async fn joins_are_datafusions() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_one_after_another_share_a_collected_build_side() {
     if own_tests() {
-        check_joins(&ExecDevice::cpu()).await;
+        check_partitions_one_after_another(&ExecDevice::cpu()).await;
     }
 }
 
@@ -1812,7 +1917,10 @@ pub async fn check_random_joins(device: &ExecDevice) {
             "p.k = b.k and p.k2 = b.k2"
         };
         let before = ["", " and p.price > 0", " and p.name like 'v%'"][next(3) as usize];
-        let sql = match next(6) {
+        let sql = match next(9) {
+            6 => format!("select b.k, b.name, b.flag from b where exists (select 1 from p where {on}{before})"),
+            7 => format!("select b.k, b.price from b where not exists (select 1 from p where {on}{before})"),
+            8 => format!("select b.k, b.name, p.name, p.price from b left join p on {on}{before}"),
             5 => format!("select p.k, p.name, b.name, b.flag, b.price from p left join b on {on} where true{before}"),
             0 => format!("select p.k, p.name, b.name, b.flag, b.price from p join b on {on} where true{before}"),
             1 => format!(
@@ -1832,10 +1940,8 @@ pub async fn check_random_joins(device: &ExecDevice) {
         let shown = datafusion::physical_plan::displayable(plan.as_ref())
             .indent(true)
             .to_string();
-        // A left join stays one (on the host) where DataFusion builds its left side.
         assert!(
-            shown.contains("DeviceHashJoinExec")
-                || shown.contains("a Left join has no device operator"),
+            shown.contains("DeviceHashJoinExec"),
             "round {round}: {sql}\n{shown}"
         );
         let got = collect(plan, ctx.task_ctx())

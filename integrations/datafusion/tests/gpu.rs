@@ -410,6 +410,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
     on_cuda_without_leaks("hash joins on CUDA", |device| async move {
         compute_checks::check_joins(&device).await;
         compute_checks::check_random_joins(&device).await;
+        compute_checks::check_partitions_one_after_another(&device).await;
         compute_checks::check_foreign_probe_views(&device).await;
         compute_checks::check_dropped_join_stream(&device, || 0).await;
         // Device memory is checked by `on_cuda_without_leaks`, once the pool is dropped.

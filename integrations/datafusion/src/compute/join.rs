@@ -21,11 +21,17 @@
 //!   them). A semi join is only the selection, an anti join its complement. A right join
 //!   keeps the frame's selection, its build columns null where a row matched nothing. No
 //!   count is read back: the join costs no host wait.
+//! - **Joins whose output is build rows** (`LeftSemi`, `LeftAnti`, and `Left`'s rows that
+//!   match nothing) mark, per frame, the build rows its probe rows match (`join_mark`,
+//!   one byte per build row, on the device), and emit at the end of the partition
+//!   ([`BuiltJoin::finish`]): the marks read back once, merged on the host with those of
+//!   the other partitions where they share the build side (the last to end emits), the
+//!   kept rows gathered on the device. A left join's frames are its inner join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: join types other than `Inner`, `Right`, `RightSemi` and `RightAnti` (the
-//!   probe side is the right one, as DataFusion's), a join filter, keys that are not
-//!   integers or dates of one type on both sides, null-equal or null-aware joins, a
-//!   fetch, build columns of types the device does not gather (`Utf8`, nested types).
+//!   `EXPLAIN` shows: `Full` and mark joins, a filter on any join but an inner one, keys
+//!   that are not integers or dates of one type on both sides, null-equal or null-aware
+//!   joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
+//!   types).
 //! - **Duplicate build keys** (an inner join whose probe rows may match several build
 //!   rows) are found when the table is built ([`BuiltJoin::is_unique`] is false; the rows
 //!   of a key are chained). Each frame then makes one row per matching pair: the matches
@@ -73,6 +79,27 @@ pub(crate) enum JoinKind {
     Anti,
     /// Every probe row, with its build row's columns, null where it has none (`Right`).
     Right,
+    /// The build rows some probe row matches (`LeftSemi`), emitted when the probe side
+    /// has ended.
+    LeftSemi,
+    /// The build rows no probe row matches (`LeftAnti`), emitted at the end.
+    LeftAnti,
+    /// The inner join's rows, then (at the end) the build rows no probe row matched,
+    /// their probe columns null (`Left`).
+    Left,
+}
+
+impl JoinKind {
+    /// Whether its output includes build rows found only when the probe side has ended
+    /// (the probe marks the build rows it matches).
+    pub(crate) fn marks(self) -> bool {
+        matches!(self, Self::LeftSemi | Self::LeftAnti | Self::Left)
+    }
+
+    /// Whether each probe frame gives no output (only marks).
+    fn marks_only(self) -> bool {
+        matches!(self, Self::LeftSemi | Self::LeftAnti)
+    }
 }
 
 /// Where an output column comes from.
@@ -161,9 +188,13 @@ impl Plan {
 /// for batch in collect(join.right().clone(), ctx.task_ctx()).await? {
 ///     let probe = DeviceFrame::from_batch(transfer.to_device(&batch)?);
 ///     // The probe rows, a selection of those that matched, the build columns gathered.
-///     let joined = built.probe(&probe, &device)?;
-///     rows += joined.download(&mut transfer)?.num_rows();
+///     if let Some(joined) = built.probe(&probe, &device)? {
+///         rows += joined.download(&mut transfer)?.num_rows();
+///     }
 /// }
+/// // What the join emits when its probe side has ended: nothing for an inner join (a
+/// // left join's unmatched build rows, a left semi join's matched ones).
+/// assert!(built.finish(&device)?.is_none());
 /// assert_eq!(rows, 3);
 /// # Ok(())
 /// # }
@@ -189,16 +220,19 @@ impl DeviceHashJoin {
             JoinType::RightSemi => JoinKind::Semi,
             JoinType::RightAnti => JoinKind::Anti,
             JoinType::Right => JoinKind::Right,
+            JoinType::LeftSemi => JoinKind::LeftSemi,
+            JoinType::LeftAnti => JoinKind::LeftAnti,
+            JoinType::Left => JoinKind::Left,
             other => {
                 return Err(Unsupported(format!(
-                    "a {other} join has no device operator (Inner, Right, RightSemi and \
-                     RightAnti do)"
+                    "a {other} join has no device operator (Inner, Left, Right, LeftSemi, \
+                     LeftAnti, RightSemi and RightAnti do)"
                 )))
             }
         };
         if join.filter().is_some() && kind != JoinKind::Inner {
             return Err(Unsupported(
-                "a right, semi or anti join's filter has no device operator".into(),
+                "an outer, semi or anti join's filter has no device operator".into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -241,11 +275,14 @@ impl DeviceHashJoin {
             build_keys.push(l.clone());
         }
         let all: Vec<Out> = match kind {
-            JoinKind::Inner | JoinKind::Right => (0..left.fields().len())
+            JoinKind::Inner | JoinKind::Right | JoinKind::Left => (0..left.fields().len())
                 .map(Out::Build)
                 .chain((0..right.fields().len()).map(Out::Probe))
                 .collect(),
             JoinKind::Semi | JoinKind::Anti => (0..right.fields().len()).map(Out::Probe).collect(),
+            JoinKind::LeftSemi | JoinKind::LeftAnti => {
+                (0..left.fields().len()).map(Out::Build).collect()
+            }
         };
         let picked: Vec<Out> = match &join.projection {
             Some(projection) => projection.iter().map(|&i| all[i]).collect(),
@@ -338,6 +375,20 @@ impl DeviceHashJoin {
     /// # Errors
     /// As [`DeviceHashJoin::build`], without the upload's.
     pub fn table(&self, batches: Arc<Vec<RecordBatch>>) -> Result<JoinTable, BoxError> {
+        self.shared_table(batches, 1)
+    }
+
+    /// [`DeviceHashJoin::table`] for `partitions` partitions that probe it (a collected
+    /// build side's, shared by the query's partitions): a join whose output is build
+    /// rows emits them when the last of them has ended ([`BuiltJoin::finish`]).
+    ///
+    /// # Errors
+    /// As [`DeviceHashJoin::table`].
+    pub fn shared_table(
+        &self,
+        batches: Arc<Vec<RecordBatch>>,
+        partitions: usize,
+    ) -> Result<JoinTable, BoxError> {
         let plan = &self.plan;
         let batch = concat_batches(&plan.build_schema, batches.iter())?;
         let rows = batch.num_rows();
@@ -406,6 +457,10 @@ impl DeviceHashJoin {
             next,
             keys,
             payload,
+            visited: std::sync::Mutex::new(Visited {
+                flags: vec![0; if plan.kind.marks() { rows } else { 0 }],
+                partitions: partitions.max(1),
+            }),
         })
     }
 
@@ -420,15 +475,23 @@ impl DeviceHashJoin {
         device: &ExecDevice,
         upload: &mut Transfer,
     ) -> Result<BuiltJoin, BoxError> {
+        let marks = if self.plan.kind.marks() {
+            table.rows
+        } else {
+            0
+        };
         #[allow(unused_mut)] // set on CUDA only
         let mut built = BuiltJoin {
             table,
+            host_marks: std::sync::Mutex::new(vec![0; marks]),
             #[cfg(feature = "cuda")]
             on_device: None,
         };
         #[cfg(feature = "cuda")]
         if device.cuda().is_some() && built.rows > 0 {
             built.on_device = Some(built.upload(upload)?);
+            // The marks are the device's.
+            built.host_marks = std::sync::Mutex::default();
         }
         #[cfg(not(feature = "cuda"))]
         let _ = (device, upload);
@@ -459,12 +522,50 @@ pub struct JoinTable {
     next: Vec<u32>,
     keys: Vec<i64>,
     payload: RecordBatch,
+    /// The build rows the partitions that ended matched, for a join whose output is
+    /// build rows.
+    visited: std::sync::Mutex<Visited>,
+}
+
+/// The build rows the probe partitions of a table matched, gathered as they end.
+#[derive(Debug)]
+struct Visited {
+    /// A flag per build row (none for a join whose output is not build rows).
+    flags: Vec<u8>,
+    /// The partitions yet to end.
+    partitions: usize,
+}
+
+impl JoinTable {
+    /// Adds a partition's `flags` (the build rows it matched): the flags of every
+    /// partition when it was the last to end, else `None`.
+    fn merge(&self, flags: &[u8]) -> Result<Option<Vec<u8>>, BoxError> {
+        let mut visited = self.visited.lock().unwrap_or_else(|e| e.into_inner());
+        if flags.len() != visited.flags.len() || visited.partitions == 0 {
+            return Err(ComputeError::Input(format!(
+                "a join's build rows matched by one more partition ({} flags, {} expected, \
+                 {} partitions to end)",
+                flags.len(),
+                visited.flags.len(),
+                visited.partitions
+            ))
+            .into());
+        }
+        for (all, &one) in visited.flags.iter_mut().zip(flags) {
+            *all |= one;
+        }
+        visited.partitions -= 1;
+        Ok((visited.partitions == 0).then(|| std::mem::take(&mut visited.flags)))
+    }
 }
 
 /// A join's table bound to one partition's device ([`DeviceHashJoin::bind_table`]).
 #[derive(Debug)]
 pub struct BuiltJoin {
     table: Arc<JoinTable>,
+    /// The build rows this partition's probe rows matched, on the host (the CPU
+    /// device's; the CUDA device's are on it).
+    host_marks: std::sync::Mutex<Vec<u8>>,
     #[cfg(feature = "cuda")]
     on_device: Option<super::cuda::DeviceTables>,
 }
@@ -483,7 +584,11 @@ impl BuiltJoin {
     /// counts: then [`BuiltJoin::probe`] moves no row (else it makes one per matching
     /// pair).
     pub fn is_unique(&self) -> bool {
-        self.unique || matches!(self.plan.kind, JoinKind::Semi | JoinKind::Anti)
+        self.unique
+            || matches!(
+                self.plan.kind,
+                JoinKind::Semi | JoinKind::Anti | JoinKind::LeftSemi | JoinKind::LeftAnti
+            )
     }
 
     /// The build side's rows.
@@ -500,10 +605,14 @@ impl BuiltJoin {
     pub fn device_bytes(&self) -> usize {
         #[cfg(feature = "cuda")]
         if let Some(t) = &self.on_device {
-            return t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes();
+            return t.payload.device_bytes()
+                + t.keys.device_bytes()
+                + t.slots.device_bytes()
+                + t.marks.as_ref().map_or(0, |m| m.flags.device_bytes());
         }
         self.payload.get_array_memory_size()
             + self.keys.len() * size_of::<i64>()
+            + self.rows * usize::from(self.plan.kind.marks())
             + (self.slots.len() + self.next.len()) * size_of::<u32>()
     }
 
@@ -522,7 +631,8 @@ impl BuiltJoin {
             mask: self.mask,
             anti: kind == JoinKind::Anti,
             right: kind == JoinKind::Right,
-            gathers: matches!(kind, JoinKind::Inner | JoinKind::Right),
+            gathers: matches!(kind, JoinKind::Inner | JoinKind::Right | JoinKind::Left),
+            marks: kind.marks(),
         })
     }
 
@@ -537,10 +647,17 @@ impl BuiltJoin {
         let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
         let table: Vec<u32> = self.slots.iter().chain(&self.next).copied().collect();
         let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
+        let marks = if self.plan.kind.marks() {
+            let zeros = one("marks", Arc::new(UInt8Array::from(vec![0u8; self.rows])))?;
+            Some(super::cuda::Marks::new(upload.to_device(&zeros)?))
+        } else {
+            None
+        };
         Ok(super::cuda::DeviceTables {
             payload: upload.to_device(&self.payload)?,
             keys: upload.to_device(&keys)?,
             slots: upload.to_device(&slots)?,
+            marks,
         })
     }
 
@@ -563,12 +680,132 @@ impl BuiltJoin {
 
     /// The join of `frame` (of the join's right schema), on `device`: the probe rows
     /// with a selection where [`is_unique`](BuiltJoin::is_unique), else one row per
-    /// matching pair (see the [module](self)).
+    /// matching pair (see the [module](self)); `None` for a join whose output is only
+    /// build rows (left semi and anti joins), which marks the build rows `frame`
+    /// matches and emits them at the end ([`BuiltJoin::finish`]).
     ///
     /// # Errors
     /// The device's errors, [`ComputeError::Overflow`] for a key expression that
     /// overflows.
-    pub fn probe(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+    pub fn probe(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<Option<DeviceFrame>, BoxError> {
+        if !self.plan.kind.marks_only() {
+            return self.joined(frame, device).map(Some);
+        }
+        if frame.num_rows() == 0 || self.rows == 0 {
+            return Ok(None);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            super::cuda::mark(&self.device_probe()?, frame, cuda)?;
+            return Ok(None);
+        }
+        check_cpu(device)?;
+        self.probe_on_host(frame)?;
+        Ok(None)
+    }
+
+    /// What the join emits once the partition's probe side has ended: for a join whose
+    /// output is build rows (left semi, anti and outer joins), the build rows it keeps
+    /// (the matched ones; the others, their probe columns null), gathered on the device;
+    /// where the query's partitions share the build side, by the last of them to end
+    /// (their marks merged on the host: one read-back of a byte per build row each).
+    /// `None` for the others, and where no row is kept.
+    ///
+    /// # Errors
+    /// The device's errors.
+    pub fn finish(&self, device: &ExecDevice) -> Result<Option<DeviceFrame>, BoxError> {
+        let kind = self.plan.kind;
+        if !kind.marks() {
+            return Ok(None);
+        }
+        let flags = self.marks(device)?;
+        let Some(flags) = self.table.merge(&flags)? else {
+            return Ok(None);
+        };
+        let keep = kind == JoinKind::LeftSemi;
+        let rows: Vec<u32> = (0..flags.len() as u32)
+            .filter(|&r| (flags[r as usize] != 0) == keep)
+            .collect();
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let m = rows.len();
+        let gathered = if self.plan.build_columns.is_empty() {
+            None
+        } else {
+            Some(self.gather_rows(&rows, device)?)
+        };
+        let nulls = (kind == JoinKind::Left)
+            .then(|| self.null_probe_columns(m, device))
+            .transpose()?;
+        let gathered = gathered.map(Arc::new);
+        let nulls = nulls.map(Arc::new);
+        self.frame_of(m, None, device, |out| {
+            let (batch, at) = match out {
+                Out::Build(j) => (&gathered, j),
+                Out::Probe(i) => (
+                    &nulls,
+                    self.plan
+                        .output
+                        .iter()
+                        .filter(|o| matches!(o, Out::Probe(_)))
+                        .position(|o| matches!(o, Out::Probe(p) if *p == i))
+                        .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?,
+                ),
+            };
+            let batch = batch
+                .as_ref()
+                .ok_or_else(|| ComputeError::Input("no build rows gathered".into()))?;
+            Ok(FrameColumn::new(batch.clone(), at)?)
+        })
+        .map(Some)
+    }
+
+    /// The build rows this partition's probe rows matched (a flag each), taken.
+    fn marks(&self, device: &ExecDevice) -> Result<Vec<u8>, BoxError> {
+        #[cfg(feature = "cuda")]
+        if let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) {
+            let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
+            return marks.read(cuda);
+        }
+        let _ = device;
+        let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());
+        if marks.len() != self.rows {
+            return Err(ComputeError::Input("a join's marks were taken".into()).into());
+        }
+        Ok(std::mem::take(&mut *marks))
+    }
+
+    /// The payload's rows `rows` on `device` (gathered there).
+    fn gather_rows(&self, rows: &[u32], device: &ExecDevice) -> Result<DeviceBatch, BoxError> {
+        #[cfg(feature = "cuda")]
+        if let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) {
+            return super::cuda::gather_rows(tables, rows, cuda, device);
+        }
+        check_cpu(device)?;
+        taken(&self.payload, &UInt32Array::from(rows.to_vec()), device)
+    }
+
+    /// The output's probe columns, every value null, for `n` rows (uploaded; in the
+    /// order the output takes them).
+    fn null_probe_columns(&self, n: usize, device: &ExecDevice) -> Result<DeviceBatch, BoxError> {
+        let fields: Vec<Field> = self
+            .plan
+            .output
+            .iter()
+            .zip(self.plan.schema.fields())
+            .filter(|(out, _)| matches!(out, Out::Probe(_)))
+            .map(|(_, f)| f.as_ref().clone().with_nullable(true))
+            .collect();
+        null_batch(fields, n, device)
+    }
+
+    /// The join of `frame` when the output has probe rows (see [`BuiltJoin::probe`]).
+    fn joined(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
         if !self.is_unique() {
             return self.expand(frame, device);
         }
@@ -636,6 +873,16 @@ impl BuiltJoin {
             let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
                 .then(|| self.find(|j| lanes[j].values[i]))
                 .flatten();
+            if let Some(first) = found.filter(|_| self.plan.kind.marks()) {
+                let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());
+                let mut row = Some(first);
+                while let Some(r) = row {
+                    if let Some(flag) = marks.get_mut(r as usize) {
+                        *flag = 1;
+                    }
+                    row = self.next[r as usize].checked_sub(1);
+                }
+            }
             rows.push(found);
             hits.push(match self.plan.kind {
                 JoinKind::Anti => (selected != 0 && found.is_none()) as u8,
@@ -736,7 +983,7 @@ impl BuiltJoin {
     ) -> Result<DeviceFrame, BoxError> {
         let build = build.map(Arc::new);
         let probe = probe.map(Arc::new);
-        self.finish(rows, None, device, |out| {
+        self.frame_of(rows, None, device, |out| {
             let (batch, at) = match out {
                 Out::Build(j) => (&build, j),
                 Out::Probe(i) => (
@@ -765,7 +1012,7 @@ impl BuiltJoin {
         device: &ExecDevice,
     ) -> Result<DeviceFrame, BoxError> {
         let gathered = gathered.map(Arc::new);
-        self.finish(frame.num_rows(), selection, device, |out| match out {
+        self.frame_of(frame.num_rows(), selection, device, |out| match out {
             Out::Probe(i) => Ok(frame
                 .column(i)
                 .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
@@ -781,7 +1028,7 @@ impl BuiltJoin {
 
     /// The output frame of `rows` rows whose columns `column` finds, with `selection`
     /// and-ed with the join filter's, if the join has one.
-    fn finish(
+    fn frame_of(
         &self,
         rows: usize,
         selection: Option<FrameColumn>,
@@ -824,17 +1071,24 @@ impl BuiltJoin {
             .iter()
             .map(|f| f.as_ref().clone().with_nullable(true))
             .collect();
-        let columns = fields
-            .iter()
-            .map(|f| arrow_array::new_null_array(f.data_type(), n))
-            .collect();
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
-        let mut transfer = Transfer::new(
-            device.device().clone(),
-            devarrow::bridge::TransferOptions::default(),
-        );
-        Ok(transfer.to_device(&batch)?)
+        null_batch(fields, n, device)
     }
+}
+
+/// `n` rows of `fields`, every value null, on `device` (uploaded).
+fn null_batch(fields: Vec<Field>, n: usize, device: &ExecDevice) -> Result<DeviceBatch, BoxError> {
+    let columns = fields
+        .iter()
+        .map(|f| arrow_array::new_null_array(f.data_type(), n))
+        .collect();
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(n));
+    let batch =
+        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options)?;
+    let mut transfer = Transfer::new(
+        device.device().clone(),
+        devarrow::bridge::TransferOptions::default(),
+    );
+    Ok(transfer.to_device(&batch)?)
 }
 
 /// The rows `indices` of every column of `batch` (a host batch), as a batch of nullable

@@ -35,6 +35,10 @@ pub enum RegionBatch {
     Device(DeviceFrame),
     /// On the host: the region's output for this batch.
     Host(RecordBatch),
+    /// Nothing for this batch: the operator keeps what it learned of it for the end of
+    /// the partition ([`DeviceOperator::finish`]), as a left semi join marks the build
+    /// rows it matched.
+    Nothing,
 }
 
 /// What an operator sees when it is bound to a partition ([`DeviceOperator::bind`]).
@@ -76,6 +80,16 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
     /// Runs on one frame of the partition. A terminal operator returns
     /// [`RegionBatch::Host`]; the others return [`RegionBatch::Device`].
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError>;
+
+    /// What it emits once the partition's input has ended (after its last frame), on
+    /// through the operators above it: a join whose output is build rows (left semi,
+    /// anti and outer joins) emits them here. `None` (the default): nothing.
+    ///
+    /// # Errors
+    /// The operator's.
+    fn finish(&self, _cx: &OperatorContext<'_>) -> Result<Option<RegionBatch>, BoxError> {
+        Ok(None)
+    }
 
     /// Whether its output is on the host (the region ends with it).
     fn is_terminal(&self) -> bool {

@@ -386,7 +386,15 @@ impl DeviceOperator for HashJoinOperator {
             match shared {
                 Some(table) => table,
                 None => {
-                    let table = Arc::new(self.compiled.table(build.clone())?);
+                    // A collected build side is probed by every partition of the
+                    // query; a join whose output is build rows emits them when the
+                    // last of them ends.
+                    let probes = if self.collect_left {
+                        self.host.properties().partitioning.partition_count()
+                    } else {
+                        1
+                    };
+                    let table = Arc::new(self.compiled.shared_table(build.clone(), probes)?);
                     tables.push((Arc::downgrade(build), table.clone()));
                     cx.host_tables_built.add(1);
                     table
@@ -412,7 +420,17 @@ impl DeviceOperator for HashJoinOperator {
         let built = self.built.as_ref().ok_or_else(|| {
             ComputeError::Input("a device join used before its build side".into())
         })?;
-        Ok(RegionBatch::Device(built.probe(&frame, cx.device)?))
+        Ok(match built.probe(&frame, cx.device)? {
+            Some(joined) => RegionBatch::Device(joined),
+            None => RegionBatch::Nothing,
+        })
+    }
+
+    fn finish(&self, cx: &OperatorContext<'_>) -> Result<Option<RegionBatch>, BoxError> {
+        let built = self.built.as_ref().ok_or_else(|| {
+            ComputeError::Input("a device join ended before its build side".into())
+        })?;
+        Ok(built.finish(cx.device)?.map(RegionBatch::Device))
     }
 }
 

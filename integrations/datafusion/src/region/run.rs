@@ -120,8 +120,11 @@ type SharedCell = OnceLock<std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFu
 type SharedInput = Arc<SharedCell>;
 
 /// The host inputs an operator node's partitions share (a collected build side), one
-/// per child and query (task context). The node keeps only weak references: the batches
-/// go when the query's partitions do.
+/// per child and query (task context). The node holds a query's cell until each of the
+/// query's partitions has taken it (however far apart they start: a partition that
+/// starts after another has ended still shares its batches, and what the operator keeps
+/// with them, such as a join's matched build rows), or until the query's context goes;
+/// then the batches go when the partitions do.
 #[derive(Debug, Default)]
 pub(crate) struct SharedInputs {
     slots: Mutex<Vec<SharedSlot>>,
@@ -131,30 +134,42 @@ pub(crate) struct SharedInputs {
 struct SharedSlot {
     child: usize,
     context: Weak<TaskContext>,
-    input: Weak<SharedCell>,
+    input: SharedInput,
+    /// The query's partitions yet to take it.
+    takers: usize,
 }
 
 impl SharedInputs {
-    /// The shared batches of host child `child` for the query of `context` (the same
-    /// cell for every partition of that query; filled by the first that reads it).
-    fn get(&self, child: usize, context: &Arc<TaskContext>) -> SharedInput {
+    /// The shared batches of host child `child` for the query of `context`, one of its
+    /// `partitions` partitions taking them (the same cell for every partition of that
+    /// query; filled by the first that reads it).
+    fn get(&self, child: usize, context: &Arc<TaskContext>, partitions: usize) -> SharedInput {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.retain(|s| s.context.strong_count() > 0 && s.input.strong_count() > 0);
-        let found = slots.iter().find(|s| {
+        slots.retain(|s| s.context.strong_count() > 0);
+        let found = slots.iter().position(|s| {
             s.child == child
                 && s.context
                     .upgrade()
                     .is_some_and(|c| Arc::ptr_eq(&c, context))
         });
-        if let Some(input) = found.and_then(|s| s.input.upgrade()) {
+        if let Some(at) = found {
+            let slot = &mut slots[at];
+            let input = slot.input.clone();
+            slot.takers = slot.takers.saturating_sub(1);
+            if slot.takers == 0 {
+                slots.swap_remove(at);
+            }
             return input;
         }
         let input = SharedInput::default();
-        slots.push(SharedSlot {
-            child,
-            context: Arc::downgrade(context),
-            input: Arc::downgrade(&input),
-        });
+        if partitions > 1 {
+            slots.push(SharedSlot {
+                child,
+                context: Arc::downgrade(context),
+                input: input.clone(),
+                takers: partitions - 1,
+            });
+        }
         input
     }
 }
@@ -220,7 +235,11 @@ pub(crate) fn execute_region(
             let at = op.operator().host_partition(i, partition);
             inputs.push(if op.operator().shares_host_input(i) {
                 HostInput::Shared {
-                    batches: op.shared_inputs().get(i, &context),
+                    batches: op.shared_inputs().get(
+                        i,
+                        &context,
+                        op.properties().partitioning.partition_count(),
+                    ),
                     plan: input.clone(),
                     partition: at,
                     context: context.clone(),
@@ -488,6 +507,14 @@ impl LoadThread {
     }
 }
 
+/// Where a batch starts through the operators.
+enum Start {
+    /// An uploaded frame, through every operator.
+    Frame(RegionBatch),
+    /// What operator `at` emits at the end, through those above it.
+    Finish(usize),
+}
+
 /// The operators, then the download.
 struct OperatorThread {
     /// The partition's place on its device, given up when the thread ends.
@@ -621,29 +648,55 @@ impl OperatorThread {
             }
             let waiting = Instant::now();
             let Ok(uploaded) = uploads.recv() else {
-                return Ok(());
+                break;
             };
             self.metrics.load_wait.add_elapsed(waiting);
             let (batch, reserved) = uploaded?;
-            // A slot for this batch's operators and download only.
-            let waiting = Instant::now();
-            let lease = self.pool.lease_blocking();
-            self.metrics.slot_wait.add_elapsed(waiting);
-            let compute = self.metrics.baseline.elapsed_compute().clone();
-            let timer = compute.timer();
-            let mut held = reserved;
-            let host = self.through(&lease, batch, &ops, index, &mut held);
-            drop(lease);
-            self.reservation.shrink(held);
-            timer.done();
-            let host = host?;
-            index += 1;
-            if host.num_rows() == 0 {
-                continue;
-            }
-            if out.blocking_send(Ok(host)).is_err() {
+            let first = RegionBatch::Device(DeviceFrame::from_batch(batch));
+            if !self.one_batch(&ops, Start::Frame(first), index, reserved, out)? {
                 return Ok(());
             }
+            index += 1;
+        }
+        // The input has ended: what each operator emits now goes on through the
+        // operators above it, in order (a join's build rows, then what a later operator
+        // emits of them).
+        for at in 0..ops.len() {
+            if self.cancel.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if !self.one_batch(&ops, Start::Finish(at), index, 0, out)? {
+                return Ok(());
+            }
+            index += 1;
+        }
+        Ok(())
+    }
+
+    /// One batch through the operators under a device slot (taken for this batch's
+    /// operators and download only), sent on when it has rows; `reserved` bytes were
+    /// reserved for it so far. False when the stream was dropped.
+    fn one_batch(
+        &self,
+        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
+        start: Start,
+        index: usize,
+        reserved: usize,
+        out: &mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<bool> {
+        let waiting = Instant::now();
+        let lease = self.pool.lease_blocking();
+        self.metrics.slot_wait.add_elapsed(waiting);
+        let compute = self.metrics.baseline.elapsed_compute().clone();
+        let timer = compute.timer();
+        let mut held = reserved;
+        let host = self.through(&lease, start, ops, index, &mut held);
+        drop(lease);
+        self.reservation.shrink(held);
+        timer.done();
+        match host? {
+            Some(host) if host.num_rows() > 0 => Ok(out.blocking_send(Ok(host)).is_ok()),
+            _ => Ok(true),
         }
     }
 
@@ -668,15 +721,17 @@ impl OperatorThread {
         Ok(())
     }
 
-    /// One uploaded batch through the operators and down to the host.
+    /// One batch through the operators and down to the host: an uploaded frame through
+    /// all of them, or what operator `at` emits at the end through those above it.
+    /// `None` when an operator keeps the batch for the end, or emits nothing there.
     fn through(
         &self,
         lease: &DeviceLease,
-        batch: DeviceBatch,
+        start: Start,
         ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
         index: usize,
         held: &mut usize,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Option<RecordBatch>> {
         let device = lease.device();
 
         // A step's CUDA calls (cudarc's, some of which take the thread's current context)
@@ -691,8 +746,37 @@ impl OperatorThread {
                     reason: e.to_string(),
                 })?;
         }
-        let mut current = RegionBatch::Device(DeviceFrame::from_batch(batch));
-        for (op, time, fallbacks) in ops {
+        let operator_error = |op: &Arc<dyn DeviceOperator>, source| DeviceExecError::Operator {
+            operator: op.name().to_string(),
+            partition: self.partition,
+            batch: index,
+            source,
+        };
+        let (mut current, after) = match start {
+            Start::Frame(frame) => (frame, 0),
+            Start::Finish(at) => {
+                let (op, time, fallbacks) = &ops[at];
+                let cx = OperatorContext {
+                    partition: self.partition,
+                    batch: index,
+                    device,
+                    host_fallback_batches: fallbacks,
+                };
+                let timer = time.timer();
+                let emitted = op
+                    .finish(&cx)
+                    .map_err(|source| operator_error(op, source))?;
+                timer.done();
+                match emitted {
+                    Some(emitted) => (emitted, at + 1),
+                    None => return Ok(None),
+                }
+            }
+        };
+        if let RegionBatch::Device(frame) = &current {
+            self.reserve_frame(frame, held)?;
+        }
+        for (op, time, fallbacks) in &ops[after..] {
             let cx = OperatorContext {
                 partition: self.partition,
                 batch: index,
@@ -701,6 +785,7 @@ impl OperatorThread {
             };
             let frame = match current {
                 RegionBatch::Device(frame) => frame,
+                RegionBatch::Nothing => return Ok(None),
                 RegionBatch::Host(_) => {
                     return Err(DataFusionError::Internal(format!(
                         "{} follows an operator whose output is on the host",
@@ -711,19 +796,15 @@ impl OperatorThread {
             let timer = time.timer();
             current = op
                 .apply(frame, &cx)
-                .map_err(|source| DeviceExecError::Operator {
-                    operator: op.name().to_string(),
-                    partition: self.partition,
-                    batch: index,
-                    source,
-                })?;
+                .map_err(|source| operator_error(op, source))?;
             timer.done();
             if let RegionBatch::Device(frame) = &current {
                 self.reserve_frame(frame, held)?;
             }
         }
         match current {
-            RegionBatch::Host(batch) => Ok(batch),
+            RegionBatch::Nothing => Ok(None),
+            RegionBatch::Host(batch) => Ok(Some(batch)),
             RegionBatch::Device(frame) => {
                 let timer = self.metrics.unload_time.timer();
                 let unload_error = |source| {
@@ -745,7 +826,7 @@ impl OperatorThread {
                     Some(None) => {
                         self.metrics.compacted_batches.add(1);
                         timer.done();
-                        return Ok(RecordBatch::new_empty(frame.schema().clone()));
+                        return Ok(None);
                     }
                     None => frame,
                 };
@@ -755,7 +836,7 @@ impl OperatorThread {
                 drop(transfer);
                 self.metrics.bytes_from_device.add(stats.bytes as usize);
                 timer.done();
-                Ok(host)
+                Ok(Some(host))
             }
         }
     }

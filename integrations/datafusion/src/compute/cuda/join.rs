@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema};
 use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::CudaSlice;
-use devarrow::cuda::{CudaArray, CudaDevice};
+use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits};
 use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
@@ -47,6 +47,79 @@ pub(crate) struct DeviceTables {
     pub(crate) payload: DeviceBatch,
     pub(crate) keys: DeviceBatch,
     pub(crate) slots: DeviceBatch,
+    /// A join whose output is build rows (left semi, anti and outer joins): the build
+    /// rows the partition's probe rows matched.
+    pub(crate) marks: Option<Marks>,
+}
+
+/// The build rows a partition's probe rows matched (`join_mark`): one `UInt8` column of a
+/// flag per build row, uploaded zeroed when the table is bound, written on the device by
+/// each frame's probe (on the stream of the frame's slot) and read once when the
+/// partition's probe side has ended ([`Marks::read`]).
+#[derive(Debug)]
+pub(crate) struct Marks {
+    pub(crate) flags: DeviceBatch,
+    /// The events after each frame's marks, on whichever stream the frame ran: the read
+    /// waits for them on its own (on the device). Those already complete are dropped
+    /// as new ones come.
+    events: std::sync::Mutex<Vec<CudaSyncEvent>>,
+}
+
+impl Marks {
+    /// Flags uploaded zeroed (`zeros`, a batch of one `UInt8` column of the build rows).
+    pub(crate) fn new(flags: DeviceBatch) -> Self {
+        Self {
+            flags,
+            events: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The flags on the host, once every frame's marks are done: this stream waits for
+    /// them (on the device), then one read-back.
+    pub(crate) fn read(&self, cuda: &Arc<CudaDevice>) -> Result<Vec<u8>, BoxError> {
+        let cx = context(cuda)?;
+        let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()));
+        for event in &events {
+            event.wait_on(cx.stream)?;
+        }
+        let c = self.flags.column(0).ok_or("no marks")?;
+        let (_, view) = at_first_row(&cx, &c, 1, 1, "marks")?;
+        let rows = c.len();
+        let mut flags = vec![0u8; rows];
+        if rows > 0 {
+            let from = c.offset()..c.offset() + rows;
+            cx.stream.memcpy_dtoh(&view.slice(from), &mut flags)?;
+        }
+        cx.stream.synchronize()?;
+        drop((view, events));
+        Ok(flags)
+    }
+
+    /// Marks the build rows of each probe row's key (`idx`: each probe row's first
+    /// build row, or ~0; `next`: the chains' address) and remembers when they are done.
+    fn mark(&self, cx: &Cx<'_>, idx: &CudaSlice<u32>, next: u64, n: usize) -> Result<(), BoxError> {
+        let c = self.flags.column(0).ok_or("no marks")?;
+        let (flags, view) = at_first_row(cx, &c, 1, 1, "marks")?;
+        // `join_mark` writes into the flags: a buffer devarrow uploaded for this bound
+        // join alone (never handed out), one byte per build row, every row index the
+        // kernel follows below the build rows (the table's).
+        cx.launch(
+            &cx.k.join_mark,
+            n,
+            &[
+                A::U64(addr(idx, cx.stream)),
+                A::U64(next),
+                A::U64(n as u64),
+                A::U64(flags),
+            ],
+        )?;
+        drop(view);
+        let event = CudaSyncEvent::record(cx.stream)?;
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        events.retain(|e| !e.is_complete().unwrap_or(false));
+        events.push(event);
+        Ok(())
+    }
 }
 
 /// What a probe on the device reads of a join (`crate::compute::join::BuiltJoin`).
@@ -64,8 +137,11 @@ pub(crate) struct Probe<'a> {
     /// A right join: the build columns' last is the all-true matched one, and a selected
     /// row that matches nothing is kept.
     pub(crate) right: bool,
-    /// Whether the output takes build columns (an inner or a right join).
+    /// Whether the output takes build columns (an inner, right or left join).
     pub(crate) gathers: bool,
+    /// Whether the probe marks the build rows it matches (a join whose output is build
+    /// rows): in the tables' marks.
+    pub(crate) marks: bool,
 }
 
 /// The join of `frame` with `p`'s table on the device: the output's selection
@@ -91,6 +167,32 @@ pub(crate) fn join(
     let gathered = gather_batch(&cx, &p.tables.payload, &idx, n, device, p.right)?;
     drop(idx);
     Ok((selection, Some(gathered)))
+}
+
+/// The probe of `frame` in `p`'s table for its marks only (a left semi or anti join:
+/// the build rows its rows match, marked on the device).
+pub(crate) fn mark(
+    p: &Probe<'_>,
+    frame: &DeviceFrame,
+    cuda: &Arc<CudaDevice>,
+) -> Result<(), BoxError> {
+    let cx = context(cuda)?;
+    let (idx, hit, sel) = probe(&cx, p, frame)?;
+    drop((idx, hit, sel));
+    Ok(())
+}
+
+/// The rows `rows` (below the build rows) of the table's payload, gathered on the
+/// device (the index uploaded: 4 bytes a row).
+pub(crate) fn gather_rows(
+    tables: &DeviceTables,
+    rows: &[u32],
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let cx = context(cuda)?;
+    let idx = cx.stream.clone_htod(rows)?;
+    gather_batch(&cx, &tables.payload, &idx, rows.len(), device, false)
 }
 
 /// What `join_probe` gives: each row's build row (or ~0), whether it is in the output,
@@ -150,6 +252,10 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
             A::U32(p.anti as u32),
         ],
     )?;
+    if p.marks {
+        let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
+        marks.mark(cx, &idx, slots_at + 4 * (p.mask + 1), n)?;
+    }
     // The keys' overflow, if one can overflow (one read-back).
     if let Some(word) = pending(cx, err, "a join key", may_fail, true)? {
         word.check()?;

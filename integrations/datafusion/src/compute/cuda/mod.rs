@@ -26,7 +26,7 @@ mod compact;
 mod join;
 
 pub(crate) use compact::compact;
-pub(crate) use join::{join, join_expanded, DeviceTables, Probe};
+pub(crate) use join::{gather_rows, join, join_expanded, mark, DeviceTables, Marks, Probe};
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
@@ -62,6 +62,7 @@ struct Kernels {
     gather_bits: CudaFunction,
     join_count: CudaFunction,
     join_expand: CudaFunction,
+    join_mark: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -111,6 +112,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         gather_bits: f("gather_bits")?,
         join_count: f("join_count")?,
         join_expand: f("join_expand")?,
+        join_mark: f("join_mark")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
