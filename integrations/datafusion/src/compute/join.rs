@@ -230,9 +230,9 @@ impl DeviceHashJoin {
                 )))
             }
         };
-        if join.filter().is_some() && kind != JoinKind::Inner {
+        if join.filter().is_some() && !matches!(kind, JoinKind::Inner) && !kind.marks() {
             return Err(Unsupported(
-                "an outer, semi or anti join's filter has no device operator".into(),
+                "a right, right semi or right anti join's filter has no device operator".into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -559,6 +559,14 @@ impl JoinTable {
     }
 }
 
+/// The build row of each output row of a join (`NO_ROW`: none), where the device or the
+/// host made them.
+enum BuildRows {
+    Host(Vec<u32>),
+    #[cfg(feature = "cuda")]
+    Device(devarrow::cuda::cudarc::driver::CudaSlice<u32>),
+}
+
 /// A join's table bound to one partition's device ([`DeviceHashJoin::bind_table`]).
 #[derive(Debug)]
 pub struct BuiltJoin {
@@ -585,10 +593,10 @@ impl BuiltJoin {
     /// pair).
     pub fn is_unique(&self) -> bool {
         self.unique
-            || matches!(
+            || (matches!(
                 self.plan.kind,
                 JoinKind::Semi | JoinKind::Anti | JoinKind::LeftSemi | JoinKind::LeftAnti
-            )
+            ) && self.plan.filter.is_none())
     }
 
     /// The build side's rows.
@@ -631,8 +639,10 @@ impl BuiltJoin {
             mask: self.mask,
             anti: kind == JoinKind::Anti,
             right: kind == JoinKind::Right,
-            gathers: matches!(kind, JoinKind::Inner | JoinKind::Right | JoinKind::Left),
-            marks: kind.marks(),
+            gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti),
+            // With a filter, only the pairs that pass it mark their build rows
+            // (`BuiltJoin::mark_passed`).
+            marks: kind.marks() && self.plan.filter.is_none(),
         })
     }
 
@@ -692,7 +702,17 @@ impl BuiltJoin {
         frame: &DeviceFrame,
         device: &ExecDevice,
     ) -> Result<Option<DeviceFrame>, BoxError> {
-        if !self.plan.kind.marks_only() {
+        let kind = self.plan.kind;
+        if kind.marks() && self.plan.filter.is_some() {
+            // The pairs that pass the filter mark their build rows: the inner join with
+            // its filter, its selected rows' build rows marked.
+            let (joined, rows) = self.joined_rows(frame, device)?;
+            if let Some(rows) = rows {
+                self.mark_passed(&joined, rows, device)?;
+            }
+            return Ok((kind == JoinKind::Left).then_some(joined));
+        }
+        if !kind.marks_only() {
             return self.joined(frame, device).map(Some);
         }
         if frame.num_rows() == 0 || self.rows == 0 {
@@ -744,7 +764,7 @@ impl BuiltJoin {
             .transpose()?;
         let gathered = gathered.map(Arc::new);
         let nulls = nulls.map(Arc::new);
-        self.frame_of(m, None, device, |out| {
+        self.unfiltered_frame_of(m, None, |out| {
             let (batch, at) = match out {
                 Out::Build(j) => (&gathered, j),
                 Out::Probe(i) => (
@@ -763,6 +783,44 @@ impl BuiltJoin {
             Ok(FrameColumn::new(batch.clone(), at)?)
         })
         .map(Some)
+    }
+
+    /// Marks the build rows (`rows`) of the rows of `joined` that its selection keeps.
+    fn mark_passed(
+        &self,
+        joined: &DeviceFrame,
+        rows: BuildRows,
+        device: &ExecDevice,
+    ) -> Result<(), BoxError> {
+        match rows {
+            #[cfg(feature = "cuda")]
+            BuildRows::Device(rows) => {
+                let n = joined.num_rows();
+                let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) else {
+                    return Err(
+                        ComputeError::Input("a join's rows are not on the device".into()).into(),
+                    );
+                };
+                let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
+                let selection = joined.selection().ok_or_else(|| {
+                    ComputeError::Input("a join filter without a selection".into())
+                })?;
+                marks.mark_rows(cuda, &rows, selection, n)
+            }
+            BuildRows::Host(rows) => {
+                let _ = device;
+                let passed = host::selection(joined)?;
+                let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());
+                for (&row, &passed) in rows.iter().zip(&passed) {
+                    if passed != 0 {
+                        if let Some(flag) = marks.get_mut(row as usize) {
+                            *flag = 1;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The build rows this partition's probe rows matched (a flag each), taken.
@@ -806,6 +864,16 @@ impl BuiltJoin {
 
     /// The join of `frame` when the output has probe rows (see [`BuiltJoin::probe`]).
     fn joined(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+        self.joined_rows(frame, device).map(|(joined, _)| joined)
+    }
+
+    /// [`BuiltJoin::joined`], with the build row of each output row where it is known
+    /// (a row that matched; `None`: no output row has one).
+    fn joined_rows(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(DeviceFrame, Option<BuildRows>), BoxError> {
         if !self.is_unique() {
             return self.expand(frame, device);
         }
@@ -813,7 +881,7 @@ impl BuiltJoin {
         let right = self.plan.kind == JoinKind::Right;
         if n == 0 || (self.rows == 0 && !matches!(self.plan.kind, JoinKind::Anti | JoinKind::Right))
         {
-            return empty_frame(&self.plan.schema, device);
+            return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
         if self.rows == 0 {
             // An anti join with an empty build side keeps every probe row it is given, a
@@ -821,11 +889,12 @@ impl BuiltJoin {
             let nulls = right
                 .then(|| self.null_build_columns(n, device))
                 .transpose()?;
-            return self.output(frame, frame.selection().cloned(), nulls, device);
+            let joined = self.output(frame, frame.selection().cloned(), nulls, device)?;
+            return Ok((joined, None));
         }
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
-            let (selection, gathered) =
+            let (selection, gathered, idx) =
                 super::cuda::join(&self.device_probe()?, frame, cuda, device)?;
             // A right join keeps the frame's rows: its selection is the frame's.
             let selection = if right {
@@ -833,14 +902,17 @@ impl BuiltJoin {
             } else {
                 Some(selection)
             };
-            return self.output(frame, selection, gathered, device);
+            let joined = self.output(frame, selection, gathered, device)?;
+            return Ok((joined, Some(BuildRows::Device(idx))));
         }
         check_cpu(device)?;
         let (rows, hits) = self.probe_on_host(frame)?;
+        let build_rows = || BuildRows::Host(rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect());
         if right {
-            let indices = UInt32Array::from(rows);
+            let indices = UInt32Array::from(rows.clone());
             let gathered = taken(&self.payload, &indices, device)?;
-            return self.output(frame, frame.selection().cloned(), Some(gathered), device);
+            let joined = self.output(frame, frame.selection().cloned(), Some(gathered), device)?;
+            return Ok((joined, Some(build_rows())));
         }
         let schema = schema_of(vec![Field::new(super::SELECTION, DataType::UInt8, false)]);
         let selection = RecordBatch::try_new(schema, vec![Arc::new(UInt8Array::from(hits))])?;
@@ -854,7 +926,8 @@ impl BuiltJoin {
             let indices = UInt32Array::from_iter_values(rows.iter().map(|r| r.unwrap_or(0)));
             Some(taken(&self.payload, &indices, device)?)
         };
-        self.output(frame, Some(selection), gathered, device)
+        let joined = self.output(frame, Some(selection), gathered, device)?;
+        Ok((joined, Some(build_rows())))
     }
 
     /// Each probe row's build row (the first of its key's chain), and whether it is in
@@ -873,7 +946,8 @@ impl BuiltJoin {
             let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
                 .then(|| self.find(|j| lanes[j].values[i]))
                 .flatten();
-            if let Some(first) = found.filter(|_| self.plan.kind.marks()) {
+            let marks = self.plan.kind.marks() && self.plan.filter.is_none();
+            if let Some(first) = found.filter(|_| marks) {
                 let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());
                 let mut row = Some(first);
                 while let Some(r) = row {
@@ -894,10 +968,14 @@ impl BuiltJoin {
 
     /// An inner join whose build keys repeat: one output row per matching pair, the
     /// pairs in probe order, each side's columns gathered to them; no selection.
-    fn expand(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+    fn expand(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(DeviceFrame, Option<BuildRows>), BoxError> {
         let n = frame.num_rows();
         if n == 0 {
-            return empty_frame(&self.plan.schema, device);
+            return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
         let probe_columns = self.plan.probe_columns();
         #[cfg(feature = "cuda")]
@@ -910,15 +988,16 @@ impl BuiltJoin {
                 device,
             )?;
             if expanded.rows == 0 {
-                return empty_frame(&self.plan.schema, device);
+                return Ok((empty_frame(&self.plan.schema, device)?, None));
             }
-            return self.output_pairs(
+            let joined = self.output_pairs(
                 expanded.rows,
                 &probe_columns,
                 expanded.build,
                 expanded.probe,
                 device,
-            );
+            )?;
+            return Ok((joined, expanded.build_rows.map(BuildRows::Device)));
         }
         check_cpu(device)?;
         let (rows, _hits) = self.probe_on_host(frame)?;
@@ -938,9 +1017,11 @@ impl BuiltJoin {
             }
         }
         if build_rows.is_empty() {
-            return empty_frame(&self.plan.schema, device);
+            return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
         let pairs = build_rows.len();
+        let rows_of_pairs =
+            BuildRows::Host(build_rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect());
         let build = if self.plan.build_columns.is_empty() {
             None
         } else {
@@ -967,7 +1048,8 @@ impl BuiltJoin {
             let host = unselected.download(&mut transfer)?;
             Some(taken(&host, &UInt32Array::from(probe_rows), device)?)
         };
-        self.output_pairs(pairs, &probe_columns, build, probe, device)
+        let joined = self.output_pairs(pairs, &probe_columns, build, probe, device)?;
+        Ok((joined, Some(rows_of_pairs)))
     }
 
     /// The output frame of `rows` pairs: the build columns (`build`, in the order of the
@@ -1046,6 +1128,18 @@ impl BuiltJoin {
                 Some(super::select(predicate, &intermediate, device)?)
             }
         };
+        self.unfiltered_frame_of(rows, selection, column)
+    }
+
+    /// The output frame of `rows` rows whose columns `column` finds, with `selection`
+    /// (the join filter's already applied: the build rows a join emits at the end passed
+    /// it or had no pair that did).
+    fn unfiltered_frame_of(
+        &self,
+        rows: usize,
+        selection: Option<FrameColumn>,
+        column: impl Fn(Out) -> Result<FrameColumn, BoxError>,
+    ) -> Result<DeviceFrame, BoxError> {
         let columns = self
             .plan
             .output

@@ -95,6 +95,49 @@ impl Marks {
         Ok(flags)
     }
 
+    /// Marks the build rows `rows` (a join's output rows' build rows, ~0: none) of the
+    /// rows `selection` keeps (those that passed the join's filter), and remembers when
+    /// they are done. On the stream `rows` and `selection` were made on.
+    pub(crate) fn mark_rows(
+        &self,
+        cuda: &Arc<CudaDevice>,
+        rows: &CudaSlice<u32>,
+        selection: &FrameColumn,
+        n: usize,
+    ) -> Result<(), BoxError> {
+        let cx = context(cuda)?;
+        let sel = selection.column();
+        if sel.len() != n || sel.data_type() != &DataType::UInt8 || rows.len() < n {
+            return Err(ComputeError::Input("a join's output rows of another size".into()).into());
+        }
+        let (sel_at, sel_view) = at_first_row(&cx, &sel, 1, 1, "selection")?;
+        let c = self.flags.column(0).ok_or("no marks")?;
+        let (flags, view) = at_first_row(&cx, &c, 1, 1, "marks")?;
+        // `join_mark_rows` writes into the flags: as `mark`'s, every row index below the
+        // build rows (the table's rows, gathered by them).
+        cx.launch(
+            &cx.k.join_mark_rows,
+            n,
+            &[
+                A::U64(addr(rows, cx.stream)),
+                A::U64(sel_at),
+                A::U64(n as u64),
+                A::U64(flags),
+            ],
+        )?;
+        drop((view, sel_view));
+        self.remember(&cx)
+    }
+
+    /// An event after the marks queued so far on `cx`'s stream, for [`Marks::read`].
+    fn remember(&self, cx: &Cx<'_>) -> Result<(), BoxError> {
+        let event = CudaSyncEvent::record(cx.stream)?;
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        events.retain(|e| !e.is_complete().unwrap_or(false));
+        events.push(event);
+        Ok(())
+    }
+
     /// Marks the build rows of each probe row's key (`idx`: each probe row's first
     /// build row, or ~0; `next`: the chains' address) and remembers when they are done.
     fn mark(&self, cx: &Cx<'_>, idx: &CudaSlice<u32>, next: u64, n: usize) -> Result<(), BoxError> {
@@ -114,11 +157,7 @@ impl Marks {
             ],
         )?;
         drop(view);
-        let event = CudaSyncEvent::record(cx.stream)?;
-        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        events.retain(|e| !e.is_complete().unwrap_or(false));
-        events.push(event);
-        Ok(())
+        self.remember(cx)
     }
 }
 
@@ -145,14 +184,14 @@ pub(crate) struct Probe<'a> {
 }
 
 /// The join of `frame` with `p`'s table on the device: the output's selection
-/// (`UInt8`) and, for an inner or right join, the build columns gathered to the probe
-/// rows.
+/// (`UInt8`), the build columns gathered to the probe rows (where the output or its
+/// filter takes some), and each probe row's build row (~0: none).
 pub(crate) fn join(
     p: &Probe<'_>,
     frame: &DeviceFrame,
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
-) -> Result<(FrameColumn, Option<DeviceBatch>), BoxError> {
+) -> Result<(FrameColumn, Option<DeviceBatch>, CudaSlice<u32>), BoxError> {
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let (idx, hit, _) = probe(&cx, p, frame)?;
@@ -162,11 +201,10 @@ pub(crate) fn join(
         DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![selection])?;
     let selection = FrameColumn::single(selection)?;
     if !p.gathers || p.tables.payload.schema().fields().is_empty() {
-        return Ok((selection, None));
+        return Ok((selection, None, idx));
     }
     let gathered = gather_batch(&cx, &p.tables.payload, &idx, n, device, p.right)?;
-    drop(idx);
-    Ok((selection, Some(gathered)))
+    Ok((selection, Some(gathered), idx))
 }
 
 /// The probe of `frame` in `p`'s table for its marks only (a left semi or anti join:
@@ -272,6 +310,8 @@ pub(crate) struct Expanded {
     pub(crate) build: Option<DeviceBatch>,
     /// The probe columns at `probe_columns`, gathered to the pairs.
     pub(crate) probe: Option<DeviceBatch>,
+    /// The build row of each pair (~0: none; none when there are no pairs).
+    pub(crate) build_rows: Option<CudaSlice<u32>>,
 }
 
 /// The inner or right join of `frame` with `p`'s table whose keys repeat: the pairs of
@@ -364,6 +404,7 @@ pub(crate) fn join_expanded(
             rows,
             build: None,
             probe: None,
+            build_rows: None,
         });
     }
     let out_build = cx.zeros::<u32>(rows)?;
@@ -402,8 +443,13 @@ pub(crate) fn join_expanded(
             .collect();
         Some(gather(&cx, &columns, &out_probe, rows, device, false)?)
     };
-    drop((out_build, out_probe));
-    Ok(Expanded { rows, build, probe })
+    drop(out_probe);
+    Ok(Expanded {
+        rows,
+        build,
+        probe,
+        build_rows: Some(out_build),
+    })
 }
 
 /// A Boolean column's values bitmap (buffer 1), readable on the stream.

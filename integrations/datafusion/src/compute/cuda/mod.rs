@@ -63,6 +63,7 @@ struct Kernels {
     join_count: CudaFunction,
     join_expand: CudaFunction,
     join_mark: CudaFunction,
+    join_mark_rows: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -113,6 +114,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_count: f("join_count")?,
         join_expand: f("join_expand")?,
         join_mark: f("join_mark")?,
+        join_mark_rows: f("join_mark_rows")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
