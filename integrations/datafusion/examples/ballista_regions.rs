@@ -1,14 +1,23 @@
-//! TPC-H Q1 and Q6 with device regions on real Ballista (55, in-process "standalone"
-//! mode): the scheduler plans with `DevicePlacementRule` and opens no device; **one
-//! executor uses every device of its machine**; the results are checked against
-//! DataFusion's, row by row.
+//! TPC-H Q1 and Q6 with device regions, and Q3, Q4, Q13, Q21 and Q22 with device hash
+//! joins, on real Ballista (55, in-process "standalone" mode): the scheduler plans with
+//! `DevicePlacementRule` and opens no device; **one executor uses every device of its
+//! machine**; the results are checked against DataFusion's, row by row.
 //!
 //! ```text
 //! cargo run --release --features ballista --example ballista_regions -- [SCALE] [PARTITIONS]
 //! ```
 //!
-//! - lineitem (tpchgen-arrow, default scale 0.01) is written to Parquet files
+//! - the 8 tables (tpchgen-arrow, default scale 0.01) are written to Parquet files
 //!   (Ballista's executors read tables from files);
+//! - hash joins rather than Ballista's default sort-merge joins
+//!   (`datafusion.optimizer.prefer_hash_join`), each join the device can run placed there
+//!   (`devarrow.always_place_joins`, so that the run covers them): a join's build side
+//!   travels to its task through a shuffle, its probe side is the region. Every join is
+//!   `Partitioned` (DataFusion's thresholds for collecting a build side set to 0): a
+//!   left semi, anti or outer join that collects its build side would share state across
+//!   partitions, which Ballista's tasks (each its own copy of the plan) cannot, and the
+//!   rule leaves such a join on the host on Ballista. The scheduler's plan (`EXPLAIN`,
+//!   which runs there) must have the device joins too;
 //! - the client's session has the rule, the codec of region nodes
 //!   (`DeviceExecCodec`, around Ballista's for the rest) and `devarrow.devices = auto`;
 //! - the scheduler cuts the plan into stages: the regions travel as bytes (each
@@ -39,6 +48,17 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::displayable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use devarrow_datafusion::config::{pool_for, DevarrowConfig};
+
+/// The queries run, and whether each must have a device hash join in its plan.
+const QUERIES: [(usize, bool); 7] = [
+    (1, false),
+    (6, false),
+    (3, true),
+    (4, true),
+    (13, true),
+    (21, true),
+    (22, true),
+];
 use devarrow_datafusion::{with_device_placement, DeviceExecCodec, ExecDevice, StepRegistry};
 
 use common::*;
@@ -55,13 +75,20 @@ fn state(partitions: usize) -> datafusion::execution::SessionState {
     // Ballista's adaptive planner (on by default) plans stages with a rule list of its
     // own, without the session's physical optimizer rules: regions need its static
     // planner, which plans with the session state's rules.
-    let config = SessionConfig::new_with_ballista()
+    let mut config = SessionConfig::new_with_ballista()
         .with_ballista_adaptive_query_planner(false)
         .with_target_partitions(partitions)
         .with_ballista_standalone_parallelism(partitions)
         .with_ballista_logical_extension_codec(Arc::new(BallistaLogicalExtensionCodec::default()))
         .with_ballista_physical_extension_codec(physical)
         .with_option_extension(DevarrowConfig::default());
+    let optimizer = &mut config.options_mut().optimizer;
+    optimizer.prefer_hash_join = true;
+    optimizer.hash_join_single_partition_threshold = 0;
+    optimizer.hash_join_single_partition_threshold_rows = 0;
+    if let Some(devarrow) = config.options_mut().extensions.get_mut::<DevarrowConfig>() {
+        devarrow.always_place_joins = true;
+    }
     with_device_placement(
         SessionStateBuilder::new()
             .with_config(config)
@@ -86,13 +113,21 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     let dir =
         std::env::temp_dir().join(format!("devarrow-ballista-regions-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.to_str().ok_or("path")?.to_string();
-    session(lineitem(scale, partitions, 8192))
-        .table("lineitem")
-        .await?
-        .write_parquet(&path, DataFrameWriteOptions::new(), None)
-        .await?;
+    let tables = tpch::Tables::generate(scale, partitions);
+    let source = SessionContext::new();
+    tables.register(&source)?;
+    let mut paths = Vec::new();
+    for table in &tables.tables {
+        let path = dir.join(table.name);
+        std::fs::create_dir_all(&path)?;
+        let path = path.to_str().ok_or("path")?.to_string();
+        source
+            .table(table.name)
+            .await?
+            .write_parquet(&path, DataFrameWriteOptions::new(), None)
+            .await?;
+        paths.push((table.name, path));
+    }
 
     let state = state(partitions);
     let addr = ballista_scheduler::standalone::new_standalone_scheduler_from_state(&state).await?;
@@ -105,22 +140,33 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     ballista_executor::new_standalone_executor_from_state(scheduler, partitions, &state).await?;
     let ctx = SessionContext::remote_with_state(&scheduler_url, state.clone()).await?;
-    ctx.register_parquet("lineitem", &path, ParquetReadOptions::default())
-        .await?;
 
     // The same plan locally, to show the regions the scheduler plans (planning opens no
-    // device); the state's catalog, with lineitem, is the client's.
+    // device); the state's catalog, with the tables, is the client's.
     let local = SessionContext::new_with_state(state.clone());
     let alone = SessionContext::new();
-    alone
-        .register_parquet("lineitem", &path, ParquetReadOptions::default())
-        .await?;
-    for q in [1, 6] {
+    for (name, path) in &paths {
+        for c in [&ctx, &alone] {
+            c.register_parquet(*name, path, ParquetReadOptions::default())
+                .await?;
+        }
+    }
+    for (q, joins) in QUERIES {
         let sql = tpch::query(q);
         let plan = local.sql(sql).await?.create_physical_plan().await?;
         let text = displayable(plan.as_ref()).indent(false).to_string();
         if !text.contains("DeviceLoadExec") {
             return Err(format!("Q{q} has no device region:\n{text}").into());
+        }
+        if joins && !text.contains("DeviceHashJoinExec: ") {
+            return Err(format!("Q{q} has no device join:\n{text}").into());
+        }
+        // The plan as the scheduler makes it (EXPLAIN runs there, with the session's
+        // settings the client sends).
+        let explained = ctx.sql(&format!("EXPLAIN {sql}")).await?.collect().await?;
+        let explained = pretty_format_batches(&explained)?.to_string();
+        if joins && !explained.contains("DeviceHashJoinExec: ") {
+            return Err(format!("Q{q}: the scheduler planned no device join:\n{explained}").into());
         }
         println!("Q{q}, as the scheduler plans it:\n{text}");
         let got = ctx.sql(sql).await?.collect().await?;

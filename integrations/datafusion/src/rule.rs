@@ -163,7 +163,13 @@ impl DevicePlacementRule {
     }
 
     /// Rewrites one node whose children are rewritten already.
-    fn place(&self, node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    /// `distributed`: the plan's partitions may run as separate plans (Ballista's
+    /// tasks), so an operator whose partitions share state stays on the host.
+    fn place(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        distributed: bool,
+    ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if let Some(host_only) = node.downcast_ref::<HostOnlyExec>() {
             // The rule run again: one reason is enough.
             if host_only.input().downcast_ref::<HostOnlyExec>().is_some() {
@@ -178,6 +184,15 @@ impl DevicePlacementRule {
             return Ok(Transformed::no(node));
         };
         let operator = match operator {
+            Ok(operator) if distributed && operator.partitions_share_state() => {
+                let why = format!(
+                    "its partitions share state ({}), and on Ballista each task runs its \
+                     own copy of the plan (Ballista makes such a host join Partitioned; it \
+                     cannot through a device node)",
+                    operator.name()
+                );
+                return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why))));
+            }
             Ok(operator) => operator,
             Err(why) => {
                 let annotated = HostOnlyExec::new(node, why.0);
@@ -317,6 +332,15 @@ fn picking_above_a_region(
     Some(ProjectionOperator::try_new(projection).map(|op| Arc::new(op) as Arc<dyn DeviceOperator>))
 }
 
+/// Whether the session is Ballista's (its config has Ballista's `ballista` options): a
+/// stage's partitions then run as tasks, each decoding its own copy of the plan.
+fn on_ballista(config: &ConfigOptions) -> bool {
+    config
+        .extensions
+        .iter()
+        .any(|(prefix, _)| prefix == "ballista")
+}
+
 /// Whether the region topped by `top` ends with a terminal operator (its output is on
 /// the host: nothing can follow it on the device).
 fn ends_on_host(top: &Arc<dyn ExecutionPlan>) -> bool {
@@ -334,7 +358,10 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
         if !options.is_none_or(|c| c.enabled) {
             return Ok(plan);
         }
-        let placed = plan.transform_up(|node| self.place(node))?.data;
+        let distributed = on_ballista(config);
+        let placed = plan
+            .transform_up(|node| self.place(node, distributed))?
+            .data;
         if options.is_some_and(|c| c.always_place_joins) {
             return Ok(placed);
         }

@@ -321,3 +321,71 @@ async fn a_join_that_would_add_link_bytes_stays_on_the_host_saying_why() {
         tpch::compare_results(&got, &want).unwrap();
     }
 }
+
+datafusion::common::extensions_options! {
+    /// Stands for Ballista's options (its config extension's `ballista.` prefix): the
+    /// session the scheduler plans stages with.
+    struct BallistaLike {
+        /// Any option.
+        pub job_name: String, default = String::new()
+    }
+}
+
+impl datafusion::common::config::ConfigExtension for BallistaLike {
+    const PREFIX: &'static str = "ballista";
+}
+
+/// A join whose partitions share state (a collected build side whose matched rows the
+/// last partition emits: left semi, anti and outer joins) stays on the host, saying why,
+/// where the session is Ballista's: each task runs its own copy of the stage's plan, and
+/// Ballista makes such a host join `Partitioned` itself (it cannot through a device
+/// node). In one process, and on Ballista once partitioned, it is on the device.
+#[tokio::test]
+async fn a_join_whose_partitions_share_state_stays_on_the_host_on_ballista() {
+    use arrow_array::{ArrayRef, Int32Array};
+    use datafusion::datasource::MemTable;
+
+    let batch = |name: &str, values: Vec<i32>| {
+        RecordBatch::try_from_iter([(name, Arc::new(Int32Array::from(values)) as ArrayRef)])
+            .unwrap()
+    };
+    let sql = "select d.k from dim d where exists (select 1 from fact f where f.fk = d.k)";
+    for (ballista, collected) in [(false, true), (true, true), (true, false)] {
+        let mut config = SessionConfig::new().with_target_partitions(2);
+        if ballista {
+            config = config.with_option_extension(BallistaLike::default());
+        }
+        let ctx = device_session(config);
+        let mut sets = vec![
+            "set datafusion.optimizer.join_reordering = false",
+            "set devarrow.always_place_joins = true",
+        ];
+        if !collected {
+            sets.push("set datafusion.optimizer.hash_join_single_partition_threshold = 0");
+            sets.push("set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0");
+        }
+        for set in sets {
+            ctx.sql(set).await.unwrap().collect().await.unwrap();
+        }
+        let dim = batch("k", (0..20).collect());
+        let fact = MemTable::try_new(
+            batch("fk", vec![]).schema(),
+            vec![
+                vec![batch("fk", vec![1, 3, 5])],
+                vec![batch("fk", vec![7, 30])],
+            ],
+        )
+        .unwrap();
+        let dim = MemTable::try_new(dim.schema(), vec![vec![dim]]).unwrap();
+        ctx.register_table("dim", Arc::new(dim)).unwrap();
+        ctx.register_table("fact", Arc::new(fact)).unwrap();
+        let plan = plan(&ctx, sql).await;
+        let shown = text(&plan);
+        let on_host = shown.contains("each task runs its own copy of the plan");
+        assert_eq!(on_host, ballista && collected, "{shown}");
+        assert_eq!(shown.contains("DeviceHashJoinExec: "), !on_host, "{shown}");
+        let got = collect(plan, ctx.task_ctx()).await.unwrap();
+        let rows = pretty_format_batches(&got).unwrap().to_string();
+        assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 4, "{rows}");
+    }
+}

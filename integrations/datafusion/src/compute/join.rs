@@ -351,6 +351,13 @@ impl DeviceHashJoin {
         })
     }
 
+    /// Whether its output has build rows emitted when the probe side has ended (left
+    /// semi, anti and outer joins): the partitions that probe a shared table merge what
+    /// they matched, and the last to end emits them.
+    pub fn emits_build_rows(&self) -> bool {
+        self.plan.kind.marks()
+    }
+
     /// The table of the build side `batches` (of the join's left schema), uploaded to
     /// `device` through `upload` where the device is not the host's: [`DeviceHashJoin::table`]
     /// then [`DeviceHashJoin::bind_table`].

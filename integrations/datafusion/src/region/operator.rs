@@ -132,6 +132,15 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether its partitions share state beyond their host inputs, so that a query's
+    /// partitions must run in one plan of one process: a join that collects its build
+    /// side and emits build rows when the last partition ends (left semi, anti and outer
+    /// joins). The rule keeps such an operator on the host where partitions run as
+    /// separate plans (Ballista's tasks).
+    fn partitions_share_state(&self) -> bool {
+        false
+    }
+
     /// The operator bound to one partition, given the batches of its host children
     /// (one list per host child, in child order; the same `Arc` for every partition of a
     /// query where the child is shared, [`DeviceOperator::shares_host_input`]): a join

@@ -362,6 +362,10 @@ impl DeviceOperator for HashJoinOperator {
         self.collect_left
     }
 
+    fn partitions_share_state(&self) -> bool {
+        self.collect_left && self.compiled.emits_build_rows()
+    }
+
     fn bind(
         &self,
         host_inputs: Vec<Arc<Vec<RecordBatch>>>,
