@@ -147,15 +147,22 @@ fn alloc_async(
     inject(call, CUDA_ERROR_OUT_OF_MEMORY)?;
     let mem = &driver().mem;
     let [follow_events, opportunistic, internal] = mem.reuse_flags(pool).map(|f| f != 0);
+    // A block freed on another stream, reused: checked when the allocation runs.
+    let reused_from = std::cell::RefCell::new(None);
     let ordered = |block: &FreeBlock| {
         block
             .stream
             .clone()
             .downcast::<Stream>()
             .is_ok_and(|freeing| {
-                Arc::ptr_eq(&freeing, &stream)
+                let same = Arc::ptr_eq(&freeing, &stream);
+                let ok = same
                     || (follow_events && stream.is_ordered_after(&freeing, block.seq))
-                    || (opportunistic && freeing.is_done(block.seq))
+                    || (opportunistic && freeing.is_done(block.seq));
+                if ok && !same {
+                    *reused_from.borrow_mut() = Some((freeing, block.seq));
+                }
+                ok
             })
     };
     let mut wait_for = None;
@@ -183,6 +190,15 @@ fn alloc_async(
             &stream,
             Op::Wait {
                 stream: freeing,
+                seq,
+            },
+        );
+    }
+    if let Some((stream_freed, seq)) = reused_from.into_inner() {
+        ctx.enqueue(
+            &stream,
+            Op::ReusedAfter {
+                stream: stream_freed,
                 seq,
             },
         );

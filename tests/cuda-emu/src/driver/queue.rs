@@ -140,6 +140,14 @@ pub(crate) enum Op {
         data: usize,
     },
     AllocReady(Arc<Alloc>),
+    /// Before a block freed on `stream` at `seq` is made another stream's allocation
+    /// (reused as the pool's flags allow): the emulator's own check that the free has
+    /// run by then, as the reuse rules promise. An internal error (the process aborts)
+    /// where it has not: the emulator would hand out memory still in use.
+    ReusedAfter {
+        stream: Arc<Stream>,
+        seq: u64,
+    },
     Free(Arc<Alloc>),
     Nop,
 }
@@ -164,10 +172,16 @@ pub(crate) struct Stream {
     queue: Mutex<Queue>,
     changed: Condvar,
     /// The streams this one was made to wait for (`Op::Wait`, from `cuStreamWaitEvent`
-    /// or the legacy stream rules): stream (by address) -> the latest sequence number
-    /// waited for. The stream-ordered allocator's `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`
-    /// reuses a block freed on such a stream at or before that point.
-    waited_for: Mutex<HashMap<usize, u64>>,
+    /// or the legacy stream rules): stream (by its handle, never reused: a destroyed
+    /// stream's address may be a later stream's, whose sequence numbers start again) ->
+    /// the latest sequence number waited for. The stream-ordered allocator's
+    /// `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES` reuses a block freed on such a
+    /// stream at or before that point. Updated with the queue locked, after the wait is
+    /// in it: what another thread reads here is in the queue before anything it enqueues
+    /// next.
+    waited_for: Mutex<HashMap<u64, u64>>,
+    /// Its handle (unique for the process's life).
+    id: u64,
 }
 
 impl Stream {
@@ -195,6 +209,7 @@ impl Stream {
             }),
             changed: Condvar::new(),
             waited_for: Mutex::new(HashMap::new()),
+            id: handle,
         });
         let worker = stream.clone();
         std::thread::Builder::new()
@@ -212,15 +227,23 @@ impl Stream {
 
     /// Appends `op`; returns its sequence number.
     pub fn push(&self, op: Op) -> u64 {
-        if let Op::Wait { stream, seq } = &op {
-            let mut waited = lock(&self.waited_for);
-            let at = waited.entry(Arc::as_ptr(stream) as usize).or_insert(0);
-            *at = (*at).max(*seq);
-        }
+        let waited = match &op {
+            Op::Wait { stream, seq } => Some((stream.id, *seq)),
+            _ => None,
+        };
         let mut q = lock(&self.queue);
         q.enqueued += 1;
         let seq = q.enqueued;
         q.ops.push_back((seq, op));
+        if let Some((stream, waited_seq)) = waited {
+            // Only now that the wait is in the queue (still locked): another thread that
+            // sees it here and enqueues on this stream (an allocation reusing a block
+            // freed on `stream`) enqueues behind it. Updated first, a thread allocating
+            // meanwhile could enqueue its allocation ahead of the wait it relied on.
+            let mut waited = lock(&self.waited_for);
+            let at = waited.entry(stream).or_insert(0);
+            *at = (*at).max(waited_seq);
+        }
         self.changed.notify_all();
         seq
     }
@@ -236,7 +259,7 @@ impl Stream {
     pub fn is_ordered_after(&self, other: &Stream, seq: u64) -> bool {
         std::ptr::eq(self, other)
             || lock(&self.waited_for)
-                .get(&(other as *const Stream as usize))
+                .get(&other.id)
                 .is_some_and(|&at| at >= seq)
     }
 
@@ -311,6 +334,17 @@ impl Stream {
             Op::Nop => {}
             Op::Wait { stream, seq } => stream.wait_seq(seq),
             Op::Record { event, generation } => event.mark_recorded(generation),
+            Op::ReusedAfter { stream, seq } => {
+                if !stream.is_done(seq) {
+                    eprintln!(
+                        "devarrow-emu: internal error: a block freed on another stream (at \
+                         its operation {seq}, of which {} have run) is reused before its \
+                         free ran",
+                        lock(&stream.queue).completed
+                    );
+                    std::process::abort();
+                }
+            }
             Op::AllocReady(a) => a.make_live(),
             Op::Free(a) => self.mem.finish_free(&a),
             // After a fault the context is unusable: nothing else runs.
