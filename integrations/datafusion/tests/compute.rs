@@ -1742,6 +1742,97 @@ async fn partitions_one_after_another_share_a_collected_build_side() {
     }
 }
 
+/// A join that collects its build side uploads its table once per device and query,
+/// however many of the query's partitions probe it there: the join's `bytes_to_device`
+/// is counted by one partition per device that ran partitions (the same bytes each), and
+/// its host table is built once.
+pub async fn check_one_table_per_device(pools: Vec<Arc<devarrow_datafusion::config::DevicePool>>) {
+    use datafusion::physical_plan::displayable;
+    use datafusion::physical_plan::metrics::MetricValue;
+
+    let ctx = session_with_pools(pools.clone(), 4, None);
+    for set in [
+        "set devarrow.always_place_joins = true",
+        "set datafusion.optimizer.join_reordering = false",
+    ] {
+        ctx.sql(set).await.unwrap().collect().await.unwrap();
+    }
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    join_tables(&ctx);
+    join_tables(&plain);
+    // Four probe partitions (fact's two, twice).
+    let sql = "select f.qty, d.name, d.price from dim d join \
+               (select * from fact union all select * from fact) f on f.fk = d.k";
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(shown.contains("mode=CollectLeft"), "{shown}");
+    assert_eq!(
+        plan.properties().partitioning.partition_count(),
+        4,
+        "{shown}"
+    );
+    let placed_before: Vec<u64> = pools.iter().map(|p| p.placed()).collect();
+    let got = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+    let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(lines(&got), lines(&want), "{shown}");
+    let devices_used = pools
+        .iter()
+        .zip(&placed_before)
+        .filter(|(p, &before)| p.placed() > before)
+        .count();
+    let mut join = None;
+    let mut stack = vec![plan.clone()];
+    while let Some(node) = stack.pop() {
+        if node.name() == "DeviceHashJoinExec" {
+            join = Some(node.clone());
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    let metrics = join.expect("a device join").metrics().unwrap();
+    let uploads: Vec<usize> = metrics
+        .iter()
+        .filter_map(|m| match m.value() {
+            MetricValue::Count { name, count }
+                if name == "bytes_to_device" && count.value() > 0 =>
+            {
+                Some(count.value())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(uploads.len(), devices_used, "{uploads:?}\n{shown}");
+    assert!(uploads.windows(2).all(|w| w[0] == w[1]), "{uploads:?}");
+    assert!(
+        metrics
+            .iter()
+            .filter(|m| m.value().name() == "bytes_to_device")
+            .count()
+            > uploads.len(),
+        "as many partitions as uploads: nothing shared\n{shown}"
+    );
+    assert_eq!(
+        metrics
+            .sum_by_name("host_tables_built")
+            .map_or(0, |v| v.as_usize()),
+        1,
+        "{shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collected_build_side_is_one_table_per_device() {
+    if own_tests() {
+        let pool = devarrow_datafusion::config::DevicePool::new(ExecDevice::cpu(), 2).unwrap();
+        check_one_table_per_device(vec![Arc::new(pool)]).await;
+    }
+}
+
 /// A join's table is reserved in the partition's `MemoryPool`: refused, the query fails
 /// with `DeviceExecError::Memory` and the device gets back every byte.
 pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> usize) {

@@ -260,10 +260,10 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
     });
 }
 
-/// TPC-H Q3, Q5 and Q10 with every join on the device, over two devices: each partition
-/// builds and uploads its join tables on its own device (a collected build side read
-/// once for both), the results DataFusion's, both devices used, no device memory left on
-/// either.
+/// TPC-H Q3, Q5 and Q10 with every join on the device, over two devices: a collected
+/// build side read and hashed once, its table uploaded once per device (shared by the
+/// partitions there), the results DataFusion's, both devices used, no device memory left
+/// on either.
 #[test]
 fn device_joins_over_two_devices_are_datafusions() {
     on_two_devices("device joins", |pools| async move {
@@ -297,6 +297,8 @@ fn device_joins_over_two_devices_are_datafusions() {
         for pool in &pools {
             assert!(pool.placed() > 0, "{} ran no partition", pool.id());
         }
+        // A collected build side: one table per device, not per partition.
+        compute_checks::check_one_table_per_device(pools.clone()).await;
     });
 }
 
@@ -411,6 +413,8 @@ fn device_hash_joins_on_cuda_are_datafusions() {
         compute_checks::check_joins(&device).await;
         compute_checks::check_random_joins(&device).await;
         compute_checks::check_partitions_one_after_another(&device).await;
+        let pool = devarrow_datafusion::config::DevicePool::new(device.clone(), 2).unwrap();
+        compute_checks::check_one_table_per_device(vec![Arc::new(pool)]).await;
         compute_checks::check_foreign_probe_views(&device).await;
         compute_checks::check_dropped_join_stream(&device, || 0).await;
         // Device memory is checked by `on_cuda_without_leaks`, once the pool is dropped.
@@ -686,11 +690,15 @@ fn tpch_regions_on_cuda_figures() {
         });
         println!(
             "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
-             with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up, {:.1} MiB down",
+             with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up (join tables \
+             {:.1}), {:.1} MiB down",
             host * 1e3,
             device * 1e3,
             host / device,
-            metric("bytes_to_device", "DeviceLoadExec") as f64 / (1 << 20) as f64,
+            (metric("bytes_to_device", "DeviceLoadExec")
+                + metric("bytes_to_device", "DeviceHashJoinExec")) as f64
+                / (1 << 20) as f64,
+            metric("bytes_to_device", "DeviceHashJoinExec") as f64 / (1 << 20) as f64,
             metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
         );
     }

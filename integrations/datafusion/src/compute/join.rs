@@ -56,8 +56,10 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::ExecutionPlan;
 use devarrow::bridge::{DeviceBatch, Transfer};
 
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+
 use super::{check_cpu, compactable, cpu_column, host, ComputeError, DeviceExpr, Unsupported};
-use crate::error::BoxError;
+use crate::error::{BoxError, DeviceExecError};
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
 
@@ -468,17 +470,37 @@ impl DeviceHashJoin {
                 flags: vec![0; if plan.kind.marks() { rows } else { 0 }],
                 partitions: partitions.max(1),
             }),
+            devices: std::sync::Mutex::default(),
         })
     }
 
-    /// `table` on `device`: uploaded through `upload` where the device is not the
-    /// host's (once per partition: each on its own slot's stream).
+    /// `table` on `device` for one partition: the table uploaded through `upload` where
+    /// the device is not the host's, unless a partition bound there already did
+    /// ([`JoinTable::on_device`]: the partitions of a query on one device share one
+    /// upload).
     ///
     /// # Errors
     /// devarrow's (the upload).
     pub fn bind_table(
         &self,
         table: Arc<JoinTable>,
+        device: &ExecDevice,
+        upload: &mut Transfer,
+    ) -> Result<BuiltJoin, BoxError> {
+        let (on_device, _) = table.on_device(device, upload, None)?;
+        self.bind_on(table, on_device, device, upload)
+    }
+
+    /// `table`, already on the partition's device as `on_device`, bound to one
+    /// partition: where the join emits build rows, the partition's marks (uploaded
+    /// through `upload` on CUDA).
+    ///
+    /// # Errors
+    /// devarrow's (the upload).
+    pub(crate) fn bind_on(
+        &self,
+        table: Arc<JoinTable>,
+        on_device: Arc<DeviceTable>,
         device: &ExecDevice,
         upload: &mut Transfer,
     ) -> Result<BuiltJoin, BoxError> {
@@ -490,17 +512,21 @@ impl DeviceHashJoin {
         #[allow(unused_mut)] // set on CUDA only
         let mut built = BuiltJoin {
             table,
+            on_device,
             host_marks: std::sync::Mutex::new(vec![0; marks]),
             #[cfg(feature = "cuda")]
-            on_device: None,
+            marks: None,
         };
         #[cfg(feature = "cuda")]
-        if device.cuda().is_some() && built.rows > 0 {
-            built.on_device = Some(built.upload(upload)?);
+        if marks > 0 && built.on_device.tables.is_some() {
+            let zeros = RecordBatch::try_new(
+                schema_of(vec![Field::new("marks", DataType::UInt8, false)]),
+                vec![Arc::new(UInt8Array::from(vec![0u8; marks]))],
+            )?;
+            built.marks = Some(super::cuda::Marks::new(upload.to_device(&zeros)?));
             // The marks are the device's.
             built.host_marks = std::sync::Mutex::default();
         }
-        #[cfg(not(feature = "cuda"))]
         let _ = (device, upload);
         Ok(built)
     }
@@ -532,6 +558,30 @@ pub struct JoinTable {
     /// The build rows the partitions that ended matched, for a join whose output is
     /// build rows.
     visited: std::sync::Mutex<Visited>,
+    /// The table on each device where partitions probe it (by the device's id), while
+    /// one of them holds it.
+    devices: std::sync::Mutex<Vec<(String, std::sync::Weak<DeviceTable>)>>,
+}
+
+/// A join's table on one device: uploaded once per device by the first partition of the
+/// query bound there, shared by the others bound there while one of them holds it, its
+/// device memory reserved in the query's `MemoryPool` until the last of them drops it.
+#[derive(Debug)]
+pub struct DeviceTable {
+    /// On CUDA (none on the CPU device, which probes the host table in place, nor for
+    /// an empty table).
+    #[cfg(feature = "cuda")]
+    tables: Option<super::cuda::DeviceTables>,
+    /// Its device memory (on the CPU device, the host table's).
+    device_bytes: usize,
+    _reservation: Option<MemoryReservation>,
+}
+
+impl DeviceTable {
+    /// Its device memory (on the CPU device, the host table's).
+    pub fn device_bytes(&self) -> usize {
+        self.device_bytes
+    }
 }
 
 /// The build rows the probe partitions of a table matched, gathered as they end.
@@ -544,6 +594,107 @@ struct Visited {
 }
 
 impl JoinTable {
+    /// The bytes an upload of the table moves (its columns' used ranges, its keys, its
+    /// slots and chains): what the CPU device counts too, which joins in place.
+    pub fn link_bytes(&self) -> usize {
+        crate::region::batch_bytes(&self.payload)
+            + self.keys.len() * size_of::<i64>()
+            + (self.slots.len() + self.next.len()) * size_of::<u32>()
+    }
+
+    /// The host memory the table holds.
+    fn host_bytes(&self) -> usize {
+        self.payload.get_array_memory_size()
+            + self.keys.len() * size_of::<i64>()
+            + (self.slots.len() + self.next.len()) * size_of::<u32>()
+    }
+
+    /// The table on `device`, shared by the partitions of the query bound there: the
+    /// first uploads it through `upload` (on its slot's stream: the others' streams wait
+    /// for the upload's event when they read it), reserved in `reserve`'s pool for its
+    /// partition if given (a refusal is [`DeviceExecError::Memory`]). With the bytes this
+    /// call moved over the link ([`JoinTable::link_bytes`] when it uploaded, else 0).
+    ///
+    /// # Errors
+    /// devarrow's (the upload), the reservation's.
+    pub fn on_device(
+        &self,
+        device: &ExecDevice,
+        upload: &mut Transfer,
+        reserve: Option<(&Arc<dyn MemoryPool>, usize)>,
+    ) -> Result<(Arc<DeviceTable>, usize), BoxError> {
+        let key = device.id().to_string();
+        // Held while the table is uploaded: a partition bound to the same device waits,
+        // then shares it.
+        let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        devices.retain(|(_, table)| table.strong_count() > 0);
+        if let Some(table) = devices
+            .iter()
+            .find(|(id, _)| *id == key)
+            .and_then(|(_, table)| table.upgrade())
+        {
+            return Ok((table, 0));
+        }
+        #[cfg(feature = "cuda")]
+        let tables = if device.cuda().is_some() && self.rows > 0 {
+            Some(self.upload(upload)?)
+        } else {
+            None
+        };
+        #[cfg(feature = "cuda")]
+        let device_bytes = tables.as_ref().map_or_else(
+            || self.host_bytes(),
+            |t| t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes(),
+        );
+        #[cfg(not(feature = "cuda"))]
+        let device_bytes = {
+            let _ = upload;
+            self.host_bytes()
+        };
+        let reservation = match reserve {
+            None => None,
+            Some((pool, partition)) => {
+                let reservation =
+                    MemoryConsumer::new(format!("DeviceJoinTable@{key}")).register(pool);
+                reservation
+                    .try_grow(device_bytes)
+                    .map_err(|e| DeviceExecError::Memory {
+                        partition,
+                        device: key.clone(),
+                        bytes: device_bytes,
+                        reason: e.to_string(),
+                    })?;
+                Some(reservation)
+            }
+        };
+        let table = Arc::new(DeviceTable {
+            #[cfg(feature = "cuda")]
+            tables,
+            device_bytes,
+            _reservation: reservation,
+        });
+        devices.push((key, Arc::downgrade(&table)));
+        Ok((table, self.link_bytes()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn upload(&self, upload: &mut Transfer) -> Result<super::cuda::DeviceTables, BoxError> {
+        use arrow_array::{ArrayRef, Int64Array};
+
+        let one = |name: &str, array: ArrayRef| {
+            let field = Field::new(name, array.data_type().clone(), false);
+            RecordBatch::try_new(schema_of(vec![field]), vec![array])
+        };
+        let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
+        let table: Vec<u32> = self.slots.iter().chain(&self.next).copied().collect();
+        let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
+        Ok(super::cuda::DeviceTables {
+            payload: upload.to_device(&self.payload)?,
+            keys: upload.to_device(&keys)?,
+            slots: upload.to_device(&slots)?,
+        })
+    }
+
     /// Adds a partition's `flags` (the build rows it matched): the flags of every
     /// partition when it was the last to end, else `None`.
     fn merge(&self, flags: &[u8]) -> Result<Option<Vec<u8>>, BoxError> {
@@ -578,11 +729,15 @@ enum BuildRows {
 #[derive(Debug)]
 pub struct BuiltJoin {
     table: Arc<JoinTable>,
+    /// The table on the partition's device (shared with the query's other partitions
+    /// there).
+    on_device: Arc<DeviceTable>,
     /// The build rows this partition's probe rows matched, on the host (the CPU
     /// device's; the CUDA device's are on it).
     host_marks: std::sync::Mutex<Vec<u8>>,
+    /// The build rows this partition's probe rows matched, on the device.
     #[cfg(feature = "cuda")]
-    on_device: Option<super::cuda::DeviceTables>,
+    marks: Option<super::cuda::Marks>,
 }
 
 impl std::ops::Deref for BuiltJoin {
@@ -616,29 +771,48 @@ impl BuiltJoin {
         &self.table
     }
 
-    /// The device memory the table holds (on the CPU device, its host memory).
-    pub fn device_bytes(&self) -> usize {
+    /// The table on the partition's device.
+    pub fn on_device(&self) -> &Arc<DeviceTable> {
+        &self.on_device
+    }
+
+    /// The device memory this partition holds of its own (its marks, where the join
+    /// emits build rows): the table's is [`DeviceTable`]'s, shared.
+    pub fn partition_bytes(&self) -> usize {
         #[cfg(feature = "cuda")]
-        if let Some(t) = &self.on_device {
-            return t.payload.device_bytes()
-                + t.keys.device_bytes()
-                + t.slots.device_bytes()
-                + t.marks.as_ref().map_or(0, |m| m.flags.device_bytes());
+        if let Some(marks) = &self.marks {
+            return marks.flags.device_bytes();
         }
-        self.payload.get_array_memory_size()
-            + self.keys.len() * size_of::<i64>()
-            + self.rows * usize::from(self.plan.kind.marks())
-            + (self.slots.len() + self.next.len()) * size_of::<u32>()
+        self.host_marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// The device's table on CUDA.
+    #[cfg(feature = "cuda")]
+    fn device_tables(&self) -> Option<&super::cuda::DeviceTables> {
+        self.on_device.tables.as_ref()
     }
 
     /// What the CUDA probe reads of the join.
     #[cfg(feature = "cuda")]
     fn device_probe(&self) -> Result<super::cuda::Probe<'_>, BoxError> {
         let tables = self
-            .on_device
-            .as_ref()
+            .device_tables()
             .ok_or_else(|| ComputeError::Input("a join's table is not on the device".into()))?;
         let kind = self.plan.kind;
+        // With a filter, only the pairs that pass it mark their build rows
+        // (`BuiltJoin::mark_passed`).
+        let marks = if kind.marks() && self.plan.filter.is_none() {
+            Some(
+                self.marks
+                    .as_ref()
+                    .ok_or_else(|| ComputeError::Input("a join without its marks".into()))?,
+            )
+        } else {
+            None
+        };
         Ok(super::cuda::Probe {
             tables,
             keys: &self.plan.probe_keys,
@@ -647,33 +821,6 @@ impl BuiltJoin {
             anti: kind == JoinKind::Anti,
             right: kind == JoinKind::Right,
             gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti),
-            // With a filter, only the pairs that pass it mark their build rows
-            // (`BuiltJoin::mark_passed`).
-            marks: kind.marks() && self.plan.filter.is_none(),
-        })
-    }
-
-    #[cfg(feature = "cuda")]
-    fn upload(&self, upload: &mut Transfer) -> Result<super::cuda::DeviceTables, BoxError> {
-        use arrow_array::{ArrayRef, Int64Array};
-
-        let one = |name: &str, array: ArrayRef| {
-            let field = Field::new(name, array.data_type().clone(), false);
-            RecordBatch::try_new(schema_of(vec![field]), vec![array])
-        };
-        let keys = one("keys", Arc::new(Int64Array::from(self.keys.clone())))?;
-        let table: Vec<u32> = self.slots.iter().chain(&self.next).copied().collect();
-        let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
-        let marks = if self.plan.kind.marks() {
-            let zeros = one("marks", Arc::new(UInt8Array::from(vec![0u8; self.rows])))?;
-            Some(super::cuda::Marks::new(upload.to_device(&zeros)?))
-        } else {
-            None
-        };
-        Ok(super::cuda::DeviceTables {
-            payload: upload.to_device(&self.payload)?,
-            keys: upload.to_device(&keys)?,
-            slots: upload.to_device(&slots)?,
             marks,
         })
     }
@@ -803,12 +950,11 @@ impl BuiltJoin {
             #[cfg(feature = "cuda")]
             BuildRows::Device(rows) => {
                 let n = joined.num_rows();
-                let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) else {
+                let (Some(cuda), Some(marks)) = (device.cuda(), &self.marks) else {
                     return Err(
-                        ComputeError::Input("a join's rows are not on the device".into()).into(),
+                        ComputeError::Input("a join's marks are not on the device".into()).into(),
                     );
                 };
-                let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
                 let selection = joined.selection().ok_or_else(|| {
                     ComputeError::Input("a join filter without a selection".into())
                 })?;
@@ -833,8 +979,7 @@ impl BuiltJoin {
     /// The build rows this partition's probe rows matched (a flag each), taken.
     fn marks(&self, device: &ExecDevice) -> Result<Vec<u8>, BoxError> {
         #[cfg(feature = "cuda")]
-        if let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) {
-            let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
+        if let (Some(cuda), Some(marks)) = (device.cuda(), &self.marks) {
             return marks.read(cuda);
         }
         let _ = device;
@@ -848,7 +993,7 @@ impl BuiltJoin {
     /// The payload's rows `rows` on `device` (gathered there).
     fn gather_rows(&self, rows: &[u32], device: &ExecDevice) -> Result<DeviceBatch, BoxError> {
         #[cfg(feature = "cuda")]
-        if let (Some(cuda), Some(tables)) = (device.cuda(), &self.on_device) {
+        if let (Some(cuda), Some(tables)) = (device.cuda(), self.device_tables()) {
             return super::cuda::gather_rows(tables, rows, cuda, device);
         }
         check_cpu(device)?;

@@ -8,6 +8,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, Result, Statistics};
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::OrderingRequirements;
 use datafusion::physical_expr::PhysicalExpr;
@@ -53,6 +54,12 @@ pub struct BindContext<'a> {
     /// Host tables (a join's) the operator built for this partition rather than took
     /// from another partition of the query (the operator's `host_tables_built` metric).
     pub host_tables_built: &'a Count,
+    /// The bytes the operator uploaded for this partition (a join's table, counted by
+    /// the partition that uploads it for the device: the operator's `bytes_to_device`).
+    pub bytes_to_device: &'a Count,
+    /// The query's memory pool, for device memory the query's partitions share (a
+    /// join's table on one device).
+    pub memory_pool: &'a Arc<dyn MemoryPool>,
 }
 
 /// What an operator sees besides its frame.

@@ -405,7 +405,14 @@ impl DeviceOperator for HashJoinOperator {
                 }
             }
         };
-        let built = self.compiled.bind_table(table, cx.device, cx.upload)?;
+        // The table on the partition's device: uploaded by the query's first partition
+        // there, shared by the others.
+        let (on_device, uploaded) =
+            table.on_device(cx.device, cx.upload, Some((cx.memory_pool, cx.partition)))?;
+        cx.bytes_to_device.add(uploaded);
+        let built = self
+            .compiled
+            .bind_on(table, on_device, cx.device, cx.upload)?;
         Ok(Some(Arc::new(Self {
             compiled: self.compiled.clone(),
             host: self.host.clone(),
@@ -417,7 +424,8 @@ impl DeviceOperator for HashJoinOperator {
     }
 
     fn bound_bytes(&self) -> usize {
-        self.built.as_ref().map_or(0, |b| b.device_bytes())
+        // The table's own bytes are reserved with it, shared.
+        self.built.as_ref().map_or(0, |b| b.partition_bytes())
     }
 
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {

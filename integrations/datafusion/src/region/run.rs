@@ -22,7 +22,7 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
@@ -202,6 +202,7 @@ struct Pending {
     host_inputs: Vec<Vec<HostInput>>,
     config: DevarrowConfig,
     reservation: Arc<MemoryReservation>,
+    memory_pool: Arc<dyn MemoryPool>,
     load_metrics: LoadMetrics,
     unload_metrics: UnloadMetrics,
     runtime: Option<tokio::runtime::Handle>,
@@ -267,6 +268,7 @@ pub(crate) fn execute_region(
         host_inputs,
         config,
         reservation,
+        memory_pool: context.memory_pool().clone(),
         load_metrics: LoadMetrics::new(load.metrics_set(), partition),
         unload_metrics: unload_metrics.clone(),
         runtime: tokio::runtime::Handle::try_current().ok(),
@@ -351,6 +353,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
         host_inputs,
         config,
         reservation,
+        memory_pool,
         load_metrics,
         unload_metrics,
         runtime,
@@ -389,6 +392,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
         runtime,
         pool,
         reservation,
+        memory_pool,
         cancel,
         metrics: unload_metrics,
         partition,
@@ -524,6 +528,7 @@ struct OperatorThread {
     runtime: Option<tokio::runtime::Handle>,
     pool: Arc<DevicePool>,
     reservation: Arc<MemoryReservation>,
+    memory_pool: Arc<dyn MemoryPool>,
     cancel: Arc<AtomicBool>,
     metrics: UnloadMetrics,
     partition: usize,
@@ -591,21 +596,35 @@ impl OperatorThread {
             let mut upload = lease.upload();
             let built =
                 MetricBuilder::new(op.metrics_set()).counter("host_tables_built", self.partition);
+            let uploaded =
+                MetricBuilder::new(op.metrics_set()).counter("bytes_to_device", self.partition);
             let mut cx = BindContext {
                 partition: self.partition,
                 device: lease.device(),
                 upload: &mut upload,
                 host_tables_built: &built,
+                bytes_to_device: &uploaded,
+                memory_pool: &self.memory_pool,
             };
             let operator = op.operator().bind(inputs, &mut cx);
             drop(upload);
             drop(lease);
             let operator = operator
-                .map_err(|source| DeviceExecError::Operator {
-                    operator: op.operator().name().to_string(),
-                    partition: self.partition,
-                    batch: 0,
-                    source,
+                .map_err(|source| match source.downcast::<DeviceExecError>() {
+                    // A refused reservation is the partition's memory error, as is.
+                    Ok(memory) if matches!(*memory, DeviceExecError::Memory { .. }) => *memory,
+                    Ok(other) => DeviceExecError::Operator {
+                        operator: op.operator().name().to_string(),
+                        partition: self.partition,
+                        batch: 0,
+                        source: other,
+                    },
+                    Err(source) => DeviceExecError::Operator {
+                        operator: op.operator().name().to_string(),
+                        partition: self.partition,
+                        batch: 0,
+                        source,
+                    },
                 })?
                 .unwrap_or_else(|| op.operator().clone());
             let bytes = operator.bound_bytes();

@@ -47,9 +47,6 @@ pub(crate) struct DeviceTables {
     pub(crate) payload: DeviceBatch,
     pub(crate) keys: DeviceBatch,
     pub(crate) slots: DeviceBatch,
-    /// A join whose output is build rows (left semi, anti and outer joins): the build
-    /// rows the partition's probe rows matched.
-    pub(crate) marks: Option<Marks>,
 }
 
 /// The build rows a partition's probe rows matched (`join_mark`): one `UInt8` column of a
@@ -178,9 +175,9 @@ pub(crate) struct Probe<'a> {
     pub(crate) right: bool,
     /// Whether the output takes build columns (an inner, right or left join).
     pub(crate) gathers: bool,
-    /// Whether the probe marks the build rows it matches (a join whose output is build
-    /// rows): in the tables' marks.
-    pub(crate) marks: bool,
+    /// Where the probe marks the build rows it matches (a join whose output is build
+    /// rows, without a filter): the partition's marks.
+    pub(crate) marks: Option<&'a Marks>,
 }
 
 /// The join of `frame` with `p`'s table on the device: the output's selection
@@ -290,8 +287,7 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
             A::U32(p.anti as u32),
         ],
     )?;
-    if p.marks {
-        let marks = tables.marks.as_ref().ok_or("a join table without marks")?;
+    if let Some(marks) = p.marks {
         marks.mark(cx, &idx, slots_at + 4 * (p.mask + 1), n)?;
     }
     // The keys' overflow, if one can overflow (one read-back).
