@@ -78,7 +78,8 @@ pub trait DeviceOperatorFactory: fmt::Debug + Send + Sync {
 }
 
 /// devarrow's own operators: `FilterExec`, `ProjectionExec`, `AggregateExec`
-/// (`Partial`), `HashJoinExec` (`Inner`, `Right`, `RightSemi`, `RightAnti`).
+/// (`Partial`), `HashJoinExec` (`Inner`, `Left`, `Right`, `Full`, `LeftSemi`, `LeftAnti`,
+/// `RightSemi`, `RightAnti`).
 #[derive(Debug, Default)]
 pub struct BuiltinOperators;
 

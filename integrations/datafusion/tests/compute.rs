@@ -1558,7 +1558,12 @@ pub async fn check_joins(device: &ExecDevice) {
     join_tables(&plain);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 35] = [
+    let cases: [&str; 38] = [
+        // Full joins: a right join's rows, then the build rows nothing matched.
+        "select d.k, d.name, f.qty, f.note from dim d full join fact f on f.fk = d.k",
+        "select u.tag, f.qty from dup u full join fact f on f.fk = u.dk",
+        "select count(*) as n, count(d.k) as matched, sum(f.qty) as q from dim d \
+         full join fact f on f.fk = d.k and f.fk2 = d.k2",
         // The same with a filter over both sides: only the pairs that pass it match.
         "select d.k, d.name from dim d where exists \
          (select 1 from fact f where f.fk = d.k and f.qty > d.k2 * 2)",
@@ -2026,7 +2031,8 @@ pub async fn check_random_joins(device: &ExecDevice) {
             " and p.price > b.price",
             " and (p.k2 <> b.k2 or b.flag)",
         ][next(3) as usize];
-        let sql = match next(9) {
+        let sql = match next(10) {
+            9 => format!("select b.k, b.name, p.k, p.price from b full join p on {on}"),
             6 => format!("select b.k, b.name, b.flag from b where exists (select 1 from p where {on}{before}{both})"),
             7 => format!("select b.k, b.price from b where not exists (select 1 from p where {on}{before}{both})"),
             8 => format!("select b.k, b.name, p.name, p.price from b left join p on {on}{before}{both}"),

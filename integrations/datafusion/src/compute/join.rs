@@ -21,14 +21,15 @@
 //!   them). A semi join is only the selection, an anti join its complement. A right join
 //!   keeps the frame's selection, its build columns null where a row matched nothing. No
 //!   count is read back: the join costs no host wait.
-//! - **Joins whose output is build rows** (`LeftSemi`, `LeftAnti`, and `Left`'s rows that
-//!   match nothing) mark, per frame, the build rows its probe rows match (`join_mark`,
+//! - **Joins whose output is build rows** (`LeftSemi`, `LeftAnti`, and `Left`'s and
+//!   `Full`'s rows that match nothing) mark, per frame, the build rows its probe rows match (`join_mark`,
 //!   one byte per build row, on the device), and emit at the end of the partition
 //!   ([`BuiltJoin::finish`]): the marks read back once, merged on the host with those of
 //!   the other partitions where they share the build side (the last to end emits), the
-//!   kept rows gathered on the device. A left join's frames are its inner join's.
+//!   kept rows gathered on the device. A left join's frames are its inner join's, a full
+//!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: `Full` and mark joins, a filter on any join but an inner one, keys
+//!   `EXPLAIN` shows: mark joins, a right, full or right semi/anti join's filter, keys
 //!   that are not integers or dates of one type on both sides, null-equal or null-aware
 //!   joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
 //!   types).
@@ -89,13 +90,31 @@ pub(crate) enum JoinKind {
     /// The inner join's rows, then (at the end) the build rows no probe row matched,
     /// their probe columns null (`Left`).
     Left,
+    /// A right join's rows, then (at the end) a left join's unmatched build rows
+    /// (`Full`).
+    Full,
 }
 
 impl JoinKind {
     /// Whether its output includes build rows found only when the probe side has ended
     /// (the probe marks the build rows it matches).
     pub(crate) fn marks(self) -> bool {
-        matches!(self, Self::LeftSemi | Self::LeftAnti | Self::Left)
+        matches!(
+            self,
+            Self::LeftSemi | Self::LeftAnti | Self::Left | Self::Full
+        )
+    }
+
+    /// Whether every selected probe row is in its output, with null build columns where
+    /// it matched nothing.
+    pub(crate) fn keeps_probe_rows(self) -> bool {
+        matches!(self, Self::Right | Self::Full)
+    }
+
+    /// Whether its output has the build rows no probe row matched, their probe columns
+    /// null.
+    fn emits_unmatched(self) -> bool {
+        matches!(self, Self::Left | Self::Full)
     }
 
     /// Whether each probe frame gives no output (only marks).
@@ -225,16 +244,23 @@ impl DeviceHashJoin {
             JoinType::LeftSemi => JoinKind::LeftSemi,
             JoinType::LeftAnti => JoinKind::LeftAnti,
             JoinType::Left => JoinKind::Left,
+            JoinType::Full => JoinKind::Full,
             other => {
                 return Err(Unsupported(format!(
-                    "a {other} join has no device operator (Inner, Left, Right, LeftSemi, \
-                     LeftAnti, RightSemi and RightAnti do)"
+                    "a {other} join has no device operator (Inner, Left, Right, Full, \
+                     LeftSemi, LeftAnti, RightSemi and RightAnti do)"
                 )))
             }
         };
-        if join.filter().is_some() && !matches!(kind, JoinKind::Inner) && !kind.marks() {
+        if join.filter().is_some()
+            && !matches!(
+                kind,
+                JoinKind::Inner | JoinKind::Left | JoinKind::LeftSemi | JoinKind::LeftAnti
+            )
+        {
             return Err(Unsupported(
-                "a right, right semi or right anti join's filter has no device operator".into(),
+                "a right, full, right semi or right anti join's filter has no device operator"
+                    .into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -277,10 +303,12 @@ impl DeviceHashJoin {
             build_keys.push(l.clone());
         }
         let all: Vec<Out> = match kind {
-            JoinKind::Inner | JoinKind::Right | JoinKind::Left => (0..left.fields().len())
-                .map(Out::Build)
-                .chain((0..right.fields().len()).map(Out::Probe))
-                .collect(),
+            JoinKind::Inner | JoinKind::Right | JoinKind::Left | JoinKind::Full => {
+                (0..left.fields().len())
+                    .map(Out::Build)
+                    .chain((0..right.fields().len()).map(Out::Probe))
+                    .collect()
+            }
             JoinKind::Semi | JoinKind::Anti => (0..right.fields().len()).map(Out::Probe).collect(),
             JoinKind::LeftSemi | JoinKind::LeftAnti => {
                 (0..left.fields().len()).map(Out::Build).collect()
@@ -448,7 +476,7 @@ impl DeviceHashJoin {
             }
         }
         let mut payload = batch.project(&plan.build_columns)?;
-        if plan.kind == JoinKind::Right {
+        if plan.kind.keeps_probe_rows() {
             // All true: gathered to the probe rows, false (null) where a row has no
             // build row, it is the build columns' validity.
             let mut fields = payload.schema().fields().to_vec();
@@ -819,7 +847,7 @@ impl BuiltJoin {
             rows: self.rows,
             mask: self.mask,
             anti: kind == JoinKind::Anti,
-            right: kind == JoinKind::Right,
+            right: kind.keeps_probe_rows(),
             gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti),
             marks,
         })
@@ -913,7 +941,8 @@ impl BuiltJoin {
         } else {
             Some(self.gather_rows(&rows, device)?)
         };
-        let nulls = (kind == JoinKind::Left)
+        let nulls = kind
+            .emits_unmatched()
             .then(|| self.null_probe_columns(m, device))
             .transpose()?;
         let gathered = gathered.map(Arc::new);
@@ -1030,9 +1059,8 @@ impl BuiltJoin {
             return self.expand(frame, device);
         }
         let n = frame.num_rows();
-        let right = self.plan.kind == JoinKind::Right;
-        if n == 0 || (self.rows == 0 && !matches!(self.plan.kind, JoinKind::Anti | JoinKind::Right))
-        {
+        let right = self.plan.kind.keeps_probe_rows();
+        if n == 0 || (self.rows == 0 && !right && self.plan.kind != JoinKind::Anti) {
             return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
         if self.rows == 0 {
@@ -1156,7 +1184,7 @@ impl BuiltJoin {
         let selected = host::selection(frame)?;
         let (mut build_rows, mut probe_rows) = (Vec::new(), Vec::new());
         for (i, first) in rows.iter().enumerate() {
-            if first.is_none() && self.plan.kind == JoinKind::Right && selected[i] != 0 {
+            if first.is_none() && self.plan.kind.keeps_probe_rows() && selected[i] != 0 {
                 // A right join keeps a selected row with no match, its build columns null.
                 build_rows.push(None);
                 probe_rows.push(i as u32);
