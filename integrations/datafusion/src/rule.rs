@@ -56,7 +56,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{replace_children_if_necessary, CardinalityEffect};
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -166,10 +166,14 @@ impl DevicePlacementRule {
     /// Rewrites one node whose children are rewritten already.
     /// `distributed`: the plan's partitions may run as separate plans (Ballista's
     /// tasks), so an operator whose partitions share state stays on the host.
+    /// `weigh`: an operator with host children (a join's build side, uploaded whole)
+    /// stays on the host where DataFusion's statistics say those weigh more than its
+    /// device child (`devarrow.always_place_joins` turns it off).
     fn place(
         &self,
         node: Arc<dyn ExecutionPlan>,
         distributed: bool,
+        weigh: bool,
     ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if let Some(host_only) = node.downcast_ref::<HostOnlyExec>() {
             // The rule run again: one reason is enough.
@@ -194,6 +198,10 @@ impl DevicePlacementRule {
                 );
                 return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why))));
             }
+            Ok(operator) if weigh => match heavier_host_children(&node, operator.device_child()) {
+                Some(why) => return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why)))),
+                None => operator,
+            },
             Ok(operator) => operator,
             Err(why) => {
                 let annotated = HostOnlyExec::new(node, why.0);
@@ -303,6 +311,53 @@ fn retract(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Execution
     Ok(Transformed::yes(current))
 }
 
+/// A build side this small stays with its join on the device whatever the statistics
+/// say: its upload costs less than ending a region for a host join (a download, then
+/// an upload for the operators above), and the estimates of small inputs are rough.
+const SMALL_BUILD_SIDE: usize = 1 << 20;
+
+/// The bytes `plan`'s output would move across the link by DataFusion's statistics (its
+/// row count, exact or estimated, times [`row_bytes`]); `None` where they do not say.
+fn link_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    let stats = StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    let rows = *stats.num_rows.get_value()?;
+    Some(rows.saturating_mul(row_bytes(&plan.schema())))
+}
+
+/// Why a node whose device operator reads host children whole (a join's build side,
+/// uploaded for the device) stays on the host: by DataFusion's statistics, the host
+/// children's bytes (what the device's node uploads) are more than its child
+/// `device_child`'s and its own output's together (what the host node would cost at
+/// most: its probe side brought back from a region, its output taken up again by the
+/// operators above). `None` where they are not (or the statistics say nothing).
+fn heavier_host_children(node: &Arc<dyn ExecutionPlan>, device_child: usize) -> Option<String> {
+    let children = node.children();
+    if children.len() < 2 {
+        return None;
+    }
+    let probe = link_bytes(children.get(device_child)?)?;
+    let mut build = 0usize;
+    for (i, child) in children.iter().enumerate() {
+        if i != device_child {
+            build = build.saturating_add(link_bytes(child)?);
+        }
+    }
+    let output = link_bytes(node).unwrap_or(0);
+
+    let mib = |b: usize| b as f64 / f64::from(1 << 20);
+    (build > SMALL_BUILD_SIDE && build > probe.saturating_add(output)).then(|| {
+        format!(
+            "its build side (about {:.1} MiB by DataFusion's statistics) would cross the link, \
+             more than its probe side and its output (about {:.1} and {:.1} MiB)",
+            mib(build),
+            mib(probe),
+            mib(output)
+        )
+    })
+}
+
 /// An estimate of the bytes a row of `schema` moves across the link: fixed-width
 /// values at their width, booleans as a byte, strings and binaries as 32 (a view and
 /// some bytes), anything else as 32.
@@ -360,10 +415,11 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
             return Ok(plan);
         }
         let distributed = on_ballista(config);
+        let every_join = options.is_some_and(|c| c.always_place_joins);
         let placed = plan
-            .transform_up(|node| self.place(node, distributed))?
+            .transform_up(|node| self.place(node, distributed, !every_join))?
             .data;
-        if options.is_some_and(|c| c.always_place_joins) {
+        if every_join {
             return Ok(placed);
         }
         placed.transform_up(retract).map(|t| t.data)

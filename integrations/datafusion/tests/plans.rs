@@ -389,3 +389,83 @@ async fn a_join_whose_partitions_share_state_stays_on_the_host_on_ballista() {
         assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 4, "{rows}");
     }
 }
+
+/// A join whose build side DataFusion's statistics estimate larger than its probe side
+/// and its output together stays on the host, saying so: uploading that build side would
+/// move more than the host join (here the build side is a 1.6 MiB table, the probe side
+/// 10 rows). `devarrow.always_place_joins` places it anyway, with the same rows.
+#[tokio::test]
+async fn a_join_with_a_build_side_heavier_than_its_probe_side_stays_on_the_host() {
+    use arrow_array::{ArrayRef, Int64Array};
+    use datafusion::datasource::MemTable;
+
+    let ctx = device_session(SessionConfig::new().with_target_partitions(2));
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let rows = 100_000;
+    let big = RecordBatch::try_from_iter([
+        (
+            "k",
+            Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+        ),
+        (
+            "v",
+            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 3))),
+        ),
+    ])
+    .unwrap();
+    let small = RecordBatch::try_from_iter([(
+        "fk",
+        Arc::new(Int64Array::from_iter_values((0..10).map(|i| i * 7))) as ArrayRef,
+    )])
+    .unwrap();
+    for c in [&ctx, &plain] {
+        for (name, batch) in [("big", big.clone()), ("small", small.clone())] {
+            let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+            c.register_table(name, Arc::new(table)).unwrap();
+        }
+        // The build side as written: `big`.
+        c.sql("set datafusion.optimizer.join_reordering = false")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+    }
+    // A filter on the probe side puts it in a region, under the join.
+    let sql = "select s.fk, b.v from big b join (select fk from small where fk > 6) s \
+               on s.fk = b.k";
+    let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+    for every_join in [false, true] {
+        ctx.sql(&format!("set devarrow.always_place_joins = {every_join}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let plan = plan(&ctx, sql).await;
+        let shown = text(&plan);
+        assert_eq!(
+            shown.contains("its build side (about 1.5 MiB by DataFusion's statistics)"),
+            !every_join,
+            "{shown}"
+        );
+        assert_eq!(
+            shown.contains("DeviceHashJoinExec: "),
+            every_join,
+            "{shown}"
+        );
+        let got = collect(plan, ctx.task_ctx()).await.unwrap();
+        assert_eq!(
+            pretty_format_batches(&got)
+                .unwrap()
+                .to_string()
+                .lines()
+                .count(),
+            pretty_format_batches(&want)
+                .unwrap()
+                .to_string()
+                .lines()
+                .count()
+        );
+    }
+}
