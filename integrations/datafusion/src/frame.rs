@@ -349,6 +349,19 @@ impl DeviceFrame {
     }
 }
 
+/// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
+pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            data.get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// The schema of `fields`, no metadata.
 pub(crate) fn schema_of(fields: Vec<Field>) -> SchemaRef {
     Arc::new(arrow_schema::Schema::new(fields))

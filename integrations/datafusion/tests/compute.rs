@@ -1438,6 +1438,21 @@ async fn every_join_session(device: &ExecDevice) -> SessionContext {
     ctx
 }
 
+/// `sql`'s physical plan in `ctx`, and its indented text.
+async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, String) {
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    (plan, shown)
+}
+
 /// The tables of the join checks: `dim` (the small side: unique keys `k` and `k2`, one
 /// null `k`; short and long strings, booleans, decimals and dates, with nulls), `dup`
 /// (keys that repeat) and `fact` (the large side, two partitions of two batches: keys
@@ -1550,8 +1565,6 @@ fn join_tables(ctx: &SessionContext) {
 /// keys that repeat (one row per matching pair), an empty build side; each plan has its
 /// `DeviceHashJoinExec`.
 pub async fn check_joins(device: &ExecDevice) {
-    use datafusion::physical_plan::displayable;
-
     let ctx = every_join_session(device).await;
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     join_tables(&ctx);
@@ -1647,14 +1660,7 @@ pub async fn check_joins(device: &ExecDevice) {
             }
         }
         for sql in cases {
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            let shown = displayable(plan.as_ref()).indent(true).to_string();
+            let (plan, shown) = planned(&ctx, sql).await;
             assert!(
                 shown.contains("DeviceHashJoinExec") && shown.contains(&format!("mode={mode}")),
                 "{sql}\n{shown}"
@@ -1680,8 +1686,6 @@ async fn joins_are_datafusions() {
 /// them): they share one build side (read and hashed once), and a left semi, anti or
 /// outer join emits its build rows once, when the last of them ends.
 pub async fn check_partitions_one_after_another(device: &ExecDevice) {
-    use datafusion::physical_plan::displayable;
-
     let ctx = every_join_session(device).await;
     // The joins as written: `dim` the build side, `fact` (two partitions) the probe side.
     ctx.sql("set datafusion.optimizer.join_reordering = false")
@@ -1699,14 +1703,7 @@ pub async fn check_partitions_one_after_another(device: &ExecDevice) {
         "select d.name, f.qty from dim d left join fact f on f.fk = d.k",
         "select f.qty, d.name from dim d join fact f on f.fk = d.k",
     ] {
-        let plan = ctx
-            .sql(sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        let (plan, shown) = planned(&ctx, sql).await;
         assert!(shown.contains("mode=CollectLeft"), "{sql}\n{shown}");
         let partitions = plan.properties().partitioning.partition_count();
         assert!(partitions > 1, "{sql}\n{shown}");
@@ -1722,21 +1719,25 @@ pub async fn check_partitions_one_after_another(device: &ExecDevice) {
         }
         let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
         assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
-        let metrics = |node: &Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
-            let mut built = 0;
-            let mut stack = vec![node.clone()];
+        // One host table built, and one upload of it (the partitions ran on one device):
+        // counted by partitions of the join, the metrics that are not 0.
+        let counted = |name: &str| {
+            let mut counted = 0;
+            let mut stack = vec![plan.clone()];
             while let Some(node) = stack.pop() {
-                if node.name() == "DeviceOperatorExec" || node.name() == "DeviceHashJoinExec" {
-                    built += node
-                        .metrics()
-                        .and_then(|m| m.sum_by_name("host_tables_built"))
-                        .map_or(0, |v| v.as_usize());
+                if node.name() == "DeviceHashJoinExec" {
+                    counted += node.metrics().map_or(0, |m| {
+                        m.iter()
+                            .filter(|m| m.value().name() == name && m.value().as_usize() > 0)
+                            .count()
+                    });
                 }
                 stack.extend(node.children().into_iter().cloned());
             }
-            built
+            counted
         };
-        assert_eq!(metrics(&plan), 1, "{sql}\n{shown}");
+        assert_eq!(counted("host_tables_built"), 1, "{sql}\n{shown}");
+        assert_eq!(counted("bytes_to_device"), 1, "{sql}\n{shown}");
     }
 }
 
@@ -1752,7 +1753,6 @@ async fn partitions_one_after_another_share_a_collected_build_side() {
 /// is counted by one partition per device that ran partitions (the same bytes each), and
 /// its host table is built once.
 pub async fn check_one_table_per_device(pools: Vec<Arc<devarrow_datafusion::config::DevicePool>>) {
-    use datafusion::physical_plan::displayable;
     use datafusion::physical_plan::metrics::MetricValue;
 
     let ctx = session_with_pools(pools.clone(), 4, None);
@@ -1768,14 +1768,7 @@ pub async fn check_one_table_per_device(pools: Vec<Arc<devarrow_datafusion::conf
     // Four probe partitions (fact's two, twice).
     let sql = "select f.qty, d.name, d.price from dim d join \
                (select * from fact union all select * from fact) f on f.fk = d.k";
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    let (plan, shown) = planned(&ctx, sql).await;
     assert!(shown.contains("mode=CollectLeft"), "{shown}");
     assert_eq!(
         plan.properties().partitioning.partition_count(),

@@ -498,7 +498,10 @@ impl DeviceHashJoin {
                 flags: vec![0; if plan.kind.marks() { rows } else { 0 }],
                 partitions: partitions.max(1),
             }),
-            devices: std::sync::Mutex::default(),
+            devices: std::sync::Mutex::new(OnDevices {
+                binds: partitions.max(1),
+                ..OnDevices::default()
+            }),
         })
     }
 
@@ -586,9 +589,19 @@ pub struct JoinTable {
     /// The build rows the partitions that ended matched, for a join whose output is
     /// build rows.
     visited: std::sync::Mutex<Visited>,
-    /// The table on each device where partitions probe it (by the device's id), while
-    /// one of them holds it.
-    devices: std::sync::Mutex<Vec<(String, std::sync::Weak<DeviceTable>)>>,
+    /// The table on each device where partitions probe it (by the device's id).
+    devices: std::sync::Mutex<OnDevices>,
+}
+
+/// A table's uploads, by device: held until each partition that probes the table has
+/// bound (however far apart they start, the query's partitions on one device share one
+/// upload), then while one of them holds it.
+#[derive(Debug, Default)]
+struct OnDevices {
+    tables: Vec<(String, std::sync::Weak<DeviceTable>)>,
+    held: Vec<Arc<DeviceTable>>,
+    /// The partitions yet to bind.
+    binds: usize,
 }
 
 /// A join's table on one device: uploaded once per device by the first partition of the
@@ -625,7 +638,7 @@ impl JoinTable {
     /// The bytes an upload of the table moves (its columns' used ranges, its keys, its
     /// slots and chains): what the CPU device counts too, which joins in place.
     pub fn link_bytes(&self) -> usize {
-        crate::region::batch_bytes(&self.payload)
+        crate::frame::batch_bytes(&self.payload)
             + self.keys.len() * size_of::<i64>()
             + (self.slots.len() + self.next.len()) * size_of::<u32>()
     }
@@ -655,12 +668,19 @@ impl JoinTable {
         // Held while the table is uploaded: a partition bound to the same device waits,
         // then shares it.
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        devices.retain(|(_, table)| table.strong_count() > 0);
-        if let Some(table) = devices
+        devices.binds = devices.binds.saturating_sub(1);
+        let last = devices.binds == 0;
+        devices.tables.retain(|(_, table)| table.strong_count() > 0);
+        let found = devices
+            .tables
             .iter()
             .find(|(id, _)| *id == key)
-            .and_then(|(_, table)| table.upgrade())
-        {
+            .and_then(|(_, table)| table.upgrade());
+        if last {
+            // Every partition has bound: the uploads live as long as they hold them.
+            devices.held.clear();
+        }
+        if let Some(table) = found {
             return Ok((table, 0));
         }
         #[cfg(feature = "cuda")]
@@ -701,7 +721,10 @@ impl JoinTable {
             device_bytes,
             _reservation: reservation,
         });
-        devices.push((key, Arc::downgrade(&table)));
+        devices.tables.push((key, Arc::downgrade(&table)));
+        if !last {
+            devices.held.push(table.clone());
+        }
         Ok((table, self.link_bytes()))
     }
 

@@ -37,8 +37,6 @@ pub use load::DeviceLoadExec;
 pub use operator::{BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
 pub use unload::DeviceUnloadExec;
 
-pub(crate) use run::batch_bytes;
-
 use std::sync::Arc;
 
 use datafusion::common::{internal_err, Result};

@@ -36,21 +36,10 @@ use crate::config::{DevarrowConfig, DeviceLease, DevicePool, PartitionTicket};
 use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
 
+use crate::frame::batch_bytes;
+
 use super::coalesce::coalesce;
 use super::{chain, BindContext, DeviceOperator, DeviceOperatorExec, OperatorContext, RegionBatch};
-
-/// The bytes `batch` holds in its arrays' used ranges (what an upload moves).
-pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let data = c.to_data();
-            data.get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size())
-        })
-        .sum()
-}
 
 /// Grows a partition's `reservation` by `bytes`, or the partition's typed memory error.
 fn reserve(

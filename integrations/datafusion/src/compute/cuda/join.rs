@@ -108,26 +108,36 @@ impl Marks {
             return Err(ComputeError::Input("a join's output rows of another size".into()).into());
         }
         let (sel_at, sel_view) = at_first_row(&cx, &sel, 1, 1, "selection")?;
-        let c = self.flags.column(0).ok_or("no marks")?;
-        let (flags, view) = at_first_row(&cx, &c, 1, 1, "marks")?;
-        // `join_mark_rows` writes into the flags: as `mark`'s, every row index below the
-        // build rows (the table's rows, gathered by them).
-        cx.launch(
+        // Every row index `join_mark_rows` follows is below the build rows (the table's
+        // rows, gathered by them).
+        let rows = A::U64(addr(rows, cx.stream));
+        self.write(
+            &cx,
             &cx.k.join_mark_rows,
             n,
-            &[
-                A::U64(addr(rows, cx.stream)),
-                A::U64(sel_at),
-                A::U64(n as u64),
-                A::U64(flags),
-            ],
+            [rows, A::U64(sel_at), A::U64(n as u64)],
         )?;
-        drop((view, sel_view));
-        self.remember(&cx)
+        drop(sel_view);
+        Ok(())
     }
 
-    /// An event after the marks queued so far on `cx`'s stream, for [`Marks::read`].
-    fn remember(&self, cx: &Cx<'_>) -> Result<(), BoxError> {
+    /// Launches `kernel` over `n` rows with `args` then the flags' address (a kernel that
+    /// writes into them), and remembers when it is done.
+    fn write(
+        &self,
+        cx: &Cx<'_>,
+        kernel: &devarrow::cuda::cudarc::driver::CudaFunction,
+        n: usize,
+        args: [A; 3],
+    ) -> Result<(), BoxError> {
+        let c = self.flags.column(0).ok_or("no marks")?;
+        let (flags, view) = at_first_row(cx, &c, 1, 1, "marks")?;
+        // The kernel writes into the flags: a buffer devarrow uploaded for this bound join
+        // alone (never handed out), one byte per build row, at the build rows its
+        // arguments name (the callers say why they are below the build rows).
+        let [a, b, c] = args;
+        cx.launch(kernel, n, &[a, b, c, A::U64(flags)])?;
+        drop(view);
         let event = CudaSyncEvent::record(cx.stream)?;
         let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
         events.retain(|e| !e.is_complete().unwrap_or(false));
@@ -138,23 +148,14 @@ impl Marks {
     /// Marks the build rows of each probe row's key (`idx`: each probe row's first
     /// build row, or ~0; `next`: the chains' address) and remembers when they are done.
     fn mark(&self, cx: &Cx<'_>, idx: &CudaSlice<u32>, next: u64, n: usize) -> Result<(), BoxError> {
-        let c = self.flags.column(0).ok_or("no marks")?;
-        let (flags, view) = at_first_row(cx, &c, 1, 1, "marks")?;
-        // `join_mark` writes into the flags: a buffer devarrow uploaded for this bound
-        // join alone (never handed out), one byte per build row, every row index the
-        // kernel follows below the build rows (the table's).
-        cx.launch(
+        // Every row index `join_mark` follows is a build row of the table's chains.
+        let idx = A::U64(addr(idx, cx.stream));
+        self.write(
+            cx,
             &cx.k.join_mark,
             n,
-            &[
-                A::U64(addr(idx, cx.stream)),
-                A::U64(next),
-                A::U64(n as u64),
-                A::U64(flags),
-            ],
-        )?;
-        drop(view);
-        self.remember(cx)
+            [idx, A::U64(next), A::U64(n as u64)],
+        )
     }
 }
 
