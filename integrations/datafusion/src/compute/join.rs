@@ -29,7 +29,7 @@
 //!   kept rows gathered on the device. A left join's frames are its inner join's, a full
 //!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: mark joins, a right, full or right semi/anti join's filter, keys
+//!   `EXPLAIN` shows: mark joins, a right or full join's filter, keys
 //!   that are not integers or dates of one type on both sides, null-equal or null-aware
 //!   joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
 //!   types).
@@ -252,15 +252,9 @@ impl DeviceHashJoin {
                 )))
             }
         };
-        if join.filter().is_some()
-            && !matches!(
-                kind,
-                JoinKind::Inner | JoinKind::Left | JoinKind::LeftSemi | JoinKind::LeftAnti
-            )
-        {
+        if join.filter().is_some() && kind.keeps_probe_rows() {
             return Err(Unsupported(
-                "a right, full, right semi or right anti join's filter has no device operator"
-                    .into(),
+                "a right or full join's filter has no device operator".into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -768,12 +762,19 @@ impl JoinTable {
     }
 }
 
-/// The build row of each output row of a join (`NO_ROW`: none), where the device or the
-/// host made them.
-enum BuildRows {
+/// A row index per output row of a join (`NO_ROW`: none), where the device or the host
+/// made them.
+enum Rows {
     Host(Vec<u32>),
     #[cfg(feature = "cuda")]
     Device(devarrow::cuda::cudarc::driver::CudaSlice<u32>),
+}
+
+/// Each output row's build row, and its probe row (`None`: output row `i` is probe row
+/// `i`, as where no build key repeats).
+struct Pairs {
+    build: Rows,
+    probe: Option<Rows>,
 }
 
 /// A join's table bound to one partition's device ([`DeviceHashJoin::bind_table`]).
@@ -869,9 +870,11 @@ impl BuiltJoin {
             keys: &self.plan.probe_keys,
             rows: self.rows,
             mask: self.mask,
-            anti: kind == JoinKind::Anti,
+            // With a filter, a semi or anti join probes as an inner join, then keeps the
+            // probe rows with (or without) a pair that passed (`BuiltJoin::semi_filtered`).
+            anti: kind == JoinKind::Anti && self.plan.filter.is_none(),
             right: kind.keeps_probe_rows(),
-            gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti),
+            gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti) || self.plan.filter.is_some(),
             marks,
         })
     }
@@ -911,11 +914,14 @@ impl BuiltJoin {
         if kind.marks() && self.plan.filter.is_some() {
             // The pairs that pass the filter mark their build rows: the inner join with
             // its filter, its selected rows' build rows marked.
-            let (joined, rows) = self.joined_rows(frame, device)?;
-            if let Some(rows) = rows {
-                self.mark_passed(&joined, rows, device)?;
+            let (joined, pairs) = self.joined_rows(frame, device)?;
+            if let Some(pairs) = pairs {
+                self.mark_passed(&joined, pairs.build, device)?;
             }
             return Ok((kind == JoinKind::Left).then_some(joined));
+        }
+        if matches!(kind, JoinKind::Semi | JoinKind::Anti) && self.plan.filter.is_some() {
+            return self.semi_filtered(frame, device).map(Some);
         }
         if !kind.marks_only() {
             return self.joined(frame, device).map(Some);
@@ -991,16 +997,115 @@ impl BuiltJoin {
         .map(Some)
     }
 
+    /// A right semi or anti join with a filter: the probe rows with a pair that passes
+    /// it (semi), or the selected ones without (anti), as a selection of `frame`'s rows.
+    fn semi_filtered(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<DeviceFrame, BoxError> {
+        let n = frame.num_rows();
+        let anti = self.plan.kind == JoinKind::Anti;
+        if n == 0 || (self.rows == 0 && !anti) {
+            return empty_frame(&self.plan.schema, device);
+        }
+        let selection = if self.rows == 0 {
+            // An anti join with an empty build side keeps every selected row.
+            frame.selection().cloned()
+        } else {
+            // The inner join with the filter: a row per pair, kept where it passed.
+            let (joined, pairs) = self.joined_rows(frame, device)?;
+            let passed = pairs.map(|pairs| (joined, pairs.probe));
+            Some(self.kept_probe_rows(frame, passed, anti, device)?)
+        };
+        self.unfiltered_frame_of(n, selection, |out| match out {
+            Out::Probe(i) => Ok(frame
+                .column(i)
+                .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
+                .clone()),
+            Out::Build(_) => Err(ComputeError::Input(
+                "a semi or anti join outputs no build column".into(),
+            )
+            .into()),
+        })
+    }
+
+    /// The selection of `frame`'s rows a semi join keeps (those with a pair that passed:
+    /// `passed`'s output rows that its selection keeps, each its probe row, or output
+    /// row `i` probe row `i`), or an anti join (the selected rows without one).
+    fn kept_probe_rows(
+        &self,
+        frame: &DeviceFrame,
+        passed: Option<(DeviceFrame, Option<Rows>)>,
+        anti: bool,
+        device: &ExecDevice,
+    ) -> Result<FrameColumn, BoxError> {
+        let n = frame.num_rows();
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            let passed = match &passed {
+                None => None,
+                Some((joined, probe)) => {
+                    let selection = joined.selection().ok_or_else(|| {
+                        ComputeError::Input("a join filter without a selection".into())
+                    })?;
+                    let probe = match probe {
+                        None => None,
+                        Some(Rows::Device(rows)) => Some(rows),
+                        Some(Rows::Host(_)) => {
+                            return Err(ComputeError::Input(
+                                "a join's rows are not on the device".into(),
+                            )
+                            .into())
+                        }
+                    };
+                    Some((selection, probe, joined.num_rows()))
+                }
+            };
+            return super::cuda::kept_probe_rows(frame, passed, anti, cuda, device);
+        }
+        check_cpu(device)?;
+        let selected = host::selection(frame)?;
+        let mut with_pair = vec![0u8; n];
+        if let Some((joined, probe)) = &passed {
+            let pass = host::selection(joined)?;
+            match probe {
+                None => with_pair.copy_from_slice(&pass[..n]),
+                Some(Rows::Host(rows)) => {
+                    for (&row, &pass) in rows.iter().zip(&pass) {
+                        if pass != 0 {
+                            if let Some(flag) = with_pair.get_mut(row as usize) {
+                                *flag = 1;
+                            }
+                        }
+                    }
+                }
+                #[cfg(feature = "cuda")]
+                Some(Rows::Device(_)) => {
+                    return Err(ComputeError::Input("a join's rows are on a device".into()).into())
+                }
+            }
+        }
+        let kept: Vec<u8> = selected
+            .iter()
+            .zip(&with_pair)
+            .map(|(&s, &p)| if anti { (s != 0 && p == 0) as u8 } else { p })
+            .collect();
+        let schema = schema_of(vec![Field::new(super::SELECTION, DataType::UInt8, false)]);
+        let kept = RecordBatch::try_new(schema, vec![Arc::new(UInt8Array::from(kept))])?;
+        cpu_column(kept, device)
+    }
+
     /// Marks the build rows (`rows`) of the rows of `joined` that its selection keeps.
     fn mark_passed(
         &self,
         joined: &DeviceFrame,
-        rows: BuildRows,
+        rows: Rows,
         device: &ExecDevice,
     ) -> Result<(), BoxError> {
         match rows {
             #[cfg(feature = "cuda")]
-            BuildRows::Device(rows) => {
+            Rows::Device(rows) => {
                 let n = joined.num_rows();
                 let (Some(cuda), Some(marks)) = (device.cuda(), &self.marks) else {
                     return Err(
@@ -1012,7 +1117,7 @@ impl BuiltJoin {
                 })?;
                 marks.mark_rows(cuda, &rows, selection, n)
             }
-            BuildRows::Host(rows) => {
+            Rows::Host(rows) => {
                 let _ = device;
                 let passed = host::selection(joined)?;
                 let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());
@@ -1077,7 +1182,7 @@ impl BuiltJoin {
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
-    ) -> Result<(DeviceFrame, Option<BuildRows>), BoxError> {
+    ) -> Result<(DeviceFrame, Option<Pairs>), BoxError> {
         if !self.is_unique() {
             return self.expand(frame, device);
         }
@@ -1106,11 +1211,18 @@ impl BuiltJoin {
                 Some(selection)
             };
             let joined = self.output(frame, selection, gathered, device)?;
-            return Ok((joined, Some(BuildRows::Device(idx))));
+            let pairs = Pairs {
+                build: Rows::Device(idx),
+                probe: None,
+            };
+            return Ok((joined, Some(pairs)));
         }
         check_cpu(device)?;
         let (rows, hits) = self.probe_on_host(frame)?;
-        let build_rows = || BuildRows::Host(rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect());
+        let build_rows = || Pairs {
+            build: Rows::Host(rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect()),
+            probe: None,
+        };
         if right {
             let indices = UInt32Array::from(rows.clone());
             let gathered = taken(&self.payload, &indices, device)?;
@@ -1162,7 +1274,9 @@ impl BuiltJoin {
             }
             rows.push(found);
             hits.push(match self.plan.kind {
-                JoinKind::Anti => (selected != 0 && found.is_none()) as u8,
+                JoinKind::Anti if self.plan.filter.is_none() => {
+                    (selected != 0 && found.is_none()) as u8
+                }
                 _ => found.is_some() as u8,
             });
         }
@@ -1175,7 +1289,7 @@ impl BuiltJoin {
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
-    ) -> Result<(DeviceFrame, Option<BuildRows>), BoxError> {
+    ) -> Result<(DeviceFrame, Option<Pairs>), BoxError> {
         let n = frame.num_rows();
         if n == 0 {
             return Ok((empty_frame(&self.plan.schema, device)?, None));
@@ -1200,7 +1314,14 @@ impl BuiltJoin {
                 expanded.probe,
                 device,
             )?;
-            return Ok((joined, expanded.build_rows.map(BuildRows::Device)));
+            let pairs = match (expanded.build_rows, expanded.probe_rows) {
+                (Some(build), Some(probe)) => Some(Pairs {
+                    build: Rows::Device(build),
+                    probe: Some(Rows::Device(probe)),
+                }),
+                _ => None,
+            };
+            return Ok((joined, pairs));
         }
         check_cpu(device)?;
         let (rows, _hits) = self.probe_on_host(frame)?;
@@ -1223,8 +1344,10 @@ impl BuiltJoin {
             return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
         let pairs = build_rows.len();
-        let rows_of_pairs =
-            BuildRows::Host(build_rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect());
+        let rows_of_pairs = Pairs {
+            build: Rows::Host(build_rows.iter().map(|r| r.unwrap_or(NO_ROW)).collect()),
+            probe: Some(Rows::Host(probe_rows.clone())),
+        };
         let build = if self.plan.build_columns.is_empty() {
             None
         } else {

@@ -218,6 +218,77 @@ pub(crate) fn mark(
     Ok(())
 }
 
+/// The selection of `frame`'s rows that a semi join with a filter keeps (those with a
+/// pair that passed), or an anti join (the selected rows without one). `passed`: the
+/// inner join's selection over its output rows (a pair each, kept where it passed), each
+/// output row's probe row (`None`: output row `i` is probe row `i`), and the output rows;
+/// `None` where the join made no pair.
+pub(crate) fn kept_probe_rows(
+    frame: &DeviceFrame,
+    passed: Option<(&FrameColumn, Option<&CudaSlice<u32>>, usize)>,
+    anti: bool,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+) -> Result<FrameColumn, BoxError> {
+    let n = frame.num_rows();
+    let cx = context(cuda)?;
+    let s = cx.stream;
+    let err = cx.zeros::<u32>(1)?;
+    let selected = selected(&cx, None, frame, addr(&err, s))?;
+    let mut with_pair = cx.zeros::<u8>(n)?;
+    if let Some((selection, probe_rows, rows)) = passed {
+        let pass = selection.column();
+        if pass.len() != rows || pass.data_type() != &DataType::UInt8 {
+            return Err(ComputeError::Input("a join's selection of another size".into()).into());
+        }
+        let (pass_at, pass_view) = at_first_row(&cx, &pass, 1, 1, "selection")?;
+        match probe_rows {
+            // Every probe row index is below the frame's rows (the pairs were made of
+            // them); `with_pair` holds a byte per frame row.
+            Some(probe_rows) if probe_rows.len() >= rows => cx.launch(
+                &cx.k.join_mark_rows,
+                rows,
+                &[
+                    A::U64(addr(probe_rows, s)),
+                    A::U64(pass_at),
+                    A::U64(rows as u64),
+                    A::U64(addr(&with_pair, s)),
+                ],
+            )?,
+            Some(_) => {
+                return Err(ComputeError::Input("a join's pairs of another size".into()).into())
+            }
+            None if rows == n => {
+                let from = pass.offset()..pass.offset() + n;
+                s.memcpy_dtod(&pass_view.slice(from), &mut with_pair.slice_mut(0..n))?;
+            }
+            None => return Err(ComputeError::Input("a join's rows of another size".into()).into()),
+        }
+        drop(pass_view);
+    }
+    let kept = if anti {
+        let kept = cx.zeros::<u8>(n)?;
+        cx.launch(
+            &cx.k.select_andnot,
+            n,
+            &[
+                A::U64(addr(&selected, s)),
+                A::U64(addr(&with_pair, s)),
+                A::U64(addr(&kept, s)),
+                A::U64(n as u64),
+            ],
+        )?;
+        kept
+    } else {
+        with_pair
+    };
+    drop((selected, err));
+    let column = CudaArray::from_values(DataType::UInt8, kept)?;
+    let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
+    let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
+    Ok(FrameColumn::single(batch)?)
+}
+
 /// The rows `rows` (below the build rows) of the table's payload, gathered on the
 /// device (the index uploaded: 4 bytes a row).
 pub(crate) fn gather_rows(
@@ -309,6 +380,8 @@ pub(crate) struct Expanded {
     pub(crate) probe: Option<DeviceBatch>,
     /// The build row of each pair (~0: none; none when there are no pairs).
     pub(crate) build_rows: Option<CudaSlice<u32>>,
+    /// The probe row of each pair (none when there are no pairs).
+    pub(crate) probe_rows: Option<CudaSlice<u32>>,
 }
 
 /// The inner or right join of `frame` with `p`'s table whose keys repeat: the pairs of
@@ -402,6 +475,7 @@ pub(crate) fn join_expanded(
             build: None,
             probe: None,
             build_rows: None,
+            probe_rows: None,
         });
     }
     let out_build = cx.zeros::<u32>(rows)?;
@@ -440,12 +514,12 @@ pub(crate) fn join_expanded(
             .collect();
         Some(gather(&cx, &columns, &out_probe, rows, device, false)?)
     };
-    drop(out_probe);
     Ok(Expanded {
         rows,
         build,
         probe,
         build_rows: Some(out_build),
+        probe_rows: Some(out_probe),
     })
 }
 

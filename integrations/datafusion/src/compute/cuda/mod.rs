@@ -26,7 +26,9 @@ mod compact;
 mod join;
 
 pub(crate) use compact::compact;
-pub(crate) use join::{gather_rows, join, join_expanded, mark, DeviceTables, Marks, Probe};
+pub(crate) use join::{
+    gather_rows, join, join_expanded, kept_probe_rows, mark, DeviceTables, Marks, Probe,
+};
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
@@ -64,6 +66,7 @@ struct Kernels {
     join_expand: CudaFunction,
     join_mark: CudaFunction,
     join_mark_rows: CudaFunction,
+    select_andnot: CudaFunction,
 }
 
 /// The kernels in `cuda`'s context, loaded once per context.
@@ -115,6 +118,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_expand: f("join_expand")?,
         join_mark: f("join_mark")?,
         join_mark_rows: f("join_mark_rows")?,
+        select_andnot: f("select_andnot")?,
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
