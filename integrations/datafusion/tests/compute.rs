@@ -1878,16 +1878,7 @@ pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> us
         ctx.sql(set).await.unwrap().collect().await.unwrap();
     }
     let sql = "select s.fk, b.v from big b join small s on s.fk = b.k";
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let shown = datafusion::physical_plan::displayable(plan.as_ref())
-        .indent(true)
-        .to_string();
+    let (plan, shown) = planned(&ctx, sql).await;
     assert!(shown.contains("DeviceHashJoinExec"), "{shown}");
     let error = collect(plan, ctx.task_ctx()).await.unwrap_err();
     assert!(
@@ -2048,16 +2039,7 @@ pub async fn check_random_joins(device: &ExecDevice) {
             3 => format!("select p.k, p.name from p where exists (select 1 from b where {on}{both}){before}"),
             _ => format!("select p.k, p.price from p where not exists (select 1 from b where {on}{both}){before}"),
         };
-        let plan = ctx
-            .sql(&sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let shown = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(true)
-            .to_string();
+        let (plan, shown) = planned(&ctx, &sql).await;
         // Where DataFusion swaps a filtered left join of `b` to build `p`, it is a right
         // join with a filter, which stays on the host.
         assert!(
