@@ -79,7 +79,7 @@ pub trait DeviceOperatorFactory: fmt::Debug + Send + Sync {
 
 /// devarrow's own operators: `FilterExec`, `ProjectionExec`, `AggregateExec`
 /// (`Partial`), `HashJoinExec` (`Inner`, `Left`, `Right`, `Full`, `LeftSemi`, `LeftAnti`,
-/// `RightSemi`, `RightAnti`).
+/// `RightSemi`, `RightAnti`, `RightMark`).
 #[derive(Debug, Default)]
 pub struct BuiltinOperators;
 

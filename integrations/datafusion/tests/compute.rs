@@ -1571,7 +1571,12 @@ pub async fn check_joins(device: &ExecDevice) {
     join_tables(&plain);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 42] = [
+    let cases: [&str; 44] = [
+        // `EXISTS` under `OR`: mark joins.
+        "select d.k, d.name from dim d where d.k2 = 1 or exists \
+         (select 1 from fact f where f.fk = d.k)",
+        "select f.fk, f.qty from fact f where f.qty > 8 or exists \
+         (select 1 from dim d where d.k = f.fk and d.k2 = 2)",
         // Semi and anti joins of the larger side, with a filter over both sides: right
         // semi and anti joins, unique and repeated build keys.
         "select f.fk, f.qty from fact f where exists \

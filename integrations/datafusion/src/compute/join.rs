@@ -29,7 +29,7 @@
 //!   kept rows gathered on the device. A left join's frames are its inner join's, a full
 //!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: mark joins, a right or full join's filter, keys
+//!   `EXPLAIN` shows: left mark joins, a right, full or mark join's filter, keys
 //!   that are not integers or dates of one type on both sides, null-equal or null-aware
 //!   joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
 //!   types).
@@ -93,6 +93,9 @@ pub(crate) enum JoinKind {
     /// A right join's rows, then (at the end) a left join's unmatched build rows
     /// (`Full`).
     Full,
+    /// Every probe row, with a Boolean of whether it matched (`RightMark`: `EXISTS` under
+    /// `OR`).
+    Mark,
 }
 
 impl JoinKind {
@@ -130,6 +133,8 @@ enum Out {
     Build(usize),
     /// Column `i` of the probe frame.
     Probe(usize),
+    /// A mark join's Boolean: whether the probe row matched.
+    Mark,
 }
 
 #[derive(Debug)]
@@ -245,16 +250,17 @@ impl DeviceHashJoin {
             JoinType::LeftAnti => JoinKind::LeftAnti,
             JoinType::Left => JoinKind::Left,
             JoinType::Full => JoinKind::Full,
+            JoinType::RightMark => JoinKind::Mark,
             other => {
                 return Err(Unsupported(format!(
                     "a {other} join has no device operator (Inner, Left, Right, Full, \
-                     LeftSemi, LeftAnti, RightSemi and RightAnti do)"
+                     LeftSemi, LeftAnti, RightSemi, RightAnti and RightMark do)"
                 )))
             }
         };
-        if join.filter().is_some() && kind.keeps_probe_rows() {
+        if join.filter().is_some() && (kind.keeps_probe_rows() || kind == JoinKind::Mark) {
             return Err(Unsupported(
-                "a right or full join's filter has no device operator".into(),
+                "a right, full or mark join's filter has no device operator".into(),
             ));
         }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
@@ -304,6 +310,10 @@ impl DeviceHashJoin {
                     .collect()
             }
             JoinKind::Semi | JoinKind::Anti => (0..right.fields().len()).map(Out::Probe).collect(),
+            JoinKind::Mark => (0..right.fields().len())
+                .map(Out::Probe)
+                .chain([Out::Mark])
+                .collect(),
             JoinKind::LeftSemi | JoinKind::LeftAnti => {
                 (0..left.fields().len()).map(Out::Build).collect()
             }
@@ -809,7 +819,11 @@ impl BuiltJoin {
         self.unique
             || (matches!(
                 self.plan.kind,
-                JoinKind::Semi | JoinKind::Anti | JoinKind::LeftSemi | JoinKind::LeftAnti
+                JoinKind::Semi
+                    | JoinKind::Anti
+                    | JoinKind::LeftSemi
+                    | JoinKind::LeftAnti
+                    | JoinKind::Mark
             ) && self.plan.filter.is_none())
     }
 
@@ -874,7 +888,8 @@ impl BuiltJoin {
             // probe rows with (or without) a pair that passed (`BuiltJoin::semi_filtered`).
             anti: kind == JoinKind::Anti && self.plan.filter.is_none(),
             right: kind.keeps_probe_rows(),
-            gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti) || self.plan.filter.is_some(),
+            gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti | JoinKind::Mark)
+                || self.plan.filter.is_some(),
             marks,
         })
     }
@@ -922,6 +937,9 @@ impl BuiltJoin {
         }
         if matches!(kind, JoinKind::Semi | JoinKind::Anti) && self.plan.filter.is_some() {
             return self.semi_filtered(frame, device).map(Some);
+        }
+        if kind == JoinKind::Mark {
+            return self.marked(frame, device).map(Some);
         }
         if !kind.marks_only() {
             return self.joined(frame, device).map(Some);
@@ -978,6 +996,9 @@ impl BuiltJoin {
         let nulls = nulls.map(Arc::new);
         self.unfiltered_frame_of(m, None, |out| {
             let (batch, at) = match out {
+                Out::Mark => {
+                    return Err(ComputeError::Input("a mark join emits no build row".into()).into())
+                }
                 Out::Build(j) => (&gathered, j),
                 Out::Probe(i) => (
                     &nulls,
@@ -995,6 +1016,65 @@ impl BuiltJoin {
             Ok(FrameColumn::new(batch.clone(), at)?)
         })
         .map(Some)
+    }
+
+    /// A mark join: every probe row of `frame` (its selection kept), with a Boolean of
+    /// whether it matched a build row.
+    fn marked(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
+        let n = frame.num_rows();
+        if n == 0 {
+            return empty_frame(&self.plan.schema, device);
+        }
+        let field = self
+            .plan
+            .output
+            .iter()
+            .zip(self.plan.schema.fields())
+            .find(|(out, _)| matches!(out, Out::Mark))
+            .map(|(_, f)| f.as_ref().clone())
+            .ok_or_else(|| ComputeError::Input("a mark join without its mark".into()))?;
+        let mark = Arc::new(self.marks_of(frame, field, device)?);
+        self.unfiltered_frame_of(n, frame.selection().cloned(), |out| match out {
+            Out::Probe(i) => Ok(frame
+                .column(i)
+                .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
+                .clone()),
+            Out::Mark => Ok(FrameColumn::new(mark.clone(), 0)?),
+            Out::Build(_) => {
+                Err(ComputeError::Input("a mark join outputs no build column".into()).into())
+            }
+        })
+    }
+
+    /// Whether each row of `frame` matches a build row, as a Boolean column (`field`).
+    fn marks_of(
+        &self,
+        frame: &DeviceFrame,
+        field: Field,
+        device: &ExecDevice,
+    ) -> Result<DeviceBatch, BoxError> {
+        let n = frame.num_rows();
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            if self.rows > 0 {
+                let (hits, _, _) = super::cuda::join(&self.device_probe()?, frame, cuda, device)?;
+                return super::cuda::booleans(&hits, field, cuda, device);
+            }
+        }
+        let hits = if self.rows == 0 {
+            vec![false; n]
+        } else {
+            check_cpu(device)?;
+            let (_, hits) = self.probe_on_host(frame)?;
+            hits.iter().map(|&h| h != 0).collect()
+        };
+        let column = Arc::new(arrow_array::BooleanArray::from(hits));
+        let batch = RecordBatch::try_new(schema_of(vec![field]), vec![column])?;
+        let mut transfer = Transfer::new(
+            device.device().clone(),
+            devarrow::bridge::TransferOptions::default(),
+        );
+        Ok(transfer.to_device(&batch)?)
     }
 
     /// A right semi or anti join with a filter: the probe rows with a pair that passes
@@ -1023,7 +1103,7 @@ impl BuiltJoin {
                 .column(i)
                 .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
                 .clone()),
-            Out::Build(_) => Err(ComputeError::Input(
+            Out::Build(_) | Out::Mark => Err(ComputeError::Input(
                 "a semi or anti join outputs no build column".into(),
             )
             .into()),
@@ -1393,6 +1473,9 @@ impl BuiltJoin {
         let probe = probe.map(Arc::new);
         self.frame_of(rows, None, device, |out| {
             let (batch, at) = match out {
+                Out::Mark => {
+                    return Err(ComputeError::Input("a mark join makes no pairs".into()).into())
+                }
                 Out::Build(j) => (&build, j),
                 Out::Probe(i) => (
                     &probe,
@@ -1421,6 +1504,7 @@ impl BuiltJoin {
     ) -> Result<DeviceFrame, BoxError> {
         let gathered = gathered.map(Arc::new);
         self.frame_of(frame.num_rows(), selection, device, |out| match out {
+            Out::Mark => Err(ComputeError::Input("a mark join's mark is its own".into()).into()),
             Out::Probe(i) => Ok(frame
                 .column(i)
                 .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?

@@ -9,7 +9,7 @@
 //! | [`FilterOperator`] | `FilterExec` | kept | kept | untouched (a pending selection; its projection picks columns) |
 //! | [`ProjectionOperator`] | `ProjectionExec` | kept where the sort columns are passed through | kept where the key columns are | passed through or computed |
 //! | [`PartialAggregateOperator`] | `AggregateExec` (`Partial`) | none | the input's partition count | group keys and partial states |
-//! | [`HashJoinOperator`] | `HashJoinExec` (`Inner`, `Left`, `Right`, `Full`, `LeftSemi`, `LeftAnti`, `RightSemi`, `RightAnti`) | the probe side's, as DataFusion's join declares it | the join's | probe columns untouched, build columns gathered |
+//! | [`HashJoinOperator`] | `HashJoinExec` (`Inner`, `Left`, `Right`, `Full`, `LeftSemi`, `LeftAnti`, `RightSemi`, `RightAnti`, `RightMark`) | the probe side's, as DataFusion's join declares it | the join's | probe columns untouched, build columns gathered |
 
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};

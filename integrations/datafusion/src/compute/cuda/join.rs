@@ -289,6 +289,38 @@ pub(crate) fn kept_probe_rows(
     Ok(FrameColumn::single(batch)?)
 }
 
+/// `flags` (a `UInt8` column: 0 or not) as a batch of one Boolean column (`field`):
+/// packed into its values' bitmap on the device (`pack_bits`), no validity.
+pub(crate) fn booleans(
+    flags: &FrameColumn,
+    field: Field,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let cx = context(cuda)?;
+    let c = flags.column();
+    let n = c.len();
+    if c.data_type() != &DataType::UInt8 {
+        return Err(ComputeError::Input("flags that are not UInt8".into()).into());
+    }
+    let (at, view) = at_first_row(&cx, &c, 1, 1, "flags")?;
+    let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+    // `pack_bits` reads the `n` flags at `at` (checked to hold them) and writes
+    // ceil(n / 8) bytes into `bits`.
+    cx.launch(
+        &cx.k.pack_bits,
+        n.div_ceil(8),
+        &[A::U64(at), A::U64(addr(&bits, cx.stream)), A::U64(n as u64)],
+    )?;
+    drop(view);
+    let column = CudaArray::from_bits(n, bits, None)?;
+    Ok(DeviceBatch::from_cuda_arrays(
+        device.device().clone(),
+        Arc::new(Schema::new(vec![field.with_nullable(false)])),
+        vec![column],
+    )?)
+}
+
 /// The rows `rows` (below the build rows) of the table's payload, gathered on the
 /// device (the index uploaded: 4 bytes a row).
 pub(crate) fn gather_rows(

@@ -27,7 +27,7 @@ mod join;
 
 pub(crate) use compact::compact;
 pub(crate) use join::{
-    gather_rows, join, join_expanded, kept_probe_rows, mark, DeviceTables, Marks, Probe,
+    booleans, gather_rows, join, join_expanded, kept_probe_rows, mark, DeviceTables, Marks, Probe,
 };
 
 /// The kernels' PTX.
