@@ -1439,7 +1439,7 @@ async fn every_join_session(device: &ExecDevice) -> SessionContext {
 }
 
 /// `sql`'s physical plan in `ctx`, and its indented text.
-async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, String) {
+pub async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, String) {
     let plan = ctx
         .sql(sql)
         .await
@@ -1899,10 +1899,16 @@ pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_join_table_is_a_typed_error_and_leaks_nothing() {
     if own_tests() {
-        let cpu = Arc::new(devarrow::abi::device::CpuDevice::new());
-        let device = ExecDevice::from_cpu(cpu.clone());
-        check_join_reservation(&device, || cpu.memory_pool_stats().in_use_bytes).await;
+        let (device, in_use) = counted_cpu();
+        check_join_reservation(&device, in_use).await;
     }
+}
+
+/// A CPU device, and its bytes in use.
+fn counted_cpu() -> (ExecDevice, impl Fn() -> usize) {
+    let cpu = Arc::new(devarrow::abi::device::CpuDevice::new());
+    let device = ExecDevice::from_cpu(cpu.clone());
+    (device, move || cpu.memory_pool_stats().in_use_bytes)
 }
 
 /// Waits up to 10 s for `in_use()` (the device's bytes in use) to come back to `before`,
@@ -2196,8 +2202,7 @@ pub async fn check_dropped_join_stream(device: &ExecDevice, in_use: impl Fn() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_join_stream_frees_its_device_memory() {
     if own_tests() {
-        let cpu = Arc::new(devarrow::abi::device::CpuDevice::new());
-        let device = ExecDevice::from_cpu(cpu.clone());
-        check_dropped_join_stream(&device, || cpu.memory_pool_stats().in_use_bytes).await;
+        let (device, in_use) = counted_cpu();
+        check_dropped_join_stream(&device, in_use).await;
     }
 }

@@ -279,16 +279,7 @@ fn device_joins_over_two_devices_are_datafusions() {
         let plain = tpch::host_session(&tables, 4).unwrap();
         for q in [3, 5, 10] {
             let sql = tpch::query(q);
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            let shown = datafusion::physical_plan::displayable(plan.as_ref())
-                .indent(false)
-                .to_string();
+            let (plan, shown) = compute_checks::planned(&ctx, sql).await;
             assert!(shown.contains("DeviceHashJoinExec"), "Q{q}:\n{shown}");
             let got = collect(plan, ctx.task_ctx()).await.unwrap();
             let want = plain.sql(sql).await.unwrap().collect().await.unwrap();

@@ -178,22 +178,7 @@ pub(crate) fn compact(
                 let views = start + 16 * offset;
                 aligned(views, 8, name)?;
                 let bitmap = c.validity().map_or(0, |b| b.address());
-                let bytes = cx.zeros::<i64>(n)?;
-                cx.launch(
-                    &cx.k.view_bytes,
-                    n,
-                    &[
-                        A::U64(scan),
-                        A::U64(views),
-                        A::U64(bitmap),
-                        A::U64(offset),
-                        A::U64(addr(&sizes, s)),
-                        A::U64(count),
-                        A::U64(addr(&bytes, s)),
-                        A::U64(n as u64),
-                        A::U64(e),
-                    ],
-                )?;
+                let bytes = view_bytes(&cx, c, views, scan, (&sizes, count), n, e)?;
                 let at = addr(&bytes, s);
                 // SAFETY: `bytes` holds `n` i64s on this device, written by `view_bytes`
                 // on the stream the scan runs on (in order after it).
@@ -427,4 +412,39 @@ pub(super) fn fixed_array(
     }
     first_fit!(i8, u8, i16, u16, i32, u32, f32, i64, u64, f64, i128);
     Err(ComputeError::Input(format!("no CUDA array of {dt}")).into())
+}
+
+/// The bytes of data buffers each kept row's view names (`view_bytes`, into `n` i64s:
+/// the rows of `c`, a view column whose views start at `views`, its first row; kept where
+/// the inclusive scan at `scan` steps), each view checked to lie in its buffer (error word
+/// 4 at `err` where one does not). `tables`: its variadic buffers' sizes and their count
+/// ([`variadic_tables`]).
+pub(super) fn view_bytes(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'_>,
+    views: u64,
+    scan: u64,
+    tables: (&CudaSlice<u64>, u64),
+    n: usize,
+    err: u64,
+) -> Result<CudaSlice<i64>, BoxError> {
+    let s = cx.stream;
+    let (sizes, count) = tables;
+    let bytes = cx.zeros::<i64>(n)?;
+    cx.launch(
+        &cx.k.view_bytes,
+        n,
+        &[
+            A::U64(scan),
+            A::U64(views),
+            A::U64(c.validity().map_or(0, |b| b.address())),
+            A::U64(c.offset() as u64),
+            A::U64(addr(sizes, s)),
+            A::U64(count),
+            A::U64(addr(&bytes, s)),
+            A::U64(n as u64),
+            A::U64(err),
+        ],
+    )?;
+    Ok(bytes)
 }

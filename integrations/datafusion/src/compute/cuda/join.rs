@@ -10,7 +10,7 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::CudaSlice;
 use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
-use super::compact::{fixed_array, launch_bits};
+use super::compact::{fixed_array, launch_bits, view_bytes};
 use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
 use crate::error::BoxError;
@@ -471,22 +471,7 @@ pub(crate) fn join_expanded(
         let name = frame.schema().field(i).name();
         let (views, view) = at_first_row(&cx, &c, 1, 16, name)?;
         let (_buffers, sizes, count) = variadic_tables(&cx, &c)?;
-        let bytes = cx.zeros::<i64>(n)?;
-        cx.launch(
-            &cx.k.view_bytes,
-            n,
-            &[
-                A::U64(scan),
-                A::U64(views),
-                A::U64(c.validity().map_or(0, |b| b.address())),
-                A::U64(c.offset() as u64),
-                A::U64(addr(&sizes, s)),
-                A::U64(count),
-                A::U64(addr(&bytes, s)),
-                A::U64(n as u64),
-                A::U64(e),
-            ],
-        )?;
+        let bytes = view_bytes(&cx, &c, views, scan, (&sizes, count), n, e)?;
         checked.push((view, sizes, bytes));
     }
     let (mut total, mut word) = ([0i64], [0u32]);
