@@ -1516,6 +1516,10 @@ fn join_tables(ctx: &SessionContext) {
         Field::new("fk2", DataType::Int64, false),
         Field::new("qty", DataType::Int64, false),
         Field::new("note", DataType::Utf8View, false),
+        // Join keys of dim's `price` and `name`: decimals and strings (short, long, some
+        // matching nothing, some null).
+        Field::new("cost", DataType::Decimal128(15, 2), true),
+        Field::new("code", DataType::Utf8View, true),
     ]));
     let fact = |part: i32, batch: i32| {
         let rows = 700;
@@ -1541,6 +1545,29 @@ fn join_tables(ctx: &SessionContext) {
                         }
                     },
                 ))),
+                Arc::new(
+                    Decimal128Array::from_iter(
+                        (base..base + rows)
+                            .map(|r| (r % 17 != 5).then(|| i128::from((r * 11) % 60) * 125 - 900)),
+                    )
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+                ),
+                Arc::new(StringViewArray::from_iter((base..base + rows).map(|r| {
+                    let i = (r * 13) % 50;
+                    match r % 7 {
+                        6 => None,
+                        // A long value of another length or prefix, or of dim's length
+                        // and prefix but other bytes.
+                        5 => Some(format!(
+                            "a dimension value longer than twelve bytes, {}",
+                            i + 100
+                        )),
+                        4 => Some(format!("a dimension value longer than twelve bytes; {i}")),
+                        _ if i % 2 == 0 => Some(format!("d{i}")),
+                        _ => Some(format!("a dimension value longer than twelve bytes, {i}")),
+                    }
+                }))),
             ],
         )
         .unwrap()
@@ -1571,7 +1598,26 @@ pub async fn check_joins(device: &ExecDevice) {
     join_tables(&plain);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 44] = [
+    let cases: [&str; 54] = [
+        // String keys: short values (their lanes are their views), long ones (a hash,
+        // then their bytes compared), nulls, long values of dim's length and prefix.
+        "select f.qty, f.code, d.k, d.name from fact f join dim d on f.code = d.name",
+        "select f.fk, f.code from fact f where not exists \
+         (select 1 from dim d where d.name = f.code)",
+        "select d.k, d.name from dim d where exists \
+         (select 1 from fact f where f.code = d.name and f.qty > 4)",
+        "select f.qty, d.k from fact f left join dim d on f.code = d.name and f.cost = d.price",
+        "select d.name, count(f.qty) as n from dim d full join fact f on f.code = d.name \
+         group by d.name",
+        "select f.qty, d.k from fact f join \
+         (select * from dim union all select * from dim where k2 = 1) d on f.code = d.name",
+        // Decimal keys (their unscaled values: TPC-H Q2's `ps_supplycost`).
+        "select f.qty, f.cost, d.name, d.k from fact f join dim d on f.cost = d.price",
+        "select f.fk, f.qty from fact f where not exists \
+         (select 1 from dim d where d.price = f.cost and d.k2 = f.fk2)",
+        "select d.k, d.price from dim d where exists \
+         (select 1 from fact f where f.cost = d.price and f.qty > 10)",
+        "select f.qty, d.name from fact f left join dim d on f.cost = d.price and f.fk = d.k",
         // `EXISTS` under `OR`: mark joins.
         "select d.k, d.name from dim d where d.k2 = 1 or exists \
          (select 1 from fact f where f.fk = d.k)",
@@ -1717,9 +1763,23 @@ pub async fn check_partitions_one_after_another(device: &ExecDevice) {
         "select d.k from dim d where not exists (select 1 from fact f where f.fk = d.k)",
         "select d.name, f.qty from dim d left join fact f on f.fk = d.k",
         "select f.qty, d.name from dim d join fact f on f.fk = d.k",
+        // `EXISTS` under `OR` over the larger side: left mark joins (every build row,
+        // with whether a probe row of any partition matched it), keys unique or not.
+        "select d.k, d.name from dim d where d.k2 = 1 or exists \
+         (select 1 from fact f where f.fk = d.k)",
+        "select d.k, d.price from dim d where d.k2 = 2 or exists \
+         (select 1 from fact f where f.cost = d.price)",
+        "select d.k, d.name from dim d where d.k2 = 3 or exists \
+         (select 1 from fact f where f.code = d.name)",
+        "select u.dk, u.tag from dup u where u.tag > 9 or exists \
+         (select 1 from fact f where f.fk = u.dk and f.qty > 11)",
     ] {
         let (plan, shown) = planned(&ctx, sql).await;
         assert!(shown.contains("mode=CollectLeft"), "{sql}\n{shown}");
+        assert!(
+            !sql.contains(" or exists") || shown.contains("join_type=LeftMark"),
+            "{sql}\n{shown}"
+        );
         let partitions = plan.properties().partitioning.partition_count();
         assert!(partitions > 1, "{sql}\n{shown}");
         let task = ctx.task_ctx();
@@ -2204,5 +2264,112 @@ async fn a_dropped_join_stream_frees_its_device_memory() {
     if own_tests() {
         let (device, in_use) = counted_cpu();
         check_dropped_join_stream(&device, in_use).await;
+    }
+}
+
+/// Two strings of 24 bytes, of one length and prefix, whose join key lanes agree (their
+/// hashes collide) though their bytes differ: printable ASCII, found by search.
+fn colliding_strings() -> (String, String) {
+    use devarrow_datafusion::compute::join::string_key_lanes;
+    const C: u64 = 0xFF51_AFD7_ED55_8CCD;
+    let mix = |h: u64, w: u64| {
+        let h = (h ^ w).wrapping_mul(C);
+        h ^ (h >> 33)
+    };
+    let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+    let a = b"join key, ab: 0123456789";
+    let start = 0x9E37_79B9_7F4A_7C15u64;
+    let after_two = |w1: u64, w2: u64| mix(mix(start, w1), w2);
+    let state_a = after_two(word(&a[..8]), word(&a[8..16]));
+    // b's second word differs; its third makes the state before the last mix equal.
+    for c in 0u64.. {
+        let second = format!("{c:08}");
+        let state_b = after_two(word(&a[..8]), word(second.as_bytes()));
+        let third = (state_a ^ word(&a[16..]) ^ state_b).to_le_bytes();
+        if third.iter().all(|b| (0x20..0x7f).contains(b)) {
+            let b = format!(
+                "{}{second}{}",
+                std::str::from_utf8(&a[..8]).unwrap(),
+                std::str::from_utf8(&third).unwrap()
+            );
+            let a = std::str::from_utf8(a).unwrap().to_string();
+            assert_ne!(a, b);
+            assert_eq!(
+                string_key_lanes(a.as_bytes()),
+                string_key_lanes(b.as_bytes()),
+                "no collision: the test's hash is not the join's"
+            );
+            return (a, b);
+        }
+    }
+    unreachable!()
+}
+
+/// String join keys whose lanes collide: a probe value that hashes as a build value but
+/// differs from it matches nothing (its bytes compared after the probe), in inner, semi
+/// and anti joins; two such values on the build side fail the query with a typed error.
+pub async fn check_string_key_collisions(device: &ExecDevice) {
+    use arrow_array::StringViewArray;
+    let (a, b) = colliding_strings();
+    let ctx = every_join_session(device).await;
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("s", DataType::Utf8View, true),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let table = |values: Vec<Option<&str>>| {
+        let n = values.len() as i64;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringViewArray::from(values)) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(0..n)),
+            ],
+        )
+        .unwrap();
+        Arc::new(MemTable::try_new(schema.clone(), vec![vec![batch]]).unwrap())
+    };
+    let probe: Vec<Option<&str>> = (0..60)
+        .map(|i| match i % 4 {
+            0 => Some(a.as_str()),
+            1 => Some(b.as_str()),
+            2 => None,
+            _ => Some("short"),
+        })
+        .collect();
+    for c in [&ctx, &plain] {
+        c.register_table("small", table(vec![Some(&a), Some("short")]))
+            .unwrap();
+        c.register_table("big", table(probe.clone())).unwrap();
+        c.register_table("both", table(vec![Some(&a), Some(&b)]))
+            .unwrap();
+    }
+    for sql in [
+        "select big.v, small.v from big join small on big.s = small.s",
+        "select big.v from big where exists (select 1 from small where small.s = big.s)",
+        "select big.v from big where not exists (select 1 from small where small.s = big.s)",
+    ] {
+        let (plan, shown) = planned(&ctx, sql).await;
+        assert!(shown.contains("DeviceHashJoinExec"), "{sql}\n{shown}");
+        let got = collect(plan, ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+    }
+    let sql = "select big.v, both.v from big join both on big.s = both.s";
+    let (plan, shown) = planned(&ctx, sql).await;
+    assert!(shown.contains("DeviceHashJoinExec"), "{sql}\n{shown}");
+    let error = collect(plan, ctx.task_ctx())
+        .await
+        .expect_err("two build values of one hash")
+        .to_string();
+    assert!(error.contains("the same 64-bit hash"), "{error}");
+}
+
+#[tokio::test]
+async fn string_keys_whose_hashes_collide_match_by_their_bytes() {
+    if own_tests() {
+        check_string_key_collisions(&ExecDevice::cpu()).await;
     }
 }

@@ -183,6 +183,14 @@ pub(crate) enum Node {
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
+    /// Lane `word` (0 or 1) of a `Utf8View` column's value as a join key
+    /// ([`string_key_lanes`]): only a join's probe keys, never compiled from an expression.
+    /// A null value gives null.
+    StrKey {
+        index: usize,
+        name: String,
+        word: u8,
+    },
     /// `CASE WHEN c1 THEN v1 ... ELSE e END`: the value of the first branch whose
     /// condition is true (not null), else `otherwise` (a null literal without `ELSE`).
     Case {
@@ -384,6 +392,31 @@ pub(crate) fn string_key(bytes: &[u8]) -> Option<[u64; KEY_WORDS]> {
         u64::from_le_bytes(view[..8].try_into().expect("8 bytes")),
         u64::from_le_bytes(view[8..].try_into().expect("8 bytes")),
     ])
+}
+
+/// A string's two lanes as a join key: the first 8 bytes of its view (its length, then
+/// its first 4 bytes, zero-padded), then the view's last 8 bytes where it has at most 12
+/// bytes (the rest of it, zero-padded: the lanes are the value), else the hash of all its
+/// bytes (`view_key`'s; equal lanes of such values are compared byte by byte after the
+/// probe: `join_verify_view`).
+pub(crate) fn string_key_lanes(bytes: &[u8]) -> [i64; 2] {
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    let inline = bytes.len().min(12);
+    view[4..4 + inline].copy_from_slice(&bytes[..inline]);
+    let first = i64::from_le_bytes(view[..8].try_into().expect("8 bytes"));
+    if bytes.len() <= 12 {
+        return [
+            first,
+            i64::from_le_bytes(view[8..].try_into().expect("8 bytes")),
+        ];
+    }
+    let words = bytes.chunks(8).map(|chunk| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        i64::from_le_bytes(word)
+    });
+    [first, super::join::hash(words) as i64]
 }
 
 /// The bytes of a string literal (`None`: not a string literal; an error: null).
@@ -941,6 +974,9 @@ impl Node {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
             Node::Literal(_) | Node::StrIn { .. } | Node::Valid { .. } => false,
+            // The second word of a long value reads its buffer (a view outside it is
+            // flagged in the error word).
+            Node::StrKey { word, .. } => *word != 0,
             // A view outside its buffer (checked, flagged in the error word).
             Node::Prefix { .. } => true,
             // A view outside its buffer (checked, flagged in the error word).
@@ -976,6 +1012,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::Prefix { .. }
+            | Node::StrKey { .. }
             | Node::Valid { .. } => false,
             // A row no branch takes and an ELSE that is null.
             Node::Case {
@@ -1001,6 +1038,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::Prefix { index, name, .. }
+            | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));

@@ -238,6 +238,18 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         Node::Prefix { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
+        Node::StrKey { index, name, word } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            let (mut lanes, mut valid) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for value in &values {
+                lanes.push(value.map_or(0, |v| super::expr::string_key_lanes(v)[*word as usize]));
+                valid.push(u8::from(value.is_some()));
+            }
+            Ok(Lanes {
+                values: lanes,
+                valid: Some(valid),
+            })
+        }
         Node::Valid { index, name } => {
             let column = frame_column(frame, *index, name)?;
             ready(column)?;
@@ -457,7 +469,10 @@ pub(crate) fn prefixes(
 
 /// The bytes of each value of a `Utf8View` column on the CPU device (`None`: null),
 /// read where they lie: in the view, or in the variadic buffer it names.
-fn view_values<'a>(column: &'a FrameColumn, name: &str) -> Result<Vec<Option<&'a [u8]>>, BoxError> {
+pub(crate) fn view_values<'a>(
+    column: &'a FrameColumn,
+    name: &str,
+) -> Result<Vec<Option<&'a [u8]>>, BoxError> {
     ready(column)?;
     let c = column.column();
     super::check_view(&c, name)?;

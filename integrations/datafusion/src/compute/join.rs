@@ -6,7 +6,8 @@
 //!
 //! - **The build side is built on the host, probed on the device.** It reaches the join
 //!   as host batches (a host plan, or another region's unload), so the host hashes it
-//!   where it already is: its key columns (evaluated by DataFusion, cast to i64 lanes),
+//!   where it already is: its key columns (evaluated by DataFusion, as i64 lanes: a
+//!   string key two, [`string_key_lanes`]),
 //!   an open-addressing table of u32 slots (a power of two, at least twice the rows: a
 //!   slot holds the build row + 1 of its key, linear probing from the key's hash), and
 //!   the columns the join's output takes. All three are uploaded once per partition
@@ -29,9 +30,9 @@
 //!   kept rows gathered on the device. A left join's frames are its inner join's, a full
 //!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: left mark joins, a right, full or mark join's filter, keys
-//!   that are not integers or dates of one type on both sides, null-equal or null-aware
-//!   joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
+//!   `EXPLAIN` shows: a right, full or mark join's filter, keys
+//!   that are not integers, dates, decimals (up to 18 digits) or `Utf8View` strings of
+//!   one type on both sides, null-equal or null-aware joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
 //!   types).
 //! - **Duplicate build keys** (an inner join whose probe rows may match several build
 //!   rows) are found when the table is built ([`BuiltJoin::is_unique`] is false; the rows
@@ -96,6 +97,9 @@ pub(crate) enum JoinKind {
     /// Every probe row, with a Boolean of whether it matched (`RightMark`: `EXISTS` under
     /// `OR`).
     Mark,
+    /// Every build row, with a Boolean of whether some probe row matched it, emitted at
+    /// the end (`LeftMark`: `EXISTS` under `OR` over the larger side).
+    LeftMark,
 }
 
 impl JoinKind {
@@ -104,7 +108,7 @@ impl JoinKind {
     pub(crate) fn marks(self) -> bool {
         matches!(
             self,
-            Self::LeftSemi | Self::LeftAnti | Self::Left | Self::Full
+            Self::LeftSemi | Self::LeftAnti | Self::Left | Self::Full | Self::LeftMark
         )
     }
 
@@ -122,7 +126,7 @@ impl JoinKind {
 
     /// Whether each probe frame gives no output (only marks).
     fn marks_only(self) -> bool {
-        matches!(self, Self::LeftSemi | Self::LeftAnti)
+        matches!(self, Self::LeftSemi | Self::LeftAnti | Self::LeftMark)
     }
 }
 
@@ -137,11 +141,34 @@ enum Out {
     Mark,
 }
 
+/// How the host makes one lane of a build row's keys (the lanes of `probe_keys`, in
+/// their order).
+#[derive(Debug)]
+enum BuildLane {
+    /// A key's value (an integer, date or decimal).
+    Value(Arc<dyn PhysicalExpr>),
+    /// Lane `word` of string key `key` ([`super::expr::string_key_lanes`]).
+    Word { key: usize, word: u8 },
+}
+
+/// A string join key: a `Utf8View` column of the probe side, its two lanes hashing a
+/// value of more than 12 bytes, so that where lanes agree the probe compares that
+/// value's bytes with the build row's (kept by the table).
+#[derive(Debug)]
+pub(crate) struct StringKey {
+    build: Arc<dyn PhysicalExpr>,
+    /// The probe column (its index in the probe schema, its name).
+    pub(crate) probe: usize,
+    pub(crate) probe_name: String,
+}
+
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub(crate) kind: JoinKind,
+    /// The probe side's key lanes (a string key has two).
     pub(crate) probe_keys: Vec<DeviceExpr>,
-    build_keys: Vec<Arc<dyn PhysicalExpr>>,
+    build_keys: Vec<BuildLane>,
+    pub(crate) string_keys: Vec<StringKey>,
     build_schema: SchemaRef,
     /// The build columns the output takes, in the order of [`Out::Build`].
     build_columns: Vec<usize>,
@@ -230,12 +257,30 @@ pub struct DeviceHashJoin {
     plan: Arc<Plan>,
 }
 
-/// Whether the device joins on keys of this type (as i64 lanes).
+/// Whether the device joins on keys of this type (as i64 lanes: a decimal's unscaled
+/// value, which fits 64 bits up to precision 18).
 fn key_type(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32
-    )
+    match data_type {
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32 => {
+            true
+        }
+        DataType::Decimal128(p, s) => *p <= 18 && *s >= 0,
+        DataType::Utf8View => true,
+        _ => false,
+    }
+}
+
+/// A build key's values as i64 lanes: the device's lanes of its type (a decimal's
+/// unscaled value, an integer or date widened).
+fn key_lanes(array: &arrow_array::ArrayRef) -> Result<arrow_array::Int64Array, BoxError> {
+    if let DataType::Decimal128(..) = array.data_type() {
+        // At most 18 digits (`key_type`): the unscaled value fits 64 bits.
+        let values = array.as_primitive::<arrow_array::types::Decimal128Type>();
+        return Ok(values.unary(|v| v as i64));
+    }
+    Ok(cast(array, &DataType::Int64)?
+        .as_primitive::<Int64Type>()
+        .clone())
 }
 
 impl DeviceHashJoin {
@@ -251,14 +296,11 @@ impl DeviceHashJoin {
             JoinType::Left => JoinKind::Left,
             JoinType::Full => JoinKind::Full,
             JoinType::RightMark => JoinKind::Mark,
-            other => {
-                return Err(Unsupported(format!(
-                    "a {other} join has no device operator (Inner, Left, Right, Full, \
-                     LeftSemi, LeftAnti, RightSemi, RightAnti and RightMark do)"
-                )))
-            }
+            JoinType::LeftMark => JoinKind::LeftMark,
         };
-        if join.filter().is_some() && (kind.keeps_probe_rows() || kind == JoinKind::Mark) {
+        if join.filter().is_some()
+            && (kind.keeps_probe_rows() || matches!(kind, JoinKind::Mark | JoinKind::LeftMark))
+        {
             return Err(Unsupported(
                 "a right, full or mark join's filter has no device operator".into(),
             ));
@@ -286,6 +328,7 @@ impl DeviceHashJoin {
         let (left, right) = (join.left().schema(), join.right().schema());
         let mut probe_keys = Vec::with_capacity(join.on().len());
         let mut build_keys = Vec::with_capacity(join.on().len());
+        let mut string_keys = Vec::new();
         for (l, r) in join.on() {
             let lt = l
                 .data_type(&left)
@@ -295,12 +338,33 @@ impl DeviceHashJoin {
                 .map_err(|e| Unsupported(format!("the type of `{r}`: {e}")))?;
             if lt != rt || !key_type(&lt) {
                 return Err(Unsupported(format!(
-                    "join keys `{l}` ({lt}) and `{r}` ({rt}): the device joins on integers \
-                     and dates of one type"
+                    "join keys `{l}` ({lt}) and `{r}` ({rt}): the device joins on integers, \
+                     dates, decimals of at most 18 digits and Utf8View strings, of one type"
                 )));
             }
+            if lt == DataType::Utf8View {
+                let column = r
+                    .downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                    .ok_or_else(|| {
+                        Unsupported(format!(
+                            "join key `{r}`: a string key of the probe side is a column on the \
+                             device"
+                        ))
+                    })?;
+                let key = string_keys.len();
+                for word in 0..2 {
+                    probe_keys.push(DeviceExpr::string_key_word(column, word));
+                    build_keys.push(BuildLane::Word { key, word });
+                }
+                string_keys.push(StringKey {
+                    build: l.clone(),
+                    probe: column.index(),
+                    probe_name: column.name().to_string(),
+                });
+                continue;
+            }
             probe_keys.push(DeviceExpr::compile(r, &right)?);
-            build_keys.push(l.clone());
+            build_keys.push(BuildLane::Value(l.clone()));
         }
         let all: Vec<Out> = match kind {
             JoinKind::Inner | JoinKind::Right | JoinKind::Left | JoinKind::Full => {
@@ -317,6 +381,10 @@ impl DeviceHashJoin {
             JoinKind::LeftSemi | JoinKind::LeftAnti => {
                 (0..left.fields().len()).map(Out::Build).collect()
             }
+            JoinKind::LeftMark => (0..left.fields().len())
+                .map(Out::Build)
+                .chain([Out::Mark])
+                .collect(),
         };
         let picked: Vec<Out> = match &join.projection {
             Some(projection) => projection.iter().map(|&i| all[i]).collect(),
@@ -376,6 +444,7 @@ impl DeviceHashJoin {
                 kind,
                 probe_keys,
                 build_keys,
+                string_keys,
                 build_schema: left,
                 build_columns,
                 output,
@@ -442,15 +511,39 @@ impl DeviceHashJoin {
         let k = plan.build_keys.len();
         let mut keys = vec![0i64; k * rows];
         let mut valid = vec![true; rows];
-        for (j, expr) in plan.build_keys.iter().enumerate() {
-            let array = expr.evaluate(&batch)?.into_array(rows)?;
-            let array = cast(&array, &DataType::Int64)?;
-            let values = array.as_primitive::<Int64Type>();
-            for (r, slot) in keys[j * rows..(j + 1) * rows].iter_mut().enumerate() {
-                if values.is_null(r) {
-                    valid[r] = false;
-                } else {
-                    *slot = values.value(r);
+        // The string keys' values, kept for the probe to compare.
+        let strings = plan
+            .string_keys
+            .iter()
+            .map(|key| {
+                let array = key.build.evaluate(&batch)?.into_array(rows)?;
+                Ok(cast(&array, &DataType::Utf8View)?)
+            })
+            .collect::<Result<Vec<_>, BoxError>>()?;
+        for (j, lane) in plan.build_keys.iter().enumerate() {
+            let slots = &mut keys[j * rows..(j + 1) * rows];
+            match lane {
+                BuildLane::Value(expr) => {
+                    let array = expr.evaluate(&batch)?.into_array(rows)?;
+                    let values = key_lanes(&array)?;
+                    for (r, slot) in slots.iter_mut().enumerate() {
+                        if values.is_null(r) {
+                            valid[r] = false;
+                        } else {
+                            *slot = values.value(r);
+                        }
+                    }
+                }
+                BuildLane::Word { key, word } => {
+                    let values = strings[*key].as_string_view();
+                    for (r, slot) in slots.iter_mut().enumerate() {
+                        if values.is_null(r) {
+                            valid[r] = false;
+                        } else {
+                            let lanes = super::expr::string_key_lanes(values.value(r).as_bytes());
+                            *slot = lanes[*word as usize];
+                        }
+                    }
                 }
             }
         }
@@ -470,6 +563,19 @@ impl DeviceHashJoin {
                 }
                 let other = (slot - 1) as usize;
                 if (0..k).all(|j| key(other, j) == key(r, j)) {
+                    // Strings of more than 12 bytes have hashes as lanes: two different
+                    // ones with the same would be one key to the probe.
+                    let same = |a: &arrow_array::ArrayRef| {
+                        let a = a.as_string_view();
+                        a.value(other) == a.value(r)
+                    };
+                    if !strings.iter().all(same) {
+                        return Err(ComputeError::Input(format!(
+                            "two different string join keys of the build side (rows {other} \
+                             and {r}) have the same 64-bit hash; the device cannot join them"
+                        ))
+                        .into());
+                    }
                     // The row goes first in its key's chain.
                     unique = false;
                     next[r] = slot;
@@ -489,9 +595,18 @@ impl DeviceHashJoin {
             columns.push(Arc::new(arrow_array::BooleanArray::from(vec![true; rows])));
             payload = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
         }
+        let strings = (!strings.is_empty())
+            .then(|| {
+                let fields: Vec<Field> = (0..strings.len())
+                    .map(|i| Field::new(format!("key{i}"), DataType::Utf8View, true))
+                    .collect();
+                RecordBatch::try_new(Arc::new(Schema::new(fields)), strings)
+            })
+            .transpose()?;
         Ok(JoinTable {
             plan: plan.clone(),
             rows,
+            strings,
             unique,
             mask,
             slots,
@@ -567,6 +682,29 @@ impl DeviceHashJoin {
     }
 }
 
+/// The two i64 lanes a string join key is hashed and compared by: the first 8 bytes of
+/// its `Utf8View` view (its length, then its first 4 bytes), then the view's last 8
+/// bytes where it has at most 12 bytes (the rest of it, zero-padded: the lanes are the
+/// value), else a 64-bit hash of all its bytes. Two values of more than 12 bytes whose
+/// lanes agree are compared byte by byte after the probe (`join_verify_view` on CUDA),
+/// so a hash collision never makes a wrong match; two such values on the build side
+/// fail the query ([`ComputeError::Input`]).
+///
+/// ```
+/// use devarrow_datafusion::compute::join::string_key_lanes;
+///
+/// let [first, rest] = string_key_lanes(b"short");
+/// assert_eq!(first as u64 & 0xFFFF_FFFF, 5); // the length
+/// assert_eq!(&first.to_le_bytes()[4..], b"shor");
+/// assert_eq!(&rest.to_le_bytes()[..1], b"t");
+/// // A longer value: its length and prefix, then a hash of its bytes.
+/// let [first, _hash] = string_key_lanes(b"a value longer than twelve bytes");
+/// assert_eq!(first as u64 & 0xFFFF_FFFF, 32);
+/// ```
+pub fn string_key_lanes(bytes: &[u8]) -> [i64; 2] {
+    super::expr::string_key_lanes(bytes)
+}
+
 /// The hash of a row's keys (the same as `join_probe`'s, and as `group_rows`').
 pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
     let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -589,6 +727,9 @@ pub struct JoinTable {
     /// The next build row of each row's key + 1 (0: the last).
     next: Vec<u32>,
     keys: Vec<i64>,
+    /// The values of the string keys (`Utf8View`, one column per key), for the probe to
+    /// compare with its own where lanes agree.
+    strings: Option<RecordBatch>,
     payload: RecordBatch,
     /// The build rows the partitions that ended matched, for a join whose output is
     /// build rows.
@@ -643,6 +784,7 @@ impl JoinTable {
     /// slots and chains): what the CPU device counts too, which joins in place.
     pub fn link_bytes(&self) -> usize {
         crate::frame::batch_bytes(&self.payload)
+            + self.strings.as_ref().map_or(0, crate::frame::batch_bytes)
             + self.keys.len() * size_of::<i64>()
             + (self.slots.len() + self.next.len()) * size_of::<u32>()
     }
@@ -650,6 +792,10 @@ impl JoinTable {
     /// The host memory the table holds.
     fn host_bytes(&self) -> usize {
         self.payload.get_array_memory_size()
+            + self
+                .strings
+                .as_ref()
+                .map_or(0, |s| s.get_array_memory_size())
             + self.keys.len() * size_of::<i64>()
             + (self.slots.len() + self.next.len()) * size_of::<u32>()
     }
@@ -745,6 +891,11 @@ impl JoinTable {
         let slots = one("slots", Arc::new(UInt32Array::from(table)))?;
         Ok(super::cuda::DeviceTables {
             payload: upload.to_device(&self.payload)?,
+            strings: self
+                .strings
+                .as_ref()
+                .map(|s| upload.to_device(s))
+                .transpose()?,
             keys: upload.to_device(&keys)?,
             slots: upload.to_device(&slots)?,
         })
@@ -824,6 +975,7 @@ impl BuiltJoin {
                     | JoinKind::LeftSemi
                     | JoinKind::LeftAnti
                     | JoinKind::Mark
+                    | JoinKind::LeftMark
             ) && self.plan.filter.is_none())
     }
 
@@ -882,6 +1034,7 @@ impl BuiltJoin {
         Ok(super::cuda::Probe {
             tables,
             keys: &self.plan.probe_keys,
+            strings: &self.plan.string_keys,
             rows: self.rows,
             mask: self.mask,
             // With a filter, a semi or anti join probes as an inner join, then keeps the
@@ -975,6 +1128,9 @@ impl BuiltJoin {
         let Some(flags) = self.table.merge(&flags)? else {
             return Ok(None);
         };
+        if kind == JoinKind::LeftMark {
+            return self.left_marked(&flags, device);
+        }
         let keep = kind == JoinKind::LeftSemi;
         let rows: Vec<u32> = (0..flags.len() as u32)
             .filter(|&r| (flags[r as usize] != 0) == keep)
@@ -1018,6 +1174,60 @@ impl BuiltJoin {
         .map(Some)
     }
 
+    /// A left mark join's output, once every partition's marks are merged (`flags`):
+    /// every build row, with a Boolean of whether a probe row matched it (uploaded).
+    fn left_marked(
+        &self,
+        flags: &[u8],
+        device: &ExecDevice,
+    ) -> Result<Option<DeviceFrame>, BoxError> {
+        let m = flags.len();
+        if m == 0 {
+            return Ok(None);
+        }
+        let field = self.mark_field()?;
+        let column = Arc::new(arrow_array::BooleanArray::from_iter(
+            flags.iter().map(|&f| Some(f != 0)),
+        ));
+        let batch = RecordBatch::try_new(schema_of(vec![field]), vec![column])?;
+        let mut transfer = Transfer::new(
+            device.device().clone(),
+            devarrow::bridge::TransferOptions::default(),
+        );
+        let mark = Arc::new(transfer.to_device(&batch)?);
+        let all: Vec<u32> = (0..m as u32).collect();
+        let gathered = if self.plan.build_columns.is_empty() {
+            None
+        } else {
+            Some(Arc::new(self.gather_rows(&all, device)?))
+        };
+        self.unfiltered_frame_of(m, None, |out| match out {
+            Out::Mark => Ok(FrameColumn::new(mark.clone(), 0)?),
+            Out::Build(j) => {
+                let batch = gathered
+                    .as_ref()
+                    .ok_or_else(|| ComputeError::Input("no build rows gathered".into()))?;
+                Ok(FrameColumn::new(batch.clone(), j)?)
+            }
+            Out::Probe(_) => {
+                Err(ComputeError::Input("a left mark join outputs no probe column".into()).into())
+            }
+        })
+        .map(Some)
+    }
+
+    /// The output's field of a mark join's Boolean.
+    fn mark_field(&self) -> Result<Field, BoxError> {
+        Ok(self
+            .plan
+            .output
+            .iter()
+            .zip(self.plan.schema.fields())
+            .find(|(out, _)| matches!(out, Out::Mark))
+            .map(|(_, f)| f.as_ref().clone())
+            .ok_or_else(|| ComputeError::Input("a mark join without its mark".into()))?)
+    }
+
     /// A mark join: every probe row of `frame` (its selection kept), with a Boolean of
     /// whether it matched a build row.
     fn marked(&self, frame: &DeviceFrame, device: &ExecDevice) -> Result<DeviceFrame, BoxError> {
@@ -1025,14 +1235,7 @@ impl BuiltJoin {
         if n == 0 {
             return empty_frame(&self.plan.schema, device);
         }
-        let field = self
-            .plan
-            .output
-            .iter()
-            .zip(self.plan.schema.fields())
-            .find(|(out, _)| matches!(out, Out::Mark))
-            .map(|(_, f)| f.as_ref().clone())
-            .ok_or_else(|| ComputeError::Input("a mark join without its mark".into()))?;
+        let field = self.mark_field()?;
         let mark = Arc::new(self.marks_of(frame, field, device)?);
         self.unfiltered_frame_of(n, frame.selection().cloned(), |out| match out {
             Out::Probe(i) => Ok(frame
@@ -1335,12 +1538,33 @@ impl BuiltJoin {
             .iter()
             .map(|key| host::eval(&key.node, frame, &key.text))
             .collect::<Result<Vec<_>, _>>()?;
+        // The string keys' values, probe side and build side: where lanes agree, the
+        // values must (a long value's lanes hold its hash).
+        let strings = self
+            .plan
+            .string_keys
+            .iter()
+            .map(|key| {
+                let column = host::frame_column(frame, key.probe, &key.probe_name)?;
+                host::view_values(column, &key.probe_name)
+            })
+            .collect::<Result<Vec<_>, BoxError>>()?;
+        let build_strings = self.strings.as_ref().map(|b| b.columns());
+        let same = |i: usize, row: u32| {
+            strings.iter().enumerate().all(|(j, probe)| {
+                let build = build_strings.and_then(|columns| columns.get(j));
+                build.is_some_and(|b| {
+                    probe[i] == Some(b.as_string_view().value(row as usize).as_bytes())
+                })
+            })
+        };
         let mut rows = Vec::with_capacity(selected.len());
         let mut hits = Vec::with_capacity(selected.len());
         for (i, &selected) in selected.iter().enumerate() {
             let found = (selected != 0 && lanes.iter().all(|l| l.is_valid(i)))
                 .then(|| self.find(|j| lanes[j].values[i]))
-                .flatten();
+                .flatten()
+                .filter(|&row| same(i, row));
             let marks = self.plan.kind.marks() && self.plan.filter.is_none();
             if let Some(first) = found.filter(|_| marks) {
                 let mut marks = self.host_marks.lock().unwrap_or_else(|e| e.into_inner());

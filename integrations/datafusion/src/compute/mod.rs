@@ -174,6 +174,23 @@ impl DeviceExpr {
         })
     }
 
+    /// Lane `word` (0 or 1) of a `Utf8View` column's values as a join key (a hash join's
+    /// probe key: [`expr::string_key_lanes`]).
+    pub(crate) fn string_key_word(
+        column: &datafusion::physical_expr::expressions::Column,
+        word: u8,
+    ) -> Self {
+        Self {
+            data_type: DataType::Int64,
+            node: Arc::new(expr::Node::StrKey {
+                index: column.index(),
+                name: column.name().to_string(),
+                word,
+            }),
+            text: format!("{column} (join key lane {word})"),
+        }
+    }
+
     /// The type of its values (the host expression's).
     pub fn data_type(&self) -> &DataType {
         &self.data_type

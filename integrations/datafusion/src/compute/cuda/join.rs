@@ -11,7 +11,12 @@ use devarrow::cuda::cudarc::driver::CudaSlice;
 use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits, view_bytes};
-use super::{addr, aligned, context, eval, pending, selected, variadic_tables, Cx, A};
+use super::{
+    addr, aligned, context, eval, pending, selected, variadic_tables, view_column,
+    view_device_column, Cx, A,
+};
+use crate::compute::host::frame_column;
+use crate::compute::join::StringKey;
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -45,6 +50,9 @@ fn at_first_row<'a>(
 #[derive(Debug)]
 pub(crate) struct DeviceTables {
     pub(crate) payload: DeviceBatch,
+    /// The string keys' values (`Utf8View`, a column per key), compared with a probe
+    /// value's where their lanes agree (`join_verify_view`).
+    pub(crate) strings: Option<DeviceBatch>,
     pub(crate) keys: DeviceBatch,
     pub(crate) slots: DeviceBatch,
 }
@@ -163,8 +171,10 @@ impl Marks {
 pub(crate) struct Probe<'a> {
     /// The build side's table.
     pub(crate) tables: &'a DeviceTables,
-    /// The probe side's keys, one per build key.
+    /// The probe side's key lanes, one per lane of the build keys.
     pub(crate) keys: &'a [DeviceExpr],
+    /// The string keys among them (compared byte by byte where lanes agree).
+    pub(crate) strings: &'a [StringKey],
     /// The build side's rows.
     pub(crate) rows: usize,
     /// The slots' count - 1 (a power of two - 1).
@@ -391,6 +401,9 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
             A::U32(p.anti as u32),
         ],
     )?;
+    for (j, key) in p.strings.iter().enumerate() {
+        verify_strings(cx, p, frame, j, key, (&idx, &hit), e)?;
+    }
     if let Some(marks) = p.marks {
         marks.mark(cx, &idx, slots_at + 4 * (p.mask + 1), n)?;
     }
@@ -400,6 +413,60 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
     }
     drop((slots_view, keys_view, keys, valid));
     Ok((idx, hit, sel))
+}
+
+/// `join_verify_view` for string key `j` (`key`, of `frame`): each probe row whose build
+/// row was found by lanes that hash a long value compares that value's bytes with the
+/// build row's, and matches nothing where they differ.
+fn verify_strings(
+    cx: &Cx<'_>,
+    p: &Probe<'_>,
+    frame: &DeviceFrame,
+    j: usize,
+    key: &StringKey,
+    (idx, hit): (&CudaSlice<u32>, &CudaSlice<u8>),
+    err: u64,
+) -> Result<(), BoxError> {
+    let s = cx.stream;
+    let n = frame.num_rows();
+    let name = key.probe_name.as_str();
+    let (probe, _) = view_column(frame_column(frame, key.probe, name)?, name)?;
+    let (probe_at, probe_views) = at_first_row(cx, &probe, 1, 16, name)?;
+    let probe_tables = variadic_tables(cx, &probe)?;
+    let strings = p
+        .tables
+        .strings
+        .as_ref()
+        .and_then(|b| b.column(j))
+        .ok_or("a join table without its string keys")?;
+    if strings.len() != p.rows {
+        return Err(ComputeError::Input("a join table of another size".into()).into());
+    }
+    let (build, _) = view_device_column(strings, "string key")?;
+    let (build_at, build_views) = at_first_row(cx, &build, 1, 16, "string key")?;
+    let build_tables = variadic_tables(cx, &build)?;
+    // Writes only idx and hit, each row its own (n of each, made by `probe`).
+    cx.launch(
+        &cx.k.join_verify_view,
+        n,
+        &[
+            A::U64(addr(idx, s)),
+            A::U64(addr(hit, s)),
+            A::U64(n as u64),
+            A::U32(p.anti as u32),
+            A::U64(probe_at),
+            A::U64(addr(&probe_tables.0, s)),
+            A::U64(addr(&probe_tables.1, s)),
+            A::U64(probe_tables.2),
+            A::U64(build_at),
+            A::U64(addr(&build_tables.0, s)),
+            A::U64(addr(&build_tables.1, s)),
+            A::U64(build_tables.2),
+            A::U64(err),
+        ],
+    )?;
+    drop((probe_views, build_views, probe_tables, build_tables));
+    Ok(())
 }
 
 /// What an inner join whose build keys repeat makes of a probe frame on the device.

@@ -57,6 +57,8 @@ struct Kernels {
     view_bytes: CudaFunction,
     compact_views: CudaFunction,
     view_like: CudaFunction,
+    view_key: CudaFunction,
+    join_verify_view: CudaFunction,
     select_lanes: CudaFunction,
     view_prefix: CudaFunction,
     join_probe: CudaFunction,
@@ -109,6 +111,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_bytes: f("view_bytes")?,
         compact_views: f("compact_views")?,
         view_like: f("view_like")?,
+        view_key: f("view_key")?,
+        join_verify_view: f("join_verify_view")?,
         select_lanes: f("select_lanes")?,
         view_prefix: f("view_prefix")?,
         join_probe: f("join_probe")?,
@@ -278,7 +282,14 @@ fn view_column<'a>(
     column: &'a FrameColumn,
     name: &str,
 ) -> Result<(DeviceColumn<'a>, ColumnBuffer<'a>), BoxError> {
-    let c = column.column();
+    view_device_column(column.column(), name)
+}
+
+/// [`view_column`] of a column of a device batch.
+fn view_device_column<'a>(
+    c: DeviceColumn<'a>,
+    name: &str,
+) -> Result<(DeviceColumn<'a>, ColumnBuffer<'a>), BoxError> {
     super::check_view(&c, name)?;
     let views = c.buffer(1).ok_or("a view column without views")?;
     if (views.len() as u64) < ((c.offset() + c.len()) as u64) * 16 {
@@ -418,6 +429,32 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 ],
             )?;
             drop((views, bitmap, tables));
+            Ok(out)
+        }
+        Node::StrKey { index, name, word } => {
+            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
+            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+            let views = views.cuda_view::<u8>(s)?;
+            let bitmap = c.cuda_validity(s)?;
+            let out = cx.lanes(n)?;
+            cx.launch(
+                &cx.k.view_key,
+                n,
+                &[
+                    A::U64(views.device_ptr()),
+                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+                    A::U64(c.offset() as u64),
+                    A::U64(n as u64),
+                    A::U64(addr(&addresses, s)),
+                    A::U64(addr(&sizes, s)),
+                    A::U64(count),
+                    A::U32(u32::from(*word)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(err),
+                ],
+            )?;
+            drop((views, bitmap, addresses, sizes));
             Ok(out)
         }
         Node::Prefix { .. } => Err(ComputeError::Input(
