@@ -2084,11 +2084,14 @@ pub async fn check_random_joins(device: &ExecDevice) {
             let table = MemTable::try_new(schema, probe_batches.clone()).unwrap();
             c.register_table("p", Arc::new(table)).unwrap();
         }
-        let on = if next(2) == 0 {
-            "p.k = b.k"
-        } else {
-            "p.k = b.k and p.k2 = b.k2"
-        };
+        // Integer keys, string keys (short ones repeat, long ones hardly), a decimal key.
+        let on = [
+            "p.k = b.k",
+            "p.k = b.k and p.k2 = b.k2",
+            "p.name = b.name",
+            "p.name = b.name and p.k2 = b.k2",
+            "p.k = b.k and p.price = b.price",
+        ][next(5) as usize];
         let before = ["", " and p.price > 0", " and p.name like 'v%'"][next(3) as usize];
         // A filter over both sides, or none (semi, anti and left joins of `b`).
         let both = [
