@@ -30,7 +30,7 @@
 //!   kept rows gathered on the device. A left join's frames are its inner join's, a full
 //!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
-//!   `EXPLAIN` shows: a right, full or mark join's filter, keys
+//!   `EXPLAIN` shows: keys
 //!   that are not integers, dates, decimals (up to 18 digits) or `Utf8View` strings of
 //!   one type on both sides, null-equal or null-aware joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
 //!   types).
@@ -174,11 +174,18 @@ pub(crate) struct Plan {
     build_columns: Vec<usize>,
     output: Vec<Out>,
     schema: SchemaRef,
-    /// An inner join's filter: its predicate over its own schema, whose columns are these.
+    /// The join's filter: its predicate over its own schema, whose columns are these.
     filter: Option<(DeviceExpr, SchemaRef, Vec<Out>)>,
 }
 
 impl Plan {
+    /// Whether a probe frame's output keeps each of its selected rows, with null build
+    /// columns where it matched nothing (a right or full join without a filter; with
+    /// one, the rows without a pair that passed make a frame of their own).
+    fn keeps_rows_in_frame(&self) -> bool {
+        self.kind.keeps_probe_rows() && self.filter.is_none()
+    }
+
     /// The probe columns the output (then the filter) takes, in that order, each once.
     fn probe_columns(&self) -> Vec<usize> {
         let mut columns = Vec::new();
@@ -240,8 +247,10 @@ impl Plan {
 /// let mut rows = 0;
 /// for batch in collect(join.right().clone(), ctx.task_ctx()).await? {
 ///     let probe = DeviceFrame::from_batch(transfer.to_device(&batch)?);
-///     // The probe rows, a selection of those that matched, the build columns gathered.
-///     if let Some(joined) = built.probe(&probe, &device)? {
+///     // The probe rows, a selection of those that matched, the build columns gathered
+///     // (no frame for a join that only marks build rows, two for an outer join with a
+///     // filter).
+///     for joined in built.probe(&probe, &device)? {
 ///         rows += joined.download(&mut transfer)?.num_rows();
 ///     }
 /// }
@@ -298,13 +307,6 @@ impl DeviceHashJoin {
             JoinType::RightMark => JoinKind::Mark,
             JoinType::LeftMark => JoinKind::LeftMark,
         };
-        if join.filter().is_some()
-            && (kind.keeps_probe_rows() || matches!(kind, JoinKind::Mark | JoinKind::LeftMark))
-        {
-            return Err(Unsupported(
-                "a right, full or mark join's filter has no device operator".into(),
-            ));
-        }
         if join.null_equality() != NullEquality::NullEqualsNothing || join.null_aware {
             return Err(Unsupported(
                 "a join where nulls match (or a null-aware anti join) has no device operator"
@@ -586,7 +588,7 @@ impl DeviceHashJoin {
             }
         }
         let mut payload = batch.project(&plan.build_columns)?;
-        if plan.kind.keeps_probe_rows() {
+        if plan.keeps_rows_in_frame() {
             // All true: gathered to the probe rows, false (null) where a row has no
             // build row, it is the build columns' validity.
             let mut fields = payload.schema().fields().to_vec();
@@ -1040,7 +1042,7 @@ impl BuiltJoin {
             // With a filter, a semi or anti join probes as an inner join, then keeps the
             // probe rows with (or without) a pair that passed (`BuiltJoin::semi_filtered`).
             anti: kind == JoinKind::Anti && self.plan.filter.is_none(),
-            right: kind.keeps_probe_rows(),
+            right: self.plan.keeps_rows_in_frame(),
             gathers: !matches!(kind, JoinKind::Semi | JoinKind::Anti | JoinKind::Mark)
                 || self.plan.filter.is_some(),
             marks,
@@ -1066,9 +1068,11 @@ impl BuiltJoin {
 
     /// The join of `frame` (of the join's right schema), on `device`: the probe rows
     /// with a selection where [`is_unique`](BuiltJoin::is_unique), else one row per
-    /// matching pair (see the [module](self)); `None` for a join whose output is only
-    /// build rows (left semi and anti joins), which marks the build rows `frame`
-    /// matches and emits them at the end ([`BuiltJoin::finish`]).
+    /// matching pair (see the [module](self)): one frame. None for a join whose output
+    /// is only build rows (left semi, anti and mark joins), which marks the build rows
+    /// `frame` matches and emits them at the end ([`BuiltJoin::finish`]). Two for a
+    /// right or full join with a filter: the pairs that passed it, then the probe rows
+    /// with none (their build columns null).
     ///
     /// # Errors
     /// The device's errors, [`ComputeError::Overflow`] for a key expression that
@@ -1077,8 +1081,11 @@ impl BuiltJoin {
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
-    ) -> Result<Option<DeviceFrame>, BoxError> {
+    ) -> Result<Vec<DeviceFrame>, BoxError> {
         let kind = self.plan.kind;
+        if kind.keeps_probe_rows() && self.plan.filter.is_some() {
+            return self.outer_filtered(frame, device);
+        }
         if kind.marks() && self.plan.filter.is_some() {
             // The pairs that pass the filter mark their build rows: the inner join with
             // its filter, its selected rows' build rows marked.
@@ -1086,28 +1093,73 @@ impl BuiltJoin {
             if let Some(pairs) = pairs {
                 self.mark_passed(&joined, pairs.build, device)?;
             }
-            return Ok((kind == JoinKind::Left).then_some(joined));
+            return Ok(if kind == JoinKind::Left {
+                vec![joined]
+            } else {
+                Vec::new()
+            });
         }
         if matches!(kind, JoinKind::Semi | JoinKind::Anti) && self.plan.filter.is_some() {
-            return self.semi_filtered(frame, device).map(Some);
+            return Ok(vec![self.semi_filtered(frame, device)?]);
         }
         if kind == JoinKind::Mark {
-            return self.marked(frame, device).map(Some);
+            return Ok(vec![self.marked(frame, device)?]);
         }
         if !kind.marks_only() {
-            return self.joined(frame, device).map(Some);
+            return Ok(vec![self.joined(frame, device)?]);
         }
         if frame.num_rows() == 0 || self.rows == 0 {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
             super::cuda::mark(&self.device_probe()?, frame, cuda)?;
-            return Ok(None);
+            return Ok(Vec::new());
         }
         check_cpu(device)?;
         self.probe_on_host(frame)?;
-        Ok(None)
+        Ok(Vec::new())
+    }
+
+    /// A right or full join with a filter: the inner join with the filter (a full join
+    /// marks the build rows of its pairs that passed), then the selected probe rows
+    /// with no pair that passed, their build columns null: two frames (one where no
+    /// pair can exist).
+    fn outer_filtered(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<Vec<DeviceFrame>, BoxError> {
+        let n = frame.num_rows();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (joined, pairs) = self.joined_rows(frame, device)?;
+        let passed = match pairs {
+            None => None,
+            Some(Pairs { build, probe }) => {
+                if self.plan.kind == JoinKind::Full {
+                    self.mark_passed(&joined, build, device)?;
+                }
+                Some((joined.clone(), probe))
+            }
+        };
+        let paired = passed.is_some();
+        let unpaired = self.kept_probe_rows(frame, passed, true, device)?;
+        let nulls = Arc::new(self.null_build_columns(n, device)?);
+        let rest = self.unfiltered_frame_of(n, Some(unpaired), |out| match out {
+            Out::Probe(i) => Ok(frame
+                .column(i)
+                .ok_or_else(|| ComputeError::Input(format!("no probe column {i}")))?
+                .clone()),
+            Out::Build(j) => Ok(FrameColumn::new(nulls.clone(), j)?),
+            Out::Mark => Err(ComputeError::Input("an outer join outputs no mark".into()).into()),
+        })?;
+        Ok(if paired {
+            vec![joined, rest]
+        } else {
+            vec![rest]
+        })
     }
 
     /// What the join emits once the partition's probe side has ended: for a join whose
@@ -1236,7 +1288,11 @@ impl BuiltJoin {
             return empty_frame(&self.plan.schema, device);
         }
         let field = self.mark_field()?;
-        let mark = Arc::new(self.marks_of(frame, field, device)?);
+        let mark = Arc::new(if self.plan.filter.is_some() && self.rows > 0 {
+            self.filtered_marks_of(frame, field, device)?
+        } else {
+            self.marks_of(frame, field, device)?
+        });
         self.unfiltered_frame_of(n, frame.selection().cloned(), |out| match out {
             Out::Probe(i) => Ok(frame
                 .column(i)
@@ -1273,6 +1329,35 @@ impl BuiltJoin {
         };
         let column = Arc::new(arrow_array::BooleanArray::from(hits));
         let batch = RecordBatch::try_new(schema_of(vec![field]), vec![column])?;
+        let mut transfer = Transfer::new(
+            device.device().clone(),
+            devarrow::bridge::TransferOptions::default(),
+        );
+        Ok(transfer.to_device(&batch)?)
+    }
+
+    /// A mark join's Booleans with a filter: whether each probe row of `frame` has a
+    /// pair that passes it (the inner join with the filter, as a semi join's).
+    fn filtered_marks_of(
+        &self,
+        frame: &DeviceFrame,
+        field: Field,
+        device: &ExecDevice,
+    ) -> Result<DeviceBatch, BoxError> {
+        let (joined, pairs) = self.joined_rows(frame, device)?;
+        let passed = pairs.map(|pairs| (joined, pairs.probe));
+        let kept = self.kept_probe_rows(frame, passed, false, device)?;
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            return super::cuda::booleans(&kept, field, cuda, device);
+        }
+        check_cpu(device)?;
+        let flags = host::load(&kept, "kept rows")?;
+        let column = Arc::new(arrow_array::BooleanArray::from_iter(
+            flags.values.iter().map(|&f| Some(f != 0)),
+        ));
+        let batch =
+            RecordBatch::try_new(schema_of(vec![field.with_nullable(false)]), vec![column])?;
         let mut transfer = Transfer::new(
             device.device().clone(),
             devarrow::bridge::TransferOptions::default(),
@@ -1470,7 +1555,7 @@ impl BuiltJoin {
             return self.expand(frame, device);
         }
         let n = frame.num_rows();
-        let right = self.plan.kind.keeps_probe_rows();
+        let right = self.plan.keeps_rows_in_frame();
         if n == 0 || (self.rows == 0 && !right && self.plan.kind != JoinKind::Anti) {
             return Ok((empty_frame(&self.plan.schema, device)?, None));
         }
@@ -1632,7 +1717,7 @@ impl BuiltJoin {
         let selected = host::selection(frame)?;
         let (mut build_rows, mut probe_rows) = (Vec::new(), Vec::new());
         for (i, first) in rows.iter().enumerate() {
-            if first.is_none() && self.plan.kind.keeps_probe_rows() && selected[i] != 0 {
+            if first.is_none() && self.plan.keeps_rows_in_frame() && selected[i] != 0 {
                 // A right join keeps a selected row with no match, its build columns null.
                 build_rows.push(None);
                 probe_rows.push(i as u32);
@@ -1727,7 +1812,36 @@ impl BuiltJoin {
         device: &ExecDevice,
     ) -> Result<DeviceFrame, BoxError> {
         let gathered = gathered.map(Arc::new);
-        self.frame_of(frame.num_rows(), selection, device, |out| match out {
+        if self.plan.output.iter().any(|o| matches!(o, Out::Mark)) {
+            // A mark join with a filter joins for the pairs that pass it: the selection
+            // alone (its output is made of the marks).
+            let (predicate, schema, columns) = self.plan.filter.as_ref().ok_or_else(|| {
+                ComputeError::Input("a mark join's pairs without a filter".into())
+            })?;
+            let columns = columns
+                .iter()
+                .map(|&c| self.joined_column(frame, &gathered, c))
+                .collect::<Result<_, _>>()?;
+            let rows = frame.num_rows();
+            let intermediate = DeviceFrame::try_new(schema.clone(), columns, rows, selection)?;
+            let passed = super::select(predicate, &intermediate, device)?;
+            let none = Arc::new(Schema::empty());
+            return Ok(DeviceFrame::try_new(none, Vec::new(), rows, Some(passed))?);
+        }
+        self.frame_of(frame.num_rows(), selection, device, |out| {
+            self.joined_column(frame, &gathered, out)
+        })
+    }
+
+    /// An output column of the join of `frame`: one of its own, or one of the build
+    /// columns `gathered` to its rows.
+    fn joined_column(
+        &self,
+        frame: &DeviceFrame,
+        gathered: &Option<Arc<DeviceBatch>>,
+        out: Out,
+    ) -> Result<FrameColumn, BoxError> {
+        match out {
             Out::Mark => Err(ComputeError::Input("a mark join's mark is its own".into()).into()),
             Out::Probe(i) => Ok(frame
                 .column(i)
@@ -1739,7 +1853,7 @@ impl BuiltJoin {
                     .ok_or_else(|| ComputeError::Input("no gathered build columns".into()))?;
                 Ok(FrameColumn::new(batch.clone(), j)?)
             }
-        })
+        }
     }
 
     /// The output frame of `rows` rows whose columns `column` finds, with `selection`

@@ -40,6 +40,10 @@ pub enum RegionBatch {
     /// the partition ([`DeviceOperator::finish`]), as a left semi join marks the build
     /// rows it matched.
     Nothing,
+    /// Several frames for this batch, each on through the operators above in turn: a
+    /// right or full join with a filter hands on its pairs that passed it, then the
+    /// probe rows with none (their build columns null).
+    Frames(Vec<DeviceFrame>),
 }
 
 /// What an operator sees when it is bound to a partition ([`DeviceOperator::bind`]).
@@ -85,7 +89,8 @@ pub trait DeviceOperator: fmt::Debug + Send + Sync {
     fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
 
     /// Runs on one frame of the partition. A terminal operator returns
-    /// [`RegionBatch::Host`]; the others return [`RegionBatch::Device`].
+    /// [`RegionBatch::Host`]; the others return [`RegionBatch::Device`] (or
+    /// [`RegionBatch::Frames`], [`RegionBatch::Nothing`]).
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError>;
 
     /// What it emits once the partition's input has ended (after its last frame), on

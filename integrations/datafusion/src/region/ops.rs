@@ -432,9 +432,11 @@ impl DeviceOperator for HashJoinOperator {
         let built = self.built.as_ref().ok_or_else(|| {
             ComputeError::Input("a device join used before its build side".into())
         })?;
-        Ok(match built.probe(&frame, cx.device)? {
-            Some(joined) => RegionBatch::Device(joined),
-            None => RegionBatch::Nothing,
+        let mut frames = built.probe(&frame, cx.device)?;
+        Ok(match frames.len() {
+            0 => RegionBatch::Nothing,
+            1 => RegionBatch::Device(frames.remove(0)),
+            _ => RegionBatch::Frames(frames),
         })
     }
 

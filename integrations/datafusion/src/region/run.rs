@@ -702,10 +702,12 @@ impl OperatorThread {
         drop(lease);
         self.reservation.shrink(held);
         timer.done();
-        match host? {
-            Some(host) if host.num_rows() > 0 => Ok(out.blocking_send(Ok(host)).is_ok()),
-            _ => Ok(true),
+        for host in host? {
+            if host.num_rows() > 0 && out.blocking_send(Ok(host)).is_err() {
+                return Ok(false);
+            }
         }
+        Ok(true)
     }
 
     /// Grows the partition's reservation to the device memory `frame` holds (its
@@ -730,8 +732,9 @@ impl OperatorThread {
     }
 
     /// One batch through the operators and down to the host: an uploaded frame through
-    /// all of them, or what operator `at` emits at the end through those above it.
-    /// `None` when an operator keeps the batch for the end, or emits nothing there.
+    /// all of them, or what operator `at` emits at the end through those above it. No
+    /// batch when an operator keeps the batch for the end, or emits nothing there; one
+    /// per frame where an operator hands on several.
     fn through(
         &self,
         lease: &DeviceLease,
@@ -739,7 +742,7 @@ impl OperatorThread {
         ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
         index: usize,
         held: &mut usize,
-    ) -> Result<Option<RecordBatch>> {
+    ) -> Result<Vec<RecordBatch>> {
         let device = lease.device();
 
         // A step's CUDA calls (cudarc's, some of which take the thread's current context)
@@ -760,7 +763,7 @@ impl OperatorThread {
             batch: index,
             source,
         };
-        let (mut current, after) = match start {
+        let (current, after) = match start {
             Start::Frame(frame) => (frame, 0),
             Start::Finish(at) => {
                 let (op, time, fallbacks) = &ops[at];
@@ -777,14 +780,31 @@ impl OperatorThread {
                 timer.done();
                 match emitted {
                     Some(emitted) => (emitted, at + 1),
-                    None => return Ok(None),
+                    None => return Ok(Vec::new()),
                 }
             }
         };
-        if let RegionBatch::Device(frame) = &current {
-            self.reserve_frame(frame, held)?;
-        }
-        for (op, time, fallbacks) in &ops[after..] {
+        self.onward(lease, current, &ops[after..], index, held)
+    }
+
+    /// `current` through `ops`, then down to the host (see [`Self::through`]).
+    fn onward(
+        &self,
+        lease: &DeviceLease,
+        mut current: RegionBatch,
+        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
+        index: usize,
+        held: &mut usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let device = lease.device();
+        let operator_error = |op: &Arc<dyn DeviceOperator>, source| DeviceExecError::Operator {
+            operator: op.name().to_string(),
+            partition: self.partition,
+            batch: index,
+            source,
+        };
+        self.reserve_batch(&current, held)?;
+        for (k, (op, time, fallbacks)) in ops.iter().enumerate() {
             let cx = OperatorContext {
                 partition: self.partition,
                 batch: index,
@@ -793,7 +813,16 @@ impl OperatorThread {
             };
             let frame = match current {
                 RegionBatch::Device(frame) => frame,
-                RegionBatch::Nothing => return Ok(None),
+                RegionBatch::Nothing => return Ok(Vec::new()),
+                // Each frame on through the rest, one after another.
+                RegionBatch::Frames(frames) => {
+                    let mut host = Vec::new();
+                    for frame in frames {
+                        let frame = RegionBatch::Device(frame);
+                        host.extend(self.onward(lease, frame, &ops[k..], index, held)?);
+                    }
+                    return Ok(host);
+                }
                 RegionBatch::Host(_) => {
                     return Err(DataFusionError::Internal(format!(
                         "{} follows an operator whose output is on the host",
@@ -806,46 +835,77 @@ impl OperatorThread {
                 .apply(frame, &cx)
                 .map_err(|source| operator_error(op, source))?;
             timer.done();
-            if let RegionBatch::Device(frame) = &current {
-                self.reserve_frame(frame, held)?;
-            }
+            self.reserve_batch(&current, held)?;
         }
         match current {
-            RegionBatch::Nothing => Ok(None),
-            RegionBatch::Host(batch) => Ok(Some(batch)),
-            RegionBatch::Device(frame) => {
-                let timer = self.metrics.unload_time.timer();
-                let unload_error = |source| {
-                    DataFusionError::External(Box::new(DeviceExecError::Operator {
-                        operator: "DeviceUnloadExec".into(),
-                        partition: self.partition,
-                        batch: index,
-                        source,
-                    }))
-                };
-                // Only the rows a pending selection keeps cross the link, where the
-                // device compacts the frame's columns.
-                let frame = match crate::compute::compact(&frame, device).map_err(unload_error)? {
-                    Some(Some(kept)) => {
-                        self.reserve_bytes(frame.device_bytes() + kept.device_bytes(), held)?;
-                        self.metrics.compacted_batches.add(1);
-                        kept
-                    }
-                    Some(None) => {
-                        self.metrics.compacted_batches.add(1);
-                        timer.done();
-                        return Ok(None);
-                    }
-                    None => frame,
-                };
-                let mut transfer = lease.download();
-                let host = frame.download(&mut transfer).map_err(unload_error)?;
-                let stats = transfer.take_stats().to_host;
-                drop(transfer);
-                self.metrics.bytes_from_device.add(stats.bytes as usize);
-                timer.done();
-                Ok(Some(host))
+            RegionBatch::Nothing => Ok(Vec::new()),
+            RegionBatch::Host(batch) => Ok(vec![batch]),
+            RegionBatch::Device(frame) => Ok(self
+                .unload(lease, frame, index, held)?
+                .into_iter()
+                .collect()),
+            RegionBatch::Frames(frames) => {
+                let mut host = Vec::with_capacity(frames.len());
+                for frame in frames {
+                    host.extend(self.unload(lease, frame, index, held)?);
+                }
+                Ok(host)
             }
         }
+    }
+
+    /// Grows the batch's reservation to the device memory of what an operator handed
+    /// on (every frame of several: they are alive together).
+    fn reserve_batch(&self, batch: &RegionBatch, held: &mut usize) -> Result<()> {
+        match batch {
+            RegionBatch::Device(frame) => self.reserve_frame(frame, held),
+            RegionBatch::Frames(frames) => {
+                self.reserve_bytes(frames.iter().map(DeviceFrame::device_bytes).sum(), held)
+            }
+            RegionBatch::Host(_) | RegionBatch::Nothing => Ok(()),
+        }
+    }
+
+    /// `frame` down to the host: the rows a pending selection keeps, compacted on the
+    /// device (`None` where it keeps none).
+    fn unload(
+        &self,
+        lease: &DeviceLease,
+        frame: DeviceFrame,
+        index: usize,
+        held: &mut usize,
+    ) -> Result<Option<RecordBatch>> {
+        let device = lease.device();
+        let timer = self.metrics.unload_time.timer();
+        let unload_error = |source| {
+            DataFusionError::External(Box::new(DeviceExecError::Operator {
+                operator: "DeviceUnloadExec".into(),
+                partition: self.partition,
+                batch: index,
+                source,
+            }))
+        };
+        // Only the rows a pending selection keeps cross the link, where the
+        // device compacts the frame's columns.
+        let frame = match crate::compute::compact(&frame, device).map_err(unload_error)? {
+            Some(Some(kept)) => {
+                self.reserve_bytes(frame.device_bytes() + kept.device_bytes(), held)?;
+                self.metrics.compacted_batches.add(1);
+                kept
+            }
+            Some(None) => {
+                self.metrics.compacted_batches.add(1);
+                timer.done();
+                return Ok(None);
+            }
+            None => frame,
+        };
+        let mut transfer = lease.download();
+        let host = frame.download(&mut transfer).map_err(unload_error)?;
+        let stats = transfer.take_stats().to_host;
+        drop(transfer);
+        self.metrics.bytes_from_device.add(stats.bytes as usize);
+        timer.done();
+        Ok(Some(host))
     }
 }
