@@ -42,6 +42,7 @@ pub mod codec;
 pub mod compute;
 pub mod config;
 pub mod error;
+mod estimate;
 pub mod exec;
 pub mod frame;
 pub mod logical;

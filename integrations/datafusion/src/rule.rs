@@ -56,12 +56,13 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{replace_children_if_necessary, CardinalityEffect};
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::compute::Unsupported;
 use crate::config::{DevarrowConfig, DevicePlacement};
+use crate::estimate::{link_bytes, row_bytes, SMALL_BUILD_SIDE};
 use crate::region::ops::ProjectionOperator;
 use crate::region::{
     host_twin, ops, DeviceLoadExec, DeviceOperator, DeviceOperatorExec, DeviceUnloadExec,
@@ -311,21 +312,6 @@ fn retract(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Execution
     Ok(Transformed::yes(current))
 }
 
-/// A build side this small stays with its join on the device whatever the statistics
-/// say: its upload costs less than ending a region for a host join (a download, then
-/// an upload for the operators above), and the estimates of small inputs are rough.
-const SMALL_BUILD_SIDE: usize = 1 << 20;
-
-/// The bytes `plan`'s output would move across the link by DataFusion's statistics (its
-/// row count, exact or estimated, times [`row_bytes`]); `None` where they do not say.
-fn link_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    let stats = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
-    let rows = *stats.num_rows.get_value()?;
-    Some(rows.saturating_mul(row_bytes(&plan.schema())))
-}
-
 /// Why a node whose device operator reads host children whole (a join's build side,
 /// uploaded for the device) stays on the host: by DataFusion's statistics, the host
 /// children's bytes (what the device's node uploads) are more than its child
@@ -356,20 +342,6 @@ fn heavier_host_children(node: &Arc<dyn ExecutionPlan>, device_child: usize) -> 
             mib(output)
         )
     })
-}
-
-/// An estimate of the bytes a row of `schema` moves across the link: fixed-width
-/// values at their width, booleans as a byte, strings and binaries as 32 (a view and
-/// some bytes), anything else as 32.
-fn row_bytes(schema: &SchemaRef) -> usize {
-    schema
-        .fields()
-        .iter()
-        .map(|f| match f.data_type() {
-            arrow_schema::DataType::Boolean => 1,
-            dt => crate::compute::fixed_width(dt).map_or(32, |w| w as usize),
-        })
-        .sum()
 }
 
 /// A projection that only picks columns, over a region it can join (zero-copy: the

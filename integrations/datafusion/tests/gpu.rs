@@ -405,6 +405,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
         compute_checks::check_random_joins(&device).await;
         compute_checks::check_partitions_one_after_another(&device).await;
         compute_checks::check_string_key_collisions(&device).await;
+        compute_checks::check_run_time_placement(&device).await;
         let pool = devarrow_datafusion::config::DevicePool::new(device.clone(), 2).unwrap();
         compute_checks::check_one_table_per_device(vec![Arc::new(pool)]).await;
         compute_checks::check_foreign_probe_views(&device).await;

@@ -844,7 +844,12 @@ impl JoinTable {
         #[cfg(feature = "cuda")]
         let device_bytes = tables.as_ref().map_or_else(
             || self.host_bytes(),
-            |t| t.payload.device_bytes() + t.keys.device_bytes() + t.slots.device_bytes(),
+            |t| {
+                t.payload.device_bytes()
+                    + t.strings.as_ref().map_or(0, DeviceBatch::device_bytes)
+                    + t.keys.device_bytes()
+                    + t.slots.device_bytes()
+            },
         );
         #[cfg(not(feature = "cuda"))]
         let device_bytes = {

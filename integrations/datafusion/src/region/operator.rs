@@ -64,6 +64,13 @@ pub struct BindContext<'a> {
     /// The query's memory pool, for device memory the query's partitions share (a
     /// join's table on one device).
     pub memory_pool: &'a Arc<dyn MemoryPool>,
+    /// Whether the operator may run on the host when its host inputs, now read, turn
+    /// out heavier to upload than the statistics said (a join's build side: run-time
+    /// placement). False with `devarrow.always_place_joins`.
+    pub weigh_host_inputs: bool,
+    /// Partitions the operator ran on the host for that (its `partitions_on_host`
+    /// metric).
+    pub partitions_on_host: &'a Count,
 }
 
 /// What an operator sees besides its frame.

@@ -34,7 +34,9 @@ use devarrow::bridge::{Transfer, TransferOptions};
 use crate::compute::join::{BuiltJoin, DeviceHashJoin, JoinTable};
 use crate::compute::{select, ComputeError, DeviceExpr, DevicePartialAggregate, Unsupported};
 use crate::error::BoxError;
+use crate::estimate::{link_bytes, SMALL_BUILD_SIDE};
 use crate::frame::DeviceFrame;
+use crate::step::ExecDevice;
 
 use super::{BindContext, DeviceOperator, OperatorContext, RegionBatch};
 
@@ -282,6 +284,9 @@ pub struct HashJoinOperator {
     collect_left: bool,
     description: String,
     built: Option<Arc<BuiltJoin>>,
+    /// Whether the bound partition joins on the host: its build side, read, was heavier
+    /// to upload than the host join would move ([`HashJoinOperator::keeps_table_on_host`]).
+    on_host: bool,
     /// The host tables of the build sides partitions share (a collected one), by those
     /// batches: the first partition builds it, the others upload it.
     tables: Mutex<Vec<SharedTable>>,
@@ -328,8 +333,60 @@ impl HashJoinOperator {
             collect_left: *join.partition_mode() == PartitionMode::CollectLeft,
             description,
             built: None,
+            on_host: false,
             tables: Mutex::default(),
         })
+    }
+
+    /// Run-time placement: whether `table` (a build side this partition read) weighs
+    /// more to upload than the host join would move at most (its probe side brought
+    /// back and its output taken up again, by DataFusion's statistics, per partition
+    /// where the build side is partitioned): the rule's check at plan time
+    /// ([`crate::rule`]), with the build side's true bytes for its estimate. DataFusion
+    /// calls TPC-H Q18's 6M-row build side 1.5M rows at SF 1. False where the
+    /// statistics say nothing of the probe side, or the table is small.
+    fn keeps_table_on_host(&self, table: &JoinTable) -> bool {
+        let build = table.link_bytes();
+        if build <= SMALL_BUILD_SIDE {
+            return false;
+        }
+        let Some(probe) = self.host.children().get(1).and_then(|c| link_bytes(c)) else {
+            return false;
+        };
+        let output = link_bytes(&self.host).unwrap_or(0);
+        let partitions = if self.collect_left {
+            1
+        } else {
+            self.host.properties().partitioning.partition_count().max(1)
+        };
+        build > probe.saturating_add(output) / partitions
+    }
+
+    /// `frames` (made on the host) taken up to the region's device, for the operators
+    /// above.
+    fn to_region(
+        frames: Vec<DeviceFrame>,
+        cx: &OperatorContext<'_>,
+    ) -> Result<Vec<DeviceFrame>, BoxError> {
+        let host = ExecDevice::cpu();
+        let mut down = Transfer::new(host.device().clone(), TransferOptions::default());
+        let mut up = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+        frames
+            .iter()
+            .map(|frame| {
+                let batch = frame.download(&mut down)?;
+                Ok(DeviceFrame::from_batch(up.to_device(&batch)?))
+            })
+            .collect()
+    }
+}
+
+/// The frames an operator hands on for one batch.
+fn handed_on(mut frames: Vec<DeviceFrame>) -> RegionBatch {
+    match frames.len() {
+        0 => RegionBatch::Nothing,
+        1 => RegionBatch::Device(frames.remove(0)),
+        _ => RegionBatch::Frames(frames),
     }
 }
 
@@ -405,20 +462,29 @@ impl DeviceOperator for HashJoinOperator {
                 }
             }
         };
-        // The table on the partition's device: uploaded by the query's first partition
-        // there, shared by the others.
-        let (on_device, uploaded) =
-            table.on_device(cx.device, cx.upload, Some((cx.memory_pool, cx.partition)))?;
-        cx.bytes_to_device.add(uploaded);
-        let built = self
-            .compiled
-            .bind_on(table, on_device, cx.device, cx.upload)?;
+        // Its build side read, the join may stay on the host (run-time placement).
+        let on_host = cx.weigh_host_inputs && self.keeps_table_on_host(&table);
+        let built = if on_host {
+            cx.partitions_on_host.add(1);
+            let host = ExecDevice::cpu();
+            let (in_place, _) = table.on_device(&host, cx.upload, None)?;
+            self.compiled.bind_on(table, in_place, &host, cx.upload)?
+        } else {
+            // The table on the partition's device: uploaded by the query's first
+            // partition there, shared by the others.
+            let (on_device, uploaded) =
+                table.on_device(cx.device, cx.upload, Some((cx.memory_pool, cx.partition)))?;
+            cx.bytes_to_device.add(uploaded);
+            self.compiled
+                .bind_on(table, on_device, cx.device, cx.upload)?
+        };
         Ok(Some(Arc::new(Self {
             compiled: self.compiled.clone(),
             host: self.host.clone(),
             collect_left: self.collect_left,
             description: self.description.clone(),
             built: Some(Arc::new(built)),
+            on_host,
             tables: Mutex::default(),
         })))
     }
@@ -432,19 +498,32 @@ impl DeviceOperator for HashJoinOperator {
         let built = self.built.as_ref().ok_or_else(|| {
             ComputeError::Input("a device join used before its build side".into())
         })?;
-        let mut frames = built.probe(&frame, cx.device)?;
-        Ok(match frames.len() {
-            0 => RegionBatch::Nothing,
-            1 => RegionBatch::Device(frames.remove(0)),
-            _ => RegionBatch::Frames(frames),
-        })
+        if !self.on_host {
+            return Ok(handed_on(built.probe(&frame, cx.device)?));
+        }
+        // Joined on the host: the frame's rows brought down (compacted), joined where
+        // the table is, the result taken up again.
+        let host = ExecDevice::cpu();
+        let mut down = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+        let batch = frame.download(&mut down)?;
+        let mut in_place = Transfer::new(host.device().clone(), TransferOptions::default());
+        let frame = DeviceFrame::from_batch(in_place.to_device(&batch)?);
+        let joined = built.probe(&frame, &host)?;
+        Ok(handed_on(Self::to_region(joined, cx)?))
     }
 
     fn finish(&self, cx: &OperatorContext<'_>) -> Result<Option<RegionBatch>, BoxError> {
         let built = self.built.as_ref().ok_or_else(|| {
             ComputeError::Input("a device join ended before its build side".into())
         })?;
-        Ok(built.finish(cx.device)?.map(RegionBatch::Device))
+        if !self.on_host {
+            return Ok(built.finish(cx.device)?.map(RegionBatch::Device));
+        }
+        let emitted = built.finish(&ExecDevice::cpu())?;
+        Ok(Some(handed_on(Self::to_region(
+            emitted.into_iter().collect(),
+            cx,
+        )?)))
     }
 }
 

@@ -376,6 +376,7 @@ fn start(pending: Pending, cancel: Arc<AtomicBool>) -> Result<mpsc::Receiver<Res
     }
     let operators = OperatorThread {
         _ticket: ticket,
+        weigh_host_inputs: !config.always_place_joins,
         ops,
         host_inputs,
         runtime,
@@ -512,6 +513,9 @@ enum Start {
 struct OperatorThread {
     /// The partition's place on its device, given up when the thread ends.
     _ticket: PartitionTicket,
+    /// Whether operators may run on the host when their host inputs turn out heavy
+    /// ([`BindContext::weigh_host_inputs`]).
+    weigh_host_inputs: bool,
     ops: Vec<Arc<DeviceOperatorExec>>,
     host_inputs: Vec<Vec<HostInput>>,
     runtime: Option<tokio::runtime::Handle>,
@@ -587,7 +591,11 @@ impl OperatorThread {
                 MetricBuilder::new(op.metrics_set()).counter("host_tables_built", self.partition);
             let uploaded =
                 MetricBuilder::new(op.metrics_set()).counter("bytes_to_device", self.partition);
+            let on_host =
+                MetricBuilder::new(op.metrics_set()).counter("partitions_on_host", self.partition);
             let mut cx = BindContext {
+                weigh_host_inputs: self.weigh_host_inputs,
+                partitions_on_host: &on_host,
                 partition: self.partition,
                 device: lease.device(),
                 upload: &mut upload,
