@@ -2472,16 +2472,97 @@ pub async fn check_run_time_placement(device: &ExecDevice) {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
             assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+            // Up: the table, or (on the host) the join's output; down: its probe side.
             let on_host = join_metric(&plan, "partitions_on_host");
-            let uploaded = join_metric(&plan, "bytes_to_device");
+            let up = join_metric(&plan, "bytes_to_device");
+            let down = join_metric(&plan, "bytes_from_device");
             if always {
-                assert_eq!(on_host, 0, "{sql}\n{shown}");
-                assert!(uploaded > 3 << 20, "{uploaded} bytes up: {sql}\n{shown}");
+                assert_eq!((on_host, down), (0, 0), "{sql}\n{shown}");
+                assert!(up > 5 << 20, "{up} bytes up: {sql}\n{shown}");
             } else {
-                assert!(on_host > 0, "{sql}\n{shown}");
-                assert_eq!(uploaded, 0, "{sql}\n{shown}");
+                assert!(on_host > 0 && down > 0, "{sql}\n{shown}");
+                assert!(up < 2 << 20, "{up} bytes up: {sql}\n{shown}");
             }
         }
+    }
+
+    // A probe side DataFusion underestimates too (a filter it cannot judge over 2 x
+    // 500,000 rows): each partition starts on the host, and once the query's frames have
+    // moved as many bytes as the table holds, the table goes up and each partition joins
+    // on the device.
+    let many = |part: i64| {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("fk", DataType::Int64, false),
+                Field::new("q", DataType::Int64, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    (0..500_000i64).map(|i| (i * 31 + part) % build_rows),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values((0..500_000).map(|i| i % 100))),
+            ],
+        )
+        .unwrap()
+    };
+    // In batches of 10,000 rows, uploaded 256 KiB at a time: frames of about 16,000
+    // rows.
+    let batches = |batch: RecordBatch| -> Vec<RecordBatch> {
+        (0..50).map(|i| batch.slice(i * 10_000, 10_000)).collect()
+    };
+    for c in [&ctx, &plain] {
+        let (a, b) = (many(0), many(1));
+        let table = MemTable::try_new(a.schema(), vec![batches(a), batches(b)]).unwrap();
+        c.register_table("many", Arc::new(table)).unwrap();
+    }
+    for set in [
+        "set devarrow.always_place_joins = false",
+        "set devarrow.batch_bytes = 262144",
+    ] {
+        ctx.sql(set).await.unwrap().collect().await.unwrap();
+    }
+    // An inner join, and a left semi join (its marks so far go up with the table).
+    let probe = "(select * from many where q % 3 >= 0)";
+    for (sql, join_type) in [
+        (
+            format!(
+                "select sum(p.q) as q, sum(b.w) as w, count(*) as n from {probe} p \
+                 join {build} b on p.fk = b.k"
+            ),
+            ("Inner", 16),
+        ),
+        (
+            format!(
+                "select count(*) as n, sum(b.w) as w from {build} b where exists \
+                 (select 1 from {probe} p where p.fk = b.k)"
+            ),
+            // Only the keys come down, and nothing goes up until the end.
+            ("LeftSemi", 8),
+        ),
+    ] {
+        let (join_type, row_bytes) = join_type;
+        let want = plain.sql(&sql).await.unwrap().collect().await.unwrap();
+        let (plan, shown) = planned(&ctx, &sql).await;
+        assert!(
+            shown.contains(&format!("join_type={join_type},")),
+            "{sql}\n{shown}"
+        );
+        let got = collect(plan.clone(), ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+        let on_host = join_metric(&plan, "partitions_on_host");
+        let up = join_metric(&plan, "bytes_to_device");
+        let down = join_metric(&plan, "bytes_from_device");
+        // Both partitions started on the host; the table went up (about 6 MiB, once per
+        // device) after at least its bytes had moved; not every probe row came down.
+        assert_eq!(on_host, 2, "{sql}\n{shown}");
+        assert!(up > 5 << 20, "{up} bytes up: {sql}\n{shown}");
+        let all = 1_000_000 * row_bytes;
+        assert!(
+            down > 0 && down < all,
+            "{down} of {all} bytes down: {sql}\n{shown}"
+        );
     }
 }
 

@@ -106,13 +106,15 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
         pretty_format_batches(&got).unwrap().to_string(),
         pretty_format_batches(&want).unwrap().to_string()
     );
-    let mut fallbacks = 0;
+    let (mut fallbacks, mut down) = (0, 0);
     let mut stack = vec![device_plan];
     while let Some(node) = stack.pop() {
         if let Some(m) = node.metrics() {
-            fallbacks += m
-                .sum_by_name("host_fallback_batches")
-                .map_or(0, |v| v.as_usize());
+            let sum = |name| m.sum_by_name(name).map_or(0, |v| v.as_usize());
+            fallbacks += sum("host_fallback_batches");
+            if node.name() == "DevicePartialAggregateExec" {
+                down += sum("bytes_from_device");
+            }
         }
         stack.extend(node.children().into_iter().cloned());
     }
@@ -120,6 +122,8 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
         fallbacks > 0,
         "the long keys' batches fell back to the host"
     );
+    // What they brought down crossed the link: counted.
+    assert!(down > 0, "the fallback's download is not counted");
 }
 
 /// A region that ends in a filter compacts its rows on the device: only the rows the

@@ -623,6 +623,7 @@ impl DeviceHashJoin {
                 binds: partitions.max(1),
                 ..OnDevices::default()
             }),
+            moved_on_host: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -657,28 +658,60 @@ impl DeviceHashJoin {
         upload: &mut Transfer,
     ) -> Result<BuiltJoin, BoxError> {
         let marks = if self.plan.kind.marks() {
-            table.rows
+            vec![0; table.rows]
         } else {
-            0
+            Vec::new()
         };
+        self.bind_marked(table, on_device, device, upload, marks)
+    }
+
+    /// `built` (bound where its table is on the host) bound again on `device`, its table
+    /// there as `on_device`: the marks its probes made so far go with it (uploaded
+    /// through `upload` on CUDA).
+    ///
+    /// # Errors
+    /// devarrow's (the upload).
+    pub(crate) fn moved(
+        &self,
+        built: &BuiltJoin,
+        on_device: Arc<DeviceTable>,
+        device: &ExecDevice,
+        upload: &mut Transfer,
+    ) -> Result<BuiltJoin, BoxError> {
+        let marks =
+            std::mem::take(&mut *built.host_marks.lock().unwrap_or_else(|e| e.into_inner()));
+        self.bind_marked(built.table.clone(), on_device, device, upload, marks)
+    }
+
+    /// [`DeviceHashJoin::bind_on`] with the partition's marks so far (a flag per build
+    /// row where the join emits build rows, else none).
+    fn bind_marked(
+        &self,
+        table: Arc<JoinTable>,
+        on_device: Arc<DeviceTable>,
+        device: &ExecDevice,
+        upload: &mut Transfer,
+        marks: Vec<u8>,
+    ) -> Result<BuiltJoin, BoxError> {
         #[allow(unused_mut)] // set on CUDA only
         let mut built = BuiltJoin {
             table,
             on_device,
-            host_marks: std::sync::Mutex::new(vec![0; marks]),
+            host_marks: std::sync::Mutex::new(Vec::new()),
             #[cfg(feature = "cuda")]
             marks: None,
         };
         #[cfg(feature = "cuda")]
-        if marks > 0 && built.on_device.tables.is_some() {
-            let zeros = RecordBatch::try_new(
+        if !marks.is_empty() && built.on_device.tables.is_some() {
+            let flags = RecordBatch::try_new(
                 schema_of(vec![Field::new("marks", DataType::UInt8, false)]),
-                vec![Arc::new(UInt8Array::from(vec![0u8; marks]))],
+                vec![Arc::new(UInt8Array::from(marks))],
             )?;
-            built.marks = Some(super::cuda::Marks::new(upload.to_device(&zeros)?));
             // The marks are the device's.
-            built.host_marks = std::sync::Mutex::default();
+            built.marks = Some(super::cuda::Marks::new(upload.to_device(&flags)?));
+            return Ok(built);
         }
+        built.host_marks = std::sync::Mutex::new(marks);
         let _ = (device, upload);
         Ok(built)
     }
@@ -738,6 +771,9 @@ pub struct JoinTable {
     visited: std::sync::Mutex<Visited>,
     /// The table on each device where partitions probe it (by the device's id).
     devices: std::sync::Mutex<OnDevices>,
+    /// The bytes the query's partitions moved over the link joining on the host
+    /// ([`JoinTable::moved_on_host`]).
+    moved_on_host: std::sync::atomic::AtomicUsize,
 }
 
 /// A table's uploads, by device: held until each partition that probes the table has
@@ -789,6 +825,32 @@ impl JoinTable {
             + self.strings.as_ref().map_or(0, crate::frame::batch_bytes)
             + self.keys.len() * size_of::<i64>()
             + (self.slots.len() + self.next.len()) * size_of::<u32>()
+    }
+
+    /// The table where it is, for a partition that joins on the host (run-time
+    /// placement): uploaded nowhere, counted as the partition's bind (see
+    /// [`JoinTable::on_device`]).
+    pub(crate) fn on_host(&self) -> Arc<DeviceTable> {
+        let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        devices.binds = devices.binds.saturating_sub(1);
+        if devices.binds == 0 {
+            devices.held.clear();
+        }
+        Arc::new(DeviceTable {
+            #[cfg(feature = "cuda")]
+            tables: None,
+            device_bytes: 0,
+            _reservation: None,
+        })
+    }
+
+    /// Adds `bytes` that a partition joining on the host (the table not uploaded) moved
+    /// over the link for a frame (its rows down, its join up): the query's total so far.
+    pub(crate) fn moved_on_host(&self, bytes: usize) -> usize {
+        use std::sync::atomic::Ordering;
+        self.moved_on_host
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes)
     }
 
     /// The host memory the table holds.

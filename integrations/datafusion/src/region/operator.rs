@@ -85,6 +85,14 @@ pub struct OperatorContext<'a> {
     /// Batches an operator computed on the host instead (the operator's
     /// `host_fallback_batches` metric).
     pub host_fallback_batches: &'a Count,
+    /// The bytes the operator itself moved to the device (a computation on the host:
+    /// its output taken up; the operator's `bytes_to_device` metric).
+    pub bytes_to_device: &'a Count,
+    /// The bytes the operator itself brought down (a computation on the host: its input;
+    /// the operator's `bytes_from_device` metric).
+    pub bytes_from_device: &'a Count,
+    /// The query's memory pool (a join's table uploaded while the partition runs).
+    pub memory_pool: &'a Arc<dyn MemoryPool>,
 }
 
 /// A device operator: one host node's computation on device frames.

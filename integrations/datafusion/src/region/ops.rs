@@ -260,6 +260,8 @@ impl PartialAggregateOperator {
     ) -> Result<RecordBatch, BoxError> {
         let mut transfer = Transfer::new(cx.device.device().clone(), TransferOptions::default());
         let batch = frame.download(&mut transfer)?;
+        cx.bytes_from_device
+            .add(transfer.take_stats().to_host.bytes as usize);
         let source =
             MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], batch.schema(), None)?;
         let plan = replace_children_if_necessary(self.host.clone(), vec![source])?;
@@ -283,13 +285,25 @@ pub struct HashJoinOperator {
     host: Arc<dyn ExecutionPlan>,
     collect_left: bool,
     description: String,
-    built: Option<Arc<BuiltJoin>>,
-    /// Whether the bound partition joins on the host: its build side, read, was heavier
-    /// to upload than the host join would move ([`HashJoinOperator::keeps_table_on_host`]).
-    on_host: bool,
+    /// The partition's join, once bound.
+    bound: Option<Mutex<Bound>>,
     /// The host tables of the build sides partitions share (a collected one), by those
     /// batches: the first partition builds it, the others upload it.
     tables: Mutex<Vec<SharedTable>>,
+}
+
+/// A partition's join: its table where it is (the device, or the host), and what the
+/// partition's frames have moved over the link so far while it joins on the host.
+#[derive(Debug)]
+struct Bound {
+    built: Arc<BuiltJoin>,
+    /// Whether the partition joins on the host: its build side, read, was heavier to
+    /// upload than the host join would move ([`HashJoinOperator::keeps_table_on_host`]).
+    /// When the frames of the query's partitions have moved as many bytes as the table
+    /// holds (down, then joined up again: [`JoinTable::moved_on_host`]), the table goes
+    /// up and each partition joins on the device from its next frame: a wrong estimate
+    /// of the probe side costs at most the table's bytes twice.
+    on_host: bool,
 }
 
 /// A host table, by the (weak) batches it was built from: kept while a partition of the
@@ -332,10 +346,36 @@ impl HashJoinOperator {
             host: node.clone(),
             collect_left: *join.partition_mode() == PartitionMode::CollectLeft,
             description,
-            built: None,
-            on_host: false,
+            bound: None,
             tables: Mutex::default(),
         })
+    }
+
+    /// The partition's join (an error before it is bound).
+    fn bound(&self) -> Result<std::sync::MutexGuard<'_, Bound>, BoxError> {
+        let bound = self.bound.as_ref().ok_or_else(|| {
+            ComputeError::Input("a device join used before its build side".into())
+        })?;
+        Ok(bound.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `frame` joined on the host, where `built`'s table is: its rows brought down
+    /// (compacted), joined there, the result taken up again; with the bytes that moved.
+    fn joined_on_host(
+        built: &BuiltJoin,
+        frame: &DeviceFrame,
+        cx: &OperatorContext<'_>,
+    ) -> Result<(Vec<DeviceFrame>, usize), BoxError> {
+        let host = ExecDevice::cpu();
+        let mut down = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+        let batch = frame.download(&mut down)?;
+        let down = down.take_stats().to_host.bytes as usize;
+        cx.bytes_from_device.add(down);
+        let mut in_place = Transfer::new(host.device().clone(), TransferOptions::default());
+        let frame = DeviceFrame::from_batch(in_place.to_device(&batch)?);
+        let joined = built.probe(&frame, &host)?;
+        let (frames, up) = Self::to_region(joined, cx)?;
+        Ok((frames, down + up))
     }
 
     /// Run-time placement: whether `table` (a build side this partition read) weighs
@@ -363,21 +403,24 @@ impl HashJoinOperator {
     }
 
     /// `frames` (made on the host) taken up to the region's device, for the operators
-    /// above.
+    /// above; with the bytes that moved.
     fn to_region(
         frames: Vec<DeviceFrame>,
         cx: &OperatorContext<'_>,
-    ) -> Result<Vec<DeviceFrame>, BoxError> {
+    ) -> Result<(Vec<DeviceFrame>, usize), BoxError> {
         let host = ExecDevice::cpu();
         let mut down = Transfer::new(host.device().clone(), TransferOptions::default());
         let mut up = Transfer::new(cx.device.device().clone(), TransferOptions::default());
-        frames
+        let frames = frames
             .iter()
             .map(|frame| {
                 let batch = frame.download(&mut down)?;
                 Ok(DeviceFrame::from_batch(up.to_device(&batch)?))
             })
-            .collect()
+            .collect::<Result<_, BoxError>>()?;
+        let bytes = up.take_stats().to_device.bytes as usize;
+        cx.bytes_to_device.add(bytes);
+        Ok((frames, bytes))
     }
 }
 
@@ -467,7 +510,7 @@ impl DeviceOperator for HashJoinOperator {
         let built = if on_host {
             cx.partitions_on_host.add(1);
             let host = ExecDevice::cpu();
-            let (in_place, _) = table.on_device(&host, cx.upload, None)?;
+            let in_place = table.on_host();
             self.compiled.bind_on(table, in_place, &host, cx.upload)?
         } else {
             // The table on the partition's device: uploaded by the query's first
@@ -478,52 +521,65 @@ impl DeviceOperator for HashJoinOperator {
             self.compiled
                 .bind_on(table, on_device, cx.device, cx.upload)?
         };
+        let bound = Bound {
+            built: Arc::new(built),
+            on_host,
+        };
         Ok(Some(Arc::new(Self {
             compiled: self.compiled.clone(),
             host: self.host.clone(),
             collect_left: self.collect_left,
             description: self.description.clone(),
-            built: Some(Arc::new(built)),
-            on_host,
+            bound: Some(Mutex::new(bound)),
             tables: Mutex::default(),
         })))
     }
 
     fn bound_bytes(&self) -> usize {
         // The table's own bytes are reserved with it, shared.
-        self.built.as_ref().map_or(0, |b| b.partition_bytes())
+        self.bound().map_or(0, |b| b.built.partition_bytes())
     }
 
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
-        let built = self.built.as_ref().ok_or_else(|| {
-            ComputeError::Input("a device join used before its build side".into())
-        })?;
-        if !self.on_host {
+        let mut bound = self.bound()?;
+        let table = bound.built.table().clone();
+        if bound.on_host && table.moved_on_host(0) >= table.link_bytes() {
+            // The query's host joins have moved as many bytes as the table holds: the
+            // table goes up (or is there already, by another partition), with the
+            // partition's marks so far, and the partition joins on the device.
+            let mut upload = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+            let (on_device, uploaded) =
+                table.on_device(cx.device, &mut upload, Some((cx.memory_pool, cx.partition)))?;
+            cx.bytes_to_device.add(uploaded);
+            let built = self
+                .compiled
+                .moved(&bound.built, on_device, cx.device, &mut upload)?;
+            *bound = Bound {
+                built: Arc::new(built),
+                on_host: false,
+            };
+        }
+        if !bound.on_host {
+            let built = bound.built.clone();
+            drop(bound);
             return Ok(handed_on(built.probe(&frame, cx.device)?));
         }
-        // Joined on the host: the frame's rows brought down (compacted), joined where
-        // the table is, the result taken up again.
-        let host = ExecDevice::cpu();
-        let mut down = Transfer::new(cx.device.device().clone(), TransferOptions::default());
-        let batch = frame.download(&mut down)?;
-        let mut in_place = Transfer::new(host.device().clone(), TransferOptions::default());
-        let frame = DeviceFrame::from_batch(in_place.to_device(&batch)?);
-        let joined = built.probe(&frame, &host)?;
-        Ok(handed_on(Self::to_region(joined, cx)?))
+        let (frames, bytes) = Self::joined_on_host(&bound.built, &frame, cx)?;
+        table.moved_on_host(bytes);
+        Ok(handed_on(frames))
     }
 
     fn finish(&self, cx: &OperatorContext<'_>) -> Result<Option<RegionBatch>, BoxError> {
-        let built = self.built.as_ref().ok_or_else(|| {
-            ComputeError::Input("a device join ended before its build side".into())
-        })?;
-        if !self.on_host {
+        let bound = self.bound()?;
+        let built = bound.built.clone();
+        if !bound.on_host {
+            drop(bound);
             return Ok(built.finish(cx.device)?.map(RegionBatch::Device));
         }
+        drop(bound);
         let emitted = built.finish(&ExecDevice::cpu())?;
-        Ok(Some(handed_on(Self::to_region(
-            emitted.into_iter().collect(),
-            cx,
-        )?)))
+        let (frames, _) = Self::to_region(emitted.into_iter().collect(), cx)?;
+        Ok(Some(handed_on(frames)))
     }
 }
 

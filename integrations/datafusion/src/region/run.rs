@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 use crate::config::{DevarrowConfig, DeviceLease, DevicePool, PartitionTicket};
 use crate::error::DeviceExecError;
 use crate::frame::DeviceFrame;
+use crate::step::ExecDevice;
 
 use crate::frame::batch_bytes;
 
@@ -509,6 +510,34 @@ enum Start {
     Finish(usize),
 }
 
+/// An operator's counters for a partition.
+struct OperatorCounts {
+    host_fallback_batches: Count,
+    bytes_to_device: Count,
+    bytes_from_device: Count,
+}
+
+impl OperatorCounts {
+    /// The operator's context for batch `batch` of `partition`, on `device`.
+    fn context<'a>(
+        &'a self,
+        partition: usize,
+        batch: usize,
+        device: &'a ExecDevice,
+        memory_pool: &'a Arc<dyn MemoryPool>,
+    ) -> OperatorContext<'a> {
+        OperatorContext {
+            memory_pool,
+            partition,
+            batch,
+            device,
+            host_fallback_batches: &self.host_fallback_batches,
+            bytes_to_device: &self.bytes_to_device,
+            bytes_from_device: &self.bytes_from_device,
+        }
+    }
+}
+
 /// The operators, then the download.
 struct OperatorThread {
     /// The partition's place on its device, given up when the thread ends.
@@ -652,9 +681,14 @@ impl OperatorThread {
             .map(|(op, operator)| {
                 let time =
                     MetricBuilder::new(op.metrics_set()).subset_time("device_time", self.partition);
-                let fallbacks = MetricBuilder::new(op.metrics_set())
-                    .counter("host_fallback_batches", self.partition);
-                (operator, time, fallbacks)
+                let counter =
+                    |name| MetricBuilder::new(op.metrics_set()).counter(name, self.partition);
+                let counts = OperatorCounts {
+                    host_fallback_batches: counter("host_fallback_batches"),
+                    bytes_to_device: counter("bytes_to_device"),
+                    bytes_from_device: counter("bytes_from_device"),
+                };
+                (operator, time, counts)
             })
             .collect();
         let mut index = 0;
@@ -694,7 +728,7 @@ impl OperatorThread {
     /// reserved for it so far. False when the stream was dropped.
     fn one_batch(
         &self,
-        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
+        ops: &[(&Arc<dyn DeviceOperator>, Time, OperatorCounts)],
         start: Start,
         index: usize,
         reserved: usize,
@@ -747,7 +781,7 @@ impl OperatorThread {
         &self,
         lease: &DeviceLease,
         start: Start,
-        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
+        ops: &[(&Arc<dyn DeviceOperator>, Time, OperatorCounts)],
         index: usize,
         held: &mut usize,
     ) -> Result<Vec<RecordBatch>> {
@@ -774,13 +808,8 @@ impl OperatorThread {
         let (current, after) = match start {
             Start::Frame(frame) => (frame, 0),
             Start::Finish(at) => {
-                let (op, time, fallbacks) = &ops[at];
-                let cx = OperatorContext {
-                    partition: self.partition,
-                    batch: index,
-                    device,
-                    host_fallback_batches: fallbacks,
-                };
+                let (op, time, counts) = &ops[at];
+                let cx = counts.context(self.partition, index, device, &self.memory_pool);
                 let timer = time.timer();
                 let emitted = op
                     .finish(&cx)
@@ -800,7 +829,7 @@ impl OperatorThread {
         &self,
         lease: &DeviceLease,
         mut current: RegionBatch,
-        ops: &[(&Arc<dyn DeviceOperator>, Time, Count)],
+        ops: &[(&Arc<dyn DeviceOperator>, Time, OperatorCounts)],
         index: usize,
         held: &mut usize,
     ) -> Result<Vec<RecordBatch>> {
@@ -812,13 +841,8 @@ impl OperatorThread {
             source,
         };
         self.reserve_batch(&current, held)?;
-        for (k, (op, time, fallbacks)) in ops.iter().enumerate() {
-            let cx = OperatorContext {
-                partition: self.partition,
-                batch: index,
-                device,
-                host_fallback_batches: fallbacks,
-            };
+        for (k, (op, time, counts)) in ops.iter().enumerate() {
+            let cx = counts.context(self.partition, index, device, &self.memory_pool);
             let frame = match current {
                 RegionBatch::Device(frame) => frame,
                 RegionBatch::Nothing => return Ok(Vec::new()),
