@@ -416,7 +416,17 @@ pub(crate) fn string_key_lanes(bytes: &[u8]) -> [i64; 2] {
         word[..chunk.len()].copy_from_slice(chunk);
         i64::from_le_bytes(word)
     });
-    [first, super::join::hash(words) as i64]
+    [first, hash(words) as i64]
+}
+
+/// The hash of a row's keys (the same as `join_probe`'s, and as `group_rows`').
+pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
+    for w in words {
+        h = (h ^ w as u64).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        h ^= h >> 33;
+    }
+    h
 }
 
 /// The bytes of a string literal (`None`: not a string literal; an error: null).

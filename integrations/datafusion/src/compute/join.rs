@@ -60,6 +60,7 @@ use devarrow::bridge::{DeviceBatch, Transfer};
 
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 
+use super::expr::hash;
 use super::{check_cpu, compactable, cpu_column, host, ComputeError, DeviceExpr, Unsupported};
 use crate::error::{BoxError, DeviceExecError};
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -740,16 +741,6 @@ pub fn string_key_lanes(bytes: &[u8]) -> [i64; 2] {
     super::expr::string_key_lanes(bytes)
 }
 
-/// The hash of a row's keys (the same as `join_probe`'s, and as `group_rows`').
-pub(crate) fn hash(words: impl Iterator<Item = i64>) -> u64 {
-    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
-    for w in words {
-        h = (h ^ w as u64).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-        h ^= h >> 33;
-    }
-    h
-}
-
 /// A join's build side made into a table on the host ([`DeviceHashJoin::table`]): what
 /// the partitions of a query that read the same build side share.
 #[derive(Debug)]
@@ -1103,7 +1094,12 @@ impl BuiltJoin {
         Ok(super::cuda::Probe {
             tables,
             keys: &self.plan.probe_keys,
-            strings: &self.plan.string_keys,
+            strings: self
+                .plan
+                .string_keys
+                .iter()
+                .map(|key| (key.probe, key.probe_name.as_str()))
+                .collect(),
             rows: self.rows,
             mask: self.mask,
             // With a filter, a semi or anti join probes as an inner join, then keeps the

@@ -16,7 +16,6 @@ use super::{
     view_device_column, Cx, A,
 };
 use crate::compute::host::frame_column;
-use crate::compute::join::StringKey;
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
@@ -173,8 +172,9 @@ pub(crate) struct Probe<'a> {
     pub(crate) tables: &'a DeviceTables,
     /// The probe side's key lanes, one per lane of the build keys.
     pub(crate) keys: &'a [DeviceExpr],
-    /// The string keys among them (compared byte by byte where lanes agree).
-    pub(crate) strings: &'a [StringKey],
+    /// The probe columns of the string keys among them (index, name), in the order of
+    /// the table's string key columns (compared byte by byte where lanes agree).
+    pub(crate) strings: Vec<(usize, &'a str)>,
     /// The build side's rows.
     pub(crate) rows: usize,
     /// The slots' count - 1 (a power of two - 1).
@@ -401,7 +401,7 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
             A::U32(p.anti as u32),
         ],
     )?;
-    for (j, key) in p.strings.iter().enumerate() {
+    for (j, &key) in p.strings.iter().enumerate() {
         verify_strings(cx, p, frame, j, key, (&idx, &hit), e)?;
     }
     if let Some(marks) = p.marks {
@@ -415,22 +415,22 @@ fn probe(cx: &Cx<'_>, p: &Probe<'_>, frame: &DeviceFrame) -> Result<Probed, BoxE
     Ok((idx, hit, sel))
 }
 
-/// `join_verify_view` for string key `j` (`key`, of `frame`): each probe row whose build
-/// row was found by lanes that hash a long value compares that value's bytes with the
-/// build row's, and matches nothing where they differ.
+/// `join_verify_view` for string key `j` (the probe column `index`, `name`, of
+/// `frame`): each probe row whose build row was found by lanes that hash a long value
+/// compares that value's bytes with the build row's, and matches nothing where they
+/// differ.
 fn verify_strings(
     cx: &Cx<'_>,
     p: &Probe<'_>,
     frame: &DeviceFrame,
     j: usize,
-    key: &StringKey,
+    (index, name): (usize, &str),
     (idx, hit): (&CudaSlice<u32>, &CudaSlice<u8>),
     err: u64,
 ) -> Result<(), BoxError> {
     let s = cx.stream;
     let n = frame.num_rows();
-    let name = key.probe_name.as_str();
-    let (probe, _) = view_column(frame_column(frame, key.probe, name)?, name)?;
+    let (probe, _) = view_column(frame_column(frame, index, name)?, name)?;
     let (probe_at, probe_views) = at_first_row(cx, &probe, 1, 16, name)?;
     let probe_tables = variadic_tables(cx, &probe)?;
     let strings = p
