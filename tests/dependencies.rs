@@ -2,7 +2,17 @@
 //! the library has no command-line dependencies, and without the default `cuda` feature
 //! neither the facade nor the bridge builds cudarc.
 
+use std::path::PathBuf;
 use std::process::Command;
+
+/// The package's directory as cargo runs this test, else as it built it: a test binary
+/// reused from a shared target directory, built in another checkout, keeps that
+/// checkout's path in `env!`.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
 
 /// The normal (non-dev, non-build) dependencies of `package` with `args`, one crate name
 /// per line.
@@ -21,7 +31,7 @@ fn dependencies(package: &str, args: &[&str]) -> Vec<String> {
         ])
         .args(["--format", "{p}"])
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(manifest_dir())
         .output()
         .expect("cargo tree runs");
     assert!(

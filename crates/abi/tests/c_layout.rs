@@ -26,8 +26,17 @@ use devarrow_abi::{
     ArrowDeviceArray, ArrowDeviceArrayStream, ArrowDeviceType,
 };
 
+/// The package's directory as cargo runs this test, else as it built it: a test binary
+/// reused from a shared target directory, built in another checkout, keeps that
+/// checkout's path in `env!`.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn header() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include/arrow_c_device.h")
+    manifest_dir().join("../../include/arrow_c_device.h")
 }
 
 fn c_compiler() -> String {

@@ -26,8 +26,17 @@ const PROMPT: &str = "$ cargo run --release -- ";
 /// The line of a release build's report that names its build profile.
 const RELEASE: &str = "build:   release";
 
+/// The package's directory as cargo runs this test, else as it built it: a test binary
+/// reused from a shared target directory, built in another checkout, keeps that
+/// checkout's path in `env!`.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn readme_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")
+    manifest_dir().join("../../README.md")
 }
 
 fn readme() -> String {
