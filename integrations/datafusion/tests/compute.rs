@@ -1815,21 +1815,7 @@ pub async fn check_partitions_one_after_another(device: &ExecDevice) {
         assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
         // One host table built, and one upload of it (the partitions ran on one device):
         // counted by partitions of the join, the metrics that are not 0.
-        let counted = |name: &str| {
-            let mut counted = 0;
-            let mut stack = vec![plan.clone()];
-            while let Some(node) = stack.pop() {
-                if node.name() == "DeviceHashJoinExec" {
-                    counted += node.metrics().map_or(0, |m| {
-                        m.iter()
-                            .filter(|m| m.value().name() == name && m.value().as_usize() > 0)
-                            .count()
-                    });
-                }
-                stack.extend(node.children().into_iter().cloned());
-            }
-            counted
-        };
+        let counted = |name: &str| join_metrics(&plan, name).filter(|&v| v > 0).count();
         assert_eq!(counted("host_tables_built"), 1, "{sql}\n{shown}");
         assert_eq!(counted("bytes_to_device"), 1, "{sql}\n{shown}");
     }
@@ -1933,17 +1919,10 @@ pub async fn check_join_reservation(device: &ExecDevice, in_use: impl Fn() -> us
     let before = in_use();
     let ctx = session_limited(device, 1, Some(600 << 10));
     let rows = 40_000;
-    let big = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("v", DataType::Int64, false),
-        ])),
-        vec![
-            Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
-            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 2))),
-        ],
-    )
-    .unwrap();
+    let big = int64_batch([
+        ("k", (0..rows).map(Some).collect()),
+        ("v", (0..rows).map(|i| Some(i * 2)).collect()),
+    ]);
     let small = RecordBatch::try_new(
         Arc::new(Schema::new(vec![Field::new("fk", DataType::Int64, false)])),
         vec![Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef],
@@ -2393,22 +2372,64 @@ async fn string_keys_whose_hashes_collide_match_by_their_bytes() {
     }
 }
 
-/// The sum over the plan's `DeviceHashJoinExec` nodes of their metric `name`.
-fn join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let mut sum = 0;
+/// `sql` run in `ctx` with a device join of `join_type` that collects its build side, its
+/// rows `want`'s: the join's `partitions_on_host`, `bytes_to_device` and
+/// `bytes_from_device`, and the plan's text.
+async fn placed_join(
+    ctx: &SessionContext,
+    sql: &str,
+    join_type: &str,
+    want: &[RecordBatch],
+) -> ([usize; 3], String) {
+    let (plan, shown) = planned(ctx, sql).await;
+    let placed = format!("DeviceHashJoinExec: mode=CollectLeft, join_type={join_type},");
+    assert!(shown.contains(&placed), "{sql}\n{shown}");
+    let got = collect(plan.clone(), ctx.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+    assert_eq!(lines(&got), lines(want), "{sql}\n{shown}");
+    let metrics = ["partitions_on_host", "bytes_to_device", "bytes_from_device"]
+        .map(|name| join_metric(&plan, name));
+    (metrics, shown)
+}
+
+/// A batch of `Int64` columns (nullable where a value is null).
+fn int64_batch<const N: usize>(columns: [(&str, Vec<Option<i64>>); N]) -> RecordBatch {
+    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns
+        .into_iter()
+        .map(|(name, values)| {
+            let nullable = values.iter().any(Option::is_none);
+            let array: ArrayRef = Arc::new(Int64Array::from(values));
+            (Field::new(name, DataType::Int64, nullable), array)
+        })
+        .unzip();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+/// The values of metric `name` of the plan's `DeviceHashJoinExec` nodes (one per
+/// partition that set it, or per counter).
+fn join_metrics(plan: &Arc<dyn ExecutionPlan>, name: &str) -> impl Iterator<Item = usize> {
+    let mut values = Vec::new();
     let mut stack = vec![plan.clone()];
     while let Some(node) = stack.pop() {
         if node.name() == "DeviceHashJoinExec" {
-            sum += node.metrics().map_or(0, |m| {
-                m.iter()
-                    .filter(|m| m.value().name() == name)
-                    .map(|m| m.value().as_usize())
-                    .sum()
-            });
+            if let Some(metrics) = node.metrics() {
+                values.extend(
+                    metrics
+                        .iter()
+                        .filter(|m| m.value().name() == name)
+                        .map(|m| m.value().as_usize()),
+                );
+            }
         }
         stack.extend(node.children().into_iter().cloned());
     }
-    sum
+    values.into_iter()
+}
+
+/// The sum of [`join_metrics`].
+fn join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    join_metrics(plan, name).sum()
 }
 
 /// Run-time placement: a join whose build side DataFusion's statistics underestimate (a
@@ -2422,31 +2443,20 @@ pub async fn check_run_time_placement(device: &ExecDevice) {
     let ctx = session_on(device, 2);
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     let build_rows = 200_000i64;
-    let wide = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("w", DataType::Int64, false),
-        ])),
-        vec![
-            Arc::new(Int64Array::from_iter_values(0..build_rows)) as ArrayRef,
-            Arc::new(Int64Array::from_iter_values((0..build_rows).map(|i| i * 3))),
-        ],
-    )
-    .unwrap();
+    let wide = int64_batch([
+        ("k", (0..build_rows).map(Some).collect()),
+        ("w", (0..build_rows).map(|i| Some(i * 3)).collect()),
+    ]);
     let few = |part: i64| {
-        RecordBatch::try_new(
-            Arc::new(Schema::new(vec![
-                Field::new("fk", DataType::Int64, true),
-                Field::new("q", DataType::Int64, false),
-            ])),
-            vec![
-                Arc::new(Int64Array::from_iter((0..40_000i64).map(|i| {
-                    (i % 13 != 0).then_some((i * 7919 + part) % (build_rows + 5_000))
-                }))) as ArrayRef,
-                Arc::new(Int64Array::from_iter_values((0..40_000).map(|i| i % 100))),
-            ],
-        )
-        .unwrap()
+        int64_batch([
+            (
+                "fk",
+                (0..40_000i64)
+                    .map(|i| (i % 13 != 0).then_some((i * 7919 + part) % (build_rows + 5_000)))
+                    .collect(),
+            ),
+            ("q", (0..40_000).map(|i| Some(i % 100)).collect()),
+        ])
     };
     for c in [&ctx, &plain] {
         let table = MemTable::try_new(wide.schema(), vec![vec![wide.clone()]]).unwrap();
@@ -2465,17 +2475,8 @@ pub async fn check_run_time_placement(device: &ExecDevice) {
         for always in [false, true] {
             let set = format!("set devarrow.always_place_joins = {always}");
             ctx.sql(&set).await.unwrap().collect().await.unwrap();
-            let (plan, shown) = planned(&ctx, &sql).await;
-            let placed = format!("DeviceHashJoinExec: mode=CollectLeft, join_type={join_type},");
-            assert!(shown.contains(&placed), "{sql}\n{shown}");
-            let got = collect(plan.clone(), ctx.task_ctx())
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
-            assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
             // Up: the table, or (on the host) the join's output; down: its probe side.
-            let on_host = join_metric(&plan, "partitions_on_host");
-            let up = join_metric(&plan, "bytes_to_device");
-            let down = join_metric(&plan, "bytes_from_device");
+            let ([on_host, up, down], shown) = placed_join(&ctx, &sql, join_type, &want).await;
             if always {
                 assert_eq!((on_host, down), (0, 0), "{sql}\n{shown}");
                 assert!(up > 5 << 20, "{up} bytes up: {sql}\n{shown}");
@@ -2491,19 +2492,15 @@ pub async fn check_run_time_placement(device: &ExecDevice) {
     // moved as many bytes as the table holds, the table goes up and each partition joins
     // on the device.
     let many = |part: i64| {
-        RecordBatch::try_new(
-            Arc::new(Schema::new(vec![
-                Field::new("fk", DataType::Int64, false),
-                Field::new("q", DataType::Int64, false),
-            ])),
-            vec![
-                Arc::new(Int64Array::from_iter_values(
-                    (0..500_000i64).map(|i| (i * 31 + part) % build_rows),
-                )) as ArrayRef,
-                Arc::new(Int64Array::from_iter_values((0..500_000).map(|i| i % 100))),
-            ],
-        )
-        .unwrap()
+        int64_batch([
+            (
+                "fk",
+                (0..500_000i64)
+                    .map(|i| Some((i * 31 + part) % build_rows))
+                    .collect(),
+            ),
+            ("q", (0..500_000).map(|i| Some(i % 100)).collect()),
+        ])
     };
     // In batches of 10,000 rows, uploaded 256 KiB at a time: frames of about 16,000
     // rows.
@@ -2542,18 +2539,7 @@ pub async fn check_run_time_placement(device: &ExecDevice) {
     ] {
         let (join_type, row_bytes) = join_type;
         let want = plain.sql(&sql).await.unwrap().collect().await.unwrap();
-        let (plan, shown) = planned(&ctx, &sql).await;
-        assert!(
-            shown.contains(&format!("join_type={join_type},")),
-            "{sql}\n{shown}"
-        );
-        let got = collect(plan.clone(), ctx.task_ctx())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
-        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
-        let on_host = join_metric(&plan, "partitions_on_host");
-        let up = join_metric(&plan, "bytes_to_device");
-        let down = join_metric(&plan, "bytes_from_device");
+        let ([on_host, up, down], shown) = placed_join(&ctx, &sql, join_type, &want).await;
         // Both partitions started on the host; the table went up (about 6 MiB, once per
         // device) after at least its bytes had moved; not every probe row came down.
         assert_eq!(on_host, 2, "{sql}\n{shown}");

@@ -12,7 +12,7 @@ use devarrow::bridge::{ColumnBuffer, DeviceBatch, DeviceColumn, Transfer, Transf
 use devarrow::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
-use devarrow::cuda::{CudaArray, CudaDevice};
+use devarrow::cuda::{BorrowedSlice, CudaArray, CudaDevice};
 
 use super::aggregate::{AggKind, Groups, KeySource, Plan};
 use super::expr::{Node, OnFail};
@@ -301,6 +301,49 @@ fn view_device_column<'a>(
     Ok((c, views))
 }
 
+/// A `Utf8View` column's leading arguments to the kernels that read its values where
+/// they lie (`view_like`, `view_key`, `view_prefix`): its views, its validity bitmap (0:
+/// none), its offset, `n` rows, and its variadic buffers' address and size tables with
+/// their count. It keeps them readable on the stream: dropped after the launch.
+struct ViewArgs<'a> {
+    args: [A; 7],
+    has_validity: bool,
+    _keep: (
+        BorrowedSlice<'a, u8>,
+        Option<BorrowedSlice<'a, u8>>,
+        CudaSlice<u64>,
+        CudaSlice<u64>,
+    ),
+}
+
+/// [`ViewArgs`] of `column` (`n` rows).
+fn view_args<'a>(
+    cx: &Cx<'_>,
+    column: &'a FrameColumn,
+    name: &str,
+    n: usize,
+) -> Result<ViewArgs<'a>, BoxError> {
+    let s = cx.stream;
+    let (c, views) = view_column(column, name)?;
+    let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+    let views = views.cuda_view::<u8>(s)?;
+    let bitmap = c.cuda_validity(s)?;
+    let args = [
+        A::U64(views.device_ptr()),
+        A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
+        A::U64(c.offset() as u64),
+        A::U64(n as u64),
+        A::U64(addr(&addresses, s)),
+        A::U64(addr(&sizes, s)),
+        A::U64(count),
+    ];
+    Ok(ViewArgs {
+        args,
+        has_validity: bitmap.is_some(),
+        _keep: (views, bitmap, addresses, sizes),
+    })
+}
+
 /// The variadic buffers of a view column (between the views and their sizes) as two
 /// tables on the device, their addresses and sizes (u64 each), and their count. A buffer
 /// the batch holds as NULL has address and size 0, so a view into it is out of bounds.
@@ -383,10 +426,8 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             pattern,
             negated,
         } => {
-            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
-            // The variadic buffers as two tables, and the pattern's bytes with a table of
-            // its pieces (start, length).
-            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n)?;
+            // The pattern's bytes with a table of its pieces (start, length).
             let mut bytes: Vec<u8> = Vec::new();
             let mut pieces: Vec<u64> = Vec::with_capacity(2 * pattern.pieces.len());
             for piece in &pattern.pieces {
@@ -396,65 +437,35 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             // At least one entry each: CUDA allocates no empty buffer.
             bytes.push(0);
             pieces.push(0);
-            let tables = (
-                addresses,
-                sizes,
-                s.clone_htod(&bytes)?,
-                s.clone_htod(&pieces)?,
-            );
-            let views = views.cuda_view::<u8>(s)?;
-            let bitmap = c.cuda_validity(s)?;
+            let tables = (s.clone_htod(&bytes)?, s.clone_htod(&pieces)?);
             let flags = u32::from(pattern.anchored_start)
                 | u32::from(pattern.anchored_end) << 1
                 | u32::from(*negated) << 2;
             let out = cx.lanes(n)?;
-            cx.launch(
-                &cx.k.view_like,
-                n,
-                &[
-                    A::U64(views.device_ptr()),
-                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
-                    A::U64(c.offset() as u64),
-                    A::U64(n as u64),
-                    A::U64(addr(&tables.0, s)),
-                    A::U64(addr(&tables.1, s)),
-                    A::U64(count),
-                    A::U64(addr(&tables.2, s)),
-                    A::U64(addr(&tables.3, s)),
-                    A::U64(pattern.pieces.len() as u64),
-                    A::U32(flags),
-                    A::U64(addr(&out.values, s)),
-                    A::U64(addr(&out.valid, s)),
-                    A::U64(err),
-                ],
-            )?;
-            drop((views, bitmap, tables));
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&tables.0, s)),
+                A::U64(addr(&tables.1, s)),
+                A::U64(pattern.pieces.len() as u64),
+                A::U32(flags),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_like, n, &args.collect::<Vec<_>>())?;
+            drop((view, tables));
             Ok(out)
         }
         Node::StrKey { index, name, word } => {
-            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
-            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
-            let views = views.cuda_view::<u8>(s)?;
-            let bitmap = c.cuda_validity(s)?;
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n)?;
             let out = cx.lanes(n)?;
-            cx.launch(
-                &cx.k.view_key,
-                n,
-                &[
-                    A::U64(views.device_ptr()),
-                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
-                    A::U64(c.offset() as u64),
-                    A::U64(n as u64),
-                    A::U64(addr(&addresses, s)),
-                    A::U64(addr(&sizes, s)),
-                    A::U64(count),
-                    A::U32(u32::from(*word)),
-                    A::U64(addr(&out.values, s)),
-                    A::U64(addr(&out.valid, s)),
-                    A::U64(err),
-                ],
-            )?;
-            drop((views, bitmap, addresses, sizes));
+            let args = view.args.iter().copied().chain([
+                A::U32(u32::from(*word)),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_key, n, &args.collect::<Vec<_>>())?;
+            drop(view);
             Ok(out)
         }
         Node::Prefix { .. } => Err(ComputeError::Input(
@@ -862,46 +873,32 @@ fn prefix_column(
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
     let n = column.len();
-    let (c, views) = view_column(column, name)?;
-    let (addresses, sizes, count) = variadic_tables(cx, &c)?;
-    let views = views.cuda_view::<u8>(s)?;
-    let bitmap = c.cuda_validity(s)?;
+    let view = view_args(cx, column, name, n)?;
     let out = cx.zeros::<u128>(n)?;
     let valid = cx.zeros::<u8>(n)?;
-    cx.launch(
-        &cx.k.view_prefix,
-        n,
-        &[
-            A::U64(views.device_ptr()),
-            A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
-            A::U64(c.offset() as u64),
-            A::U64(n as u64),
-            A::U64(addr(&addresses, s)),
-            A::U64(addr(&sizes, s)),
-            A::U64(count),
-            A::U64(chars as u64),
-            A::U64(addr(&out, s)),
-            A::U64(addr(&valid, s)),
-            A::U64(err),
-        ],
-    )?;
-    let validity = match &bitmap {
-        Some(_) => {
-            let bits = cx.zeros::<u8>(n.div_ceil(8))?;
-            cx.launch(
-                &cx.k.pack_bits,
-                n.div_ceil(8),
-                &[
-                    A::U64(addr(&valid, s)),
-                    A::U64(addr(&bits, s)),
-                    A::U64(n as u64),
-                ],
-            )?;
-            Some((bits, None))
-        }
-        None => None,
+    let args = view.args.iter().copied().chain([
+        A::U64(chars as u64),
+        A::U64(addr(&out, s)),
+        A::U64(addr(&valid, s)),
+        A::U64(err),
+    ]);
+    cx.launch(&cx.k.view_prefix, n, &args.collect::<Vec<_>>())?;
+    let validity = if view.has_validity {
+        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+        cx.launch(
+            &cx.k.pack_bits,
+            n.div_ceil(8),
+            &[
+                A::U64(addr(&valid, s)),
+                A::U64(addr(&bits, s)),
+                A::U64(n as u64),
+            ],
+        )?;
+        Some((bits, None))
+    } else {
+        None
     };
-    drop((views, bitmap, addresses, sizes, valid));
+    drop((view, valid));
     // SAFETY: `view_prefix` wrote one view per row (ordered before the export on this
     // stream): at most 12 bytes, inline, the first characters of a UTF-8 value; no view
     // names a buffer.
