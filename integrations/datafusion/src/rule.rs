@@ -261,6 +261,9 @@ fn retract(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Execution
     let Some(unload) = node.downcast_ref::<DeviceUnloadExec>() else {
         return Ok(Transformed::no(node));
     };
+    if let Some(host) = projections_alone(unload)? {
+        return Ok(Transformed::yes(host));
+    }
     // From the top down: the operators that only pick columns or may not end a region;
     // those down to the last that may not end it go back to the host.
     let mut given_back: Vec<(Arc<dyn ExecutionPlan>, DeviceOperatorExec)> = Vec::new();
@@ -291,7 +294,14 @@ fn retract(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Execution
     // The region now ends below them; each goes back to the host over its children.
     let mut current: Arc<dyn ExecutionPlan> = match below.downcast_ref::<DeviceLoadExec>() {
         Some(load) => load.input().clone(),
-        None => Arc::new(DeviceUnloadExec::try_new(below)?),
+        None => {
+            // What is left of the region may be projections alone.
+            let rest = DeviceUnloadExec::try_new(below)?;
+            match projections_alone(&rest)? {
+                Some(host) => host,
+                None => Arc::new(rest),
+            }
+        }
     };
     for (node, op) in given_back.iter().rev() {
         let mut children: Vec<Arc<dyn ExecutionPlan>> =
@@ -342,6 +352,40 @@ fn heavier_host_children(node: &Arc<dyn ExecutionPlan>, device_child: usize) -> 
             mib(output)
         )
     })
+}
+
+/// A region of projections alone (TPC-H Q14's and Q17's casts above their final
+/// aggregates) back on the host, each projection under a `HostOnlyExec` saying why: it
+/// would take its input up and its output down for work row by row that the host does
+/// at memory speed, and nothing after it on the device gains from it. `None` for any
+/// other region.
+fn projections_alone(unload: &DeviceUnloadExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let mut projections = Vec::new();
+    let mut top = unload.input().clone();
+    while let Some(op) = top.downcast_ref::<DeviceOperatorExec>() {
+        if op.operator().name() != "DeviceProjectionExec" {
+            return Ok(None);
+        }
+        let next = op.input().clone();
+        projections.push(top);
+        top = next;
+    }
+    let Some(load) = top.downcast_ref::<DeviceLoadExec>() else {
+        return Ok(None);
+    };
+    if projections.is_empty() {
+        return Ok(None);
+    }
+    let mut current = load.input().clone();
+    for node in projections.iter().rev() {
+        let host = replace_children_if_necessary(host_twin(node), vec![current])?;
+        current = Arc::new(HostOnlyExec::new(
+            host,
+            "a region of projections alone would take its input up and its output down \
+             for work row by row that the host does at memory speed",
+        ));
+    }
+    Ok(Some(current))
 }
 
 /// A projection that only picks columns, over a region it can join (zero-copy: the

@@ -473,3 +473,47 @@ async fn a_join_with_a_build_side_heavier_than_its_probe_side_stays_on_the_host(
         );
     }
 }
+
+/// A region of projections alone goes back to the host, saying why (it would take its
+/// input up and its output down for row-by-row work); a projection in a region with a
+/// filter stays, and the results are DataFusion's either way.
+#[tokio::test]
+async fn a_region_of_projections_alone_stays_on_the_host() {
+    let data = lineitem(0.01, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    for (sql, region) in [
+        (
+            "SELECT l_extendedprice * (1 - l_discount) AS price, l_quantity + 1 AS q \
+             FROM lineitem",
+            false,
+        ),
+        (
+            "SELECT l_extendedprice * (1 - l_discount) AS price FROM lineitem \
+             WHERE l_quantity > 45",
+            true,
+        ),
+    ] {
+        let device_plan = plan(&ctx, sql).await;
+        let shown = text(&device_plan);
+        assert_eq!(
+            shown.contains("DeviceProjectionExec"),
+            region,
+            "{sql}\n{shown}"
+        );
+        assert_eq!(
+            shown.contains("a region of projections alone"),
+            !region,
+            "{sql}\n{shown}"
+        );
+        let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
+        let want = common::session(data.clone())
+            .sql(sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let rows = |b: &[RecordBatch]| b.iter().map(RecordBatch::num_rows).sum::<usize>();
+        assert_eq!(rows(&got), rows(&want), "{sql}");
+    }
+}

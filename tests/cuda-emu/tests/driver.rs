@@ -2498,3 +2498,146 @@ MAX_DONE:
     let max = emu.download(max, 4);
     assert_eq!(u32::from_le_bytes(max.try_into().unwrap()), 511);
 }
+
+/// `{add,sub,mul,div}.rn.f64` and `cvt.rn.f64.s64` on 64-bit registers (bit-size
+/// registers go with any type of their size) are IEEE 754 binary64 rounded to the
+/// nearest even, as the PTX ISA defines them: each of 64 threads computes its row's
+/// `(a + b, a - b, a * b, a / b, (double) i)` and the results equal Rust's, bit for bit
+/// (infinities, a zero divisor, inexact quotients and a conversion that rounds among them).
+#[test]
+fn binary64_arithmetic_rounds_to_nearest_even() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry f64_ops(
+    .param .u64 p_a,
+    .param .u64 p_b,
+    .param .u64 p_i,
+    .param .u64 p_out
+)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<16>;
+
+    ld.param.u64 %rd1, [p_a];
+    ld.param.u64 %rd2, [p_b];
+    ld.param.u64 %rd3, [p_i];
+    ld.param.u64 %rd4, [p_out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd5, %r1, 8;
+    add.u64 %rd6, %rd1, %rd5;
+    ld.global.u64 %rd7, [%rd6];
+    add.u64 %rd6, %rd2, %rd5;
+    ld.global.u64 %rd8, [%rd6];
+    add.u64 %rd6, %rd3, %rd5;
+    ld.global.u64 %rd9, [%rd6];
+    mul.wide.u32 %rd5, %r1, 40;
+    add.u64 %rd6, %rd4, %rd5;
+    add.rn.f64 %rd10, %rd7, %rd8;
+    st.global.u64 [%rd6], %rd10;
+    sub.rn.f64 %rd10, %rd7, %rd8;
+    st.global.u64 [%rd6+8], %rd10;
+    mul.rn.f64 %rd10, %rd7, %rd8;
+    st.global.u64 [%rd6+16], %rd10;
+    div.rn.f64 %rd10, %rd7, %rd8;
+    st.global.u64 [%rd6+24], %rd10;
+    cvt.rn.f64.s64 %rd10, %rd9;
+    st.global.u64 [%rd6+32], %rd10;
+    ret;
+}
+"#;
+    let n = 64usize;
+    let a: Vec<f64> = (0..n)
+        .map(|i| match i % 8 {
+            0 => f64::INFINITY,
+            1 => 1.0 / 3.0,
+            2 => -0.0,
+            _ => (i as f64) * 1.1 - 17.25,
+        })
+        .collect();
+    let b: Vec<f64> = (0..n)
+        .map(|i| match i % 5 {
+            0 => 0.0,
+            1 => 3.0,
+            _ => 0.1 * i as f64 + 1e-300,
+        })
+        .collect();
+    let ints: Vec<i64> = (0..n as i64)
+        .map(|i| match i % 4 {
+            0 => (1 << 53) + 1 + i,
+            1 => i64::MIN + i,
+            2 => -i * 1_000_003,
+            _ => i64::MAX - i,
+        })
+        .collect();
+    let bytes = |v: &[u64]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>();
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (da, db, di, out) = (
+        emu.alloc(8 * n),
+        emu.alloc(8 * n),
+        emu.alloc(8 * n),
+        emu.alloc(40 * n),
+    );
+    emu.upload(
+        da,
+        &bytes(&a.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+    );
+    emu.upload(
+        db,
+        &bytes(&b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+    );
+    emu.upload(
+        di,
+        &bytes(&ints.iter().map(|&x| x as u64).collect::<Vec<_>>()),
+    );
+    // SAFETY: valid handles; the parameters match f64_ops(u64, u64, u64, u64), each
+    // pointing to device memory of the sizes the kernel's 64 threads read and write.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"f64_ops".as_ptr()));
+        let (mut pa, mut pb, mut pi, mut po) = (da, db, di, out);
+        let mut params: [*mut c_void; 4] = [
+            (&mut pa as *mut u64).cast(),
+            (&mut pb as *mut u64).cast(),
+            (&mut pi as *mut u64).cast(),
+            (&mut po as *mut u64).cast(),
+        ];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(out, 40 * n);
+    for i in 0..n {
+        let word = |k: usize| {
+            let at = 40 * i + 8 * k;
+            u64::from_le_bytes(got[at..at + 8].try_into().unwrap())
+        };
+        let want = [
+            (a[i] + b[i]).to_bits(),
+            (a[i] - b[i]).to_bits(),
+            (a[i] * b[i]).to_bits(),
+            (a[i] / b[i]).to_bits(),
+            (ints[i] as f64).to_bits(),
+        ];
+        for (k, want) in want.into_iter().enumerate() {
+            assert_eq!(word(k), want, "row {i}, result {k}");
+        }
+    }
+}

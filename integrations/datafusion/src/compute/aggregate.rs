@@ -487,6 +487,13 @@ pub(crate) fn values_array(
                 .with_precision_and_scale(*p, *s)?,
         ),
         DataType::Int64 => Arc::new(Int64Array::from(lanes.to_vec())),
+        // A Float64's lanes are its bits.
+        DataType::Float64 => Arc::new(arrow_array::Float64Array::from(
+            lanes
+                .iter()
+                .map(|v| v.map(|v| f64::from_bits(v as u64)))
+                .collect::<Vec<_>>(),
+        )),
         DataType::Int32 => Arc::new(Int32Array::from(narrow::<i32>(lanes, t, what)?)),
         DataType::Int16 => Arc::new(Int16Array::from(narrow::<i16>(lanes, t, what)?)),
         DataType::Int8 => Arc::new(Int8Array::from(narrow::<i8>(lanes, t, what)?)),

@@ -29,6 +29,13 @@ pub(crate) mod op {
     pub const GE: u32 = 8;
     pub const AND: u32 = 9;
     pub const OR: u32 = 10;
+    /// Binary: `+ - * /` of two Float64 lanes (their bits), IEEE 754, rounded to the
+    /// nearest even; never an error (a zero divisor gives an infinity or NaN, as
+    /// arrow's kernels do).
+    pub const FADD: u32 = 11;
+    pub const FSUB: u32 = 12;
+    pub const FMUL: u32 = 13;
+    pub const FDIV: u32 = 14;
     /// Unary (`unary_i64`): logical not (validity kept).
     pub const NOT: u32 = 0;
     /// Unary: 1 where null, always valid.
@@ -46,6 +53,9 @@ pub(crate) mod op {
     /// equal to 0.0): -0.0 made 0.0, then `v ^ ((v >> 63) & i64::MAX)`, so that
     /// comparisons of floats are comparisons of these keys.
     pub const FLOAT_KEY: u32 = 6;
+    /// Unary: a cast to Float64, `(double) v / (double) mul` (an integer: `mul` 1; a
+    /// decimal: 10^scale), as arrow's cast rounds it.
+    pub const TO_FLOAT: u32 = 7;
 }
 
 /// A `LIKE` pattern of literal bytes and `%` wildcards (no `_`, no escape): its pieces
@@ -858,6 +868,7 @@ fn binary_node(
         Operator::Plus => op::ADD,
         Operator::Minus => op::SUB,
         Operator::Multiply => op::MUL,
+        Operator::Divide if (lk, rk) == (Kind::Float, Kind::Float) => op::FDIV,
         Operator::Eq => op::EQ,
         Operator::NotEq => op::NE,
         Operator::Lt => op::LT,
@@ -876,6 +887,26 @@ fn binary_node(
                 return refuse("AND/OR take booleans");
             }
         }
+        op::ADD | op::SUB | op::MUL | op::FDIV if (lk, rk) == (Kind::Float, Kind::Float) => {
+            if kind(data_type)? != Kind::Float {
+                return refuse("float arithmetic whose result is not a Float64");
+            }
+            let op = match op {
+                op::ADD => op::FADD,
+                op::SUB => op::FSUB,
+                op::MUL => op::FMUL,
+                _ => op::FDIV,
+            };
+            return Ok(Node::Binary {
+                op,
+                left: Box::new(left),
+                right: Box::new(right),
+                lmul,
+                rmul,
+                lo,
+                hi,
+            });
+        }
         op::ADD | op::SUB | op::MUL => match (lk, rk, kind(data_type)?) {
             (Kind::Decimal(ls), Kind::Decimal(rs), Kind::Decimal(s)) => {
                 if op == op::MUL {
@@ -891,7 +922,11 @@ fn binary_node(
                 }
             }
             (Kind::Int, Kind::Int, Kind::Int) => (lo, hi) = range_of(data_type),
-            _ => return refuse("arithmetic on the device takes two decimals or two integers"),
+            _ => {
+                return refuse(
+                    "arithmetic on the device takes two decimals, two integers or two Float64s",
+                )
+            }
         },
         _ => match (lk, rk) {
             (Kind::Decimal(ls), Kind::Decimal(rs)) => {
@@ -962,6 +997,21 @@ fn cast_node(
         }
         (Kind::Decimal(_), Kind::Decimal(_)) => {
             return refuse("a cast to a smaller scale rounds, which has no device kernel")
+        }
+        // To Float64: the lanes' value over 10^scale, in binary64 (as arrow's cast).
+        (Kind::Int, Kind::Float) | (Kind::Decimal(_), Kind::Float) => {
+            let scale = match kind(&from)? {
+                Kind::Decimal(s) => s as u32,
+                _ => 0,
+            };
+            return Ok(Node::Unary {
+                op: op::TO_FLOAT,
+                input: Box::new(node),
+                mul: pow10(scale).expect("scales of at most 18"),
+                lo: i64::MIN,
+                hi: i64::MAX,
+                on_fail,
+            });
         }
         _ => return refuse("no device kernel for this cast"),
     };

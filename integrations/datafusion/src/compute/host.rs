@@ -179,6 +179,16 @@ pub(crate) fn binary_row(
     lo: i64,
     hi: i64,
 ) -> Result<i64, ()> {
+    if matches!(op, op::FADD | op::FSUB | op::FMUL | op::FDIV) {
+        let (x, y) = (f64::from_bits(a as u64), f64::from_bits(b as u64));
+        let r = match op {
+            op::FADD => x + y,
+            op::FSUB => x - y,
+            op::FMUL => x * y,
+            _ => x / y,
+        };
+        return Ok(r.to_bits() as i64);
+    }
     let a = a.checked_mul(lmul).ok_or(())?;
     let b = b.checked_mul(rmul).ok_or(())?;
     let r = match op {
@@ -359,6 +369,14 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 }),
                 op::FLOAT_KEY => Ok(Lanes {
                     values: a.values.iter().map(|&v| float_key(v)).collect(),
+                    valid: a.valid,
+                }),
+                op::TO_FLOAT => Ok(Lanes {
+                    values: a
+                        .values
+                        .iter()
+                        .map(|&v| (v as f64 / *mul as f64).to_bits() as i64)
+                        .collect(),
                     valid: a.valid,
                 }),
                 op::YEAR | op::MONTH => Ok(Lanes {

@@ -13,11 +13,12 @@
 //! Every value is a signed 64-bit lane plus a validity flag: a decimal its unscaled value
 //! (precision at most 18 fits; a wider decimal column is accepted while its values fit,
 //! else the query fails with [`ComputeError::Overflow`]), integers and dates themselves,
-//! booleans 0 or 1. An expression is a tree evaluated column-at-a-time, one elementwise
+//! booleans 0 or 1, a Float64 its bits. An expression is a tree evaluated column-at-a-time, one elementwise
 //! pass (one kernel launch on CUDA) per node, each node's lanes a temporary buffer of
 //! `rows` i64s and `rows` validity bytes:
 //!
-//! - `Column`: Decimal128, Int8/16/32/64, Date32, Boolean (and a `UInt8` selection);
+//! - `Column`: Decimal128, Int8/16/32/64, Date32, Boolean, Float64 (and a `UInt8`
+//!   selection);
 //! - `Literal`: Decimal128 (its value within 64 bits), Int8/16/32/64, Date32, Boolean,
 //!   and their nulls;
 //! - `BinaryExpr`: `+ - *` on two decimals (the sum's operands aligned to the larger
@@ -25,12 +26,14 @@
 //!   the result type the host expression's `data_type`, checked against those rules) or
 //!   two integers (an Int32 result outside Int32's range is an overflow error where
 //!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
-//!   integers, dates and booleans; `AND`/`OR` with SQL's three-valued logic;
+//!   integers, dates and booleans; `+ - * /` and comparisons of two Float64s (IEEE 754,
+//!   as arrow computes them); `AND`/`OR` with SQL's three-valued logic;
 //! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`, `NegativeExpr` (as `0 - x`);
 //! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
 //!   decimal of an equal or larger scale (exact: a multiplication by 10^k), the result
 //!   checked against the target precision (or integer range): out of range is an error,
-//!   or a null for `TRY_CAST` and a cast whose options are `safe`.
+//!   or a null for `TRY_CAST` and a cast whose options are `safe`; an integer or decimal
+//!   to Float64 (`(double) v / 10^scale`, arrow's formula).
 //!
 //! Nulls propagate (a null operand gives a null), except through `AND`/`OR` (SQL's
 //! three-valued logic), `IS [NOT] NULL`, and a null predicate, which selects nothing.
@@ -164,6 +167,7 @@ impl DeviceExpr {
                 | DataType::Int64
                 | DataType::Date32
                 | DataType::Decimal128(..)
+                | DataType::Float64
         ) {
             return Err(Unsupported(format!("{data_type} has no device operator")));
         }

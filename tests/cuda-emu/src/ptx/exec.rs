@@ -197,6 +197,10 @@ fn alu32(op: AluOp, a: u32, b: u32) -> u32 {
         AluOp::Shl => a.checked_shl(b).unwrap_or(0),
         AluOp::ShrU => a.checked_shr(b).unwrap_or(0),
         AluOp::ShrS => ((a as i32) >> b.min(31)) as u32,
+        // The parser makes binary64 operations 64-bit only.
+        AluOp::FAdd | AluOp::FSub | AluOp::FMul | AluOp::FDiv => {
+            unreachable!("binary64 arithmetic on 32-bit registers")
+        }
     }
 }
 
@@ -225,6 +229,10 @@ fn alu64(op: AluOp, a: u64, b: u64) -> u64 {
         AluOp::Shl => a.checked_shl(b as u32).filter(|_| b < 64).unwrap_or(0),
         AluOp::ShrU => a.checked_shr(b as u32).filter(|_| b < 64).unwrap_or(0),
         AluOp::ShrS => ((a as i64) >> (b as u32).min(63)) as u64,
+        AluOp::FAdd => (f64::from_bits(a) + f64::from_bits(b)).to_bits(),
+        AluOp::FSub => (f64::from_bits(a) - f64::from_bits(b)).to_bits(),
+        AluOp::FMul => (f64::from_bits(a) * f64::from_bits(b)).to_bits(),
+        AluOp::FDiv => (f64::from_bits(a) / f64::from_bits(b)).to_bits(),
     }
 }
 
@@ -513,6 +521,7 @@ impl Launch<'_> {
                     r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64
                 }
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
+                Op::CvtF64S64 { d, a } => r!(*d) = (r!(*a) as i64 as f64).to_bits(),
                 Op::Cvt {
                     d,
                     a,

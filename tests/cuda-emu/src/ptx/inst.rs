@@ -52,6 +52,12 @@ pub(crate) enum AluOp {
     Shl,
     ShrU,
     ShrS,
+    /// `{add,sub,mul,div}.rn.f64` on the registers' bits: IEEE 754 binary64, rounded to
+    /// the nearest even (64-bit only).
+    FAdd,
+    FSub,
+    FMul,
+    FDiv,
 }
 
 /// One-operand integer operations.
@@ -255,6 +261,11 @@ pub(crate) enum Op {
         sbits: u8,
         ssigned: bool,
         dbits: u8,
+    },
+    /// `cvt.rn.f64.s64`: a signed 64-bit integer to the nearest binary64 (ties to even).
+    CvtF64S64 {
+        d: Slot,
+        a: Slot,
     },
     /// A scalar load of `size` bytes at `[base + off]`, extended (sign when `signed`)
     /// to a `dbits`-bit register.

@@ -690,7 +690,8 @@ pub(crate) fn evaluate(
 fn store_width(dt: &DataType) -> Result<u32, BoxError> {
     Ok(match dt {
         DataType::Decimal128(..) => 16,
-        DataType::Int64 => 8,
+        // A Float64's lanes are its bits.
+        DataType::Int64 | DataType::Float64 => 8,
         DataType::Int32 | DataType::Date32 => 4,
         DataType::Int16 => 2,
         DataType::Int8 => 1,
@@ -753,6 +754,8 @@ fn store_column(
     }
     let column = match width {
         16 => array::<i128>(cx, dt, lanes, n, width, bitmap, e)?,
+        // The lanes' bits, stored as they are.
+        8 if *dt == DataType::Float64 => array::<f64>(cx, dt, lanes, n, width, bitmap, e)?,
         8 => array::<i64>(cx, dt, lanes, n, width, bitmap, e)?,
         4 => array::<i32>(cx, dt, lanes, n, width, bitmap, e)?,
         2 => array::<i16>(cx, dt, lanes, n, width, bitmap, e)?,

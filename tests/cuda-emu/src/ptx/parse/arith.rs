@@ -14,6 +14,18 @@ impl<'a> Parser<'a> {
             line,
             ..
         } = *insn;
+        if matches!(mods, ["rn", "f64"]) && matches!(base, "add" | "sub" | "mul" | "div") {
+            // Binary64 arithmetic on 64-bit registers (bit-size registers go with any
+            // type of their size).
+            insn.nops(3)?;
+            let op = match base {
+                "add" => AluOp::FAdd,
+                "sub" => AluOp::FSub,
+                "mul" => AluOp::FMul,
+                _ => AluOp::FDiv,
+            };
+            return self.alu(fc, op, 64, 64, ops, line);
+        }
         match base {
             "add" | "sub" | "div" | "rem" | "min" | "max" => {
                 if mods.len() != 1 {

@@ -14,6 +14,12 @@ impl<'a> Parser<'a> {
             ..
         } = *insn;
         match base {
+            "cvt" if matches!(mods, ["rn", "f64", "s64"]) => {
+                insn.nops(2)?;
+                let d = self.dst(fc, &ops[0], W::Exact(64), line)?.0;
+                let a = self.src(fc, &ops[1], W::Exact(64), line)?;
+                Ok(Op::CvtF64S64 { d, a })
+            }
             "cvt" => {
                 if mods.len() != 2 {
                     return insn.unsupported();
