@@ -244,13 +244,7 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
         let sql = "SELECT l_orderkey, l_linenumber, l_extendedprice * (1 - l_discount) AS revenue \
                    FROM lineitem WHERE l_quantity > 10";
         let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        let want = session(data)
-            .sql(sql)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let want = datafusion_alone(data, sql).await;
         assert_eq!(rows(&got), rows(&want));
         let seen = running.devices.lock().unwrap().clone();
         assert_eq!(
@@ -334,13 +328,7 @@ fn auto_spreads_partitions_over_every_device_of_the_machine() {
         let sql = "SELECT l_orderkey, l_linenumber, l_extendedprice * (1 - l_discount) AS revenue \
                    FROM lineitem WHERE l_quantity > 10";
         let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        let want = session(data)
-            .sql(sql)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let want = datafusion_alone(data, sql).await;
         assert_eq!(rows(&got), rows(&want));
     });
     for (id, before) in before.iter().enumerate() {

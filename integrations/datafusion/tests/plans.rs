@@ -53,13 +53,7 @@ async fn check(name: &str, sql: &str) {
     assert_eq!(shown.matches("DeviceUnloadExec").count(), 1, "{shown}");
     assert!(!shown.contains("HostOnlyExec"), "{shown}");
     let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
-    let want = common::session(data)
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let want = common::datafusion_alone(data, sql).await;
     // Ordered queries: the same rows in the same order, every value equal.
     assert_eq!(
         pretty_format_batches(&got).unwrap().to_string(),
@@ -95,13 +89,7 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
     let device_plan = plan(&ctx, sql).await;
     assert!(text(&device_plan).contains("DevicePartialAggregateExec"));
     let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
-    let want = common::session(data)
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let want = common::datafusion_alone(data, sql).await;
     assert_eq!(
         pretty_format_batches(&got).unwrap().to_string(),
         pretty_format_batches(&want).unwrap().to_string()
@@ -162,13 +150,7 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
     let shown = text(&device_plan);
     assert!(shown.contains("DeviceFilterExec"), "{shown}");
     let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
-    let want = common::session(data)
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let want = common::datafusion_alone(data, sql).await;
     assert_eq!(
         pretty_format_batches(&got).unwrap().to_string(),
         pretty_format_batches(&want).unwrap().to_string()
@@ -506,13 +488,7 @@ async fn a_region_of_projections_alone_stays_on_the_host() {
             "{sql}\n{shown}"
         );
         let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
-        let want = common::session(data.clone())
-            .sql(sql)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let want = common::datafusion_alone(data.clone(), sql).await;
         let rows = |b: &[RecordBatch]| b.iter().map(RecordBatch::num_rows).sum::<usize>();
         assert_eq!(rows(&got), rows(&want), "{sql}");
     }

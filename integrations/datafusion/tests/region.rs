@@ -268,13 +268,7 @@ async fn partitions_beyond_the_per_device_limit_wait_for_a_slot() {
         1,
         "one partition at a time"
     );
-    let want = common::session(data)
-        .sql(QUERY)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let want = common::datafusion_alone(data, QUERY).await;
     assert_eq!(sorted_rows(&got), sorted_rows(&want));
     assert_eq!(pool.in_use(), 0);
 }

@@ -864,7 +864,7 @@ fn binary_node(
             binary.op()
         )))
     };
-    let op = match binary.op() {
+    let mut op = match binary.op() {
         Operator::Plus => op::ADD,
         Operator::Minus => op::SUB,
         Operator::Multiply => op::MUL,
@@ -891,21 +891,12 @@ fn binary_node(
             if kind(data_type)? != Kind::Float {
                 return refuse("float arithmetic whose result is not a Float64");
             }
-            let op = match op {
+            op = match op {
                 op::ADD => op::FADD,
                 op::SUB => op::FSUB,
                 op::MUL => op::FMUL,
                 _ => op::FDIV,
             };
-            return Ok(Node::Binary {
-                op,
-                left: Box::new(left),
-                right: Box::new(right),
-                lmul,
-                rmul,
-                lo,
-                hi,
-            });
         }
         op::ADD | op::SUB | op::MUL => match (lk, rk, kind(data_type)?) {
             (Kind::Decimal(ls), Kind::Decimal(rs), Kind::Decimal(s)) => {

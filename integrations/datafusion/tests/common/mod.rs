@@ -48,6 +48,17 @@ pub fn session(partitions: Vec<Vec<RecordBatch>>) -> SessionContext {
     ctx
 }
 
+/// `sql`'s result by DataFusion alone over `lineitem` of `partitions` ([`session`]).
+pub async fn datafusion_alone(partitions: Vec<Vec<RecordBatch>>, sql: &str) -> Vec<RecordBatch> {
+    session(partitions)
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap()
+}
+
 /// Registers `lineitem` in `ctx` (its partitions as they are).
 pub fn register_lineitem(ctx: &SessionContext, partitions: Vec<Vec<RecordBatch>>) {
     let table = MemTable::try_new(LineItemArrow::schema_ref(), partitions).expect("MemTable");
