@@ -90,6 +90,11 @@ async fn check(
                 ),
                 metric_sum(&device_plan, "DeviceUnloadExec", "compacted_batches"),
             );
+            // Run-time placement: partitions whose join table stayed on the host.
+            let on_host = metric_sum(&device_plan, "DeviceHashJoinExec", "partitions_on_host");
+            if on_host > 0 {
+                println!("    joins: {on_host} partition(s) joined on the host (build side heavier than estimated)");
+            }
             println!("    placement: {placement}");
             Ok(true)
         }
