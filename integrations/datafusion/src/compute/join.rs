@@ -836,12 +836,18 @@ impl JoinTable {
     }
 
     /// Adds `bytes` that a partition joining on the host (the table not uploaded) moved
-    /// over the link for a frame (its rows down, its join up): the query's total so far.
-    pub(crate) fn moved_on_host(&self, bytes: usize) -> usize {
-        use std::sync::atomic::Ordering;
+    /// over the link for a frame (its rows down, its join up).
+    pub(crate) fn moved_on_host(&self, bytes: usize) {
         self.moved_on_host
-            .fetch_add(bytes, Ordering::AcqRel)
-            .saturating_add(bytes)
+            .fetch_add(bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether the query's host joins have moved as many bytes over the link as the
+    /// table holds (when it is cheaper to upload it after all).
+    pub(crate) fn host_joins_outweigh_it(&self) -> bool {
+        self.moved_on_host
+            .load(std::sync::atomic::Ordering::Acquire)
+            >= self.link_bytes()
     }
 
     /// The host memory the table holds.
@@ -1301,15 +1307,7 @@ impl BuiltJoin {
             return Ok(None);
         }
         let field = self.mark_field()?;
-        let column = Arc::new(arrow_array::BooleanArray::from_iter(
-            flags.iter().map(|&f| Some(f != 0)),
-        ));
-        let batch = RecordBatch::try_new(schema_of(vec![field]), vec![column])?;
-        let mut transfer = Transfer::new(
-            device.device().clone(),
-            devarrow::bridge::TransferOptions::default(),
-        );
-        let mark = Arc::new(transfer.to_device(&batch)?);
+        let mark = Arc::new(booleans_on(field, flags.iter().map(|&f| f != 0), device)?);
         let all: Vec<u32> = (0..m as u32).collect();
         let gathered = if self.plan.build_columns.is_empty() {
             None
@@ -1384,19 +1382,12 @@ impl BuiltJoin {
             }
         }
         let hits = if self.rows == 0 {
-            vec![false; n]
+            vec![0; n]
         } else {
             check_cpu(device)?;
-            let (_, hits) = self.probe_on_host(frame)?;
-            hits.iter().map(|&h| h != 0).collect()
+            self.probe_on_host(frame)?.1
         };
-        let column = Arc::new(arrow_array::BooleanArray::from(hits));
-        let batch = RecordBatch::try_new(schema_of(vec![field]), vec![column])?;
-        let mut transfer = Transfer::new(
-            device.device().clone(),
-            devarrow::bridge::TransferOptions::default(),
-        );
-        Ok(transfer.to_device(&batch)?)
+        booleans_on(field, hits.iter().map(|&h| h != 0), device)
     }
 
     /// A mark join's Booleans with a filter: whether each probe row of `frame` has a
@@ -1416,16 +1407,7 @@ impl BuiltJoin {
         }
         check_cpu(device)?;
         let flags = host::load(&kept, "kept rows")?;
-        let column = Arc::new(arrow_array::BooleanArray::from_iter(
-            flags.values.iter().map(|&f| Some(f != 0)),
-        ));
-        let batch =
-            RecordBatch::try_new(schema_of(vec![field.with_nullable(false)]), vec![column])?;
-        let mut transfer = Transfer::new(
-            device.device().clone(),
-            devarrow::bridge::TransferOptions::default(),
-        );
-        Ok(transfer.to_device(&batch)?)
+        booleans_on(field, flags.values.iter().map(|&f| f != 0), device)
     }
 
     /// A right semi or anti join with a filter: the probe rows with a pair that passes
@@ -1978,6 +1960,21 @@ impl BuiltJoin {
             .collect();
         null_batch(fields, n, device)
     }
+}
+
+/// `values` as a batch of one Boolean column (`field`, no nulls) on `device` (uploaded).
+fn booleans_on(
+    field: Field,
+    values: impl Iterator<Item = bool>,
+    device: &ExecDevice,
+) -> Result<DeviceBatch, BoxError> {
+    let column = Arc::new(arrow_array::BooleanArray::from_iter(values.map(Some)));
+    let batch = RecordBatch::try_new(schema_of(vec![field.with_nullable(false)]), vec![column])?;
+    let mut transfer = Transfer::new(
+        device.device().clone(),
+        devarrow::bridge::TransferOptions::default(),
+    );
+    Ok(transfer.to_device(&batch)?)
 }
 
 /// `n` rows of `fields`, every value null, on `device` (uploaded).

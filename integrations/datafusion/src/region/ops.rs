@@ -543,7 +543,7 @@ impl DeviceOperator for HashJoinOperator {
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
         let mut bound = self.bound()?;
         let table = bound.built.table().clone();
-        if bound.on_host && table.moved_on_host(0) >= table.link_bytes() {
+        if bound.on_host && table.host_joins_outweigh_it() {
             // The query's host joins have moved as many bytes as the table holds: the
             // table goes up (or is there already, by another partition), with the
             // partition's marks so far, and the partition joins on the device.

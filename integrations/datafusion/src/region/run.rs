@@ -33,7 +33,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use crate::config::{DevarrowConfig, DeviceLease, DevicePool, PartitionTicket};
-use crate::error::DeviceExecError;
+use crate::error::{BoxError, DeviceExecError};
 use crate::frame::DeviceFrame;
 use crate::step::ExecDevice;
 
@@ -799,12 +799,6 @@ impl OperatorThread {
                     reason: e.to_string(),
                 })?;
         }
-        let operator_error = |op: &Arc<dyn DeviceOperator>, source| DeviceExecError::Operator {
-            operator: op.name().to_string(),
-            partition: self.partition,
-            batch: index,
-            source,
-        };
         let (current, after) = match start {
             Start::Frame(frame) => (frame, 0),
             Start::Finish(at) => {
@@ -813,7 +807,7 @@ impl OperatorThread {
                 let timer = time.timer();
                 let emitted = op
                     .finish(&cx)
-                    .map_err(|source| operator_error(op, source))?;
+                    .map_err(|source| self.operator_error(op, index, source))?;
                 timer.done();
                 match emitted {
                     Some(emitted) => (emitted, at + 1),
@@ -834,12 +828,6 @@ impl OperatorThread {
         held: &mut usize,
     ) -> Result<Vec<RecordBatch>> {
         let device = lease.device();
-        let operator_error = |op: &Arc<dyn DeviceOperator>, source| DeviceExecError::Operator {
-            operator: op.name().to_string(),
-            partition: self.partition,
-            batch: index,
-            source,
-        };
         self.reserve_batch(&current, held)?;
         for (k, (op, time, counts)) in ops.iter().enumerate() {
             let cx = counts.context(self.partition, index, device, &self.memory_pool);
@@ -865,7 +853,7 @@ impl OperatorThread {
             let timer = time.timer();
             current = op
                 .apply(frame, &cx)
-                .map_err(|source| operator_error(op, source))?;
+                .map_err(|source| self.operator_error(op, index, source))?;
             timer.done();
             self.reserve_batch(&current, held)?;
         }
@@ -883,6 +871,21 @@ impl OperatorThread {
                 }
                 Ok(host)
             }
+        }
+    }
+
+    /// Operator `op`'s error `source` on batch `index` of the partition.
+    fn operator_error(
+        &self,
+        op: &Arc<dyn DeviceOperator>,
+        index: usize,
+        source: BoxError,
+    ) -> DeviceExecError {
+        DeviceExecError::Operator {
+            operator: op.name().to_string(),
+            partition: self.partition,
+            batch: index,
+            source,
         }
     }
 
