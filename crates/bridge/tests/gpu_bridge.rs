@@ -2129,7 +2129,7 @@ mod cuda_interop {
     /// Booleans and string views built from cudarc slices (a kernel's output) download
     /// as the arrays they describe; the views' variadic sizes travel on the device.
     #[test]
-    fn booleans_and_views_from_cudarc_slices_download() {
+    fn booleans_views_and_offset_strings_from_cudarc_slices_download() {
         use arrow_array::{BooleanArray, StringViewArray};
         let (_lock, device) = gpu_or_skip!();
         let (_ctx, stream) = callers_stream();
@@ -2217,6 +2217,50 @@ mod cuda_interop {
                 .collect::<Vec<_>>(),
         );
         let expected = RecordBatch::try_new(schema, vec![Arc::new(flags), Arc::new(host)]).unwrap();
+        assert_eq!(back, expected);
+
+        // Offset-based strings: offsets of the type's width, at least one, and their
+        // bytes, down again as they are.
+        let host = arrow_array::LargeStringArray::from(vec![
+            Some("inline"),
+            None,
+            Some(""),
+            Some("a value longer than twelve bytes"),
+        ]);
+        let offsets = host.value_offsets().to_vec();
+        let bytes = host.value_data().to_vec();
+        // SAFETY: refused before any offset is used (i64 offsets are not Utf8's).
+        let err = unsafe {
+            CudaArray::from_offsets(
+                DataType::Utf8,
+                stream.clone_htod(&offsets).unwrap(),
+                stream.clone_htod(&bytes).unwrap(),
+                None,
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        let bitmap = host.nulls().unwrap().buffer().as_slice().to_vec();
+        // SAFETY: arrow-rs's offsets, well formed for these bytes.
+        let strings = unsafe {
+            CudaArray::from_offsets(
+                DataType::LargeUtf8,
+                stream.clone_htod(&offsets).unwrap(),
+                stream.clone_htod(&bytes).unwrap(),
+                Some((stream.clone_htod(&bitmap).unwrap(), Some(1))),
+            )
+        }
+        .unwrap();
+        assert_eq!((strings.len(), strings.null_count()), (4, 1));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "s",
+            DataType::LargeUtf8,
+            true,
+        )]));
+        let on_device =
+            DeviceBatch::from_cuda_arrays(device.clone(), schema.clone(), vec![strings]).unwrap();
+        let back = transfer(&device).to_host(&on_device).unwrap();
+        let expected = RecordBatch::try_new(schema, vec![Arc::new(host)]).unwrap();
         assert_eq!(back, expected);
     }
 }

@@ -341,6 +341,68 @@ impl CudaArray {
         Ok(Self { data, stream })
     }
 
+    /// A `Utf8` or `Binary` array of `i32` offsets, or a `LargeUtf8` or `LargeBinary`
+    /// array of `i64` offsets (else [`CudaError::TypeMismatch`]), of `offsets.len() - 1`
+    /// rows (at least one offset, else [`CudaError::InvalidArgument`]) whose values are
+    /// the ranges of `data` the offsets delimit, with an optional validity bitmap and
+    /// null count as for [`CudaArray::with_validity`]. The per-thread default stream is
+    /// refused. The slices are consumed.
+    ///
+    /// # Safety
+    /// Nothing reads the offsets here. They must be as Arrow requires, once written on
+    /// the offsets' stream: non-decreasing, the first at least 0, the last at most
+    /// `data.len()`, and for `Utf8` and `LargeUtf8` every value UTF-8. A consumer that
+    /// reads the array on the host (a download) trusts them.
+    pub unsafe fn from_offsets<O: DeviceNative>(
+        data_type: DataType,
+        offsets: CudaSlice<O>,
+        data: CudaSlice<u8>,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        let width = match data_type {
+            DataType::Utf8 | DataType::Binary => "i32",
+            DataType::LargeUtf8 | DataType::LargeBinary => "i64",
+            _ => "",
+        };
+        if O::NAME != width {
+            return Err(CudaError::TypeMismatch {
+                data_type,
+                native: O::NAME,
+            });
+        }
+        let Some(len) = offsets.len().checked_sub(1) else {
+            return Err(CudaError::InvalidArgument(
+                "an offsets buffer of no offset (a string array has rows + 1)".into(),
+            ));
+        };
+        let stream = offsets.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        same_context(stream.context(), data.context())?;
+        stream_waits_for(&stream, data.stream())?;
+        let offsets_ptr = address_for_reads(&offsets, &stream);
+        let data_ptr = address_for_reads(&data, &stream);
+        let nulls = nulls(&stream, len, validity)?;
+        // SAFETY: the buffers are only exported (address and length), never read.
+        let (offsets, data) = unsafe {
+            (
+                device_buffer(offsets, offsets_ptr),
+                device_buffer(data, data_ptr),
+            )
+        };
+        // SAFETY: `len + 1` offsets of the type's width (checked above) into `data`, as
+        // the caller promises, and a bitmap with its null count (checked by `nulls`);
+        // `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(data_type)
+                .len(len)
+                .nulls(nulls)
+                .add_buffer(offsets)
+                .add_buffer(data)
+                .build_unchecked()
+        };
+        Ok(Self { data, stream })
+    }
+
     /// The data type.
     pub fn data_type(&self) -> &DataType {
         self.data.data_type()

@@ -999,8 +999,17 @@ pub async fn check_compact(device: &ExecDevice) {
 
 /// String predicates over a `Utf8View` column (`=`, `<>`, `IN`, `NOT IN` against
 /// literals of at most 12 bytes), with nulls, values longer than 12 bytes and a slice,
-/// select DataFusion's rows; a longer literal says why it stays on the host.
+/// select DataFusion's rows; a longer literal says why it stays on the host. The same
+/// over `Utf8` and `LargeUtf8` columns (read through views made of their offsets),
+/// whose `substr` (a string of their type, not a view) stays on the host.
 pub async fn check_string_predicates(device: &ExecDevice) {
+    for strings in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
+        string_predicates_of(device, &strings).await;
+    }
+}
+
+/// [`check_string_predicates`] over string columns of `strings`.
+async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
     let n = 60;
     let modes = [
         "AIR", "REG AIR", "MAIL", "SHIP", "TRUCK", "FOB", "RAIL", "ünï",
@@ -1036,10 +1045,11 @@ pub async fn check_string_predicates(device: &ExecDevice) {
     }
     let c = c.finish();
     assert!(c.data_buffers().len() > 1, "several blocks");
+    let cast = |a: ArrayRef| datafusion::arrow::compute::cast(&a, strings).unwrap();
     let batch = RecordBatch::try_from_iter([
-        ("s", Arc::new(s) as ArrayRef),
+        ("s", cast(Arc::new(s))),
         ("x", Arc::new(x)),
-        ("c", Arc::new(c)),
+        ("c", cast(Arc::new(c))),
     ])
     .unwrap();
     let ctx = SessionContext::new();
@@ -1123,7 +1133,7 @@ pub async fn check_string_predicates(device: &ExecDevice) {
                     assert_eq!(
                         mask.value(i) == 1,
                         want.is_valid(i) && want.value(i),
-                        "{text} row {i}"
+                        "{text} over {strings}: row {i}"
                     );
                 }
             }
@@ -1137,6 +1147,12 @@ pub async fn check_string_predicates(device: &ExecDevice) {
         "substring(c from 1 for 1)",
         "substr(s, 1, 1)",
     ] {
+        if strings != &DataType::Utf8View {
+            let (e, schema, _) = projection_of(&ctx, "v", text).await;
+            let refused = DeviceExpr::compile(&e, &schema);
+            assert!(refused.is_err(), "{text} over {strings}: {refused:?}");
+            continue;
+        }
         let compiled = assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
         assert_eq!(compiled.data_type(), &DataType::Utf8View);
     }
@@ -1470,6 +1486,12 @@ pub async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>
 /// (keys that repeat) and `fact` (the large side, two partitions of two batches: keys
 /// that match, that do not, and nulls).
 fn join_tables(ctx: &SessionContext) {
+    join_tables_of(ctx, &DataType::Utf8View);
+}
+
+/// [`join_tables`] with their string columns of type `strings` (`Utf8View`, `Utf8` or
+/// `LargeUtf8`).
+fn join_tables_of(ctx: &SessionContext, strings: &DataType) {
     use arrow_array::StringViewArray;
     let dim_schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int32, true),
@@ -1584,15 +1606,37 @@ fn join_tables(ctx: &SessionContext) {
         )
         .unwrap()
     };
-    let register = |name: &str, schema, parts| {
-        let table = MemTable::try_new(schema, parts).unwrap();
+    // The string columns cast to `strings`.
+    let typed = |batch: RecordBatch| {
+        let fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Utf8View => f.as_ref().clone().with_data_type(strings.clone()),
+                _ => f.as_ref().clone(),
+            })
+            .collect();
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(&fields)
+            .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).unwrap())
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    };
+    let register = |name: &str, parts: Vec<Vec<RecordBatch>>| {
+        let parts: Vec<Vec<RecordBatch>> = parts
+            .into_iter()
+            .map(|p| p.into_iter().map(typed).collect())
+            .collect();
+        let table = MemTable::try_new(parts[0][0].schema(), parts).unwrap();
         ctx.register_table(name, Arc::new(table)).unwrap();
     };
-    register("dim", dim_schema, vec![vec![dim]]);
-    register("dup", dup.schema(), vec![vec![dup]]);
+    register("dim", vec![vec![dim]]);
+    register("dup", vec![vec![dup]]);
     register(
         "fact",
-        fact_schema.clone(),
         vec![vec![fact(0, 0), fact(0, 1)], vec![fact(1, 0), fact(1, 1)]],
     );
 }
@@ -1604,10 +1648,24 @@ fn join_tables(ctx: &SessionContext) {
 /// keys that repeat (one row per matching pair), an empty build side; each plan has its
 /// `DeviceHashJoinExec`.
 pub async fn check_joins(device: &ExecDevice) {
+    check_join_cases(device, &DataType::Utf8View, &["CollectLeft", "Partitioned"]).await;
+}
+
+/// [`check_joins`]' cases over string columns of `Utf8` (build side collected) and
+/// `LargeUtf8` (partitioned): keys read through views made of their offsets on the
+/// device, build and probe columns gathered by their offsets (`gather_lengths`, a scan,
+/// `gather_strings`), `LIKE` and `=` over them.
+pub async fn check_offset_string_joins(device: &ExecDevice) {
+    check_join_cases(device, &DataType::Utf8, &["CollectLeft"]).await;
+    check_join_cases(device, &DataType::LargeUtf8, &["Partitioned"]).await;
+}
+
+/// [`check_joins`]' cases over [`join_tables_of`] `strings`, in each of `modes`.
+async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str]) {
     let ctx = every_join_session(device).await;
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-    join_tables(&ctx);
-    join_tables(&plain);
+    join_tables_of(&ctx, strings);
+    join_tables_of(&plain, strings);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
     let cases: [&str; 61] = [
@@ -1740,7 +1798,7 @@ pub async fn check_joins(device: &ExecDevice) {
     ];
     // Each case with the build side collected (shared by the probe partitions), then
     // partitioned by the keys (each partition its own).
-    for mode in ["CollectLeft", "Partitioned"] {
+    for &mode in modes {
         if mode == "Partitioned" {
             for set in [
                 "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
@@ -1759,7 +1817,11 @@ pub async fn check_joins(device: &ExecDevice) {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
             let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
-            assert_eq!(lines(&got), lines(&want), "{mode}: {sql}\n{shown}");
+            assert_eq!(
+                lines(&got),
+                lines(&want),
+                "{mode}, {strings}: {sql}\n{shown}"
+            );
         }
     }
 }
@@ -1768,6 +1830,13 @@ pub async fn check_joins(device: &ExecDevice) {
 async fn joins_are_datafusions() {
     if own_tests() {
         check_joins(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn joins_over_offset_strings_are_datafusions() {
+    if own_tests() {
+        check_offset_string_joins(&ExecDevice::cpu()).await;
     }
 }
 

@@ -161,7 +161,7 @@ pub(crate) enum Node {
         lo: i64,
         hi: i64,
     },
-    /// Whether a `Utf8View` column's value is one of `words` (`col = 'x'`, `col IN ('x',
+    /// Whether a string column's value is one of `words` (`col = 'x'`, `col IN ('x',
     /// 'y')`, negated for `<>` and `NOT IN`): each literal as the 16 bytes of its view
     /// (length, then its at most 12 bytes inline, zero-padded), which a value's view
     /// equals exactly when the value equals the literal (a longer value's length differs).
@@ -172,7 +172,7 @@ pub(crate) enum Node {
         words: Vec<[u64; 2]>,
         negated: bool,
     },
-    /// Whether a `Utf8View` column's value matches a `LIKE` pattern (negated for `NOT
+    /// Whether a string column's value matches a `LIKE` pattern (negated for `NOT
     /// LIKE`; an exact pattern for `=` and `<>` with a literal of more than 12 bytes). A
     /// null value gives null. The values' bytes are read where they lie: in the view, or
     /// in its buffer (a view outside its buffer is an input error).
@@ -193,7 +193,7 @@ pub(crate) enum Node {
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
-    /// Lane `word` (0 or 1) of a `Utf8View` column's value as a join key
+    /// Lane `word` (0 or 1) of a string column's value as a join key
     /// ([`string_key_lanes`]): only a join's probe keys, never compiled from an expression.
     /// A null value gives null.
     StrKey {
@@ -539,14 +539,16 @@ fn string_equals(subject: Subject, literals: Vec<Vec<u8>>, negated: bool) -> Nod
     }
 }
 
-/// A `Utf8View` column of the input (`None`: not a column, or another type).
+/// A string column of the input: `Utf8View`, `Utf8` or `LargeUtf8` (`None`: not a
+/// column, or another type). The device reads the last two through views made of their
+/// offsets.
 fn view_column(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(usize, String)> {
     let column = expr.downcast_ref::<Column>()?;
     let field = input.fields().get(column.index())?;
-    (field.data_type() == &DataType::Utf8View).then(|| (column.index(), column.name().into()))
+    super::string_type(field.data_type()).then(|| (column.index(), column.name().into()))
 }
 
-/// What a string comparison compares: a `Utf8View` column, or the first `k` characters
+/// What a string comparison compares: a string column, or the first `k` characters
 /// of one (`substr(col, 1, k)`, `k` at least 1).
 struct Subject {
     index: usize,
@@ -583,7 +585,7 @@ fn view_subject(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Subject>
     })
 }
 
-/// `col = 'x'`, `'x' = col`, `col <> 'x'` over a `Utf8View` column.
+/// `col = 'x'`, `'x' = col`, `col <> 'x'` over a string column.
 fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, Unsupported> {
     let negated = match binary.op() {
         Operator::Eq => false,
@@ -603,7 +605,7 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
     Ok(Some(string_equals(subject, vec![bytes], negated)))
 }
 
-/// `col IN ('x', 'y', ...)` and `NOT IN` over a `Utf8View` column.
+/// `col IN ('x', 'y', ...)` and `NOT IN` over a string column.
 fn string_in_list(
     expr: &Arc<dyn PhysicalExpr>,
     list: &[Arc<dyn PhysicalExpr>],
@@ -657,6 +659,10 @@ pub(crate) const PREFIX_CHARS: usize = 3;
 pub(crate) fn prefix_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
     let subject = view_subject(expr, input)?;
     let chars = subject.prefix.filter(|k| *k <= PREFIX_CHARS)?;
+    // Its value is a view: only where the column's (and so `substr`'s) type is one.
+    if input.field(subject.index).data_type() != &DataType::Utf8View {
+        return None;
+    }
     Some(Node::Prefix {
         index: subject.index,
         name: subject.name,
@@ -702,7 +708,7 @@ fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupporte
     })
 }
 
-/// `col LIKE 'pattern'` (and `NOT LIKE`) over a `Utf8View` column, for patterns of
+/// `col LIKE 'pattern'` (and `NOT LIKE`) over a string column, for patterns of
 /// literal bytes and `%`.
 fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     if like.case_insensitive() {
@@ -712,7 +718,7 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     }
     let Some((index, name)) = view_column(like.expr(), input) else {
         return Err(Unsupported(format!(
-            "`{like}`: LIKE on the device takes a Utf8View column"
+            "`{like}`: LIKE on the device takes a string column"
         )));
     };
     let pattern = match like.pattern().downcast_ref::<Literal>().map(Literal::value) {

@@ -485,17 +485,53 @@ pub(crate) fn prefixes(
     Ok(out.finish())
 }
 
-/// The bytes of each value of a `Utf8View` column on the CPU device (`None`: null),
-/// read where they lie: in the view, or in the variadic buffer it names.
+/// The bytes of each value of a string column on the CPU device (`None`: null): a
+/// `Utf8View` column's read where they lie (in the view, or in the variadic buffer it
+/// names), a `Utf8` or `LargeUtf8` column's by its offsets.
 pub(crate) fn view_values<'a>(
     column: &'a FrameColumn,
     name: &str,
 ) -> Result<Vec<Option<&'a [u8]>>, BoxError> {
     ready(column)?;
     let c = column.column();
-    super::check_view(&c, name)?;
+    super::check_string(&c, name)?;
     let valid = validity(&c)?;
     let (offset, len) = (c.offset(), c.len());
+    let outside = || -> BoxError {
+        ComputeError::Input(format!(
+            "column `{name}`: a string view points outside its buffers"
+        ))
+        .into()
+    };
+    let mut out = Vec::with_capacity(len);
+    if let DataType::Utf8 | DataType::LargeUtf8 = c.data_type() {
+        let width = if c.data_type() == &DataType::Utf8 {
+            4
+        } else {
+            8
+        };
+        let offsets = cpu_bytes(c.buffer(1).ok_or("a string column without offsets")?)?;
+        let data = match c.buffer(2) {
+            Some(b) => cpu_bytes(b)?,
+            None => &[],
+        };
+        let at = |j: usize| -> Result<usize, BoxError> {
+            let b = offsets
+                .get(j * width..j * width + width)
+                .ok_or("an offsets buffer too short")?;
+            let v = match b.len() {
+                4 => i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                _ => i64::from_le_bytes(b.try_into().expect("8 bytes")),
+            };
+            usize::try_from(v).map_err(|_| outside())
+        };
+        for i in 0..len {
+            let (start, end) = (at(offset + i)?, at(offset + i + 1)?);
+            let bytes = data.get(start..end).ok_or_else(outside)?;
+            out.push(valid.as_ref().is_none_or(|v| v[i] != 0).then_some(bytes));
+        }
+        return Ok(out);
+    }
     let views = cpu_bytes(c.buffer(1).ok_or("a view column without views")?)?;
     let views = views
         .get(offset * 16..(offset + len) * 16)
@@ -504,13 +540,6 @@ pub(crate) fn view_values<'a>(
     let blocks = (2..c.n_buffers().saturating_sub(1))
         .map(|b| c.buffer(b).map_or(Ok(&[][..]), cpu_bytes))
         .collect::<Result<Vec<_>, _>>()?;
-    let outside = || -> BoxError {
-        ComputeError::Input(format!(
-            "column `{name}`: a string view points outside its buffers"
-        ))
-        .into()
-    };
-    let mut out = Vec::with_capacity(len);
     for (i, view) in views.chunks_exact(16).enumerate() {
         if valid.as_ref().is_some_and(|v| v[i] == 0) {
             out.push(None);
@@ -550,7 +579,7 @@ pub(crate) type KeyWords = (Vec<[u64; KEY_WORDS]>, Option<Vec<u8>>);
 /// view of at most 12 bytes has, so it equals none of them.
 pub(crate) const LONG_STRING: [u64; KEY_WORDS] = [u64::MAX; KEY_WORDS];
 
-/// The key words of a `Utf8View` or `Utf8` column, per row, and its validity; a string
+/// The key words of a `Utf8View`, `Utf8` or `LargeUtf8` column, per row, and its validity; a string
 /// of more than 12 bytes is an error.
 pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, BoxError> {
     string_words(column, name, None)
@@ -595,25 +624,12 @@ pub(crate) fn string_words(
                 keys.push(key);
             }
         }
-        DataType::Utf8 => {
-            let offsets = cpu_bytes(c.buffer(1).ok_or("a Utf8 column without offsets")?)?;
-            let data = match c.buffer(2) {
-                Some(b) => cpu_bytes(b)?,
-                None => &[],
-            };
-            let at = |j: usize| -> Result<usize, BoxError> {
-                let b = offsets
-                    .get(j * 4..j * 4 + 4)
-                    .ok_or("an offsets buffer too short")?;
-                Ok(i32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-            };
-            for i in 0..len {
-                if valid.as_ref().is_some_and(|v| v[i] == 0) {
+        DataType::Utf8 | DataType::LargeUtf8 => {
+            for (i, value) in view_values(column, name)?.into_iter().enumerate() {
+                let Some(bytes) = value else {
                     keys.push([0; KEY_WORDS]);
                     continue;
-                }
-                let (start, end) = (at(offset + i)?, at(offset + i + 1)?);
-                let bytes = data.get(start..end).ok_or("a Utf8 data buffer too short")?;
+                };
                 keys.push(match (string_key(bytes), long) {
                     (Some(key), _) => key,
                     (None, Some(long)) => long,

@@ -31,9 +31,10 @@
 //!   join's its right join's.
 //! - **What the device does not join** is refused when compiled, with the reason that
 //!   `EXPLAIN` shows: keys
-//!   that are not integers, dates, decimals (up to 18 digits) or `Utf8View` strings of
-//!   one type on both sides, null-equal or null-aware joins, a fetch, build columns of types the device does not gather (`Utf8`, nested
-//!   types).
+//!   that are not integers, dates, decimals (up to 18 digits) or strings (`Utf8View`,
+//!   `Utf8`, `LargeUtf8`) of one type on both sides, null-equal or null-aware joins, a
+//!   fetch, output columns of types the device does not gather (nested types,
+//!   dictionaries).
 //! - **Duplicate build keys** (an inner join whose probe rows may match several build
 //!   rows) are found when the table is built ([`BuiltJoin::is_unique`] is false; the rows
 //!   of a key are chained). Each frame then makes one row per matching pair: the matches
@@ -61,7 +62,7 @@ use devarrow::bridge::{DeviceBatch, Transfer};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 
 use super::expr::hash;
-use super::{check_cpu, compactable, cpu_column, host, ComputeError, DeviceExpr, Unsupported};
+use super::{check_cpu, cpu_column, gathered, host, ComputeError, DeviceExpr, Unsupported};
 use crate::error::{BoxError, DeviceExecError};
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
@@ -275,7 +276,7 @@ fn key_type(data_type: &DataType) -> bool {
             true
         }
         DataType::Decimal128(p, s) => *p <= 18 && *s >= 0,
-        DataType::Utf8View => true,
+        DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8 => true,
         _ => false,
     }
 }
@@ -342,10 +343,10 @@ impl DeviceHashJoin {
             if lt != rt || !key_type(&lt) {
                 return Err(Unsupported(format!(
                     "join keys `{l}` ({lt}) and `{r}` ({rt}): the device joins on integers, \
-                     dates, decimals of at most 18 digits and Utf8View strings, of one type"
+                     dates, decimals of at most 18 digits and strings, of one type"
                 )));
             }
-            if lt == DataType::Utf8View {
+            if super::string_type(&lt) {
                 let column = r
                     .downcast_ref::<datafusion::physical_expr::expressions::Column>()
                     .ok_or_else(|| {
@@ -432,28 +433,35 @@ impl DeviceHashJoin {
                 Some((predicate, filter.schema().clone(), columns))
             }
         };
-        for &i in &build_columns {
-            let field = left.field(i);
-            if !compactable(field.data_type()) {
+        let plan = Plan {
+            kind,
+            probe_keys,
+            build_keys,
+            string_keys,
+            build_schema: left.clone(),
+            build_columns,
+            output,
+            schema: join.schema(),
+            filter,
+        };
+        // Build columns are gathered to the probe rows; probe columns to the pairs of
+        // matching rows where build keys repeat (known only when the table is built).
+        let build = plan.build_columns.iter().map(|&i| ("build", left.field(i)));
+        let probe = plan
+            .probe_columns()
+            .into_iter()
+            .map(|i| ("probe", right.field(i)));
+        for (side, field) in build.chain(probe) {
+            if !gathered(field.data_type()) {
                 return Err(Unsupported(format!(
-                    "build column `{}` is {}, which the device does not gather",
+                    "{side} column `{}` is {}, which the device does not gather",
                     field.name(),
                     field.data_type()
                 )));
             }
         }
         Ok(Self {
-            plan: Arc::new(Plan {
-                kind,
-                probe_keys,
-                build_keys,
-                string_keys,
-                build_schema: left,
-                build_columns,
-                output,
-                schema: join.schema(),
-                filter,
-            }),
+            plan: Arc::new(plan),
         })
     }
 

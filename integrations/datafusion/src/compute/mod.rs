@@ -351,19 +351,28 @@ pub fn select_deferred(
     Ok((column, PendingCheck::default()))
 }
 
-/// Checks that a column read as strings by the device is a `Utf8View` one.
-pub(crate) fn check_view(
+/// Checks that a column the device reads as strings is one: `Utf8View`, or `Utf8` and
+/// `LargeUtf8` (read through views made of their offsets).
+pub(crate) fn check_string(
     c: &devarrow::bridge::DeviceColumn<'_>,
     name: &str,
 ) -> Result<(), BoxError> {
-    if c.data_type() != &DataType::Utf8View {
+    if !string_type(c.data_type()) {
         return Err(ComputeError::Input(format!(
-            "column `{name}` is {}, not Utf8View",
+            "column `{name}` is {}, not a string",
             c.data_type()
         ))
         .into());
     }
     Ok(())
+}
+
+/// Whether the device reads a column of `data_type` as strings.
+pub(crate) fn string_type(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8
+    )
 }
 
 /// The bytes per value of a fixed-width type [`compact`] moves on the device (the types
@@ -398,6 +407,17 @@ pub(crate) fn compactable(data_type: &DataType) -> bool {
         || matches!(
             data_type,
             DataType::Boolean | DataType::Utf8View | DataType::BinaryView
+        )
+}
+
+/// Whether a join gathers columns of `data_type` on the device: what [`compact`] moves,
+/// and offset-based strings and binaries (their lengths gathered and scanned, then their
+/// bytes copied: `gather_lengths`, `gather_strings`).
+pub(crate) fn gathered(data_type: &DataType) -> bool {
+    compactable(data_type)
+        || matches!(
+            data_type,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
         )
 }
 

@@ -290,7 +290,7 @@ pub(crate) fn compact(
 }
 
 /// Copies the last of `n` i64s of `from` into `to[at]` (stream order, no host wait).
-fn copy_last(
+pub(super) fn copy_last(
     cx: &Cx<'_>,
     from: &CudaSlice<i64>,
     n: usize,

@@ -12,7 +12,7 @@ use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits, view_bytes};
 use super::{
-    addr, aligned, context, eval, pending, selected, variadic_tables, view_column,
+    addr, aligned, context, eval, pending, selected, variadic_tables, view_args,
     view_device_column, Cx, A,
 };
 use crate::compute::host::frame_column;
@@ -430,9 +430,7 @@ fn verify_strings(
 ) -> Result<(), BoxError> {
     let s = cx.stream;
     let n = frame.num_rows();
-    let (probe, _) = view_column(frame_column(frame, index, name)?, name)?;
-    let (probe_at, probe_views) = at_first_row(cx, &probe, 1, 16, name)?;
-    let probe_tables = variadic_tables(cx, &probe)?;
+    let probe = view_args(cx, frame_column(frame, index, name)?, name, n, err)?;
     let strings = p
         .tables
         .strings
@@ -454,18 +452,20 @@ fn verify_strings(
             A::U64(addr(hit, s)),
             A::U64(n as u64),
             A::U32(p.anti as u32),
-            A::U64(probe_at),
-            A::U64(addr(&probe_tables.0, s)),
-            A::U64(addr(&probe_tables.1, s)),
-            A::U64(probe_tables.2),
+            A::U64(probe.first_view()),
+        ]
+        .into_iter()
+        .chain(probe.tables())
+        .chain([
             A::U64(build_at),
             A::U64(addr(&build_tables.0, s)),
             A::U64(addr(&build_tables.1, s)),
             A::U64(build_tables.2),
             A::U64(err),
-        ],
+        ])
+        .collect::<Vec<_>>(),
     )?;
-    drop((probe_views, build_views, probe_tables, build_tables));
+    drop((probe, build_views, build_tables));
     Ok(())
 }
 
@@ -651,8 +651,10 @@ fn gather_bitmap(
 }
 
 /// A gathered column's array, made once its null count is known.
-type Build<'a> =
-    Box<dyn FnOnce(Option<(CudaSlice<u8>, Option<usize>)>) -> Result<CudaArray, BoxError> + 'a>;
+/// Its arguments: the validity with its null count, and the read-back scalars.
+type Build<'a> = Box<
+    dyn FnOnce(Option<(CudaSlice<u8>, Option<usize>)>, &[i64]) -> Result<CudaArray, BoxError> + 'a,
+>;
 
 /// Every column of `payload` gathered to `n` rows by `idx` (a build row, or none: zero
 /// bits), as one batch of nullable columns.
@@ -690,8 +692,12 @@ fn gather(
     let s = cx.stream;
     let at = addr(idx, s);
     let words = n.div_ceil(32);
-    let counts = cx.zeros::<i64>(columns.len())?;
+    // Read back: each column's valid rows, each string column's bytes, the error word.
+    let slots = columns.len();
+    let mut counts = cx.zeros::<i64>(2 * slots + 1)?;
+    let error = addr(&counts, s) + 8 * (2 * slots) as u64;
     let mut nullable = false;
+    let mut strings = false;
     let mut held = Vec::new();
     let (columns, matched) = match columns.split_last() {
         Some(((c, _), rest)) if right => {
@@ -740,7 +746,7 @@ fn gather(
                 let values = values_bits(cx, c, &what)?;
                 let bits = gather_bitmap(cx, c, &values, at, n, 0, &what)?;
                 held.push(values);
-                Box::new(move |validity| Ok(CudaArray::from_bits(n, bits, validity)?))
+                Box::new(move |validity, _| Ok(CudaArray::from_bits(n, bits, validity)?))
             }
             DataType::Utf8View | DataType::BinaryView => {
                 let (views, view) = at_first_row(cx, c, 1, 16, name)?;
@@ -777,7 +783,7 @@ fn gather(
                     data.push(to);
                 }
                 let dt = dt.clone();
-                Box::new(move |validity| {
+                Box::new(move |validity, _| {
                     // Each view is the column's (or zero: an empty value), the column
                     // one devarrow uploaded (a build side's) or checked (a probe side's:
                     // `join_expanded`), naming the same buffer, copied whole, at the same
@@ -787,6 +793,23 @@ fn gather(
                     Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?)
                 })
             }
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => {
+                let cuda = device
+                    .cuda()
+                    .ok_or("a gather on CUDA of a device that is not CUDA's")?;
+                let gathered = GatheredStrings::lengths(cx, cuda, c, at, n, name, error)?;
+                let slot = slots + i;
+                if n > 0 {
+                    super::compact::copy_last(cx, &gathered.lens, n, &mut counts, slot)?;
+                }
+                held.extend(gathered.held);
+                strings = true;
+                let (dt, lens, source) = (dt.clone(), gathered.lens, gathered.source);
+                Box::new(move |validity, read| {
+                    let bytes = read[slot].max(0) as usize;
+                    gathered_strings(cx, dt, (at, n), source, &lens, bytes, validity)
+                })
+            }
             _ => {
                 let width = fixed_width(&dt).ok_or_else(|| {
                     ComputeError::Input(format!("build column `{name}` of {dt} is not gathered"))
@@ -794,7 +817,7 @@ fn gather(
                 let (values, view) = at_first_row(cx, c, 1, u64::from(width), name)?;
                 held.push(view);
                 let dt = dt.clone();
-                Box::new(move |validity| {
+                Box::new(move |validity, _| {
                     fixed_array(cx, dt, width, n, validity, |out| {
                         cx.launch(
                             &cx.k.gather_fixed,
@@ -813,17 +836,24 @@ fn gather(
         };
         pending.push((validity, build));
     }
-    // One read-back of the valid rows' counts, where a column has a bitmap.
+    // One read-back of the valid rows' counts (where a column has a bitmap) and the
+    // string columns' bytes (where there is one).
     let mut read = vec![0i64; counts.len()];
-    if nullable {
+    if nullable || strings {
         s.memcpy_dtoh(&counts, &mut read)?;
         s.synchronize()?;
     }
+    if read[2 * slots] != 0 {
+        return Err(ComputeError::Input(
+            "a string column's offsets outside its data, gathered on the device".into(),
+        )
+        .into());
+    }
     let mut arrays = Vec::with_capacity(pending.len());
     for (validity, build) in pending {
-        arrays.push(build(validity.map(|(bits, slot)| {
-            (bits, Some(n.saturating_sub(read[slot].max(0) as usize)))
-        }))?);
+        let validity =
+            validity.map(|(bits, slot)| (bits, Some(n.saturating_sub(read[slot].max(0) as usize))));
+        arrays.push(build(validity, &read)?);
     }
     drop((held, counts, matched));
     let fields: Vec<Field> = columns
@@ -835,4 +865,145 @@ fn gather(
         Arc::new(Schema::new(fields)),
         arrays,
     )?)
+}
+
+/// Where an offset-based string column's rows lie: its offsets at its first row, whether
+/// they are i64 (else i32), its data and the data's bytes.
+#[derive(Clone, Copy)]
+struct StringSource {
+    offsets: u64,
+    wide: bool,
+    data: u64,
+}
+
+/// An offset-based string column's lengths gathered by `idx`, scanned (`gather_lengths`,
+/// devarrow's scan): the scan, where the rows lie, and the column's buffers, borrowed
+/// until the gather.
+struct GatheredStrings<'a> {
+    lens: CudaSlice<i64>,
+    source: StringSource,
+    held: Vec<devarrow::cuda::BorrowedSlice<'a, u8>>,
+}
+
+impl<'a> GatheredStrings<'a> {
+    /// The lengths of `c`'s rows at `idx` (`n` of them, 0 where ~0), scanned in place;
+    /// offsets outside its data flagged at `err`.
+    fn lengths(
+        cx: &Cx<'_>,
+        cuda: &Arc<CudaDevice>,
+        c: &DeviceColumn<'a>,
+        idx: u64,
+        n: usize,
+        name: &str,
+        err: u64,
+    ) -> Result<Self, BoxError> {
+        use devarrow::abi::device::DeviceKernels;
+
+        let s = cx.stream;
+        let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
+        let width: u64 = if wide { 8 } else { 4 };
+        let offsets = c
+            .buffer(1)
+            .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
+        if (offsets.len() as u64) < width * (c.offset() + c.len() + 1) as u64 {
+            return Err(ComputeError::Input(format!(
+                "column `{name}`: an offsets buffer too short"
+            ))
+            .into());
+        }
+        let offsets = offsets.cuda_view::<u8>(s)?;
+        let first = offsets.device_ptr() + width * c.offset() as u64;
+        aligned(first, width, name)?;
+        let mut held = vec![offsets];
+        let (data, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
+            Some(data) => {
+                let data = data.cuda_view::<u8>(s)?;
+                let at = (data.device_ptr(), data.len() as u64);
+                held.push(data);
+                at
+            }
+            None => (0, 0),
+        };
+        let lens = cx.zeros::<i64>(n)?;
+        cx.launch(
+            &cx.k.gather_lengths,
+            n,
+            &[
+                A::U64(idx),
+                A::U64(first),
+                A::U32(u32::from(wide)),
+                A::U64(size),
+                A::U64(n as u64),
+                A::U64(addr(&lens, s)),
+                A::U64(err),
+            ],
+        )?;
+        if n > 0 {
+            let at = addr(&lens, s);
+            // SAFETY: `lens` holds `n` i64s on this device, written by `gather_lengths` on
+            // the device's stream, the stream the scan runs on (in order after it).
+            unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+        }
+        Ok(Self {
+            lens,
+            source: StringSource {
+                offsets: first,
+                wide,
+                data,
+            },
+            held,
+        })
+    }
+}
+
+/// The gathered column of `dt` (`n` rows at `idx`, the source's, `bytes` of values in
+/// all, their lengths scanned in `lens`): its offsets and bytes (`gather_strings`).
+fn gathered_strings(
+    cx: &Cx<'_>,
+    dt: DataType,
+    (idx, n): (u64, usize),
+    source: StringSource,
+    lens: &CudaSlice<i64>,
+    bytes: usize,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    if !source.wide && bytes > i32::MAX as usize {
+        return Err(ComputeError::Input(format!(
+            "{bytes} bytes of {dt} gathered: more than its i32 offsets hold"
+        ))
+        .into());
+    }
+    let data = cx.zeros::<u8>(bytes)?;
+    let launch = |out_offsets: u64| {
+        cx.launch(
+            &cx.k.gather_strings,
+            n.max(1),
+            &[
+                A::U64(idx),
+                A::U64(source.offsets),
+                A::U32(u32::from(source.wide)),
+                A::U64(source.data),
+                A::U64(addr(lens, s)),
+                A::U64(n as u64),
+                A::U64(out_offsets),
+                A::U64(addr(&data, s)),
+            ],
+        )
+    };
+    // `gather_strings` writes the n + 1 offsets (0, then each row's end: the scan of
+    // lengths `gather_lengths` read from the column's own checked ranges) and copies each
+    // row's bytes, in bounds of `data` (`bytes`, the scan's last).
+    if source.wide {
+        let offsets = cx.zeros::<i64>(n + 1)?;
+        launch(addr(&offsets, s))?;
+        // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, and each
+        // value is bytes of a value of the column's own type (UTF-8 where it was).
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    } else {
+        let offsets = cx.zeros::<i32>(n + 1)?;
+        launch(addr(&offsets, s))?;
+        // SAFETY: as above.
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    }
 }

@@ -58,11 +58,14 @@ struct Kernels {
     compact_views: CudaFunction,
     view_like: CudaFunction,
     view_key: CudaFunction,
+    utf8_views: CudaFunction,
     join_verify_view: CudaFunction,
     select_lanes: CudaFunction,
     view_prefix: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
+    gather_lengths: CudaFunction,
+    gather_strings: CudaFunction,
     gather_bits: CudaFunction,
     join_count: CudaFunction,
     join_expand: CudaFunction,
@@ -112,11 +115,14 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         compact_views: f("compact_views")?,
         view_like: f("view_like")?,
         view_key: f("view_key")?,
+        utf8_views: f("utf8_views")?,
         join_verify_view: f("join_verify_view")?,
         select_lanes: f("select_lanes")?,
         view_prefix: f("view_prefix")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
+        gather_lengths: f("gather_lengths")?,
+        gather_strings: f("gather_strings")?,
         gather_bits: f("gather_bits")?,
         join_count: f("join_count")?,
         join_expand: f("join_expand")?,
@@ -276,21 +282,25 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
     Ok(out)
 }
 
-/// A `Utf8View` column of `n` rows (else an input error) and its views' buffer, long
-/// enough and aligned for the kernels' 8-byte loads.
-fn view_column<'a>(
-    column: &'a FrameColumn,
-    name: &str,
-) -> Result<(DeviceColumn<'a>, ColumnBuffer<'a>), BoxError> {
-    view_device_column(column.column(), name)
+/// Checks that a column read as views by the device is a `Utf8View` one.
+fn check_view(c: &devarrow::bridge::DeviceColumn<'_>, name: &str) -> Result<(), BoxError> {
+    if c.data_type() != &DataType::Utf8View {
+        return Err(ComputeError::Input(format!(
+            "column `{name}` is {}, not Utf8View",
+            c.data_type()
+        ))
+        .into());
+    }
+    Ok(())
 }
 
-/// [`view_column`] of a column of a device batch.
+/// A `Utf8View` column (else an input error) and its views' buffer, long enough for its
+/// rows and aligned for the kernels' 8-byte loads.
 fn view_device_column<'a>(
     c: DeviceColumn<'a>,
     name: &str,
 ) -> Result<(DeviceColumn<'a>, ColumnBuffer<'a>), BoxError> {
-    super::check_view(&c, name)?;
+    check_view(&c, name)?;
     let views = c.buffer(1).ok_or("a view column without views")?;
     if (views.len() as u64) < ((c.offset() + c.len()) as u64) * 16 {
         return Err(
@@ -301,46 +311,166 @@ fn view_device_column<'a>(
     Ok((c, views))
 }
 
-/// A `Utf8View` column's leading arguments to the kernels that read its values where
-/// they lie (`view_like`, `view_key`, `view_prefix`): its views, its validity bitmap (0:
-/// none), its offset, `n` rows, and its variadic buffers' address and size tables with
-/// their count. It keeps them readable on the stream: dropped after the launch.
+/// A string column's leading arguments to the kernels that read its values where they
+/// lie (`view_in`, `view_like`, `view_key`, `view_prefix`, `join_verify_view`): its
+/// views, its validity bitmap (0: none), its offset, `n` rows, and its variadic buffers'
+/// address and size tables with their count. It keeps them readable on the stream:
+/// dropped after the launch.
+///
+/// A `Utf8View` column is read as it is. A `Utf8` or `LargeUtf8` column gets views made
+/// of its offsets first (`utf8_views`: 16 bytes a row, on the device, for as long as the
+/// arguments live), whose long values point into its data buffer, its one variadic
+/// buffer: every string kernel reads both kinds, and no byte of the values moves.
 struct ViewArgs<'a> {
     args: [A; 7],
     has_validity: bool,
-    _keep: (
-        BorrowedSlice<'a, u8>,
-        Option<BorrowedSlice<'a, u8>>,
-        CudaSlice<u64>,
-        CudaSlice<u64>,
-    ),
+    _keep: ViewsKept<'a>,
 }
 
-/// [`ViewArgs`] of `column` (`n` rows).
+/// What a [`ViewArgs`]' addresses point into.
+struct ViewsKept<'a> {
+    /// The column's buffers (views, or offsets and data) and its bitmap, borrowed.
+    _borrowed: Vec<BorrowedSlice<'a, u8>>,
+    /// The views made of a `Utf8` or `LargeUtf8` column's offsets.
+    _made: Option<CudaSlice<u128>>,
+    /// The variadic buffers' address and size tables.
+    _tables: (CudaSlice<u64>, CudaSlice<u64>),
+}
+
+impl ViewArgs<'_> {
+    /// The address of the first row's view (the views' argument is that of the column's
+    /// element 0, indexed by its offset).
+    fn first_view(&self) -> u64 {
+        match (self.args[0], self.args[2]) {
+            (A::U64(views), A::U64(offset)) => views.wrapping_add(16 * offset),
+            _ => unreachable!("a ViewArgs' views and offset are u64 arguments"),
+        }
+    }
+
+    /// The variadic tables' arguments: addresses, sizes, count.
+    fn tables(&self) -> [A; 3] {
+        [self.args[4], self.args[5], self.args[6]]
+    }
+}
+
+/// [`ViewArgs`] of `column` (`n` rows), errors of views made of offsets flagged at `err`.
 fn view_args<'a>(
     cx: &Cx<'_>,
     column: &'a FrameColumn,
     name: &str,
     n: usize,
+    err: u64,
+) -> Result<ViewArgs<'a>, BoxError> {
+    device_view_args(cx, column.column(), name, n, err)
+}
+
+/// [`view_args`] of a column of a device batch.
+fn device_view_args<'a>(
+    cx: &Cx<'_>,
+    c: DeviceColumn<'a>,
+    name: &str,
+    n: usize,
+    err: u64,
 ) -> Result<ViewArgs<'a>, BoxError> {
     let s = cx.stream;
-    let (c, views) = view_column(column, name)?;
-    let (addresses, sizes, count) = variadic_tables(cx, &c)?;
-    let views = views.cuda_view::<u8>(s)?;
+    super::check_string(&c, name)?;
+    if (c.len() as u64) < n as u64 {
+        return Err(
+            ComputeError::Input(format!("column `{name}`: fewer rows than its frame")).into(),
+        );
+    }
     let bitmap = c.cuda_validity(s)?;
+    let bitmap_ptr = bitmap.as_ref().map_or(0, |b| b.device_ptr());
+    let has_validity = bitmap.is_some();
+    let offset = c.offset() as u64;
+    let mut borrowed: Vec<BorrowedSlice<'a, u8>> = bitmap.into_iter().collect();
+    let wide = match c.data_type() {
+        DataType::Utf8 => false,
+        DataType::LargeUtf8 => true,
+        _ => {
+            let (c, views) = view_device_column(c, name)?;
+            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+            let views = views.cuda_view::<u8>(s)?;
+            let args = [
+                A::U64(views.device_ptr()),
+                A::U64(bitmap_ptr),
+                A::U64(offset),
+                A::U64(n as u64),
+                A::U64(addr(&addresses, s)),
+                A::U64(addr(&sizes, s)),
+                A::U64(count),
+            ];
+            borrowed.push(views);
+            return Ok(ViewArgs {
+                args,
+                has_validity,
+                _keep: ViewsKept {
+                    _borrowed: borrowed,
+                    _made: None,
+                    _tables: (addresses, sizes),
+                },
+            });
+        }
+    };
+    let width: u64 = if wide { 8 } else { 4 };
+    let offsets = c
+        .buffer(1)
+        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
+    if (offsets.len() as u64) < width * (offset + n as u64 + 1) {
+        return Err(
+            ComputeError::Input(format!("column `{name}`: an offsets buffer too short")).into(),
+        );
+    }
+    aligned(offsets.address(), width, name)?;
+    let offsets = offsets.cuda_view::<u8>(s)?;
+    let (data_ptr, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
+        Some(data) => {
+            let data = data.cuda_view::<u8>(s)?;
+            let at = (data.device_ptr(), data.len() as u64);
+            borrowed.push(data);
+            at
+        }
+        None => (0, 0),
+    };
+    let views = cx.zeros::<u128>(n)?;
+    let views_ptr = addr(&views, s);
+    cx.launch(
+        &cx.k.utf8_views,
+        n,
+        &[
+            A::U64(offsets.device_ptr()),
+            A::U32(u32::from(wide)),
+            A::U64(data_ptr),
+            A::U64(size),
+            A::U64(offset),
+            A::U64(n as u64),
+            A::U64(views_ptr),
+            A::U64(err),
+        ],
+    )?;
+    borrowed.push(offsets);
+    // The data buffer is the views' one variadic buffer (a second entry: CUDA allocates
+    // no empty buffer).
+    let addresses = s.clone_htod(&[data_ptr, 0])?;
+    let sizes = s.clone_htod(&[size, 0])?;
     let args = [
-        A::U64(views.device_ptr()),
-        A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
-        A::U64(c.offset() as u64),
+        // Row i's view at views + 16 * (offset + i), as for a column's own views.
+        A::U64(views_ptr.wrapping_sub(16 * offset)),
+        A::U64(bitmap_ptr),
+        A::U64(offset),
         A::U64(n as u64),
         A::U64(addr(&addresses, s)),
         A::U64(addr(&sizes, s)),
-        A::U64(count),
+        A::U64(1),
     ];
     Ok(ViewArgs {
         args,
-        has_validity: bitmap.is_some(),
-        _keep: (views, bitmap, addresses, sizes),
+        has_validity,
+        _keep: ViewsKept {
+            _borrowed: borrowed,
+            _made: Some(views),
+            _tables: (addresses, sizes),
+        },
     })
 }
 
@@ -392,9 +522,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             words,
             negated,
         } => {
-            let (c, views) = view_column(frame_column(frame, *index, name)?, name)?;
-            let views = views.cuda_view::<u8>(s)?;
-            let bitmap = c.cuda_validity(s)?;
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
             let mut flat: Vec<u64> = words.iter().flatten().copied().collect();
             // CUDA allocates no empty buffer (no word: equal to nothing).
             if flat.is_empty() {
@@ -402,22 +530,15 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             }
             let words_on_device = s.clone_htod(&flat)?;
             let out = cx.lanes(n)?;
-            cx.launch(
-                &cx.k.view_in,
-                n,
-                &[
-                    A::U64(views.device_ptr()),
-                    A::U64(bitmap.as_ref().map_or(0, |b| b.device_ptr())),
-                    A::U64(c.offset() as u64),
-                    A::U64(n as u64),
-                    A::U64(addr(&words_on_device, s)),
-                    A::U64(words.len() as u64),
-                    A::U32(u32::from(*negated)),
-                    A::U64(addr(&out.values, s)),
-                    A::U64(addr(&out.valid, s)),
-                ],
-            )?;
-            drop((views, bitmap, words_on_device));
+            let args = view.args[..4].iter().copied().chain([
+                A::U64(addr(&words_on_device, s)),
+                A::U64(words.len() as u64),
+                A::U32(u32::from(*negated)),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+            ]);
+            cx.launch(&cx.k.view_in, n, &args.collect::<Vec<_>>())?;
+            drop((view, words_on_device));
             Ok(out)
         }
         Node::StrLike {
@@ -426,7 +547,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             pattern,
             negated,
         } => {
-            let view = view_args(cx, frame_column(frame, *index, name)?, name, n)?;
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
             // The pattern's bytes with a table of its pieces (start, length).
             let mut bytes: Vec<u8> = Vec::new();
             let mut pieces: Vec<u64> = Vec::with_capacity(2 * pattern.pieces.len());
@@ -456,7 +577,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             Ok(out)
         }
         Node::StrKey { index, name, word } => {
-            let view = view_args(cx, frame_column(frame, *index, name)?, name, n)?;
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
             let out = cx.lanes(n)?;
             let args = view.args.iter().copied().chain([
                 A::U32(u32::from(*word)),
@@ -876,7 +997,7 @@ fn prefix_column(
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
     let n = column.len();
-    let view = view_args(cx, column, name, n)?;
+    let view = view_args(cx, column, name, n, err)?;
     let out = cx.zeros::<u128>(n)?;
     let valid = cx.zeros::<u8>(n)?;
     let args = view.args.iter().copied().chain([
