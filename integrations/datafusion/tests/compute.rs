@@ -879,8 +879,9 @@ async fn selections_are_datafusions_filters() {
 /// download) equals DataFusion's filter of the batch: every fixed-width type (integers of
 /// every width, signed and not, floats, dates, timestamps, decimals of 128 bits beyond
 /// 64), booleans, string and binary views (inline, long, in several blocks, empty), with
-/// and without nulls, slices, no row kept, every row kept; and the cases left to the host
-/// (an offset-based string column, no selection).
+/// and without nulls, slices, no row kept, every row kept, offset-based strings and
+/// binaries of both widths; and the cases left to the host (a list column, no
+/// selection).
 pub async fn check_compact(device: &ExecDevice) {
     use arrow_array::{
         BinaryViewArray, Float64Array, StringViewArray, TimestampMicrosecondArray, UInt64Array,
@@ -929,6 +930,12 @@ pub async fn check_compact(device: &ExecDevice) {
     let strings: StringViewArray = strings.finish();
     assert!(strings.data_buffers().len() > 1, "several blocks");
     let blobs = BinaryViewArray::from_iter_values((0..n).map(|i| vec![i as u8; i % 20]));
+    let cast = |a: &dyn Array, to: DataType| datafusion::arrow::compute::cast(a, &to).unwrap();
+    // Offset-based: the same strings and blobs.
+    let utf8 = cast(&strings, DataType::Utf8);
+    let large = cast(&strings, DataType::LargeUtf8);
+    let binary = cast(&blobs, DataType::Binary);
+    let large_binary = cast(&blobs, DataType::LargeBinary);
     let mut columns = fixed.columns().to_vec();
     let mut fields: Vec<_> = fixed.schema().fields().iter().cloned().collect();
     for (name, column) in [
@@ -939,6 +946,10 @@ pub async fn check_compact(device: &ExecDevice) {
         ("times", Arc::new(times)),
         ("strings", Arc::new(strings)),
         ("blobs", Arc::new(blobs)),
+        ("utf8", utf8),
+        ("large", large),
+        ("binary", binary),
+        ("large_binary", large_binary),
     ] {
         fields.push(Arc::new(Field::new(
             name,
@@ -990,10 +1001,18 @@ pub async fn check_compact(device: &ExecDevice) {
     // Left to the host's filter after the download.
     let every_other =
         |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());
-    let frame = upload(&typed.project(&[3, 7]).unwrap(), device)
+    let lists = arrow_array::ListArray::from_iter_primitive::<arrow_array::types::Int32Type, _, _>(
+        (0..n as i32).map(|i| Some(vec![Some(i), None])),
+    );
+    let nested = RecordBatch::try_from_iter([
+        ("x", typed.column(3).clone()),
+        ("lists", Arc::new(lists) as ArrayRef),
+    ])
+    .unwrap();
+    let frame = upload(&nested, device)
         .with_selection(selection_column(every_other(n), device))
         .unwrap();
-    assert!(compact(&frame, device).unwrap().is_none(), "a Utf8 column");
+    assert!(compact(&frame, device).unwrap().is_none(), "a list column");
     assert!(compact(&upload(&all, device), device).unwrap().is_none());
 }
 

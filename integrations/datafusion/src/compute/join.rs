@@ -62,7 +62,7 @@ use devarrow::bridge::{DeviceBatch, Transfer};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 
 use super::expr::hash;
-use super::{check_cpu, cpu_column, gathered, host, ComputeError, DeviceExpr, Unsupported};
+use super::{check_cpu, compactable, cpu_column, host, ComputeError, DeviceExpr, Unsupported};
 use crate::error::{BoxError, DeviceExecError};
 use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
@@ -452,7 +452,7 @@ impl DeviceHashJoin {
             .into_iter()
             .map(|i| ("probe", right.field(i)));
         for (side, field) in build.chain(probe) {
-            if !gathered(field.data_type()) {
+            if !compactable(field.data_type()) {
                 return Err(Unsupported(format!(
                     "{side} column `{}` is {}, which the device does not gather",
                     field.name(),

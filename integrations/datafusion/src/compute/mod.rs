@@ -400,24 +400,22 @@ pub(crate) fn fixed_width(data_type: &DataType) -> Option<u32> {
     })
 }
 
-/// Whether [`compact`] moves a column of this type on the device: fixed-width values,
-/// booleans and string or binary views, with or without nulls.
+/// Whether [`compact`] moves a column of this type on the device (and a join gathers
+/// it): fixed-width values, booleans, string or binary views, and offset-based strings
+/// and binaries (their kept lengths scanned, then their bytes copied:
+/// `kept_lengths`, `compact_strings`; a join's `gather_lengths`, `gather_strings`), with
+/// or without nulls.
 pub(crate) fn compactable(data_type: &DataType) -> bool {
     fixed_width(data_type).is_some()
         || matches!(
             data_type,
-            DataType::Boolean | DataType::Utf8View | DataType::BinaryView
-        )
-}
-
-/// Whether a join gathers columns of `data_type` on the device: what [`compact`] moves,
-/// and offset-based strings and binaries (their lengths gathered and scanned, then their
-/// bytes copied: `gather_lengths`, `gather_strings`).
-pub(crate) fn gathered(data_type: &DataType) -> bool {
-    compactable(data_type)
-        || matches!(
-            data_type,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
+            DataType::Boolean
+                | DataType::Utf8View
+                | DataType::BinaryView
+                | DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Binary
+                | DataType::LargeBinary
         )
 }
 
@@ -428,16 +426,17 @@ pub(crate) fn gathered(data_type: &DataType) -> bool {
 /// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
 /// - `Ok(Some(None))`: no row is kept (nothing to bring back);
 /// - `Ok(None)`: not here: no selection, or a column of a type the device does not
-///   compact (offset-based strings and binaries, nested types, dictionaries: the host
-///   filters them after the download), or a foreign view that points outside its
-///   buffers.
+///   compact (nested types, dictionaries: the host filters them after the download), or
+///   a foreign view or offset that points outside its buffers.
 ///
 /// Every column moves at its own width: fixed-width values (`compact_fixed`), bitmaps of
 /// validity and booleans (`compact_bits`), string views with their long values gathered
-/// into one buffer (`view_bytes`, devarrow's scan, `compact_views`). On CUDA the PTX
-/// kernels of `kernels/compute.ptx` and devarrow's scan, with one read-back (the kept
-/// row count, each column's null count and long values' bytes, and the error word
-/// together); on the CPU device arrow's filter, on the device's memory.
+/// into one buffer (`view_bytes`, devarrow's scan, `compact_views`), offset-based strings
+/// and binaries by their kept rows' lengths (`kept_lengths`, devarrow's scan,
+/// `compact_strings`). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
+/// scan, with one read-back (the kept row count, each column's null count and string
+/// bytes, and the error word together); on the CPU device arrow's filter, on the
+/// device's memory.
 ///
 /// # Errors
 /// The device's errors.

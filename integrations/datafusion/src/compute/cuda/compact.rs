@@ -1,7 +1,8 @@
 //! The compaction of a frame's kept rows on CUDA ([`crate::compute::compact`]): the
 //! selection scanned, then every column moved to the front at its own width: fixed-width
 //! values (`compact_fixed`), bitmaps (`compact_bits`), string views and their long values
-//! (`view_bytes`, a scan, `compact_views`). One read-back in all.
+//! (`view_bytes`, a scan, `compact_views`), offset-based strings and binaries (`kept_lengths`,
+//! a scan, `compact_strings`). One read-back in all.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
 
+use super::join::StringSource;
 use super::{addr, aligned, context, load, variadic_tables, Cx, A};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
@@ -27,6 +29,15 @@ enum Prepared {
     Bits {
         /// The values' bitmap, compacted.
         bits: CudaSlice<u8>,
+    },
+    Strings {
+        /// Where the rows lie: the offsets at the column's first row, their width, the
+        /// data.
+        source: StringSource,
+        /// The slot of the kept values' bytes among the read-back scalars.
+        slot: usize,
+        /// The inclusive scan of each row's kept bytes.
+        bytes: CudaSlice<i64>,
     },
     Views {
         /// The views at the column's first row.
@@ -168,6 +179,55 @@ pub(crate) fn compact(
                 compact_bits(&cx, scan, start, offset, &bits, n, 0)?;
                 Prepared::Bits { bits }
             }
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => {
+                let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
+                let width: u64 = if wide { 8 } else { 4 };
+                if (values.len() as u64) < width * (offset + n as u64 + 1) {
+                    return Err(
+                        ComputeError::Input(format!("column `{name}`: offsets too short")).into(),
+                    );
+                }
+                let offsets = start + width * offset;
+                aligned(offsets, width, name)?;
+                let (data, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
+                    Some(data) => {
+                        let data = data.cuda_view::<u8>(s)?;
+                        let at = (data.device_ptr(), data.len() as u64);
+                        held.push(data);
+                        at
+                    }
+                    None => (0, 0),
+                };
+                let bytes = cx.zeros::<i64>(n)?;
+                cx.launch(
+                    &cx.k.kept_lengths,
+                    n,
+                    &[
+                        A::U64(scan),
+                        A::U64(offsets),
+                        A::U32(u32::from(wide)),
+                        A::U64(size),
+                        A::U64(n as u64),
+                        A::U64(addr(&bytes, s)),
+                        A::U64(e),
+                    ],
+                )?;
+                let at = addr(&bytes, s);
+                // SAFETY: `bytes` holds `n` i64s on this device, written by `kept_lengths`
+                // on the stream the scan runs on (in order after it).
+                unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+                copy_last(&cx, &bytes, n, &mut scalars, 3 + 2 * i)?;
+                held.push(view);
+                Prepared::Strings {
+                    source: StringSource {
+                        offsets,
+                        wide,
+                        data,
+                    },
+                    slot: 3 + 2 * i,
+                    bytes,
+                }
+            }
             DataType::Utf8View | DataType::BinaryView => {
                 let (buffers, sizes, count) = table.ok_or("a view column without tables")?;
                 if (values.len() as u64) < 16 * (offset + n as u64) {
@@ -245,6 +305,17 @@ pub(crate) fn compact(
             }
             .array(&cx, dt, validity)?,
             Prepared::Bits { bits } => CudaArray::from_bits(m, bits, validity)?,
+            Prepared::Strings {
+                source,
+                slot,
+                bytes,
+            } => {
+                let total = read[slot].max(0) as usize;
+                if !source.wide && total > i32::MAX as usize {
+                    return Ok(None);
+                }
+                compacted_strings(&cx, dt, (scan, n, m), source, &bytes, total, validity)?
+            }
             Prepared::Views {
                 views,
                 bitmap,
@@ -447,4 +518,51 @@ pub(super) fn view_bytes(
         ],
     )?;
     Ok(bytes)
+}
+
+/// The kept rows of an offset-based column of `dt` (`n` rows, `m` kept by the
+/// selection's scan `scan`; their lengths scanned in `bytes`, `total` in all): their
+/// offsets and bytes (`compact_strings`).
+fn compacted_strings(
+    cx: &Cx<'_>,
+    dt: DataType,
+    (scan, n, m): (u64, usize, usize),
+    source: StringSource,
+    bytes: &CudaSlice<i64>,
+    total: usize,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let data = cx.zeros::<u8>(total)?;
+    let launch = |out_offsets: u64| {
+        cx.launch(
+            &cx.k.compact_strings,
+            n,
+            &[
+                A::U64(scan),
+                A::U64(addr(bytes, s)),
+                A::U64(source.offsets),
+                A::U32(u32::from(source.wide)),
+                A::U64(source.data),
+                A::U64(n as u64),
+                A::U64(out_offsets),
+                A::U64(addr(&data, s)),
+            ],
+        )
+    };
+    // `compact_strings` writes the m + 1 offsets (0, then each kept row's end: the scan
+    // of the lengths `kept_lengths` read from the column's own checked ranges) and
+    // copies each kept row's bytes, in bounds of `data` (`total`, the scan's last).
+    if source.wide {
+        let offsets = cx.zeros::<i64>(m + 1)?;
+        launch(addr(&offsets, s))?;
+        // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, and each
+        // value is bytes of a value of the column's own type (UTF-8 where it was).
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    } else {
+        let offsets = cx.zeros::<i32>(m + 1)?;
+        launch(addr(&offsets, s))?;
+        // SAFETY: as above.
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    }
 }

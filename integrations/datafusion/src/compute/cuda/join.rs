@@ -870,10 +870,10 @@ fn gather(
 /// Where an offset-based string column's rows lie: its offsets at its first row, whether
 /// they are i64 (else i32), its data and the data's bytes.
 #[derive(Clone, Copy)]
-struct StringSource {
-    offsets: u64,
-    wide: bool,
-    data: u64,
+pub(super) struct StringSource {
+    pub(super) offsets: u64,
+    pub(super) wide: bool,
+    pub(super) data: u64,
 }
 
 /// An offset-based string column's lengths gathered by `idx`, scanned (`gather_lengths`,
