@@ -95,6 +95,16 @@ async fn check(
             if on_host > 0 {
                 println!("    joins: {on_host} partition(s) joined on the host (build side heavier than estimated)");
             }
+            // Batches whose partial aggregate ran on the host (a string group key
+            // longer than a device key holds).
+            let fallback = metric_sum(
+                &device_plan,
+                "DevicePartialAggregateExec",
+                "host_fallback_batches",
+            );
+            if fallback > 0 {
+                println!("    aggregates: {fallback} batch(es) aggregated on the host (a long string key)");
+            }
             println!("    placement: {placement}");
             Ok(true)
         }

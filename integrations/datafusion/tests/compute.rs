@@ -730,11 +730,45 @@ pub async fn check_empty_frames(device: &ExecDevice) {
     }
 }
 
-/// A string key longer than 12 bytes is a typed error.
+/// String group keys longer than 12 bytes group on the device (their length, prefix and
+/// hash, then their bytes compared with their group's first row's): DataFusion's
+/// partials over TPC-H's long strings (`l_comment`: nearly a group per row;
+/// `l_shipinstruct`: four groups, two long) as `Utf8View`, `Utf8` and `LargeUtf8`. Two
+/// different long keys of one hash in a batch are [`ComputeError::KeyCollision`].
 pub async fn check_long_keys(device: &ExecDevice) {
-    let ctx = session(lineitem(0.001, 2, 8192));
+    for strings in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
+        let data: Vec<Vec<RecordBatch>> = lineitem(0.001, 2, 1024)
+            .into_iter()
+            .map(|p| p.into_iter().map(|b| strings_as(b, &strings)).collect())
+            .collect();
+        let ctx = session(data);
+        for sql in [
+            "SELECT l_shipinstruct, sum(l_quantity), count(*) FROM lineitem \
+             GROUP BY l_shipinstruct",
+            "SELECT l_shipmode, l_comment, count(*), max(l_orderkey) FROM lineitem \
+             GROUP BY l_shipmode, l_comment",
+        ] {
+            check_partial_aggregate(&ctx, sql, device).await;
+        }
+    }
+    let (a, b) = colliding_strings();
+    let keys = arrow_array::StringViewArray::from(vec![
+        Some(a.as_str()),
+        Some("short"),
+        None,
+        Some(b.as_str()),
+        Some(a.as_str()),
+    ]);
+    let batch = RecordBatch::try_from_iter([
+        ("s", Arc::new(keys) as ArrayRef),
+        ("v", Arc::new(Int64Array::from_iter_values(0..5))),
+    ])
+    .unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    ctx.register_table("t", Arc::new(table)).unwrap();
     let plan = ctx
-        .sql("SELECT l_shipmode, l_comment, count(*) FROM lineitem GROUP BY l_shipmode, l_comment")
+        .sql("SELECT s, sum(v) FROM t GROUP BY s")
         .await
         .unwrap()
         .create_physical_plan()
@@ -746,19 +780,19 @@ pub async fn check_long_keys(device: &ExecDevice) {
     }
     let partial = node.downcast_ref::<AggregateExec>().unwrap();
     let compiled = DevicePartialAggregate::compile(partial).unwrap();
-    let batches = collect(partial.input().clone(), ctx.task_ctx())
-        .await
-        .unwrap();
-    let err = compiled
-        .run(&upload(&batches[0], device), device)
-        .unwrap_err();
+    let err = compiled.run(&upload(&batch, device), device).unwrap_err();
     assert!(
         matches!(
             err.downcast_ref::<ComputeError>(),
-            Some(ComputeError::KeyTooLong { .. })
+            Some(ComputeError::KeyCollision { .. })
         ),
         "{err}"
     );
+    // Without the second of the pair: one group of two rows.
+    let got = compiled
+        .run(&upload(&batch.slice(0, 3), device), device)
+        .unwrap();
+    assert_eq!(got.num_rows(), 3);
 }
 
 /// What the aggregate compiler refuses.
@@ -1409,7 +1443,7 @@ async fn empty_frames() {
 }
 
 #[tokio::test]
-async fn long_string_keys_are_a_typed_error() {
+async fn long_string_keys_group_on_the_device() {
     if own_tests() {
         check_long_keys(&ExecDevice::cpu()).await;
     }
@@ -1498,6 +1532,26 @@ pub async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>
         .indent(true)
         .to_string();
     (plan, shown)
+}
+
+/// `batch` with its `Utf8View` columns cast to `strings`.
+fn strings_as(batch: RecordBatch, strings: &DataType) -> RecordBatch {
+    let fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8View => f.as_ref().clone().with_data_type(strings.clone()),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(&fields)
+        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).unwrap())
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
 }
 
 /// The tables of the join checks: `dim` (the small side: unique keys `k` and `k2`, one
@@ -1625,25 +1679,7 @@ fn join_tables_of(ctx: &SessionContext, strings: &DataType) {
         )
         .unwrap()
     };
-    // The string columns cast to `strings`.
-    let typed = |batch: RecordBatch| {
-        let fields: Vec<Field> = batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| match f.data_type() {
-                DataType::Utf8View => f.as_ref().clone().with_data_type(strings.clone()),
-                _ => f.as_ref().clone(),
-            })
-            .collect();
-        let columns = batch
-            .columns()
-            .iter()
-            .zip(&fields)
-            .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).unwrap())
-            .collect();
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
-    };
+    let typed = |batch: RecordBatch| strings_as(batch, strings);
     let register = |name: &str, parts: Vec<Vec<RecordBatch>>| {
         let parts: Vec<Vec<RecordBatch>> = parts
             .into_iter()
@@ -2363,44 +2399,6 @@ async fn a_dropped_join_stream_frees_its_device_memory() {
         let (device, in_use) = counted_cpu();
         check_dropped_join_stream(&device, in_use).await;
     }
-}
-
-/// Two strings of 24 bytes, of one length and prefix, whose join key lanes agree (their
-/// hashes collide) though their bytes differ: printable ASCII, found by search.
-fn colliding_strings() -> (String, String) {
-    use devarrow_datafusion::compute::join::string_key_lanes;
-    const C: u64 = 0xFF51_AFD7_ED55_8CCD;
-    let mix = |h: u64, w: u64| {
-        let h = (h ^ w).wrapping_mul(C);
-        h ^ (h >> 33)
-    };
-    let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
-    let a = b"join key, ab: 0123456789";
-    let start = 0x9E37_79B9_7F4A_7C15u64;
-    let after_two = |w1: u64, w2: u64| mix(mix(start, w1), w2);
-    let state_a = after_two(word(&a[..8]), word(&a[8..16]));
-    // b's second word differs; its third makes the state before the last mix equal.
-    for c in 0u64.. {
-        let second = format!("{c:08}");
-        let state_b = after_two(word(&a[..8]), word(second.as_bytes()));
-        let third = (state_a ^ word(&a[16..]) ^ state_b).to_le_bytes();
-        if third.iter().all(|b| (0x20..0x7f).contains(b)) {
-            let b = format!(
-                "{}{second}{}",
-                std::str::from_utf8(&a[..8]).unwrap(),
-                std::str::from_utf8(&third).unwrap()
-            );
-            let a = std::str::from_utf8(a).unwrap().to_string();
-            assert_ne!(a, b);
-            assert_eq!(
-                string_key_lanes(a.as_bytes()),
-                string_key_lanes(b.as_bytes()),
-                "no collision: the test's hash is not the join's"
-            );
-            return (a, b);
-        }
-    }
-    unreachable!()
 }
 
 /// String join keys whose lanes collide: a probe value that hashes as a build value but

@@ -71,12 +71,60 @@ async fn q6_runs_its_filter_projection_and_partial_aggregate_on_the_device() {
     check("q6", tpch::query(6)).await;
 }
 
-/// A group key the device cannot hold (a string of more than 12 bytes: TPC-H's
-/// `l_shipinstruct`, "DELIVER IN PERSON") makes its batch fall back to the host, counted,
-/// with DataFusion's results.
+/// Long string group keys (TPC-H's `l_shipinstruct`, "DELIVER IN PERSON") group on the
+/// device: no batch falls back to the host, and the results are DataFusion's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
+async fn long_string_keys_are_aggregated_on_the_device() {
     let data = lineitem(0.005, 2, 2048);
+    let sql = "select l_shipinstruct, sum(l_quantity) as q, count(*) as n from lineitem \
+               where l_quantity > 10 group by l_shipinstruct order by l_shipinstruct";
+    let (fallbacks, _) = aggregated(data, sql).await;
+    assert_eq!(fallbacks, 0, "long keys group on the device");
+}
+
+/// A batch the device cannot group (two different long keys of one 64-bit hash, crafted)
+/// falls back to the host, counted, with DataFusion's results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_colliding_string_keys_is_aggregated_on_the_host() {
+    use arrow_array::{ArrayRef, StringViewArray};
+    let (a, b) = common::colliding_strings();
+    // lineitem's rows, with `l_shipinstruct` replaced by the two strings in turn.
+    let data: Vec<Vec<RecordBatch>> = lineitem(0.002, 2, 2048)
+        .into_iter()
+        .map(|p| {
+            p.into_iter()
+                .map(|batch| {
+                    let n = batch.num_rows();
+                    let keys = StringViewArray::from_iter_values((0..n).map(|i| {
+                        if i % 2 == 0 {
+                            a.as_str()
+                        } else {
+                            b.as_str()
+                        }
+                    }));
+                    let i = batch.schema().index_of("l_shipinstruct").unwrap();
+                    let mut columns = batch.columns().to_vec();
+                    columns[i] = Arc::new(keys) as ArrayRef;
+                    RecordBatch::try_new(batch.schema(), columns).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let sql = "select l_shipinstruct, sum(l_quantity) as q, count(*) as n from lineitem \
+               where l_quantity > 10 group by l_shipinstruct order by l_shipinstruct";
+    let (fallbacks, down) = aggregated(data, sql).await;
+    assert!(
+        fallbacks > 0,
+        "the colliding keys' batches fell back to the host"
+    );
+    // What they brought down crossed the link: counted.
+    assert!(down > 0, "the fallback's download is not counted");
+}
+
+/// `sql` (a grouped aggregate) over `data` with the rule on the CPU device, its results
+/// DataFusion's: the batches its partial aggregate left to the host, and the bytes it
+/// brought down.
+async fn aggregated(data: Vec<Vec<RecordBatch>>, sql: &str) -> (usize, usize) {
     let ctx = device_ctx(data.clone());
     ctx.sql("SET devarrow.devices = 'cpu'")
         .await
@@ -84,8 +132,6 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
         .collect()
         .await
         .unwrap();
-    let sql = "select l_shipinstruct, sum(l_quantity) as q, count(*) as n from lineitem \
-               where l_quantity > 10 group by l_shipinstruct order by l_shipinstruct";
     let device_plan = plan(&ctx, sql).await;
     assert!(text(&device_plan).contains("DevicePartialAggregateExec"));
     let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
@@ -106,12 +152,7 @@ async fn a_batch_with_long_string_keys_is_aggregated_on_the_host() {
         }
         stack.extend(node.children().into_iter().cloned());
     }
-    assert!(
-        fallbacks > 0,
-        "the long keys' batches fell back to the host"
-    );
-    // What they brought down crossed the link: counted.
-    assert!(down > 0, "the fallback's download is not counted");
+    (fallbacks, down)
 }
 
 /// A region that ends in a filter compacts its rows on the device: only the rows the

@@ -2,9 +2,13 @@
 //! group table both devices produce ([`Groups`]), the CPU device's grouping, and the host
 //! batch of the aggregate's output schema built from a group table.
 //!
-//! A group key is [`KEY_WORDS`] u64 words per group expression (a string: its 16-byte
-//! Arrow view, length then up to 12 inline bytes, zero-padded; a number: its i64 lane,
-//! then 0), then one word of null flags (bit k: key k is null). Each aggregate keeps
+//! A group key is [`KEY_WORDS`] u64 words per group expression (a string of at most 12
+//! bytes: its 16-byte Arrow view, length then its bytes, zero-padded; a longer one: the
+//! view's first 8 bytes, length and first 4 bytes, then a 64-bit hash of all its bytes,
+//! its bytes compared with those of its group's first row, [`ComputeError::KeyCollision`]
+//! where two differ; a number: its i64 lane, then 0), then one word of null flags (bit
+//! k: key k is null). A group's long strings come back with its table
+//! ([`Groups::long`]). Each aggregate keeps
 //! [`ACC_WORDS`] u64 words per group: `[lo, hi, count]`, where a sum is the 128-bit
 //! two's complement `hi:lo` of the sum of its non-null values, a min or max is an i64
 //! mapped to an order-preserving u64 (`v ^ 2^63` for max, `!(v ^ 2^63)` for min: the
@@ -14,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::builder::{StringBuilder, StringViewBuilder};
+use arrow_array::builder::{LargeStringBuilder, StringBuilder, StringViewBuilder};
 use arrow_array::{
     ArrayRef, Date32Array, Decimal128Array, Int16Array, Int32Array, Int64Array, Int8Array,
     RecordBatch, RecordBatchOptions, UInt64Array,
@@ -33,7 +37,7 @@ use crate::frame::DeviceFrame;
 /// Where a group key comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum KeySource {
-    /// A `Utf8View` or `Utf8` column (index in the input schema, name).
+    /// A `Utf8View`, `Utf8` or `LargeUtf8` column (index in the input schema, name).
     String { index: usize, name: String },
     /// A numeric expression (integers, dates, decimals).
     Value(Node),
@@ -75,12 +79,14 @@ impl Plan {
 }
 
 /// The group table: `keys` (`key_width` words per group), `accs` (`ACC_WORDS` per
-/// aggregate per group).
+/// aggregate per group), and `long`: per key, none, or per group the bytes of its value
+/// where it has more than 12 (its words hold a hash, not the value), else none.
 #[derive(Debug, Default)]
 pub(crate) struct Groups {
     pub count: usize,
     pub keys: Vec<u64>,
     pub accs: Vec<u64>,
+    pub long: Vec<Vec<Vec<u8>>>,
 }
 
 const SIGN: u64 = 1 << 63;
@@ -124,7 +130,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             .data_type(&input)
             .map_err(|err| Unsupported(format!("the type of group key `{name}`: {err}")))?;
         match &t {
-            DataType::Utf8View | DataType::Utf8 => {
+            DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8 => {
                 let Some(column) = e.downcast_ref::<Column>() else {
                     return Err(Unsupported(format!(
                         "group key `{e}`: a string key must be a column"
@@ -262,14 +268,27 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
     let n = frame.num_rows();
     let selected = host::selection(frame)?;
     let width = plan.key_width();
-    // Every row's key.
+    // Every row's key, and the values of the string keys.
     let mut keys = vec![0u64; n * width];
+    let mut strings: Vec<Option<Vec<Option<&[u8]>>>> = Vec::with_capacity(plan.keys.len());
     for (k, (source, _)) in plan.keys.iter().enumerate() {
         let (words, valid): host::KeyWords = match source {
             KeySource::String { index, name } => {
-                host::string_keys(host::frame_column(frame, *index, name)?, name)?
+                let values = host::view_values(host::frame_column(frame, *index, name)?, name)?;
+                let words = values
+                    .iter()
+                    .map(|v| {
+                        v.map_or([0; KEY_WORDS], |b| {
+                            expr::string_key_lanes(b).map(|w| w as u64)
+                        })
+                    })
+                    .collect();
+                let valid = values.iter().map(|v| u8::from(v.is_some())).collect();
+                strings.push(Some(values));
+                (words, Some(valid))
             }
             KeySource::Value(node) => {
+                strings.push(None);
                 let Lanes { values, valid } = host::eval(node, frame, "a group key")?;
                 (values.iter().map(|&v| [v as u64, 0]).collect(), valid)
             }
@@ -295,6 +314,8 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
         .collect::<Result<Vec<_>, _>>()?;
     let mut index: HashMap<&[u64], usize> = HashMap::new();
     let mut groups = Groups::default();
+    // Each group's first row.
+    let mut first = Vec::new();
     let naggs = plan.aggs.len();
     for i in 0..n {
         if selected[i] == 0 {
@@ -306,9 +327,17 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
             groups
                 .accs
                 .extend(std::iter::repeat_n(0, naggs * ACC_WORDS));
+            first.push(i);
             groups.count += 1;
             groups.count - 1
         });
+        // Long strings of one group agree in length, prefix and hash: their bytes must.
+        for (k, values) in strings.iter().enumerate() {
+            let Some(values) = values else { continue };
+            if values[i] != values[first[g]] {
+                return Err(collision(plan, k));
+            }
+        }
         for (a, (agg, arg)) in plan.aggs.iter().zip(&args).enumerate() {
             let acc = &mut groups.accs[(g * naggs + a) * ACC_WORDS..][..ACC_WORDS];
             let v = match arg {
@@ -330,7 +359,31 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
             }
         }
     }
+    groups.long = strings
+        .iter()
+        .map(|values| match values {
+            Some(values) if values.iter().any(|v| v.is_some_and(|b| b.len() > 12)) => first
+                .iter()
+                .map(|&r| {
+                    values[r]
+                        .filter(|b| b.len() > 12)
+                        .unwrap_or_default()
+                        .to_vec()
+                })
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
     Ok(groups)
+}
+
+/// The collision of two long strings of key `k` (of a batch the host then aggregates).
+pub(crate) fn collision(plan: &Plan, k: usize) -> BoxError {
+    let column = match &plan.keys[k].0 {
+        KeySource::String { name, .. } => name.clone(),
+        KeySource::Value(_) => format!("key {k}"),
+    };
+    ComputeError::KeyCollision { column }.into()
 }
 
 fn overflow(what: &str, v: i128, t: &DataType) -> BoxError {
@@ -357,8 +410,23 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
             let mut view = [0u8; 16];
             view[..8].copy_from_slice(&word(g).to_le_bytes());
             view[8..].copy_from_slice(&groups.keys[g * width + k * KEY_WORDS + 1].to_le_bytes());
-            let len = (u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize).min(12);
-            Ok(String::from_utf8(view[4..4 + len].to_vec())
+            let len = u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize;
+            let bytes = if len <= 12 {
+                view[4..4 + len].to_vec()
+            } else {
+                // Its words hold a hash: its bytes came back with the table.
+                let bytes = groups.long.get(k).and_then(|l| l.get(g));
+                match bytes.filter(|b| b.len() == len) {
+                    Some(b) => b.clone(),
+                    None => {
+                        return Err(ComputeError::Input(format!(
+                            "group key {k}: no bytes for a value of {len}"
+                        ))
+                        .into())
+                    }
+                }
+            };
+            Ok(String::from_utf8(bytes)
                 .map_err(|e| ComputeError::Input(format!("a group key is not UTF-8: {e}")))?)
         };
         let target = fields[k].data_type();
@@ -376,6 +444,17 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
             }
             DataType::Utf8 => {
                 let mut b = StringBuilder::new();
+                for g in 0..n {
+                    if null(g) {
+                        b.append_null()
+                    } else {
+                        b.append_value(string(g)?)
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            DataType::LargeUtf8 => {
+                let mut b = LargeStringBuilder::new();
                 for g in 0..n {
                     if null(g) {
                         b.append_null()

@@ -217,8 +217,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             words,
             negated,
         } => {
-            let (keys, valid) =
-                string_words(frame_column(frame, *index, name)?, name, Some(LONG_STRING))?;
+            let (keys, valid) = string_words(frame_column(frame, *index, name)?, name)?;
             Ok(Lanes {
                 values: keys
                     .iter()
@@ -579,65 +578,18 @@ pub(crate) type KeyWords = (Vec<[u64; KEY_WORDS]>, Option<Vec<u8>>);
 /// view of at most 12 bytes has, so it equals none of them.
 pub(crate) const LONG_STRING: [u64; KEY_WORDS] = [u64::MAX; KEY_WORDS];
 
-/// The key words of a `Utf8View`, `Utf8` or `LargeUtf8` column, per row, and its validity; a string
-/// of more than 12 bytes is an error.
-pub(crate) fn string_keys(column: &FrameColumn, name: &str) -> Result<KeyWords, BoxError> {
-    string_words(column, name, None)
-}
-
-/// [`string_keys`], a string of more than 12 bytes given `long` instead where it is set.
-pub(crate) fn string_words(
-    column: &FrameColumn,
-    name: &str,
-    long: Option<[u64; KEY_WORDS]>,
-) -> Result<KeyWords, BoxError> {
-    ready(column)?;
-    let c = column.column();
-    let valid = validity(&c)?;
-    let (offset, len) = (c.offset(), c.len());
-    let too_long = |i: usize, l: usize| -> BoxError {
-        ComputeError::KeyTooLong {
-            column: name.to_string(),
-            row: i,
-            len: l,
-        }
-        .into()
-    };
-    let mut keys = Vec::with_capacity(len);
-    match c.data_type() {
-        DataType::Utf8View => {
-            let views = cpu_bytes(c.buffer(1).ok_or("a view column without views")?)?;
-            let views = views
-                .get(offset * 16..(offset + len) * 16)
-                .ok_or("a views buffer too short")?;
-            for (i, view) in views.chunks_exact(16).enumerate() {
-                if valid.as_ref().is_some_and(|v| v[i] == 0) {
-                    keys.push([0; KEY_WORDS]);
-                    continue;
-                }
-                let l = u32::from_le_bytes(view[..4].try_into().expect("4 bytes")) as usize;
-                let key = match (view.get(4..4 + l).and_then(string_key), long) {
-                    (Some(key), _) => key,
-                    (None, Some(long)) => long,
-                    (None, None) => return Err(too_long(i, l)),
-                };
-                keys.push(key);
-            }
-        }
-        DataType::Utf8 | DataType::LargeUtf8 => {
-            for (i, value) in view_values(column, name)?.into_iter().enumerate() {
-                let Some(bytes) = value else {
-                    keys.push([0; KEY_WORDS]);
-                    continue;
-                };
-                keys.push(match (string_key(bytes), long) {
-                    (Some(key), _) => key,
-                    (None, Some(long)) => long,
-                    (None, None) => return Err(too_long(i, bytes.len())),
-                });
-            }
-        }
-        other => return Err(ComputeError::Input(format!("a string key of type {other}")).into()),
-    }
+/// The words of each value of a string column (`Utf8View`, `Utf8`, `LargeUtf8`), per
+/// row, and its validity: a value of at most 12 bytes its view (length, then its bytes,
+/// zero-padded: what `view_in` compares with a literal's), a longer one [`LONG_STRING`].
+pub(crate) fn string_words(column: &FrameColumn, name: &str) -> Result<KeyWords, BoxError> {
+    let values = view_values(column, name)?;
+    let valid = values
+        .iter()
+        .any(Option::is_none)
+        .then(|| values.iter().map(|v| u8::from(v.is_some())).collect());
+    let keys = values
+        .iter()
+        .map(|v| v.map_or([0; KEY_WORDS], |b| string_key(b).unwrap_or(LONG_STRING)))
+        .collect();
     Ok((keys, valid))
 }

@@ -41,8 +41,9 @@
 //! with [`ComputeError::Overflow`], never a wrong value; null rows are never checked.
 //!
 //! A partial aggregate encodes each selected row's group key in fixed-width words
-//! (`aggregate`'s docs: a string key of at most 12 bytes is its Arrow view, longer is
-//! [`ComputeError::KeyTooLong`]), finds the groups (a hash table on the host; on CUDA
+//! (`aggregate`'s docs: a string key of at most 12 bytes is its Arrow view, a longer one
+//! its length, first 4 bytes and a 64-bit hash, its bytes compared with its group's first
+//! row's: [`ComputeError::KeyCollision`] where they differ), finds the groups (a hash table on the host; on CUDA
 //! one in device global memory, claimed with `atom.cas` by the first row of a key),
 //! accumulates sums in 128 bits (two 64-bit atomics with carry on CUDA: no overflow for
 //! fewer than 2^63 rows), counts and min/max, then builds the host batch of the
@@ -69,9 +70,8 @@
 //!   groups (keys of each group's first row, then the states) in one copy; more groups
 //!   take a second copy of the whole table.
 //!
-//! A frame of no rows yields empty uploaded columns (CUDA allocates no empty buffer). A
-//! string group key longer than 12 bytes is [`ComputeError::KeyTooLong`] naming the
-//! column (on CUDA without its row and length). Temporaries are cudarc slices freed in
+//! A frame of no rows yields empty uploaded columns (CUDA allocates no empty buffer).
+//! Temporaries are cudarc slices freed in
 //! stream order when dropped, on every path, errors included; columns are read through
 //! devarrow's views, which order the release of their batch after the kernels.
 
@@ -120,18 +120,16 @@ pub enum ComputeError {
     /// A value does not fit: a 64-bit lane, an Int32 result, a cast's target precision.
     #[error("arithmetic overflow on the device: {0}")]
     Overflow(String),
-    /// A string group key longer than the 12 bytes a key holds.
+    /// Two different string group keys of more than 12 bytes in one batch whose key
+    /// words (length, first 4 bytes and a 64-bit hash) agree: the device would take them
+    /// for one group. The batch is aggregated on the host instead.
     #[error(
-        "group key column `{column}` holds a string of {len} bytes (row {row}); device group \
-         keys hold at most 12"
+        "group key column `{column}`: two different strings of one 64-bit hash in a batch; \
+         the device cannot group them"
     )]
-    KeyTooLong {
+    KeyCollision {
         /// The column.
         column: String,
-        /// The row of the batch (0 on CUDA, which does not tell).
-        row: usize,
-        /// Its length in bytes (0 on CUDA, which does not tell).
-        len: usize,
     },
     /// An input the compiled expression does not fit (a missing column, another type, a
     /// device without kernels).

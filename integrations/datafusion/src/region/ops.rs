@@ -182,8 +182,8 @@ impl DeviceOperator for ProjectionOperator {
 /// frame's selected rows and their partial states, read back to the host (a few rows
 /// per batch), where DataFusion's final aggregate takes them as its own partial's.
 ///
-/// A batch the device cannot group (a string key longer than the 12 bytes a device key
-/// holds: `ComputeError::KeyTooLong`) is aggregated on the host instead, by the
+/// A batch the device cannot group (two different long string keys of one 64-bit hash:
+/// `ComputeError::KeyCollision`) is aggregated on the host instead, by the
 /// `AggregateExec` itself over the downloaded batch: the query never fails for it, and
 /// the operator's `host_fallback_batches` metric counts those batches.
 #[derive(Debug)]
@@ -238,7 +238,7 @@ impl DeviceOperator for PartialAggregateOperator {
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
         match self.compiled.run(&frame, cx.device) {
             Ok(batch) => Ok(RegionBatch::Host(batch)),
-            Err(e) if is_key_too_long(e.as_ref()) => {
+            Err(e) if is_key_collision(e.as_ref()) => {
                 cx.host_fallback_batches.add(1);
                 Ok(RegionBatch::Host(self.on_host(&frame, cx)?))
             }
@@ -583,13 +583,13 @@ impl DeviceOperator for HashJoinOperator {
     }
 }
 
-/// Whether `error` is (or wraps) the device's refusal of a long string key.
-fn is_key_too_long(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `error` is (or wraps) the device's refusal of string keys it cannot group.
+fn is_key_collision(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
         if matches!(
             e.downcast_ref::<ComputeError>(),
-            Some(ComputeError::KeyTooLong { .. })
+            Some(ComputeError::KeyCollision { .. })
         ) {
             return true;
         }

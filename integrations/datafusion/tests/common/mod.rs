@@ -59,9 +59,15 @@ pub async fn datafusion_alone(partitions: Vec<Vec<RecordBatch>>, sql: &str) -> V
         .unwrap()
 }
 
-/// Registers `lineitem` in `ctx` (its partitions as they are).
+/// Registers `lineitem` in `ctx` (its partitions as they are, of their schema).
 pub fn register_lineitem(ctx: &SessionContext, partitions: Vec<Vec<RecordBatch>>) {
-    let table = MemTable::try_new(LineItemArrow::schema_ref(), partitions).expect("MemTable");
+    // The batches' own schema (the generator's, or one with other string types).
+    let schema = partitions
+        .iter()
+        .flatten()
+        .next()
+        .map_or_else(LineItemArrow::schema_ref, |b| b.schema());
+    let table = MemTable::try_new(schema, partitions).expect("MemTable");
     ctx.register_table("lineitem", Arc::new(table))
         .expect("register lineitem");
 }
@@ -136,4 +142,42 @@ pub fn rows(batches: &[RecordBatch]) -> usize {
 /// Keeps `ExecutionPlan` in scope for the includers.
 pub fn partitions_of(plan: &dyn ExecutionPlan) -> usize {
     plan.properties().partitioning.partition_count()
+}
+
+/// Two strings of 24 bytes, of one length and prefix, whose join key lanes agree (their
+/// hashes collide) though their bytes differ: printable ASCII, found by search.
+pub fn colliding_strings() -> (String, String) {
+    use devarrow_datafusion::compute::join::string_key_lanes;
+    const C: u64 = 0xFF51_AFD7_ED55_8CCD;
+    let mix = |h: u64, w: u64| {
+        let h = (h ^ w).wrapping_mul(C);
+        h ^ (h >> 33)
+    };
+    let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+    let a = b"join key, ab: 0123456789";
+    let start = 0x9E37_79B9_7F4A_7C15u64;
+    let after_two = |w1: u64, w2: u64| mix(mix(start, w1), w2);
+    let state_a = after_two(word(&a[..8]), word(&a[8..16]));
+    // b's second word differs; its third makes the state before the last mix equal.
+    for c in 0u64.. {
+        let second = format!("{c:08}");
+        let state_b = after_two(word(&a[..8]), word(second.as_bytes()));
+        let third = (state_a ^ word(&a[16..]) ^ state_b).to_le_bytes();
+        if third.iter().all(|b| (0x20..0x7f).contains(b)) {
+            let b = format!(
+                "{}{second}{}",
+                std::str::from_utf8(&a[..8]).unwrap(),
+                std::str::from_utf8(&third).unwrap()
+            );
+            let a = std::str::from_utf8(a).unwrap().to_string();
+            assert_ne!(a, b);
+            assert_eq!(
+                string_key_lanes(a.as_bytes()),
+                string_key_lanes(b.as_bytes()),
+                "no collision: the test's hash is not the join's"
+            );
+            return (a, b);
+        }
+    }
+    unreachable!()
 }

@@ -44,9 +44,10 @@ struct Kernels {
     store_lanes: CudaFunction,
     pack_bits: CudaFunction,
     select_rows: CudaFunction,
-    key_view: CudaFunction,
-    key_utf8: CudaFunction,
     key_lanes: CudaFunction,
+    key_string: CudaFunction,
+    verify_group_strings: CudaFunction,
+    copy_strings: CudaFunction,
     group_rows: CudaFunction,
     compact_groups: CudaFunction,
     accumulate: CudaFunction,
@@ -103,9 +104,10 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         store_lanes: f("store_lanes")?,
         pack_bits: f("pack_bits")?,
         select_rows: f("select_rows")?,
-        key_view: f("key_view")?,
-        key_utf8: f("key_utf8")?,
         key_lanes: f("key_lanes")?,
+        key_string: f("key_string")?,
+        verify_group_strings: f("verify_group_strings")?,
+        copy_strings: f("copy_strings")?,
         group_rows: f("group_rows")?,
         compact_groups: f("compact_groups")?,
         accumulate: f("accumulate")?,
@@ -1143,72 +1145,22 @@ pub(crate) fn groups(
     let sel = selected(&cx, None, frame, err)?;
     let keys = cx.zeros::<u64>(n * width)?;
     let keys_at = addr(&keys, s);
+    // The string keys' views, kept for the check of their groups and their bytes.
+    let mut views = Vec::new();
     for (k, (source, _)) in plan.keys.iter().enumerate() {
         let key_err = status_at + 8 * (2 + k as u64);
         match source {
             KeySource::String { index, name } => {
                 let column = frame_column(frame, *index, name)?;
-                let c = column.column();
-                let bitmap = c.cuda_validity(s)?;
-                let bitmap_at = bitmap.as_ref().map_or(0, |b| b.device_ptr());
-                let end = c.offset() + c.len();
-                match c.data_type() {
-                    DataType::Utf8View => {
-                        let views = c.buffer(1).ok_or("a view column without views")?;
-                        if views.len() < end * 16 {
-                            return Err(
-                                ComputeError::Input("a views buffer too short".into()).into()
-                            );
-                        }
-                        aligned(views.address(), 8, name)?;
-                        let views = views.cuda_view::<u8>(s)?;
-                        cx.launch(
-                            &cx.k.key_view,
-                            n,
-                            &[
-                                A::U64(views.device_ptr()),
-                                A::U64(bitmap_at),
-                                A::U64(c.offset() as u64),
-                                A::U64(n as u64),
-                                A::U64(keys_at),
-                                A::U32(width as u32),
-                                A::U32(k as u32),
-                                A::U64(key_err),
-                            ],
-                        )?;
-                    }
-                    DataType::Utf8 => {
-                        let offsets = c.buffer(1).ok_or("a Utf8 column without offsets")?;
-                        if offsets.len() < (end + 1) * 4 {
-                            return Err(
-                                ComputeError::Input("an offsets buffer too short".into()).into()
-                            );
-                        }
-                        aligned(offsets.address(), 4, name)?;
-                        let offsets = offsets.cuda_view::<u8>(s)?;
-                        let data = c.buffer(2).map(|b| b.cuda_view::<u8>(s)).transpose()?;
-                        cx.launch(
-                            &cx.k.key_utf8,
-                            n,
-                            &[
-                                A::U64(offsets.device_ptr()),
-                                A::U64(data.as_ref().map_or(0, |d| d.device_ptr())),
-                                A::U64(bitmap_at),
-                                A::U64(c.offset() as u64),
-                                A::U64(n as u64),
-                                A::U64(keys_at),
-                                A::U32(width as u32),
-                                A::U32(k as u32),
-                                A::U64(key_err),
-                            ],
-                        )?;
-                    }
-                    other => {
-                        return Err(
-                            ComputeError::Input(format!("a string key of type {other}")).into()
-                        )
-                    }
-                }
+                let view = view_args(&cx, column, name, n, key_err)?;
+                let args = view.args.iter().copied().chain([
+                    A::U64(keys_at),
+                    A::U32(width as u32),
+                    A::U32(k as u32),
+                    A::U64(key_err),
+                ]);
+                cx.launch(&cx.k.key_string, n, &args.collect::<Vec<_>>())?;
+                views.push((k, view));
             }
             KeySource::Value(node) => {
                 let lanes = eval(&cx, node, frame, err)?;
@@ -1256,6 +1208,17 @@ pub(crate) fn groups(
             A::U64(status_at),
         ],
     )?;
+    // Long strings of one group agree in length, prefix and hash: their bytes must.
+    for (k, view) in &views {
+        let key_err = status_at + 8 * (2 + *k as u64);
+        let args = view.args.iter().copied().chain([
+            A::U64(addr(&slot_of, s)),
+            A::U64(addr(&dense, s)),
+            A::U64(addr(&rep, s)),
+            A::U64(key_err),
+        ]);
+        cx.launch(&cx.k.verify_group_strings, n, &args.collect::<Vec<_>>())?;
+    }
     let acc = cx.zeros::<u64>(n * accw)?;
     for (a, agg) in plan.aggs.iter().enumerate() {
         let lanes = agg
@@ -1310,16 +1273,18 @@ pub(crate) fn groups(
         .into());
     }
     for (k, (source, _)) in plan.keys.iter().enumerate() {
+        // 8: two long strings of one group differ; 4: a view outside its buffers.
+        if words[2 + k] & 8 != 0 {
+            return Err(super::aggregate::collision(plan, k));
+        }
         if words[2 + k] != 0 {
             let column = match source {
                 KeySource::String { name, .. } => name.clone(),
                 KeySource::Value(_) => format!("key {k}"),
             };
-            return Err(ComputeError::KeyTooLong {
-                column,
-                row: 0,
-                len: 0,
-            }
+            return Err(ComputeError::Input(format!(
+                "group key column `{column}`: a string outside its buffers"
+            ))
             .into());
         }
     }
@@ -1344,12 +1309,69 @@ pub(crate) fn groups(
         count,
         keys: Vec::with_capacity(count * width),
         accs: Vec::with_capacity(count * accw),
+        long: vec![Vec::new(); plan.keys.len()],
     };
     for g in host.chunks_exact(row) {
         groups.keys.extend_from_slice(&g[..width]);
         groups.accs.extend_from_slice(&g[width..]);
     }
+    for (k, view) in &views {
+        groups.long[*k] = long_values(&cx, view, &groups, (*k, width), &rep)?;
+    }
     // `sel` and the other temporaries are freed in stream order after the kernels.
-    drop((sel, keys, table, slot_of, dense, rep, acc, status));
+    drop((views, sel, keys, table, slot_of, dense, rep, acc, status));
     Ok(groups)
+}
+
+/// The bytes of the values of string key `k` (of `width` words a row) longer than 12
+/// bytes, per group (empty for the others; none at all where no group has one): their
+/// group's first row's (`rep`), copied on the device into one buffer (`copy_strings`)
+/// and read back, a second copy only where such values exist.
+fn long_values(
+    cx: &Cx<'_>,
+    view: &ViewArgs<'_>,
+    groups: &Groups,
+    (k, width): (usize, usize),
+    rep: &CudaSlice<u64>,
+) -> Result<Vec<Vec<u8>>, BoxError> {
+    let s = cx.stream;
+    let count = groups.count;
+    // Each group's length from its words (0: null, or at most 12 bytes: in the words).
+    let lengths: Vec<usize> = (0..count)
+        .map(|g| {
+            let row = &groups.keys[g * width..(g + 1) * width];
+            let len = (row[k * super::KEY_WORDS] & 0xFFFF_FFFF) as usize;
+            if row[width - 1] >> k & 1 == 1 || len <= 12 {
+                0
+            } else {
+                len
+            }
+        })
+        .collect();
+    let total: usize = lengths.iter().sum();
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let mut offsets = Vec::with_capacity(count + 1);
+    offsets.push(0i64);
+    for len in &lengths {
+        offsets.push(offsets.last().copied().unwrap_or(0) + *len as i64);
+    }
+    let on_device = s.clone_htod(&offsets)?;
+    let out = cx.zeros::<u8>(total)?;
+    let args = view.args.iter().copied().chain([
+        A::U64(addr(rep, s)),
+        A::U64(count as u64),
+        A::U64(addr(&on_device, s)),
+        A::U64(addr(&out, s)),
+    ]);
+    cx.launch(&cx.k.copy_strings, count, &args.collect::<Vec<_>>())?;
+    let mut bytes = vec![0u8; total];
+    s.memcpy_dtoh(&out, &mut bytes)?;
+    s.synchronize()?;
+    drop((on_device, out));
+    Ok(offsets
+        .windows(2)
+        .map(|w| bytes[w[0] as usize..w[1] as usize].to_vec())
+        .collect())
 }
