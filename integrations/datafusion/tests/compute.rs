@@ -2368,6 +2368,139 @@ pub async fn check_foreign_probe_views(device: &ExecDevice) {
     );
 }
 
+/// A foreign `Utf8` column whose offsets point past its data (row 1's end rewritten on
+/// the device, as a bad producer's would be) is a typed error wherever the device reads
+/// it: a string predicate (`view_in`, `view_like`, both through views made of its
+/// offsets), a group key, a join's gather of it to pairs; the compaction gives way to
+/// the host. CUDA only: the CPU device's arrow import checks offsets on its own.
+pub async fn check_foreign_offsets(device: &ExecDevice) {
+    use datafusion::physical_plan::joins::HashJoinExec;
+    use devarrow_datafusion::compute::compact;
+    use devarrow_datafusion::compute::join::DeviceHashJoin;
+
+    if device.cuda().is_none() {
+        return;
+    }
+    let fact = RecordBatch::try_from_iter([
+        (
+            "fk",
+            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
+        ),
+        (
+            "s",
+            Arc::new(arrow_array::StringArray::from_iter_values(
+                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    // The batch uploaded, exported, row 1's end offset rewritten to 1 MiB, imported.
+    let foreign = || {
+        let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+        let (array, _schema) = transfer.to_device(&fact).unwrap().export().unwrap();
+        let raw = array.into_raw();
+        // SAFETY: the export's own struct: its second child is the Utf8 column, whose
+        // buffer 1 holds its 9 i32 offsets in device memory.
+        let offsets = unsafe {
+            let strings = &**raw.array.children.add(1);
+            *strings.buffers.add(1) as u64
+        };
+        let end = (1i32 << 20).to_le_bytes();
+        let d = device.device();
+        // SAFETY: `end` (4 bytes) outlives the copy, waited for at once; the destination,
+        // offset 2, lies in the offsets buffer the export keeps alive.
+        unsafe { d.copy_to_device(end.as_ptr(), (offsets + 8) as *mut std::ffi::c_void, 4) }
+            .unwrap();
+        d.record_event().unwrap().wait_host().unwrap();
+        // SAFETY: the export's own struct, unchanged, released by the import.
+        let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
+        DeviceFrame::from_batch(
+            DeviceBatch::import(device.device().clone(), array, fact.schema()).unwrap(),
+        )
+    };
+    let outside = |error: &devarrow_datafusion::error::BoxError, what: &str| {
+        assert!(
+            matches!(
+                error.downcast_ref::<ComputeError>(),
+                Some(ComputeError::Input(why)) if why.contains("outside its")
+            ),
+            "{what}: {error}"
+        );
+    };
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(fact.schema(), vec![vec![fact.clone()]]).unwrap();
+    ctx.register_table("f", Arc::new(table)).unwrap();
+    for text in ["s = 'x'", "s IN ('x', 'y')", "s LIKE '%longer%'"] {
+        let (e, schema, _) = projection_of(&ctx, "f", &format!("({text})")).await;
+        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+        let error = select(&compiled, &foreign(), device).unwrap_err();
+        outside(&error, text);
+    }
+    // A group key.
+    let plan = ctx
+        .sql("SELECT s, count(*) FROM f GROUP BY s")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut node = find::<AggregateExec>(&plan).unwrap();
+    if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
+        node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
+    }
+    let partial = node.downcast_ref::<AggregateExec>().unwrap();
+    let error = DevicePartialAggregate::compile(partial)
+        .unwrap()
+        .run(&foreign(), device)
+        .unwrap_err();
+    outside(&error, "a group key");
+    // The compaction: the host filters it.
+    let every_other = UInt8Array::from((0..8).map(|i| Some(i % 2)).collect::<Vec<_>>());
+    let selected = foreign()
+        .with_selection(selection_column(every_other, device))
+        .unwrap();
+    assert!(compact(&selected, device).unwrap().is_none());
+    // A join's gather of it to the pairs of repeated build keys.
+    let dim = RecordBatch::try_from_iter([
+        ("k", Arc::new(Int32Array::from(vec![1, 1, 2])) as ArrayRef),
+        (
+            "v",
+            Arc::new(Int32Array::from(vec![10, 11, 20])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let table = MemTable::try_new(dim.schema(), vec![vec![dim]]).unwrap();
+    ctx.register_table("d", Arc::new(table)).unwrap();
+    let plan = ctx
+        .sql("select f.s, d.v from f join d on f.fk = d.k")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut nodes = vec![plan];
+    let node = loop {
+        let node = nodes.pop().expect("a hash join");
+        if node.downcast_ref::<HashJoinExec>().is_some() {
+            break node;
+        }
+        nodes.extend(node.children().into_iter().cloned());
+    };
+    let join = node.downcast_ref::<HashJoinExec>().unwrap();
+    assert_eq!(
+        join.right().schema().field(1).name(),
+        "s",
+        "f is the probe side"
+    );
+    let compiled = DeviceHashJoin::compile(join).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let build = collect(join.left().clone(), ctx.task_ctx()).await.unwrap();
+    let built = compiled.build(&build, device, &mut transfer).unwrap();
+    assert!(!built.is_unique(), "the build keys repeat");
+    let error = built.probe(&foreign(), device).unwrap_err();
+    outside(&error, "a join's gather");
+}
+
 /// A stream of a region with a device join dropped after its first batch: the
 /// partitions' threads end on their own (while binding, or between frames) and give the
 /// device back every byte (the join's table included).

@@ -398,6 +398,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
         let pool = devarrow_datafusion::config::DevicePool::new(device.clone(), 2).unwrap();
         compute_checks::check_one_table_per_device(vec![Arc::new(pool)]).await;
         compute_checks::check_foreign_probe_views(&device).await;
+        compute_checks::check_foreign_offsets(&device).await;
         compute_checks::check_dropped_join_stream(&device, || 0).await;
         // Device memory is checked by `on_cuda_without_leaks`, once the pool is dropped.
         compute_checks::check_join_reservation(&device, || 0).await;

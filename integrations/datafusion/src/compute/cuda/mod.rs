@@ -750,6 +750,21 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
 }
 
 /// Whether the frame columns `node` reads may hold nulls.
+/// Whether `node` reads an offset-based string column (`Utf8`, `LargeUtf8`): the views
+/// made of its offsets (`utf8_views`) flag offsets outside its data in the error word,
+/// so the word must come back even where the node itself cannot fail (`view_in`).
+fn reads_offsets(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
+    let mut columns = Vec::new();
+    node.columns(&mut columns);
+    for (index, name) in columns {
+        let c = frame_column(frame, index, name)?.column();
+        if matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 fn columns_have_nulls(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
     let mut columns = Vec::new();
     node.columns(&mut columns);
@@ -805,7 +820,8 @@ pub(crate) fn evaluate(
         let narrow = store_width(&dt)? < 8;
         (store_column(&cx, &dt, &lanes, n, nullable, e)?, narrow)
     };
-    let pending = pending(&cx, err, &expr.text, expr.node.may_fail() || narrow, defer)?;
+    let needed = expr.node.may_fail() || narrow || reads_offsets(&expr.node, frame)?;
+    let pending = pending(&cx, err, &expr.text, needed, defer)?;
     drop(lanes);
     let nullable = column.null_count() > 0;
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
@@ -913,7 +929,7 @@ impl ErrorWord {
 fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
     if word & 4 != 0 {
         return Err(ComputeError::Input(format!(
-            "`{what}`: a string view points outside its buffers"
+            "`{what}`: a string view or offset points outside its buffers"
         ))
         .into());
     }
@@ -1096,7 +1112,8 @@ pub(crate) fn select(
     let e = addr(&err, cx.stream);
     let lanes = eval(&cx, &predicate.node, frame, e)?;
     let mask = selected(&cx, Some(&lanes), frame, e)?;
-    let pending = pending(&cx, err, &predicate.text, predicate.node.may_fail(), defer)?;
+    let needed = predicate.node.may_fail() || reads_offsets(&predicate.node, frame)?;
+    let pending = pending(&cx, err, &predicate.text, needed, defer)?;
     drop(lanes);
     let column = CudaArray::from_values(DataType::UInt8, mask)?;
     let schema = schema_of(vec![Field::new(SELECTION, DataType::UInt8, false)]);
