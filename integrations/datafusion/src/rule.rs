@@ -199,6 +199,12 @@ impl DevicePlacementRule {
                 );
                 return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why))));
             }
+            Ok(_) if distributed && reads_scalar_subquery(&node) => {
+                return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(
+                    node,
+                    SUBQUERY_ON_BALLISTA.to_string(),
+                ))));
+            }
             Ok(operator) if weigh => match heavier_host_children(&node, operator.device_child()) {
                 Some(why) => return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why)))),
                 None => operator,
@@ -402,6 +408,35 @@ fn picking_above_a_region(
         return None;
     }
     Some(ProjectionOperator::try_new(projection).map(|op| Arc::new(op) as Arc<dyn DeviceOperator>))
+}
+
+/// Why a node that reads a scalar subquery's value stays on the host on Ballista.
+const SUBQUERY_ON_BALLISTA: &str = "it reads a scalar subquery's value, which DataFusion's \
+    protobuf decodes only inside its ScalarSubqueryExec, never inside a device node's bytes, \
+    and on Ballista each task decodes its plan";
+
+/// Whether one of `node`'s own expressions reads an uncorrelated scalar subquery's value
+/// (DataFusion's `ScalarSubqueryExpr`, tied to its `ScalarSubqueryExec`): the device
+/// computes with it, but the codec cannot carry it in a device node's bytes.
+pub(crate) fn reads_scalar_subquery(node: &Arc<dyn ExecutionPlan>) -> bool {
+    use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
+    let mut found = false;
+    let _ = node.apply_expressions(&mut |expr| {
+        let _ = expr.apply(|e| {
+            found |= e.downcast_ref::<ScalarSubqueryExpr>().is_some();
+            Ok(if found {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        });
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    found
 }
 
 /// Whether the session is Ballista's (its config has Ballista's `ballista` options): a

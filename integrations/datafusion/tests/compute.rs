@@ -1519,6 +1519,99 @@ async fn every_join_session(device: &ExecDevice) -> SessionContext {
     ctx
 }
 
+/// Filters and projections that compare with an uncorrelated scalar subquery (`x >
+/// (SELECT avg(x) ...)`: DataFusion's `ScalarSubqueryExpr`, whose value is known only
+/// when the plan runs) run on the device, the value read when each batch is evaluated:
+/// integers, decimals (an `avg` of more precision), floats, a null value (a subquery of
+/// no row), with DataFusion's results.
+pub async fn check_scalar_subqueries(device: &ExecDevice) {
+    let ctx = every_join_session(device).await;
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    join_tables(&ctx);
+    join_tables(&plain);
+    for sql in [
+        "select f.fk, f.qty from fact f where f.fk2 = (select max(k2) from dim)",
+        "select d.k, d.price from dim d where d.price > (select avg(price) from dim)",
+        "select f.fk, f.qty from fact f where f.qty > (select avg(qty) from fact) \
+         and f.fk2 <> 1",
+        "select f.fk from fact f where f.qty > (select max(qty) from fact where qty > 1000)",
+        "select f.fk, f.qty - (select min(qty) from fact where fk2 = 3) as above from fact f \
+         where f.qty > 3",
+    ] {
+        let (plan, shown) = planned(&ctx, sql).await;
+        // The subquery's value in a device operator's expression.
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.contains("Device") && l.contains("scalar_subquery")),
+            "{sql}\n{shown}"
+        );
+        let got = collect(plan, ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+    }
+}
+
+/// A filter or projection whose expression overflows the device's 64-bit lanes where
+/// DataFusion's 128-bit decimals do not (a cast to 18 decimal places; TPC-H Q11's
+/// `CAST(sum(...) AS Decimal128(38, 15)) > scalar_subquery`) computes those batches on
+/// the host, counted in `host_fallback_batches`, with DataFusion's results: the query
+/// does not fail.
+pub async fn check_overflow_fallback(device: &ExecDevice) {
+    let ctx = every_join_session(device).await;
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    join_tables(&ctx);
+    join_tables(&plain);
+    for (sql, node) in [
+        (
+            "select f.fk, f.qty from fact f where cast(f.qty as decimal(38, 18)) > 3.5 \
+             and f.fk2 <> 1",
+            "DeviceFilterExec",
+        ),
+        (
+            "select f.fk, cast(f.qty as decimal(38, 18)) + 1 as wide from fact f \
+             where f.qty > 3",
+            "DeviceProjectionExec",
+        ),
+    ] {
+        let (plan, shown) = planned(&ctx, sql).await;
+        assert!(shown.contains(node), "{sql}\n{shown}");
+        let got = collect(plan.clone(), ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
+        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+        let mut fallbacks = 0;
+        let mut stack = vec![plan];
+        while let Some(n) = stack.pop() {
+            if n.name() == node {
+                fallbacks += n
+                    .metrics()
+                    .and_then(|m| m.sum_by_name("host_fallback_batches"))
+                    .map_or(0, |v| v.as_usize());
+            }
+            stack.extend(n.children().into_iter().cloned());
+        }
+        assert!(fallbacks > 0, "{sql}: no batch fell back to the host");
+    }
+}
+
+#[tokio::test]
+async fn overflowing_batches_are_computed_on_the_host() {
+    if own_tests() {
+        check_overflow_fallback(&ExecDevice::cpu()).await;
+    }
+}
+
+#[tokio::test]
+async fn scalar_subqueries_are_datafusions() {
+    if own_tests() {
+        check_scalar_subqueries(&ExecDevice::cpu()).await;
+    }
+}
+
 /// `sql`'s physical plan in `ctx`, and its indented text.
 pub async fn planned(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, String) {
     let plan = ctx

@@ -210,6 +210,72 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
 /// filter through the join into the partial aggregate: lineitem's rows never come back
 /// to the host. The results are DataFusion's; the plan round-trips through the codec
 /// (a device operator with two children).
+/// TPC-H Q22 filters customers by an uncorrelated scalar subquery (`c_acctbal > (select
+/// avg(c_acctbal) ...)`) on the device, its value read when the plan runs, with
+/// DataFusion's results. DataFusion's protobuf decodes a scalar subquery only inside its
+/// `ScalarSubqueryExec`, never from a device node's bytes: the codec refuses to encode
+/// that filter, saying why, and on Ballista (whose tasks decode their plans) the rule
+/// keeps it on the host, where the plan round-trips and gives the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() {
+    use datafusion_proto::bytes::{
+        physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    };
+    use devarrow_datafusion::rule::DeviceOperatorRegistry;
+    use devarrow_datafusion::{DeviceExecCodec, ExecDevice, StepRegistry};
+
+    let tables = tpch::Tables::generate(0.01, 2);
+    let want = tpch::host_session(&tables, 2)
+        .unwrap()
+        .sql(tpch::query(22))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let want = pretty_format_batches(&want).unwrap().to_string();
+    let codec = DeviceExecCodec::new(Arc::new(StepRegistry::new()), ExecDevice::cpu())
+        .with_operators(DeviceOperatorRegistry::default());
+    let reads_subquery = |shown: &str, node: &str| {
+        shown
+            .lines()
+            .any(|l| l.contains(node) && l.contains("scalar_subquery"))
+    };
+
+    let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
+    let device_plan = tpch::plan_query(&ctx, 22).await.unwrap();
+    let shown = text(&device_plan);
+    assert!(reads_subquery(&shown, "DeviceFilterExec"), "{shown}");
+    let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
+    assert_eq!(pretty_format_batches(&got).unwrap().to_string(), want);
+    let refused = physical_plan_to_bytes_with_extension_codec(device_plan, &codec).unwrap_err();
+    assert!(refused.to_string().contains("scalar subquery"), "{refused}");
+
+    let config = SessionConfig::new()
+        .with_target_partitions(2)
+        .with_option_extension(BallistaLike::default());
+    let ctx = device_session(config);
+    ctx.sql("SET devarrow.devices = 'cpu'")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    tables.register(&ctx).unwrap();
+    let ballista_plan = tpch::plan_query(&ctx, 22).await.unwrap();
+    let shown = text(&ballista_plan);
+    assert!(!reads_subquery(&shown, "DeviceFilterExec"), "{shown}");
+    assert!(
+        shown.contains("HostOnlyExec: FilterExec stays on the host: it reads a scalar subquery"),
+        "{shown}"
+    );
+    let bytes = physical_plan_to_bytes_with_extension_codec(ballista_plan, &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let got = collect(back, ctx.task_ctx()).await.unwrap();
+    assert_eq!(pretty_format_batches(&got).unwrap().to_string(), want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
     use datafusion_proto::bytes::{

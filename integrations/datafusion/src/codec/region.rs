@@ -53,6 +53,15 @@ pub(super) fn encode(
         buf.extend_from_slice(host_only.reason().as_bytes());
     } else if let Some(op) = node.downcast_ref::<DeviceOperatorExec>() {
         let twin = op.host_twin();
+        if crate::rule::reads_scalar_subquery(twin) {
+            return Err(bad(format!(
+                "`{}` reads a scalar subquery's value, which DataFusion's protobuf decodes \
+                 only inside its ScalarSubqueryExec, not from a device node's bytes: plan \
+                 the query on Ballista (where the rule keeps such a node on the host) or \
+                 without devarrow's rule",
+                twin.name()
+            )));
+        }
         let placeholders: Vec<Arc<dyn ExecutionPlan>> = op
             .children()
             .into_iter()

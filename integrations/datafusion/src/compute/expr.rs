@@ -149,6 +149,11 @@ pub(crate) enum Node {
     },
     /// A constant (`None`: null).
     Literal(Option<i64>),
+    /// The value of an uncorrelated scalar subquery (DataFusion's `ScalarSubqueryExpr`,
+    /// whose `ScalarSubqueryExec` runs the subquery before the plan under it): known only
+    /// when the plan runs, read on the host at each evaluation and filled in as a
+    /// constant ([`subquery_value`]).
+    Subquery(Arc<dyn PhysicalExpr>),
     /// `left op right`, each operand first multiplied by its factor (decimal scale
     /// alignment), the result (of arithmetic) checked against `[lo, hi]`; overflow of
     /// the 64-bit lanes is an error.
@@ -306,6 +311,14 @@ fn compile_node(
     }
     if let Some(literal) = expr.downcast_ref::<Literal>() {
         return literal_node(literal.value());
+    }
+    if expr
+        .downcast_ref::<datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr>()
+        .is_some()
+    {
+        // Its value's type must be one of lanes (as a literal's).
+        kind(data_type)?;
+        return Ok(Node::Subquery(expr.clone()));
     }
     if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
         if let Some(node) = string_equality(binary, input)? {
@@ -823,6 +836,36 @@ fn unary(op: u32, input: Node) -> Node {
     }
 }
 
+/// The lane of a scalar subquery's value (`None`: null), read now: the subquery has run
+/// when the plan under its `ScalarSubqueryExec` runs.
+///
+/// # Errors
+/// [`super::ComputeError::Input`] when it has not run, or its value is not a literal the
+/// device holds; [`super::ComputeError::Overflow`] when it does not fit 64 bits.
+pub(crate) fn subquery_value(
+    expr: &Arc<dyn PhysicalExpr>,
+) -> Result<Option<i64>, super::ComputeError> {
+    use datafusion::logical_expr::ColumnarValue;
+    let empty = arrow_array::RecordBatch::new_empty(Arc::new(Schema::empty()));
+    let value = match expr.evaluate(&empty) {
+        Ok(ColumnarValue::Scalar(value)) => value,
+        Ok(ColumnarValue::Array(_)) => {
+            return Err(super::ComputeError::Input(format!(
+                "`{expr}`: a scalar subquery gave an array"
+            )))
+        }
+        Err(e) => return Err(super::ComputeError::Input(format!("`{expr}`: {e}"))),
+    };
+    match literal_node(&value) {
+        Ok(Node::Literal(v)) => Ok(v),
+        Ok(_) => unreachable!("literal_node makes literals"),
+        Err(Unsupported(why)) if why.contains("does not fit") => {
+            Err(super::ComputeError::Overflow(format!("`{expr}`: {why}")))
+        }
+        Err(Unsupported(why)) => Err(super::ComputeError::Input(format!("`{expr}`: {why}"))),
+    }
+}
+
 fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
     let v = match value {
         ScalarValue::Decimal128(v, p, s) => {
@@ -1030,7 +1073,7 @@ impl Node {
             Node::Column { data_type, .. } => {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
-            Node::Literal(_) | Node::StrIn { .. } | Node::Valid { .. } => false,
+            Node::Literal(_) | Node::Subquery(_) | Node::StrIn { .. } | Node::Valid { .. } => false,
             // The second word of a long value reads its buffer (a view outside it is
             // flagged in the error word).
             Node::StrKey { word, .. } => *word != 0,
@@ -1077,6 +1120,8 @@ impl Node {
                 otherwise,
             } => otherwise.introduces_nulls() || branches.iter().any(|(_, v)| v.introduces_nulls()),
             Node::Literal(v) => v.is_none(),
+            // Its value may be null (a subquery of no row).
+            Node::Subquery(_) => true,
             Node::Binary { left, right, .. } => left.introduces_nulls() || right.introduces_nulls(),
             Node::Unary {
                 op, input, on_fail, ..
@@ -1101,7 +1146,7 @@ impl Node {
                     out.push((*index, name));
                 }
             }
-            Node::Literal(_) => {}
+            Node::Literal(_) | Node::Subquery(_) => {}
             Node::Binary { left, right, .. } => {
                 left.columns(out);
                 right.columns(out);

@@ -290,6 +290,10 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
             Ok(out)
         }
+        Node::Subquery(expr) => {
+            let v = super::expr::subquery_value(expr)?;
+            eval(&Node::Literal(v), frame, text)
+        }
         Node::Literal(v) => Ok(Lanes {
             values: vec![v.unwrap_or(0); n],
             valid: v.is_none().then(|| vec![0; n]),

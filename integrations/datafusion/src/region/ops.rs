@@ -42,11 +42,17 @@ use super::{BindContext, DeviceOperator, OperatorContext, RegionBatch};
 
 /// `FilterExec` on the device: the predicate's selection, and-ed with the frame's
 /// pending one; no row moves (the unload, or a terminal operator, applies it).
+///
+/// A batch whose predicate overflows the device's 64-bit lanes (a cast to a wide
+/// decimal scale, say, where DataFusion computes in 128 bits) is filtered on the host by
+/// the `FilterExec` itself and its rows uploaded again ([`on_host_and_back`]): the
+/// query never fails for it; `host_fallback_batches` counts those batches.
 #[derive(Debug)]
 pub struct FilterOperator {
     predicate: Arc<dyn PhysicalExpr>,
     compiled: DeviceExpr,
     projection: Option<Vec<usize>>,
+    host: Arc<dyn ExecutionPlan>,
 }
 
 impl FilterOperator {
@@ -62,6 +68,7 @@ impl FilterOperator {
             predicate: filter.predicate().clone(),
             compiled,
             projection: filter.projection().as_ref().map(|p| p.to_vec()),
+            host: Arc::new(filter.clone()),
         })
     }
 }
@@ -80,7 +87,14 @@ impl DeviceOperator for FilterOperator {
     }
 
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
-        let selection = select(&self.compiled, &frame, cx.device)?;
+        let selection = match select(&self.compiled, &frame, cx.device) {
+            Ok(selection) => selection,
+            Err(e) if is_overflow(e.as_ref()) => {
+                let frame = on_host_and_back(&self.host, &frame, cx)?;
+                return Ok(RegionBatch::Device(frame));
+            }
+            Err(e) => return Err(e),
+        };
         let mut frame = frame.with_selection(selection)?;
         if let Some(projection) = &self.projection {
             frame = frame.project(projection)?;
@@ -99,11 +113,16 @@ enum Projected {
 }
 
 /// `ProjectionExec` on the device: input columns passed on, others computed.
+///
+/// A batch where a computed column overflows the device's 64-bit lanes is projected on
+/// the host by the `ProjectionExec` itself and uploaded again, as the filter's
+/// ([`on_host_and_back`]).
 #[derive(Debug)]
 pub struct ProjectionOperator {
     exprs: Vec<(Arc<dyn PhysicalExpr>, String)>,
     columns: Vec<Projected>,
     schema: SchemaRef,
+    host: Arc<dyn ExecutionPlan>,
 }
 
 impl ProjectionOperator {
@@ -123,6 +142,7 @@ impl ProjectionOperator {
             exprs,
             columns,
             schema: projection.schema(),
+            host: Arc::new(projection.clone()),
         })
     }
 
@@ -165,7 +185,14 @@ impl DeviceOperator for ProjectionOperator {
                     .column(*i)
                     .ok_or_else(|| format!("no input column {i}"))?
                     .clone(),
-                Projected::Computed(expr) => expr.evaluate(&frame, cx.device)?,
+                Projected::Computed(expr) => match expr.evaluate(&frame, cx.device) {
+                    Ok(column) => column,
+                    Err(e) if is_overflow(e.as_ref()) => {
+                        let frame = on_host_and_back(&self.host, &frame, cx)?;
+                        return Ok(RegionBatch::Device(frame));
+                    }
+                    Err(e) => return Err(e),
+                },
             });
         }
         let frame = DeviceFrame::try_new(
@@ -176,6 +203,53 @@ impl DeviceOperator for ProjectionOperator {
         )?;
         Ok(RegionBatch::Device(frame))
     }
+}
+
+/// `frame`'s selected rows run through `host` (the node a device operator replaces,
+/// over one batch) on the host, and its output uploaded again as a frame of no pending
+/// selection: a device operator's fallback for a batch it cannot compute. The batch
+/// counts in `host_fallback_batches`, its bytes both ways in `bytes_from_device` and
+/// `bytes_to_device`.
+fn on_host_and_back(
+    host: &Arc<dyn ExecutionPlan>,
+    frame: &DeviceFrame,
+    cx: &OperatorContext<'_>,
+) -> Result<DeviceFrame, BoxError> {
+    cx.host_fallback_batches.add(1);
+    let mut transfer = Transfer::new(cx.device.device().clone(), TransferOptions::default());
+    let batch = frame.download(&mut transfer)?;
+    let output = run_on_host(host, batch)?;
+    let uploaded = transfer.to_device(&output)?;
+    let stats = transfer.take_stats();
+    cx.bytes_from_device.add(stats.to_host.bytes as usize);
+    cx.bytes_to_device.add(stats.to_device.bytes as usize);
+    Ok(DeviceFrame::from_batch(uploaded))
+}
+
+/// `host` (a node of one child) over `batch` alone, by DataFusion on the host: its
+/// output as one batch.
+fn run_on_host(host: &Arc<dyn ExecutionPlan>, batch: RecordBatch) -> Result<RecordBatch, BoxError> {
+    let source = MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], batch.schema(), None)?;
+    let plan = replace_children_if_necessary(host.clone(), vec![source])?;
+    let batches =
+        futures::executor::block_on(collect(plan.clone(), Arc::new(TaskContext::default())))?;
+    Ok(concat_batches(&plan.schema(), &batches)?)
+}
+
+/// Whether `error` is (or wraps) an overflow of the device's 64-bit lanes, which the
+/// host's 128-bit decimals may hold.
+fn is_overflow(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if matches!(
+            e.downcast_ref::<ComputeError>(),
+            Some(ComputeError::Overflow(_))
+        ) {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// `AggregateExec` in `Partial` mode on the device, per batch: the groups of the
@@ -262,12 +336,7 @@ impl PartialAggregateOperator {
         let batch = frame.download(&mut transfer)?;
         cx.bytes_from_device
             .add(transfer.take_stats().to_host.bytes as usize);
-        let source =
-            MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], batch.schema(), None)?;
-        let plan = replace_children_if_necessary(self.host.clone(), vec![source])?;
-        let batches =
-            futures::executor::block_on(collect(plan.clone(), Arc::new(TaskContext::default())))?;
-        Ok(concat_batches(&plan.schema(), &batches)?)
+        run_on_host(&self.host, batch)
     }
 }
 

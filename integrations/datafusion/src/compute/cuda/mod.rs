@@ -669,6 +669,10 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             }
             Ok(out)
         }
+        Node::Subquery(expr) => {
+            let v = super::expr::subquery_value(expr)?;
+            eval(cx, &Node::Literal(v), frame, err)
+        }
         Node::Literal(v) => {
             let out = cx.lanes(n)?;
             cx.launch(
