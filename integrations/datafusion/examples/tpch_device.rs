@@ -10,6 +10,9 @@
 //! (default 1), PARTITIONS the tables' partitions and DataFusion's target partitions
 //! (default: the CPUs), QUERIES `q1,q6` (the default), any list of `qN`, or `all`.
 //!
+//! `DEVARROW_TPCH_STRINGS=utf8` (or `large_utf8`) casts the tables' string columns from
+//! tpchgen's `Utf8View` first.
+//!
 //! Each query runs twice per session, each run's physical plan made before the run (a
 //! DataFusion physical plan runs once), outside the timing; the second run's `collect`
 //! time is reported. Rows are compared sorted, every

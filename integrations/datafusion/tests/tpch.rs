@@ -6,6 +6,8 @@
 //!
 //! - `DEVARROW_TPCH_SCALE` (default 0.01) and `DEVARROW_TPCH_PARTITIONS` (default 4):
 //!   the tables' scale and partitions (and the sessions' target partitions).
+//! - `DEVARROW_TPCH_STRINGS` (`utf8`, `large_utf8`; default `view`): the string
+//!   columns' type (tpchgen makes `Utf8View`; in-memory tables often hold `Utf8`).
 //! - `DEVARROW_EXPECT_DEVICE_Q1_Q6=1`: Q1 and Q6 must each run in exactly one region
 //!   holding the filter, the projection (Q1) and the partial aggregate, none of them
 //!   left on the host (once devarrow's compute runs them: `src/compute/`).

@@ -152,7 +152,48 @@ impl Tables {
                 }),
             },
         ];
-        Self { scale, tables }
+        Self { scale, tables }.with_strings_from_env()
+    }
+
+    /// The tables with their string columns of the type `DEVARROW_TPCH_STRINGS` names:
+    /// `utf8` (`Utf8`: arrow-rs's `StringArray`, as in-memory tables often hold them) or
+    /// `large_utf8`; unset or `view`, tpchgen's own `Utf8View`.
+    fn with_strings_from_env(self) -> Self {
+        let strings = match std::env::var("DEVARROW_TPCH_STRINGS").as_deref() {
+            Ok("utf8") => DataType::Utf8,
+            Ok("large_utf8") => DataType::LargeUtf8,
+            Ok("view") | Err(_) => return self,
+            Ok(other) => panic!("DEVARROW_TPCH_STRINGS={other}: utf8, large_utf8 or view"),
+        };
+        self.with_strings(&strings)
+    }
+
+    /// The tables with their `Utf8View` columns cast to `strings`.
+    pub fn with_strings(mut self, strings: &DataType) -> Self {
+        for table in &mut self.tables {
+            let fields: Vec<arrow_schema::Field> = table
+                .schema
+                .fields()
+                .iter()
+                .map(|f| match f.data_type() {
+                    DataType::Utf8View => f.as_ref().clone().with_data_type(strings.clone()),
+                    _ => f.as_ref().clone(),
+                })
+                .collect();
+            let schema = Arc::new(arrow_schema::Schema::new(fields));
+            for batch in table.partitions.iter_mut().flatten() {
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .zip(schema.fields())
+                    .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .expect("strings cast");
+                *batch = RecordBatch::try_new(schema.clone(), columns).expect("same rows");
+            }
+            table.schema = schema;
+        }
+        self
     }
 
     /// Registers every table in `ctx` as a `MemTable` (sharing the batches).
