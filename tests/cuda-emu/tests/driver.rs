@@ -2641,3 +2641,81 @@ fn binary64_arithmetic_rounds_to_nearest_even() {
         }
     }
 }
+
+/// `atom.global.add.f64` and `red.global.add.f64` (sm_60 and later): 256 threads add to
+/// one double (no update lost, whatever the order) and `atom` gives each the value it
+/// replaced; each addend a small positive integer, so every order's sum is exact and equal.
+#[test]
+fn atomic_f64_adds_lose_no_update() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry f64_atomics(
+    .param .u64 p_sum,
+    .param .u64 p_old
+)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<16>;
+
+    ld.param.u64 %rd1, [p_sum];
+    ld.param.u64 %rd2, [p_old];
+    mov.u32 %r1, %tid.x;
+    cvt.u64.u32 %rd3, %r1;
+    add.u64 %rd3, %rd3, 1;
+    cvt.rn.f64.s64 %rd4, %rd3;
+    atom.global.add.f64 %rd5, [%rd1], %rd4;
+    mul.wide.u32 %rd6, %r1, 8;
+    add.u64 %rd6, %rd2, %rd6;
+    st.global.u64 [%rd6], %rd5;
+    red.global.add.f64 [%rd1+8], %rd4;
+    ret;
+}
+"#;
+    let n = 256usize;
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (sum, old) = (emu.alloc(16), emu.alloc(8 * n));
+    emu.upload(sum, &[0u8; 16]);
+    // SAFETY: valid handles; the parameters match f64_atomics(u64, u64): 16 bytes of
+    // sums and a double per thread of the 256.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"f64_atomics".as_ptr()));
+        let (mut ps, mut po) = (sum, old);
+        let mut params: [*mut c_void; 2] =
+            [(&mut ps as *mut u64).cast(), (&mut po as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(sum, 16);
+    let word =
+        |b: &[u8], at: usize| f64::from_bits(u64::from_le_bytes(b[at..at + 8].try_into().unwrap()));
+    let want = (1..=n).sum::<usize>() as f64;
+    assert_eq!((word(&got, 0), word(&got, 8)), (want, want));
+    // Each old value is a sum of a subset of the others' addends: distinct, below the
+    // total.
+    let olds = emu.download(old, 8 * n);
+    let mut seen: Vec<f64> = (0..n).map(|i| word(&olds, 8 * i)).collect();
+    seen.sort_by(f64::total_cmp);
+    seen.dedup();
+    assert_eq!(seen.len(), n, "every thread replaced another value");
+    assert!(seen.iter().all(|&v| v < want));
+}

@@ -668,6 +668,52 @@ impl Launch<'_> {
                         r!(*d) = old;
                     }
                 }
+                Op::AtomAddF64 {
+                    space,
+                    d,
+                    base,
+                    off,
+                    b,
+                } => {
+                    let addr = r!(*base).wrapping_add(*off as u64);
+                    let v = f64::from_bits(r!(*b));
+                    let add = |old: u64| (f64::from_bits(old) + v).to_bits();
+                    let old = match space {
+                        Space::Global => {
+                            if addr & 7 != 0 {
+                                fail!(Fault {
+                                    addr,
+                                    size: 8,
+                                    kind: "misaligned atomic".into()
+                                });
+                            }
+                            // A compare-and-swap loop: the read, then the swap where no
+                            // other thread wrote in between.
+                            let mut seen = match self.mem.atomic_add_u64(addr, 0) {
+                                Ok(x) => x,
+                                Err(f) => fail!(f),
+                            };
+                            loop {
+                                match self.mem.atomic_cas_u64(addr, seen, add(seen)) {
+                                    Ok(x) if x == seen => break seen,
+                                    Ok(x) => seen = x,
+                                    Err(f) => fail!(f),
+                                }
+                            }
+                        }
+                        Space::Shared => match shared_range(shared.len(), addr, 8, "atomic") {
+                            Ok(rg) => {
+                                let old = le(&shared[rg.clone()]);
+                                shared[rg].copy_from_slice(&add(old).to_le_bytes());
+                                old
+                            }
+                            Err(f) => fail!(f),
+                        },
+                    };
+                    if *d != NO_SLOT {
+                        r!(*d) = old;
+                    }
+                }
                 Op::AtomCas {
                     space,
                     size,

@@ -325,6 +325,15 @@ pub(crate) enum Op {
         off: i64,
         b: Slot,
     },
+    /// `atom.add.f64` / `red.add.f64`: the double at `[base + off]` plus `b`'s, rounded
+    /// to the nearest even, in one atomic step (`d` the old value, or [`NO_SLOT`]).
+    AtomAddF64 {
+        space: Space,
+        d: Slot,
+        base: Slot,
+        off: i64,
+        b: Slot,
+    },
     /// `atom.cas`: `d = [base + off]`, which becomes `c` where it equals `b`, in one
     /// atomic step.
     AtomCas {

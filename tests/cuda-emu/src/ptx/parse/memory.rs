@@ -57,6 +57,27 @@ impl<'a> Parser<'a> {
                         c,
                     });
                 }
+                // atom.add.f64 / red.add.f64 (sm_60 and later; rounded to the nearest
+                // even, as add.rn.f64): one atomic read-modify-write of the double.
+                if let Some(t) = ty.filter(|t| add && t.kind == TyKind::F && t.bits == 64) {
+                    let w = W::Exact(t.bits);
+                    let (d, rest) = if base == "atom" {
+                        insn.nops(3)?;
+                        (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
+                    } else {
+                        insn.nops(2)?;
+                        (NO_SLOT, ops)
+                    };
+                    let (abase, off) = self.address(fc, &rest[0], space, line)?;
+                    let b = self.src(fc, &rest[1], w, line)?;
+                    return Ok(Op::AtomAddF64 {
+                        space,
+                        d,
+                        base: abase,
+                        off,
+                        b,
+                    });
+                }
                 let Some(t) = ty.filter(|t| {
                     add && t.is_int() && t.kind != TyKind::B && (t.bits == 32 || t.bits == 64)
                 }) else {
