@@ -384,6 +384,7 @@ fn device_partial_aggregates_on_cuda_are_datafusions() {
     on_cuda_without_leaks("partial aggregates on CUDA", |device| async move {
         compute_checks::check_aggregates(&device).await;
         compute_checks::check_long_keys(&device).await;
+        compute_checks::check_float_aggregates(&device).await;
         compute_checks::check_empty_frames(&device).await;
     });
 }

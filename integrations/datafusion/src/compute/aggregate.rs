@@ -13,15 +13,20 @@
 //! two's complement `hi:lo` of the sum of its non-null values, a min or max is an i64
 //! mapped to an order-preserving u64 (`v ^ 2^63` for max, `!(v ^ 2^63)` for min: the
 //! largest mapped value wins, and 0 is the identity), and `count` the rows it saw (its
-//! non-null values; every selected row for `count(*)`).
+//! non-null values; every selected row for `count(*)`). Over `Float64` (its lanes its
+//! bits), a sum is the double `lo`, added in the order the rows come: on CUDA an atomic
+//! add, so equal to DataFusion's up to rounding, as any parallel sum. `min` and `max` of
+//! floats stay on the host: DataFusion's depend on the rows' order where NaN or both
+//! zeros occur (it keeps its state unless `state <= value`, so a NaN replaces the state
+//! and the next value replaces the NaN), which no parallel order reproduces.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{LargeStringBuilder, StringBuilder, StringViewBuilder};
 use arrow_array::{
-    ArrayRef, Date32Array, Decimal128Array, Int16Array, Int32Array, Int64Array, Int8Array,
-    RecordBatch, RecordBatchOptions, UInt64Array,
+    ArrayRef, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array, Int64Array,
+    Int8Array, RecordBatch, RecordBatchOptions, UInt64Array,
 };
 use arrow_schema::{DataType, SchemaRef};
 use datafusion::physical_expr::expressions::{Column, Literal};
@@ -58,9 +63,16 @@ pub(crate) enum AggKind {
 pub(crate) struct Agg {
     pub kind: AggKind,
     pub arg: Option<Node>,
-    #[allow(dead_code)] // its type, for Debug
     pub arg_type: Option<DataType>,
     pub text: String,
+}
+
+impl Agg {
+    /// Whether it sums `Float64` lanes (their bits) as doubles: a `sum` or `avg` of
+    /// floats (the only float aggregates compiled).
+    pub(crate) fn is_float(&self) -> bool {
+        matches!(self.kind, AggKind::Sum | AggKind::Avg) && self.arg_type == Some(DataType::Float64)
+    }
 }
 
 /// The compiled partial aggregate.
@@ -233,6 +245,10 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         | DataType::Date32
                 ) && state(0) == t
             }
+            (AggKind::Sum, Some(DataType::Float64)) => state(0) == &DataType::Float64,
+            (AggKind::Avg, Some(DataType::Float64)) => {
+                state(0) == &DataType::UInt64 && state(1) == &DataType::Float64
+            }
             _ => false,
         };
         if !ok {
@@ -347,8 +363,12 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
             };
             acc[2] += 1;
             let Some(v) = v else { continue };
+            let float = agg.is_float();
             match agg.kind {
                 AggKind::Count => {}
+                AggKind::Sum | AggKind::Avg if float => {
+                    acc[0] = (f64::from_bits(acc[0]) + f64::from_bits(v as u64)).to_bits();
+                }
                 AggKind::Sum | AggKind::Avg => {
                     let sum = ((acc[1] as u128) << 64 | acc[0] as u128) as i128;
                     let sum = sum.wrapping_add(v as i128) as u128;
@@ -503,6 +523,13 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
                     field += 1;
                 }
                 let t = fields[field].data_type();
+                if agg.is_float() {
+                    columns.push(Arc::new(Float64Array::from_iter(
+                        (0..n).map(|g| (count(g) > 0).then(|| f64::from_bits(acc(g)[0]))),
+                    )));
+                    field += 1;
+                    continue;
+                }
                 let values: Vec<Option<i128>> =
                     (0..n).map(|g| (count(g) > 0).then(|| sum(g))).collect();
                 let array: ArrayRef = match t {

@@ -1130,12 +1130,14 @@ pub(crate) fn select(
 const SPECULATIVE_GROUPS: usize = 64;
 
 /// The accumulate kernel's kind code.
-fn kind_code(kind: AggKind) -> u32 {
-    match kind {
-        AggKind::Sum | AggKind::Avg => 0,
-        AggKind::Count => 1,
-        AggKind::Min => 2,
-        AggKind::Max => 3,
+/// `accumulate`'s kind of an aggregate (over `Float64` lanes where `float`).
+fn kind_code(kind: AggKind, float: bool) -> u32 {
+    match (kind, float) {
+        (AggKind::Sum | AggKind::Avg, false) => 0,
+        (AggKind::Sum | AggKind::Avg, true) => 4,
+        (AggKind::Count, _) => 1,
+        (AggKind::Min, _) => 2,
+        (AggKind::Max, _) => 3,
     }
 }
 
@@ -1262,7 +1264,7 @@ pub(crate) fn groups(
                 A::U64(addr(&acc, s)),
                 A::U32(accw as u32),
                 A::U32((a * ACC_WORDS) as u32),
-                A::U32(kind_code(agg.kind)),
+                A::U32(kind_code(agg.kind, agg.is_float())),
             ],
         )?;
     }
