@@ -2462,37 +2462,22 @@ async fn random_joins_are_datafusions() {
     }
 }
 
-/// A probe frame whose string views point outside their buffers (a foreign import: a
-/// view rewritten past its buffer's end) is a typed error where a join gathers its views (build
-/// keys that repeat), never an array that reads out of bounds. CUDA only: the CPU
-/// device's join reads the frame through arrow's own import.
-pub async fn check_foreign_probe_views(device: &ExecDevice) {
-    use arrow_array::StringViewArray;
+/// `fact` (columns `fk`, then `s`) joined to a `dim` of repeated keys 1, 1, 2 (`select
+/// f.s, d.v from f join d on f.fk = d.k`, `f` the probe side), its build side built on
+/// `device`: each probe row of key 1 makes two pairs, so a probe gathers `s` to them.
+async fn repeated_key_join(
+    fact: &RecordBatch,
+    device: &ExecDevice,
+) -> devarrow_datafusion::compute::join::BuiltJoin {
     use datafusion::physical_plan::joins::HashJoinExec;
     use devarrow_datafusion::compute::join::DeviceHashJoin;
 
-    if device.cuda().is_none() {
-        return;
-    }
     let ctx = SessionContext::new();
     let dim = RecordBatch::try_from_iter([
         ("k", Arc::new(Int32Array::from(vec![1, 1, 2])) as ArrayRef),
         (
             "v",
             Arc::new(Int32Array::from(vec![10, 11, 20])) as ArrayRef,
-        ),
-    ])
-    .unwrap();
-    let fact = RecordBatch::try_from_iter([
-        (
-            "fk",
-            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
-        ),
-        (
-            "s",
-            Arc::new(StringViewArray::from_iter_values(
-                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
-            )) as ArrayRef,
         ),
     ])
     .unwrap();
@@ -2526,34 +2511,78 @@ pub async fn check_foreign_probe_views(device: &ExecDevice) {
     let build = collect(join.left().clone(), ctx.task_ctx()).await.unwrap();
     let built = compiled.build(&build, device, &mut transfer).unwrap();
     assert!(!built.is_unique(), "the build keys repeat");
+    built
+}
 
-    let uploaded = transfer.to_device(&fact).unwrap();
-    let (array, _schema) = uploaded.export().unwrap();
+/// `batch` uploaded to `device`, exported, `bytes` written on the device at byte `at` of
+/// buffer 1 of its column 1 (as a bad foreign producer's would be), and imported again:
+/// a foreign frame.
+fn rewritten_import(
+    batch: &RecordBatch,
+    device: &ExecDevice,
+    at: u64,
+    bytes: &[u8],
+) -> DeviceFrame {
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let (array, _schema) = transfer.to_device(batch).unwrap().export().unwrap();
     let raw = array.into_raw();
-    // Row 1's view (a row that matches) rewritten on the device: its 40 bytes at offset
-    // 1 MiB of buffer 0, far past the buffer's end (a foreign producer's bad view).
+    // SAFETY: the export's own struct: a child per column, each buffer an address in
+    // device memory.
+    let buffer = unsafe {
+        let column = &**raw.array.children.add(1);
+        *column.buffers.add(1) as u64
+    };
+    let d = device.device();
+    // SAFETY: `bytes` outlives the copy, waited for at once; the callers' destinations lie
+    // in the buffer, which the export keeps alive.
+    unsafe {
+        d.copy_to_device(
+            bytes.as_ptr(),
+            (buffer + at) as *mut std::ffi::c_void,
+            bytes.len(),
+        )
+    }
+    .unwrap();
+    d.record_event().unwrap().wait_host().unwrap();
+    // SAFETY: the export's own struct, unchanged, released by the import.
+    let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
+    DeviceFrame::from_batch(
+        DeviceBatch::import(device.device().clone(), array, batch.schema()).unwrap(),
+    )
+}
+
+/// A probe frame whose string views point outside their buffers (a foreign import: a
+/// view rewritten past its buffer's end) is a typed error where a join gathers its views (build
+/// keys that repeat), never an array that reads out of bounds. CUDA only: the CPU
+/// device's join reads the frame through arrow's own import.
+pub async fn check_foreign_probe_views(device: &ExecDevice) {
+    use arrow_array::StringViewArray;
+
+    if device.cuda().is_none() {
+        return;
+    }
+    let fact = RecordBatch::try_from_iter([
+        (
+            "fk",
+            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
+        ),
+        (
+            "s",
+            Arc::new(StringViewArray::from_iter_values(
+                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let built = repeated_key_join(&fact, device).await;
+    // Row 1's view (a row that matches): its 40 bytes at offset 1 MiB of buffer 0, far
+    // past the buffer's end.
     let mut view = [0u8; 16];
     view[..4].copy_from_slice(&40u32.to_le_bytes());
     view[4..8].copy_from_slice(b"a va");
     view[12..].copy_from_slice(&(1u32 << 20).to_le_bytes());
-    // SAFETY: the export's own struct: its second child is the view column, whose
-    // buffer 1 holds its 8 views (16 bytes each) in device memory.
-    let views = unsafe {
-        let strings = &**raw.array.children.add(1);
-        *strings.buffers.add(1) as u64
-    };
-    let d = device.device();
-    let row1 = (views + 16) as *mut std::ffi::c_void;
-    // SAFETY: `view` (16 bytes) outlives the copy, waited for at once; the destination,
-    // row 1's view, lies in the views buffer the export keeps alive.
-    unsafe { d.copy_to_device(view.as_ptr(), row1, 16) }.unwrap();
-    d.record_event().unwrap().wait_host().unwrap();
-    // SAFETY: the export's own struct, unchanged, released by the import.
-    let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
-    let foreign = DeviceBatch::import(device.device().clone(), array, fact.schema()).unwrap();
-    let error = built
-        .probe(&DeviceFrame::from_batch(foreign), device)
-        .unwrap_err();
+    let foreign = rewritten_import(&fact, device, 16, &view);
+    let error = built.probe(&foreign, device).unwrap_err();
     assert!(
         matches!(
             error.downcast_ref::<ComputeError>(),
@@ -2569,9 +2598,7 @@ pub async fn check_foreign_probe_views(device: &ExecDevice) {
 /// offsets), a group key, a join's gather of it to pairs; the compaction gives way to
 /// the host. CUDA only: the CPU device's arrow import checks offsets on its own.
 pub async fn check_foreign_offsets(device: &ExecDevice) {
-    use datafusion::physical_plan::joins::HashJoinExec;
     use devarrow_datafusion::compute::compact;
-    use devarrow_datafusion::compute::join::DeviceHashJoin;
 
     if device.cuda().is_none() {
         return;
@@ -2589,30 +2616,8 @@ pub async fn check_foreign_offsets(device: &ExecDevice) {
         ),
     ])
     .unwrap();
-    // The batch uploaded, exported, row 1's end offset rewritten to 1 MiB, imported.
-    let foreign = || {
-        let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
-        let (array, _schema) = transfer.to_device(&fact).unwrap().export().unwrap();
-        let raw = array.into_raw();
-        // SAFETY: the export's own struct: its second child is the Utf8 column, whose
-        // buffer 1 holds its 9 i32 offsets in device memory.
-        let offsets = unsafe {
-            let strings = &**raw.array.children.add(1);
-            *strings.buffers.add(1) as u64
-        };
-        let end = (1i32 << 20).to_le_bytes();
-        let d = device.device();
-        // SAFETY: `end` (4 bytes) outlives the copy, waited for at once; the destination,
-        // offset 2, lies in the offsets buffer the export keeps alive.
-        unsafe { d.copy_to_device(end.as_ptr(), (offsets + 8) as *mut std::ffi::c_void, 4) }
-            .unwrap();
-        d.record_event().unwrap().wait_host().unwrap();
-        // SAFETY: the export's own struct, unchanged, released by the import.
-        let array = unsafe { devarrow::abi::DeviceArray::try_new(raw) }.expect("a live array");
-        DeviceFrame::from_batch(
-            DeviceBatch::import(device.device().clone(), array, fact.schema()).unwrap(),
-        )
-    };
+    // Row 1's end offset (offset 2) rewritten to 1 MiB.
+    let foreign = || rewritten_import(&fact, device, 8, &(1i32 << 20).to_le_bytes());
     let outside = |error: &devarrow_datafusion::error::BoxError, what: &str| {
         assert!(
             matches!(
@@ -2656,42 +2661,7 @@ pub async fn check_foreign_offsets(device: &ExecDevice) {
         .unwrap();
     assert!(compact(&selected, device).unwrap().is_none());
     // A join's gather of it to the pairs of repeated build keys.
-    let dim = RecordBatch::try_from_iter([
-        ("k", Arc::new(Int32Array::from(vec![1, 1, 2])) as ArrayRef),
-        (
-            "v",
-            Arc::new(Int32Array::from(vec![10, 11, 20])) as ArrayRef,
-        ),
-    ])
-    .unwrap();
-    let table = MemTable::try_new(dim.schema(), vec![vec![dim]]).unwrap();
-    ctx.register_table("d", Arc::new(table)).unwrap();
-    let plan = ctx
-        .sql("select f.s, d.v from f join d on f.fk = d.k")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut nodes = vec![plan];
-    let node = loop {
-        let node = nodes.pop().expect("a hash join");
-        if node.downcast_ref::<HashJoinExec>().is_some() {
-            break node;
-        }
-        nodes.extend(node.children().into_iter().cloned());
-    };
-    let join = node.downcast_ref::<HashJoinExec>().unwrap();
-    assert_eq!(
-        join.right().schema().field(1).name(),
-        "s",
-        "f is the probe side"
-    );
-    let compiled = DeviceHashJoin::compile(join).unwrap();
-    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
-    let build = collect(join.left().clone(), ctx.task_ctx()).await.unwrap();
-    let built = compiled.build(&build, device, &mut transfer).unwrap();
-    assert!(!built.is_unique(), "the build keys repeat");
+    let built = repeated_key_join(&fact, device).await;
     let error = built.probe(&foreign(), device).unwrap_err();
     outside(&error, "a join's gather");
 }

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::builder::{LargeStringBuilder, StringBuilder, StringViewBuilder};
+use arrow_array::builder::StringViewBuilder;
 use arrow_array::{
     ArrayRef, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array, Int64Array,
     Int8Array, RecordBatch, RecordBatchOptions, UInt64Array,
@@ -462,28 +462,8 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
                 }
                 Arc::new(b.finish())
             }
-            DataType::Utf8 => {
-                let mut b = StringBuilder::new();
-                for g in 0..n {
-                    if null(g) {
-                        b.append_null()
-                    } else {
-                        b.append_value(string(g)?)
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            DataType::LargeUtf8 => {
-                let mut b = LargeStringBuilder::new();
-                for g in 0..n {
-                    if null(g) {
-                        b.append_null()
-                    } else {
-                        b.append_value(string(g)?)
-                    }
-                }
-                Arc::new(b.finish())
-            }
+            DataType::Utf8 => offset_strings::<i32>(n, null, string)?,
+            DataType::LargeUtf8 => offset_strings::<i64>(n, null, string)?,
             _ => {
                 let lanes: Vec<Option<i64>> =
                     (0..n).map(|g| (!null(g)).then(|| word(g) as i64)).collect();
@@ -566,6 +546,24 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
         columns,
         &options,
     )?)
+}
+
+/// A `Utf8` (`O` = i32) or `LargeUtf8` array of `n` rows: `string(g)`, or null where
+/// `null(g)`.
+fn offset_strings<O: arrow_array::OffsetSizeTrait>(
+    n: usize,
+    null: impl Fn(usize) -> bool,
+    string: impl Fn(usize) -> Result<String, BoxError>,
+) -> Result<ArrayRef, BoxError> {
+    let mut b = arrow_array::builder::GenericStringBuilder::<O>::new();
+    for g in 0..n {
+        if null(g) {
+            b.append_null()
+        } else {
+            b.append_value(string(g)?)
+        }
+    }
+    Ok(Arc::new(b.finish()))
 }
 
 /// An array of `t` (integers, dates, decimals) from lanes.

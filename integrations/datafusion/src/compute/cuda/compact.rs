@@ -11,8 +11,7 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
 
-use super::join::StringSource;
-use super::{addr, aligned, context, load, variadic_tables, Cx, A};
+use super::{addr, aligned, context, load, string_source, variadic_tables, Cx, StringSource, A};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -180,32 +179,15 @@ pub(crate) fn compact(
                 Prepared::Bits { bits }
             }
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => {
-                let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
-                let width: u64 = if wide { 8 } else { 4 };
-                if (values.len() as u64) < width * (offset + n as u64 + 1) {
-                    return Err(
-                        ComputeError::Input(format!("column `{name}`: offsets too short")).into(),
-                    );
-                }
-                let offsets = start + width * offset;
-                aligned(offsets, width, name)?;
-                let (data, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
-                    Some(data) => {
-                        let data = data.cuda_view::<u8>(s)?;
-                        let at = (data.device_ptr(), data.len() as u64);
-                        held.push(data);
-                        at
-                    }
-                    None => (0, 0),
-                };
+                let (source, size) = string_source(c, n, name, s, &mut held)?;
                 let bytes = cx.zeros::<i64>(n)?;
                 cx.launch(
                     &cx.k.kept_lengths,
                     n,
                     &[
                         A::U64(scan),
-                        A::U64(offsets),
-                        A::U32(u32::from(wide)),
+                        A::U64(source.offsets),
+                        A::U32(u32::from(source.wide)),
                         A::U64(size),
                         A::U64(n as u64),
                         A::U64(addr(&bytes, s)),
@@ -219,11 +201,7 @@ pub(crate) fn compact(
                 copy_last(&cx, &bytes, n, &mut scalars, 3 + 2 * i)?;
                 held.push(view);
                 Prepared::Strings {
-                    source: StringSource {
-                        offsets,
-                        wide,
-                        data,
-                    },
+                    source,
                     slot: 3 + 2 * i,
                     bytes,
                 }

@@ -12,8 +12,8 @@ use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits, view_bytes};
 use super::{
-    addr, aligned, context, eval, pending, selected, variadic_tables, view_args,
-    view_device_column, Cx, A,
+    addr, aligned, context, eval, pending, selected, string_source, variadic_tables, view_args,
+    view_device_column, Cx, StringSource, A,
 };
 use crate::compute::host::frame_column;
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
@@ -867,15 +867,6 @@ fn gather(
     )?)
 }
 
-/// Where an offset-based string column's rows lie: its offsets at its first row, whether
-/// they are i64 (else i32), its data and the data's bytes.
-#[derive(Clone, Copy)]
-pub(super) struct StringSource {
-    pub(super) offsets: u64,
-    pub(super) wide: bool,
-    pub(super) data: u64,
-}
-
 /// An offset-based string column's lengths gathered by `idx`, scanned (`gather_lengths`,
 /// devarrow's scan): the scan, where the rows lie, and the column's buffers, borrowed
 /// until the gather.
@@ -900,38 +891,16 @@ impl<'a> GatheredStrings<'a> {
         use devarrow::abi::device::DeviceKernels;
 
         let s = cx.stream;
-        let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
-        let width: u64 = if wide { 8 } else { 4 };
-        let offsets = c
-            .buffer(1)
-            .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
-        if (offsets.len() as u64) < width * (c.offset() + c.len() + 1) as u64 {
-            return Err(ComputeError::Input(format!(
-                "column `{name}`: an offsets buffer too short"
-            ))
-            .into());
-        }
-        let offsets = offsets.cuda_view::<u8>(s)?;
-        let first = offsets.device_ptr() + width * c.offset() as u64;
-        aligned(first, width, name)?;
-        let mut held = vec![offsets];
-        let (data, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
-            Some(data) => {
-                let data = data.cuda_view::<u8>(s)?;
-                let at = (data.device_ptr(), data.len() as u64);
-                held.push(data);
-                at
-            }
-            None => (0, 0),
-        };
+        let mut held = Vec::new();
+        let (source, size) = string_source(c, c.len(), name, s, &mut held)?;
         let lens = cx.zeros::<i64>(n)?;
         cx.launch(
             &cx.k.gather_lengths,
             n,
             &[
                 A::U64(idx),
-                A::U64(first),
-                A::U32(u32::from(wide)),
+                A::U64(source.offsets),
+                A::U32(u32::from(source.wide)),
                 A::U64(size),
                 A::U64(n as u64),
                 A::U64(addr(&lens, s)),
@@ -944,15 +913,7 @@ impl<'a> GatheredStrings<'a> {
             // the device's stream, the stream the scan runs on (in order after it).
             unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
         }
-        Ok(Self {
-            lens,
-            source: StringSource {
-                offsets: first,
-                wide,
-                data,
-            },
-            held,
-        })
+        Ok(Self { lens, source, held })
     }
 }
 

@@ -390,71 +390,48 @@ fn device_view_args<'a>(
     let has_validity = bitmap.is_some();
     let offset = c.offset() as u64;
     let mut borrowed: Vec<BorrowedSlice<'a, u8>> = bitmap.into_iter().collect();
-    let wide = match c.data_type() {
-        DataType::Utf8 => false,
-        DataType::LargeUtf8 => true,
-        _ => {
-            let (c, views) = view_device_column(c, name)?;
-            let (addresses, sizes, count) = variadic_tables(cx, &c)?;
-            let views = views.cuda_view::<u8>(s)?;
-            let args = [
-                A::U64(views.device_ptr()),
-                A::U64(bitmap_ptr),
-                A::U64(offset),
-                A::U64(n as u64),
-                A::U64(addr(&addresses, s)),
-                A::U64(addr(&sizes, s)),
-                A::U64(count),
-            ];
-            borrowed.push(views);
-            return Ok(ViewArgs {
-                args,
-                has_validity,
-                _keep: ViewsKept {
-                    _borrowed: borrowed,
-                    _made: None,
-                    _tables: (addresses, sizes),
-                },
-            });
-        }
-    };
-    let width: u64 = if wide { 8 } else { 4 };
-    let offsets = c
-        .buffer(1)
-        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
-    if (offsets.len() as u64) < width * (offset + n as u64 + 1) {
-        return Err(
-            ComputeError::Input(format!("column `{name}`: an offsets buffer too short")).into(),
-        );
+    if !matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+        let (c, views) = view_device_column(c, name)?;
+        let (addresses, sizes, count) = variadic_tables(cx, &c)?;
+        let views = views.cuda_view::<u8>(s)?;
+        let args = [
+            A::U64(views.device_ptr()),
+            A::U64(bitmap_ptr),
+            A::U64(offset),
+            A::U64(n as u64),
+            A::U64(addr(&addresses, s)),
+            A::U64(addr(&sizes, s)),
+            A::U64(count),
+        ];
+        borrowed.push(views);
+        return Ok(ViewArgs {
+            args,
+            has_validity,
+            _keep: ViewsKept {
+                _borrowed: borrowed,
+                _made: None,
+                _tables: (addresses, sizes),
+            },
+        });
     }
-    aligned(offsets.address(), width, name)?;
-    let offsets = offsets.cuda_view::<u8>(s)?;
-    let (data_ptr, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
-        Some(data) => {
-            let data = data.cuda_view::<u8>(s)?;
-            let at = (data.device_ptr(), data.len() as u64);
-            borrowed.push(data);
-            at
-        }
-        None => (0, 0),
-    };
+    let (source, size) = string_source(&c, n, name, s, &mut borrowed)?;
+    let (wide, data_ptr) = (source.wide, source.data);
     let views = cx.zeros::<u128>(n)?;
     let views_ptr = addr(&views, s);
     cx.launch(
         &cx.k.utf8_views,
         n,
         &[
-            A::U64(offsets.device_ptr()),
+            A::U64(source.offsets),
             A::U32(u32::from(wide)),
             A::U64(data_ptr),
             A::U64(size),
-            A::U64(offset),
+            A::U64(0),
             A::U64(n as u64),
             A::U64(views_ptr),
             A::U64(err),
         ],
     )?;
-    borrowed.push(offsets);
     // The data buffer is the views' one variadic buffer (a second entry: CUDA allocates
     // no empty buffer).
     let addresses = s.clone_htod(&[data_ptr, 0])?;
@@ -478,6 +455,59 @@ fn device_view_args<'a>(
             _tables: (addresses, sizes),
         },
     })
+}
+
+/// Where an offset-based column's rows lie: its offsets at its first row, whether they
+/// are i64 (else i32), and its data.
+#[derive(Clone, Copy)]
+struct StringSource {
+    offsets: u64,
+    wide: bool,
+    data: u64,
+}
+
+/// [`StringSource`] of `c` (`Utf8`, `LargeUtf8`, `Binary` or `LargeBinary`), its offsets
+/// checked to hold `rows` rows (+ 1) and aligned, and its data's bytes (its address 0
+/// and no bytes where it has none); the buffers borrowed into `held`, readable on
+/// `stream` until the launches that read them are done.
+fn string_source<'a>(
+    c: &DeviceColumn<'a>,
+    rows: usize,
+    name: &str,
+    stream: &Arc<CudaStream>,
+    held: &mut Vec<BorrowedSlice<'a, u8>>,
+) -> Result<(StringSource, u64), BoxError> {
+    let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
+    let width: u64 = if wide { 8 } else { 4 };
+    let offsets = c
+        .buffer(1)
+        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
+    if (offsets.len() as u64) < width * (c.offset() + rows + 1) as u64 {
+        return Err(
+            ComputeError::Input(format!("column `{name}`: an offsets buffer too short")).into(),
+        );
+    }
+    let offsets = offsets.cuda_view::<u8>(stream)?;
+    let first = offsets.device_ptr() + width * c.offset() as u64;
+    aligned(first, width, name)?;
+    held.push(offsets);
+    let (data, size) = match c.buffer(2).filter(|d| !d.is_empty()) {
+        Some(data) => {
+            let data = data.cuda_view::<u8>(stream)?;
+            let at = (data.device_ptr(), data.len() as u64);
+            held.push(data);
+            at
+        }
+        None => (0, 0),
+    };
+    Ok((
+        StringSource {
+            offsets: first,
+            wide,
+            data,
+        },
+        size,
+    ))
 }
 
 /// The variadic buffers of a view column (between the views and their sizes) as two
