@@ -2514,6 +2514,21 @@ async fn repeated_key_join(
     built
 }
 
+/// Keys 0 to 7 (`fk`) and a string of more than 12 bytes each (`s`, of `strings`).
+fn long_strings_fact(strings: &DataType) -> RecordBatch {
+    let s = arrow_array::StringViewArray::from_iter_values(
+        (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
+    );
+    RecordBatch::try_from_iter([
+        (
+            "fk",
+            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
+        ),
+        ("s", datafusion::arrow::compute::cast(&s, strings).unwrap()),
+    ])
+    .unwrap()
+}
+
 /// `batch` uploaded to `device`, exported, `bytes` written on the device at byte `at` of
 /// buffer 1 of its column 1 (as a bad foreign producer's would be), and imported again:
 /// a foreign frame.
@@ -2556,24 +2571,10 @@ fn rewritten_import(
 /// keys that repeat), never an array that reads out of bounds. CUDA only: the CPU
 /// device's join reads the frame through arrow's own import.
 pub async fn check_foreign_probe_views(device: &ExecDevice) {
-    use arrow_array::StringViewArray;
-
     if device.cuda().is_none() {
         return;
     }
-    let fact = RecordBatch::try_from_iter([
-        (
-            "fk",
-            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
-        ),
-        (
-            "s",
-            Arc::new(StringViewArray::from_iter_values(
-                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
-            )) as ArrayRef,
-        ),
-    ])
-    .unwrap();
+    let fact = long_strings_fact(&DataType::Utf8View);
     let built = repeated_key_join(&fact, device).await;
     // Row 1's view (a row that matches): its 40 bytes at offset 1 MiB of buffer 0, far
     // past the buffer's end.
@@ -2603,19 +2604,7 @@ pub async fn check_foreign_offsets(device: &ExecDevice) {
     if device.cuda().is_none() {
         return;
     }
-    let fact = RecordBatch::try_from_iter([
-        (
-            "fk",
-            Arc::new(Int32Array::from_iter_values(0..8)) as ArrayRef,
-        ),
-        (
-            "s",
-            Arc::new(arrow_array::StringArray::from_iter_values(
-                (0..8).map(|i| format!("a value longer than twelve bytes {i}")),
-            )) as ArrayRef,
-        ),
-    ])
-    .unwrap();
+    let fact = long_strings_fact(&DataType::Utf8);
     // Row 1's end offset (offset 2) rewritten to 1 MiB.
     let foreign = || rewritten_import(&fact, device, 8, &(1i32 << 20).to_le_bytes());
     let outside = |error: &devarrow_datafusion::error::BoxError, what: &str| {
