@@ -301,6 +301,15 @@ pub async fn check_expressions(device: &ExecDevice) {
         "-x + y",
         "-(a - b)",
         "a + CAST(NULL AS DECIMAL(15,2))",
+        // Division: decimals (the quotient's scale the dividend's + 4, truncated toward
+        // zero as arrow divides), integers, negative operands, a null divisor.
+        "a / b",
+        "b / a",
+        "a / CAST('7.25' AS DECIMAL(4,2))",
+        "CAST(x AS DECIMAL(12,2)) / a",
+        "y / 7",
+        "-y / (x + 17001)",
+        "x / CAST(NULL AS INT)",
     ];
     for text in exprs {
         let (e, schema, batches) = projection(&ctx, text).await;
@@ -394,7 +403,8 @@ pub async fn check_overflow(device: &ExecDevice) {
 pub async fn check_refusals() {
     let ctx = typed_session();
     for (text, why) in [
-        ("a / b", "operator `/`"),
+        ("x % 3", "operator `%`"),
+        ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
         ("abs(x)", "function `abs` has no device kernel"),
         ("CAST(a AS DECIMAL(15,0))", "smaller scale"),
@@ -1666,11 +1676,34 @@ pub async fn check_overflow_fallback(device: &ExecDevice) {
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     join_tables(&ctx);
     join_tables(&plain);
+    // A division by zero: the host computes the batch, and DataFusion raises its own
+    // error, as DataFusion alone does.
+    let sql = "select f.fk from fact f where 100 / (f.qty - 5) > 3";
+    let (plan, shown) = planned(&ctx, sql).await;
+    assert!(shown.contains("DeviceFilterExec"), "{sql}\n{shown}");
+    let got = collect(plan, ctx.task_ctx()).await.unwrap_err().to_string();
+    let want = plain
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        got.contains("Divide by zero") && want.contains("Divide by zero"),
+        "{got}\n{want}"
+    );
     for (sql, node) in [
         (
             "select f.fk, f.qty from fact f where cast(f.qty as decimal(38, 18)) > 3.5 \
              and f.fk2 <> 1",
             "DeviceFilterExec",
+        ),
+        (
+            "select f.fk, sum(f.qty / (f.fk2 - 2)) as s from fact f where f.fk2 <> 2 \
+             group by f.fk",
+            "DevicePartialAggregateExec",
         ),
         (
             "select f.fk, cast(f.qty as decimal(38, 18)) + 1 as wide from fact f \

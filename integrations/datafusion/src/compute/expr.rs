@@ -36,6 +36,11 @@ pub(crate) mod op {
     pub const FSUB: u32 = 12;
     pub const FMUL: u32 = 13;
     pub const FDIV: u32 = 14;
+    /// Binary: `/` of two integers or two decimals (the dividend scaled up by `lmul`
+    /// first), truncated toward zero as arrow divides, checked against `[lo, hi]`; a
+    /// zero divisor flags an overflow (the host computes the batch and DataFusion
+    /// raises its own error).
+    pub const DIV: u32 = 15;
     /// Unary (`unary_i64`): logical not (validity kept).
     pub const NOT: u32 = 0;
     /// Unary: 1 where null, always valid.
@@ -918,6 +923,7 @@ fn binary_node(
         Operator::Minus => op::SUB,
         Operator::Multiply => op::MUL,
         Operator::Divide if (lk, rk) == (Kind::Float, Kind::Float) => op::FDIV,
+        Operator::Divide => op::DIV,
         Operator::Eq => op::EQ,
         Operator::NotEq => op::NE,
         Operator::Lt => op::LT,
@@ -967,6 +973,22 @@ fn binary_node(
                     "arithmetic on the device takes two decimals, two integers or two Float64s",
                 )
             }
+        },
+        op::DIV => match (lk, rk, kind(data_type)?) {
+            // arrow's decimal division: the quotient's scale is the dividend's + 4, the
+            // dividend scaled by 10^(4 + the divisor's scale) first.
+            (Kind::Decimal(ls), Kind::Decimal(rs), Kind::Decimal(s)) => {
+                if s as i32 != ls as i32 + 4 {
+                    return refuse(&format!("the quotient's scale is {s}, not {ls} + 4"));
+                }
+                lmul = pow10(4 + rs as u32).ok_or_else(|| {
+                    Unsupported(format!(
+                        "`{binary}`: a divisor of scale {rs} scales the dividend past 64 bits"
+                    ))
+                })?;
+            }
+            (Kind::Int, Kind::Int, Kind::Int) => (lo, hi) = range_of(data_type),
+            _ => return refuse("division on the device takes two decimals or two integers"),
         },
         _ => match (lk, rk) {
             (Kind::Decimal(ls), Kind::Decimal(rs)) => {
@@ -1093,7 +1115,7 @@ impl Node {
                 rmul,
                 ..
             } => {
-                matches!(*op, op::ADD | op::SUB | op::MUL)
+                matches!(*op, op::ADD | op::SUB | op::MUL | op::DIV)
                     || *lmul != 1
                     || *rmul != 1
                     || left.may_fail()

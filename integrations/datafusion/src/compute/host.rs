@@ -195,6 +195,8 @@ pub(crate) fn binary_row(
         op::ADD => a.checked_add(b),
         op::SUB => a.checked_sub(b),
         op::MUL => a.checked_mul(b),
+        // Truncated toward zero; None for a zero divisor or i64::MIN / -1.
+        op::DIV => a.checked_div(b),
         op::EQ => return Ok((a == b) as i64),
         op::NE => return Ok((a != b) as i64),
         op::LT => return Ok((a < b) as i64),

@@ -257,7 +257,8 @@ fn is_overflow(error: &(dyn std::error::Error + 'static)) -> bool {
 /// per batch), where DataFusion's final aggregate takes them as its own partial's.
 ///
 /// A batch the device cannot group (two different long string keys of one 64-bit hash:
-/// `ComputeError::KeyCollision`) is aggregated on the host instead, by the
+/// `ComputeError::KeyCollision`) or compute (an argument or key that overflows the
+/// device's 64-bit lanes, or divides by zero) is aggregated on the host instead, by the
 /// `AggregateExec` itself over the downloaded batch: the query never fails for it, and
 /// the operator's `host_fallback_batches` metric counts those batches.
 #[derive(Debug)]
@@ -312,7 +313,7 @@ impl DeviceOperator for PartialAggregateOperator {
     fn apply(&self, frame: DeviceFrame, cx: &OperatorContext<'_>) -> Result<RegionBatch, BoxError> {
         match self.compiled.run(&frame, cx.device) {
             Ok(batch) => Ok(RegionBatch::Host(batch)),
-            Err(e) if is_key_collision(e.as_ref()) => {
+            Err(e) if is_key_collision(e.as_ref()) || is_overflow(e.as_ref()) => {
                 cx.host_fallback_batches.add(1);
                 Ok(RegionBatch::Host(self.on_host(&frame, cx)?))
             }
