@@ -77,20 +77,30 @@ async fn check(
             );
             // The first run's plan holds its metrics: the bytes that crossed the link.
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
-            // Up: the loads' batches and the joins' (their tables, each uploaded once
-            // per device and query, and what a join on the host took up; on the CPU
-            // device, the bytes a GPU's upload would move).
+            // Every device node's: the loads' and unloads', the joins' (their tables,
+            // each uploaded once per device and query, and what a join on the host moved;
+            // on the CPU device, the bytes a GPU's would move) and what an operator's
+            // host fallback moved (a batch down, its result up).
+            let link = |metric: &str| -> usize {
+                [
+                    "DeviceLoadExec",
+                    "DeviceUnloadExec",
+                    "DeviceHashJoinExec",
+                    "DeviceFilterExec",
+                    "DeviceProjectionExec",
+                    "DevicePartialAggregateExec",
+                ]
+                .iter()
+                .map(|node| metric_sum(&device_plan, node, metric))
+                .sum()
+            };
             let tables = metric_sum(&device_plan, "DeviceHashJoinExec", "bytes_to_device");
             println!(
                 "    link: {:.1} MiB up (of which {:.1} MiB by joins), {:.1} MiB down ({} of \
                  the batches down compacted on the device)",
-                mib(metric_sum(&device_plan, "DeviceLoadExec", "bytes_to_device") + tables),
+                mib(link("bytes_to_device")),
                 mib(tables),
-                // Down: the unloads', and what joins on the host brought down.
-                mib(
-                    metric_sum(&device_plan, "DeviceUnloadExec", "bytes_from_device")
-                        + metric_sum(&device_plan, "DeviceHashJoinExec", "bytes_from_device")
-                ),
+                mib(link("bytes_from_device")),
                 metric_sum(&device_plan, "DeviceUnloadExec", "compacted_batches"),
             );
             // Run-time placement: partitions whose join table stayed on the host.
