@@ -310,6 +310,11 @@ pub async fn check_expressions(device: &ExecDevice) {
         "y / 7",
         "-y / (x + 17001)",
         "x / CAST(NULL AS INT)",
+        // `%`: the sign of the dividend; decimals aligned to the larger scale.
+        "x % 7",
+        "-y % (x + 17001)",
+        "a % b",
+        "b % a",
     ];
     for text in exprs {
         let (e, schema, batches) = projection(&ctx, text).await;
@@ -403,7 +408,7 @@ pub async fn check_overflow(device: &ExecDevice) {
 pub async fn check_refusals() {
     let ctx = typed_session();
     for (text, why) in [
-        ("x % 3", "operator `%`"),
+        ("x & 3", "operator `&`"),
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
         ("abs(x)", "function `abs` has no device kernel"),

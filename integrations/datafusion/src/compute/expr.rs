@@ -41,6 +41,9 @@ pub(crate) mod op {
     /// zero divisor flags an overflow (the host computes the batch and DataFusion
     /// raises its own error).
     pub const DIV: u32 = 15;
+    /// Binary: `%` of two integers or two decimals (aligned to the larger scale), the
+    /// sign of the dividend; checks as [`DIV`]'s.
+    pub const REM: u32 = 16;
     /// Unary (`unary_i64`): logical not (validity kept).
     pub const NOT: u32 = 0;
     /// Unary: 1 where null, always valid.
@@ -924,6 +927,7 @@ fn binary_node(
         Operator::Multiply => op::MUL,
         Operator::Divide if (lk, rk) == (Kind::Float, Kind::Float) => op::FDIV,
         Operator::Divide => op::DIV,
+        Operator::Modulo => op::REM,
         Operator::Eq => op::EQ,
         Operator::NotEq => op::NE,
         Operator::Lt => op::LT,
@@ -953,7 +957,7 @@ fn binary_node(
                 _ => op::FDIV,
             };
         }
-        op::ADD | op::SUB | op::MUL => match (lk, rk, kind(data_type)?) {
+        op::ADD | op::SUB | op::MUL | op::REM => match (lk, rk, kind(data_type)?) {
             (Kind::Decimal(ls), Kind::Decimal(rs), Kind::Decimal(s)) => {
                 if op == op::MUL {
                     if s as i32 != ls as i32 + rs as i32 {
@@ -1115,7 +1119,7 @@ impl Node {
                 rmul,
                 ..
             } => {
-                matches!(*op, op::ADD | op::SUB | op::MUL | op::DIV)
+                matches!(*op, op::ADD | op::SUB | op::MUL | op::DIV | op::REM)
                     || *lmul != 1
                     || *rmul != 1
                     || left.may_fail()

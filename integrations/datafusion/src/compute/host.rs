@@ -197,6 +197,7 @@ pub(crate) fn binary_row(
         op::MUL => a.checked_mul(b),
         // Truncated toward zero; None for a zero divisor or i64::MIN / -1.
         op::DIV => a.checked_div(b),
+        op::REM => a.checked_rem(b),
         op::EQ => return Ok((a == b) as i64),
         op::NE => return Ok((a != b) as i64),
         op::LT => return Ok((a < b) as i64),
