@@ -2719,3 +2719,102 @@ fn atomic_f64_adds_lose_no_update() {
     assert_eq!(seen.len(), n, "every thread replaced another value");
     assert!(seen.iter().all(|&v| v < want));
 }
+
+/// `cvt.rzi.s64.f64`: truncated toward zero, clamped to the s64 range, NaN 0, as PTX
+/// documents its float-to-integer conversions.
+#[test]
+fn float_to_integer_truncates_and_saturates() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry to_s64(
+    .param .u64 p_in,
+    .param .u64 p_out
+)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<8>;
+
+    ld.param.u64 %rd1, [p_in];
+    ld.param.u64 %rd2, [p_out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.u64 %rd4, %rd1, %rd3;
+    ld.global.u64 %rd5, [%rd4];
+    cvt.rzi.s64.f64 %rd6, %rd5;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.u64 [%rd4], %rd6;
+    ret;
+}
+"#;
+    let values = [
+        2.5,
+        -2.5,
+        0.999_999,
+        -0.999_999,
+        -0.0,
+        1e300,
+        -1e300,
+        f64::NAN,
+        f64::INFINITY,
+        9.223_372_036_854_775e18,
+        i64::MIN as f64,
+        4_503_599_627_370_497.0,
+    ];
+    let n = values.len();
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (input, out) = (emu.alloc(8 * n), emu.alloc(8 * n));
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    emu.upload(input, &bytes);
+    // SAFETY: valid handles; the parameters match to_s64(u64, u64), a double and an
+    // s64 per thread.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"to_s64".as_ptr()));
+        let (mut pi, mut po) = (input, out);
+        let mut params: [*mut c_void; 2] =
+            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(out, 8 * n);
+    let want: [i64; 12] = [
+        2,
+        -2,
+        0,
+        0,
+        0,
+        i64::MAX,
+        i64::MIN,
+        0,
+        i64::MAX,
+        9_223_372_036_854_774_784,
+        i64::MIN,
+        4_503_599_627_370_497,
+    ];
+    for (i, want) in want.iter().enumerate() {
+        let v = i64::from_le_bytes(got[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(v, *want, "{}", values[i]);
+    }
+}

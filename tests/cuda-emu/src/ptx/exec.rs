@@ -522,6 +522,8 @@ impl Launch<'_> {
                 }
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
                 Op::CvtF64S64 { d, a } => r!(*d) = (r!(*a) as i64 as f64).to_bits(),
+                // Rust's `as` truncates, saturates and makes NaN 0, as PTX documents.
+                Op::CvtS64F64Rzi { d, a } => r!(*d) = f64::from_bits(r!(*a)) as i64 as u64,
                 Op::Cvt {
                     d,
                     a,

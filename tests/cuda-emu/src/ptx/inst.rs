@@ -267,6 +267,12 @@ pub(crate) enum Op {
         d: Slot,
         a: Slot,
     },
+    /// `cvt.rzi.s64.f64 d, a`: the double truncated toward zero, clamped to the s64
+    /// range; NaN gives 0 (PTX's float-to-integer conversion).
+    CvtS64F64Rzi {
+        d: Slot,
+        a: Slot,
+    },
     /// A scalar load of `size` bytes at `[base + off]`, extended (sign when `signed`)
     /// to a `dbits`-bit register.
     Ld {
