@@ -1447,10 +1447,22 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CAST(m AS DOUBLE) * 1.1",
         "CAST(m AS DOUBLE) > 0.5 * CAST(x AS DOUBLE)",
         "CASE WHEN x > 0 THEN f * 2.0 ELSE CAST(m AS DOUBLE) END",
+        // Casts from Float64 as arrow's: to integers truncated toward zero, to decimals
+        // scaled and rounded half away from zero; NaN, infinities and values out of
+        // range null (TRY_CAST) or an error (CAST, over values that all fit).
+        "TRY_CAST(f AS BIGINT)",
+        "TRY_CAST(f AS INT)",
+        "TRY_CAST(f AS SMALLINT)",
+        "TRY_CAST(f AS DECIMAL(10,0))",
+        "TRY_CAST(f * 0.37 AS DECIMAL(12,3))",
+        "TRY_CAST(g AS DECIMAL(4,1))",
+        "CAST(CAST(m AS DOUBLE) * 1.1 AS DECIMAL(15,3))",
+        "CAST(CAST(x AS DOUBLE) / 3.0 AS BIGINT)",
+        "CAST(CAST(m AS DOUBLE) / -7.0 AS DECIMAL(18,6))",
     ] {
         assert_evaluates_as_datafusion(&ctx, "w", text, &[(3, n - 10)], device).await;
     }
-    for text in ["CAST(f AS BIGINT)", "f % g"] {
+    for text in ["TRY_CAST(f AS DECIMAL(30,2))", "f % g"] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;
         assert!(
             DeviceExpr::compile(&e, &schema).is_err(),

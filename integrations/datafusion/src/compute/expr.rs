@@ -64,6 +64,12 @@ pub(crate) mod op {
     /// Unary: a cast to Float64, `(double) v / (double) mul` (an integer: `mul` 1; a
     /// decimal: 10^scale), as arrow's cast rounds it.
     pub const TO_FLOAT: u32 = 7;
+    /// Unary: a cast of a Float64 (its bits) to an integer, truncated toward zero, as
+    /// arrow's cast; NaN, infinities and values out of `[lo, hi]` fail.
+    pub const FLOAT_TO_INT: u32 = 8;
+    /// Unary: a cast of a Float64 to a decimal, `v * mul` (10^scale) rounded half away
+    /// from zero, as arrow's cast; checked against `[lo, hi]` (the precision's range).
+    pub const FLOAT_TO_DECIMAL: u32 = 9;
 }
 
 /// A `LIKE` pattern of literal bytes and `%` wildcards (no `_`, no escape): its pieces
@@ -1079,6 +1085,36 @@ fn cast_node(
                 on_fail,
             });
         }
+        // From Float64: truncated to an integer, or scaled and rounded to a decimal.
+        (Kind::Float, Kind::Int) => {
+            let (lo, hi) = range_of(to);
+            return Ok(Node::Unary {
+                op: op::FLOAT_TO_INT,
+                input: Box::new(node),
+                mul: 1,
+                lo,
+                hi,
+                on_fail,
+            });
+        }
+        (Kind::Float, Kind::Decimal(s)) => {
+            let DataType::Decimal128(p, _) = to else {
+                return refuse("not a decimal");
+            };
+            // Beyond 18 digits a value may fit the decimal but not the lanes: a failed
+            // cast then hands the batch to the host, which a TRY_CAST's null cannot.
+            if *p > 18 && on_fail == OnFail::Null {
+                return refuse("TRY_CAST to more than 18 digits has no device kernel");
+            }
+            return Ok(Node::Unary {
+                op: op::FLOAT_TO_DECIMAL,
+                input: Box::new(node),
+                mul: pow10(s as u32).expect("scale of at most 18"),
+                lo: precision_range(*p).0,
+                hi: precision_range(*p).1,
+                on_fail,
+            });
+        }
         _ => return refuse("no device kernel for this cast"),
     };
     Ok(Node::Unary {
@@ -1127,7 +1163,11 @@ impl Node {
             }
             Node::Unary {
                 op, input, on_fail, ..
-            } => (*op == op::CAST && *on_fail == OnFail::Error) || input.may_fail(),
+            } => {
+                (matches!(*op, op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL)
+                    && *on_fail == OnFail::Error)
+                    || input.may_fail()
+            }
         }
     }
 
@@ -1153,7 +1193,9 @@ impl Node {
                 op, input, on_fail, ..
             } => match *op {
                 op::IS_NULL | op::IS_NOT_NULL => false,
-                op::CAST => *on_fail == OnFail::Null || input.introduces_nulls(),
+                op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL => {
+                    *on_fail == OnFail::Null || input.introduces_nulls()
+                }
                 _ => input.introduces_nulls(),
             },
         }

@@ -417,7 +417,12 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         if !a.is_valid(i) {
                             continue;
                         }
-                        match scaled(a.values[i], *mul, *lo, *hi) {
+                        let cast = match *op {
+                            op::FLOAT_TO_INT => from_float(a.values[i], 1, false, *lo, *hi),
+                            op::FLOAT_TO_DECIMAL => from_float(a.values[i], *mul, true, *lo, *hi),
+                            _ => scaled(a.values[i], *mul, *lo, *hi),
+                        };
+                        match cast {
                             Some(v) => *out = v,
                             None if *on_fail == OnFail::Null => {
                                 valid.get_or_insert_with(|| vec![1; n])[i] = 0
@@ -436,6 +441,20 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
         }
     }
+}
+
+/// A Float64's bits cast as `unary_lanes`' ops 8 and 9 (arrow's casts): truncated
+/// toward zero, or (`round`) times `mul` and rounded half away from zero; `None` for NaN,
+/// infinities, magnitudes of 2^63 or more, and results outside `[lo, hi]`.
+pub(crate) fn from_float(bits: i64, mul: i64, round: bool, lo: i64, hi: i64) -> Option<i64> {
+    let x = f64::from_bits(bits as u64);
+    let y = if round { x * mul as f64 } else { x };
+    // Under 2^63 in magnitude (NaN is not).
+    if y.is_nan() || y.abs() >= 9_223_372_036_854_775_808.0 {
+        return None;
+    }
+    let t = if round { y.round() } else { y.trunc() } as i64;
+    (lo..=hi).contains(&t).then_some(t)
 }
 
 /// A Float64's bits as an i64 whose signed order is the order DataFusion compares floats
