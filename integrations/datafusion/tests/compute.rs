@@ -533,6 +533,22 @@ fn assert_close(got: Vec<String>, want: Vec<String>, what: &str) {
     assert!(same, "{what}\n  got: {got:?}\n want: {want:?}");
 }
 
+/// The `Partial` `AggregateExec` of `sql`'s physical plan in `ctx`.
+async fn partial_aggregate_of(ctx: &SessionContext, sql: &str) -> AggregateExec {
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut node = find::<AggregateExec>(&plan).expect("an aggregate");
+    if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
+        node = find::<AggregateExec>(&node.children()[0].clone()).expect("a partial aggregate");
+    }
+    node.downcast_ref::<AggregateExec>().unwrap().clone()
+}
+
 /// DataFusion's own `mode` aggregate of `partial`'s parameters over `batches`.
 async fn datafusion_aggregate(
     partial: &AggregateExec,
@@ -748,18 +764,7 @@ pub async fn check_empty_frames(device: &ExecDevice) {
         "SELECT k, sum(a), count(*) FROM t GROUP BY k",
         "SELECT sum(a), count(*), min(x), avg(b) FROM t",
     ] {
-        let plan = ctx
-            .sql(sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let mut node = find::<AggregateExec>(&plan).unwrap();
-        if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
-            node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
-        }
-        let partial = node.downcast_ref::<AggregateExec>().unwrap();
+        let partial = &partial_aggregate_of(&ctx, sql).await;
         let compiled = DevicePartialAggregate::compile(partial).unwrap();
         let input = partial.input().schema();
         let empty = RecordBatch::new_empty(input.clone());
@@ -807,19 +812,8 @@ pub async fn check_long_keys(device: &ExecDevice) {
     let ctx = SessionContext::new();
     let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
     ctx.register_table("t", Arc::new(table)).unwrap();
-    let plan = ctx
-        .sql("SELECT s, sum(v) FROM t GROUP BY s")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut node = find::<AggregateExec>(&plan).unwrap();
-    if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
-        node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
-    }
-    let partial = node.downcast_ref::<AggregateExec>().unwrap();
-    let compiled = DevicePartialAggregate::compile(partial).unwrap();
+    let partial = partial_aggregate_of(&ctx, "SELECT s, sum(v) FROM t GROUP BY s").await;
+    let compiled = DevicePartialAggregate::compile(&partial).unwrap();
     let err = compiled.run(&upload(&batch, device), device).unwrap_err();
     assert!(
         matches!(
@@ -883,21 +877,8 @@ pub async fn check_float_aggregates(device: &ExecDevice) {
     ] {
         check_partial_aggregate_with(&ctx, sql, device, true).await;
     }
-    let plan = ctx
-        .sql("SELECT g, min(v) FROM ft GROUP BY g")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let node = find::<AggregateExec>(&plan).unwrap();
-    let mut partial = node.downcast_ref::<AggregateExec>().unwrap();
-    let owned;
-    if *partial.mode() != AggregateMode::Partial {
-        owned = find::<AggregateExec>(&partial.input().clone()).unwrap();
-        partial = owned.downcast_ref::<AggregateExec>().unwrap();
-    }
-    let refused = DevicePartialAggregate::compile(partial).unwrap_err();
+    let partial = partial_aggregate_of(&ctx, "SELECT g, min(v) FROM ft GROUP BY g").await;
+    let refused = DevicePartialAggregate::compile(&partial).unwrap_err();
     assert!(refused.0.contains("min(ft.v)"), "{refused:?}");
 }
 
@@ -2676,19 +2657,8 @@ pub async fn check_foreign_offsets(device: &ExecDevice) {
         outside(&error, text);
     }
     // A group key.
-    let plan = ctx
-        .sql("SELECT s, count(*) FROM f GROUP BY s")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut node = find::<AggregateExec>(&plan).unwrap();
-    if node.downcast_ref::<AggregateExec>().unwrap().mode() != &AggregateMode::Partial {
-        node = find::<AggregateExec>(&node.children()[0].clone()).unwrap();
-    }
-    let partial = node.downcast_ref::<AggregateExec>().unwrap();
-    let error = DevicePartialAggregate::compile(partial)
+    let partial = partial_aggregate_of(&ctx, "SELECT s, count(*) FROM f GROUP BY s").await;
+    let error = DevicePartialAggregate::compile(&partial)
         .unwrap()
         .run(&foreign(), device)
         .unwrap_err();
