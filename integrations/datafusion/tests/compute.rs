@@ -589,20 +589,7 @@ pub async fn check_partial_aggregate_with(
     device: &ExecDevice,
     whole_query: bool,
 ) {
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let node = find::<AggregateExec>(&plan).expect("an aggregate");
-    let mut partial = node.downcast_ref::<AggregateExec>().unwrap();
-    let owned;
-    if *partial.mode() != AggregateMode::Partial {
-        owned = find::<AggregateExec>(&partial.input().clone()).expect("a partial aggregate");
-        partial = owned.downcast_ref::<AggregateExec>().unwrap();
-    }
+    let partial = &partial_aggregate_of(ctx, sql).await;
     assert_eq!(*partial.mode(), AggregateMode::Partial, "{sql}");
     let compiled =
         DevicePartialAggregate::compile(partial).unwrap_or_else(|u| panic!("refused: {u}"));
