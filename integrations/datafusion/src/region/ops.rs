@@ -239,12 +239,14 @@ fn run_on_host(host: &Arc<dyn ExecutionPlan>, batch: RecordBatch) -> Result<Reco
 /// Whether `error` is (or wraps) an overflow of the device's 64-bit lanes, which the
 /// host's 128-bit decimals may hold.
 fn is_overflow(error: &(dyn std::error::Error + 'static)) -> bool {
+    wraps(error, |e| matches!(e, ComputeError::Overflow(_)))
+}
+
+/// Whether `error` is, or has among its sources, a [`ComputeError`] that `is`.
+fn wraps(error: &(dyn std::error::Error + 'static), is: impl Fn(&ComputeError) -> bool) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
-        if matches!(
-            e.downcast_ref::<ComputeError>(),
-            Some(ComputeError::Overflow(_))
-        ) {
+        if e.downcast_ref::<ComputeError>().is_some_and(&is) {
             return true;
         }
         current = e.source();
@@ -655,17 +657,7 @@ impl DeviceOperator for HashJoinOperator {
 
 /// Whether `error` is (or wraps) the device's refusal of string keys it cannot group.
 fn is_key_collision(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if matches!(
-            e.downcast_ref::<ComputeError>(),
-            Some(ComputeError::KeyCollision { .. })
-        ) {
-            return true;
-        }
-        current = e.source();
-    }
-    false
+    wraps(error, |e| matches!(e, ComputeError::KeyCollision { .. }))
 }
 
 /// The device operator for `node`: `None` when no device operator replaces nodes of its

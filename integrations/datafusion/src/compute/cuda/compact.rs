@@ -11,7 +11,9 @@ use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
 
-use super::{addr, aligned, context, load, string_source, variadic_tables, Cx, StringSource, A};
+use super::{
+    addr, aligned, context, load, offset_array, string_source, variadic_tables, Cx, StringSource, A,
+};
 use crate::compute::{fixed_width, ComputeError, SELECTION};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -512,35 +514,28 @@ fn compacted_strings(
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
     let data = cx.zeros::<u8>(total)?;
-    let launch = |out_offsets: u64| {
-        cx.launch(
-            &cx.k.compact_strings,
-            n,
-            &[
-                A::U64(scan),
-                A::U64(addr(bytes, s)),
-                A::U64(source.offsets),
-                A::U32(u32::from(source.wide)),
-                A::U64(source.data),
-                A::U64(n as u64),
-                A::U64(out_offsets),
-                A::U64(addr(&data, s)),
-            ],
-        )
-    };
+    let data_at = addr(&data, s);
     // `compact_strings` writes the m + 1 offsets (0, then each kept row's end: the scan
     // of the lengths `kept_lengths` read from the column's own checked ranges) and
     // copies each kept row's bytes, in bounds of `data` (`total`, the scan's last).
-    if source.wide {
-        let offsets = cx.zeros::<i64>(m + 1)?;
-        launch(addr(&offsets, s))?;
-        // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, and each
-        // value is bytes of a value of the column's own type (UTF-8 where it was).
-        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
-    } else {
-        let offsets = cx.zeros::<i32>(m + 1)?;
-        launch(addr(&offsets, s))?;
-        // SAFETY: as above.
-        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, each value bytes
+    // of a value of the column's own type (UTF-8 where it was).
+    unsafe {
+        offset_array(cx, dt, (source.wide, m), data, validity, |out_offsets| {
+            cx.launch(
+                &cx.k.compact_strings,
+                n,
+                &[
+                    A::U64(scan),
+                    A::U64(addr(bytes, s)),
+                    A::U64(source.offsets),
+                    A::U32(u32::from(source.wide)),
+                    A::U64(source.data),
+                    A::U64(n as u64),
+                    A::U64(out_offsets),
+                    A::U64(data_at),
+                ],
+            )
+        })
     }
 }

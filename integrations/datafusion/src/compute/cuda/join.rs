@@ -12,8 +12,8 @@ use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits, view_bytes};
 use super::{
-    addr, aligned, context, eval, pending, selected, string_source, variadic_tables, view_args,
-    view_device_column, Cx, StringSource, A,
+    addr, aligned, context, eval, offset_array, pending, selected, string_source, variadic_tables,
+    view_args, view_device_column, Cx, StringSource, A,
 };
 use crate::compute::host::frame_column;
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
@@ -936,35 +936,28 @@ fn gathered_strings(
         .into());
     }
     let data = cx.zeros::<u8>(bytes)?;
-    let launch = |out_offsets: u64| {
-        cx.launch(
-            &cx.k.gather_strings,
-            n.max(1),
-            &[
-                A::U64(idx),
-                A::U64(source.offsets),
-                A::U32(u32::from(source.wide)),
-                A::U64(source.data),
-                A::U64(addr(lens, s)),
-                A::U64(n as u64),
-                A::U64(out_offsets),
-                A::U64(addr(&data, s)),
-            ],
-        )
-    };
+    let data_at = addr(&data, s);
     // `gather_strings` writes the n + 1 offsets (0, then each row's end: the scan of
     // lengths `gather_lengths` read from the column's own checked ranges) and copies each
     // row's bytes, in bounds of `data` (`bytes`, the scan's last).
-    if source.wide {
-        let offsets = cx.zeros::<i64>(n + 1)?;
-        launch(addr(&offsets, s))?;
-        // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, and each
-        // value is bytes of a value of the column's own type (UTF-8 where it was).
-        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
-    } else {
-        let offsets = cx.zeros::<i32>(n + 1)?;
-        launch(addr(&offsets, s))?;
-        // SAFETY: as above.
-        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    // SAFETY: so the offsets are non-decreasing from 0 to `data.len()`, each value bytes
+    // of a value of the column's own type (UTF-8 where it was).
+    unsafe {
+        offset_array(cx, dt, (source.wide, n), data, validity, |out_offsets| {
+            cx.launch(
+                &cx.k.gather_strings,
+                n,
+                &[
+                    A::U64(idx),
+                    A::U64(source.offsets),
+                    A::U32(u32::from(source.wide)),
+                    A::U64(source.data),
+                    A::U64(addr(lens, s)),
+                    A::U64(n as u64),
+                    A::U64(out_offsets),
+                    A::U64(data_at),
+                ],
+            )
+        })
     }
 }

@@ -367,18 +367,8 @@ fn view_args<'a>(
     n: usize,
     err: u64,
 ) -> Result<ViewArgs<'a>, BoxError> {
-    device_view_args(cx, column.column(), name, n, err)
-}
-
-/// [`view_args`] of a column of a device batch.
-fn device_view_args<'a>(
-    cx: &Cx<'_>,
-    c: DeviceColumn<'a>,
-    name: &str,
-    n: usize,
-    err: u64,
-) -> Result<ViewArgs<'a>, BoxError> {
     let s = cx.stream;
+    let c = column.column();
     super::check_string(&c, name)?;
     if (c.len() as u64) < n as u64 {
         return Err(
@@ -508,6 +498,35 @@ fn string_source<'a>(
         },
         size,
     ))
+}
+
+/// An offset-based array of `dt` of `rows` rows over `data`: `rows + 1` zeroed offsets of
+/// the column's width (i64 where `wide`), written on the stream with the bytes by
+/// `write`, given their address.
+///
+/// # Safety
+/// `write` must make the offsets non-decreasing from 0 to `data.len()`, each value bytes
+/// of a value of `dt` (UTF-8 for strings).
+unsafe fn offset_array(
+    cx: &Cx<'_>,
+    dt: DataType,
+    (wide, rows): (bool, usize),
+    data: CudaSlice<u8>,
+    validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    write: impl FnOnce(u64) -> Result<(), BoxError>,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    if wide {
+        let offsets = cx.zeros::<i64>(rows + 1)?;
+        write(addr(&offsets, s))?;
+        // SAFETY: the offsets are as the caller promises.
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    } else {
+        let offsets = cx.zeros::<i32>(rows + 1)?;
+        write(addr(&offsets, s))?;
+        // SAFETY: as above.
+        Ok(unsafe { CudaArray::from_offsets(dt, offsets, data, validity) }?)
+    }
 }
 
 /// The variadic buffers of a view column (between the views and their sizes) as two
@@ -783,7 +802,6 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
     }
 }
 
-/// Whether the frame columns `node` reads may hold nulls.
 /// Whether `node` reads an offset-based string column (`Utf8`, `LargeUtf8`): the views
 /// made of its offsets (`utf8_views`) flag offsets outside its data in the error word,
 /// so the word must come back even where the node itself cannot fail (`view_in`).
@@ -799,6 +817,7 @@ fn reads_offsets(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
     Ok(false)
 }
 
+/// Whether the frame columns `node` reads may hold nulls.
 fn columns_have_nulls(node: &Node, frame: &DeviceFrame) -> Result<bool, BoxError> {
     let mut columns = Vec::new();
     node.columns(&mut columns);
