@@ -72,9 +72,15 @@ pub(crate) mod op {
     pub const FLOAT_TO_DECIMAL: u32 = 9;
 }
 
-/// A `LIKE` pattern of literal bytes and `%` wildcards (no `_`, no escape): its pieces
-/// between the `%`s, in order, and whether the value must start with the first piece and
-/// end with the last. `'abc'` (exact) is one piece anchored at both ends; `'%'` no piece.
+/// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
+/// UTF-8, so never one of a literal's.
+pub(crate) const ANY_CHAR: u8 = 0xFF;
+
+/// A `LIKE` pattern, as arrow's `like` kernel reads it: `%` any run of characters, `_`
+/// any one character, `\` the next character literally (a trailing `\` itself). Its
+/// pieces between the `%`s, in order (literal bytes, [`ANY_CHAR`] for each `_`), and
+/// whether the value must start with the first piece and end with the last. `'abc'`
+/// (exact) is one piece anchored at both ends; `'%'` no piece.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LikePattern {
     pub(crate) pieces: Vec<Vec<u8>>,
@@ -83,25 +89,37 @@ pub(crate) struct LikePattern {
 }
 
 impl LikePattern {
-    /// `pattern`, or why it has no device kernel.
-    pub(crate) fn parse(pattern: &str) -> Result<Self, Unsupported> {
-        if pattern.contains(['_', '\\']) {
-            return Err(Unsupported(format!(
-                "the LIKE pattern '{pattern}' has `_` or an escape (no device kernel)"
-            )));
+    /// `pattern`'s pieces.
+    pub(crate) fn parse(pattern: &str) -> Self {
+        let mut pieces = Vec::new();
+        let mut piece = Vec::new();
+        let mut anchored_end = true;
+        let mut chars = pattern.chars();
+        let mut utf8 = [0u8; 4];
+        while let Some(c) = chars.next() {
+            anchored_end = c != '%';
+            match c {
+                '%' if !piece.is_empty() => pieces.push(std::mem::take(&mut piece)),
+                '%' => {}
+                '_' => piece.push(ANY_CHAR),
+                '\\' => {
+                    let literal = chars.next().unwrap_or('\\');
+                    piece.extend_from_slice(literal.encode_utf8(&mut utf8).as_bytes());
+                }
+                c => piece.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes()),
+            }
         }
-        Ok(Self {
-            pieces: pattern
-                .split('%')
-                .filter(|p| !p.is_empty())
-                .map(|p| p.as_bytes().to_vec())
-                .collect(),
+        if !piece.is_empty() {
+            pieces.push(piece);
+        }
+        Self {
+            pieces,
             anchored_start: !pattern.starts_with('%'),
-            anchored_end: !pattern.ends_with('%'),
-        })
+            anchored_end,
+        }
     }
 
-    /// Exactly `value`.
+    /// Exactly `value` (a string's bytes).
     pub(crate) fn exact(value: &[u8]) -> Self {
         Self {
             pieces: vec![value.to_vec()],
@@ -110,8 +128,13 @@ impl LikePattern {
         }
     }
 
-    /// Whether `value` matches (the device's algorithm: each piece at its leftmost place
-    /// after the previous one, the first at 0 and the last at the end where anchored).
+    /// Whether `value` (UTF-8) matches: the device's algorithm. Each piece at its
+    /// leftmost place at or after the previous one's end (the first at 0 where anchored;
+    /// the last ending at the end where anchored). A piece matches at least as many bytes
+    /// as it holds (each `_` one character, one to four bytes), so its start is at most
+    /// the value's length minus its own. Leftmost is right: a piece's end grows with its
+    /// start, and a match that starts inside a character (only one that starts with `_`
+    /// can) ends where the match at that character's start does.
     pub(crate) fn matches(&self, value: &[u8]) -> bool {
         let n = self.pieces.len();
         if n == 0 {
@@ -119,27 +142,41 @@ impl LikePattern {
         }
         let mut pos = 0usize;
         for (j, piece) in self.pieces.iter().enumerate() {
-            let Some(hi) = value.len().checked_sub(piece.len()) else {
+            let Some(mut hi) = value.len().checked_sub(piece.len()) else {
                 return false;
             };
-            let (mut lo, mut hi) = (pos, hi);
             if j == 0 && self.anchored_start {
                 hi = 0;
             }
-            if j == n - 1 && self.anchored_end {
-                if value.len() - piece.len() < lo {
-                    return false;
-                }
-                lo = value.len() - piece.len();
-            }
-            let Some(at) = (lo..=hi).find(|&p| &value[p..p + piece.len()] == piece.as_slice())
+            let last_at_end = j == n - 1 && self.anchored_end;
+            let Some(end) = (pos..=hi)
+                .filter_map(|at| match_at(value, at, piece))
+                .find(|&end| !last_at_end || end == value.len())
             else {
                 return false;
             };
-            pos = at + piece.len();
+            pos = end;
         }
         true
     }
+}
+
+/// Where `piece` ends if it matches `value` from byte `at`: its literal bytes equal, each
+/// [`ANY_CHAR`] one byte and the continuation bytes (`10xxxxxx`) after it.
+fn match_at(value: &[u8], at: usize, piece: &[u8]) -> Option<usize> {
+    let mut i = at;
+    for &p in piece {
+        let &v = value.get(i)?;
+        i += 1;
+        if p == ANY_CHAR {
+            while value.get(i).is_some_and(|b| b & 0xC0 == 0x80) {
+                i += 1;
+            }
+        } else if v != p {
+            return None;
+        }
+    }
+    Some(i)
 }
 
 /// What an out-of-range value becomes.
@@ -735,8 +772,8 @@ fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupporte
     })
 }
 
-/// `col LIKE 'pattern'` (and `NOT LIKE`) over a string column, for patterns of
-/// literal bytes and `%`.
+/// `col LIKE 'pattern'` (and `NOT LIKE`) over a string column, for a literal pattern
+/// (`%`, `_` and `\` escapes, as arrow reads them).
 fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     if like.case_insensitive() {
         return Err(Unsupported(format!(
@@ -750,7 +787,7 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     };
     let pattern = match like.pattern().downcast_ref::<Literal>().map(Literal::value) {
         Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
-        | Some(ScalarValue::LargeUtf8(Some(p))) => LikePattern::parse(p)?,
+        | Some(ScalarValue::LargeUtf8(Some(p))) => LikePattern::parse(p),
         _ => {
             return Err(Unsupported(format!(
                 "`{like}`: LIKE on the device takes a literal pattern"
