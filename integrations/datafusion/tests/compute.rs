@@ -1279,26 +1279,35 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
             }
         }
     }
-    // substr(s, 1, k) as a projection's string value (k of at most 3 characters: every
-    // value inline), with nulls, two-byte characters, values shorter than k, a slice.
+    // substr as a projection's string value, of the column's own type: prefixes (every
+    // value inline up to 3 characters), other starts, no count, starts of 0 and less
+    // (the count taken from them), counts of 0 and past the end; values with nulls,
+    // two-byte characters, long ones in several blocks, shorter than the range; slices.
     for text in [
         "substr(s, 1, 2)",
         "substr(s, 1, 3)",
         "substring(c from 1 for 1)",
         "substr(s, 1, 1)",
+        "substr(s, 1, 4)",
+        "substr(s, 2, 2)",
+        "substr(s, 3)",
+        "substr(s, 0, 3)",
+        "substr(s, -2, 4)",
+        "substr(s, -5, 2)",
+        "substr(s, 4, 0)",
+        "substr(s, 40)",
+        "substr(c, 1, 20)",
+        "substr(c, 5)",
+        "substr(c, 10, 13)",
+        "substr(c, 2, 12)",
+        "substr(c, 30, 100)",
     ] {
-        if strings != &DataType::Utf8View {
-            let (e, schema, _) = projection_of(&ctx, "v", text).await;
-            let refused = DeviceExpr::compile(&e, &schema);
-            assert!(refused.is_err(), "{text} over {strings}: {refused:?}");
-            continue;
-        }
         let compiled = assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
-        assert_eq!(compiled.data_type(), &DataType::Utf8View);
+        assert_eq!(compiled.data_type(), strings, "{text}");
     }
     for (text, why) in [
-        ("substr(s, 1, 4)", "`substr` has no device kernel"),
-        ("substr(s, 2, 2)", "`substr` has no device kernel"),
+        ("substr(s, 2, -1)", "`substr` has no device kernel"),
+        ("substr(s, x)", "`substr` has no device kernel"),
         ("(s ILIKE 'air')", "ILIKE"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
     ] {
@@ -1463,8 +1472,9 @@ async fn case_and_dates_are_datafusions() {
 /// LIKE against DataFusion on random values and patterns: values of 0 to 30 characters
 /// of 1 to 4 bytes (`a`, `b`, `é`, `🦀`) and of LIKE's own (`_`, `%`, `\\`), inline and
 /// long, in several blocks, some null; patterns of up to 8 of those, `%`, `_` and escapes
-/// (`\\` and a character, or a trailing `\\`), each as `LIKE` and `NOT LIKE`. A small
-/// xorshift makes them, seeded, so a failure names a pattern that fails again.
+/// (`\\` and a character, or a trailing `\\`), each as `LIKE` and `NOT LIKE`; then
+/// `substr` of the same values. A small xorshift makes them, seeded, so a failure names
+/// a pattern that fails again.
 pub async fn check_random_like(device: &ExecDevice) {
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move |below: u64| {
@@ -1511,6 +1521,15 @@ pub async fn check_random_like(device: &ExecDevice) {
         let not = if round % 2 == 0 { "" } else { "NOT " };
         let text = format!("(s {not}LIKE '{pattern}')");
         assert_evaluates_as_datafusion(&ctx, "r", &text, &[], device).await;
+    }
+    // And substr of the same values: starts from -3 to 34, counts from 0 to 15 or none.
+    for round in 0..40 {
+        let start = next(38) as i64 - 3;
+        let text = match round % 4 {
+            0 => format!("substr(s, {start})"),
+            _ => format!("substr(s, {start}, {})", next(16)),
+        };
+        assert_evaluates_as_datafusion(&ctx, "r", &text, &[(7, 200)], device).await;
     }
 }
 

@@ -205,11 +205,6 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
     assert!(down * 5 < up, "{down} bytes down for {up} up");
 }
 
-/// TPC-H Q3: both joins on the device, each with its build side a host child (itself a
-/// region's output) and its probe side in the region, which runs on from the lineitem
-/// filter through the join into the partial aggregate: lineitem's rows never come back
-/// to the host. The results are DataFusion's; the plan round-trips through the codec
-/// (a device operator with two children).
 /// TPC-H Q22 filters customers by an uncorrelated scalar subquery (`c_acctbal > (select
 /// avg(c_acctbal) ...)`) on the device, its value read when the plan runs, with
 /// DataFusion's results. DataFusion's protobuf decodes a scalar subquery only inside its
@@ -276,6 +271,48 @@ async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() 
     assert_eq!(pretty_format_batches(&got).unwrap().to_string(), want);
 }
 
+/// TPC-H Q22 over `Utf8` tables (arrow-rs `StringArray`s, as in-memory tables hold
+/// them): its country code, `substring(c_phone from 1 for 2)`, is computed on the device
+/// as a `Utf8` column (offsets and bytes written there), so the projection joins the
+/// customer filter's region and the partial aggregate groups by it on the device. Before,
+/// `substr` of a `Utf8` column kept its projection on the host. The results are
+/// DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q22_over_utf8_computes_its_country_codes_on_the_device() {
+    let tables = tpch::Tables::generate(0.01, 2).with_strings(&arrow_schema::DataType::Utf8);
+    let want = tpch::host_session(&tables, 2)
+        .unwrap()
+        .sql(tpch::query(22))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
+    let plan = tpch::plan_query(&ctx, 22).await.unwrap();
+    let shown = text(&plan);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("DeviceProjectionExec") && l.contains("substr")),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("ProjectionExec stays on the host"),
+        "{shown}"
+    );
+    let got = collect(plan, ctx.task_ctx()).await.unwrap();
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+}
+
+/// TPC-H Q3: both joins on the device, each with its build side a host child (itself a
+/// region's output) and its probe side in the region, which runs on from the lineitem
+/// filter through the join into the partial aggregate: lineitem's rows never come back
+/// to the host. The results are DataFusion's; the plan round-trips through the codec
+/// (a device operator with two children).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
     use datafusion_proto::bytes::{

@@ -238,13 +238,14 @@ pub(crate) enum Node {
         pattern: LikePattern,
         negated: bool,
     },
-    /// `substr(col, 1, k)` of a `Utf8View` column for `k` of at most 3 characters (at
-    /// most 12 bytes of UTF-8: an inline view): a string value, so only the root of a
-    /// projection's expression ([`prefix_node`]), never lanes.
-    Prefix {
+    /// `substr(col, start[, count])` of a string column, as DataFusion's `substr` takes
+    /// characters ([`substr_chars`]): a string value of the column's type, so only the
+    /// root of a projection's expression ([`substr_node`]), never lanes.
+    Substr {
         index: usize,
         name: String,
-        chars: usize,
+        start: i64,
+        count: Option<i64>,
     },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
@@ -635,14 +636,11 @@ fn view_subject(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Subject>
     let [column, start, count] = function.args() else {
         return None;
     };
-    let int = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>()?.value() {
-        ScalarValue::Int64(Some(v)) => Some(*v),
-        ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
-        _ => None,
-    };
     let (index, name) = view_column(column, input)?;
-    let k = usize::try_from(int(count)?).ok().filter(|k| *k >= 1)?;
-    (int(start)? == 1).then_some(Subject {
+    let k = usize::try_from(int_literal(count)?)
+        .ok()
+        .filter(|k| *k >= 1)?;
+    (int_literal(start)? == 1).then_some(Subject {
         index,
         name,
         prefix: Some(k),
@@ -714,24 +712,57 @@ fn string_in_list(
     Ok(string_equals(subject, literals, negated))
 }
 
-/// The most characters of a [`Node::Prefix`]: 3 characters of UTF-8 are at most 12
-/// bytes, so every value fits its view.
-pub(crate) const PREFIX_CHARS: usize = 3;
-
-/// `substr(col, 1, k)` of a `Utf8View` column with `k` at most [`PREFIX_CHARS`], as a
-/// projection's (string) value.
-pub(crate) fn prefix_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
-    let subject = view_subject(expr, input)?;
-    let chars = subject.prefix.filter(|k| *k <= PREFIX_CHARS)?;
-    // Its value is a view: only where the column's (and so `substr`'s) type is one.
-    if input.field(subject.index).data_type() != &DataType::Utf8View {
+/// `substr(col, start)` or `substr(col, start, count)` of a string column (`Utf8View`,
+/// `Utf8`, `LargeUtf8`) with literal integers, as a projection's (string) value. A
+/// negative count (DataFusion's error) and a start of `i64::MIN` (its overflow error)
+/// stay on the host, which raises them. With the value's type: the column's.
+pub(crate) fn substr_node(
+    expr: &Arc<dyn PhysicalExpr>,
+    input: &Schema,
+) -> Option<(Node, DataType)> {
+    let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    if !matches!(function.name(), "substr" | "substring") {
         return None;
     }
-    Some(Node::Prefix {
-        index: subject.index,
-        name: subject.name,
-        chars,
-    })
+    let (column, start, count) = match function.args() {
+        [column, start] => (column, start, None),
+        [column, start, count] => (column, start, Some(count)),
+        _ => return None,
+    };
+    let (index, name) = view_column(column, input)?;
+    let start = int_literal(start).filter(|s| *s != i64::MIN)?;
+    let count = match count {
+        Some(count) => Some(int_literal(count).filter(|c| *c >= 0)?),
+        None => None,
+    };
+    let node = Node::Substr {
+        index,
+        name,
+        start,
+        count,
+    };
+    Some((node, input.field(index).data_type().clone()))
+}
+
+/// The characters `substr(value, start, count)` takes, as DataFusion 55 computes them:
+/// from `first` (0-based) to `end` (exclusive; `u64::MAX` for no count), both clamped to
+/// the value where it is read. `start` is 1-based and may be 0 or negative, and the
+/// count is taken from it: `substr('abc', -1, 3)` is `'a'`. `count` is at least 0 and
+/// `start` more than `i64::MIN` ([`substr_node`]), so `end >= first`.
+pub(crate) fn substr_chars(start: i64, count: Option<i64>) -> (u64, u64) {
+    let start = start - 1;
+    let first = start.max(0) as u64;
+    let end = count.map_or(u64::MAX, |c| start.saturating_add(c).max(0) as u64);
+    (first, end)
+}
+
+/// An integer literal (`Int64`, or `Int32`).
+fn int_literal(e: &Arc<dyn PhysicalExpr>) -> Option<i64> {
+    match e.downcast_ref::<Literal>()?.value() {
+        ScalarValue::Int64(Some(v)) => Some(*v),
+        ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
+        _ => None,
+    }
 }
 
 /// A column whose lanes the device does not load (a string, say), as its validity.
@@ -1177,7 +1208,7 @@ impl Node {
             // flagged in the error word).
             Node::StrKey { word, .. } => *word != 0,
             // A view outside its buffer (checked, flagged in the error word).
-            Node::Prefix { .. } => true,
+            Node::Substr { .. } => true,
             // A view outside its buffer (checked, flagged in the error word).
             Node::StrLike { .. } => true,
             Node::Case {
@@ -1214,7 +1245,7 @@ impl Node {
             Node::Column { .. }
             | Node::StrIn { .. }
             | Node::StrLike { .. }
-            | Node::Prefix { .. }
+            | Node::Substr { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
             // A row no branch takes and an ELSE that is null.
@@ -1244,7 +1275,7 @@ impl Node {
             Node::Column { index, name, .. }
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
-            | Node::Prefix { index, name, .. }
+            | Node::Substr { index, name, .. }
             | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {

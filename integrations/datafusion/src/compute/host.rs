@@ -247,7 +247,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
-        Node::Prefix { .. } => {
+        Node::Substr { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -478,36 +478,48 @@ pub(crate) fn civil_from_days(days: i64) -> (i64, i64) {
     (yoe + era * 400 + i64::from(month <= 2), month)
 }
 
-/// The first `chars` characters of each value of a `Utf8View` column (`substr(col, 1,
-/// chars)`), counted as `view_prefix` counts them: by each UTF-8 lead byte's length.
-pub(crate) fn prefixes(
+/// `substr` of each value of a string column, characters `first` to `end` (exclusive)
+/// of [`substr_chars`](super::expr::substr_chars), clamped to the value, counted as
+/// `view_substr` counts them: by their lead bytes. An array of the column's own type.
+pub(crate) fn substrings(
     column: &FrameColumn,
     name: &str,
-    chars: usize,
-) -> Result<arrow_array::StringViewArray, BoxError> {
+    (first, end): (u64, u64),
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
     let values = view_values(column, name)?;
-    let mut out = arrow_array::builder::StringViewBuilder::with_capacity(values.len());
+    let mut out = Vec::with_capacity(values.len());
     for value in values {
         let Some(value) = value else {
-            out.append_null();
+            out.push(None);
             continue;
         };
-        let (mut at, mut count) = (0, 0);
-        while at < value.len() && count < chars {
-            at += match value[at] {
-                b if b < 0x80 => 1,
-                b if b < 0xE0 => 2,
-                b if b < 0xF0 => 3,
-                _ => 4,
-            };
-            count += 1;
+        let (mut from, mut to) = (value.len(), value.len());
+        let leads = value
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| *b & 0xC0 != 0x80)
+            .map(|(at, _)| at);
+        for (c, at) in leads.enumerate() {
+            if c as u64 == first {
+                from = at;
+            }
+            if c as u64 == end {
+                to = at;
+                break;
+            }
         }
-        let prefix = &value[..at.min(value.len())];
-        out.append_value(std::str::from_utf8(prefix).map_err(|e| {
-            ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
-        })?);
+        out.push(Some(std::str::from_utf8(&value[from..to]).map_err(
+            |e| ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}")),
+        )?));
     }
-    Ok(out.finish())
+    let data_type = column.column().data_type().clone();
+    Ok(match data_type {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(out)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(out)),
+        _ => std::sync::Arc::new(StringViewArray::from(out)),
+    })
 }
 
 /// The bytes of each value of a string column on the CPU device (`None`: null): a

@@ -148,9 +148,9 @@ pub struct DeviceExpr {
 impl DeviceExpr {
     /// `expr` over `input`, or why it cannot run on the device.
     pub fn compile(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
-        if let Some(node) = expr::prefix_node(expr, input) {
+        if let Some((node, data_type)) = expr::substr_node(expr, input) {
             return Ok(Self {
-                data_type: DataType::Utf8View,
+                data_type,
                 node: Arc::new(node),
                 text: expr.to_string(),
             });
@@ -229,11 +229,22 @@ impl DeviceExpr {
             return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
-        if let expr::Node::Prefix { index, name, chars } = self.node.as_ref() {
-            let array = host::prefixes(host::frame_column(frame, *index, name)?, name, *chars)?;
-            let nullable = arrow_array::Array::null_count(&array) > 0;
-            let schema = schema_of(vec![Field::new(&self.text, DataType::Utf8View, nullable)]);
-            let column = cpu_column(RecordBatch::try_new(schema, vec![Arc::new(array)])?, device)?;
+        if let expr::Node::Substr {
+            index,
+            name,
+            start,
+            count,
+        } = self.node.as_ref()
+        {
+            let column = host::frame_column(frame, *index, name)?;
+            let array = host::substrings(column, name, expr::substr_chars(*start, *count))?;
+            let nullable = array.null_count() > 0;
+            let schema = schema_of(vec![Field::new(
+                &self.text,
+                self.data_type.clone(),
+                nullable,
+            )]);
+            let column = cpu_column(RecordBatch::try_new(schema, vec![array])?, device)?;
             return Ok((column, PendingCheck::default()));
         }
         let lanes = host::eval(&self.node, frame, &self.text)?;

@@ -12,8 +12,8 @@ use devarrow::cuda::{CudaArray, CudaDevice, CudaSyncEvent};
 
 use super::compact::{fixed_array, launch_bits, view_bytes};
 use super::{
-    addr, aligned, context, eval, offset_array, pending, selected, string_source, variadic_tables,
-    view_args, view_device_column, Cx, StringSource, A,
+    addr, aligned, context, eval, offset_array, pending, selected, string_source, variadic_copies,
+    variadic_tables, view_args, view_device_column, Cx, StringSource, A,
 };
 use crate::compute::host::frame_column;
 use crate::compute::{fixed_width, ComputeError, DeviceExpr, SELECTION};
@@ -765,23 +765,7 @@ fn gather(
                 held.push(view);
                 // The data buffers, copied whole: every gathered view names the buffer
                 // it named, at the same offset.
-                let mut data = Vec::new();
-                for b in 2..c.n_buffers().saturating_sub(1) {
-                    let Some(buffer) = c.buffer(b) else {
-                        data.push(cx.zeros::<u8>(1)?);
-                        continue;
-                    };
-                    let from = buffer.cuda_view::<u8>(s)?;
-                    let mut to = cx.zeros::<u8>(buffer.len())?;
-                    if !buffer.is_empty() {
-                        s.memcpy_dtod(
-                            &from.slice(0..buffer.len()),
-                            &mut to.slice_mut(0..buffer.len()),
-                        )?;
-                    }
-                    held.push(from);
-                    data.push(to);
-                }
+                let data = variadic_copies(cx, c, &mut held)?;
                 let dt = dt.clone();
                 Box::new(move |validity, _| {
                     // Each view is the column's (or zero: an empty value), the column

@@ -64,7 +64,8 @@ struct Kernels {
     utf8_views: CudaFunction,
     join_verify_view: CudaFunction,
     select_lanes: CudaFunction,
-    view_prefix: CudaFunction,
+    view_substr: CudaFunction,
+    substr_strings: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -124,7 +125,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         utf8_views: f("utf8_views")?,
         join_verify_view: f("join_verify_view")?,
         select_lanes: f("select_lanes")?,
-        view_prefix: f("view_prefix")?,
+        view_substr: f("view_substr")?,
+        substr_strings: f("substr_strings")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -318,7 +320,7 @@ fn view_device_column<'a>(
 }
 
 /// A string column's leading arguments to the kernels that read its values where they
-/// lie (`view_in`, `view_like`, `view_key`, `view_prefix`, `join_verify_view`): its
+/// lie (`view_in`, `view_like`, `view_key`, `view_substr`, `join_verify_view`): its
 /// views, its validity bitmap (0: none), its offset, `n` rows, and its variadic buffers'
 /// address and size tables with their count. It keeps them readable on the stream:
 /// dropped after the launch.
@@ -644,10 +646,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop(view);
             Ok(out)
         }
-        Node::Prefix { .. } => Err(ComputeError::Input(
-            "a string prefix is a column, not a value of lanes".into(),
-        )
-        .into()),
+        Node::Substr { .. } => {
+            Err(ComputeError::Input("a substring is a column, not a value of lanes".into()).into())
+        }
         Node::Valid { index, name } => {
             let c = frame_column(frame, *index, name)?.column();
             let out = cx.lanes(n)?;
@@ -857,8 +858,16 @@ pub(crate) fn evaluate(
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
-    if let Node::Prefix { index, name, chars } = expr.node.as_ref() {
-        let column = prefix_column(&cx, frame_column(frame, *index, name)?, name, *chars, e)?;
+    if let Node::Substr {
+        index,
+        name,
+        start,
+        count,
+    } = expr.node.as_ref()
+    {
+        let chars = super::expr::substr_chars(*start, *count);
+        let column = frame_column(frame, *index, name)?;
+        let column = substr_column(&cx, cuda, column, name, chars, e)?;
         let pending = pending(&cx, err, &expr.text, true, defer)?;
         let nullable = column.null_count() > 0;
         let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
@@ -1060,28 +1069,48 @@ fn boolean_column(
     Ok(CudaArray::from_bits(n, bits, validity)?)
 }
 
-/// `substr(col, 1, chars)` of a `Utf8View` column (`chars` at most 3: every value
-/// inline): `view_prefix` writes each row's view, its validity flags are packed into the
-/// bitmap (`pack_bits`); no variadic buffer.
-fn prefix_column(
+/// `substr` of a string column, characters `first` to `end` of each value
+/// ([`substr_chars`](super::expr::substr_chars)), a column of its own type. Each row's
+/// validity flag is packed into the bitmap (`pack_bits`).
+///
+/// - `Utf8View`: `view_substr` writes each row's view. A result of at most 12 bytes is
+///   inline; a longer one names its value's buffer at its offset moved, the column's
+///   buffers copied whole on the device, unless no result can pass 12 bytes (a count of
+///   at most 3 characters).
+/// - `Utf8` and `LargeUtf8`: `view_substr` (over the views made of the offsets) writes
+///   each result's address and length; the lengths are scanned, and `substr_strings`
+///   writes the offsets and copies the bytes. The data buffer is the column's size, which
+///   no result's bytes pass in all, so no length is read back to size it (a download
+///   moves only the bytes the offsets span).
+fn substr_column(
     cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
     column: &FrameColumn,
     name: &str,
-    chars: usize,
+    (first, end): (u64, u64),
     err: u64,
 ) -> Result<CudaArray, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
     let s = cx.stream;
     let n = column.len();
+    let c = column.column();
+    let dt = c.data_type().clone();
     let view = view_args(cx, column, name, n, err)?;
+    let views = dt == DataType::Utf8View;
     let out = cx.zeros::<u128>(n)?;
+    let lens = cx.zeros::<i64>(if views { 1 } else { n })?;
     let valid = cx.zeros::<u8>(n)?;
     let args = view.args.iter().copied().chain([
-        A::U64(chars as u64),
+        A::U64(first),
+        A::U64(end),
+        A::U32(u32::from(!views)),
         A::U64(addr(&out, s)),
+        A::U64(addr(&lens, s)),
         A::U64(addr(&valid, s)),
         A::U64(err),
     ]);
-    cx.launch(&cx.k.view_prefix, n, &args.collect::<Vec<_>>())?;
+    cx.launch(&cx.k.view_substr, n, &args.collect::<Vec<_>>())?;
     let validity = if view.has_validity {
         let bits = cx.zeros::<u8>(n.div_ceil(8))?;
         cx.launch(
@@ -1097,11 +1126,88 @@ fn prefix_column(
     } else {
         None
     };
-    drop((view, valid));
-    // SAFETY: `view_prefix` wrote one view per row (ordered before the export on this
-    // stream): at most 12 bytes, inline, the first characters of a UTF-8 value; no view
-    // names a buffer.
-    Ok(unsafe { CudaArray::from_views(DataType::Utf8View, out, Vec::new(), validity) }?)
+    if views {
+        let mut held = Vec::new();
+        // At most 3 characters are at most 12 bytes: every result inline.
+        let long = end.saturating_sub(first) > 3;
+        let data = if long {
+            variadic_copies(cx, &c, &mut held)?
+        } else {
+            Vec::new()
+        };
+        drop((view, valid, held));
+        // SAFETY: `view_substr` wrote one view per row (ordered before the export on this
+        // stream) of the characters of a UTF-8 value it read in bounds (a view outside its
+        // buffer fails the batch by the error word): inline, or, for more than 12 bytes
+        // (only where `long`), its first 4 bytes, the buffer its value lies in, copied
+        // whole into `data` at the same index, and the result's offset in it.
+        return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
+    }
+    let wide = dt == DataType::LargeUtf8;
+    if n > 0 {
+        let at = addr(&lens, s);
+        // SAFETY: `lens` holds `n` i64s on this device, written by `view_substr` on the
+        // device's stream, the stream the scan runs on (in order after it).
+        unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+    }
+    // The column's data bytes (the views' one variadic buffer): every result is a range
+    // of a value, the values ranges of them that do not overlap.
+    let size = c.buffer(2).map_or(0, |b| b.len());
+    let data = cx.zeros::<u8>(size)?;
+    let data_at = addr(&data, s);
+    // SAFETY: `substr_strings` writes the n + 1 offsets, 0 then the scan of the results'
+    // lengths (non-decreasing, the last at most `size`, as above), and copies each
+    // result's bytes (characters of a UTF-8 value, read in bounds by `view_substr`) to
+    // its range.
+    let array = unsafe {
+        offset_array(cx, dt, (wide, n), data, validity, |out_offsets| {
+            cx.launch(
+                &cx.k.substr_strings,
+                n,
+                &[
+                    A::U64(addr(&out, s)),
+                    A::U64(addr(&lens, s)),
+                    A::U64(n as u64),
+                    A::U32(u32::from(wide)),
+                    A::U64(out_offsets),
+                    A::U64(data_at),
+                ],
+            )
+        })
+    };
+    // An inline value's bytes are in its view (made of the offsets, for these types),
+    // which `substr_strings` read: freed after it, in the stream's order.
+    drop(view);
+    array
+}
+
+/// The variadic buffers of a view column, copied whole on the device (a buffer the column
+/// holds as NULL becomes one zero byte, which no valid view names), each source borrowed
+/// into `held` until the copies are ordered.
+fn variadic_copies<'a>(
+    cx: &Cx<'_>,
+    c: &DeviceColumn<'a>,
+    held: &mut Vec<BorrowedSlice<'a, u8>>,
+) -> Result<Vec<CudaSlice<u8>>, BoxError> {
+    let s = cx.stream;
+    let mut data = Vec::new();
+    for b in 2..c.n_buffers().saturating_sub(1) {
+        let Some(buffer) = c.buffer(b) else {
+            data.push(cx.zeros::<u8>(1)?);
+            continue;
+        };
+        let from = buffer.cuda_view::<u8>(s)?;
+        let mut to = cx.zeros::<u8>(buffer.len())?;
+        if !buffer.is_empty() {
+            s.memcpy_dtod(
+                &from.slice(0..buffer.len()),
+                &mut to.slice_mut(0..buffer.len()),
+            )?;
+        }
+        held.push(from);
+        data.push(to);
+    }
+    Ok(data)
 }
 
 /// A column of no rows on `device` (CUDA allocates no empty buffer: an empty host
