@@ -1244,6 +1244,19 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "substr(s, 1, 2) = 'ün'",
         "substr(s, 1, 1) = 'ü'",
         "substr(s, 1, 2) IN ('MAIL', 'SHIP')",
+        // starts_with, ends_with, contains: LIKE patterns of one literal piece.
+        "starts_with(s, 'RE')",
+        "ends_with(c, 'requests')",
+        "contains(c, 'special')",
+        "NOT contains(c, 'ab')",
+        "starts_with(s, '')",
+        "contains(s, 'ün')",
+        "ends_with(s, 'a mode much longer than twelve bytes')",
+        // Lengths: in characters, bytes and bits.
+        "character_length(s) = 3",
+        "length(c) > 20",
+        "octet_length(s) < 4",
+        "bit_length(c) >= 320",
         // Validity of a string column, and IS [NOT] DISTINCT FROM.
         "s IS NULL",
         "c IS NOT NULL",
@@ -1301,7 +1314,17 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "substr(c, 10, 13)",
         "substr(c, 2, 12)",
         "substr(c, 30, 100)",
+        // Lengths as values (Int32, or Int64 over LargeUtf8).
+        "character_length(s)",
+        "char_length(c) * 2",
+        "octet_length(s)",
+        "bit_length(c)",
+        "length(s) + octet_length(c)",
     ] {
+        if !text.starts_with("substr") {
+            assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
+            continue;
+        }
         let compiled = assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
         assert_eq!(compiled.data_type(), strings, "{text}");
     }
@@ -1521,6 +1544,17 @@ pub async fn check_random_like(device: &ExecDevice) {
         let not = if round % 2 == 0 { "" } else { "NOT " };
         let text = format!("(s {not}LIKE '{pattern}')");
         assert_evaluates_as_datafusion(&ctx, "r", &text, &[], device).await;
+    }
+    // Lengths of the same values, and one-piece patterns drawn from them.
+    for text in ["character_length(s)", "octet_length(s)", "bit_length(s)"] {
+        assert_evaluates_as_datafusion(&ctx, "r", text, &[(7, 200)], device).await;
+    }
+    for round in 0..30 {
+        let len = next(4) as usize;
+        let piece: String = (0..len).map(|_| character(&mut next)).collect();
+        let function = ["starts_with", "ends_with", "contains"][round % 3];
+        let text = format!("{function}(s, '{piece}')");
+        assert_evaluates_as_datafusion(&ctx, "r", &text, &[(7, 200)], device).await;
     }
     // And substr of the same values: starts from -3 to 34, counts from 0 to 15 or none.
     for round in 0..40 {

@@ -247,6 +247,15 @@ pub(crate) enum Node {
         start: i64,
         count: Option<i64>,
     },
+    /// The length of a string column's value (`character_length` in characters with
+    /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
+    /// value gives null.
+    StrLength {
+        index: usize,
+        name: String,
+        chars: bool,
+        mul: i64,
+    },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
@@ -443,8 +452,13 @@ fn compile_node(
         return like_node(like, input);
     }
     if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
-        if function.name() == "date_part" {
-            return date_part_node(function, input);
+        match function.name() {
+            "date_part" => return date_part_node(function, input),
+            "starts_with" | "ends_with" | "contains" => return affix_node(function, input),
+            "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
+                return length_node(function, input)
+            }
+            _ => {}
         }
         return Err(Unsupported(format!(
             "function `{}` has no device kernel",
@@ -833,6 +847,70 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     })
 }
 
+/// `starts_with(col, 'x')`, `ends_with(col, 'x')` and `contains(col, 'x')` over a string
+/// column: `LIKE` patterns of one literal piece, anchored at the start, the end, or
+/// neither ([`Node::StrLike`]); an empty literal matches every value.
+fn affix_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
+    let [column, literal] = function.args() else {
+        return Err(refuse("takes two arguments"));
+    };
+    let (index, name) = view_column(column, input)
+        .ok_or_else(|| refuse("its first argument is a string column on the device"))?;
+    let piece = string_literal(literal)?
+        .ok_or_else(|| refuse("its second argument is a string literal on the device"))?;
+    let (anchored_start, anchored_end) = match function.name() {
+        "starts_with" => (true, false),
+        "ends_with" => (false, true),
+        _ => (false, false),
+    };
+    let pattern = if piece.is_empty() {
+        LikePattern {
+            pieces: Vec::new(),
+            anchored_start: false,
+            anchored_end: false,
+        }
+    } else {
+        LikePattern {
+            pieces: vec![piece],
+            anchored_start,
+            anchored_end,
+        }
+    };
+    Ok(Node::StrLike {
+        index,
+        name,
+        pattern,
+        negated: false,
+    })
+}
+
+/// `character_length(col)` (`length`, `char_length`), `octet_length(col)` and
+/// `bit_length(col)` of a string column ([`Node::StrLength`]).
+fn length_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let [column] = function.args() else {
+        return Err(Unsupported(format!("`{function}` takes one argument")));
+    };
+    let (index, name) = view_column(column, input).ok_or_else(|| {
+        Unsupported(format!(
+            "`{function}`: its argument is a string column on the device"
+        ))
+    })?;
+    Ok(Node::StrLength {
+        index,
+        name,
+        chars: matches!(
+            function.name(),
+            "character_length" | "char_length" | "length"
+        ),
+        mul: if function.name() == "bit_length" {
+            8
+        } else {
+            1
+        },
+    })
+}
+
 /// `CASE [x] WHEN c THEN v ... [ELSE e] END` whose values have the result's type (cast
 /// to it where DataFusion left another) and whose conditions are booleans (`x = c` with
 /// a base expression).
@@ -1209,6 +1287,9 @@ impl Node {
             Node::StrKey { word, .. } => *word != 0,
             // A view outside its buffer (checked, flagged in the error word).
             Node::Substr { .. } => true,
+            // Characters are counted in the value's bytes (a view outside its buffer is
+            // flagged); bytes are the view's length.
+            Node::StrLength { chars, .. } => *chars,
             // A view outside its buffer (checked, flagged in the error word).
             Node::StrLike { .. } => true,
             Node::Case {
@@ -1246,6 +1327,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::Substr { .. }
+            | Node::StrLength { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
             // A row no branch takes and an ELSE that is null.
@@ -1276,6 +1358,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::Substr { index, name, .. }
+            | Node::StrLength { index, name, .. }
             | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {

@@ -262,6 +262,28 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 valid: Some(valid),
             })
         }
+        Node::StrLength {
+            index,
+            name,
+            chars,
+            mul,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            let length = |v: &[u8]| match chars {
+                true => v.iter().filter(|b| *b & 0xC0 != 0x80).count(),
+                false => v.len(),
+            };
+            Ok(Lanes {
+                values: values
+                    .iter()
+                    .map(|v| v.map_or(0, |v| length(v) as i64 * mul))
+                    .collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
         Node::Valid { index, name } => {
             let column = frame_column(frame, *index, name)?;
             ready(column)?;

@@ -65,6 +65,7 @@ struct Kernels {
     join_verify_view: CudaFunction,
     select_lanes: CudaFunction,
     view_substr: CudaFunction,
+    view_length: CudaFunction,
     substr_strings: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
@@ -126,6 +127,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_verify_view: f("join_verify_view")?,
         select_lanes: f("select_lanes")?,
         view_substr: f("view_substr")?,
+        view_length: f("view_length")?,
         substr_strings: f("substr_strings")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
@@ -648,6 +650,25 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         }
         Node::Substr { .. } => {
             Err(ComputeError::Input("a substring is a column, not a value of lanes".into()).into())
+        }
+        Node::StrLength {
+            index,
+            name,
+            chars,
+            mul,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::U32(u32::from(*chars)),
+                A::U64(*mul as u64),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_length, n, &args.collect::<Vec<_>>())?;
+            drop(view);
+            Ok(out)
         }
         Node::Valid { index, name } => {
             let c = frame_column(frame, *index, name)?.column();
