@@ -15,10 +15,12 @@
 //! largest mapped value wins, and 0 is the identity), and `count` the rows it saw (its
 //! non-null values; every selected row for `count(*)`). Over `Float64` (its lanes its
 //! bits), a sum is the double `lo`, added in the order the rows come: on CUDA an atomic
-//! add, so equal to DataFusion's up to rounding, as any parallel sum. `min` and `max` of
-//! floats stay on the host: DataFusion's depend on the rows' order where NaN or both
-//! zeros occur (it keeps its state unless `state <= value`, so a NaN replaces the state
-//! and the next value replaces the NaN), which no parallel order reproduces.
+//! add, so equal to DataFusion's up to rounding, as any parallel sum. A `min` or `max` of
+//! floats is that of their keys ([`expr::op::MINMAX_KEY`]: `f64::total_cmp`'s order),
+//! exact where no NaN or -0.0 occurs. DataFusion's grouped ones depend on the rows' order
+//! where they do (it replaces its state where `partial_cmp` is not the wanted order, so
+//! a NaN replaces the state and the next value replaces the NaN), which no parallel
+//! order reproduces: the key fails on them, and that batch is aggregated on the host.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -211,6 +213,12 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             (None, None)
         } else {
             let (node, t) = expr::compile(arg, &input)?;
+            // A float's min or max is that of its key (NaN and -0.0 send the batch to
+            // the host).
+            let node = match (kind, &t) {
+                (AggKind::Min | AggKind::Max, DataType::Float64) => expr::minmax_key(node),
+                _ => node,
+            };
             (Some(node), Some(t))
         };
         let states = if kind == AggKind::Avg { 2 } else { 1 };
@@ -243,6 +251,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         | DataType::Int32
                         | DataType::Int64
                         | DataType::Date32
+                        | DataType::Float64
                 ) && state(0) == t
             }
             (AggKind::Sum, Some(DataType::Float64)) => state(0) == &DataType::Float64,
@@ -532,6 +541,24 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
                     }
                 };
                 columns.push(array);
+            }
+            AggKind::Min | AggKind::Max if agg.arg_type == Some(DataType::Float64) => {
+                // The key back to the float (its own inverse). DataFusion's grouped state
+                // starts at f64::MIN (max) or f64::MAX (min), so a group of only -inf
+                // (+inf) keeps it; its ungrouped one starts from the values.
+                let grouped = !plan.keys.is_empty();
+                let float = |g: usize| {
+                    let key = minmax_value(agg.kind, acc(g)[0]);
+                    let x = f64::from_bits((key ^ ((key >> 63) & i64::MAX)) as u64);
+                    match agg.kind {
+                        AggKind::Max if grouped => x.max(f64::MIN),
+                        AggKind::Min if grouped => x.min(f64::MAX),
+                        _ => x,
+                    }
+                };
+                columns.push(Arc::new(Float64Array::from_iter(
+                    (0..n).map(|g| (count(g) > 0).then(|| float(g))),
+                )));
             }
             AggKind::Min | AggKind::Max => {
                 let lanes: Vec<Option<i64>> = (0..n)

@@ -70,6 +70,12 @@ pub(crate) mod op {
     /// Unary: a cast of a Float64 to a decimal, `v * mul` (10^scale) rounded half away
     /// from zero, as arrow's cast; checked against `[lo, hi]` (the precision's range).
     pub const FLOAT_TO_DECIMAL: u32 = 9;
+    /// Unary: a Float64's bits as the key of a `min` or `max` ([`FLOAT_KEY`]'s, in
+    /// `f64::total_cmp`'s order, -0.0 kept below 0.0); NaN and -0.0 fail: DataFusion's
+    /// grouped `min` and `max` of them depend on the rows' order (it replaces its state
+    /// where `partial_cmp` is not `Less`/`Greater` as wanted), so such a batch goes to
+    /// the host. The key is its own inverse.
+    pub const MINMAX_KEY: u32 = 10;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -985,6 +991,11 @@ fn logical(op: u32, left: Node, right: Node) -> Node {
     }
 }
 
+/// `input` (a Float64) as the key of a `min` or `max` ([`op::MINMAX_KEY`]).
+pub(crate) fn minmax_key(input: Node) -> Node {
+    unary(op::MINMAX_KEY, input)
+}
+
 fn unary(op: u32, input: Node) -> Node {
     Node::Unary {
         op,
@@ -1313,8 +1324,10 @@ impl Node {
             Node::Unary {
                 op, input, on_fail, ..
             } => {
-                (matches!(*op, op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL)
-                    && *on_fail == OnFail::Error)
+                (matches!(
+                    *op,
+                    op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL | op::MINMAX_KEY
+                ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }
         }

@@ -442,6 +442,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         let cast = match *op {
                             op::FLOAT_TO_INT => from_float(a.values[i], 1, false, *lo, *hi),
                             op::FLOAT_TO_DECIMAL => from_float(a.values[i], *mul, true, *lo, *hi),
+                            op::MINMAX_KEY => minmax_float_key(a.values[i]),
                             _ => scaled(a.values[i], *mul, *lo, *hi),
                         };
                         match cast {
@@ -485,6 +486,13 @@ pub(crate) fn from_float(bits: i64, mul: i64, round: bool, lo: i64, hi: i64) -> 
 pub(crate) fn float_key(bits: i64) -> i64 {
     let bits = if bits == i64::MIN { 0 } else { bits };
     bits ^ ((bits >> 63) & i64::MAX)
+}
+
+/// A Float64's bits as `unary_lanes`' op 10 keys them for `min` and `max`: `None` for
+/// NaN and -0.0 (see [`op::MINMAX_KEY`]).
+pub(crate) fn minmax_float_key(bits: i64) -> Option<i64> {
+    let nan = (bits & i64::MAX) as u64 > 0x7FF0_0000_0000_0000;
+    (!nan && bits != i64::MIN).then_some(bits ^ ((bits >> 63) & i64::MAX))
 }
 
 /// The year and month (1 to 12) of a day count since 1970-01-01 in the proleptic
