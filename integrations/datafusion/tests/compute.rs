@@ -315,6 +315,17 @@ pub async fn check_expressions(device: &ExecDevice) {
         "-y % (x + 17001)",
         "a % b",
         "b % a",
+        // abs, nullif (CASEs of DataFusion's own expressions) and coalesce (a CASE).
+        "abs(x)",
+        "abs(a)",
+        "abs(-small)",
+        "abs(y - 5000)",
+        "nullif(x, -4000)",
+        "nullif(x % 3000, 0)",
+        "nullif(a, b)",
+        "nullif(y, x)",
+        "coalesce(x, y, 0)",
+        "coalesce(a, b)",
     ];
     for text in exprs {
         let (e, schema, batches) = projection(&ctx, text).await;
@@ -409,9 +420,10 @@ pub async fn check_refusals() {
     let ctx = typed_session();
     for (text, why) in [
         ("x & 3", "operator `&`"),
+        ("abs(CAST(x AS DOUBLE))", "abs of Float64"),
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
-        ("abs(x)", "function `abs` has no device kernel"),
+        ("round(a)", "function `round` has no device kernel"),
         ("CAST(a AS DECIMAL(15,0))", "smaller scale"),
         ("k", "Utf8"),
     ] {

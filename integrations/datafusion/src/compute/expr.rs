@@ -464,6 +464,7 @@ fn compile_node(
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
             }
+            "abs" | "nullif" => return as_case(function, input, data_type),
             _ => {}
         }
         return Err(Unsupported(format!(
@@ -952,6 +953,43 @@ fn case_node(case: &CaseExpr, input: &Schema, data_type: &DataType) -> Result<No
         branches,
         otherwise: Box::new(otherwise),
     })
+}
+
+/// `abs(x)` of an integer or decimal as `CASE WHEN x < 0 THEN -x ELSE x END` (an
+/// integer's minimum overflows, as DataFusion's checked `abs` fails on it; a float's
+/// sign bit has no device kernel), and `nullif(a, b)` as `CASE WHEN a = b THEN NULL ELSE
+/// a END`, each compiled as DataFusion's own expressions.
+fn as_case(
+    function: &ScalarFunctionExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let refuse = |why: String| Unsupported(format!("`{function}`: {why}"));
+    let typed = |v: Result<ScalarValue, _>| -> Result<Arc<dyn PhysicalExpr>, Unsupported> {
+        v.map(|v| Arc::new(Literal::new(v)) as Arc<dyn PhysicalExpr>)
+            .map_err(|e: datafusion::error::DataFusionError| refuse(e.to_string()))
+    };
+    let case = match (function.name(), function.args()) {
+        ("abs", [x]) => {
+            if !matches!(kind(data_type)?, Kind::Int | Kind::Decimal(_)) {
+                return Err(refuse(format!("abs of {data_type} has no device kernel")));
+            }
+            let zero = typed(ScalarValue::new_zero(data_type))?;
+            let negative: Arc<dyn PhysicalExpr> =
+                Arc::new(BinaryExpr::new(x.clone(), Operator::Lt, zero));
+            let negated: Arc<dyn PhysicalExpr> = Arc::new(NegativeExpr::new(x.clone()));
+            CaseExpr::try_new(None, vec![(negative, negated)], Some(x.clone()))
+        }
+        ("nullif", [a, b]) => {
+            let null = typed(ScalarValue::try_from(data_type))?;
+            let equal: Arc<dyn PhysicalExpr> =
+                Arc::new(BinaryExpr::new(a.clone(), Operator::Eq, b.clone()));
+            CaseExpr::try_new(None, vec![(equal, null)], Some(a.clone()))
+        }
+        _ => return Err(refuse("unexpected arguments".into())),
+    }
+    .map_err(|e| refuse(e.to_string()))?;
+    case_node(&case, input, data_type)
 }
 
 /// `date_part('year' | 'month', d)` (and `EXTRACT`) of a `Date32`: an `Int32`.
