@@ -969,7 +969,10 @@ pub async fn check_float_min_max(device: &ExecDevice) {
     for frame in [nan_frame, zero_frame] {
         let failed = compiled.run(&frame, device).unwrap_err();
         assert!(
-            is_compute_error(failed.as_ref(), |e| matches!(e, ComputeError::Overflow(_))),
+            matches!(
+                ComputeError::find(failed.as_ref()),
+                Some(ComputeError::Overflow(_))
+            ),
             "{failed}"
         );
     }
@@ -992,33 +995,8 @@ pub async fn check_float_min_max(device: &ExecDevice) {
     for line in ["|0|2.0|", "|1|0.0|", "|2|-0.0|"] {
         assert!(want.iter().any(|l| l.starts_with(line)), "{line}: {want:?}");
     }
-    let mut fallbacks = 0;
-    let mut stack = vec![plan];
-    while let Some(p) = stack.pop() {
-        if p.name() == "DevicePartialAggregateExec" {
-            fallbacks += p
-                .metrics()
-                .and_then(|m| m.sum_by_name("host_fallback_batches"))
-                .map_or(0, |v| v.as_usize());
-        }
-        stack.extend(p.children().into_iter().cloned());
-    }
+    let fallbacks = host_fallbacks(&plan, "DevicePartialAggregateExec");
     assert!(fallbacks > 0, "{sql}: no batch fell back to the host");
-}
-
-/// Whether `error` or one of its sources is a [`ComputeError`] that `is`.
-fn is_compute_error(
-    error: &(dyn std::error::Error + 'static),
-    is: impl Fn(&ComputeError) -> bool,
-) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if e.downcast_ref::<ComputeError>().is_some_and(&is) {
-            return true;
-        }
-        current = e.source();
-    }
-    false
 }
 
 /// What the aggregate compiler refuses.
@@ -1916,19 +1894,25 @@ pub async fn check_overflow_fallback(device: &ExecDevice) {
             .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
         let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
         assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
-        let mut fallbacks = 0;
-        let mut stack = vec![plan];
-        while let Some(n) = stack.pop() {
-            if n.name() == node {
-                fallbacks += n
-                    .metrics()
-                    .and_then(|m| m.sum_by_name("host_fallback_batches"))
-                    .map_or(0, |v| v.as_usize());
-            }
-            stack.extend(n.children().into_iter().cloned());
-        }
+        let fallbacks = host_fallbacks(&plan, node);
         assert!(fallbacks > 0, "{sql}: no batch fell back to the host");
     }
+}
+
+/// The batches the `node`s of `plan` computed on the host (`host_fallback_batches`).
+fn host_fallbacks(plan: &Arc<dyn ExecutionPlan>, node: &str) -> usize {
+    let mut fallbacks = 0;
+    let mut stack = vec![plan.clone()];
+    while let Some(n) = stack.pop() {
+        if n.name() == node {
+            fallbacks += n
+                .metrics()
+                .and_then(|m| m.sum_by_name("host_fallback_batches"))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(n.children().into_iter().cloned());
+    }
+    fallbacks
 }
 
 #[tokio::test]

@@ -220,12 +220,7 @@ async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() 
     use devarrow_datafusion::{DeviceExecCodec, ExecDevice, StepRegistry};
 
     let tables = tpch::Tables::generate(0.01, 2);
-    let want = tpch::host_session(&tables, 2)
-        .unwrap()
-        .sql(tpch::query(22))
-        .await
-        .unwrap()
-        .collect()
+    let want = tpch::host_results(&tables, 2, tpch::query(22))
         .await
         .unwrap();
     let want = pretty_format_batches(&want).unwrap().to_string();
@@ -280,12 +275,7 @@ async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q22_over_utf8_computes_its_country_codes_on_the_device() {
     let tables = tpch::Tables::generate(0.01, 2).with_strings(&arrow_schema::DataType::Utf8);
-    let want = tpch::host_session(&tables, 2)
-        .unwrap()
-        .sql(tpch::query(22))
-        .await
-        .unwrap()
-        .collect()
+    let want = tpch::host_results(&tables, 2, tpch::query(22))
         .await
         .unwrap();
     let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
@@ -339,12 +329,7 @@ async fn q3_joins_on_the_device_and_round_trips_through_the_codec() {
         physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
     assert_eq!(text(&back), shown);
     let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
-    let want = tpch::host_session(&tables, 2)
-        .unwrap()
-        .sql(tpch::query(3))
-        .await
-        .unwrap()
-        .collect()
+    let want = tpch::host_results(&tables, 2, tpch::query(3))
         .await
         .unwrap();
     assert_eq!(
@@ -421,14 +406,7 @@ async fn a_join_that_would_add_link_bytes_stays_on_the_host_saying_why() {
     let ctx = tpch::device_session_on(&tables, 2, "cpu").await.unwrap();
     let sql = "select l_orderkey, o_orderdate, o_clerk, o_comment from lineitem \
                join orders on l_orderkey = o_orderkey where l_quantity > 45";
-    let want = tpch::host_session(&tables, 2)
-        .unwrap()
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let want = tpch::host_results(&tables, 2, sql).await.unwrap();
     for always in [false, true] {
         ctx.sql(&format!("set devarrow.always_place_joins = {always}"))
             .await

@@ -137,6 +137,30 @@ pub enum ComputeError {
     Input(String),
 }
 
+impl ComputeError {
+    /// The `ComputeError` that `error` is or has among its sources, if any: how an engine
+    /// tells, from the boxed error a device operator returns, an overflow of the
+    /// device's lanes (which the host can compute) from a failure.
+    ///
+    /// ```
+    /// use devarrow_datafusion::compute::ComputeError;
+    ///
+    /// let boxed: Box<dyn std::error::Error + Send + Sync> =
+    ///     ComputeError::Overflow("`a * b` at row 3".into()).into();
+    /// assert!(matches!(ComputeError::find(boxed.as_ref()), Some(ComputeError::Overflow(_))));
+    /// ```
+    pub fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a ComputeError> {
+        let mut current = Some(error);
+        while let Some(e) = current {
+            if let Some(found) = e.downcast_ref::<ComputeError>() {
+                return Some(found);
+            }
+            current = e.source();
+        }
+        None
+    }
+}
+
 /// A physical expression compiled for the device.
 #[derive(Debug, Clone)]
 pub struct DeviceExpr {
@@ -229,29 +253,24 @@ impl DeviceExpr {
             return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
-        if let expr::Node::Substr {
-            index,
-            name,
-            start,
-            count,
-        } = self.node.as_ref()
-        {
-            let column = host::frame_column(frame, *index, name)?;
-            let array = host::substrings(column, name, expr::substr_chars(*start, *count))?;
-            let nullable = array.null_count() > 0;
-            let schema = schema_of(vec![Field::new(
-                &self.text,
-                self.data_type.clone(),
-                nullable,
-            )]);
-            let column = cpu_column(RecordBatch::try_new(schema, vec![array])?, device)?;
-            return Ok((column, PendingCheck::default()));
-        }
-        let lanes = host::eval(&self.node, frame, &self.text)?;
-        let values: Vec<Option<i64>> = (0..frame.num_rows())
-            .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))
-            .collect();
-        let array = aggregate::values_array(&values, &self.data_type, &self.text)?;
+        let array = match self.node.as_ref() {
+            expr::Node::Substr {
+                index,
+                name,
+                start,
+                count,
+            } => {
+                let column = host::frame_column(frame, *index, name)?;
+                host::substrings(column, name, expr::substr_chars(*start, *count))?
+            }
+            node => {
+                let lanes = host::eval(node, frame, &self.text)?;
+                let values: Vec<Option<i64>> = (0..frame.num_rows())
+                    .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))
+                    .collect();
+                aggregate::values_array(&values, &self.data_type, &self.text)?
+            }
+        };
         let nullable = array.null_count() > 0;
         let schema = schema_of(vec![Field::new(
             &self.text,

@@ -244,14 +244,7 @@ fn is_overflow(error: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Whether `error` is, or has among its sources, a [`ComputeError`] that `is`.
 fn wraps(error: &(dyn std::error::Error + 'static), is: impl Fn(&ComputeError) -> bool) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if e.downcast_ref::<ComputeError>().is_some_and(&is) {
-            return true;
-        }
-        current = e.source();
-    }
-    false
+    ComputeError::find(error).is_some_and(is)
 }
 
 /// `AggregateExec` in `Partial` mode on the device, per batch: the groups of the

@@ -219,6 +219,20 @@ pub fn host_session(tables: &Tables, partitions: usize) -> Result<SessionContext
     Ok(ctx)
 }
 
+/// `sql`'s results by DataFusion alone over `tables` (a [`host_session`] of
+/// `partitions`).
+pub async fn host_results(
+    tables: &Tables,
+    partitions: usize,
+    sql: &str,
+) -> Result<Vec<RecordBatch>> {
+    host_session(tables, partitions)?
+        .sql(sql)
+        .await?
+        .collect()
+        .await
+}
+
 /// A [`device_session`] (devarrow's placement rule on), `partitions` target partitions,
 /// `devarrow.devices` set to `devices`, the tables registered.
 pub async fn device_session_on(
