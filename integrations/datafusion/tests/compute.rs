@@ -2133,7 +2133,7 @@ async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str
     join_tables_of(&plain, strings);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 61] = [
+    let cases: [&str; 64] = [
         // Both frames of an outer join with a filter on through a partial aggregate.
         "select count(*) as n, count(d.k) as matched, sum(f.qty) as q from dim d \
          full join fact f on f.fk = d.k and f.qty > d.k2",
@@ -2163,6 +2163,14 @@ async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str
          group by d.name",
         "select f.qty, d.k from fact f join \
          (select * from dim union all select * from dim where k2 = 1) d on f.code = d.name",
+        // String keys computed on the probe side: DataFusion computes them in a
+        // projection below the join, which runs on the device (`substr`), in the join's
+        // region where the build side is collected.
+        "select f.qty, f.code, d.k from fact f join dim d on substr(f.code, 1, 46) = d.name",
+        "select f.qty, d.k, d.name from fact f join dim d \
+         on substr(f.code, 1, 2) = substr(d.name, 1, 2) and f.fk = d.k",
+        "select f.fk, f.code from fact f where not exists \
+         (select 1 from dim d where d.name = substr(f.code, 1, 46))",
         // Decimal keys (their unscaled values: TPC-H Q2's `ps_supplycost`).
         "select f.qty, f.cost, d.name, d.k from fact f join dim d on f.cost = d.price",
         "select f.fk, f.qty from fact f where not exists \
@@ -2278,6 +2286,14 @@ async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str
                 shown.contains("DeviceHashJoinExec") && shown.contains(&format!("mode={mode}")),
                 "{sql}\n{shown}"
             );
+            if sql.contains("substr(f.code") {
+                assert!(
+                    shown
+                        .lines()
+                        .any(|l| l.contains("DeviceProjectionExec") && l.contains("substr(code")),
+                    "{sql}\n{shown}"
+                );
+            }
             let got = collect(plan.clone(), ctx.task_ctx())
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}\n{shown}"));
