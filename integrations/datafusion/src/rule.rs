@@ -200,8 +200,17 @@ impl DevicePlacementRule {
                 return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why))));
             }
             Ok(_) if distributed && reads_scalar_subquery(&node) => {
+                // A filter's conjuncts that read no subquery still run on the device,
+                // under a host filter of the others.
+                let host = match split_at_subqueries(&node)? {
+                    Some((device, host)) => {
+                        let placed = self.place(device, distributed, weigh)?.data;
+                        replace_children_if_necessary(host, vec![placed])?
+                    }
+                    None => node,
+                };
                 return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(
-                    node,
+                    host,
                     SUBQUERY_ON_BALLISTA.to_string(),
                 ))));
             }
@@ -419,17 +428,9 @@ const SUBQUERY_ON_BALLISTA: &str = "it reads a scalar subquery's value, which Da
 /// (DataFusion's `ScalarSubqueryExpr`, tied to its `ScalarSubqueryExec`): the device
 /// computes with it, but the codec cannot carry it in a device node's bytes.
 pub(crate) fn reads_scalar_subquery(node: &Arc<dyn ExecutionPlan>) -> bool {
-    use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
     let mut found = false;
     let _ = node.apply_expressions(&mut |expr| {
-        let _ = expr.apply(|e| {
-            found |= e.downcast_ref::<ScalarSubqueryExpr>().is_some();
-            Ok(if found {
-                TreeNodeRecursion::Stop
-            } else {
-                TreeNodeRecursion::Continue
-            })
-        });
+        found |= expr_reads_scalar_subquery(expr);
         Ok(if found {
             TreeNodeRecursion::Stop
         } else {
@@ -437,6 +438,57 @@ pub(crate) fn reads_scalar_subquery(node: &Arc<dyn ExecutionPlan>) -> bool {
         })
     });
     found
+}
+
+/// Whether `expr` reads an uncorrelated scalar subquery's value.
+fn expr_reads_scalar_subquery(expr: &Arc<dyn PhysicalExpr>) -> bool {
+    use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
+    let mut found = false;
+    let _ = expr.apply(|e| {
+        found |= e.downcast_ref::<ScalarSubqueryExpr>().is_some();
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    found
+}
+
+/// A plan node.
+type Plan = Arc<dyn ExecutionPlan>;
+
+/// A `FilterExec` whose predicate ANDs conjuncts that read a scalar subquery with others
+/// that do not, as two filters: the others over the input (for the device: it keeps no
+/// subquery), then the subqueries' conjuncts over it with the filter's projection and
+/// fetch (for the host). `None` for another node, or where every conjunct reads one.
+/// The rows are the filter's: a row passes both exactly when it passes all conjuncts.
+fn split_at_subqueries(node: &Arc<dyn ExecutionPlan>) -> Result<Option<(Plan, Plan)>> {
+    use datafusion::physical_expr::utils::{conjunction, split_conjunction};
+    use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+    let Some(filter) = node.downcast_ref::<FilterExec>() else {
+        return Ok(None);
+    };
+    let (host, device): (Vec<_>, Vec<_>) = split_conjunction(filter.predicate())
+        .into_iter()
+        .cloned()
+        .partition(expr_reads_scalar_subquery);
+    if device.is_empty() {
+        return Ok(None);
+    }
+    let below: Arc<dyn ExecutionPlan> = Arc::new(
+        FilterExecBuilder::new(conjunction(device), filter.input().clone())
+            .with_default_selectivity(filter.default_selectivity())
+            .with_batch_size(filter.batch_size())
+            .build()?,
+    );
+    let above: Arc<dyn ExecutionPlan> = Arc::new(
+        FilterExecBuilder::from(filter)
+            .with_predicate(conjunction(host))
+            .with_input(below.clone())
+            .build()?,
+    );
+    Ok(Some((below, above)))
 }
 
 /// Whether the session is Ballista's (its config has Ballista's `ballista` options): a

@@ -210,7 +210,8 @@ async fn brings_back_only_the_kept_rows(sql: &str) {
 /// DataFusion's results. DataFusion's protobuf decodes a scalar subquery only inside its
 /// `ScalarSubqueryExec`, never from a device node's bytes: the codec refuses to encode
 /// that filter, saying why, and on Ballista (whose tasks decode their plans) the rule
-/// keeps it on the host, where the plan round-trips and gives the same rows.
+/// keeps the subquery's conjunct on the host, over a device filter of the others (the
+/// country codes), where the plan round-trips and gives the same rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() {
     use datafusion_proto::bytes::{
@@ -257,6 +258,15 @@ async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() 
     assert!(!reads_subquery(&shown, "DeviceFilterExec"), "{shown}");
     assert!(
         shown.contains("HostOnlyExec: FilterExec stays on the host: it reads a scalar subquery"),
+        "{shown}"
+    );
+    // The customer filter's other conjunct (the country codes) runs on the device,
+    // below the host filter of the subquery's (the subquery's own filter reads
+    // `c_acctbal > 0.00` too).
+    assert!(
+        shown.lines().any(|l| l.contains("DeviceFilterExec")
+            && l.contains("substr(c_phone")
+            && !l.contains("c_acctbal")),
         "{shown}"
     );
     let bytes = physical_plan_to_bytes_with_extension_codec(ballista_plan, &codec).unwrap();
