@@ -607,11 +607,13 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             negated,
         } => {
             let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
-            // The pattern's bytes with a table of its pieces (start, length).
+            // The pattern's bytes with a table of its pieces (start, length; bit 63 of the
+            // length where the piece has no `_`, so it matches exactly its length).
             let mut bytes: Vec<u8> = Vec::new();
             let mut pieces: Vec<u64> = Vec::with_capacity(2 * pattern.pieces.len());
             for piece in &pattern.pieces {
-                pieces.extend([bytes.len() as u64, piece.len() as u64]);
+                let exact = u64::from(!piece.contains(&super::expr::ANY_CHAR)) << 63;
+                pieces.extend([bytes.len() as u64, piece.len() as u64 | exact]);
                 bytes.extend_from_slice(piece);
             }
             // At least one entry each: CUDA allocates no empty buffer.
