@@ -71,10 +71,11 @@ pub(crate) mod op {
     /// from zero, as arrow's cast; checked against `[lo, hi]` (the precision's range).
     pub const FLOAT_TO_DECIMAL: u32 = 9;
     /// Unary: a Float64's bits as the key of a `min` or `max` ([`FLOAT_KEY`]'s, in
-    /// `f64::total_cmp`'s order, -0.0 kept below 0.0); NaN and -0.0 fail: DataFusion's
-    /// grouped `min` and `max` of them depend on the rows' order (it replaces its state
-    /// where `partial_cmp` is not `Less`/`Greater` as wanted), so such a batch goes to
-    /// the host. The key is its own inverse.
+    /// `f64::total_cmp`'s order, -0.0 kept below 0.0); NaN and -0.0 are
+    /// [`ComputeError::HostOnly`](super::ComputeError::HostOnly): DataFusion's grouped
+    /// `min` and `max` of them depend on the rows' order (it replaces its state where
+    /// `partial_cmp` is not `Less`/`Greater` as wanted), so such a batch goes to the
+    /// host. The key is its own inverse.
     pub const MINMAX_KEY: u32 = 10;
 }
 
@@ -86,17 +87,20 @@ pub(crate) const ANY_CHAR: u8 = 0xFF;
 /// any one character, `\` the next character literally (a trailing `\` itself). Its
 /// pieces between the `%`s, in order (literal bytes, [`ANY_CHAR`] for each `_`), and
 /// whether the value must start with the first piece and end with the last. `'abc'`
-/// (exact) is one piece anchored at both ends; `'%'` no piece.
+/// (exact) is one piece anchored at both ends; `'%'` no piece. `fold` (ILIKE): the
+/// pattern is ASCII, its letters in lower case, and a value's letters compare in lower
+/// case; a value that is not ASCII is the host's (Unicode case folding).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LikePattern {
     pub(crate) pieces: Vec<Vec<u8>>,
     pub(crate) anchored_start: bool,
     pub(crate) anchored_end: bool,
+    pub(crate) fold: bool,
 }
 
 impl LikePattern {
-    /// `pattern`'s pieces.
-    pub(crate) fn parse(pattern: &str) -> Self {
+    /// `pattern`'s pieces; with `fold` (ILIKE, an ASCII pattern), in lower case.
+    pub(crate) fn parse(pattern: &str, fold: bool) -> Self {
         let mut pieces = Vec::new();
         let mut piece = Vec::new();
         let mut anchored_end = true;
@@ -118,19 +122,31 @@ impl LikePattern {
         if !piece.is_empty() {
             pieces.push(piece);
         }
+        if fold {
+            for piece in &mut pieces {
+                piece.make_ascii_lowercase();
+            }
+        }
         Self {
             pieces,
             anchored_start: !pattern.starts_with('%'),
             anchored_end,
+            fold,
         }
     }
 
     /// Exactly `value` (a string's bytes).
     pub(crate) fn exact(value: &[u8]) -> Self {
+        Self::literal(vec![value.to_vec()], true, true)
+    }
+
+    /// Literal pieces, compared as they are.
+    pub(crate) fn literal(pieces: Vec<Vec<u8>>, anchored_start: bool, anchored_end: bool) -> Self {
         Self {
-            pieces: vec![value.to_vec()],
-            anchored_start: true,
-            anchored_end: true,
+            pieces,
+            anchored_start,
+            anchored_end,
+            fold: false,
         }
     }
 
@@ -156,7 +172,7 @@ impl LikePattern {
             }
             let last_at_end = j == n - 1 && self.anchored_end;
             let Some(end) = (pos..=hi)
-                .filter_map(|at| match_at(value, at, piece))
+                .filter_map(|at| match_at(value, at, piece, self.fold))
                 .find(|&end| !last_at_end || end == value.len())
             else {
                 return false;
@@ -167,13 +183,15 @@ impl LikePattern {
     }
 }
 
-/// Where `piece` ends if it matches `value` from byte `at`: its literal bytes equal, each
-/// [`ANY_CHAR`] one byte and the continuation bytes (`10xxxxxx`) after it.
-fn match_at(value: &[u8], at: usize, piece: &[u8]) -> Option<usize> {
+/// Where `piece` ends if it matches `value` from byte `at`: its literal bytes equal (the
+/// value's in ASCII lower case with `fold`), each [`ANY_CHAR`] one byte and the
+/// continuation bytes (`10xxxxxx`) after it.
+fn match_at(value: &[u8], at: usize, piece: &[u8], fold: bool) -> Option<usize> {
     let mut i = at;
     for &p in piece {
         let &v = value.get(i)?;
         i += 1;
+        let v = if fold { v.to_ascii_lowercase() } else { v };
         if p == ANY_CHAR {
             while value.get(i).is_some_and(|b| b & 0xC0 == 0x80) {
                 i += 1;
@@ -559,11 +577,9 @@ fn string_equals(subject: Subject, literals: Vec<Vec<u8>>, negated: bool) -> Nod
         let chars = String::from_utf8_lossy(&literal).chars().count();
         match prefix {
             Some(k) if chars > k => {}
-            Some(k) if chars == k => patterns.push(LikePattern {
-                pieces: vec![literal],
-                anchored_start: true,
-                anchored_end: false,
-            }),
+            Some(k) if chars == k => {
+                patterns.push(LikePattern::literal(vec![literal], true, false))
+            }
             _ => match string_key(&literal) {
                 Some(key) => short.push(key),
                 None => patterns.push(LikePattern::exact(&literal)),
@@ -827,11 +843,6 @@ fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupporte
 /// `col LIKE 'pattern'` (and `NOT LIKE`) over a string column, for a literal pattern
 /// (`%`, `_` and `\` escapes, as arrow reads them).
 fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
-    if like.case_insensitive() {
-        return Err(Unsupported(format!(
-            "`{like}` (ILIKE) has no device kernel"
-        )));
-    }
     let Some((index, name)) = view_column(like.expr(), input) else {
         return Err(Unsupported(format!(
             "`{like}`: LIKE on the device takes a string column"
@@ -839,7 +850,15 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     };
     let pattern = match like.pattern().downcast_ref::<Literal>().map(Literal::value) {
         Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
-        | Some(ScalarValue::LargeUtf8(Some(p))) => LikePattern::parse(p),
+        | Some(ScalarValue::LargeUtf8(Some(p))) => {
+            if like.case_insensitive() && !p.is_ascii() {
+                return Err(Unsupported(format!(
+                    "`{like}`: ILIKE with a pattern that is not ASCII (Unicode case folding) \
+                     has no device kernel"
+                )));
+            }
+            LikePattern::parse(p, like.case_insensitive())
+        }
         _ => {
             return Err(Unsupported(format!(
                 "`{like}`: LIKE on the device takes a literal pattern"
@@ -872,17 +891,9 @@ fn affix_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Uns
         _ => (false, false),
     };
     let pattern = if piece.is_empty() {
-        LikePattern {
-            pieces: Vec::new(),
-            anchored_start: false,
-            anchored_end: false,
-        }
+        LikePattern::literal(Vec::new(), false, false)
     } else {
-        LikePattern {
-            pieces: vec![piece],
-            anchored_start,
-            anchored_end,
-        }
+        LikePattern::literal(vec![piece], anchored_start, anchored_end)
     };
     Ok(Node::StrLike {
         index,

@@ -236,6 +236,14 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             negated,
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
+            if pattern.fold {
+                if let Some(i) = values.iter().position(|v| v.is_some_and(|v| !v.is_ascii())) {
+                    return Err(ComputeError::HostOnly(format!(
+                        "`{text}`: row {i} is not ASCII (ILIKE folds Unicode's cases)"
+                    ))
+                    .into());
+                }
+            }
             Ok(Lanes {
                 values: values
                     .iter()
@@ -432,6 +440,24 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: None,
                 }),
+                op::MINMAX_KEY => {
+                    let mut values = vec![0i64; n];
+                    for (i, out) in values.iter_mut().enumerate() {
+                        if !a.is_valid(i) {
+                            continue;
+                        }
+                        *out = minmax_float_key(a.values[i]).ok_or_else(|| {
+                            ComputeError::HostOnly(format!(
+                                "`{text}`: NaN or -0.0 at row {i} (DataFusion's min and max \
+                                 of them depend on the rows' order)"
+                            ))
+                        })?;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 _ => {
                     let mut values = vec![0i64; n];
                     let mut valid = a.valid.clone();
@@ -442,7 +468,6 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         let cast = match *op {
                             op::FLOAT_TO_INT => from_float(a.values[i], 1, false, *lo, *hi),
                             op::FLOAT_TO_DECIMAL => from_float(a.values[i], *mul, true, *lo, *hi),
-                            op::MINMAX_KEY => minmax_float_key(a.values[i]),
                             _ => scaled(a.values[i], *mul, *lo, *hi),
                         };
                         match cast {

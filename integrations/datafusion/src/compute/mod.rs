@@ -120,6 +120,12 @@ pub enum ComputeError {
     /// A value does not fit: a 64-bit lane, an Int32 result, a cast's target precision.
     #[error("arithmetic overflow on the device: {0}")]
     Overflow(String),
+    /// A value the device does not compute the way DataFusion does, found when the batch
+    /// ran: non-ASCII text under `ILIKE` (Unicode case folding), NaN or -0.0 in a float
+    /// `min` or `max` (DataFusion's answer depends on the rows' order). The operator
+    /// computes that batch on the host, as it does an overflowing one.
+    #[error("a value the device leaves to the host: {0}")]
+    HostOnly(String),
     /// Two different string group keys of more than 12 bytes in one batch whose key
     /// words (length, first 4 bytes and a 64-bit hash) agree: the device would take them
     /// for one group. The batch is aggregated on the host instead.

@@ -237,9 +237,12 @@ fn run_on_host(host: &Arc<dyn ExecutionPlan>, batch: RecordBatch) -> Result<Reco
 }
 
 /// Whether `error` is (or wraps) an overflow of the device's 64-bit lanes, which the
-/// host's 128-bit decimals may hold.
+/// host's 128-bit decimals may hold, or a value the device leaves to the host
+/// (`ComputeError::HostOnly`): either way the host computes the batch.
 fn is_overflow(error: &(dyn std::error::Error + 'static)) -> bool {
-    wraps(error, |e| matches!(e, ComputeError::Overflow(_)))
+    wraps(error, |e| {
+        matches!(e, ComputeError::Overflow(_) | ComputeError::HostOnly(_))
+    })
 }
 
 /// Whether `error` is, or has among its sources, a [`ComputeError`] that `is`.

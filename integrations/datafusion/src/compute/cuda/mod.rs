@@ -622,7 +622,8 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             let tables = (s.clone_htod(&bytes)?, s.clone_htod(&pieces)?);
             let flags = u32::from(pattern.anchored_start)
                 | u32::from(pattern.anchored_end) << 1
-                | u32::from(*negated) << 2;
+                | u32::from(*negated) << 2
+                | u32::from(pattern.fold) << 3;
             let out = cx.lanes(n)?;
             let args = view.args.iter().copied().chain([
                 A::U64(addr(&tables.0, s)),
@@ -1021,6 +1022,13 @@ fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
     if word & 1 != 0 {
         return Err(ComputeError::Overflow(format!(
             "`{what}` overflows the device's 64-bit lanes or its result's range"
+        ))
+        .into());
+    }
+    if word & 8 != 0 {
+        return Err(ComputeError::HostOnly(format!(
+            "`{what}` met a value (non-ASCII text under ILIKE, NaN or -0.0 in a float \
+             min or max) whose answer is the host's"
         ))
         .into());
     }
@@ -1470,6 +1478,14 @@ pub(crate) fn groups(
     if words[1] & 1 != 0 {
         return Err(ComputeError::Overflow(
             "an aggregate's argument or key overflows the device's 64-bit lanes".into(),
+        )
+        .into());
+    }
+    if words[1] & 8 != 0 {
+        return Err(ComputeError::HostOnly(
+            "a float min or max met NaN or -0.0 (DataFusion's answer depends on the rows' \
+             order)"
+                .into(),
         )
         .into());
     }
