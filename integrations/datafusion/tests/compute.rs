@@ -1435,6 +1435,9 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "substr(c, 10, 13)",
         "substr(c, 2, 12)",
         "substr(c, 30, 100)",
+        // Case of ASCII values (long ones in several blocks, nulls), of each type.
+        "upper(c)",
+        "lower(c)",
         // Lengths as values (Int32, or Int64 over LargeUtf8).
         "character_length(s)",
         "char_length(c) * 2",
@@ -1698,9 +1701,10 @@ async fn random_like_patterns_are_datafusions() {
 
 /// `ILIKE` against DataFusion: ASCII values of both cases (and `_`, `%`, digits), inline
 /// and long, some null, random patterns of both cases with `%`, `_` and escapes, each as
-/// `ILIKE` and `NOT ILIKE`. A batch with a value that is not ASCII is the host's
-/// (`ComputeError::HostOnly`: Unicode folds `K` with the Kelvin sign), and a query
-/// whose filter meets one computes that batch on the host, with DataFusion's rows.
+/// `ILIKE` and `NOT ILIKE`; `upper` and `lower` of the values. A batch with a value that
+/// is not ASCII is the host's (`ComputeError::HostOnly`: Unicode folds `K` with the
+/// Kelvin sign), and a query whose filter meets one computes that batch on the host,
+/// with DataFusion's rows.
 pub async fn check_ilike(device: &ExecDevice) {
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move |below: u64| {
@@ -1742,7 +1746,12 @@ pub async fn check_ilike(device: &ExecDevice) {
         assert_evaluates_as_datafusion(&ctx, "ci", &text, &[(9, 150)], device).await;
     }
 
-    // Not ASCII: the Kelvin sign, which `k` matches under ILIKE.
+    for text in ["upper(s)", "lower(s)"] {
+        assert_evaluates_as_datafusion(&ctx, "ci", text, &[(9, 150)], device).await;
+    }
+
+    // Not ASCII: the Kelvin sign, which `k` matches under ILIKE (and which `lower` makes
+    // `k`).
     let kelvin = RecordBatch::try_from_iter([(
         "s",
         Arc::new(arrow_array::StringViewArray::from(vec![
@@ -1752,18 +1761,20 @@ pub async fn check_ilike(device: &ExecDevice) {
         ])) as ArrayRef,
     )])
     .unwrap();
-    let (e, schema, _) = projection_of(&ctx, "ci", "(s ILIKE 'kelvin')").await;
-    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
-    let failed = compiled
-        .evaluate(&upload(&kelvin, device), device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::HostOnly(_))
-        ),
-        "{failed}"
-    );
+    for text in ["(s ILIKE 'kelvin')", "lower(s)"] {
+        let (e, schema, _) = projection_of(&ctx, "ci", text).await;
+        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+        let failed = compiled
+            .evaluate(&upload(&kelvin, device), device)
+            .unwrap_err();
+        assert!(
+            matches!(
+                ComputeError::find(failed.as_ref()),
+                Some(ComputeError::HostOnly(_))
+            ),
+            "{text}: {failed}"
+        );
+    }
     let on_device = every_join_session(device).await;
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     for ctx in [&on_device, &plain] {

@@ -271,6 +271,15 @@ pub(crate) enum Node {
         start: i64,
         count: Option<i64>,
     },
+    /// `upper(col)` (`upper`) or `lower(col)` of a string column of ASCII values (one that
+    /// is not is [`ComputeError::HostOnly`](super::ComputeError::HostOnly): Unicode's case
+    /// mapping is the host's): a string value of the column's type, so only the root of
+    /// a projection's expression ([`string_node`]), never lanes.
+    AsciiCase {
+        index: usize,
+        name: String,
+        upper: bool,
+    },
     /// The length of a string column's value (`character_length` in characters with
     /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
     /// value gives null.
@@ -747,6 +756,29 @@ fn string_in_list(
         );
     }
     Ok(string_equals(subject, literals, negated))
+}
+
+/// A projection's string value the device computes: [`substr_node`]'s, or `upper(col)`
+/// / `lower(col)` of a string column ([`Node::AsciiCase`]). With its type: the column's.
+pub(crate) fn string_node(
+    expr: &Arc<dyn PhysicalExpr>,
+    input: &Schema,
+) -> Option<(Node, DataType)> {
+    if let Some(substr) = substr_node(expr, input) {
+        return Some(substr);
+    }
+    let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    let upper = match function.name() {
+        "upper" => true,
+        "lower" => false,
+        _ => return None,
+    };
+    let [column] = function.args() else {
+        return None;
+    };
+    let (index, name) = view_column(column, input)?;
+    let node = Node::AsciiCase { index, name, upper };
+    Some((node, input.field(index).data_type().clone()))
 }
 
 /// `substr(col, start)` or `substr(col, start, count)` of a string column (`Utf8View`,
@@ -1345,8 +1377,9 @@ impl Node {
             // The second word of a long value reads its buffer (a view outside it is
             // flagged in the error word).
             Node::StrKey { word, .. } => *word != 0,
-            // A view outside its buffer (checked, flagged in the error word).
-            Node::Substr { .. } => true,
+            // A view outside its buffer (checked, flagged in the error word); a value
+            // that is not ASCII (the host's).
+            Node::Substr { .. } | Node::AsciiCase { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -1389,6 +1422,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::Substr { .. }
+            | Node::AsciiCase { .. }
             | Node::StrLength { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
@@ -1420,6 +1454,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::Substr { index, name, .. }
+            | Node::AsciiCase { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {

@@ -255,7 +255,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
-        Node::Substr { .. } => {
+        Node::Substr { .. } | Node::AsciiCase { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -571,6 +571,45 @@ pub(crate) fn substrings(
     }
     let data_type = column.column().data_type().clone();
     Ok(match data_type {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(out)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(out)),
+        _ => std::sync::Arc::new(StringViewArray::from(out)),
+    })
+}
+
+/// `upper` (or lower) case of each value of a string column of ASCII values, an array
+/// of the column's own type; a value that is not ASCII is `ComputeError::HostOnly`, as
+/// `view_case` flags it.
+pub(crate) fn ascii_cased(
+    column: &FrameColumn,
+    name: &str,
+    upper: bool,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
+    let values = view_values(column, name)?;
+    let mut out = Vec::with_capacity(values.len());
+    for (i, value) in values.into_iter().enumerate() {
+        let Some(value) = value else {
+            out.push(None);
+            continue;
+        };
+        if !value.is_ascii() {
+            return Err(ComputeError::HostOnly(format!(
+                "`{text}`: row {i} is not ASCII (Unicode's case mapping)"
+            ))
+            .into());
+        }
+        let cased = match upper {
+            true => value.to_ascii_uppercase(),
+            false => value.to_ascii_lowercase(),
+        };
+        out.push(Some(String::from_utf8(cased).map_err(|e| {
+            ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
+        })?));
+    }
+    Ok(match column.column().data_type() {
         DataType::Utf8 => std::sync::Arc::new(StringArray::from(out)),
         DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(out)),
         _ => std::sync::Arc::new(StringViewArray::from(out)),

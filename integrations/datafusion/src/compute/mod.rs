@@ -121,9 +121,10 @@ pub enum ComputeError {
     #[error("arithmetic overflow on the device: {0}")]
     Overflow(String),
     /// A value the device does not compute the way DataFusion does, found when the batch
-    /// ran: non-ASCII text under `ILIKE` (Unicode case folding), NaN or -0.0 in a float
-    /// `min` or `max` (DataFusion's answer depends on the rows' order). The operator
-    /// computes that batch on the host, as it does an overflowing one.
+    /// ran: non-ASCII text under `ILIKE`, `upper` or `lower` (Unicode case mapping), NaN
+    /// or -0.0 in a float `min` or `max` (DataFusion's answer depends on the rows'
+    /// order). The operator computes that batch on the host, as it does an overflowing
+    /// one.
     #[error("a value the device leaves to the host: {0}")]
     HostOnly(String),
     /// Two different string group keys of more than 12 bytes in one batch whose key
@@ -178,7 +179,7 @@ pub struct DeviceExpr {
 impl DeviceExpr {
     /// `expr` over `input`, or why it cannot run on the device.
     pub fn compile(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
-        if let Some((node, data_type)) = expr::substr_node(expr, input) {
+        if let Some((node, data_type)) = expr::string_node(expr, input) {
             return Ok(Self {
                 data_type,
                 node: Arc::new(node),
@@ -268,6 +269,10 @@ impl DeviceExpr {
             } => {
                 let column = host::frame_column(frame, *index, name)?;
                 host::substrings(column, name, expr::substr_chars(*start, *count))?
+            }
+            expr::Node::AsciiCase { index, name, upper } => {
+                let column = host::frame_column(frame, *index, name)?;
+                host::ascii_cased(column, name, *upper, &self.text)?
             }
             node => {
                 let lanes = host::eval(node, frame, &self.text)?;

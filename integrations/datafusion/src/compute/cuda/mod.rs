@@ -66,6 +66,8 @@ struct Kernels {
     select_lanes: CudaFunction,
     view_substr: CudaFunction,
     view_length: CudaFunction,
+    view_case: CudaFunction,
+    ascii_case: CudaFunction,
     substr_strings: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
@@ -128,6 +130,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         select_lanes: f("select_lanes")?,
         view_substr: f("view_substr")?,
         view_length: f("view_length")?,
+        view_case: f("view_case")?,
+        ascii_case: f("ascii_case")?,
         substr_strings: f("substr_strings")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
@@ -651,9 +655,10 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop(view);
             Ok(out)
         }
-        Node::Substr { .. } => {
-            Err(ComputeError::Input("a substring is a column, not a value of lanes".into()).into())
-        }
+        Node::Substr { .. } | Node::AsciiCase { .. } => Err(ComputeError::Input(
+            "a string value is a column, not a value of lanes".into(),
+        )
+        .into()),
         Node::StrLength {
             index,
             name,
@@ -882,16 +887,24 @@ pub(crate) fn evaluate(
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
-    if let Node::Substr {
-        index,
-        name,
-        start,
-        count,
-    } = expr.node.as_ref()
-    {
-        let chars = super::expr::substr_chars(*start, *count);
-        let column = frame_column(frame, *index, name)?;
-        let column = substr_column(&cx, cuda, column, name, chars, e)?;
+    let string = match expr.node.as_ref() {
+        Node::Substr {
+            index,
+            name,
+            start,
+            count,
+        } => {
+            let chars = super::expr::substr_chars(*start, *count);
+            let column = frame_column(frame, *index, name)?;
+            Some(substr_column(&cx, cuda, column, name, chars, e)?)
+        }
+        Node::AsciiCase { index, name, upper } => {
+            let column = frame_column(frame, *index, name)?;
+            Some(case_column(&cx, column, name, *upper, e)?)
+        }
+        _ => None,
+    };
+    if let Some(column) = string {
         let pending = pending(&cx, err, &expr.text, true, defer)?;
         let nullable = column.null_count() > 0;
         let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
@@ -1027,8 +1040,8 @@ fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
     }
     if word & 8 != 0 {
         return Err(ComputeError::HostOnly(format!(
-            "`{what}` met a value (non-ASCII text under ILIKE, NaN or -0.0 in a float \
-             min or max) whose answer is the host's"
+            "`{what}` met a value (non-ASCII text under ILIKE, upper or lower; NaN or -0.0 \
+             in a float min or max) whose answer is the host's"
         ))
         .into());
     }
@@ -1210,6 +1223,117 @@ fn substr_column(
     // which `substr_strings` read: freed after it, in the stream's order.
     drop(view);
     array
+}
+
+/// `upper` (or lower) case of a string column of ASCII values, a column of its own type
+/// (`view_case` flags a value that is not ASCII, 8 in the error word: the host's).
+///
+/// - `Utf8View`: `view_case` writes each row's view (inline bytes converted, a long
+///   value's prefix converted and its buffer and offset kept); the buffers are copied
+///   whole and converted in place (`ascii_case`: only ASCII letters change, so the bytes
+///   of every ASCII value are its converted bytes).
+/// - `Utf8` and `LargeUtf8`: `view_case` (over the views made of the offsets) checks the
+///   values; the offsets from the first row's (its `n + 1`) and the data buffer are
+///   copied, the data converted in place.
+fn case_column(
+    cx: &Cx<'_>,
+    column: &FrameColumn,
+    name: &str,
+    upper: bool,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let c = column.column();
+    let dt = c.data_type().clone();
+    let views = dt == DataType::Utf8View;
+    let view = view_args(cx, column, name, n, err)?;
+    let out = cx.zeros::<u128>(if views { n } else { 1 })?;
+    let valid = cx.zeros::<u8>(n)?;
+    let args = view.args.iter().copied().chain([
+        A::U32(u32::from(upper)),
+        A::U64(if views { addr(&out, s) } else { 0 }),
+        A::U64(addr(&valid, s)),
+        A::U64(err),
+    ]);
+    cx.launch(&cx.k.view_case, n, &args.collect::<Vec<_>>())?;
+    let validity = if view.has_validity {
+        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+        cx.launch(
+            &cx.k.pack_bits,
+            n.div_ceil(8),
+            &[
+                A::U64(addr(&valid, s)),
+                A::U64(addr(&bits, s)),
+                A::U64(n as u64),
+            ],
+        )?;
+        Some((bits, None))
+    } else {
+        None
+    };
+    let convert = |data: &CudaSlice<u8>| {
+        cx.launch(
+            &cx.k.ascii_case,
+            data.len(),
+            &[
+                A::U64(addr(data, s)),
+                A::U64(data.len() as u64),
+                A::U32(u32::from(upper)),
+            ],
+        )
+    };
+    let mut held = Vec::new();
+    if views {
+        let data = variadic_copies(cx, &c, &mut held)?;
+        for buffer in &data {
+            convert(buffer)?;
+        }
+        drop((view, valid, held));
+        // SAFETY: `view_case` wrote one view per row (ordered before the export on this
+        // stream), each the row's own with its ASCII letters converted (a value that is
+        // not ASCII fails the batch by the error word): inline, or its converted prefix,
+        // its buffer (copied whole into `data` at the same index and converted in
+        // place: the value's bytes are its converted bytes) and its offset.
+        return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
+    }
+    // `view_args` checked the offsets (their length, alignment and range).
+    let data = match c.buffer(2).filter(|d| !d.is_empty()) {
+        Some(buffer) => {
+            let from = buffer.cuda_view::<u8>(s)?;
+            let mut to = cx.zeros::<u8>(buffer.len())?;
+            s.memcpy_dtod(
+                &from.slice(0..buffer.len()),
+                &mut to.slice_mut(0..buffer.len()),
+            )?;
+            convert(&to)?;
+            held.push(from);
+            to
+        }
+        None => cx.zeros::<u8>(1)?,
+    };
+    let offsets = c
+        .buffer(1)
+        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
+    let rows = c.offset()..c.offset() + n + 1;
+    let array = if dt == DataType::LargeUtf8 {
+        let from = offsets.cuda_view::<i64>(s)?;
+        let mut to = cx.zeros::<i64>(n + 1)?;
+        s.memcpy_dtod(&from.slice(rows), &mut to)?;
+        // SAFETY: the column's own offsets from its first row (non-decreasing, at least
+        // 0, the last at most the data's size: `view_args` checked them, and a batch
+        // whose error word is set is never used), the data its own bytes with their
+        // ASCII letters converted (a value that is not ASCII fails the batch).
+        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
+    } else {
+        let from = offsets.cuda_view::<i32>(s)?;
+        let mut to = cx.zeros::<i32>(n + 1)?;
+        s.memcpy_dtod(&from.slice(rows), &mut to)?;
+        // SAFETY: as above.
+        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
+    };
+    drop((view, valid, held));
+    Ok(array)
 }
 
 /// The variadic buffers of a view column, copied whole on the device (a buffer the column
