@@ -1545,6 +1545,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     for text in [
         "date_part('year', d)",
         "date_part('month', d)",
+        "date_part('day', d)",
+        "date_part('quarter', d)",
+        "date_part('dow', d)",
+        "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
         "date_part('YEAR', d) = 1998",
@@ -1601,10 +1605,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
-    let (e, schema, _) = projection_of(&ctx, "w", "date_part('day', d)").await;
+    let (e, schema, _) = projection_of(&ctx, "w", "date_part('doy', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);
     assert!(
-        matches!(&refused, Err(Unsupported(w)) if w.contains("`day`")),
+        matches!(&refused, Err(Unsupported(w)) if w.contains("`doy`")),
         "{refused:?}"
     );
 }

@@ -77,6 +77,12 @@ pub(crate) mod op {
     /// `partial_cmp` is not `Less`/`Greater` as wanted), so such a batch goes to the
     /// host. The key is its own inverse.
     pub const MINMAX_KEY: u32 = 10;
+    /// Unary: a date's day of the month, 1 to 31.
+    pub const DAY: u32 = 11;
+    /// Unary: a date's quarter, 1 to 4.
+    pub const QUARTER: u32 = 12;
+    /// Unary: a date's day of the week, Sunday 0 to Saturday 6 (`dow`).
+    pub const DOW: u32 = 13;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -1049,6 +1055,9 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
     let op = match part.as_str() {
         "year" => op::YEAR,
         "month" => op::MONTH,
+        "day" => op::DAY,
+        "quarter" => op::QUARTER,
+        "dow" => op::DOW,
         other => return refuse(&format!("the part `{other}` has no device kernel")),
     };
     let (node, t) = compile(date, input)?;

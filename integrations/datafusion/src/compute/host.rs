@@ -415,18 +415,20 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: a.valid,
                 }),
-                op::YEAR | op::MONTH => Ok(Lanes {
+                op::YEAR | op::MONTH | op::DAY | op::QUARTER | op::DOW => Ok(Lanes {
                     values: a
                         .values
                         .iter()
                         .enumerate()
                         .map(|(i, &d)| match a.is_valid(i) {
                             true => {
-                                let (year, month) = civil_from_days(d);
-                                if *op == op::YEAR {
-                                    year
-                                } else {
-                                    month
+                                let (year, month, day) = civil_from_days(d);
+                                match *op {
+                                    op::YEAR => year,
+                                    op::MONTH => month,
+                                    op::DAY => day,
+                                    op::QUARTER => (month + 2) / 3,
+                                    _ => ((d % 7) + 11) % 7,
                                 }
                             }
                             false => 0,
@@ -520,17 +522,19 @@ pub(crate) fn minmax_float_key(bits: i64) -> Option<i64> {
     (!nan && bits != i64::MIN).then_some(bits ^ ((bits >> 63) & i64::MAX))
 }
 
-/// The year and month (1 to 12) of a day count since 1970-01-01 in the proleptic
-/// Gregorian calendar (Howard Hinnant's `civil_from_days`, as `unary_lanes` computes it).
-pub(crate) fn civil_from_days(days: i64) -> (i64, i64) {
+/// The year, month (1 to 12) and day of the month of a day count since 1970-01-01 in the
+/// proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`, as `unary_lanes`
+/// computes it).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month)
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// `substr` of each value of a string column, characters `first` to `end` (exclusive)
