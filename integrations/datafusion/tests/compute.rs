@@ -1287,6 +1287,10 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "regular deposits haggle furiously above the Customer",
         "Complaints",
         "final special asymptotes wake. slyly ironic requests",
+        // Spaces at the ends, for trim: long, short, only spaces.
+        "   padded at both ends, long enough to lie in a buffer  ",
+        " x ",
+        "    ",
     ];
     let mut c = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(96);
     for i in 0..n {
@@ -1435,6 +1439,11 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "substr(c, 10, 13)",
         "substr(c, 2, 12)",
         "substr(c, 30, 100)",
+        // Spaces trimmed (DataFusion's default), at both ends, the start, the end.
+        "btrim(c)",
+        "trim(s)",
+        "ltrim(c)",
+        "rtrim(c)",
         // Case of ASCII values (long ones in several blocks, nulls), of each type.
         "upper(c)",
         "lower(c)",

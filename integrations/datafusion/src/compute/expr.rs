@@ -277,6 +277,16 @@ pub(crate) enum Node {
         start: i64,
         count: Option<i64>,
     },
+    /// `btrim(col)` (`trim`), `ltrim(col)` or `rtrim(col)` of a string column: its spaces
+    /// (`' '`, DataFusion's default) taken off the start (`left`) and the end (`right`),
+    /// a string value of the column's type, so only the root of a projection's
+    /// expression ([`string_node`]), never lanes.
+    Trim {
+        index: usize,
+        name: String,
+        left: bool,
+        right: bool,
+    },
     /// `upper(col)` (`upper`) or `lower(col)` of a string column of ASCII values (one that
     /// is not is [`ComputeError::HostOnly`](super::ComputeError::HostOnly): Unicode's case
     /// mapping is the host's): a string value of the column's type, so only the root of
@@ -774,17 +784,130 @@ pub(crate) fn string_node(
         return Some(substr);
     }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
-    let upper = match function.name() {
-        "upper" => true,
-        "lower" => false,
-        _ => return None,
-    };
     let [column] = function.args() else {
         return None;
     };
     let (index, name) = view_column(column, input)?;
-    let node = Node::AsciiCase { index, name, upper };
+    let node = match function.name() {
+        "upper" | "lower" => Node::AsciiCase {
+            index,
+            name,
+            upper: function.name() == "upper",
+        },
+        "btrim" | "trim" | "ltrim" | "rtrim" => Node::Trim {
+            index,
+            name,
+            left: function.name() != "rtrim",
+            right: function.name() != "ltrim",
+        },
+        _ => return None,
+    };
     Some((node, input.field(index).data_type().clone()))
+}
+
+/// The bytes of a value a string slice keeps: [`Node::Substr`]'s characters, or
+/// [`Node::Trim`]'s value less its spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bounds {
+    /// Characters `first` to `end` (exclusive; `u64::MAX`: all the rest) of
+    /// [`substr_chars`], clamped to the value.
+    Chars(u64, u64),
+    /// The value less its spaces at the start (`left`) and the end (`right`).
+    Trim { left: bool, right: bool },
+}
+
+impl Bounds {
+    /// The slice of `node` (a `Substr` or a `Trim`), with its column.
+    pub(crate) fn of(node: &Node) -> Option<(Self, usize, &str)> {
+        match node {
+            Node::Substr {
+                index,
+                name,
+                start,
+                count,
+            } => {
+                let (first, end) = substr_chars(*start, *count);
+                Some((Self::Chars(first, end), *index, name))
+            }
+            Node::Trim {
+                index,
+                name,
+                left,
+                right,
+            } => Some((
+                Self::Trim {
+                    left: *left,
+                    right: *right,
+                },
+                *index,
+                name,
+            )),
+            _ => None,
+        }
+    }
+
+    /// The byte range of `value` (UTF-8) kept, as `view_substr` finds it: characters
+    /// counted by their lead bytes (those that are not `10xxxxxx`); spaces are bytes
+    /// 0x20.
+    pub(crate) fn range(self, value: &[u8]) -> std::ops::Range<usize> {
+        match self {
+            Self::Chars(first, end) => {
+                let (mut from, mut to) = (value.len(), value.len());
+                let leads = value
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| *b & 0xC0 != 0x80)
+                    .map(|(at, _)| at);
+                for (c, at) in leads.enumerate() {
+                    if c as u64 == first {
+                        from = at;
+                    }
+                    if c as u64 == end {
+                        to = at;
+                        break;
+                    }
+                }
+                from..to
+            }
+            Self::Trim { left, right } => {
+                let from = match left {
+                    true => value.iter().take_while(|b| **b == b' ').count(),
+                    false => 0,
+                };
+                let to = match right {
+                    true => {
+                        value.len()
+                            - value[from..]
+                                .iter()
+                                .rev()
+                                .take_while(|b| **b == b' ')
+                                .count()
+                    }
+                    false => value.len(),
+                };
+                from..to
+            }
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    /// `view_substr`'s arguments: the characters, and the trim (bit 0: the start's
+    /// spaces, bit 1: the end's; 0: characters).
+    pub(crate) fn kernel_args(self) -> (u64, u64, u32) {
+        match self {
+            Self::Chars(first, end) => (first, end, 0),
+            Self::Trim { left, right } => (0, u64::MAX, u32::from(left) | u32::from(right) << 1),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    /// Whether a result may pass 12 bytes (at most 3 characters cannot).
+    pub(crate) fn may_be_long(self) -> bool {
+        match self {
+            Self::Chars(first, end) => end.saturating_sub(first) > 3,
+            Self::Trim { .. } => true,
+        }
+    }
 }
 
 /// `substr(col, start)` or `substr(col, start, count)` of a string column (`Utf8View`,
@@ -1388,7 +1511,7 @@ impl Node {
             Node::StrKey { word, .. } => *word != 0,
             // A view outside its buffer (checked, flagged in the error word); a value
             // that is not ASCII (the host's).
-            Node::Substr { .. } | Node::AsciiCase { .. } => true,
+            Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -1431,6 +1554,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::Substr { .. }
+            | Node::Trim { .. }
             | Node::AsciiCase { .. }
             | Node::StrLength { .. }
             | Node::StrKey { .. }
@@ -1463,6 +1587,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::Substr { index, name, .. }
+            | Node::Trim { index, name, .. }
             | Node::AsciiCase { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrKey { index, name, .. }

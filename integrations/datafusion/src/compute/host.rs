@@ -255,7 +255,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
-        Node::Substr { .. } | Node::AsciiCase { .. } => {
+        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -537,13 +537,13 @@ pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
-/// `substr` of each value of a string column, characters `first` to `end` (exclusive)
-/// of [`substr_chars`](super::expr::substr_chars), clamped to the value, counted as
-/// `view_substr` counts them: by their lead bytes. An array of the column's own type.
-pub(crate) fn substrings(
+/// A slice of each value of a string column (`substr`'s characters, `trim`'s value less
+/// its spaces: [`Bounds::range`](super::expr::Bounds::range), as `view_substr` finds
+/// it). An array of the column's own type.
+pub(crate) fn slices(
     column: &FrameColumn,
     name: &str,
-    (first, end): (u64, u64),
+    bounds: super::expr::Bounds,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
     use arrow_array::{LargeStringArray, StringArray, StringViewArray};
 
@@ -554,24 +554,11 @@ pub(crate) fn substrings(
             out.push(None);
             continue;
         };
-        let (mut from, mut to) = (value.len(), value.len());
-        let leads = value
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| *b & 0xC0 != 0x80)
-            .map(|(at, _)| at);
-        for (c, at) in leads.enumerate() {
-            if c as u64 == first {
-                from = at;
-            }
-            if c as u64 == end {
-                to = at;
-                break;
-            }
-        }
-        out.push(Some(std::str::from_utf8(&value[from..to]).map_err(
-            |e| ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}")),
-        )?));
+        out.push(Some(
+            std::str::from_utf8(&value[bounds.range(value)]).map_err(|e| {
+                ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
+            })?,
+        ));
     }
     let data_type = column.column().data_type().clone();
     Ok(match data_type {

@@ -261,14 +261,9 @@ impl DeviceExpr {
         }
         check_cpu(device)?;
         let array = match self.node.as_ref() {
-            expr::Node::Substr {
-                index,
-                name,
-                start,
-                count,
-            } => {
-                let column = host::frame_column(frame, *index, name)?;
-                host::substrings(column, name, expr::substr_chars(*start, *count))?
+            node if expr::Bounds::of(node).is_some() => {
+                let (bounds, index, name) = expr::Bounds::of(node).expect("a slice");
+                host::slices(host::frame_column(frame, index, name)?, name, bounds)?
             }
             expr::Node::AsciiCase { index, name, upper } => {
                 let column = host::frame_column(frame, *index, name)?;

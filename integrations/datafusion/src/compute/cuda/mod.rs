@@ -655,10 +655,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop(view);
             Ok(out)
         }
-        Node::Substr { .. } | Node::AsciiCase { .. } => Err(ComputeError::Input(
-            "a string value is a column, not a value of lanes".into(),
-        )
-        .into()),
+        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => Err(
+            ComputeError::Input("a string value is a column, not a value of lanes".into()).into(),
+        ),
         Node::StrLength {
             index,
             name,
@@ -888,15 +887,10 @@ pub(crate) fn evaluate(
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
     let string = match expr.node.as_ref() {
-        Node::Substr {
-            index,
-            name,
-            start,
-            count,
-        } => {
-            let chars = super::expr::substr_chars(*start, *count);
-            let column = frame_column(frame, *index, name)?;
-            Some(substr_column(&cx, cuda, column, name, chars, e)?)
+        node if super::expr::Bounds::of(node).is_some() => {
+            let (bounds, index, name) = super::expr::Bounds::of(node).expect("a slice");
+            let column = frame_column(frame, index, name)?;
+            Some(substr_column(&cx, cuda, column, name, bounds, e)?)
         }
         Node::AsciiCase { index, name, upper } => {
             let column = frame_column(frame, *index, name)?;
@@ -1113,14 +1107,14 @@ fn boolean_column(
     Ok(CudaArray::from_bits(n, bits, validity)?)
 }
 
-/// `substr` of a string column, characters `first` to `end` of each value
-/// ([`substr_chars`](super::expr::substr_chars)), a column of its own type. Each row's
+/// A slice of each value of a string column (`substr`'s characters, `trim`'s value less
+/// its spaces: [`Bounds`](super::expr::Bounds)), a column of its own type. Each row's
 /// validity flag is packed into the bitmap (`pack_bits`).
 ///
 /// - `Utf8View`: `view_substr` writes each row's view. A result of at most 12 bytes is
 ///   inline; a longer one names its value's buffer at its offset moved, the column's
-///   buffers copied whole on the device, unless no result can pass 12 bytes (a count of
-///   at most 3 characters).
+///   buffers copied whole on the device, unless no result can pass 12 bytes (a `substr`
+///   count of at most 3 characters).
 /// - `Utf8` and `LargeUtf8`: `view_substr` (over the views made of the offsets) writes
 ///   each result's address and length; the lengths are scanned, and `substr_strings`
 ///   writes the offsets and copies the bytes. The data buffer is the column's size, which
@@ -1131,11 +1125,12 @@ fn substr_column(
     cuda: &Arc<CudaDevice>,
     column: &FrameColumn,
     name: &str,
-    (first, end): (u64, u64),
+    bounds: super::expr::Bounds,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
     use devarrow::abi::device::DeviceKernels;
 
+    let (first, end, trim) = bounds.kernel_args();
     let s = cx.stream;
     let n = column.len();
     let c = column.column();
@@ -1148,7 +1143,7 @@ fn substr_column(
     let args = view.args.iter().copied().chain([
         A::U64(first),
         A::U64(end),
-        A::U32(u32::from(!views)),
+        A::U32(u32::from(!views) | trim << 1),
         A::U64(addr(&out, s)),
         A::U64(addr(&lens, s)),
         A::U64(addr(&valid, s)),
@@ -1173,8 +1168,7 @@ fn substr_column(
     if views {
         let mut held = Vec::new();
         // At most 3 characters are at most 12 bytes: every result inline.
-        let long = end.saturating_sub(first) > 3;
-        let data = if long {
+        let data = if bounds.may_be_long() {
             variadic_copies(cx, &c, &mut held)?
         } else {
             Vec::new()
@@ -1183,7 +1177,7 @@ fn substr_column(
         // SAFETY: `view_substr` wrote one view per row (ordered before the export on this
         // stream) of the characters of a UTF-8 value it read in bounds (a view outside its
         // buffer fails the batch by the error word): inline, or, for more than 12 bytes
-        // (only where `long`), its first 4 bytes, the buffer its value lies in, copied
+        // (only where `may_be_long`), its first 4 bytes, the buffer its value lies in, copied
         // whole into `data` at the same index, and the result's offset in it.
         return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
     }
