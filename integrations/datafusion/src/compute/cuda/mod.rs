@@ -1150,21 +1150,7 @@ fn substr_column(
         A::U64(err),
     ]);
     cx.launch(&cx.k.view_substr, n, &args.collect::<Vec<_>>())?;
-    let validity = if view.has_validity {
-        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
-        cx.launch(
-            &cx.k.pack_bits,
-            n.div_ceil(8),
-            &[
-                A::U64(addr(&valid, s)),
-                A::U64(addr(&bits, s)),
-                A::U64(n as u64),
-            ],
-        )?;
-        Some((bits, None))
-    } else {
-        None
-    };
+    let validity = packed_validity(cx, &valid, n, view.has_validity)?;
     if views {
         let mut held = Vec::new();
         // At most 3 characters are at most 12 bytes: every result inline.
@@ -1251,21 +1237,7 @@ fn case_column(
         A::U64(err),
     ]);
     cx.launch(&cx.k.view_case, n, &args.collect::<Vec<_>>())?;
-    let validity = if view.has_validity {
-        let bits = cx.zeros::<u8>(n.div_ceil(8))?;
-        cx.launch(
-            &cx.k.pack_bits,
-            n.div_ceil(8),
-            &[
-                A::U64(addr(&valid, s)),
-                A::U64(addr(&bits, s)),
-                A::U64(n as u64),
-            ],
-        )?;
-        Some((bits, None))
-    } else {
-        None
-    };
+    let validity = packed_validity(cx, &valid, n, view.has_validity)?;
     let convert = |data: &CudaSlice<u8>| {
         cx.launch(
             &cx.k.ascii_case,
@@ -1328,6 +1300,35 @@ fn case_column(
     };
     drop((view, valid, held));
     Ok(array)
+}
+
+/// A column's validity as devarrow-cuda's arrays take it: a bitmap and its null count
+/// (`None`: to be counted).
+type Validity = Option<(CudaSlice<u8>, Option<usize>)>;
+
+/// The bitmap of a string kernel's per-row validity flags (`valid`, `n` bytes of 0 or
+/// 1), packed on the device (`pack_bits`), where the column has one.
+fn packed_validity(
+    cx: &Cx<'_>,
+    valid: &CudaSlice<u8>,
+    n: usize,
+    has_validity: bool,
+) -> Result<Validity, BoxError> {
+    if !has_validity {
+        return Ok(None);
+    }
+    let s = cx.stream;
+    let bits = cx.zeros::<u8>(n.div_ceil(8))?;
+    cx.launch(
+        &cx.k.pack_bits,
+        n.div_ceil(8),
+        &[
+            A::U64(addr(valid, s)),
+            A::U64(addr(&bits, s)),
+            A::U64(n as u64),
+        ],
+    )?;
+    Ok(Some((bits, None)))
 }
 
 /// The variadic buffers of a view column, copied whole on the device (a buffer the column
