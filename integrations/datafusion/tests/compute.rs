@@ -1629,31 +1629,37 @@ async fn case_and_dates_are_datafusions() {
     }
 }
 
-/// LIKE against DataFusion on random values and patterns: values of 0 to 30 characters
-/// of 1 to 4 bytes (`a`, `b`, `é`, `🦀`) and of LIKE's own (`_`, `%`, `\\`), inline and
-/// long, in several blocks, some null; patterns of up to 8 of those, `%`, `_` and escapes
-/// (`\\` and a character, or a trailing `\\`), each as `LIKE` and `NOT LIKE`; then
-/// `substr` of the same values. A small xorshift makes them, seeded, so a failure names
-/// a pattern that fails again.
-pub async fn check_random_like(device: &ExecDevice) {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move |below: u64| {
+/// A draw in `0..below` ([`xorshift`]'s).
+type Draw<'a> = &'a mut dyn FnMut(u64) -> u64;
+
+/// A small xorshift generator, seeded: `next(below)` is in `0..below` (0 for `below` 0).
+/// The tests that draw their cases with it name a failing case that fails again.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |below| {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        state % below
-    };
-    // Mostly the first four, so that patterns of literals match some values.
-    let alphabet = ['a', 'b', 'é', '🦀', '_', '%', '\\'];
-    let character = |next: &mut dyn FnMut(u64) -> u64| alphabet[(next(20) as usize).min(18) / 3];
+        state % below.max(1)
+    }
+}
+
+/// A session with table `name` of one `Utf8View` column `s`: 300 values, one in
+/// `nulls` null (drawn first), the others of fewer than `longest` characters drawn by
+/// `character`, in view blocks of 64 bytes (several of them).
+fn random_strings_table(
+    name: &str,
+    next: Draw<'_>,
+    (nulls, longest): (u64, u64),
+    character: &dyn Fn(Draw<'_>) -> char,
+) -> SessionContext {
     let mut values = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
     for _ in 0..300 {
-        if next(13) == 0 {
+        if next(nulls) == 0 {
             values.append_null();
             continue;
         }
-        let len = next(31) as usize;
-        let value: String = (0..len).map(|_| character(&mut next)).collect();
+        let len = next(longest) as usize;
+        let value: String = (0..len).map(|_| character(&mut *next)).collect();
         values.append_value(value);
     }
     let values = values.finish();
@@ -1661,7 +1667,22 @@ pub async fn check_random_like(device: &ExecDevice) {
     let batch = RecordBatch::try_from_iter([("s", Arc::new(values) as ArrayRef)]).unwrap();
     let ctx = SessionContext::new();
     let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
-    ctx.register_table("r", Arc::new(table)).unwrap();
+    ctx.register_table(name, Arc::new(table)).unwrap();
+    ctx
+}
+
+/// LIKE against DataFusion on random values and patterns: values of 0 to 30 characters
+/// of 1 to 4 bytes (`a`, `b`, `é`, `🦀`) and of LIKE's own (`_`, `%`, `\\`), inline and
+/// long, in several blocks, some null; patterns of up to 8 of those, `%`, `_` and escapes
+/// (`\\` and a character, or a trailing `\\`), each as `LIKE` and `NOT LIKE`; then
+/// `substr` of the same values. A small xorshift makes them, seeded, so a failure names
+/// a pattern that fails again.
+pub async fn check_random_like(device: &ExecDevice) {
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+    // Mostly the first four, so that patterns of literals match some values.
+    let alphabet = ['a', 'b', 'é', '🦀', '_', '%', '\\'];
+    let character = |next: &mut dyn FnMut(u64) -> u64| alphabet[(next(20) as usize).min(18) / 3];
+    let ctx = random_strings_table("r", &mut next, (13, 31), &character);
     for round in 0..160 {
         let len = next(9) as usize;
         let mut pattern = String::new();
@@ -1719,30 +1740,11 @@ async fn random_like_patterns_are_datafusions() {
 /// Kelvin sign), and a query whose filter meets one computes that batch on the host,
 /// with DataFusion's rows.
 pub async fn check_ilike(device: &ExecDevice) {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     let alphabet = ['a', 'B', 'k', 'K', 's', 'Z', '_', '%', '7'];
-    let mut values = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
-    for _ in 0..300 {
-        if next(11) == 0 {
-            values.append_null();
-            continue;
-        }
-        let len = next(25) as usize;
-        let value: String = (0..len)
-            .map(|_| alphabet[next(alphabet.len() as u64) as usize])
-            .collect();
-        values.append_value(value);
-    }
-    let batch = RecordBatch::try_from_iter([("s", Arc::new(values.finish()) as ArrayRef)]).unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
-    ctx.register_table("ci", Arc::new(table)).unwrap();
+    let character =
+        |next: &mut dyn FnMut(u64) -> u64| alphabet[next(alphabet.len() as u64) as usize];
+    let ctx = random_strings_table("ci", &mut next, (11, 25), &character);
     for round in 0..100 {
         let len = next(7) as usize;
         let mut pattern = String::new();
@@ -2660,13 +2662,7 @@ fn memory_returns(in_use: impl Fn() -> usize, before: usize) {
 pub async fn check_random_joins(device: &ExecDevice) {
     use arrow_array::builder::StringViewBuilder;
 
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below.max(1)
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     for round in 0..24 {
         let ctx = every_join_session(device).await;
         let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));

@@ -260,16 +260,16 @@ impl DeviceExpr {
             return Ok((column, PendingCheck { word }));
         }
         check_cpu(device)?;
-        let array = match self.node.as_ref() {
-            node if expr::Bounds::of(node).is_some() => {
-                let (bounds, index, name) = expr::Bounds::of(node).expect("a slice");
+        let slice = expr::Bounds::of(&self.node);
+        let array = match (self.node.as_ref(), slice) {
+            (_, Some((bounds, index, name))) => {
                 host::slices(host::frame_column(frame, index, name)?, name, bounds)?
             }
-            expr::Node::AsciiCase { index, name, upper } => {
+            (expr::Node::AsciiCase { index, name, upper }, None) => {
                 let column = host::frame_column(frame, *index, name)?;
                 host::ascii_cased(column, name, *upper, &self.text)?
             }
-            node => {
+            (node, None) => {
                 let lanes = host::eval(node, frame, &self.text)?;
                 let values: Vec<Option<i64>> = (0..frame.num_rows())
                     .map(|i| lanes.is_valid(i).then(|| lanes.values[i]))

@@ -886,13 +886,12 @@ pub(crate) fn evaluate(
     let s = cx.stream;
     let err = cx.zeros::<u32>(1)?;
     let e = addr(&err, s);
-    let string = match expr.node.as_ref() {
-        node if super::expr::Bounds::of(node).is_some() => {
-            let (bounds, index, name) = super::expr::Bounds::of(node).expect("a slice");
+    let string = match (expr.node.as_ref(), super::expr::Bounds::of(&expr.node)) {
+        (_, Some((bounds, index, name))) => {
             let column = frame_column(frame, index, name)?;
             Some(substr_column(&cx, cuda, column, name, bounds, e)?)
         }
-        Node::AsciiCase { index, name, upper } => {
+        (Node::AsciiCase { index, name, upper }, None) => {
             let column = frame_column(frame, *index, name)?;
             Some(case_column(&cx, column, name, *upper, e)?)
         }
