@@ -976,27 +976,43 @@ pub async fn check_float_min_max(device: &ExecDevice) {
             "{failed}"
         );
     }
-    let on_device = every_join_session(device).await;
-    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-    for ctx in [&on_device, &plain] {
-        let parts = vec![vec![batch.slice(0, 120)], vec![batch.slice(120, 120)]];
-        let table = MemTable::try_new(batch.schema(), parts).unwrap();
-        ctx.register_table("nz", Arc::new(table)).unwrap();
-    }
-    let (plan, shown) = planned(&on_device, sql).await;
-    assert!(shown.contains("DevicePartialAggregateExec"), "{shown}");
-    let got = collect(plan.clone(), on_device.task_ctx()).await.unwrap();
-    let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
-    assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+    let parts = vec![vec![batch.slice(0, 120)], vec![batch.slice(120, 120)]];
+    let want =
+        falls_back_as_datafusion(device, ("nz", parts), sql, "DevicePartialAggregateExec").await;
     // Row by row, DataFusion's min of group 0 (1, NaN, 2, ...) is 2, not 1 (a NaN
     // replaces its state, the next value the NaN); of group 2 (-0.0, 0.0, ...) -0.0 and
     // of group 1 (0.0, -0.0, ...) 0.0, the first of the equal zeros.
-    let want = lines(&want);
     for line in ["|0|2.0|", "|1|0.0|", "|2|-0.0|"] {
         assert!(want.iter().any(|l| l.starts_with(line)), "{line}: {want:?}");
     }
-    let fallbacks = host_fallbacks(&plan, "DevicePartialAggregateExec");
-    assert!(fallbacks > 0, "{sql}: no batch fell back to the host");
+}
+
+/// `sql` over table `name` (of `parts`) in a device session (every join placed, as
+/// [`every_join_session`]) and in DataFusion alone: its plan has `node`, its rows are
+/// DataFusion's, and some batch of `node` was computed on the host
+/// (`host_fallback_batches`). DataFusion's rows, as [`lines`].
+async fn falls_back_as_datafusion(
+    device: &ExecDevice,
+    (name, parts): (&str, Vec<Vec<RecordBatch>>),
+    sql: &str,
+    node: &str,
+) -> Vec<String> {
+    let on_device = every_join_session(device).await;
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    for ctx in [&on_device, &plain] {
+        let table = MemTable::try_new(parts[0][0].schema(), parts.clone()).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+    let (plan, shown) = planned(&on_device, sql).await;
+    assert!(shown.contains(node), "{shown}");
+    let got = collect(plan.clone(), on_device.task_ctx()).await.unwrap();
+    let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
+    assert!(
+        host_fallbacks(&plan, node) > 0,
+        "{sql}: no batch fell back to the host\n{shown}"
+    );
+    lines(&want)
 }
 
 /// What the aggregate compiler refuses.
@@ -1790,21 +1806,10 @@ pub async fn check_ilike(device: &ExecDevice) {
             "{text}: {failed}"
         );
     }
-    let on_device = every_join_session(device).await;
-    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-    for ctx in [&on_device, &plain] {
-        let parts = vec![vec![kelvin.clone()], vec![kelvin.slice(0, 1)]];
-        let table = MemTable::try_new(kelvin.schema(), parts).unwrap();
-        ctx.register_table("kv", Arc::new(table)).unwrap();
-    }
+    let parts = vec![vec![kelvin.clone()], vec![kelvin.slice(0, 1)]];
     let sql = "select s from kv where s ilike 'kelvin'";
-    let (plan, shown) = planned(&on_device, sql).await;
-    assert!(shown.contains("DeviceFilterExec"), "{shown}");
-    let got = collect(plan.clone(), on_device.task_ctx()).await.unwrap();
-    let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
-    assert_eq!(lines(&got), lines(&want), "{sql}\n{shown}");
-    assert_eq!(lines(&want).len(), 2, "{:?}", lines(&want));
-    assert!(host_fallbacks(&plan, "DeviceFilterExec") > 0, "{shown}");
+    let want = falls_back_as_datafusion(device, ("kv", parts), sql, "DeviceFilterExec").await;
+    assert_eq!(want.len(), 2, "{want:?}");
 }
 
 #[tokio::test]
