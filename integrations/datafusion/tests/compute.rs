@@ -1498,7 +1498,7 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
 pub async fn check_case_and_dates(device: &ExecDevice) {
     let mut days: Vec<Option<i32>> = (-160_000..160_000).step_by(997).map(Some).collect();
     for (y, m, d) in [
-        (1600i32, 2u32, 29u32),
+        (1600, 2, 29),
         (1900, 2, 28),
         (1900, 3, 1),
         (1969, 12, 31),
@@ -1509,15 +1509,32 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         (1999, 1, 1),
         (2100, 3, 1),
     ] {
-        // Howard Hinnant's days_from_civil.
-        let y = if m <= 2 { y - 1 } else { y };
-        let era = y.div_euclid(400);
-        let yoe = y - era * 400;
-        let mp = (m as i32 + 9) % 12;
-        let doy = (153 * mp + 2) / 5 + d as i32 - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        days.push(Some(era * 146_097 + doe - 719_468));
+        days.push(Some(days_from_civil(y, m, d)));
     }
+    // ISO weeks' edges: the last and first days of years whose week 1 starts in
+    // December, or whose last week is 53.
+    for year in 1995..2013 {
+        for (m, d) in [
+            (12, 28),
+            (12, 29),
+            (12, 30),
+            (12, 31),
+            (1, 1),
+            (1, 2),
+            (1, 3),
+            (1, 4),
+        ] {
+            let y = if m == 1 { year + 1 } else { year };
+            days.push(Some(days_from_civil(y, m, d)));
+        }
+    }
+    // chrono's calendar ends (-262143-01-01, 262142-12-31), a day either side of them and
+    // the ends of Date32: arrow's date parts are null outside it.
+    let (first, last) = (
+        days_from_civil(-262_143, 1, 1),
+        days_from_civil(262_142, 12, 31),
+    );
+    days.extend([first - 1, first, last, last + 1, i32::MIN, i32::MAX].map(Some));
     days.push(None);
     let n = days.len();
     let d = Date32Array::from(days);
@@ -1573,6 +1590,17 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "date_part('day', d)",
         "date_part('quarter', d)",
         "date_part('dow', d)",
+        "date_part('doy', d)",
+        "date_part('week', d)",
+        "date_part('isodow', d)",
+        "date_part('isoyear', d)",
+        // DataFusion's names of parts: interval units' plurals and abbreviations.
+        "date_part('weeks', d)",
+        "date_part('YRS', d)",
+        "date_part('qtr', d)",
+        "date_part('mons', d)",
+        "EXTRACT(WEEK FROM d) * 10 + EXTRACT(DOW FROM d)",
+        "EXTRACT(DOY FROM d)",
         "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
@@ -1596,6 +1624,9 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "f IS NULL OR f > g",
         "CASE WHEN x > 0 THEN f ELSE g END > 1.0",
         "f IS NOT DISTINCT FROM g",
+        // abs of floats: the sign bit cleared (-0.0 and NaN's too).
+        "abs(f)",
+        "abs(f - g) > 1.0",
         // Float64 arithmetic (IEEE 754, NaN, infinities, zero divisors among it) and
         // casts of integers and decimals to Float64, as arrow computes them.
         "f + 1.0",
@@ -1630,10 +1661,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
-    let (e, schema, _) = projection_of(&ctx, "w", "date_part('doy', d)").await;
+    let (e, schema, _) = projection_of(&ctx, "w", "date_part('hour', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);
     assert!(
-        matches!(&refused, Err(Unsupported(w)) if w.contains("`doy`")),
+        matches!(&refused, Err(Unsupported(w)) if w.contains("`hour`")),
         "{refused:?}"
     );
 }
@@ -1643,6 +1674,18 @@ async fn case_and_dates_are_datafusions() {
     if own_tests() {
         check_case_and_dates(&ExecDevice::cpu()).await;
     }
+}
+
+/// The day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(y: i32, m: u32, d: u32) -> i32 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m as i32 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i32 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// A draw in `0..below` ([`xorshift`]'s).

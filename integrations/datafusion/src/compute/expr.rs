@@ -83,6 +83,17 @@ pub(crate) mod op {
     pub const QUARTER: u32 = 12;
     /// Unary: a date's day of the week, Sunday 0 to Saturday 6 (`dow`).
     pub const DOW: u32 = 13;
+    /// Unary: a date's day of the year, 1 to 366 (`doy`).
+    pub const DOY: u32 = 14;
+    /// Unary: a date's ISO week, 1 to 53 (`week`: that of the week's Thursday).
+    pub const WEEK: u32 = 15;
+    /// Unary: a date's ISO day of the week, Monday 1 to Sunday 7 (`isodow`).
+    pub const ISODOW: u32 = 16;
+    /// Unary: a date's ISO year (`isoyear`: that of its week's Thursday).
+    pub const ISOYEAR: u32 = 17;
+    /// Unary: a Float64's absolute value (its bits, the sign bit cleared, as `f64::abs`,
+    /// NaN's too).
+    pub const FABS: u32 = 18;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -1128,8 +1139,8 @@ fn case_node(case: &CaseExpr, input: &Schema, data_type: &DataType) -> Result<No
 }
 
 /// `abs(x)` of an integer or decimal as `CASE WHEN x < 0 THEN -x ELSE x END` (an
-/// integer's minimum overflows, as DataFusion's checked `abs` fails on it; a float's
-/// sign bit has no device kernel), and `nullif(a, b)` as `CASE WHEN a = b THEN NULL ELSE
+/// integer's minimum overflows, as DataFusion's checked `abs` fails on it; a Float64's
+/// is [`op::FABS`]), and `nullif(a, b)` as `CASE WHEN a = b THEN NULL ELSE
 /// a END`, each compiled as DataFusion's own expressions.
 fn as_case(
     function: &ScalarFunctionExpr,
@@ -1142,6 +1153,10 @@ fn as_case(
             .map_err(|e: datafusion::error::DataFusionError| refuse(e.to_string()))
     };
     let case = match (function.name(), function.args()) {
+        ("abs", [x]) if *data_type == DataType::Float64 => {
+            let (node, _) = compile(x, input)?;
+            return Ok(unary(op::FABS, node));
+        }
         ("abs", [x]) => {
             if !matches!(kind(data_type)?, Kind::Int | Kind::Decimal(_)) {
                 return Err(refuse(format!("abs of {data_type} has no device kernel")));
@@ -1164,24 +1179,40 @@ fn as_case(
     case_node(&case, input, data_type)
 }
 
-/// `date_part('year' | 'month', d)` (and `EXTRACT`) of a `Date32`: an `Int32`.
+/// `date_part(part, d)` (and `EXTRACT`) of a `Date32`, an `Int32`, for the parts the
+/// device computes, named as DataFusion's `date_part` reads them: an interval unit
+/// (`year`, `month`, `week`, `day`, with their plurals and abbreviations) or one of
+/// `quarter`, `doy`, `dow`, `isodow`, `isoyear`. A date outside chrono's calendar is null,
+/// as arrow's.
 fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    use datafusion::arrow::compute::kernels::cast_utils::IntervalUnit;
     let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
     let [part, date] = function.args() else {
         return refuse("two arguments expected");
     };
     let part = match part.downcast_ref::<Literal>().map(Literal::value) {
-        Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
-        | Some(ScalarValue::LargeUtf8(Some(p))) => p.trim_matches(['\'', '"']).to_lowercase(),
+        Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p))) => p,
         _ => return refuse("the part is not a literal"),
     };
-    let op = match part.as_str() {
-        "year" => op::YEAR,
-        "month" => op::MONTH,
-        "day" => op::DAY,
-        "quarter" => op::QUARTER,
-        "dow" => op::DOW,
-        other => return refuse(&format!("the part `{other}` has no device kernel")),
+    // DataFusion's `part_normalization`: one pair of quotes off.
+    let part = part
+        .strip_prefix(['\'', '"'])
+        .and_then(|p| p.strip_suffix(['\'', '"']))
+        .unwrap_or(part);
+    let op = match part.parse::<IntervalUnit>() {
+        Ok(IntervalUnit::Year) => op::YEAR,
+        Ok(IntervalUnit::Month) => op::MONTH,
+        Ok(IntervalUnit::Week) => op::WEEK,
+        Ok(IntervalUnit::Day) => op::DAY,
+        Ok(_) => return refuse(&format!("the part `{part}` has no device kernel")),
+        Err(_) => match part.to_lowercase().as_str() {
+            "qtr" | "quarter" => op::QUARTER,
+            "doy" => op::DOY,
+            "dow" => op::DOW,
+            "isodow" => op::ISODOW,
+            "isoyear" => op::ISOYEAR,
+            _ => return refuse(&format!("the part `{part}` has no device kernel")),
+        },
     };
     let (node, t) = compile(date, input)?;
     if t != DataType::Date32 {

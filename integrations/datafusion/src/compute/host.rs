@@ -415,25 +415,27 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: a.valid,
                 }),
-                op::YEAR | op::MONTH | op::DAY | op::QUARTER | op::DOW => Ok(Lanes {
-                    values: a
-                        .values
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &d)| match a.is_valid(i) {
-                            true => {
-                                let (year, month, day) = civil_from_days(d);
-                                match *op {
-                                    op::YEAR => year,
-                                    op::MONTH => month,
-                                    op::DAY => day,
-                                    op::QUARTER => (month + 2) / 3,
-                                    _ => ((d % 7) + 11) % 7,
-                                }
-                            }
-                            false => 0,
-                        })
-                        .collect(),
+                op::YEAR
+                | op::MONTH
+                | op::DAY
+                | op::QUARTER
+                | op::DOW
+                | op::DOY
+                | op::WEEK
+                | op::ISODOW
+                | op::ISOYEAR => {
+                    let mut values = vec![0i64; n];
+                    let mut valid = vec![0u8; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        if let Some(part) = date_part(*op, a.values[i]) {
+                            (values[i], valid[i]) = (part, 1);
+                        }
+                    }
+                    let valid = valid.contains(&0).then_some(valid);
+                    Ok(Lanes { values, valid })
+                }
+                op::FABS => Ok(Lanes {
+                    values: a.values.iter().map(|&v| v & i64::MAX).collect(),
                     valid: a.valid,
                 }),
                 op::IS_NULL | op::IS_NOT_NULL => Ok(Lanes {
@@ -520,6 +522,55 @@ pub(crate) fn float_key(bits: i64) -> i64 {
 pub(crate) fn minmax_float_key(bits: i64) -> Option<i64> {
     let nan = (bits & i64::MAX) as u64 > 0x7FF0_0000_0000_0000;
     (!nan && bits != i64::MIN).then_some(bits ^ ((bits >> 63) & i64::MAX))
+}
+
+/// The first and last days (since 1970-01-01) a date part is taken of: chrono's
+/// `NaiveDate::MIN` (-262143-01-01) and `NaiveDate::MAX` (262142-12-31). Arrow's
+/// `date_part` gives null outside them (its `date32_to_datetime` has no date there).
+pub(crate) const DATE_PART_DAYS: (i64, i64) = (-96_465_292, 95_026_236);
+
+/// Date part `op` ([`op::YEAR`] to [`op::ISOYEAR`]) of a day count since 1970-01-01, as
+/// arrow's `date_part` takes it of a `Date32` (chrono's calendar, ISO weeks from
+/// Monday); `None` (null) outside [`DATE_PART_DAYS`]. `unary_lanes` computes the same.
+pub(crate) fn date_part(op: u32, days: i64) -> Option<i64> {
+    if !(DATE_PART_DAYS.0..=DATE_PART_DAYS.1).contains(&days) {
+        return None;
+    }
+    // Sunday 0 (1970-01-01 was a Thursday) and Monday 0, the remainders of days' sign.
+    let dow = ((days % 7) + 11) % 7;
+    let monday0 = ((days % 7) + 10) % 7;
+    // An ISO week's year and number are those of its Thursday.
+    let thursday = days - monday0 + 3;
+    Some(match op {
+        op::YEAR => civil_from_days(days).0,
+        op::MONTH => civil_from_days(days).1,
+        op::DAY => civil_from_days(days).2,
+        op::QUARTER => (civil_from_days(days).1 + 2) / 3,
+        op::DOW => dow,
+        op::ISODOW => monday0 + 1,
+        op::DOY => day_of_year(days),
+        op::WEEK => (day_of_year(thursday) - 1) / 7 + 1,
+        op::ISOYEAR => civil_from_days(thursday).0,
+        _ => unreachable!("date part {op}"),
+    })
+}
+
+/// The day of the year (1 to 366) of a day count since 1970-01-01.
+fn day_of_year(days: i64) -> i64 {
+    let (year, _, _) = civil_from_days(days);
+    days - days_from_civil(year, 1, 1) + 1
+}
+
+/// The day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`, the inverse of [`civil_from_days`]).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// The year, month (1 to 12) and day of the month of a day count since 1970-01-01 in the
