@@ -1652,7 +1652,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CAST(CAST(x AS DOUBLE) / 3.0 AS BIGINT)",
         "CAST(CAST(m AS DOUBLE) / -7.0 AS DECIMAL(18,6))",
     ] {
-        assert_evaluates_as_datafusion(&ctx, "w", text, &[(3, n - 10)], device).await;
+        // The last slice: chrono's ends and Date32's, with no null (a date part's null
+        // there is its own).
+        let slices = [(3, n - 10), (n - 7, 6)];
+        assert_evaluates_as_datafusion(&ctx, "w", text, &slices, device).await;
     }
     for text in ["TRY_CAST(f AS DECIMAL(30,2))", "f % g"] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;

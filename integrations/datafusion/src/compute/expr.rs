@@ -1606,6 +1606,16 @@ impl Node {
                 op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL => {
                     *on_fail == OnFail::Null || input.introduces_nulls()
                 }
+                // A date outside chrono's calendar (`host::DATE_PART_DAYS`).
+                op::YEAR
+                | op::MONTH
+                | op::DAY
+                | op::QUARTER
+                | op::DOW
+                | op::DOY
+                | op::WEEK
+                | op::ISODOW
+                | op::ISOYEAR => true,
                 _ => input.introduces_nulls(),
             },
         }
