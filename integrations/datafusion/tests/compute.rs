@@ -420,7 +420,7 @@ pub async fn check_refusals() {
     let ctx = typed_session();
     for (text, why) in [
         ("x & 3", "operator `&`"),
-        ("abs(CAST(x AS DOUBLE))", "abs of Float64"),
+        ("abs(CAST(x AS REAL))", "Float32"),
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
         ("round(a)", "function `round` has no device kernel"),
@@ -1792,6 +1792,107 @@ async fn random_like_patterns_are_datafusions() {
     if own_tests() {
         check_random_like(&ExecDevice::cpu()).await;
         check_ilike(&ExecDevice::cpu()).await;
+    }
+}
+
+/// `concat`, `||` and `concat_ws` against DataFusion: columns of each string type (a
+/// `Utf8View` one with long values in several blocks), of 0 to 20 characters of 1 to 4
+/// bytes, some null; literals short, long and empty; casts between the types that
+/// DataFusion's coercion puts in. Each over slices too.
+pub async fn check_concat(device: &ExecDevice) {
+    let mut next = xorshift(0xD1B5_4A32_D192_ED03);
+    let alphabet = ['a', 'b', 'é', '🦀', ' '];
+    let value = |next: &mut dyn FnMut(u64) -> u64| -> Option<String> {
+        (next(7) != 0).then(|| {
+            (0..next(21))
+                .map(|_| alphabet[next(alphabet.len() as u64) as usize])
+                .collect()
+        })
+    };
+    let n = 300;
+    let a: Vec<Option<String>> = (0..n).map(|_| value(&mut next)).collect();
+    let b: Vec<Option<String>> = (0..n).map(|_| value(&mut next)).collect();
+    let c: Vec<Option<String>> = (0..n).map(|_| value(&mut next)).collect();
+    let mut views = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
+    for v in &b {
+        views.append_option(v.as_deref());
+    }
+    let views = views.finish();
+    assert!(views.data_buffers().len() > 1, "several blocks");
+    let batch = RecordBatch::try_from_iter([
+        ("a", Arc::new(StringArray::from(a)) as ArrayRef),
+        ("b", Arc::new(views)),
+        ("c", Arc::new(arrow_array::LargeStringArray::from(c))),
+    ])
+    .unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+    ctx.register_table("cc", Arc::new(table)).unwrap();
+    for text in [
+        "concat(a, '-', b)",
+        "concat(b, c)",
+        "concat(a, c)",
+        "concat(a, a, a, a)",
+        "concat(b, ' and a literal longer than twelve bytes')",
+        "concat('', a)",
+        // DataFusion coerces the integer to a string literal.
+        "concat(a, 1)",
+        "a || b",
+        "a || '-'",
+        "a || '-' || c",
+        "b || c || a",
+        "concat_ws('-', a, b, c)",
+        "concat_ws('', a, b)",
+        "concat_ws(' :: 🦀 :: ', b, 'x', c)",
+        "concat_ws(',', c)",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
+    }
+    for text in ["concat(a, upper(b))", "a || upper(b)"] {
+        let (e, schema, _) = projection_of(&ctx, "cc", text).await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "`{text}`: no device kernel"
+        );
+    }
+    // Views that share their bytes (a deduplicating builder: one 40-byte value in every
+    // other row) pass the bound CUDA sizes a result's bytes by: there the batch is the
+    // host's (`HostOnly`), and a query computes it on the host, with DataFusion's rows.
+    if device.cuda().is_none() {
+        return;
+    }
+    let mut shared = arrow_array::builder::StringViewBuilder::new().with_deduplicate_strings();
+    for i in 0..400 {
+        shared.append_value(match i % 2 {
+            0 => "a value of forty bytes, shared by rows..",
+            _ => "x",
+        });
+    }
+    let batch = RecordBatch::try_from_iter([("s", Arc::new(shared.finish()) as ArrayRef)]).unwrap();
+    let sh = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    sh.register_table("sh", Arc::new(table)).unwrap();
+    let (e, schema, _) = projection_of(&sh, "sh", "concat(s, s)").await;
+    let failed = DeviceExpr::compile(&e, &schema)
+        .unwrap()
+        .evaluate(&upload(&batch, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::HostOnly(_))
+        ),
+        "{failed}"
+    );
+    let parts = vec![vec![batch.slice(0, 200)], vec![batch.slice(200, 200)]];
+    let sql = "SELECT concat(s, '-', s) AS v FROM sh WHERE s <> 'y'";
+    falls_back_as_datafusion(device, ("sh", parts), sql, "DeviceProjectionExec").await;
+}
+
+#[tokio::test]
+async fn concat_is_datafusions() {
+    if own_tests() {
+        check_concat(&ExecDevice::cpu()).await;
     }
 }
 

@@ -307,6 +307,15 @@ pub(crate) enum Node {
         name: String,
         upper: bool,
     },
+    /// `concat(...)`, `a || b || ...` or `concat_ws(sep, ...)` of string columns and
+    /// literals ([`Joined`]'s rule), a new string column of the expression's type
+    /// (`out`), so only the root of a projection's expression ([`string_node`]), never
+    /// lanes.
+    Concat {
+        parts: Vec<ConcatPart>,
+        joined: Joined,
+        out: DataType,
+    },
     /// The length of a string column's value (`character_length` in characters with
     /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
     /// value gives null.
@@ -351,6 +360,25 @@ const MAX_POW10: u32 = 18;
 
 pub(crate) fn pow10(k: u32) -> Option<i64> {
     (k <= MAX_POW10).then(|| 10i64.pow(k))
+}
+
+/// One argument of a [`Node::Concat`]: a string column, or a literal's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ConcatPart {
+    Column { index: usize, name: String },
+    Literal(Vec<u8>),
+}
+
+/// How a [`Node::Concat`] joins its parts (the code `concat_views` takes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// `concat`: a null part is empty; the result is never null.
+    SkipNulls = 0,
+    /// `||`: a null part makes the row null.
+    NullIfAny = 1,
+    /// `concat_ws`: the first part (a literal) between the parts that are not null;
+    /// the result is never null.
+    Separated = 2,
 }
 
 /// What a type is on the device's lanes.
@@ -794,6 +822,9 @@ pub(crate) fn string_node(
     if let Some(substr) = substr_node(expr, input) {
         return Some(substr);
     }
+    if let Some(concat) = concat_node(expr, input) {
+        return Some(concat);
+    }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
     let [column] = function.args() else {
         return None;
@@ -814,6 +845,75 @@ pub(crate) fn string_node(
         _ => return None,
     };
     Some((node, input.field(index).data_type().clone()))
+}
+
+/// `concat(...)`, `concat_ws(sep, ...)` (a literal separator) or a tree of `||` whose
+/// operands are string columns (or casts of them between string types: the same bytes)
+/// and string literals, with the expression's type: [`Node::Concat`]. DataFusion drops
+/// `concat`'s null literals itself; a null literal elsewhere stays on the host.
+fn concat_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, DataType)> {
+    let out = expr.data_type(input).ok()?;
+    if !super::string_type(&out) {
+        return None;
+    }
+    let part = |e: &Arc<dyn PhysicalExpr>| -> Option<ConcatPart> {
+        if let Ok(Some(bytes)) = string_literal(e) {
+            return Some(ConcatPart::Literal(bytes));
+        }
+        let e = match e.downcast_ref::<CastExpr>() {
+            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
+            _ => e,
+        };
+        let (index, name) = view_column(e, input)?;
+        Some(ConcatPart::Column { index, name })
+    };
+    let (parts, joined) = if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
+        let joined = match function.name() {
+            "concat" => Joined::SkipNulls,
+            "concat_ws" => Joined::Separated,
+            _ => return None,
+        };
+        let parts = function
+            .args()
+            .iter()
+            .map(part)
+            .collect::<Option<Vec<_>>>()?;
+        if joined == Joined::Separated && !matches!(parts.first(), Some(ConcatPart::Literal(_))) {
+            return None;
+        }
+        (parts, joined)
+    } else {
+        fn operands(e: &Arc<dyn PhysicalExpr>, out: &mut Vec<Arc<dyn PhysicalExpr>>) {
+            // A cast between string types (DataFusion's coercion of a nested `||`).
+            let inner = match e.downcast_ref::<CastExpr>() {
+                Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
+                _ => e,
+            };
+            match inner.downcast_ref::<BinaryExpr>() {
+                Some(b) if *b.op() == Operator::StringConcat => {
+                    operands(b.left(), out);
+                    operands(b.right(), out);
+                }
+                _ => out.push(e.clone()),
+            }
+        }
+        let binary = expr.downcast_ref::<BinaryExpr>()?;
+        if *binary.op() != Operator::StringConcat {
+            return None;
+        }
+        let mut all = Vec::new();
+        operands(expr, &mut all);
+        let parts = all.iter().map(part).collect::<Option<Vec<_>>>()?;
+        (parts, Joined::NullIfAny)
+    };
+    Some((
+        Node::Concat {
+            parts,
+            joined,
+            out: out.clone(),
+        },
+        out,
+    ))
 }
 
 /// The bytes of a value a string slice keeps: [`Node::Substr`]'s characters, or
@@ -1543,6 +1643,9 @@ impl Node {
             // A view outside its buffer (checked, flagged in the error word); a value
             // that is not ASCII (the host's).
             Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => true,
+            // A view outside its buffer; a result past its bound (the host's) or past
+            // i32 offsets.
+            Node::Concat { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -1590,6 +1693,8 @@ impl Node {
             | Node::StrLength { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
+            // Never null but for `||`, null where a part is.
+            Node::Concat { .. } => false,
             // A row no branch takes and an ELSE that is null.
             Node::Case {
                 branches,
@@ -1635,6 +1740,15 @@ impl Node {
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));
+                }
+            }
+            Node::Concat { parts, .. } => {
+                for part in parts {
+                    if let ConcatPart::Column { index, name } = part {
+                        if !out.iter().any(|(i, _)| i == index) {
+                            out.push((*index, name));
+                        }
+                    }
                 }
             }
             Node::Literal(_) | Node::Subquery(_) => {}

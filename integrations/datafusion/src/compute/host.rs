@@ -6,7 +6,7 @@ use arrow_schema::DataType;
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
-use super::expr::{op, string_key, Node, OnFail};
+use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -255,7 +255,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
-        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => {
+        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } | Node::Concat { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -616,6 +616,81 @@ pub(crate) fn slices(
         DataType::Utf8 => std::sync::Arc::new(StringArray::from(out)),
         DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(out)),
         _ => std::sync::Arc::new(StringViewArray::from(out)),
+    })
+}
+
+/// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`]), an array of
+/// type `out`, as `concat_views` joins them.
+pub(crate) fn concat(
+    frame: &DeviceFrame,
+    parts: &[ConcatPart],
+    joined: Joined,
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
+    let n = frame.num_rows();
+    let mut columns = Vec::with_capacity(parts.len());
+    for part in parts {
+        columns.push(match part {
+            ConcatPart::Column { index, name } => {
+                let values = view_values(frame_column(frame, *index, name)?, name)?;
+                if values.len() < n {
+                    return Err(ComputeError::Input(format!(
+                        "column `{name}`: fewer rows than its frame"
+                    ))
+                    .into());
+                }
+                Some(values)
+            }
+            ConcatPart::Literal(_) => None,
+        });
+    }
+    let mut rows: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut total = 0usize;
+    for i in 0..n {
+        let (mut row, mut null, mut present) = (Vec::new(), false, 0);
+        for (p, (part, column)) in parts.iter().zip(&columns).enumerate() {
+            if joined == Joined::Separated && p == 0 {
+                continue;
+            }
+            let value = match (part, column) {
+                (ConcatPart::Literal(bytes), _) => Some(bytes.as_slice()),
+                (_, Some(values)) => values[i],
+                (_, None) => None,
+            };
+            match (value, &parts[0]) {
+                (None, _) => null |= joined == Joined::NullIfAny,
+                (Some(value), ConcatPart::Literal(separator)) if joined == Joined::Separated => {
+                    if present > 0 {
+                        row.extend_from_slice(separator);
+                    }
+                    row.extend_from_slice(value);
+                    present += 1;
+                }
+                (Some(value), _) => row.extend_from_slice(value),
+            }
+        }
+        if null {
+            rows.push(None);
+            continue;
+        }
+        total += row.len();
+        rows.push(Some(String::from_utf8(row).map_err(|e| {
+            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
+        })?));
+    }
+    if *out == DataType::Utf8 && total > i32::MAX as usize {
+        return Err(ComputeError::Overflow(format!(
+            "`{text}`: {total} bytes overflow Utf8's offsets"
+        ))
+        .into());
+    }
+    Ok(match out {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
+        _ => std::sync::Arc::new(StringViewArray::from(rows)),
     })
 }
 

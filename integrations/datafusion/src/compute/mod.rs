@@ -269,6 +269,9 @@ impl DeviceExpr {
                 let column = host::frame_column(frame, *index, name)?;
                 host::ascii_cased(column, name, *upper, &self.text)?
             }
+            (expr::Node::Concat { parts, joined, out }, None) => {
+                host::concat(frame, parts, *joined, out, &self.text)?
+            }
             (node, None) => {
                 let lanes = host::eval(node, frame, &self.text)?;
                 let values: Vec<Option<i64>> = (0..frame.num_rows())

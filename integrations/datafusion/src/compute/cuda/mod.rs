@@ -15,7 +15,7 @@ use devarrow::cuda::cudarc::driver::{
 use devarrow::cuda::{BorrowedSlice, CudaArray, CudaDevice};
 
 use super::aggregate::{AggKind, Groups, KeySource, Plan};
-use super::expr::{Node, OnFail};
+use super::expr::{ConcatPart, Joined, Node, OnFail};
 use super::host::frame_column;
 use super::{ComputeError, DeviceExpr, ACC_WORDS, SELECTION};
 use crate::error::BoxError;
@@ -69,6 +69,7 @@ struct Kernels {
     view_case: CudaFunction,
     ascii_case: CudaFunction,
     substr_strings: CudaFunction,
+    concat_views: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -133,6 +134,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_case: f("view_case")?,
         ascii_case: f("ascii_case")?,
         substr_strings: f("substr_strings")?,
+        concat_views: f("concat_views")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -655,9 +657,12 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop(view);
             Ok(out)
         }
-        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => Err(
-            ComputeError::Input("a string value is a column, not a value of lanes".into()).into(),
-        ),
+        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } | Node::Concat { .. } => {
+            Err(
+                ComputeError::Input("a string value is a column, not a value of lanes".into())
+                    .into(),
+            )
+        }
         Node::StrLength {
             index,
             name,
@@ -894,6 +899,9 @@ pub(crate) fn evaluate(
         (Node::AsciiCase { index, name, upper }, None) => {
             let column = frame_column(frame, *index, name)?;
             Some(case_column(&cx, column, name, *upper, e)?)
+        }
+        (Node::Concat { parts, joined, out }, None) => {
+            Some(concat_column(&cx, cuda, frame, parts, *joined, out, e)?)
         }
         _ => None,
     };
@@ -1299,6 +1307,189 @@ fn case_column(
     };
     drop((view, valid, held));
     Ok(array)
+}
+
+/// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`]), a column of
+/// type `out`, in two passes of `concat_views`: each row's bytes and validity, scanned
+/// on the device into the offsets, then each row's bytes copied to its range.
+///
+/// The parts' table: a column's views where they lie (`view_args`: a `Utf8` or
+/// `LargeUtf8` column's made of its offsets), a literal's one view (stride 0) over the
+/// literals' bytes, uploaded once. No length is read back: the data buffer is sized by a
+/// bound, each column's variadic bytes and 12 a row (its inline values), each literal's
+/// bytes a row (`concat_ws`' separator, between every two parts). Views that share bytes
+/// can pass it: `concat_views` then flags the batch as the host's (8 in the error word).
+/// A `Utf8View` result is made of i64 offsets (`utf8_views`), its data its one buffer.
+fn concat_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    frame: &DeviceFrame,
+    parts: &[ConcatPart],
+    joined: Joined,
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
+    let s = cx.stream;
+    let n = frame.num_rows();
+    let literal_bytes: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| match p {
+            ConcatPart::Literal(bytes) => bytes.as_slice(),
+            ConcatPart::Column { .. } => &[],
+        })
+        .copied()
+        .collect();
+    let literals = s.clone_htod(if literal_bytes.is_empty() {
+        &[0u8][..]
+    } else {
+        &literal_bytes
+    })?;
+    let literals_at = addr(&literals, s);
+    let n_literals = parts
+        .iter()
+        .filter(|p| matches!(p, ConcatPart::Literal(_)))
+        .count();
+    // 8 words a part, then 4 a literal: its view (2), its buffer's address and size.
+    let words = 8 * parts.len() + 4 * n_literals;
+    let mut table = cx.zeros::<u64>(words)?;
+    let table_at = addr(&table, s);
+    let mut host = vec![0u64; words];
+    let (mut cap, mut extra, mut at) = (0u64, 8 * parts.len(), 0usize);
+    let mut views = Vec::new();
+    let mut nullable = false;
+    let separators = n.saturating_mul(parts.len().saturating_sub(2)) as u64;
+    let arg = |a: A| match a {
+        A::U64(v) => v,
+        _ => unreachable!("view_args' arguments are u64 but for none"),
+    };
+    for (p, part) in parts.iter().enumerate() {
+        let row = &mut host[8 * p..8 * p + 8];
+        match part {
+            ConcatPart::Column { index, name } => {
+                let column = frame_column(frame, *index, name)?;
+                let view = view_args(cx, column, name, n, err)?;
+                let [_, bitmap, offset, _, bufs, sizes, count] = view.args;
+                row[..7].copy_from_slice(&[
+                    view.first_view(),
+                    16,
+                    arg(bitmap),
+                    arg(offset),
+                    arg(bufs),
+                    arg(sizes),
+                    arg(count),
+                ]);
+                let c = column.column();
+                // Its data: an offset-based column's one buffer, a view column's
+                // variadic ones (between the views and their sizes).
+                let last = match c.data_type() {
+                    DataType::Utf8 | DataType::LargeUtf8 => 3,
+                    _ => c.n_buffers().saturating_sub(1),
+                };
+                let data = (2..last)
+                    .filter_map(|b| c.buffer(b))
+                    .map(|b| b.len() as u64)
+                    .sum::<u64>();
+                cap = cap.saturating_add(data.saturating_add(12 * n as u64));
+                nullable |= view.has_validity;
+                views.push(view);
+            }
+            ConcatPart::Literal(bytes) => {
+                let mut view = [0u8; 16];
+                view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+                if bytes.len() <= 12 {
+                    view[4..4 + bytes.len()].copy_from_slice(bytes);
+                } else {
+                    // Buffer 0 (the literals' bytes), at the literal's start.
+                    view[4..8].copy_from_slice(&bytes[..4]);
+                    view[12..].copy_from_slice(&(at as u32).to_le_bytes());
+                }
+                let here = table_at + 8 * extra as u64;
+                row[..7].copy_from_slice(&[here, 0, 0, 0, here + 16, here + 24, 1]);
+                host[extra] = u64::from_le_bytes(view[..8].try_into().expect("8 bytes"));
+                host[extra + 1] = u64::from_le_bytes(view[8..].try_into().expect("8 bytes"));
+                host[extra + 2] = literals_at;
+                host[extra + 3] = literal_bytes.len() as u64;
+                let rows = match (joined, p) {
+                    (Joined::Separated, 0) => separators,
+                    _ => n as u64,
+                };
+                cap = cap.saturating_add((bytes.len() as u64).saturating_mul(rows));
+                extra += 4;
+                at += bytes.len();
+            }
+        }
+    }
+    s.memcpy_htod(&host, &mut table)?;
+    let lens = cx.zeros::<i64>(n)?;
+    let valid = cx.zeros::<u8>(n)?;
+    let views_out = *out == DataType::Utf8View;
+    let wide = *out == DataType::LargeUtf8 || views_out;
+    let pass = |pass: u32, offsets: u64, data: u64| {
+        cx.launch(
+            &cx.k.concat_views,
+            n,
+            &[
+                A::U64(table_at),
+                A::U32(parts.len() as u32),
+                A::U32(joined as u32),
+                A::U64(n as u64),
+                A::U32(pass),
+                A::U64(addr(&lens, s)),
+                A::U64(addr(&valid, s)),
+                A::U32(u32::from(wide)),
+                A::U64(offsets),
+                A::U64(data),
+                A::U64(cap),
+                A::U64(err),
+            ],
+        )
+    };
+    pass(0, 0, 0)?;
+    // SAFETY: `lens` holds `n` i64s on this device, written by `concat_views` on the
+    // device's stream, the stream the scan runs on (in order after it).
+    unsafe { cuda.inclusive_scan_i64(addr(&lens, s) as *mut std::ffi::c_void, n as u64) }?;
+    let validity = packed_validity(cx, &valid, n, nullable && joined == Joined::NullIfAny)?;
+    let data = cx.zeros::<u8>(usize::try_from(cap).map_err(|_| "a bound past usize")?)?;
+    let data_at = addr(&data, s);
+    if views_out {
+        let offsets = cx.zeros::<i64>(n + 1)?;
+        pass(1, addr(&offsets, s), data_at)?;
+        let made = cx.zeros::<u128>(n)?;
+        cx.launch(
+            &cx.k.utf8_views,
+            n,
+            &[
+                A::U64(addr(&offsets, s)),
+                A::U32(1),
+                A::U64(data_at),
+                A::U64(data.len() as u64),
+                A::U64(0),
+                A::U64(n as u64),
+                A::U64(addr(&made, s)),
+                A::U64(err),
+            ],
+        )?;
+        drop((views, table, literals, lens, valid, offsets));
+        // SAFETY: `utf8_views` wrote one view per row (ordered before the export on this
+        // stream) of the offsets `concat_views` wrote over `data` (a total past the
+        // buffer, or offsets outside it, fail the batch by the error word): inline, or
+        // buffer 0, `data`, at the row's start; the bytes are the parts' UTF-8 values,
+        // whole, so UTF-8.
+        return Ok(unsafe { CudaArray::from_views(out.clone(), made, vec![data], validity) }?);
+    }
+    // SAFETY: pass 1 of `concat_views` writes the n + 1 offsets, 0 then the scan of the
+    // rows' lengths (non-decreasing; a total past `data`'s size, or past i32 for `Utf8`,
+    // fails the batch by the error word and writes nothing), and copies each row's parts,
+    // whole UTF-8 values, to its range.
+    let array = unsafe {
+        offset_array(cx, out.clone(), (wide, n), data, validity, |offsets| {
+            pass(1, offsets, data_at)
+        })
+    };
+    drop((views, table, literals, lens, valid));
+    array
 }
 
 /// A column's validity as devarrow-cuda's arrays take it: a bitmap and its null count
