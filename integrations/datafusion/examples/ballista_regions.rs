@@ -27,6 +27,12 @@
 //!   where it has none), each partition on the device running fewest. The example ends
 //!   with an error unless every such device ran partitions.
 //!
+//! Then the same queries under Ballista's adaptive planner (its default), which plans
+//! stages with a rule list of its own, so its plans have no region: an executor started
+//! as a deployment starts one (`start_executor_process`) with a `DevicePlacementEngine`
+//! places the regions in each stage it runs; each query must run partitions on the
+//! devices and give DataFusion's rows.
+//!
 //! On the emulated driver with two devices (`DEVARROW_EMU_DEVICES=2`, as `.ci/datafusion`
 //! runs it with `DEVARROW_CI_BALLISTA=1`), the one executor uses both.
 
@@ -65,7 +71,7 @@ use common::*;
 
 /// Ballista's session state, with device regions: the placement rule, the codec of
 /// region nodes (other nodes go to Ballista's own codecs) and devarrow's options.
-fn state(partitions: usize) -> datafusion::execution::SessionState {
+fn state(partitions: usize, adaptive: bool) -> datafusion::execution::SessionState {
     // The codec's own device is for `DeviceExec` steps only (none here); regions choose
     // theirs when they run.
     let physical = Arc::new(
@@ -73,10 +79,10 @@ fn state(partitions: usize) -> datafusion::execution::SessionState {
             .with_fallback(Arc::new(BallistaPhysicalExtensionCodec::default())),
     );
     // Ballista's adaptive planner (on by default) plans stages with a rule list of its
-    // own, without the session's physical optimizer rules: regions need its static
-    // planner, which plans with the session state's rules.
+    // own, without the session's physical optimizer rules: with it, the executor places
+    // the regions (`DevicePlacementEngine`); with the static planner, the scheduler does.
     let mut config = SessionConfig::new_with_ballista()
-        .with_ballista_adaptive_query_planner(false)
+        .with_ballista_adaptive_query_planner(adaptive)
         .with_target_partitions(partitions)
         .with_ballista_standalone_parallelism(partitions)
         .with_ballista_logical_extension_codec(Arc::new(BallistaLogicalExtensionCodec::default()))
@@ -129,7 +135,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         paths.push((table.name, path));
     }
 
-    let state = state(partitions);
+    let state = state(partitions, false);
     let addr = ballista_scheduler::standalone::new_standalone_scheduler_from_state(&state).await?;
     let scheduler_url = format!("http://localhost:{}", addr.port());
     let scheduler = loop {
@@ -161,6 +167,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         if joins && !text.contains("DeviceHashJoinExec: ") {
             return Err(format!("Q{q} has no device join:\n{text}").into());
         }
+        // An executor's `DevicePlacementEngine` (below) runs a plan that has regions as
+        // it came.
+        let engine = devarrow_datafusion::ballista::DevicePlacementEngine::default();
+        if !Arc::ptr_eq(&engine.place(plan.clone(), state.config())?, &plan) {
+            return Err(format!("Q{q}: the engine placed regions in a placed plan").into());
+        }
         // The plan as the scheduler makes it (EXPLAIN runs there, with the session's
         // settings the client sends).
         let explained = ctx.sql(&format!("EXPLAIN {sql}")).await?.collect().await?;
@@ -186,18 +198,120 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
 
     // Every device `auto` names on this machine ran partitions.
-    let options = DevarrowConfig::default();
     let mut idle = Vec::new();
-    for request in options.device_requests()? {
-        let pool = pool_for(request, options.partitions_per_device)?;
-        println!("{}: {} partitions placed", pool.id(), pool.placed());
-        if pool.placed() == 0 {
-            idle.push(pool.id().to_string());
+    for (id, placed) in placed_per_device()? {
+        println!("{id}: {placed} partitions placed");
+        if placed == 0 {
+            idle.push(id);
         }
     }
-    std::fs::remove_dir_all(&dir)?;
     if !idle.is_empty() {
         return Err(format!("devices that ran no partition: {}", idle.join(", ")).into());
+    }
+
+    adaptive(&paths, partitions, &dir, &alone).await?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+/// The partitions each device `auto` names on this machine has run, by its id.
+fn placed_per_device() -> Result<Vec<(String, u64)>, Box<dyn Error>> {
+    let options = DevarrowConfig::default();
+    let mut placed = Vec::new();
+    for request in options.device_requests()? {
+        let pool = pool_for(request, options.partitions_per_device)?;
+        placed.push((pool.id().to_string(), pool.placed()));
+    }
+    Ok(placed)
+}
+
+/// The partitions every device has run.
+fn placed() -> Result<u64, Box<dyn Error>> {
+    Ok(placed_per_device()?.iter().map(|(_, n)| n).sum())
+}
+
+/// A port free now on this machine (the executor's Flight and gRPC services need
+/// theirs before they start).
+fn free_port() -> Result<u16, Box<dyn Error>> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The queries again under Ballista's adaptive planner (its default): a scheduler of
+/// its own plans every stage with its own rule list, so no region is in its plans; the
+/// executor, started as a Ballista deployment starts one (`start_executor_process`) with
+/// a `DevicePlacementEngine`, places them in each stage it runs. Each query must run
+/// partitions on the devices and give DataFusion's rows.
+async fn adaptive(
+    paths: &[(&str, String)],
+    partitions: usize,
+    dir: &std::path::Path,
+    alone: &SessionContext,
+) -> Result<(), Box<dyn Error>> {
+    use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
+    use devarrow_datafusion::ballista::DevicePlacementEngine;
+
+    let state = state(partitions, true);
+    let addr = ballista_scheduler::standalone::new_standalone_scheduler_from_state(&state).await?;
+    let config = state.config().clone();
+    let work_dir = dir.join("adaptive-work");
+    std::fs::create_dir_all(&work_dir)?;
+    let executor = ExecutorProcessConfig {
+        bind_host: "127.0.0.1".into(),
+        external_host: Some("localhost".into()),
+        port: free_port()?,
+        grpc_port: free_port()?,
+        scheduler_host: "localhost".into(),
+        scheduler_port: addr.port(),
+        vcores: partitions,
+        // The standalone scheduler's policy: executors poll it for tasks.
+        task_scheduling_policy: ballista_core::config::TaskSchedulingPolicy::PullStaged,
+        work_dir: Some(work_dir.to_str().ok_or("path")?.to_string()),
+        print_thread_info: false,
+        override_execution_engine: Some(Arc::new(DevicePlacementEngine::default())),
+        override_config_producer: Some(Arc::new(move || config.clone())),
+        override_physical_codec: Some(state.config().ballista_physical_extension_codec()),
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        if let Err(e) = start_executor_process(Arc::new(executor)).await {
+            eprintln!("the executor stopped: {e}");
+        }
+    });
+    let scheduler_url = format!("http://localhost:{}", addr.port());
+    let ctx = SessionContext::remote_with_state(&scheduler_url, state.clone()).await?;
+    for (name, path) in paths {
+        ctx.register_parquet(*name, path, ParquetReadOptions::default())
+            .await?;
+    }
+    for (q, _) in QUERIES {
+        let sql = tpch::query(q);
+        // (The scheduler's `EXPLAIN` shows regions even here: it plans the explained
+        // stages with the session's rules. The stages it runs are its adaptive
+        // planner's, with none: without the engine, no partition runs on a device.)
+        let before = placed()?;
+        let got = ctx.sql(sql).await?.collect().await?;
+        let want = alone.sql(sql).await?.collect().await?;
+        if sorted(&got) != sorted(&want) {
+            return Err(format!(
+                "Q{q} under the adaptive planner differs from DataFusion's:\n{}\n{}",
+                pretty_format_batches(&got)?,
+                pretty_format_batches(&want)?
+            )
+            .into());
+        }
+        let ran = placed()? - before;
+        if ran == 0 {
+            return Err(
+                format!("Q{q} under the adaptive planner ran no partition on a device").into(),
+            );
+        }
+        println!(
+            "Q{q}: {} rows under Ballista's adaptive planner equal DataFusion's; the executor \
+             placed its regions ({ran} partitions on devices)",
+            rows(&got)
+        );
     }
     Ok(())
 }

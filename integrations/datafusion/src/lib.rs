@@ -12,7 +12,9 @@
 //!    ([`HostOnlyExec`]).
 //! 2. **Devices are chosen when a partition runs** ([`config`]): the plan names none.
 //! 3. **A step of your own** on every batch: [`DeviceExec`] with a [`DeviceStep`].
-//! 4. **Plans on the wire** (Ballista): [`DeviceExecCodec`].
+//! 4. **Plans on the wire** (Ballista): [`DeviceExecCodec`]; under Ballista's adaptive
+//!    planner, the executor places the regions (`ballista::DevicePlacementEngine`, with
+//!    the `ballista` feature).
 //!
 //! ```
 //! use datafusion::prelude::SessionConfig;
@@ -38,6 +40,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "ballista")]
+pub mod ballista;
 pub mod codec;
 pub mod compute;
 pub mod config;
