@@ -1795,11 +1795,11 @@ async fn random_like_patterns_are_datafusions() {
     }
 }
 
-/// `concat`, `||` and `concat_ws` against DataFusion: columns of each string type (a
-/// `Utf8View` one with long values in several blocks), of 0 to 20 characters of 1 to 4
-/// bytes, some null; literals short, long and empty; casts between the types that
+/// `concat`, `||`, `concat_ws` and `replace` against DataFusion: columns of each string
+/// type (a `Utf8View` one with long values in several blocks), of 0 to 20 characters of
+/// 1 to 4 bytes, some null; literals short, long and empty; casts between the types that
 /// DataFusion's coercion puts in. Each over slices too.
-pub async fn check_concat(device: &ExecDevice) {
+pub async fn check_concat_replace(device: &ExecDevice) {
     let mut next = xorshift(0xD1B5_4A32_D192_ED03);
     let alphabet = ['a', 'b', 'é', '🦀', ' '];
     let value = |next: &mut dyn FnMut(u64) -> u64| -> Option<String> {
@@ -1845,10 +1845,26 @@ pub async fn check_concat(device: &ExecDevice) {
         "concat_ws('', a, b)",
         "concat_ws(' :: 🦀 :: ', b, 'x', c)",
         "concat_ws(',', c)",
+        // Leftmost, not overlapping (`aaa` becomes `Xa`), none for an empty `from`;
+        // results longer and shorter than the values, of each type (`Utf8View` gives
+        // `Utf8`, as DataFusion types it).
+        "replace(b, 'aa', 'X')",
+        "replace(a, 'a', 'XY')",
+        "replace(c, 'é', 'e')",
+        "replace(b, '🦀', 'crab')",
+        "replace(b, ' ', ' and a replacement longer than twelve bytes ')",
+        "replace(a, 'ab', '')",
+        "replace(c, '', 'x')",
+        "replace(b, 'b', 'b')",
     ] {
         assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
     }
-    for text in ["concat(a, upper(b))", "a || upper(b)"] {
+    for text in [
+        "concat(a, upper(b))",
+        "a || upper(b)",
+        "replace(a, b, 'x')",
+        "replace(upper(a), 'A', 'x')",
+    ] {
         let (e, schema, _) = projection_of(&ctx, "cc", text).await;
         assert!(
             DeviceExpr::compile(&e, &schema).is_err(),
@@ -1890,9 +1906,9 @@ pub async fn check_concat(device: &ExecDevice) {
 }
 
 #[tokio::test]
-async fn concat_is_datafusions() {
+async fn concat_and_replace_are_datafusions() {
     if own_tests() {
-        check_concat(&ExecDevice::cpu()).await;
+        check_concat_replace(&ExecDevice::cpu()).await;
     }
 }
 

@@ -316,6 +316,18 @@ pub(crate) enum Node {
         joined: Joined,
         out: DataType,
     },
+    /// `replace(col, from, to)` of a string column and two string literals: every
+    /// occurrence of `from`, leftmost first and not overlapping, replaced by `to` (an
+    /// empty `from` replaces nothing, as DataFusion's); a new string column of the
+    /// expression's type (`out`), so only the root of a projection's expression
+    /// ([`string_node`]), never lanes.
+    Replace {
+        index: usize,
+        name: String,
+        from: Vec<u8>,
+        to: Vec<u8>,
+        out: DataType,
+    },
     /// The length of a string column's value (`character_length` in characters with
     /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
     /// value gives null.
@@ -826,6 +838,25 @@ pub(crate) fn string_node(
         return Some(concat);
     }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    if let ("replace", [column, from, to]) = (function.name(), function.args()) {
+        let out = expr.data_type(input).ok()?;
+        let column = match column.downcast_ref::<CastExpr>() {
+            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
+            _ => column,
+        };
+        let (index, name) = view_column(column, input)?;
+        let (Ok(Some(from)), Ok(Some(to))) = (string_literal(from), string_literal(to)) else {
+            return None;
+        };
+        let node = Node::Replace {
+            index,
+            name,
+            from,
+            to,
+            out: out.clone(),
+        };
+        return super::string_type(&out).then_some((node, out));
+    }
     let [column] = function.args() else {
         return None;
     };
@@ -1645,7 +1676,7 @@ impl Node {
             Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => true,
             // A view outside its buffer; a result past its bound (the host's) or past
             // i32 offsets.
-            Node::Concat { .. } => true,
+            Node::Concat { .. } | Node::Replace { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -1690,6 +1721,7 @@ impl Node {
             | Node::Substr { .. }
             | Node::Trim { .. }
             | Node::AsciiCase { .. }
+            | Node::Replace { .. }
             | Node::StrLength { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
@@ -1735,6 +1767,7 @@ impl Node {
             | Node::Substr { index, name, .. }
             | Node::Trim { index, name, .. }
             | Node::AsciiCase { index, name, .. }
+            | Node::Replace { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {

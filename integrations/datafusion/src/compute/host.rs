@@ -255,7 +255,11 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
-        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } | Node::Concat { .. } => {
+        Node::Substr { .. }
+        | Node::Trim { .. }
+        | Node::AsciiCase { .. }
+        | Node::Concat { .. }
+        | Node::Replace { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -675,6 +679,55 @@ pub(crate) fn concat(
         if null {
             rows.push(None);
             continue;
+        }
+        total += row.len();
+        rows.push(Some(String::from_utf8(row).map_err(|e| {
+            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
+        })?));
+    }
+    if *out == DataType::Utf8 && total > i32::MAX as usize {
+        return Err(ComputeError::Overflow(format!(
+            "`{text}`: {total} bytes overflow Utf8's offsets"
+        ))
+        .into());
+    }
+    Ok(match out {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
+        _ => std::sync::Arc::new(StringViewArray::from(rows)),
+    })
+}
+
+/// `replace(value, from, to)` of each value of a string column ([`Node::Replace`]), an
+/// array of type `out`, as `replace_views` finds the occurrences: leftmost first, not
+/// overlapping, none for an empty `from`.
+pub(crate) fn replaced(
+    column: &FrameColumn,
+    name: &str,
+    (from, to): (&[u8], &[u8]),
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
+    let values = view_values(column, name)?;
+    let mut rows: Vec<Option<String>> = Vec::with_capacity(values.len());
+    let mut total = 0usize;
+    for value in values {
+        let Some(value) = value else {
+            rows.push(None);
+            continue;
+        };
+        let mut row = Vec::with_capacity(value.len());
+        let mut j = 0;
+        while j < value.len() {
+            if !from.is_empty() && value[j..].starts_with(from) {
+                row.extend_from_slice(to);
+                j += from.len();
+            } else {
+                row.push(value[j]);
+                j += 1;
+            }
         }
         total += row.len();
         rows.push(Some(String::from_utf8(row).map_err(|e| {

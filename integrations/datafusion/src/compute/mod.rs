@@ -272,6 +272,19 @@ impl DeviceExpr {
             (expr::Node::Concat { parts, joined, out }, None) => {
                 host::concat(frame, parts, *joined, out, &self.text)?
             }
+            (
+                expr::Node::Replace {
+                    index,
+                    name,
+                    from,
+                    to,
+                    out,
+                },
+                None,
+            ) => {
+                let column = host::frame_column(frame, *index, name)?;
+                host::replaced(column, name, (from, to), out, &self.text)?
+            }
             (node, None) => {
                 let lanes = host::eval(node, frame, &self.text)?;
                 let values: Vec<Option<i64>> = (0..frame.num_rows())

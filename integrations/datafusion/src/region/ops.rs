@@ -45,7 +45,7 @@ use super::{BindContext, DeviceOperator, OperatorContext, RegionBatch};
 ///
 /// A batch whose predicate overflows the device's 64-bit lanes (a cast to a wide
 /// decimal scale, say, where DataFusion computes in 128 bits) is filtered on the host by
-/// the `FilterExec` itself and its rows uploaded again ([`on_host_and_back`]): the
+/// the `FilterExec` itself and its rows uploaded again (`on_host_and_back`): the
 /// query never fails for it; `host_fallback_batches` counts those batches.
 #[derive(Debug)]
 pub struct FilterOperator {
@@ -116,7 +116,7 @@ enum Projected {
 ///
 /// A batch where a computed column overflows the device's 64-bit lanes is projected on
 /// the host by the `ProjectionExec` itself and uploaded again, as the filter's
-/// ([`on_host_and_back`]).
+/// (`on_host_and_back`).
 #[derive(Debug)]
 pub struct ProjectionOperator {
     exprs: Vec<(Arc<dyn PhysicalExpr>, String)>,

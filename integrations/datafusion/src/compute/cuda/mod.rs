@@ -70,6 +70,7 @@ struct Kernels {
     ascii_case: CudaFunction,
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
+    replace_views: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -135,6 +136,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         ascii_case: f("ascii_case")?,
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
+        replace_views: f("replace_views")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -657,12 +659,14 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             drop(view);
             Ok(out)
         }
-        Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } | Node::Concat { .. } => {
-            Err(
-                ComputeError::Input("a string value is a column, not a value of lanes".into())
-                    .into(),
-            )
-        }
+        Node::Substr { .. }
+        | Node::Trim { .. }
+        | Node::AsciiCase { .. }
+        | Node::Concat { .. }
+        | Node::Replace { .. } => Err(ComputeError::Input(
+            "a string value is a column, not a value of lanes".into(),
+        )
+        .into()),
         Node::StrLength {
             index,
             name,
@@ -902,6 +906,19 @@ pub(crate) fn evaluate(
         }
         (Node::Concat { parts, joined, out }, None) => {
             Some(concat_column(&cx, cuda, frame, parts, *joined, out, e)?)
+        }
+        (
+            Node::Replace {
+                index,
+                name,
+                from,
+                to,
+                out,
+            },
+            None,
+        ) => {
+            let column = frame_column(frame, *index, name)?;
+            Some(replace_column(&cx, cuda, column, name, (from, to), out, e)?)
         }
         _ => None,
     };
@@ -1329,8 +1346,6 @@ fn concat_column(
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
-    use devarrow::abi::device::DeviceKernels;
-
     let s = cx.stream;
     let n = frame.num_rows();
     let literal_bytes: Vec<u8> = parts
@@ -1422,40 +1437,137 @@ fn concat_column(
         }
     }
     s.memcpy_htod(&host, &mut table)?;
-    let lens = cx.zeros::<i64>(n)?;
-    let valid = cx.zeros::<u8>(n)?;
-    let views_out = *out == DataType::Utf8View;
-    let wide = *out == DataType::LargeUtf8 || views_out;
-    let pass = |pass: u32, offsets: u64, data: u64| {
-        cx.launch(
-            &cx.k.concat_views,
-            n,
-            &[
-                A::U64(table_at),
-                A::U32(parts.len() as u32),
-                A::U32(joined as u32),
-                A::U64(n as u64),
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    let array = two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        nullable && joined == Joined::NullIfAny,
+        |pass, lens, valid, offsets, data| {
+            cx.launch(
+                &cx.k.concat_views,
+                n,
+                &[
+                    A::U64(table_at),
+                    A::U32(parts.len() as u32),
+                    A::U32(joined as u32),
+                    A::U64(n as u64),
+                    A::U32(pass),
+                    A::U64(lens),
+                    A::U64(valid),
+                    A::U32(u32::from(wide)),
+                    A::U64(offsets),
+                    A::U64(data),
+                    A::U64(cap),
+                    A::U64(err),
+                ],
+            )
+        },
+        err,
+    );
+    drop((views, table, literals));
+    array
+}
+
+/// `replace(value, from, to)` of each value of a string column ([`Node::Replace`]), a
+/// column of type `out`, in two passes of `replace_views` over the column's views where
+/// they lie (`view_args`): each row's length (its matches counted), then its bytes with
+/// the matches replaced ([`two_pass_strings`]). The bound of the data: the column's data
+/// bytes and 12 a row (its inline values), times `to`'s length over `from`'s (rounded
+/// up) where `to` is the longer.
+fn replace_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    column: &FrameColumn,
+    name: &str,
+    (from, to): (&[u8], &[u8]),
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let c = column.column();
+    let view = view_args(cx, column, name, n, err)?;
+    let last = match c.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 => 3,
+        _ => c.n_buffers().saturating_sub(1),
+    };
+    let bytes = (2..last)
+        .filter_map(|b| c.buffer(b))
+        .map(|b| b.len() as u64)
+        .sum::<u64>()
+        .saturating_add(12 * n as u64);
+    let growth = match (from.len() as u64, to.len() as u64) {
+        (f, t) if f > 0 && t > f => t.div_ceil(f),
+        _ => 1,
+    };
+    let cap = bytes.saturating_mul(growth);
+    // `from` then `to`, on the device (at least one byte).
+    let literals = s.clone_htod(&[from, to, &[0u8][..]].concat())?;
+    let at = addr(&literals, s);
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    let array = two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        view.has_validity,
+        |pass, lens, valid, offsets, data| {
+            let args = view.args.iter().copied().chain([
+                A::U64(at),
+                A::U64(from.len() as u64),
+                A::U64(at + from.len() as u64),
+                A::U64(to.len() as u64),
                 A::U32(pass),
-                A::U64(addr(&lens, s)),
-                A::U64(addr(&valid, s)),
+                A::U64(lens),
+                A::U64(valid),
                 A::U32(u32::from(wide)),
                 A::U64(offsets),
                 A::U64(data),
                 A::U64(cap),
                 A::U64(err),
-            ],
-        )
-    };
-    pass(0, 0, 0)?;
-    // SAFETY: `lens` holds `n` i64s on this device, written by `concat_views` on the
-    // device's stream, the stream the scan runs on (in order after it).
-    unsafe { cuda.inclusive_scan_i64(addr(&lens, s) as *mut std::ffi::c_void, n as u64) }?;
-    let validity = packed_validity(cx, &valid, n, nullable && joined == Joined::NullIfAny)?;
+            ]);
+            cx.launch(&cx.k.replace_views, n, &args.collect::<Vec<_>>())
+        },
+        err,
+    );
+    drop((view, literals));
+    array
+}
+
+/// A string column of `n` rows of type `out` written in two passes of a kernel
+/// (`launch(pass, lens, valid, offsets, data)`): pass 0 writes each row's length and
+/// validity flag, which are scanned on the device (inclusive) into the offsets; pass 1
+/// checks the total against `cap` (over it: 8 in the error word, the host's; past i32
+/// for `Utf8`: 1) and writes the n + 1 offsets (i64 for `LargeUtf8` and `Utf8View`)
+/// and each row's bytes into a data buffer of `cap` bytes. A `Utf8View` result is made
+/// of the offsets by `utf8_views`, the data its one buffer. The validity flags are
+/// packed where `nullable`. Nothing is read back.
+///
+/// The kernel must write valid UTF-8 at each row's range, and the offsets as above.
+fn two_pass_strings(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (n, out, cap): (usize, &DataType, u64),
+    nullable: bool,
+    launch: impl Fn(u32, u64, u64, u64, u64) -> Result<(), BoxError>,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
+    let s = cx.stream;
+    let lens = cx.zeros::<i64>(n)?;
+    let valid = cx.zeros::<u8>(n)?;
+    let (lens_at, valid_at) = (addr(&lens, s), addr(&valid, s));
+    launch(0, lens_at, valid_at, 0, 0)?;
+    // SAFETY: `lens` holds `n` i64s on this device, written by pass 0 on the device's
+    // stream, the stream the scan runs on (in order after it).
+    unsafe { cuda.inclusive_scan_i64(lens_at as *mut std::ffi::c_void, n as u64) }?;
+    let validity = packed_validity(cx, &valid, n, nullable)?;
     let data = cx.zeros::<u8>(usize::try_from(cap).map_err(|_| "a bound past usize")?)?;
     let data_at = addr(&data, s);
-    if views_out {
+    if *out == DataType::Utf8View {
         let offsets = cx.zeros::<i64>(n + 1)?;
-        pass(1, addr(&offsets, s), data_at)?;
+        launch(1, lens_at, valid_at, addr(&offsets, s), data_at)?;
         let made = cx.zeros::<u128>(n)?;
         cx.launch(
             &cx.k.utf8_views,
@@ -1471,24 +1583,24 @@ fn concat_column(
                 A::U64(err),
             ],
         )?;
-        drop((views, table, literals, lens, valid, offsets));
+        drop((lens, valid, offsets));
         // SAFETY: `utf8_views` wrote one view per row (ordered before the export on this
-        // stream) of the offsets `concat_views` wrote over `data` (a total past the
-        // buffer, or offsets outside it, fail the batch by the error word): inline, or
-        // buffer 0, `data`, at the row's start; the bytes are the parts' UTF-8 values,
-        // whole, so UTF-8.
+        // stream) of the offsets pass 1 wrote over `data` (a total past the buffer, or
+        // offsets outside it, fail the batch by the error word): inline, or buffer 0,
+        // `data`, at the row's start; the bytes UTF-8, as the kernel promises.
         return Ok(unsafe { CudaArray::from_views(out.clone(), made, vec![data], validity) }?);
     }
-    // SAFETY: pass 1 of `concat_views` writes the n + 1 offsets, 0 then the scan of the
-    // rows' lengths (non-decreasing; a total past `data`'s size, or past i32 for `Utf8`,
-    // fails the batch by the error word and writes nothing), and copies each row's parts,
-    // whole UTF-8 values, to its range.
+    let wide = *out == DataType::LargeUtf8;
+    // SAFETY: pass 1 writes the n + 1 offsets, 0 then the scan of the rows' lengths
+    // (non-decreasing; a total past `data`'s size, or past i32 for `Utf8`, fails the
+    // batch by the error word and writes nothing), and each row's UTF-8 bytes to its
+    // range.
     let array = unsafe {
         offset_array(cx, out.clone(), (wide, n), data, validity, |offsets| {
-            pass(1, offsets, data_at)
+            launch(1, lens_at, valid_at, offsets, data_at)
         })
     };
-    drop((views, table, literals, lens, valid));
+    drop((lens, valid));
     array
 }
 
