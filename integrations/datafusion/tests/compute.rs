@@ -1537,6 +1537,35 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     days.extend([first - 1, first, last, last + 1, i32::MIN, i32::MAX].map(Some));
     days.push(None);
     let n = days.len();
+    // Timestamps of those days at times of day either side of midnight (a negative count
+    // floors to the day before): nanoseconds within their range, seconds as they come
+    // (past chrono's calendar at its ends: null date parts), and milliseconds in UTC.
+    let at = |i: usize| (i as i64 * 7_919) % 86_400 - 43_200;
+    let ts = arrow_array::TimestampNanosecondArray::from(
+        days.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                d.map(|d| {
+                    (d as i64).clamp(-106_000, 106_000) * 86_400_000_000_000
+                        + at(i) * 1_000_000_000
+                        + i as i64 % 1_000
+                })
+            })
+            .collect::<Vec<_>>(),
+    );
+    let tsec = arrow_array::TimestampSecondArray::from(
+        days.iter()
+            .enumerate()
+            .map(|(i, d)| d.map(|d| d as i64 * 86_400 + at(i)))
+            .collect::<Vec<_>>(),
+    );
+    let tz = arrow_array::TimestampMillisecondArray::from(
+        days.iter()
+            .enumerate()
+            .map(|(i, d)| d.map(|d| (d as i64).clamp(-106_000, 106_000) * 86_400_000 + at(i)))
+            .collect::<Vec<_>>(),
+    )
+    .with_timezone("UTC");
     let d = Date32Array::from(days);
     let x = Int32Array::from(
         (0..n as i32)
@@ -1579,6 +1608,9 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         ("m", Arc::new(m)),
         ("f", Arc::new(f)),
         ("g", Arc::new(g)),
+        ("ts", Arc::new(ts)),
+        ("tsec", Arc::new(tsec)),
+        ("tz", Arc::new(tz)),
     ])
     .unwrap();
     let ctx = SessionContext::new();
@@ -1601,6 +1633,20 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "date_part('mons', d)",
         "EXTRACT(WEEK FROM d) * 10 + EXTRACT(DOW FROM d)",
         "EXTRACT(DOY FROM d)",
+        // Timestamps' date parts (no time zone) and times of day, comparisons of any.
+        "date_part('year', ts)",
+        "date_part('day', ts)",
+        "date_part('hour', ts)",
+        "date_part('minute', ts)",
+        "EXTRACT(DOW FROM ts) * 100 + EXTRACT(HOUR FROM ts)",
+        "date_part('week', tsec)",
+        "date_part('isoyear', tsec)",
+        "date_part('hours', tsec)",
+        "date_part('mins', tsec)",
+        "ts > TIMESTAMP '1999-06-01 12:00:00'",
+        "tsec <= TIMESTAMP '1969-12-31 23:00:00'",
+        "tz < tz",
+        "CASE WHEN x > 0 THEN ts END",
         "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
@@ -1664,6 +1710,25 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
+    for text in ["date_part('hour', tz)", "date_part('second', ts)"] {
+        let (e, schema, _) = projection_of(&ctx, "w", text).await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "`{text}`: no device kernel"
+        );
+    }
+    check_partial_aggregate(
+        &ctx,
+        "SELECT date_part('hour', ts) AS h, min(ts), max(tsec), count(*) FROM w GROUP BY h",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &ctx,
+        "SELECT ts, count(*) FROM w WHERE x > 0 GROUP BY ts",
+        device,
+    )
+    .await;
     let (e, schema, _) = projection_of(&ctx, "w", "date_part('hour', d)").await;
     let refused = DeviceExpr::compile(&e, &schema);
     assert!(
@@ -2413,7 +2478,12 @@ async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str
     join_tables_of(&plain, strings);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 64] = [
+    let cases: [&str; 66] = [
+        // Timestamp keys (i64 lanes; made by a host projection below the join).
+        "select f.qty, d.name from fact f join dim d \
+         on to_timestamp_seconds(f.fk) = to_timestamp_seconds(d.k)",
+        "select d.k, d.name from dim d where not exists \
+         (select 1 from fact f where to_timestamp_millis(f.fk2) = to_timestamp_millis(d.k2))",
         // Both frames of an outer join with a filter on through a partial aggregate.
         "select count(*) as n, count(d.k) as matched, sum(f.qty) as q from dim d \
          full join fact f on f.fk = d.k and f.qty > d.k2",

@@ -30,7 +30,7 @@ use arrow_array::{
     ArrayRef, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array, Int64Array,
     Int8Array, RecordBatch, RecordBatchOptions, UInt64Array,
 };
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::{DataType, SchemaRef, TimeUnit};
 use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::ExecutionPlan;
@@ -163,6 +163,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             | DataType::Int32
             | DataType::Int64
             | DataType::Date32
+            | DataType::Timestamp(..)
             | DataType::Decimal128(..) => {
                 let (node, _) = expr::compile(e, &input)?;
                 keys.push((KeySource::Value(node), t));
@@ -251,6 +252,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         | DataType::Int32
                         | DataType::Int64
                         | DataType::Date32
+                        | DataType::Timestamp(..)
                         | DataType::Float64
                 ) && state(0) == t
             }
@@ -631,6 +633,27 @@ pub(crate) fn values_array(
         DataType::Int16 => Arc::new(Int16Array::from(narrow::<i16>(lanes, t, what)?)),
         DataType::Int8 => Arc::new(Int8Array::from(narrow::<i8>(lanes, t, what)?)),
         DataType::Date32 => Arc::new(Date32Array::from(narrow::<i32>(lanes, t, what)?)),
+        DataType::Timestamp(unit, tz) => {
+            use arrow_array::{
+                TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+                TimestampSecondArray,
+            };
+            let values = lanes.to_vec();
+            match unit {
+                TimeUnit::Second => {
+                    Arc::new(TimestampSecondArray::from(values).with_timezone_opt(tz.clone()))
+                }
+                TimeUnit::Millisecond => {
+                    Arc::new(TimestampMillisecondArray::from(values).with_timezone_opt(tz.clone()))
+                }
+                TimeUnit::Microsecond => {
+                    Arc::new(TimestampMicrosecondArray::from(values).with_timezone_opt(tz.clone()))
+                }
+                TimeUnit::Nanosecond => {
+                    Arc::new(TimestampNanosecondArray::from(values).with_timezone_opt(tz.clone()))
+                }
+            }
+        }
         DataType::Boolean => Arc::new(arrow_array::BooleanArray::from(
             lanes.iter().map(|v| v.map(|v| v != 0)).collect::<Vec<_>>(),
         )),

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Schema};
+use arrow_schema::{DataType, Schema, TimeUnit};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
@@ -94,6 +94,10 @@ pub(crate) mod op {
     /// Unary: a Float64's absolute value (its bits, the sign bit cleared, as `f64::abs`,
     /// NaN's too).
     pub const FABS: u32 = 18;
+    /// Unary: a timestamp's hour, 0 to 23 (`mul`: its units a day).
+    pub const HOUR: u32 = 19;
+    /// Unary: a timestamp's minute, 0 to 59 (`mul`: its units a day).
+    pub const MINUTE: u32 = 20;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -402,6 +406,9 @@ enum Kind {
     Bool,
     /// Float64, as its bits: compared only (through [`op::FLOAT_KEY`]).
     Float,
+    /// A timestamp (any time zone: an instant), its i64 count of `unit`s since the
+    /// epoch: compared with timestamps of its unit, and its date parts taken.
+    Timestamp(TimeUnit),
 }
 
 fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
@@ -414,6 +421,7 @@ fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
         }
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Kind::Int,
         DataType::Date32 => Kind::Date,
+        DataType::Timestamp(unit, _) => Kind::Timestamp(*unit),
         DataType::Boolean => Kind::Bool,
         DataType::Float64 => Kind::Float,
         other => return Err(Unsupported(format!("{other} has no device operator"))),
@@ -1310,11 +1318,13 @@ fn as_case(
     case_node(&case, input, data_type)
 }
 
-/// `date_part(part, d)` (and `EXTRACT`) of a `Date32`, an `Int32`, for the parts the
-/// device computes, named as DataFusion's `date_part` reads them: an interval unit
-/// (`year`, `month`, `week`, `day`, with their plurals and abbreviations) or one of
-/// `quarter`, `doy`, `dow`, `isodow`, `isoyear`. A date outside chrono's calendar is null,
-/// as arrow's.
+/// `date_part(part, d)` (and `EXTRACT`) of a `Date32` or of a `Timestamp` with no time
+/// zone, an `Int32`, for the parts the device computes, named as DataFusion's
+/// `date_part` reads them: an interval unit (`year`, `month`, `week`, `day`, and a
+/// timestamp's `hour` and `minute`, with their plurals and abbreviations) or one of
+/// `quarter`, `doy`, `dow`, `isodow`, `isoyear`. A timestamp's day is its count floored
+/// to whole days (`mul`: its units a day). A date outside chrono's calendar is null, as
+/// arrow's.
 fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
     use datafusion::arrow::compute::kernels::cast_utils::IntervalUnit;
     let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
@@ -1330,11 +1340,19 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
         .strip_prefix(['\'', '"'])
         .and_then(|p| p.strip_suffix(['\'', '"']))
         .unwrap_or(part);
+    let (node, t) = compile(date, input)?;
+    let per_day = match &t {
+        DataType::Date32 => 1,
+        DataType::Timestamp(unit, None) => units_per_day(*unit),
+        _ => return refuse(&format!("date_part of {t} has no device kernel")),
+    };
     let op = match part.parse::<IntervalUnit>() {
         Ok(IntervalUnit::Year) => op::YEAR,
         Ok(IntervalUnit::Month) => op::MONTH,
         Ok(IntervalUnit::Week) => op::WEEK,
         Ok(IntervalUnit::Day) => op::DAY,
+        Ok(IntervalUnit::Hour) if per_day > 1 => op::HOUR,
+        Ok(IntervalUnit::Minute) if per_day > 1 => op::MINUTE,
         Ok(_) => return refuse(&format!("the part `{part}` has no device kernel")),
         Err(_) => match part.to_lowercase().as_str() {
             "qtr" | "quarter" => op::QUARTER,
@@ -1345,11 +1363,25 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
             _ => return refuse(&format!("the part `{part}` has no device kernel")),
         },
     };
-    let (node, t) = compile(date, input)?;
-    if t != DataType::Date32 {
-        return refuse(&format!("date_part of {t} has no device kernel"));
-    }
-    Ok(unary(op, node))
+    Ok(Node::Unary {
+        op,
+        input: Box::new(node),
+        mul: per_day,
+        lo: i64::MIN,
+        hi: i64::MAX,
+        on_fail: OnFail::Error,
+    })
+}
+
+/// A timestamp unit's count in a day.
+pub(crate) fn units_per_day(unit: TimeUnit) -> i64 {
+    86_400
+        * match unit {
+            TimeUnit::Second => 1,
+            TimeUnit::Millisecond => 1_000,
+            TimeUnit::Microsecond => 1_000_000,
+            TimeUnit::Nanosecond => 1_000_000_000,
+        }
 }
 
 /// SQL's `left AND right` / `left OR right` ([`op::AND`], [`op::OR`]) of two Boolean
@@ -1430,6 +1462,10 @@ fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
         ScalarValue::Int32(v) => v.map(i64::from),
         ScalarValue::Int64(v) => *v,
         ScalarValue::Date32(v) => v.map(i64::from),
+        ScalarValue::TimestampSecond(v, _)
+        | ScalarValue::TimestampMillisecond(v, _)
+        | ScalarValue::TimestampMicrosecond(v, _)
+        | ScalarValue::TimestampNanosecond(v, _) => *v,
         ScalarValue::Boolean(v) => v.map(i64::from),
         ScalarValue::Float64(v) => v.map(|f| f.to_bits() as i64),
         other => {
@@ -1539,6 +1575,7 @@ fn binary_node(
                 rmul = pow10((s - rs) as u32).expect("scales of at most 18");
             }
             (Kind::Int, Kind::Int) | (Kind::Date, Kind::Date) | (Kind::Bool, Kind::Bool) => {}
+            (Kind::Timestamp(a), Kind::Timestamp(b)) if a == b => {}
             (Kind::Float, Kind::Float) => {
                 return Ok(Node::Binary {
                     op,
@@ -1752,7 +1789,9 @@ impl Node {
                 | op::DOY
                 | op::WEEK
                 | op::ISODOW
-                | op::ISOYEAR => true,
+                | op::ISOYEAR
+                | op::HOUR
+                | op::MINUTE => true,
                 _ => input.introduces_nulls(),
             },
         }

@@ -112,7 +112,7 @@ pub(crate) fn load(column: &FrameColumn, name: &str) -> Result<Lanes, BoxError> 
             out
         }
         // A Float64's lanes are its bits (compared through `op::FLOAT_KEY`).
-        DataType::Int64 | DataType::Float64 => fixed(&c, 8)?
+        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) => fixed(&c, 8)?
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
             .collect(),
@@ -427,11 +427,13 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 | op::DOY
                 | op::WEEK
                 | op::ISODOW
-                | op::ISOYEAR => {
+                | op::ISOYEAR
+                | op::HOUR
+                | op::MINUTE => {
                     let mut values = vec![0i64; n];
                     let mut valid = vec![0u8; n];
                     for i in (0..n).filter(|&i| a.is_valid(i)) {
-                        if let Some(part) = date_part(*op, a.values[i]) {
+                        if let Some(part) = date_part(*op, a.values[i], *mul) {
                             (values[i], valid[i]) = (part, 1);
                         }
                     }
@@ -533,12 +535,21 @@ pub(crate) fn minmax_float_key(bits: i64) -> Option<i64> {
 /// `date_part` gives null outside them (its `date32_to_datetime` has no date there).
 pub(crate) const DATE_PART_DAYS: (i64, i64) = (-96_465_292, 95_026_236);
 
-/// Date part `op` ([`op::YEAR`] to [`op::ISOYEAR`]) of a day count since 1970-01-01, as
-/// arrow's `date_part` takes it of a `Date32` (chrono's calendar, ISO weeks from
-/// Monday); `None` (null) outside [`DATE_PART_DAYS`]. `unary_lanes` computes the same.
-pub(crate) fn date_part(op: u32, days: i64) -> Option<i64> {
+/// Date part `op` ([`op::YEAR`] to [`op::ISOYEAR`], [`op::HOUR`], [`op::MINUTE`]) of
+/// `value`, a count of units since 1970-01-01 (`per_day` of them a day: 1 for a
+/// `Date32`'s days), as arrow's `date_part` takes it (chrono's calendar, ISO weeks from
+/// Monday); `None` (null) where its day is outside [`DATE_PART_DAYS`]. `unary_lanes`
+/// computes the same.
+pub(crate) fn date_part(op: u32, value: i64, per_day: i64) -> Option<i64> {
+    let days = value.div_euclid(per_day);
     if !(DATE_PART_DAYS.0..=DATE_PART_DAYS.1).contains(&days) {
         return None;
+    }
+    let in_day = value.rem_euclid(per_day);
+    match op {
+        op::HOUR => return Some(in_day / (per_day / 24)),
+        op::MINUTE => return Some(in_day / (per_day / 1440) % 60),
+        _ => {}
     }
     // Sunday 0 (1970-01-01 was a Thursday) and Monday 0, the remainders of days' sign.
     let dow = ((days % 7) + 11) % 7;

@@ -272,9 +272,12 @@ pub struct DeviceHashJoin {
 /// value, which fits 64 bits up to precision 18).
 fn key_type(data_type: &DataType) -> bool {
     match data_type {
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32 => {
-            true
-        }
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::Date32
+        | DataType::Timestamp(..) => true,
         DataType::Decimal128(p, s) => *p <= 18 && *s >= 0,
         DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8 => true,
         _ => false,

@@ -17,16 +17,16 @@
 //! pass (one kernel launch on CUDA) per node, each node's lanes a temporary buffer of
 //! `rows` i64s and `rows` validity bytes:
 //!
-//! - `Column`: Decimal128, Int8/16/32/64, Date32, Boolean, Float64 (and a `UInt8`
-//!   selection);
-//! - `Literal`: Decimal128 (its value within 64 bits), Int8/16/32/64, Date32, Boolean,
-//!   and their nulls;
+//! - `Column`: Decimal128, Int8/16/32/64, Date32, Timestamp (any unit and time zone:
+//!   its i64 count), Boolean, Float64 (and a `UInt8` selection);
+//! - `Literal`: Decimal128 (its value within 64 bits), Int8/16/32/64, Date32, Timestamp,
+//!   Boolean, and their nulls;
 //! - `BinaryExpr`: `+ - *` on two decimals (the sum's operands aligned to the larger
 //!   scale by multiplying by 10^k, as arrow does; the product at the sum of the scales;
 //!   the result type the host expression's `data_type`, checked against those rules) or
 //!   two integers (an Int32 result outside Int32's range is an overflow error where
 //!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
-//!   integers, dates and booleans; `+ - * /` and comparisons of two Float64s (IEEE 754,
+//!   integers, dates, timestamps of one unit and booleans; `+ - * /` and comparisons of two Float64s (IEEE 754,
 //!   as arrow computes them); `AND`/`OR` with SQL's three-valued logic;
 //! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`, `NegativeExpr` (as `0 - x`);
 //! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
@@ -195,6 +195,7 @@ impl DeviceExpr {
                 | DataType::Int32
                 | DataType::Int64
                 | DataType::Date32
+                | DataType::Timestamp(..)
                 | DataType::Decimal128(..)
                 | DataType::Float64
         ) {
