@@ -1647,6 +1647,12 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "tsec <= TIMESTAMP '1969-12-31 23:00:00'",
         "tz < tz",
         "CASE WHEN x > 0 THEN ts END",
+        // Casts between dates and timestamps with no time zone: a timestamp's day
+        // floored; a date's days in the unit (checked: null past i64 for TRY_CAST).
+        "CAST(ts AS DATE)",
+        "CAST(ts AS DATE) = d",
+        "TRY_CAST(d AS TIMESTAMP)",
+        "arrow_cast(d, 'Timestamp(Second, None)')",
         "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
@@ -1710,6 +1716,22 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
+    // A second-unit timestamp past chrono's calendar has no date: arrow's cast fails, so
+    // the device flags the batch for the host, which raises DataFusion's error.
+    let (e, schema, batches) = projection_of(&ctx, "w", "CAST(tsec AS DATE)").await;
+    let input = concat_batches(&schema, &batches).unwrap();
+    assert!(e.evaluate(&input).is_err(), "DataFusion's cast fails");
+    let failed = DeviceExpr::compile(&e, &schema)
+        .unwrap()
+        .evaluate(&upload(&input, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::Overflow(_))
+        ),
+        "{failed}"
+    );
     for text in ["date_part('hour', tz)", "date_part('second', ts)"] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;
         assert!(

@@ -98,6 +98,9 @@ pub(crate) mod op {
     pub const HOUR: u32 = 19;
     /// Unary: a timestamp's minute, 0 to 59 (`mul`: its units a day).
     pub const MINUTE: u32 = 20;
+    /// Unary: a timestamp's day (`CAST(ts AS DATE)`: its count floored to whole days,
+    /// `mul` its units a day); a day out of chrono's calendar fails.
+    pub const DAYS: u32 = 21;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -1618,6 +1621,23 @@ fn cast_node(
     }
     let (mul, (lo, hi)) = match (kind(&from)?, kind(to)?) {
         (Kind::Int, Kind::Int) => (1, range_of(to)),
+        // A date's days times the unit's count a day (checked: arrow's cast checks
+        // microseconds and nanoseconds; seconds and milliseconds cannot overflow).
+        (Kind::Date, Kind::Timestamp(unit)) if matches!(to, DataType::Timestamp(_, None)) => {
+            (units_per_day(unit), (i64::MIN, i64::MAX))
+        }
+        // A timestamp's day, floored; out of chrono's calendar arrow's cast fails (a
+        // TRY_CAST too), so the batch goes to the host, which raises its error.
+        (Kind::Timestamp(unit), Kind::Date) if matches!(from, DataType::Timestamp(_, None)) => {
+            return Ok(Node::Unary {
+                op: op::DAYS,
+                input: Box::new(node),
+                mul: units_per_day(unit),
+                lo: i64::MIN,
+                hi: i64::MAX,
+                on_fail: OnFail::Error,
+            });
+        }
         (Kind::Int, Kind::Decimal(s)) => {
             let DataType::Decimal128(p, _) = to else {
                 return refuse("not a decimal");
@@ -1742,7 +1762,7 @@ impl Node {
             } => {
                 (matches!(
                     *op,
-                    op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL | op::MINMAX_KEY
+                    op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL | op::MINMAX_KEY | op::DAYS
                 ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }

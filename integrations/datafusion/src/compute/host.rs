@@ -440,6 +440,23 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     let valid = valid.contains(&0).then_some(valid);
                     Ok(Lanes { values, valid })
                 }
+                op::DAYS => {
+                    let mut values = vec![0i64; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        let days = a.values[i].div_euclid(*mul);
+                        if !(DATE_PART_DAYS.0..=DATE_PART_DAYS.1).contains(&days) {
+                            return Err(ComputeError::Overflow(format!(
+                                "`{text}`: row {i}'s day {days} is out of chrono's calendar"
+                            ))
+                            .into());
+                        }
+                        values[i] = days;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 op::FABS => Ok(Lanes {
                     values: a.values.iter().map(|&v| v & i64::MAX).collect(),
                     valid: a.valid,
