@@ -1882,11 +1882,11 @@ async fn random_like_patterns_are_datafusions() {
     }
 }
 
-/// `concat`, `||`, `concat_ws` and `replace` against DataFusion: columns of each string
+/// `concat`, `||`, `concat_ws`, `replace` and `strpos` against DataFusion: columns of each string
 /// type (a `Utf8View` one with long values in several blocks), of 0 to 20 characters of
 /// 1 to 4 bytes, some null; literals short, long and empty; casts between the types that
 /// DataFusion's coercion puts in. Each over slices too.
-pub async fn check_concat_replace(device: &ExecDevice) {
+pub async fn check_string_functions(device: &ExecDevice) {
     let mut next = xorshift(0xD1B5_4A32_D192_ED03);
     let alphabet = ['a', 'b', 'é', '🦀', ' '];
     let value = |next: &mut dyn FnMut(u64) -> u64| -> Option<String> {
@@ -1943,6 +1943,15 @@ pub async fn check_concat_replace(device: &ExecDevice) {
         "replace(a, 'ab', '')",
         "replace(c, '', 'x')",
         "replace(b, 'b', 'b')",
+        // The first occurrence's position in characters, 0 for none, 1 for an empty
+        // needle; `Int64` over `LargeUtf8`.
+        "strpos(b, 'a')",
+        "strpos(a, '🦀 ')",
+        "instr(c, 'é')",
+        "position('ab' IN b)",
+        "strpos(b, '')",
+        "strpos(a, 'a needle longer than any value')",
+        "strpos(b, 'b') + strpos(c, 'a') * 100",
     ] {
         assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
     }
@@ -1993,9 +2002,9 @@ pub async fn check_concat_replace(device: &ExecDevice) {
 }
 
 #[tokio::test]
-async fn concat_and_replace_are_datafusions() {
+async fn string_functions_are_datafusions() {
     if own_tests() {
-        check_concat_replace(&ExecDevice::cpu()).await;
+        check_string_functions(&ExecDevice::cpu()).await;
     }
 }
 

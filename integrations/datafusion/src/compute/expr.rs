@@ -335,6 +335,14 @@ pub(crate) enum Node {
         to: Vec<u8>,
         out: DataType,
     },
+    /// `strpos(col, needle)` (`instr`, `position`) of a string column and a string
+    /// literal: the position in characters (from 1) of the needle's first occurrence,
+    /// 0 where none, 1 for an empty needle. A null value gives null.
+    StrPos {
+        index: usize,
+        name: String,
+        needle: Vec<u8>,
+    },
     /// The length of a string column's value (`character_length` in characters with
     /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
     /// value gives null.
@@ -570,6 +578,7 @@ fn compile_node(
                 return length_node(function, input)
             }
             "abs" | "nullif" => return as_case(function, input, data_type),
+            "strpos" | "instr" | "position" => return strpos_node(function, input),
             _ => {}
         }
         return Err(Unsupported(format!(
@@ -1243,6 +1252,22 @@ fn length_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Un
     })
 }
 
+/// `strpos(col, 'needle')` (and its aliases) of a string column and a string literal.
+fn strpos_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
+    let [column, needle] = function.args() else {
+        return Err(refuse("two arguments expected"));
+    };
+    let (index, name) = view_column(column, input)
+        .ok_or_else(|| refuse("the first argument is not a string column"))?;
+    let needle = string_literal(needle)?.ok_or_else(|| refuse("the needle is not a literal"))?;
+    Ok(Node::StrPos {
+        index,
+        name,
+        needle,
+    })
+}
+
 /// `CASE [x] WHEN c THEN v ... [ELSE e] END` whose values have the result's type (cast
 /// to it where DataFusion left another) and whose conditions are booleans (`x = c` with
 /// a base expression).
@@ -1738,7 +1763,7 @@ impl Node {
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
             // A view outside its buffer (checked, flagged in the error word).
-            Node::StrLike { .. } => true,
+            Node::StrLike { .. } | Node::StrPos { .. } => true,
             Node::Case {
                 branches,
                 otherwise,
@@ -1780,6 +1805,7 @@ impl Node {
             | Node::AsciiCase { .. }
             | Node::Replace { .. }
             | Node::StrLength { .. }
+            | Node::StrPos { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
             // Never null but for `||`, null where a part is.
@@ -1828,6 +1854,7 @@ impl Node {
             | Node::AsciiCase { index, name, .. }
             | Node::Replace { index, name, .. }
             | Node::StrLength { index, name, .. }
+            | Node::StrPos { index, name, .. }
             | Node::StrKey { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {

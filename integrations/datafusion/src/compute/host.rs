@@ -296,6 +296,29 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
             })
         }
+        Node::StrPos {
+            index,
+            name,
+            needle,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            let position = |v: &[u8]| -> i64 {
+                if needle.is_empty() {
+                    return 1;
+                }
+                match v.windows(needle.len()).position(|w| w == needle.as_slice()) {
+                    Some(at) => v[..at].iter().filter(|b| *b & 0xC0 != 0x80).count() as i64 + 1,
+                    None => 0,
+                }
+            };
+            Ok(Lanes {
+                values: values.iter().map(|v| v.map_or(0, position)).collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
         Node::Valid { index, name } => {
             let column = frame_column(frame, *index, name)?;
             ready(column)?;

@@ -71,6 +71,7 @@ struct Kernels {
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
     replace_views: CudaFunction,
+    view_strpos: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -137,6 +138,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
+        view_strpos: f("view_strpos")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -684,6 +686,26 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             ]);
             cx.launch(&cx.k.view_length, n, &args.collect::<Vec<_>>())?;
             drop(view);
+            Ok(out)
+        }
+        Node::StrPos {
+            index,
+            name,
+            needle,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            // The needle on the device (at least one byte).
+            let bytes = s.clone_htod(&[needle.as_slice(), &[0u8][..]].concat())?;
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&bytes, s)),
+                A::U64(needle.len() as u64),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_strpos, n, &args.collect::<Vec<_>>())?;
+            drop((view, bytes));
             Ok(out)
         }
         Node::Valid { index, name } => {
