@@ -1952,6 +1952,12 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "strpos(b, '')",
         "strpos(a, 'a needle longer than any value')",
         "strpos(b, 'b') + strpos(c, 'a') * 100",
+        // `left` of n >= 0 and `right` of n < 0 are `substr`s.
+        "left(b, 3)",
+        "left(a, 0)",
+        "left(c, 14)",
+        "right(b, -2)",
+        "right(c, -15)",
     ] {
         assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
     }
@@ -1960,6 +1966,8 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "a || upper(b)",
         "replace(a, b, 'x')",
         "replace(upper(a), 'A', 'x')",
+        "left(b, -2)",
+        "right(b, 2)",
     ] {
         let (e, schema, _) = projection_of(&ctx, "cc", text).await;
         assert!(

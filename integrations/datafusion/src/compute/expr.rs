@@ -1081,6 +1081,25 @@ pub(crate) fn substr_node(
     input: &Schema,
 ) -> Option<(Node, DataType)> {
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    // `left(col, n)` for n >= 0 is `substr(col, 1, n)`; `right(col, n)` for n < 0 (all
+    // but the first |n| characters) is `substr(col, |n| + 1)`. The others count from the
+    // end, which `view_substr` does not.
+    if let ("left" | "right", [column, n]) = (function.name(), function.args()) {
+        let (index, name) = view_column(column, input)?;
+        let n = int_literal(n)?;
+        let (start, count) = match function.name() {
+            "left" if n >= 0 => (1, Some(n)),
+            "right" if n < 0 => (n.checked_neg()?.checked_add(1)?, None),
+            _ => return None,
+        };
+        let node = Node::Substr {
+            index,
+            name,
+            start,
+            count,
+        };
+        return Some((node, input.field(index).data_type().clone()));
+    }
     if !matches!(function.name(), "substr" | "substring") {
         return None;
     }
