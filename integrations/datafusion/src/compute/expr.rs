@@ -72,7 +72,7 @@ pub(crate) mod op {
     pub const FLOAT_TO_DECIMAL: u32 = 9;
     /// Unary: a Float64's bits as the key of a `min` or `max` ([`FLOAT_KEY`]'s, in
     /// `f64::total_cmp`'s order, -0.0 kept below 0.0); NaN and -0.0 are
-    /// [`ComputeError::HostOnly`](super::ComputeError::HostOnly): DataFusion's grouped
+    /// [`ComputeError::HostOnly`](crate::compute::ComputeError::HostOnly): DataFusion's grouped
     /// `min` and `max` of them depend on the rows' order (it replaces its state where
     /// `partial_cmp` is not `Less`/`Greater` as wanted), so such a batch goes to the
     /// host. The key is its own inverse.

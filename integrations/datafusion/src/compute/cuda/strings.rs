@@ -1,0 +1,489 @@
+//! The string columns a projection computes on CUDA: slices (`substr`, `trim`), ASCII
+//! case, `concat` and `replace`, each a new column of its type made on the device with
+//! nothing read back (see each function).
+
+use std::sync::Arc;
+
+use arrow_schema::DataType;
+use devarrow::cuda::cudarc::driver::CudaSlice;
+use devarrow::cuda::{CudaArray, CudaDevice};
+
+use super::{addr, offset_array, packed_validity, variadic_copies, view_args, Cx, A};
+use crate::compute::expr::{ConcatPart, Joined};
+use crate::compute::host::frame_column;
+use crate::compute::ComputeError;
+use crate::error::BoxError;
+use crate::frame::{DeviceFrame, FrameColumn};
+
+/// A slice of each value of a string column (`substr`'s characters, `trim`'s value less
+/// its spaces: [`Bounds`](crate::compute::expr::Bounds)), a column of its own type. Each row's
+/// validity flag is packed into the bitmap (`pack_bits`).
+///
+/// - `Utf8View`: `view_substr` writes each row's view. A result of at most 12 bytes is
+///   inline; a longer one names its value's buffer at its offset moved, the column's
+///   buffers copied whole on the device, unless no result can pass 12 bytes (a `substr`
+///   count of at most 3 characters).
+/// - `Utf8` and `LargeUtf8`: `view_substr` (over the views made of the offsets) writes
+///   each result's address and length; the lengths are scanned, and `substr_strings`
+///   writes the offsets and copies the bytes. The data buffer is the column's size, which
+///   no result's bytes pass in all, so no length is read back to size it (a download
+///   moves only the bytes the offsets span).
+pub(super) fn substr_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    column: &FrameColumn,
+    name: &str,
+    bounds: crate::compute::expr::Bounds,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
+    let (first, end, trim) = bounds.kernel_args();
+    let s = cx.stream;
+    let n = column.len();
+    let c = column.column();
+    let dt = c.data_type().clone();
+    let view = view_args(cx, column, name, n, err)?;
+    let views = dt == DataType::Utf8View;
+    let out = cx.zeros::<u128>(n)?;
+    let lens = cx.zeros::<i64>(if views { 1 } else { n })?;
+    let valid = cx.zeros::<u8>(n)?;
+    let args = view.args.iter().copied().chain([
+        A::U64(first),
+        A::U64(end),
+        A::U32(u32::from(!views) | trim << 1),
+        A::U64(addr(&out, s)),
+        A::U64(addr(&lens, s)),
+        A::U64(addr(&valid, s)),
+        A::U64(err),
+    ]);
+    cx.launch(&cx.k.view_substr, n, &args.collect::<Vec<_>>())?;
+    let validity = packed_validity(cx, &valid, n, view.has_validity)?;
+    if views {
+        let mut held = Vec::new();
+        // At most 3 characters are at most 12 bytes: every result inline.
+        let data = if bounds.may_be_long() {
+            variadic_copies(cx, &c, &mut held)?
+        } else {
+            Vec::new()
+        };
+        drop((view, valid, held));
+        // SAFETY: `view_substr` wrote one view per row (ordered before the export on this
+        // stream) of the characters of a UTF-8 value it read in bounds (a view outside its
+        // buffer fails the batch by the error word): inline, or, for more than 12 bytes
+        // (only where `may_be_long`), its first 4 bytes, the buffer its value lies in, copied
+        // whole into `data` at the same index, and the result's offset in it.
+        return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
+    }
+    let wide = dt == DataType::LargeUtf8;
+    if n > 0 {
+        let at = addr(&lens, s);
+        // SAFETY: `lens` holds `n` i64s on this device, written by `view_substr` on the
+        // device's stream, the stream the scan runs on (in order after it).
+        unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+    }
+    // The column's data bytes (the views' one variadic buffer): every result is a range
+    // of a value, the values ranges of them that do not overlap.
+    let size = c.buffer(2).map_or(0, |b| b.len());
+    let data = cx.zeros::<u8>(size)?;
+    let data_at = addr(&data, s);
+    // SAFETY: `substr_strings` writes the n + 1 offsets, 0 then the scan of the results'
+    // lengths (non-decreasing, the last at most `size`, as above), and copies each
+    // result's bytes (characters of a UTF-8 value, read in bounds by `view_substr`) to
+    // its range.
+    let array = unsafe {
+        offset_array(cx, dt, (wide, n), data, validity, |out_offsets| {
+            cx.launch(
+                &cx.k.substr_strings,
+                n,
+                &[
+                    A::U64(addr(&out, s)),
+                    A::U64(addr(&lens, s)),
+                    A::U64(n as u64),
+                    A::U32(u32::from(wide)),
+                    A::U64(out_offsets),
+                    A::U64(data_at),
+                ],
+            )
+        })
+    };
+    // An inline value's bytes are in its view (made of the offsets, for these types),
+    // which `substr_strings` read: freed after it, in the stream's order.
+    drop(view);
+    array
+}
+
+/// `upper` (or lower) case of a string column of ASCII values, a column of its own type
+/// (`view_case` flags a value that is not ASCII, 8 in the error word: the host's).
+///
+/// - `Utf8View`: `view_case` writes each row's view (inline bytes converted, a long
+///   value's prefix converted and its buffer and offset kept); the buffers are copied
+///   whole and converted in place (`ascii_case`: only ASCII letters change, so the bytes
+///   of every ASCII value are its converted bytes).
+/// - `Utf8` and `LargeUtf8`: `view_case` (over the views made of the offsets) checks the
+///   values; the offsets from the first row's (its `n + 1`) and the data buffer are
+///   copied, the data converted in place.
+pub(super) fn case_column(
+    cx: &Cx<'_>,
+    column: &FrameColumn,
+    name: &str,
+    upper: bool,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let c = column.column();
+    let dt = c.data_type().clone();
+    let views = dt == DataType::Utf8View;
+    let view = view_args(cx, column, name, n, err)?;
+    let out = cx.zeros::<u128>(if views { n } else { 1 })?;
+    let valid = cx.zeros::<u8>(n)?;
+    let args = view.args.iter().copied().chain([
+        A::U32(u32::from(upper)),
+        A::U64(if views { addr(&out, s) } else { 0 }),
+        A::U64(addr(&valid, s)),
+        A::U64(err),
+    ]);
+    cx.launch(&cx.k.view_case, n, &args.collect::<Vec<_>>())?;
+    let validity = packed_validity(cx, &valid, n, view.has_validity)?;
+    let convert = |data: &CudaSlice<u8>| {
+        cx.launch(
+            &cx.k.ascii_case,
+            data.len(),
+            &[
+                A::U64(addr(data, s)),
+                A::U64(data.len() as u64),
+                A::U32(u32::from(upper)),
+            ],
+        )
+    };
+    let mut held = Vec::new();
+    if views {
+        let data = variadic_copies(cx, &c, &mut held)?;
+        for buffer in &data {
+            convert(buffer)?;
+        }
+        drop((view, valid, held));
+        // SAFETY: `view_case` wrote one view per row (ordered before the export on this
+        // stream), each the row's own with its ASCII letters converted (a value that is
+        // not ASCII fails the batch by the error word): inline, or its converted prefix,
+        // its buffer (copied whole into `data` at the same index and converted in
+        // place: the value's bytes are its converted bytes) and its offset.
+        return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
+    }
+    // `view_args` checked the offsets (their length, alignment and range).
+    let data = match c.buffer(2).filter(|d| !d.is_empty()) {
+        Some(buffer) => {
+            let from = buffer.cuda_view::<u8>(s)?;
+            let mut to = cx.zeros::<u8>(buffer.len())?;
+            s.memcpy_dtod(
+                &from.slice(0..buffer.len()),
+                &mut to.slice_mut(0..buffer.len()),
+            )?;
+            convert(&to)?;
+            held.push(from);
+            to
+        }
+        None => cx.zeros::<u8>(1)?,
+    };
+    let offsets = c
+        .buffer(1)
+        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
+    let rows = c.offset()..c.offset() + n + 1;
+    let array = if dt == DataType::LargeUtf8 {
+        let from = offsets.cuda_view::<i64>(s)?;
+        let mut to = cx.zeros::<i64>(n + 1)?;
+        s.memcpy_dtod(&from.slice(rows), &mut to)?;
+        // SAFETY: the column's own offsets from its first row (non-decreasing, at least
+        // 0, the last at most the data's size: `view_args` checked them, and a batch
+        // whose error word is set is never used), the data its own bytes with their
+        // ASCII letters converted (a value that is not ASCII fails the batch).
+        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
+    } else {
+        let from = offsets.cuda_view::<i32>(s)?;
+        let mut to = cx.zeros::<i32>(n + 1)?;
+        s.memcpy_dtod(&from.slice(rows), &mut to)?;
+        // SAFETY: as above.
+        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
+    };
+    drop((view, valid, held));
+    Ok(array)
+}
+
+/// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`](crate::compute::expr::Node::Concat)), a column of
+/// type `out`, in two passes of `concat_views`: each row's bytes and validity, scanned
+/// on the device into the offsets, then each row's bytes copied to its range.
+///
+/// The parts' table: a column's views where they lie (`view_args`: a `Utf8` or
+/// `LargeUtf8` column's made of its offsets), a literal's one view (stride 0) over the
+/// literals' bytes, uploaded once. No length is read back: the data buffer is sized by a
+/// bound, each column's variadic bytes and 12 a row (its inline values), each literal's
+/// bytes a row (`concat_ws`' separator, between every two parts). Views that share bytes
+/// can pass it: `concat_views` then flags the batch as the host's (8 in the error word).
+/// A `Utf8View` result is made of i64 offsets (`utf8_views`), its data its one buffer.
+pub(super) fn concat_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    frame: &DeviceFrame,
+    parts: &[ConcatPart],
+    joined: Joined,
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = frame.num_rows();
+    let literal_bytes: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| match p {
+            ConcatPart::Literal(bytes) => bytes.as_slice(),
+            ConcatPart::Column { .. } => &[],
+        })
+        .copied()
+        .collect();
+    let literals = s.clone_htod(if literal_bytes.is_empty() {
+        &[0u8][..]
+    } else {
+        &literal_bytes
+    })?;
+    let literals_at = addr(&literals, s);
+    let n_literals = parts
+        .iter()
+        .filter(|p| matches!(p, ConcatPart::Literal(_)))
+        .count();
+    // 8 words a part, then 4 a literal: its view (2), its buffer's address and size.
+    let words = 8 * parts.len() + 4 * n_literals;
+    let mut table = cx.zeros::<u64>(words)?;
+    let table_at = addr(&table, s);
+    let mut host = vec![0u64; words];
+    let (mut cap, mut extra, mut at) = (0u64, 8 * parts.len(), 0usize);
+    let mut views = Vec::new();
+    let mut nullable = false;
+    let separators = n.saturating_mul(parts.len().saturating_sub(2)) as u64;
+    let arg = |a: A| match a {
+        A::U64(v) => v,
+        _ => unreachable!("view_args' arguments are u64 but for none"),
+    };
+    for (p, part) in parts.iter().enumerate() {
+        let row = &mut host[8 * p..8 * p + 8];
+        match part {
+            ConcatPart::Column { index, name } => {
+                let column = frame_column(frame, *index, name)?;
+                let view = view_args(cx, column, name, n, err)?;
+                let [_, bitmap, offset, _, bufs, sizes, count] = view.args;
+                row[..7].copy_from_slice(&[
+                    view.first_view(),
+                    16,
+                    arg(bitmap),
+                    arg(offset),
+                    arg(bufs),
+                    arg(sizes),
+                    arg(count),
+                ]);
+                let c = column.column();
+                // Its data: an offset-based column's one buffer, a view column's
+                // variadic ones (between the views and their sizes).
+                let last = match c.data_type() {
+                    DataType::Utf8 | DataType::LargeUtf8 => 3,
+                    _ => c.n_buffers().saturating_sub(1),
+                };
+                let data = (2..last)
+                    .filter_map(|b| c.buffer(b))
+                    .map(|b| b.len() as u64)
+                    .sum::<u64>();
+                cap = cap.saturating_add(data.saturating_add(12 * n as u64));
+                nullable |= view.has_validity;
+                views.push(view);
+            }
+            ConcatPart::Literal(bytes) => {
+                let mut view = [0u8; 16];
+                view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+                if bytes.len() <= 12 {
+                    view[4..4 + bytes.len()].copy_from_slice(bytes);
+                } else {
+                    // Buffer 0 (the literals' bytes), at the literal's start.
+                    view[4..8].copy_from_slice(&bytes[..4]);
+                    view[12..].copy_from_slice(&(at as u32).to_le_bytes());
+                }
+                let here = table_at + 8 * extra as u64;
+                row[..7].copy_from_slice(&[here, 0, 0, 0, here + 16, here + 24, 1]);
+                host[extra] = u64::from_le_bytes(view[..8].try_into().expect("8 bytes"));
+                host[extra + 1] = u64::from_le_bytes(view[8..].try_into().expect("8 bytes"));
+                host[extra + 2] = literals_at;
+                host[extra + 3] = literal_bytes.len() as u64;
+                let rows = match (joined, p) {
+                    (Joined::Separated, 0) => separators,
+                    _ => n as u64,
+                };
+                cap = cap.saturating_add((bytes.len() as u64).saturating_mul(rows));
+                extra += 4;
+                at += bytes.len();
+            }
+        }
+    }
+    s.memcpy_htod(&host, &mut table)?;
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    let array = two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        nullable && joined == Joined::NullIfAny,
+        |pass, lens, valid, offsets, data| {
+            cx.launch(
+                &cx.k.concat_views,
+                n,
+                &[
+                    A::U64(table_at),
+                    A::U32(parts.len() as u32),
+                    A::U32(joined as u32),
+                    A::U64(n as u64),
+                    A::U32(pass),
+                    A::U64(lens),
+                    A::U64(valid),
+                    A::U32(u32::from(wide)),
+                    A::U64(offsets),
+                    A::U64(data),
+                    A::U64(cap),
+                    A::U64(err),
+                ],
+            )
+        },
+        err,
+    );
+    drop((views, table, literals));
+    array
+}
+
+/// `replace(value, from, to)` of each value of a string column ([`Node::Replace`](crate::compute::expr::Node::Replace)), a
+/// column of type `out`, in two passes of `replace_views` over the column's views where
+/// they lie (`view_args`): each row's length (its matches counted), then its bytes with
+/// the matches replaced ([`two_pass_strings`]). The bound of the data: the column's data
+/// bytes and 12 a row (its inline values), times `to`'s length over `from`'s (rounded
+/// up) where `to` is the longer.
+pub(super) fn replace_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    column: &FrameColumn,
+    name: &str,
+    (from, to): (&[u8], &[u8]),
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let c = column.column();
+    let view = view_args(cx, column, name, n, err)?;
+    let last = match c.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 => 3,
+        _ => c.n_buffers().saturating_sub(1),
+    };
+    let bytes = (2..last)
+        .filter_map(|b| c.buffer(b))
+        .map(|b| b.len() as u64)
+        .sum::<u64>()
+        .saturating_add(12 * n as u64);
+    let growth = match (from.len() as u64, to.len() as u64) {
+        (f, t) if f > 0 && t > f => t.div_ceil(f),
+        _ => 1,
+    };
+    let cap = bytes.saturating_mul(growth);
+    // `from` then `to`, on the device (at least one byte).
+    let literals = s.clone_htod(&[from, to, &[0u8][..]].concat())?;
+    let at = addr(&literals, s);
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    let array = two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        view.has_validity,
+        |pass, lens, valid, offsets, data| {
+            let args = view.args.iter().copied().chain([
+                A::U64(at),
+                A::U64(from.len() as u64),
+                A::U64(at + from.len() as u64),
+                A::U64(to.len() as u64),
+                A::U32(pass),
+                A::U64(lens),
+                A::U64(valid),
+                A::U32(u32::from(wide)),
+                A::U64(offsets),
+                A::U64(data),
+                A::U64(cap),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.replace_views, n, &args.collect::<Vec<_>>())
+        },
+        err,
+    );
+    drop((view, literals));
+    array
+}
+
+/// A string column of `n` rows of type `out` written in two passes of a kernel
+/// (`launch(pass, lens, valid, offsets, data)`): pass 0 writes each row's length and
+/// validity flag, which are scanned on the device (inclusive) into the offsets; pass 1
+/// checks the total against `cap` (over it: 8 in the error word, the host's; past i32
+/// for `Utf8`: 1) and writes the n + 1 offsets (i64 for `LargeUtf8` and `Utf8View`)
+/// and each row's bytes into a data buffer of `cap` bytes. A `Utf8View` result is made
+/// of the offsets by `utf8_views`, the data its one buffer. The validity flags are
+/// packed where `nullable`. Nothing is read back.
+///
+/// The kernel must write valid UTF-8 at each row's range, and the offsets as above.
+fn two_pass_strings(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (n, out, cap): (usize, &DataType, u64),
+    nullable: bool,
+    launch: impl Fn(u32, u64, u64, u64, u64) -> Result<(), BoxError>,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    use devarrow::abi::device::DeviceKernels;
+
+    let s = cx.stream;
+    let lens = cx.zeros::<i64>(n)?;
+    let valid = cx.zeros::<u8>(n)?;
+    let (lens_at, valid_at) = (addr(&lens, s), addr(&valid, s));
+    launch(0, lens_at, valid_at, 0, 0)?;
+    // SAFETY: `lens` holds `n` i64s on this device, written by pass 0 on the device's
+    // stream, the stream the scan runs on (in order after it).
+    unsafe { cuda.inclusive_scan_i64(lens_at as *mut std::ffi::c_void, n as u64) }?;
+    let validity = packed_validity(cx, &valid, n, nullable)?;
+    let data = cx.zeros::<u8>(usize::try_from(cap).map_err(|_| "a bound past usize")?)?;
+    let data_at = addr(&data, s);
+    if *out == DataType::Utf8View {
+        let offsets = cx.zeros::<i64>(n + 1)?;
+        launch(1, lens_at, valid_at, addr(&offsets, s), data_at)?;
+        let made = cx.zeros::<u128>(n)?;
+        cx.launch(
+            &cx.k.utf8_views,
+            n,
+            &[
+                A::U64(addr(&offsets, s)),
+                A::U32(1),
+                A::U64(data_at),
+                A::U64(data.len() as u64),
+                A::U64(0),
+                A::U64(n as u64),
+                A::U64(addr(&made, s)),
+                A::U64(err),
+            ],
+        )?;
+        drop((lens, valid, offsets));
+        // SAFETY: `utf8_views` wrote one view per row (ordered before the export on this
+        // stream) of the offsets pass 1 wrote over `data` (a total past the buffer, or
+        // offsets outside it, fail the batch by the error word): inline, or buffer 0,
+        // `data`, at the row's start; the bytes UTF-8, as the kernel promises.
+        return Ok(unsafe { CudaArray::from_views(out.clone(), made, vec![data], validity) }?);
+    }
+    let wide = *out == DataType::LargeUtf8;
+    // SAFETY: pass 1 writes the n + 1 offsets, 0 then the scan of the rows' lengths
+    // (non-decreasing; a total past `data`'s size, or past i32 for `Utf8`, fails the
+    // batch by the error word and writes nothing), and each row's UTF-8 bytes to its
+    // range.
+    let array = unsafe {
+        offset_array(cx, out.clone(), (wide, n), data, validity, |offsets| {
+            launch(1, lens_at, valid_at, offsets, data_at)
+        })
+    };
+    drop((lens, valid));
+    array
+}
