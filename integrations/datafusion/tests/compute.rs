@@ -423,7 +423,11 @@ pub async fn check_refusals() {
         ("abs(CAST(x AS REAL))", "Float32"),
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
-        ("round(a)", "function `round` has no device kernel"),
+        ("round(a)", "(Float64 only)"),
+        (
+            "ln(CAST(x AS DOUBLE))",
+            "function `ln` has no device kernel",
+        ),
         ("CAST(a AS DECIMAL(15,0))", "smaller scale"),
         ("k", "Utf8"),
     ] {
@@ -1679,6 +1683,18 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         // abs of floats: the sign bit cleared (-0.0 and NaN's too).
         "abs(f)",
         "abs(f - g) > 1.0",
+        // floor, ceil, trunc, sqrt and round of floats, as f64's (round half away from
+        // zero, DataFusion's `(x * 10^d).round() / 10^d`).
+        "floor(f)",
+        "ceil(f)",
+        "trunc(f)",
+        "floor(f / g)",
+        "round(f)",
+        "round(f, 2)",
+        "round(f * 0.37, 3)",
+        "round(g, -1)",
+        "round(CAST(m AS DOUBLE) / 7.0, 1)",
+        "sqrt(abs(f))",
         // Float64 arithmetic (IEEE 754, NaN, infinities, zero divisors among it) and
         // casts of integers and decimals to Float64, as arrow computes them.
         "f + 1.0",
@@ -1716,6 +1732,22 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
+    // `sqrt` of a negative fails in DataFusion: the device flags the batch, and the host
+    // raises DataFusion's error.
+    let (e, schema, batches) = projection_of(&ctx, "w", "sqrt(f)").await;
+    let input = concat_batches(&schema, &batches).unwrap();
+    assert!(e.evaluate(&input).is_err(), "DataFusion's sqrt fails");
+    let failed = DeviceExpr::compile(&e, &schema)
+        .unwrap()
+        .evaluate(&upload(&input, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::Overflow(_))
+        ),
+        "{failed}"
+    );
     // A second-unit timestamp past chrono's calendar has no date: arrow's cast fails, so
     // the device flags the batch for the host, which raises DataFusion's error.
     let (e, schema, batches) = projection_of(&ctx, "w", "CAST(tsec AS DATE)").await;

@@ -2720,6 +2720,121 @@ fn atomic_f64_adds_lose_no_update() {
     assert!(seen.iter().all(|&v| v < want));
 }
 
+/// `cvt.{rni,rzi,rmi,rpi}.f64.f64` round a double to an integral double (ties to even,
+/// toward zero, down, up) and `sqrt.rn.f64` takes its square root, correctly rounded,
+/// as PTX documents them: zeros keep their sign, infinities stay, a negative operand's
+/// root is NaN.
+#[test]
+fn doubles_round_to_integers_and_take_square_roots() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry rounds(
+    .param .u64 p_in,
+    .param .u64 p_out
+)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<16>;
+
+    ld.param.u64 %rd1, [p_in];
+    ld.param.u64 %rd2, [p_out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.u64 %rd4, %rd1, %rd3;
+    ld.global.u64 %rd5, [%rd4];
+    cvt.rni.f64.f64 %rd6, %rd5;
+    cvt.rzi.f64.f64 %rd7, %rd5;
+    cvt.rmi.f64.f64 %rd8, %rd5;
+    cvt.rpi.f64.f64 %rd9, %rd5;
+    sqrt.rn.f64 %rd10, %rd5;
+    mul.wide.u32 %rd3, %r1, 40;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.u64 [%rd4], %rd6;
+    st.global.u64 [%rd4+8], %rd7;
+    st.global.u64 [%rd4+16], %rd8;
+    st.global.u64 [%rd4+24], %rd9;
+    st.global.u64 [%rd4+32], %rd10;
+    ret;
+}
+"#;
+    let values = [
+        2.5,
+        -2.5,
+        3.5,
+        0.499_999_999_999_999_94,
+        -0.3,
+        -0.0,
+        1e300,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        2.0,
+        4_503_599_627_370_497.0,
+        -7.75,
+    ];
+    let n = values.len();
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (input, out) = (emu.alloc(8 * n), emu.alloc(40 * n));
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    emu.upload(input, &bytes);
+    // SAFETY: valid handles; the parameters match rounds(u64, u64), a double in and five
+    // out per thread.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"rounds".as_ptr()));
+        let (mut pi, mut po) = (input, out);
+        let mut params: [*mut c_void; 2] =
+            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(out, 40 * n);
+    let word = |at: usize| f64::from_bits(u64::from_le_bytes(got[at..at + 8].try_into().unwrap()));
+    for (i, v) in values.iter().enumerate() {
+        let want = [
+            v.round_ties_even(),
+            v.trunc(),
+            v.floor(),
+            v.ceil(),
+            v.sqrt(),
+        ];
+        for (k, want) in want.iter().enumerate() {
+            let got = word(40 * i + 8 * k);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{v}: op {k} gave {got}, not {want}"
+            );
+        }
+    }
+    assert_eq!(
+        word(40 * 5 + 16).to_bits(),
+        (-0.0f64).to_bits(),
+        "floor keeps -0.0"
+    );
+    assert!(word(40 * 11 + 32).is_nan(), "the root of a negative is NaN");
+}
+
 /// `cvt.rzi.s64.f64`: truncated toward zero, clamped to the s64 range, NaN 0, as PTX
 /// documents its float-to-integer conversions.
 #[test]

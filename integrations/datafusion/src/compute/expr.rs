@@ -101,6 +101,17 @@ pub(crate) mod op {
     /// Unary: a timestamp's day (`CAST(ts AS DATE)`: its count floored to whole days,
     /// `mul` its units a day); a day out of chrono's calendar fails.
     pub const DAYS: u32 = 21;
+    /// Unary: `floor`, `ceil`, `trunc` of a Float64 (its bits), as `f64`'s (but
+    /// DataFusion's `trunc` makes -0.0 0.0).
+    pub const FLOOR: u32 = 22;
+    pub const CEIL: u32 = 23;
+    pub const TRUNC: u32 = 24;
+    /// Unary: `sqrt` of a Float64, correctly rounded; a negative value (not -0.0 or NaN)
+    /// fails, as DataFusion's `sqrt` refuses it.
+    pub const SQRT: u32 = 25;
+    /// Unary: `round(x, d)` of a Float64, DataFusion's `(x * f).round() / f` with `f`
+    /// (`mul`'s bits) = `10f64.powi(d)`, rounding half away from zero.
+    pub const ROUND: u32 = 26;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -579,6 +590,9 @@ fn compile_node(
             }
             "abs" | "nullif" => return as_case(function, input, data_type),
             "strpos" | "instr" | "position" => return strpos_node(function, input),
+            "floor" | "ceil" | "trunc" | "sqrt" | "round" => {
+                return float_function_node(function, input, data_type)
+            }
             _ => {}
         }
         return Err(Unsupported(format!(
@@ -1271,6 +1285,48 @@ fn length_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Un
     })
 }
 
+/// `floor`, `ceil`, `trunc`, `sqrt` and `round(x[, d])` (a literal `d`) of a Float64.
+fn float_function_node(
+    function: &ScalarFunctionExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
+    let (x, places) = match function.args() {
+        [x] => (x, None),
+        [x, d] if function.name() == "round" => (x, Some(d)),
+        _ => return refuse("its arguments have no device kernel"),
+    };
+    let (node, t) = compile(x, input)?;
+    if t != DataType::Float64 || *data_type != DataType::Float64 {
+        return refuse(&format!("{t} has no device kernel (Float64 only)"));
+    }
+    let (op, mul) = match function.name() {
+        "floor" => (op::FLOOR, 1),
+        "ceil" => (op::CEIL, 1),
+        "trunc" => (op::TRUNC, 1),
+        "sqrt" => (op::SQRT, 1),
+        _ => {
+            let d = match places {
+                Some(d) => match int_literal(d).and_then(|d| i32::try_from(d).ok()) {
+                    Some(d) => d,
+                    None => return refuse("the decimal places are not a literal"),
+                },
+                None => 0,
+            };
+            (op::ROUND, 10_f64.powi(d).to_bits() as i64)
+        }
+    };
+    Ok(Node::Unary {
+        op,
+        input: Box::new(node),
+        mul,
+        lo: i64::MIN,
+        hi: i64::MAX,
+        on_fail: OnFail::Error,
+    })
+}
+
 /// `strpos(col, 'needle')` (and its aliases) of a string column and a string literal.
 fn strpos_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
     let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
@@ -1806,7 +1862,12 @@ impl Node {
             } => {
                 (matches!(
                     *op,
-                    op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL | op::MINMAX_KEY | op::DAYS
+                    op::CAST
+                        | op::FLOAT_TO_INT
+                        | op::FLOAT_TO_DECIMAL
+                        | op::MINMAX_KEY
+                        | op::DAYS
+                        | op::SQRT
                 ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }

@@ -480,6 +480,35 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         valid: a.valid,
                     })
                 }
+                op::FLOOR | op::CEIL | op::TRUNC | op::SQRT | op::ROUND => {
+                    let mut values = vec![0i64; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        let x = f64::from_bits(a.values[i] as u64);
+                        let y = match *op {
+                            op::FLOOR => x.floor(),
+                            op::CEIL => x.ceil(),
+                            // DataFusion's makes a zero (-0.0 too) 0.0.
+                            op::TRUNC if x == 0.0 => 0.0,
+                            op::TRUNC => x.trunc(),
+                            op::SQRT if x < 0.0 => {
+                                return Err(ComputeError::Overflow(format!(
+                                    "`{text}`: row {i} is negative ({x}), which sqrt refuses"
+                                ))
+                                .into())
+                            }
+                            op::SQRT => x.sqrt(),
+                            _ => {
+                                let factor = f64::from_bits(*mul as u64);
+                                (x * factor).round() / factor
+                            }
+                        };
+                        values[i] = y.to_bits() as i64;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 op::FABS => Ok(Lanes {
                     values: a.values.iter().map(|&v| v & i64::MAX).collect(),
                     valid: a.valid,

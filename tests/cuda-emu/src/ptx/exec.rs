@@ -524,6 +524,17 @@ impl Launch<'_> {
                 Op::CvtF64S64 { d, a } => r!(*d) = (r!(*a) as i64 as f64).to_bits(),
                 // Rust's `as` truncates, saturates and makes NaN 0, as PTX documents.
                 Op::CvtS64F64Rzi { d, a } => r!(*d) = f64::from_bits(r!(*a)) as i64 as u64,
+                Op::CvtF64F64 { d, a, mode } => {
+                    let v = f64::from_bits(r!(*a));
+                    r!(*d) = match mode {
+                        IntegralRound::NearestEven => v.round_ties_even(),
+                        IntegralRound::Zero => v.trunc(),
+                        IntegralRound::Down => v.floor(),
+                        IntegralRound::Up => v.ceil(),
+                    }
+                    .to_bits()
+                }
+                Op::SqrtF64 { d, a } => r!(*d) = f64::from_bits(r!(*a)).sqrt().to_bits(),
                 Op::Cvt {
                     d,
                     a,

@@ -273,6 +273,19 @@ pub(crate) enum Op {
         d: Slot,
         a: Slot,
     },
+    /// `cvt.{rni,rzi,rmi,rpi}.f64.f64 d, a`: the double rounded to an integral double
+    /// (to nearest even, toward zero, down, up); infinities, zeros and NaN as they are.
+    CvtF64F64 {
+        d: Slot,
+        a: Slot,
+        mode: IntegralRound,
+    },
+    /// `sqrt.rn.f64 d, a`: the square root, correctly rounded (IEEE 754); a negative
+    /// operand (not -0.0) gives NaN.
+    SqrtF64 {
+        d: Slot,
+        a: Slot,
+    },
     /// A scalar load of `size` bytes at `[base + off]`, extended (sign when `signed`)
     /// to a `dbits`-bit register.
     Ld {
@@ -447,4 +460,17 @@ pub(crate) struct Program {
     pub static_shared: u64,
     /// Where dynamic (`.extern .shared`) shared memory starts.
     pub dyn_shared_base: u64,
+}
+
+/// The rounding of `cvt.{rni,rzi,rmi,rpi}` to an integral value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntegralRound {
+    /// `.rni`: to the nearest integer, ties to even.
+    NearestEven,
+    /// `.rzi`: toward zero.
+    Zero,
+    /// `.rmi`: toward minus infinity.
+    Down,
+    /// `.rpi`: toward plus infinity.
+    Up,
 }

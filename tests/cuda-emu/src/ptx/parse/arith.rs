@@ -26,6 +26,15 @@ impl<'a> Parser<'a> {
             };
             return self.alu(fc, op, 64, 64, ops, line);
         }
+        if base == "sqrt" {
+            if mods != ["rn", "f64"] {
+                return insn.unsupported();
+            }
+            insn.nops(2)?;
+            let d = self.dst(fc, &ops[0], W::Exact(64), line)?.0;
+            let a = self.src(fc, &ops[1], W::Exact(64), line)?;
+            return Ok(Op::SqrtF64 { d, a });
+        }
         match base {
             "add" | "sub" | "div" | "rem" | "min" | "max" => {
                 if mods.len() != 1 {

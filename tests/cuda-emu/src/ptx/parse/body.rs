@@ -120,7 +120,7 @@ impl<'a> Parser<'a> {
         match insn.base {
             "add" | "sub" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl"
             | "shr" | "mul" | "mad" | "not" | "neg" | "abs" | "popc" | "clz" | "brev" | "bfe"
-            | "bfi" | "shf" | "selp" | "setp" => self.arith(fc, &insn),
+            | "bfi" | "shf" | "selp" | "setp" | "sqrt" => self.arith(fc, &insn),
             "cvt" | "cvta" | "mov" => self.convert(fc, &insn),
             "ld" | "st" | "atom" | "red" => self.memory(fc, &insn),
             "bra" | "call" | "ret" | "exit" => self.control(fc, &insn),

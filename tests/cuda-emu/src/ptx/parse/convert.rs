@@ -26,6 +26,19 @@ impl<'a> Parser<'a> {
                 let a = self.src(fc, &ops[1], W::Exact(64), line)?;
                 Ok(Op::CvtS64F64Rzi { d, a })
             }
+            "cvt" if matches!(mods, [_, "f64", "f64"]) => {
+                let mode = match mods[0] {
+                    "rni" => IntegralRound::NearestEven,
+                    "rzi" => IntegralRound::Zero,
+                    "rmi" => IntegralRound::Down,
+                    "rpi" => IntegralRound::Up,
+                    _ => return insn.unsupported(),
+                };
+                insn.nops(2)?;
+                let d = self.dst(fc, &ops[0], W::Exact(64), line)?.0;
+                let a = self.src(fc, &ops[1], W::Exact(64), line)?;
+                Ok(Op::CvtF64F64 { d, a, mode })
+            }
             "cvt" => {
                 if mods.len() != 2 {
                     return insn.unsupported();
