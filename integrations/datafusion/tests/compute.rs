@@ -1657,6 +1657,18 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "CAST(ts AS DATE) = d",
         "TRY_CAST(d AS TIMESTAMP)",
         "arrow_cast(d, 'Timestamp(Second, None)')",
+        // date_trunc: to a unit of time (any range, a zone's minutes too), to a week,
+        // month, quarter or year of no zone (in DataFusion's nanoseconds).
+        "date_trunc('day', ts)",
+        "date_trunc('hour', tsec)",
+        "date_trunc('DAY', tsec)",
+        "date_trunc('minute', tz)",
+        "date_trunc('second', ts)",
+        "date_trunc('millisecond', tsec)",
+        "date_trunc('week', ts)",
+        "date_trunc('month', ts)",
+        "date_trunc('quarter', ts)",
+        "date_trunc('year', ts)",
         "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
@@ -1732,6 +1744,60 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
+    // date_trunc to a month of seconds past DataFusion's nanoseconds fails there: the
+    // device flags the batch for the host, which raises DataFusion's error.
+    let (e, schema, batches) = projection_of(&ctx, "w", "date_trunc('month', tsec)").await;
+    let input = concat_batches(&schema, &batches).unwrap();
+    assert!(e.evaluate(&input).is_err(), "DataFusion's date_trunc fails");
+    let failed = DeviceExpr::compile(&e, &schema)
+        .unwrap()
+        .evaluate(&upload(&input, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::Overflow(_))
+        ),
+        "{failed}"
+    );
+    // At the edge of the nanoseconds: i64::MAX / 10^9 seconds truncates, one second more
+    // fails (its month's start fits, its nanoseconds do not).
+    let edge = i64::MAX / 1_000_000_000;
+    let secs = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(arrow_array::TimestampSecondArray::from(vec![
+            edge - 40_000_000,
+            edge,
+            edge + 1,
+        ])) as ArrayRef,
+    )])
+    .unwrap();
+    let edge_ctx = SessionContext::new();
+    let table = MemTable::try_new(secs.schema(), vec![vec![secs.clone()]]).unwrap();
+    edge_ctx.register_table("e", Arc::new(table)).unwrap();
+    let (e, schema, _) = projection_of(&edge_ctx, "e", "date_trunc('month', s)").await;
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let fits = secs.slice(0, 2);
+    let want = e.evaluate(&fits).unwrap().into_array(2).unwrap();
+    let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
+    assert_eq!(&download(&got, device), &want);
+    assert!(e.evaluate(&secs).is_err(), "DataFusion's date_trunc fails");
+    let failed = compiled
+        .evaluate(&upload(&secs, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::Overflow(_))
+        ),
+        "{failed}"
+    );
+    check_partial_aggregate(
+        &ctx,
+        "SELECT date_trunc('month', ts) AS mo, count(*), min(x) FROM w GROUP BY mo",
+        device,
+    )
+    .await;
     // `sqrt` of a negative fails in DataFusion: the device flags the batch, and the host
     // raises DataFusion's error.
     let (e, schema, batches) = projection_of(&ctx, "w", "sqrt(f)").await;
@@ -1764,7 +1830,12 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         ),
         "{failed}"
     );
-    for text in ["date_part('hour', tz)", "date_part('second', ts)"] {
+    for text in [
+        "date_part('hour', tz)",
+        "date_part('second', ts)",
+        "date_trunc('month', tz)",
+        "date_trunc('day', tz)",
+    ] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;
         assert!(
             DeviceExpr::compile(&e, &schema).is_err(),

@@ -112,6 +112,17 @@ pub(crate) mod op {
     /// Unary: `round(x, d)` of a Float64, DataFusion's `(x * f).round() / f` with `f`
     /// (`mul`'s bits) = `10f64.powi(d)`, rounding half away from zero.
     pub const ROUND: u32 = 26;
+    /// Unary: a timestamp truncated to a multiple of `mul` of its units (`date_trunc`
+    /// to a second, minute, hour or day): `v - v.rem_euclid(mul)`.
+    pub const TRUNC_TO: u32 = 27;
+    /// Unary: `date_trunc` of a timestamp with no zone to its week (from Monday), month,
+    /// quarter or year (`mul` its units a day), as DataFusion's: in nanoseconds, so a
+    /// value outside `[lo, hi]` (its unit's nanoseconds passing i64) fails, and so does a
+    /// start more than 106751 days from 1970.
+    pub const TRUNC_WEEK: u32 = 28;
+    pub const TRUNC_MONTH: u32 = 29;
+    pub const TRUNC_QUARTER: u32 = 30;
+    pub const TRUNC_YEAR: u32 = 31;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -584,6 +595,7 @@ fn compile_node(
     if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
         match function.name() {
             "date_part" => return date_part_node(function, input),
+            "date_trunc" | "datetrunc" => return date_trunc_node(function, input),
             "starts_with" | "ends_with" | "contains" => return affix_node(function, input),
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
@@ -1476,6 +1488,71 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
     })
 }
 
+/// `date_trunc(granularity, ts)` of a timestamp: to a microsecond, millisecond, second
+/// or minute of any zone, or an hour or a day of no zone, `v - v.rem_euclid(units)`
+/// ([`op::TRUNC_TO`]; the value itself where the unit is as fine); to a week, month,
+/// quarter or year of no zone, [`op::TRUNC_WEEK`] to [`op::TRUNC_YEAR`]. A zone's hours,
+/// days and calendar are its local time's: the host's. (A date is cast to a timestamp
+/// first, by DataFusion's coercion.)
+fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
+    let [granularity, value] = function.args() else {
+        return refuse("two arguments expected");
+    };
+    let granularity = match granularity.downcast_ref::<Literal>().map(Literal::value) {
+        Some(ScalarValue::Utf8(Some(g)) | ScalarValue::Utf8View(Some(g)))
+        | Some(ScalarValue::LargeUtf8(Some(g))) => g.to_lowercase(),
+        _ => return refuse("the granularity is not a literal"),
+    };
+    let (node, t) = compile(value, input)?;
+    let DataType::Timestamp(unit, zone) = &t else {
+        return refuse(&format!("date_trunc of {t} has no device kernel"));
+    };
+    let unit_nanos: i64 = match unit {
+        TimeUnit::Second => 1_000_000_000,
+        TimeUnit::Millisecond => 1_000_000,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1,
+    };
+    let fine = |nanos: i64| -> Result<Node, Unsupported> {
+        if nanos <= unit_nanos {
+            return Ok(node.clone());
+        }
+        Ok(Node::Unary {
+            op: op::TRUNC_TO,
+            input: Box::new(node.clone()),
+            mul: nanos / unit_nanos,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        })
+    };
+    let op = match (granularity.as_str(), zone) {
+        ("microsecond", _) => return fine(1_000),
+        ("millisecond", _) => return fine(1_000_000),
+        ("second", _) => return fine(1_000_000_000),
+        ("minute", _) => return fine(60_000_000_000),
+        ("hour", None) => return fine(3_600_000_000_000),
+        ("day", None) => return fine(86_400_000_000_000),
+        ("week", None) => op::TRUNC_WEEK,
+        ("month", None) => op::TRUNC_MONTH,
+        ("quarter", None) => op::TRUNC_QUARTER,
+        ("year", None) => op::TRUNC_YEAR,
+        ("hour" | "day" | "week" | "month" | "quarter" | "year", Some(_)) => {
+            return refuse("a zone's calendar is its local time's: the host's")
+        }
+        (g, _) => return refuse(&format!("the granularity `{g}` has no device kernel")),
+    };
+    Ok(Node::Unary {
+        op,
+        input: Box::new(node),
+        mul: units_per_day(*unit),
+        lo: i64::MIN / unit_nanos,
+        hi: i64::MAX / unit_nanos,
+        on_fail: OnFail::Error,
+    })
+}
+
 /// A timestamp unit's count in a day.
 pub(crate) fn units_per_day(unit: TimeUnit) -> i64 {
     86_400
@@ -1868,6 +1945,10 @@ impl Node {
                         | op::MINMAX_KEY
                         | op::DAYS
                         | op::SQRT
+                        | op::TRUNC_WEEK
+                        | op::TRUNC_MONTH
+                        | op::TRUNC_QUARTER
+                        | op::TRUNC_YEAR
                 ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }

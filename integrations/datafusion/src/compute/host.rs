@@ -480,6 +480,26 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         valid: a.valid,
                     })
                 }
+                op::TRUNC_TO => Ok(Lanes {
+                    values: a.values.iter().map(|&v| v - v.rem_euclid(*mul)).collect(),
+                    valid: a.valid,
+                }),
+                op::TRUNC_WEEK | op::TRUNC_MONTH | op::TRUNC_QUARTER | op::TRUNC_YEAR => {
+                    let mut values = vec![0i64; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        values[i] =
+                            date_trunc(*op, a.values[i], *mul, (*lo, *hi)).ok_or_else(|| {
+                                ComputeError::Overflow(format!(
+                                    "`{text}`: row {i} ({}) passes DataFusion's nanoseconds",
+                                    a.values[i]
+                                ))
+                            })?;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 op::FLOOR | op::CEIL | op::TRUNC | op::SQRT | op::ROUND => {
                     let mut values = vec![0i64; n];
                     for i in (0..n).filter(|&i| a.is_valid(i)) {
@@ -637,6 +657,27 @@ pub(crate) fn date_part(op: u32, value: i64, per_day: i64) -> Option<i64> {
         op::ISOYEAR => civil_from_days(thursday).0,
         _ => unreachable!("date part {op}"),
     })
+}
+
+/// `date_trunc` ([`op::TRUNC_WEEK`] to [`op::TRUNC_YEAR`]) of `value`, a count of units
+/// since 1970-01-01 (`per_day` of them a day), as DataFusion computes it in nanoseconds:
+/// `None` (its error) where the value is outside `range` (its nanoseconds pass i64) or
+/// the start is more than 106751 days from 1970. `unary_lanes` computes the same.
+pub(crate) fn date_trunc(op: u32, value: i64, per_day: i64, range: (i64, i64)) -> Option<i64> {
+    if !(range.0..=range.1).contains(&value) {
+        return None;
+    }
+    let days = value.div_euclid(per_day);
+    let (year, month, day) = civil_from_days(days);
+    let start = match op {
+        op::TRUNC_WEEK => days - (days + 3).rem_euclid(7),
+        op::TRUNC_MONTH => days - (day - 1),
+        op::TRUNC_QUARTER => days_from_civil(year, 1 + 3 * ((month - 1) / 3), 1),
+        _ => days_from_civil(year, 1, 1),
+    };
+    (-106_751..=106_751)
+        .contains(&start)
+        .then_some(start * per_day)
 }
 
 /// The day of the year (1 to 366) of a day count since 1970-01-01.
