@@ -2061,6 +2061,16 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "left(c, 14)",
         "right(b, -2)",
         "right(c, -15)",
+        // lpad and rpad: the first `target` characters, or padded with the fill repeated
+        // (a space by default; multi-byte fills; an empty fill pads nothing).
+        "lpad(b, 10)",
+        "rpad(a, 6, '-')",
+        "lpad(c, 14, 'é🦀')",
+        "rpad(b, 3, 'xyz')",
+        "lpad(a, 0, 'x')",
+        "rpad(c, 25, '')",
+        "lpad(b, -3)",
+        "rpad(b, 40, ' and on')",
     ] {
         assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
     }
@@ -2071,6 +2081,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "replace(upper(a), 'A', 'x')",
         "left(b, -2)",
         "right(b, 2)",
+        "lpad(b, length(a))",
     ] {
         let (e, schema, _) = projection_of(&ctx, "cc", text).await;
         assert!(

@@ -357,6 +357,19 @@ pub(crate) enum Node {
         to: Vec<u8>,
         out: DataType,
     },
+    /// `lpad(col, target[, fill])` (`rpad` with `right`) of a string column, a literal
+    /// target (0 to 16384 characters; negative is 0) and a literal fill (a space by
+    /// default): the value's first `target` characters, or the value padded with the
+    /// fill repeated to `target` characters; a new string column of the expression's
+    /// type (`out`), so only the root of a projection's expression ([`string_node`]).
+    Pad {
+        index: usize,
+        name: String,
+        target: u64,
+        fill: Vec<u8>,
+        right: bool,
+        out: DataType,
+    },
     /// `strpos(col, needle)` (`instr`, `position`) of a string column and a string
     /// literal: the position in characters (from 1) of the needle's first occurrence,
     /// 0 where none, 1 for an empty needle. A null value gives null.
@@ -884,6 +897,36 @@ pub(crate) fn string_node(
         return Some(concat);
     }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    if matches!(function.name(), "lpad" | "rpad") {
+        let (column, target, fill) = match function.args() {
+            [column, target] => (column, target, None),
+            [column, target, fill] => (column, target, Some(fill)),
+            _ => return None,
+        };
+        let out = expr.data_type(input).ok()?;
+        let column = match column.downcast_ref::<CastExpr>() {
+            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
+            _ => column,
+        };
+        let (index, name) = view_column(column, input)?;
+        let target = int_literal(target)?.max(0);
+        if target > 16_384 {
+            return None;
+        }
+        let fill = match fill {
+            Some(fill) => string_literal(fill).ok()??,
+            None => b" ".to_vec(),
+        };
+        let node = Node::Pad {
+            index,
+            name,
+            target: target as u64,
+            fill,
+            right: function.name() == "rpad",
+            out: out.clone(),
+        };
+        return super::string_type(&out).then_some((node, out));
+    }
     if let ("replace", [column, from, to]) = (function.name(), function.args()) {
         let out = expr.data_type(input).ok()?;
         let column = match column.downcast_ref::<CastExpr>() {
@@ -991,6 +1034,22 @@ fn concat_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, Da
         },
         out,
     ))
+}
+
+/// The padding of `lpad`/`rpad` to `target` characters: `fill` repeated to `target`
+/// characters, and the bytes after each number of them (`target + 1` offsets; all 0
+/// for an empty fill).
+pub(crate) fn padding(fill: &[u8], target: u64) -> (Vec<u8>, Vec<u64>) {
+    let fill = std::str::from_utf8(fill).unwrap_or_default();
+    let mut chars = fill.chars().cycle();
+    let (mut bytes, mut offsets) = (String::new(), vec![0u64]);
+    for _ in 0..target {
+        if let Some(c) = chars.next() {
+            bytes.push(c);
+        }
+        offsets.push(bytes.len() as u64);
+    }
+    (bytes.into_bytes(), offsets)
 }
 
 /// The bytes of a value a string slice keeps: [`Node::Substr`]'s characters, or
@@ -1910,7 +1969,7 @@ impl Node {
             Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => true,
             // A view outside its buffer; a result past its bound (the host's) or past
             // i32 offsets.
-            Node::Concat { .. } | Node::Replace { .. } => true,
+            Node::Concat { .. } | Node::Replace { .. } | Node::Pad { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -1965,6 +2024,7 @@ impl Node {
             | Node::Trim { .. }
             | Node::AsciiCase { .. }
             | Node::Replace { .. }
+            | Node::Pad { .. }
             | Node::StrLength { .. }
             | Node::StrPos { .. }
             | Node::StrKey { .. }
@@ -2014,6 +2074,7 @@ impl Node {
             | Node::Trim { index, name, .. }
             | Node::AsciiCase { index, name, .. }
             | Node::Replace { index, name, .. }
+            | Node::Pad { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrPos { index, name, .. }
             | Node::StrKey { index, name, .. }

@@ -259,7 +259,8 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::Trim { .. }
         | Node::AsciiCase { .. }
         | Node::Concat { .. }
-        | Node::Replace { .. } => {
+        | Node::Replace { .. }
+        | Node::Pad { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::StrKey { index, name, word } => {
@@ -860,6 +861,49 @@ pub(crate) fn replaced(
             "`{text}`: {total} bytes overflow Utf8's offsets"
         ))
         .into());
+    }
+    Ok(match out {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
+        _ => std::sync::Arc::new(StringViewArray::from(rows)),
+    })
+}
+
+/// `lpad` (`rpad` with `right`) of each value of a string column to `target` characters
+/// with `fill` ([`Node::Pad`]), an array of type `out`, as `pad_views` makes it.
+pub(crate) fn padded(
+    column: &FrameColumn,
+    name: &str,
+    (target, fill, right): (u64, &[u8], bool),
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
+    let (padding, offsets) = super::expr::padding(fill, target);
+    let values = view_values(column, name)?;
+    let mut rows: Vec<Option<String>> = Vec::with_capacity(values.len());
+    for value in values {
+        let Some(value) = value else {
+            rows.push(None);
+            continue;
+        };
+        let leads: Vec<usize> = (0..value.len())
+            .filter(|&j| value[j] & 0xC0 != 0x80)
+            .collect();
+        let row = match leads.get(target as usize) {
+            Some(&cut) => value[..cut].to_vec(),
+            None => {
+                let pad = &padding[..offsets[target as usize - leads.len()] as usize];
+                match right {
+                    true => [value, pad].concat(),
+                    false => [pad, value].concat(),
+                }
+            }
+        };
+        rows.push(Some(String::from_utf8(row).map_err(|e| {
+            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
+        })?));
     }
     Ok(match out {
         DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),

@@ -286,6 +286,20 @@ impl DeviceExpr {
                 let column = host::frame_column(frame, *index, name)?;
                 host::replaced(column, name, (from, to), out, &self.text)?
             }
+            (
+                expr::Node::Pad {
+                    index,
+                    name,
+                    target,
+                    fill,
+                    right,
+                    out,
+                },
+                None,
+            ) => {
+                let column = host::frame_column(frame, *index, name)?;
+                host::padded(column, name, (*target, fill, *right), out, &self.text)?
+            }
             (node, None) => {
                 let lanes = host::eval(node, frame, &self.text)?;
                 let values: Vec<Option<i64>> = (0..frame.num_rows())

@@ -30,7 +30,7 @@ pub(crate) use compact::compact;
 pub(crate) use join::{
     booleans, gather_rows, join, join_expanded, kept_probe_rows, mark, DeviceTables, Marks, Probe,
 };
-use strings::{case_column, concat_column, replace_column, substr_column};
+use strings::{case_column, concat_column, pad_column, replace_column, substr_column};
 
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
@@ -74,6 +74,7 @@ struct Kernels {
     concat_views: CudaFunction,
     replace_views: CudaFunction,
     view_strpos: CudaFunction,
+    pad_views: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -141,6 +142,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
         view_strpos: f("view_strpos")?,
+        pad_views: f("pad_views")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -667,7 +669,8 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         | Node::Trim { .. }
         | Node::AsciiCase { .. }
         | Node::Concat { .. }
-        | Node::Replace { .. } => Err(ComputeError::Input(
+        | Node::Replace { .. }
+        | Node::Pad { .. } => Err(ComputeError::Input(
             "a string value is a column, not a value of lanes".into(),
         )
         .into()),
@@ -943,6 +946,21 @@ pub(crate) fn evaluate(
         ) => {
             let column = frame_column(frame, *index, name)?;
             Some(replace_column(&cx, cuda, column, name, (from, to), out, e)?)
+        }
+        (
+            Node::Pad {
+                index,
+                name,
+                target,
+                fill,
+                right,
+                out,
+            },
+            None,
+        ) => {
+            let column = frame_column(frame, *index, name)?;
+            let args = (*target, fill.as_slice(), *right);
+            Some(pad_column(&cx, cuda, column, name, args, out, e)?)
         }
         _ => None,
     };

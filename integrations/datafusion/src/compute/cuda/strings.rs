@@ -487,3 +487,55 @@ fn two_pass_strings(
     drop((lens, valid));
     array
 }
+
+/// `lpad` (`rpad` with `right`) of each value of a string column to `target` characters
+/// with `fill` ([`Node::Pad`](crate::compute::expr::Node::Pad)), a column of type `out`,
+/// in two passes of `pad_views` over the column's views where they lie: each row's
+/// length (its characters counted up to `target`), then its kept bytes and its padding
+/// ([`two_pass_strings`]). The padding (the fill repeated to `target` characters) and
+/// its byte offsets are uploaded once. The data's bound is exact: a row has at most
+/// `target` characters of the value (4 bytes each at most) and the whole padding.
+pub(super) fn pad_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    column: &FrameColumn,
+    name: &str,
+    (target, fill, right): (u64, &[u8], bool),
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let n = column.len();
+    let view = view_args(cx, column, name, n, err)?;
+    let (padding, offsets) = crate::compute::expr::padding(fill, target);
+    let cap = (n as u64).saturating_mul((padding.len() as u64).saturating_add(4 * target));
+    let pad = s.clone_htod(&[padding.as_slice(), &[0u8][..]].concat())?;
+    let pad_offsets = s.clone_htod(&offsets)?;
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    let array = two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        view.has_validity,
+        |pass, lens, valid, offsets, data| {
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&pad, s)),
+                A::U64(addr(&pad_offsets, s)),
+                A::U64(target),
+                A::U32(u32::from(right)),
+                A::U32(pass),
+                A::U64(lens),
+                A::U64(valid),
+                A::U32(u32::from(wide)),
+                A::U64(offsets),
+                A::U64(data),
+                A::U64(cap),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.pad_views, n, &args.collect::<Vec<_>>())
+        },
+        err,
+    );
+    drop((view, pad, pad_offsets));
+    array
+}
