@@ -1496,6 +1496,35 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
     }
 }
 
+/// `text` over `table`: DataFusion's evaluation of the whole batch fails, and the
+/// device's flags the batch as one for the host (`Overflow`), which then raises
+/// DataFusion's error. `batch` (when given) is the input instead of the table's.
+async fn assert_fails_as_datafusion(
+    ctx: &SessionContext,
+    table: &str,
+    text: &str,
+    batch: Option<&RecordBatch>,
+    device: &ExecDevice,
+) {
+    let (e, schema, batches) = projection_of(ctx, table, text).await;
+    let input = match batch {
+        Some(batch) => batch.clone(),
+        None => concat_batches(&schema, &batches).unwrap(),
+    };
+    assert!(e.evaluate(&input).is_err(), "`{text}`: DataFusion fails");
+    let failed = DeviceExpr::compile(&e, &schema)
+        .unwrap()
+        .evaluate(&upload(&input, device), device)
+        .unwrap_err();
+    assert!(
+        matches!(
+            ComputeError::find(failed.as_ref()),
+            Some(ComputeError::Overflow(_))
+        ),
+        "`{text}`: {failed}"
+    );
+}
+
 /// `CASE`, the year and month of dates and comparisons of floats, on a table of its
 /// own: dates across four centuries either side of 1970 (leap days, the ends of years,
 /// 1600, 1900, 2000), floats with NaN, infinities and both zeros, with nulls.
@@ -1746,20 +1775,7 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     }
     // date_trunc to a month of seconds past DataFusion's nanoseconds fails there: the
     // device flags the batch for the host, which raises DataFusion's error.
-    let (e, schema, batches) = projection_of(&ctx, "w", "date_trunc('month', tsec)").await;
-    let input = concat_batches(&schema, &batches).unwrap();
-    assert!(e.evaluate(&input).is_err(), "DataFusion's date_trunc fails");
-    let failed = DeviceExpr::compile(&e, &schema)
-        .unwrap()
-        .evaluate(&upload(&input, device), device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::Overflow(_))
-        ),
-        "{failed}"
-    );
+    assert_fails_as_datafusion(&ctx, "w", "date_trunc('month', tsec)", None, device).await;
     // At the edge of the nanoseconds: i64::MAX / 10^9 seconds truncates, one second more
     // fails (its month's start fits, its nanoseconds do not).
     let edge = i64::MAX / 1_000_000_000;
@@ -1781,17 +1797,14 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     let want = e.evaluate(&fits).unwrap().into_array(2).unwrap();
     let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
     assert_eq!(&download(&got, device), &want);
-    assert!(e.evaluate(&secs).is_err(), "DataFusion's date_trunc fails");
-    let failed = compiled
-        .evaluate(&upload(&secs, device), device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::Overflow(_))
-        ),
-        "{failed}"
-    );
+    assert_fails_as_datafusion(
+        &edge_ctx,
+        "e",
+        "date_trunc('month', s)",
+        Some(&secs),
+        device,
+    )
+    .await;
     check_partial_aggregate(
         &ctx,
         "SELECT date_trunc('month', ts) AS mo, count(*), min(x) FROM w GROUP BY mo",
@@ -1800,36 +1813,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     .await;
     // `sqrt` of a negative fails in DataFusion: the device flags the batch, and the host
     // raises DataFusion's error.
-    let (e, schema, batches) = projection_of(&ctx, "w", "sqrt(f)").await;
-    let input = concat_batches(&schema, &batches).unwrap();
-    assert!(e.evaluate(&input).is_err(), "DataFusion's sqrt fails");
-    let failed = DeviceExpr::compile(&e, &schema)
-        .unwrap()
-        .evaluate(&upload(&input, device), device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::Overflow(_))
-        ),
-        "{failed}"
-    );
+    assert_fails_as_datafusion(&ctx, "w", "sqrt(f)", None, device).await;
     // A second-unit timestamp past chrono's calendar has no date: arrow's cast fails, so
     // the device flags the batch for the host, which raises DataFusion's error.
-    let (e, schema, batches) = projection_of(&ctx, "w", "CAST(tsec AS DATE)").await;
-    let input = concat_batches(&schema, &batches).unwrap();
-    assert!(e.evaluate(&input).is_err(), "DataFusion's cast fails");
-    let failed = DeviceExpr::compile(&e, &schema)
-        .unwrap()
-        .evaluate(&upload(&input, device), device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::Overflow(_))
-        ),
-        "{failed}"
-    );
+    assert_fails_as_datafusion(&ctx, "w", "CAST(tsec AS DATE)", None, device).await;
     for text in [
         "date_part('hour', tz)",
         "date_part('second', ts)",

@@ -2720,6 +2720,47 @@ fn atomic_f64_adds_lose_no_update() {
     assert!(seen.iter().all(|&v| v < want));
 }
 
+/// Runs `entry` of `ptx` (parameters: the input's address, the output's) in one block of
+/// a thread per value of `values` (doubles), each writing `out_bytes` bytes; the output.
+fn doubles_through(ptx: &str, entry: &std::ffi::CStr, values: &[f64], out_bytes: usize) -> Vec<u8> {
+    let n = values.len();
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(ptx).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (input, out) = (emu.alloc(8 * n), emu.alloc(out_bytes * n));
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    emu.upload(input, &bytes);
+    // SAFETY: valid handles; the kernel takes (u64, u64), reading a double and writing
+    // `out_bytes` per thread, within the allocations.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, entry.as_ptr()));
+        let (mut pi, mut po) = (input, out);
+        let mut params: [*mut c_void; 2] =
+            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    emu.download(out, out_bytes * n)
+}
+
 /// `cvt.{rni,rzi,rmi,rpi}.f64.f64` round a double to an integral double (ties to even,
 /// toward zero, down, up) and `sqrt.rn.f64` takes its square root, correctly rounded,
 /// as PTX documents them: zeros keep their sign, infinities stay, a negative operand's
@@ -2774,42 +2815,7 @@ fn doubles_round_to_integers_and_take_square_roots() {
         4_503_599_627_370_497.0,
         -7.75,
     ];
-    let n = values.len();
-    let emu = Emu::new();
-    let s = emu.stream(1);
-    let src = std::ffi::CString::new(PTX).unwrap();
-    let mut module: CUmodule = std::ptr::null_mut();
-    let mut f: CUfunction = std::ptr::null_mut();
-    let (input, out) = (emu.alloc(8 * n), emu.alloc(40 * n));
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-        .collect();
-    emu.upload(input, &bytes);
-    // SAFETY: valid handles; the parameters match rounds(u64, u64), a double in and five
-    // out per thread.
-    unsafe {
-        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
-        ck(cuModuleGetFunction(&mut f, module, c"rounds".as_ptr()));
-        let (mut pi, mut po) = (input, out);
-        let mut params: [*mut c_void; 2] =
-            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
-        ck(cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            n as u32,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ck(cuStreamSynchronize(s));
-    }
-    let got = emu.download(out, 40 * n);
+    let got = doubles_through(PTX, c"rounds", &values, 40);
     let word = |at: usize| f64::from_bits(u64::from_le_bytes(got[at..at + 8].try_into().unwrap()));
     for (i, v) in values.iter().enumerate() {
         let want = [
@@ -2878,42 +2884,7 @@ fn float_to_integer_truncates_and_saturates() {
         i64::MIN as f64,
         4_503_599_627_370_497.0,
     ];
-    let n = values.len();
-    let emu = Emu::new();
-    let s = emu.stream(1);
-    let src = std::ffi::CString::new(PTX).unwrap();
-    let mut module: CUmodule = std::ptr::null_mut();
-    let mut f: CUfunction = std::ptr::null_mut();
-    let (input, out) = (emu.alloc(8 * n), emu.alloc(8 * n));
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-        .collect();
-    emu.upload(input, &bytes);
-    // SAFETY: valid handles; the parameters match to_s64(u64, u64), a double and an
-    // s64 per thread.
-    unsafe {
-        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
-        ck(cuModuleGetFunction(&mut f, module, c"to_s64".as_ptr()));
-        let (mut pi, mut po) = (input, out);
-        let mut params: [*mut c_void; 2] =
-            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
-        ck(cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            n as u32,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ck(cuStreamSynchronize(s));
-    }
-    let got = emu.download(out, 8 * n);
+    let got = doubles_through(PTX, c"to_s64", &values, 8);
     let want: [i64; 12] = [
         2,
         -2,

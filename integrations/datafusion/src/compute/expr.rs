@@ -98,6 +98,11 @@ pub(crate) mod op {
     pub const HOUR: u32 = 19;
     /// Unary: a timestamp's minute, 0 to 59 (`mul`: its units a day).
     pub const MINUTE: u32 = 20;
+    /// The date parts: each null where its day is outside chrono's calendar
+    /// (`host::DATE_PART_DAYS`).
+    pub const DATE_PARTS: [u32; 11] = [
+        YEAR, MONTH, DAY, QUARTER, DOW, DOY, WEEK, ISODOW, ISOYEAR, HOUR, MINUTE,
+    ];
     /// Unary: a timestamp's day (`CAST(ts AS DATE)`: its count floored to whole days,
     /// `mul` its units a day); a day out of chrono's calendar fails.
     pub const DAYS: u32 = 21;
@@ -2048,17 +2053,7 @@ impl Node {
                     *on_fail == OnFail::Null || input.introduces_nulls()
                 }
                 // A date outside chrono's calendar (`host::DATE_PART_DAYS`).
-                op::YEAR
-                | op::MONTH
-                | op::DAY
-                | op::QUARTER
-                | op::DOW
-                | op::DOY
-                | op::WEEK
-                | op::ISODOW
-                | op::ISOYEAR
-                | op::HOUR
-                | op::MINUTE => true,
+                part if op::DATE_PARTS.contains(&part) => true,
                 _ => input.introduces_nulls(),
             },
         }

@@ -443,17 +443,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         .collect(),
                     valid: a.valid,
                 }),
-                op::YEAR
-                | op::MONTH
-                | op::DAY
-                | op::QUARTER
-                | op::DOW
-                | op::DOY
-                | op::WEEK
-                | op::ISODOW
-                | op::ISOYEAR
-                | op::HOUR
-                | op::MINUTE => {
+                part if op::DATE_PARTS.contains(&part) => {
                     let mut values = vec![0i64; n];
                     let mut valid = vec![0u8; n];
                     for i in (0..n).filter(|&i| a.is_valid(i)) {
@@ -745,6 +735,35 @@ pub(crate) fn slices(
     })
 }
 
+/// Rows of string bytes (`None`: null) as an array of type `out` (`Utf8`, `LargeUtf8`,
+/// `Utf8View`): each row checked to be UTF-8, and `Utf8`'s i32 offsets checked to hold
+/// them (past them: `ComputeError::Overflow`, the host's own error to raise).
+fn string_rows(
+    rows: Vec<Option<Vec<u8>>>,
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
+
+    let total: usize = rows.iter().flatten().map(Vec::len).sum();
+    if *out == DataType::Utf8 && total > i32::MAX as usize {
+        return Err(ComputeError::Overflow(format!(
+            "`{text}`: {total} bytes overflow Utf8's offsets"
+        ))
+        .into());
+    }
+    let rows = rows
+        .into_iter()
+        .map(|row| row.map(String::from_utf8).transpose())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}")))?;
+    Ok(match out {
+        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
+        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
+        _ => std::sync::Arc::new(StringViewArray::from(rows)),
+    })
+}
+
 /// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`]), an array of
 /// type `out`, as `concat_views` joins them.
 pub(crate) fn concat(
@@ -754,8 +773,6 @@ pub(crate) fn concat(
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
-    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
-
     let n = frame.num_rows();
     let mut columns = Vec::with_capacity(parts.len());
     for part in parts {
@@ -773,8 +790,7 @@ pub(crate) fn concat(
             ConcatPart::Literal(_) => None,
         });
     }
-    let mut rows: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut total = 0usize;
+    let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
     for i in 0..n {
         let (mut row, mut null, mut present) = (Vec::new(), false, 0);
         for (p, (part, column)) in parts.iter().zip(&columns).enumerate() {
@@ -798,26 +814,9 @@ pub(crate) fn concat(
                 (Some(value), _) => row.extend_from_slice(value),
             }
         }
-        if null {
-            rows.push(None);
-            continue;
-        }
-        total += row.len();
-        rows.push(Some(String::from_utf8(row).map_err(|e| {
-            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
-        })?));
+        rows.push((!null).then_some(row));
     }
-    if *out == DataType::Utf8 && total > i32::MAX as usize {
-        return Err(ComputeError::Overflow(format!(
-            "`{text}`: {total} bytes overflow Utf8's offsets"
-        ))
-        .into());
-    }
-    Ok(match out {
-        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
-        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
-        _ => std::sync::Arc::new(StringViewArray::from(rows)),
-    })
+    string_rows(rows, out, text)
 }
 
 /// `replace(value, from, to)` of each value of a string column ([`Node::Replace`]), an
@@ -830,11 +829,8 @@ pub(crate) fn replaced(
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
-    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
-
     let values = view_values(column, name)?;
-    let mut rows: Vec<Option<String>> = Vec::with_capacity(values.len());
-    let mut total = 0usize;
+    let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(values.len());
     for value in values {
         let Some(value) = value else {
             rows.push(None);
@@ -851,22 +847,9 @@ pub(crate) fn replaced(
                 j += 1;
             }
         }
-        total += row.len();
-        rows.push(Some(String::from_utf8(row).map_err(|e| {
-            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
-        })?));
+        rows.push(Some(row));
     }
-    if *out == DataType::Utf8 && total > i32::MAX as usize {
-        return Err(ComputeError::Overflow(format!(
-            "`{text}`: {total} bytes overflow Utf8's offsets"
-        ))
-        .into());
-    }
-    Ok(match out {
-        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
-        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
-        _ => std::sync::Arc::new(StringViewArray::from(rows)),
-    })
+    string_rows(rows, out, text)
 }
 
 /// `lpad` (`rpad` with `right`) of each value of a string column to `target` characters
@@ -878,11 +861,9 @@ pub(crate) fn padded(
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
-    use arrow_array::{LargeStringArray, StringArray, StringViewArray};
-
     let (padding, offsets) = super::expr::padding(fill, target);
     let values = view_values(column, name)?;
-    let mut rows: Vec<Option<String>> = Vec::with_capacity(values.len());
+    let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(values.len());
     for value in values {
         let Some(value) = value else {
             rows.push(None);
@@ -901,15 +882,9 @@ pub(crate) fn padded(
                 }
             }
         };
-        rows.push(Some(String::from_utf8(row).map_err(|e| {
-            ComputeError::Input(format!("`{text}`: a value is not UTF-8: {e}"))
-        })?));
+        rows.push(Some(row));
     }
-    Ok(match out {
-        DataType::Utf8 => std::sync::Arc::new(StringArray::from(rows)),
-        DataType::LargeUtf8 => std::sync::Arc::new(LargeStringArray::from(rows)),
-        _ => std::sync::Arc::new(StringViewArray::from(rows)),
-    })
+    string_rows(rows, out, text)
 }
 
 /// `upper` (or lower) case of each value of a string column of ASCII values, an array

@@ -944,8 +944,8 @@ pub(crate) fn evaluate(
             },
             None,
         ) => {
-            let column = frame_column(frame, *index, name)?;
-            Some(replace_column(&cx, cuda, column, name, (from, to), out, e)?)
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            Some(replace_column(&cx, cuda, column, (from, to), out, e)?)
         }
         (
             Node::Pad {
@@ -958,9 +958,9 @@ pub(crate) fn evaluate(
             },
             None,
         ) => {
-            let column = frame_column(frame, *index, name)?;
+            let column = (frame_column(frame, *index, name)?, name.as_str());
             let args = (*target, fill.as_slice(), *right);
-            Some(pad_column(&cx, cuda, column, name, args, out, e)?)
+            Some(pad_column(&cx, cuda, column, args, out, e)?)
         }
         _ => None,
     };

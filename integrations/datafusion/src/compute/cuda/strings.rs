@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arrow_schema::DataType;
-use devarrow::cuda::cudarc::driver::CudaSlice;
+use devarrow::cuda::cudarc::driver::{CudaFunction, CudaSlice};
 use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::{addr, offset_array, packed_validity, variadic_copies, view_args, Cx, A};
@@ -279,18 +279,7 @@ pub(super) fn concat_column(
                     arg(sizes),
                     arg(count),
                 ]);
-                let c = column.column();
-                // Its data: an offset-based column's one buffer, a view column's
-                // variadic ones (between the views and their sizes).
-                let last = match c.data_type() {
-                    DataType::Utf8 | DataType::LargeUtf8 => 3,
-                    _ => c.n_buffers().saturating_sub(1),
-                };
-                let data = (2..last)
-                    .filter_map(|b| c.buffer(b))
-                    .map(|b| b.len() as u64)
-                    .sum::<u64>();
-                cap = cap.saturating_add(data.saturating_add(12 * n as u64));
+                cap = cap.saturating_add(value_bytes(column));
                 nullable |= view.has_validity;
                 views.push(view);
             }
@@ -353,42 +342,37 @@ pub(super) fn concat_column(
     array
 }
 
-/// `replace(value, from, to)` of each value of a string column ([`Node::Replace`](crate::compute::expr::Node::Replace)), a
-/// column of type `out`, in two passes of `replace_views` over the column's views where
-/// they lie (`view_args`): each row's length (its matches counted), then its bytes with
-/// the matches replaced ([`two_pass_strings`]). The bound of the data: the column's data
-/// bytes and 12 a row (its inline values), times `to`'s length over `from`'s (rounded
-/// up) where `to` is the longer.
-pub(super) fn replace_column(
-    cx: &Cx<'_>,
-    cuda: &Arc<CudaDevice>,
-    column: &FrameColumn,
-    name: &str,
-    (from, to): (&[u8], &[u8]),
-    out: &DataType,
-    err: u64,
-) -> Result<CudaArray, BoxError> {
-    let s = cx.stream;
-    let n = column.len();
+/// A bound of the bytes of a string column's values: its data (an offset-based column's
+/// one buffer, a view column's variadic ones, between the views and their sizes) and 12
+/// a row (its inline values). Views that share bytes can pass it.
+fn value_bytes(column: &FrameColumn) -> u64 {
     let c = column.column();
-    let view = view_args(cx, column, name, n, err)?;
     let last = match c.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 => 3,
         _ => c.n_buffers().saturating_sub(1),
     };
-    let bytes = (2..last)
+    (2..last)
         .filter_map(|b| c.buffer(b))
         .map(|b| b.len() as u64)
         .sum::<u64>()
-        .saturating_add(12 * n as u64);
-    let growth = match (from.len() as u64, to.len() as u64) {
-        (f, t) if f > 0 && t > f => t.div_ceil(f),
-        _ => 1,
-    };
-    let cap = bytes.saturating_mul(growth);
-    // `from` then `to`, on the device (at least one byte).
-    let literals = s.clone_htod(&[from, to, &[0u8][..]].concat())?;
-    let at = addr(&literals, s);
+        .saturating_add(12 * column.len() as u64)
+}
+
+/// A string column of type `out` that `kernel` makes of each value of `column`, read
+/// where it lies (`view_args`), in two passes ([`two_pass_strings`], the data at most
+/// `cap` bytes). The kernel's parameters: the column's view arguments, `extra`, then
+/// pass, lens, valid, wide, offsets, data, cap and the error word (`replace_views`',
+/// `pad_views'`).
+fn from_each_value(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (column, name): (&FrameColumn, &str),
+    (kernel, extra): (&CudaFunction, &[A]),
+    (out, cap): (&DataType, u64),
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let n = column.len();
+    let view = view_args(cx, column, name, n, err)?;
     let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
     let array = two_pass_strings(
         cx,
@@ -396,11 +380,7 @@ pub(super) fn replace_column(
         (n, out, cap),
         view.has_validity,
         |pass, lens, valid, offsets, data| {
-            let args = view.args.iter().copied().chain([
-                A::U64(at),
-                A::U64(from.len() as u64),
-                A::U64(at + from.len() as u64),
-                A::U64(to.len() as u64),
+            let args = view.args.iter().chain(extra).copied().chain([
                 A::U32(pass),
                 A::U64(lens),
                 A::U64(valid),
@@ -410,11 +390,52 @@ pub(super) fn replace_column(
                 A::U64(cap),
                 A::U64(err),
             ]);
-            cx.launch(&cx.k.replace_views, n, &args.collect::<Vec<_>>())
+            cx.launch(kernel, n, &args.collect::<Vec<_>>())
         },
         err,
     );
-    drop((view, literals));
+    drop(view);
+    array
+}
+
+/// `replace(value, from, to)` of each value of a string column
+/// ([`Node::Replace`](crate::compute::expr::Node::Replace)), a column of type `out`, in
+/// two passes of `replace_views` ([`from_each_value`]): each row's length (its matches
+/// counted), then its bytes with the matches replaced. The bound of the data: the
+/// column's ([`value_bytes`]), times `to`'s length over `from`'s (rounded up) where `to`
+/// is the longer.
+pub(super) fn replace_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (column, name): (&FrameColumn, &str),
+    (from, to): (&[u8], &[u8]),
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let growth = match (from.len() as u64, to.len() as u64) {
+        (f, t) if f > 0 && t > f => t.div_ceil(f),
+        _ => 1,
+    };
+    let cap = value_bytes(column).saturating_mul(growth);
+    // `from` then `to`, on the device (at least one byte).
+    let literals = s.clone_htod(&[from, to, &[0u8][..]].concat())?;
+    let at = addr(&literals, s);
+    let extra = [
+        A::U64(at),
+        A::U64(from.len() as u64),
+        A::U64(at + from.len() as u64),
+        A::U64(to.len() as u64),
+    ];
+    let array = from_each_value(
+        cx,
+        cuda,
+        (column, name),
+        (&cx.k.replace_views, &extra),
+        (out, cap),
+        err,
+    );
+    drop(literals);
     array
 }
 
@@ -490,52 +511,39 @@ fn two_pass_strings(
 
 /// `lpad` (`rpad` with `right`) of each value of a string column to `target` characters
 /// with `fill` ([`Node::Pad`](crate::compute::expr::Node::Pad)), a column of type `out`,
-/// in two passes of `pad_views` over the column's views where they lie: each row's
-/// length (its characters counted up to `target`), then its kept bytes and its padding
-/// ([`two_pass_strings`]). The padding (the fill repeated to `target` characters) and
-/// its byte offsets are uploaded once. The data's bound is exact: a row has at most
-/// `target` characters of the value (4 bytes each at most) and the whole padding.
+/// in two passes of `pad_views` ([`from_each_value`]): each row's length (its characters
+/// counted up to `target`), then its kept bytes and its padding. The padding (the fill
+/// repeated to `target` characters) and its byte offsets are uploaded once. The data's
+/// bound is exact: a row has at most `target` characters of the value (4 bytes each at
+/// most) and the whole padding.
 pub(super) fn pad_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
-    column: &FrameColumn,
-    name: &str,
+    (column, name): (&FrameColumn, &str),
     (target, fill, right): (u64, &[u8], bool),
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
-    let n = column.len();
-    let view = view_args(cx, column, name, n, err)?;
     let (padding, offsets) = crate::compute::expr::padding(fill, target);
-    let cap = (n as u64).saturating_mul((padding.len() as u64).saturating_add(4 * target));
+    let cap =
+        (column.len() as u64).saturating_mul((padding.len() as u64).saturating_add(4 * target));
     let pad = s.clone_htod(&[padding.as_slice(), &[0u8][..]].concat())?;
     let pad_offsets = s.clone_htod(&offsets)?;
-    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
-    let array = two_pass_strings(
+    let extra = [
+        A::U64(addr(&pad, s)),
+        A::U64(addr(&pad_offsets, s)),
+        A::U64(target),
+        A::U32(u32::from(right)),
+    ];
+    let array = from_each_value(
         cx,
         cuda,
-        (n, out, cap),
-        view.has_validity,
-        |pass, lens, valid, offsets, data| {
-            let args = view.args.iter().copied().chain([
-                A::U64(addr(&pad, s)),
-                A::U64(addr(&pad_offsets, s)),
-                A::U64(target),
-                A::U32(u32::from(right)),
-                A::U32(pass),
-                A::U64(lens),
-                A::U64(valid),
-                A::U32(u32::from(wide)),
-                A::U64(offsets),
-                A::U64(data),
-                A::U64(cap),
-                A::U64(err),
-            ]);
-            cx.launch(&cx.k.pad_views, n, &args.collect::<Vec<_>>())
-        },
+        (column, name),
+        (&cx.k.pad_views, &extra),
+        (out, cap),
         err,
     );
-    drop((view, pad, pad_offsets));
+    drop((pad, pad_offsets));
     array
 }
