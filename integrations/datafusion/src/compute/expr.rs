@@ -790,6 +790,16 @@ fn view_column(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(usize, S
     super::string_type(field.data_type()).then(|| (column.index(), column.name().into()))
 }
 
+/// A string column, or a cast of one to another string type (DataFusion's coercion of a
+/// function's arguments: the same bytes), as [`view_column`].
+fn string_column(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(usize, String)> {
+    let expr = match expr.downcast_ref::<CastExpr>() {
+        Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
+        _ => expr,
+    };
+    view_column(expr, input)
+}
+
 /// What a string comparison compares: a string column, or the first `k` characters
 /// of one (`substr(col, 1, k)`, `k` at least 1).
 struct Subject {
@@ -909,11 +919,7 @@ pub(crate) fn string_node(
             _ => return None,
         };
         let out = expr.data_type(input).ok()?;
-        let column = match column.downcast_ref::<CastExpr>() {
-            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
-            _ => column,
-        };
-        let (index, name) = view_column(column, input)?;
+        let (index, name) = string_column(column, input)?;
         let target = int_literal(target)?.max(0);
         if target > 16_384 {
             return None;
@@ -934,11 +940,7 @@ pub(crate) fn string_node(
     }
     if let ("replace", [column, from, to]) = (function.name(), function.args()) {
         let out = expr.data_type(input).ok()?;
-        let column = match column.downcast_ref::<CastExpr>() {
-            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
-            _ => column,
-        };
-        let (index, name) = view_column(column, input)?;
+        let (index, name) = string_column(column, input)?;
         let (Ok(Some(from)), Ok(Some(to))) = (string_literal(from), string_literal(to)) else {
             return None;
         };
@@ -985,11 +987,7 @@ fn concat_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, Da
         if let Ok(Some(bytes)) = string_literal(e) {
             return Some(ConcatPart::Literal(bytes));
         }
-        let e = match e.downcast_ref::<CastExpr>() {
-            Some(cast) if super::string_type(cast.cast_type()) => cast.expr(),
-            _ => e,
-        };
-        let (index, name) = view_column(e, input)?;
+        let (index, name) = string_column(e, input)?;
         Some(ConcatPart::Column { index, name })
     };
     let (parts, joined) = if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
