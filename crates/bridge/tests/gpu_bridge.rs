@@ -631,6 +631,43 @@ fn downloads_land_in_pinned_memory_on_cuda() {
     check.assert_no_leak("downloads into pinned memory");
 }
 
+/// A prepared transfer lands downloads larger than the pinned memory the device
+/// reserves at open (128 MiB) in pinned memory: `Transfer::prepare` makes room for its
+/// download pool. Before it did, a pool's blocks came only from that reserve, and on the
+/// H200 (2026-11-29) the main job's 1M-row batches all landed in pageable memory,
+/// unpacked from staging at 0.18x of the pinned copy.
+#[test]
+fn a_prepared_transfer_lands_downloads_beyond_the_reserve_in_pinned_memory() {
+    let (_lock, device) = gpu_or_skip!();
+    // Start from an empty reserve, whatever the tests before left in it.
+    device.trim_pinned();
+    let check = DeviceMemoryCheck::start(device.primary_context());
+    let batch = wide_batch(4, 5_000_000); // 160 MB of values, 2.5 MB of validity
+    let mut transfer = Transfer::new(
+        device.clone(),
+        TransferOptions::default().with_pinned_host_bytes(512 << 20),
+    );
+    transfer.prepare().unwrap();
+    let on_device = transfer.to_device(&batch).unwrap();
+    let back = transfer.to_host(&on_device).unwrap();
+    assert_eq!(back, batch);
+    let stats = transfer.stats();
+    assert_eq!(
+        (stats.pinned_downloads, stats.pageable_downloads),
+        (1, 0),
+        "{:?}",
+        transfer.host_memory_note()
+    );
+    for column in back.columns() {
+        for buffer in column.to_data().buffers() {
+            assert!(device.is_pinned(buffer.as_ptr(), buffer.len()));
+        }
+    }
+    drop((back, on_device, transfer));
+    device.trim_pinned();
+    check.assert_no_leak("a prepared transfer's downloads into pinned memory");
+}
+
 #[test]
 fn staging_is_bounded_and_copies_are_chunked() {
     let (_lock, device) = gpu_or_skip!();

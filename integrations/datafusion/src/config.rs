@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use datafusion::common::config::ConfigExtension;
 use datafusion::common::extensions_options;
-use devarrow::abi::device::CpuDevice;
+use devarrow::abi::device::{CpuDevice, HostPool};
 use devarrow::bridge::{Transfer, TransferOptions};
 use devarrow::{DeviceRequest, DeviceSpec};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -179,6 +179,28 @@ impl DevicePool {
         for _ in 1..slots {
             handles.push(Slot::new(first.another_stream()?)?);
         }
+        // Every slot's downloads land in one pool of pinned memory, reserved now, after
+        // every staging chunk is taken (on CUDA the context's pinned memory is shared,
+        // and a reservation only makes sure one free range is that large: made before
+        // the staging, the staging would eat into it): a region's downloads are direct
+        // copies into memory its batches own, never unpacked from staging.
+        let device = first.device();
+        if !device.host_accessible() {
+            let bytes = TransferOptions::default().pinned_host_bytes;
+            let landing = Arc::new(HostPool::pinned(device.clone(), bytes));
+            device
+                .reserve_staging(bytes)
+                .map_err(|e| DeviceExecError::Device {
+                    spec: first.id().to_string(),
+                    reason: e.to_string(),
+                })?;
+            for slot in &handles {
+                slot.download
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .set_pinned_host_pool(Some(landing.clone()));
+            }
+        }
         Ok(Self {
             id: first.id().to_string(),
             slots: handles,
@@ -271,9 +293,11 @@ struct Slot {
 impl Slot {
     /// The handle and its transfers, their staging allocated now (the warm-up: on CUDA
     /// the pinned allocations that synchronize happen here, not in a running query).
+    /// Their downloads' pinned pool is the device pool's ([`DevicePool::new`]).
     fn new(device: ExecDevice) -> Result<Self, DeviceExecError> {
         let transfer = || -> Result<Transfer, DeviceExecError> {
-            let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+            let options = TransferOptions::default().with_pinned_host_bytes(0);
+            let mut transfer = Transfer::new(device.device().clone(), options);
             transfer.prepare().map_err(|e| DeviceExecError::Device {
                 spec: device.id().to_string(),
                 reason: e.to_string(),

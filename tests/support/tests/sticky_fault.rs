@@ -3,12 +3,12 @@
 //!
 //! The parent test runs this binary again as a subprocess with
 //! `DEVARROW_STICKY_FAULT_CHILD=1`, where the `child_*` tests run (they return at once
-//! otherwise): the first faults on purpose (a kernel's store past the end of its
-//! buffer), the later ones must fail at `open_or_skip` without running.
+//! otherwise): the first faults on purpose (a kernel's store to an address never mapped),
+//! the later ones must fail at `open_or_skip` without running.
 
 use std::process::Command;
 
-use devarrow_cuda::{CudaMemory, DeviceBuffer, PrimaryContext};
+use devarrow_cuda::PrimaryContext;
 use devarrow_testing::gpu::open_or_skip;
 
 const CHILD: &str = "DEVARROW_STICKY_FAULT_CHILD";
@@ -26,15 +26,16 @@ fn child_1_leaves_a_sticky_fault() {
         return;
     };
     let stream = dev.new_stream().unwrap();
-    let small = DeviceBuffer::alloc(&stream, 16).unwrap();
     let gate = devarrow_testing::gate::Gate::new(&stream).unwrap();
-    // SAFETY: deliberately not: the kernel writes 4 KiB into 16 bytes, a fault the driver
-    // finds while the stream runs (sticky), which is what this test is about.
-    unsafe { gate.launch_fill(small.device_ptr(), 1024, 1) }.unwrap();
+    // SAFETY: deliberately not: the kernel writes 4 KiB at the device's page 1, never
+    // mapped, a fault the driver finds while the stream runs (sticky), which is what this
+    // test is about. (Not past the end of a small allocation: on the H200, 2026-11-29, 4 KiB past a
+    // 16-byte allocation stayed inside its mapped page and did not fault; the emulated
+    // driver faults there, as compute-sanitizer's memcheck would.)
+    unsafe { gate.launch_fill(0x1000, 1024, 1) }.unwrap();
     gate.open();
     let _ = stream.synchronize();
-    // The buffer and the stream are leaked: freeing in a faulted context fails too.
-    std::mem::forget(small);
+    // The stream is leaked: destroying it in a faulted context fails too.
     std::mem::forget(stream);
     println!("child_1 faulted");
 }

@@ -37,6 +37,16 @@ impl PinnedLanding {
         self.refused = false;
     }
 
+    /// Records that `bytes` of pinned memory could not be reserved for the pool
+    /// ([`Transfer::prepare`](super::Transfer::prepare)): downloads that find no room in
+    /// what the device holds land in pageable memory.
+    pub(super) fn unreserved(&mut self, bytes: usize, error: &devarrow_abi::Error) {
+        self.note = Some(format!(
+            "{bytes} bytes of pinned memory for the download pool could not be reserved \
+             ({error}): downloads beyond the device's reserve land in pageable memory"
+        ));
+    }
+
     /// Whether the device refused to pin memory (downloads stay pageable).
     pub(super) fn refused(&self) -> bool {
         self.refused
@@ -68,13 +78,28 @@ impl PinnedLanding {
             Ok(Some(block)) => Some(block),
             Ok(None) => {
                 let stats = pool.stats();
-                self.note = Some(format!(
-                    "the pinned host memory pool ({} bytes, TransferOptions::\
-                     pinned_host_bytes) was full ({} bytes held by batches not yet \
-                     dropped): downloads beyond it land in pageable memory",
-                    pool.limit(),
-                    stats.in_use_bytes
-                ));
+                self.note = Some(
+                    if stats.in_use_bytes + devarrow_abi::device::pool::size_class(len)
+                        > pool.limit()
+                    {
+                        format!(
+                            "the pinned host memory pool ({} bytes, TransferOptions::\
+                             pinned_host_bytes) was full ({} bytes held by batches not yet \
+                             dropped): downloads beyond it land in pageable memory",
+                            pool.limit(),
+                            stats.in_use_bytes
+                        )
+                    } else {
+                        format!(
+                            "the device's pinned memory had no room for a block of {len} \
+                             bytes of the pool ({} bytes, {} held by batches not yet \
+                             dropped; Transfer::prepare reserves room for it): downloads \
+                             beyond it land in pageable memory",
+                            pool.limit(),
+                            stats.in_use_bytes
+                        )
+                    },
+                );
                 None
             }
             Err(e) => {

@@ -389,14 +389,18 @@ impl Transfer {
 
     /// Allocates now every staging chunk the transfer uses
     /// ([`TransferOptions::staging_bytes`] in all), instead of as the first transfers
-    /// need them; a no-op where the host reads the device's memory directly (no staging).
+    /// need them, and makes room in pinned memory for the pool its downloads land in (the
+    /// pool set with [`Transfer::set_pinned_host_pool`], else
+    /// [`TransferOptions::pinned_host_bytes`]); a no-op where the host reads the device's
+    /// memory directly (no staging, no pinned landing).
     ///
     /// On CUDA the staging memory is a block of the pinned memory the device's context
     /// reserved (a `CudaDevice` reserves 128 MiB when its context's first is made, and
     /// never allocates pinned memory after that unless asked: beyond its reserve, staging
-    /// is pageable, and slower); this is such an ask, an explicit warm-up: it first
-    /// makes sure the reserve has room for the whole staging
-    /// ([`Device::reserve_staging`]), allocating pinned memory if not
+    /// is pageable, and slower, and downloads land in pageable memory, unpacked from
+    /// staging at a fraction of the link's rate); this is such an ask, an explicit
+    /// warm-up: it makes sure the reserve has room for the whole staging, then for the
+    /// whole download pool ([`Device::reserve_staging`]), allocating pinned memory if not
     /// (`cuMemHostAlloc`, one of the calls NVIDIA documents as implicitly synchronizing:
     /// work enqueued afterwards on any stream of the device runs only after all the work
     /// enqueued before it, another library's included). Prepared or not, the transfers
@@ -435,6 +439,21 @@ impl Transfer {
             .reserve_staging((stages - held.min(stages)) * chunk)?;
         for i in 0..stages {
             self.stage(i, chunk)?;
+        }
+        // The download pool's room: its limit less what it holds already (in use or
+        // cached), so that every block it may hand out comes from reserved memory.
+        let landing = match self.landing.pool() {
+            Some(pool) => {
+                let stats = pool.stats();
+                pool.limit()
+                    .saturating_sub(stats.in_use_bytes + stats.cached_bytes)
+            }
+            None if self.landing.refused() => 0,
+            None => self.options.pinned_host_bytes,
+        };
+        if let Err(e) = self.device.reserve_staging(landing) {
+            // Not fatal: the downloads that find no room land in pageable memory.
+            self.landing.unreserved(landing, &e);
         }
         Ok(())
     }

@@ -88,6 +88,7 @@ struct UnloadMetrics {
     load_wait: Time,
     slot_wait: Time,
     compacted_batches: Count,
+    pageable_downloads: Count,
 }
 
 impl UnloadMetrics {
@@ -99,6 +100,8 @@ impl UnloadMetrics {
             load_wait: MetricBuilder::new(metrics).subset_time("load_wait", partition),
             slot_wait: MetricBuilder::new(metrics).subset_time("slot_wait", partition),
             compacted_batches: MetricBuilder::new(metrics).counter("compacted_batches", partition),
+            pageable_downloads: MetricBuilder::new(metrics)
+                .counter("pageable_downloads", partition),
         }
     }
 }
@@ -937,9 +940,14 @@ impl OperatorThread {
         };
         let mut transfer = lease.download();
         let host = frame.download(&mut transfer).map_err(unload_error)?;
-        let stats = transfer.take_stats().to_host;
+        let stats = transfer.take_stats();
         drop(transfer);
-        self.metrics.bytes_from_device.add(stats.bytes as usize);
+        self.metrics
+            .bytes_from_device
+            .add(stats.to_host.bytes as usize);
+        self.metrics
+            .pageable_downloads
+            .add(stats.pageable_downloads as usize);
         timer.done();
         Ok(Some(host))
     }

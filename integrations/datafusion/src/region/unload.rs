@@ -26,7 +26,9 @@ use super::{is_on_device, run};
 /// free the partition's device memory and its device slot as they end.
 ///
 /// Metrics: `output_rows`, `elapsed_compute` (the operators and the download),
-/// `bytes_from_device`, `unload_time` (the downloads), `load_wait` (time the operators
+/// `bytes_from_device`, `pageable_downloads` (batches that landed in pageable memory
+/// through staging: the device pool's pinned memory had no room), `unload_time` (the
+/// downloads), `load_wait` (time the operators
 /// waited for the next uploaded batch: the child's work and the upload, where
 /// read-ahead did not hide them). The load's and each operator's own metrics are on
 /// their nodes.

@@ -401,6 +401,13 @@ pub fn measure_point(
                 PINNED_POOL_MAX_BYTES,
             ),
         ))));
+        // The explicit warm-up, outside the timing: the device's pinned memory gets
+        // room for the whole pool now (on CUDA its reserve is 128 MiB; without this the
+        // pool's blocks beyond it were refused and the batches landed in pageable
+        // memory, unpacked from staging: the H200 run of 2026-11-29, at 0.18x).
+        transfer
+            .prepare()
+            .map_err(abi("reserving pinned memory for the downloads"))?;
     }
     // devarrow, device to host: `to_host_batches` moves every batch in one pipeline and
     // returns the rebuilt batches once copied.
