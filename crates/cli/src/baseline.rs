@@ -65,6 +65,10 @@ impl RawCopy {
         let pinned = match self.pinned.take() {
             Some(pinned) => pinned,
             None => {
+                // Room in the device's pinned memory first (CUDA reserves 128 MiB at open;
+                // beyond it staging is pageable, and this would time a pageable copy: the
+                // H200 run of 2026-11-29 timed 9 GB/s "pinned" that way).
+                self.device.reserve_staging(self.bytes)?;
                 let mut pinned = self.device.allocate_staging(self.bytes)?;
                 pinned.as_mut_slice().fill(0x5a);
                 pinned

@@ -179,17 +179,23 @@ impl DevicePool {
         for _ in 1..slots {
             handles.push(Slot::new(first.another_stream()?)?);
         }
-        // Every slot's downloads land in one pool of pinned memory, reserved now, after
-        // every staging chunk is taken (on CUDA the context's pinned memory is shared,
-        // and a reservation only makes sure one free range is that large: made before
-        // the staging, the staging would eat into it): a region's downloads are direct
-        // copies into memory its batches own, never unpacked from staging.
+        // Every slot's downloads land in one pool of pinned memory, reserved now with
+        // room for the loads' gathers (a partition's batches coalesced into pinned
+        // memory, `devarrow.batch_bytes` each, one per core at once), after every
+        // staging chunk is taken (on CUDA the context's pinned memory is shared, and a
+        // reservation only makes sure one free range is that large: made before the
+        // staging, the staging would eat into it). Without it both came from the 128
+        // MiB a CUDA device reserves at open, and beyond it were pageable: uploads from
+        // pageable gathers, downloads unpacked from staging (the H200 run of 2026-11-29:
+        // the transitions at 0.33x of the pinned copies).
         let device = first.device();
         if !device.host_accessible() {
             let bytes = TransferOptions::default().pinned_host_bytes;
+            let gathers =
+                std::thread::available_parallelism().map_or(4, |n| n.get()) * DEFAULT_BATCH_BYTES;
             let landing = Arc::new(HostPool::pinned(device.clone(), bytes));
             device
-                .reserve_staging(bytes)
+                .reserve_staging(bytes + gathers)
                 .map_err(|e| DeviceExecError::Device {
                     spec: first.id().to_string(),
                     reason: e.to_string(),

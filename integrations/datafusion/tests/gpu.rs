@@ -455,8 +455,9 @@ fn q1_and_q6_regions_on_cuda_are_datafusions() {
     no_leak_once_released(&check, "Q1 and Q6 regions on CUDA");
 }
 
-/// A region's downloads land in pinned memory its batches own, however much the region
-/// brings back: the device pool reserves pinned room for them when it is made. Before it
+/// A region's downloads land in pinned memory its batches own, and its loads gather
+/// batches into pinned memory, however much the region moves: the device pool reserves
+/// pinned room for both when it is made. Before it
 /// did, their blocks came only from the 128 MiB the device reserves at open, shared with
 /// the staging, and on the H200 (2026-11-29) the transitions ran at 0.33x of the pinned
 /// copies, their downloads unpacked from staging into pageable memory.
@@ -509,9 +510,15 @@ fn a_regions_downloads_land_in_pinned_memory() {
         )))
         .unwrap(),
     );
+    let pageable_before = cuda.pageable_staging();
     let back = rt
         .block_on(collect(region.clone(), ctx.task_ctx()))
         .unwrap();
+    assert_eq!(
+        cuda.pageable_staging() - pageable_before,
+        0,
+        "the loads' gathers (4 batches each) were pinned memory"
+    );
     let mut values: Vec<i64> = back
         .iter()
         .flat_map(|b| {

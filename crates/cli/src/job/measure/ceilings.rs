@@ -155,6 +155,7 @@ impl HostCeilings {
         let bytes = bytes.clamp(1, CEILING_BYTES);
         // The source: ordinary memory, written (faulted in) before anything is timed.
         let source = vec![0x5au8; bytes];
+        device.reserve_staging(bytes)?; // else, beyond CUDA's reserve, pageable memory
         let mut pinned = device.allocate_staging(bytes)?;
         let mut faulted = vec![0u8; bytes];
         faulted.fill(1);
