@@ -242,6 +242,12 @@ fn bench_shape(c: &mut Criterion, dev: &BenchDevice, name: &str, batches: Vec<Re
         device.clone(),
         TransferOptions::default().with_first_chunk_bytes(0),
     );
+    // Every staging chunk and the download pool in pinned memory, reserved now (the
+    // explicit warm-up): beyond the 128 MiB a CUDA device reserves at open, staging is
+    // pageable (the H200 run of 2026-11-29 timed the third transfer's pageable staging).
+    for t in [&mut transfer, &mut pageable, &mut serial, &mut equal] {
+        t.prepare().expect("prepare");
+    }
     let on_device = to_device_all(&mut transfer, &batches);
     let bytes: usize = on_device.iter().map(|d| d.device_bytes()).sum();
     let pinned: Vec<RecordBatch> = batches
@@ -420,6 +426,7 @@ fn thread_scaling(
             .with_pack_threads(threads)
             .with_pinned_host_bytes(0);
         let mut transfer = Transfer::new(device.clone(), options);
+        transfer.prepare().expect("prepare"); // its staging pinned, as above
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function(format!("h2d-devarrow/{threads}"), |b| {
             b.iter_with_large_drop(|| to_device_all(&mut transfer, batches))
