@@ -78,6 +78,16 @@ extensions_options! {
         /// Partitions running on one device at once (each with a stream of its own on
         /// CUDA); a partition beyond waits for one to end.
         pub partitions_per_device: usize, default = 4
+        /// A region whose uploads (its loads' inputs and its joins' build sides, by
+        /// DataFusion's statistics) come to fewer bytes than this stays on the host
+        /// (`EXPLAIN` says so): a region has fixed costs (a device slot, its threads,
+        /// launches, a download) that a small query does not earn back. 0 (the default
+        /// until a GPU run has measured where the device starts to win): every region
+        /// is placed. On an H200 (2026-11-29, `docs/gpu-results.md`) TPC-H Q3, Q5, Q9
+        /// and Q10 at SF 0.1, moving 7-36 MiB each, ran 1.5-2.7x slower with their
+        /// regions than DataFusion alone, and Q1, Q6 and a strings filter at SF 1,
+        /// moving 275-572 MiB, 1.6-3.6x faster.
+        pub min_region_bytes: usize, default = 0
     }
 }
 

@@ -15,6 +15,11 @@
 //! operator names ([`DeviceOperator::device_child`], a join's probe side) joins or starts
 //! the region.
 //!
+//! Then two passes over the regions: a join at the top of one goes back to the host where
+//! it would move more bytes than the host join (unless `devarrow.always_place_joins`),
+//! and with `devarrow.min_region_bytes` a region that would upload fewer bytes, by
+//! DataFusion's statistics, goes back to the host whole; each says why in `EXPLAIN`.
+//!
 //! Nodes no factory knows (sorts, repartitions, scans, other joins) stay as they are. The rule
 //! runs after DataFusion's own (add it last): it keeps every node's properties (a device
 //! operator declares its host twin's), so the plan it returns satisfies the same
@@ -369,6 +374,58 @@ fn heavier_host_children(node: &Arc<dyn ExecutionPlan>, device_child: usize) -> 
     })
 }
 
+/// The third pass of the rule, with `devarrow.min_region_bytes` (`min`): a region whose
+/// uploads come to fewer bytes than `min` by DataFusion's statistics
+/// ([`region_upload_bytes`]) goes back to the host whole, its host twin under a
+/// `HostOnlyExec` saying why. A region whose statistics say nothing stays.
+fn too_small(
+    node: Arc<dyn ExecutionPlan>,
+    min: usize,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    let Some(unload) = node.downcast_ref::<DeviceUnloadExec>() else {
+        return Ok(Transformed::no(node));
+    };
+    match region_upload_bytes(unload.input()) {
+        Some(bytes) if bytes < min => {
+            let mib = |b: usize| b as f64 / f64::from(1 << 20);
+            let why = format!(
+                "its region would upload about {:.1} MiB by DataFusion's statistics, under \
+                 devarrow.min_region_bytes ({:.1} MiB): too little to earn back a region's \
+                 fixed costs",
+                mib(bytes),
+                mib(min)
+            );
+            Ok(Transformed::yes(Arc::new(HostOnlyExec::new(
+                host_twin(&node),
+                why,
+            ))))
+        }
+        _ => Ok(Transformed::no(node)),
+    }
+}
+
+/// The bytes the region under `top` (a device node) uploads by DataFusion's statistics
+/// ([`link_bytes`]): its loads' inputs and its operators' host children (a join's build
+/// side); `None` where the statistics do not say for one of them.
+fn region_upload_bytes(top: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    if let Some(load) = top.downcast_ref::<DeviceLoadExec>() {
+        return link_bytes(load.input());
+    }
+    let op = top.downcast_ref::<DeviceOperatorExec>()?;
+    let at = op.operator().device_child();
+    op.children()
+        .into_iter()
+        .enumerate()
+        .try_fold(0usize, |total, (i, child)| {
+            let bytes = if i == at {
+                region_upload_bytes(child)?
+            } else {
+                link_bytes(child)?
+            };
+            Some(total.saturating_add(bytes))
+        })
+}
+
 /// A region of projections alone (TPC-H Q14's and Q17's casts above their final
 /// aggregates) back on the host, each projection under a `HostOnlyExec` saying why: it
 /// would take its input up and its output down for work row by row that the host does
@@ -522,10 +579,17 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
         let placed = plan
             .transform_up(|node| self.place(node, distributed, !every_join))?
             .data;
-        if every_join {
-            return Ok(placed);
+        let placed = if every_join {
+            placed
+        } else {
+            placed.transform_up(retract)?.data
+        };
+        match options.map_or(0, |c| c.min_region_bytes) {
+            0 => Ok(placed),
+            min => placed
+                .transform_up(|node| too_small(node, min))
+                .map(|t| t.data),
         }
-        placed.transform_up(retract).map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -571,8 +571,9 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 ///   each way (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from the device's reserved
 ///   pinned memory): the issue's goal is the round trip at 0.85x or more of the pinned
 ///   copies' round trip;
-/// - TPC-H Q3, Q5, Q9 and Q10 with their device joins at `DEVARROW_TPCH_JOIN_SCALE`
-///   (default SF 0.1; 0.01 on the emulated driver), checked against DataFusion, then
+/// - TPC-H Q3, Q5, Q9 and Q10 with their device joins at each scale of
+///   `DEVARROW_TPCH_JOIN_SCALE`, a comma-separated list (default SF 0.1; 0.01 on the
+///   emulated driver), checked against DataFusion, then
 ///   DataFusion alone and with the rule, best of 2 each, and the bytes they moved.
 #[test]
 fn tpch_regions_on_cuda_figures() {
@@ -746,48 +747,51 @@ fn tpch_regions_on_cuda_figures() {
     // Device joins: TPC-H queries whose joins run in regions (the fact table filtered,
     // joined and partially aggregated on the device), at a smaller scale (the whole
     // TPC-H schema is generated), DataFusion alone and with the rule, best of 2 each.
-    let join_scale: f64 = std::env::var("DEVARROW_TPCH_JOIN_SCALE")
+    // A comma-separated list of scales: where the device starts to win.
+    let join_scales: Vec<f64> = std::env::var("DEVARROW_TPCH_JOIN_SCALE")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(if emulated { 0.01 } else { 0.1 });
-    let tables = tpch::Tables::generate(join_scale, partitions);
-    let joins_plain = tpch::host_session(&tables, partitions).unwrap();
-    let joins_ctx = compute_checks::session_with_pool(pool.clone(), partitions, None);
-    tables.register(&joins_ctx).unwrap();
-    for q in [3, 5, 9, 10] {
-        let sql = tpch::query(q);
-        let want = drain(plan_of(&joins_plain, sql), &joins_plain);
-        let first = plan_of(&joins_ctx, sql);
-        let got = drain(first.clone(), &joins_ctx);
-        tpch::compare_results(&got, &want).unwrap_or_else(|e| panic!("Q{q} with joins: {e}"));
-        let joins = datafusion::physical_plan::displayable(first.as_ref())
-            .indent(false)
-            .to_string()
-            .matches("DeviceHashJoinExec")
-            .count();
-        let metric = |name: &str, node: &str| tpch::metric_sum(&first, node, name);
-        let host = best_of(2, || {
-            drain(plan_of(&joins_plain, sql), &joins_plain);
-        });
-        let mut plans: Vec<_> = (0..2).map(|_| plan_of(&joins_ctx, sql)).collect();
-        let device = best_of(2, || {
-            drain(plans.pop().unwrap(), &joins_ctx);
-        });
-        println!(
-            "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
-             with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up (join tables \
-             {:.1}), {:.1} MiB down",
-            host * 1e3,
-            device * 1e3,
-            host / device,
-            (metric("bytes_to_device", "DeviceLoadExec")
-                + metric("bytes_to_device", "DeviceHashJoinExec")) as f64
-                / (1 << 20) as f64,
-            metric("bytes_to_device", "DeviceHashJoinExec") as f64 / (1 << 20) as f64,
-            metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
-        );
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![if emulated { 0.01 } else { 0.1 }]);
+    for join_scale in join_scales {
+        let tables = tpch::Tables::generate(join_scale, partitions);
+        let joins_plain = tpch::host_session(&tables, partitions).unwrap();
+        let joins_ctx = compute_checks::session_with_pool(pool.clone(), partitions, None);
+        tables.register(&joins_ctx).unwrap();
+        for q in [3, 5, 9, 10] {
+            let sql = tpch::query(q);
+            let want = drain(plan_of(&joins_plain, sql), &joins_plain);
+            let first = plan_of(&joins_ctx, sql);
+            let got = drain(first.clone(), &joins_ctx);
+            tpch::compare_results(&got, &want).unwrap_or_else(|e| panic!("Q{q} with joins: {e}"));
+            let joins = datafusion::physical_plan::displayable(first.as_ref())
+                .indent(false)
+                .to_string()
+                .matches("DeviceHashJoinExec")
+                .count();
+            let metric = |name: &str, node: &str| tpch::metric_sum(&first, node, name);
+            let host = best_of(2, || {
+                drain(plan_of(&joins_plain, sql), &joins_plain);
+            });
+            let mut plans: Vec<_> = (0..2).map(|_| plan_of(&joins_ctx, sql)).collect();
+            let device = best_of(2, || {
+                drain(plans.pop().unwrap(), &joins_ctx);
+            });
+            println!(
+                "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
+                 with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up (join tables \
+                 {:.1}), {:.1} MiB down",
+                host * 1e3,
+                device * 1e3,
+                host / device,
+                (metric("bytes_to_device", "DeviceLoadExec")
+                    + metric("bytes_to_device", "DeviceHashJoinExec")) as f64
+                    / (1 << 20) as f64,
+                metric("bytes_to_device", "DeviceHashJoinExec") as f64 / (1 << 20) as f64,
+                metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
+            );
+        }
+        drop((joins_ctx, joins_plain, tables));
     }
-    drop((joins_ctx, joins_plain, tables));
 
     drop((ctx, plain, pool));
     no_leak_once_released(&check, "the figures' regions on CUDA");

@@ -625,3 +625,48 @@ async fn a_region_of_projections_alone_stays_on_the_host() {
         assert_eq!(rows(&got), rows(&want), "{sql}");
     }
 }
+
+/// With `devarrow.min_region_bytes`, a region that would upload fewer bytes (by
+/// DataFusion's statistics) goes back to the host whole, saying why; at 0 (the default)
+/// or below what it uploads, it stays. The results are DataFusion's either way.
+#[tokio::test]
+async fn a_region_under_min_region_bytes_stays_on_the_host() {
+    let data = lineitem(0.01, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    let sql = "SELECT l_returnflag, sum(l_extendedprice * (1 - l_discount)) AS revenue \
+               FROM lineitem WHERE l_quantity < 24 GROUP BY l_returnflag ORDER BY l_returnflag";
+    let want = common::datafusion_alone(data, sql).await;
+    for (min, region) in [
+        (None, true),
+        (Some(0usize), true),
+        (Some(1), true),
+        (Some(1 << 40), false),
+    ] {
+        if let Some(min) = min {
+            ctx.sql(&format!("SET devarrow.min_region_bytes = {min}"))
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+        }
+        let device_plan = plan(&ctx, sql).await;
+        let shown = text(&device_plan);
+        assert_eq!(
+            shown.contains("DeviceUnloadExec"),
+            region,
+            "{min:?}\n{shown}"
+        );
+        assert_eq!(
+            shown.contains("under devarrow.min_region_bytes (1048576.0 MiB)"),
+            !region,
+            "{min:?}\n{shown}"
+        );
+        let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
+        assert_eq!(
+            pretty_format_batches(&got).unwrap().to_string(),
+            pretty_format_batches(&want).unwrap().to_string(),
+            "{min:?}"
+        );
+    }
+}
