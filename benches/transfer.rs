@@ -413,7 +413,9 @@ fn thread_scaling(
     let ceiling_bytes = bytes.clamp(1, 1 << 30);
     let source = vec![0x5au8; ceiling_bytes];
     // Room in the device's pinned memory first: beyond CUDA's reserve, staging is pageable.
-    device.reserve_staging(ceiling_bytes).expect("pinned memory");
+    device
+        .reserve_staging(ceiling_bytes)
+        .expect("pinned memory");
     let mut pinned = device.allocate_staging(ceiling_bytes).expect("staging");
     let mut group = c.benchmark_group(format!("threads/{}/{name}", dev.label()));
     group.warm_up_time(Duration::from_secs(1));
