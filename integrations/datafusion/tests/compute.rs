@@ -1647,8 +1647,12 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     ])
     .unwrap();
     let ctx = SessionContext::new();
+    // The rows within chrono's calendar (all but the ends), for what fails past it.
+    let within = batch.slice(3, n - 10);
     let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
     ctx.register_table("w", Arc::new(table)).unwrap();
+    let table = MemTable::try_new(within.schema(), vec![vec![within]]).unwrap();
+    ctx.register_table("within", Arc::new(table)).unwrap();
     for text in [
         "date_part('year', d)",
         "date_part('month', d)",
@@ -1773,6 +1777,38 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             "`{text}`: no device kernel"
         );
     }
+    // Timestamps plus or minus intervals of days and time, as arrow adds them:
+    // nanoseconds (within their range), milliseconds in UTC (time only: a zone's days are
+    // its local calendar's), seconds within chrono's calendar (the rows `within` it).
+    for text in [
+        "ts + INTERVAL '1 day'",
+        "ts - INTERVAL '36 hours 30 minutes'",
+        "INTERVAL '1 hour' + ts",
+        "ts + INTERVAL '2 days 3 seconds' > ts",
+        "tz + INTERVAL '90 minutes'",
+        "tz - INTERVAL '1.5 seconds'",
+        "tsec + INTERVAL '2 days 3 seconds'",
+        "tsec - INTERVAL '400 days'",
+        "date_trunc('day', ts + INTERVAL '12 hours')",
+        "EXTRACT(DAY FROM tsec + INTERVAL '1 day')",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
+    }
+    // Seconds past chrono's calendar (at Date32's ends) fail in arrow: on the device too,
+    // and the host raises arrow's error.
+    assert_fails_as_datafusion(&ctx, "w", "tsec + INTERVAL '1 day'", None, device).await;
+    assert_fails_as_datafusion(&ctx, "w", "tsec - INTERVAL '1 second'", None, device).await;
+    for text in [
+        "ts + INTERVAL '1 month'",
+        "tz + INTERVAL '1 day'",
+        "tsec + INTERVAL '1 millisecond'",
+    ] {
+        let (e, schema, _) = projection_of(&ctx, "w", text).await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "`{text}`: no device kernel"
+        );
+    }
     // date_trunc to a month of seconds past DataFusion's nanoseconds fails there: the
     // device flags the batch for the host, which raises DataFusion's error.
     assert_fails_as_datafusion(&ctx, "w", "date_trunc('month', tsec)", None, device).await;
@@ -1802,6 +1838,34 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "e",
         "date_trunc('month', s)",
         Some(&secs),
+        device,
+    )
+    .await;
+    // Nanoseconds at the end of 64 bits: a second added to i64::MAX less 2 s fits, to
+    // i64::MAX less half a second does not (arrow fails, the device flags the batch).
+    let nanos = RecordBatch::try_from_iter([(
+        "t",
+        Arc::new(arrow_array::TimestampNanosecondArray::from(vec![
+            0,
+            i64::MAX - 2_000_000_000,
+            i64::MAX - 500_000_000,
+        ])) as ArrayRef,
+    )])
+    .unwrap();
+    let nanos_ctx = SessionContext::new();
+    let table = MemTable::try_new(nanos.schema(), vec![vec![nanos.clone()]]).unwrap();
+    nanos_ctx.register_table("t", Arc::new(table)).unwrap();
+    let (e, schema, _) = projection_of(&nanos_ctx, "t", "t + INTERVAL '1 second'").await;
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let fits = nanos.slice(0, 2);
+    let want = e.evaluate(&fits).unwrap().into_array(2).unwrap();
+    let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
+    assert_eq!(&download(&got, device), &want);
+    assert_fails_as_datafusion(
+        &nanos_ctx,
+        "t",
+        "t + INTERVAL '1 second'",
+        Some(&nanos),
         device,
     )
     .await;

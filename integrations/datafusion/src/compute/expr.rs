@@ -1615,6 +1615,105 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
     })
 }
 
+/// `ts + interval`, `interval + ts` and `ts - interval` for a literal interval of days
+/// and time (no months) as arrow computes them (`add_month_day_nano` and its kin): the
+/// timestamp read as a chrono date-time, the days added, then the time, the result made
+/// a timestamp of the unit again, each step failing outside chrono's calendar (or, in
+/// nanoseconds, past 64 bits). On the device: three checked additions of the unit's
+/// counts (the input, the days, the time), each against that range
+/// ([`timestamp_range`]), so that a batch arrow fails the device fails too (and the host
+/// raises arrow's error); a step the device fails that arrow does not (an intermediate
+/// past 64 bits in nanoseconds) sends the batch to the host too. `Ok(None)` where
+/// `binary` is no such expression; refused for an interval of months (calendar
+/// arithmetic), of days with a time zone (its local calendar's days), or of a time
+/// finer than the unit (arrow floors it).
+fn timestamp_interval(
+    binary: &BinaryExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Option<Node>, Unsupported> {
+    let DataType::Timestamp(unit, zone) = data_type else {
+        return Ok(None);
+    };
+    let interval = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Literal>().and_then(|l| match l.value() {
+            v @ (ScalarValue::IntervalDayTime(_)
+            | ScalarValue::IntervalMonthDayNano(_)
+            | ScalarValue::IntervalYearMonth(_)) => Some(v.clone()),
+            _ => None,
+        })
+    };
+    let (timestamp, value, op) = match binary.op() {
+        Operator::Plus => match (interval(binary.left()), interval(binary.right())) {
+            (None, Some(v)) => (binary.left(), v, op::ADD),
+            (Some(v), None) => (binary.right(), v, op::ADD),
+            _ => return Ok(None),
+        },
+        Operator::Minus => match interval(binary.right()) {
+            Some(v) => (binary.left(), v, op::SUB),
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    let refuse = |why: &str| Err(Unsupported(format!("`{binary}`: {why}")));
+    let (days, nanos) = match value {
+        ScalarValue::IntervalDayTime(Some(v)) => {
+            (i64::from(v.days), i64::from(v.milliseconds) * 1_000_000)
+        }
+        ScalarValue::IntervalMonthDayNano(Some(v)) if v.months == 0 => {
+            (i64::from(v.days), v.nanoseconds)
+        }
+        ScalarValue::IntervalMonthDayNano(Some(_)) | ScalarValue::IntervalYearMonth(Some(_)) => {
+            return refuse("an interval of months is calendar arithmetic: the host's")
+        }
+        _ => return refuse("a null interval has no device kernel"),
+    };
+    if days != 0 && zone.is_some() {
+        return refuse("a zone's days are its local calendar's: the host's");
+    }
+    let per_day = units_per_day(*unit);
+    let unit_nanos = 86_400_000_000_000 / per_day;
+    if nanos % unit_nanos != 0 {
+        return refuse("a time finer than the timestamp's unit (arrow floors it)");
+    }
+    let Some(day_units) = days.checked_mul(per_day) else {
+        return refuse("more days than 64 bits of the unit hold");
+    };
+    let (ts, t) = compile(timestamp, input)?;
+    if !matches!(&t, DataType::Timestamp(u, z) if u == unit && z == zone) {
+        return Ok(None);
+    }
+    let (lo, hi) = timestamp_range(*unit, zone.is_some());
+    let step = |op: u32, node: Node, by: i64| Node::Binary {
+        op,
+        left: Box::new(node),
+        right: Box::new(Node::Literal(Some(by))),
+        lmul: 1,
+        rmul: 1,
+        lo,
+        hi,
+    };
+    let read = step(op::ADD, ts, 0);
+    Ok(Some(step(
+        op,
+        step(op, read, day_units),
+        nanos / unit_nanos,
+    )))
+}
+
+/// The timestamps of `unit` that arrow reads as chrono date-times and makes again: the
+/// days of chrono's calendar (`host::DATE_PART_DAYS`), within 64 bits; a day less at
+/// each end with a time zone (its offset moves the local time, which chrono bounds too).
+fn timestamp_range(unit: TimeUnit, zoned: bool) -> (i64, i64) {
+    let per_day = i128::from(units_per_day(unit));
+    let margin = i128::from(zoned);
+    let (first, last) = super::host::DATE_PART_DAYS;
+    let lo = (i128::from(first) + margin) * per_day;
+    let hi = (i128::from(last) + 1 - margin) * per_day - 1;
+    let clamp = |v: i128| v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+    (clamp(lo), clamp(hi))
+}
+
 /// A timestamp unit's count in a day.
 pub(crate) fn units_per_day(unit: TimeUnit) -> i64 {
     86_400
@@ -1725,6 +1824,9 @@ fn binary_node(
     input: &Schema,
     data_type: &DataType,
 ) -> Result<Node, Unsupported> {
+    if let Some(node) = timestamp_interval(binary, input, data_type)? {
+        return Ok(node);
+    }
     let (left, lt) = compile(binary.left(), input)?;
     let (right, rt) = compile(binary.right(), input)?;
     let (lk, rk) = (kind(&lt)?, kind(&rt)?);
