@@ -33,6 +33,11 @@ async fn plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
         .unwrap()
 }
 
+/// Runs `sql` (a `SET`) on `ctx` to the end.
+async fn run(ctx: &SessionContext, sql: &str) {
+    ctx.sql(sql).await.unwrap().collect().await.unwrap();
+}
+
 fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(false).to_string()
 }
@@ -40,12 +45,7 @@ fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
 async fn check(name: &str, sql: &str) {
     let data = lineitem(0.01, 2, 2048);
     let ctx = device_ctx(data.clone());
-    ctx.sql("SET devarrow.devices = 'cpu'")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    run(&ctx, "SET devarrow.devices = 'cpu'").await;
     let device_plan = plan(&ctx, sql).await;
     let shown = text(&device_plan);
     insta::assert_snapshot!(name, shown);
@@ -126,12 +126,7 @@ async fn a_batch_of_colliding_string_keys_is_aggregated_on_the_host() {
 /// brought down.
 async fn aggregated(data: Vec<Vec<RecordBatch>>, sql: &str) -> (usize, usize) {
     let ctx = device_ctx(data.clone());
-    ctx.sql("SET devarrow.devices = 'cpu'")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    run(&ctx, "SET devarrow.devices = 'cpu'").await;
     let device_plan = plan(&ctx, sql).await;
     assert!(text(&device_plan).contains("DevicePartialAggregateExec"));
     let got = collect(device_plan.clone(), ctx.task_ctx()).await.unwrap();
@@ -181,12 +176,7 @@ async fn strings_and_booleans_are_compacted_before_the_download() {
 async fn brings_back_only_the_kept_rows(sql: &str) {
     let data = lineitem(0.01, 2, 2048);
     let ctx = device_ctx(data.clone());
-    ctx.sql("SET devarrow.devices = 'cpu'")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    run(&ctx, "SET devarrow.devices = 'cpu'").await;
     let device_plan = plan(&ctx, sql).await;
     let shown = text(&device_plan);
     assert!(shown.contains("DeviceFilterExec"), "{shown}");
@@ -246,12 +236,7 @@ async fn q22_filters_by_its_scalar_subquery_on_the_device_but_not_on_ballista() 
         .with_target_partitions(2)
         .with_option_extension(BallistaLike::default());
     let ctx = device_session(config);
-    ctx.sql("SET devarrow.devices = 'cpu'")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    run(&ctx, "SET devarrow.devices = 'cpu'").await;
     tables.register(&ctx).unwrap();
     let ballista_plan = tpch::plan_query(&ctx, 22).await.unwrap();
     let shown = text(&ballista_plan);
@@ -418,12 +403,7 @@ async fn a_join_that_would_add_link_bytes_stays_on_the_host_saying_why() {
                join orders on l_orderkey = o_orderkey where l_quantity > 45";
     let want = tpch::host_results(&tables, 2, sql).await.unwrap();
     for always in [false, true] {
-        ctx.sql(&format!("set devarrow.always_place_joins = {always}"))
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        run(&ctx, &format!("set devarrow.always_place_joins = {always}")).await;
         let device_plan = plan(&ctx, sql).await;
         let shown = text(&device_plan);
         if always {
@@ -542,24 +522,18 @@ async fn a_join_with_a_build_side_heavier_than_its_probe_side_stays_on_the_host(
             c.register_table(name, Arc::new(table)).unwrap();
         }
         // The build side as written: `big`.
-        c.sql("set datafusion.optimizer.join_reordering = false")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        run(&c, "set datafusion.optimizer.join_reordering = false").await;
     }
     // A filter on the probe side puts it in a region, under the join.
     let sql = "select s.fk, b.v from big b join (select fk from small where fk > 6) s \
                on s.fk = b.k";
     let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
     for every_join in [false, true] {
-        ctx.sql(&format!("set devarrow.always_place_joins = {every_join}"))
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        run(
+            &ctx,
+            &format!("set devarrow.always_place_joins = {every_join}"),
+        )
+        .await;
         let plan = plan(&ctx, sql).await;
         let shown = text(&plan);
         assert_eq!(
@@ -643,12 +617,7 @@ async fn a_region_under_min_region_bytes_stays_on_the_host() {
         (Some(1 << 40), false),
     ] {
         if let Some(min) = min {
-            ctx.sql(&format!("SET devarrow.min_region_bytes = {min}"))
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
+            run(&ctx, &format!("SET devarrow.min_region_bytes = {min}")).await;
         }
         let device_plan = plan(&ctx, sql).await;
         let shown = text(&device_plan);
