@@ -522,7 +522,7 @@ async fn a_join_with_a_build_side_heavier_than_its_probe_side_stays_on_the_host(
             c.register_table(name, Arc::new(table)).unwrap();
         }
         // The build side as written: `big`.
-        run(&c, "set datafusion.optimizer.join_reordering = false").await;
+        run(c, "set datafusion.optimizer.join_reordering = false").await;
     }
     // A filter on the probe side puts it in a region, under the join.
     let sql = "select s.fk, b.v from big b join (select fk from small where fk > 6) s \
