@@ -120,6 +120,26 @@ pub async fn assert_evaluates_as_datafusion(
     compiled
 }
 
+/// `text` over a table of one column `c` of `values`: on all but the last value, the
+/// device's values are DataFusion's; with the last, both fail.
+async fn assert_edge_as_datafusion(values: ArrayRef, text: &str, device: &ExecDevice) {
+    let batch = RecordBatch::try_from_iter([("c", values)]).unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    ctx.register_table("e", Arc::new(table)).unwrap();
+    let (e, schema, _) = projection_of(&ctx, "e", text).await;
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let fits = batch.slice(0, batch.num_rows() - 1);
+    let want = e
+        .evaluate(&fits)
+        .unwrap()
+        .into_array(fits.num_rows())
+        .unwrap();
+    let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
+    assert_eq!(&download(&got, device), &want, "`{text}`");
+    assert_fails_as_datafusion(&ctx, "e", text, Some(&batch), device).await;
+}
+
 /// A computed column back on the host.
 pub fn download(column: &FrameColumn, device: &ExecDevice) -> ArrayRef {
     let schema = Arc::new(Schema::new(vec![column.field().clone()]));
@@ -1815,60 +1835,16 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // At the edge of the nanoseconds: i64::MAX / 10^9 seconds truncates, one second more
     // fails (its month's start fits, its nanoseconds do not).
     let edge = i64::MAX / 1_000_000_000;
-    let secs = RecordBatch::try_from_iter([(
-        "s",
-        Arc::new(arrow_array::TimestampSecondArray::from(vec![
-            edge - 40_000_000,
-            edge,
-            edge + 1,
-        ])) as ArrayRef,
-    )])
-    .unwrap();
-    let edge_ctx = SessionContext::new();
-    let table = MemTable::try_new(secs.schema(), vec![vec![secs.clone()]]).unwrap();
-    edge_ctx.register_table("e", Arc::new(table)).unwrap();
-    let (e, schema, _) = projection_of(&edge_ctx, "e", "date_trunc('month', s)").await;
-    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
-    let fits = secs.slice(0, 2);
-    let want = e.evaluate(&fits).unwrap().into_array(2).unwrap();
-    let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
-    assert_eq!(&download(&got, device), &want);
-    assert_fails_as_datafusion(
-        &edge_ctx,
-        "e",
-        "date_trunc('month', s)",
-        Some(&secs),
-        device,
-    )
-    .await;
+    let secs = arrow_array::TimestampSecondArray::from(vec![edge - 40_000_000, edge, edge + 1]);
+    assert_edge_as_datafusion(Arc::new(secs), "date_trunc('month', c)", device).await;
     // Nanoseconds at the end of 64 bits: a second added to i64::MAX less 2 s fits, to
     // i64::MAX less half a second does not (arrow fails, the device flags the batch).
-    let nanos = RecordBatch::try_from_iter([(
-        "t",
-        Arc::new(arrow_array::TimestampNanosecondArray::from(vec![
-            0,
-            i64::MAX - 2_000_000_000,
-            i64::MAX - 500_000_000,
-        ])) as ArrayRef,
-    )])
-    .unwrap();
-    let nanos_ctx = SessionContext::new();
-    let table = MemTable::try_new(nanos.schema(), vec![vec![nanos.clone()]]).unwrap();
-    nanos_ctx.register_table("t", Arc::new(table)).unwrap();
-    let (e, schema, _) = projection_of(&nanos_ctx, "t", "t + INTERVAL '1 second'").await;
-    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
-    let fits = nanos.slice(0, 2);
-    let want = e.evaluate(&fits).unwrap().into_array(2).unwrap();
-    let got = compiled.evaluate(&upload(&fits, device), device).unwrap();
-    assert_eq!(&download(&got, device), &want);
-    assert_fails_as_datafusion(
-        &nanos_ctx,
-        "t",
-        "t + INTERVAL '1 second'",
-        Some(&nanos),
-        device,
-    )
-    .await;
+    let nanos = arrow_array::TimestampNanosecondArray::from(vec![
+        0,
+        i64::MAX - 2_000_000_000,
+        i64::MAX - 500_000_000,
+    ]);
+    assert_edge_as_datafusion(Arc::new(nanos), "c + INTERVAL '1 second'", device).await;
     check_partial_aggregate(
         &ctx,
         "SELECT date_trunc('month', ts) AS mo, count(*), min(x) FROM w GROUP BY mo",
