@@ -99,7 +99,7 @@ pub(crate) mod op {
     /// Unary: a timestamp's minute, 0 to 59 (`mul`: its units a day).
     pub const MINUTE: u32 = 20;
     /// The date parts: each null where its day is outside chrono's calendar
-    /// (`host::DATE_PART_DAYS`).
+    /// ([`CHRONO_DAYS`]).
     pub const DATE_PARTS: [u32; 11] = [
         YEAR, MONTH, DAY, QUARTER, DOW, DOY, WEEK, ISODOW, ISOYEAR, HOUR, MINUTE,
     ];
@@ -1702,17 +1702,23 @@ fn timestamp_interval(
 }
 
 /// The timestamps of `unit` that arrow reads as chrono date-times and makes again: the
-/// days of chrono's calendar (`host::DATE_PART_DAYS`), within 64 bits; a day less at
+/// days of chrono's calendar ([`CHRONO_DAYS`]), within 64 bits; a day less at
 /// each end with a time zone (its offset moves the local time, which chrono bounds too).
 fn timestamp_range(unit: TimeUnit, zoned: bool) -> (i64, i64) {
     let per_day = i128::from(units_per_day(unit));
     let margin = i128::from(zoned);
-    let (first, last) = super::host::DATE_PART_DAYS;
+    let (first, last) = CHRONO_DAYS;
     let lo = (i128::from(first) + margin) * per_day;
     let hi = (i128::from(last) + 1 - margin) * per_day - 1;
     let clamp = |v: i128| v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
     (clamp(lo), clamp(hi))
 }
+
+/// The first and last days (since 1970-01-01) of chrono's calendar: `NaiveDate::MIN`
+/// (-262143-01-01) and `NaiveDate::MAX` (262142-12-31). Arrow's `date_part` gives null
+/// outside them (its `date32_to_datetime` has no date there), and its timestamp
+/// arithmetic fails there ([`timestamp_range`]).
+pub(crate) const CHRONO_DAYS: (i64, i64) = (-96_465_292, 95_026_236);
 
 /// A timestamp unit's count in a day.
 pub(crate) fn units_per_day(unit: TimeUnit) -> i64 {
@@ -2152,7 +2158,7 @@ impl Node {
                 op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL => {
                     *on_fail == OnFail::Null || input.introduces_nulls()
                 }
-                // A date outside chrono's calendar (`host::DATE_PART_DAYS`).
+                // A date outside chrono's calendar (`CHRONO_DAYS`).
                 part if op::DATE_PARTS.contains(&part) => true,
                 _ => input.introduces_nulls(),
             },

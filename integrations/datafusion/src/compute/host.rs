@@ -6,7 +6,7 @@ use arrow_schema::DataType;
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
-use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail};
+use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -458,7 +458,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     let mut values = vec![0i64; n];
                     for i in (0..n).filter(|&i| a.is_valid(i)) {
                         let days = a.values[i].div_euclid(*mul);
-                        if !(DATE_PART_DAYS.0..=DATE_PART_DAYS.1).contains(&days) {
+                        if !(CHRONO_DAYS.0..=CHRONO_DAYS.1).contains(&days) {
                             return Err(ComputeError::Overflow(format!(
                                 "`{text}`: row {i}'s day {days} is out of chrono's calendar"
                             ))
@@ -610,19 +610,14 @@ pub(crate) fn minmax_float_key(bits: i64) -> Option<i64> {
     (!nan && bits != i64::MIN).then_some(bits ^ ((bits >> 63) & i64::MAX))
 }
 
-/// The first and last days (since 1970-01-01) a date part is taken of: chrono's
-/// `NaiveDate::MIN` (-262143-01-01) and `NaiveDate::MAX` (262142-12-31). Arrow's
-/// `date_part` gives null outside them (its `date32_to_datetime` has no date there).
-pub(crate) const DATE_PART_DAYS: (i64, i64) = (-96_465_292, 95_026_236);
-
 /// Date part `op` ([`op::YEAR`] to [`op::ISOYEAR`], [`op::HOUR`], [`op::MINUTE`]) of
 /// `value`, a count of units since 1970-01-01 (`per_day` of them a day: 1 for a
 /// `Date32`'s days), as arrow's `date_part` takes it (chrono's calendar, ISO weeks from
-/// Monday); `None` (null) where its day is outside [`DATE_PART_DAYS`]. `unary_lanes`
+/// Monday); `None` (null) where its day is outside [`CHRONO_DAYS`]. `unary_lanes`
 /// computes the same.
 pub(crate) fn date_part(op: u32, value: i64, per_day: i64) -> Option<i64> {
     let days = value.div_euclid(per_day);
-    if !(DATE_PART_DAYS.0..=DATE_PART_DAYS.1).contains(&days) {
+    if !(CHRONO_DAYS.0..=CHRONO_DAYS.1).contains(&days) {
         return None;
     }
     let in_day = value.rem_euclid(per_day);
