@@ -99,7 +99,7 @@ pub(crate) mod op {
     /// Unary: a timestamp's minute, 0 to 59 (`mul`: its units a day).
     pub const MINUTE: u32 = 20;
     /// The date parts: each null where its day is outside chrono's calendar
-    /// ([`CHRONO_DAYS`]).
+    /// (`CHRONO_DAYS`).
     pub const DATE_PARTS: [u32; 11] = [
         YEAR, MONTH, DAY, QUARTER, DOW, DOY, WEEK, ISODOW, ISOYEAR, HOUR, MINUTE,
     ];
