@@ -130,8 +130,8 @@ def bench_devarrow(dev, table, repeat):
     nbytes = table.nbytes
 
     def up_and_wait(upload):
-        on = upload()
-        devarrow.from_device(on[-1])  # waits for the last upload (one stream, in order)
+        for b in upload():
+            b.synchronize()  # until the copies complete, as the Rust job times them
 
     on_device = dev.to_device_batches(batches)
     up = best(lambda: up_and_wait(lambda: dev.to_device_batches(batches)), repeat)
@@ -142,6 +142,10 @@ def bench_devarrow(dev, table, repeat):
            best(lambda: up_and_wait(lambda: [dev.to_device(b) for b in batches]), repeat))
     report("  from_device of each batch", nbytes,
            best(lambda: [devarrow.from_device(b) for b in on_device], repeat))
+    stats = dev.transfer_stats()
+    print(f"  downloads landed: {stats['pinned_downloads']} pinned, "
+          f"{stats['pageable_downloads']} pageable"
+          + (f" ({stats['host_memory_note']})" if stats["host_memory_note"] else ""))
     return {"host_to_device": nbytes / up / 1e9, "device_to_host": nbytes / down / 1e9}
 
 

@@ -68,6 +68,10 @@ class Device:
     def to_device_batches(self, batches: Any, *, validate: bool = False) -> list[DeviceBatch]:
         """Uploads an iterable of record batches (or a whole ``__arrow_c_stream__``)
         in one pipelined call, in order."""
+    def transfer_stats(self, *, reset: bool = False) -> dict[str, Any]:
+        """What this device's transfers did: ``pinned_downloads``,
+        ``pageable_downloads``, ``host_memory_note``, and per direction (``to_device``,
+        ``to_host``) the host seconds of each stage, ``batches`` and ``bytes``."""
 
 class DeviceBatch:
     @property
@@ -89,6 +93,8 @@ class DeviceBatch:
     def for_libcudf(self, *, widen_small_decimals: bool = False) -> DeviceBatch:
         """The batch in libcudf's dialect (what ``cudf::from_arrow_device`` views
         zero-copy), converted on the device."""
+    def synchronize(self) -> None:
+        """Blocks until the batch's data is on its device (the GIL released)."""
     def to_host(self) -> pyarrow.RecordBatch: ...
     def to_pyarrow(self) -> pyarrow.RecordBatch: ...
     def column(self, key: Union[int, str]) -> DeviceColumn: ...

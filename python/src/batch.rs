@@ -162,6 +162,16 @@ impl PyDeviceBatch {
         Ok(PyDeviceBatch::new(converted, self.inner.clone()))
     }
 
+    /// Blocks until the batch's data is on its device (its sync event has completed),
+    /// with the GIL released: what timing an upload needs, and what host code that reads
+    /// the device's memory by other means than a stream needs first. Consumers on a
+    /// stream need not call it (``__dlpack__(stream=...)`` and the exported
+    /// ``sync_event`` order their work after the data, without blocking the host).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let event = self.batch.event().clone();
+        py.detach(move || event.wait_host()).py()
+    }
+
     /// Downloads the batch to host memory: a ``pyarrow.RecordBatch`` (waits for the
     /// batch's data; the GIL is released meanwhile).
     fn to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

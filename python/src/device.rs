@@ -6,10 +6,11 @@ use std::sync::Arc;
 use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::ffi::FFI_ArrowSchema;
 use devarrow::abi::{ArrowDeviceType, DeviceArray};
-use devarrow::bridge::{StreamOptions, Uploader};
+use devarrow::bridge::{StageTimes, StreamOptions, Uploader};
 use devarrow::DeviceRequest;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::batch::PyDeviceBatch;
 use crate::capsule;
@@ -182,6 +183,43 @@ impl PyDevice {
             .cuda
             .as_ref()
             .map(|cuda| devarrow::cuda::memory_stats(cuda.primary_context().id()).live_bytes)
+    }
+
+    /// What this device's transfers did since the device was opened (or since the last
+    /// call with ``reset=True``): a dict of ``pinned_downloads`` and
+    /// ``pageable_downloads`` (batches brought back, by where they landed: pinned memory
+    /// the device copies into directly, or pageable memory through staging),
+    /// ``host_memory_note`` (why downloads landed in pageable memory, or None), and
+    /// ``to_device`` / ``to_host``: the host seconds of each stage, with ``batches`` and
+    /// ``bytes``.
+    #[pyo3(signature = (*, reset = false))]
+    fn transfer_stats<'py>(&self, py: Python<'py>, reset: bool) -> PyResult<Bound<'py, PyDict>> {
+        let inner = self.inner.clone();
+        let (stats, note) = py.detach(move || {
+            let mut transfer = inner.transfer();
+            let stats = if reset {
+                transfer.take_stats()
+            } else {
+                transfer.stats()
+            };
+            (stats, transfer.host_memory_note().map(str::to_string))
+        });
+        let stages = |times: StageTimes| -> PyResult<Bound<'py, PyDict>> {
+            let dict = PyDict::new(py);
+            for (name, time) in times.stages() {
+                dict.set_item(name, time.as_secs_f64())?;
+            }
+            dict.set_item("batches", times.batches)?;
+            dict.set_item("bytes", times.bytes)?;
+            Ok(dict)
+        };
+        let dict = PyDict::new(py);
+        dict.set_item("pinned_downloads", stats.pinned_downloads)?;
+        dict.set_item("pageable_downloads", stats.pageable_downloads)?;
+        dict.set_item("host_memory_note", note)?;
+        dict.set_item("to_device", stages(stats.to_device)?)?;
+        dict.set_item("to_host", stages(stats.to_host)?)?;
+        Ok(dict)
     }
 
     /// Uploads Arrow data to this device.

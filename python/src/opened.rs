@@ -22,12 +22,19 @@ pub struct DeviceInner {
 }
 
 impl DeviceInner {
-    fn new(selected: SelectedDevice) -> Arc<Self> {
-        let transfer = Transfer::new(selected.device.clone(), TransferOptions::default());
-        Arc::new(Self {
+    /// The device's transfer, prepared: its staging and the room of the pinned pool its
+    /// downloads land in are reserved now, at open, an explicit warm-up
+    /// (`Transfer::prepare`), so that no later upload or download allocates pinned memory
+    /// (a call that synchronizes the device) or falls back to pageable memory for want of
+    /// room in the device's reserve. A refused landing pool is not fatal (downloads then
+    /// land in pageable memory, and `Device.transfer_stats()` says why).
+    fn new(selected: SelectedDevice) -> devarrow::abi::Result<Arc<Self>> {
+        let mut transfer = Transfer::new(selected.device.clone(), TransferOptions::default());
+        transfer.prepare()?;
+        Ok(Arc::new(Self {
             selected,
             transfer: Mutex::new(transfer),
-        })
+        }))
     }
 
     /// The transfer (call without holding the GIL: uploads and downloads wait on it).
@@ -67,10 +74,17 @@ pub fn open(request: DeviceRequest) -> PyResult<(Arc<DeviceInner>, String)> {
         _ => "as asked".to_string(),
     };
     let mut cache = cache();
-    let inner = cache
-        .entry(selected.id.clone())
-        .or_insert_with(|| DeviceInner::new(selected))
-        .clone();
+    let inner = match cache.get(&selected.id) {
+        Some(inner) => inner.clone(),
+        None => {
+            let id = selected.id.clone();
+            let inner = DeviceInner::new(selected).map_err(|e| {
+                DeviceUnavailableError::new_err(format!("preparing {id}'s transfers: {e}"))
+            })?;
+            cache.insert(id, inner.clone());
+            inner
+        }
+    };
     Ok((inner, reason))
 }
 

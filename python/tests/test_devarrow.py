@@ -216,6 +216,31 @@ def test_many_batches_move_in_one_call_each_way(dev, table, capsules_released):
     assert dev.to_device_batches([]) == [] and devarrow.from_device_batches([]) == []
 
 
+def test_downloads_beyond_the_devices_reserve_land_in_pinned_memory(dev, capsules_released):
+    # A CUDA device reserves 128 MiB of pinned memory at open, and its transfer's staging
+    # takes 64 MiB of it: 96 MB of downloads land in pinned memory only because opening
+    # the device also made room for the transfer's download pool (Transfer::prepare).
+    import numpy as np
+    batches = [pa.record_batch({"x": pa.array(np.arange(4_000_000, dtype=np.int64) + i)})
+               for i in range(3)]
+    on_device = dev.to_device_batches(batches)
+    for b in on_device:
+        b.synchronize()  # returns once the upload is complete; no download
+    before = dev.transfer_stats(reset=True)
+    assert set(before) == {"pinned_downloads", "pageable_downloads", "host_memory_note",
+                           "to_device", "to_host"}
+    if dev.kind == "cuda":
+        assert before["to_device"]["bytes"] >= 96_000_000
+    back = devarrow.from_device_batches(on_device)
+    assert [b.equals(batches[i]) for i, b in enumerate(back)] == [True] * 3
+    stats = dev.transfer_stats()
+    if dev.kind == "cuda":
+        assert (stats["pinned_downloads"], stats["pageable_downloads"]) == (3, 0), \
+            stats["host_memory_note"]
+        assert stats["to_host"]["batches"] == 3
+    del back, on_device
+
+
 def test_many_batches_refuse_what_is_not_a_batch(dev, batch):
     with pytest.raises(TypeError, match="item 1 has no __arrow_c_array__"):
         dev.to_device_batches([batch, 3])
