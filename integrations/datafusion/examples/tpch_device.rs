@@ -119,6 +119,10 @@ async fn check(
                 println!("    aggregates: {fallback} batch(es) aggregated on the host (a long string key)");
             }
             println!("    placement: {placement}");
+            println!(
+                "    times (first run): {}",
+                tpch::region_times(&device_plan)
+            );
             Ok(true)
         }
         Err(diff) => {

@@ -632,14 +632,17 @@ fn tpch_regions_on_cuda_figures() {
     for q in [1, 6] {
         let sql = tpch::query(q);
         let want = drain(plan_of(&plain, sql), &plain);
-        let got = drain(plan_of(&ctx, sql), &ctx);
+        let first = plan_of(&ctx, sql);
+        let got = drain(first.clone(), &ctx);
         assert_eq!(rows(&got), rows(&want), "Q{q}");
         let (host, device) = both_ways(sql);
         println!(
-            "figures: Q{q}: DataFusion alone {:.1} ms, one region on cuda:0 {:.1} ms ({:.2}x)",
+            "figures: Q{q}: DataFusion alone {:.1} ms, one region on cuda:0 {:.1} ms ({:.2}x); \
+             first run: {}",
             host * 1e3,
             device * 1e3,
-            host / device
+            host / device,
+            tpch::region_times(&first)
         );
     }
 
@@ -698,6 +701,7 @@ fn tpch_regions_on_cuda_figures() {
         )
     };
     let pageable = std::sync::atomic::AtomicUsize::new(0);
+    let last_times = std::sync::Mutex::new(String::new());
     let round_trip = best_of(3, || {
         rt.block_on(async {
             let plan = region();
@@ -709,6 +713,7 @@ fn tpch_regions_on_cuda_figures() {
                 tpch::metric_sum(&plan, "DeviceUnloadExec", "pageable_downloads"),
                 std::sync::atomic::Ordering::Relaxed,
             );
+            *last_times.lock().unwrap() = tpch::region_times(&plan);
         })
     });
     let device: &dyn Device = cuda.as_ref();
@@ -733,7 +738,7 @@ fn tpch_regions_on_cuda_figures() {
         "figures: transitions: Q1's scan, {:.1} MiB up and down: {:.1} ms ({:.1} GB/s); \
          pinned copies of the same bytes: host to device {:.1} GB/s, device to host {:.1} \
          GB/s, their round trip {:.1} ms; the transitions at {:.2}x of the pinned round trip; \
-         {} of their downloads landed in pageable memory",
+         {} of their downloads landed in pageable memory; last run: {}",
         bytes as f64 / (1 << 20) as f64,
         round_trip * 1e3,
         gbs(round_trip),
@@ -741,7 +746,8 @@ fn tpch_regions_on_cuda_figures() {
         gbs(d2h),
         (h2d + d2h) * 1e3,
         (h2d + d2h) / round_trip,
-        pageable.into_inner()
+        pageable.into_inner(),
+        last_times.into_inner().unwrap()
     );
 
     // Device joins: TPC-H queries whose joins run in regions (the fact table filtered,
@@ -779,7 +785,7 @@ fn tpch_regions_on_cuda_figures() {
             println!(
                 "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
                  with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up (join tables \
-                 {:.1}), {:.1} MiB down",
+                 {:.1}), {:.1} MiB down; first run: {}",
                 host * 1e3,
                 device * 1e3,
                 host / device,
@@ -788,6 +794,7 @@ fn tpch_regions_on_cuda_figures() {
                     / (1 << 20) as f64,
                 metric("bytes_to_device", "DeviceHashJoinExec") as f64 / (1 << 20) as f64,
                 metric("bytes_from_device", "DeviceUnloadExec") as f64 / (1 << 20) as f64,
+                tpch::region_times(&first),
             );
         }
         drop((joins_ctx, joins_plain, tables));

@@ -389,6 +389,23 @@ async fn a_collected_build_side_is_read_once_per_query() {
         "{}",
         text(&device_plan)
     );
+    // Each partition of each join timed its build side's read and its bind.
+    let analyzed = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+        device_plan.as_ref(),
+    )
+    .indent(false)
+    .to_string();
+    for name in ["host_input_time", "bind_time"] {
+        assert_eq!(
+            analyzed.matches(&format!("{name}=")).count(),
+            read.len(),
+            "{analyzed}"
+        );
+        assert!(
+            tpch::metric_sum(&device_plan, "DeviceHashJoinExec", name) > 0,
+            "{name}: {analyzed}"
+        );
+    }
 }
 
 /// Where a join would only add bytes on the link, the rule leaves it on the host and

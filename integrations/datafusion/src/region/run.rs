@@ -589,6 +589,13 @@ impl OperatorThread {
                 bound.push(op.operator().clone());
                 continue;
             }
+            // The time to read the host inputs (waiting for the partition that reads a
+            // shared one included), then to bind under a slot (its wait included: a
+            // join's table built, or taken from the partition that built it, and
+            // uploaded): `EXPLAIN ANALYZE`'s `host_input_time` and `bind_time`.
+            let input_time =
+                MetricBuilder::new(op.metrics_set()).subset_time("host_input_time", self.partition);
+            let reading = input_time.timer();
             let mut inputs = Vec::with_capacity(host.len());
             for input in host {
                 inputs.push(match input {
@@ -614,9 +621,13 @@ impl OperatorThread {
                     }
                 });
             }
+            reading.done();
             if self.cancel.load(Ordering::Acquire) {
                 return Ok(None);
             }
+            let bind_time =
+                MetricBuilder::new(op.metrics_set()).subset_time("bind_time", self.partition);
+            let binding = bind_time.timer();
             let lease = self.pool.lease_blocking();
             let mut upload = lease.upload();
             let built =
@@ -638,6 +649,7 @@ impl OperatorThread {
             let operator = op.operator().bind(inputs, &mut cx);
             drop(upload);
             drop(lease);
+            binding.done();
             let operator = operator
                 .map_err(|source| match source.downcast::<DeviceExecError>() {
                     // A refused reservation is the partition's memory error, as is.

@@ -256,13 +256,14 @@ pub async fn plan_query(ctx: &SessionContext, q: usize) -> Result<Arc<dyn Execut
 }
 
 /// The text of TPC-H query `q` (1..=22).
-/// The sum of metric `name` over the nodes of `plan` called `node` (after a run: the
-/// bytes a region's loads and unloads moved, the batches they compacted, ...).
+/// The sum of metric `name` over the nodes of `plan` called `node` (`*`: every node;
+/// after a run: the bytes a region's loads and unloads moved, the batches they
+/// compacted, ...).
 pub fn metric_sum(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
     let mut total = 0;
     let mut stack = vec![plan.clone()];
     while let Some(n) = stack.pop() {
-        if n.name() == node {
+        if node == "*" || n.name() == node {
             total += n
                 .metrics()
                 .and_then(|m| m.sum_by_name(name))
@@ -271,6 +272,27 @@ pub fn metric_sum(plan: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usiz
         stack.extend(n.children().into_iter().cloned());
     }
     total
+}
+
+/// Where the regions of `plan` spent their time, after a run: each stage's time in ms,
+/// summed over the partitions (whose threads run side by side, so the sums exceed the
+/// wall time): the loads' coalescing and uploads (`load_time`), the operator threads'
+/// waits for a slot and for the next upload, the operators' host inputs (a join's build
+/// side read) and binds (a slot's wait, the table built and uploaded), the operators
+/// themselves (`device_time`) and the unloads (compaction and download).
+pub fn region_times(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let ms = |node: &str, name: &str| metric_sum(plan, node, name) as f64 / 1e6;
+    format!(
+        "load {:.1}, slot wait {:.1}, load wait {:.1}, host inputs {:.1}, binds {:.1}, \
+         operators {:.1}, unload {:.1} (ms summed over partitions)",
+        ms("DeviceLoadExec", "load_time"),
+        ms("*", "slot_wait"),
+        ms("*", "load_wait"),
+        ms("*", "host_input_time"),
+        ms("*", "bind_time"),
+        ms("*", "device_time"),
+        ms("*", "unload_time"),
+    )
 }
 
 pub fn query(q: usize) -> &'static str {
