@@ -1814,6 +1814,39 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
     }
+    // Differences, as arrow's checked arithmetic of the unit's counts: a timestamp less a
+    // timestamp of its unit is their duration, a timestamp plus or less a duration a
+    // timestamp, durations add and compare (with literals too); a date less a date is
+    // the days between them, an Int64.
+    for text in [
+        "tsec - arrow_cast(d, 'Timestamp(Second, None)')",
+        "(tsec - arrow_cast(d, 'Timestamp(Second, None)')) \
+         + (tsec - arrow_cast('1990-01-01T00:00:00', 'Timestamp(Second, None)'))",
+        "tsec - (tsec - arrow_cast(d, 'Timestamp(Second, None)'))",
+        "arrow_cast(d, 'Timestamp(Second, None)') + (tsec - arrow_cast(d, 'Timestamp(Second, None)'))",
+        "(tsec - arrow_cast(d, 'Timestamp(Second, None)')) \
+         < (arrow_cast(d, 'Timestamp(Second, None)') - tsec)",
+        "(tsec - arrow_cast(d, 'Timestamp(Second, None)')) > arrow_cast(3600, 'Duration(Second)')",
+        "ts - TIMESTAMP '1970-01-02T00:00:00'",
+        "ts - (ts - TIMESTAMP '1970-01-02T00:00:00')",
+        "d - CAST(tsec AS DATE)",
+        "CAST(tsec AS DATE) - d > 0",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
+    }
+    // A difference past 64 bits fails in arrow ("Overflow happened"): on the device too,
+    // and the host raises arrow's error.
+    let nanos = arrow_array::TimestampNanosecondArray::from(vec![
+        0,
+        -8_000_000_000_000_000_000,
+        i64::MIN + 1,
+    ]);
+    assert_edge_as_datafusion(
+        Arc::new(nanos),
+        "c - TIMESTAMP '2000-01-01T00:00:00'",
+        device,
+    )
+    .await;
     // Seconds past chrono's calendar (at Date32's ends) fail in arrow: on the device too,
     // and the host raises arrow's error.
     assert_fails_as_datafusion(&ctx, "w", "tsec + INTERVAL '1 day'", None, device).await;

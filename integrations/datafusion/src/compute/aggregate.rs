@@ -654,6 +654,19 @@ pub(crate) fn values_array(
                 }
             }
         }
+        DataType::Duration(unit) => {
+            use arrow_array::{
+                DurationMicrosecondArray, DurationMillisecondArray, DurationNanosecondArray,
+                DurationSecondArray,
+            };
+            let values = lanes.to_vec();
+            match unit {
+                TimeUnit::Second => Arc::new(DurationSecondArray::from(values)),
+                TimeUnit::Millisecond => Arc::new(DurationMillisecondArray::from(values)),
+                TimeUnit::Microsecond => Arc::new(DurationMicrosecondArray::from(values)),
+                TimeUnit::Nanosecond => Arc::new(DurationNanosecondArray::from(values)),
+            }
+        }
         DataType::Boolean => Arc::new(arrow_array::BooleanArray::from(
             lanes.iter().map(|v| v.map(|v| v != 0)).collect::<Vec<_>>(),
         )),

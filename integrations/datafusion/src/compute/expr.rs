@@ -460,6 +460,9 @@ enum Kind {
     /// A timestamp (any time zone: an instant), its i64 count of `unit`s since the
     /// epoch: compared with timestamps of its unit, and its date parts taken.
     Timestamp(TimeUnit),
+    /// A duration, its i64 count of `unit`s: the difference of two timestamps of its
+    /// unit, added to or taken from them, and compared with durations of its unit.
+    Duration(TimeUnit),
 }
 
 fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
@@ -473,6 +476,7 @@ fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Kind::Int,
         DataType::Date32 => Kind::Date,
         DataType::Timestamp(unit, _) => Kind::Timestamp(*unit),
+        DataType::Duration(unit) => Kind::Duration(*unit),
         DataType::Boolean => Kind::Bool,
         DataType::Float64 => Kind::Float,
         other => return Err(Unsupported(format!("{other} has no device operator"))),
@@ -1813,6 +1817,10 @@ fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
         | ScalarValue::TimestampMillisecond(v, _)
         | ScalarValue::TimestampMicrosecond(v, _)
         | ScalarValue::TimestampNanosecond(v, _) => *v,
+        ScalarValue::DurationSecond(v)
+        | ScalarValue::DurationMillisecond(v)
+        | ScalarValue::DurationMicrosecond(v)
+        | ScalarValue::DurationNanosecond(v) => *v,
         ScalarValue::Boolean(v) => v.map(i64::from),
         ScalarValue::Float64(v) => v.map(|f| f.to_bits() as i64),
         other => {
@@ -1896,9 +1904,24 @@ fn binary_node(
                 }
             }
             (Kind::Int, Kind::Int, Kind::Int) => (lo, hi) = range_of(data_type),
+            // arrow's checked arithmetic of the unit's counts (its overflow error where
+            // 64 bits do not hold the result): a timestamp less a timestamp is their
+            // duration, a timestamp plus or less a duration a timestamp, durations add.
+            (Kind::Timestamp(a), Kind::Timestamp(b), Kind::Duration(c))
+                if op == op::SUB && a == b && b == c => {}
+            (Kind::Timestamp(a), Kind::Duration(b), Kind::Timestamp(c))
+                if matches!(op, op::ADD | op::SUB) && a == b && b == c => {}
+            (Kind::Duration(a), Kind::Timestamp(b), Kind::Timestamp(c))
+                if op == op::ADD && a == b && b == c => {}
+            (Kind::Duration(a), Kind::Duration(b), Kind::Duration(c))
+                if matches!(op, op::ADD | op::SUB) && a == b && b == c => {}
+            // A date less a date: the days between them, an Int64 (no overflow: two
+            // 32-bit counts).
+            (Kind::Date, Kind::Date, Kind::Int) if op == op::SUB => {}
             _ => {
                 return refuse(
-                    "arithmetic on the device takes two decimals, two integers or two Float64s",
+                    "arithmetic on the device takes two decimals, two integers, two \
+                     Float64s, timestamps and durations of one unit, or two dates' difference",
                 )
             }
         },
@@ -1926,6 +1949,7 @@ fn binary_node(
             }
             (Kind::Int, Kind::Int) | (Kind::Date, Kind::Date) | (Kind::Bool, Kind::Bool) => {}
             (Kind::Timestamp(a), Kind::Timestamp(b)) if a == b => {}
+            (Kind::Duration(a), Kind::Duration(b)) if a == b => {}
             (Kind::Float, Kind::Float) => {
                 return Ok(Node::Binary {
                     op,

@@ -112,10 +112,12 @@ pub(crate) fn load(column: &FrameColumn, name: &str) -> Result<Lanes, BoxError> 
             out
         }
         // A Float64's lanes are its bits (compared through `op::FLOAT_KEY`).
-        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) => fixed(&c, 8)?
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .collect(),
+        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) | DataType::Duration(_) => {
+            fixed(&c, 8)?
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect()
+        }
         DataType::Int32 | DataType::Date32 => fixed(&c, 4)?
             .chunks_exact(4)
             .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)

@@ -196,6 +196,7 @@ impl DeviceExpr {
                 | DataType::Int64
                 | DataType::Date32
                 | DataType::Timestamp(..)
+                | DataType::Duration(_)
                 | DataType::Decimal128(..)
                 | DataType::Float64
         ) {

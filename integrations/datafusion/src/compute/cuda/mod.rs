@@ -242,7 +242,7 @@ fn width_code(data_type: &DataType) -> Option<u32> {
         DataType::Int8 => 2,
         DataType::Int16 => 3,
         DataType::Int32 | DataType::Date32 => 4,
-        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) => 8,
+        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) | DataType::Duration(_) => 8,
         DataType::Decimal128(..) => 16,
         _ => return None,
     })
@@ -993,7 +993,7 @@ fn store_width(dt: &DataType) -> Result<u32, BoxError> {
     Ok(match dt {
         DataType::Decimal128(..) => 16,
         // A Float64's lanes are its bits.
-        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) => 8,
+        DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) | DataType::Duration(_) => 8,
         DataType::Int32 | DataType::Date32 => 4,
         DataType::Int16 => 2,
         DataType::Int8 => 1,
