@@ -17,9 +17,13 @@ use crate::copy::{copy_bytes, Stores};
 /// The smallest byte range one thread is given when a copy is split.
 pub const MIN_PART_BYTES: usize = 256 << 10;
 
-/// The most threads a copy is split over by default: host memory bandwidth is shared, and
-/// 8 threads already copy well above what a PCIe 5 link moves.
-pub const DEFAULT_MAX_THREADS: usize = 8;
+/// The most threads a copy is split over by default (never more than the rayon pool's
+/// threads). Host memory bandwidth is shared, but 8 threads do not reach a PCIe 5 link:
+/// on the H200 machine of 2026-11-29 (16 cores, `eb27dd8`'s transfer bench,
+/// `threads/*`), streaming stores into pinned memory moved 38.1 GiB/s on 8 threads and
+/// 51.9 GiB/s on 16, beside a link of 55 GB/s each way; devarrow's uploads, packed on 8,
+/// stopped at 0.78x of PyTorch's pinned copy.
+pub const DEFAULT_MAX_THREADS: usize = 16;
 
 /// Default size from which a pack or unpack is split over several threads: 1 MiB (see
 /// [`TransferOptions::parallel_min_bytes`](crate::TransferOptions::parallel_min_bytes)).
@@ -270,7 +274,7 @@ pub fn equal_windows(start: usize, end: usize, size: usize) -> Vec<(usize, usize
 /// A chunked copy through staging is a pipeline: the copy engine waits for the first
 /// chunk to be packed (to the device), or the host for the first chunk to arrive (to the
 /// host), and the last chunk's copy (or unpack) overlaps nothing. With 8 MiB chunks those
-/// two exposed steps take about 360 µs at 50 GB/s and 8 threads, a third of the time of
+/// two exposed steps take about 360 µs at 50 GB/s, a third of the time of
 /// a whole 13 MB batch; ramped windows of 1 MiB at both ends expose about 45 µs, for a
 /// few more copies of a few µs each.
 pub fn windows(start: usize, end: usize, first: usize, max: usize) -> Vec<(usize, usize)> {
@@ -532,6 +536,21 @@ mod tests {
         assert_eq!(p.parts(1 << 20), 4);
         assert_eq!(p.parts(1 << 30), 8);
         assert!(Parallelism::new(0, 0).threads >= 1);
+    }
+
+    #[test]
+    // A pool of 32 threads: far too slow under Miri.
+    #[cfg_attr(miri, ignore)]
+    fn the_default_takes_the_pools_threads_up_to_16() {
+        // 16 threads fill a PCIe 5 link where 8 do not (see DEFAULT_MAX_THREADS).
+        for (pool, want) in [(1, 1), (12, 12), (32, 16)] {
+            let threads = rayon::ThreadPoolBuilder::new()
+                .num_threads(pool)
+                .build()
+                .unwrap()
+                .install(|| Parallelism::new(0, 0).threads);
+            assert_eq!(threads, want, "a pool of {pool}");
+        }
     }
 
     #[test]

@@ -141,7 +141,7 @@ pub fn pinned_buffer(
 /// ([`Device::allocate_staging`]: pinned on CUDA while the pinned memory the device
 /// reserved has room, pageable past it, never an allocation that synchronizes the
 /// device; unlike [`pinned_buffer`], nothing is reserved) holding `parts` (`(bytes, offset)`: each part's bytes
-/// at its offset, in offset order, not overlapping, inside `len`), written by up to 8
+/// at its offset, in offset order, not overlapping, inside `len`), written by up to 16
 /// threads with the stores a large pack uses; the bytes no part covers (alignment
 /// padding) are zeroed, and nothing else is written twice.
 ///
@@ -215,7 +215,7 @@ pub fn pinned_gather(device: &dyn Device, len: usize, parts: &[(Buffer, usize)])
 /// [`crate::Transfer`] lays it out on the device, and returns the copy: equal to `batch`
 /// (same schema and values; slices are cut to their rows, so every array has offset 0).
 ///
-/// The copy is packed on up to 8 threads. Transferring the result to a device copies its
+/// The copy is packed on up to 16 threads. Transferring the result to a device copies its
 /// buffers directly, in about one copy (see the [module docs](self)). Worth it when a
 /// batch is transferred more than once, or when the producer can build it here in the
 /// first place; for a single transfer it costs about what staging costs.
