@@ -1331,6 +1331,8 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "   padded at both ends, long enough to lie in a buffer  ",
         " x ",
         "    ",
+        // Delimiters that overlap: split from the left and from the right differ.
+        "xaaax",
     ];
     let mut c = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(96);
     for i in 0..n {
@@ -1479,6 +1481,29 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "substr(c, 10, 13)",
         "substr(c, 2, 12)",
         "substr(c, 30, 100)",
+        // Parts split at a delimiter of 1 to 8 bytes (two-byte characters too), from the
+        // start and from the end, past the last part, and at an empty delimiter (the
+        // value is its one part); overlapping delimiters, leftmost or rightmost first.
+        "split_part(s, ' ', 1)",
+        "split_part(s, ' ', 2)",
+        "split_part(s, ' ', -1)",
+        "split_part(s, ' ', -2)",
+        "split_part(s, ' ', 9)",
+        "split_part(s, ' ', -9)",
+        "split_part(s, 'ï', 1)",
+        "split_part(s, 'n', -1)",
+        "split_part(c, ' ', 3)",
+        "split_part(c, ' ', -1)",
+        "split_part(c, ' ', -4)",
+        "split_part(c, 'ab', 2)",
+        "split_part(c, 'ab', -1)",
+        "split_part(c, 'aa', 2)",
+        "split_part(c, 'aa', -2)",
+        "split_part(c, 'requests', 1)",
+        "split_part(c, 'requests', -1)",
+        "split_part(s, '', 1)",
+        "split_part(s, '', -1)",
+        "split_part(c, '', 2)",
         // Spaces trimmed (DataFusion's default), at both ends, the start, the end.
         "btrim(c)",
         "trim(s)",
@@ -1494,7 +1519,7 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "bit_length(c)",
         "length(s) + octet_length(c)",
     ] {
-        if !text.starts_with("substr") {
+        if !text.starts_with("substr") && !text.starts_with("split_part") {
             assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
             continue;
         }
@@ -1504,6 +1529,9 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
     for (text, why) in [
         ("substr(s, 2, -1)", "`substr` has no device kernel"),
         ("substr(s, x)", "`substr` has no device kernel"),
+        // A delimiter of more than 8 bytes; part 0 (DataFusion's error, the host's).
+        ("split_part(c, 'Customer ', 1)", "`split_part` has no device kernel"),
+        ("split_part(s, ' ', 0)", "`split_part` has no device kernel"),
         ("(s ILIKE 'ünï')", "not ASCII"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
     ] {

@@ -322,6 +322,18 @@ pub(crate) enum Node {
         start: i64,
         count: Option<i64>,
     },
+    /// `split_part(col, delimiter, n)` of a string column, a literal delimiter of 1 to 8
+    /// bytes and a literal `n` (not 0): the value split at the delimiter's leftmost
+    /// occurrences that do not overlap, its `n`th part (from 1), or split at the
+    /// rightmost, its `-n`th part from the end; fewer parts: empty (DataFusion's
+    /// `split_nth` / `rsplit_nth`). A string value of the column's type, so only the root
+    /// of a projection's expression ([`substr_node`]), never lanes.
+    SplitPart {
+        index: usize,
+        name: String,
+        delimiter: Vec<u8>,
+        n: i64,
+    },
     /// `btrim(col)` (`trim`), `ltrim(col)` or `rtrim(col)` of a string column: its spaces
     /// (`' '`, DataFusion's default) taken off the start (`left`) and the end (`right`),
     /// a string value of the column's type, so only the root of a projection's
@@ -1068,6 +1080,9 @@ pub(crate) enum Bounds {
     Chars(u64, u64),
     /// The value less its spaces at the start (`left`) and the end (`right`).
     Trim { left: bool, right: bool },
+    /// [`Node::SplitPart`]'s part: `delimiter`'s first `len` bytes (1 to 8,
+    /// little-endian), part `n` (not 0).
+    Split { delimiter: u64, len: u32, n: i64 },
 }
 
 impl Bounds {
@@ -1096,15 +1111,65 @@ impl Bounds {
                 *index,
                 name,
             )),
+            Node::SplitPart {
+                index,
+                name,
+                delimiter,
+                n,
+            } => {
+                let mut packed = [0u8; 8];
+                packed[..delimiter.len()].copy_from_slice(delimiter);
+                Some((
+                    Self::Split {
+                        delimiter: u64::from_le_bytes(packed),
+                        len: delimiter.len() as u32,
+                        n: *n,
+                    },
+                    *index,
+                    name,
+                ))
+            }
             _ => None,
         }
     }
 
     /// The byte range of `value` (UTF-8) kept, as `view_substr` finds it: characters
     /// counted by their lead bytes (those that are not `10xxxxxx`); spaces are bytes
-    /// 0x20.
+    /// 0x20; a split's delimiters found byte by byte, leftmost (or, from the end,
+    /// rightmost) first, not overlapping.
     pub(crate) fn range(self, value: &[u8]) -> std::ops::Range<usize> {
         match self {
+            Self::Split { delimiter, len, n } => {
+                let delimiter = &delimiter.to_le_bytes()[..len as usize];
+                let at = |i: usize| value[i..].starts_with(delimiter);
+                let len = delimiter.len();
+                if n > 0 {
+                    let (mut skip, mut start, mut from) = (n - 1, 0, 0);
+                    loop {
+                        match (from..=value.len().saturating_sub(len))
+                            .find(|&i| i + len <= value.len() && at(i))
+                        {
+                            Some(i) if skip == 0 => return start..i,
+                            Some(i) => (skip, start, from) = (skip - 1, i + len, i + len),
+                            None if skip == 0 => return start..value.len(),
+                            None => return 0..0,
+                        }
+                    }
+                }
+                // From the end: the part before -n - 1 delimiters.
+                let (mut skip, mut end, mut by) = (!n, value.len(), value.len());
+                loop {
+                    let found = (by >= len)
+                        .then(|| (0..=by - len).rev().find(|&i| at(i)))
+                        .flatten();
+                    match found {
+                        Some(i) if skip == 0 => return i + len..end,
+                        Some(i) => (skip, end, by) = (skip - 1, i, i),
+                        None if skip == 0 => return 0..end,
+                        None => return 0..0,
+                    }
+                }
+            }
             Self::Chars(first, end) => {
                 let (mut from, mut to) = (value.len(), value.len());
                 let leads = value
@@ -1145,12 +1210,16 @@ impl Bounds {
     }
 
     #[cfg(feature = "cuda")]
-    /// `view_substr`'s arguments: the characters, and the trim (bit 0: the start's
-    /// spaces, bit 1: the end's; 0: characters).
+    /// `view_substr`'s arguments: `first`, `end` and the mode's bits above bit 0 (0:
+    /// characters; bits 1 and 2: the trim of the start's and the end's spaces; bit 3 and
+    /// the length in bits 8 to 15: a split, its delimiter in `first`, its part in `end`).
     pub(crate) fn kernel_args(self) -> (u64, u64, u32) {
         match self {
             Self::Chars(first, end) => (first, end, 0),
-            Self::Trim { left, right } => (0, u64::MAX, u32::from(left) | u32::from(right) << 1),
+            Self::Trim { left, right } => {
+                (0, u64::MAX, (u32::from(left) | u32::from(right) << 1) << 1)
+            }
+            Self::Split { delimiter, len, n } => (delimiter, n as u64, 8 | len << 8),
         }
     }
 
@@ -1159,6 +1228,7 @@ impl Bounds {
     pub(crate) fn may_be_long(self) -> bool {
         match self {
             Self::Chars(first, end) => end.saturating_sub(first) > 3,
+            Self::Split { .. } => true,
             Self::Trim { .. } => true,
         }
     }
@@ -1189,6 +1259,32 @@ pub(crate) fn substr_node(
             name,
             start,
             count,
+        };
+        return Some((node, input.field(index).data_type().clone()));
+    }
+    if let ("split_part", [column, delimiter, n]) = (function.name(), function.args()) {
+        let (index, name) = view_column(column, input)?;
+        let delimiter = string_literal(delimiter).ok()??;
+        // 0 is DataFusion's error: the host's.
+        let n = int_literal(n).filter(|n| *n != 0)?;
+        let node = if delimiter.is_empty() {
+            // The value is its one part: all of it for part 1 (or -1), else empty.
+            let count = if n == 1 || n == -1 { None } else { Some(0) };
+            Node::Substr {
+                index,
+                name,
+                start: 1,
+                count,
+            }
+        } else if delimiter.len() <= 8 {
+            Node::SplitPart {
+                index,
+                name,
+                delimiter,
+                n,
+            }
+        } else {
+            return None;
         };
         return Some((node, input.field(index).data_type().clone()));
     }
@@ -2101,7 +2197,10 @@ impl Node {
             Node::StrKey { word, .. } => *word != 0,
             // A view outside its buffer (checked, flagged in the error word); a value
             // that is not ASCII (the host's).
-            Node::Substr { .. } | Node::Trim { .. } | Node::AsciiCase { .. } => true,
+            Node::Substr { .. }
+            | Node::SplitPart { .. }
+            | Node::Trim { .. }
+            | Node::AsciiCase { .. } => true,
             // A view outside its buffer; a result past its bound (the host's) or past
             // i32 offsets.
             Node::Concat { .. } | Node::Replace { .. } | Node::Pad { .. } => true,
@@ -2156,6 +2255,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::Substr { .. }
+            | Node::SplitPart { .. }
             | Node::Trim { .. }
             | Node::AsciiCase { .. }
             | Node::Replace { .. }
@@ -2196,6 +2296,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::Substr { index, name, .. }
+            | Node::SplitPart { index, name, .. }
             | Node::Trim { index, name, .. }
             | Node::AsciiCase { index, name, .. }
             | Node::Replace { index, name, .. }

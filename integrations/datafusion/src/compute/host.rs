@@ -258,6 +258,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             })
         }
         Node::Substr { .. }
+        | Node::SplitPart { .. }
         | Node::Trim { .. }
         | Node::AsciiCase { .. }
         | Node::Concat { .. }

@@ -666,6 +666,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             Ok(out)
         }
         Node::Substr { .. }
+        | Node::SplitPart { .. }
         | Node::Trim { .. }
         | Node::AsciiCase { .. }
         | Node::Concat { .. }

@@ -38,7 +38,7 @@ pub(super) fn substr_column(
 ) -> Result<CudaArray, BoxError> {
     use devarrow::abi::device::DeviceKernels;
 
-    let (first, end, trim) = bounds.kernel_args();
+    let (first, end, mode) = bounds.kernel_args();
     let s = cx.stream;
     let n = column.len();
     let c = column.column();
@@ -51,7 +51,7 @@ pub(super) fn substr_column(
     let args = view.args.iter().copied().chain([
         A::U64(first),
         A::U64(end),
-        A::U32(u32::from(!views) | trim << 1),
+        A::U32(u32::from(!views) | mode),
         A::U64(addr(&out, s)),
         A::U64(addr(&lens, s)),
         A::U64(addr(&valid, s)),
