@@ -128,6 +128,11 @@ pub(crate) mod op {
     pub const TRUNC_MONTH: u32 = 29;
     pub const TRUNC_QUARTER: u32 = 30;
     pub const TRUNC_YEAR: u32 = 31;
+    /// Unary: a day count plus `mul` months, as chrono's `checked_add_months` (and
+    /// `checked_sub_months` for fewer): the same day of the month, or the month's last
+    /// where it has fewer days; a day, or a result, outside `[lo, hi]` (chrono's
+    /// calendar) fails.
+    pub const ADD_MONTHS: u32 = 32;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -1715,25 +1720,36 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
     })
 }
 
-/// `ts + interval`, `interval + ts` and `ts - interval` for a literal interval of days
-/// and time (no months) as arrow computes them (`add_month_day_nano` and its kin): the
-/// timestamp read as a chrono date-time, the days added, then the time, the result made
-/// a timestamp of the unit again, each step failing outside chrono's calendar (or, in
-/// nanoseconds, past 64 bits). On the device: three checked additions of the unit's
-/// counts (the input, the days, the time), each against that range
-/// ([`timestamp_range`]), so that a batch arrow fails the device fails too (and the host
-/// raises arrow's error); a step the device fails that arrow does not (an intermediate
-/// past 64 bits in nanoseconds) sends the batch to the host too. `Ok(None)` where
-/// `binary` is no such expression; refused for an interval of months (calendar
-/// arithmetic), of days with a time zone (its local calendar's days), or of a time
-/// finer than the unit (arrow floors it).
-fn timestamp_interval(
+/// `ts + interval`, `interval + ts` and `ts - interval` (and the same of a `Date32`) for
+/// a literal interval, as arrow computes them (`add_month_day_nano` and its kin): the
+/// value read as a chrono date-time (or date), the months added (chrono's
+/// `checked_add_months`: the day clamped to the new month's last), then the days, then
+/// the time, the result made a value of its type again, each step failing outside
+/// chrono's calendar (or, in nanoseconds, past 64 bits); a subtraction takes each part
+/// off in the same order.
+///
+/// On the device, for a timestamp: checked additions of the unit's counts (the input,
+/// the days, the time), each against that range ([`timestamp_range`]), the months first
+/// as the days they move its day by ([`op::ADD_MONTHS`] of its day, less its day, times
+/// the unit's count a day), so that a batch arrow fails the device fails too (and the
+/// host raises arrow's error); a step the device fails that arrow does not (an
+/// intermediate past 64 bits in nanoseconds) sends the batch to the host. For a date:
+/// [`op::ADD_MONTHS`] (which checks the date is in chrono's calendar, as arrow reads
+/// it), then the days, then the time's whole days (truncated toward zero, as chrono
+/// adds a duration to a date), each within chrono's calendar.
+///
+/// `Ok(None)` where `binary` is no such expression; refused for a null interval, a
+/// time zone's months or days (its local calendar's), or a time finer than a
+/// timestamp's unit (arrow floors it).
+fn interval_arithmetic(
     binary: &BinaryExpr,
     input: &Schema,
     data_type: &DataType,
 ) -> Result<Option<Node>, Unsupported> {
-    let DataType::Timestamp(unit, zone) = data_type else {
-        return Ok(None);
+    let (unit, zone) = match data_type {
+        DataType::Timestamp(unit, zone) => (Some(*unit), zone.clone()),
+        DataType::Date32 => (None, None),
+        _ => return Ok(None),
     };
     let interval = |e: &Arc<dyn PhysicalExpr>| {
         e.downcast_ref::<Literal>().and_then(|l| match l.value() {
@@ -1743,7 +1759,7 @@ fn timestamp_interval(
             _ => None,
         })
     };
-    let (timestamp, value, op) = match binary.op() {
+    let (value_expr, value, op) = match binary.op() {
         Operator::Plus => match (interval(binary.left()), interval(binary.right())) {
             (None, Some(v)) => (binary.left(), v, op::ADD),
             (Some(v), None) => (binary.right(), v, op::ADD),
@@ -1756,22 +1772,45 @@ fn timestamp_interval(
         _ => return Ok(None),
     };
     let refuse = |why: &str| Err(Unsupported(format!("`{binary}`: {why}")));
-    let (days, nanos) = match value {
+    let (months, days, nanos) = match value {
         ScalarValue::IntervalDayTime(Some(v)) => {
-            (i64::from(v.days), i64::from(v.milliseconds) * 1_000_000)
+            (0, i64::from(v.days), i64::from(v.milliseconds) * 1_000_000)
         }
-        ScalarValue::IntervalMonthDayNano(Some(v)) if v.months == 0 => {
-            (i64::from(v.days), v.nanoseconds)
+        ScalarValue::IntervalMonthDayNano(Some(v)) => {
+            (i64::from(v.months), i64::from(v.days), v.nanoseconds)
         }
-        ScalarValue::IntervalMonthDayNano(Some(_)) | ScalarValue::IntervalYearMonth(Some(_)) => {
-            return refuse("an interval of months is calendar arithmetic: the host's")
-        }
+        ScalarValue::IntervalYearMonth(Some(v)) => (i64::from(v), 0, 0),
         _ => return refuse("a null interval has no device kernel"),
     };
-    if days != 0 && zone.is_some() {
+    if zone.is_some() && months != 0 {
+        return refuse("a zone's months are its local calendar's: the host's");
+    }
+    if zone.is_some() && days != 0 {
         return refuse("a zone's days are its local calendar's: the host's");
     }
-    let per_day = units_per_day(*unit);
+    // A subtraction takes each part off: the months as fewer months.
+    let months = if op == op::SUB { -months } else { months };
+    let (value_node, t) = compile(value_expr, input)?;
+    if &t != data_type {
+        return Ok(None);
+    }
+    let Some(unit) = unit else {
+        // A date: its months (checking it is in chrono's calendar), its days, then the
+        // time's whole days, truncated toward zero.
+        let (lo, hi) = CHRONO_DAYS;
+        let step = |node: Node, by: i64| Node::Binary {
+            op,
+            left: Box::new(node),
+            right: Box::new(Node::Literal(Some(by))),
+            lmul: 1,
+            rmul: 1,
+            lo,
+            hi,
+        };
+        let shifted = add_months_node(value_node, months);
+        return Ok(Some(step(step(shifted, days), nanos / 86_400_000_000_000)));
+    };
+    let per_day = units_per_day(unit);
     let unit_nanos = 86_400_000_000_000 / per_day;
     if nanos % unit_nanos != 0 {
         return refuse("a time finer than the timestamp's unit (arrow floors it)");
@@ -1779,11 +1818,7 @@ fn timestamp_interval(
     let Some(day_units) = days.checked_mul(per_day) else {
         return refuse("more days than 64 bits of the unit hold");
     };
-    let (ts, t) = compile(timestamp, input)?;
-    if !matches!(&t, DataType::Timestamp(u, z) if u == unit && z == zone) {
-        return Ok(None);
-    }
-    let (lo, hi) = timestamp_range(*unit, zone.is_some());
+    let (lo, hi) = timestamp_range(unit, zone.is_some());
     let step = |op: u32, node: Node, by: i64| Node::Binary {
         op,
         left: Box::new(node),
@@ -1793,12 +1828,54 @@ fn timestamp_interval(
         lo,
         hi,
     };
-    let read = step(op::ADD, ts, 0);
+    let mut node = step(op::ADD, value_node, 0);
+    if months != 0 {
+        // The days the months move the value's day by, in the unit, added.
+        let day = Node::Unary {
+            op: op::DAYS,
+            input: Box::new(node.clone()),
+            mul: per_day,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        };
+        let moved = Node::Binary {
+            op: op::SUB,
+            left: Box::new(add_months_node(day.clone(), months)),
+            right: Box::new(day),
+            lmul: 1,
+            rmul: 1,
+            lo: i64::MIN,
+            hi: i64::MAX,
+        };
+        node = Node::Binary {
+            op: op::ADD,
+            left: Box::new(node),
+            right: Box::new(moved),
+            lmul: 1,
+            rmul: per_day,
+            lo,
+            hi,
+        };
+    }
     Ok(Some(step(
         op,
-        step(op, read, day_units),
+        step(op, node, day_units),
         nanos / unit_nanos,
     )))
+}
+
+/// `days` (a day count) plus `months` months ([`op::ADD_MONTHS`]), failing outside
+/// chrono's calendar.
+fn add_months_node(days: Node, months: i64) -> Node {
+    Node::Unary {
+        op: op::ADD_MONTHS,
+        input: Box::new(days),
+        mul: months,
+        lo: CHRONO_DAYS.0,
+        hi: CHRONO_DAYS.1,
+        on_fail: OnFail::Error,
+    }
 }
 
 /// The timestamps of `unit` that arrow reads as chrono date-times and makes again: the
@@ -1934,7 +2011,7 @@ fn binary_node(
     input: &Schema,
     data_type: &DataType,
 ) -> Result<Node, Unsupported> {
-    if let Some(node) = timestamp_interval(binary, input, data_type)? {
+    if let Some(node) = interval_arithmetic(binary, input, data_type)? {
         return Ok(node);
     }
     let (left, lt) = compile(binary.left(), input)?;
@@ -2242,6 +2319,7 @@ impl Node {
                         | op::TRUNC_MONTH
                         | op::TRUNC_QUARTER
                         | op::TRUNC_YEAR
+                        | op::ADD_MONTHS
                 ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }

@@ -474,6 +474,22 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         valid: a.valid,
                     })
                 }
+                op::ADD_MONTHS => {
+                    let mut values = vec![0i64; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        values[i] = add_months(a.values[i], *mul, (*lo, *hi)).ok_or_else(|| {
+                            ComputeError::Overflow(format!(
+                                "`{text}`: row {i}'s day {} plus {mul} months is out of \
+                                 chrono's calendar",
+                                a.values[i]
+                            ))
+                        })?;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 op::TRUNC_TO => Ok(Lanes {
                     values: a.values.iter().map(|&v| v - v.rem_euclid(*mul)).collect(),
                     valid: a.valid,
@@ -670,6 +686,26 @@ pub(crate) fn date_trunc(op: u32, value: i64, per_day: i64, range: (i64, i64)) -
 }
 
 /// The day of the year (1 to 366) of a day count since 1970-01-01.
+/// Day count `days` plus `months` months, as chrono's `checked_add_months` (or
+/// `checked_sub_months`): the same day of the month, or the month's last where it has
+/// fewer; `None` where the day or the result is outside `range` (chrono's calendar).
+pub(crate) fn add_months(days: i64, months: i64, range: (i64, i64)) -> Option<i64> {
+    let within = |d: i64| (range.0..=range.1).contains(&d);
+    if !within(days) {
+        return None;
+    }
+    let (year, month, day) = civil_from_days(days);
+    let total = (year * 12 + month - 1).checked_add(months)?;
+    let (year, month) = (total.div_euclid(12), total.rem_euclid(12) + 1);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let last = match month {
+        2 => 28 + i64::from(leap),
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    Some(days_from_civil(year, month, day.min(last))).filter(|d| within(*d))
+}
+
 fn day_of_year(days: i64) -> i64 {
     let (year, _, _) = civil_from_days(days);
     days - days_from_civil(year, 1, 1) + 1
