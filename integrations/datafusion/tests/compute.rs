@@ -1656,6 +1656,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
             .collect::<Vec<_>>(),
     )
     .with_timezone("UTC");
+    // The same instants in a fixed zone (local time 5:30 ahead) and in a zone whose
+    // offset changes (daylight saving: the host's).
+    let tk = tz.clone().with_timezone("+05:30");
+    let tn = tz.clone().with_timezone("America/New_York");
     let d = Date32Array::from(days);
     let x = Int32Array::from(
         (0..n as i32)
@@ -1701,6 +1705,8 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         ("ts", Arc::new(ts)),
         ("tsec", Arc::new(tsec)),
         ("tz", Arc::new(tz)),
+        ("tk", Arc::new(tk)),
+        ("tn", Arc::new(tn)),
     ])
     .unwrap();
     let ctx = SessionContext::new();
@@ -1759,6 +1765,22 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "date_trunc('month', ts)",
         "date_trunc('quarter', ts)",
         "date_trunc('year', ts)",
+        // A fixed zone's (and UTC's) date parts, casts and date_trunc: its local time's.
+        "date_part('hour', tz)",
+        "date_part('hour', tk)",
+        "date_part('minute', tk)",
+        "date_part('day', tk)",
+        "EXTRACT(DOW FROM tk)",
+        "date_part('year', tk) * 100 + date_part('month', tk)",
+        "CAST(tk AS DATE)",
+        "CAST(tz AS DATE)",
+        "date_trunc('hour', tk)",
+        "date_trunc('day', tz)",
+        "date_trunc('day', tk)",
+        "date_trunc('week', tk)",
+        "date_trunc('month', tz)",
+        "date_trunc('month', tk)",
+        "date_trunc('year', tk)",
         "EXTRACT(DAY FROM d) + EXTRACT(MONTH FROM d)",
         "EXTRACT(YEAR FROM d)",
         "EXTRACT(MONTH FROM d) * 100 + x",
@@ -1906,9 +1928,18 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // Past chrono's calendar a date's months fail in arrow: on the device too.
     assert_fails_as_datafusion(&ctx, "w", "d + INTERVAL '1 month'", None, device).await;
     assert_fails_as_datafusion(&ctx, "w", "tsec - INTERVAL '1 month'", None, device).await;
+    // A fixed zone's days and months: its local calendar's (whole days of its time).
     for text in [
         "tz + INTERVAL '1 month'",
         "tz + INTERVAL '1 day'",
+        "tk + INTERVAL '1 month 2 days 3 hours'",
+        "tk - INTERVAL '1 day'",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
+    }
+    for text in [
+        "tn + INTERVAL '1 month'",
+        "tn + INTERVAL '1 day'",
         "tsec + INTERVAL '1 millisecond'",
     ] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;
@@ -1946,10 +1977,11 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // the device flags the batch for the host, which raises DataFusion's error.
     assert_fails_as_datafusion(&ctx, "w", "CAST(tsec AS DATE)", None, device).await;
     for text in [
-        "date_part('hour', tz)",
+        "date_part('hour', tn)",
         "date_part('second', ts)",
-        "date_trunc('month', tz)",
-        "date_trunc('day', tz)",
+        "date_trunc('month', tn)",
+        "date_trunc('day', tn)",
+        "CAST(tn AS DATE)",
     ] {
         let (e, schema, _) = projection_of(&ctx, "w", text).await;
         assert!(

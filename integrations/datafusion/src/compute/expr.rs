@@ -1623,9 +1623,10 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
         .and_then(|p| p.strip_suffix(['\'', '"']))
         .unwrap_or(part);
     let (node, t) = compile(date, input)?;
-    let per_day = match &t {
-        DataType::Date32 => 1,
-        DataType::Timestamp(unit, None) => units_per_day(*unit),
+    // A timestamp's parts are those of its local time (a fixed zone's offset added).
+    let (node, per_day) = match &t {
+        DataType::Date32 => (node, 1),
+        DataType::Timestamp(unit, zone) => (local_time(node, zone, *unit)?, units_per_day(*unit)),
         _ => return refuse(&format!("date_part of {t} has no device kernel")),
     };
     let op = match part.parse::<IntervalUnit>() {
@@ -1694,6 +1695,7 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
             on_fail: OnFail::Error,
         })
     };
+    let (lo, hi) = (i64::MIN / unit_nanos, i64::MAX / unit_nanos);
     let op = match (granularity.as_str(), zone) {
         ("microsecond", _) => return fine(1_000),
         ("millisecond", _) => return fine(1_000_000),
@@ -1701,23 +1703,111 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
         ("minute", _) => return fine(60_000_000_000),
         ("hour", None) => return fine(3_600_000_000_000),
         ("day", None) => return fine(86_400_000_000_000),
-        ("week", None) => op::TRUNC_WEEK,
-        ("month", None) => op::TRUNC_MONTH,
-        ("quarter", None) => op::TRUNC_QUARTER,
-        ("year", None) => op::TRUNC_YEAR,
-        ("hour" | "day" | "week" | "month" | "quarter" | "year", Some(_)) => {
-            return refuse("a zone's calendar is its local time's: the host's")
-        }
+        ("hour", Some(_)) => op::TRUNC_TO,
+        ("day", Some(_)) => op::TRUNC_TO,
+        ("week", _) => op::TRUNC_WEEK,
+        ("month", _) => op::TRUNC_MONTH,
+        ("quarter", _) => op::TRUNC_QUARTER,
+        ("year", _) => op::TRUNC_YEAR,
         (g, _) => return refuse(&format!("the granularity `{g}` has no device kernel")),
     };
-    Ok(Node::Unary {
-        op,
-        input: Box::new(node),
-        mul: units_per_day(*unit),
-        lo: i64::MIN / unit_nanos,
-        hi: i64::MAX / unit_nanos,
-        on_fail: OnFail::Error,
-    })
+    let per_day = units_per_day(*unit);
+    let truncate = |node: Node| {
+        let mul = match (op, granularity.as_str()) {
+            (op::TRUNC_TO, "hour") => per_day / 24,
+            (op::TRUNC_TO, _) => per_day,
+            _ => per_day,
+        };
+        Node::Unary {
+            op,
+            input: Box::new(node),
+            mul,
+            lo,
+            hi,
+            on_fail: OnFail::Error,
+        }
+    };
+    let Some(zone) = zone else {
+        return Ok(truncate(node));
+    };
+    // A fixed zone's local time truncated, its offset taken off again, as DataFusion
+    // does in nanoseconds (the value's nanoseconds, its local time's and the result's
+    // within i64: checked, else the batch goes to the host).
+    let off = fixed_offset(zone, *unit).ok_or_else(|| {
+        Unsupported(format!(
+            "`{function}`: the zone {zone}'s offset changes: its calendar is the host's"
+        ))
+    })?;
+    let shift = |node: Node, by: i64| Node::Binary {
+        op: op::ADD,
+        left: Box::new(node),
+        right: Box::new(Node::Literal(Some(by))),
+        lmul: 1,
+        rmul: 1,
+        lo,
+        hi,
+    };
+    Ok(shift(truncate(shift(shift(node, 0), off)), -off))
+}
+
+/// The offset of time zone `zone` from UTC in `unit`s where it never changes: arrow's
+/// fixed offsets (`+HH:MM`, `+HHMM`, `+HH`, as `arrow_array::timezone` reads them) and
+/// the zones of no offset (`UTC`, `Etc/UTC`, `GMT`, `Etc/GMT`); `None` for a zone whose
+/// offset changes (its rules are the host's). A local time is the value plus it.
+pub(crate) fn fixed_offset(zone: &str, unit: TimeUnit) -> Option<i64> {
+    let per_second = units_per_day(unit) / 86_400;
+    if matches!(zone, "UTC" | "Etc/UTC" | "GMT" | "Etc/GMT") {
+        return Some(0);
+    }
+    let b = zone.as_bytes();
+    let digits = match b.len() {
+        6 if b[3] == b':' => [b[1], b[2], b[4], b[5]],
+        5 => [b[1], b[2], b[3], b[4]],
+        3 => [b[1], b[2], b'0', b'0'],
+        _ => return None,
+    };
+    let d = digits.map(|x| x.wrapping_sub(b'0'));
+    if d.iter().any(|x| *x > 9) {
+        return None;
+    }
+    let seconds = i64::from(d[0] * 10 + d[1]) * 3600 + i64::from(d[2] * 10 + d[3]) * 60;
+    // chrono's FixedOffset takes less than a day.
+    if seconds >= 86_400 {
+        return None;
+    }
+    match b[0] {
+        b'+' => Some(seconds * per_second),
+        b'-' => Some(-seconds * per_second),
+        _ => None,
+    }
+}
+
+/// The local time of timestamps of `unit` in `zone` (none: the value itself): a fixed
+/// zone's offset added, checked within chrono's calendar less a day at each end
+/// ([`timestamp_range`]; past it the batch goes to the host); refused for a zone whose
+/// offset changes.
+fn local_time(node: Node, zone: &Option<Arc<str>>, unit: TimeUnit) -> Result<Node, Unsupported> {
+    let Some(zone) = zone else {
+        return Ok(node);
+    };
+    match fixed_offset(zone, unit) {
+        Some(0) => Ok(node),
+        Some(off) => {
+            let (lo, hi) = timestamp_range(unit, true);
+            Ok(Node::Binary {
+                op: op::ADD,
+                left: Box::new(node),
+                right: Box::new(Node::Literal(Some(off))),
+                lmul: 1,
+                rmul: 1,
+                lo,
+                hi,
+            })
+        }
+        None => Err(Unsupported(format!(
+            "the zone {zone}'s offset changes: its local time is the host's"
+        ))),
+    }
 }
 
 /// `ts + interval`, `interval + ts` and `ts - interval` (and the same of a `Date32`) for
@@ -1782,10 +1872,15 @@ fn interval_arithmetic(
         ScalarValue::IntervalYearMonth(Some(v)) => (i64::from(v), 0, 0),
         _ => return refuse("a null interval has no device kernel"),
     };
-    if zone.is_some() && months != 0 {
+    // A zone's months and days are its local calendar's: a fixed zone's days are
+    // whole days of its local time (no daylight saving), another's are the host's.
+    let fixed = zone
+        .as_deref()
+        .is_none_or(|z| unit.and_then(|u| fixed_offset(z, u)).is_some());
+    if !fixed && months != 0 {
         return refuse("a zone's months are its local calendar's: the host's");
     }
-    if zone.is_some() && days != 0 {
+    if !fixed && days != 0 {
         return refuse("a zone's days are its local calendar's: the host's");
     }
     // A subtraction takes each part off: the months as fewer months.
@@ -1830,10 +1925,10 @@ fn interval_arithmetic(
     };
     let mut node = step(op::ADD, value_node, 0);
     if months != 0 {
-        // The days the months move the value's day by, in the unit, added.
+        // The days the months move the value's (local) day by, in the unit, added.
         let day = Node::Unary {
             op: op::DAYS,
-            input: Box::new(node.clone()),
+            input: Box::new(local_time(node.clone(), &zone, unit)?),
             mul: per_day,
             lo: i64::MIN,
             hi: i64::MAX,
@@ -2170,12 +2265,15 @@ fn cast_node(
         (Kind::Date, Kind::Timestamp(unit)) if matches!(to, DataType::Timestamp(_, None)) => {
             (units_per_day(unit), (i64::MIN, i64::MAX))
         }
-        // A timestamp's day, floored; out of chrono's calendar arrow's cast fails (a
-        // TRY_CAST too), so the batch goes to the host, which raises its error.
-        (Kind::Timestamp(unit), Kind::Date) if matches!(from, DataType::Timestamp(_, None)) => {
+        // A timestamp's (local) day, floored; out of chrono's calendar arrow's cast
+        // fails (a TRY_CAST too), so the batch goes to the host, which raises its error.
+        (Kind::Timestamp(unit), Kind::Date) => {
+            let DataType::Timestamp(_, zone) = &from else {
+                return refuse("not a timestamp");
+            };
             return Ok(Node::Unary {
                 op: op::DAYS,
-                input: Box::new(node),
+                input: Box::new(local_time(node, zone, unit)?),
                 mul: units_per_day(unit),
                 lo: i64::MIN,
                 hi: i64::MAX,
@@ -2412,6 +2510,27 @@ impl Node {
                 }
                 otherwise.columns(out);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_offsets_are_arrows_and_zones_that_change_are_not() {
+        let ms = |z| fixed_offset(z, TimeUnit::Millisecond);
+        assert_eq!(ms("+05:30"), Some(19_800_000));
+        assert_eq!(ms("-0800"), Some(-28_800_000));
+        assert_eq!(ms("+01"), Some(3_600_000));
+        assert_eq!(fixed_offset("-00:30", TimeUnit::Second), Some(-1_800));
+        for zero in ["UTC", "Etc/UTC", "GMT", "+00:00"] {
+            assert_eq!(ms(zero), Some(0), "{zero}");
+        }
+        // Named zones whose offset changes, malformed offsets, a day or more.
+        for not in ["America/New_York", "Europe/Paris", "+5:30", "05:30", "+24:00", "+0a:00"] {
+            assert_eq!(ms(not), None, "{not}");
         }
     }
 }
