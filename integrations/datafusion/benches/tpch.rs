@@ -11,6 +11,14 @@
 //!   streaming stores): what the host can do, measured in the same run. On the CPU device
 //!   a "transition" is a host copy, so its GB/s is read against this ceiling.
 //!
+//! - `transitions_modelled_link/load_unload` and `.../pinned_round_trip`: the same
+//!   transitions on a CPU device whose copies take the time of a modelled link
+//!   (`DEVARROW_BENCH_LINK`, default `2GB/s,10us`: devarrow's `LinkModel`), 4 device slots
+//!   as on a GPU, beside one copy of the same bytes each way from pinned staging on the
+//!   same link: whether the transitions' pipeline keeps a link busy (the issue's goal on
+//!   a GPU, 0.85x of the pinned round trip), on a machine with no GPU. Meaningful for a
+//!   link well below the host's copy rate (the model sleeps out each copy's time).
+//!
 //! Before measuring, one run of each device plan prints where the region's time went (its
 //! nodes' metrics: `load_time`, each operator's `device_time`, `unload_time`), so the
 //! transitions' share is read off the same plan.
@@ -33,9 +41,11 @@ use arrow_array::RecordBatch;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use devarrow::abi::device::{CpuDevice, Device, LinkModel};
 use devarrow::bridge::copy::{copy_bytes, Stores};
-use devarrow_datafusion::device_session;
+use devarrow_datafusion::config::{DevicePlacement, DevicePool};
 use devarrow_datafusion::region::{DeviceLoadExec, DeviceUnloadExec};
+use devarrow_datafusion::{device_session, ExecDevice};
 use futures::StreamExt;
 
 use common::*;
@@ -235,6 +245,54 @@ fn tpch(c: &mut Criterion) {
                     });
                 }
             })
+        })
+    });
+    group.finish();
+
+    // The same transitions on a modelled link, beside the link's pinned round trip.
+    let link: LinkModel = std::env::var("DEVARROW_BENCH_LINK")
+        .unwrap_or_else(|_| "2GB/s,10us".into())
+        .parse()
+        .expect("DEVARROW_BENCH_LINK is BANDWIDTH,LATENCY");
+    let modelled = Arc::new(CpuDevice::with_link(link));
+    let pool = Arc::new(
+        DevicePool::new(ExecDevice::from_cpu(modelled.clone()), 4).expect("a device pool"),
+    );
+    let on_link = || -> Arc<dyn ExecutionPlan> {
+        Arc::new(
+            DeviceUnloadExec::try_new(Arc::new(DeviceLoadExec::with_placement(
+                scan.clone(),
+                DevicePlacement::Pools(vec![pool.clone()]),
+            )))
+            .expect("a region"),
+        )
+    };
+    modelled.reserve_staging(bytes).expect("staging");
+    let mut staging = modelled.allocate_staging(bytes).expect("staging");
+    let on_device = modelled.allocate(bytes).expect("device memory");
+    let host = staging.as_mut_slice().as_mut_ptr();
+    let link_device: &dyn Device = modelled.as_ref();
+    let ideal = 2.0 * link.copy_time(bytes).as_secs_f64();
+    let run = drain(on_link());
+    eprintln!(
+        "transitions on a modelled link ({link}): {run} rows, {:.1} MiB each way; the \
+         link's round trip {:.1} ms",
+        bytes as f64 / (1 << 20) as f64,
+        ideal * 1e3
+    );
+    let mut group = c.benchmark_group("transitions_modelled_link");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("load_unload", |b| b.iter(|| drain(on_link())));
+    group.bench_function("pinned_round_trip", |b| {
+        b.iter(|| {
+            // SAFETY: `host` (pinned staging, `bytes` long) and `on_device` (`bytes` long)
+            // outlive both copies, each waited for before the next and before the end.
+            unsafe { link_device.copy_to_device(host, on_device.address(), bytes) }.unwrap();
+            link_device.record_event().unwrap().wait_host().unwrap();
+            // SAFETY: as above, the other way.
+            unsafe { link_device.copy_to_host(on_device.address(), host, bytes) }.unwrap();
+            link_device.record_event().unwrap().wait_host().unwrap();
         })
     });
     group.finish();

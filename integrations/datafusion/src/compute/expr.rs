@@ -2529,7 +2529,14 @@ mod tests {
             assert_eq!(ms(zero), Some(0), "{zero}");
         }
         // Named zones whose offset changes, malformed offsets, a day or more.
-        for not in ["America/New_York", "Europe/Paris", "+5:30", "05:30", "+24:00", "+0a:00"] {
+        for not in [
+            "America/New_York",
+            "Europe/Paris",
+            "+5:30",
+            "05:30",
+            "+24:00",
+            "+0a:00",
+        ] {
             assert_eq!(ms(not), None, "{not}");
         }
     }
