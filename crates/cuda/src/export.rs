@@ -190,7 +190,11 @@ fn export(
     }
     check_exportable(&data, "array", device_view_sizes)?;
     let ctx = stream.context();
-    let event = ctx.new_event(None).call("cuEventCreate")?;
+    // An event for ordering only (the consumer waits on it): timing off, as NVIDIA
+    // advises for events used with cuStreamWaitEvent and cuEventQuery.
+    let event = ctx
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .call("cuEventCreate")?;
     event.record(stream).call("cuEventRecord")?;
     let mut inner = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
     if device_view_sizes {

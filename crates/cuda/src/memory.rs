@@ -55,7 +55,10 @@ pub(crate) fn stream_waits_for(waiter: &CudaStream, stream: &CudaStream) -> Resu
         return Ok(());
     }
     context::bind(stream.context())?;
-    let event = stream.record_event(None).call("cuEventRecord")?;
+    // For ordering only: timing off (NVIDIA's advice for events a stream waits on).
+    let event = stream
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .call("cuEventRecord")?;
     // SAFETY: the event is live until the end of this function; the driver keeps what the
     // wait needs after it is destroyed (destroying a pending recorded event is allowed).
     unsafe { context::stream_wait_event(waiter, event.cu_event()) }

@@ -544,6 +544,48 @@ fn a_regions_downloads_land_in_pinned_memory() {
     no_leak_once_released(&check, "a region's downloads into pinned memory");
 }
 
+/// A region's expressions compute into lanes the kernels write whole: no memset per
+/// node and batch. Counted on the emulated driver (every driver call, by name): TPC-H Q1
+/// (a filter, a projection and a partial aggregate, 38 kernels a batch) zeroed every
+/// node's lanes before (52 `cuMemsetD8Async` a batch); what is left zeroes counters and
+/// error words. On a real driver the query runs and nothing is counted.
+#[test]
+fn a_regions_expressions_do_not_zero_their_lanes() {
+    use devarrow_datafusion::config::DevicePool;
+    use devarrow_testing::gpu::ImplicitSyncs;
+
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    let rt = runtime();
+    let pool = Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), 2).unwrap());
+    let tables = tpch::Tables::generate(0.01, 2);
+    let ctx = compute_checks::session_with_pool(pool.clone(), 2, None);
+    tables.register(&ctx).unwrap();
+    let plan_q1 = || {
+        rt.block_on(async { ctx.sql(tpch::query(1)).await?.create_physical_plan().await })
+            .unwrap()
+    };
+    // A first run loads the module and fills the pools.
+    rt.block_on(collect(plan_q1(), ctx.task_ctx())).unwrap();
+    let plan = plan_q1();
+    let before = ImplicitSyncs::every_call();
+    rt.block_on(collect(plan.clone(), ctx.task_ctx())).unwrap();
+    if let Some(calls) = before.and_then(|b| ImplicitSyncs::every_call().map(|a| a.since(&b))) {
+        let batches = tpch::metric_sum(&plan, "DeviceLoadExec", "uploaded_batches").max(1);
+        let memsets = calls.calls.get("cuMemsetD8Async").copied().unwrap_or(0) as usize;
+        println!("Q1: {batches} uploaded batches, driver calls: {calls}");
+        assert!(
+            memsets <= 16 * batches,
+            "{memsets} memsets for {batches} batches: {calls}"
+        );
+    }
+    drop((plan, ctx, tables, pool));
+    no_leak_once_released(&check, "Q1's regions");
+}
+
 /// The best of `runs` wall times of `f`, in seconds.
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     (0..runs)

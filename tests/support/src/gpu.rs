@@ -322,7 +322,19 @@ impl ImplicitSyncs {
     /// The counts since the process started, when the `libcuda.so` in use is the
     /// emulator; `None` on a real driver.
     pub fn snapshot() -> Option<Self> {
-        let symbol = driver_symbol(c"devarrow_emu_implicit_syncs");
+        Self::counts_of(c"devarrow_emu_implicit_syncs")
+    }
+
+    /// Every driver call since the process started, by name (`devarrow_emu_api_calls`),
+    /// when the `libcuda.so` in use is the emulator; `None` on a real driver. What a host
+    /// path costs in calls (waits, allocations, launches per batch), counted exactly.
+    pub fn every_call() -> Option<Self> {
+        Self::counts_of(c"devarrow_emu_api_calls")
+    }
+
+    /// The counts the emulator's function `name` writes (both have one signature).
+    fn counts_of(name: &std::ffi::CStr) -> Option<Self> {
+        let symbol = driver_symbol(name);
         if symbol.is_null() {
             return None;
         }

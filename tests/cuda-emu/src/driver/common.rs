@@ -175,6 +175,7 @@ pub(crate) fn fatal_misuse(what: &str) -> ! {
 /// Runs the body of driver call `name`: refuses calls from stream workers (host
 /// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
+    super::sync::count_call(name);
     CALL.with(|c| c.set(name));
     CURRENT_CALL.with(|c| c.set((name, false)));
     if IN_STREAM_WORKER.with(|c| c.get()) {

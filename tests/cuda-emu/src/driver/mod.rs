@@ -114,7 +114,10 @@
 //!   host for the whole context; any command on the legacy NULL stream waits for the
 //!   blocking streams (see *Streams and events*). Each such call is counted, by name,
 //!   with `cuCtxSynchronize`: `devarrow_emu_implicit_syncs` and
-//!   `devarrow_emu_implicit_sync_count` (found with `dlsym`) read the counts.//! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
+//!   `devarrow_emu_implicit_sync_count` (found with `dlsym`) read the counts.
+//!   `devarrow_emu_api_calls` counts every driver call, by name: what a host path costs
+//!   in calls (allocations, memsets, launches, events per batch), which tests assert.
+//! - **Kernels** ([`module`]): `cuModuleLoadData` parses PTX with [`crate::ptx`];
 //!   `cuLaunchKernel` copies the parameters at launch time and runs the grid on the
 //!   stream's worker with [`crate::ptx::Module::launch`], every global access checked
 //!   against the allocations live at launch (in stream order; a block freed and reused

@@ -74,6 +74,13 @@ use super::common::{lock, CURRENT_CALL};
 
 /// Every counted call, by name.
 static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// Every driver call, by name (see [`devarrow_emu_api_calls`]).
+static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// Counts one driver call `name` (every entry point through `api`).
+pub(crate) fn count_call(name: &'static str) {
+    *lock(&CALLS).entry(name).or_insert(0) += 1;
+}
 /// The sum of [`COUNTS`].
 static TOTAL: AtomicU64 = AtomicU64::new(0);
 
@@ -124,10 +131,31 @@ fn trace(name: &str) {
 /// `buf` must be NULL or valid for writes of `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn devarrow_emu_implicit_syncs(buf: *mut c_char, len: usize) -> u64 {
-    let counts = lock(&COUNTS).clone();
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_counts(&lock(&COUNTS).clone(), buf, len) }
+}
+
+/// How many driver calls were made since the process started (every entry point, by
+/// name, as [`devarrow_emu_implicit_syncs`] writes them): what a host path costs in calls
+/// (a wait, an allocation, a launch per batch), which the emulator counts exactly where a
+/// profile of a real driver would be needed. Not a CUDA symbol.
+///
+/// # Safety
+/// `buf` must be NULL or valid for writes of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn devarrow_emu_api_calls(buf: *mut c_char, len: usize) -> u64 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_counts(&lock(&CALLS).clone(), buf, len) }
+}
+
+/// Writes `counts` to `buf` as [`devarrow_emu_implicit_syncs`] documents; their sum.
+///
+/// # Safety
+/// `buf` must be NULL or valid for writes of `len` bytes.
+unsafe fn write_counts(counts: &BTreeMap<&'static str, u64>, buf: *mut c_char, len: usize) -> u64 {
     if !buf.is_null() && len > 0 {
         let mut text = String::new();
-        for (name, n) in &counts {
+        for (name, n) in counts {
             let line = format!("{name} {n}\n");
             if text.len() + line.len() >= len {
                 break;

@@ -202,12 +202,22 @@ impl Cx<'_> {
         Ok(())
     }
 
-    /// `n` zeroed lanes (values and validity flags).
+    /// `n` lanes (values and validity flags), uninitialized: every kernel that writes
+    /// lanes writes both of every row (`load_lanes`, `fill_lanes`, `binary_lanes`,
+    /// `unary_lanes`, `select_lanes`, the `view_*` kernels, `select_rows`), so zeroing
+    /// them first would be a memset per node and batch for nothing (the emulated
+    /// driver fills fresh memory with a poison byte, so a kernel that skipped a row
+    /// fails its tests).
     fn lanes(&self, n: usize) -> Result<Lanes, BoxError> {
-        Ok(Lanes {
-            values: self.zeros::<i64>(n)?,
-            valid: self.zeros::<u8>(n)?,
-        })
+        // SAFETY: device memory of `n.max(1)` elements on this stream; nothing reads it
+        // before a kernel of this stream writes every element (above).
+        let (values, valid) = unsafe {
+            (
+                self.stream.alloc::<i64>(n.max(1))?,
+                self.stream.alloc::<u8>(n.max(1))?,
+            )
+        };
+        Ok(Lanes { values, valid })
     }
 
     fn zeros<
