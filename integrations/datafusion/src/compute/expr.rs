@@ -1738,15 +1738,7 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
             "`{function}`: the zone {zone}'s offset changes: its calendar is the host's"
         ))
     })?;
-    let shift = |node: Node, by: i64| Node::Binary {
-        op: op::ADD,
-        left: Box::new(node),
-        right: Box::new(Node::Literal(Some(by))),
-        lmul: 1,
-        rmul: 1,
-        lo,
-        hi,
-    };
+    let shift = |node: Node, by: i64| with_literal(op::ADD, node, by, (lo, hi));
     Ok(shift(truncate(shift(shift(node, 0), off)), -off))
 }
 
@@ -1792,18 +1784,12 @@ fn local_time(node: Node, zone: &Option<Arc<str>>, unit: TimeUnit) -> Result<Nod
     };
     match fixed_offset(zone, unit) {
         Some(0) => Ok(node),
-        Some(off) => {
-            let (lo, hi) = timestamp_range(unit, true);
-            Ok(Node::Binary {
-                op: op::ADD,
-                left: Box::new(node),
-                right: Box::new(Node::Literal(Some(off))),
-                lmul: 1,
-                rmul: 1,
-                lo,
-                hi,
-            })
-        }
+        Some(off) => Ok(with_literal(
+            op::ADD,
+            node,
+            off,
+            timestamp_range(unit, true),
+        )),
         None => Err(Unsupported(format!(
             "the zone {zone}'s offset changes: its local time is the host's"
         ))),
@@ -1892,16 +1878,7 @@ fn interval_arithmetic(
     let Some(unit) = unit else {
         // A date: its months (checking it is in chrono's calendar), its days, then the
         // time's whole days, truncated toward zero.
-        let (lo, hi) = CHRONO_DAYS;
-        let step = |node: Node, by: i64| Node::Binary {
-            op,
-            left: Box::new(node),
-            right: Box::new(Node::Literal(Some(by))),
-            lmul: 1,
-            rmul: 1,
-            lo,
-            hi,
-        };
+        let step = |node: Node, by: i64| with_literal(op, node, by, CHRONO_DAYS);
         let shifted = add_months_node(value_node, months);
         return Ok(Some(step(step(shifted, days), nanos / 86_400_000_000_000)));
     };
@@ -1914,15 +1891,7 @@ fn interval_arithmetic(
         return refuse("more days than 64 bits of the unit hold");
     };
     let (lo, hi) = timestamp_range(unit, zone.is_some());
-    let step = |op: u32, node: Node, by: i64| Node::Binary {
-        op,
-        left: Box::new(node),
-        right: Box::new(Node::Literal(Some(by))),
-        lmul: 1,
-        rmul: 1,
-        lo,
-        hi,
-    };
+    let step = |op: u32, node: Node, by: i64| with_literal(op, node, by, (lo, hi));
     let mut node = step(op::ADD, value_node, 0);
     if months != 0 {
         // The days the months move the value's (local) day by, in the unit, added.
@@ -1958,6 +1927,20 @@ fn interval_arithmetic(
         step(op, node, day_units),
         nanos / unit_nanos,
     )))
+}
+
+/// `node` `op` (an addition or a subtraction) the literal `by`, checked against `range`
+/// (the batch fails outside it).
+fn with_literal(op: u32, node: Node, by: i64, range: (i64, i64)) -> Node {
+    Node::Binary {
+        op,
+        left: Box::new(node),
+        right: Box::new(Node::Literal(Some(by))),
+        lmul: 1,
+        rmul: 1,
+        lo: range.0,
+        hi: range.1,
+    }
 }
 
 /// `days` (a day count) plus `months` months ([`op::ADD_MONTHS`]), failing outside
