@@ -8,6 +8,7 @@
 
 use std::any::Any;
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -172,10 +173,15 @@ pub(crate) fn fatal_misuse(what: &str) -> ! {
     std::process::abort()
 }
 
-/// Runs the body of driver call `name`: refuses calls from stream workers (host
-/// functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the result.
+/// Every driver call, by name, counted by [`api`] (read by
+/// `sync::devarrow_emu_api_calls`).
+pub(crate) static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// Runs the body of driver call `name`: counts it ([`CALLS`]), refuses calls from stream
+/// workers (host functions), catches panics (returning `CUDA_ERROR_UNKNOWN`), maps the
+/// result.
 pub(crate) fn api(name: &'static str, body: impl FnOnce() -> R) -> CUresult {
-    super::sync::count_call(name);
+    *lock(&CALLS).entry(name).or_insert(0) += 1;
     CALL.with(|c| c.set(name));
     CURRENT_CALL.with(|c| c.set((name, false)));
     if IN_STREAM_WORKER.with(|c| c.get()) {

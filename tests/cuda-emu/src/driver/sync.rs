@@ -70,17 +70,11 @@ use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::common::{lock, CURRENT_CALL};
+use super::common::{lock, CALLS, CURRENT_CALL};
 
 /// Every counted call, by name.
 static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
-/// Every driver call, by name (see [`devarrow_emu_api_calls`]).
-static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 
-/// Counts one driver call `name` (every entry point through `api`).
-pub(crate) fn count_call(name: &'static str) {
-    *lock(&CALLS).entry(name).or_insert(0) += 1;
-}
 /// The sum of [`COUNTS`].
 static TOTAL: AtomicU64 = AtomicU64::new(0);
 
