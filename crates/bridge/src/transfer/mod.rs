@@ -157,9 +157,9 @@ pub struct TransferOptions {
     /// equal chunks.
     pub first_chunk_bytes: usize,
     /// Uploads: how many worker threads (of the rayon global pool) pack windows; 0 (the
-    /// default): the pool's size, at most
-    /// [`pack::DEFAULT_MAX_THREADS`](crate::pack::DEFAULT_MAX_THREADS) (16), and one fewer than the machine's cores (a
-    /// core is left to the thread that enqueues the copies). Downloads through staging:
+    /// default): the pool's size, at most [`pack::DEFAULT_MAX_THREADS`] (16), and one
+    /// fewer than the machine's cores (a core is left to the thread that enqueues the
+    /// copies). Downloads through staging:
     /// the most threads one chunk is unpacked with (0: the pool's size, at most 16).
     pub pack_threads: usize,
     /// Uploads of less than this many staged bytes are packed by the calling thread
