@@ -1547,6 +1547,18 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
     }
 }
 
+/// Each of `texts` over `table` has no device kernel: its compilation is refused (the
+/// expression stays on the host).
+async fn assert_no_device_kernel(ctx: &SessionContext, table: &str, texts: &[&str]) {
+    for text in texts {
+        let (e, schema, _) = projection_of(ctx, table, text).await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "`{text}`: no device kernel"
+        );
+    }
+}
+
 /// `text` over `table`: DataFusion's evaluation of the whole batch fails, and the
 /// device's flags the batch as one for the host (`Overflow`), which then raises
 /// DataFusion's error. `batch` (when given) is the input instead of the table's.
@@ -1849,13 +1861,7 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         let slices = [(3, n - 10), (n - 7, 6)];
         assert_evaluates_as_datafusion(&ctx, "w", text, &slices, device).await;
     }
-    for text in ["TRY_CAST(f AS DECIMAL(30,2))", "f % g"] {
-        let (e, schema, _) = projection_of(&ctx, "w", text).await;
-        assert!(
-            DeviceExpr::compile(&e, &schema).is_err(),
-            "`{text}`: no device kernel"
-        );
-    }
+    assert_no_device_kernel(&ctx, "w", &["TRY_CAST(f AS DECIMAL(30,2))", "f % g"]).await;
     // Timestamps plus or minus intervals of days and time, as arrow adds them:
     // nanoseconds (within their range), milliseconds in UTC (time only: a zone's days are
     // its local calendar's), seconds within chrono's calendar (the rows `within` it).
@@ -1885,14 +1891,10 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "d - INTERVAL '36 hours'",
         "INTERVAL '11 months' + d",
         "date_part('day', d + INTERVAL '1 month')",
-    ] {
-        assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
-    }
-    // Differences, as arrow's checked arithmetic of the unit's counts: a timestamp less a
-    // timestamp of its unit is their duration, a timestamp plus or less a duration a
-    // timestamp, durations add and compare (with literals too); a date less a date is
-    // the days between them, an Int64.
-    for text in [
+        // Differences, as arrow's checked arithmetic of the unit's counts: a timestamp less a
+        // timestamp of its unit is their duration, a timestamp plus or less a duration a
+        // timestamp, durations add and compare (with literals too); a date less a date is
+        // the days between them, an Int64.
         "tsec - arrow_cast(d, 'Timestamp(Second, None)')",
         "(tsec - arrow_cast(d, 'Timestamp(Second, None)')) \
          + (tsec - arrow_cast('1990-01-01T00:00:00', 'Timestamp(Second, None)'))",
@@ -1905,6 +1907,11 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "ts - (ts - TIMESTAMP '1970-01-02T00:00:00')",
         "d - CAST(tsec AS DATE)",
         "CAST(tsec AS DATE) - d > 0",
+        // A fixed zone's days and months: its local calendar's (whole days of its time).
+        "tz + INTERVAL '1 month'",
+        "tz + INTERVAL '1 day'",
+        "tk + INTERVAL '1 month 2 days 3 hours'",
+        "tk - INTERVAL '1 day'",
     ] {
         assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
     }
@@ -1928,26 +1935,16 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // Past chrono's calendar a date's months fail in arrow: on the device too.
     assert_fails_as_datafusion(&ctx, "w", "d + INTERVAL '1 month'", None, device).await;
     assert_fails_as_datafusion(&ctx, "w", "tsec - INTERVAL '1 month'", None, device).await;
-    // A fixed zone's days and months: its local calendar's (whole days of its time).
-    for text in [
-        "tz + INTERVAL '1 month'",
-        "tz + INTERVAL '1 day'",
-        "tk + INTERVAL '1 month 2 days 3 hours'",
-        "tk - INTERVAL '1 day'",
-    ] {
-        assert_evaluates_as_datafusion(&ctx, "within", text, &[(5, 40)], device).await;
-    }
-    for text in [
-        "tn + INTERVAL '1 month'",
-        "tn + INTERVAL '1 day'",
-        "tsec + INTERVAL '1 millisecond'",
-    ] {
-        let (e, schema, _) = projection_of(&ctx, "w", text).await;
-        assert!(
-            DeviceExpr::compile(&e, &schema).is_err(),
-            "`{text}`: no device kernel"
-        );
-    }
+    assert_no_device_kernel(
+        &ctx,
+        "w",
+        &[
+            "tn + INTERVAL '1 month'",
+            "tn + INTERVAL '1 day'",
+            "tsec + INTERVAL '1 millisecond'",
+        ],
+    )
+    .await;
     // date_trunc to a month of seconds past DataFusion's nanoseconds fails there: the
     // device flags the batch for the host, which raises DataFusion's error.
     assert_fails_as_datafusion(&ctx, "w", "date_trunc('month', tsec)", None, device).await;
@@ -1976,19 +1973,18 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // A second-unit timestamp past chrono's calendar has no date: arrow's cast fails, so
     // the device flags the batch for the host, which raises DataFusion's error.
     assert_fails_as_datafusion(&ctx, "w", "CAST(tsec AS DATE)", None, device).await;
-    for text in [
-        "date_part('hour', tn)",
-        "date_part('second', ts)",
-        "date_trunc('month', tn)",
-        "date_trunc('day', tn)",
-        "CAST(tn AS DATE)",
-    ] {
-        let (e, schema, _) = projection_of(&ctx, "w", text).await;
-        assert!(
-            DeviceExpr::compile(&e, &schema).is_err(),
-            "`{text}`: no device kernel"
-        );
-    }
+    assert_no_device_kernel(
+        &ctx,
+        "w",
+        &[
+            "date_part('hour', tn)",
+            "date_part('second', ts)",
+            "date_trunc('month', tn)",
+            "date_trunc('day', tn)",
+            "CAST(tn AS DATE)",
+        ],
+    )
+    .await;
     check_partial_aggregate(
         &ctx,
         "SELECT date_part('hour', ts) AS h, min(ts), max(tsec), count(*) FROM w GROUP BY h",
@@ -2221,21 +2217,20 @@ pub async fn check_string_functions(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "cc", text, &[(9, 150), (290, 10)], device).await;
     }
-    for text in [
-        "concat(a, upper(b))",
-        "a || upper(b)",
-        "replace(a, b, 'x')",
-        "replace(upper(a), 'A', 'x')",
-        "left(b, -2)",
-        "right(b, 2)",
-        "lpad(b, length(a))",
-    ] {
-        let (e, schema, _) = projection_of(&ctx, "cc", text).await;
-        assert!(
-            DeviceExpr::compile(&e, &schema).is_err(),
-            "`{text}`: no device kernel"
-        );
-    }
+    assert_no_device_kernel(
+        &ctx,
+        "cc",
+        &[
+            "concat(a, upper(b))",
+            "a || upper(b)",
+            "replace(a, b, 'x')",
+            "replace(upper(a), 'A', 'x')",
+            "left(b, -2)",
+            "right(b, 2)",
+            "lpad(b, length(a))",
+        ],
+    )
+    .await;
     // Views that share their bytes (a deduplicating builder: one 40-byte value in every
     // other row) pass the bound CUDA sizes a result's bytes by: there the batch is the
     // host's (`HostOnly`), and a query computes it on the host, with DataFusion's rows.

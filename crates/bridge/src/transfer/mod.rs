@@ -159,8 +159,8 @@ pub struct TransferOptions {
     /// Uploads: how many worker threads (of the rayon global pool) pack windows; 0 (the
     /// default): the pool's size, at most [`pack::DEFAULT_MAX_THREADS`] (16), and one
     /// fewer than the machine's cores (a core is left to the thread that enqueues the
-    /// copies). Downloads through staging:
-    /// the most threads one chunk is unpacked with (0: the pool's size, at most 16).
+    /// copies). Downloads through staging: the most threads one chunk is unpacked with
+    /// (0: the pool's size, at most 16).
     pub pack_threads: usize,
     /// Uploads of less than this many staged bytes are packed by the calling thread
     /// alone, and staged download chunks smaller than this unpacked by it (handing work

@@ -1703,8 +1703,8 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
         ("minute", _) => return fine(60_000_000_000),
         ("hour", None) => return fine(3_600_000_000_000),
         ("day", None) => return fine(86_400_000_000_000),
-        ("hour", Some(_)) => op::TRUNC_TO,
-        ("day", Some(_)) => op::TRUNC_TO,
+        // A zone's hours and days: its local time's, truncated below.
+        ("hour" | "day", Some(_)) => op::TRUNC_TO,
         ("week", _) => op::TRUNC_WEEK,
         ("month", _) => op::TRUNC_MONTH,
         ("quarter", _) => op::TRUNC_QUARTER,
@@ -1713,10 +1713,11 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
     };
     let per_day = units_per_day(*unit);
     let truncate = |node: Node| {
-        let mul = match (op, granularity.as_str()) {
-            (op::TRUNC_TO, "hour") => per_day / 24,
-            (op::TRUNC_TO, _) => per_day,
-            _ => per_day,
+        // TRUNC_TO's multiple (an hour or a day); the calendar ops' units a day.
+        let mul = if granularity == "hour" {
+            per_day / 24
+        } else {
+            per_day
         };
         Node::Unary {
             op,

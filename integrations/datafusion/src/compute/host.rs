@@ -685,7 +685,6 @@ pub(crate) fn date_trunc(op: u32, value: i64, per_day: i64, range: (i64, i64)) -
         .then_some(start * per_day)
 }
 
-/// The day of the year (1 to 366) of a day count since 1970-01-01.
 /// Day count `days` plus `months` months, as chrono's `checked_add_months` (or
 /// `checked_sub_months`): the same day of the month, or the month's last where it has
 /// fewer; `None` where the day or the result is outside `range` (chrono's calendar).
@@ -706,6 +705,7 @@ pub(crate) fn add_months(days: i64, months: i64, range: (i64, i64)) -> Option<i6
     Some(days_from_civil(year, month, day.min(last))).filter(|d| within(*d))
 }
 
+/// The day of the year (1 to 366) of a day count since 1970-01-01.
 fn day_of_year(days: i64) -> i64 {
     let (year, _, _) = civil_from_days(days);
     days - days_from_civil(year, 1, 1) + 1

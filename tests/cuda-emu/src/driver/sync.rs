@@ -74,7 +74,6 @@ use super::common::{lock, CALLS, CURRENT_CALL};
 
 /// Every counted call, by name.
 static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
-
 /// The sum of [`COUNTS`].
 static TOTAL: AtomicU64 = AtomicU64::new(0);
 
@@ -126,7 +125,7 @@ fn trace(name: &str) {
 #[no_mangle]
 pub unsafe extern "C" fn devarrow_emu_implicit_syncs(buf: *mut c_char, len: usize) -> u64 {
     // SAFETY: the caller's contract, passed on.
-    unsafe { write_counts(&lock(&COUNTS).clone(), buf, len) }
+    unsafe { write_counts(&lock(&COUNTS), buf, len) }
 }
 
 /// How many driver calls were made since the process started (every entry point, by
@@ -139,7 +138,7 @@ pub unsafe extern "C" fn devarrow_emu_implicit_syncs(buf: *mut c_char, len: usiz
 #[no_mangle]
 pub unsafe extern "C" fn devarrow_emu_api_calls(buf: *mut c_char, len: usize) -> u64 {
     // SAFETY: the caller's contract, passed on.
-    unsafe { write_counts(&lock(&CALLS).clone(), buf, len) }
+    unsafe { write_counts(&lock(&CALLS), buf, len) }
 }
 
 /// Writes `counts` to `buf` as [`devarrow_emu_implicit_syncs`] documents; their sum.
