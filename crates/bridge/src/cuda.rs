@@ -33,7 +33,7 @@ use devarrow_cuda::{
 
 use crate::batch::{DeviceBatch, Storage};
 use crate::column::{ColumnBuffer, DeviceColumn};
-use crate::foreign::ViewUse;
+use crate::foreign::{Foreign, ViewUse};
 
 type Result<T> = devarrow_cuda::Result<T>;
 
@@ -133,6 +133,33 @@ fn view<'a, T: DeviceNative>(
             found: device.device_id(),
         });
     }
+    // The batch's event is recorded on its device's stream (as `Device::record_event`
+    // records): a view on that very stream needs no wait for it, and where the memory is
+    // freed in order there too, no event after its uses either.
+    let key = (ctx.cu_ctx() as usize, stream.cu_stream() as usize);
+    let on_batch_stream = device.stream_handles() == Some(key);
+    let in_stream_order = on_batch_stream
+        && match &batch.storage {
+            Storage::Packed { memory, .. } => memory
+                .as_any()
+                .downcast_ref::<TransferMemory>()
+                .is_some_and(|m| {
+                    let frees_on = m.buffer().stream();
+                    (
+                        frees_on.context().cu_ctx() as usize,
+                        frees_on.cu_stream() as usize,
+                    ) == key
+                }),
+            Storage::Foreign(foreign) => foreign.in_order_on == Some(key),
+        };
+    if in_stream_order {
+        // SAFETY: the range lies in the borrowed batch's CUDA memory (as below), written
+        // by work ordered before the batch's event, recorded on `stream`; the memory is
+        // freed in order on `stream` (a packed batch's on the stream it was allocated on,
+        // an imported array of this process's own by its producer, both `stream`), so
+        // after every use enqueued there.
+        return unsafe { BorrowedSlice::in_stream_order(stream, address, len) };
+    }
     let after_use: AfterUse<'a> = match &batch.storage {
         Storage::Packed { memory, .. } => {
             match memory.as_any().downcast_ref::<TransferMemory>() {
@@ -213,7 +240,37 @@ impl DeviceBatch {
         schema: SchemaRef,
         columns: Vec<CudaArray>,
     ) -> Result<DeviceBatch> {
-        let array = CudaArray::export_struct(schema.fields().clone(), columns)?;
-        Ok(DeviceBatch::import(device, array, schema)?)
+        // The device's stream, when every column is written and freed in order there.
+        let in_order = device.stream_handles().filter(|&key| {
+            !columns.is_empty()
+                && columns.iter().all(|c| {
+                    let stream = c.stream();
+                    c.is_in_order_on(stream)
+                        && (
+                            stream.context().cu_ctx() as usize,
+                            stream.cu_stream() as usize,
+                        ) == key
+                })
+        });
+        let Some(key) = in_order else {
+            let array = CudaArray::export_struct(schema.fields().clone(), columns)?;
+            return Ok(DeviceBatch::import(device, array, schema)?);
+        };
+        // Every column is written, and freed, in order on the device's own stream, where
+        // the import below (and the batch's every copy) enqueues its work: no sync event.
+        // SAFETY: the batch imported here uses the buffers on the device's stream only
+        // (its copies; views of other streams wait for the batch's event, recorded on it,
+        // and are waited for before the release), and the columns are in order on it.
+        let array =
+            unsafe { CudaArray::export_struct_in_stream_order(schema.fields().clone(), columns) }?;
+        let (mut foreign, event) = Foreign::import(&device, array, &schema)?;
+        foreign.in_order_on = Some(key);
+        Ok(DeviceBatch {
+            schema,
+            num_rows: foreign.num_rows(),
+            storage: Storage::Foreign(Arc::new(foreign)),
+            event,
+            device,
+        })
     }
 }

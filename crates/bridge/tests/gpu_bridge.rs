@@ -2163,6 +2163,102 @@ mod cuda_interop {
         assert_eq!(stream.clone_dtoh(&*f).unwrap(), floats);
     }
 
+    /// Columns written on the device's own stream make a batch without a sync event:
+    /// after a warm-up, making the batch, viewing a column on that stream, downloading
+    /// it and dropping it all create, wait for and synchronize no event (counted on the
+    /// emulated driver; a real one checks the results only). A column of another stream
+    /// keeps the export's event, and the stream-order export refuses to mix streams.
+    #[test]
+    fn columns_on_the_devices_own_stream_make_a_batch_without_events() {
+        use devarrow_testing::gpu::ImplicitSyncs;
+        let (_lock, device) = gpu_or_skip!();
+        let stream = device.stream().clone();
+        let values: Vec<i64> = (0..1000).map(|i| i * 7 - 3000).collect();
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let column = |stream: &Arc<CudaStream>| {
+            CudaArray::from_values(DataType::Int64, stream.clone_htod(&values).unwrap()).unwrap()
+        };
+        let expected = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(values.clone()))],
+        )
+        .unwrap();
+        let dyn_device: Arc<dyn Device> = device.clone();
+        let mut transfer = transfer(&device);
+        // Makes a batch of a column of `stream`, copies the column through a view on
+        // `stream` and drops both, counting the driver calls (on the emulated driver);
+        // then downloads a batch made the same way.
+        let mut round = |stream: &Arc<CudaStream>| {
+            let written = column(stream);
+            let mut copy = stream.alloc_zeros::<i64>(values.len()).unwrap();
+            let before = ImplicitSyncs::every_call();
+            let on_device =
+                DeviceBatch::from_cuda_arrays(dyn_device.clone(), schema.clone(), vec![written])
+                    .unwrap();
+            let view = on_device
+                .column(0)
+                .unwrap()
+                .cuda_values::<i64>(stream)
+                .unwrap();
+            stream.memcpy_dtod(&*view, &mut copy).unwrap();
+            drop(view);
+            drop(on_device);
+            let counted = before.and_then(|b| ImplicitSyncs::every_call().map(|a| a.since(&b)));
+            assert_eq!(stream.clone_dtoh(&copy).unwrap(), values);
+            let on_device = DeviceBatch::from_cuda_arrays(
+                dyn_device.clone(),
+                schema.clone(),
+                vec![column(stream)],
+            )
+            .unwrap();
+            assert_eq!(transfer.to_host(&on_device).unwrap(), expected);
+            counted
+        };
+        round(&stream); // fills the device's pool of events
+        if let Some(calls) = round(&stream) {
+            for call in [
+                "cuEventCreate",
+                "cuStreamWaitEvent",
+                "cuEventSynchronize",
+                "cuStreamSynchronize",
+            ] {
+                let n = calls.calls.get(call).copied().unwrap_or(0);
+                assert_eq!(n, 0, "{call} on the device's own stream: {calls}");
+            }
+        }
+
+        // A column of another stream: the batch orders the device's stream after it.
+        let (_ctx, other) = callers_stream();
+        if let Some(calls) = round(&other) {
+            let waits = calls.calls.get("cuStreamWaitEvent").copied().unwrap_or(0);
+            assert!(
+                waits >= 1,
+                "a column of another stream, and no stream waited: {calls}"
+            );
+        }
+        let fields: arrow_schema::Fields = vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Int64, false),
+        ]
+        .into();
+        // SAFETY: refused before anything is exported.
+        let err = unsafe {
+            CudaArray::export_struct_in_stream_order(
+                fields.clone(),
+                vec![column(&stream), column(&other)],
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+        // SAFETY: both columns on `stream`; released unread.
+        let exported = unsafe {
+            CudaArray::export_struct_in_stream_order(fields, vec![column(&stream), column(&stream)])
+        }
+        .unwrap();
+        assert!(exported.sync_event().is_null());
+        assert_eq!(exported.array().length, 1000);
+    }
+
     /// Booleans and string views built from cudarc slices (a kernel's output) download
     /// as the arrays they describe; the views' variadic sizes travel on the device.
     #[test]

@@ -64,6 +64,9 @@ pub type AfterUse<'a> = Box<dyn FnOnce(CudaSyncEvent) -> Result<()> + Send + 'a>
 ///   release, the drop blocks the host until the stream's work is done instead.
 /// - Before the first use, the stream waits (on the GPU) for the event that marks the
 ///   memory as written (`ready`).
+/// - Memory its owner writes and frees in order on the view's own stream
+///   ([`BorrowedSlice::in_stream_order`]) needs neither event: stream order puts the
+///   view's uses after the writes and the free after the uses.
 ///
 /// # Example
 ///
@@ -115,8 +118,17 @@ pub struct BorrowedSlice<'a, T> {
     slice: ManuallyDrop<CudaSlice<T>>,
     /// The slice's address (cudarc gives it only through calls that record events).
     ptr: u64,
-    after_use: Mutex<Option<AfterUse<'a>>>,
+    /// How the owner's release is ordered after the view's uses (taken in `Drop`).
+    release: Mutex<Option<Release<'a>>>,
     _borrow: PhantomData<&'a [T]>,
+}
+
+/// How the release of a view's memory is ordered after its uses.
+enum Release<'a> {
+    /// By the owner's callback, given an event recorded after the uses.
+    AfterUse(AfterUse<'a>),
+    /// By stream order: the owner frees the memory in order on the view's own stream.
+    InStreamOrder,
 }
 
 impl<T> std::fmt::Debug for BorrowedSlice<'_, T> {
@@ -150,6 +162,36 @@ impl<'a, T: DeviceNative> BorrowedSlice<'a, T> {
         len: usize,
         ready: Option<sys::CUevent>,
         after_use: AfterUse<'a>,
+    ) -> Result<Self> {
+        // SAFETY: the caller's guarantees, as `view` requires them for `AfterUse`.
+        unsafe { Self::view(stream, ptr, len, ready, Release::AfterUse(after_use)) }
+    }
+
+    /// Views the `len` elements at device address `ptr` as a slice of `stream`, memory
+    /// that its owner wrote, and frees, in order on `stream` itself: no event is waited
+    /// for, and none recorded when the view drops (stream order puts the owner's free
+    /// after every use enqueued on `stream`). As [`BorrowedSlice::new`] otherwise.
+    ///
+    /// # Safety
+    /// - `ptr` as for [`BorrowedSlice::new`];
+    /// - the work that wrote the memory is enqueued on `stream` before this call (or
+    ///   ordered before it), and the memory stays allocated and unwritten for `'a`, and
+    ///   after that until it is freed in order on `stream` (after every use the caller
+    ///   enqueued there; uses on other streams the caller orders before the view drops).
+    pub unsafe fn in_stream_order(stream: &Arc<CudaStream>, ptr: u64, len: usize) -> Result<Self> {
+        // SAFETY: the caller's guarantees; no `ready` event.
+        unsafe { Self::view(stream, ptr, len, None, Release::InStreamOrder) }
+    }
+
+    /// # Safety
+    /// As [`BorrowedSlice::new`] for [`Release::AfterUse`], as
+    /// [`BorrowedSlice::in_stream_order`] for [`Release::InStreamOrder`].
+    unsafe fn view(
+        stream: &Arc<CudaStream>,
+        ptr: u64,
+        len: usize,
+        ready: Option<sys::CUevent>,
+        release: Release<'a>,
     ) -> Result<Self> {
         context::check_keepable(stream, "a view of device memory")?;
         let element = size_of::<T>();
@@ -195,7 +237,7 @@ impl<'a, T: DeviceNative> BorrowedSlice<'a, T> {
         Ok(Self {
             slice: ManuallyDrop::new(slice),
             ptr,
-            after_use: Mutex::new(Some(after_use)),
+            release: Mutex::new(Some(release)),
             _borrow: PhantomData,
         })
     }
@@ -272,13 +314,17 @@ impl<T> Drop for BorrowedSlice<'_, T> {
         // Frees nothing. Where cudarc tracks events, `stream` first waits for the uses
         // cudarc recorded on other streams.
         let _address = slice.leak();
-        let after_use = self
-            .after_use
+        let release = self
+            .release
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let ordered = match after_use {
-            Some(after_use) => CudaSyncEvent::record(&stream).and_then(after_use),
+        let ordered = match release {
+            Some(Release::AfterUse(after_use)) => {
+                CudaSyncEvent::record(&stream).and_then(after_use)
+            }
+            // The owner frees the memory in order on `stream`, after the uses.
+            Some(Release::InStreamOrder) => Ok(()),
             None => Err(CudaError::InvalidArgument("no release order".into())),
         };
         if ordered.is_err() {

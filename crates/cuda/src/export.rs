@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_data::ffi::FFI_ArrowArray;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use devarrow_abi::{ArrowArray, ArrowDeviceArray, ArrowDeviceType, DeviceArray};
 
 use crate::context::{ContextGuard, DropInContext};
@@ -18,10 +18,13 @@ use crate::error::{CudaError, DriverResultExt, Result};
 struct ExportPrivate {
     /// arrow-rs's `FFI_ArrowArray` of the data (moved in; released in `drop`).
     inner: ArrowArray,
-    /// The `CUevent` handle; `sync_event` points here.
+    /// The `CUevent` handle; `sync_event` points here (unless exported without one).
     event_handle: sys::CUevent,
-    /// Destroys the event when dropped (binding its context).
-    _event: DropInContext<CudaEvent>,
+    /// Destroys the event when dropped (binding its context); `None` for an export
+    /// without a sync event.
+    _event: Option<DropInContext<CudaEvent>>,
+    /// The context of the buffers (bound while they drop).
+    context: Arc<CudaContext>,
 }
 
 impl Drop for ExportPrivate {
@@ -58,7 +61,7 @@ unsafe extern "C" fn release_exported(array: *mut ArrowArray) {
             // The consumer may release on any thread, one busy with another device or
             // context: bind the event's context for the drops (each buffer binds its own
             // too), then make the caller's current context current again.
-            let _bound = ContextGuard::enter(private._event.context());
+            let _bound = ContextGuard::enter(&private.context);
             drop(private);
         }
     }));
@@ -138,7 +141,36 @@ pub(crate) unsafe fn export_with_device_view_sizes(
     device_type: ArrowDeviceType,
     stream: &Arc<CudaStream>,
 ) -> Result<DeviceArray> {
-    export(data, device_type, stream, true)
+    export(data, device_type, stream, true, SyncEventKind::Recorded)
+}
+
+/// [`export_with_device_view_sizes`] with a NULL `sync_event`: the data is ready, in
+/// stream order, on `stream`.
+///
+/// # Safety
+/// As [`export_with_device_view_sizes`]; and the consumer enqueues its work on the
+/// buffers only on `stream`, after this call (stream order then puts it after the work
+/// that wrote them), and the buffers are freed in order on `stream` only.
+pub(crate) unsafe fn export_in_stream_order(
+    data: ArrayData,
+    stream: &Arc<CudaStream>,
+) -> Result<DeviceArray> {
+    export(
+        data,
+        ArrowDeviceType::CUDA,
+        stream,
+        true,
+        SyncEventKind::InStreamOrder,
+    )
+}
+
+/// What an export's `sync_event` is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SyncEventKind {
+    /// An event recorded on the stream at export.
+    Recorded,
+    /// NULL: the consumer works in order on the export's own stream.
+    InStreamOrder,
 }
 
 /// Exports `data`, whose buffers live in CUDA memory of `device_type`
@@ -173,7 +205,7 @@ pub fn export_array_data(
     device_type: ArrowDeviceType,
     stream: &Arc<CudaStream>,
 ) -> Result<DeviceArray> {
-    export(data, device_type, stream, false)
+    export(data, device_type, stream, false, SyncEventKind::Recorded)
 }
 
 fn export(
@@ -181,6 +213,7 @@ fn export(
     device_type: ArrowDeviceType,
     stream: &Arc<CudaStream>,
     device_view_sizes: bool,
+    sync: SyncEventKind,
 ) -> Result<DeviceArray> {
     if !device_type.is_cuda() {
         return Err(CudaError::UnsupportedDeviceType {
@@ -190,12 +223,18 @@ fn export(
     }
     check_exportable(&data, "array", device_view_sizes)?;
     let ctx = stream.context();
-    // An event for ordering only (the consumer waits on it): timing off, as NVIDIA
-    // advises for events used with cuStreamWaitEvent and cuEventQuery.
-    let event = ctx
-        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-        .call("cuEventCreate")?;
-    event.record(stream).call("cuEventRecord")?;
+    let event = match sync {
+        SyncEventKind::Recorded => {
+            // An event for ordering only (the consumer waits on it): timing off, as
+            // NVIDIA advises for events used with cuStreamWaitEvent and cuEventQuery.
+            let event = ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .call("cuEventCreate")?;
+            event.record(stream).call("cuEventRecord")?;
+            Some(event)
+        }
+        SyncEventKind::InStreamOrder => None,
+    };
     let mut inner = ArrowArray::from_ffi(FFI_ArrowArray::new(&data));
     if device_view_sizes {
         // SAFETY: `inner` is arrow-rs's export of `data`, owned here alone.
@@ -203,9 +242,12 @@ fn export(
     }
     drop(data);
     let private = Box::into_raw(Box::new(ExportPrivate {
-        event_handle: event.cu_event(),
+        event_handle: event
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |e| e.cu_event()),
         inner,
-        _event: DropInContext::new(event),
+        _event: event.map(DropInContext::new),
+        context: ctx.clone(),
     }));
     // SAFETY: `private` is a live, uniquely owned Box; we only read plain fields of the
     // inner struct and take the address of `event_handle`, which is stable until the
@@ -225,7 +267,12 @@ fn export(
                 release: Some(release_exported),
                 private_data: private.cast::<c_void>(),
             },
-            (&mut p.event_handle as *mut sys::CUevent).cast::<c_void>(),
+            match sync {
+                SyncEventKind::Recorded => {
+                    (&mut p.event_handle as *mut sys::CUevent).cast::<c_void>()
+                }
+                SyncEventKind::InStreamOrder => std::ptr::null_mut(),
+            },
         )
     };
     let raw = ArrowDeviceArray {
@@ -240,7 +287,8 @@ fn export(
     // (device memory gets into an `ArrayData` only through the unsafe `into_arrow_buffer`).
     // SAFETY: `root` is arrow-rs's export of `data` (well-formed, buffers sized for its
     // structs) with our release, callable once from any thread; `sync_event` points to
-    // the event just recorded, alive in `private` until release.
+    // the event just recorded, alive in `private` until release, or is NULL (the
+    // caller's promise of work in stream order).
     Ok(unsafe { DeviceArray::try_new(raw) }?)
 }
 

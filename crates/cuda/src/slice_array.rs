@@ -12,7 +12,7 @@ use devarrow_abi::{ArrowDeviceType, DeviceArray};
 
 use crate::context::{self, DropInContext, InContext};
 use crate::error::{CudaError, DriverResultExt, Result};
-use crate::export::export_with_device_view_sizes;
+use crate::export::{export_in_stream_order, export_with_device_view_sizes};
 use crate::kernels;
 use crate::memory::{stream_waits_for, CudaMemory};
 use crate::native::DeviceNative;
@@ -150,6 +150,9 @@ pub struct CudaArray {
     /// Buffers in device memory, owning the slices: never read on the host.
     data: ArrayData,
     stream: Arc<CudaStream>,
+    /// Whether every slice of the array belongs to `stream` (so is written, and freed,
+    /// in order there).
+    one_stream: bool,
 }
 
 impl std::fmt::Debug for CudaArray {
@@ -205,6 +208,7 @@ impl CudaArray {
         let stream = values.stream().clone();
         context::check_keepable(&stream, "CudaArray")?;
         let len = values.len();
+        let one_stream = on_stream(&stream, validity.as_ref().map(|v| &v.0));
         let values_ptr = address_for_reads(&values, &stream);
         let nulls = nulls(&stream, len, validity)?;
         // SAFETY: the buffer is only exported (address and length), never read.
@@ -219,7 +223,11 @@ impl CudaArray {
                 .add_buffer(values)
                 .build_unchecked()
         };
-        Ok(Self { data, stream })
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
     }
 
     /// A `Boolean` array of `len` rows whose values are the first `len` bits of `bits`
@@ -240,6 +248,7 @@ impl CudaArray {
                 needed: len.div_ceil(8),
             });
         }
+        let one_stream = on_stream(&stream, validity.as_ref().map(|v| &v.0));
         let bits_ptr = address_for_reads(&bits, &stream);
         let nulls = nulls(&stream, len, validity)?;
         // SAFETY: the buffer is only exported (address and length), never read.
@@ -254,7 +263,11 @@ impl CudaArray {
                 .add_buffer(bits)
                 .build_unchecked()
         };
-        Ok(Self { data, stream })
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
     }
 
     /// A `Utf8View` or `BinaryView` array (else [`CudaError::TypeMismatch`]) of one row
@@ -288,6 +301,8 @@ impl CudaArray {
         context::check_keepable(&stream, "CudaArray")?;
         let ctx = stream.context().clone();
         let len = views.len();
+        let one_stream = on_stream(&stream, validity.as_ref().map(|v| &v.0))
+            && data.iter().all(|d| on_stream(&stream, Some(d)));
         let views_ptr = address_for_reads(&views, &stream);
         let nulls = nulls(&stream, len, validity)?;
         let mut buffers = Vec::with_capacity(data.len() + 2);
@@ -338,7 +353,11 @@ impl CudaArray {
                 .buffers(buffers)
                 .build_unchecked()
         };
-        Ok(Self { data, stream })
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
     }
 
     /// A `Utf8` or `Binary` array of `i32` offsets, or a `LargeUtf8` or `LargeBinary`
@@ -379,6 +398,8 @@ impl CudaArray {
         context::check_keepable(&stream, "CudaArray")?;
         same_context(stream.context(), data.context())?;
         stream_waits_for(&stream, data.stream())?;
+        let one_stream =
+            on_stream(&stream, Some(&data)) && on_stream(&stream, validity.as_ref().map(|v| &v.0));
         let offsets_ptr = address_for_reads(&offsets, &stream);
         let data_ptr = address_for_reads(&data, &stream);
         let nulls = nulls(&stream, len, validity)?;
@@ -400,7 +421,11 @@ impl CudaArray {
                 .add_buffer(data)
                 .build_unchecked()
         };
-        Ok(Self { data, stream })
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
     }
 
     /// The data type.
@@ -449,6 +474,54 @@ impl CudaArray {
     /// after waiting (on the GPU) for the work queued so far on the other columns'
     /// streams.
     pub fn export_struct(fields: Fields, columns: Vec<CudaArray>) -> Result<DeviceArray> {
+        let (data, stream) = Self::struct_data(fields, columns)?;
+        // SAFETY: the only view arrays of a `CudaArray` are `from_views`', whose last
+        // buffer is their variadic sizes on the device.
+        unsafe { export_with_device_view_sizes(data, ArrowDeviceType::CUDA, &stream) }
+    }
+
+    /// Whether every slice of the array belongs to `stream`: written there (as the
+    /// array's slices must be, see [`CudaArray::export`]) and freed in order there when
+    /// the array, or its export, is released.
+    pub fn is_in_order_on(&self, stream: &CudaStream) -> bool {
+        self.one_stream && self.stream.cu_stream() == stream.cu_stream()
+    }
+
+    /// [`CudaArray::export_struct`] with a NULL `sync_event`, for a consumer that works
+    /// in order on the columns' one stream: no event is created, recorded, waited for
+    /// or destroyed. Every column must be [in order](CudaArray::is_in_order_on) on the
+    /// first column's stream, else [`CudaError::InvalidArgument`] (and the columns are
+    /// freed).
+    ///
+    /// # Safety
+    /// The consumer enqueues its device work on the buffers only on that stream, after
+    /// this call (stream order puts it after the writes, and the frees at release after
+    /// it), or orders it after work it enqueues there (an event it records there itself).
+    pub unsafe fn export_struct_in_stream_order(
+        fields: Fields,
+        columns: Vec<CudaArray>,
+    ) -> Result<DeviceArray> {
+        if let Some(first) = columns.first() {
+            if let Some(other) = columns.iter().find(|c| !c.is_in_order_on(&first.stream)) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "a {} column with memory of another stream than the first column's \
+                     (export it with its sync event instead)",
+                    other.data_type()
+                )));
+            }
+        }
+        let (data, stream) = Self::struct_data(fields, columns)?;
+        // SAFETY: as in `export_struct`; every buffer belongs to `stream` (checked above),
+        // the only stream the consumer uses (the caller's promise).
+        unsafe { export_in_stream_order(data, &stream) }
+    }
+
+    /// The struct array of `columns`, and the first column's stream (which waited for
+    /// the others').
+    fn struct_data(
+        fields: Fields,
+        columns: Vec<CudaArray>,
+    ) -> Result<(ArrayData, Arc<CudaStream>)> {
         let Some(first) = columns.first() else {
             return Err(CudaError::InvalidArgument(
                 "a struct array of no column (at least one is needed)".into(),
@@ -504,10 +577,13 @@ impl CudaArray {
                 .child_data(children)
                 .build_unchecked()
         };
-        // SAFETY: the only view arrays of a `CudaArray` are `from_views`', whose last
-        // buffer is their variadic sizes on the device.
-        unsafe { export_with_device_view_sizes(data, ArrowDeviceType::CUDA, &stream) }
+        Ok((data, stream))
     }
+}
+
+/// Whether `slice`, if any, belongs to `stream`.
+fn on_stream<T>(stream: &CudaStream, slice: Option<&CudaSlice<T>>) -> bool {
+    slice.is_none_or(|s| s.stream().cu_stream() == stream.cu_stream())
 }
 
 /// The validity bitmap of an array of `len` rows on `stream`, as arrow-rs holds it: at

@@ -293,6 +293,14 @@ pub unsafe trait Device: Send + Sync + fmt::Debug {
     unsafe fn wait_sync_event(&self, sync_event: *mut c_void) -> Result<()>;
     /// Blocks the host until all work enqueued on this device's stream has completed.
     fn synchronize(&self) -> Result<()>;
+    /// The handles `(context, stream)` of the one stream where this device enqueues its
+    /// copies and records its events, for devices with such a stream (CUDA), `None` (the
+    /// default) otherwise. Two devices that return the same `Some` share that stream, so
+    /// work they enqueue is ordered by stream order alone: the bridge then skips events
+    /// between them. Part of the trait's safety contract: a `Some` must be true.
+    fn stream_handles(&self) -> Option<(usize, usize)> {
+        None
+    }
 
     // ---- Pinned host memory: what the device can DMA directly (issue #4) ----
 

@@ -123,6 +123,7 @@ impl Foreign {
             device: device.clone(),
             last_use: Mutex::new(None),
             view_uses: Mutex::new(Vec::new()),
+            in_order_on: None,
         };
         Ok((foreign, event))
     }
@@ -164,6 +165,11 @@ pub(crate) struct Foreign {
     /// The events after the work callers enqueued with views of the buffers (see
     /// `crate::column`), the last one per stream: waited for before the release too.
     view_uses: Mutex<Vec<ViewUse>>,
+    /// `(context, stream)` handles of the device's stream when the producer wrote the
+    /// buffers and frees them in order on that stream (an array of this process's own,
+    /// `DeviceBatch::from_cuda_arrays`): work enqueued there (packs, views) needs no
+    /// event, nor host wait, before the release.
+    pub(crate) in_order_on: Option<(usize, usize)>,
 }
 
 /// The last use of a [`Foreign`] array's buffers through views on one stream of the
@@ -932,8 +938,11 @@ impl Foreign {
                 len,
             })
             .collect();
+        // Where the producer frees the buffers in order on `device`'s own stream, the
+        // copies below, enqueued there, come before the release without a wait.
+        let in_order = self.in_order_on.is_some() && self.in_order_on == device.stream_handles();
         let mut last_use = self.last_use.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(previous) = last_use.as_ref() {
+        if let Some(previous) = last_use.as_ref().filter(|_| !in_order) {
             // Kept on error, so that `Drop` still waits for (or synchronizes) that work.
             previous.wait()?;
         }
@@ -958,10 +967,12 @@ impl Foreign {
                 return Err(e);
             }
         };
-        *last_use = Some(LastUse {
-            event: event.clone(),
-            device: device.clone(),
-        });
+        if !in_order {
+            *last_use = Some(LastUse {
+                event: event.clone(),
+                device: device.clone(),
+            });
+        }
         Ok(PackedCopy {
             root: self.packed.clone(),
             memory,

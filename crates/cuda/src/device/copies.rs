@@ -402,6 +402,13 @@ unsafe impl Device for CudaDevice {
         Ok(())
     }
 
+    fn stream_handles(&self) -> Option<(usize, usize)> {
+        Some((
+            self.stream.context().cu_ctx() as usize,
+            self.stream.cu_stream() as usize,
+        ))
+    }
+
     /// [`CudaDeviceOptions::register_pageable`], unless the driver said registering is
     /// not supported here.
     ///
