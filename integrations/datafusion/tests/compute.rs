@@ -1509,9 +1509,11 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "trim(s)",
         "ltrim(c)",
         "rtrim(c)",
-        // Case of ASCII values (long ones in several blocks, nulls), of each type.
+        // Case of ASCII values (long ones in several blocks, nulls), of each type; each
+        // word's first letter (`initcap`: rows written anew).
         "upper(c)",
         "lower(c)",
+        "initcap(c)",
         // Lengths as values (Int32, or Int64 over LargeUtf8).
         "character_length(s)",
         "char_length(c) * 2",
@@ -2274,7 +2276,7 @@ async fn string_functions_are_datafusions() {
 
 /// `ILIKE` against DataFusion: ASCII values of both cases (and `_`, `%`, digits), inline
 /// and long, some null, random patterns of both cases with `%`, `_` and escapes, each as
-/// `ILIKE` and `NOT ILIKE`; `upper` and `lower` of the values. A batch with a value that
+/// `ILIKE` and `NOT ILIKE`; `upper`, `lower` and `initcap` of the values. A batch with a value that
 /// is not ASCII is the host's (`ComputeError::HostOnly`: Unicode folds `K` with the
 /// Kelvin sign), and a query whose filter meets one computes that batch on the host,
 /// with DataFusion's rows.
@@ -2300,7 +2302,9 @@ pub async fn check_ilike(device: &ExecDevice) {
         assert_evaluates_as_datafusion(&ctx, "ci", &text, &[(9, 150)], device).await;
     }
 
-    for text in ["upper(s)", "lower(s)"] {
+    // `initcap`: a letter after a letter or digit (`7`) in lower case, after `_` or `%`
+    // in upper case.
+    for text in ["upper(s)", "lower(s)", "initcap(s)"] {
         assert_evaluates_as_datafusion(&ctx, "ci", text, &[(9, 150)], device).await;
     }
 
@@ -2315,7 +2319,7 @@ pub async fn check_ilike(device: &ExecDevice) {
         ])) as ArrayRef,
     )])
     .unwrap();
-    for text in ["(s ILIKE 'kelvin')", "lower(s)"] {
+    for text in ["(s ILIKE 'kelvin')", "lower(s)", "initcap(s)"] {
         let (e, schema, _) = projection_of(&ctx, "ci", text).await;
         let compiled = DeviceExpr::compile(&e, &schema).unwrap();
         let failed = compiled

@@ -594,7 +594,11 @@ fn a_regions_operators_neither_zero_their_lanes_nor_wait_on_events() {
             count("cuEventCreate")
         );
         for call in ["cuStreamWaitEvent", "cuEventSynchronize"] {
-            assert_eq!(count(call), 0, "{call} between a region's operators: {calls}");
+            assert_eq!(
+                count(call),
+                0,
+                "{call} between a region's operators: {calls}"
+            );
         }
     }
     drop((plan, ctx, tables, pool));

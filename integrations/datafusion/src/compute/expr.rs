@@ -268,6 +268,42 @@ pub(crate) enum OnFail {
     Null,
 }
 
+/// What [`Node::AsciiCase`] makes of each ASCII letter of a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Case {
+    /// `upper`: every letter in upper case.
+    Upper,
+    /// `lower`: every letter in lower case.
+    Lower,
+    /// `initcap`, as DataFusion's: a letter right after an ASCII letter or digit of the
+    /// value in lower case, any other (the value's first included) in upper case.
+    Initcap,
+}
+
+impl Case {
+    /// The case of `value` (ASCII bytes; other bytes are kept).
+    pub(crate) fn apply(self, value: &[u8]) -> Vec<u8> {
+        match self {
+            Case::Upper => value.to_ascii_uppercase(),
+            Case::Lower => value.to_ascii_lowercase(),
+            Case::Initcap => {
+                let mut after_alphanumeric = false;
+                value
+                    .iter()
+                    .map(|&b| {
+                        let cased = match after_alphanumeric {
+                            true => b.to_ascii_lowercase(),
+                            false => b.to_ascii_uppercase(),
+                        };
+                        after_alphanumeric = b.is_ascii_alphanumeric();
+                        cased
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// A node of a device expression. Every node's values are i64 lanes.
 #[derive(Debug, Clone)]
 pub(crate) enum Node {
@@ -349,14 +385,15 @@ pub(crate) enum Node {
         left: bool,
         right: bool,
     },
-    /// `upper(col)` (`upper`) or `lower(col)` of a string column of ASCII values (one that
-    /// is not is [`ComputeError::HostOnly`](super::ComputeError::HostOnly): Unicode's case
-    /// mapping is the host's): a string value of the column's type, so only the root of
-    /// a projection's expression ([`string_node`]), never lanes.
+    /// `upper(col)`, `lower(col)` or `initcap(col)` ([`Case`]) of a string column of
+    /// ASCII values (one that is not is
+    /// [`ComputeError::HostOnly`](super::ComputeError::HostOnly): Unicode's case mapping
+    /// is the host's): a string value of the column's type, so only the root of a
+    /// projection's expression ([`string_node`]), never lanes.
     AsciiCase {
         index: usize,
         name: String,
-        upper: bool,
+        case: Case,
     },
     /// `concat(...)`, `a || b || ...` or `concat_ws(sep, ...)` of string columns and
     /// literals ([`Joined`]'s rule), a new string column of the expression's type
@@ -920,8 +957,9 @@ fn string_in_list(
     Ok(string_equals(subject, literals, negated))
 }
 
-/// A projection's string value the device computes: [`substr_node`]'s, or `upper(col)`
-/// / `lower(col)` of a string column ([`Node::AsciiCase`]). With its type: the column's.
+/// A projection's string value the device computes: [`substr_node`]'s, or `upper(col)`,
+/// `lower(col)` or `initcap(col)` of a string column ([`Node::AsciiCase`]). With its
+/// type: the column's.
 pub(crate) fn string_node(
     expr: &Arc<dyn PhysicalExpr>,
     input: &Schema,
@@ -979,10 +1017,14 @@ pub(crate) fn string_node(
     };
     let (index, name) = view_column(column, input)?;
     let node = match function.name() {
-        "upper" | "lower" => Node::AsciiCase {
+        "upper" | "lower" | "initcap" => Node::AsciiCase {
             index,
             name,
-            upper: function.name() == "upper",
+            case: match function.name() {
+                "upper" => Case::Upper,
+                "lower" => Case::Lower,
+                _ => Case::Initcap,
+            },
         },
         "btrim" | "trim" | "ltrim" | "rtrim" => Node::Trim {
             index,

@@ -927,7 +927,7 @@ pub(crate) fn padded(
 pub(crate) fn ascii_cased(
     column: &FrameColumn,
     name: &str,
-    upper: bool,
+    case: super::expr::Case,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
     use arrow_array::{LargeStringArray, StringArray, StringViewArray};
@@ -945,10 +945,7 @@ pub(crate) fn ascii_cased(
             ))
             .into());
         }
-        let cased = match upper {
-            true => value.to_ascii_uppercase(),
-            false => value.to_ascii_lowercase(),
-        };
+        let cased = case.apply(value);
         out.push(Some(String::from_utf8(cased).map_err(|e| {
             ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
         })?));

@@ -267,9 +267,9 @@ impl DeviceExpr {
             (_, Some((bounds, index, name))) => {
                 host::slices(host::frame_column(frame, index, name)?, name, bounds)?
             }
-            (expr::Node::AsciiCase { index, name, upper }, None) => {
+            (expr::Node::AsciiCase { index, name, case }, None) => {
                 let column = host::frame_column(frame, *index, name)?;
-                host::ascii_cased(column, name, *upper, &self.text)?
+                host::ascii_cased(column, name, *case, &self.text)?
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
                 host::concat(frame, parts, *joined, out, &self.text)?

@@ -70,6 +70,7 @@ struct Kernels {
     view_length: CudaFunction,
     view_case: CudaFunction,
     ascii_case: CudaFunction,
+    initcap_views: CudaFunction,
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
     replace_views: CudaFunction,
@@ -138,6 +139,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_length: f("view_length")?,
         view_case: f("view_case")?,
         ascii_case: f("ascii_case")?,
+        initcap_views: f("initcap_views")?,
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
@@ -938,9 +940,9 @@ pub(crate) fn evaluate(
             let column = frame_column(frame, index, name)?;
             Some(substr_column(&cx, cuda, column, name, bounds, e)?)
         }
-        (Node::AsciiCase { index, name, upper }, None) => {
+        (Node::AsciiCase { index, name, case }, None) => {
             let column = frame_column(frame, *index, name)?;
-            Some(case_column(&cx, column, name, *upper, e)?)
+            Some(case_column(&cx, cuda, column, name, *case, e)?)
         }
         (Node::Concat { parts, joined, out }, None) => {
             Some(concat_column(&cx, cuda, frame, parts, *joined, out, e)?)
@@ -1111,8 +1113,8 @@ fn overflow_of(word: u32, what: &str) -> Result<(), BoxError> {
     }
     if word & 8 != 0 {
         return Err(ComputeError::HostOnly(format!(
-            "`{what}` met a value (non-ASCII text under ILIKE, upper or lower; NaN or -0.0 \
-             in a float min or max) whose answer is the host's"
+            "`{what}` met a value (non-ASCII text under ILIKE, upper, lower or initcap; NaN or \
+             -0.0 in a float min or max) whose answer is the host's"
         ))
         .into());
     }

@@ -9,7 +9,7 @@ use devarrow::cuda::cudarc::driver::{CudaFunction, CudaSlice};
 use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::{addr, offset_array, packed_validity, variadic_copies, view_args, Cx, A};
-use crate::compute::expr::{ConcatPart, Joined};
+use crate::compute::expr::{Case, ConcatPart, Joined};
 use crate::compute::host::frame_column;
 use crate::compute::ComputeError;
 use crate::error::BoxError;
@@ -113,7 +113,7 @@ pub(super) fn substr_column(
     array
 }
 
-/// `upper` (or lower) case of a string column of ASCII values, a column of its own type
+/// `upper`, `lower` or `initcap` of a string column of ASCII values, a column of its own type
 /// (`view_case` flags a value that is not ASCII, 8 in the error word: the host's).
 ///
 /// - `Utf8View`: `view_case` writes each row's view (inline bytes converted, a long
@@ -123,13 +123,29 @@ pub(super) fn substr_column(
 /// - `Utf8` and `LargeUtf8`: `view_case` (over the views made of the offsets) checks the
 ///   values; the offsets from the first row's (its `n + 1`) and the data buffer are
 ///   copied, the data converted in place.
+///
+/// `initcap`: each row's bytes depend on the bytes before them in the row, which a
+/// buffer converted in place cannot give values that share bytes, so each row is
+/// written anew, in two passes of `initcap_views` ([`from_each_value`]; the data at most
+/// the column's, [`value_bytes`]).
 pub(super) fn case_column(
     cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
     column: &FrameColumn,
     name: &str,
-    upper: bool,
+    case: Case,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
+    let upper = match case {
+        Case::Upper => true,
+        Case::Lower => false,
+        Case::Initcap => {
+            let out = column.column().data_type().clone();
+            let cap = value_bytes(column);
+            let kernel = (&cx.k.initcap_views, &[][..]);
+            return from_each_value(cx, cuda, (column, name), kernel, (&out, cap), err);
+        }
+    };
     let s = cx.stream;
     let n = column.len();
     let c = column.column();
