@@ -2191,7 +2191,8 @@ mod cuda_interop {
         let mut round = |stream: &Arc<CudaStream>| {
             let written = column(stream);
             let mut copy = stream.alloc_zeros::<i64>(values.len()).unwrap();
-            let before = ImplicitSyncs::every_call();
+            // Counted in a quiet process (threads an earlier test left behind count too).
+            let before = ImplicitSyncs::every_call_settled();
             let on_device =
                 DeviceBatch::from_cuda_arrays(dyn_device.clone(), schema.clone(), vec![written])
                     .unwrap();
@@ -2203,7 +2204,8 @@ mod cuda_interop {
             stream.memcpy_dtod(&*view, &mut copy).unwrap();
             drop(view);
             drop(on_device);
-            let counted = before.and_then(|b| ImplicitSyncs::every_call().map(|a| a.since(&b)));
+            let after = ImplicitSyncs::every_call_settled();
+            let counted = before.and_then(|b| after.map(|a| a.since(&b)));
             assert_eq!(stream.clone_dtoh(&copy).unwrap(), values);
             let on_device = DeviceBatch::from_cuda_arrays(
                 dyn_device.clone(),
@@ -2257,6 +2259,71 @@ mod cuda_interop {
         .unwrap();
         assert!(exported.sync_event().is_null());
         assert_eq!(exported.array().length, 1000);
+    }
+
+    /// A dictionary built of cudarc slices (integer keys with nulls, offset-based string
+    /// values) downloads as the dictionary array it describes; keys of another type are
+    /// refused.
+    #[test]
+    fn dictionaries_from_cudarc_slices_download() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::DictionaryArray;
+        let (_lock, device) = gpu_or_skip!();
+        let stream = device.stream().clone();
+        let values = || {
+            let offsets = stream.clone_htod(&[0i32, 3, 3, 36]).unwrap();
+            let data = stream
+                .clone_htod(b"AIRa value of more than twelve bytes")
+                .unwrap();
+            // SAFETY: 4 offsets into the 36 bytes, non-decreasing, UTF-8 values.
+            unsafe { CudaArray::from_offsets(DataType::Utf8, offsets, data, None) }.unwrap()
+        };
+        let keys = CudaArray::with_validity(
+            DataType::Int32,
+            stream.clone_htod(&[2i32, 0, 7, 1, 2]).unwrap(),
+            stream.clone_htod(&[0b11011u8]).unwrap(),
+            Some(1),
+        )
+        .unwrap();
+        // SAFETY: every valid key (2, 0, 1, 2) indexes the 3 values.
+        let dictionary = unsafe { CudaArray::from_dictionary(keys, values()) }.unwrap();
+        let expected: DictionaryArray<Int32Type> = vec![
+            Some("a value of more than twelve bytes"),
+            Some("AIR"),
+            None,
+            Some(""),
+            Some("a value of more than twelve bytes"),
+        ]
+        .into_iter()
+        .collect();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "d",
+            dictionary.data_type().clone(),
+            true,
+        )]));
+        let on_device =
+            DeviceBatch::from_cuda_arrays(device.clone(), schema, vec![dictionary]).unwrap();
+        let back = transfer(&device).to_host(&on_device).unwrap();
+        let back = back
+            .column(0)
+            .as_any()
+            .downcast_ref::<DictionaryArray<Int32Type>>()
+            .unwrap();
+        let strings = |d: &DictionaryArray<Int32Type>| {
+            d.downcast_dict::<arrow_array::StringArray>()
+                .unwrap()
+                .into_iter()
+                .map(|v| v.map(str::to_owned))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strings(back), strings(&expected));
+
+        let floats =
+            CudaArray::from_values(DataType::Float64, stream.clone_htod(&[0.0f64]).unwrap())
+                .unwrap();
+        // SAFETY: refused before anything is read.
+        let err = unsafe { CudaArray::from_dictionary(floats, values()) }.unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
     }
 
     /// Booleans and string views built from cudarc slices (a kernel's output) download

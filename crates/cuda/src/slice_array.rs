@@ -428,6 +428,52 @@ impl CudaArray {
         })
     }
 
+    /// A `Dictionary` array whose keys are `keys` (an array of an integer type, else
+    /// [`CudaError::TypeMismatch`]; its validity is the dictionary's) and whose values
+    /// are `values` (an array of any type of this constructor's), both of one context
+    /// (else [`CudaError::DeviceMismatch`] or [`CudaError::InvalidArgument`]). The
+    /// values' stream work is ordered before the keys' stream, whose exports record the
+    /// event. The arrays are consumed.
+    ///
+    /// # Safety
+    /// Nothing reads the keys here: every valid row's key must be at least 0 and less
+    /// than `values.len()`. A consumer that reads the array on the host (a download)
+    /// trusts them.
+    pub unsafe fn from_dictionary(keys: CudaArray, values: CudaArray) -> Result<Self> {
+        let key_type = keys.data_type().clone();
+        if !key_type.is_dictionary_key_type() {
+            return Err(CudaError::TypeMismatch {
+                data_type: key_type,
+                native: "dictionary keys (an integer type)",
+            });
+        }
+        let stream = keys.stream.clone();
+        same_context(stream.context(), values.stream.context())?;
+        stream_waits_for(&stream, &values.stream)?;
+        let one_stream = keys.one_stream && values.one_stream && values.is_in_order_on(&stream);
+        let data_type =
+            DataType::Dictionary(Box::new(key_type), Box::new(values.data_type().clone()));
+        let keys = keys.data;
+        // SAFETY: the keys' buffers and bitmap (their null count) as the keys array holds
+        // them, at its offset (0: the constructors build arrays at 0), and the values as
+        // the dictionary; the keys' range is the caller's promise; `build_unchecked` reads
+        // no buffer.
+        let data = unsafe {
+            ArrayData::builder(data_type)
+                .len(keys.len())
+                .offset(keys.offset())
+                .nulls(keys.nulls().cloned())
+                .buffers(keys.buffers().to_vec())
+                .child_data(vec![values.data])
+                .build_unchecked()
+        };
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
+    }
+
     /// The data type.
     pub fn data_type(&self) -> &DataType {
         self.data.data_type()

@@ -1209,9 +1209,30 @@ pub async fn check_compact(device: &ExecDevice) {
     let large = cast(&strings, DataType::LargeUtf8);
     let binary = cast(&blobs, DataType::Binary);
     let large_binary = cast(&blobs, DataType::LargeBinary);
+    // Dictionaries: of offset-based strings (null keys), of views (long values), of
+    // integers with a null value, each key type's width.
+    let modes = ["AIR", "a mode of more than twelve bytes", "", "REG AIR"];
+    let dict_utf8: arrow_array::DictionaryArray<arrow_array::types::Int32Type> = (0..n)
+        .map(|i| (i % 6 != 3).then_some(modes[i % 4]))
+        .collect();
+    let dict_view = cast(
+        &dict_utf8,
+        DataType::Dictionary(Box::new(DataType::UInt16), Box::new(DataType::Utf8View)),
+    );
+    let dict_ints = arrow_array::DictionaryArray::new(
+        arrow_array::UInt8Array::from(
+            (0..n)
+                .map(|i| (i % 5 != 1).then_some((i % 3) as u8))
+                .collect::<Vec<_>>(),
+        ),
+        Arc::new(arrow_array::Int64Array::from(vec![Some(5), None, Some(-7)])),
+    );
     let mut columns = fixed.columns().to_vec();
     let mut fields: Vec<_> = fixed.schema().fields().iter().cloned().collect();
     for (name, column) in [
+        ("dict_utf8", Arc::new(dict_utf8) as ArrayRef),
+        ("dict_view", dict_view),
+        ("dict_ints", Arc::new(dict_ints)),
         ("tiny", Arc::new(tiny) as ArrayRef),
         ("huge", Arc::new(huge)),
         ("floats", Arc::new(floats)),
@@ -1286,6 +1307,20 @@ pub async fn check_compact(device: &ExecDevice) {
         .with_selection(selection_column(every_other(n), device))
         .unwrap();
     assert!(compact(&frame, device).unwrap().is_none(), "a list column");
+    let list_dictionary = arrow_array::DictionaryArray::new(
+        Int32Array::from((0..n as i32).map(|i| i % 2).collect::<Vec<_>>()),
+        nested.column(1).slice(0, 2),
+    );
+    let frame = upload(
+        &RecordBatch::try_from_iter([("d", Arc::new(list_dictionary) as ArrayRef)]).unwrap(),
+        device,
+    )
+    .with_selection(selection_column(every_other(n), device))
+    .unwrap();
+    assert!(
+        compact(&frame, device).unwrap().is_none(),
+        "a dictionary of lists"
+    );
     assert!(compact(&upload(&all, device), device).unwrap().is_none());
 }
 

@@ -377,6 +377,25 @@ impl ImplicitSyncs {
         }
     }
 
+    /// [`ImplicitSyncs::every_call`] once the process has stopped calling the driver: no
+    /// call counted for 100 ms (at most 10 s of waiting). The counts are the process's:
+    /// threads a test left behind (a region's workers dropping their batches after its
+    /// stream ended) may still be calling when the next test, holding the GPU lock,
+    /// starts counting.
+    pub fn every_call_settled() -> Option<Self> {
+        let mut last = Self::every_call()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let now = Self::every_call()?;
+            if now.total == last.total {
+                return Some(now);
+            }
+            last = now;
+        }
+        Some(last)
+    }
+
     /// What was counted since `earlier`, taking a snapshot now (`None` on a real driver).
     pub fn counted_since(earlier: &Self) -> Option<Self> {
         Some(Self::snapshot()?.since(earlier))

@@ -485,6 +485,16 @@ pub(crate) fn compactable(data_type: &DataType) -> bool {
         )
 }
 
+/// Whether [`compact`] moves a column of this type on the device: [`compactable`]'s
+/// types, and dictionaries of them (integer keys moved as fixed-width values, the values
+/// copied whole, by the same kernels).
+fn compacted(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(keys, values) => keys.is_dictionary_key_type() && compactable(values),
+        data_type => compactable(data_type),
+    }
+}
+
 /// The rows `frame`'s pending selection keeps, moved to the front on the device, so
 /// that an unload brings back only them (the fewest bytes cross the link), not every row
 /// for the host to filter after the download.
@@ -492,14 +502,15 @@ pub(crate) fn compactable(data_type: &DataType) -> bool {
 /// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
 /// - `Ok(Some(None))`: no row is kept (nothing to bring back);
 /// - `Ok(None)`: not here: no selection, or a column of a type the device does not
-///   compact (nested types, dictionaries: the host filters them after the download), or
-///   a foreign view or offset that points outside its buffers.
+///   compact (nested types, dictionaries of them: the host filters them after the
+///   download), or a foreign view or offset that points outside its buffers.
 ///
 /// Every column moves at its own width: fixed-width values (`compact_fixed`), bitmaps of
 /// validity and booleans (`compact_bits`), string views with their long values gathered
 /// into one buffer (`view_bytes`, devarrow's scan, `compact_views`), offset-based strings
 /// and binaries by their kept rows' lengths (`kept_lengths`, devarrow's scan,
-/// `compact_strings`). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
+/// `compact_strings`); a dictionary's keys as fixed-width values, its values copied
+/// whole by the same kernels (a scan that keeps them all). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
 /// scan, with one read-back (the kept row count, each column's null count and string
 /// bytes, and the error word together); on the CPU device arrow's filter, on the
 /// device's memory.
@@ -518,7 +529,7 @@ pub fn compact(
             .schema()
             .fields()
             .iter()
-            .all(|f| compactable(f.data_type()))
+            .all(|f| compacted(f.data_type()))
     {
         return Ok(None);
     }

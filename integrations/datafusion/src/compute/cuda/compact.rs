@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use arrow_schema::DataType;
+use devarrow::abi::device::DeviceKernels;
 use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use devarrow::cuda::{CudaArray, CudaDevice, DeviceNative};
@@ -70,27 +71,29 @@ pub(crate) fn compact(
     cuda: &Arc<CudaDevice>,
     device: &ExecDevice,
 ) -> Result<Option<Option<DeviceFrame>>, BoxError> {
-    use devarrow::abi::device::DeviceKernels;
-
     let n = frame.num_rows();
     let cx = context(cuda)?;
     let s = cx.stream;
     let columns: Vec<DeviceColumn<'_>> = frame.columns().iter().map(|c| c.column()).collect();
-    // The buffer tables of view columns go up first (a copy from pageable memory may wait
+    // A dictionary's values move whole (every value kept), as arrays of their own after
+    // the columns: their read-back slots follow the columns'.
+    let dictionaries: Vec<DeviceColumn<'_>> =
+        columns.iter().filter_map(|c| c.dictionary()).collect();
+    // The buffer tables of view arrays go up first (a copy from pageable memory may wait
     // for the stream).
-    let mut tables = Vec::with_capacity(columns.len());
-    for c in &columns {
+    let mut tables = Vec::with_capacity(columns.len() + dictionaries.len());
+    for c in columns.iter().chain(&dictionaries) {
         tables.push(match c.data_type() {
             DataType::Utf8View | DataType::BinaryView => Some(variadic_tables(&cx, c)?),
             _ => None,
         });
     }
-    // Read back at once: [kept rows, error word, then per column: valid kept rows, long
-    // values' bytes].
-    let scalars = cx.zeros::<i64>(2 + 2 * columns.len())?;
+    let mut dictionary_tables = tables.split_off(columns.len()).into_iter();
+    // Read back at once: [kept rows, error word, then per array (the columns, then the
+    // dictionaries' values): valid kept rows, long values' bytes].
+    let scalars = cx.zeros::<i64>(2 + 2 * (columns.len() + dictionaries.len()))?;
     let base = addr(&scalars, s);
     let e = base + 8;
-    let slot = |i: usize| base + 8 * i as u64;
     let incl = load(&cx, selection, SELECTION, e)?;
     // Selected: valid and non-zero, as 0/1 lanes (a null selection keeps no row).
     let keep = cx.lanes(n)?;
@@ -129,12 +132,126 @@ pub(crate) fn compact(
     let mut scalars = scalars;
     copy_last(&cx, &keep.values, n, &mut scalars, 0)?;
 
-    let words = n.div_ceil(32);
+    let mut moves = Moves {
+        cx: &cx,
+        cuda,
+        base,
+        e,
+        scalars,
+        held: Vec::new(),
+    };
     let mut prepared = Vec::with_capacity(columns.len());
-    let mut validities = Vec::with_capacity(columns.len());
-    let mut held = Vec::new();
+    let mut next_dictionary = columns.len();
     for (i, (c, table)) in columns.iter().zip(tables).enumerate() {
         let name = frame.schema().field(i).name();
+        let keys = moves.prepare(c, name, table, (scan, n), i)?;
+        let values = match c.dictionary() {
+            Some(values) => {
+                let slot = next_dictionary;
+                next_dictionary += 1;
+                let table = dictionary_tables.next().flatten();
+                Some(moves.prepare_whole(&values, name, table, slot)?)
+            }
+            None => None,
+        };
+        prepared.push((keys, values));
+    }
+
+    let Moves { scalars, held, .. } = moves;
+    // The scans of the dictionaries' values, held until their launches are enqueued.
+    let mut scans = Vec::new();
+    let mut read = vec![0i64; scalars.len()];
+    s.memcpy_dtoh(&scalars, &mut read)?;
+    s.synchronize()?;
+    // The error word: 4 for a view outside its buffers (`view_bytes`).
+    if read[1] != 0 {
+        return Ok(None);
+    }
+    let m = read[0].max(0) as usize;
+    if m == 0 {
+        return Ok(Some(None));
+    }
+    let mut arrays = Vec::with_capacity(columns.len());
+    for ((keys, values), field) in prepared.into_iter().zip(frame.schema().fields()) {
+        let array = match (values, field.data_type()) {
+            (Some(values), DataType::Dictionary(key_type, value_type)) => {
+                let Some(keys) = keys.array(&cx, key_type, (scan, n, m), &read)? else {
+                    return Ok(None);
+                };
+                let WholeArray {
+                    moved,
+                    rows,
+                    scan: all,
+                } = values;
+                let values = moved.array(&cx, value_type, (addr(&all, s), rows, rows), &read)?;
+                scans.push(all);
+                let Some(values) = values else {
+                    return Ok(None);
+                };
+                // SAFETY: the keys are the column's own, moved: each valid one indexes the
+                // dictionary's values, all of them moved in order.
+                unsafe { CudaArray::from_dictionary(keys, values) }?
+            }
+            (_, dt) => match keys.array(&cx, dt, (scan, n, m), &read)? {
+                Some(array) => array,
+                None => return Ok(None),
+            },
+        };
+        arrays.push(array);
+    }
+    // The borrowed buffers are released in stream order after the launches above.
+    drop((held, scans, keep, all_valid, scalars));
+    let batch =
+        DeviceBatch::from_cuda_arrays(device.device().clone(), frame.schema().clone(), arrays)?;
+    Ok(Some(Some(DeviceFrame::from_batch(batch))))
+}
+
+/// The arrays [`compact`] moves, prepared one by one before the read-back: the context,
+/// the read-back scalars (at `base`; the error word at `e`) and what they hold.
+struct Moves<'c, 'a> {
+    cx: &'c Cx<'c>,
+    cuda: &'c Arc<CudaDevice>,
+    base: u64,
+    e: u64,
+    scalars: CudaSlice<i64>,
+    /// Views of the frame's buffers, held until the launches that read them are enqueued.
+    held: Vec<devarrow::cuda::BorrowedSlice<'a, u8>>,
+}
+
+/// One array moved: what it needs once the kept row count is known, and its validity.
+struct Moved {
+    prepared: Prepared,
+    validity: Option<Validity>,
+}
+
+/// A dictionary's values, every one kept: moved by a scan of their own (1, 2, ... `rows`).
+struct WholeArray {
+    moved: Moved,
+    rows: usize,
+    scan: CudaSlice<i64>,
+}
+
+impl<'a> Moves<'_, 'a> {
+    /// The read-back slot `i`'s address.
+    fn slot(&self, i: usize) -> u64 {
+        self.base + 8 * i as u64
+    }
+
+    /// Prepares array `c` (a column, or a dictionary's values: its own offset and `n`
+    /// rows; for a dictionary, its keys) of the rows `scan` keeps, its read-back slots
+    /// those of array `index`.
+    fn prepare(
+        &mut self,
+        c: &DeviceColumn<'a>,
+        name: &str,
+        table: Option<(CudaSlice<u64>, CudaSlice<u64>, u64)>,
+        (scan, n): (u64, usize),
+        index: usize,
+    ) -> Result<Moved, BoxError> {
+        let (cx, cuda) = (self.cx, self.cuda);
+        let s = cx.stream;
+        let (valid_slot, bytes_slot) = (2 + 2 * index, 3 + 2 * index);
+        let words = n.div_ceil(32);
         let offset = c.offset() as u64;
         let validity = match c.cuda_validity(s)? {
             Some(bitmap) => {
@@ -145,31 +262,24 @@ pub(crate) fn compact(
                     .into());
                 }
                 let bits = cx.zeros::<u8>(4 * words)?;
-                compact_bits(
-                    &cx,
-                    scan,
-                    bitmap.device_ptr(),
-                    offset,
-                    &bits,
-                    n,
-                    slot(2 + 2 * i),
-                )?;
-                held.push(bitmap);
+                let count = self.slot(valid_slot);
+                compact_bits(cx, scan, bitmap.device_ptr(), offset, &bits, n, count)?;
+                self.held.push(bitmap);
                 Some(Validity {
                     bits,
-                    slot: 2 + 2 * i,
+                    slot: valid_slot,
                 })
             }
             None => None,
         };
-        validities.push(validity);
         let values = c
             .values()
             .or_else(|| c.buffer(1))
             .ok_or_else(|| ComputeError::Input(format!("column `{name}` without values")))?;
         let view = values.cuda_view::<u8>(s)?;
         let start = view.device_ptr();
-        prepared.push(match c.data_type() {
+        let e = self.e;
+        let prepared = match c.data_type() {
             DataType::Boolean => {
                 if (values.len() as u64) * 8 < offset + n as u64 {
                     return Err(
@@ -177,11 +287,11 @@ pub(crate) fn compact(
                     );
                 }
                 let bits = cx.zeros::<u8>(4 * words)?;
-                compact_bits(&cx, scan, start, offset, &bits, n, 0)?;
+                compact_bits(cx, scan, start, offset, &bits, n, 0)?;
                 Prepared::Bits { bits }
             }
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => {
-                let (source, size) = string_source(c, n, name, s, &mut held)?;
+                let (source, size) = string_source(c, n, name, s, &mut self.held)?;
                 let bytes = cx.zeros::<i64>(n)?;
                 cx.launch(
                     &cx.k.kept_lengths,
@@ -200,11 +310,11 @@ pub(crate) fn compact(
                 // SAFETY: `bytes` holds `n` i64s on this device, written by `kept_lengths`
                 // on the stream the scan runs on (in order after it).
                 unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
-                copy_last(&cx, &bytes, n, &mut scalars, 3 + 2 * i)?;
-                held.push(view);
+                copy_last(cx, &bytes, n, &mut self.scalars, bytes_slot)?;
+                self.held.push(view);
                 Prepared::Strings {
                     source,
-                    slot: 3 + 2 * i,
+                    slot: bytes_slot,
                     bytes,
                 }
             }
@@ -218,26 +328,31 @@ pub(crate) fn compact(
                 let views = start + 16 * offset;
                 aligned(views, 8, name)?;
                 let bitmap = c.validity().map_or(0, |b| b.address());
-                let bytes = view_bytes(&cx, c, views, scan, (&sizes, count), n, e)?;
+                let bytes = view_bytes(cx, c, views, scan, (&sizes, count), n, e)?;
                 let at = addr(&bytes, s);
                 // SAFETY: `bytes` holds `n` i64s on this device, written by `view_bytes`
                 // on the stream the scan runs on (in order after it).
                 unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
-                copy_last(&cx, &bytes, n, &mut scalars, 3 + 2 * i)?;
-                held.push(view);
+                copy_last(cx, &bytes, n, &mut self.scalars, bytes_slot)?;
+                self.held.push(view);
                 // The sizes stay until the launch above is done: freed in stream order.
                 drop(sizes);
                 Prepared::Views {
                     views,
                     bitmap,
                     offset,
-                    slot: 3 + 2 * i,
+                    slot: bytes_slot,
                     buffers,
                     bytes,
                 }
             }
             data_type => {
-                let width = fixed_width(data_type).ok_or_else(|| {
+                // A dictionary's keys move as the fixed-width integers they are.
+                let width = match data_type {
+                    DataType::Dictionary(key_type, _) => fixed_width(key_type),
+                    _ => fixed_width(data_type),
+                };
+                let width = width.ok_or_else(|| {
                     ComputeError::Input(format!("column `{name}`: {data_type} is not compacted"))
                 })?;
                 if (values.len() as u64) < u64::from(width) * (offset + n as u64) {
@@ -247,35 +362,69 @@ pub(crate) fn compact(
                 }
                 let values = start + u64::from(width) * offset;
                 aligned(values, u64::from(width.min(8)), name)?;
-                held.push(view);
+                self.held.push(view);
                 Prepared::Fixed { values, width }
             }
-        });
+        };
+        Ok(Moved { prepared, validity })
     }
 
-    let mut read = vec![0i64; 2 + 2 * columns.len()];
-    s.memcpy_dtoh(&scalars, &mut read)?;
-    s.synchronize()?;
-    // The error word: 4 for a view outside its buffers (`view_bytes`).
-    if read[1] != 0 {
-        return Ok(None);
+    /// Prepares every value of `values` (a dictionary's), its read-back slots those of
+    /// array `index`: a scan that keeps them all (`fill_lanes`, devarrow's scan).
+    fn prepare_whole(
+        &mut self,
+        values: &DeviceColumn<'a>,
+        name: &str,
+        table: Option<(CudaSlice<u64>, CudaSlice<u64>, u64)>,
+        index: usize,
+    ) -> Result<WholeArray, BoxError> {
+        let (cx, s) = (self.cx, self.cx.stream);
+        let rows = values.len();
+        let all = cx.lanes(rows.max(1))?;
+        cx.launch(
+            &cx.k.fill_lanes,
+            rows,
+            &[
+                A::U64(addr(&all.values, s)),
+                A::U64(addr(&all.valid, s)),
+                A::U64(rows as u64),
+                A::I64(1),
+                A::U32(1),
+            ],
+        )?;
+        let at = addr(&all.values, s);
+        // SAFETY: `all.values` holds at least `rows` i64s on this device, written by
+        // `fill_lanes` on the stream the scan runs on (in order after it).
+        unsafe {
+            self.cuda
+                .inclusive_scan_i64(at as *mut std::ffi::c_void, rows as u64)
+        }?;
+        let moved = self.prepare(values, name, table, (at, rows), index)?;
+        Ok(WholeArray {
+            moved,
+            rows,
+            scan: all.values,
+        })
     }
-    let m = read[0].max(0) as usize;
-    if m == 0 {
-        return Ok(Some(None));
-    }
-    let mut arrays = Vec::with_capacity(columns.len());
-    for ((prepared, validity), field) in prepared
-        .into_iter()
-        .zip(validities)
-        .zip(frame.schema().fields())
-    {
-        let validity = validity.map(|v| {
+}
+
+impl Moved {
+    /// The moved array of `dt` (`m` rows of `n`, kept by `scan`), once the read-back
+    /// scalars are `read`; `None` where the strings kept exceed their offsets' range.
+    fn array(
+        self,
+        cx: &Cx<'_>,
+        dt: &DataType,
+        (scan, n, m): (u64, usize, usize),
+        read: &[i64],
+    ) -> Result<Option<CudaArray>, BoxError> {
+        let s = cx.stream;
+        let validity = self.validity.map(|v| {
             let nulls = m.saturating_sub(read[v.slot].max(0) as usize);
             (v.bits, Some(nulls))
         });
-        let dt = field.data_type().clone();
-        arrays.push(match prepared {
+        let dt = dt.clone();
+        Ok(Some(match self.prepared {
             Prepared::Fixed { values, width } => Fixed {
                 scan,
                 values,
@@ -283,7 +432,7 @@ pub(crate) fn compact(
                 n,
                 m,
             }
-            .array(&cx, dt, validity)?,
+            .array(cx, dt, validity)?,
             Prepared::Bits { bits } => CudaArray::from_bits(m, bits, validity)?,
             Prepared::Strings {
                 source,
@@ -294,7 +443,7 @@ pub(crate) fn compact(
                 if !source.wide && total > i32::MAX as usize {
                     return Ok(None);
                 }
-                compacted_strings(&cx, dt, (scan, n, m), source, &bytes, total, validity)?
+                compacted_strings(cx, dt, (scan, n, m), source, &bytes, total, validity)?
             }
             Prepared::Views {
                 views,
@@ -331,13 +480,8 @@ pub(crate) fn compact(
                 // `view_bytes`), and the bytes are the column's: still UTF-8.
                 unsafe { CudaArray::from_views(dt, out_views, vec![out_data], validity) }?
             }
-        });
+        }))
     }
-    // The borrowed buffers are released in stream order after the launches above.
-    drop((held, keep, all_valid, scalars));
-    let batch =
-        DeviceBatch::from_cuda_arrays(device.device().clone(), frame.schema().clone(), arrays)?;
-    Ok(Some(Some(DeviceFrame::from_batch(batch))))
 }
 
 /// Copies the last of `n` i64s of `from` into `to[at]` (stream order, no host wait).
