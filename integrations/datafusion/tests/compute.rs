@@ -2014,14 +2014,28 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         &ctx,
         "w",
         &[
-            "date_part('hour', tn)",
             "date_part('second', ts)",
             "date_trunc('month', tn)",
             "date_trunc('day', tn)",
-            "CAST(tn AS DATE)",
         ],
     )
     .await;
+    // A changing zone's date parts compile; instants past its table (1900 to 2100:
+    // `tn` spans 1680 to 2260) leave the batch to the host.
+    for text in ["date_part('hour', tn)", "CAST(tn AS DATE)"] {
+        let (e, schema, batches) = projection_of(&ctx, "w", text).await;
+        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+        let failed = compiled
+            .evaluate(&upload(&batches[0], device), device)
+            .unwrap_err();
+        assert!(
+            matches!(
+                ComputeError::find(failed.as_ref()),
+                Some(ComputeError::HostOnly(_))
+            ),
+            "{text}: {failed}"
+        );
+    }
     check_partial_aggregate(
         &ctx,
         "SELECT date_part('hour', ts) AS h, min(ts), max(tsec), count(*) FROM w GROUP BY h",
@@ -2046,6 +2060,99 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
 async fn case_and_dates_are_datafusions() {
     if own_tests() {
         check_case_and_dates(&ExecDevice::cpu()).await;
+    }
+}
+
+/// Date parts and dates of timestamps in zones whose offset changes, as DataFusion
+/// computes them (arrow's chrono-tz local time): New York and Paris (daylight saving by
+/// an hour, rules changed over the century), Lord Howe (by half an hour), Kathmandu
+/// (+05:30, then +05:45 since 1986), in seconds, milliseconds, microseconds and
+/// nanoseconds, with instants every 15 minutes around transitions (spring forward,
+/// fall back), instants spread over 1900 to 2100, and nulls.
+pub async fn check_changing_zones(device: &ExecDevice) {
+    use arrow_array::{
+        TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+        TimestampSecondArray,
+    };
+    // Seconds since the epoch: 6 hours either side of transitions, every 15 minutes
+    // (2024-03-10T07:00Z New York, 2024-11-03T06:00Z New York, 2024-03-31T01:00Z Paris,
+    // 2024-04-06T15:00Z Lord Howe, 1986-01-01T00:00Z Kathmandu's 15 minutes, 1918-03-31
+    // and 1945-09-30 New York), and spread over the two centuries.
+    let mut seconds: Vec<Option<i64>> = Vec::new();
+    for center in [
+        1_710_054_000i64,
+        1_730_613_600,
+        1_711_846_800,
+        1_712_415_600,
+        504_921_600,
+        -1_633_280_400,
+        -765_396_000,
+    ] {
+        for k in -24..=24 {
+            seconds.push(Some(center + k * 900 + (k % 7)));
+        }
+    }
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+    for i in 0..200 {
+        let span = 4_102_444_800u64 + 2_208_988_800;
+        seconds.push((i % 13 != 6).then(|| next(span - 1) as i64 - 2_208_988_800));
+    }
+    let zones = [
+        "America/New_York",
+        "Europe/Paris",
+        "Australia/Lord_Howe",
+        "Asia/Kathmandu",
+    ];
+    let mut columns: Vec<(String, ArrayRef)> = Vec::new();
+    for (z, zone) in zones.iter().enumerate() {
+        let scaled = |per: i64| {
+            seconds
+                .iter()
+                .map(move |s| s.map(|s| s * per + (s % 1_000).abs() % per))
+        };
+        let column: ArrayRef = match z {
+            0 => Arc::new(
+                TimestampSecondArray::from(scaled(1).collect::<Vec<_>>()).with_timezone(*zone),
+            ),
+            1 => Arc::new(
+                TimestampMillisecondArray::from(scaled(1_000).collect::<Vec<_>>())
+                    .with_timezone(*zone),
+            ),
+            2 => Arc::new(
+                TimestampMicrosecondArray::from(scaled(1_000_000).collect::<Vec<_>>())
+                    .with_timezone(*zone),
+            ),
+            _ => Arc::new(
+                TimestampNanosecondArray::from(scaled(1_000_000_000).collect::<Vec<_>>())
+                    .with_timezone(*zone),
+            ),
+        };
+        columns.push((format!("t{z}"), column));
+    }
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let n = batch.num_rows();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+    ctx.register_table("zones", Arc::new(table)).unwrap();
+    for t in ["t0", "t1", "t2", "t3"] {
+        for text in [
+            format!("date_part('hour', {t})"),
+            format!("date_part('minute', {t})"),
+            format!("date_part('day', {t})"),
+            format!("EXTRACT(DOW FROM {t}) * 100 + EXTRACT(MONTH FROM {t})"),
+            format!("date_part('year', {t})"),
+            format!("CAST({t} AS DATE)"),
+        ] {
+            assert_evaluates_as_datafusion(&ctx, "zones", &text, &[(3, n - 10), (40, 60)], device)
+                .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn changing_zones_are_datafusions() {
+    if own_tests() {
+        check_changing_zones(&ExecDevice::cpu()).await;
     }
 }
 

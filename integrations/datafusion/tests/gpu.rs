@@ -363,6 +363,7 @@ fn device_expressions_on_cuda_are_datafusions() {
         compute_checks::check_expressions(&device).await;
         compute_checks::check_overflow(&device).await;
         compute_checks::check_case_and_dates(&device).await;
+        compute_checks::check_changing_zones(&device).await;
         compute_checks::check_scalar_subqueries(&device).await;
         compute_checks::check_overflow_fallback(&device).await;
     });

@@ -474,6 +474,122 @@ pub(crate) enum Node {
         hi: i64,
         on_fail: OnFail,
     },
+    /// A timestamp's local time in a zone whose offset changes: the value (of
+    /// `per_second` units a second) plus the zone's offset at that instant
+    /// ([`ZoneTable`], chrono-tz's, as arrow reads it). An instant outside the table's
+    /// years, or a local time outside `[lo, hi]` (chrono's calendar), leaves the batch to
+    /// the host ([`ComputeError::HostOnly`](super::ComputeError::HostOnly)).
+    ZoneLocal {
+        input: Box<Node>,
+        zone: Arc<ZoneTable>,
+        per_second: i64,
+        lo: i64,
+        hi: i64,
+    },
+}
+
+/// The offsets from UTC of a time zone whose offset changes (daylight saving, a new
+/// standard time), as arrow's `Tz` (chrono-tz) gives them, from 1900 to 2100 (UTC): the
+/// spans of one offset, each from its first second. Made by probing the zone every two
+/// hours and bisecting each change to its second ([`ZoneTable::of`], once per zone and
+/// process), so a span shorter than two hours that returns to the offset before it
+/// would be missed: none is in the time zone database.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ZoneTable {
+    /// The zone's name.
+    pub(crate) name: String,
+    /// Each span's first second (UTC, since the epoch), ascending; the first is the
+    /// table's start.
+    pub(crate) starts: Vec<i64>,
+    /// Each span's offset in seconds (local time less UTC).
+    pub(crate) offsets: Vec<i64>,
+    /// The first second past the table.
+    pub(crate) end: i64,
+}
+
+impl ZoneTable {
+    /// 1900-01-01T00:00:00Z.
+    const START: i64 = -2_208_988_800;
+    /// 2100-01-01T00:00:00Z.
+    const END: i64 = 4_102_444_800;
+    /// The probes' step.
+    const STEP: i64 = 7_200;
+
+    /// The table of `zone` (arrow's `Tz` names: the time zone database's), `None` for a
+    /// zone arrow does not know. Made once per zone and process.
+    pub(crate) fn of(zone: &str) -> Option<Arc<ZoneTable>> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static TABLES: OnceLock<Mutex<HashMap<String, Option<Arc<ZoneTable>>>>> = OnceLock::new();
+        let mut tables = TABLES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tables
+            .entry(zone.to_string())
+            .or_insert_with(|| Self::probe(zone).map(Arc::new))
+            .clone()
+    }
+
+    /// The offset of `zone` at `second` as arrow computes a local time (the local
+    /// date-time less the UTC one).
+    fn offset(tz: &arrow_array::timezone::Tz, second: i64) -> Option<i64> {
+        use arrow_array::types::TimestampSecondType;
+        let local = arrow_array::temporal_conversions::as_datetime_with_timezone::<
+            TimestampSecondType,
+        >(second, *tz)?;
+        Some(local.naive_local().and_utc().timestamp() - local.timestamp())
+    }
+
+    fn probe(zone: &str) -> Option<ZoneTable> {
+        let tz: arrow_array::timezone::Tz = zone.parse().ok()?;
+        let offset = |second| Self::offset(&tz, second);
+        let mut table = ZoneTable {
+            name: zone.to_string(),
+            starts: vec![Self::START],
+            offsets: vec![offset(Self::START)?],
+            end: Self::END,
+        };
+        let mut at = Self::START;
+        while at < Self::END - 1 {
+            let next = (at + Self::STEP).min(Self::END - 1);
+            let now = offset(next)?;
+            if now != *table.offsets.last()? {
+                // The first second of the new offset, in (at, next].
+                let (mut before, mut after) = (at, next);
+                while after - before > 1 {
+                    let mid = before + (after - before) / 2;
+                    if offset(mid)? == now {
+                        after = mid;
+                    } else {
+                        before = mid;
+                    }
+                }
+                table.starts.push(after);
+                table.offsets.push(now);
+            }
+            at = next;
+        }
+        Some(table)
+    }
+
+    /// The offset in seconds at `second` (UTC), `None` outside the table.
+    pub(crate) fn offset_at(&self, second: i64) -> Option<i64> {
+        if second < self.starts[0] || second >= self.end {
+            return None;
+        }
+        let span = self.starts.partition_point(|&s| s <= second) - 1;
+        Some(self.offsets[span])
+    }
+
+    /// The local time of `value` (`per_second` units a second), `None` outside the table
+    /// or past `[lo, hi]`.
+    pub(crate) fn local(&self, value: i64, per_second: i64, (lo, hi): (i64, i64)) -> Option<i64> {
+        let offset = self.offset_at(value.div_euclid(per_second))?;
+        value
+            .checked_add(offset * per_second)
+            .filter(|l| (lo..=hi).contains(l))
+    }
 }
 
 /// The largest decimal scale difference a lane can align (10^18 fits an i64).
@@ -1819,8 +1935,8 @@ pub(crate) fn fixed_offset(zone: &str, unit: TimeUnit) -> Option<i64> {
 
 /// The local time of timestamps of `unit` in `zone` (none: the value itself): a fixed
 /// zone's offset added, checked within chrono's calendar less a day at each end
-/// ([`timestamp_range`]; past it the batch goes to the host); refused for a zone whose
-/// offset changes.
+/// ([`timestamp_range`]; past it the batch goes to the host); a zone whose offset changes
+/// adds its offset at each instant ([`Node::ZoneLocal`]).
 fn local_time(node: Node, zone: &Option<Arc<str>>, unit: TimeUnit) -> Result<Node, Unsupported> {
     let Some(zone) = zone else {
         return Ok(node);
@@ -1833,9 +1949,18 @@ fn local_time(node: Node, zone: &Option<Arc<str>>, unit: TimeUnit) -> Result<Nod
             off,
             timestamp_range(unit, true),
         )),
-        None => Err(Unsupported(format!(
-            "the zone {zone}'s offset changes: its local time is the host's"
-        ))),
+        None => {
+            let table = ZoneTable::of(zone)
+                .ok_or_else(|| Unsupported(format!("the zone {zone} is not one arrow knows")))?;
+            let (lo, hi) = timestamp_range(unit, true);
+            Ok(Node::ZoneLocal {
+                input: Box::new(node),
+                zone: table,
+                per_second: units_per_day(unit) / 86_400,
+                lo,
+                hi,
+            })
+        }
     }
 }
 
@@ -2389,6 +2514,8 @@ impl Node {
     /// Whether evaluating it may raise an error (an overflow check).
     pub(crate) fn may_fail(&self) -> bool {
         match self {
+            // An instant outside the zone's table, a local time outside chrono's calendar.
+            Node::ZoneLocal { .. } => true,
             Node::Column { data_type, .. } => {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
@@ -2453,6 +2580,7 @@ impl Node {
     /// Whether it may be null where its columns are not (a null literal, a safe cast).
     pub(crate) fn introduces_nulls(&self) -> bool {
         match self {
+            Node::ZoneLocal { input, .. } => input.introduces_nulls(),
             Node::Column { .. }
             | Node::StrIn { .. }
             | Node::StrLike { .. }
@@ -2525,7 +2653,7 @@ impl Node {
                 left.columns(out);
                 right.columns(out);
             }
-            Node::Unary { input, .. } => input.columns(out),
+            Node::Unary { input, .. } | Node::ZoneLocal { input, .. } => input.columns(out),
             Node::Case {
                 branches,
                 otherwise,
@@ -2543,6 +2671,35 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zone_tables_hold_each_change_to_its_second() {
+        let ny = ZoneTable::of("America/New_York").unwrap();
+        // 2024-03-10T07:00:00Z: EST to EDT; 2024-11-03T06:00:00Z back.
+        for (second, offset) in [
+            (1_710_053_999, -5 * 3600),
+            (1_710_054_000, -4 * 3600),
+            (1_730_613_599, -4 * 3600),
+            (1_730_613_600, -5 * 3600),
+        ] {
+            assert_eq!(ny.offset_at(second), Some(offset), "{second}");
+        }
+        // Lord Howe: half an hour of daylight saving (2024-04-06T15:00:00Z, +11 to +10:30).
+        let lh = ZoneTable::of("Australia/Lord_Howe").unwrap();
+        assert_eq!(lh.offset_at(1_712_415_599), Some(11 * 3600));
+        assert_eq!(lh.offset_at(1_712_415_600), Some(10 * 3600 + 1800));
+        // Outside the table; a zone arrow does not know; one table per zone.
+        assert_eq!(ny.offset_at(ZoneTable::START - 1), None);
+        assert_eq!(ny.offset_at(ZoneTable::END), None);
+        assert!(ZoneTable::of("Mars/Olympus_Mons").is_none());
+        assert!(Arc::ptr_eq(&ny, &ZoneTable::of("America/New_York").unwrap()));
+        // Local times: the offset in the unit, within the range given.
+        assert_eq!(
+            ny.local(1_710_054_000_123, 1_000, (i64::MIN, i64::MAX)),
+            Some(1_710_054_000_123 - 4 * 3_600_000)
+        );
+        assert_eq!(ny.local(1_710_054_000_123, 1_000, (0, 1_000)), None);
+    }
 
     #[test]
     fn fixed_offsets_are_arrows_and_zones_that_change_are_not() {

@@ -415,6 +415,30 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
             Ok(Lanes { values, valid })
         }
+        Node::ZoneLocal {
+            input,
+            zone,
+            per_second,
+            lo,
+            hi,
+        } => {
+            let mut a = eval(input, frame, text)?;
+            for i in 0..n {
+                if !a.is_valid(i) {
+                    continue;
+                }
+                a.values[i] = zone
+                    .local(a.values[i], *per_second, (*lo, *hi))
+                    .ok_or_else(|| {
+                        ComputeError::HostOnly(format!(
+                            "`{text}`: row {i} lies outside the zone {}'s table (1900 to \
+                             2100) or its local time outside chrono's calendar",
+                            zone.name
+                        ))
+                    })?;
+            }
+            Ok(a)
+        }
         Node::Unary {
             op,
             input,

@@ -71,6 +71,7 @@ struct Kernels {
     view_case: CudaFunction,
     ascii_case: CudaFunction,
     initcap_views: CudaFunction,
+    zone_lanes: CudaFunction,
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
     replace_views: CudaFunction,
@@ -140,6 +141,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_case: f("view_case")?,
         ascii_case: f("ascii_case")?,
         initcap_views: f("initcap_views")?,
+        zone_lanes: f("zone_lanes")?,
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
@@ -841,6 +843,39 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                     A::U32(*op),
                     A::I64(*lmul),
                     A::I64(*rmul),
+                    A::I64(*lo),
+                    A::I64(*hi),
+                    A::U64(err),
+                ],
+            )?;
+            Ok(out)
+        }
+        Node::ZoneLocal {
+            input,
+            zone,
+            per_second,
+            lo,
+            hi,
+        } => {
+            let a = eval(cx, input, frame, err)?;
+            let out = cx.lanes(n)?;
+            // The zone's spans (a few hundred: uploaded with each batch, freed in order).
+            let starts = s.clone_htod(&zone.starts)?;
+            let offsets = s.clone_htod(&zone.offsets)?;
+            cx.launch(
+                &cx.k.zone_lanes,
+                n,
+                &[
+                    A::U64(addr(&a.values, s)),
+                    A::U64(addr(&a.valid, s)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(n as u64),
+                    A::U64(addr(&starts, s)),
+                    A::U64(addr(&offsets, s)),
+                    A::U64(zone.starts.len() as u64),
+                    A::I64(zone.end),
+                    A::I64(*per_second),
                     A::I64(*lo),
                     A::I64(*hi),
                     A::U64(err),
