@@ -2010,19 +2010,15 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
     // A second-unit timestamp past chrono's calendar has no date: arrow's cast fails, so
     // the device flags the batch for the host, which raises DataFusion's error.
     assert_fails_as_datafusion(&ctx, "w", "CAST(tsec AS DATE)", None, device).await;
-    assert_no_device_kernel(
-        &ctx,
-        "w",
-        &[
-            "date_part('second', ts)",
-            "date_trunc('month', tn)",
-            "date_trunc('day', tn)",
-        ],
-    )
-    .await;
-    // A changing zone's date parts compile; instants past its table (1900 to 2100:
-    // `tn` spans 1680 to 2260) leave the batch to the host.
-    for text in ["date_part('hour', tn)", "CAST(tn AS DATE)"] {
+    assert_no_device_kernel(&ctx, "w", &["date_part('second', ts)"]).await;
+    // A changing zone's date parts, dates and date_trunc compile; instants past its
+    // table (1900 to 2100: `tn` spans 1680 to 2260) leave the batch to the host.
+    for text in [
+        "date_part('hour', tn)",
+        "CAST(tn AS DATE)",
+        "date_trunc('month', tn)",
+        "date_trunc('day', tn)",
+    ] {
         let (e, schema, batches) = projection_of(&ctx, "w", text).await;
         let compiled = DeviceExpr::compile(&e, &schema).unwrap();
         let failed = compiled
@@ -2063,12 +2059,13 @@ async fn case_and_dates_are_datafusions() {
     }
 }
 
-/// Date parts and dates of timestamps in zones whose offset changes, as DataFusion
+/// Date parts, dates and `date_trunc` of timestamps in zones whose offset changes, as DataFusion
 /// computes them (arrow's chrono-tz local time): New York and Paris (daylight saving by
 /// an hour, rules changed over the century), Lord Howe (by half an hour), Kathmandu
-/// (+05:30, then +05:45 since 1986), in seconds, milliseconds, microseconds and
-/// nanoseconds, with instants every 15 minutes around transitions (spring forward,
-/// fall back), instants spread over 1900 to 2100, and nulls.
+/// (+05:30, then +05:45 since 1986), Sao Paulo (whose clocks changed at midnight), in
+/// seconds, milliseconds, microseconds and nanoseconds, with instants every 15 minutes
+/// around transitions (spring forward, fall back), instants spread over 1900 to 2100,
+/// and nulls; their `date_trunc` too.
 pub async fn check_changing_zones(device: &ExecDevice) {
     use arrow_array::{
         TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
@@ -2097,11 +2094,19 @@ pub async fn check_changing_zones(device: &ExecDevice) {
         let span = 4_102_444_800u64 + 2_208_988_800;
         seconds.push((i % 13 != 6).then(|| next(span - 1) as i64 - 2_208_988_800));
     }
+    // Sao Paulo's clocks changed at midnight: 2018-11-04T03:00Z skipped 00:00 to 01:00
+    // (a day truncated into the gap), 2019-02-17T02:00Z went back over 23:00 to 00:00.
+    for center in [1_541_300_400i64, 1_550_368_800] {
+        for k in -24..=24 {
+            seconds.push(Some(center + k * 900 + (k % 5)));
+        }
+    }
     let zones = [
         "America/New_York",
         "Europe/Paris",
         "Australia/Lord_Howe",
         "Asia/Kathmandu",
+        "America/Sao_Paulo",
     ];
     let mut columns: Vec<(String, ArrayRef)> = Vec::new();
     for (z, zone) in zones.iter().enumerate() {
@@ -2122,8 +2127,12 @@ pub async fn check_changing_zones(device: &ExecDevice) {
                 TimestampMicrosecondArray::from(scaled(1_000_000).collect::<Vec<_>>())
                     .with_timezone(*zone),
             ),
-            _ => Arc::new(
+            3 => Arc::new(
                 TimestampNanosecondArray::from(scaled(1_000_000_000).collect::<Vec<_>>())
+                    .with_timezone(*zone),
+            ),
+            _ => Arc::new(
+                TimestampMillisecondArray::from(scaled(1_000).collect::<Vec<_>>())
                     .with_timezone(*zone),
             ),
         };
@@ -2134,7 +2143,7 @@ pub async fn check_changing_zones(device: &ExecDevice) {
     let ctx = SessionContext::new();
     let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
     ctx.register_table("zones", Arc::new(table)).unwrap();
-    for t in ["t0", "t1", "t2", "t3"] {
+    for t in ["t0", "t1", "t2", "t3", "t4"] {
         for text in [
             format!("date_part('hour', {t})"),
             format!("date_part('minute', {t})"),
@@ -2142,6 +2151,15 @@ pub async fn check_changing_zones(device: &ExecDevice) {
             format!("EXTRACT(DOW FROM {t}) * 100 + EXTRACT(MONTH FROM {t})"),
             format!("date_part('year', {t})"),
             format!("CAST({t} AS DATE)"),
+            // The local time truncated, mapped back as DataFusion maps it (a time the
+            // clocks went back over by the value's own offset; one they skipped from
+            // three hours earlier).
+            format!("date_trunc('hour', {t})"),
+            format!("date_trunc('day', {t})"),
+            format!("date_trunc('week', {t})"),
+            format!("date_trunc('month', {t})"),
+            format!("date_trunc('quarter', {t})"),
+            format!("date_trunc('year', {t})"),
         ] {
             assert_evaluates_as_datafusion(&ctx, "zones", &text, &[(3, n - 10), (40, 60)], device)
                 .await;

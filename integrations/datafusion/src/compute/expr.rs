@@ -486,11 +486,25 @@ pub(crate) enum Node {
         lo: i64,
         hi: i64,
     },
+    /// The instant of a local time (`local`, of `per_second` units a second) in a zone
+    /// whose offset changes, as DataFusion's `date_trunc` maps a truncated local time
+    /// back ([`ZoneTable::utc`]: chrono's `and_local_timezone`, an ambiguous time by the
+    /// offset of `value`, the timestamp truncated). Where DataFusion would fail, or an
+    /// instant lies outside the table or the result outside `[lo, hi]`, the batch goes to
+    /// the host.
+    ZoneUtc {
+        local: Box<Node>,
+        value: Box<Node>,
+        zone: Arc<ZoneTable>,
+        per_second: i64,
+        lo: i64,
+        hi: i64,
+    },
 }
 
 /// The offsets from UTC of a time zone whose offset changes (daylight saving, a new
-/// standard time), as arrow's `Tz` (chrono-tz) gives them, from 1900 to 2100 (UTC): the
-/// spans of one offset, each from its first second. Made by probing the zone every two
+/// standard time), as arrow's `Tz` (chrono-tz) gives them, from December 1899 to January
+/// 2100 (UTC): the spans of one offset, each from its first second. Made by probing the zone every two
 /// hours and bisecting each change to its second ([`ZoneTable::of`], once per zone and
 /// process), so a span shorter than two hours that returns to the offset before it
 /// would be missed: none is in the time zone database.
@@ -507,11 +521,15 @@ pub(crate) struct ZoneTable {
     pub(crate) end: i64,
 }
 
+/// A day, in seconds.
+const DAY_SECONDS: i64 = 86_400;
+
 impl ZoneTable {
-    /// 1900-01-01T00:00:00Z.
-    const START: i64 = -2_208_988_800;
-    /// 2100-01-01T00:00:00Z.
-    const END: i64 = 4_102_444_800;
+    /// 1899-12-01T00:00:00Z: a month before 1900, so that a local time of 1900 (a date
+    /// truncated to its year's first day) has a day of table either side.
+    const START: i64 = -2_211_667_200;
+    /// 2100-02-01T00:00:00Z, likewise.
+    const END: i64 = 4_105_123_200;
     /// The probes' step.
     const STEP: i64 = 7_200;
 
@@ -580,6 +598,66 @@ impl ZoneTable {
         }
         let span = self.starts.partition_point(|&s| s <= second) - 1;
         Some(self.offsets[span])
+    }
+
+    /// Whether every span lasts three days or more: then a window of two days holds one
+    /// change at most, which [`ZoneTable::utc`] relies on.
+    pub(crate) fn changes_days_apart(&self) -> bool {
+        self.starts
+            .windows(2)
+            .all(|w| w[1] - w[0] >= 3 * DAY_SECONDS)
+            && self.end - self.starts[self.starts.len() - 1] >= 3 * DAY_SECONDS
+    }
+
+    /// The instants whose local time is `local` (`per` units a second), from the two
+    /// offsets a day either side of it (one change at most between them): the one of the
+    /// offset before the change, the one of the offset after (`None` for one that does
+    /// not map to `local`), and the offset before. `None` outside the table.
+    fn instants(&self, local: i64, per: i64) -> Option<(Option<i64>, Option<i64>, i64)> {
+        let second = local.div_euclid(per);
+        let before = self.offset_at(second - DAY_SECONDS)?;
+        let after = self.offset_at(second + DAY_SECONDS)?;
+        let maps = |offset: i64| -> Option<Option<i64>> {
+            let instant = local - offset * per;
+            Some((self.offset_at(instant.div_euclid(per))? == offset).then_some(instant))
+        };
+        Some((maps(before)?, maps(after)?, before))
+    }
+
+    /// The instant of local time `local` as DataFusion's `date_trunc` maps a truncated
+    /// local time back to UTC (chrono's `and_local_timezone`): the one instant; of two
+    /// (a time the clocks went back over), the one whose offset is `value`'s (the
+    /// timestamp truncated), else the later; of none (a time the clocks skipped), the
+    /// one instant of three hours earlier, three hours later. `None` where DataFusion
+    /// fails, outside the table, or past `[lo, hi]`. Needs
+    /// [`ZoneTable::changes_days_apart`].
+    pub(crate) fn utc(
+        &self,
+        local: i64,
+        value: i64,
+        per: i64,
+        (lo, hi): (i64, i64),
+    ) -> Option<i64> {
+        let own = self.offset_at(value.div_euclid(per))?;
+        let instant = match self.instants(local, per)? {
+            (Some(a), Some(b), before) if a != b => {
+                if before == own {
+                    a
+                } else {
+                    b
+                }
+            }
+            (Some(a), _, _) | (None, Some(a), _) => a,
+            (None, None, _) => {
+                let shift = 3 * 3_600 * per;
+                match self.instants(local - shift, per)? {
+                    (Some(a), Some(b), _) if a != b => return None,
+                    (Some(a), _, _) | (None, Some(a), _) => a + shift,
+                    (None, None, _) => return None,
+                }
+            }
+        };
+        Some(instant).filter(|i| (lo..=hi).contains(i))
     }
 
     /// The local time of `value` (`per_second` units a second), `None` outside the table
@@ -1889,14 +1967,31 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
     let Some(zone) = zone else {
         return Ok(truncate(node));
     };
+    // A zone whose offset changes: its local time truncated, mapped back to an instant
+    // as DataFusion maps it (the value's own offset deciding a time the clocks went back
+    // over); the table's years are within DataFusion's nanoseconds.
+    let Some(off) = fixed_offset(zone, *unit) else {
+        let table = ZoneTable::of(zone)
+            .ok_or_else(|| Unsupported(format!("the zone {zone} is not one arrow knows")))?;
+        if !table.changes_days_apart() {
+            return refuse(&format!(
+                "the zone {zone} changes its offset twice within three days: its calendar \
+                 is the host's"
+            ));
+        }
+        let local = local_time(node.clone(), &Some(zone.clone()), *unit)?;
+        return Ok(Node::ZoneUtc {
+            local: Box::new(truncate(local)),
+            value: Box::new(node),
+            zone: table,
+            per_second: units_per_day(*unit) / 86_400,
+            lo,
+            hi,
+        });
+    };
     // A fixed zone's local time truncated, its offset taken off again, as DataFusion
     // does in nanoseconds (the value's nanoseconds, its local time's and the result's
     // within i64: checked, else the batch goes to the host).
-    let off = fixed_offset(zone, *unit).ok_or_else(|| {
-        Unsupported(format!(
-            "`{function}`: the zone {zone}'s offset changes: its calendar is the host's"
-        ))
-    })?;
     let shift = |node: Node, by: i64| with_literal(op::ADD, node, by, (lo, hi));
     Ok(shift(truncate(shift(shift(node, 0), off)), -off))
 }
@@ -2515,7 +2610,7 @@ impl Node {
     pub(crate) fn may_fail(&self) -> bool {
         match self {
             // An instant outside the zone's table, a local time outside chrono's calendar.
-            Node::ZoneLocal { .. } => true,
+            Node::ZoneLocal { .. } | Node::ZoneUtc { .. } => true,
             Node::Column { data_type, .. } => {
                 matches!(data_type, DataType::Decimal128(p, _) if *p > 18)
             }
@@ -2581,6 +2676,9 @@ impl Node {
     pub(crate) fn introduces_nulls(&self) -> bool {
         match self {
             Node::ZoneLocal { input, .. } => input.introduces_nulls(),
+            Node::ZoneUtc { local, value, .. } => {
+                local.introduces_nulls() || value.introduces_nulls()
+            }
             Node::Column { .. }
             | Node::StrIn { .. }
             | Node::StrLike { .. }
@@ -2654,6 +2752,10 @@ impl Node {
                 right.columns(out);
             }
             Node::Unary { input, .. } | Node::ZoneLocal { input, .. } => input.columns(out),
+            Node::ZoneUtc { local, value, .. } => {
+                local.columns(out);
+                value.columns(out);
+            }
             Node::Case {
                 branches,
                 otherwise,
@@ -2692,7 +2794,10 @@ mod tests {
         assert_eq!(ny.offset_at(ZoneTable::START - 1), None);
         assert_eq!(ny.offset_at(ZoneTable::END), None);
         assert!(ZoneTable::of("Mars/Olympus_Mons").is_none());
-        assert!(Arc::ptr_eq(&ny, &ZoneTable::of("America/New_York").unwrap()));
+        assert!(Arc::ptr_eq(
+            &ny,
+            &ZoneTable::of("America/New_York").unwrap()
+        ));
         // Local times: the offset in the unit, within the range given.
         assert_eq!(
             ny.local(1_710_054_000_123, 1_000, (i64::MIN, i64::MAX)),

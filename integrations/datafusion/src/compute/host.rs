@@ -415,6 +415,32 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
             Ok(Lanes { values, valid })
         }
+        Node::ZoneUtc {
+            local,
+            value,
+            zone,
+            per_second,
+            lo,
+            hi,
+        } => {
+            let mut l = eval(local, frame, text)?;
+            let v = eval(value, frame, text)?;
+            for i in 0..n {
+                if !l.is_valid(i) {
+                    continue;
+                }
+                l.values[i] = zone
+                    .utc(l.values[i], v.values[i], *per_second, (*lo, *hi))
+                    .ok_or_else(|| {
+                        ComputeError::HostOnly(format!(
+                            "`{text}`: row {i}'s local time has no instant of the zone {}'s \
+                             table (1900 to 2100) that DataFusion maps it to",
+                            zone.name
+                        ))
+                    })?;
+            }
+            Ok(l)
+        }
         Node::ZoneLocal {
             input,
             zone,

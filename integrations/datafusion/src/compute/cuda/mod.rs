@@ -72,6 +72,7 @@ struct Kernels {
     ascii_case: CudaFunction,
     initcap_views: CudaFunction,
     zone_lanes: CudaFunction,
+    zone_utc: CudaFunction,
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
     replace_views: CudaFunction,
@@ -142,6 +143,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         ascii_case: f("ascii_case")?,
         initcap_views: f("initcap_views")?,
         zone_lanes: f("zone_lanes")?,
+        zone_utc: f("zone_utc")?,
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
@@ -843,6 +845,41 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                     A::U32(*op),
                     A::I64(*lmul),
                     A::I64(*rmul),
+                    A::I64(*lo),
+                    A::I64(*hi),
+                    A::U64(err),
+                ],
+            )?;
+            Ok(out)
+        }
+        Node::ZoneUtc {
+            local,
+            value,
+            zone,
+            per_second,
+            lo,
+            hi,
+        } => {
+            let l = eval(cx, local, frame, err)?;
+            let v = eval(cx, value, frame, err)?;
+            let out = cx.lanes(n)?;
+            let starts = s.clone_htod(&zone.starts)?;
+            let offsets = s.clone_htod(&zone.offsets)?;
+            cx.launch(
+                &cx.k.zone_utc,
+                n,
+                &[
+                    A::U64(addr(&l.values, s)),
+                    A::U64(addr(&l.valid, s)),
+                    A::U64(addr(&v.values, s)),
+                    A::U64(addr(&out.values, s)),
+                    A::U64(addr(&out.valid, s)),
+                    A::U64(n as u64),
+                    A::U64(addr(&starts, s)),
+                    A::U64(addr(&offsets, s)),
+                    A::U64(zone.starts.len() as u64),
+                    A::I64(zone.end),
+                    A::I64(*per_second),
                     A::I64(*lo),
                     A::I64(*hi),
                     A::U64(err),
