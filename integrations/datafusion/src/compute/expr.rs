@@ -487,14 +487,16 @@ pub(crate) enum Node {
         hi: i64,
     },
     /// The instant of a local time (`local`, of `per_second` units a second) in a zone
-    /// whose offset changes, as DataFusion's `date_trunc` maps a truncated local time
-    /// back ([`ZoneTable::utc`]: chrono's `and_local_timezone`, an ambiguous time by the
-    /// offset of `value`, the timestamp truncated). Where DataFusion would fail, or an
-    /// instant lies outside the table or the result outside `[lo, hi]`, the batch goes to
-    /// the host.
+    /// whose offset changes ([`ZoneTable::utc`], chrono's `and_local_timezone`): with a
+    /// `value`, as DataFusion's `date_trunc` maps a truncated local time back (an
+    /// ambiguous time by the offset of `value`, the timestamp truncated; a skipped one
+    /// from three hours earlier); without, as chrono's `single()` (arrow's months and
+    /// days of a zone: only a time of one instant). Where DataFusion or arrow would fail,
+    /// or an instant lies outside the table or the result outside `[lo, hi]`, the batch
+    /// goes to the host.
     ZoneUtc {
         local: Box<Node>,
-        value: Box<Node>,
+        value: Option<Box<Node>>,
         zone: Arc<ZoneTable>,
         per_second: i64,
         lo: i64,
@@ -624,31 +626,35 @@ impl ZoneTable {
         Some((maps(before)?, maps(after)?, before))
     }
 
-    /// The instant of local time `local` as DataFusion's `date_trunc` maps a truncated
-    /// local time back to UTC (chrono's `and_local_timezone`): the one instant; of two
-    /// (a time the clocks went back over), the one whose offset is `value`'s (the
-    /// timestamp truncated), else the later; of none (a time the clocks skipped), the
-    /// one instant of three hours earlier, three hours later. `None` where DataFusion
+    /// The instant of local time `local` (chrono's `and_local_timezone`). With a `value`,
+    /// as DataFusion's `date_trunc` maps a truncated local time back to UTC: the one
+    /// instant; of two (a time the clocks went back over), the one whose offset is
+    /// `value`'s (the timestamp truncated), else the later; of none (a time the clocks
+    /// skipped), the one instant of three hours earlier, three hours later. Without, as
+    /// chrono's `single()`: the one instant only. `None` where DataFusion or chrono
     /// fails, outside the table, or past `[lo, hi]`. Needs
     /// [`ZoneTable::changes_days_apart`].
     pub(crate) fn utc(
         &self,
         local: i64,
-        value: i64,
+        value: Option<i64>,
         per: i64,
         (lo, hi): (i64, i64),
     ) -> Option<i64> {
-        let own = self.offset_at(value.div_euclid(per))?;
-        let instant = match self.instants(local, per)? {
-            (Some(a), Some(b), before) if a != b => {
-                if before == own {
+        let instant = match (self.instants(local, per)?, value) {
+            // chrono's `single()`: a time of one instant only.
+            ((Some(a), Some(b), _), None) if a != b => return None,
+            ((Some(a), _, _) | (None, Some(a), _), None) => a,
+            ((None, None, _), None) => return None,
+            ((Some(a), Some(b), before), Some(value)) if a != b => {
+                if before == self.offset_at(value.div_euclid(per))? {
                     a
                 } else {
                     b
                 }
             }
-            (Some(a), _, _) | (None, Some(a), _) => a,
-            (None, None, _) => {
+            ((Some(a), _, _) | (None, Some(a), _), Some(_)) => a,
+            ((None, None, _), Some(_)) => {
                 let shift = 3 * 3_600 * per;
                 match self.instants(local - shift, per)? {
                     (Some(a), Some(b), _) if a != b => return None,
@@ -1982,7 +1988,7 @@ fn date_trunc_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node
         let local = local_time(node.clone(), &Some(zone.clone()), *unit)?;
         return Ok(Node::ZoneUtc {
             local: Box::new(truncate(local)),
-            value: Box::new(node),
+            value: Some(Box::new(node)),
             zone: table,
             per_second: units_per_day(*unit) / 86_400,
             lo,
@@ -2122,21 +2128,22 @@ fn interval_arithmetic(
         _ => return refuse("a null interval has no device kernel"),
     };
     // A zone's months and days are its local calendar's: a fixed zone's days are
-    // whole days of its local time (no daylight saving), another's are the host's.
+    // whole days of its local time (no daylight saving); another's map each step's
+    // local time back to its one instant ([`changing_zone_interval`]).
     let fixed = zone
         .as_deref()
         .is_none_or(|z| unit.and_then(|u| fixed_offset(z, u)).is_some());
-    if !fixed && months != 0 {
-        return refuse("a zone's months are its local calendar's: the host's");
-    }
-    if !fixed && days != 0 {
-        return refuse("a zone's days are its local calendar's: the host's");
-    }
     // A subtraction takes each part off: the months as fewer months.
     let months = if op == op::SUB { -months } else { months };
     let (value_node, t) = compile(value_expr, input)?;
     if &t != data_type {
         return Ok(None);
+    }
+    if let (false, Some(unit), Some(zone)) = (fixed, unit, &zone) {
+        let calendar = (months, if op == op::SUB { -days } else { days });
+        return changing_zone_interval(value_node, (unit, zone), calendar, (op, nanos))
+            .map(Some)
+            .or_else(|why| refuse(&why.0));
     }
     let Some(unit) = unit else {
         // A date: its months (checking it is in chrono's calendar), its days, then the
@@ -2190,6 +2197,85 @@ fn interval_arithmetic(
         step(op, node, day_units),
         nanos / unit_nanos,
     )))
+}
+
+/// [`interval_arithmetic`] of a timestamp in a zone whose offset changes, as arrow's
+/// `add_month_day_nano` computes it through chrono: the local time plus the months (the
+/// day clamped to the month's last), mapped back to its one instant (chrono's
+/// `checked_add_months`: `single()`), that instant's local time plus the days, mapped
+/// back likewise (`checked_add_days`), then the time (`op`: `nanos` added or taken off)
+/// on the instant. A local time of two instants or none (arrow's error), as one outside
+/// the zone's table, leaves the batch to the host.
+fn changing_zone_interval(
+    value: Node,
+    (unit, zone): (TimeUnit, &str),
+    (months, days): (i64, i64),
+    (op, nanos): (u32, i64),
+) -> Result<Node, Unsupported> {
+    let table = ZoneTable::of(zone)
+        .ok_or_else(|| Unsupported(format!("the zone {zone} is not one arrow knows")))?;
+    if !table.changes_days_apart() {
+        return Err(Unsupported(format!(
+            "the zone {zone} changes its offset twice within three days: its calendar is the \
+             host's"
+        )));
+    }
+    let per_day = units_per_day(unit);
+    let unit_nanos = 86_400_000_000_000 / per_day;
+    if nanos % unit_nanos != 0 {
+        return Err(Unsupported(
+            "a time finer than the timestamp's unit (arrow floors it)".into(),
+        ));
+    }
+    let day_units = days
+        .checked_mul(per_day)
+        .ok_or_else(|| Unsupported("more days than 64 bits of the unit hold".into()))?;
+    let (lo, hi) = timestamp_range(unit, true);
+    let zone_name = Some(Arc::<str>::from(zone));
+    let back = |local: Node| Node::ZoneUtc {
+        local: Box::new(local),
+        value: None,
+        zone: table.clone(),
+        per_second: per_day / 86_400,
+        lo,
+        hi,
+    };
+    let mut node = value;
+    if months != 0 {
+        let local = local_time(node.clone(), &zone_name, unit)?;
+        // The days the months move the local day by, in the unit, added to it.
+        let day = Node::Unary {
+            op: op::DAYS,
+            input: Box::new(local.clone()),
+            mul: per_day,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        };
+        let moved = Node::Binary {
+            op: op::SUB,
+            left: Box::new(add_months_node(day.clone(), months)),
+            right: Box::new(day),
+            lmul: 1,
+            rmul: 1,
+            lo: i64::MIN,
+            hi: i64::MAX,
+        };
+        node = back(Node::Binary {
+            op: op::ADD,
+            left: Box::new(local),
+            right: Box::new(moved),
+            lmul: 1,
+            rmul: per_day,
+            lo,
+            hi,
+        });
+    }
+    if days != 0 {
+        let local = local_time(node, &zone_name, unit)?;
+        node = back(with_literal(op::ADD, local, day_units, (lo, hi)));
+    }
+    Ok(with_literal(op, node, nanos / unit_nanos, (lo, hi)))
 }
 
 /// `node` `op` (an addition or a subtraction) the literal `by`, checked against `range`
@@ -2677,7 +2763,7 @@ impl Node {
         match self {
             Node::ZoneLocal { input, .. } => input.introduces_nulls(),
             Node::ZoneUtc { local, value, .. } => {
-                local.introduces_nulls() || value.introduces_nulls()
+                local.introduces_nulls() || value.as_ref().is_some_and(|v| v.introduces_nulls())
             }
             Node::Column { .. }
             | Node::StrIn { .. }
@@ -2754,7 +2840,9 @@ impl Node {
             Node::Unary { input, .. } | Node::ZoneLocal { input, .. } => input.columns(out),
             Node::ZoneUtc { local, value, .. } => {
                 local.columns(out);
-                value.columns(out);
+                if let Some(value) = value {
+                    value.columns(out);
+                }
             }
             Node::Case {
                 branches,

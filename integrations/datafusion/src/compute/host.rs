@@ -424,17 +424,18 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             hi,
         } => {
             let mut l = eval(local, frame, text)?;
-            let v = eval(value, frame, text)?;
+            let v = value.as_ref().map(|v| eval(v, frame, text)).transpose()?;
             for i in 0..n {
                 if !l.is_valid(i) {
                     continue;
                 }
+                let value = v.as_ref().map(|v| v.values[i]);
                 l.values[i] = zone
-                    .utc(l.values[i], v.values[i], *per_second, (*lo, *hi))
+                    .utc(l.values[i], value, *per_second, (*lo, *hi))
                     .ok_or_else(|| {
                         ComputeError::HostOnly(format!(
                             "`{text}`: row {i}'s local time has no instant of the zone {}'s \
-                             table (1900 to 2100) that DataFusion maps it to",
+                             table (1900 to 2100) that DataFusion or arrow maps it to",
                             zone.name
                         ))
                     })?;

@@ -861,7 +861,10 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             hi,
         } => {
             let l = eval(cx, local, frame, err)?;
-            let v = eval(cx, value, frame, err)?;
+            let v = value
+                .as_ref()
+                .map(|v| eval(cx, v, frame, err))
+                .transpose()?;
             let out = cx.lanes(n)?;
             let starts = s.clone_htod(&zone.starts)?;
             let offsets = s.clone_htod(&zone.offsets)?;
@@ -871,7 +874,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 &[
                     A::U64(addr(&l.values, s)),
                     A::U64(addr(&l.valid, s)),
-                    A::U64(addr(&v.values, s)),
+                    A::U64(v.as_ref().map_or(0, |v| addr(&v.values, s))),
                     A::U64(addr(&out.values, s)),
                     A::U64(addr(&out.valid, s)),
                     A::U64(n as u64),
