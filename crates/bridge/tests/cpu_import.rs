@@ -672,3 +672,78 @@ fn strings_trusted_on_import_come_back_as_their_bytes() {
         assert!(err.to_string().contains("UTF8"), "{err}");
     }
 }
+
+/// A struct in a struct (with a dictionary and string views beside it, nulls at each
+/// level) of a batch imported with a root offset downloads as its rows: on arrow-rs 59
+/// (`.ci/arrow-lowest`, and the DataFusion integration) `make_array` of a struct of an
+/// offset read the inner struct's rows past its children's and panicked, until the
+/// download made every struct of an offset a struct of offset 0 (`struct_at_zero`).
+#[test]
+fn a_struct_in_a_struct_of_a_root_offset_downloads_its_rows() {
+    let ints = Int32Array::from(
+        (0..20)
+            .map(|i| (i % 3 != 1).then_some(i))
+            .collect::<Vec<_>>(),
+    );
+    let mut b = arrow_array::builder::StringViewBuilder::new().with_fixed_block_size(64);
+    for i in 0..20 {
+        if i % 4 == 2 {
+            b.append_null()
+        } else {
+            b.append_value(format!("value number {i} long"))
+        }
+    }
+    let strs = b.finish();
+    let inner = StructArray::try_new(
+        vec![Arc::new(Field::new("s", DataType::Utf8View, true))].into(),
+        vec![Arc::new(strs) as ArrayRef],
+        Some(arrow_buffer::NullBuffer::from(
+            (0..20).map(|i| i % 5 != 3).collect::<Vec<_>>(),
+        )),
+    )
+    .unwrap();
+    let outer = StructArray::try_new(
+        vec![
+            Arc::new(Field::new("i", DataType::Int32, true)),
+            Arc::new(Field::new("inner", inner.data_type().clone(), true)),
+            Arc::new(Field::new(
+                "d",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                true,
+            )),
+        ]
+        .into(),
+        vec![
+            Arc::new(ints) as ArrayRef,
+            Arc::new(inner),
+            Arc::new(
+                (0..20)
+                    .map(|i| {
+                        (i % 6 != 3)
+                            .then_some(["AIR", "a mode of more than twelve bytes", ""][i % 3])
+                    })
+                    .collect::<arrow_array::DictionaryArray<Int32Type>>(),
+            ),
+        ],
+        Some(arrow_buffer::NullBuffer::from(
+            (0..20).map(|i| i % 7 != 2).collect::<Vec<_>>(),
+        )),
+    )
+    .unwrap();
+    let batch = RecordBatch::try_from_iter([("o", Arc::new(outer) as ArrayRef)]).unwrap();
+    let padded =
+        arrow_select::concat::concat_batches(&batch.schema(), [&batch.slice(0, 7), &batch])
+            .unwrap();
+    let mut transfer = Transfer::new(cpu(), TransferOptions::default());
+    let whole = transfer.to_device(&padded).unwrap();
+    let (array, _schema) = whole.export().unwrap();
+    let mut raw = array.into_raw();
+    raw.array.offset = 7;
+    raw.array.length = 20;
+    // SAFETY: the export's own struct, released by the import; only its root's offset
+    // and length changed, to rows its children hold.
+    let array = unsafe { devarrow_abi::DeviceArray::try_new(raw) }.unwrap();
+    let imported = DeviceBatch::import(cpu(), array, batch.schema()).unwrap();
+    let back = transfer.to_host(&imported).unwrap();
+    assert_eq!(back, batch);
+}

@@ -9,9 +9,7 @@
 use std::sync::Arc;
 
 use arrow_array::types::{ArrowPrimitiveType, Int16Type, Int32Type, Int64Type};
-use arrow_array::{
-    make_array, Array, PrimitiveArray, RecordBatch, RecordBatchOptions, StructArray,
-};
+use arrow_array::{make_array, Array, PrimitiveArray, RecordBatch, RecordBatchOptions};
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef, UnionMode};
@@ -75,11 +73,19 @@ pub(crate) fn host_batch(
         )?);
     }
     let data = build_host_node(root, host, trusted)?;
-    let strukt = StructArray::from(data);
+    // Each column sliced by the root's offset and length as an array (`slice_data`), not
+    // through `StructArray::from`: for a root of an offset, arrow-rs 59 slices each
+    // column's `ArrayData`, which for a struct column slices its children and keeps its
+    // offset too, so its rows are read past its children's (a panic). A record batch's
+    // root has no validity (an import refuses top-level nulls).
+    let (offset, len) = (data.offset(), data.len());
+    let columns = data
+        .child_data()
+        .iter()
+        .map(|c| make_array(devarrow_abi::slice_data(c, offset, len)))
+        .collect();
     Ok(RecordBatch::try_new_with_options(
-        schema,
-        strukt.columns().to_vec(),
-        &options,
+        schema, columns, &options,
     )?)
 }
 
@@ -165,7 +171,35 @@ pub(crate) fn build_host_node(node: &Node, host: &Buffer, trusted: bool) -> Resu
     if trusted && cfg!(debug_assertions) {
         devarrow_abi::cpu::validate_full_but_utf8(&data)?;
     }
-    Ok(data)
+    Ok(struct_at_zero(data))
+}
+
+/// `data`, but a struct of an offset made a struct of offset 0 over its children sliced
+/// to its rows (`slice_data`) and its validity at them: arrow-rs 59's `make_array` of a
+/// struct of an offset slices its children's `ArrayData`, which for a struct child
+/// slices that child's children and keeps its offset too, so a struct in a struct of an
+/// offset reads past its children's rows (a panic). Children are built first, so a struct
+/// child is at offset 0 already when its parent is sliced.
+fn struct_at_zero(data: ArrayData) -> ArrayData {
+    if !matches!(data.data_type(), DataType::Struct(_)) || data.offset() == 0 {
+        return data;
+    }
+    let (offset, len) = (data.offset(), data.len());
+    let children = data
+        .child_data()
+        .iter()
+        .map(|c| devarrow_abi::slice_data(c, offset, len))
+        .collect();
+    // SAFETY: the same struct: its type and rows, its validity as the `NullBuffer` of
+    // those rows (arrow-rs keeps it at the array's offset), and each child sliced to those
+    // rows; nothing else changes.
+    unsafe {
+        ArrayData::builder(data.data_type().clone())
+            .len(len)
+            .nulls(data.nulls().cloned())
+            .child_data(children)
+            .build_unchecked()
+    }
 }
 
 /// Offsets (4 or 8 bytes each, native-endian) as `i64`s, whatever the buffer's alignment.
