@@ -428,6 +428,38 @@ impl CudaArray {
         })
     }
 
+    /// A `Struct` array of `fields` whose children are `children` (one per field, of its
+    /// type, with as many rows as each other, at least one child; a child with nulls
+    /// only under a nullable field), with an optional validity bitmap and null count as
+    /// for [`CudaArray::with_validity`]: else [`CudaError::InvalidArgument`]. The
+    /// children's stream work is ordered before the first child's stream, whose exports
+    /// record the event. The arrays are consumed.
+    pub fn from_struct(
+        fields: Fields,
+        children: Vec<CudaArray>,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        let one_stream = children.first().is_some_and(|first| {
+            children.iter().all(|c| c.is_in_order_on(&first.stream))
+                && on_stream(&first.stream, validity.as_ref().map(|v| &v.0))
+        });
+        let (data, stream) = Self::struct_data(fields, children)?;
+        if let Some((bits, _)) = &validity {
+            same_context(stream.context(), bits.context())?;
+        }
+        let nulls = nulls(&stream, data.len(), validity)?;
+        let data = data.into_builder().nulls(nulls);
+        // SAFETY: the struct `struct_data` checked (children of the fields' types and one
+        // length), with a bitmap of at least its length and its null count (checked by
+        // `nulls`); `build_unchecked` reads no buffer.
+        let data = unsafe { data.build_unchecked() };
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
+    }
+
     /// A `Dictionary` array whose keys are `keys` (an array of an integer type, else
     /// [`CudaError::TypeMismatch`]; its validity is the dictionary's) and whose values
     /// are `values` (an array of any type of this constructor's), both of one context

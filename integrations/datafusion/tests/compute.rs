@@ -1292,6 +1292,74 @@ pub async fn check_compact(device: &ExecDevice) {
             }
         }
     }
+    // Structs, nulls at each level: of fixed-width values, a struct of views and
+    // offset-based strings, and a dictionary. A struct of an offset (an import's) may
+    // be left to the host.
+    let struct_of = |fields: Vec<(&str, ArrayRef)>, nulls: Option<Vec<bool>>| {
+        let fields: Vec<_> = fields
+            .into_iter()
+            .map(|(name, a)| (Arc::new(Field::new(name, a.data_type().clone(), true)), a))
+            .collect();
+        let (fields, arrays): (Vec<_>, Vec<_>) = fields.into_iter().unzip();
+        Arc::new(
+            arrow_array::StructArray::try_new(
+                fields.into(),
+                arrays,
+                nulls.map(arrow_buffer::NullBuffer::from),
+            )
+            .unwrap(),
+        ) as ArrayRef
+    };
+    let inner = struct_of(
+        vec![
+            ("views", all.column_by_name("strings").unwrap().clone()),
+            ("utf8", all.column_by_name("utf8").unwrap().clone()),
+        ],
+        Some((0..n).map(|i| i % 9 != 4).collect()),
+    );
+    let outer = struct_of(
+        vec![
+            ("tiny", all.column_by_name("tiny").unwrap().clone()),
+            ("inner", inner),
+            ("dict", all.column_by_name("dict_utf8").unwrap().clone()),
+        ],
+        Some((0..n).map(|i| i % 7 != 2).collect()),
+    );
+    let structs = RecordBatch::try_from_iter([
+        ("outer", outer),
+        ("huge", all.column_by_name("huge").unwrap().clone()),
+    ])
+    .unwrap();
+    for (what, mask) in &masks {
+        let mask = UInt8Array::from((0..n).map(mask).collect::<Vec<_>>());
+        let keep = BooleanArray::from(
+            mask.iter()
+                .map(|m| Some(m.unwrap_or(0) != 0))
+                .collect::<Vec<_>>(),
+        );
+        let want = filter_record_batch(&structs, &keep).unwrap();
+        for (frame, offset) in [
+            (upload(&structs, device), false),
+            (upload_with_offset(&structs, 7, device), true),
+        ] {
+            let frame = frame
+                .with_selection(selection_column(mask.clone(), device))
+                .unwrap();
+            match compact(&frame, device).unwrap() {
+                Some(Some(kept)) => {
+                    let mut transfer =
+                        Transfer::new(device.device().clone(), TransferOptions::default());
+                    assert_eq!(
+                        kept.download(&mut transfer).unwrap(),
+                        want,
+                        "structs: {what}"
+                    );
+                }
+                Some(None) => assert_eq!(want.num_rows(), 0, "structs: {what}"),
+                None => assert!(offset, "structs, {what}: these compact on the device"),
+            }
+        }
+    }
     // Left to the host's filter after the download.
     let every_other =
         |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());

@@ -23,6 +23,8 @@ use crate::step::ExecDevice;
 /// What one column needs once the kept row count is known, prepared before the
 /// read-back.
 enum Prepared {
+    /// A struct: its validity and children only.
+    Struct,
     Fixed {
         /// The values at the column's first row.
         values: u64,
@@ -75,23 +77,26 @@ pub(crate) fn compact(
     let cx = context(cuda)?;
     let s = cx.stream;
     let columns: Vec<DeviceColumn<'_>> = frame.columns().iter().map(|c| c.column()).collect();
-    // A dictionary's values move whole (every value kept), as arrays of their own after
-    // the columns: their read-back slots follow the columns'.
-    let dictionaries: Vec<DeviceColumn<'_>> =
-        columns.iter().filter_map(|c| c.dictionary()).collect();
+    // Every array moved: each column, then its dictionary's values (moved whole, every
+    // value kept) or its struct children (each moved as the column is), and theirs.
+    let mut arrays = Vec::new();
+    for c in &columns {
+        if !arrays_of(c, &mut arrays) {
+            return Ok(None);
+        }
+    }
     // The buffer tables of view arrays go up first (a copy from pageable memory may wait
     // for the stream).
-    let mut tables = Vec::with_capacity(columns.len() + dictionaries.len());
-    for c in columns.iter().chain(&dictionaries) {
+    let mut tables = Vec::with_capacity(arrays.len());
+    for c in &arrays {
         tables.push(match c.data_type() {
             DataType::Utf8View | DataType::BinaryView => Some(variadic_tables(&cx, c)?),
             _ => None,
         });
     }
-    let mut dictionary_tables = tables.split_off(columns.len()).into_iter();
-    // Read back at once: [kept rows, error word, then per array (the columns, then the
-    // dictionaries' values): valid kept rows, long values' bytes].
-    let scalars = cx.zeros::<i64>(2 + 2 * (columns.len() + dictionaries.len()))?;
+    // Read back at once: [kept rows, error word, then per array, in that order: valid
+    // kept rows, long values' bytes].
+    let scalars = cx.zeros::<i64>(2 + 2 * arrays.len())?;
     let base = addr(&scalars, s);
     let e = base + 8;
     let incl = load(&cx, selection, SELECTION, e)?;
@@ -139,22 +144,13 @@ pub(crate) fn compact(
         e,
         scalars,
         held: Vec::new(),
+        tables: tables.into_iter(),
+        next: 0,
     };
     let mut prepared = Vec::with_capacity(columns.len());
-    let mut next_dictionary = columns.len();
-    for (i, (c, table)) in columns.iter().zip(tables).enumerate() {
+    for (i, c) in columns.iter().enumerate() {
         let name = frame.schema().field(i).name();
-        let keys = moves.prepare(c, name, table, (scan, n), i)?;
-        let values = match c.dictionary() {
-            Some(values) => {
-                let slot = next_dictionary;
-                next_dictionary += 1;
-                let table = dictionary_tables.next().flatten();
-                Some(moves.prepare_whole(&values, name, table, slot)?)
-            }
-            None => None,
-        };
-        prepared.push((keys, values));
+        prepared.push(moves.prepare(c, name, (scan, n))?);
     }
 
     let Moves { scalars, held, .. } = moves;
@@ -172,32 +168,11 @@ pub(crate) fn compact(
         return Ok(Some(None));
     }
     let mut arrays = Vec::with_capacity(columns.len());
-    for ((keys, values), field) in prepared.into_iter().zip(frame.schema().fields()) {
-        let array = match (values, field.data_type()) {
-            (Some(values), DataType::Dictionary(key_type, value_type)) => {
-                let Some(keys) = keys.array(&cx, key_type, (scan, n, m), &read)? else {
-                    return Ok(None);
-                };
-                let WholeArray {
-                    moved,
-                    rows,
-                    scan: all,
-                } = values;
-                let values = moved.array(&cx, value_type, (addr(&all, s), rows, rows), &read)?;
-                scans.push(all);
-                let Some(values) = values else {
-                    return Ok(None);
-                };
-                // SAFETY: the keys are the column's own, moved: each valid one indexes the
-                // dictionary's values, all of them moved in order.
-                unsafe { CudaArray::from_dictionary(keys, values) }?
-            }
-            (_, dt) => match keys.array(&cx, dt, (scan, n, m), &read)? {
-                Some(array) => array,
-                None => return Ok(None),
-            },
-        };
-        arrays.push(array);
+    for (moved, field) in prepared.into_iter().zip(frame.schema().fields()) {
+        match moved.array(&cx, field.data_type(), (scan, n, m), &read, &mut scans)? {
+            Some(array) => arrays.push(array),
+            None => return Ok(None),
+        }
     }
     // The borrowed buffers are released in stream order after the launches above.
     drop((held, scans, keep, all_valid, scalars));
@@ -216,12 +191,47 @@ struct Moves<'c, 'a> {
     scalars: CudaSlice<i64>,
     /// Views of the frame's buffers, held until the launches that read them are enqueued.
     held: Vec<devarrow::cuda::BorrowedSlice<'a, u8>>,
+    /// The view tables of the arrays, in [`arrays_of`]'s order (`None`: not a view).
+    tables: std::vec::IntoIter<Option<ViewTables>>,
+    /// The next array's index in that order (its read-back slots).
+    next: usize,
 }
 
-/// One array moved: what it needs once the kept row count is known, and its validity.
+/// A view array's buffer tables ([`variadic_tables`]): the variadic buffers' addresses
+/// and sizes on the device, and their count.
+type ViewTables = (CudaSlice<u64>, CudaSlice<u64>, u64);
+
+/// Every array [`compact`] moves of `c`, pushed on `out` in the order it prepares them:
+/// `c`, then its dictionary's values (and theirs), then its struct children (and
+/// theirs). `false` for a struct of an offset (its children's rows would be shifted by
+/// it; a packed batch has none): the host's.
+fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool {
+    out.push(*c);
+    if let Some(values) = c.dictionary() {
+        if !arrays_of(&values, out) {
+            return false;
+        }
+    }
+    if let DataType::Struct(_) = c.data_type() {
+        if c.offset() != 0 {
+            return false;
+        }
+        for child in c.children() {
+            if !arrays_of(&child, out) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// One array moved: what it needs once the kept row count is known, its validity, its
+/// dictionary's values and its struct children.
 struct Moved {
     prepared: Prepared,
     validity: Option<Validity>,
+    dictionary: Option<Box<WholeArray>>,
+    children: Vec<Moved>,
 }
 
 /// A dictionary's values, every one kept: moved by a scan of their own (1, 2, ... `rows`).
@@ -237,17 +247,19 @@ impl<'a> Moves<'_, 'a> {
         self.base + 8 * i as u64
     }
 
-    /// Prepares array `c` (a column, or a dictionary's values: its own offset and `n`
-    /// rows; for a dictionary, its keys) of the rows `scan` keeps, its read-back slots
-    /// those of array `index`.
+    /// Prepares array `c` (a column, a struct's child, or a dictionary's values: its own
+    /// offset and `n` rows; for a dictionary, its keys, then its values; for a struct,
+    /// its validity, then its children) of the rows `scan` keeps, its read-back slots and
+    /// view table the next of [`arrays_of`]'s order.
     fn prepare(
         &mut self,
         c: &DeviceColumn<'a>,
         name: &str,
-        table: Option<(CudaSlice<u64>, CudaSlice<u64>, u64)>,
         (scan, n): (u64, usize),
-        index: usize,
     ) -> Result<Moved, BoxError> {
+        let index = self.next;
+        self.next += 1;
+        let table = self.tables.next().flatten();
         let (cx, cuda) = (self.cx, self.cuda);
         let s = cx.stream;
         let (valid_slot, bytes_slot) = (2 + 2 * index, 3 + 2 * index);
@@ -272,6 +284,19 @@ impl<'a> Moves<'_, 'a> {
             }
             None => None,
         };
+        if let DataType::Struct(_) = c.data_type() {
+            let children = c.children();
+            let mut moved = Vec::with_capacity(children.len());
+            for child in &children {
+                moved.push(self.prepare(child, name, (scan, n))?);
+            }
+            return Ok(Moved {
+                prepared: Prepared::Struct,
+                validity,
+                dictionary: None,
+                children: moved,
+            });
+        }
         let values = c
             .values()
             .or_else(|| c.buffer(1))
@@ -366,17 +391,24 @@ impl<'a> Moves<'_, 'a> {
                 Prepared::Fixed { values, width }
             }
         };
-        Ok(Moved { prepared, validity })
+        let dictionary = match c.dictionary() {
+            Some(values) => Some(Box::new(self.prepare_whole(&values, name)?)),
+            None => None,
+        };
+        Ok(Moved {
+            prepared,
+            validity,
+            dictionary,
+            children: Vec::new(),
+        })
     }
 
-    /// Prepares every value of `values` (a dictionary's), its read-back slots those of
-    /// array `index`: a scan that keeps them all (`fill_lanes`, devarrow's scan).
+    /// Prepares every value of `values` (a dictionary's) as [`Moves::prepare`] does: a
+    /// scan that keeps them all (`fill_lanes`, devarrow's scan).
     fn prepare_whole(
         &mut self,
         values: &DeviceColumn<'a>,
         name: &str,
-        table: Option<(CudaSlice<u64>, CudaSlice<u64>, u64)>,
-        index: usize,
     ) -> Result<WholeArray, BoxError> {
         let (cx, s) = (self.cx, self.cx.stream);
         let rows = values.len();
@@ -399,7 +431,7 @@ impl<'a> Moves<'_, 'a> {
             self.cuda
                 .inclusive_scan_i64(at as *mut std::ffi::c_void, rows as u64)
         }?;
-        let moved = self.prepare(values, name, table, (at, rows), index)?;
+        let moved = self.prepare(values, name, (at, rows))?;
         Ok(WholeArray {
             moved,
             rows,
@@ -411,20 +443,87 @@ impl<'a> Moves<'_, 'a> {
 impl Moved {
     /// The moved array of `dt` (`m` rows of `n`, kept by `scan`), once the read-back
     /// scalars are `read`; `None` where the strings kept exceed their offsets' range.
+    /// The scans of dictionaries' values go to `scans`, held until the launches that
+    /// read them are enqueued.
     fn array(
         self,
         cx: &Cx<'_>,
         dt: &DataType,
         (scan, n, m): (u64, usize, usize),
         read: &[i64],
+        scans: &mut Vec<CudaSlice<i64>>,
     ) -> Result<Option<CudaArray>, BoxError> {
         let s = cx.stream;
         let validity = self.validity.map(|v| {
             let nulls = m.saturating_sub(read[v.slot].max(0) as usize);
             (v.bits, Some(nulls))
         });
+        match (self.dictionary, dt) {
+            (Some(values), DataType::Dictionary(key_type, value_type)) => {
+                let keys = Moved {
+                    prepared: self.prepared,
+                    validity: None,
+                    dictionary: None,
+                    children: Vec::new(),
+                };
+                let Some(keys) = keys.keys(cx, key_type, (scan, n, m), read, validity)? else {
+                    return Ok(None);
+                };
+                let WholeArray {
+                    moved,
+                    rows,
+                    scan: all,
+                } = *values;
+                let at = addr(&all, s);
+                scans.push(all);
+                let Some(values) = moved.array(cx, value_type, (at, rows, rows), read, scans)?
+                else {
+                    return Ok(None);
+                };
+                // SAFETY: the keys are the column's own, moved: each valid one indexes the
+                // dictionary's values, all of them moved in order.
+                return Ok(Some(unsafe { CudaArray::from_dictionary(keys, values) }?));
+            }
+            (None, DataType::Struct(fields)) => {
+                let mut children = Vec::with_capacity(fields.len());
+                for (child, field) in self.children.into_iter().zip(fields.iter()) {
+                    match child.array(cx, field.data_type(), (scan, n, m), read, scans)? {
+                        Some(child) => children.push(child),
+                        None => return Ok(None),
+                    }
+                }
+                return Ok(Some(CudaArray::from_struct(
+                    fields.clone(),
+                    children,
+                    validity,
+                )?));
+            }
+            _ => {}
+        }
+        Moved {
+            prepared: self.prepared,
+            validity: None,
+            dictionary: None,
+            children: Vec::new(),
+        }
+        .keys(cx, dt, (scan, n, m), read, validity)
+    }
+
+    /// The moved values of a flat array of `dt` (a dictionary's keys), with `validity`.
+    fn keys(
+        self,
+        cx: &Cx<'_>,
+        dt: &DataType,
+        (scan, n, m): (u64, usize, usize),
+        read: &[i64],
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Option<CudaArray>, BoxError> {
+        let s = cx.stream;
         let dt = dt.clone();
         Ok(Some(match self.prepared {
+            Prepared::Struct => {
+                return Err(ComputeError::Input(format!("{dt} is not a struct's type")).into())
+            }
             Prepared::Fixed { values, width } => Fixed {
                 scan,
                 values,
