@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_data::ArrayData;
-use arrow_schema::{DataType, Fields};
+use arrow_schema::{DataType, FieldRef, Fields};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use devarrow_abi::{ArrowDeviceType, DeviceArray};
 
@@ -453,6 +453,63 @@ impl CudaArray {
         // length), with a bitmap of at least its length and its null count (checked by
         // `nulls`); `build_unchecked` reads no buffer.
         let data = unsafe { data.build_unchecked() };
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
+    }
+
+    /// A `FixedSizeList` array of `field` items, `size` of them a row (at least 1), whose
+    /// items are `values` (`size` times the rows, of the field's type; nulls only under a
+    /// nullable field), with an optional validity bitmap and null count as for
+    /// [`CudaArray::with_validity`]: else [`CudaError::InvalidArgument`] or
+    /// [`CudaError::TypeMismatch`]. The values' stream work is ordered before the
+    /// bitmap's and the array's stream (the values'). The arrays are consumed.
+    pub fn from_fixed_size_list(
+        field: FieldRef,
+        size: usize,
+        values: CudaArray,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        if field.data_type() != values.data_type() {
+            return Err(CudaError::TypeMismatch {
+                data_type: values.data_type().clone(),
+                native: "the list field's type",
+            });
+        }
+        let width = i32::try_from(size).ok().filter(|&s| s > 0).ok_or_else(|| {
+            CudaError::InvalidArgument(format!("a list size of {size} (1 to i32::MAX)"))
+        })?;
+        if !values.len().is_multiple_of(size) {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} values are no whole number of lists of {size}",
+                values.len()
+            )));
+        }
+        if !field.is_nullable() && values.null_count() > 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "the list items are not nullable but have {} nulls",
+                values.null_count()
+            )));
+        }
+        let len = values.len() / size;
+        let stream = values.stream.clone();
+        let one_stream = values.one_stream && on_stream(&stream, validity.as_ref().map(|v| &v.0));
+        if let Some((bits, _)) = &validity {
+            same_context(stream.context(), bits.context())?;
+        }
+        let nulls = nulls(&stream, len, validity)?;
+        // SAFETY: `len` rows of `size` items each: the values hold `len * size` items of
+        // the field's type (checked above), and a bitmap of at least `len` bits with its
+        // null count (checked by `nulls`); `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(DataType::FixedSizeList(field, width))
+                .len(len)
+                .nulls(nulls)
+                .child_data(vec![values.data])
+                .build_unchecked()
+        };
         Ok(Self {
             data,
             stream,

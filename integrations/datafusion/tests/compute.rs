@@ -1293,8 +1293,8 @@ pub async fn check_compact(device: &ExecDevice) {
         }
     }
     // Structs, nulls at each level: of fixed-width values, a struct of views and
-    // offset-based strings, and a dictionary. A struct of an offset (an import's) may
-    // be left to the host.
+    // offset-based strings, and a dictionary; fixed-size lists. A struct or list of an
+    // offset (an import's) may be left to the host.
     let struct_of = |fields: Vec<(&str, ArrayRef)>, nulls: Option<Vec<bool>>| {
         let fields: Vec<_> = fields
             .into_iter()
@@ -1325,9 +1325,34 @@ pub async fn check_compact(device: &ExecDevice) {
         ],
         Some((0..n).map(|i| i % 7 != 2).collect()),
     );
+    // Fixed-size lists (embeddings, say): of floats with nulls at both levels, of
+    // strings.
+    let embeddings = arrow_array::FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        4,
+        Arc::new(arrow_array::Float32Array::from(
+            (0..4 * n)
+                .map(|i| (i % 11 != 3).then_some(i as f32 / 8.0))
+                .collect::<Vec<_>>(),
+        )),
+        Some(arrow_buffer::NullBuffer::from(
+            (0..n).map(|i| i % 6 != 1).collect::<Vec<_>>(),
+        )),
+    )
+    .unwrap();
+    let pairs = arrow_array::FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Utf8, true)),
+        2,
+        datafusion::arrow::compute::concat(&[all.column_by_name("utf8").unwrap().as_ref(); 2])
+            .unwrap(),
+        None,
+    )
+    .unwrap();
     let structs = RecordBatch::try_from_iter([
         ("outer", outer),
         ("huge", all.column_by_name("huge").unwrap().clone()),
+        ("embeddings", Arc::new(embeddings) as ArrayRef),
+        ("pairs", Arc::new(pairs) as ArrayRef),
     ])
     .unwrap();
     for (what, mask) in &masks {

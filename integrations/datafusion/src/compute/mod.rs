@@ -487,14 +487,16 @@ pub(crate) fn compactable(data_type: &DataType) -> bool {
 
 /// Whether [`compact`] moves a column of this type on the device: [`compactable`]'s
 /// types, dictionaries of them (integer keys moved as fixed-width values, the values
-/// copied whole, by the same kernels), and structs of any of these (each child moved as
-/// a column is, the struct's validity too).
+/// copied whole, by the same kernels), and structs and fixed-size lists of any of these
+/// (each child moved as a column is, a list's items by a scan of them, `expand_scan`;
+/// the validity too).
 fn compacted(data_type: &DataType) -> bool {
     match data_type {
         DataType::Dictionary(keys, values) => keys.is_dictionary_key_type() && compactable(values),
         DataType::Struct(fields) => {
             !fields.is_empty() && fields.iter().all(|f| compacted(f.data_type()))
         }
+        DataType::FixedSizeList(field, k) => *k > 0 && compacted(field.data_type()),
         data_type => compactable(data_type),
     }
 }
@@ -506,9 +508,9 @@ fn compacted(data_type: &DataType) -> bool {
 /// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
 /// - `Ok(Some(None))`: no row is kept (nothing to bring back);
 /// - `Ok(None)`: not here: no selection, or a column of a type the device does not
-///   compact (lists, maps, unions, dictionaries of them: the host filters them after
-///   the download), a struct of an offset, or a foreign view or offset that points
-///   outside its buffers.
+///   compact (variable-size lists, maps, unions, dictionaries of them: the host filters
+///   them after the download), a struct or fixed-size list of an offset, or a foreign view or
+///   offset that points outside its buffers.
 ///
 /// Every column moves at its own width: fixed-width values (`compact_fixed`), bitmaps of
 /// validity and booleans (`compact_bits`), string views with their long values gathered
@@ -516,7 +518,8 @@ fn compacted(data_type: &DataType) -> bool {
 /// and binaries by their kept rows' lengths (`kept_lengths`, devarrow's scan,
 /// `compact_strings`); a dictionary's keys as fixed-width values, its values copied
 /// whole by the same kernels (a scan that keeps them all); a struct's validity and each
-/// of its children, as columns. On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
+/// of its children, as columns; a fixed-size list's validity and its items, by a scan of
+/// the items made of the rows' (`expand_scan`). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
 /// scan, with one read-back (the kept row count, each column's null count and string
 /// bytes, and the error word together); on the CPU device arrow's filter, on the
 /// device's memory.

@@ -23,7 +23,7 @@ use crate::step::ExecDevice;
 /// What one column needs once the kept row count is known, prepared before the
 /// read-back.
 enum Prepared {
-    /// A struct: its validity and children only.
+    /// A struct or a fixed-size list: its validity and children only.
     Struct,
     Fixed {
         /// The values at the column's first row.
@@ -202,9 +202,10 @@ struct Moves<'c, 'a> {
 type ViewTables = (CudaSlice<u64>, CudaSlice<u64>, u64);
 
 /// Every array [`compact`] moves of `c`, pushed on `out` in the order it prepares them:
-/// `c`, then its dictionary's values (and theirs), then its struct children (and
-/// theirs). `false` for a struct of an offset (its children's rows would be shifted by
-/// it; a packed batch has none): the host's.
+/// `c`, then its dictionary's values (and theirs), then its struct children or its
+/// fixed-size list's items (and theirs). `false` for a struct or a fixed-size list of an
+/// offset (its children's rows would be shifted by it; a packed batch has none): the
+/// host's.
 fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool {
     out.push(*c);
     if let Some(values) = c.dictionary() {
@@ -212,7 +213,7 @@ fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool 
             return false;
         }
     }
-    if let DataType::Struct(_) = c.data_type() {
+    if let DataType::Struct(_) | DataType::FixedSizeList(..) = c.data_type() {
         if c.offset() != 0 {
             return false;
         }
@@ -232,6 +233,8 @@ struct Moved {
     validity: Option<Validity>,
     dictionary: Option<Box<WholeArray>>,
     children: Vec<Moved>,
+    /// A fixed-size list's: the scan of its items (`expand_scan`'s).
+    items: Option<CudaSlice<i64>>,
 }
 
 /// A dictionary's values, every one kept: moved by a scan of their own (1, 2, ... `rows`).
@@ -295,6 +298,30 @@ impl<'a> Moves<'_, 'a> {
                 validity,
                 dictionary: None,
                 children: moved,
+                items: None,
+            });
+        }
+        if let DataType::FixedSizeList(_, k) = c.data_type() {
+            // The items move with their rows: a scan of the items made of the rows'.
+            let k = usize::try_from(*k).unwrap_or(0);
+            let items = n.saturating_mul(k);
+            let scan_items = cx.lanes(items.max(1))?;
+            let at = addr(&scan_items.values, s);
+            cx.launch(
+                &cx.k.expand_scan,
+                items,
+                &[A::U64(scan), A::U64(n as u64), A::U64(k as u64), A::U64(at)],
+            )?;
+            let child = c
+                .child(0)
+                .ok_or_else(|| ComputeError::Input(format!("column `{name}`: no list items")))?;
+            let moved = self.prepare(&child, name, (at, items))?;
+            return Ok(Moved {
+                prepared: Prepared::Struct,
+                validity,
+                dictionary: None,
+                children: vec![moved],
+                items: Some(scan_items.values),
             });
         }
         let values = c
@@ -400,6 +427,7 @@ impl<'a> Moves<'_, 'a> {
             validity,
             dictionary,
             children: Vec::new(),
+            items: None,
         })
     }
 
@@ -460,13 +488,10 @@ impl Moved {
         });
         match (self.dictionary, dt) {
             (Some(values), DataType::Dictionary(key_type, value_type)) => {
-                let keys = Moved {
-                    prepared: self.prepared,
-                    validity: None,
-                    dictionary: None,
-                    children: Vec::new(),
-                };
-                let Some(keys) = keys.keys(cx, key_type, (scan, n, m), read, validity)? else {
+                let keys = self
+                    .prepared
+                    .flat(cx, key_type, (scan, n, m), read, validity)?;
+                let Some(keys) = keys else {
                     return Ok(None);
                 };
                 let WholeArray {
@@ -498,19 +523,34 @@ impl Moved {
                     validity,
                 )?));
             }
+            (None, DataType::FixedSizeList(field, k)) => {
+                let (Some(items), Some(child)) = (self.items, self.children.into_iter().next())
+                else {
+                    return Err(ComputeError::Input(format!("{dt}: no items moved")).into());
+                };
+                let k = usize::try_from(*k).unwrap_or(0);
+                let kept = (addr(&items, s), n * k, m * k);
+                scans.push(items);
+                let Some(values) = child.array(cx, field.data_type(), kept, read, scans)? else {
+                    return Ok(None);
+                };
+                return Ok(Some(CudaArray::from_fixed_size_list(
+                    field.clone(),
+                    k,
+                    values,
+                    validity,
+                )?));
+            }
             _ => {}
         }
-        Moved {
-            prepared: self.prepared,
-            validity: None,
-            dictionary: None,
-            children: Vec::new(),
-        }
-        .keys(cx, dt, (scan, n, m), read, validity)
+        self.prepared.flat(cx, dt, (scan, n, m), read, validity)
     }
+}
 
-    /// The moved values of a flat array of `dt` (a dictionary's keys), with `validity`.
-    fn keys(
+impl Prepared {
+    /// The moved values of a flat array of `dt` (a dictionary's keys too), with
+    /// `validity`.
+    fn flat(
         self,
         cx: &Cx<'_>,
         dt: &DataType,
@@ -520,7 +560,7 @@ impl Moved {
     ) -> Result<Option<CudaArray>, BoxError> {
         let s = cx.stream;
         let dt = dt.clone();
-        Ok(Some(match self.prepared {
+        Ok(Some(match self {
             Prepared::Struct => {
                 return Err(ComputeError::Input(format!("{dt} is not a struct's type")).into())
             }
