@@ -1705,15 +1705,44 @@ async fn assert_fails_as_datafusion(
         None => concat_batches(&schema, &batches).unwrap(),
     };
     assert!(e.evaluate(&input).is_err(), "`{text}`: DataFusion fails");
+    let overflow = |e: &ComputeError| matches!(e, ComputeError::Overflow(_));
+    assert_device_fails(ctx, table, text, &input, device, overflow).await;
+}
+
+/// `text` over `table` compiles for the device, and its evaluation over `batch` (the
+/// table's first batch by default) is left to the host (`ComputeError::HostOnly`): a
+/// value whose answer is the host's, which the host then computes (or fails with
+/// DataFusion's error).
+async fn assert_left_to_the_host(
+    ctx: &SessionContext,
+    table: &str,
+    text: &str,
+    batch: Option<&RecordBatch>,
+    device: &ExecDevice,
+) {
+    let (_, _, batches) = projection_of(ctx, table, text).await;
+    let host_only = |e: &ComputeError| matches!(e, ComputeError::HostOnly(_));
+    let input = batch.unwrap_or(&batches[0]);
+    assert_device_fails(ctx, table, text, input, device, host_only).await;
+}
+
+/// `text` over `table` compiles for the device, and its evaluation over `input` fails
+/// with a `ComputeError` that `is` accepts.
+async fn assert_device_fails(
+    ctx: &SessionContext,
+    table: &str,
+    text: &str,
+    input: &RecordBatch,
+    device: &ExecDevice,
+    is: impl Fn(&ComputeError) -> bool,
+) {
+    let (e, schema, _) = projection_of(ctx, table, text).await;
     let failed = DeviceExpr::compile(&e, &schema)
-        .unwrap()
-        .evaluate(&upload(&input, device), device)
+        .unwrap_or_else(|u| panic!("`{text}` refused: {u}"))
+        .evaluate(&upload(input, device), device)
         .unwrap_err();
     assert!(
-        matches!(
-            ComputeError::find(failed.as_ref()),
-            Some(ComputeError::Overflow(_))
-        ),
+        ComputeError::find(failed.as_ref()).is_some_and(is),
         "`{text}`: {failed}"
     );
 }
@@ -2105,18 +2134,7 @@ pub async fn check_case_and_dates(device: &ExecDevice) {
         "date_trunc('month', tn)",
         "date_trunc('day', tn)",
     ] {
-        let (e, schema, batches) = projection_of(&ctx, "w", text).await;
-        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
-        let failed = compiled
-            .evaluate(&upload(&batches[0], device), device)
-            .unwrap_err();
-        assert!(
-            matches!(
-                ComputeError::find(failed.as_ref()),
-                Some(ComputeError::HostOnly(_))
-            ),
-            "{text}: {failed}"
-        );
+        assert_left_to_the_host(&ctx, "w", text, None, device).await;
     }
     check_partial_aggregate(
         &ctx,
@@ -2287,19 +2305,10 @@ pub async fn check_changing_zones(device: &ExecDevice) {
         let ctx = SessionContext::new();
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
         ctx.register_table("edge", Arc::new(table)).unwrap();
-        let (e, schema, batches) = projection_of(&ctx, "edge", "t + INTERVAL '1 day'").await;
+        let text = "t + INTERVAL '1 day'";
+        let (e, _, batches) = projection_of(&ctx, "edge", text).await;
         assert!(e.evaluate(&batches[0]).is_err(), "{at}: arrow fails");
-        let failed = DeviceExpr::compile(&e, &schema)
-            .unwrap()
-            .evaluate(&upload(&batches[0], device), device)
-            .unwrap_err();
-        assert!(
-            matches!(
-                ComputeError::find(failed.as_ref()),
-                Some(ComputeError::HostOnly(_))
-            ),
-            "{at}: {failed}"
-        );
+        assert_left_to_the_host(&ctx, "edge", text, None, device).await;
     }
 }
 
@@ -2616,18 +2625,7 @@ pub async fn check_ilike(device: &ExecDevice) {
     )])
     .unwrap();
     for text in ["(s ILIKE 'kelvin')", "lower(s)", "initcap(s)"] {
-        let (e, schema, _) = projection_of(&ctx, "ci", text).await;
-        let compiled = DeviceExpr::compile(&e, &schema).unwrap();
-        let failed = compiled
-            .evaluate(&upload(&kelvin, device), device)
-            .unwrap_err();
-        assert!(
-            matches!(
-                ComputeError::find(failed.as_ref()),
-                Some(ComputeError::HostOnly(_))
-            ),
-            "{text}: {failed}"
-        );
+        assert_left_to_the_host(&ctx, "ci", text, Some(&kelvin), device).await;
     }
     let parts = vec![vec![kelvin.clone()], vec![kelvin.slice(0, 1)]];
     let sql = "select s from kv where s ilike 'kelvin'";

@@ -2165,32 +2165,8 @@ fn interval_arithmetic(
     let mut node = step(op::ADD, value_node, 0);
     if months != 0 {
         // The days the months move the value's (local) day by, in the unit, added.
-        let day = Node::Unary {
-            op: op::DAYS,
-            input: Box::new(local_time(node.clone(), &zone, unit)?),
-            mul: per_day,
-            lo: i64::MIN,
-            hi: i64::MAX,
-            on_fail: OnFail::Error,
-        };
-        let moved = Node::Binary {
-            op: op::SUB,
-            left: Box::new(add_months_node(day.clone(), months)),
-            right: Box::new(day),
-            lmul: 1,
-            rmul: 1,
-            lo: i64::MIN,
-            hi: i64::MAX,
-        };
-        node = Node::Binary {
-            op: op::ADD,
-            left: Box::new(node),
-            right: Box::new(moved),
-            lmul: 1,
-            rmul: per_day,
-            lo,
-            hi,
-        };
+        let local = local_time(node.clone(), &zone, unit)?;
+        node = plus_months(node, local, months, per_day, (lo, hi));
     }
     Ok(Some(step(
         op,
@@ -2242,40 +2218,47 @@ fn changing_zone_interval(
     };
     let mut node = value;
     if months != 0 {
-        let local = local_time(node.clone(), &zone_name, unit)?;
         // The days the months move the local day by, in the unit, added to it.
-        let day = Node::Unary {
-            op: op::DAYS,
-            input: Box::new(local.clone()),
-            mul: per_day,
-            lo: i64::MIN,
-            hi: i64::MAX,
-            on_fail: OnFail::Error,
-        };
-        let moved = Node::Binary {
-            op: op::SUB,
-            left: Box::new(add_months_node(day.clone(), months)),
-            right: Box::new(day),
-            lmul: 1,
-            rmul: 1,
-            lo: i64::MIN,
-            hi: i64::MAX,
-        };
-        node = back(Node::Binary {
-            op: op::ADD,
-            left: Box::new(local),
-            right: Box::new(moved),
-            lmul: 1,
-            rmul: per_day,
-            lo,
-            hi,
-        });
+        let local = local_time(node.clone(), &zone_name, unit)?;
+        node = back(plus_months(local.clone(), local, months, per_day, (lo, hi)));
     }
     if days != 0 {
         let local = local_time(node, &zone_name, unit)?;
         node = back(with_literal(op::ADD, local, day_units, (lo, hi)));
     }
     Ok(with_literal(op, node, nanos / unit_nanos, (lo, hi)))
+}
+
+/// `node` plus the days `months` months move the day of `local` (`node`'s local time,
+/// or `node` itself) by, in the unit (`per_day` of it a day), checked against `range`:
+/// the day's `ADD_MONTHS` (chrono's `checked_add_months`, the day clamped) less the day.
+fn plus_months(node: Node, local: Node, months: i64, per_day: i64, range: (i64, i64)) -> Node {
+    let day = Node::Unary {
+        op: op::DAYS,
+        input: Box::new(local),
+        mul: per_day,
+        lo: i64::MIN,
+        hi: i64::MAX,
+        on_fail: OnFail::Error,
+    };
+    let moved = Node::Binary {
+        op: op::SUB,
+        left: Box::new(add_months_node(day.clone(), months)),
+        right: Box::new(day),
+        lmul: 1,
+        rmul: 1,
+        lo: i64::MIN,
+        hi: i64::MAX,
+    };
+    Node::Binary {
+        op: op::ADD,
+        left: Box::new(node),
+        right: Box::new(moved),
+        lmul: 1,
+        rmul: per_day,
+        lo: range.0,
+        hi: range.1,
+    }
 }
 
 /// `node` `op` (an addition or a subtraction) the literal `by`, checked against `range`

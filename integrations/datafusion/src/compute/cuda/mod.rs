@@ -867,30 +867,13 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 .as_ref()
                 .map(|v| eval(cx, v, frame, err))
                 .transpose()?;
-            let out = cx.lanes(n)?;
-            let starts = s.clone_htod(&zone.starts)?;
-            let offsets = s.clone_htod(&zone.offsets)?;
-            cx.launch(
-                &cx.k.zone_utc,
-                n,
-                &[
-                    A::U64(addr(&l.values, s)),
-                    A::U64(addr(&l.valid, s)),
-                    A::U64(v.as_ref().map_or(0, |v| addr(&v.values, s))),
-                    A::U64(addr(&out.values, s)),
-                    A::U64(addr(&out.valid, s)),
-                    A::U64(n as u64),
-                    A::U64(addr(&starts, s)),
-                    A::U64(addr(&offsets, s)),
-                    A::U64(zone.starts.len() as u64),
-                    A::I64(zone.end),
-                    A::I64(*per_second),
-                    A::I64(*lo),
-                    A::I64(*hi),
-                    A::U64(err),
-                ],
-            )?;
-            Ok(out)
+            let inputs = [
+                A::U64(addr(&l.values, s)),
+                A::U64(addr(&l.valid, s)),
+                A::U64(v.as_ref().map_or(0, |v| addr(&v.values, s))),
+            ];
+            let zone = (zone.as_ref(), *per_second, (*lo, *hi));
+            zone_launch(cx, &cx.k.zone_utc, &inputs, zone, n, err)
         }
         Node::ZoneLocal {
             input,
@@ -900,30 +883,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             hi,
         } => {
             let a = eval(cx, input, frame, err)?;
-            let out = cx.lanes(n)?;
-            // The zone's spans (a few hundred: uploaded with each batch, freed in order).
-            let starts = s.clone_htod(&zone.starts)?;
-            let offsets = s.clone_htod(&zone.offsets)?;
-            cx.launch(
-                &cx.k.zone_lanes,
-                n,
-                &[
-                    A::U64(addr(&a.values, s)),
-                    A::U64(addr(&a.valid, s)),
-                    A::U64(addr(&out.values, s)),
-                    A::U64(addr(&out.valid, s)),
-                    A::U64(n as u64),
-                    A::U64(addr(&starts, s)),
-                    A::U64(addr(&offsets, s)),
-                    A::U64(zone.starts.len() as u64),
-                    A::I64(zone.end),
-                    A::I64(*per_second),
-                    A::I64(*lo),
-                    A::I64(*hi),
-                    A::U64(err),
-                ],
-            )?;
-            Ok(out)
+            let inputs = [A::U64(addr(&a.values, s)), A::U64(addr(&a.valid, s))];
+            let zone = (zone.as_ref(), *per_second, (*lo, *hi));
+            zone_launch(cx, &cx.k.zone_lanes, &inputs, zone, n, err)
         }
         Node::Unary {
             op,
@@ -955,6 +917,40 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             Ok(out)
         }
     }
+}
+
+/// Launches `kernel` (`zone_lanes`, `zone_utc`) over `n` rows: its `inputs`, then the
+/// lanes it writes, `n`, and the zone's spans (uploaded in one copy with each batch, a
+/// few hundred: freed in stream order), its end, the units a second, the result's range
+/// and the error word.
+fn zone_launch(
+    cx: &Cx<'_>,
+    kernel: &CudaFunction,
+    inputs: &[A],
+    (zone, per_second, (lo, hi)): (&super::expr::ZoneTable, i64, (i64, i64)),
+    n: usize,
+    err: u64,
+) -> Result<Lanes, BoxError> {
+    let s = cx.stream;
+    let out = cx.lanes(n)?;
+    let spans = s.clone_htod(&[zone.starts.as_slice(), &zone.offsets].concat())?;
+    let at = addr(&spans, s);
+    let count = zone.starts.len() as u64;
+    let args = inputs.iter().copied().chain([
+        A::U64(addr(&out.values, s)),
+        A::U64(addr(&out.valid, s)),
+        A::U64(n as u64),
+        A::U64(at),
+        A::U64(at + 8 * count),
+        A::U64(count),
+        A::I64(zone.end),
+        A::I64(per_second),
+        A::I64(lo),
+        A::I64(hi),
+        A::U64(err),
+    ]);
+    cx.launch(kernel, n, &args.collect::<Vec<_>>())?;
+    Ok(out)
 }
 
 /// Whether `node` reads an offset-based string column (`Utf8`, `LargeUtf8`): the views
