@@ -2164,10 +2164,11 @@ mod cuda_interop {
     }
 
     /// Columns written on the device's own stream make a batch without a sync event:
-    /// after a warm-up, making the batch, viewing a column on that stream, downloading
-    /// it and dropping it all create, wait for and synchronize no event (counted on the
-    /// emulated driver; a real one checks the results only). A column of another stream
-    /// keeps the export's event, and the stream-order export refuses to mix streams.
+    /// after a warm-up, making the batch, viewing a column on that stream and dropping
+    /// both create, wait for and synchronize no event (counted on the emulated driver; a
+    /// real one checks the results only); the batch downloads as written, a second time
+    /// without waiting for the first's pack. A column of another stream keeps the
+    /// export's event, and the stream-order export refuses to mix streams.
     #[test]
     fn columns_on_the_devices_own_stream_make_a_batch_without_events() {
         use devarrow_testing::gpu::ImplicitSyncs;
@@ -2228,6 +2229,30 @@ mod cuda_interop {
                 assert_eq!(n, 0, "{call} on the device's own stream: {calls}");
             }
         }
+
+        // Downloaded twice, such a batch does not wait for its first pack before the
+        // second: a download waits for its own copy only, the same waits each time.
+        let on_device = DeviceBatch::from_cuda_arrays(
+            dyn_device.clone(),
+            schema.clone(),
+            vec![column(&stream)],
+        )
+        .unwrap();
+        let mut downloads = super::transfer(&device);
+        let mut download = || {
+            let before = ImplicitSyncs::every_call_settled();
+            assert_eq!(downloads.to_host(&on_device).unwrap(), expected);
+            let after = ImplicitSyncs::every_call_settled();
+            before.and_then(|b| after.map(|a| a.since(&b)))
+        };
+        if let (Some(first), Some(second)) = (download(), download()) {
+            let waits = |calls: &ImplicitSyncs| {
+                ["cuEventSynchronize", "cuStreamSynchronize"]
+                    .map(|call| calls.calls.get(call).copied().unwrap_or(0))
+            };
+            assert_eq!(waits(&second), waits(&first), "{first} then {second}");
+        }
+        drop(on_device);
 
         // A column of another stream: the batch orders the device's stream after it.
         let (_ctx, other) = callers_stream();
