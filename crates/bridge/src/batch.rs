@@ -249,13 +249,23 @@ impl DeviceBatch {
         schema: SchemaRef,
     ) -> Result<DeviceBatch> {
         let (foreign, event) = Foreign::import(&device, array, &schema)?;
-        Ok(DeviceBatch {
+        Ok(Self::of_foreign(device, foreign, event, schema))
+    }
+
+    /// The batch of an imported array (`Foreign::import`'s) and its event.
+    pub(crate) fn of_foreign(
+        device: Arc<dyn Device>,
+        foreign: Foreign,
+        event: Arc<dyn SyncEvent>,
+        schema: SchemaRef,
+    ) -> DeviceBatch {
+        DeviceBatch {
             schema,
             num_rows: foreign.num_rows(),
             storage: Storage::Foreign(Arc::new(foreign)),
             event,
             device,
-        })
+        }
     }
 
     /// [`DeviceBatch::import`] with [`ImportOptions`]: with

@@ -153,11 +153,11 @@ fn view<'a, T: DeviceNative>(
             Storage::Foreign(foreign) => foreign.in_order_on == Some(key),
         };
     if in_stream_order {
+        // The memory is freed in order on `stream` (a packed batch's on the stream it was
+        // allocated on, an imported array of this process's own by its producer, both
+        // `stream`), so after every use enqueued there.
         // SAFETY: the range lies in the borrowed batch's CUDA memory (as below), written
-        // by work ordered before the batch's event, recorded on `stream`; the memory is
-        // freed in order on `stream` (a packed batch's on the stream it was allocated on,
-        // an imported array of this process's own by its producer, both `stream`), so
-        // after every use enqueued there.
+        // by work ordered before the batch's event, recorded on `stream`; freed as above.
         return unsafe { BorrowedSlice::in_stream_order(stream, address, len) };
     }
     let after_use: AfterUse<'a> = match &batch.storage {
@@ -258,19 +258,14 @@ impl DeviceBatch {
         };
         // Every column is written, and freed, in order on the device's own stream, where
         // the import below (and the batch's every copy) enqueues its work: no sync event.
-        // SAFETY: the batch imported here uses the buffers on the device's stream only
-        // (its copies; views of other streams wait for the batch's event, recorded on it,
-        // and are waited for before the release), and the columns are in order on it.
-        let array =
-            unsafe { CudaArray::export_struct_in_stream_order(schema.fields().clone(), columns) }?;
+        // The batch imported here uses the buffers on that stream only (its copies; views
+        // of other streams wait for the batch's event, recorded on it, and are waited for
+        // before the release).
+        let fields = schema.fields().clone();
+        // SAFETY: the consumer works on the columns' one stream only (above).
+        let array = unsafe { CudaArray::export_struct_in_stream_order(fields, columns) }?;
         let (mut foreign, event) = Foreign::import(&device, array, &schema)?;
         foreign.in_order_on = Some(key);
-        Ok(DeviceBatch {
-            schema,
-            num_rows: foreign.num_rows(),
-            storage: Storage::Foreign(Arc::new(foreign)),
-            event,
-            device,
-        })
+        Ok(DeviceBatch::of_foreign(device, foreign, event, schema))
     }
 }

@@ -285,10 +285,10 @@ fn export(
     // `try_new` only fails on a released struct, and `root.release` is set. The buffers are
     // the CUDA memory of `device_type` on the stream's device this function requires
     // (device memory gets into an `ArrayData` only through the unsafe `into_arrow_buffer`).
-    // SAFETY: `root` is arrow-rs's export of `data` (well-formed, buffers sized for its
-    // structs) with our release, callable once from any thread; `sync_event` points to
-    // the event just recorded, alive in `private` until release, or is NULL (the
-    // caller's promise of work in stream order).
+    // `root` is arrow-rs's export of `data` (well-formed, buffers sized for its structs)
+    // with our release, callable once from any thread.
+    // SAFETY: as above; `sync_event` points to the event just recorded, alive in
+    // `private` until release, or is NULL (the caller's promise of stream order).
     Ok(unsafe { DeviceArray::try_new(raw) }?)
 }
 

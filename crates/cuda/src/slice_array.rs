@@ -543,10 +543,10 @@ impl CudaArray {
         let data_type =
             DataType::Dictionary(Box::new(key_type), Box::new(values.data_type().clone()));
         let keys = keys.data;
-        // SAFETY: the keys' buffers and bitmap (their null count) as the keys array holds
-        // them, at its offset (0: the constructors build arrays at 0), and the values as
-        // the dictionary; the keys' range is the caller's promise; `build_unchecked` reads
-        // no buffer.
+        // The keys' buffers and bitmap (their null count) as the keys array holds them, at
+        // its offset (0: the constructors build arrays at 0), the values as the dictionary.
+        // SAFETY: so built; the keys' range is the caller's promise; `build_unchecked`
+        // reads no buffer.
         let data = unsafe {
             ArrayData::builder(data_type)
                 .len(keys.len())
