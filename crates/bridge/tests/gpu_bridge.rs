@@ -2351,6 +2351,123 @@ mod cuda_interop {
         assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
     }
 
+    /// Lists built of cudarc slices (i32 offsets with nulls and an empty row over
+    /// integers with nulls; i64 offsets over strings) download as the arrays they
+    /// describe; offsets of the other width, items of another type than the field's and
+    /// nulls under a field that has none are refused.
+    #[test]
+    fn lists_from_cudarc_slices_download() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::{LargeListArray, ListArray};
+        let (_lock, device) = gpu_or_skip!();
+        let stream = device.stream().clone();
+        let items = || {
+            CudaArray::with_validity(
+                DataType::Int32,
+                stream.clone_htod(&[1i32, 2, 0, 4, 5]).unwrap(),
+                stream.clone_htod(&[0b11011u8]).unwrap(),
+                Some(1),
+            )
+            .unwrap()
+        };
+        let item = |nullable| Arc::new(Field::new("item", DataType::Int32, nullable));
+        let list = DataType::List(item(true));
+        // SAFETY: 5 non-decreasing offsets from 0 to the 5 items.
+        let ints = unsafe {
+            CudaArray::from_list(
+                list.clone(),
+                stream.clone_htod(&[0i32, 2, 2, 2, 5]).unwrap(),
+                items(),
+                Some((stream.clone_htod(&[0b1101u8]).unwrap(), None)),
+            )
+        }
+        .unwrap();
+        assert_eq!((ints.len(), ints.null_count()), (4, 1));
+        let strings = || {
+            // SAFETY: 3 offsets into the 36 bytes, non-decreasing, UTF-8 values.
+            unsafe {
+                CudaArray::from_offsets(
+                    DataType::Utf8,
+                    stream.clone_htod(&[0i32, 3, 36]).unwrap(),
+                    stream
+                        .clone_htod(b"AIRa value of more than twelve bytes")
+                        .unwrap(),
+                    None,
+                )
+            }
+            .unwrap()
+        };
+        let large = DataType::LargeList(Arc::new(Field::new("item", DataType::Utf8, false)));
+        // SAFETY: 2 offsets from 0 to the 2 strings.
+        let words = unsafe {
+            CudaArray::from_list(
+                large.clone(),
+                stream.clone_htod(&[0i64, 2]).unwrap(),
+                strings(),
+                None,
+            )
+        }
+        .unwrap();
+        let expected_ints = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+            Some(vec![Some(1), Some(2)]),
+            None,
+            Some(vec![]),
+            Some(vec![None, Some(4), Some(5)]),
+        ]);
+        let expected_words = LargeListArray::new(
+            Arc::new(Field::new("item", DataType::Utf8, false)),
+            arrow_buffer::OffsetBuffer::new(vec![0i64, 2].into()),
+            Arc::new(StringArray::from(vec![
+                "AIR",
+                "a value of more than twelve bytes",
+            ])),
+            None,
+        );
+        for (name, array, expected) in [
+            ("ints", ints, Arc::new(expected_ints) as ArrayRef),
+            ("words", words, Arc::new(expected_words) as ArrayRef),
+        ] {
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                name,
+                array.data_type().clone(),
+                true,
+            )]));
+            let on_device =
+                DeviceBatch::from_cuda_arrays(device.clone(), schema.clone(), vec![array]).unwrap();
+            let back = transfer(&device).to_host(&on_device).unwrap();
+            assert_eq!(back, RecordBatch::try_new(schema, vec![expected]).unwrap());
+        }
+
+        // SAFETY: refused before any offset is read (i64 offsets are not a List's).
+        let err = unsafe {
+            CudaArray::from_list(
+                list.clone(),
+                stream.clone_htod(&[0i64, 5]).unwrap(),
+                items(),
+                None,
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        // SAFETY: refused before any offset is read (Int32 items are not the field's).
+        let err = unsafe {
+            CudaArray::from_list(large, stream.clone_htod(&[0i64, 2]).unwrap(), items(), None)
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+        // SAFETY: refused before any offset is read (nulls under a field of none).
+        let err = unsafe {
+            CudaArray::from_list(
+                DataType::List(item(false)),
+                stream.clone_htod(&[0i32, 5]).unwrap(),
+                items(),
+                None,
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+    }
+
     /// Booleans and string views built from cudarc slices (a kernel's output) download
     /// as the arrays they describe; the views' variadic sizes travel on the device.
     #[test]

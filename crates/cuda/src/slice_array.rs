@@ -517,6 +517,85 @@ impl CudaArray {
         })
     }
 
+    /// A variable-size list array of `data_type`: a `List` or `Map` of `i32` offsets, or
+    /// a `LargeList` of `i64` offsets (else [`CudaError::TypeMismatch`]), of
+    /// `offsets.len() - 1` rows (at least one offset, else
+    /// [`CudaError::InvalidArgument`]) whose items are the ranges of `values` (of the
+    /// list field's type, else [`CudaError::TypeMismatch`]; nulls only under a nullable
+    /// field, else [`CudaError::InvalidArgument`]) the offsets delimit, with an optional
+    /// validity bitmap and null count as for [`CudaArray::with_validity`]. The values'
+    /// stream work is ordered before the offsets' stream, the array's (its exports
+    /// record the event there); the per-thread default stream is refused. The slices and
+    /// the values are consumed.
+    ///
+    /// # Safety
+    /// Nothing reads the offsets here. They must be as Arrow requires, once written on
+    /// the offsets' stream: non-decreasing, the first at least 0, the last at most
+    /// `values.len()`. A consumer that reads the array on the host (a download) trusts
+    /// them.
+    pub unsafe fn from_list<O: DeviceNative>(
+        data_type: DataType,
+        offsets: CudaSlice<O>,
+        values: CudaArray,
+        validity: Option<(CudaSlice<u8>, Option<usize>)>,
+    ) -> Result<Self> {
+        let (field, width) = match &data_type {
+            DataType::List(field) | DataType::Map(field, _) => (Some(field), "i32"),
+            DataType::LargeList(field) => (Some(field), "i64"),
+            _ => (None, ""),
+        };
+        let Some(field) = field.filter(|_| O::NAME == width) else {
+            return Err(CudaError::TypeMismatch {
+                data_type,
+                native: O::NAME,
+            });
+        };
+        if field.data_type() != values.data_type() {
+            return Err(CudaError::TypeMismatch {
+                data_type: values.data_type().clone(),
+                native: "the list field's type",
+            });
+        }
+        if !field.is_nullable() && values.null_count() > 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "the list items are not nullable but have {} nulls",
+                values.null_count()
+            )));
+        }
+        let Some(len) = offsets.len().checked_sub(1) else {
+            return Err(CudaError::InvalidArgument(
+                "an offsets buffer of no offset (a list array has rows + 1)".into(),
+            ));
+        };
+        let stream = offsets.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        same_context(stream.context(), values.stream.context())?;
+        stream_waits_for(&stream, &values.stream)?;
+        let one_stream = values.one_stream
+            && values.is_in_order_on(&stream)
+            && on_stream(&stream, validity.as_ref().map(|v| &v.0));
+        let offsets_ptr = address_for_reads(&offsets, &stream);
+        let nulls = nulls(&stream, len, validity)?;
+        // SAFETY: the buffer is only exported (address and length), never read.
+        let offsets = unsafe { device_buffer(offsets, offsets_ptr) };
+        // SAFETY: `len + 1` offsets of the type's width (checked above) into the values
+        // (of the field's type, checked above), as the caller promises, and a bitmap with
+        // its null count (checked by `nulls`); `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(data_type)
+                .len(len)
+                .nulls(nulls)
+                .add_buffer(offsets)
+                .child_data(vec![values.data])
+                .build_unchecked()
+        };
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
+    }
+
     /// A `Dictionary` array whose keys are `keys` (an array of an integer type, else
     /// [`CudaError::TypeMismatch`]; its validity is the dictionary's) and whose values
     /// are `values` (an array of any type of this constructor's), both of one context

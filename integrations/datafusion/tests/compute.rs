@@ -1153,8 +1153,9 @@ async fn selections_are_datafusions_filters() {
 /// every width, signed and not, floats, dates, timestamps, decimals of 128 bits beyond
 /// 64), booleans, string and binary views (inline, long, in several blocks, empty), with
 /// and without nulls, slices, no row kept, every row kept, offset-based strings and
-/// binaries of both widths; and the cases left to the host (a list column, no
-/// selection).
+/// binaries of both widths; structs, fixed-size lists, variable-size lists and maps of
+/// these (nested, sliced, imported at an offset); and the cases left to the host (a
+/// dictionary of lists, lists whose kept rows hold no item, no selection).
 pub async fn check_compact(device: &ExecDevice) {
     use arrow_array::{
         BinaryViewArray, Float64Array, StringViewArray, TimestampMicrosecondArray, UInt64Array,
@@ -1385,24 +1386,197 @@ pub async fn check_compact(device: &ExecDevice) {
             }
         }
     }
-    // Left to the host's filter after the download.
-    let every_other =
-        |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());
-    let lists = arrow_array::ListArray::from_iter_primitive::<arrow_array::types::Int32Type, _, _>(
-        (0..n as i32).map(|i| Some(vec![Some(i), None])),
+    // Variable-size lists and maps, nulls at each level and empty lists: of integers,
+    // of string views (long values), of offset-based strings (i64 offsets), of lists, of
+    // structs; a map of strings to integers.
+    let ints = arrow_array::ListArray::from_iter_primitive::<arrow_array::types::Int32Type, _, _>(
+        (0..n as i32).map(|i| match i % 7 {
+            2 => None,
+            3 => Some(vec![]),
+            k => Some((0..k).map(|j| (j != 1).then_some(i * 10 + j)).collect()),
+        }),
     );
-    let nested = RecordBatch::try_from_iter([
-        ("x", typed.column(3).clone()),
-        ("lists", Arc::new(lists) as ArrayRef),
+    let list_of = |wide: bool, values: ArrayRef, lens: &dyn Fn(usize) -> usize, nulls: bool| {
+        let field = Arc::new(Field::new("item", values.data_type().clone(), true));
+        let lengths: Vec<usize> = (0..n).map(lens).collect();
+        assert_eq!(lengths.iter().sum::<usize>(), values.len());
+        let nulls = nulls.then(|| {
+            arrow_buffer::NullBuffer::from(
+                (0..n)
+                    .map(|i| i % 8 != 5 || lengths[i] > 0)
+                    .collect::<Vec<_>>(),
+            )
+        });
+        if wide {
+            Arc::new(
+                arrow_array::LargeListArray::try_new(
+                    field,
+                    arrow_buffer::OffsetBuffer::from_lengths(lengths),
+                    values,
+                    nulls,
+                )
+                .unwrap(),
+            ) as ArrayRef
+        } else {
+            Arc::new(
+                arrow_array::ListArray::try_new(
+                    field,
+                    arrow_buffer::OffsetBuffer::from_lengths(lengths),
+                    values,
+                    nulls,
+                )
+                .unwrap(),
+            ) as ArrayRef
+        }
+    };
+    let views = all.column_by_name("strings").unwrap().clone();
+    let utf8 = all.column_by_name("large").unwrap().clone();
+    // Row i holds (i + 1) % 3 views of `views` (in order, then from the start again).
+    let cycled = |a: &ArrayRef, total: usize| {
+        let idx = arrow_array::UInt32Array::from(
+            (0..total as u32).map(|k| k % n as u32).collect::<Vec<_>>(),
+        );
+        datafusion::arrow::compute::take(a.as_ref(), &idx, None).unwrap()
+    };
+    let three = (0..n).map(|i| (i + 1) % 3).sum::<usize>();
+    let list_views = list_of(false, cycled(&views, three), &|i| (i + 1) % 3, true);
+    let large_utf8 = list_of(true, cycled(&utf8, three), &|i| (i + 1) % 3, false);
+    let some = (0..n).filter(|i| i % 3 != 2).count();
+    let list_lists = list_of(
+        false,
+        Arc::new(ints.slice(0, some)),
+        &|i| usize::from(i % 3 != 2),
+        true,
+    );
+    let pairs = struct_of(
+        vec![
+            ("tiny", cycled(all.column_by_name("tiny").unwrap(), three)),
+            (
+                "dict",
+                cycled(all.column_by_name("dict_utf8").unwrap(), three),
+            ),
+        ],
+        Some((0..three).map(|i| i % 4 != 1).collect()),
+    );
+    let list_structs = list_of(false, pairs, &|i| (i + 1) % 3, true);
+    let mut map = arrow_array::builder::MapBuilder::new(
+        None,
+        arrow_array::builder::StringBuilder::new(),
+        arrow_array::builder::Int64Builder::new(),
+    );
+    for i in 0..n {
+        if i % 9 == 4 {
+            map.append(false).unwrap();
+            continue;
+        }
+        for k in 0..i % 4 {
+            map.keys()
+                .append_value(format!("key {k} of a long row {i}"));
+            map.values()
+                .append_option((k != 2).then_some(i as i64 * k as i64));
+        }
+        map.append(true).unwrap();
+    }
+    let lists = RecordBatch::try_from_iter([
+        ("ints", Arc::new(ints) as ArrayRef),
+        ("list_views", list_views),
+        ("large_utf8", large_utf8),
+        ("list_lists", list_lists),
+        ("list_structs", list_structs),
+        ("map", Arc::new(map.finish()) as ArrayRef),
     ])
     .unwrap();
-    let frame = upload(&nested, device)
-        .with_selection(selection_column(every_other(n), device))
-        .unwrap();
-    assert!(compact(&frame, device).unwrap().is_none(), "a list column");
+    // No item among the kept rows (rows of i % 3 == 2 hold none in every column but
+    // `ints`, left out): left to the host on CUDA (nothing to allocate the items in),
+    // else equal to the filter.
+    let on_cuda = device.device().device_type() == devarrow::abi::ArrowDeviceType::CUDA;
+    let filtered_or_left = |batch: &RecordBatch, mask: &Mask, what: &str| {
+        let mask = UInt8Array::from((0..batch.num_rows()).map(mask).collect::<Vec<_>>());
+        let keep = BooleanArray::from(mask.iter().map(|m| Some(m == Some(1))).collect::<Vec<_>>());
+        let want = filter_record_batch(batch, &keep).unwrap();
+        let frame = upload(batch, device)
+            .with_selection(selection_column(mask, device))
+            .unwrap();
+        match compact(&frame, device).unwrap() {
+            Some(Some(kept)) => {
+                assert!(!on_cuda, "{what}: CUDA leaves it to the host");
+                let mut transfer =
+                    Transfer::new(device.device().clone(), TransferOptions::default());
+                assert_eq!(kept.download(&mut transfer).unwrap(), want, "{what}");
+            }
+            Some(None) => panic!("{what}: rows are kept"),
+            None => assert!(on_cuda, "{what}: the CPU device filters every type"),
+        }
+    };
+    let no_items: Mask = Box::new(|i| Some((i % 21 == 2) as u8));
+    filtered_or_left(
+        &lists.project(&[1, 2, 3]).unwrap(),
+        &no_items,
+        "lists whose kept rows keep no item",
+    );
+    for batch in [lists.clone(), lists.slice(4, 30)] {
+        for (what, mask) in &masks {
+            let mask = UInt8Array::from((0..batch.num_rows()).map(mask).collect::<Vec<_>>());
+            let keep = BooleanArray::from(
+                mask.iter()
+                    .map(|m| Some(m.unwrap_or(0) != 0))
+                    .collect::<Vec<_>>(),
+            );
+            let want = filter_record_batch(&batch, &keep).unwrap();
+            for frame in [
+                upload(&batch, device),
+                upload_with_offset(&batch, 7, device),
+            ] {
+                let frame = frame
+                    .with_selection(selection_column(mask.clone(), device))
+                    .unwrap();
+                match compact(&frame, device).unwrap() {
+                    Some(Some(kept)) => {
+                        let mut transfer =
+                            Transfer::new(device.device().clone(), TransferOptions::default());
+                        assert_eq!(kept.download(&mut transfer).unwrap(), want, "lists: {what}");
+                    }
+                    Some(None) => assert_eq!(want.num_rows(), 0, "lists: {what}"),
+                    None => panic!("lists, {what}: these compact on the device"),
+                }
+            }
+        }
+    }
+    // Offsets that go back at a row the selection drops: the rows kept are ranges of
+    // the items, but not the items between them. CUDA checks every row's offsets and
+    // leaves the batch to the host (whose download refuses it or filters it).
+    if on_cuda {
+        let items = Int32Array::from(vec![10, 11, 12, 13]);
+        // SAFETY: invalid on purpose (row 1 ends before it starts); only the device's
+        // compaction reads it, which checks the offsets.
+        let crossed = unsafe {
+            datafusion::arrow::array::ArrayData::builder(DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Int32,
+                true,
+            ))))
+            .len(4)
+            .add_buffer(arrow_buffer::Buffer::from_slice_ref([0i32, 2, 1, 3, 4]))
+            .child_data(vec![items.into_data()])
+            .build_unchecked()
+        };
+        let crossed =
+            RecordBatch::try_from_iter([("l", arrow_array::make_array(crossed))]).unwrap();
+        let frame = upload(&crossed, device)
+            .with_selection(selection_column(UInt8Array::from(vec![1, 0, 1, 0]), device))
+            .unwrap();
+        assert!(
+            compact(&frame, device).unwrap().is_none(),
+            "offsets that go back"
+        );
+    }
+    // Left to the host's filter after the download: a dictionary of lists, a list of no
+    // item.
+    let every_other =
+        |n: usize| UInt8Array::from((0..n).map(|i| Some((i % 2) as u8)).collect::<Vec<_>>());
     let list_dictionary = arrow_array::DictionaryArray::new(
         Int32Array::from((0..n as i32).map(|i| i % 2).collect::<Vec<_>>()),
-        nested.column(1).slice(0, 2),
+        lists.column(0).slice(0, 2),
     );
     let frame = upload(
         &RecordBatch::try_from_iter([("d", Arc::new(list_dictionary) as ArrayRef)]).unwrap(),
@@ -1414,6 +1588,15 @@ pub async fn check_compact(device: &ExecDevice) {
         compact(&frame, device).unwrap().is_none(),
         "a dictionary of lists"
     );
+    let nothing =
+        arrow_array::ListArray::new_null(Arc::new(Field::new("item", DataType::Int32, true)), n);
+    let none_of = RecordBatch::try_from_iter([
+        ("x", typed.column(3).clone()),
+        ("l", Arc::new(nothing) as ArrayRef),
+    ])
+    .unwrap();
+    let every_other: Mask = Box::new(|i| Some((i % 2) as u8));
+    filtered_or_left(&none_of, &every_other, "a list of no item");
     assert!(compact(&upload(&all, device), device).unwrap().is_none());
 }
 

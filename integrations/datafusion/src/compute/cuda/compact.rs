@@ -2,7 +2,9 @@
 //! selection scanned, then every column moved to the front at its own width: fixed-width
 //! values (`compact_fixed`), bitmaps (`compact_bits`), string views and their long values
 //! (`view_bytes`, a scan, `compact_views`), offset-based strings and binaries (`kept_lengths`,
-//! a scan, `compact_strings`). One read-back in all.
+//! a scan, `compact_strings`); structs and fixed-size lists by their children, and
+//! variable-size lists and maps by their kept rows' lengths (`kept_lengths`, a scan,
+//! `compact_offsets`) and a scan of their items (`list_items`). One read-back in all.
 
 use std::sync::Arc;
 
@@ -25,6 +27,18 @@ use crate::step::ExecDevice;
 enum Prepared {
     /// A struct or a fixed-size list: its validity and children only.
     Struct,
+    /// A variable-size list (or a map): its offsets made anew of the kept rows' lengths,
+    /// its items moved by their own scan.
+    List {
+        /// The slot of the kept items' count among the read-back scalars.
+        slot: usize,
+        /// The inclusive scan of each row's kept items.
+        lengths: CudaSlice<i64>,
+        /// i64 offsets (`LargeList`), else i32.
+        wide: bool,
+        /// The items' count (the child's rows).
+        items: usize,
+    },
     Fixed {
         /// The values at the column's first row.
         values: u64,
@@ -203,9 +217,10 @@ type ViewTables = (CudaSlice<u64>, CudaSlice<u64>, u64);
 
 /// Every array [`compact`] moves of `c`, pushed on `out` in the order it prepares them:
 /// `c`, then its dictionary's values (and theirs), then its struct children or its
-/// fixed-size list's items (and theirs). `false` for a struct or a fixed-size list of an
-/// offset (its children's rows would be shifted by it; a packed batch has none): the
-/// host's.
+/// fixed-size list's or variable-size list's items (and theirs). `false` for a struct
+/// or a fixed-size list of an offset (its children's rows would be shifted by it; a
+/// packed batch has none), and for a variable-size list of no item (nothing to allocate
+/// its items' scan in): the host's.
 fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool {
     out.push(*c);
     if let Some(values) = c.dictionary() {
@@ -223,6 +238,12 @@ fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool 
             }
         }
     }
+    if let DataType::List(_) | DataType::LargeList(_) | DataType::Map(..) = c.data_type() {
+        match c.child(0) {
+            Some(items) if !items.is_empty() => return arrays_of(&items, out),
+            _ => return false,
+        }
+    }
     true
 }
 
@@ -233,7 +254,8 @@ struct Moved {
     validity: Option<Validity>,
     dictionary: Option<Box<WholeArray>>,
     children: Vec<Moved>,
-    /// A fixed-size list's: the scan of its items (`expand_scan`'s).
+    /// A fixed-size or variable-size list's: the scan of its items (`expand_scan`'s,
+    /// `list_items`').
     items: Option<CudaSlice<i64>>,
 }
 
@@ -323,6 +345,9 @@ impl<'a> Moves<'_, 'a> {
                 children: vec![moved],
                 items: Some(scan_items.values),
             });
+        }
+        if let DataType::List(_) | DataType::LargeList(_) | DataType::Map(..) = c.data_type() {
+            return self.prepare_list(c, name, (scan, n), validity, bytes_slot);
         }
         let values = c
             .values()
@@ -428,6 +453,75 @@ impl<'a> Moves<'_, 'a> {
             dictionary,
             children: Vec::new(),
             items: None,
+        })
+    }
+
+    /// Prepares variable-size list `c` (a `List`, `LargeList` or `Map` of `n` rows, kept
+    /// by `scan`; its bitmap already compacted into `validity`): its kept rows' lengths
+    /// (`kept_lengths`, bounded by its items) scanned, their sum read back at `slot`,
+    /// and the scan of its items (`list_items`) by which its items are prepared.
+    fn prepare_list(
+        &mut self,
+        c: &DeviceColumn<'a>,
+        name: &str,
+        (scan, n): (u64, usize),
+        validity: Option<Validity>,
+        slot: usize,
+    ) -> Result<Moved, BoxError> {
+        let (cx, cuda, e) = (self.cx, self.cuda, self.e);
+        let s = cx.stream;
+        let child = c
+            .child(0)
+            .ok_or_else(|| ComputeError::Input(format!("column `{name}`: no list items")))?;
+        let items = child.len();
+        let (source, _) = string_source(c, n, name, s, &mut self.held)?;
+        let lengths = cx.zeros::<i64>(n)?;
+        cx.launch(
+            &cx.k.kept_lengths,
+            n,
+            &[
+                A::U64(scan),
+                A::U64(source.offsets),
+                A::U32(u32::from(source.wide)),
+                A::U64(items as u64),
+                A::U64(n as u64),
+                A::U64(addr(&lengths, s)),
+                A::U64(e),
+            ],
+        )?;
+        let at = addr(&lengths, s);
+        // SAFETY: `lengths` holds `n` i64s on this device, written by `kept_lengths` on the
+        // stream the scan runs on (in order after it).
+        unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, n as u64) }?;
+        copy_last(cx, &lengths, n, &mut self.scalars, slot)?;
+        let scan_items = cx.zeros::<i64>(items)?;
+        let items_at = addr(&scan_items, s);
+        cx.launch(
+            &cx.k.list_items,
+            n.max(items),
+            &[
+                A::U64(scan),
+                A::U64(source.offsets),
+                A::U32(u32::from(source.wide)),
+                A::U64(n as u64),
+                A::U64(at),
+                A::U64(items as u64),
+                A::U64(items_at),
+                A::U64(e),
+            ],
+        )?;
+        let moved = self.prepare(&child, name, (items_at, items))?;
+        Ok(Moved {
+            prepared: Prepared::List {
+                slot,
+                lengths,
+                wide: source.wide,
+                items,
+            },
+            validity,
+            dictionary: None,
+            children: vec![moved],
+            items: Some(scan_items),
         })
     }
 
@@ -541,6 +635,65 @@ impl Moved {
                     validity,
                 )?));
             }
+            (
+                None,
+                DataType::List(field) | DataType::LargeList(field) | DataType::Map(field, _),
+            ) => {
+                let (
+                    Prepared::List {
+                        slot,
+                        lengths,
+                        wide,
+                        items,
+                    },
+                    Some(scan_items),
+                    Some(child),
+                ) = (self.prepared, self.items, self.children.into_iter().next())
+                else {
+                    return Err(ComputeError::Input(format!("{dt}: no items moved")).into());
+                };
+                // No item kept (nothing to allocate them in), or more than i32 offsets
+                // reach: the host's.
+                let total = read[slot].max(0) as usize;
+                if total == 0 || (!wide && total > i32::MAX as usize) {
+                    return Ok(None);
+                }
+                let kept = (addr(&scan_items, s), items, total);
+                scans.push(scan_items);
+                let Some(values) = child.array(cx, field.data_type(), kept, read, scans)? else {
+                    return Ok(None);
+                };
+                let launch = |out: u64| {
+                    cx.launch(
+                        &cx.k.compact_offsets,
+                        n,
+                        &[
+                            A::U64(scan),
+                            A::U64(addr(&lengths, s)),
+                            A::U32(u32::from(wide)),
+                            A::U64(n as u64),
+                            A::U64(out),
+                        ],
+                    )
+                };
+                // `compact_offsets` writes each kept row's end (the scan of the lengths
+                // `kept_lengths` read from the rows' own checked ranges) after the first
+                // offset, 0: non-decreasing to `total`, the items moved (`list_items`
+                // checked every row's offsets, else the error word left this to the host).
+                let array = if wide {
+                    let offsets = cx.zeros::<i64>(m + 1)?;
+                    launch(addr(&offsets, s))?;
+                    // SAFETY: so the offsets delimit the moved items.
+                    unsafe { CudaArray::from_list(dt.clone(), offsets, values, validity) }?
+                } else {
+                    let offsets = cx.zeros::<i32>(m + 1)?;
+                    launch(addr(&offsets, s))?;
+                    // SAFETY: as above.
+                    unsafe { CudaArray::from_list(dt.clone(), offsets, values, validity) }?
+                };
+                scans.push(lengths);
+                return Ok(Some(array));
+            }
             _ => {}
         }
         self.prepared.flat(cx, dt, (scan, n, m), read, validity)
@@ -561,8 +714,8 @@ impl Prepared {
         let s = cx.stream;
         let dt = dt.clone();
         Ok(Some(match self {
-            Prepared::Struct => {
-                return Err(ComputeError::Input(format!("{dt} is not a struct's type")).into())
+            Prepared::Struct | Prepared::List { .. } => {
+                return Err(ComputeError::Input(format!("{dt} is not a flat type")).into())
             }
             Prepared::Fixed { values, width } => Fixed {
                 scan,

@@ -74,6 +74,8 @@ struct Kernels {
     zone_lanes: CudaFunction,
     zone_utc: CudaFunction,
     expand_scan: CudaFunction,
+    list_items: CudaFunction,
+    compact_offsets: CudaFunction,
     substr_strings: CudaFunction,
     concat_views: CudaFunction,
     replace_views: CudaFunction,
@@ -146,6 +148,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         zone_lanes: f("zone_lanes")?,
         zone_utc: f("zone_utc")?,
         expand_scan: f("expand_scan")?,
+        list_items: f("list_items")?,
+        compact_offsets: f("compact_offsets")?,
         substr_strings: f("substr_strings")?,
         concat_views: f("concat_views")?,
         replace_views: f("replace_views")?,
@@ -492,9 +496,10 @@ struct StringSource {
     data: u64,
 }
 
-/// [`StringSource`] of `c` (`Utf8`, `LargeUtf8`, `Binary` or `LargeBinary`), its offsets
-/// checked to hold `rows` rows (+ 1) and aligned, and its data's bytes (its address 0
-/// and no bytes where it has none); the buffers borrowed into `held`, readable on
+/// [`StringSource`] of `c` (`Utf8`, `LargeUtf8`, `Binary` or `LargeBinary`; or a list's
+/// offsets, `List`, `LargeList` or `Map`, of no data), its offsets checked to hold `rows`
+/// rows (+ 1) and aligned, and its data's bytes (its address 0 and no bytes where it has
+/// none); the buffers borrowed into `held`, readable on
 /// `stream` until the launches that read them are done.
 fn string_source<'a>(
     c: &DeviceColumn<'a>,
@@ -503,7 +508,10 @@ fn string_source<'a>(
     stream: &Arc<CudaStream>,
     held: &mut Vec<BorrowedSlice<'a, u8>>,
 ) -> Result<(StringSource, u64), BoxError> {
-    let wide = matches!(c.data_type(), DataType::LargeUtf8 | DataType::LargeBinary);
+    let wide = matches!(
+        c.data_type(),
+        DataType::LargeUtf8 | DataType::LargeBinary | DataType::LargeList(_)
+    );
     let width: u64 = if wide { 8 } else { 4 };
     let offsets = c
         .buffer(1)
