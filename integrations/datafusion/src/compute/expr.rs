@@ -14,6 +14,7 @@ use datafusion::physical_expr::expressions::{
 };
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
+use super::automaton::{ilike_pattern, RegexTable};
 use super::{Unsupported, KEY_WORDS};
 
 /// Binary operation codes (shared with `kernels/compute.ptx`'s `binary_i64`).
@@ -352,6 +353,16 @@ pub(crate) enum Node {
         index: usize,
         name: String,
         pattern: LikePattern,
+        negated: bool,
+    },
+    /// Whether a string column's value holds a match of a regular expression (`~`,
+    /// `~*`, `regexp_like`; negated for `!~` and `!~*`): its automaton's table walked
+    /// byte by byte ([`RegexTable`]). A null value gives null; a view outside its buffer
+    /// is an input error.
+    StrRegex {
+        index: usize,
+        name: String,
+        table: Arc<RegexTable>,
         negated: bool,
     },
     /// `substr(col, start[, count])` of a string column, as DataFusion's `substr` takes
@@ -799,6 +810,18 @@ fn compile_node(
         return Ok(Node::Subquery(expr.clone()));
     }
     if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+        if let Some(negated) = regex_operator(binary.op()) {
+            let case = if matches!(
+                binary.op(),
+                Operator::RegexIMatch | Operator::RegexNotIMatch
+            ) {
+                Some("i")
+            } else {
+                None
+            };
+            let what = binary.to_string();
+            return regex_node(&what, (binary.left(), binary.right(), case), negated, input);
+        }
         if let Some(node) = string_equality(binary, input)? {
             return Ok(node);
         }
@@ -873,6 +896,7 @@ fn compile_node(
             "date_part" => return date_part_node(function, input),
             "date_trunc" | "datetrunc" => return date_trunc_node(function, input),
             "starts_with" | "ends_with" | "contains" => return affix_node(function, input),
+            "regexp_like" => return regexp_like_node(function, input),
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
             }
@@ -1618,7 +1642,8 @@ fn distinct_node(binary: &BinaryExpr, input: &Schema) -> Result<Node, Unsupporte
 }
 
 /// `col LIKE 'pattern'` (and `NOT LIKE`) over a string column, for a literal pattern
-/// (`%`, `_` and `\` escapes, as arrow reads them).
+/// (`%`, `_` and `\` escapes, as arrow reads them); `ILIKE` by the automaton of arrow's
+/// regular expression for it ([`ilike_pattern`]).
 fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     let Some((index, name)) = view_column(like.expr(), input) else {
         return Err(Unsupported(format!(
@@ -1628,11 +1653,24 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
     let pattern = match like.pattern().downcast_ref::<Literal>().map(Literal::value) {
         Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)))
         | Some(ScalarValue::LargeUtf8(Some(p))) => {
-            if like.case_insensitive() && !p.is_ascii() {
-                return Err(Unsupported(format!(
-                    "`{like}`: ILIKE with a pattern that is not ASCII (Unicode case folding) \
-                     has no device kernel"
-                )));
+            if like.case_insensitive() {
+                // ILIKE as arrow matches it (Unicode case folding): its regular
+                // expression's automaton; an ASCII pattern whose automaton is too large
+                // folds ASCII values only (others are the host's).
+                match RegexTable::compile(&ilike_pattern(p)) {
+                    Ok(table) => {
+                        return Ok(Node::StrRegex {
+                            index,
+                            name,
+                            table: Arc::new(table),
+                            negated: like.negated(),
+                        })
+                    }
+                    Err(why) if !p.is_ascii() => {
+                        return Err(Unsupported(format!("`{like}`: ILIKE: {why}")))
+                    }
+                    Err(_) => {}
+                }
             }
             LikePattern::parse(p, like.case_insensitive())
         }
@@ -1648,6 +1686,75 @@ fn like_node(like: &LikeExpr, input: &Schema) -> Result<Node, Unsupported> {
         pattern,
         negated: like.negated(),
     })
+}
+
+/// Whether `op` matches a regular expression: `Some(negated)`.
+fn regex_operator(op: &Operator) -> Option<bool> {
+    match op {
+        Operator::RegexMatch | Operator::RegexIMatch => Some(false),
+        Operator::RegexNotMatch | Operator::RegexNotIMatch => Some(true),
+        _ => None,
+    }
+}
+
+/// A string column matched against a literal regular expression with literal `flags`
+/// (`(?flags)` prefixed, as arrow's `regexp_is_match` does; an empty pattern and no flag
+/// match every value, as arrow's does), [`Node::StrRegex`]. `what`: the expression, for
+/// the reasons.
+fn regex_node(
+    what: &str,
+    (column, pattern, flags): (&Arc<dyn PhysicalExpr>, &Arc<dyn PhysicalExpr>, Option<&str>),
+    negated: bool,
+    input: &Schema,
+) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
+    let (index, name) = string_column(column, input)
+        .ok_or_else(|| refuse("a regular expression on the device matches a string column"))?;
+    let pattern = string_literal(pattern)?
+        .ok_or_else(|| refuse("a regular expression on the device takes a literal pattern"))?;
+    let pattern = String::from_utf8(pattern).map_err(|_| refuse("a pattern not UTF-8"))?;
+    let pattern = match flags {
+        Some(flags) => format!("(?{flags}){pattern}"),
+        None => pattern,
+    };
+    let table = RegexTable::compile(&pattern).map_err(|why| refuse(&why))?;
+    Ok(Node::StrRegex {
+        index,
+        name,
+        table: Arc::new(table),
+        negated,
+    })
+}
+
+/// `regexp_like(col, 'pattern'[, 'flags'])` ([`regex_node`]); flags with `g` are
+/// DataFusion's error (the host's).
+fn regexp_like_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let what = function.to_string();
+    let (column, pattern, flags) = match function.args() {
+        [column, pattern] => (column, pattern, None),
+        [column, pattern, flags] => {
+            let flags = string_literal(flags)?.ok_or_else(|| {
+                Unsupported(format!("`{what}`: flags on the device are a literal"))
+            })?;
+            (column, pattern, Some(flags))
+        }
+        _ => {
+            return Err(Unsupported(format!(
+                "`{what}` takes two or three arguments"
+            )))
+        }
+    };
+    let flags = match flags {
+        Some(flags) => {
+            let flags = String::from_utf8(flags)
+                .ok()
+                .filter(|f| !f.contains('g'))
+                .ok_or_else(|| Unsupported(format!("`{what}`: the global flag (an error)")))?;
+            Some(flags)
+        }
+        None => None,
+    };
+    regex_node(&what, (column, pattern, flags.as_deref()), false, input)
 }
 
 /// `starts_with(col, 'x')`, `ends_with(col, 'x')` and `contains(col, 'x')` over a string
@@ -2700,7 +2807,7 @@ impl Node {
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
             // A view outside its buffer (checked, flagged in the error word).
-            Node::StrLike { .. } | Node::StrPos { .. } => true,
+            Node::StrLike { .. } | Node::StrRegex { .. } | Node::StrPos { .. } => true,
             Node::Case {
                 branches,
                 otherwise,
@@ -2751,6 +2858,7 @@ impl Node {
             Node::Column { .. }
             | Node::StrIn { .. }
             | Node::StrLike { .. }
+            | Node::StrRegex { .. }
             | Node::Substr { .. }
             | Node::SplitPart { .. }
             | Node::Trim { .. }
@@ -2792,6 +2900,7 @@ impl Node {
             Node::Column { index, name, .. }
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
+            | Node::StrRegex { index, name, .. }
             | Node::Substr { index, name, .. }
             | Node::SplitPart { index, name, .. }
             | Node::Trim { index, name, .. }

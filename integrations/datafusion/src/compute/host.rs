@@ -231,6 +231,24 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 valid,
             })
         }
+        Node::StrRegex {
+            index,
+            name,
+            table,
+            negated,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            Ok(Lanes {
+                values: values
+                    .iter()
+                    .map(|v| v.is_some_and(|v| table.is_match(v) != *negated) as i64)
+                    .collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
         Node::StrLike {
             index,
             name,

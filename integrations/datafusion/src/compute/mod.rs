@@ -90,6 +90,7 @@ use crate::frame::{schema_of, DeviceFrame, FrameColumn};
 use crate::step::ExecDevice;
 
 mod aggregate;
+mod automaton;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod expr;

@@ -62,6 +62,7 @@ struct Kernels {
     kept_lengths: CudaFunction,
     compact_strings: CudaFunction,
     view_like: CudaFunction,
+    view_regex: CudaFunction,
     view_key: CudaFunction,
     utf8_views: CudaFunction,
     join_verify_view: CudaFunction,
@@ -136,6 +137,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         kept_lengths: f("kept_lengths")?,
         compact_strings: f("compact_strings")?,
         view_like: f("view_like")?,
+        view_regex: f("view_regex")?,
         view_key: f("view_key")?,
         utf8_views: f("utf8_views")?,
         join_verify_view: f("join_verify_view")?,
@@ -675,6 +677,34 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 A::U64(err),
             ]);
             cx.launch(&cx.k.view_like, n, &args.collect::<Vec<_>>())?;
+            drop((view, tables));
+            Ok(out)
+        }
+        Node::StrRegex {
+            index,
+            name,
+            table,
+            negated,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            // The automaton's tables (a pattern has at least one state, its start).
+            let tables = (
+                s.clone_htod(&table.classes)?,
+                s.clone_htod(&table.next)?,
+                s.clone_htod(&table.kinds)?,
+            );
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&tables.0, s)),
+                A::U64(addr(&tables.1, s)),
+                A::U64(addr(&tables.2, s)),
+                A::U32(table.stride),
+                A::U32(u32::from(*negated)),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_regex, n, &args.collect::<Vec<_>>())?;
             drop((view, tables));
             Ok(out)
         }

@@ -1,0 +1,248 @@
+//! Regular expressions on the device: a pattern made a table of transitions over byte
+//! classes (a deterministic automaton, regex-automata's, the engine of the `regex` crate
+//! that DataFusion matches with), walked byte by byte by each row: `view_regex` on CUDA,
+//! [`RegexTable::is_match`] on the CPU device.
+//!
+//! The automaton answers what `Regex::is_match` answers: whether a match starts anywhere
+//! in the value (an unanchored search), with the `regex` crate's syntax and defaults
+//! (Unicode classes and case folding, UTF-8). Word boundaries are refused (a dense
+//! automaton cannot look at the character before a non-ASCII byte, and an ASCII boundary
+//! may match inside a character, which the `regex` crate skips), as is a table of more
+//! than [`MAX_TABLE_BYTES`].
+
+use regex_automata::dfa::{dense, Automaton, StartKind};
+use regex_automata::util::{start, syntax};
+use regex_automata::Anchored;
+
+/// The most bytes a pattern's transitions may take (they travel to the device with each
+/// batch): about 1,000 states over 256 classes.
+pub(crate) const MAX_TABLE_BYTES: usize = 1 << 20;
+
+/// A state's kind ([`RegexTable::kinds`]): a match was seen.
+pub(crate) const MATCHED: u8 = 1;
+/// A state's kind: no match can follow.
+pub(crate) const DEAD: u8 = 2;
+
+/// A pattern's automaton as the device walks it: state 0 is the start (at the start of
+/// the value); from state `s`, byte `b` leads to `next[s * stride + classes[b]]`, and the
+/// end of the value to `next[s * stride + stride - 1]`. The value matches at the first
+/// state of kind [`MATCHED`], and does not at one of kind [`DEAD`] or where the end leads
+/// to no match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RegexTable {
+    /// The pattern as the `regex` crate compiles it (flags prefixed).
+    pub(crate) pattern: String,
+    /// Each byte's class.
+    pub(crate) classes: Vec<u8>,
+    /// The classes, and the end of the value.
+    pub(crate) stride: u32,
+    /// The transitions, `stride` a state.
+    pub(crate) next: Vec<u32>,
+    /// Each state's kind: 0, [`MATCHED`] or [`DEAD`].
+    pub(crate) kinds: Vec<u8>,
+}
+
+impl RegexTable {
+    /// The table of `pattern` (flags as `regex` reads them: `(?i)` prefixed for a
+    /// case-insensitive match), or why it has none on the device.
+    pub(crate) fn compile(pattern: &str) -> Result<Self, String> {
+        let hir = syntax::parse(pattern).map_err(|e| format!("the pattern: {e}"))?;
+        if hir.properties().look_set().contains_word() {
+            return Err("a word boundary has no device kernel".into());
+        }
+        let dfa = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .start_kind(StartKind::Unanchored)
+                    .dfa_size_limit(Some(4 * MAX_TABLE_BYTES))
+                    .determinize_size_limit(Some(4 * MAX_TABLE_BYTES)),
+            )
+            .build(pattern)
+            .map_err(|e| format!("no automaton for the device: {e}"))?;
+        let start = dfa
+            .start_state(&start::Config::new().anchored(Anchored::No))
+            .map_err(|e| format!("no start state: {e}"))?;
+        let byte_classes = dfa.byte_classes();
+        let classes: Vec<u8> = (0..=255u8).map(|b| byte_classes.get(b)).collect();
+        let eoi = byte_classes.alphabet_len() - 1;
+        let stride = eoi + 1;
+        // One byte of each class.
+        let mut representatives = vec![0u8; eoi];
+        for b in (0..=255u8).rev() {
+            representatives[usize::from(classes[usize::from(b)])] = b;
+        }
+        // The states reachable from the start, numbered in the order they are found.
+        let mut ids = std::collections::HashMap::new();
+        let mut order = vec![start];
+        ids.insert(start, 0u32);
+        let (mut next, mut kinds) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        while at < order.len() {
+            let state = order[at];
+            at += 1;
+            if dfa.is_quit_state(state) {
+                return Err("an automaton that gives up has no device kernel".into());
+            }
+            kinds.push(if dfa.is_match_state(state) {
+                MATCHED
+            } else if dfa.is_dead_state(state) {
+                DEAD
+            } else {
+                0
+            });
+            let targets = representatives
+                .iter()
+                .map(|&b| dfa.next_state(state, b))
+                .chain([dfa.next_eoi_state(state)]);
+            for target in targets {
+                let id = match ids.get(&target) {
+                    Some(&id) => id,
+                    None => {
+                        let id = u32::try_from(order.len()).map_err(|_| "too many states")?;
+                        ids.insert(target, id);
+                        order.push(target);
+                        id
+                    }
+                };
+                next.push(id);
+            }
+            if 4 * next.len() > MAX_TABLE_BYTES {
+                return Err(format!(
+                    "an automaton of more than {MAX_TABLE_BYTES} bytes has no device kernel"
+                ));
+            }
+        }
+        Ok(Self {
+            pattern: pattern.to_string(),
+            classes,
+            stride: stride as u32,
+            next,
+            kinds,
+        })
+    }
+
+    /// Whether `value` holds a match, walking the table as `view_regex` does.
+    pub(crate) fn is_match(&self, value: &[u8]) -> bool {
+        let stride = self.stride as usize;
+        let mut state = 0usize;
+        for &b in value {
+            match self.kinds[state] {
+                0 => {}
+                kind => return kind == MATCHED,
+            }
+            state = self.next[state * stride + usize::from(self.classes[usize::from(b)])] as usize;
+        }
+        if self.kinds[state] == 0 {
+            state = self.next[state * stride + stride - 1] as usize;
+        }
+        self.kinds[state] == MATCHED
+    }
+}
+
+/// The regular expression arrow's `ilike` matches a `LIKE` pattern with (case-insensitive,
+/// `.` matching a newline too: `(?is)` prefixed): `%` as `.*` (none at the start or the
+/// end), `_` as `.`, `\\` the next character literally (a trailing `\\` itself), the
+/// `regex` crate's meta characters escaped.
+pub(crate) fn ilike_pattern(pattern: &str) -> String {
+    let meta = |c: char| "\\.+*?()|[]{}^$#&-~".contains(c);
+    let mut result = String::from("(?is)");
+    let mut chars = pattern.chars().peekable();
+    if chars.peek() == Some(&'%') {
+        chars.next();
+    } else {
+        result.push('^');
+    }
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(next) => {
+                    if meta(next) {
+                        result.push('\\');
+                    }
+                    result.push(next);
+                }
+                None => result.push_str("\\\\"),
+            },
+            '%' => result.push_str(".*"),
+            '_' => result.push('.'),
+            c => {
+                if meta(c) {
+                    result.push('\\');
+                }
+                result.push(c);
+            }
+        }
+    }
+    if result.ends_with(".*") {
+        result.truncate(result.len() - 2);
+    } else {
+        result.push('$');
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table answers as `Regex::is_match` (DataFusion's) on values of one to four
+    /// bytes a character, with anchors, classes, alternations, repetitions and case
+    /// folding; word boundaries are refused.
+    #[test]
+    fn tables_match_as_the_regex_crate() {
+        let values = [
+            "",
+            "a",
+            "ab",
+            "ba",
+            "abc",
+            "ÄBC",
+            "äbc",
+            "x🦀y",
+            "🦀",
+            "é",
+            "E",
+            "line\nnext",
+            "aaab",
+            "0123",
+            "Customer Complaints",
+        ];
+        for pattern in [
+            "",
+            "a",
+            "^a",
+            "a$",
+            "^$",
+            "b+",
+            "a.c",
+            "(?i)äb",
+            "(?i)CUSTOMER",
+            "[0-9]{2}",
+            "\\d",
+            "\\w+\\s",
+            "🦀|é",
+            "^.$",
+            "(?s)e.n",
+            "(?m)^next",
+            "a*b",
+            "[^a]",
+            "\\p{Greek}",
+            "(ab|ba)+c?",
+        ] {
+            let table = RegexTable::compile(pattern).unwrap();
+            let regex = regex::Regex::new(pattern).unwrap();
+            for value in values {
+                assert_eq!(
+                    table.is_match(value.as_bytes()),
+                    regex.is_match(value),
+                    "{pattern:?} on {value:?}"
+                );
+            }
+        }
+        for pattern in ["\\bword", "(?-u:\\B)x"] {
+            let refused = RegexTable::compile(pattern).unwrap_err();
+            assert!(refused.contains("word boundary"), "{pattern}: {refused}");
+        }
+        assert!(RegexTable::compile("(").is_err());
+    }
+}
