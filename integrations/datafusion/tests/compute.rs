@@ -1844,6 +1844,9 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "upper(c)",
         "lower(c)",
         "initcap(c)",
+        "upper(s)",
+        "lower(s)",
+        "initcap(s)",
         // Lengths as values (Int32, or Int64 over LargeUtf8).
         "character_length(s)",
         "char_length(c) * 2",
@@ -2705,6 +2708,7 @@ async fn random_like_patterns_are_datafusions() {
     if own_tests() {
         check_random_like(&ExecDevice::cpu()).await;
         check_ilike(&ExecDevice::cpu()).await;
+        check_unicode_case(&ExecDevice::cpu()).await;
         check_random_regex(&ExecDevice::cpu()).await;
     }
 }
@@ -2855,10 +2859,8 @@ async fn string_functions_are_datafusions() {
 
 /// `ILIKE` against DataFusion: ASCII values of both cases (and `_`, `%`, digits), inline
 /// and long, some null, random patterns of both cases with `%`, `_` and escapes, each as
-/// `ILIKE` and `NOT ILIKE`; `upper`, `lower` and `initcap` of the values. A batch with a value that
-/// is not ASCII is the host's (`ComputeError::HostOnly`: Unicode folds `K` with the
-/// Kelvin sign), and a query whose filter meets one computes that batch on the host,
-/// with DataFusion's rows.
+/// `ILIKE` and `NOT ILIKE`; `upper`, `lower` and `initcap` of the values. The Kelvin sign,
+/// which Unicode folds with `K`, matches and maps as in DataFusion.
 pub async fn check_ilike(device: &ExecDevice) {
     let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     let alphabet = ['a', 'B', 'k', 'K', 's', 'Z', '_', '%', '7'];
@@ -2889,7 +2891,7 @@ pub async fn check_ilike(device: &ExecDevice) {
 
     // Not ASCII: the Kelvin sign, which `k` matches under ILIKE (Unicode case folding, in
     // the automaton of arrow's regular expression for the pattern), and which `lower`
-    // makes `k` (the host's).
+    // makes `k`.
     let kelvin = RecordBatch::try_from_iter([(
         "s",
         Arc::new(arrow_array::StringViewArray::from(vec![
@@ -2911,9 +2913,45 @@ pub async fn check_ilike(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&kv, "kv", text, &[(1, 2)], device).await;
     }
-    for text in ["lower(s)", "initcap(s)"] {
-        assert_left_to_the_host(&ctx, "ci", text, Some(&kelvin), device).await;
+    for text in ["lower(s)", "upper(s)", "initcap(s)"] {
+        assert_evaluates_as_datafusion(&kv, "kv", text, &[(1, 2)], device).await;
     }
+}
+
+/// `upper`, `lower` and `initcap` against DataFusion (Rust's Unicode case mappings) on
+/// random values of characters whose case changes their length or their count (`ß` to
+/// `SS`, `ﬁ` to `FI`, `ΐ` to three characters, `İ` to two, `ȿ` from 2 bytes to 3), title
+/// cases (`ǅ`), letters and digits of other scripts (initcap's words), ASCII, spaces and
+/// a 4-byte character, inline and long, some null. `lower` of a value with `Σ` (its final
+/// form depends on its neighbours) is the host's.
+pub async fn check_unicode_case(device: &ExecDevice) {
+    let mut next = xorshift(0x5851_F42D_4C95_7F2D);
+    let alphabet = [
+        'a', 'B', '7', ' ', 'ß', 'ﬁ', 'ΐ', 'İ', 'ı', 'ȿ', 'ǅ', 'ǆ', '\u{212A}', 'é', 'É', '🦀',
+        'Ж', 'ж', '٣', 'ᾳ', '-', '\u{10400}', '\u{10428}',
+    ];
+    let character =
+        |next: &mut dyn FnMut(u64) -> u64| alphabet[next(alphabet.len() as u64) as usize];
+    let ctx = random_strings_table("u", &mut next, (11, 25), &character);
+    for text in ["upper(s)", "lower(s)", "initcap(s)"] {
+        assert_evaluates_as_datafusion(&ctx, "u", text, &[(9, 150)], device).await;
+    }
+    let sigma = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(arrow_array::StringViewArray::from(vec![
+            "ΟΔΟΣ",
+            "ΣΑΣ ΣΑΣ",
+            "plain",
+        ])) as ArrayRef,
+    )])
+    .unwrap();
+    let sv = SessionContext::new();
+    let table = MemTable::try_new(sigma.schema(), vec![vec![sigma.clone()]]).unwrap();
+    sv.register_table("sv", Arc::new(table)).unwrap();
+    for text in ["upper(s)", "initcap(s)"] {
+        assert_evaluates_as_datafusion(&sv, "sv", text, &[(2, 1)], device).await;
+    }
+    assert_left_to_the_host(&sv, "sv", "lower(s)", None, device).await;
 }
 
 #[tokio::test]

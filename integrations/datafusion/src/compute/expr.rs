@@ -269,40 +269,16 @@ pub(crate) enum OnFail {
     Null,
 }
 
-/// What [`Node::AsciiCase`] makes of each ASCII letter of a value.
+/// What [`Node::StrCase`] makes of each letter of a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Case {
     /// `upper`: every letter in upper case.
     Upper,
     /// `lower`: every letter in lower case.
     Lower,
-    /// `initcap`, as DataFusion's: a letter right after an ASCII letter or digit of the
-    /// value in lower case, any other (the value's first included) in upper case.
+    /// `initcap`, as DataFusion's: a letter right after a letter or digit of the value
+    /// in lower case, any other (the value's first included) in upper case.
     Initcap,
-}
-
-impl Case {
-    /// The case of `value` (ASCII bytes; other bytes are kept).
-    pub(crate) fn apply(self, value: &[u8]) -> Vec<u8> {
-        match self {
-            Case::Upper => value.to_ascii_uppercase(),
-            Case::Lower => value.to_ascii_lowercase(),
-            Case::Initcap => {
-                let mut after_alphanumeric = false;
-                value
-                    .iter()
-                    .map(|&b| {
-                        let cased = match after_alphanumeric {
-                            true => b.to_ascii_lowercase(),
-                            false => b.to_ascii_uppercase(),
-                        };
-                        after_alphanumeric = b.is_ascii_alphanumeric();
-                        cased
-                    })
-                    .collect()
-            }
-        }
-    }
 }
 
 /// A node of a device expression. Every node's values are i64 lanes.
@@ -396,12 +372,13 @@ pub(crate) enum Node {
         left: bool,
         right: bool,
     },
-    /// `upper(col)`, `lower(col)` or `initcap(col)` ([`Case`]) of a string column of
-    /// ASCII values (one that is not is
-    /// [`ComputeError::HostOnly`](super::ComputeError::HostOnly): Unicode's case mapping
-    /// is the host's): a string value of the column's type, so only the root of a
-    /// projection's expression ([`string_node`]), never lanes.
-    AsciiCase {
+    /// `upper(col)`, `lower(col)` or `initcap(col)` ([`Case`]) of a string column, as
+    /// DataFusion's (Unicode's case mappings: [`CaseTables`](super::unicase::CaseTables);
+    /// `lower` of a value with `Σ` is
+    /// [`ComputeError::HostOnly`](super::ComputeError::HostOnly)): a string value of the
+    /// column's type, so only the root of a projection's expression ([`string_node`]),
+    /// never lanes.
+    StrCase {
         index: usize,
         name: String,
         case: Case,
@@ -1182,7 +1159,7 @@ fn string_in_list(
 }
 
 /// A projection's string value the device computes: [`substr_node`]'s, or `upper(col)`,
-/// `lower(col)` or `initcap(col)` of a string column ([`Node::AsciiCase`]). With its
+/// `lower(col)` or `initcap(col)` of a string column ([`Node::StrCase`]). With its
 /// type: the column's.
 pub(crate) fn string_node(
     expr: &Arc<dyn PhysicalExpr>,
@@ -1241,7 +1218,7 @@ pub(crate) fn string_node(
     };
     let (index, name) = view_column(column, input)?;
     let node = match function.name() {
-        "upper" | "lower" | "initcap" => Node::AsciiCase {
+        "upper" | "lower" | "initcap" => Node::StrCase {
             index,
             name,
             case: match function.name() {
@@ -2799,7 +2776,7 @@ impl Node {
             Node::Substr { .. }
             | Node::SplitPart { .. }
             | Node::Trim { .. }
-            | Node::AsciiCase { .. } => true,
+            | Node::StrCase { .. } => true,
             // A view outside its buffer; a result past its bound (the host's) or past
             // i32 offsets.
             Node::Concat { .. } | Node::Replace { .. } | Node::Pad { .. } => true,
@@ -2862,7 +2839,7 @@ impl Node {
             | Node::Substr { .. }
             | Node::SplitPart { .. }
             | Node::Trim { .. }
-            | Node::AsciiCase { .. }
+            | Node::StrCase { .. }
             | Node::Replace { .. }
             | Node::Pad { .. }
             | Node::StrLength { .. }
@@ -2904,7 +2881,7 @@ impl Node {
             | Node::Substr { index, name, .. }
             | Node::SplitPart { index, name, .. }
             | Node::Trim { index, name, .. }
-            | Node::AsciiCase { index, name, .. }
+            | Node::StrCase { index, name, .. }
             | Node::Replace { index, name, .. }
             | Node::Pad { index, name, .. }
             | Node::StrLength { index, name, .. }

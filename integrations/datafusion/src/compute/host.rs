@@ -278,7 +278,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         Node::Substr { .. }
         | Node::SplitPart { .. }
         | Node::Trim { .. }
-        | Node::AsciiCase { .. }
+        | Node::StrCase { .. }
         | Node::Concat { .. }
         | Node::Replace { .. }
         | Node::Pad { .. } => {
@@ -990,10 +990,10 @@ pub(crate) fn padded(
     string_rows(rows, out, text)
 }
 
-/// `upper` (or lower) case of each value of a string column of ASCII values, an array
-/// of the column's own type; a value that is not ASCII is `ComputeError::HostOnly`, as
-/// `view_case` flags it.
-pub(crate) fn ascii_cased(
+/// `case` of each value of a string column, an array of the column's own type, by the
+/// tables `unicode_case_views` walks ([`CaseTables`](super::unicase::CaseTables)); `lower`
+/// of a value with `Σ` is `ComputeError::HostOnly`, as the kernel flags it.
+pub(crate) fn cased(
     column: &FrameColumn,
     name: &str,
     case: super::expr::Case,
@@ -1001,6 +1001,7 @@ pub(crate) fn ascii_cased(
 ) -> Result<arrow_array::ArrayRef, BoxError> {
     use arrow_array::{LargeStringArray, StringArray, StringViewArray};
 
+    let tables = super::unicase::CaseTables::get();
     let values = view_values(column, name)?;
     let mut out = Vec::with_capacity(values.len());
     for (i, value) in values.into_iter().enumerate() {
@@ -1008,16 +1009,16 @@ pub(crate) fn ascii_cased(
             out.push(None);
             continue;
         };
-        if !value.is_ascii() {
-            return Err(ComputeError::HostOnly(format!(
-                "`{text}`: row {i} is not ASCII (Unicode's case mapping)"
-            ))
-            .into());
-        }
-        let cased = case.apply(value);
-        out.push(Some(String::from_utf8(cased).map_err(|e| {
+        let value = std::str::from_utf8(value).map_err(|e| {
             ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
-        })?));
+        })?;
+        let cased = tables.apply(case, value).ok_or_else(|| {
+            ComputeError::HostOnly(format!(
+                "`{text}`: row {i} has a capital sigma (its lower case depends on the letters \
+                 around it)"
+            ))
+        })?;
+        out.push(Some(cased));
     }
     Ok(match column.column().data_type() {
         DataType::Utf8 => std::sync::Arc::new(StringArray::from(out)),

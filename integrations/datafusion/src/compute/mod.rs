@@ -96,6 +96,7 @@ mod cuda;
 mod expr;
 mod host;
 pub mod join;
+mod unicase;
 
 /// u64 words of one group key (see the aggregate's encoding in the module docs).
 pub(crate) const KEY_WORDS: usize = 2;
@@ -268,9 +269,9 @@ impl DeviceExpr {
             (_, Some((bounds, index, name))) => {
                 host::slices(host::frame_column(frame, index, name)?, name, bounds)?
             }
-            (expr::Node::AsciiCase { index, name, case }, None) => {
+            (expr::Node::StrCase { index, name, case }, None) => {
                 let column = host::frame_column(frame, *index, name)?;
-                host::ascii_cased(column, name, *case, &self.text)?
+                host::cased(column, name, *case, &self.text)?
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
                 host::concat(frame, parts, *joined, out, &self.text)?

@@ -69,9 +69,7 @@ struct Kernels {
     select_lanes: CudaFunction,
     view_substr: CudaFunction,
     view_length: CudaFunction,
-    view_case: CudaFunction,
-    ascii_case: CudaFunction,
-    initcap_views: CudaFunction,
+    unicode_case_views: CudaFunction,
     zone_lanes: CudaFunction,
     zone_utc: CudaFunction,
     expand_scan: CudaFunction,
@@ -144,9 +142,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         select_lanes: f("select_lanes")?,
         view_substr: f("view_substr")?,
         view_length: f("view_length")?,
-        view_case: f("view_case")?,
-        ascii_case: f("ascii_case")?,
-        initcap_views: f("initcap_views")?,
+        unicode_case_views: f("unicode_case_views")?,
         zone_lanes: f("zone_lanes")?,
         zone_utc: f("zone_utc")?,
         expand_scan: f("expand_scan")?,
@@ -724,7 +720,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         Node::Substr { .. }
         | Node::SplitPart { .. }
         | Node::Trim { .. }
-        | Node::AsciiCase { .. }
+        | Node::StrCase { .. }
         | Node::Concat { .. }
         | Node::Replace { .. }
         | Node::Pad { .. } => Err(ComputeError::Input(
@@ -1051,7 +1047,7 @@ pub(crate) fn evaluate(
             let column = frame_column(frame, index, name)?;
             Some(substr_column(&cx, cuda, column, name, bounds, e)?)
         }
-        (Node::AsciiCase { index, name, case }, None) => {
+        (Node::StrCase { index, name, case }, None) => {
             let column = frame_column(frame, *index, name)?;
             Some(case_column(&cx, cuda, column, name, *case, e)?)
         }

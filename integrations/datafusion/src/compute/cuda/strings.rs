@@ -1,17 +1,16 @@
-//! The string columns a projection computes on CUDA: slices (`substr`, `trim`), ASCII
+//! The string columns a projection computes on CUDA: slices (`substr`, `trim`), Unicode
 //! case, `concat` and `replace`, each a new column of its type made on the device with
 //! nothing read back (see each function).
 
 use std::sync::Arc;
 
 use arrow_schema::DataType;
-use devarrow::cuda::cudarc::driver::{CudaFunction, CudaSlice};
+use devarrow::cuda::cudarc::driver::CudaFunction;
 use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::{addr, offset_array, packed_validity, variadic_copies, view_args, Cx, A};
 use crate::compute::expr::{Case, ConcatPart, Joined};
 use crate::compute::host::frame_column;
-use crate::compute::ComputeError;
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
 
@@ -113,21 +112,14 @@ pub(super) fn substr_column(
     array
 }
 
-/// `upper`, `lower` or `initcap` of a string column of ASCII values, a column of its own type
-/// (`view_case` flags a value that is not ASCII, 8 in the error word: the host's).
-///
-/// - `Utf8View`: `view_case` writes each row's view (inline bytes converted, a long
-///   value's prefix converted and its buffer and offset kept); the buffers are copied
-///   whole and converted in place (`ascii_case`: only ASCII letters change, so the bytes
-///   of every ASCII value are its converted bytes).
-/// - `Utf8` and `LargeUtf8`: `view_case` (over the views made of the offsets) checks the
-///   values; the offsets from the first row's (its `n + 1`) and the data buffer are
-///   copied, the data converted in place.
-///
-/// `initcap`: each row's bytes depend on the bytes before them in the row, which a
-/// buffer converted in place cannot give values that share bytes, so each row is
-/// written anew, in two passes of `initcap_views` ([`from_each_value`]; the data at most
-/// the column's, [`value_bytes`]).
+/// `upper`, `lower` or `initcap` of each value of a string column
+/// ([`Node::StrCase`](crate::compute::expr::Node::StrCase)), a column of its type, in two
+/// passes of `unicode_case_views` ([`from_each_value`]): each row's length, then its
+/// characters mapped as DataFusion maps them (Unicode's case mappings, tables uploaded
+/// with the launch: [`CaseTables`](crate::compute::unicase::CaseTables)). No
+/// character's mapping has more than three times its bytes (checked on Rust's tables by
+/// their unit test), so the data's bound is three times the column's ([`value_bytes`]);
+/// past it, the batch is the host's.
 pub(super) fn case_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
@@ -136,94 +128,40 @@ pub(super) fn case_column(
     case: Case,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
-    let upper = match case {
-        Case::Upper => true,
-        Case::Lower => false,
-        Case::Initcap => {
-            let out = column.column().data_type().clone();
-            let cap = value_bytes(column);
-            let kernel = (&cx.k.initcap_views, &[][..]);
-            return from_each_value(cx, cuda, (column, name), kernel, (&out, cap), err);
-        }
-    };
     let s = cx.stream;
-    let n = column.len();
-    let c = column.column();
-    let dt = c.data_type().clone();
-    let views = dt == DataType::Utf8View;
-    let view = view_args(cx, column, name, n, err)?;
-    let out = cx.zeros::<u128>(if views { n } else { 1 })?;
-    let valid = cx.zeros::<u8>(n)?;
-    let args = view.args.iter().copied().chain([
-        A::U32(u32::from(upper)),
-        A::U64(if views { addr(&out, s) } else { 0 }),
-        A::U64(addr(&valid, s)),
-        A::U64(err),
-    ]);
-    cx.launch(&cx.k.view_case, n, &args.collect::<Vec<_>>())?;
-    let validity = packed_validity(cx, &valid, n, view.has_validity)?;
-    let convert = |data: &CudaSlice<u8>| {
-        cx.launch(
-            &cx.k.ascii_case,
-            data.len(),
-            &[
-                A::U64(addr(data, s)),
-                A::U64(data.len() as u64),
-                A::U32(u32::from(upper)),
-            ],
-        )
+    let tables = crate::compute::unicase::CaseTables::get();
+    // At least one entry each: CUDA allocates no empty buffer.
+    let upload = |words: &[u32]| s.clone_htod(if words.is_empty() { &[0][..] } else { words });
+    let on_device = [
+        upload(&tables.upper.keys)?,
+        upload(&tables.upper.maps)?,
+        upload(&tables.lower.keys)?,
+        upload(&tables.lower.maps)?,
+        upload(&tables.alphanumeric)?,
+    ];
+    let [ukeys, umaps, lkeys, lmaps, alnum] = on_device.each_ref().map(|t| addr(t, s));
+    let mode = match case {
+        Case::Upper => 0,
+        Case::Lower => 1,
+        Case::Initcap => 2,
     };
-    let mut held = Vec::new();
-    if views {
-        let data = variadic_copies(cx, &c, &mut held)?;
-        for buffer in &data {
-            convert(buffer)?;
-        }
-        drop((view, valid, held));
-        // SAFETY: `view_case` wrote one view per row (ordered before the export on this
-        // stream), each the row's own with its ASCII letters converted (a value that is
-        // not ASCII fails the batch by the error word): inline, or its converted prefix,
-        // its buffer (copied whole into `data` at the same index and converted in
-        // place: the value's bytes are its converted bytes) and its offset.
-        return Ok(unsafe { CudaArray::from_views(dt, out, data, validity) }?);
-    }
-    // `view_args` checked the offsets (their length, alignment and range).
-    let data = match c.buffer(2).filter(|d| !d.is_empty()) {
-        Some(buffer) => {
-            let from = buffer.cuda_view::<u8>(s)?;
-            let mut to = cx.zeros::<u8>(buffer.len())?;
-            s.memcpy_dtod(
-                &from.slice(0..buffer.len()),
-                &mut to.slice_mut(0..buffer.len()),
-            )?;
-            convert(&to)?;
-            held.push(from);
-            to
-        }
-        None => cx.zeros::<u8>(1)?,
-    };
-    let offsets = c
-        .buffer(1)
-        .ok_or_else(|| ComputeError::Input(format!("column `{name}` without offsets")))?;
-    let rows = c.offset()..c.offset() + n + 1;
-    let array = if dt == DataType::LargeUtf8 {
-        let from = offsets.cuda_view::<i64>(s)?;
-        let mut to = cx.zeros::<i64>(n + 1)?;
-        s.memcpy_dtod(&from.slice(rows), &mut to)?;
-        // SAFETY: the column's own offsets from its first row (non-decreasing, at least
-        // 0, the last at most the data's size: `view_args` checked them, and a batch
-        // whose error word is set is never used), the data its own bytes with their
-        // ASCII letters converted (a value that is not ASCII fails the batch).
-        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
-    } else {
-        let from = offsets.cuda_view::<i32>(s)?;
-        let mut to = cx.zeros::<i32>(n + 1)?;
-        s.memcpy_dtod(&from.slice(rows), &mut to)?;
-        // SAFETY: as above.
-        unsafe { CudaArray::from_offsets(dt, to, data, validity) }?
-    };
-    drop((view, valid, held));
-    Ok(array)
+    let extra = [
+        A::U64(ukeys),
+        A::U64(umaps),
+        A::U64(tables.upper.keys.len() as u64),
+        A::U64(lkeys),
+        A::U64(lmaps),
+        A::U64(tables.lower.keys.len() as u64),
+        A::U64(alnum),
+        A::U64(tables.alphanumeric.len() as u64 / 2),
+        A::U32(mode),
+    ];
+    let out = column.column().data_type().clone();
+    let cap = value_bytes(column).saturating_mul(3);
+    let kernel = (&cx.k.unicode_case_views, &extra[..]);
+    let array = from_each_value(cx, cuda, (column, name), kernel, (&out, cap), err);
+    drop(on_device);
+    array
 }
 
 /// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`](crate::compute::expr::Node::Concat)), a column of
