@@ -2468,6 +2468,133 @@ mod cuda_interop {
         assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
     }
 
+    /// Unions built of cudarc slices (dense: type ids and offsets over integers and
+    /// strings; sparse) download as the arrays they describe; a sparse child of another
+    /// length, a dense union without offsets, and children that are not the fields' are
+    /// refused.
+    #[test]
+    fn unions_from_cudarc_slices_download() {
+        use arrow_array::UnionArray;
+        use arrow_schema::{UnionFields, UnionMode};
+        let (_lock, device) = gpu_or_skip!();
+        let stream = device.stream().clone();
+        let fields: UnionFields = [
+            (1i8, Arc::new(Field::new("i", DataType::Int32, true))),
+            (5, Arc::new(Field::new("s", DataType::Utf8, true))),
+        ]
+        .into_iter()
+        .collect();
+        let ints = |values: &[i32]| {
+            CudaArray::from_values(DataType::Int32, stream.clone_htod(values).unwrap()).unwrap()
+        };
+        let strings = |offsets: &[i32], bytes: &[u8]| {
+            // SAFETY: the callers' offsets are non-decreasing from 0 to the bytes' length.
+            unsafe {
+                CudaArray::from_offsets(
+                    DataType::Utf8,
+                    stream.clone_htod(offsets).unwrap(),
+                    stream.clone_htod(bytes).unwrap(),
+                    None,
+                )
+            }
+            .unwrap()
+        };
+        let ids = [1i8, 5, 5, 1];
+        // SAFETY: every id is a field's; each offset within its child (2 ints, 2 strings).
+        let dense = unsafe {
+            CudaArray::from_union(
+                fields.clone(),
+                UnionMode::Dense,
+                stream.clone_htod(&ids).unwrap(),
+                Some(stream.clone_htod(&[0i32, 1, 0, 1]).unwrap()),
+                vec![ints(&[7, 8]), strings(&[0, 3, 5], b"AIRok")],
+            )
+        }
+        .unwrap();
+        // SAFETY: every id is a field's; the children have the union's 4 rows.
+        let sparse = unsafe {
+            CudaArray::from_union(
+                fields.clone(),
+                UnionMode::Sparse,
+                stream.clone_htod(&ids).unwrap(),
+                None,
+                vec![ints(&[7, 0, 0, 8]), strings(&[0, 0, 2, 5, 5], b"okAIR")],
+            )
+        }
+        .unwrap();
+        let host_ints = |v: Vec<i32>| Arc::new(arrow_array::Int32Array::from(v)) as ArrayRef;
+        let host_strings = |v: Vec<&str>| Arc::new(StringArray::from(v)) as ArrayRef;
+        let expected_dense = UnionArray::try_new(
+            fields.clone(),
+            ids.to_vec().into(),
+            Some(vec![0i32, 1, 0, 1].into()),
+            vec![host_ints(vec![7, 8]), host_strings(vec!["AIR", "ok"])],
+        )
+        .unwrap();
+        let expected_sparse = UnionArray::try_new(
+            fields.clone(),
+            ids.to_vec().into(),
+            None,
+            vec![
+                host_ints(vec![7, 0, 0, 8]),
+                host_strings(vec!["", "ok", "AIR", ""]),
+            ],
+        )
+        .unwrap();
+        for (name, array, expected) in [
+            ("dense", dense, expected_dense),
+            ("sparse", sparse, expected_sparse),
+        ] {
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                name,
+                array.data_type().clone(),
+                false,
+            )]));
+            let on_device =
+                DeviceBatch::from_cuda_arrays(device.clone(), schema.clone(), vec![array]).unwrap();
+            let back = transfer(&device).to_host(&on_device).unwrap();
+            let want = RecordBatch::try_new(schema, vec![Arc::new(expected)]).unwrap();
+            assert_eq!(back, want, "{name}");
+        }
+
+        // SAFETY: refused before any id is read (a sparse child of 2 rows, not 4).
+        let err = unsafe {
+            CudaArray::from_union(
+                fields.clone(),
+                UnionMode::Sparse,
+                stream.clone_htod(&ids).unwrap(),
+                None,
+                vec![ints(&[7, 8]), strings(&[0, 0, 2, 5, 5], b"okAIR")],
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+        // SAFETY: refused before any id is read (a dense union without offsets).
+        let err = unsafe {
+            CudaArray::from_union(
+                fields.clone(),
+                UnionMode::Dense,
+                stream.clone_htod(&ids).unwrap(),
+                None,
+                vec![ints(&[7, 8]), strings(&[0, 3, 5], b"AIRok")],
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::InvalidArgument(_)), "{err:?}");
+        // SAFETY: refused before any id is read (the children in the wrong order).
+        let err = unsafe {
+            CudaArray::from_union(
+                fields,
+                UnionMode::Dense,
+                stream.clone_htod(&ids).unwrap(),
+                Some(stream.clone_htod(&[0i32, 1, 0, 1]).unwrap()),
+                vec![strings(&[0, 3, 5], b"AIRok"), ints(&[7, 8])],
+            )
+        }
+        .unwrap_err();
+        assert!(matches!(err, CudaError::TypeMismatch { .. }), "{err:?}");
+    }
+
     /// Booleans and string views built from cudarc slices (a kernel's output) download
     /// as the arrays they describe; the views' variadic sizes travel on the device.
     #[test]

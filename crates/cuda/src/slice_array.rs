@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_data::ArrayData;
-use arrow_schema::{DataType, FieldRef, Fields};
+use arrow_schema::{DataType, FieldRef, Fields, UnionFields, UnionMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use devarrow_abi::{ArrowDeviceType, DeviceArray};
 
@@ -587,6 +587,95 @@ impl CudaArray {
                 .nulls(nulls)
                 .add_buffer(offsets)
                 .child_data(vec![values.data])
+                .build_unchecked()
+        };
+        Ok(Self {
+            data,
+            stream,
+            one_stream,
+        })
+    }
+
+    /// A `Union` array of `fields` in `mode` whose rows are `type_ids` (one `i8` a row,
+    /// a type id of `fields`), with `offsets` for a dense union (one `i32` a row, into
+    /// the child of its row's type; `None` for a sparse one, whose children have as many
+    /// rows as the union) over `children` (one per field, in the fields' order, of its
+    /// type): else [`CudaError::InvalidArgument`] or [`CudaError::TypeMismatch`]. A
+    /// union has no validity bitmap. The children's stream work is ordered before the
+    /// type ids' stream, the array's (its exports record the event there). The slices
+    /// and the children are consumed.
+    ///
+    /// # Safety
+    /// Nothing reads the type ids or the offsets here. Every type id must be one of the
+    /// fields', and a dense union's offsets at least 0 and less than the length of the
+    /// child of their row's type. A consumer that reads the array on the host (a
+    /// download) trusts them.
+    pub unsafe fn from_union(
+        fields: UnionFields,
+        mode: UnionMode,
+        type_ids: CudaSlice<i8>,
+        offsets: Option<CudaSlice<i32>>,
+        children: Vec<CudaArray>,
+    ) -> Result<Self> {
+        let len = type_ids.len();
+        if fields.len() != children.len() {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} union fields for {} children",
+                fields.len(),
+                children.len()
+            )));
+        }
+        for ((_, field), child) in fields.iter().zip(&children) {
+            if field.data_type() != child.data_type() {
+                return Err(CudaError::TypeMismatch {
+                    data_type: child.data_type().clone(),
+                    native: "the union field's type",
+                });
+            }
+            if mode == UnionMode::Sparse && child.len() != len {
+                return Err(CudaError::InvalidArgument(format!(
+                    "a sparse union of {len} rows with a child of {}",
+                    child.len()
+                )));
+            }
+        }
+        match (mode, &offsets) {
+            (UnionMode::Sparse, None) => {}
+            (UnionMode::Dense, Some(offsets)) if offsets.len() == len => {}
+            _ => {
+                return Err(CudaError::InvalidArgument(format!(
+                    "a {mode:?} union of {len} rows with {:?} offsets",
+                    offsets.as_ref().map(|o| o.len())
+                )))
+            }
+        }
+        let stream = type_ids.stream().clone();
+        context::check_keepable(&stream, "CudaArray")?;
+        let mut one_stream = on_stream(&stream, offsets.as_ref());
+        let mut child_data = Vec::with_capacity(children.len());
+        for child in children {
+            same_context(stream.context(), child.stream.context())?;
+            stream_waits_for(&stream, &child.stream)?;
+            one_stream &= child.is_in_order_on(&stream);
+            child_data.push(child.data);
+        }
+        let type_ids_ptr = address_for_reads(&type_ids, &stream);
+        // SAFETY: the buffer is only exported (address and length), never read.
+        let mut buffers = vec![unsafe { device_buffer(type_ids, type_ids_ptr) }];
+        if let Some(offsets) = offsets {
+            same_context(stream.context(), offsets.context())?;
+            let ptr = address_for_reads(&offsets, &stream);
+            // SAFETY: as above.
+            buffers.push(unsafe { device_buffer(offsets, ptr) });
+        }
+        // SAFETY: `len` type ids (and offsets) of the union's layout, children of the
+        // fields' types (checked above; a sparse union's of `len` rows), the ids and
+        // offsets as the caller promises; `build_unchecked` reads no buffer.
+        let data = unsafe {
+            ArrayData::builder(DataType::Union(fields, mode))
+                .len(len)
+                .buffers(buffers)
+                .child_data(child_data)
                 .build_unchecked()
         };
         Ok(Self {

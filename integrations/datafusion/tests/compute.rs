@@ -1153,7 +1153,7 @@ async fn selections_are_datafusions_filters() {
 /// every width, signed and not, floats, dates, timestamps, decimals of 128 bits beyond
 /// 64), booleans, string and binary views (inline, long, in several blocks, empty), with
 /// and without nulls, slices, no row kept, every row kept, offset-based strings and
-/// binaries of both widths; structs, fixed-size lists, variable-size lists and maps of
+/// binaries of both widths; structs, fixed-size lists, variable-size lists, maps and unions of
 /// these (nested, sliced, imported at an offset); and the cases left to the host (a
 /// dictionary of lists, lists whose kept rows hold no item, no selection).
 pub async fn check_compact(device: &ExecDevice) {
@@ -1542,6 +1542,116 @@ pub async fn check_compact(device: &ExecDevice) {
             }
         }
     }
+    // Unions, sparse and dense, of integers, string views and lists; a union of an offset
+    // (an import's) may be left to the host, and so may a dense union one of whose
+    // children keeps no item.
+    let union_fields: arrow_schema::UnionFields = [
+        (3i8, Arc::new(Field::new("int", DataType::Int64, true))),
+        (
+            7,
+            Arc::new(Field::new(
+                "text",
+                all.column_by_name("strings").unwrap().data_type().clone(),
+                true,
+            )),
+        ),
+        (
+            12,
+            Arc::new(Field::new(
+                "list",
+                lists.column(0).data_type().clone(),
+                true,
+            )),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let type_of = |i: usize| [3i8, 7, 12, 7][i % 4];
+    let type_ids: arrow_buffer::ScalarBuffer<i8> = (0..n).map(type_of).collect();
+    let ints = || {
+        Arc::new(Int64Array::from(
+            (0..n as i64)
+                .map(|i| (i % 5 != 3).then_some(i * 1000))
+                .collect::<Vec<_>>(),
+        )) as ArrayRef
+    };
+    let sparse = arrow_array::UnionArray::try_new(
+        union_fields.clone(),
+        type_ids.clone(),
+        None,
+        vec![
+            ints(),
+            all.column_by_name("strings").unwrap().clone(),
+            lists.column(0).clone(),
+        ],
+    )
+    .unwrap();
+    // Dense: each child's items in order, a row of each type taking the next (the text
+    // child's items every other view of `strings`, so some are used by no row).
+    let mut next_of = std::collections::HashMap::new();
+    let offsets: arrow_buffer::ScalarBuffer<i32> = (0..n)
+        .map(|i| {
+            let k = next_of.entry(type_of(i)).or_insert(0);
+            *k += 1;
+            (*k - 1) * if type_of(i) == 7 { 2 } else { 1 }
+        })
+        .collect();
+    let count = |t: i8| (0..n).filter(|&i| type_of(i) == t).count();
+    let dense = arrow_array::UnionArray::try_new(
+        union_fields.clone(),
+        type_ids,
+        Some(offsets),
+        vec![
+            ints().slice(0, count(3)),
+            all.column_by_name("strings")
+                .unwrap()
+                .slice(0, 2 * count(7)),
+            lists.column(0).slice(0, count(12)),
+        ],
+    )
+    .unwrap();
+    let unions = RecordBatch::try_from_iter([
+        ("sparse", Arc::new(sparse) as ArrayRef),
+        ("dense", Arc::new(dense) as ArrayRef),
+    ])
+    .unwrap();
+    for (what, mask) in &masks {
+        let mask = UInt8Array::from((0..n).map(mask).collect::<Vec<_>>());
+        let keep = BooleanArray::from(
+            mask.iter()
+                .map(|m| Some(m.unwrap_or(0) != 0))
+                .collect::<Vec<_>>(),
+        );
+        let want = filter_record_batch(&unions, &keep).unwrap();
+        for (frame, offset) in [
+            (upload(&unions, device), false),
+            (upload_with_offset(&unions, 7, device), true),
+        ] {
+            let frame = frame
+                .with_selection(selection_column(mask.clone(), device))
+                .unwrap();
+            match compact(&frame, device).unwrap() {
+                Some(Some(kept)) => {
+                    let mut transfer =
+                        Transfer::new(device.device().clone(), TransferOptions::default());
+                    assert_eq!(
+                        kept.download(&mut transfer).unwrap(),
+                        want,
+                        "unions: {what}"
+                    );
+                }
+                Some(None) => assert_eq!(want.num_rows(), 0, "unions: {what}"),
+                None => assert!(offset, "unions, {what}: these compact on the device"),
+            }
+        }
+    }
+    // Only rows of one type kept: a dense union's other children keep no item.
+    let one_type: Mask = Box::new(|i| Some((i % 4 == 0) as u8));
+    filtered_or_left(
+        &unions.project(&[1]).unwrap(),
+        &one_type,
+        "a dense union child of no kept item",
+    );
     // Offsets that go back at a row the selection drops: the rows kept are ranges of
     // the items, but not the items between them. CUDA checks every row's offsets and
     // leaves the batch to the host (whose download refuses it or filters it).
@@ -1569,6 +1679,46 @@ pub async fn check_compact(device: &ExecDevice) {
             compact(&frame, device).unwrap().is_none(),
             "offsets that go back"
         );
+        // A dense union row whose offset is past its child (made on the device: an
+        // upload refuses it): left to the host too.
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = device.cuda() {
+            use devarrow::cuda::CudaArray;
+            let stream = cuda.stream();
+            let fields: arrow_schema::UnionFields =
+                [(0i8, Arc::new(Field::new("i", DataType::Int32, true)))]
+                    .into_iter()
+                    .collect();
+            let child =
+                CudaArray::from_values(DataType::Int32, stream.clone_htod(&[10i32, 11]).unwrap())
+                    .unwrap();
+            // SAFETY: invalid on purpose (row 1's offset is past the child's 2 items);
+            // only the device's compaction reads it, which checks the kept rows' offsets.
+            let past = unsafe {
+                CudaArray::from_union(
+                    fields,
+                    arrow_schema::UnionMode::Dense,
+                    stream.clone_htod(&[0i8, 0, 0]).unwrap(),
+                    Some(stream.clone_htod(&[0i32, 2, 1]).unwrap()),
+                    vec![child],
+                )
+            }
+            .unwrap();
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                "u",
+                past.data_type().clone(),
+                false,
+            )]));
+            let batch =
+                DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![past]).unwrap();
+            let frame = DeviceFrame::from_batch(batch)
+                .with_selection(selection_column(UInt8Array::from(vec![1, 1, 0]), device))
+                .unwrap();
+            assert!(
+                compact(&frame, device).unwrap().is_none(),
+                "a union offset past its child"
+            );
+        }
     }
     // Left to the host's filter after the download: a dictionary of lists, a list of no
     // item.
@@ -2927,8 +3077,29 @@ pub async fn check_ilike(device: &ExecDevice) {
 pub async fn check_unicode_case(device: &ExecDevice) {
     let mut next = xorshift(0x5851_F42D_4C95_7F2D);
     let alphabet = [
-        'a', 'B', '7', ' ', 'ß', 'ﬁ', 'ΐ', 'İ', 'ı', 'ȿ', 'ǅ', 'ǆ', '\u{212A}', 'é', 'É', '🦀',
-        'Ж', 'ж', '٣', 'ᾳ', '-', '\u{10400}', '\u{10428}',
+        'a',
+        'B',
+        '7',
+        ' ',
+        'ß',
+        'ﬁ',
+        'ΐ',
+        'İ',
+        'ı',
+        'ȿ',
+        'ǅ',
+        'ǆ',
+        '\u{212A}',
+        'é',
+        'É',
+        '🦀',
+        'Ж',
+        'ж',
+        '٣',
+        'ᾳ',
+        '-',
+        '\u{10400}',
+        '\u{10428}',
     ];
     let character =
         |next: &mut dyn FnMut(u64) -> u64| alphabet[next(alphabet.len() as u64) as usize];

@@ -490,8 +490,9 @@ pub(crate) fn compactable(data_type: &DataType) -> bool {
 /// Whether [`compact`] moves a column of this type on the device: [`compactable`]'s
 /// types, dictionaries of them (integer keys moved as fixed-width values, the values
 /// copied whole, by the same kernels), and structs, fixed-size lists, variable-size
-/// lists and maps of any of these (each child moved as a column is, a list's items by a
-/// scan of them, `expand_scan` or `list_items`; the validity too).
+/// lists, maps and unions of any of these (each child moved as a column is, a list's
+/// items by a scan of them, `expand_scan` or `list_items`, a dense union's by the scans
+/// of its types' items; the validity too).
 fn compacted(data_type: &DataType) -> bool {
     match data_type {
         DataType::Dictionary(keys, values) => keys.is_dictionary_key_type() && compactable(values),
@@ -501,6 +502,9 @@ fn compacted(data_type: &DataType) -> bool {
         DataType::FixedSizeList(field, k) => *k > 0 && compacted(field.data_type()),
         DataType::List(field) | DataType::LargeList(field) | DataType::Map(field, _) => {
             compacted(field.data_type())
+        }
+        DataType::Union(fields, _) => {
+            !fields.is_empty() && fields.iter().all(|(_, f)| compacted(f.data_type()))
         }
         data_type => compactable(data_type),
     }
@@ -513,10 +517,10 @@ fn compacted(data_type: &DataType) -> bool {
 /// - `Ok(Some(Some(frame)))`: the kept rows, with no selection;
 /// - `Ok(Some(None))`: no row is kept (nothing to bring back);
 /// - `Ok(None)`: not here: no selection, or a column of a type the device does not
-///   compact (unions, list views, dictionaries of nested types: the host filters them
-///   after the download), a struct or fixed-size list of an offset, a variable-size list
-///   of no item or whose kept rows keep none, or a foreign view or offset that points
-///   outside its buffers.
+///   compact (list views, dictionaries of nested types: the host filters them after the
+///   download), a struct, fixed-size list or union of an offset, a variable-size list of
+///   no item or whose kept rows keep none, a dense union one of whose children keeps no
+///   item, or a foreign view or offset that points outside its buffers.
 ///
 /// Every column moves at its own width: fixed-width values (`compact_fixed`), bitmaps of
 /// validity and booleans (`compact_bits`), string views with their long values gathered
@@ -528,7 +532,9 @@ fn compacted(data_type: &DataType) -> bool {
 /// the items made of the rows' (`expand_scan`); a variable-size list's (or map's)
 /// validity, its offsets made anew of its kept rows' lengths (`kept_lengths`, devarrow's
 /// scan, `compact_offsets`) and its items by a scan of them (`list_items`: each item's
-/// row by a binary search of the offsets, which it checks). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
+/// row by a binary search of the offsets, which it checks); a union's type ids as
+/// fixed-width values and its children as columns (sparse) or by the scans of the items
+/// its kept rows use (dense: `union_marks`, devarrow's scan, `union_offsets`). On CUDA the PTX kernels of `kernels/compute.ptx` and devarrow's
 /// scan, with one read-back (the kept row count, each column's null count and string
 /// bytes, and the error word together); on the CPU device arrow's filter, on the
 /// device's memory.

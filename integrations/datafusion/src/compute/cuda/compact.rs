@@ -4,11 +4,12 @@
 //! (`view_bytes`, a scan, `compact_views`), offset-based strings and binaries (`kept_lengths`,
 //! a scan, `compact_strings`); structs and fixed-size lists by their children, and
 //! variable-size lists and maps by their kept rows' lengths (`kept_lengths`, a scan,
-//! `compact_offsets`) and a scan of their items (`list_items`). One read-back in all.
+//! `compact_offsets`) and a scan of their items (`list_items`); unions by their type ids
+//! and children (dense: `union_marks`, a scan, `union_offsets`). One read-back in all.
 
 use std::sync::Arc;
 
-use arrow_schema::DataType;
+use arrow_schema::{DataType, UnionFields, UnionMode};
 use devarrow::abi::device::DeviceKernels;
 use devarrow::bridge::{DeviceBatch, DeviceColumn};
 use devarrow::cuda::cudarc::driver::{CudaSlice, ValidAsZeroBits};
@@ -27,6 +28,12 @@ use crate::step::ExecDevice;
 enum Prepared {
     /// A struct or a fixed-size list: its validity and children only.
     Struct,
+    /// A union: its type ids (at its first row) moved as fixed-width values, its
+    /// children as columns (sparse) or by their kept items (dense).
+    Union {
+        type_ids: u64,
+        dense: Option<DenseUnion>,
+    },
     /// A variable-size list (or a map): its offsets made anew of the kept rows' lengths,
     /// its items moved by their own scan.
     List {
@@ -72,6 +79,21 @@ enum Prepared {
     },
 }
 
+/// A dense union's offsets (at its first row) and its children's kept items.
+struct DenseUnion {
+    offsets: u64,
+    children: Vec<UnionChild>,
+}
+
+/// A dense union's child: its type id, the scan of the items its kept rows use, its
+/// items, and the read-back slot of their count.
+struct UnionChild {
+    type_id: i8,
+    scan: CudaSlice<i64>,
+    len: usize,
+    slot: usize,
+}
+
 /// A column's validity, compacted: the bitmap, and the slot of its valid kept rows.
 struct Validity {
     bits: CudaSlice<u8>,
@@ -110,7 +132,13 @@ pub(crate) fn compact(
     }
     // Read back at once: [kept rows, error word, then per array, in that order: valid
     // kept rows, long values' bytes].
-    let scalars = cx.zeros::<i64>(2 + 2 * arrays.len())?;
+    // After them, one slot a dense union's child: its kept items.
+    let unions: usize = arrays
+        .iter()
+        .filter(|c| matches!(c.data_type(), DataType::Union(_, UnionMode::Dense)))
+        .map(|c| c.num_children())
+        .sum();
+    let scalars = cx.zeros::<i64>(2 + 2 * arrays.len() + unions)?;
     let base = addr(&scalars, s);
     let e = base + 8;
     let incl = load(&cx, selection, SELECTION, e)?;
@@ -160,6 +188,7 @@ pub(crate) fn compact(
         held: Vec::new(),
         tables: tables.into_iter(),
         next: 0,
+        next_extra: 2 + 2 * arrays.len(),
     };
     let mut prepared = Vec::with_capacity(columns.len());
     for (i, c) in columns.iter().enumerate() {
@@ -209,6 +238,8 @@ struct Moves<'c, 'a> {
     tables: std::vec::IntoIter<Option<ViewTables>>,
     /// The next array's index in that order (its read-back slots).
     next: usize,
+    /// The next slot after the arrays' (a dense union child's kept items).
+    next_extra: usize,
 }
 
 /// A view array's buffer tables ([`variadic_tables`]): the variadic buffers' addresses
@@ -234,6 +265,18 @@ fn arrays_of<'a>(c: &DeviceColumn<'a>, out: &mut Vec<DeviceColumn<'a>>) -> bool 
         }
         for child in c.children() {
             if !arrays_of(&child, out) {
+                return false;
+            }
+        }
+    }
+    if let DataType::Union(_, mode) = c.data_type() {
+        // A union of an offset, or a dense one's child of no item (nothing to allocate its
+        // marks in): the host's.
+        if c.offset() != 0 {
+            return false;
+        }
+        for child in c.children() {
+            if (*mode == UnionMode::Dense && child.is_empty()) || !arrays_of(&child, out) {
                 return false;
             }
         }
@@ -309,6 +352,9 @@ impl<'a> Moves<'_, 'a> {
             }
             None => None,
         };
+        if let DataType::Union(fields, mode) = c.data_type() {
+            return self.prepare_union(c, name, (fields, *mode), (scan, n));
+        }
         if let DataType::Struct(_) = c.data_type() {
             let children = c.children();
             let mut moved = Vec::with_capacity(children.len());
@@ -452,6 +498,103 @@ impl<'a> Moves<'_, 'a> {
             validity,
             dictionary,
             children: Vec::new(),
+            items: None,
+        })
+    }
+
+    /// Prepares union `c` (of `fields` in `mode`, `n` rows at offset 0, kept by `scan`):
+    /// its type ids as fixed-width values; a sparse union's children as columns are; a
+    /// dense union's children by their kept items' scans (`union_marks` of each type, a
+    /// scan, the count read back at the next extra slot), its offsets made anew once the
+    /// counts are known (`union_offsets`).
+    fn prepare_union(
+        &mut self,
+        c: &DeviceColumn<'a>,
+        name: &str,
+        (fields, mode): (&UnionFields, UnionMode),
+        (scan, n): (u64, usize),
+    ) -> Result<Moved, BoxError> {
+        let (cx, cuda, e) = (self.cx, self.cuda, self.e);
+        let s = cx.stream;
+        let type_ids = c
+            .buffer(0)
+            .ok_or_else(|| ComputeError::Input(format!("column `{name}`: no type ids")))?;
+        if (type_ids.len() as u64) < n as u64 {
+            return Err(ComputeError::Input(format!("column `{name}`: type ids too short")).into());
+        }
+        let type_ids = type_ids.cuda_view::<u8>(s)?;
+        let ids_at = type_ids.device_ptr();
+        self.held.push(type_ids);
+        let children = c.children();
+        let mut moved = Vec::with_capacity(children.len());
+        let dense = match mode {
+            UnionMode::Sparse => {
+                for child in &children {
+                    moved.push(self.prepare(child, name, (scan, n))?);
+                }
+                None
+            }
+            UnionMode::Dense => {
+                let offsets = c.buffer(1).ok_or_else(|| {
+                    ComputeError::Input(format!("column `{name}`: no union offsets"))
+                })?;
+                if (offsets.len() as u64) < 4 * n as u64 {
+                    return Err(ComputeError::Input(format!(
+                        "column `{name}`: union offsets too short"
+                    ))
+                    .into());
+                }
+                let offsets = offsets.cuda_view::<u8>(s)?;
+                let offsets_at = offsets.device_ptr();
+                aligned(offsets_at, 4, name)?;
+                self.held.push(offsets);
+                let mut kinds = Vec::with_capacity(children.len());
+                for ((type_id, _), child) in fields.iter().zip(&children) {
+                    let len = child.len();
+                    let marks = cx.zeros::<i64>(len)?;
+                    let at = addr(&marks, s);
+                    cx.launch(
+                        &cx.k.union_marks,
+                        n,
+                        &[
+                            A::U64(scan),
+                            A::U64(ids_at),
+                            A::U64(offsets_at),
+                            A::U64(n as u64),
+                            A::U32(type_id as i32 as u32),
+                            A::U64(len as u64),
+                            A::U64(at),
+                            A::U64(e),
+                        ],
+                    )?;
+                    // SAFETY: `marks` holds `len` i64s on this device, zeroed and marked on
+                    // the stream the scan runs on (in order after them).
+                    unsafe { cuda.inclusive_scan_i64(at as *mut std::ffi::c_void, len as u64) }?;
+                    let slot = self.next_extra;
+                    self.next_extra += 1;
+                    copy_last(cx, &marks, len, &mut self.scalars, slot)?;
+                    moved.push(self.prepare(child, name, (at, len))?);
+                    kinds.push(UnionChild {
+                        type_id,
+                        scan: marks,
+                        len,
+                        slot,
+                    });
+                }
+                Some(DenseUnion {
+                    offsets: offsets_at,
+                    children: kinds,
+                })
+            }
+        };
+        Ok(Moved {
+            prepared: Prepared::Union {
+                type_ids: ids_at,
+                dense,
+            },
+            validity: None,
+            dictionary: None,
+            children: moved,
             items: None,
         })
     }
@@ -603,6 +746,79 @@ impl Moved {
                 // dictionary's values, all of them moved in order.
                 return Ok(Some(unsafe { CudaArray::from_dictionary(keys, values) }?));
             }
+            (None, DataType::Union(fields, mode)) => {
+                let Prepared::Union { type_ids, dense } = self.prepared else {
+                    return Err(ComputeError::Input(format!("{dt}: no union moved")).into());
+                };
+                let ids = cx.zeros::<i8>(m)?;
+                cx.launch(
+                    &cx.k.compact_fixed,
+                    n,
+                    &[
+                        A::U64(scan),
+                        A::U64(type_ids),
+                        A::U32(1),
+                        A::U64(addr(&ids, s)),
+                        A::U64(n as u64),
+                    ],
+                )?;
+                let mut children = Vec::with_capacity(fields.len());
+                let offsets = match dense {
+                    None => {
+                        for (child, (_, field)) in self.children.into_iter().zip(fields.iter()) {
+                            match child.array(cx, field.data_type(), (scan, n, m), read, scans)? {
+                                Some(child) => children.push(child),
+                                None => return Ok(None),
+                            }
+                        }
+                        None
+                    }
+                    Some(DenseUnion {
+                        offsets,
+                        children: kinds,
+                    }) => {
+                        let out = cx.zeros::<i32>(m)?;
+                        let moved = self.children.into_iter().zip(fields.iter());
+                        for ((child, (_, field)), kind) in moved.zip(kinds) {
+                            // A child none of whose items is kept: the host's (nothing
+                            // to allocate them in).
+                            let kept = read[kind.slot].max(0) as usize;
+                            if kept == 0 {
+                                return Ok(None);
+                            }
+                            let at = addr(&kind.scan, s);
+                            cx.launch(
+                                &cx.k.union_offsets,
+                                n,
+                                &[
+                                    A::U64(scan),
+                                    A::U64(type_ids),
+                                    A::U64(offsets),
+                                    A::U64(n as u64),
+                                    A::U32(kind.type_id as i32 as u32),
+                                    A::U64(at),
+                                    A::U64(addr(&out, s)),
+                                ],
+                            )?;
+                            scans.push(kind.scan);
+                            let items = (at, kind.len, kept);
+                            match child.array(cx, field.data_type(), items, read, scans)? {
+                                Some(child) => children.push(child),
+                                None => return Ok(None),
+                            }
+                        }
+                        Some(out)
+                    }
+                };
+                // The type ids are the column's own, moved with their rows; a dense
+                // union's offsets each its row's item among its child's kept ones
+                // (`union_marks` checked every kept row's offset against its child).
+                // SAFETY: so every type id is one of the fields', every offset in its
+                // child.
+                return Ok(Some(unsafe {
+                    CudaArray::from_union(fields.clone(), *mode, ids, offsets, children)
+                }?));
+            }
             (None, DataType::Struct(fields)) => {
                 let mut children = Vec::with_capacity(fields.len());
                 for (child, field) in self.children.into_iter().zip(fields.iter()) {
@@ -714,7 +930,7 @@ impl Prepared {
         let s = cx.stream;
         let dt = dt.clone();
         Ok(Some(match self {
-            Prepared::Struct | Prepared::List { .. } => {
+            Prepared::Struct | Prepared::List { .. } | Prepared::Union { .. } => {
                 return Err(ComputeError::Input(format!("{dt} is not a flat type")).into())
             }
             Prepared::Fixed { values, width } => Fixed {
