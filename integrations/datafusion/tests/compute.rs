@@ -3753,6 +3753,7 @@ async fn joins_are_datafusions() {
 async fn joins_over_offset_strings_are_datafusions() {
     if own_tests() {
         check_offset_string_joins(&ExecDevice::cpu()).await;
+        check_computed_string_keys(&ExecDevice::cpu()).await;
     }
 }
 
@@ -4172,6 +4173,137 @@ async fn repeated_key_join(
     let built = compiled.build(&build, device, &mut transfer).unwrap();
     assert!(!built.is_unique(), "the build keys repeat");
     built
+}
+
+/// A hash join whose probe-side string key is an expression (`f.code || '!'`, a join
+/// DataFusion's SQL planner would give a projection below the join, but another planner
+/// or a rewrite may not): the device computes the key into a column of the probe frame
+/// (hashed, and compared byte by byte where hashes agree) and the output is DataFusion's
+/// join on `f.code = d.name`, row for row, for an inner and a semi join over each
+/// string type; the computed column never leaves the join. A key expression the device
+/// cannot compute says why.
+pub async fn check_computed_string_keys(device: &ExecDevice) {
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
+    use datafusion::physical_plan::joins::HashJoinExec;
+    use devarrow_datafusion::compute::join::DeviceHashJoin;
+
+    for strings in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+        join_tables_of(&ctx, &strings);
+        for sql in [
+            "select f.qty, f.code, d.k, d.name from fact f join dim d on f.code = d.name",
+            "select f.fk, f.code from fact f where exists \
+             (select 1 from dim d where d.name = f.code)",
+        ] {
+            let want = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let mut nodes = vec![plan];
+            let node = loop {
+                let node = nodes.pop().expect("a hash join");
+                if node.downcast_ref::<HashJoinExec>().is_some() {
+                    break node;
+                }
+                nodes.extend(node.children().into_iter().cloned());
+            };
+            let join = node.downcast_ref::<HashJoinExec>().unwrap();
+            let (build_key, probe_key) = join.on()[0].clone();
+            // `key || '!'`, the literal of the key's own type (as DataFusion's coercion
+            // would make it).
+            let bang = |e: Arc<dyn datafusion::physical_expr::PhysicalExpr>, side: &Schema| {
+                use datafusion::common::ScalarValue;
+                let mark = Some("!".to_string());
+                let literal = match e.data_type(side).unwrap() {
+                    DataType::Utf8View => ScalarValue::Utf8View(mark),
+                    DataType::LargeUtf8 => ScalarValue::LargeUtf8(mark),
+                    _ => ScalarValue::Utf8(mark),
+                };
+                Arc::new(BinaryExpr::new(
+                    e,
+                    Operator::StringConcat,
+                    Arc::new(Literal::new(literal)),
+                )) as Arc<dyn datafusion::physical_expr::PhysicalExpr>
+            };
+            let on = vec![(
+                bang(build_key, &join.left().schema()),
+                bang(probe_key, &join.right().schema()),
+            )];
+            let rewritten = join.builder().with_on(on).build().unwrap();
+            let compiled = DeviceHashJoin::compile(&rewritten)
+                .unwrap_or_else(|u| panic!("{sql} over {strings}: {u:?}"));
+            let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+            let build = collect(rewritten.left().clone(), ctx.task_ctx())
+                .await
+                .unwrap();
+            let built = compiled.build(&build, device, &mut transfer).unwrap();
+            let probe = collect(rewritten.right().clone(), ctx.task_ctx())
+                .await
+                .unwrap();
+            let probe = concat_batches(&rewritten.right().schema(), &probe).unwrap();
+            let mut got = Vec::new();
+            for frame in built.probe(&upload(&probe, device), device).unwrap() {
+                assert_eq!(
+                    frame.schema(),
+                    &rewritten.schema(),
+                    "{sql}: the join's columns"
+                );
+                got.push(frame.download(&mut transfer).unwrap());
+            }
+            // Above the join, DataFusion's plan may project or reorder: compare the rows
+            // of the join's own columns with DataFusion's join of the same plan.
+            let host = collect(node.clone(), ctx.task_ctx()).await.unwrap();
+            assert_eq!(lines(&got), lines(&host), "{sql} over {strings}");
+            assert!(
+                !want.is_empty() && !lines(&host).is_empty(),
+                "{sql}: rows match"
+            );
+        }
+    }
+    // A probe key the device cannot compute (an integer cast to a string): refused, with
+    // the key named.
+    let ctx = SessionContext::new();
+    join_tables_of(&ctx, &DataType::Utf8View);
+    let plan = ctx
+        .sql("select f.qty, d.k from fact f join dim d on f.code = d.name")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut nodes = vec![plan];
+    let node = loop {
+        let node = nodes.pop().expect("a hash join");
+        if node.downcast_ref::<HashJoinExec>().is_some() {
+            break node;
+        }
+        nodes.extend(node.children().into_iter().cloned());
+    };
+    let join = node.downcast_ref::<HashJoinExec>().unwrap();
+    let cast = |name: &str, schema: &Schema| {
+        let column =
+            datafusion::physical_expr::expressions::Column::new_with_schema(name, schema).unwrap();
+        Arc::new(datafusion::physical_expr::expressions::CastExpr::new(
+            Arc::new(column),
+            DataType::Utf8View,
+            None,
+        )) as Arc<dyn datafusion::physical_expr::PhysicalExpr>
+    };
+    let on = vec![(
+        cast("k", &join.left().schema()),
+        cast("qty", &join.right().schema()),
+    )];
+    let rewritten = join.builder().with_on(on).build().unwrap();
+    let refused = DeviceHashJoin::compile(&rewritten);
+    assert!(
+        matches!(&refused, Err(Unsupported(why)) if why.starts_with("join key `CAST(qty")),
+        "{refused:?}"
+    );
 }
 
 /// Keys 0 to 7 (`fk`) and a string of more than 12 bytes each (`s`, of `strings`).

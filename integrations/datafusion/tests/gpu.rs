@@ -399,6 +399,7 @@ fn device_hash_joins_on_cuda_are_datafusions() {
     on_cuda_without_leaks("hash joins on CUDA", |device| async move {
         compute_checks::check_joins(&device).await;
         compute_checks::check_offset_string_joins(&device).await;
+        compute_checks::check_computed_string_keys(&device).await;
         compute_checks::check_random_joins(&device).await;
         compute_checks::check_partitions_one_after_another(&device).await;
         compute_checks::check_string_key_collisions(&device).await;

@@ -153,15 +153,20 @@ enum BuildLane {
     Word { key: usize, word: u8 },
 }
 
-/// A string join key: a `Utf8View` column of the probe side, its two lanes hashing a
-/// value of more than 12 bytes, so that where lanes agree the probe compares that
-/// value's bytes with the build row's (kept by the table).
+/// A string join key: a string column of the probe side (or one a string expression
+/// computes on the device, appended to the probe frame), its two lanes hashing a value
+/// of more than 12 bytes, so that where lanes agree the probe compares that value's bytes
+/// with the build row's (kept by the table).
 #[derive(Debug)]
 pub(crate) struct StringKey {
     build: Arc<dyn PhysicalExpr>,
-    /// The probe column (its index in the probe schema, its name).
+    /// The probe column (its index in the probe schema, or past it for a computed key;
+    /// its name).
     pub(crate) probe: usize,
     pub(crate) probe_name: String,
+    /// The expression that computes the probe column, where it is not one of the probe
+    /// side's (`upper(s)`, `substr(s, 1, 3)`, `a || b`, ...).
+    computed: Option<DeviceExpr>,
 }
 
 #[derive(Debug)]
@@ -350,14 +355,30 @@ impl DeviceHashJoin {
                 )));
             }
             if super::string_type(&lt) {
-                let column = r
-                    .downcast_ref::<datafusion::physical_expr::expressions::Column>()
-                    .ok_or_else(|| {
-                        Unsupported(format!(
-                            "join key `{r}`: a string key of the probe side is a column on the \
-                             device"
-                        ))
-                    })?;
+                use datafusion::physical_expr::expressions::Column;
+                // A column of the probe side, or a string expression of it computed into
+                // a column appended to the probe frame.
+                let (column, computed) = match r.downcast_ref::<Column>() {
+                    Some(column) => (column.clone(), None),
+                    None => {
+                        let computed = DeviceExpr::compile(r, &right)
+                            .map_err(|u| Unsupported(format!("join key `{r}`: {}", u.0)))?;
+                        if !super::string_type(computed.data_type()) {
+                            return Err(Unsupported(format!(
+                                "join key `{r}`: a string key of the probe side is a column \
+                                 or a string expression on the device"
+                            )));
+                        }
+                        let extra = string_keys
+                            .iter()
+                            .filter(|k: &&StringKey| k.computed.is_some())
+                            .count();
+                        let name = format!("join key {}", string_keys.len());
+                        let index = right.fields().len() + extra;
+                        (Column::new(&name, index), Some(computed))
+                    }
+                };
+                let column = &column;
                 let key = string_keys.len();
                 for word in 0..2 {
                     probe_keys.push(DeviceExpr::string_key_word(column, word));
@@ -367,6 +388,7 @@ impl DeviceHashJoin {
                     build: l.clone(),
                     probe: column.index(),
                     probe_name: column.name().to_string(),
+                    computed,
                 });
                 continue;
             }
@@ -1158,6 +1180,52 @@ impl BuiltJoin {
     /// The device's errors, [`ComputeError::Overflow`] for a key expression that
     /// overflows.
     pub fn probe(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<Vec<DeviceFrame>, BoxError> {
+        let computed: Vec<&StringKey> = self
+            .plan
+            .string_keys
+            .iter()
+            .filter(|k| k.computed.is_some())
+            .collect();
+        if computed.is_empty() {
+            return self.probe_frame(frame, device);
+        }
+        // The computed keys' columns appended to the frame (every output column is one of
+        // the join's own, so none of them leaves the join); their overflow checks read
+        // once the probe is done (a column that failed one is never output).
+        let mut fields: Vec<_> = frame.schema().fields().iter().cloned().collect();
+        let mut columns = frame.columns().to_vec();
+        let mut checks = Vec::with_capacity(computed.len());
+        for key in computed {
+            let Some(expr) = &key.computed else { continue };
+            let (column, check) = expr.evaluate_deferred(frame, device)?;
+            fields.push(Arc::new(Field::new(
+                &key.probe_name,
+                expr.data_type().clone(),
+                true,
+            )));
+            columns.push(column);
+            checks.push(check);
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let with_keys = DeviceFrame::try_new(
+            schema,
+            columns,
+            frame.num_rows(),
+            frame.selection().cloned(),
+        )?;
+        let out = self.probe_frame(&with_keys, device)?;
+        for check in checks {
+            check.check()?;
+        }
+        Ok(out)
+    }
+
+    /// [`BuiltJoin::probe`] of `frame`, its computed keys' columns appended.
+    fn probe_frame(
         &self,
         frame: &DeviceFrame,
         device: &ExecDevice,
