@@ -1997,6 +1997,16 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "upper(s)",
         "lower(s)",
         "initcap(s)",
+        // Matches counted one after the other (`regexp_count`), from a character on,
+        // with flags; anchors at the value's start only, a start past the end.
+        "regexp_count(c, 'ab')",
+        "regexp_count(c, '[aeiou]', 3)",
+        "regexp_count(s, 'A|ü', 1, 'i')",
+        "regexp_count(c, '^.')",
+        "regexp_count(c, 're(q|g)')",
+        "regexp_count(c, '\\s+')",
+        "regexp_count(c, 'a', 200)",
+        "regexp_count(s, '(?m)^.', 2)",
         // Lengths as values (Int32, or Int64 over LargeUtf8).
         "character_length(s)",
         "char_length(c) * 2",
@@ -2023,6 +2033,8 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         ("(c ~ '\\bspecial')", "word boundary"),
         ("regexp_like(c, s)", "a literal pattern"),
         ("regexp_like(c, 'a', 'gi')", "the global flag"),
+        ("regexp_count(c, 'a*')", "the empty string"),
+        ("regexp_count(c, 'a', 0)", "at least 1"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
     ] {
         let (e, schema, _) = projection_of(&ctx, "v", text).await;
@@ -2823,7 +2835,7 @@ pub async fn check_random_regex(device: &ExecDevice) {
     fn sequence(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> String {
         (0..1 + next(3)).map(|_| term(next, depth)).collect()
     }
-    let mut too_large = 0;
+    let (mut too_large, mut counted) = (0, 0);
     for round in 0..120 {
         let mut pattern = sequence(&mut next, 0);
         if next(4) == 0 {
@@ -2846,7 +2858,24 @@ pub async fn check_random_regex(device: &ExecDevice) {
             continue;
         }
         assert_evaluates_as_datafusion(&ctx, "r", &text, &[(7, 200)], device).await;
+        // And the matches counted, where the pattern matches no empty string.
+        let count = format!("regexp_count(s, '{pattern}')");
+        let (e, schema, _) = projection_of(&ctx, "r", &count).await;
+        match DeviceExpr::compile(&e, &schema) {
+            Err(Unsupported(why)) if why.contains("empty string") => {}
+            Err(Unsupported(why)) => {
+                assert!(
+                    why.contains("limit") || why.contains("more than"),
+                    "{count}: {why}"
+                )
+            }
+            Ok(_) => {
+                counted += 1;
+                assert_evaluates_as_datafusion(&ctx, "r", &count, &[(7, 200)], device).await;
+            }
+        }
     }
+    assert!(counted > 30, "{counted} patterns counted");
     assert!(
         too_large < 6,
         "{too_large} of 120 patterns too large for the device"

@@ -40,6 +40,12 @@ pub(crate) struct RegexTable {
     pub(crate) next: Vec<u32>,
     /// Each state's kind: 0, [`MATCHED`] or [`DEAD`].
     pub(crate) kinds: Vec<u8>,
+    /// The start state of a search that begins after byte `b` (`starts[b]`), or at the
+    /// start of the value (`starts[256]`, state 0): anchors and line ends look behind.
+    pub(crate) starts: Vec<u32>,
+    /// Whether the pattern can match the empty string (`regexp_count` refuses it: its
+    /// matches' starts would be needed to step past an empty one).
+    pub(crate) matches_empty: bool,
 }
 
 impl RegexTable {
@@ -59,9 +65,20 @@ impl RegexTable {
             )
             .build(pattern)
             .map_err(|e| format!("no automaton for the device: {e}"))?;
-        let start = dfa
-            .start_state(&start::Config::new().anchored(Anchored::No))
-            .map_err(|e| format!("no start state: {e}"))?;
+        // The start of the value first (state 0), then after each byte.
+        let start_after = |behind: Option<u8>| {
+            dfa.start_state(
+                &start::Config::new()
+                    .anchored(Anchored::No)
+                    .look_behind(behind),
+            )
+            .map_err(|e| format!("no start state: {e}"))
+        };
+        let start = start_after(None)?;
+        let mut behind = Vec::with_capacity(256);
+        for b in 0..=255u8 {
+            behind.push(start_after(Some(b))?);
+        }
         let byte_classes = dfa.byte_classes();
         let classes: Vec<u8> = (0..=255u8).map(|b| byte_classes.get(b)).collect();
         let eoi = byte_classes.alphabet_len() - 1;
@@ -75,6 +92,12 @@ impl RegexTable {
         let mut ids = std::collections::HashMap::new();
         let mut order = vec![start];
         ids.insert(start, 0u32);
+        for &state in &behind {
+            if let std::collections::hash_map::Entry::Vacant(slot) = ids.entry(state) {
+                slot.insert(order.len() as u32);
+                order.push(state);
+            }
+        }
         let (mut next, mut kinds) = (Vec::new(), Vec::new());
         let mut at = 0;
         while at < order.len() {
@@ -112,13 +135,64 @@ impl RegexTable {
                 ));
             }
         }
+        let mut starts: Vec<u32> = behind.iter().map(|state| ids[state]).collect();
+        starts.push(0);
         Ok(Self {
             pattern: pattern.to_string(),
             classes,
             stride: stride as u32,
             next,
             kinds,
+            starts,
+            matches_empty: hir.properties().minimum_len() == Some(0),
         })
+    }
+
+    /// How many matches `value` holds, one after the other, as `Regex::find_iter`
+    /// counts them (leftmost-first, each search from the previous match's end), for a
+    /// pattern that cannot match the empty string; as `view_regex_count` walks it. From
+    /// the start state of what lies behind the search's start, each byte's transition:
+    /// at a state of kind [`MATCHED`] a match ends before that byte (the automaton's
+    /// matches are delayed by one byte), and it goes on until a dead state or the end of
+    /// the value (whose transition may match too), for the longest match of the
+    /// preferred pattern.
+    pub(crate) fn count(&self, value: &[u8]) -> i64 {
+        let stride = self.stride as usize;
+        let (mut count, mut from) = (0, 0);
+        while from < value.len() {
+            let behind = if from == 0 {
+                256
+            } else {
+                usize::from(value[from - 1])
+            };
+            let mut state = self.starts[behind] as usize;
+            let mut end = None;
+            let mut at = from;
+            while at < value.len() {
+                let class = usize::from(self.classes[usize::from(value[at])]);
+                state = self.next[state * stride + class] as usize;
+                match self.kinds[state] {
+                    MATCHED => end = Some(at),
+                    DEAD => break,
+                    _ => {}
+                }
+                at += 1;
+            }
+            if at == value.len() {
+                state = self.next[state * stride + stride - 1] as usize;
+                if self.kinds[state] == MATCHED {
+                    end = Some(at);
+                }
+            }
+            match end {
+                Some(end) if end > from => {
+                    count += 1;
+                    from = end;
+                }
+                _ => break,
+            }
+        }
+        count
     }
 
     /// Whether `value` holds a match, walking the table as `view_regex` does.
@@ -239,6 +313,26 @@ mod tests {
                 );
             }
         }
+        // Counts as `find_iter`'s, for patterns that match no empty string.
+        for pattern in [
+            "a", "ab", "a+", "[ab]", "b|ab", "(?i)ä", "^a", "a$", "(?m)^x", "\\d+", ".b", "(?s).",
+            "🦀+", "aa|a",
+        ] {
+            let table = RegexTable::compile(pattern).unwrap();
+            assert!(!table.matches_empty, "{pattern}");
+            let regex = regex::Regex::new(pattern).unwrap();
+            for value in values
+                .iter()
+                .chain(&["aaaa", "abab", "x\nx\nx", "aab🦀🦀b", "12 34"])
+            {
+                assert_eq!(
+                    table.count(value.as_bytes()),
+                    regex.find_iter(value).count() as i64,
+                    "{pattern:?} in {value:?}"
+                );
+            }
+        }
+        assert!(RegexTable::compile("a*").unwrap().matches_empty);
         for pattern in ["\\bword", "(?-u:\\B)x"] {
             let refused = RegexTable::compile(pattern).unwrap_err();
             assert!(refused.contains("word boundary"), "{pattern}: {refused}");

@@ -341,6 +341,16 @@ pub(crate) enum Node {
         table: Arc<RegexTable>,
         negated: bool,
     },
+    /// `regexp_count(col, pattern[, start[, flags]])`: how many matches of a regular
+    /// expression (one that cannot match the empty string) a string column's value
+    /// holds from its character `skip` on, one after the other ([`RegexTable::count`]).
+    /// A null value gives null; a view outside its buffer is an input error.
+    StrRegexCount {
+        index: usize,
+        name: String,
+        table: Arc<RegexTable>,
+        skip: u64,
+    },
     /// `substr(col, start[, count])` of a string column, as DataFusion's `substr` takes
     /// characters ([`substr_chars`]): a string value of the column's type, so only the
     /// root of a projection's expression ([`substr_node`]), never lanes.
@@ -874,6 +884,7 @@ fn compile_node(
             "date_trunc" | "datetrunc" => return date_trunc_node(function, input),
             "starts_with" | "ends_with" | "contains" => return affix_node(function, input),
             "regexp_like" => return regexp_like_node(function, input),
+            "regexp_count" => return regexp_count_node(function, input),
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
             }
@@ -1732,6 +1743,59 @@ fn regexp_like_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Nod
         None => None,
     };
     regex_node(&what, (column, pattern, flags.as_deref()), false, input)
+}
+
+/// `regexp_count(col, 'pattern'[, start[, 'flags']])` with literals: `start` at least 1
+/// (the search begins at that character, the rest of the value a haystack of its own, as
+/// DataFusion slices it), flags without `g` (DataFusion's error), a pattern that cannot
+/// match the empty string (stepping past an empty match needs its start, which a
+/// forward automaton does not give) ([`Node::StrRegexCount`]).
+fn regexp_count_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let what = function.to_string();
+    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
+    let (column, pattern, start, flags) = match function.args() {
+        [column, pattern] => (column, pattern, None, None),
+        [column, pattern, start] => (column, pattern, Some(start), None),
+        [column, pattern, start, flags] => (column, pattern, Some(start), Some(flags)),
+        _ => return Err(refuse("takes two to four arguments")),
+    };
+    let (index, name) = string_column(column, input)
+        .ok_or_else(|| refuse("a regular expression on the device matches a string column"))?;
+    let pattern = string_literal(pattern)?
+        .ok_or_else(|| refuse("a regular expression on the device takes a literal pattern"))?;
+    let pattern = String::from_utf8(pattern).map_err(|_| refuse("a pattern not UTF-8"))?;
+    let start = match start {
+        Some(start) => int_literal(start)
+            .filter(|&s| s >= 1)
+            .ok_or_else(|| refuse("its start on the device is a literal of at least 1"))?,
+        None => 1,
+    };
+    let pattern = match flags {
+        Some(flags) => {
+            let flags = string_literal(flags)?
+                .and_then(|f| String::from_utf8(f).ok())
+                .filter(|f| !f.contains('g'))
+                .ok_or_else(|| refuse("flags on the device are a literal without `g`"))?;
+            if flags.is_empty() {
+                pattern
+            } else {
+                format!("(?{flags}){pattern}")
+            }
+        }
+        None => pattern,
+    };
+    let table = RegexTable::compile(&pattern).map_err(|why| refuse(&why))?;
+    if table.matches_empty {
+        return Err(refuse(
+            "a pattern that matches the empty string has no device kernel",
+        ));
+    }
+    Ok(Node::StrRegexCount {
+        index,
+        name,
+        table: Arc::new(table),
+        skip: (start - 1) as u64,
+    })
 }
 
 /// `starts_with(col, 'x')`, `ends_with(col, 'x')` and `contains(col, 'x')` over a string
@@ -2784,7 +2848,10 @@ impl Node {
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
             // A view outside its buffer (checked, flagged in the error word).
-            Node::StrLike { .. } | Node::StrRegex { .. } | Node::StrPos { .. } => true,
+            Node::StrLike { .. }
+            | Node::StrRegex { .. }
+            | Node::StrRegexCount { .. }
+            | Node::StrPos { .. } => true,
             Node::Case {
                 branches,
                 otherwise,
@@ -2836,6 +2903,7 @@ impl Node {
             | Node::StrIn { .. }
             | Node::StrLike { .. }
             | Node::StrRegex { .. }
+            | Node::StrRegexCount { .. }
             | Node::Substr { .. }
             | Node::SplitPart { .. }
             | Node::Trim { .. }
@@ -2878,6 +2946,7 @@ impl Node {
             | Node::StrIn { index, name, .. }
             | Node::StrLike { index, name, .. }
             | Node::StrRegex { index, name, .. }
+            | Node::StrRegexCount { index, name, .. }
             | Node::Substr { index, name, .. }
             | Node::SplitPart { index, name, .. }
             | Node::Trim { index, name, .. }

@@ -231,6 +231,29 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 valid,
             })
         }
+        Node::StrRegexCount {
+            index,
+            name,
+            table,
+            skip,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            // The value from its character `skip` on (none past its end).
+            let from = |v: &[u8]| {
+                let mut starts = (0..v.len()).filter(|&i| v[i] & 0xC0 != 0x80);
+                match usize::try_from(*skip).ok().and_then(|k| starts.nth(k)) {
+                    Some(at) => table.count(&v[at..]),
+                    None => 0,
+                }
+            };
+            Ok(Lanes {
+                values: values.iter().map(|v| v.map_or(0, from)).collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
         Node::StrRegex {
             index,
             name,

@@ -63,6 +63,7 @@ struct Kernels {
     compact_strings: CudaFunction,
     view_like: CudaFunction,
     view_regex: CudaFunction,
+    view_regex_count: CudaFunction,
     view_key: CudaFunction,
     utf8_views: CudaFunction,
     join_verify_view: CudaFunction,
@@ -138,6 +139,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         compact_strings: f("compact_strings")?,
         view_like: f("view_like")?,
         view_regex: f("view_regex")?,
+        view_regex_count: f("view_regex_count")?,
         view_key: f("view_key")?,
         utf8_views: f("utf8_views")?,
         join_verify_view: f("join_verify_view")?,
@@ -677,6 +679,35 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 A::U64(err),
             ]);
             cx.launch(&cx.k.view_like, n, &args.collect::<Vec<_>>())?;
+            drop((view, tables));
+            Ok(out)
+        }
+        Node::StrRegexCount {
+            index,
+            name,
+            table,
+            skip,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            let tables = (
+                s.clone_htod(&table.classes)?,
+                s.clone_htod(&table.next)?,
+                s.clone_htod(&table.kinds)?,
+                s.clone_htod(&table.starts)?,
+            );
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&tables.0, s)),
+                A::U64(addr(&tables.1, s)),
+                A::U64(addr(&tables.2, s)),
+                A::U64(addr(&tables.3, s)),
+                A::U32(table.stride),
+                A::U64(*skip),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_regex_count, n, &args.collect::<Vec<_>>())?;
             drop((view, tables));
             Ok(out)
         }
