@@ -2007,6 +2007,13 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "regexp_count(c, '\\s+')",
         "regexp_count(c, 'a', 200)",
         "regexp_count(s, '(?m)^.', 2)",
+        // Matches replaced by a literal (the first, or every one with `g`), with flags.
+        "regexp_replace(c, 'a', 'X')",
+        "regexp_replace(c, '[aeiou]+', '', 'g')",
+        "regexp_replace(s, 'Ü|ï', '_', 'gi')",
+        "regexp_replace(c, '^\\s+', '')",
+        "regexp_replace(c, 're(q|g)', 'a longer replacement', 'g')",
+        "regexp_replace(c, 's$', 'S')",
         // Lengths as values (Int32, or Int64 over LargeUtf8).
         "character_length(s)",
         "char_length(c) * 2",
@@ -2035,6 +2042,10 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         ("regexp_like(c, 'a', 'gi')", "the global flag"),
         ("regexp_count(c, 'a*')", "the empty string"),
         ("regexp_count(c, 'a', 0)", "at least 1"),
+        ("regexp_replace(c, 'a*', 'X')", "has no device kernel"),
+        ("regexp_replace(c, 's\\b', 'S')", "has no device kernel"),
+        ("regexp_replace(c, '(a)', '\\1\\1')", "has no device kernel"),
+        ("regexp_replace(c, 'a', '$0')", "has no device kernel"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
     ] {
         let (e, schema, _) = projection_of(&ctx, "v", text).await;
@@ -2835,7 +2846,7 @@ pub async fn check_random_regex(device: &ExecDevice) {
     fn sequence(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> String {
         (0..1 + next(3)).map(|_| term(next, depth)).collect()
     }
-    let (mut too_large, mut counted) = (0, 0);
+    let (mut too_large, mut counted, mut replaced) = (0, 0, 0);
     for round in 0..120 {
         let mut pattern = sequence(&mut next, 0);
         if next(4) == 0 {
@@ -2874,8 +2885,17 @@ pub async fn check_random_regex(device: &ExecDevice) {
                 assert_evaluates_as_datafusion(&ctx, "r", &count, &[(7, 200)], device).await;
             }
         }
+        // And replaced, every match or the first.
+        let flags = ["'g'", "'gi'", "''", "'i'"][round % 4];
+        let replace = format!("regexp_replace(s, '{pattern}', '<>', {flags})");
+        let (e, schema, _) = projection_of(&ctx, "r", &replace).await;
+        if DeviceExpr::compile(&e, &schema).is_ok() {
+            replaced += 1;
+            assert_evaluates_as_datafusion(&ctx, "r", &replace, &[(7, 200)], device).await;
+        }
     }
     assert!(counted > 30, "{counted} patterns counted");
+    assert!(replaced > 30, "{replaced} patterns replaced");
     assert!(
         too_large < 6,
         "{too_large} of 120 patterns too large for the device"

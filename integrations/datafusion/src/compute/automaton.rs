@@ -43,6 +43,9 @@ pub(crate) struct RegexTable {
     /// The start state of a search that begins after byte `b` (`starts[b]`), or at the
     /// start of the value (`starts[256]`, state 0): anchors and line ends look behind.
     pub(crate) starts: Vec<u32>,
+    /// The start state of a search anchored where it begins (`regexp_replace`'s tries),
+    /// as [`RegexTable::starts`].
+    pub(crate) anchored: Vec<u32>,
     /// Whether the pattern can match the empty string (`regexp_count` refuses it: its
     /// matches' starts would be needed to step past an empty one).
     pub(crate) matches_empty: bool,
@@ -59,25 +62,27 @@ impl RegexTable {
         let dfa = dense::Builder::new()
             .configure(
                 dense::Config::new()
-                    .start_kind(StartKind::Unanchored)
+                    .start_kind(StartKind::Both)
                     .dfa_size_limit(Some(4 * MAX_TABLE_BYTES))
                     .determinize_size_limit(Some(4 * MAX_TABLE_BYTES)),
             )
             .build(pattern)
             .map_err(|e| format!("no automaton for the device: {e}"))?;
-        // The start of the value first (state 0), then after each byte.
-        let start_after = |behind: Option<u8>| {
-            dfa.start_state(
-                &start::Config::new()
-                    .anchored(Anchored::No)
-                    .look_behind(behind),
-            )
-            .map_err(|e| format!("no start state: {e}"))
+        // The start of the value first (state 0), then after each byte; unanchored, then
+        // anchored.
+        let start_after = |anchored: Anchored, behind: Option<u8>| {
+            dfa.start_state(&start::Config::new().anchored(anchored).look_behind(behind))
+                .map_err(|e| format!("no start state: {e}"))
         };
-        let start = start_after(None)?;
-        let mut behind = Vec::with_capacity(256);
-        for b in 0..=255u8 {
-            behind.push(start_after(Some(b))?);
+        let start = start_after(Anchored::No, None)?;
+        let mut behind = Vec::with_capacity(2 * 257);
+        for anchored in [Anchored::No, Anchored::Yes] {
+            for b in 0..=255u8 {
+                behind.push(start_after(anchored, Some(b))?);
+            }
+            if anchored == Anchored::Yes {
+                behind.push(start_after(anchored, None)?);
+            }
         }
         let byte_classes = dfa.byte_classes();
         let classes: Vec<u8> = (0..=255u8).map(|b| byte_classes.get(b)).collect();
@@ -136,6 +141,7 @@ impl RegexTable {
             }
         }
         let mut starts: Vec<u32> = behind.iter().map(|state| ids[state]).collect();
+        let anchored = starts.split_off(256);
         starts.push(0);
         Ok(Self {
             pattern: pattern.to_string(),
@@ -144,8 +150,63 @@ impl RegexTable {
             next,
             kinds,
             starts,
+            anchored,
             matches_empty: hir.properties().minimum_len() == Some(0),
         })
+    }
+
+    /// The end of the leftmost-first match that starts at byte `from` of `value`, if any
+    /// (an anchored search: `regexp_replace`'s tries, as `view_regex_replace` makes them).
+    fn anchored_end(&self, value: &[u8], from: usize) -> Option<usize> {
+        let stride = self.stride as usize;
+        let behind = if from == 0 {
+            256
+        } else {
+            usize::from(value[from - 1])
+        };
+        let mut state = self.anchored[behind] as usize;
+        let mut end = None;
+        let mut at = from;
+        while at < value.len() {
+            let class = usize::from(self.classes[usize::from(value[at])]);
+            state = self.next[state * stride + class] as usize;
+            match self.kinds[state] {
+                MATCHED => end = Some(at),
+                DEAD => return end,
+                _ => {}
+            }
+            at += 1;
+        }
+        state = self.next[state * stride + stride - 1] as usize;
+        if self.kinds[state] == MATCHED {
+            end = Some(at);
+        }
+        end
+    }
+
+    /// `value` with its matches (the first, or every one with `global`) replaced by
+    /// `replacement`, as `Regex::replacen` makes it for a pattern that matches no empty
+    /// string and a replacement of no group: each match the first start, from the
+    /// previous match's end on, where an anchored search matches.
+    pub(crate) fn replace(&self, value: &[u8], replacement: &[u8], global: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(value.len());
+        let (mut kept, mut from) = (0, 0);
+        while from < value.len() {
+            match self.anchored_end(value, from) {
+                Some(end) if end > from => {
+                    out.extend_from_slice(&value[kept..from]);
+                    out.extend_from_slice(replacement);
+                    kept = end;
+                    from = end;
+                    if !global {
+                        break;
+                    }
+                }
+                _ => from += 1,
+            }
+        }
+        out.extend_from_slice(&value[kept..]);
+        out
     }
 
     /// How many matches `value` holds, one after the other, as `Regex::find_iter`
@@ -333,6 +394,25 @@ mod tests {
             }
         }
         assert!(RegexTable::compile("a*").unwrap().matches_empty);
+        // Replacements as `Regex::replacen`'s (the first match, or all).
+        for pattern in [
+            "a", "ab|a", "a+", "^a", "a$", "(?m)^x", "\\d+", "🦀|é", "[^a]",
+        ] {
+            let table = RegexTable::compile(pattern).unwrap();
+            let regex = regex::Regex::new(pattern).unwrap();
+            for value in values
+                .iter()
+                .chain(&["aaaa", "abab", "x\nx\nx", "aab🦀é🦀b", "12 34"])
+            {
+                for (global, limit) in [(false, 1), (true, 0)] {
+                    assert_eq!(
+                        table.replace(value.as_bytes(), b"<$>", global),
+                        regex.replacen(value, limit, "<$$>").as_bytes(),
+                        "{pattern:?} in {value:?}, global {global}"
+                    );
+                }
+            }
+        }
         for pattern in ["\\bword", "(?-u:\\B)x"] {
             let refused = RegexTable::compile(pattern).unwrap_err();
             assert!(refused.contains("word boundary"), "{pattern}: {refused}");

@@ -414,6 +414,19 @@ pub(crate) enum Node {
         to: Vec<u8>,
         out: DataType,
     },
+    /// `regexp_replace(col, pattern, replacement[, flags])` of a string column: the first
+    /// match (every one with the `g` flag) of a regular expression that matches no empty
+    /// string replaced by a literal of no group reference ([`RegexTable::replace`]); a
+    /// new string column of the expression's type (`out`), so only the root of a
+    /// projection's expression ([`string_node`]), never lanes.
+    RegexReplace {
+        index: usize,
+        name: String,
+        table: Arc<RegexTable>,
+        replacement: Vec<u8>,
+        global: bool,
+        out: DataType,
+    },
     /// `lpad(col, target[, fill])` (`rpad` with `right`) of a string column, a literal
     /// target (0 to 16384 characters; negative is 0) and a literal fill (a space by
     /// default): the value's first `target` characters, or the value padded with the
@@ -1209,6 +1222,9 @@ pub(crate) fn string_node(
         };
         return super::string_type(&out).then_some((node, out));
     }
+    if function.name() == "regexp_replace" {
+        return regexp_replace_node(function, input);
+    }
     if let ("replace", [column, from, to]) = (function.name(), function.args()) {
         let out = expr.data_type(input).ok()?;
         let (index, name) = string_column(column, input)?;
@@ -1743,6 +1759,54 @@ fn regexp_like_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Nod
         None => None,
     };
     regex_node(&what, (column, pattern, flags.as_deref()), false, input)
+}
+
+/// `regexp_replace(col, 'pattern', 'replacement'[, 'flags'])` with literals, the pattern
+/// made as DataFusion makes it (`g` for every match, other flags prefixed as `(?flags)`):
+/// for a pattern that matches no empty string and a replacement of no group reference
+/// (`$`, or DataFusion's `\1`), [`Node::RegexReplace`]; else none (the host's).
+fn regexp_replace_node(function: &ScalarFunctionExpr, input: &Schema) -> Option<(Node, DataType)> {
+    let (column, pattern, replacement, flags) = match function.args() {
+        [column, pattern, replacement] => (column, pattern, replacement, None),
+        [column, pattern, replacement, flags] => (column, pattern, replacement, Some(flags)),
+        _ => return None,
+    };
+    let out = function.data_type(input).ok()?;
+    let (index, name) = string_column(column, input)?;
+    let pattern = String::from_utf8(string_literal(pattern).ok()??).ok()?;
+    let replacement = string_literal(replacement).ok()??;
+    let group = replacement.contains(&b'$')
+        || replacement
+            .windows(2)
+            .any(|w| w[0] == b'\\' && w[1].is_ascii_digit());
+    if group {
+        return None;
+    }
+    let flags = match flags {
+        Some(flags) => Some(String::from_utf8(string_literal(flags).ok()??).ok()?),
+        None => None,
+    };
+    let (pattern, global) = match flags.as_deref() {
+        Some("g") => (pattern, true),
+        Some(flags) => (
+            format!("(?{}){pattern}", flags.replace('g', "")),
+            flags.contains('g'),
+        ),
+        None => (pattern, false),
+    };
+    let table = RegexTable::compile(&pattern).ok()?;
+    if table.matches_empty {
+        return None;
+    }
+    let node = Node::RegexReplace {
+        index,
+        name,
+        table: Arc::new(table),
+        replacement,
+        global,
+        out: out.clone(),
+    };
+    super::string_type(&out).then_some((node, out))
 }
 
 /// `regexp_count(col, 'pattern'[, start[, 'flags']])` with literals: `start` at least 1
@@ -2843,7 +2907,10 @@ impl Node {
             | Node::StrCase { .. } => true,
             // A view outside its buffer; a result past its bound (the host's) or past
             // i32 offsets.
-            Node::Concat { .. } | Node::Replace { .. } | Node::Pad { .. } => true,
+            Node::Concat { .. }
+            | Node::Replace { .. }
+            | Node::RegexReplace { .. }
+            | Node::Pad { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { chars, .. } => *chars,
@@ -2909,6 +2976,7 @@ impl Node {
             | Node::Trim { .. }
             | Node::StrCase { .. }
             | Node::Replace { .. }
+            | Node::RegexReplace { .. }
             | Node::Pad { .. }
             | Node::StrLength { .. }
             | Node::StrPos { .. }
@@ -2952,6 +3020,7 @@ impl Node {
             | Node::Trim { index, name, .. }
             | Node::StrCase { index, name, .. }
             | Node::Replace { index, name, .. }
+            | Node::RegexReplace { index, name, .. }
             | Node::Pad { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrPos { index, name, .. }

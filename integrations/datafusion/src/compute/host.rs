@@ -304,6 +304,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::StrCase { .. }
         | Node::Concat { .. }
         | Node::Replace { .. }
+        | Node::RegexReplace { .. }
         | Node::Pad { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
@@ -864,7 +865,7 @@ pub(crate) fn slices(
 /// Rows of string bytes (`None`: null) as an array of type `out` (`Utf8`, `LargeUtf8`,
 /// `Utf8View`): each row checked to be UTF-8, and `Utf8`'s i32 offsets checked to hold
 /// them (past them: `ComputeError::Overflow`, the host's own error to raise).
-fn string_rows(
+pub(crate) fn string_rows(
     rows: Vec<Option<Vec<u8>>>,
     out: &DataType,
     text: &str,

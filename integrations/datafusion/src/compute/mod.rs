@@ -290,6 +290,24 @@ impl DeviceExpr {
                 host::replaced(column, name, (from, to), out, &self.text)?
             }
             (
+                expr::Node::RegexReplace {
+                    index,
+                    name,
+                    table,
+                    replacement,
+                    global,
+                    out,
+                },
+                None,
+            ) => {
+                let column = host::frame_column(frame, *index, name)?;
+                let rows = host::view_values(column, name)?
+                    .into_iter()
+                    .map(|v| v.map(|v| table.replace(v, replacement, *global)))
+                    .collect();
+                host::string_rows(rows, out, &self.text)?
+            }
+            (
                 expr::Node::Pad {
                     index,
                     name,

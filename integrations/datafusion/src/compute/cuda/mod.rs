@@ -64,6 +64,7 @@ struct Kernels {
     view_like: CudaFunction,
     view_regex: CudaFunction,
     view_regex_count: CudaFunction,
+    regex_replace_views: CudaFunction,
     view_key: CudaFunction,
     utf8_views: CudaFunction,
     join_verify_view: CudaFunction,
@@ -140,6 +141,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_like: f("view_like")?,
         view_regex: f("view_regex")?,
         view_regex_count: f("view_regex_count")?,
+        regex_replace_views: f("regex_replace_views")?,
         view_key: f("view_key")?,
         utf8_views: f("utf8_views")?,
         join_verify_view: f("join_verify_view")?,
@@ -758,6 +760,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         | Node::StrCase { .. }
         | Node::Concat { .. }
         | Node::Replace { .. }
+        | Node::RegexReplace { .. }
         | Node::Pad { .. } => Err(ComputeError::Input(
             "a string value is a column, not a value of lanes".into(),
         )
@@ -1101,6 +1104,23 @@ pub(crate) fn evaluate(
         ) => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
             Some(replace_column(&cx, cuda, column, (from, to), out, e)?)
+        }
+        (
+            Node::RegexReplace {
+                index,
+                name,
+                table,
+                replacement,
+                global,
+                out,
+            },
+            None,
+        ) => {
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            let replace = (table.as_ref(), replacement.as_slice(), *global);
+            Some(strings::regex_replace_column(
+                &cx, cuda, column, replace, out, e,
+            )?)
         }
         (
             Node::Pad {

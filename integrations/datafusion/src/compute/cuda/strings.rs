@@ -393,6 +393,53 @@ pub(super) fn replace_column(
     array
 }
 
+/// `regexp_replace(value, pattern, replacement[, flags])` of each value of a string
+/// column ([`Node::RegexReplace`](crate::compute::expr::Node::RegexReplace)), a column
+/// of type `out`, in two passes of `regex_replace_views` ([`from_each_value`]): each
+/// row's length, then its bytes with the matches (the first, or every one with
+/// `global`) replaced. The pattern's automaton ([`RegexTable`](crate::compute::automaton::RegexTable))
+/// and the replacement are uploaded with the launch. A match has at least one byte (the
+/// pattern matches no empty string), so the data is at most the column's times the
+/// replacement's length (at least once).
+pub(super) fn regex_replace_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (column, name): (&FrameColumn, &str),
+    (table, replacement, global): (&crate::compute::automaton::RegexTable, &[u8], bool),
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let cap = value_bytes(column).saturating_mul(replacement.len().max(1) as u64);
+    let tables = (
+        s.clone_htod(&table.classes)?,
+        s.clone_htod(&table.next)?,
+        s.clone_htod(&table.kinds)?,
+        s.clone_htod(&table.anchored)?,
+        s.clone_htod(&[replacement, &[0u8][..]].concat())?,
+    );
+    let extra = [
+        A::U64(addr(&tables.0, s)),
+        A::U64(addr(&tables.1, s)),
+        A::U64(addr(&tables.2, s)),
+        A::U64(addr(&tables.3, s)),
+        A::U32(table.stride),
+        A::U64(addr(&tables.4, s)),
+        A::U64(replacement.len() as u64),
+        A::U32(u32::from(global)),
+    ];
+    let array = from_each_value(
+        cx,
+        cuda,
+        (column, name),
+        (&cx.k.regex_replace_views, &extra),
+        (out, cap),
+        err,
+    );
+    drop(tables);
+    array
+}
+
 /// A string column of `n` rows of type `out` written in two passes of a kernel
 /// (`launch(pass, lens, valid, offsets, data)`): pass 0 writes each row's length and
 /// validity flag, which are scanned on the device (inclusive) into the offsets; pass 1
