@@ -1961,12 +1961,16 @@ mod device_kernels {
                 out,
                 buffers[0].clone(),
                 buffers[1].clone(),
+                vec![0u8; 4 * (n as usize + 1)], // the offsets narrowed
             ];
             let what = format!("views n {n}");
             let done = on_both(&bufs, Some((2, &[5, 6])), &what, |k, b| {
-                // SAFETY: the buffers hold what the gather reads and writes.
+                let validity = Validity::new(b[1], bit_offset);
+                // SAFETY: the buffers hold what the gather reads and writes (the bytes
+                // twice, the same), and the n + 1 narrowed offsets (each fits).
                 unsafe {
-                    k.gather_view_bytes(b[0], Validity::new(b[1], bit_offset), n, b[2], b[3], b[4])
+                    k.gather_view_bytes(b[0], validity, n, b[2], b[3], b[4])?;
+                    k.gather_view_bytes_narrowed(b[0], validity, n, b[2], b[3], b[4], b[7])
                 }
             });
             if done.is_none() {

@@ -1708,6 +1708,7 @@ mod convert {
     const BITS: u64 = 0x1004_0000_0000;
     const AUX: u64 = 0x1005_0000_0000;
     const OFFS: u64 = 0x1006_0000_0000;
+    const NARROW: u64 = 0x1008_0000_0000;
     const SUMS: u64 = 0x1007_0000_0000;
 
     fn module() -> &'static Module {
@@ -1948,7 +1949,8 @@ mod convert {
     /// gathered by dvx_gather_views against CpuKernels: groups of 32 rows written lane
     /// by lane (`lane_bytes` 2^31, as devarrow launches it) and, with `lane_bytes` small,
     /// row by row (devarrow's path for groups of 2^31 bytes or more), or each as it
-    /// comes (a random `lane_bytes`).
+    /// comes (a random `lane_bytes`); with the offsets narrowed to int32s in the same pass,
+    /// or not.
     fn check_views(rng: &mut SplitMix64, n: u64, nulls: bool) {
         const BUFFER: usize = 300;
         let buffers: Vec<Vec<u8>> = (0..3).map(|_| rng.bytes(BUFFER)).collect();
@@ -2032,6 +2034,11 @@ mod convert {
             map_read(&mut mem, OFFS, &offsets_bytes);
             let out = OUT + rng.below(16);
             mem.map_dst(out, total);
+            // Every other geometry narrows the offsets too (4-byte aligned).
+            let narrow = (rng.below(2) == 0).then(|| NARROW + 4 * rng.below(4));
+            if let Some(narrow) = narrow {
+                mem.map_dst(narrow, 4 * (n + 1));
+            }
             let lane_bytes = match rng.below(3) {
                 0 => 1 << 31,
                 1 => rng.below(8),
@@ -2046,11 +2053,25 @@ mod convert {
                 p64(OFFS),
                 p64(out),
                 p64(lane_bytes),
+                p64(narrow.unwrap_or(0)),
             ];
-            let what = format!("views n {n} nulls {nulls} lane_bytes {lane_bytes} {geo:?}");
+            let what = format!(
+                "views n {n} nulls {nulls} lane_bytes {lane_bytes} narrow {narrow:?} {geo:?}"
+            );
             run(module(), "dvx_gather_views", geo, &params, &mem)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(written(&mem, out, total, &what), expected, "{what}");
+            if let Some(narrow) = narrow {
+                let want: Vec<u8> = offsets
+                    .iter()
+                    .flat_map(|&o| (o as i32).to_le_bytes())
+                    .collect();
+                assert_eq!(
+                    written(&mem, narrow, 4 * (n + 1), &what),
+                    want,
+                    "{what}: narrowed"
+                );
+            }
         }
     }
 

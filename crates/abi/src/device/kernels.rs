@@ -151,6 +151,33 @@ pub unsafe trait DeviceKernels: Send + Sync {
         out: *mut c_void,
     ) -> Result<()>;
 
+    /// [`DeviceKernels::gather_view_bytes`], and the `n + 1` `offsets` narrowed to `int32`s
+    /// at `narrow` as [`DeviceKernels::narrow_i64_to_i32`] makes them: the bytes and the
+    /// `int32` offsets of a conversion whose bytes fit, in one pass where the device can
+    /// (by default, the two calls in order).
+    ///
+    /// # Safety
+    /// As both: the ranges of [`DeviceKernels::gather_view_bytes`]; every offset fits in
+    /// an `int32`; `narrow` writable for `n + 1` 4-byte-aligned `int32`s and overlapping
+    /// nothing read or `out`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gather_view_bytes_narrowed(
+        &self,
+        views: *const c_void,
+        validity: Validity,
+        n: u64,
+        buffers: *const c_void,
+        offsets: *const c_void,
+        out: *mut c_void,
+        narrow: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, passed on to both.
+        unsafe {
+            self.gather_view_bytes(views, validity, n, buffers, offsets, out)?;
+            self.narrow_i64_to_i32(offsets, n + 1, narrow)
+        }
+    }
+
     /// `dst[i] = src[i] as i32` (the low 32 bits) for `i < n`: `int64` offsets narrowed
     /// to `int32` ones that the caller checked fit.
     ///

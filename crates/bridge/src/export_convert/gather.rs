@@ -252,27 +252,27 @@ impl<'a> Converter<'a> {
                         ));
                     }
                     let data = converter.allocate(bytes)?;
-                    let kernels = converter.kernels(&path, &data_type)?;
-                    // SAFETY: the views made above (one variadic buffer, the child's data,
-                    // its address in `table`), `offsets` their scan, `data` its `bytes`.
-                    unsafe {
-                        kernels.gather_view_bytes(
-                            views,
-                            Validity::new(validity, 0),
-                            total,
-                            table,
-                            offsets,
-                            data,
-                        )?
+                    let narrow = if large {
+                        None
+                    } else {
+                        Some(converter.allocate(4 * (total + 1))?)
                     };
-                    if large {
-                        return Ok(Step::Done((data, offsets)));
-                    }
-                    let narrow = converter.allocate(4 * (total + 1))?;
-                    // SAFETY: total + 1 int64s, each at most `bytes` (which fits), to as
+                    let kernels = converter.kernels(&path, &data_type)?;
+                    let validity = Validity::new(validity, 0);
+                    // SAFETY: the views made above (one variadic buffer, the child's data,
+                    // its address in `table`), `offsets` their scan, `data` its `bytes`;
+                    // narrowed, total + 1 int64s, each at most `bytes` (which fits), to as
                     // many int32s.
-                    unsafe { kernels.narrow_i64_to_i32(offsets, total + 1, narrow)? };
-                    Ok(Step::Done((data, narrow)))
+                    unsafe {
+                        match narrow {
+                            Some(narrow) => kernels.gather_view_bytes_narrowed(
+                                views, validity, total, table, offsets, data, narrow,
+                            )?,
+                            None => kernels
+                                .gather_view_bytes(views, validity, total, table, offsets, data)?,
+                        }
+                    };
+                    Ok(Step::Done((data, narrow.unwrap_or(offsets))))
                 },
             ))
         }))

@@ -98,31 +98,32 @@ impl<'a> Converter<'a> {
                 })?;
                 let data = converter.allocate(total)?;
                 let large = total > i32::MAX as u64;
+                let narrow = if large {
+                    None
+                } else {
+                    Some(converter.allocate(4 * (rows + 1))?)
+                };
                 let kernels = converter.kernels(&path, &data_type)?;
                 // The views and validity as above; `table` holds the variadic buffers'
                 // addresses (the views' buffer indices were checked at import or written
-                // by devarrow's own upload); `offsets` the scan; `data` its `total` bytes.
+                // by devarrow's own upload); `offsets` the scan; `data` its `total` bytes;
+                // narrowed, `narrow` the rows + 1 int32s (the first `offset` zeroed here,
+                // the others written with the bytes), each fitting (at most `total`).
                 // SAFETY: the ranges just described.
                 unsafe {
-                    kernels.gather_view_bytes(
-                        views,
-                        validity,
-                        n,
-                        table,
-                        at(offsets, 8 * offset),
-                        data,
-                    )?
+                    let from = at(offsets, 8 * offset);
+                    match narrow {
+                        Some(narrow) => {
+                            kernels.fill_offsets_i32(narrow, offset, 0)?;
+                            let to = at_mut(narrow, 4 * offset);
+                            kernels.gather_view_bytes_narrowed(
+                                views, validity, n, table, from, data, to,
+                            )?
+                        }
+                        None => kernels.gather_view_bytes(views, validity, n, table, from, data)?,
+                    }
                 };
-                let offsets = if large {
-                    offsets
-                } else {
-                    let narrow = converter.allocate(4 * (rows + 1))?;
-                    let kernels = converter.kernels(&path, &data_type)?;
-                    // SAFETY: rows + 1 int64s to as many int32s, each fitting (at most
-                    // `total`).
-                    unsafe { kernels.narrow_i64_to_i32(offsets, rows + 1, narrow)? };
-                    narrow
-                };
+                let offsets = narrow.unwrap_or(offsets);
                 node.buffers = vec![node.buffers[0], offsets, data];
                 node.children.clear();
                 Ok(Step::Done((large, node)))

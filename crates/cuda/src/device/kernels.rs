@@ -113,6 +113,46 @@ unsafe impl DeviceKernels for CudaDevice {
                 buffers as u64,
                 offsets as u64,
                 out as u64,
+                0,
+            )
+        }?;
+        Ok(())
+    }
+
+    unsafe fn gather_view_bytes_narrowed(
+        &self,
+        views: *const c_void,
+        validity: Validity,
+        n: u64,
+        buffers: *const c_void,
+        offsets: *const c_void,
+        out: *mut c_void,
+        narrow: *mut c_void,
+    ) -> devarrow_abi::Result<()> {
+        check_aligned("views", views as u64, 4)?;
+        check_aligned("offsets", offsets as u64, 8)?;
+        check_aligned("narrowed offsets", narrow as u64, 4)?;
+        if n == 0 {
+            // The one offset, narrowed.
+            // SAFETY: `offsets` holds 1 int64 and `narrow` 1 int32, the caller's guarantee.
+            return unsafe { self.narrow_i64_to_i32(offsets, 1, narrow) };
+        }
+        self.bind()?;
+        // SAFETY: the ranges of the trait's contract (the views, validity, buffers and
+        // offsets read, `out` and the n + 1 int32s at `narrow` written), the caller's
+        // guarantee; enqueued on this device's stream, which later work on the same
+        // buffers follows.
+        unsafe {
+            kernels::launch_gather_views(
+                &self.stream,
+                views as u64,
+                validity.address as u64,
+                validity.bit_offset,
+                n,
+                buffers as u64,
+                offsets as u64,
+                out as u64,
+                narrow as u64,
             )
         }?;
         Ok(())

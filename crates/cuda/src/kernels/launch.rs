@@ -307,14 +307,17 @@ pub unsafe fn inclusive_scan_i64(stream: &Arc<CudaStream>, data: u64, n: u64) ->
 
 /// Enqueues `dvx_gather_views`: the bytes of view `i < n` (16 bytes at `views + 16 i`;
 /// inline when at most 12, else at `buffers[index] + offset`) to `out + offsets[i]`,
-/// none for a null row. A warp per 32 consecutive rows, whose output is contiguous.
+/// none for a null row; with `narrow` (not 0), also `narrow[i] = offsets[i] as i32` for
+/// `i <= n`. A warp per 32 consecutive rows, whose output is contiguous.
 ///
 /// # Safety
 /// `views` readable for `n` 4-byte-aligned views, `validity` (if not 0) for
 /// `bit_offset + n` bits, `buffers` for the `u64` of every valid out-of-line view's
 /// buffer index and each such view's bytes in its buffer, `offsets` for `n + 1`
 /// 8-byte-aligned `i64`s, the scan of the rows' sizes (0 for a null row), `out` writable
-/// for `offsets[0]..offsets[n]` and overlapping nothing read, until the kernel completes.
+/// for `offsets[0]..offsets[n]` and overlapping nothing read, `narrow` (if not 0)
+/// writable for `n + 1` 4-byte-aligned `i32`s, overlapping nothing else, until the kernel
+/// completes.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_gather_views(
     stream: &CudaStream,
@@ -325,6 +328,7 @@ pub unsafe fn launch_gather_views(
     buffers: u64,
     offsets: u64,
     out: u64,
+    narrow: u64,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -343,8 +347,9 @@ pub unsafe fn launch_gather_views(
         .arg(&buffers)
         .arg(&offsets)
         .arg(&out)
-        .arg(&lane_bytes);
-    // SAFETY: arguments match (8 u64s); ranges are the caller's guarantee.
+        .arg(&lane_bytes)
+        .arg(&narrow);
+    // SAFETY: arguments match (9 u64s); ranges are the caller's guarantee.
     unsafe { b.launch(cfg) }.call("cuLaunchKernel")?;
     Ok(())
 }

@@ -6,10 +6,10 @@
 //!
 //! `convert.ptx` holds the kernels of [`devarrow_abi::device::DeviceKernels`], which
 //! [`crate::CudaDevice`] implements on its stream (all asynchronous; checked on the
-//! emulated driver and through ptxas; on hardware only in the one GPU run, an H200 on
-//! 2026-11-28 at `9615f3d`, where `gpu`'s `device_kernels` passed, see
-//! `docs/gpu-results.md`: that run predates [`launch_gather_views`]'s kernel,
-//! `dvx_gather_views` (f17fc94), which has never run on a GPU, nor has anything since):
+//! emulated driver and through ptxas; on hardware in the two GPU runs, an H200 on
+//! 2026-11-28 at `9615f3d` and on 2026-11-29 at `eb27dd8`, where `gpu`'s `device_kernels`
+//! passed, see `docs/gpu-results.md`; the second ran [`launch_gather_views`]'s kernel,
+//! `dvx_gather_views` (f17fc94), but not its narrowed offsets, which came later):
 //! - [`launch_row_sizes`]: per-row sizes (string view lengths, list view sizes) as `i64`s,
 //!   0 for null rows;
 //! - [`inclusive_scan_i64`]: [`launch_scan_tiles_i64`] (a tile of [`SCAN_TILE`] items per
@@ -18,7 +18,9 @@
 //!   [`launch_add_tile_prefix_i64`];
 //! - [`launch_gather_views`]: the gather of `DeviceKernels::gather_view_bytes`, a warp per
 //!   32 rows whose lanes write the rows' contiguous output bytes (inline bytes from the
-//!   views themselves, others from the variadic buffers), with no descriptor table;
+//!   views themselves, others from the variadic buffers), with no descriptor table; with
+//!   `gather_view_bytes_narrowed`, each lane also writes its row's offset as an `int32`
+//!   (the libcudf conversion's offsets, without a pass of their own);
 //! - [`launch_narrow_i64_i32`], [`launch_widen_decimals`], [`launch_fill_offsets_i32`],
 //!   [`launch_compare_list_offsets`]: one thread per item;
 //! - [`launch_gather_list_values`] (a thread per output value) and
