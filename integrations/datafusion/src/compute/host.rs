@@ -1015,20 +1015,18 @@ pub(crate) fn padded(
 }
 
 /// `case` of each value of a string column, an array of the column's own type, by the
-/// tables `unicode_case_views` walks ([`CaseTables`](super::unicase::CaseTables)); `lower`
-/// of a value with `Σ` is `ComputeError::HostOnly`, as the kernel flags it.
+/// tables `unicode_case_views` walks ([`CaseTables`](super::unicase::CaseTables)).
 pub(crate) fn cased(
     column: &FrameColumn,
     name: &str,
     case: super::expr::Case,
-    text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
     use arrow_array::{LargeStringArray, StringArray, StringViewArray};
 
     let tables = super::unicase::CaseTables::get();
     let values = view_values(column, name)?;
     let mut out = Vec::with_capacity(values.len());
-    for (i, value) in values.into_iter().enumerate() {
+    for value in values {
         let Some(value) = value else {
             out.push(None);
             continue;
@@ -1036,12 +1034,7 @@ pub(crate) fn cased(
         let value = std::str::from_utf8(value).map_err(|e| {
             ComputeError::Input(format!("column `{name}`: a value is not UTF-8: {e}"))
         })?;
-        let cased = tables.apply(case, value).ok_or_else(|| {
-            ComputeError::HostOnly(format!(
-                "`{text}`: row {i} has a capital sigma (its lower case depends on the letters \
-                 around it)"
-            ))
-        })?;
+        let cased = tables.apply(case, value);
         out.push(Some(cased));
     }
     Ok(match column.column().data_type() {

@@ -271,7 +271,7 @@ impl DeviceExpr {
             }
             (expr::Node::StrCase { index, name, case }, None) => {
                 let column = host::frame_column(frame, *index, name)?;
-                host::cased(column, name, *case, &self.text)?
+                host::cased(column, name, *case)?
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
                 host::concat(frame, parts, *joined, out, &self.text)?

@@ -138,8 +138,11 @@ pub(super) fn case_column(
         upload(&tables.lower.keys)?,
         upload(&tables.lower.maps)?,
         upload(&tables.alphanumeric)?,
+        upload(&tables.ignorable)?,
+        upload(&tables.cased)?,
     ];
-    let [ukeys, umaps, lkeys, lmaps, alnum] = on_device.each_ref().map(|t| addr(t, s));
+    let [ukeys, umaps, lkeys, lmaps, alnum, ignorable, cased] =
+        on_device.each_ref().map(|t| addr(t, s));
     let mode = match case {
         Case::Upper => 0,
         Case::Lower => 1,
@@ -154,6 +157,10 @@ pub(super) fn case_column(
         A::U64(tables.lower.keys.len() as u64),
         A::U64(alnum),
         A::U64(tables.alphanumeric.len() as u64 / 2),
+        A::U64(ignorable),
+        A::U64(tables.ignorable.len() as u64 / 2),
+        A::U64(cased),
+        A::U64(tables.cased.len() as u64 / 2),
         A::U32(mode),
     ];
     let out = column.column().data_type().clone();
