@@ -35,10 +35,14 @@ use strings::{case_column, concat_column, pad_column, replace_column, substr_col
 /// The kernels' PTX.
 pub const COMPUTE_PTX: &str = include_str!("../../../kernels/compute.ptx");
 
-/// The kernels of one context.
+/// The kernels of one context, and the constant tables some of them read.
 struct Kernels {
     /// The module the functions belong to (kept loaded).
     _module: Arc<CudaModule>,
+    /// Unicode's case tables on the device (`strings::case_column`), uploaded at their
+    /// first use in the context and kept: upper keys and maps, lower keys and maps, the
+    /// alphanumeric, case-ignorable and cased ranges.
+    case_tables: std::sync::OnceLock<[CudaSlice<u32>; 7]>,
     load_lanes: CudaFunction,
     fill_lanes: CudaFunction,
     binary_lanes: CudaFunction,
@@ -171,6 +175,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_mark: f("join_mark")?,
         join_mark_rows: f("join_mark_rows")?,
         select_andnot: f("select_andnot")?,
+        case_tables: std::sync::OnceLock::new(),
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)

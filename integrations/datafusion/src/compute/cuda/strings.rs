@@ -115,8 +115,8 @@ pub(super) fn substr_column(
 /// `upper`, `lower` or `initcap` of each value of a string column
 /// ([`Node::StrCase`](crate::compute::expr::Node::StrCase)), a column of its type, in two
 /// passes of `unicode_case_views` ([`from_each_value`]): each row's length, then its
-/// characters mapped as DataFusion maps them (Unicode's case mappings, tables uploaded
-/// with the launch: [`CaseTables`](crate::compute::unicase::CaseTables)). No
+/// characters mapped as DataFusion maps them (Unicode's case mappings:
+/// [`CaseTables`](crate::compute::unicase::CaseTables), uploaded once per context). No
 /// character's mapping has more than three times its bytes (checked on Rust's tables by
 /// their unit test), so the data's bound is three times the column's ([`value_bytes`]);
 /// past it, the batch is the host's.
@@ -130,17 +130,29 @@ pub(super) fn case_column(
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
     let tables = crate::compute::unicase::CaseTables::get();
-    // At least one entry each: CUDA allocates no empty buffer.
-    let upload = |words: &[u32]| s.clone_htod(if words.is_empty() { &[0][..] } else { words });
-    let on_device = [
-        upload(&tables.upper.keys)?,
-        upload(&tables.upper.maps)?,
-        upload(&tables.lower.keys)?,
-        upload(&tables.lower.maps)?,
-        upload(&tables.alphanumeric)?,
-        upload(&tables.ignorable)?,
-        upload(&tables.cased)?,
-    ];
+    let on_device = match cx.k.case_tables.get() {
+        Some(on_device) => on_device,
+        None => {
+            // At least one entry each: CUDA allocates no empty buffer.
+            let upload =
+                |words: &[u32]| s.clone_htod(if words.is_empty() { &[0][..] } else { words });
+            let made = [
+                upload(&tables.upper.keys)?,
+                upload(&tables.upper.maps)?,
+                upload(&tables.lower.keys)?,
+                upload(&tables.lower.maps)?,
+                upload(&tables.alphanumeric)?,
+                upload(&tables.ignorable)?,
+                upload(&tables.cased)?,
+            ];
+            // Published once the copies are done, so that every stream of the context
+            // reads them with no event (a one-time wait of this stream, at the tables'
+            // first use); a thread that loses the race frees its own copies.
+            s.synchronize()?;
+            let _ = cx.k.case_tables.set(made);
+            cx.k.case_tables.get().ok_or("the case tables")?
+        }
+    };
     let [ukeys, umaps, lkeys, lmaps, alnum, ignorable, cased] =
         on_device.each_ref().map(|t| addr(t, s));
     let mode = match case {
@@ -166,9 +178,7 @@ pub(super) fn case_column(
     let out = column.column().data_type().clone();
     let cap = value_bytes(column).saturating_mul(3);
     let kernel = (&cx.k.unicode_case_views, &extra[..]);
-    let array = from_each_value(cx, cuda, (column, name), kernel, (&out, cap), err);
-    drop(on_device);
-    array
+    from_each_value(cx, cuda, (column, name), kernel, (&out, cap), err)
 }
 
 /// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`](crate::compute::expr::Node::Concat)), a column of
