@@ -378,17 +378,20 @@ impl ImplicitSyncs {
     }
 
     /// [`ImplicitSyncs::every_call`] once the process has stopped calling the driver: no
-    /// call counted for 100 ms (at most 10 s of waiting). The counts are the process's:
-    /// threads a test left behind (a region's workers dropping their batches after its
-    /// stream ended) may still be calling when the next test, holding the GPU lock,
-    /// starts counting.
+    /// call counted for half a second, five polls of 100 ms in a row (at most 10 s of
+    /// waiting). The counts are the process's: threads a test left behind (a region's
+    /// workers dropping their batches after its stream ended) may still be calling when
+    /// the next test, holding the GPU lock, starts counting, and on a loaded machine
+    /// (CI's two cores) they can pause for more than one poll between two calls.
     pub fn every_call_settled() -> Option<Self> {
         let mut last = Self::every_call()?;
+        let mut quiet = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let now = Self::every_call()?;
-            if now.total == last.total {
+            quiet = if now.total == last.total { quiet + 1 } else { 0 };
+            if quiet == 5 {
                 return Some(now);
             }
             last = now;
