@@ -2007,6 +2007,12 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "regexp_count(c, '\\s+')",
         "regexp_count(c, 'a', 200)",
         "regexp_count(s, '(?m)^.', 2)",
+        // The position of the nth match (`regexp_instr`), from a character on.
+        "regexp_instr(c, 'a')",
+        "regexp_instr(c, '[aeiou]', 3, 2)",
+        "regexp_instr(s, 'ü|N', 1, 1, 'i')",
+        "regexp_instr(c, 're(q|g)', 1, 2, '', 0)",
+        "regexp_instr(c, 'x', 200)",
         // Matches replaced by a literal (the first, or every one with `g`), with flags.
         "regexp_replace(c, 'a', 'X')",
         "regexp_replace(c, '[aeiou]+', '', 'g')",
@@ -2042,6 +2048,8 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         ("regexp_like(c, 'a', 'gi')", "the global flag"),
         ("regexp_count(c, 'a*')", "the empty string"),
         ("regexp_count(c, 'a', 0)", "at least 1"),
+        ("regexp_instr(c, '(a)b', 1, 1, '', 1)", "capture group"),
+        ("regexp_instr(c, 'a', 1, 0)", "at least 1"),
         ("regexp_replace(c, 'a*', 'X')", "has no device kernel"),
         ("regexp_replace(c, 's\\b', 'S')", "has no device kernel"),
         ("regexp_replace(c, '(a)', '\\1\\1')", "has no device kernel"),
@@ -2884,6 +2892,12 @@ pub async fn check_random_regex(device: &ExecDevice) {
                 counted += 1;
                 assert_evaluates_as_datafusion(&ctx, "r", &count, &[(7, 200)], device).await;
             }
+        }
+        // And the position of its second match, from the second character on.
+        let instr = format!("regexp_instr(s, '{pattern}', 2, 2)");
+        let (e, schema, _) = projection_of(&ctx, "r", &instr).await;
+        if DeviceExpr::compile(&e, &schema).is_ok() {
+            assert_evaluates_as_datafusion(&ctx, "r", &instr, &[(7, 200)], device).await;
         }
         // And replaced, every match or the first.
         let flags = ["'g'", "'gi'", "''", "'i'"][round % 4];

@@ -190,23 +190,52 @@ impl RegexTable {
     /// previous match's end on, where an anchored search matches.
     pub(crate) fn replace(&self, value: &[u8], replacement: &[u8], global: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(value.len());
-        let (mut kept, mut from) = (0, 0);
-        while from < value.len() {
-            match self.anchored_end(value, from) {
-                Some(end) if end > from => {
-                    out.extend_from_slice(&value[kept..from]);
-                    out.extend_from_slice(replacement);
-                    kept = end;
-                    from = end;
-                    if !global {
-                        break;
-                    }
-                }
-                _ => from += 1,
+        let mut kept = 0;
+        while let Some((start, end)) = self.find_from(value, kept) {
+            out.extend_from_slice(&value[kept..start]);
+            out.extend_from_slice(replacement);
+            kept = end;
+            if !global {
+                break;
             }
         }
         out.extend_from_slice(&value[kept..]);
         out
+    }
+
+    /// The first match at or after byte `from` of `value` (its start and end), for a
+    /// pattern that matches no empty string: the first byte where an anchored search
+    /// matches.
+    fn find_from(&self, value: &[u8], from: usize) -> Option<(usize, usize)> {
+        (from..value.len()).find_map(|start| {
+            self.anchored_end(value, start)
+                .filter(|&end| end > start)
+                .map(|end| (start, end))
+        })
+    }
+
+    /// `regexp_instr`'s answer: the 1-based character position in `value` of the start of
+    /// the `nth` match (1 the first) of the value from its character `skip` on (that
+    /// rest a haystack of its own), one after the other, or 0 where there is none; as
+    /// `view_regex_instr` finds it.
+    pub(crate) fn instr(&self, value: &[u8], skip: u64, nth: u64) -> i64 {
+        let lead = |b: &u8| b & 0xC0 != 0x80;
+        let Some(from) = (0..value.len())
+            .filter(|&i| lead(&value[i]))
+            .nth(usize::try_from(skip).unwrap_or(usize::MAX))
+        else {
+            return 0;
+        };
+        let rest = &value[from..];
+        let (mut at, mut found) = (0, 0);
+        while let Some((start, end)) = self.find_from(rest, at) {
+            found += 1;
+            if found == nth {
+                return value[..from + start].iter().filter(|b| lead(b)).count() as i64 + 1;
+            }
+            at = end;
+        }
+        0
     }
 
     /// How many matches `value` holds, one after the other, as `Regex::find_iter`
@@ -394,6 +423,28 @@ mod tests {
             }
         }
         assert!(RegexTable::compile("a*").unwrap().matches_empty);
+        // Positions as DataFusion's `regexp_instr` (the nth match's start, in characters).
+        for pattern in ["a", "ab|a", "a+", "^a", "a$", "🦀|é", "[^a]", "b"] {
+            let table = RegexTable::compile(pattern).unwrap();
+            let regex = regex::Regex::new(pattern).unwrap();
+            for value in values.iter().chain(&["aaaa", "abab", "aab🦀é🦀b", "éaéb"]) {
+                for (skip, nth) in [(0, 1), (0, 2), (1, 1), (2, 3), (9, 1)] {
+                    let chars: Vec<(usize, char)> = value.char_indices().collect();
+                    let want = match chars.get(skip as usize) {
+                        Some(&(from, _)) => regex
+                            .find_iter(&value[from..])
+                            .nth(nth as usize - 1)
+                            .map_or(0, |m| value[..from + m.start()].chars().count() as i64 + 1),
+                        None => 0,
+                    };
+                    assert_eq!(
+                        table.instr(value.as_bytes(), skip, nth),
+                        want,
+                        "{pattern:?} in {value:?} from {skip}, match {nth}"
+                    );
+                }
+            }
+        }
         // Replacements as `Regex::replacen`'s (the first match, or all).
         for pattern in [
             "a", "ab|a", "a+", "^a", "a$", "(?m)^x", "\\d+", "🦀|é", "[^a]",

@@ -351,6 +351,18 @@ pub(crate) enum Node {
         table: Arc<RegexTable>,
         skip: u64,
     },
+    /// `regexp_instr(col, pattern[, start[, n[, flags[, 0]]]])`: the character position
+    /// (1-based) in a string column's value of the start of the `nth` match of a regular
+    /// expression (one that cannot match the empty string) in the value from its
+    /// character `skip` on, 0 where there is none ([`RegexTable::instr`]). A null value
+    /// gives null; a view outside its buffer is an input error.
+    StrRegexInstr {
+        index: usize,
+        name: String,
+        table: Arc<RegexTable>,
+        skip: u64,
+        nth: u64,
+    },
     /// `substr(col, start[, count])` of a string column, as DataFusion's `substr` takes
     /// characters ([`substr_chars`]): a string value of the column's type, so only the
     /// root of a projection's expression ([`substr_node`]), never lanes.
@@ -898,6 +910,7 @@ fn compile_node(
             "starts_with" | "ends_with" | "contains" => return affix_node(function, input),
             "regexp_like" => return regexp_like_node(function, input),
             "regexp_count" => return regexp_count_node(function, input),
+            "regexp_instr" => return regexp_instr_node(function, input),
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
             }
@@ -1807,6 +1820,64 @@ fn regexp_replace_node(function: &ScalarFunctionExpr, input: &Schema) -> Option<
         out: out.clone(),
     };
     super::string_type(&out).then_some((node, out))
+}
+
+/// `regexp_instr(col, 'pattern'[, start[, n[, 'flags'[, 0]]]])` with literals: `start` and
+/// `n` at least 1 (else DataFusion's error), flags without `g`, the whole match (a
+/// capture group's position needs the groups), a pattern that cannot match the empty
+/// string ([`Node::StrRegexInstr`]).
+fn regexp_instr_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let what = function.to_string();
+    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
+    let args = function.args();
+    if !(2..=6).contains(&args.len()) {
+        return Err(refuse("takes two to six arguments"));
+    }
+    let (index, name) = string_column(&args[0], input)
+        .ok_or_else(|| refuse("a regular expression on the device matches a string column"))?;
+    let pattern = string_literal(&args[1])?
+        .ok_or_else(|| refuse("a regular expression on the device takes a literal pattern"))?;
+    let pattern = String::from_utf8(pattern).map_err(|_| refuse("a pattern not UTF-8"))?;
+    let at_least_one = |i: usize, what: &str| match args.get(i) {
+        Some(arg) => int_literal(arg).filter(|&v| v >= 1).ok_or_else(|| {
+            refuse(&format!(
+                "its {what} on the device is a literal of at least 1"
+            ))
+        }),
+        None => Ok(1),
+    };
+    let start = at_least_one(2, "start")?;
+    let nth = at_least_one(3, "occurrence")?;
+    let pattern = match args.get(4) {
+        Some(flags) => {
+            let flags = string_literal(flags)?
+                .and_then(|f| String::from_utf8(f).ok())
+                .filter(|f| !f.contains('g'))
+                .ok_or_else(|| refuse("flags on the device are a literal without `g`"))?;
+            if flags.is_empty() {
+                pattern
+            } else {
+                format!("(?{flags}){pattern}")
+            }
+        }
+        None => pattern,
+    };
+    if args.get(5).is_some_and(|sub| int_literal(sub) != Some(0)) {
+        return Err(refuse("a capture group's position has no device kernel"));
+    }
+    let table = RegexTable::compile(&pattern).map_err(|why| refuse(&why))?;
+    if table.matches_empty {
+        return Err(refuse(
+            "a pattern that matches the empty string has no device kernel",
+        ));
+    }
+    Ok(Node::StrRegexInstr {
+        index,
+        name,
+        table: Arc::new(table),
+        skip: (start - 1) as u64,
+        nth: nth as u64,
+    })
 }
 
 /// `regexp_count(col, 'pattern'[, start[, 'flags']])` with literals: `start` at least 1
@@ -2918,6 +2989,7 @@ impl Node {
             Node::StrLike { .. }
             | Node::StrRegex { .. }
             | Node::StrRegexCount { .. }
+            | Node::StrRegexInstr { .. }
             | Node::StrPos { .. } => true,
             Node::Case {
                 branches,
@@ -2971,6 +3043,7 @@ impl Node {
             | Node::StrLike { .. }
             | Node::StrRegex { .. }
             | Node::StrRegexCount { .. }
+            | Node::StrRegexInstr { .. }
             | Node::Substr { .. }
             | Node::SplitPart { .. }
             | Node::Trim { .. }
@@ -3015,6 +3088,7 @@ impl Node {
             | Node::StrLike { index, name, .. }
             | Node::StrRegex { index, name, .. }
             | Node::StrRegexCount { index, name, .. }
+            | Node::StrRegexInstr { index, name, .. }
             | Node::Substr { index, name, .. }
             | Node::SplitPart { index, name, .. }
             | Node::Trim { index, name, .. }

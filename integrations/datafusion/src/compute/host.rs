@@ -231,6 +231,25 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 valid,
             })
         }
+        Node::StrRegexInstr {
+            index,
+            name,
+            table,
+            skip,
+            nth,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            Ok(Lanes {
+                values: values
+                    .iter()
+                    .map(|v| v.map_or(0, |v| table.instr(v, *skip, *nth)))
+                    .collect(),
+                valid: values
+                    .iter()
+                    .any(Option::is_none)
+                    .then(|| values.iter().map(|v| v.is_some() as u8).collect()),
+            })
+        }
         Node::StrRegexCount {
             index,
             name,

@@ -68,6 +68,7 @@ struct Kernels {
     view_like: CudaFunction,
     view_regex: CudaFunction,
     view_regex_count: CudaFunction,
+    view_regex_instr: CudaFunction,
     regex_replace_views: CudaFunction,
     view_key: CudaFunction,
     utf8_views: CudaFunction,
@@ -145,6 +146,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_like: f("view_like")?,
         view_regex: f("view_regex")?,
         view_regex_count: f("view_regex_count")?,
+        view_regex_instr: f("view_regex_instr")?,
         regex_replace_views: f("regex_replace_views")?,
         view_key: f("view_key")?,
         utf8_views: f("utf8_views")?,
@@ -686,6 +688,37 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
                 A::U64(err),
             ]);
             cx.launch(&cx.k.view_like, n, &args.collect::<Vec<_>>())?;
+            drop((view, tables));
+            Ok(out)
+        }
+        Node::StrRegexInstr {
+            index,
+            name,
+            table,
+            skip,
+            nth,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            let tables = (
+                s.clone_htod(&table.classes)?,
+                s.clone_htod(&table.next)?,
+                s.clone_htod(&table.kinds)?,
+                s.clone_htod(&table.anchored)?,
+            );
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::U64(addr(&tables.0, s)),
+                A::U64(addr(&tables.1, s)),
+                A::U64(addr(&tables.2, s)),
+                A::U64(addr(&tables.3, s)),
+                A::U32(table.stride),
+                A::U64(*skip),
+                A::U64(*nth),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_regex_instr, n, &args.collect::<Vec<_>>())?;
             drop((view, tables));
             Ok(out)
         }
