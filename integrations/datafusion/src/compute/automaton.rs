@@ -1,11 +1,15 @@
 //! Regular expressions on the device: a pattern made a table of transitions over byte
 //! classes (a deterministic automaton, regex-automata's, the engine of the `regex` crate
-//! that DataFusion matches with), walked byte by byte by each row: `view_regex` on CUDA,
-//! [`RegexTable::is_match`] on the CPU device.
+//! that DataFusion matches with), walked byte by byte by each row. On CUDA `view_regex`
+//! (`~`, `regexp_like`, `ILIKE`), `view_regex_count` (`regexp_count`),
+//! `regex_replace_views` (`regexp_replace`) and `view_regex_instr` (`regexp_instr`); on
+//! the CPU device [`RegexTable::is_match`], [`RegexTable::count`], [`RegexTable::replace`]
+//! and [`RegexTable::instr`], the same walks.
 //!
-//! The automaton answers what `Regex::is_match` answers: whether a match starts anywhere
-//! in the value (an unanchored search), with the `regex` crate's syntax and defaults
-//! (Unicode classes and case folding, UTF-8). Word boundaries are refused (a dense
+//! The automaton answers what the `regex` crate answers, with its syntax and defaults
+//! (Unicode classes and case folding, UTF-8): whether a match starts anywhere in the value
+//! (an unanchored search), where the leftmost-first match ends, and, by anchored searches
+//! from each byte, where it starts. Word boundaries are refused (a dense
 //! automaton cannot look at the character before a non-ASCII byte, and an ASCII boundary
 //! may match inside a character, which the `regex` crate skips), as is a table of more
 //! than [`MAX_TABLE_BYTES`].
