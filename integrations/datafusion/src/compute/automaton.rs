@@ -159,31 +159,35 @@ impl RegexTable {
         })
     }
 
-    /// The end of the leftmost-first match that starts at byte `from` of `value`, if any
-    /// (an anchored search: `regexp_replace`'s tries, as `view_regex_replace` makes them).
-    fn anchored_end(&self, value: &[u8], from: usize) -> Option<usize> {
+    /// The end of the leftmost-first match a search from byte `from` of `value` finds, if
+    /// any, from the start state `starts` gives for the byte behind it (`starts[256]` at
+    /// the value's start): [`RegexTable::starts`] for an unanchored search (`regexp_count`),
+    /// [`RegexTable::anchored`] for one that must start at `from` (`regexp_replace`'s and
+    /// `regexp_instr`'s tries). Each byte's transition: at a state of kind [`MATCHED`] a
+    /// match ends before that byte (the automaton's matches are delayed by one byte), and
+    /// the walk goes on until a dead state or the end of the value (whose transition may
+    /// match too), for the longest match of the preferred pattern.
+    fn match_end(&self, value: &[u8], from: usize, starts: &[u32]) -> Option<usize> {
         let stride = self.stride as usize;
         let behind = if from == 0 {
             256
         } else {
             usize::from(value[from - 1])
         };
-        let mut state = self.anchored[behind] as usize;
+        let mut state = starts[behind] as usize;
         let mut end = None;
-        let mut at = from;
-        while at < value.len() {
-            let class = usize::from(self.classes[usize::from(value[at])]);
+        for (at, &byte) in value.iter().enumerate().skip(from) {
+            let class = usize::from(self.classes[usize::from(byte)]);
             state = self.next[state * stride + class] as usize;
             match self.kinds[state] {
                 MATCHED => end = Some(at),
                 DEAD => return end,
                 _ => {}
             }
-            at += 1;
         }
         state = self.next[state * stride + stride - 1] as usize;
         if self.kinds[state] == MATCHED {
-            end = Some(at);
+            end = Some(value.len());
         }
         end
     }
@@ -212,7 +216,7 @@ impl RegexTable {
     /// matches.
     fn find_from(&self, value: &[u8], from: usize) -> Option<(usize, usize)> {
         (from..value.len()).find_map(|start| {
-            self.anchored_end(value, start)
+            self.match_end(value, start, &self.anchored)
                 .filter(|&end| end > start)
                 .map(|end| (start, end))
         })
@@ -243,48 +247,17 @@ impl RegexTable {
     }
 
     /// How many matches `value` holds, one after the other, as `Regex::find_iter`
-    /// counts them (leftmost-first, each search from the previous match's end), for a
-    /// pattern that cannot match the empty string; as `view_regex_count` walks it. From
-    /// the start state of what lies behind the search's start, each byte's transition:
-    /// at a state of kind [`MATCHED`] a match ends before that byte (the automaton's
-    /// matches are delayed by one byte), and it goes on until a dead state or the end of
-    /// the value (whose transition may match too), for the longest match of the
-    /// preferred pattern.
+    /// counts them (leftmost-first, each unanchored search from the previous match's end:
+    /// [`RegexTable::match_end`]), for a pattern that cannot match the empty string; as
+    /// `view_regex_count` walks it.
     pub(crate) fn count(&self, value: &[u8]) -> i64 {
-        let stride = self.stride as usize;
         let (mut count, mut from) = (0, 0);
-        while from < value.len() {
-            let behind = if from == 0 {
-                256
-            } else {
-                usize::from(value[from - 1])
-            };
-            let mut state = self.starts[behind] as usize;
-            let mut end = None;
-            let mut at = from;
-            while at < value.len() {
-                let class = usize::from(self.classes[usize::from(value[at])]);
-                state = self.next[state * stride + class] as usize;
-                match self.kinds[state] {
-                    MATCHED => end = Some(at),
-                    DEAD => break,
-                    _ => {}
-                }
-                at += 1;
-            }
-            if at == value.len() {
-                state = self.next[state * stride + stride - 1] as usize;
-                if self.kinds[state] == MATCHED {
-                    end = Some(at);
-                }
-            }
-            match end {
-                Some(end) if end > from => {
-                    count += 1;
-                    from = end;
-                }
-                _ => break,
-            }
+        while let Some(end) = self
+            .match_end(value, from, &self.starts)
+            .filter(|&end| end > from)
+        {
+            count += 1;
+            from = end;
         }
         count
     }

@@ -1822,84 +1822,75 @@ fn regexp_replace_node(function: &ScalarFunctionExpr, input: &Schema) -> Option<
     super::string_type(&out).then_some((node, out))
 }
 
-/// `regexp_instr(col, 'pattern'[, start[, n[, 'flags'[, 0]]]])` with literals: `start` and
-/// `n` at least 1 (else DataFusion's error), flags without `g`, the whole match (a
-/// capture group's position needs the groups), a pattern that cannot match the empty
-/// string ([`Node::StrRegexInstr`]).
+/// `regexp_instr(col, 'pattern'[, start[, n[, 'flags'[, 0]]]])` with literals: `n` at
+/// least 1 (else DataFusion's error), the whole match (a capture group's position needs
+/// the groups), as [`searched_pattern`] ([`Node::StrRegexInstr`]).
 fn regexp_instr_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
     let what = function.to_string();
-    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
     let args = function.args();
     if !(2..=6).contains(&args.len()) {
-        return Err(refuse("takes two to six arguments"));
+        return Err(Unsupported(format!("`{what}` takes two to six arguments")));
     }
+    if args.get(5).is_some_and(|sub| int_literal(sub) != Some(0)) {
+        return Err(Unsupported(format!(
+            "`{what}`: a capture group's position has no device kernel"
+        )));
+    }
+    let (index, name, table, skip) = searched_pattern(&what, args, args.get(4), input)?;
+    let nth = match args.get(3) {
+        Some(n) => int_literal(n).filter(|&v| v >= 1).ok_or_else(|| {
+            Unsupported(format!(
+                "`{what}`: its occurrence on the device is a literal of at least 1"
+            ))
+        })?,
+        None => 1,
+    };
+    Ok(Node::StrRegexInstr {
+        index,
+        name,
+        table,
+        skip,
+        nth: nth as u64,
+    })
+}
+
+/// `regexp_count(col, 'pattern'[, start[, 'flags']])` with literals, as
+/// [`searched_pattern`] ([`Node::StrRegexCount`]).
+fn regexp_count_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
+    let what = function.to_string();
+    let args = function.args();
+    if !(2..=4).contains(&args.len()) {
+        return Err(Unsupported(format!("`{what}` takes two to four arguments")));
+    }
+    let (index, name, table, skip) = searched_pattern(&what, args, args.get(3), input)?;
+    Ok(Node::StrRegexCount {
+        index,
+        name,
+        table,
+        skip,
+    })
+}
+
+/// What `regexp_count` and `regexp_instr` search, their arguments `args` (the string
+/// column, a literal pattern, then an optional literal start) and `flags`: the column,
+/// the pattern's automaton, and the characters the search skips (`start` at least 1, the
+/// rest of the value a haystack of its own, as DataFusion slices it). Flags without `g`
+/// (DataFusion's error) are prefixed as `(?flags)`; a pattern that can match the empty
+/// string is refused (stepping past an empty match needs its start, which a forward
+/// automaton does not give). `what`: the expression, for the reasons.
+fn searched_pattern(
+    what: &str,
+    args: &[Arc<dyn PhysicalExpr>],
+    flags: Option<&Arc<dyn PhysicalExpr>>,
+    input: &Schema,
+) -> Result<(usize, String, Arc<RegexTable>, u64), Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
     let (index, name) = string_column(&args[0], input)
         .ok_or_else(|| refuse("a regular expression on the device matches a string column"))?;
     let pattern = string_literal(&args[1])?
         .ok_or_else(|| refuse("a regular expression on the device takes a literal pattern"))?;
     let pattern = String::from_utf8(pattern).map_err(|_| refuse("a pattern not UTF-8"))?;
-    let at_least_one = |i: usize, what: &str| match args.get(i) {
-        Some(arg) => int_literal(arg).filter(|&v| v >= 1).ok_or_else(|| {
-            refuse(&format!(
-                "its {what} on the device is a literal of at least 1"
-            ))
-        }),
-        None => Ok(1),
-    };
-    let start = at_least_one(2, "start")?;
-    let nth = at_least_one(3, "occurrence")?;
-    let pattern = match args.get(4) {
-        Some(flags) => {
-            let flags = string_literal(flags)?
-                .and_then(|f| String::from_utf8(f).ok())
-                .filter(|f| !f.contains('g'))
-                .ok_or_else(|| refuse("flags on the device are a literal without `g`"))?;
-            if flags.is_empty() {
-                pattern
-            } else {
-                format!("(?{flags}){pattern}")
-            }
-        }
-        None => pattern,
-    };
-    if args.get(5).is_some_and(|sub| int_literal(sub) != Some(0)) {
-        return Err(refuse("a capture group's position has no device kernel"));
-    }
-    let table = RegexTable::compile(&pattern).map_err(|why| refuse(&why))?;
-    if table.matches_empty {
-        return Err(refuse(
-            "a pattern that matches the empty string has no device kernel",
-        ));
-    }
-    Ok(Node::StrRegexInstr {
-        index,
-        name,
-        table: Arc::new(table),
-        skip: (start - 1) as u64,
-        nth: nth as u64,
-    })
-}
-
-/// `regexp_count(col, 'pattern'[, start[, 'flags']])` with literals: `start` at least 1
-/// (the search begins at that character, the rest of the value a haystack of its own, as
-/// DataFusion slices it), flags without `g` (DataFusion's error), a pattern that cannot
-/// match the empty string (stepping past an empty match needs its start, which a
-/// forward automaton does not give) ([`Node::StrRegexCount`]).
-fn regexp_count_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
-    let what = function.to_string();
-    let refuse = |why: &str| Unsupported(format!("`{what}`: {why}"));
-    let (column, pattern, start, flags) = match function.args() {
-        [column, pattern] => (column, pattern, None, None),
-        [column, pattern, start] => (column, pattern, Some(start), None),
-        [column, pattern, start, flags] => (column, pattern, Some(start), Some(flags)),
-        _ => return Err(refuse("takes two to four arguments")),
-    };
-    let (index, name) = string_column(column, input)
-        .ok_or_else(|| refuse("a regular expression on the device matches a string column"))?;
-    let pattern = string_literal(pattern)?
-        .ok_or_else(|| refuse("a regular expression on the device takes a literal pattern"))?;
-    let pattern = String::from_utf8(pattern).map_err(|_| refuse("a pattern not UTF-8"))?;
-    let start = match start {
+    let start = match args.get(2) {
         Some(start) => int_literal(start)
             .filter(|&s| s >= 1)
             .ok_or_else(|| refuse("its start on the device is a literal of at least 1"))?,
@@ -1925,12 +1916,7 @@ fn regexp_count_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<No
             "a pattern that matches the empty string has no device kernel",
         ));
     }
-    Ok(Node::StrRegexCount {
-        index,
-        name,
-        table: Arc::new(table),
-        skip: (start - 1) as u64,
-    })
+    Ok((index, name, Arc::new(table), (start - 1) as u64))
 }
 
 /// `starts_with(col, 'x')`, `ends_with(col, 'x')` and `contains(col, 'x')` over a string

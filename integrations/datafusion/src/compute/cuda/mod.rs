@@ -622,6 +622,49 @@ fn aligned(address: u64, align: u64, name: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The lanes of a regular expression's `kernel` (`view_regex`, `view_regex_count`,
+/// `view_regex_instr`) over the `n` rows of a string column: its parameters are the
+/// column's view arguments, the automaton's tables (byte classes, transitions, kinds,
+/// then the start states `starts` where given), its stride, the kernel's own `scalars`,
+/// the lanes and the error word.
+fn regex_lanes(
+    cx: &Cx<'_>,
+    (column, name): (&FrameColumn, &str),
+    n: usize,
+    table: &super::automaton::RegexTable,
+    starts: Option<&[u32]>,
+    (kernel, scalars): (&CudaFunction, &[A]),
+    err: u64,
+) -> Result<Lanes, BoxError> {
+    let s = cx.stream;
+    let view = view_args(cx, column, name, n, err)?;
+    // The automaton's tables (a pattern has at least one state, its start).
+    let classes = s.clone_htod(&table.classes)?;
+    let next = s.clone_htod(&table.next)?;
+    let kinds = s.clone_htod(&table.kinds)?;
+    let starts = starts.map(|starts| s.clone_htod(starts)).transpose()?;
+    let out = cx.lanes(n)?;
+    let mut args: Vec<A> = view.args.to_vec();
+    args.extend([
+        A::U64(addr(&classes, s)),
+        A::U64(addr(&next, s)),
+        A::U64(addr(&kinds, s)),
+    ]);
+    if let Some(starts) = &starts {
+        args.push(A::U64(addr(starts, s)));
+    }
+    args.push(A::U32(table.stride));
+    args.extend_from_slice(scalars);
+    args.extend([
+        A::U64(addr(&out.values, s)),
+        A::U64(addr(&out.valid, s)),
+        A::U64(err),
+    ]);
+    cx.launch(kernel, n, &args)?;
+    drop((view, classes, next, kinds, starts));
+    Ok(out)
+}
+
 /// Evaluates `node` over the frame's rows, errors flagged at `err`.
 fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes, BoxError> {
     let n = frame.num_rows();
@@ -698,29 +741,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             skip,
             nth,
         } => {
-            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
-            let tables = (
-                s.clone_htod(&table.classes)?,
-                s.clone_htod(&table.next)?,
-                s.clone_htod(&table.kinds)?,
-                s.clone_htod(&table.anchored)?,
-            );
-            let out = cx.lanes(n)?;
-            let args = view.args.iter().copied().chain([
-                A::U64(addr(&tables.0, s)),
-                A::U64(addr(&tables.1, s)),
-                A::U64(addr(&tables.2, s)),
-                A::U64(addr(&tables.3, s)),
-                A::U32(table.stride),
-                A::U64(*skip),
-                A::U64(*nth),
-                A::U64(addr(&out.values, s)),
-                A::U64(addr(&out.valid, s)),
-                A::U64(err),
-            ]);
-            cx.launch(&cx.k.view_regex_instr, n, &args.collect::<Vec<_>>())?;
-            drop((view, tables));
-            Ok(out)
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            let kernel = (&cx.k.view_regex_instr, &[A::U64(*skip), A::U64(*nth)][..]);
+            regex_lanes(cx, column, n, table, Some(&table.anchored), kernel, err)
         }
         Node::StrRegexCount {
             index,
@@ -728,28 +751,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             table,
             skip,
         } => {
-            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
-            let tables = (
-                s.clone_htod(&table.classes)?,
-                s.clone_htod(&table.next)?,
-                s.clone_htod(&table.kinds)?,
-                s.clone_htod(&table.starts)?,
-            );
-            let out = cx.lanes(n)?;
-            let args = view.args.iter().copied().chain([
-                A::U64(addr(&tables.0, s)),
-                A::U64(addr(&tables.1, s)),
-                A::U64(addr(&tables.2, s)),
-                A::U64(addr(&tables.3, s)),
-                A::U32(table.stride),
-                A::U64(*skip),
-                A::U64(addr(&out.values, s)),
-                A::U64(addr(&out.valid, s)),
-                A::U64(err),
-            ]);
-            cx.launch(&cx.k.view_regex_count, n, &args.collect::<Vec<_>>())?;
-            drop((view, tables));
-            Ok(out)
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            let kernel = (&cx.k.view_regex_count, &[A::U64(*skip)][..]);
+            regex_lanes(cx, column, n, table, Some(&table.starts), kernel, err)
         }
         Node::StrRegex {
             index,
@@ -757,27 +761,9 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             table,
             negated,
         } => {
-            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
-            // The automaton's tables (a pattern has at least one state, its start).
-            let tables = (
-                s.clone_htod(&table.classes)?,
-                s.clone_htod(&table.next)?,
-                s.clone_htod(&table.kinds)?,
-            );
-            let out = cx.lanes(n)?;
-            let args = view.args.iter().copied().chain([
-                A::U64(addr(&tables.0, s)),
-                A::U64(addr(&tables.1, s)),
-                A::U64(addr(&tables.2, s)),
-                A::U32(table.stride),
-                A::U32(u32::from(*negated)),
-                A::U64(addr(&out.values, s)),
-                A::U64(addr(&out.valid, s)),
-                A::U64(err),
-            ]);
-            cx.launch(&cx.k.view_regex, n, &args.collect::<Vec<_>>())?;
-            drop((view, tables));
-            Ok(out)
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            let kernel = (&cx.k.view_regex, &[A::U32(u32::from(*negated))][..]);
+            regex_lanes(cx, column, n, table, None, kernel, err)
         }
         Node::StrKey { index, name, word } => {
             let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
