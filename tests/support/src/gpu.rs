@@ -390,7 +390,11 @@ impl ImplicitSyncs {
         while std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let now = Self::every_call()?;
-            quiet = if now.total == last.total { quiet + 1 } else { 0 };
+            quiet = if now.total == last.total {
+                quiet + 1
+            } else {
+                0
+            };
             if quiet == 5 {
                 return Some(now);
             }
