@@ -4167,21 +4167,7 @@ async fn repeated_key_join(
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
         ctx.register_table(name, Arc::new(table)).unwrap();
     }
-    let plan = ctx
-        .sql("select f.s, d.v from f join d on f.fk = d.k")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut nodes = vec![plan];
-    let node = loop {
-        let node = nodes.pop().expect("a hash join");
-        if node.downcast_ref::<HashJoinExec>().is_some() {
-            break node;
-        }
-        nodes.extend(node.children().into_iter().cloned());
-    };
+    let node = hash_join_of(&ctx, "select f.s, d.v from f join d on f.fk = d.k").await;
     let join = node.downcast_ref::<HashJoinExec>().unwrap();
     assert_eq!(
         join.right().schema().field(1).name(),
@@ -4218,21 +4204,7 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
              (select 1 from dim d where d.name = f.code)",
         ] {
             let want = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            let mut nodes = vec![plan];
-            let node = loop {
-                let node = nodes.pop().expect("a hash join");
-                if node.downcast_ref::<HashJoinExec>().is_some() {
-                    break node;
-                }
-                nodes.extend(node.children().into_iter().cloned());
-            };
+            let node = hash_join_of(&ctx, sql).await;
             let join = node.downcast_ref::<HashJoinExec>().unwrap();
             let (build_key, probe_key) = join.on()[0].clone();
             // `key || '!'`, the literal of the key's own type (as DataFusion's coercion
@@ -4290,21 +4262,11 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
     // the key named.
     let ctx = SessionContext::new();
     join_tables_of(&ctx, &DataType::Utf8View);
-    let plan = ctx
-        .sql("select f.qty, d.k from fact f join dim d on f.code = d.name")
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut nodes = vec![plan];
-    let node = loop {
-        let node = nodes.pop().expect("a hash join");
-        if node.downcast_ref::<HashJoinExec>().is_some() {
-            break node;
-        }
-        nodes.extend(node.children().into_iter().cloned());
-    };
+    let node = hash_join_of(
+        &ctx,
+        "select f.qty, d.k from fact f join dim d on f.code = d.name",
+    )
+    .await;
     let join = node.downcast_ref::<HashJoinExec>().unwrap();
     let cast = |name: &str, schema: &Schema| {
         let column =
@@ -4325,6 +4287,26 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
         matches!(&refused, Err(Unsupported(why)) if why.starts_with("join key `CAST(qty")),
         "{refused:?}"
     );
+}
+
+/// The first hash join of `sql`'s physical plan in `ctx` (depth first).
+async fn hash_join_of(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    use datafusion::physical_plan::joins::HashJoinExec;
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut nodes = vec![plan];
+    loop {
+        let node = nodes.pop().expect("a hash join");
+        if node.downcast_ref::<HashJoinExec>().is_some() {
+            return node;
+        }
+        nodes.extend(node.children().into_iter().cloned());
+    }
 }
 
 /// Keys 0 to 7 (`fk`) and a string of more than 12 bytes each (`s`, of `strings`).

@@ -259,10 +259,11 @@ impl<'a> Converter<'a> {
                     };
                     let kernels = converter.kernels(&path, &data_type)?;
                     let validity = Validity::new(validity, 0);
-                    // SAFETY: the views made above (one variadic buffer, the child's data,
-                    // its address in `table`), `offsets` their scan, `data` its `bytes`;
+                    // The views made above (one variadic buffer, the child's data, its
+                    // address in `table`), `offsets` their scan, `data` its `bytes`;
                     // narrowed, total + 1 int64s, each at most `bytes` (which fits), to as
                     // many int32s.
+                    // SAFETY: the ranges just described.
                     unsafe {
                         match narrow {
                             Some(narrow) => kernels.gather_view_bytes_narrowed(

@@ -97,26 +97,8 @@ unsafe impl DeviceKernels for CudaDevice {
         if n == 0 {
             return Ok(());
         }
-        check_aligned("views", views as u64, 4)?;
-        check_aligned("offsets", offsets as u64, 8)?;
-        self.bind()?;
-        // SAFETY: the ranges of the trait's contract (the views, validity, buffers and
-        // offsets read, `out` written), the caller's guarantee; enqueued on this
-        // device's stream, which later work on the same buffers follows.
-        unsafe {
-            kernels::launch_gather_views(
-                &self.stream,
-                views as u64,
-                validity.address as u64,
-                validity.bit_offset,
-                n,
-                buffers as u64,
-                offsets as u64,
-                out as u64,
-                0,
-            )
-        }?;
-        Ok(())
+        // SAFETY: the trait's contract, the caller's guarantee; no narrowed offsets.
+        unsafe { self.launch_view_gather(views, validity, n, buffers, offsets, out, 0) }
     }
 
     unsafe fn gather_view_bytes_narrowed(
@@ -137,25 +119,8 @@ unsafe impl DeviceKernels for CudaDevice {
             // SAFETY: `offsets` holds 1 int64 and `narrow` 1 int32, the caller's guarantee.
             return unsafe { self.narrow_i64_to_i32(offsets, 1, narrow) };
         }
-        self.bind()?;
-        // SAFETY: the ranges of the trait's contract (the views, validity, buffers and
-        // offsets read, `out` and the n + 1 int32s at `narrow` written), the caller's
-        // guarantee; enqueued on this device's stream, which later work on the same
-        // buffers follows.
-        unsafe {
-            kernels::launch_gather_views(
-                &self.stream,
-                views as u64,
-                validity.address as u64,
-                validity.bit_offset,
-                n,
-                buffers as u64,
-                offsets as u64,
-                out as u64,
-                narrow as u64,
-            )
-        }?;
-        Ok(())
+        // SAFETY: the trait's contract, the caller's guarantee, `narrow` included.
+        unsafe { self.launch_view_gather(views, validity, n, buffers, offsets, out, narrow as u64) }
     }
 
     unsafe fn narrow_i64_to_i32(
@@ -361,6 +326,49 @@ unsafe impl DeviceKernels for CudaDevice {
         // SAFETY: the caller's guarantee, the alignment checked above.
         unsafe {
             kernels::launch_count_set_bits(&self.stream, bitmap as u64, bit_offset, len, out as u64)
+        }?;
+        Ok(())
+    }
+}
+
+impl CudaDevice {
+    /// `dvx_gather_views` of `n` views (at least one) into `out`, and with `narrow` (not
+    /// 0) their offsets narrowed to `int32`s there, enqueued on this device's stream once
+    /// the views and offsets are checked aligned.
+    ///
+    /// # Safety
+    /// The ranges of `DeviceKernels::gather_view_bytes` (and, with `narrow`, of
+    /// `gather_view_bytes_narrowed`).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_view_gather(
+        &self,
+        views: *const c_void,
+        validity: Validity,
+        n: u64,
+        buffers: *const c_void,
+        offsets: *const c_void,
+        out: *mut c_void,
+        narrow: u64,
+    ) -> devarrow_abi::Result<()> {
+        check_aligned("views", views as u64, 4)?;
+        check_aligned("offsets", offsets as u64, 8)?;
+        self.bind()?;
+        // The ranges read (the views, validity, buffers and offsets) and written (`out`,
+        // and the n + 1 int32s at `narrow`) are the caller's guarantee; enqueued on this
+        // device's stream, which later work on the same buffers follows.
+        // SAFETY: so the kernel reads and writes only those ranges.
+        unsafe {
+            kernels::launch_gather_views(
+                &self.stream,
+                views as u64,
+                validity.address as u64,
+                validity.bit_offset,
+                n,
+                buffers as u64,
+                offsets as u64,
+                out as u64,
+                narrow,
+            )
         }?;
         Ok(())
     }
