@@ -277,20 +277,44 @@ impl DevicePool {
         futures::executor::block_on(self.lease())
     }
 
+    /// Waits for a free slot, blocking the calling thread: slot `preferred` when it is
+    /// free then, any other free one when it is not (as [`DevicePool::lease_preferring`]).
+    pub fn lease_blocking_preferring(self: &Arc<Self>, preferred: usize) -> DeviceLease {
+        futures::executor::block_on(self.lease_preferring(preferred))
+    }
+
     /// Waits for a free slot (without blocking a thread).
     pub async fn lease(self: &Arc<Self>) -> DeviceLease {
+        self.lease_of(None).await
+    }
+
+    /// Waits for a free slot (without blocking a thread): slot `preferred` when it is
+    /// free once a slot is, any other free one when it is not (it waits for no slot in
+    /// particular).
+    ///
+    /// On CUDA each slot has its own stream. A batch used on the stream it was uploaded
+    /// on (or computed on) needs nothing to order it: its memory is written and freed in
+    /// stream order there. On another slot's stream every view of it records and waits
+    /// for events. A partition's load and operators therefore ask for the slot of the
+    /// batch they hold.
+    pub async fn lease_preferring(self: &Arc<Self>, preferred: usize) -> DeviceLease {
+        self.lease_of(Some(preferred)).await
+    }
+
+    async fn lease_of(self: &Arc<Self>, preferred: Option<usize>) -> DeviceLease {
         let permit = self
             .permits
             .clone()
             .acquire_owned()
             .await
             .expect("a device pool's semaphore is never closed");
-        let slot = self
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .expect("a permit guarantees a free slot");
+        let slot = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            match preferred.and_then(|slot| free.iter().position(|&s| s == slot)) {
+                Some(at) => free.remove(at),
+                None => free.pop().expect("a permit guarantees a free slot"),
+            }
+        };
         DeviceLease {
             pool: self.clone(),
             slot,
@@ -577,6 +601,26 @@ mod tests {
         drop(a);
         assert_eq!(third.await.unwrap(), freed);
         drop(b);
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_pool_lends_the_slot_asked_for_when_it_is_free() {
+        let pool = Arc::new(DevicePool::cpu(Arc::new(CpuDevice::new()), 3));
+        for slot in [2, 0, 1, 2] {
+            assert_eq!(pool.lease_preferring(slot).await.slot(), slot);
+        }
+        let held = pool.lease_preferring(1).await;
+        let other = pool.lease_preferring(1).await;
+        assert_eq!(held.slot(), 1);
+        assert_ne!(
+            other.slot(),
+            1,
+            "a busy slot is not waited for while others are free"
+        );
+        drop(held);
+        assert_eq!(pool.lease_blocking_preferring(1).slot(), 1);
+        drop(other);
         assert_eq!(pool.in_use(), 0);
     }
 }

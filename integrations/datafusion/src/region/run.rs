@@ -181,9 +181,16 @@ enum HostInput {
     },
 }
 
-/// What the load thread hands the operator thread: an uploaded batch and the bytes
-/// reserved for it.
-type Uploaded = std::result::Result<(DeviceBatch, usize), DataFusionError>;
+/// What the load thread hands the operator thread: an uploaded batch, the bytes
+/// reserved for it, and the slot whose stream it was uploaded on.
+type Uploaded = std::result::Result<(DeviceBatch, usize, usize), DataFusionError>;
+
+/// The slot a partition asks for first: its own where partitions are no more than
+/// slots, so that its load and its operators use one stream (see
+/// [`DevicePool::lease_preferring`]).
+fn home_slot(pool: &DevicePool, partition: usize) -> usize {
+    partition % pool.slots()
+}
 
 /// Everything a partition's threads need, gathered before its device slot is granted.
 struct Pending {
@@ -480,8 +487,12 @@ impl LoadThread {
             };
             let bytes = std::mem::take(&mut gathered_bytes);
             reserve(&self.reservation, bytes, self.partition, &self.pool)?;
-            // A slot for this upload only: none is held while the child is read.
-            let lease = self.pool.lease_blocking();
+            // A slot for this upload only: none is held while the child is read. The
+            // operators ask for the same one (its stream orders the batch for them).
+            let lease = self
+                .pool
+                .lease_blocking_preferring(home_slot(&self.pool, self.partition));
+            let slot = lease.slot();
             let uploaded = lease.upload().to_device(&batch);
             drop(lease);
             let uploaded = match uploaded {
@@ -494,7 +505,7 @@ impl LoadThread {
             timer.done();
             self.metrics.bytes_to_device.add(bytes);
             self.metrics.uploaded_batches.add(1);
-            if out.send(Ok((uploaded, bytes))).is_err() {
+            if out.send(Ok((uploaded, bytes, slot))).is_err() {
                 // The operator thread ended; its receiver dropped the batch (and its
                 // reservation is released by whoever drops the last handle).
                 self.reservation.shrink(bytes);
@@ -628,7 +639,9 @@ impl OperatorThread {
             let bind_time =
                 MetricBuilder::new(op.metrics_set()).subset_time("bind_time", self.partition);
             let binding = bind_time.timer();
-            let lease = self.pool.lease_blocking();
+            let lease = self
+                .pool
+                .lease_blocking_preferring(home_slot(&self.pool, self.partition));
             let mut upload = lease.upload();
             let built =
                 MetricBuilder::new(op.metrics_set()).counter("host_tables_built", self.partition);
@@ -716,9 +729,9 @@ impl OperatorThread {
                 break;
             };
             self.metrics.load_wait.add_elapsed(waiting);
-            let (batch, reserved) = uploaded?;
+            let (batch, reserved, slot) = uploaded?;
             let first = RegionBatch::Device(DeviceFrame::from_batch(batch));
-            if !self.one_batch(&ops, Start::Frame(first), index, reserved, out)? {
+            if !self.one_batch(&ops, Start::Frame(first), slot, index, reserved, out)? {
                 return Ok(());
             }
             index += 1;
@@ -730,7 +743,8 @@ impl OperatorThread {
             if self.cancel.load(Ordering::Acquire) {
                 return Ok(());
             }
-            if !self.one_batch(&ops, Start::Finish(at), index, 0, out)? {
+            let home = home_slot(&self.pool, self.partition);
+            if !self.one_batch(&ops, Start::Finish(at), home, index, 0, out)? {
                 return Ok(());
             }
             index += 1;
@@ -739,18 +753,20 @@ impl OperatorThread {
     }
 
     /// One batch through the operators under a device slot (taken for this batch's
-    /// operators and download only), sent on when it has rows; `reserved` bytes were
-    /// reserved for it so far. False when the stream was dropped.
+    /// operators and download only: `slot` when it is free, the one the batch was
+    /// uploaded on), sent on when it has rows; `reserved` bytes were reserved for it so
+    /// far. False when the stream was dropped.
     fn one_batch(
         &self,
         ops: &[(&Arc<dyn DeviceOperator>, Time, OperatorCounts)],
         start: Start,
+        slot: usize,
         index: usize,
         reserved: usize,
         out: &mpsc::Sender<Result<RecordBatch>>,
     ) -> Result<bool> {
         let waiting = Instant::now();
-        let lease = self.pool.lease_blocking();
+        let lease = self.pool.lease_blocking_preferring(slot);
         self.metrics.slot_wait.add_elapsed(waiting);
         let compute = self.metrics.baseline.elapsed_compute().clone();
         let timer = compute.timer();
