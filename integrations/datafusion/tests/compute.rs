@@ -1995,7 +1995,6 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
             "`split_part` has no device kernel",
         ),
         ("split_part(s, ' ', 0)", "`split_part` has no device kernel"),
-        ("(c ~ '\\bspecial')", "word boundary"),
         ("regexp_like(c, s)", "a literal pattern"),
         ("regexp_like(c, 'a', 'gi')", "the global flag"),
         ("regexp_count(c, 'a*')", "the empty string"),
@@ -2003,7 +2002,6 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         ("regexp_instr(c, '(a)b', 1, 1, '', 1)", "capture group"),
         ("regexp_instr(c, 'a', 1, 0)", "at least 1"),
         ("regexp_replace(c, 'a*', 'X')", "has no device kernel"),
-        ("regexp_replace(c, 's\\b', 'S')", "has no device kernel"),
         ("regexp_replace(c, '(a)', '\\1\\1')", "has no device kernel"),
         ("regexp_replace(c, 'a', '$0')", "has no device kernel"),
         ("(s LIKE CONCAT(s, '%'))", "a literal pattern"),
@@ -2868,6 +2866,85 @@ pub async fn check_random_regex(device: &ExecDevice) {
     );
 }
 
+/// Word boundaries against DataFusion: Unicode ones (`\b`, `\B`) and ASCII ones
+/// (`(?-u:\b)`) in `~`, `~*`, `!~`, `regexp_count`, `regexp_instr` and
+/// `regexp_replace`, over random ASCII values of words, spaces, `_`, `-` and digits
+/// (inline and long, some null). A Unicode boundary's automaton gives up at a byte past
+/// ASCII: a batch with such a value is left to the host (`HostOnly`), and a query's
+/// filter computes it there, with DataFusion's rows; an ASCII boundary needs no such
+/// state, and stays on the device.
+pub async fn check_word_boundaries(device: &ExecDevice) {
+    let mut next = xorshift(0x6A09_E667_F3BC_C908);
+    let alphabet = ['a', 'b', 'A', ' ', '_', '-', '1'];
+    let character = |next: &mut dyn FnMut(u64) -> u64| alphabet[next(7) as usize];
+    let ctx = random_strings_table("w", &mut next, (11, 21), &character);
+    for pattern in [
+        "\\bab",
+        "b\\b",
+        "\\Ba",
+        "\\b\\w+\\b",
+        "\\b[ab]{2}\\b",
+        "\\b1|a\\B",
+        "^\\bA",
+        "(?-u:\\b)a",
+        "(?-u:\\B)b(?-u:\\b)",
+    ] {
+        for text in [
+            format!("(s ~ '{pattern}')"),
+            format!("(s ~* '{pattern}')"),
+            format!("(s !~ '{pattern}')"),
+            format!("regexp_count(s, '{pattern}')"),
+            format!("regexp_instr(s, '{pattern}', 1, 2)"),
+            format!("regexp_replace(s, '{pattern}', '<>', 'g')"),
+            format!("regexp_replace(s, '{pattern}', '<>')"),
+        ] {
+            assert_evaluates_as_datafusion(&ctx, "w", &text, &[(7, 200)], device).await;
+        }
+    }
+    // Past ASCII.
+    let values = ["x ab", "éab", "ab é", "a_b", "🦀 ab"];
+    let batch = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(arrow_array::StringViewArray::from_iter_values(values)) as ArrayRef,
+    )])
+    .unwrap();
+    let wb = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    wb.register_table("wb", Arc::new(table)).unwrap();
+    for text in [
+        "(s ~ '\\bab')",
+        "regexp_count(s, '\\bab')",
+        "regexp_instr(s, 'a\\b')",
+        "regexp_replace(s, '\\Bb', '<>', 'g')",
+    ] {
+        assert_left_to_the_host(&wb, "wb", text, Some(&batch), device).await;
+    }
+    for text in [
+        "(s ~ '(?-u:\\b)ab')",
+        "regexp_count(s, '(?-u:\\b)ab')",
+        "regexp_replace(s, '(?-u:\\B)b', '<>', 'g')",
+    ] {
+        assert_evaluates_as_datafusion(&wb, "wb", text, &[(1, 3)], device).await;
+    }
+    // A value past ASCII that the walk never reaches (it matched first): the device's.
+    let matched_first = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(arrow_array::StringViewArray::from_iter_values([
+            "ab é",
+            "x ab 🦀",
+        ])) as ArrayRef,
+    )])
+    .unwrap();
+    let mf = SessionContext::new();
+    let table = MemTable::try_new(matched_first.schema(), vec![vec![matched_first]]).unwrap();
+    mf.register_table("mf", Arc::new(table)).unwrap();
+    assert_evaluates_as_datafusion(&mf, "mf", "(s ~ '\\bab')", &[], device).await;
+    // One partition of ASCII (the device's), one past it (the host's).
+    let parts = vec![vec![batch.slice(0, 1)], vec![batch.slice(1, 4)]];
+    let sql = "SELECT s, regexp_count(s, '\\b\\w') AS n FROM wb WHERE s ~ '\\bab'";
+    falls_back_as_datafusion(device, ("wb", parts), sql, "DeviceFilterExec").await;
+}
+
 #[tokio::test]
 async fn random_like_patterns_are_datafusions() {
     if own_tests() {
@@ -2875,6 +2952,7 @@ async fn random_like_patterns_are_datafusions() {
         check_ilike(&ExecDevice::cpu()).await;
         check_unicode_case(&ExecDevice::cpu()).await;
         check_random_regex(&ExecDevice::cpu()).await;
+        check_word_boundaries(&ExecDevice::cpu()).await;
     }
 }
 

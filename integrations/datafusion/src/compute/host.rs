@@ -6,6 +6,7 @@ use arrow_schema::DataType;
 use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
+use super::automaton::Quit;
 use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
@@ -212,6 +213,28 @@ pub(crate) fn binary_row(
 }
 
 /// Evaluates `node` over `frame` (every row) on the host.
+/// Each row's answer of a regular expression's `walk` (0 for a null row), or the host's
+/// where the automaton gives up on a row ([`Quit`]: a Unicode word boundary by a byte past
+/// ASCII), as the kernels leave the batch to the host.
+pub(crate) fn regex_rows<T: Default>(
+    values: &[Option<&[u8]>],
+    text: &str,
+    walk: impl Fn(&[u8]) -> Result<T, Quit>,
+) -> Result<Vec<T>, ComputeError> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Some(v) => walk(v).map_err(|Quit| {
+                ComputeError::HostOnly(format!(
+                    "`{text}`: row {i}'s word boundary by a character past ASCII"
+                ))
+            }),
+            None => Ok(T::default()),
+        })
+        .collect()
+}
+
 pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes, BoxError> {
     let n = frame.num_rows();
     match node {
@@ -240,10 +263,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
             Ok(Lanes {
-                values: values
-                    .iter()
-                    .map(|v| v.map_or(0, |v| table.instr(v, *skip, *nth)))
-                    .collect(),
+                values: regex_rows(&values, text, |v| table.instr(v, *skip, *nth))?,
                 valid: values
                     .iter()
                     .any(Option::is_none)
@@ -262,11 +282,11 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                 let mut starts = (0..v.len()).filter(|&i| v[i] & 0xC0 != 0x80);
                 match usize::try_from(*skip).ok().and_then(|k| starts.nth(k)) {
                     Some(at) => table.count(&v[at..]),
-                    None => 0,
+                    None => Ok(0),
                 }
             };
             Ok(Lanes {
-                values: values.iter().map(|v| v.map_or(0, from)).collect(),
+                values: regex_rows(&values, text, from)?,
                 valid: values
                     .iter()
                     .any(Option::is_none)
@@ -281,10 +301,9 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
             Ok(Lanes {
-                values: values
-                    .iter()
-                    .map(|v| v.is_some_and(|v| table.is_match(v) != *negated) as i64)
-                    .collect(),
+                values: regex_rows(&values, text, |v| {
+                    table.is_match(v).map(|m| i64::from(m != *negated))
+                })?,
                 valid: values
                     .iter()
                     .any(Option::is_none)

@@ -301,10 +301,11 @@ impl DeviceExpr {
                 None,
             ) => {
                 let column = host::frame_column(frame, *index, name)?;
-                let rows = host::view_values(column, name)?
-                    .into_iter()
-                    .map(|v| v.map(|v| table.replace(v, replacement, *global)))
-                    .collect();
+                let values = host::view_values(column, name)?;
+                // A null row's answer is `None`, the default.
+                let rows = host::regex_rows(&values, &self.text, |v| {
+                    table.replace(v, replacement, *global).map(Some)
+                })?;
                 host::string_rows(rows, out, &self.text)?
             }
             (
