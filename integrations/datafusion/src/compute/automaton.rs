@@ -13,7 +13,7 @@
 //! regex-automata's: an ASCII boundary, right while the walk reads ASCII bytes only, and
 //! a state of kind [`QUIT`] at the first byte past ASCII (whose boundary would need the
 //! character's class; so is a search that starts after such a byte): that row's answer is
-//! the host's (the kernels set 8 in the error word, the twins answer `None`). An ASCII
+//! the host's (the kernels set 8 in the error word, the twins answer [`Quit`]). An ASCII
 //! boundary (`(?-u:\b)`) needs no such state. A table of more than [`MAX_TABLE_BYTES`]
 //! is refused.
 
