@@ -246,7 +246,7 @@ async fn projection(
 }
 
 /// [`projection`] over table `table`.
-async fn projection_of(
+pub async fn projection_of(
     ctx: &SessionContext,
     table: &str,
     expr: &str,

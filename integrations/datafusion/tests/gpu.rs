@@ -385,6 +385,78 @@ fn device_selections_on_cuda_are_datafusions_filters() {
     });
 }
 
+/// A pattern's automaton is uploaded once per context: the first evaluation of a regular
+/// expression copies its five tables to the device (and waits for them, once), later
+/// ones on any stream of the context copy none and wait for nothing more. Counted on the
+/// emulated driver (every driver call, by name); on a real driver the answers are checked
+/// and nothing is counted.
+#[test]
+fn a_patterns_automaton_is_uploaded_once_per_context() {
+    use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringViewArray};
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::SessionContext;
+    use devarrow_datafusion::compute::DeviceExpr;
+    use devarrow_testing::gpu::ImplicitSyncs;
+
+    let Some((_lock, cuda)) = open_or_skip(|| CudaDevice::open(0)) else {
+        return;
+    };
+    let cuda = Arc::new(cuda);
+    let check = DeviceMemoryCheck::start(cuda.primary_context());
+    let rt = runtime();
+    let values = ["once 12 per", "x", "once per", "once 3 per"];
+    let batch = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(StringViewArray::from_iter_values(values)) as ArrayRef,
+    )])
+    .unwrap();
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    ctx.register_table("u", Arc::new(table)).unwrap();
+    // A pattern no other test uses: its first use in the context is here.
+    let (e, schema, _) = rt.block_on(compute_checks::projection_of(
+        &ctx,
+        "u",
+        "(s ~ 'once [0-9]+ per$')",
+    ));
+    let compiled = DeviceExpr::compile(&e, &schema).unwrap();
+    let want: ArrayRef = Arc::new(BooleanArray::from(vec![true, false, false, true]));
+    let first = ExecDevice::from_cuda(cuda.clone());
+    let second = first.another_stream().unwrap();
+    let mut counted = Vec::new();
+    for device in [&first, &first, &second] {
+        let frame = compute_checks::upload(&batch, device);
+        let before = ImplicitSyncs::every_call_settled();
+        let got = compiled.evaluate(&frame, device).unwrap();
+        let after = ImplicitSyncs::every_call_settled();
+        assert_eq!(&compute_checks::download(&got, device), &want);
+        drop((got, frame));
+        counted.push(before.and_then(|b| after.map(|a| a.since(&b))));
+    }
+    if let [Some(first), Some(again), Some(other)] = &counted[..] {
+        let count = |calls: &ImplicitSyncs, call: &str| calls.calls.get(call).copied().unwrap_or(0);
+        let copies = |calls: &ImplicitSyncs| count(calls, "cuMemcpyHtoDAsync_v2");
+        println!("first: {first}\nagain: {again}\nother stream: {other}");
+        assert_eq!(
+            copies(first),
+            copies(again) + 5,
+            "the tables, once: {first} / {again}"
+        );
+        assert_eq!(copies(again), copies(other), "{again} / {other}");
+        // The evaluation's own wait (its error word read back), and the tables' once.
+        let syncs = |calls: &ImplicitSyncs| count(calls, "cuStreamSynchronize");
+        assert_eq!(syncs(first), syncs(again) + 1, "{first} / {again}");
+        assert_eq!(syncs(again), syncs(other), "{again} / {other}");
+        for calls in [again, other] {
+            for call in ["cuStreamWaitEvent", "cuEventSynchronize"] {
+                assert_eq!(count(calls, call), 0, "{call}: {calls}");
+            }
+        }
+    }
+    drop((compiled, first, second, ctx));
+    no_leak_once_released(&check, "a pattern's automaton, kept by its context");
+}
+
 #[test]
 fn device_partial_aggregates_on_cuda_are_datafusions() {
     on_cuda_without_leaks("partial aggregates on CUDA", |device| async move {

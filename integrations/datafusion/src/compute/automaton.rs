@@ -21,8 +21,9 @@ use regex_automata::dfa::{dense, Automaton, StartError, StartKind};
 use regex_automata::util::{start, syntax};
 use regex_automata::Anchored;
 
-/// The most bytes a pattern's transitions may take (they travel to the device with each
-/// batch): about 1,000 states over 256 classes.
+/// The most bytes a pattern's transitions may take (uploaded once per context and kept
+/// there, up to 16 MiB of patterns; past that with each batch): about 1,000 states over
+/// 256 classes.
 pub(crate) const MAX_TABLE_BYTES: usize = 1 << 20;
 
 /// A state's kind ([`RegexTable::kinds`]): a match was seen.

@@ -43,6 +43,9 @@ struct Kernels {
     /// first use in the context and kept: upper keys and maps, lower keys and maps, the
     /// alphanumeric, case-ignorable and cased ranges.
     case_tables: std::sync::OnceLock<[CudaSlice<u32>; 7]>,
+    /// Regular expressions' automata on the device, by pattern, uploaded at their first
+    /// use in the context and kept ([`Cx::regex_tables`]).
+    regex_tables: Mutex<RegexCache>,
     load_lanes: CudaFunction,
     fill_lanes: CudaFunction,
     binary_lanes: CudaFunction,
@@ -178,9 +181,41 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         join_mark_rows: f("join_mark_rows")?,
         select_andnot: f("select_andnot")?,
         case_tables: std::sync::OnceLock::new(),
+        regex_tables: Mutex::default(),
     });
     modules.insert(key, kernels.clone());
     Ok(kernels)
+}
+
+/// The most bytes of automata a context keeps on the device ([`Cx::regex_tables`]): a
+/// pattern's table is a few KiB, at most [`MAX_TABLE_BYTES`](super::automaton::MAX_TABLE_BYTES)
+/// and its start states. Past it, a pattern's tables are uploaded with each batch.
+const REGEX_CACHE_BYTES: usize = 16 << 20;
+
+/// A regular expression's automaton on the device (a [`RegexTable`](super::automaton::RegexTable)'s
+/// tables, each a buffer).
+struct RegexOnDevice {
+    classes: CudaSlice<u8>,
+    next: CudaSlice<u32>,
+    kinds: CudaSlice<u8>,
+    starts: CudaSlice<u32>,
+    anchored: CudaSlice<u32>,
+}
+
+impl RegexOnDevice {
+    fn bytes(&self) -> usize {
+        self.classes.len()
+            + self.kinds.len()
+            + 4 * (self.next.len() + self.starts.len() + self.anchored.len())
+    }
+}
+
+/// The automata a context keeps: never freed while the context's kernels are loaded
+/// (a kernel of any stream may read them), so never more than [`REGEX_CACHE_BYTES`].
+#[derive(Default)]
+struct RegexCache {
+    by_pattern: HashMap<String, Arc<RegexOnDevice>>,
+    bytes: usize,
 }
 
 /// A kernel argument.
@@ -243,6 +278,63 @@ impl Cx<'_> {
             )
         };
         Ok(Lanes { values, valid })
+    }
+
+    /// `table`'s automaton on the device: the context's copy, uploaded at the pattern's
+    /// first use there and published once the copies completed (one wait of this stream,
+    /// so that every stream reads it with no event, as the case tables); past
+    /// [`REGEX_CACHE_BYTES`] kept, a copy for this launch only (uploaded on this stream,
+    /// freed in order on it when the caller drops it after the launch).
+    fn regex_tables(
+        &self,
+        table: &super::automaton::RegexTable,
+    ) -> Result<Arc<RegexOnDevice>, BoxError> {
+        let cached = |k: &Kernels| {
+            k.regex_tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .by_pattern
+                .get(&table.pattern)
+                .cloned()
+        };
+        if let Some(on_device) = cached(&self.k) {
+            return Ok(on_device);
+        }
+        let s = self.stream;
+        let made = Arc::new(RegexOnDevice {
+            classes: s.clone_htod(&table.classes)?,
+            next: s.clone_htod(&table.next)?,
+            kinds: s.clone_htod(&table.kinds)?,
+            starts: s.clone_htod(&table.starts)?,
+            anchored: s.clone_htod(&table.anchored)?,
+        });
+        let fits = {
+            let cache = self
+                .k
+                .regex_tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            cache.bytes + made.bytes() <= REGEX_CACHE_BYTES
+        };
+        if !fits {
+            return Ok(made);
+        }
+        s.synchronize()?;
+        let mut cache = self
+            .k
+            .regex_tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(theirs) = cache.by_pattern.get(&table.pattern) {
+            // Another thread published the pattern meanwhile: ours is freed when dropped.
+            return Ok(theirs.clone());
+        }
+        if cache.bytes + made.bytes() > REGEX_CACHE_BYTES {
+            return Ok(made);
+        }
+        cache.bytes += made.bytes();
+        cache.by_pattern.insert(table.pattern.clone(), made.clone());
+        Ok(made)
     }
 
     fn zeros<
@@ -622,36 +714,45 @@ fn aligned(address: u64, align: u64, name: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Which start states a regular expression's kernel reads.
+#[derive(Clone, Copy)]
+enum Starts {
+    /// None (`view_regex`: from the value's start only).
+    None,
+    /// An unanchored search's ([`RegexTable::starts`](super::automaton::RegexTable::starts)).
+    Unanchored,
+    /// An anchored search's ([`RegexTable::anchored`](super::automaton::RegexTable::anchored)).
+    Anchored,
+}
+
 /// The lanes of a regular expression's `kernel` (`view_regex`, `view_regex_count`,
 /// `view_regex_instr`) over the `n` rows of a string column: its parameters are the
 /// column's view arguments, the automaton's tables (byte classes, transitions, kinds,
-/// then the start states `starts` where given), its stride, the kernel's own `scalars`,
-/// the lanes and the error word.
+/// then the start states `starts` where read; the context's copy, [`Cx::regex_tables`]),
+/// its stride, the kernel's own `scalars`, the lanes and the error word.
 fn regex_lanes(
     cx: &Cx<'_>,
     (column, name): (&FrameColumn, &str),
     n: usize,
     table: &super::automaton::RegexTable,
-    starts: Option<&[u32]>,
+    starts: Starts,
     (kernel, scalars): (&CudaFunction, &[A]),
     err: u64,
 ) -> Result<Lanes, BoxError> {
     let s = cx.stream;
     let view = view_args(cx, column, name, n, err)?;
-    // The automaton's tables (a pattern has at least one state, its start).
-    let classes = s.clone_htod(&table.classes)?;
-    let next = s.clone_htod(&table.next)?;
-    let kinds = s.clone_htod(&table.kinds)?;
-    let starts = starts.map(|starts| s.clone_htod(starts)).transpose()?;
+    let tables = cx.regex_tables(table)?;
     let out = cx.lanes(n)?;
     let mut args: Vec<A> = view.args.to_vec();
     args.extend([
-        A::U64(addr(&classes, s)),
-        A::U64(addr(&next, s)),
-        A::U64(addr(&kinds, s)),
+        A::U64(addr(&tables.classes, s)),
+        A::U64(addr(&tables.next, s)),
+        A::U64(addr(&tables.kinds, s)),
     ]);
-    if let Some(starts) = &starts {
-        args.push(A::U64(addr(starts, s)));
+    match starts {
+        Starts::None => {}
+        Starts::Unanchored => args.push(A::U64(addr(&tables.starts, s))),
+        Starts::Anchored => args.push(A::U64(addr(&tables.anchored, s))),
     }
     args.push(A::U32(table.stride));
     args.extend_from_slice(scalars);
@@ -661,7 +762,7 @@ fn regex_lanes(
         A::U64(err),
     ]);
     cx.launch(kernel, n, &args)?;
-    drop((view, classes, next, kinds, starts));
+    drop((view, tables));
     Ok(out)
 }
 
@@ -743,7 +844,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         } => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
             let kernel = (&cx.k.view_regex_instr, &[A::U64(*skip), A::U64(*nth)][..]);
-            regex_lanes(cx, column, n, table, Some(&table.anchored), kernel, err)
+            regex_lanes(cx, column, n, table, Starts::Anchored, kernel, err)
         }
         Node::StrRegexCount {
             index,
@@ -753,7 +854,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         } => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
             let kernel = (&cx.k.view_regex_count, &[A::U64(*skip)][..]);
-            regex_lanes(cx, column, n, table, Some(&table.starts), kernel, err)
+            regex_lanes(cx, column, n, table, Starts::Unanchored, kernel, err)
         }
         Node::StrRegex {
             index,
@@ -763,7 +864,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         } => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
             let kernel = (&cx.k.view_regex, &[A::U32(u32::from(*negated))][..]);
-            regex_lanes(cx, column, n, table, None, kernel, err)
+            regex_lanes(cx, column, n, table, Starts::None, kernel, err)
         }
         Node::StrKey { index, name, word } => {
             let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;

@@ -415,7 +415,8 @@ pub(super) fn replace_column(
 /// of type `out`, in two passes of `regex_replace_views` ([`from_each_value`]): each
 /// row's length, then its bytes with the matches (the first, or every one with
 /// `global`) replaced. The pattern's automaton ([`RegexTable`](crate::compute::automaton::RegexTable))
-/// and the replacement are uploaded with the launch. A match has at least one byte (the
+/// is the context's copy ([`Cx::regex_tables`]); the replacement is uploaded with the
+/// launch. A match has at least one byte (the
 /// pattern matches no empty string), so the data is at most the column's times the
 /// replacement's length (at least once).
 pub(super) fn regex_replace_column(
@@ -429,19 +430,16 @@ pub(super) fn regex_replace_column(
     let s = cx.stream;
     let cap = value_bytes(column).saturating_mul(replacement.len().max(1) as u64);
     let tables = (
-        s.clone_htod(&table.classes)?,
-        s.clone_htod(&table.next)?,
-        s.clone_htod(&table.kinds)?,
-        s.clone_htod(&table.anchored)?,
+        cx.regex_tables(table)?,
         s.clone_htod(&[replacement, &[0u8][..]].concat())?,
     );
     let extra = [
-        A::U64(addr(&tables.0, s)),
-        A::U64(addr(&tables.1, s)),
-        A::U64(addr(&tables.2, s)),
-        A::U64(addr(&tables.3, s)),
+        A::U64(addr(&tables.0.classes, s)),
+        A::U64(addr(&tables.0.next, s)),
+        A::U64(addr(&tables.0.kinds, s)),
+        A::U64(addr(&tables.0.anchored, s)),
         A::U32(table.stride),
-        A::U64(addr(&tables.4, s)),
+        A::U64(addr(&tables.1, s)),
         A::U64(replacement.len() as u64),
         A::U32(u32::from(global)),
     ];
