@@ -381,6 +381,7 @@ fn device_selections_on_cuda_are_datafusions_filters() {
         compute_checks::check_unicode_case(&device).await;
         compute_checks::check_random_regex(&device).await;
         compute_checks::check_word_boundaries(&device).await;
+        compute_checks::check_empty_matches(&device).await;
         compute_checks::check_string_functions(&device).await;
     });
 }

@@ -63,8 +63,10 @@ pub(crate) struct RegexTable {
     /// The start state of a search anchored where it begins (`regexp_replace`'s tries),
     /// as [`RegexTable::starts`].
     pub(crate) anchored: Vec<u32>,
-    /// Whether the pattern can match the empty string (`regexp_count` refuses it: its
-    /// matches' starts would be needed to step past an empty one).
+    /// Whether the pattern can match the empty string: its matches are then found by
+    /// anchored searches from each byte, which give their starts (`regexp_count`'s
+    /// unanchored walk cannot step past an empty match), and `regexp_replace`'s output
+    /// may hold a replacement per character.
     pub(crate) matches_empty: bool,
 }
 
@@ -217,9 +219,8 @@ impl RegexTable {
     }
 
     /// `value` with its matches (the first, or every one with `global`) replaced by
-    /// `replacement`, as `Regex::replacen` makes it for a pattern that matches no empty
-    /// string and a replacement of no group: each match the first start, from the
-    /// previous match's end on, where an anchored search matches. [`Quit`]: the host's.
+    /// `replacement`, as `Regex::replacen` makes it for a replacement of no group: the
+    /// matches of [`RegexTable::find_each`]. [`Quit`]: the host's.
     pub(crate) fn replace(
         &self,
         value: &[u8],
@@ -228,30 +229,65 @@ impl RegexTable {
     ) -> Result<Vec<u8>, Quit> {
         let mut out = Vec::with_capacity(value.len());
         let mut kept = 0;
-        while let Some((start, end)) = self.find_from(value, kept)? {
+        self.find_each(value, |start, end| {
             out.extend_from_slice(&value[kept..start]);
             out.extend_from_slice(replacement);
             kept = end;
-            if !global {
-                break;
-            }
-        }
+            global
+        })?;
         out.extend_from_slice(&value[kept..]);
         Ok(out)
     }
 
-    /// The first match at or after byte `from` of `value` (its start and end), for a
-    /// pattern that matches no empty string: the first byte where an anchored search
-    /// matches.
-    fn find_from(&self, value: &[u8], from: usize) -> Result<Option<(usize, usize)>, Quit> {
-        for start in from..value.len() {
-            if let Some(end) = self.match_end(value, start, &self.anchored)? {
-                if end > start {
-                    return Ok(Some((start, end)));
-                }
+    /// The matches of `value`, one after the other, as `Regex::find_iter` yields them,
+    /// each given to `each` (its start and end) until it answers false: from the previous
+    /// match's end, the first byte where an anchored search matches, ending where that
+    /// search's leftmost-first match ends. An empty match counts only at a character's
+    /// start (UTF-8), and not at the previous match's end (the search goes on from the
+    /// next byte); the end of the value is a place to match too. [`Quit`]: the host's.
+    pub(crate) fn find_each(
+        &self,
+        value: &[u8],
+        mut each: impl FnMut(usize, usize) -> bool,
+    ) -> Result<(), Quit> {
+        let mut last_end = None;
+        while let Some((start, end)) = self.next_match(value, last_end)? {
+            if !each(start, end) {
+                break;
+            }
+            last_end = Some(end);
+        }
+        Ok(())
+    }
+
+    /// The match [`RegexTable::find_each`] takes after one that ended at `last_end` (from
+    /// the value's start when `None`).
+    fn next_match(
+        &self,
+        value: &[u8],
+        last_end: Option<usize>,
+    ) -> Result<Option<(usize, usize)>, Quit> {
+        for start in last_end.unwrap_or(0)..=value.len() {
+            let Some(end) = self.match_end(value, start, &self.anchored)? else {
+                continue;
+            };
+            let taken = end > start
+                || (Some(start) != last_end && value.get(start).is_none_or(|b| b & 0xC0 != 0x80));
+            if taken {
+                return Ok(Some((start, end)));
             }
         }
         Ok(None)
+    }
+
+    /// The byte where character `skip` of `value` starts (0-based; the value's length
+    /// for `skip` its character count), `None` past that: as DataFusion's
+    /// `start_to_byte_offset` (for a start `skip + 1`).
+    pub(crate) fn char_start(value: &[u8], skip: u64) -> Option<usize> {
+        (0..value.len())
+            .filter(|&i| value[i] & 0xC0 != 0x80)
+            .chain([value.len()])
+            .nth(usize::try_from(skip).ok()?)
     }
 
     /// `regexp_instr`'s answer: the 1-based character position in `value` of the start of
@@ -259,31 +295,40 @@ impl RegexTable {
     /// rest a haystack of its own), one after the other, or 0 where there is none; as
     /// `view_regex_instr` finds it. [`Quit`]: the host's.
     pub(crate) fn instr(&self, value: &[u8], skip: u64, nth: u64) -> Result<i64, Quit> {
-        let lead = |b: &u8| b & 0xC0 != 0x80;
-        let Some(from) = (0..value.len())
-            .filter(|&i| lead(&value[i]))
-            .nth(usize::try_from(skip).unwrap_or(usize::MAX))
-        else {
+        let Some(from) = Self::char_start(value, skip) else {
             return Ok(0);
         };
-        let rest = &value[from..];
-        let (mut at, mut found) = (0, 0);
-        while let Some((start, end)) = self.find_from(rest, at)? {
+        let (mut found, mut position) = (0, 0);
+        self.find_each(&value[from..], |start, _| {
             found += 1;
             if found == nth {
-                return Ok(value[..from + start].iter().filter(|b| lead(b)).count() as i64 + 1);
+                position = Self::chars(&value[..from + start]) + 1;
             }
-            at = end;
-        }
-        Ok(0)
+            found != nth
+        })?;
+        Ok(position)
     }
 
-    /// How many matches `value` holds, one after the other, as `Regex::find_iter`
-    /// counts them (leftmost-first, each unanchored search from the previous match's end:
-    /// [`RegexTable::match_end`]), for a pattern that cannot match the empty string; as
-    /// `view_regex_count` walks it. [`Quit`]: the host's.
-    pub(crate) fn count(&self, value: &[u8]) -> Result<i64, Quit> {
-        let (mut count, mut from) = (0, 0);
+    /// How many matches `value` holds from its character `skip` on (that rest a haystack
+    /// of its own; none past its end), as `Regex::find_iter` counts them: for a pattern
+    /// that cannot match the empty string, each unanchored search from the previous
+    /// match's end ([`RegexTable::match_end`], as `view_regex_count` walks it); else
+    /// [`RegexTable::find_each`]'s (as `view_regex_instr` counts them). [`Quit`]: the
+    /// host's.
+    pub(crate) fn count(&self, value: &[u8], skip: u64) -> Result<i64, Quit> {
+        let Some(from) = Self::char_start(value, skip) else {
+            return Ok(0);
+        };
+        let value = &value[from..];
+        let mut count = 0;
+        if self.matches_empty {
+            self.find_each(value, |_, _| {
+                count += 1;
+                true
+            })?;
+            return Ok(count);
+        }
+        let mut from = 0;
         while from < value.len() {
             match self.match_end(value, from, &self.starts)? {
                 Some(end) if end > from => {
@@ -294,6 +339,11 @@ impl RegexTable {
             }
         }
         Ok(count)
+    }
+
+    /// The characters of `value` (its bytes that start one).
+    fn chars(value: &[u8]) -> i64 {
+        value.iter().filter(|&&b| b & 0xC0 != 0x80).count() as i64
     }
 
     /// Whether `value` holds a match, walking the table as `view_regex` does. [`Quit`]:
@@ -483,13 +533,76 @@ mod tests {
                 .iter()
                 .chain(&["aaaa", "abab", "x\nx\nx", "aab🦀🦀b", "12 34"])
             {
-                if let Some(count) = answered(table.count(value.as_bytes()), pattern, value) {
+                if let Some(count) = answered(table.count(value.as_bytes(), 0), pattern, value) {
                     let want = regex.find_iter(value).count() as i64;
                     assert_eq!(count, want, "{pattern:?} in {value:?}");
                 }
             }
         }
         assert!(RegexTable::compile("a*").unwrap().matches_empty);
+        // Patterns that match the empty string: counted, found and replaced as
+        // `find_iter` yields their matches (an empty one at each character's start, not
+        // at the previous match's end, and at the value's end), from each start
+        // character, the value's end included.
+        for pattern in [
+            "",
+            "a*",
+            "a*?",
+            "b?",
+            "ab|",
+            "^",
+            "$",
+            "(?m)^",
+            "(?m)$",
+            "é*",
+            "🦀?",
+            "\\b",
+            "\\B",
+            "(?-u:\\b)",
+            "x*|a",
+        ] {
+            let table = RegexTable::compile(pattern).unwrap();
+            assert!(table.matches_empty, "{pattern}");
+            let regex = regex::Regex::new(pattern).unwrap();
+            for value in values
+                .iter()
+                .chain(&["aaaa", "abab", "aab🦀é🦀b", "éaéb", "x\nx"])
+            {
+                for skip in 0..=value.chars().count() as u64 + 1 {
+                    let Some(from) = RegexTable::char_start(value.as_bytes(), skip) else {
+                        assert_eq!(skip, value.chars().count() as u64 + 1);
+                        assert_eq!(table.count(value.as_bytes(), skip), Ok(0));
+                        continue;
+                    };
+                    let rest = &value[from..];
+                    let found = answered(table.count(value.as_bytes(), skip), pattern, value);
+                    if let Some(count) = found {
+                        let want = regex.find_iter(rest).count() as i64;
+                        assert_eq!(count, want, "{pattern:?} in {value:?} from {skip}");
+                    }
+                    for nth in [1, 2, 3] {
+                        let want = regex
+                            .find_iter(rest)
+                            .nth(nth as usize - 1)
+                            .map_or(0, |m| value[..from + m.start()].chars().count() as i64 + 1);
+                        let found = table.instr(value.as_bytes(), skip, nth);
+                        if let Some(found) = answered(found, pattern, value) {
+                            assert_eq!(found, want, "{pattern:?} in {value:?} from {skip}, {nth}");
+                        }
+                    }
+                }
+                for (global, limit) in [(false, 1), (true, 0)] {
+                    let replaced = table.replace(value.as_bytes(), b"<$>", global);
+                    if let Some(replaced) = answered(replaced, pattern, value) {
+                        assert_eq!(
+                            replaced,
+                            regex.replacen(value, limit, "<$$>").as_bytes(),
+                            "{pattern:?} in {value:?}, global {global}"
+                        );
+                    }
+                }
+            }
+        }
         // Positions as DataFusion's `regexp_instr` (the nth match's start, in characters).
         for pattern in [
             "a", "ab|a", "a+", "^a", "a$", "🦀|é", "[^a]", "b", "\\ba", "\\Bb",

@@ -342,8 +342,8 @@ pub(crate) enum Node {
         negated: bool,
     },
     /// `regexp_count(col, pattern[, start[, flags]])`: how many matches of a regular
-    /// expression (one that cannot match the empty string) a string column's value
-    /// holds from its character `skip` on, one after the other ([`RegexTable::count`]).
+    /// expression a string column's value holds from its character `skip` on, one after
+    /// the other ([`RegexTable::count`]).
     /// A null value gives null; a view outside its buffer is an input error.
     StrRegexCount {
         index: usize,
@@ -353,8 +353,8 @@ pub(crate) enum Node {
     },
     /// `regexp_instr(col, pattern[, start[, n[, flags[, 0]]]])`: the character position
     /// (1-based) in a string column's value of the start of the `nth` match of a regular
-    /// expression (one that cannot match the empty string) in the value from its
-    /// character `skip` on, 0 where there is none ([`RegexTable::instr`]). A null value
+    /// expression in the value from its character `skip` on, 0 where there is none
+    /// ([`RegexTable::instr`]). A null value
     /// gives null; a view outside its buffer is an input error.
     StrRegexInstr {
         index: usize,
@@ -427,8 +427,8 @@ pub(crate) enum Node {
         out: DataType,
     },
     /// `regexp_replace(col, pattern, replacement[, flags])` of a string column: the first
-    /// match (every one with the `g` flag) of a regular expression that matches no empty
-    /// string replaced by a literal of no group reference ([`RegexTable::replace`]); a
+    /// match (every one with the `g` flag) of a regular expression replaced by a literal
+    /// of no group reference ([`RegexTable::replace`]); a
     /// new string column of the expression's type (`out`), so only the root of a
     /// projection's expression ([`string_node`]), never lanes.
     RegexReplace {
@@ -1776,8 +1776,8 @@ fn regexp_like_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Nod
 
 /// `regexp_replace(col, 'pattern', 'replacement'[, 'flags'])` with literals, the pattern
 /// made as DataFusion makes it (`g` for every match, other flags prefixed as `(?flags)`):
-/// for a pattern that matches no empty string and a replacement of no group reference
-/// (`$`, or DataFusion's `\1`), [`Node::RegexReplace`]; else none (the host's).
+/// for a replacement of no group reference (`$`, or DataFusion's `\1`),
+/// [`Node::RegexReplace`]; else none (the host's).
 fn regexp_replace_node(function: &ScalarFunctionExpr, input: &Schema) -> Option<(Node, DataType)> {
     let (column, pattern, replacement, flags) = match function.args() {
         [column, pattern, replacement] => (column, pattern, replacement, None),
@@ -1808,9 +1808,6 @@ fn regexp_replace_node(function: &ScalarFunctionExpr, input: &Schema) -> Option<
         None => (pattern, false),
     };
     let table = RegexTable::compile(&pattern).ok()?;
-    if table.matches_empty {
-        return None;
-    }
     let node = Node::RegexReplace {
         index,
         name,
@@ -1875,9 +1872,8 @@ fn regexp_count_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<No
 /// column, a literal pattern, then an optional literal start) and `flags`: the column,
 /// the pattern's automaton, and the characters the search skips (`start` at least 1, the
 /// rest of the value a haystack of its own, as DataFusion slices it). Flags without `g`
-/// (DataFusion's error) are prefixed as `(?flags)`; a pattern that can match the empty
-/// string is refused (stepping past an empty match needs its start, which a forward
-/// automaton does not give). `what`: the expression, for the reasons.
+/// (DataFusion's error) are prefixed as `(?flags)`. `what`: the expression, for the
+/// reasons.
 fn searched_pattern(
     what: &str,
     args: &[Arc<dyn PhysicalExpr>],
@@ -1911,11 +1907,6 @@ fn searched_pattern(
         None => pattern,
     };
     let table = RegexTable::compile(&pattern).map_err(|why| refuse(&why))?;
-    if table.matches_empty {
-        return Err(refuse(
-            "a pattern that matches the empty string has no device kernel",
-        ));
-    }
     Ok((index, name, Arc::new(table), (start - 1) as u64))
 }
 

@@ -277,16 +277,8 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             skip,
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
-            // The value from its character `skip` on (none past its end).
-            let from = |v: &[u8]| {
-                let mut starts = (0..v.len()).filter(|&i| v[i] & 0xC0 != 0x80);
-                match usize::try_from(*skip).ok().and_then(|k| starts.nth(k)) {
-                    Some(at) => table.count(&v[at..]),
-                    None => Ok(0),
-                }
-            };
             Ok(Lanes {
-                values: regex_rows(&values, text, from)?,
+                values: regex_rows(&values, text, |v| table.count(v, *skip))?,
                 valid: values
                     .iter()
                     .any(Option::is_none)

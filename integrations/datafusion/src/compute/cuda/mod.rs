@@ -853,6 +853,12 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             skip,
         } => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
+            if table.matches_empty {
+                // Empty matches need their starts: `view_regex_instr`'s anchored tries,
+                // counted (`nth` 0).
+                let kernel = (&cx.k.view_regex_instr, &[A::U64(*skip), A::U64(0)][..]);
+                return regex_lanes(cx, column, n, table, Starts::Anchored, kernel, err);
+            }
             let kernel = (&cx.k.view_regex_count, &[A::U64(*skip)][..]);
             regex_lanes(cx, column, n, table, Starts::Unanchored, kernel, err)
         }

@@ -416,9 +416,10 @@ pub(super) fn replace_column(
 /// row's length, then its bytes with the matches (the first, or every one with
 /// `global`) replaced. The pattern's automaton ([`RegexTable`](crate::compute::automaton::RegexTable))
 /// is the context's copy ([`Cx::regex_tables`]); the replacement is uploaded with the
-/// launch. A match has at least one byte (the
-/// pattern matches no empty string), so the data is at most the column's times the
-/// replacement's length (at least once).
+/// launch. The data's bound: where the pattern matches no empty string, a match has at
+/// least one byte, so the column's bytes times the replacement's length (at least once);
+/// else a replacement may also come before each byte and at each value's end, so the
+/// column's bytes times one more than the replacement's length, and a replacement a row.
 pub(super) fn regex_replace_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
@@ -428,7 +429,14 @@ pub(super) fn regex_replace_column(
     err: u64,
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
-    let cap = value_bytes(column).saturating_mul(replacement.len().max(1) as u64);
+    let rlen = replacement.len() as u64;
+    let cap = if table.matches_empty {
+        value_bytes(column)
+            .saturating_mul(rlen + 1)
+            .saturating_add((column.len() as u64).saturating_mul(rlen))
+    } else {
+        value_bytes(column).saturating_mul(rlen.max(1))
+    };
     let tables = (
         cx.regex_tables(table)?,
         s.clone_htod(&[replacement, &[0u8][..]].concat())?,
