@@ -124,9 +124,7 @@ pub async fn assert_evaluates_as_datafusion(
 /// device's values are DataFusion's; with the last, both fail.
 async fn assert_edge_as_datafusion(values: ArrayRef, text: &str, device: &ExecDevice) {
     let batch = RecordBatch::try_from_iter([("c", values)]).unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    ctx.register_table("e", Arc::new(table)).unwrap();
+    let ctx = session_of("e", &batch);
     let (e, schema, _) = projection_of(&ctx, "e", text).await;
     let compiled = DeviceExpr::compile(&e, &schema).unwrap();
     let fits = batch.slice(0, batch.num_rows() - 1);
@@ -220,6 +218,14 @@ pub fn typed_batch() -> RecordBatch {
         ("big", Arc::new(big)),
     ])
     .unwrap()
+}
+
+/// A session with one table, `name`, of one batch (`batch`, its one partition).
+pub fn session_of(name: &str, batch: &RecordBatch) -> SessionContext {
+    let ctx = SessionContext::new();
+    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
+    ctx.register_table(name, Arc::new(table)).unwrap();
+    ctx
 }
 
 /// A session with `t`: the typed batch, in two partitions (so aggregates are
@@ -837,9 +843,7 @@ pub async fn check_long_keys(device: &ExecDevice) {
         ("v", Arc::new(Int64Array::from_iter_values(0..5))),
     ])
     .unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    ctx.register_table("t", Arc::new(table)).unwrap();
+    let ctx = session_of("t", &batch);
     let partial = partial_aggregate_of(&ctx, "SELECT s, sum(v) FROM t GROUP BY s").await;
     let compiled = DevicePartialAggregate::compile(&partial).unwrap();
     let err = compiled.run(&upload(&batch, device), device).unwrap_err();
@@ -1763,9 +1767,7 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         ("c", cast(Arc::new(c))),
     ])
     .unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    ctx.register_table("v", Arc::new(table)).unwrap();
+    let ctx = session_of("v", &batch);
     for text in [
         "s = 'AIR'",
         "'MAIL' = s",
@@ -2581,9 +2583,7 @@ pub async fn check_changing_zones(device: &ExecDevice) {
     }
     let batch = RecordBatch::try_from_iter(columns).unwrap();
     let n = batch.num_rows();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
-    ctx.register_table("zones", Arc::new(table)).unwrap();
+    let ctx = session_of("zones", &batch);
     for t in ["t0", "t1", "t2", "t3", "t4"] {
         for text in [
             format!("date_part('hour', {t})"),
@@ -2638,9 +2638,7 @@ pub async fn check_changing_zones(device: &ExecDevice) {
             ) as ArrayRef,
         )])
         .unwrap();
-        let ctx = SessionContext::new();
-        let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
-        ctx.register_table("edge", Arc::new(table)).unwrap();
+        let ctx = session_of("edge", &batch);
         let text = "t + INTERVAL '1 day'";
         let (e, _, batches) = projection_of(&ctx, "edge", text).await;
         assert!(e.evaluate(&batches[0]).is_err(), "{at}: arrow fails");
@@ -2954,9 +2952,7 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
         Arc::new(arrow_array::StringViewArray::from_iter_values(values)) as ArrayRef,
     )])
     .unwrap();
-    let wb = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    wb.register_table("wb", Arc::new(table)).unwrap();
+    let wb = session_of("wb", &batch);
     for text in [
         "(s ~ '\\bab')",
         "regexp_count(s, '\\bab')",
@@ -2981,9 +2977,7 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
         ])) as ArrayRef,
     )])
     .unwrap();
-    let mf = SessionContext::new();
-    let table = MemTable::try_new(matched_first.schema(), vec![vec![matched_first]]).unwrap();
-    mf.register_table("mf", Arc::new(table)).unwrap();
+    let mf = session_of("mf", &matched_first);
     assert_evaluates_as_datafusion(&mf, "mf", "(s ~ '\\bab')", &[], device).await;
     // One partition of ASCII (the device's), one past it (the host's).
     let parts = vec![vec![batch.slice(0, 1)], vec![batch.slice(1, 4)]];
@@ -3033,9 +3027,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
         ("c", Arc::new(arrow_array::LargeStringArray::from(c))),
     ])
     .unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
-    ctx.register_table("cc", Arc::new(table)).unwrap();
+    let ctx = session_of("cc", &batch);
     for text in [
         "concat(a, '-', b)",
         "concat(b, c)",
@@ -3120,9 +3112,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
         });
     }
     let batch = RecordBatch::try_from_iter([("s", Arc::new(shared.finish()) as ArrayRef)]).unwrap();
-    let sh = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    sh.register_table("sh", Arc::new(table)).unwrap();
+    let sh = session_of("sh", &batch);
     let (e, schema, _) = projection_of(&sh, "sh", "concat(s, s)").await;
     let failed = DeviceExpr::compile(&e, &schema)
         .unwrap()
@@ -3192,9 +3182,7 @@ pub async fn check_ilike(device: &ExecDevice) {
         ])) as ArrayRef,
     )])
     .unwrap();
-    let kv = SessionContext::new();
-    let table = MemTable::try_new(kelvin.schema(), vec![vec![kelvin.clone()]]).unwrap();
-    kv.register_table("kv", Arc::new(table)).unwrap();
+    let kv = session_of("kv", &kelvin);
     for text in [
         "(s ILIKE 'kelvin')",
         "(s NOT ILIKE 'KELVIN')",
@@ -3263,9 +3251,7 @@ pub async fn check_unicode_case(device: &ExecDevice) {
         ])) as ArrayRef,
     )])
     .unwrap();
-    let sv = SessionContext::new();
-    let table = MemTable::try_new(sigma.schema(), vec![vec![sigma.clone()]]).unwrap();
-    sv.register_table("sv", Arc::new(table)).unwrap();
+    let sv = session_of("sv", &sigma);
     for text in ["upper(s)", "lower(s)", "initcap(s)"] {
         assert_evaluates_as_datafusion(&sv, "sv", text, &[(2, 1)], device).await;
     }
@@ -4536,9 +4522,7 @@ pub async fn check_foreign_offsets(device: &ExecDevice) {
             "{what}: {error}"
         );
     };
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(fact.schema(), vec![vec![fact.clone()]]).unwrap();
-    ctx.register_table("f", Arc::new(table)).unwrap();
+    let ctx = session_of("f", &fact);
     for text in ["s = 'x'", "s IN ('x', 'y')", "s LIKE '%longer%'"] {
         let (e, schema, _) = projection_of(&ctx, "f", &format!("({text})")).await;
         let compiled = DeviceExpr::compile(&e, &schema).unwrap();

@@ -394,8 +394,6 @@ fn device_selections_on_cuda_are_datafusions_filters() {
 #[test]
 fn a_patterns_automaton_is_uploaded_once_per_context() {
     use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringViewArray};
-    use datafusion::datasource::MemTable;
-    use datafusion::prelude::SessionContext;
     use devarrow_datafusion::compute::DeviceExpr;
     use devarrow_testing::gpu::ImplicitSyncs;
 
@@ -411,9 +409,7 @@ fn a_patterns_automaton_is_uploaded_once_per_context() {
         Arc::new(StringViewArray::from_iter_values(values)) as ArrayRef,
     )])
     .unwrap();
-    let ctx = SessionContext::new();
-    let table = MemTable::try_new(batch.schema(), vec![vec![batch.clone()]]).unwrap();
-    ctx.register_table("u", Arc::new(table)).unwrap();
+    let ctx = compute_checks::session_of("u", &batch);
     // A pattern no other test uses: its first use in the context is here.
     let (e, schema, _) = rt.block_on(compute_checks::projection_of(
         &ctx,

@@ -431,6 +431,26 @@ mod tests {
         }
     }
 
+    /// The table's replacements in `value` (the first match, then every one) are
+    /// `Regex::replacen`'s, where it answers.
+    fn assert_replaces_as_regex(
+        table: &RegexTable,
+        regex: &regex::Regex,
+        pattern: &str,
+        value: &str,
+    ) {
+        for (global, limit) in [(false, 1), (true, 0)] {
+            let replaced = table.replace(value.as_bytes(), b"<$>", global);
+            if let Some(replaced) = answered(replaced, pattern, value) {
+                assert_eq!(
+                    replaced,
+                    regex.replacen(value, limit, "<$$>").as_bytes(),
+                    "{pattern:?} in {value:?}, global {global}"
+                );
+            }
+        }
+    }
+
     /// The table answers as `Regex::is_match` (DataFusion's) on values of one to four
     /// bytes a character, with anchors, classes, alternations, repetitions, case folding
     /// and word boundaries (a Unicode one's answer, on a value past ASCII, may be the
@@ -591,16 +611,7 @@ mod tests {
                         }
                     }
                 }
-                for (global, limit) in [(false, 1), (true, 0)] {
-                    let replaced = table.replace(value.as_bytes(), b"<$>", global);
-                    if let Some(replaced) = answered(replaced, pattern, value) {
-                        assert_eq!(
-                            replaced,
-                            regex.replacen(value, limit, "<$$>").as_bytes(),
-                            "{pattern:?} in {value:?}, global {global}"
-                        );
-                    }
-                }
+                assert_replaces_as_regex(&table, &regex, pattern, value);
             }
         }
         // Positions as DataFusion's `regexp_instr` (the nth match's start, in characters).
@@ -639,16 +650,7 @@ mod tests {
                 .iter()
                 .chain(&["aaaa", "abab", "x\nx\nx", "aab🦀é🦀b", "12 34"])
             {
-                for (global, limit) in [(false, 1), (true, 0)] {
-                    let replaced = table.replace(value.as_bytes(), b"<$>", global);
-                    if let Some(replaced) = answered(replaced, pattern, value) {
-                        assert_eq!(
-                            replaced,
-                            regex.replacen(value, limit, "<$$>").as_bytes(),
-                            "{pattern:?} in {value:?}, global {global}"
-                        );
-                    }
-                }
+                assert_replaces_as_regex(&table, &regex, pattern, value);
             }
         }
         assert!(RegexTable::compile("(").is_err());
