@@ -134,6 +134,13 @@ pub(crate) mod op {
     /// where it has fewer days; a day, or a result, outside `[lo, hi]` (chrono's
     /// calendar) fails.
     pub const ADD_MONTHS: u32 = 32;
+    /// Unary: a decimal to a smaller scale, `v / mul` (10^(scales' difference)) rounded
+    /// half away from zero, as arrow's cast; checked against `[lo, hi]` (the precision's
+    /// range).
+    pub const DOWNSCALE: u32 = 33;
+    /// Unary: a decimal to an integer, `v / mul` (10^scale) truncated toward zero, as
+    /// arrow's cast; checked against `[lo, hi]` (the integer's range).
+    pub const DECIMAL_TO_INT: u32 = 34;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -2873,8 +2880,31 @@ fn cast_node(
                 precision_range(*p),
             )
         }
-        (Kind::Decimal(_), Kind::Decimal(_)) => {
-            return refuse("a cast to a smaller scale rounds, which has no device kernel")
+        // To a smaller scale: rounded half away from zero; to an integer: truncated.
+        (Kind::Decimal(fs), Kind::Decimal(ts)) => {
+            let DataType::Decimal128(p, _) = to else {
+                return refuse("not a decimal");
+            };
+            let (lo, hi) = precision_range(*p);
+            return Ok(Node::Unary {
+                op: op::DOWNSCALE,
+                input: Box::new(node),
+                mul: pow10((fs - ts) as u32).expect("scales of at most 18"),
+                lo,
+                hi,
+                on_fail,
+            });
+        }
+        (Kind::Decimal(fs), Kind::Int) => {
+            let (lo, hi) = range_of(to);
+            return Ok(Node::Unary {
+                op: op::DECIMAL_TO_INT,
+                input: Box::new(node),
+                mul: pow10(fs as u32).expect("scale of at most 18"),
+                lo,
+                hi,
+                on_fail,
+            });
         }
         // To Float64: the lanes' value over 10^scale, in binary64 (as arrow's cast).
         (Kind::Int, Kind::Float) | (Kind::Decimal(_), Kind::Float) => {
@@ -2994,6 +3024,8 @@ impl Node {
                     op::CAST
                         | op::FLOAT_TO_INT
                         | op::FLOAT_TO_DECIMAL
+                        | op::DOWNSCALE
+                        | op::DECIMAL_TO_INT
                         | op::MINMAX_KEY
                         | op::DAYS
                         | op::SQRT
@@ -3047,9 +3079,11 @@ impl Node {
                 op, input, on_fail, ..
             } => match *op {
                 op::IS_NULL | op::IS_NOT_NULL => false,
-                op::CAST | op::FLOAT_TO_INT | op::FLOAT_TO_DECIMAL => {
-                    *on_fail == OnFail::Null || input.introduces_nulls()
-                }
+                op::CAST
+                | op::FLOAT_TO_INT
+                | op::FLOAT_TO_DECIMAL
+                | op::DOWNSCALE
+                | op::DECIMAL_TO_INT => *on_fail == OnFail::Null || input.introduces_nulls(),
                 // A date outside chrono's calendar (`CHRONO_DAYS`).
                 part if op::DATE_PARTS.contains(&part) => true,
                 _ => input.introduces_nulls(),

@@ -700,6 +700,8 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                         let cast = match *op {
                             op::FLOAT_TO_INT => from_float(a.values[i], 1, false, *lo, *hi),
                             op::FLOAT_TO_DECIMAL => from_float(a.values[i], *mul, true, *lo, *hi),
+                            op::DOWNSCALE => divided(a.values[i], *mul, true, *lo, *hi),
+                            op::DECIMAL_TO_INT => divided(a.values[i], *mul, false, *lo, *hi),
                             _ => scaled(a.values[i], *mul, *lo, *hi),
                         };
                         match cast {
@@ -721,6 +723,20 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
             }
         }
     }
+}
+
+/// `v / mul` as `unary_lanes`' ops 33 and 34 (arrow's casts of a decimal to a smaller
+/// scale and to an integer): truncated toward zero, or (`round`) rounded half away from
+/// zero (a remainder of at least half `mul`, an even power of ten); `None` outside
+/// `[lo, hi]`.
+pub(crate) fn divided(v: i64, mul: i64, round: bool, lo: i64, hi: i64) -> Option<i64> {
+    let (q, r) = (v / mul, v % mul);
+    let q = if round && 2 * r.unsigned_abs() >= mul.unsigned_abs() {
+        q + r.signum()
+    } else {
+        q
+    };
+    (lo..=hi).contains(&q).then_some(q)
 }
 
 /// A Float64's bits cast as `unary_lanes`' ops 8 and 9 (arrow's casts): truncated
