@@ -4415,21 +4415,8 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
 /// The first hash join of `sql`'s physical plan in `ctx` (depth first).
 async fn hash_join_of(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
     use datafusion::physical_plan::joins::HashJoinExec;
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let mut nodes = vec![plan];
-    loop {
-        let node = nodes.pop().expect("a hash join");
-        if node.downcast_ref::<HashJoinExec>().is_some() {
-            return node;
-        }
-        nodes.extend(node.children().into_iter().cloned());
-    }
+    let (plan, shown) = planned(ctx, sql).await;
+    find::<HashJoinExec>(&plan).unwrap_or_else(|| panic!("no hash join in {shown}"))
 }
 
 /// Keys 0 to 7 (`fk`) and a string of more than 12 bytes each (`s`, of `strings`).

@@ -212,8 +212,7 @@ pub(crate) fn binary_row(
     r.filter(|v| (lo..=hi).contains(v)).ok_or(())
 }
 
-/// Evaluates `node` over `frame` (every row) on the host.
-/// Each row's answer of a regular expression's `walk` (0 for a null row), or the host's
+/// Each row's answer of a regular expression's `walk` (the default for a null row), or the host's
 /// where the automaton gives up on a row ([`Quit`]: a Unicode word boundary by a byte past
 /// ASCII), as the kernels leave the batch to the host.
 pub(crate) fn regex_rows<T: Default>(
@@ -235,6 +234,7 @@ pub(crate) fn regex_rows<T: Default>(
         .collect()
 }
 
+/// Evaluates `node` over `frame` (every row) on the host.
 pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes, BoxError> {
     let n = frame.num_rows();
     match node {

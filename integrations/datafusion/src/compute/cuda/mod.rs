@@ -289,16 +289,14 @@ impl Cx<'_> {
         &self,
         table: &super::automaton::RegexTable,
     ) -> Result<Arc<RegexOnDevice>, BoxError> {
-        let cached = |k: &Kernels| {
-            k.regex_tables
+        let cache = || {
+            self.k
+                .regex_tables
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .by_pattern
-                .get(&table.pattern)
-                .cloned()
         };
-        if let Some(on_device) = cached(&self.k) {
-            return Ok(on_device);
+        if let Some(on_device) = cache().by_pattern.get(&table.pattern) {
+            return Ok(on_device.clone());
         }
         let s = self.stream;
         let made = Arc::new(RegexOnDevice {
@@ -308,28 +306,18 @@ impl Cx<'_> {
             starts: s.clone_htod(&table.starts)?,
             anchored: s.clone_htod(&table.anchored)?,
         });
-        let fits = {
-            let cache = self
-                .k
-                .regex_tables
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            cache.bytes + made.bytes() <= REGEX_CACHE_BYTES
-        };
-        if !fits {
+        let fits = |cache: &RegexCache| cache.bytes + made.bytes() <= REGEX_CACHE_BYTES;
+        if !fits(&cache()) {
             return Ok(made);
         }
+        // The wait outside the lock: other threads' patterns do not wait for it.
         s.synchronize()?;
-        let mut cache = self
-            .k
-            .regex_tables
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut cache = cache();
         if let Some(theirs) = cache.by_pattern.get(&table.pattern) {
             // Another thread published the pattern meanwhile: ours is freed when dropped.
             return Ok(theirs.clone());
         }
-        if cache.bytes + made.bytes() > REGEX_CACHE_BYTES {
+        if !fits(&cache) {
             return Ok(made);
         }
         cache.bytes += made.bytes();
