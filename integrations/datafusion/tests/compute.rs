@@ -2997,6 +2997,214 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
     falls_back_as_datafusion(device, ("wb", parts), sql, "DeviceFilterExec").await;
 }
 
+/// Casts between strings and values against DataFusion (arrow's cast): integers of
+/// every width, decimals (scales 0 to 18, values of fewer digits than the scale,
+/// negative ones), dates (years 0 to 9999, before 1970) and Booleans written as `Utf8`,
+/// `LargeUtf8` and `Utf8View` (`CAST`, `TRY_CAST`, of columns and expressions); strings
+/// parsed as integers of every width (whitespace, signs, leading zeros, each width's
+/// ends and one past them, inline and long values): `TRY_CAST` gives null where a value
+/// is none, `CAST` fails as DataFusion's. A decimal of more digits than its precision
+/// (arrow cuts them) and a date past 9999 are left to the host.
+pub async fn check_string_casts(device: &ExecDevice) {
+    use arrow_array::{Int16Array, Int8Array, StringViewArray};
+
+    let ints: Vec<Option<i64>> = vec![
+        Some(0),
+        Some(1),
+        Some(-1),
+        Some(i64::MIN),
+        Some(i64::MAX),
+        None,
+        Some(42),
+        Some(-100),
+        Some(1_000_000_007),
+        Some(-9_999_999_999),
+        Some(10),
+        Some(-10),
+    ];
+    let n = ints.len();
+    let narrow = |lo: i64, hi: i64| -> Vec<Option<i64>> {
+        ints.iter().map(|v| v.map(|v| v.clamp(lo, hi))).collect()
+    };
+    let decimals = |values: &[i64], p: u8, s: i8| -> ArrayRef {
+        let values = (0..n).map(|i| (i % 5 != 3).then(|| values[i % values.len()] as i128));
+        Arc::new(
+            values
+                .collect::<Decimal128Array>()
+                .with_precision_and_scale(p, s)
+                .unwrap(),
+        )
+    };
+    let days = [
+        0, -1, 1, -719_528, 2_932_896, 11_016, -25_567, 59, -36_524, 10_957, 19_000,
+    ];
+    let batch = RecordBatch::try_from_iter([
+        (
+            "i8",
+            Arc::new(Int8Array::from_iter(
+                narrow(-128, 127).iter().map(|v| v.map(|v| v as i8)),
+            )) as ArrayRef,
+        ),
+        (
+            "i16",
+            Arc::new(Int16Array::from_iter(
+                narrow(-32768, 32767).iter().map(|v| v.map(|v| v as i16)),
+            )),
+        ),
+        (
+            "i32",
+            Arc::new(Int32Array::from_iter(
+                narrow(i32::MIN as i64, i32::MAX as i64)
+                    .iter()
+                    .map(|v| v.map(|v| v as i32)),
+            )),
+        ),
+        ("i64", Arc::new(Int64Array::from(ints.clone()))),
+        (
+            "d2",
+            decimals(
+                &[0, 5, -5, 12345, -12345, 99, 100, -1, 999_999_999_999_999],
+                15,
+                2,
+            ),
+        ),
+        (
+            "d0",
+            decimals(&[0, 7, -7, 1_234_567_890, -9_999_999_999], 10, 0),
+        ),
+        (
+            "d18",
+            decimals(&[1, -1, 999_999_999_999_999_999, 10, 0], 18, 18),
+        ),
+        (
+            "d38",
+            decimals(&[i64::MAX, i64::MIN + 1, 123_456, -5], 38, 10),
+        ),
+        (
+            "dt",
+            Arc::new(Date32Array::from_iter(
+                (0..n).map(|i| (i % 4 != 1).then_some(days[i % days.len()])),
+            )),
+        ),
+        (
+            "b",
+            Arc::new(BooleanArray::from_iter(
+                (0..n).map(|i| (i % 3 != 2).then_some(i % 2 == 0)),
+            )),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("c", &batch);
+    for column in [
+        "i8", "i16", "i32", "i64", "d2", "d0", "d18", "d38", "dt", "b",
+    ] {
+        for to in ["'Utf8'", "'LargeUtf8'", "'Utf8View'"] {
+            let text = format!("arrow_cast({column}, {to})");
+            assert_evaluates_as_datafusion(&ctx, "c", &text, &[(3, 7)], device).await;
+        }
+        for cast in ["CAST", "TRY_CAST"] {
+            let text = format!("{cast}({column} AS VARCHAR)");
+            assert_evaluates_as_datafusion(&ctx, "c", &text, &[(3, 7)], device).await;
+        }
+    }
+    for text in [
+        "CAST(i32 * 2 AS VARCHAR)",
+        "CAST(d2 + d2 AS VARCHAR)",
+        "CAST(CASE WHEN dt < DATE '9000-01-01' THEN dt + INTERVAL '3' DAY END AS VARCHAR)",
+        "CAST(i64 > 0 AS VARCHAR)",
+        "CAST(CASE WHEN b THEN i16 END AS VARCHAR)",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "c", text, &[(1, 9)], device).await;
+    }
+    // More digits than the precision; a year past 9999: arrow's, on the host.
+    let odd = RecordBatch::try_from_iter([
+        ("d", decimals(&[1, 1_234_567], 5, 2)),
+        (
+            "dt",
+            Arc::new(Date32Array::from_iter(
+                (0..n).map(|i| Some([0, 2_932_897][i % 2])),
+            )),
+        ),
+    ])
+    .unwrap();
+    let o = session_of("o", &odd);
+    for text in ["CAST(d AS VARCHAR)", "CAST(dt AS VARCHAR)"] {
+        assert_left_to_the_host(&o, "o", text, None, device).await;
+    }
+
+    // Parsed.
+    let mut words: Vec<Option<String>> = [
+        "0",
+        "42",
+        "-42",
+        "+7",
+        " 12 ",
+        "\t-3\n",
+        "\r\x0c5\x0c",
+        "abc",
+        "",
+        " ",
+        "1 2",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "99999999999999999999999",
+        "00000000000000000000012",
+        "\x0b5",
+        "5\x0b",
+        "+",
+        "-",
+        "+-1",
+        "1e3",
+        "12.0",
+        "\u{661}",
+        "127",
+        "-128",
+        "128",
+        "-129",
+        "32767",
+        "-32769",
+        "2147483647",
+        "-2147483649",
+        "      123456789012   ",
+        "-000000000000000000000000000000001",
+    ]
+    .iter()
+    .map(|w| Some(w.to_string()))
+    .collect();
+    words.insert(5, None);
+    let strings = RecordBatch::try_from_iter([
+        (
+            "s",
+            Arc::new(StringViewArray::from(words.clone())) as ArrayRef,
+        ),
+        ("u", Arc::new(StringArray::from(words.clone()))),
+    ])
+    .unwrap();
+    let p = session_of("p", &strings);
+    for column in ["s", "u"] {
+        for to in ["TINYINT", "SMALLINT", "INT", "BIGINT"] {
+            let text = format!("TRY_CAST({column} AS {to})");
+            assert_evaluates_as_datafusion(&p, "p", &text, &[(3, 20)], device).await;
+            let text = format!("CAST({column} AS {to})");
+            assert_fails_as_datafusion(&p, "p", &text, None, device).await;
+        }
+        // Every value an integer: the device's.
+        let text = format!("CAST({column} AS BIGINT) + 1");
+        let ints = strings.slice(0, 3);
+        let ok = session_of("q", &ints);
+        assert_evaluates_as_datafusion(&ok, "q", &text, &[(1, 2)], device).await;
+    }
+}
+
+#[tokio::test]
+async fn casts_between_strings_and_values_are_datafusions() {
+    if own_tests() {
+        check_string_casts(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn random_like_patterns_are_datafusions() {
     if own_tests() {

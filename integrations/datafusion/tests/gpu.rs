@@ -366,6 +366,7 @@ fn device_expressions_on_cuda_are_datafusions() {
         compute_checks::check_changing_zones(&device).await;
         compute_checks::check_scalar_subqueries(&device).await;
         compute_checks::check_overflow_fallback(&device).await;
+        compute_checks::check_string_casts(&device).await;
     });
 }
 

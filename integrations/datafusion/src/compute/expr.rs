@@ -276,6 +276,105 @@ pub(crate) enum OnFail {
     Null,
 }
 
+/// How [`Node::ToText`] writes a lane: as arrow's cast to a string type writes a value of
+/// the input's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Text {
+    /// An integer (any width): its decimal digits, `-` first when negative.
+    Int,
+    /// A decimal of `scale` (0 to 18) digits after the point: its unscaled value's digits
+    /// with the point before the last `scale` of them (`0.` and zeros first where it has
+    /// fewer), as `format_decimal_str`. More digits than `precision` (which arrow would
+    /// cut): the host's.
+    Decimal { precision: u8, scale: u8 },
+    /// A date (days since 1970-01-01): `YYYY-MM-DD`, years 0 to 9999 (others: the host's).
+    Date,
+    /// A Boolean: `true` or `false`.
+    Bool,
+}
+
+impl Text {
+    /// The kernel's encoding (`lanes_to_text`): its kind (0 a number, 1 a date, 2 a
+    /// Boolean), the scale, and the precision (0: not checked).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
+    pub(crate) fn kernel_args(self) -> (u32, u32, u32) {
+        match self {
+            Text::Int => (0, 0, 0),
+            Text::Decimal { precision, scale } => (0, scale as u32, precision as u32),
+            Text::Date => (1, 0, 0),
+            Text::Bool => (2, 0, 0),
+        }
+    }
+
+    /// The most bytes a value takes: 20 for an i64 (`-9223372036854775808`), one more for
+    /// a decimal's point (or `-0.` and 18 digits).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
+    pub(crate) const MAX_BYTES: u64 = 21;
+
+    /// `v` as arrow's cast writes it, or `None` where that is the host's to write (a
+    /// date outside years 0 to 9999, a decimal of more digits than its precision).
+    pub(crate) fn write(self, v: i64) -> Option<Vec<u8>> {
+        match self {
+            Text::Int => Some(v.to_string().into_bytes()),
+            Text::Bool => Some(if v != 0 { &b"true"[..] } else { b"false" }.to_vec()),
+            Text::Date => {
+                let (y, m, d) = super::host::civil_from_days(v);
+                (0..=9999)
+                    .contains(&y)
+                    .then(|| format!("{y:04}-{m:02}-{d:02}").into_bytes())
+            }
+            Text::Decimal { precision, scale } => {
+                let digits = v.unsigned_abs().to_string();
+                if digits.len() > precision as usize {
+                    return None;
+                }
+                let sign = if v < 0 { "-" } else { "" };
+                let scale = scale as usize;
+                Some(
+                    if scale == 0 {
+                        format!("{sign}{digits}")
+                    } else if digits.len() > scale {
+                        let (whole, fraction) = digits.split_at(digits.len() - scale);
+                        format!("{sign}{whole}.{fraction}")
+                    } else {
+                        format!("{sign}0.{digits:0>scale$}")
+                    }
+                    .into_bytes(),
+                )
+            }
+        }
+    }
+}
+
+/// A string value as arrow's cast parses it to an integer (`atoi`'s checked parse after
+/// trimming): ASCII whitespace (space, tab, line feed, form feed, carriage return) around
+/// an optional `+` or `-` and at least one decimal digit, nothing else, the number within
+/// `[lo, hi]`; else `None`.
+pub(crate) fn parse_int(value: &[u8], (lo, hi): (i64, i64)) -> Option<i64> {
+    let value = value.trim_ascii();
+    let (negative, digits) = match value.first() {
+        Some(b'-') => (true, &value[1..]),
+        Some(b'+') => (false, &value[1..]),
+        _ => (false, value),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // The magnitude, at most 2^63.
+    let mut magnitude: u64 = 0;
+    for d in digits {
+        magnitude = magnitude
+            .checked_mul(10)?
+            .checked_add(u64::from(d - b'0'))
+            .filter(|&m| m <= 1 << 63)?;
+    }
+    let v = match negative {
+        true => (magnitude as i64).wrapping_neg(),
+        false => i64::try_from(magnitude).ok()?,
+    };
+    (lo..=hi).contains(&v).then_some(v)
+}
+
 /// What [`Node::StrCase`] makes of each letter of a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Case {
@@ -475,6 +574,28 @@ pub(crate) enum Node {
         name: String,
         chars: bool,
         mul: i64,
+    },
+    /// `CAST(col AS <integer>)` of a string column, each value parsed as arrow's cast
+    /// parses it ([`parse_int`]): ASCII whitespace around an optional sign and decimal
+    /// digits, the number within `[lo, hi]` (the integer's range); `on_fail` where a value
+    /// is not one (`TRY_CAST`, a safe cast: null). A null value gives null.
+    ParseInt {
+        index: usize,
+        name: String,
+        lo: i64,
+        hi: i64,
+        on_fail: OnFail,
+    },
+    /// `CAST(x AS <string type>)` of an integer, decimal, date or Boolean expression:
+    /// each value as arrow's cast writes it ([`Text::write`]); a new string column of
+    /// type `out`, so only the root of a projection's expression ([`string_node`]),
+    /// never lanes. A value arrow writes otherwise (a date outside years 0 to 9999, a
+    /// decimal of more digits than its precision) leaves the batch to the host
+    /// ([`ComputeError::HostOnly`](super::ComputeError::HostOnly)).
+    ToText {
+        input: Box<Node>,
+        text: Text,
+        out: DataType,
     },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
@@ -1215,6 +1336,9 @@ pub(crate) fn string_node(
     if let Some(concat) = concat_node(expr, input) {
         return Some(concat);
     }
+    if let Some(text) = text_node(expr, input) {
+        return Some(text);
+    }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
     if matches!(function.name(), "lpad" | "rpad") {
         let (column, target, fill) = match function.args() {
@@ -1283,6 +1407,37 @@ pub(crate) fn string_node(
         _ => return None,
     };
     Some((node, input.field(index).data_type().clone()))
+}
+
+/// `CAST(x AS <string type>)` (or `TRY_CAST`: writing a value never fails) of an
+/// expression of integers, decimals, dates or Booleans: [`Node::ToText`].
+fn text_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, DataType)> {
+    let (inner, out) = if let Some(cast) = expr.downcast_ref::<CastExpr>() {
+        (cast.expr(), cast.cast_type())
+    } else {
+        let cast = expr.downcast_ref::<TryCastExpr>()?;
+        (cast.expr(), cast.cast_type())
+    };
+    if !super::string_type(out) {
+        return None;
+    }
+    let (node, from) = compile(inner, input).ok()?;
+    let text = match (kind(&from).ok()?, &from) {
+        (Kind::Int, _) => Text::Int,
+        (Kind::Decimal(scale), DataType::Decimal128(precision, _)) => Text::Decimal {
+            precision: *precision,
+            scale: scale as u8,
+        },
+        (Kind::Date, _) => Text::Date,
+        (Kind::Bool, _) => Text::Bool,
+        _ => return None,
+    };
+    let node = Node::ToText {
+        input: Box::new(node),
+        text,
+        out: out.clone(),
+    };
+    Some((node, out.clone()))
 }
 
 /// `concat(...)`, `concat_ws(sep, ...)` (a literal separator) or a tree of `||` whose
@@ -2831,6 +2986,20 @@ fn cast_node(
     input: &Schema,
     on_fail: OnFail,
 ) -> Result<Node, Unsupported> {
+    if let (
+        Some((index, name)),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64,
+    ) = (string_column(expr, input), to)
+    {
+        let (lo, hi) = range_of(to);
+        return Ok(Node::ParseInt {
+            index,
+            name,
+            lo,
+            hi,
+            on_fail,
+        });
+    }
     let (node, from) = compile(expr, input)?;
     let refuse = |why: &str| {
         Err(Unsupported(format!(
@@ -2998,6 +3167,10 @@ impl Node {
             | Node::StrRegexCount { .. }
             | Node::StrRegexInstr { .. }
             | Node::StrPos { .. } => true,
+            // A value that is no integer (a view outside its buffer is flagged too).
+            Node::ParseInt { .. } => true,
+            // A value the host writes; a result past i32 offsets.
+            Node::ToText { .. } => true,
             Node::Case {
                 branches,
                 otherwise,
@@ -3064,6 +3237,8 @@ impl Node {
             | Node::StrPos { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
+            Node::ParseInt { on_fail, .. } => *on_fail == OnFail::Null,
+            Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
             Node::Concat { .. } => false,
             // A row no branch takes and an ELSE that is null.
@@ -3110,6 +3285,7 @@ impl Node {
             | Node::StrLength { index, name, .. }
             | Node::StrPos { index, name, .. }
             | Node::StrKey { index, name, .. }
+            | Node::ParseInt { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));
@@ -3129,7 +3305,9 @@ impl Node {
                 left.columns(out);
                 right.columns(out);
             }
-            Node::Unary { input, .. } | Node::ZoneLocal { input, .. } => input.columns(out),
+            Node::Unary { input, .. }
+            | Node::ZoneLocal { input, .. }
+            | Node::ToText { input, .. } => input.columns(out),
             Node::ZoneUtc { local, value, .. } => {
                 local.columns(out);
                 if let Some(value) = value {

@@ -335,8 +335,39 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::Concat { .. }
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
-        | Node::Pad { .. } => {
+        | Node::Pad { .. }
+        | Node::ToText { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
+        }
+        Node::ParseInt {
+            index,
+            name,
+            lo,
+            hi,
+            on_fail,
+        } => {
+            let values = view_values(frame_column(frame, *index, name)?, name)?;
+            let (mut lanes, mut valid) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for (i, value) in values.iter().enumerate() {
+                let parsed = match value {
+                    Some(v) => match (super::expr::parse_int(v, (*lo, *hi)), on_fail) {
+                        (None, OnFail::Error) => {
+                            return Err(ComputeError::Overflow(format!(
+                                "`{text}`: row {i}'s value is no integer in [{lo}, {hi}]"
+                            ))
+                            .into())
+                        }
+                        (parsed, _) => parsed,
+                    },
+                    None => None,
+                };
+                lanes.push(parsed.unwrap_or(0));
+                valid.push(u8::from(parsed.is_some()));
+            }
+            Ok(Lanes {
+                values: lanes,
+                valid: Some(valid),
+            })
         }
         Node::StrKey { index, name, word } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
@@ -911,6 +942,28 @@ pub(crate) fn slices(
 /// Rows of string bytes (`None`: null) as an array of type `out` (`Utf8`, `LargeUtf8`,
 /// `Utf8View`): each row checked to be UTF-8, and `Utf8`'s i32 offsets checked to hold
 /// them (past them: `ComputeError::Overflow`, the host's own error to raise).
+/// `lanes` written as strings of type `out` ([`Node::ToText`]), as
+/// [`Text::write`](super::expr::Text::write) writes each valid one; a value it leaves to
+/// the host is [`ComputeError::HostOnly`].
+pub(crate) fn texts(
+    lanes: &Lanes,
+    how: super::expr::Text,
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    let rows = (0..lanes.values.len())
+        .map(|i| match lanes.is_valid(i) {
+            false => Ok(None),
+            true => how.write(lanes.values[i]).map(Some).ok_or_else(|| {
+                ComputeError::HostOnly(format!(
+                    "`{text}`: row {i}'s value is written by the host ({how:?})"
+                ))
+            }),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    string_rows(rows, out, text)
+}
+
 pub(crate) fn string_rows(
     rows: Vec<Option<Vec<u8>>>,
     out: &DataType,

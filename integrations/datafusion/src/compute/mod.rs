@@ -322,6 +322,10 @@ impl DeviceExpr {
                 let column = host::frame_column(frame, *index, name)?;
                 host::padded(column, name, (*target, fill, *right), out, &self.text)?
             }
+            (expr::Node::ToText { input, text, out }, None) => {
+                let lanes = host::eval(input, frame, &self.text)?;
+                host::texts(&lanes, *text, out, &self.text)?
+            }
             (node, None) => {
                 let lanes = host::eval(node, frame, &self.text)?;
                 let values: Vec<Option<i64>> = (0..frame.num_rows())

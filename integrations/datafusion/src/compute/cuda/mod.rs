@@ -92,6 +92,8 @@ struct Kernels {
     replace_views: CudaFunction,
     view_strpos: CudaFunction,
     pad_views: CudaFunction,
+    view_parse_int: CudaFunction,
+    lanes_to_text: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
     gather_lengths: CudaFunction,
@@ -170,6 +172,8 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         replace_views: f("replace_views")?,
         view_strpos: f("view_strpos")?,
         pad_views: f("pad_views")?,
+        view_parse_int: f("view_parse_int")?,
+        lanes_to_text: f("lanes_to_text")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
         gather_lengths: f("gather_lengths")?,
@@ -880,10 +884,32 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         | Node::Concat { .. }
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
-        | Node::Pad { .. } => Err(ComputeError::Input(
+        | Node::Pad { .. }
+        | Node::ToText { .. } => Err(ComputeError::Input(
             "a string value is a column, not a value of lanes".into(),
         )
         .into()),
+        Node::ParseInt {
+            index,
+            name,
+            lo,
+            hi,
+            on_fail,
+        } => {
+            let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
+            let out = cx.lanes(n)?;
+            let args = view.args.iter().copied().chain([
+                A::I64(*lo),
+                A::I64(*hi),
+                A::U32((*on_fail == OnFail::Null) as u32),
+                A::U64(addr(&out.values, s)),
+                A::U64(addr(&out.valid, s)),
+                A::U64(err),
+            ]);
+            cx.launch(&cx.k.view_parse_int, n, &args.collect::<Vec<_>>())?;
+            drop(view);
+            Ok(out)
+        }
         Node::StrLength {
             index,
             name,
@@ -1255,6 +1281,14 @@ pub(crate) fn evaluate(
             let column = (frame_column(frame, *index, name)?, name.as_str());
             let args = (*target, fill.as_slice(), *right);
             Some(pad_column(&cx, cuda, column, args, out, e)?)
+        }
+        (Node::ToText { input, text, out }, None) => {
+            let lanes = eval(&cx, input, frame, e)?;
+            let nullable = input.introduces_nulls() || columns_have_nulls(input, frame)?;
+            let lanes_of = (&lanes, n, nullable);
+            let column = strings::text_column(&cx, cuda, lanes_of, *text, out, e);
+            drop(lanes);
+            Some(column?)
         }
         _ => None,
     };

@@ -571,3 +571,53 @@ pub(super) fn pad_column(
     drop((pad, pad_offsets));
     array
 }
+
+/// `n` lanes written as strings (`CAST(x AS <string type>)`,
+/// [`Node::ToText`](crate::compute::expr::Node::ToText)), a column of type `out`, in two
+/// passes of `lanes_to_text` ([`two_pass_strings`]): each row's length, then its bytes,
+/// as arrow's cast writes them ([`Text::write`](crate::compute::expr::Text::write)). A
+/// value arrow writes otherwise sets 8 in the error word (the batch is the host's). The
+/// data's bound: [`Text::MAX_BYTES`](crate::compute::expr::Text::MAX_BYTES) a row. The
+/// validity flags are packed where `nullable`.
+pub(super) fn text_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (lanes, n, nullable): (&super::Lanes, usize, bool),
+    text: crate::compute::expr::Text,
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let s = cx.stream;
+    let (kind, scale, precision) = text.kernel_args();
+    let cap = (n as u64).saturating_mul(crate::compute::expr::Text::MAX_BYTES);
+    let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
+    two_pass_strings(
+        cx,
+        cuda,
+        (n, out, cap),
+        nullable,
+        |pass, lens, valid, offsets, data| {
+            cx.launch(
+                &cx.k.lanes_to_text,
+                n,
+                &[
+                    A::U64(addr(&lanes.values, s)),
+                    A::U64(addr(&lanes.valid, s)),
+                    A::U64(n as u64),
+                    A::U32(kind),
+                    A::U32(scale),
+                    A::U32(precision),
+                    A::U32(pass),
+                    A::U64(lens),
+                    A::U64(valid),
+                    A::U32(u32::from(wide)),
+                    A::U64(offsets),
+                    A::U64(data),
+                    A::U64(cap),
+                    A::U64(err),
+                ],
+            )
+        },
+        err,
+    )
+}
