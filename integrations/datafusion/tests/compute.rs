@@ -3002,9 +3002,11 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
 /// negative ones), dates (years 0 to 9999, before 1970) and Booleans written as `Utf8`,
 /// `LargeUtf8` and `Utf8View` (`CAST`, `TRY_CAST`, of columns and expressions); strings
 /// parsed as integers of every width (whitespace, signs, leading zeros, each width's
-/// ends and one past them, inline and long values): `TRY_CAST` gives null where a value
-/// is none, `CAST` fails as DataFusion's. A decimal of more digits than its precision
-/// (arrow cuts them) and a date past 9999 are left to the host.
+/// ends and one past them, inline and long values) and as dates (each of arrow's forms,
+/// days past their month, leap years, bytes arrow ignores): `TRY_CAST` gives null where
+/// a value is none, `CAST` fails as DataFusion's. A decimal of more digits than its
+/// precision (arrow cuts them), a date past 9999, and a string of more than 10 bytes or
+/// a sign parsed as a date are left to the host.
 pub async fn check_string_casts(device: &ExecDevice) {
     use arrow_array::{Int16Array, Int8Array, StringViewArray};
 
@@ -3195,6 +3197,77 @@ pub async fn check_string_casts(device: &ExecDevice) {
         let ints = strings.slice(0, 3);
         let ok = session_of("q", &ints);
         assert_evaluates_as_datafusion(&ok, "q", &text, &[(1, 2)], device).await;
+    }
+
+    // Dates: each of arrow's forms, real dates and not, bytes past the day, leap years.
+    let mut dates: Vec<Option<&str>> = [
+        "2020-01-01",
+        "2020-1-1",
+        "2020-01-1",
+        "2020-1-01",
+        "20200101",
+        "2020-02-29",
+        "2019-02-29",
+        "1900-02-29",
+        "2000-02-29",
+        "0000-02-29",
+        "2020-13-01",
+        "2020-00-10",
+        "2020-04-31",
+        "2020-04-30",
+        "2020-1-0",
+        "0000-01-01",
+        "9999-12-31",
+        "1969-12-31",
+        "1583-10-15",
+        "2020-1-1x",
+        "2020-01-1x",
+        "2020-1-11x",
+        "2020-1-1xy",
+        "2020-1-123",
+        "2020/01/01",
+        " 2020-1-1",
+        "2020-0101",
+        "2020011",
+        "202001011",
+        "",
+        "abc",
+        "1-1-1",
+        "2020-١-1",
+    ]
+    .into_iter()
+    .map(Some)
+    .collect();
+    dates.insert(3, None);
+    let valid: Vec<Option<&str>> = dates.iter().take(6).copied().collect();
+    let date_strings = |values: &[Option<&str>]| {
+        RecordBatch::try_from_iter([
+            (
+                "s",
+                Arc::new(StringViewArray::from(values.to_vec())) as ArrayRef,
+            ),
+            ("u", Arc::new(StringArray::from(values.to_vec()))),
+        ])
+        .unwrap()
+    };
+    let d = session_of("d", &date_strings(&dates));
+    let v = session_of("v", &date_strings(&valid));
+    // More than 10 bytes (a timestamp to arrow), a sign first (an extended year): the
+    // host's.
+    let host = date_strings(&[Some("2020-01-01"), Some("2020-01-01T10:00:00")]);
+    let signed = date_strings(&[Some("+2020-01-01"), Some("2020-01-01")]);
+    let (h, g) = (session_of("h", &host), session_of("g", &signed));
+    for column in ["s", "u"] {
+        let text = format!("TRY_CAST({column} AS DATE)");
+        assert_evaluates_as_datafusion(&d, "d", &text, &[(3, 20)], device).await;
+        let text = format!("CAST({column} AS DATE)");
+        assert_fails_as_datafusion(&d, "d", &text, None, device).await;
+        assert_evaluates_as_datafusion(&v, "v", &text, &[(1, 4)], device).await;
+        let text = format!("CAST({column} AS DATE) + INTERVAL '1' MONTH");
+        assert_evaluates_as_datafusion(&v, "v", &text, &[(1, 4)], device).await;
+        let text = format!("TRY_CAST({column} AS DATE)");
+        assert_left_to_the_host(&h, "h", &text, None, device).await;
+        assert_left_to_the_host(&g, "g", &text, None, device).await;
     }
 }
 

@@ -346,6 +346,93 @@ impl Text {
     }
 }
 
+/// What [`Node::Parse`] parses a string as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parse {
+    /// An integer within `[lo, hi]` (its type's range): [`parse_int`].
+    Int { lo: i64, hi: i64 },
+    /// A `Date32`: [`parse_date`].
+    Date,
+}
+
+impl Parse {
+    /// `value` parsed: `Ok(None)` where it is no value of the type, `Err(Quit)` where
+    /// the parse is the host's.
+    pub(crate) fn parse(self, value: &[u8]) -> Result<Option<i64>, super::automaton::Quit> {
+        match self {
+            Parse::Int { lo, hi } => Ok(parse_int(value, (lo, hi))),
+            Parse::Date => parse_date(value),
+        }
+    }
+
+    /// The kernel's encoding (`view_parse`): its mode (0 an integer, 1 a date) and
+    /// range.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
+    pub(crate) fn kernel_args(self) -> (u32, i64, i64) {
+        match self {
+            Parse::Int { lo, hi } => (0, lo, hi),
+            Parse::Date => (1, 0, 0),
+        }
+    }
+}
+
+/// A string value as arrow's cast parses it to a `Date32` (`parse_date`), as days since
+/// 1970-01-01, for values of at most 10 bytes with no sign: `YYYYMMDD`, or `YYYY-M-D`
+/// with one or two digits of month and of day (bytes past the day that are no digits,
+/// up to the tenth, ignored, as arrow's mask ignores them), a real date. A value of
+/// more than 10 bytes (arrow parses it as a timestamp) or that starts with a sign (an
+/// extended year) is the host's (`Err`).
+pub(crate) fn parse_date(value: &[u8]) -> Result<Option<i64>, super::automaton::Quit> {
+    if value.len() > 10 || value.first().is_some_and(|b| matches!(b, b'+' | b'-')) {
+        return Err(super::automaton::Quit);
+    }
+    let mut d = [0u8; 10];
+    let mut mask = 0u32;
+    for (k, b) in value.iter().enumerate() {
+        d[k] = b.wrapping_sub(b'0');
+        mask |= u32::from(d[k] < 10) << k;
+    }
+    let hyphen = b'-'.wrapping_sub(b'0');
+    let two = |k: usize| u32::from(d[k]) * 10 + u32::from(d[k + 1]);
+    let (month, day) = if d[4] != hyphen {
+        match (mask, value.len()) {
+            (0xFF, 8) => (two(4), two(6)),
+            _ => return Ok(None),
+        }
+    } else {
+        match mask {
+            0b11_0110_1111 if d[7] == hyphen => (two(5), two(8)),
+            0b1_0110_1111 if d[7] == hyphen => (two(5), u32::from(d[8])),
+            0b1_1010_1111 if d[6] == hyphen => (u32::from(d[5]), two(7)),
+            0b1010_1111 if d[6] == hyphen => (u32::from(d[5]), u32::from(d[7])),
+            _ => return Ok(None),
+        }
+    };
+    let year = (two(0) * 100 + two(2)) as i64;
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let last = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if !(1..=12).contains(&month) || !(1..=last).contains(&day) {
+        return Ok(None);
+    }
+    Ok(Some(days_from_civil(year, month as i64, day as i64)))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`).
+pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// A string value as arrow's cast parses it to an integer (`atoi`'s checked parse after
 /// trimming): ASCII whitespace (space, tab, line feed, form feed, carriage return) around
 /// an optional `+` or `-` and at least one decimal digit, nothing else, the number within
@@ -575,15 +662,16 @@ pub(crate) enum Node {
         chars: bool,
         mul: i64,
     },
-    /// `CAST(col AS <integer>)` of a string column, each value parsed as arrow's cast
-    /// parses it ([`parse_int`]): ASCII whitespace around an optional sign and decimal
-    /// digits, the number within `[lo, hi]` (the integer's range); `on_fail` where a value
-    /// is not one (`TRY_CAST`, a safe cast: null). A null value gives null.
-    ParseInt {
+    /// `CAST(col AS <integer or date>)` of a string column, each value parsed as arrow's
+    /// cast parses it ([`Parse::parse`]); `on_fail` where a value is none (`TRY_CAST`, a
+    /// safe cast: null). A value whose parse is the host's (a date of more than 10 bytes
+    /// or a sign) leaves the batch to the host
+    /// ([`ComputeError::HostOnly`](super::ComputeError::HostOnly)). A null value gives
+    /// null.
+    Parse {
         index: usize,
         name: String,
-        lo: i64,
-        hi: i64,
+        to: Parse,
         on_fail: OnFail,
     },
     /// `CAST(x AS <string type>)` of an integer, decimal, date or Boolean expression:
@@ -2986,17 +3074,23 @@ fn cast_node(
     input: &Schema,
     on_fail: OnFail,
 ) -> Result<Node, Unsupported> {
-    if let (
-        Some((index, name)),
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64,
-    ) = (string_column(expr, input), to)
-    {
-        let (lo, hi) = range_of(to);
-        return Ok(Node::ParseInt {
+    if let Some((index, name)) = string_column(expr, input) {
+        let to = match to {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+                let (lo, hi) = range_of(to);
+                Parse::Int { lo, hi }
+            }
+            DataType::Date32 => Parse::Date,
+            _ => {
+                return Err(Unsupported(format!(
+                    "CAST(`{expr}` AS {to}) of a string: no device kernel for this cast"
+                )))
+            }
+        };
+        return Ok(Node::Parse {
             index,
             name,
-            lo,
-            hi,
+            to,
             on_fail,
         });
     }
@@ -3167,8 +3261,9 @@ impl Node {
             | Node::StrRegexCount { .. }
             | Node::StrRegexInstr { .. }
             | Node::StrPos { .. } => true,
-            // A value that is no integer (a view outside its buffer is flagged too).
-            Node::ParseInt { .. } => true,
+            // A value that is none of the type, or the host's (a view outside its buffer
+            // is flagged too).
+            Node::Parse { .. } => true,
             // A value the host writes; a result past i32 offsets.
             Node::ToText { .. } => true,
             Node::Case {
@@ -3237,7 +3332,7 @@ impl Node {
             | Node::StrPos { .. }
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
-            Node::ParseInt { on_fail, .. } => *on_fail == OnFail::Null,
+            Node::Parse { on_fail, .. } => *on_fail == OnFail::Null,
             Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
             Node::Concat { .. } => false,
@@ -3285,7 +3380,7 @@ impl Node {
             | Node::StrLength { index, name, .. }
             | Node::StrPos { index, name, .. }
             | Node::StrKey { index, name, .. }
-            | Node::ParseInt { index, name, .. }
+            | Node::Parse { index, name, .. }
             | Node::Valid { index, name } => {
                 if !out.iter().any(|(i, _)| i == index) {
                     out.push((*index, name));

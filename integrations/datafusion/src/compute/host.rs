@@ -339,25 +339,31 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::ToText { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
-        Node::ParseInt {
+        Node::Parse {
             index,
             name,
-            lo,
-            hi,
+            to,
             on_fail,
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
             let (mut lanes, mut valid) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for (i, value) in values.iter().enumerate() {
                 let parsed = match value {
-                    Some(v) => match (super::expr::parse_int(v, (*lo, *hi)), on_fail) {
-                        (None, OnFail::Error) => {
-                            return Err(ComputeError::Overflow(format!(
-                                "`{text}`: row {i}'s value is no integer in [{lo}, {hi}]"
+                    Some(v) => match (to.parse(v), on_fail) {
+                        (Err(Quit), _) => {
+                            return Err(ComputeError::HostOnly(format!(
+                                "`{text}`: row {i}'s value is parsed by the host ({to:?})"
                             ))
                             .into())
                         }
-                        (parsed, _) => parsed,
+                        (Ok(None), OnFail::Error) => {
+                            return Err(ComputeError::Overflow(format!(
+                                "`{text}`: row {i}'s value is no value of the cast's type \
+                                 ({to:?})"
+                            ))
+                            .into())
+                        }
+                        (Ok(parsed), _) => parsed,
                     },
                     None => None,
                 };

@@ -92,7 +92,7 @@ struct Kernels {
     replace_views: CudaFunction,
     view_strpos: CudaFunction,
     pad_views: CudaFunction,
-    view_parse_int: CudaFunction,
+    view_parse: CudaFunction,
     lanes_to_text: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
@@ -172,7 +172,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         replace_views: f("replace_views")?,
         view_strpos: f("view_strpos")?,
         pad_views: f("pad_views")?,
-        view_parse_int: f("view_parse_int")?,
+        view_parse: f("view_parse")?,
         lanes_to_text: f("lanes_to_text")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
@@ -889,24 +889,25 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             "a string value is a column, not a value of lanes".into(),
         )
         .into()),
-        Node::ParseInt {
+        Node::Parse {
             index,
             name,
-            lo,
-            hi,
+            to,
             on_fail,
         } => {
             let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
             let out = cx.lanes(n)?;
+            let (mode, lo, hi) = to.kernel_args();
             let args = view.args.iter().copied().chain([
-                A::I64(*lo),
-                A::I64(*hi),
+                A::U32(mode),
+                A::I64(lo),
+                A::I64(hi),
                 A::U32((*on_fail == OnFail::Null) as u32),
                 A::U64(addr(&out.values, s)),
                 A::U64(addr(&out.valid, s)),
                 A::U64(err),
             ]);
-            cx.launch(&cx.k.view_parse_int, n, &args.collect::<Vec<_>>())?;
+            cx.launch(&cx.k.view_parse, n, &args.collect::<Vec<_>>())?;
             drop(view);
             Ok(out)
         }
