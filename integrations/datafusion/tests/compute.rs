@@ -3000,7 +3000,8 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
 /// Casts between strings and values against DataFusion (arrow's cast): integers of
 /// every width, decimals (scales 0 to 18, values of fewer digits than the scale,
 /// negative ones), dates (years 0 to 9999, before 1970) and Booleans written as `Utf8`,
-/// `LargeUtf8` and `Utf8View` (`CAST`, `TRY_CAST`, of columns and expressions); strings
+/// `LargeUtf8` and `Utf8View` (`CAST`, `TRY_CAST`, of columns and expressions, and
+/// inside `concat`, `||` and `concat_ws`, which cast their other arguments); strings
 /// parsed as integers of every width (whitespace, signs, leading zeros, each width's
 /// ends and one past them, inline and long values) and as dates (each of arrow's forms,
 /// days past their month, leap years, bytes arrow ignores): `TRY_CAST` gives null where
@@ -3118,6 +3119,36 @@ pub async fn check_string_casts(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "c", text, &[(1, 9)], device).await;
     }
+    // Inside `concat`, `||` and `concat_ws` (DataFusion casts their other arguments).
+    let words = ["", "a", "long enough to be out of line", "é", "x"];
+    let with_words = |batch: &RecordBatch| {
+        let s: StringViewArray = (0..batch.num_rows())
+            .map(|i| (i % 6 != 4).then_some(words[i % words.len()]))
+            .collect();
+        let mut columns = batch.columns().to_vec();
+        columns.push(Arc::new(s));
+        let mut fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new("s", DataType::Utf8View, true));
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    };
+    let joined = session_of("j", &with_words(&batch));
+    for text in [
+        "concat(s, i32)",
+        "s || i64",
+        "'#' || i8",
+        "concat_ws('-', s, i16, dt, d2)",
+        "concat(i32, 'x', b)",
+        "concat_ws(', ', d18, d38, b)",
+        "s || CAST(i32 * 2 AS VARCHAR) || dt",
+        "concat(s, TRY_CAST(d0 AS VARCHAR), i8)",
+    ] {
+        assert_evaluates_as_datafusion(&joined, "j", text, &[(2, 8)], device).await;
+    }
     // More digits than the precision; a year past 9999: arrow's, on the host.
     let odd = RecordBatch::try_from_iter([
         ("d", decimals(&[1, 1_234_567], 5, 2)),
@@ -3129,8 +3160,13 @@ pub async fn check_string_casts(device: &ExecDevice) {
         ),
     ])
     .unwrap();
-    let o = session_of("o", &odd);
-    for text in ["CAST(d AS VARCHAR)", "CAST(dt AS VARCHAR)"] {
+    let o = session_of("o", &with_words(&odd));
+    for text in [
+        "CAST(d AS VARCHAR)",
+        "CAST(dt AS VARCHAR)",
+        "concat(s, d)",
+        "s || dt",
+    ] {
         assert_left_to_the_host(&o, "o", text, None, device).await;
     }
 
@@ -4591,8 +4627,9 @@ async fn repeated_key_join(
 /// or a rewrite may not): the device computes the key into a column of the probe frame
 /// (hashed, and compared byte by byte where hashes agree) and the output is DataFusion's
 /// join on `f.code = d.name`, row for row, for an inner and a semi join over each
-/// string type; the computed column never leaves the join. A key expression the device
-/// cannot compute says why.
+/// string type; the computed column never leaves the join. Keys that are integers cast
+/// to strings join as DataFusion's. A key expression the device cannot compute says
+/// why.
 pub async fn check_computed_string_keys(device: &ExecDevice) {
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
@@ -4662,8 +4699,8 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
             );
         }
     }
-    // A probe key the device cannot compute (an integer cast to a string): refused, with
-    // the key named.
+    // Keys that are integers cast to strings (the device writes them as arrow's cast):
+    // DataFusion's join of the same plan, row for row.
     let ctx = SessionContext::new();
     join_tables_of(&ctx, &DataType::Utf8View);
     let node = hash_join_of(
@@ -4672,23 +4709,57 @@ pub async fn check_computed_string_keys(device: &ExecDevice) {
     )
     .await;
     let join = node.downcast_ref::<HashJoinExec>().unwrap();
-    let cast = |name: &str, schema: &Schema| {
+    let cast = |name: &str, schema: &Schema, to: DataType| {
         let column =
             datafusion::physical_expr::expressions::Column::new_with_schema(name, schema).unwrap();
         Arc::new(datafusion::physical_expr::expressions::CastExpr::new(
             Arc::new(column),
+            to,
+            None,
+        )) as Arc<dyn datafusion::physical_expr::PhysicalExpr>
+    };
+    let (left, right) = (join.left().schema(), join.right().schema());
+    let on = vec![(
+        cast("k", &left, DataType::Utf8View),
+        cast("qty", &right, DataType::Utf8View),
+    )];
+    let rewritten = Arc::new(join.builder().with_on(on).build().unwrap());
+    let compiled = DeviceHashJoin::compile(&rewritten).unwrap();
+    let mut transfer = Transfer::new(device.device().clone(), TransferOptions::default());
+    let build = collect(rewritten.left().clone(), ctx.task_ctx())
+        .await
+        .unwrap();
+    let built = compiled.build(&build, device, &mut transfer).unwrap();
+    let probe = collect(rewritten.right().clone(), ctx.task_ctx())
+        .await
+        .unwrap();
+    let probe = concat_batches(&rewritten.right().schema(), &probe).unwrap();
+    let mut got = Vec::new();
+    for frame in built.probe(&upload(&probe, device), device).unwrap() {
+        got.push(frame.download(&mut transfer).unwrap());
+    }
+    let host = collect(rewritten, ctx.task_ctx()).await.unwrap();
+    assert_eq!(lines(&got), lines(&host), "keys cast from integers");
+    assert!(
+        !lines(&host).is_empty(),
+        "keys cast from integers: rows match"
+    );
+
+    // A probe key the device cannot compute (a float cast to a string): refused, with
+    // the key named.
+    let float = |name: &str, schema: &Schema| {
+        let column = cast(name, schema, DataType::Float64);
+        Arc::new(datafusion::physical_expr::expressions::CastExpr::new(
+            column,
             DataType::Utf8View,
             None,
         )) as Arc<dyn datafusion::physical_expr::PhysicalExpr>
     };
-    let on = vec![(
-        cast("k", &join.left().schema()),
-        cast("qty", &join.right().schema()),
-    )];
+    let on = vec![(float("k", &left), float("qty", &right))];
     let rewritten = join.builder().with_on(on).build().unwrap();
     let refused = DeviceHashJoin::compile(&rewritten);
     assert!(
-        matches!(&refused, Err(Unsupported(why)) if why.starts_with("join key `CAST(qty")),
+        matches!(&refused, Err(Unsupported(why)) if why.starts_with("join key `CAST(CAST(qty")),
         "{refused:?}"
     );
 }

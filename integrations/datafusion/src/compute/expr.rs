@@ -922,11 +922,23 @@ pub(crate) fn pow10(k: u32) -> Option<i64> {
     (k <= MAX_POW10).then(|| 10i64.pow(k))
 }
 
-/// One argument of a [`Node::Concat`]: a string column, or a literal's bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One argument of a [`Node::Concat`]: a string column, a literal's bytes, or a value
+/// written as a string.
+#[derive(Debug, Clone)]
 pub(crate) enum ConcatPart {
-    Column { index: usize, name: String },
+    Column {
+        index: usize,
+        name: String,
+    },
     Literal(Vec<u8>),
+    /// An integer, decimal, date or Boolean expression cast to a string (DataFusion's
+    /// coercion of `concat`'s and `||`'s other arguments), written as [`Node::ToText`]
+    /// writes it: made a string column before the parts are joined
+    /// ([`with_text_parts`](super::with_text_parts)).
+    Text {
+        node: Box<Node>,
+        text: Text,
+    },
 }
 
 /// How a [`Node::Concat`] joins its parts (the code `concat_views` takes).
@@ -1541,8 +1553,13 @@ fn concat_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, Da
         if let Ok(Some(bytes)) = string_literal(e) {
             return Some(ConcatPart::Literal(bytes));
         }
-        let (index, name) = string_column(e, input)?;
-        Some(ConcatPart::Column { index, name })
+        if let Some((index, name)) = string_column(e, input) {
+            return Some(ConcatPart::Column { index, name });
+        }
+        match text_node(e, input)? {
+            (Node::ToText { input, text, .. }, _) => Some(ConcatPart::Text { node: input, text }),
+            _ => None,
+        }
     };
     let (parts, joined) = if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
         let joined = match function.name() {
@@ -3335,7 +3352,13 @@ impl Node {
             Node::Parse { on_fail, .. } => *on_fail == OnFail::Null,
             Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
-            Node::Concat { .. } => false,
+            Node::Concat { parts, joined, .. } => {
+                *joined == Joined::NullIfAny
+                    && parts.iter().any(|part| match part {
+                        ConcatPart::Text { node, .. } => node.introduces_nulls(),
+                        _ => false,
+                    })
+            }
             // A row no branch takes and an ELSE that is null.
             Node::Case {
                 branches,
@@ -3388,10 +3411,14 @@ impl Node {
             }
             Node::Concat { parts, .. } => {
                 for part in parts {
-                    if let ConcatPart::Column { index, name } = part {
-                        if !out.iter().any(|(i, _)| i == index) {
-                            out.push((*index, name));
+                    match part {
+                        ConcatPart::Column { index, name } => {
+                            if !out.iter().any(|(i, _)| i == index) {
+                                out.push((*index, name));
+                            }
                         }
+                        ConcatPart::Text { node, .. } => node.columns(out),
+                        ConcatPart::Literal(_) => {}
                     }
                 }
             }

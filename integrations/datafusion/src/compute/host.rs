@@ -1020,6 +1020,12 @@ pub(crate) fn concat(
                 Some(values)
             }
             ConcatPart::Literal(_) => None,
+            ConcatPart::Text { .. } => {
+                return Err(ComputeError::Input(format!(
+                    "`{text}`: a text part not made a column first"
+                ))
+                .into())
+            }
         });
     }
     let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);

@@ -274,7 +274,17 @@ impl DeviceExpr {
                 host::cased(column, name, *case)?
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
-                host::concat(frame, parts, *joined, out, &self.text)?
+                let (extended, parts) = with_text_parts(frame, parts, |node, text| {
+                    let lanes = host::eval(node, frame, &self.text)?;
+                    let array = host::texts(&lanes, text, &DataType::Utf8View, &self.text)?;
+                    let field = Field::new("text", DataType::Utf8View, true);
+                    cpu_column(
+                        RecordBatch::try_new(schema_of(vec![field]), vec![array])?,
+                        device,
+                    )
+                })?;
+                let frame = extended.as_ref().unwrap_or(frame);
+                host::concat(frame, &parts, *joined, out, &self.text)?
             }
             (
                 expr::Node::Replace {
@@ -395,6 +405,51 @@ fn cpu_column(batch: RecordBatch, device: &ExecDevice) -> Result<FrameColumn, Bo
     let (array, _ffi_schema) = devarrow::abi::cpu::export_record_batch(&batch)?;
     let batch = DeviceBatch::import(device.device().clone(), array, schema)?;
     Ok(FrameColumn::single(batch)?)
+}
+
+/// `frame` with each text part of a concatenation ([`expr::ConcatPart::Text`]) made a
+/// `Utf8View` column of its own by `make`, after `frame`'s columns, and `parts` reading
+/// them as columns; `None` (and `parts` as they are) where no part is text.
+pub(crate) fn with_text_parts(
+    frame: &DeviceFrame,
+    parts: &[expr::ConcatPart],
+    mut make: impl FnMut(&expr::Node, expr::Text) -> Result<FrameColumn, BoxError>,
+) -> Result<(Option<DeviceFrame>, Vec<expr::ConcatPart>), BoxError> {
+    if !parts
+        .iter()
+        .any(|p| matches!(p, expr::ConcatPart::Text { .. }))
+    {
+        return Ok((None, parts.to_vec()));
+    }
+    let mut fields: Vec<Field> = frame
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut columns = frame.columns().to_vec();
+    let mut rewritten = Vec::with_capacity(parts.len());
+    for part in parts {
+        rewritten.push(match part {
+            expr::ConcatPart::Text { node, text } => {
+                let name = format!("__text{}", columns.len());
+                fields.push(Field::new(&name, DataType::Utf8View, true));
+                columns.push(make(node, *text)?);
+                expr::ConcatPart::Column {
+                    index: columns.len() - 1,
+                    name,
+                }
+            }
+            other => other.clone(),
+        });
+    }
+    let frame = DeviceFrame::try_new(
+        schema_of(fields),
+        columns,
+        frame.num_rows(),
+        frame.selection().cloned(),
+    )?;
+    Ok((Some(frame), rewritten))
 }
 
 /// The name of a selection column.

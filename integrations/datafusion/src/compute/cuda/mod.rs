@@ -1236,7 +1236,23 @@ pub(crate) fn evaluate(
             Some(case_column(&cx, cuda, column, name, *case, e)?)
         }
         (Node::Concat { parts, joined, out }, None) => {
-            Some(concat_column(&cx, cuda, frame, parts, *joined, out, e)?)
+            let (extended, parts) = super::with_text_parts(frame, parts, |node, text| {
+                let lanes = eval(&cx, node, frame, e)?;
+                let nullable = node.introduces_nulls() || columns_have_nulls(node, frame)?;
+                let utf8 = DataType::Utf8View;
+                let column =
+                    strings::text_column(&cx, cuda, (&lanes, n, nullable), text, &utf8, e)?;
+                drop(lanes);
+                let field = Field::new("text", utf8, nullable);
+                let batch = DeviceBatch::from_cuda_arrays(
+                    device.device().clone(),
+                    schema_of(vec![field]),
+                    vec![column],
+                )?;
+                Ok(FrameColumn::single(batch)?)
+            })?;
+            let frame = extended.as_ref().unwrap_or(frame);
+            Some(concat_column(&cx, cuda, frame, &parts, *joined, out, e)?)
         }
         (
             Node::Replace {

@@ -207,7 +207,7 @@ pub(super) fn concat_column(
         .iter()
         .flat_map(|p| match p {
             ConcatPart::Literal(bytes) => bytes.as_slice(),
-            ConcatPart::Column { .. } => &[],
+            ConcatPart::Column { .. } | ConcatPart::Text { .. } => &[],
         })
         .copied()
         .collect();
@@ -237,6 +237,12 @@ pub(super) fn concat_column(
     for (p, part) in parts.iter().enumerate() {
         let row = &mut host[8 * p..8 * p + 8];
         match part {
+            ConcatPart::Text { .. } => {
+                return Err(crate::compute::ComputeError::Input(
+                    "a text part not made a column first".into(),
+                )
+                .into())
+            }
             ConcatPart::Column { index, name } => {
                 let column = frame_column(frame, *index, name)?;
                 let view = view_args(cx, column, name, n, err)?;
