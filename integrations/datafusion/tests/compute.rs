@@ -2999,7 +2999,8 @@ pub async fn check_word_boundaries(device: &ExecDevice) {
 
 /// Casts between strings and values against DataFusion (arrow's cast): integers of
 /// every width, decimals (scales 0 to 18, values of fewer digits than the scale,
-/// negative ones), dates (years 0 to 9999, before 1970) and Booleans written as `Utf8`,
+/// negative ones), dates (years 0 to 9999, before 1970), Booleans and timestamps (each
+/// unit, fractions of each length, no zone or a fixed one) written as `Utf8`,
 /// `LargeUtf8` and `Utf8View` (`CAST`, `TRY_CAST`, of columns and expressions, and
 /// inside `concat`, `||` and `concat_ws`, which cast their other arguments); strings
 /// parsed as integers of every width (whitespace, signs, leading zeros, each width's
@@ -3119,6 +3120,108 @@ pub async fn check_string_casts(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "c", text, &[(1, 9)], device).await;
     }
+    // Timestamps of each unit, with fractions of each length, before 1970, in fixed
+    // zones (a changing zone's are the host's: refused).
+    {
+        use arrow_array::{
+            TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+            TimestampSecondArray,
+        };
+        let nanos: Vec<Option<i64>> = vec![
+            Some(0),
+            Some(1_500_000_000),
+            Some(-1),
+            Some(1_700_000_000_123_000_000),
+            Some(1_700_000_000_123_456_000),
+            Some(1_700_000_000_123_456_789),
+            None,
+            Some(-1_000_000_000_000_000_000),
+            Some(951_782_400_100_000_000),
+            Some(-6_213_559_680_123_000_000),
+            Some(86_399_999_999_999),
+            Some(i64::MAX),
+        ];
+        let of = |div: i64| -> Vec<Option<i64>> {
+            nanos.iter().map(|v| v.map(|v| v.div_euclid(div))).collect()
+        };
+        let times = RecordBatch::try_from_iter([
+            (
+                "s",
+                Arc::new(TimestampSecondArray::from(of(1_000_000_000))) as ArrayRef,
+            ),
+            (
+                "ms",
+                Arc::new(TimestampMillisecondArray::from(of(1_000_000))),
+            ),
+            ("us", Arc::new(TimestampMicrosecondArray::from(of(1_000)))),
+            ("ns", Arc::new(TimestampNanosecondArray::from(of(1)))),
+            (
+                "utc",
+                Arc::new(TimestampMicrosecondArray::from(of(1_000)).with_timezone("UTC")),
+            ),
+            (
+                "zero",
+                Arc::new(TimestampMillisecondArray::from(of(1_000_000)).with_timezone("+00:00")),
+            ),
+            (
+                "east",
+                Arc::new(TimestampNanosecondArray::from(of(1)).with_timezone("+05:30")),
+            ),
+            (
+                "west",
+                Arc::new(TimestampSecondArray::from(of(1_000_000_000)).with_timezone("-03:00")),
+            ),
+            (
+                "ny",
+                Arc::new(
+                    TimestampSecondArray::from(of(1_000_000_000)).with_timezone("America/New_York"),
+                ),
+            ),
+        ])
+        .unwrap();
+        // (i64::MAX nanoseconds, the last row, plus a zone's offset passes the lanes: the
+        // host's batch, as every local time past them.)
+        let t = session_of("t", &times.slice(0, 11));
+        let whole = session_of("whole", &times);
+        for column in ["s", "ms", "us", "ns"] {
+            let text = format!("CAST({column} AS VARCHAR)");
+            assert_evaluates_as_datafusion(&whole, "whole", &text, &[], device).await;
+        }
+        for column in ["s", "ms", "us", "ns", "utc", "zero", "east", "west"] {
+            for text in [
+                format!("CAST({column} AS VARCHAR)"),
+                format!("arrow_cast({column}, 'LargeUtf8')"),
+                format!("'at ' || {column}"),
+            ] {
+                assert_evaluates_as_datafusion(&t, "t", &text, &[(2, 7)], device).await;
+            }
+        }
+        let (e, schema, _) = projection_of(&t, "t", "CAST(ny AS VARCHAR)").await;
+        assert!(
+            DeviceExpr::compile(&e, &schema).is_err(),
+            "a changing zone's"
+        );
+        // Past 9999 (in seconds and milliseconds).
+        let far = RecordBatch::try_from_iter([
+            (
+                "s",
+                Arc::new(TimestampSecondArray::from(vec![0, 300_000_000_000])) as ArrayRef,
+            ),
+            (
+                "ms",
+                Arc::new(TimestampMillisecondArray::from(vec![
+                    0,
+                    300_000_000_000_000,
+                ])),
+            ),
+        ])
+        .unwrap();
+        let far = session_of("far", &far);
+        for text in ["CAST(s AS VARCHAR)", "CAST(ms AS VARCHAR)"] {
+            assert_left_to_the_host(&far, "far", text, None, device).await;
+        }
+    }
+
     // Inside `concat`, `||` and `concat_ws` (DataFusion casts their other arguments).
     let words = ["", "a", "long enough to be out of line", "é", "x"];
     let with_words = |batch: &RecordBatch| {

@@ -291,25 +291,71 @@ pub(crate) enum Text {
     Date,
     /// A Boolean: `true` or `false`.
     Bool,
+    /// A timestamp's local time (`per_second` units a second since 1970-01-01T00:00:00):
+    /// `YYYY-MM-DDTHH:MM:SS`, then a fraction of the second where it has one (3, 6 or 9
+    /// digits, the fewest that hold it: chrono's), then its zone's fixed offset
+    /// (`offset` seconds) as RFC 3339 writes it (`Z` for 0, else `+HH:MM`), none without a
+    /// zone. Years outside 0 to 9999: the host's.
+    Timestamp {
+        per_second: i64,
+        offset: Option<i32>,
+    },
 }
 
 impl Text {
     /// The kernel's encoding (`lanes_to_text`): its kind (0 a number, 1 a date, 2 a
-    /// Boolean), the scale, and the precision (0: not checked).
+    /// Boolean, 3 a timestamp), the scale (a timestamp: its suffix's length), the
+    /// precision (0: not checked; a timestamp: its units a second) and the suffix's
+    /// bytes (little-endian).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
-    pub(crate) fn kernel_args(self) -> (u32, u32, u32) {
+    pub(crate) fn kernel_args(self) -> (u32, u32, u32, u64) {
         match self {
-            Text::Int => (0, 0, 0),
-            Text::Decimal { precision, scale } => (0, scale as u32, precision as u32),
-            Text::Date => (1, 0, 0),
-            Text::Bool => (2, 0, 0),
+            Text::Int => (0, 0, 0, 0),
+            Text::Decimal { precision, scale } => (0, scale as u32, precision as u32, 0),
+            Text::Date => (1, 0, 0, 0),
+            Text::Bool => (2, 0, 0, 0),
+            Text::Timestamp { per_second, .. } => {
+                let suffix = self.suffix();
+                let mut bytes = [0u8; 8];
+                bytes[..suffix.len()].copy_from_slice(&suffix);
+                (
+                    3,
+                    suffix.len() as u32,
+                    per_second as u32,
+                    u64::from_le_bytes(bytes),
+                )
+            }
+        }
+    }
+
+    /// A timestamp's zone as RFC 3339 writes it after the time (at most 6 bytes); empty
+    /// for the other kinds.
+    fn suffix(self) -> Vec<u8> {
+        match self {
+            Text::Timestamp {
+                offset: Some(0), ..
+            } => b"Z".to_vec(),
+            Text::Timestamp {
+                offset: Some(s), ..
+            } => {
+                let sign = if s < 0 { '-' } else { '+' };
+                let s = s.unsigned_abs();
+                format!("{sign}{:02}:{:02}", s / 3600, s % 3600 / 60).into_bytes()
+            }
+            _ => Vec::new(),
         }
     }
 
     /// The most bytes a value takes: 20 for an i64 (`-9223372036854775808`), one more for
-    /// a decimal's point (or `-0.` and 18 digits).
+    /// a decimal's point (or `-0.` and 18 digits); a timestamp's 19, a fraction of 10 and
+    /// an offset of 6.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
-    pub(crate) const MAX_BYTES: u64 = 21;
+    pub(crate) fn max_bytes(self) -> u64 {
+        match self {
+            Text::Timestamp { .. } => 35,
+            _ => 21,
+        }
+    }
 
     /// `v` as arrow's cast writes it, or `None` where that is the host's to write (a
     /// date outside years 0 to 9999, a decimal of more digits than its precision).
@@ -322,6 +368,29 @@ impl Text {
                 (0..=9999)
                     .contains(&y)
                     .then(|| format!("{y:04}-{m:02}-{d:02}").into_bytes())
+            }
+            Text::Timestamp { per_second, .. } => {
+                let (secs, units) = (v.div_euclid(per_second), v.rem_euclid(per_second));
+                let nanos = units * (1_000_000_000 / per_second);
+                let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+                let (y, m, d) = super::host::civil_from_days(days);
+                if !(0..=9999).contains(&y) {
+                    return None;
+                }
+                let fraction = if nanos == 0 {
+                    String::new()
+                } else if nanos % 1_000_000 == 0 {
+                    format!(".{:03}", nanos / 1_000_000)
+                } else if nanos % 1_000 == 0 {
+                    format!(".{:06}", nanos / 1_000)
+                } else {
+                    format!(".{nanos:09}")
+                };
+                let (hh, mm, ss) = (sod / 3600, sod % 3600 / 60, sod % 60);
+                let mut out =
+                    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}{fraction}").into_bytes();
+                out.extend(self.suffix());
+                Some(out)
             }
             Text::Decimal { precision, scale } => {
                 let digits = v.unsigned_abs().to_string();
@@ -1510,7 +1579,8 @@ pub(crate) fn string_node(
 }
 
 /// `CAST(x AS <string type>)` (or `TRY_CAST`: writing a value never fails) of an
-/// expression of integers, decimals, dates or Booleans: [`Node::ToText`].
+/// expression of integers, decimals, dates, Booleans or timestamps (of no zone or a fixed
+/// one): [`Node::ToText`].
 fn text_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, DataType)> {
     let (inner, out) = if let Some(cast) = expr.downcast_ref::<CastExpr>() {
         (cast.expr(), cast.cast_type())
@@ -1530,6 +1600,23 @@ fn text_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, Data
         },
         (Kind::Date, _) => Text::Date,
         (Kind::Bool, _) => Text::Bool,
+        // The local time of a fixed zone (changing ones are the host's).
+        (Kind::Timestamp(unit), DataType::Timestamp(_, zone)) => {
+            let per_second = units_per_day(unit) / 86_400;
+            let offset = match zone {
+                None => None,
+                Some(z) => Some(i32::try_from(fixed_offset(z, unit)? / per_second).ok()?),
+            };
+            let node = local_time(node, zone, unit).ok()?;
+            return Some((
+                Node::ToText {
+                    input: Box::new(node),
+                    text: Text::Timestamp { per_second, offset },
+                    out: out.clone(),
+                },
+                out.clone(),
+            ));
+        }
         _ => return None,
     };
     let node = Node::ToText {

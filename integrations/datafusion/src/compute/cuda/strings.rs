@@ -583,7 +583,7 @@ pub(super) fn pad_column(
 /// passes of `lanes_to_text` ([`two_pass_strings`]): each row's length, then its bytes,
 /// as arrow's cast writes them ([`Text::write`](crate::compute::expr::Text::write)). A
 /// value arrow writes otherwise sets 8 in the error word (the batch is the host's). The
-/// data's bound: [`Text::MAX_BYTES`](crate::compute::expr::Text::MAX_BYTES) a row. The
+/// data's bound: [`Text::max_bytes`](crate::compute::expr::Text::max_bytes) a row. The
 /// validity flags are packed where `nullable`.
 pub(super) fn text_column(
     cx: &Cx<'_>,
@@ -594,8 +594,8 @@ pub(super) fn text_column(
     err: u64,
 ) -> Result<CudaArray, BoxError> {
     let s = cx.stream;
-    let (kind, scale, precision) = text.kernel_args();
-    let cap = (n as u64).saturating_mul(crate::compute::expr::Text::MAX_BYTES);
+    let (kind, scale, precision, suffix) = text.kernel_args();
+    let cap = (n as u64).saturating_mul(text.max_bytes());
     let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
     two_pass_strings(
         cx,
@@ -613,6 +613,7 @@ pub(super) fn text_column(
                     A::U32(kind),
                     A::U32(scale),
                     A::U32(precision),
+                    A::U64(suffix),
                     A::U32(pass),
                     A::U64(lens),
                     A::U64(valid),
