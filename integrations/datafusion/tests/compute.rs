@@ -281,6 +281,13 @@ pub async fn projection_of(
 pub async fn check_expressions(device: &ExecDevice) {
     let ctx = typed_session();
     let exprs = [
+        "greatest(x, y)",
+        "least(x, y)",
+        "greatest(a, b)",
+        "least(b, a, CAST(0 AS DECIMAL(3,0)))",
+        "greatest(x, small, y, -900)",
+        "least(d, DATE '1997-09-01')",
+        "greatest(CAST(NULL AS INT), x)",
         "a",
         "a + b",
         "a - b",
@@ -468,6 +475,8 @@ pub async fn check_refusals() {
             "function `ln` has no device kernel",
         ),
         ("k", "Utf8"),
+        ("greatest(CAST(x AS DOUBLE), 1.5)", "greatest of Float64"),
+        ("least(x, y, 1, 2, 3)", "more than 4 arguments"),
     ] {
         let (e, schema, _) = projection(&ctx, text).await;
         let Err(Unsupported(reason)) = DeviceExpr::compile(&e, &schema) else {

@@ -1211,7 +1211,7 @@ fn compile_node(
             "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
                 return length_node(function, input)
             }
-            "abs" | "nullif" => return as_case(function, input, data_type),
+            "abs" | "nullif" | "greatest" | "least" => return as_case(function, input, data_type),
             "strpos" | "instr" | "position" => return strpos_node(function, input),
             "floor" | "ceil" | "trunc" | "sqrt" | "round" => {
                 return float_function_node(function, input, data_type)
@@ -2417,8 +2417,10 @@ fn case_node(case: &CaseExpr, input: &Schema, data_type: &DataType) -> Result<No
 
 /// `abs(x)` of an integer or decimal as `CASE WHEN x < 0 THEN -x ELSE x END` (an
 /// integer's minimum overflows, as DataFusion's checked `abs` fails on it; a Float64's
-/// is [`op::FABS`]), and `nullif(a, b)` as `CASE WHEN a = b THEN NULL ELSE
-/// a END`, each compiled as DataFusion's own expressions.
+/// is [`op::FABS`]), `nullif(a, b)` as `CASE WHEN a = b THEN NULL ELSE
+/// a END`, and `greatest(a, b, ...)` (`least`) of 2 to 4 integers, decimals, dates or
+/// timestamps as `CASE WHEN b IS NULL THEN a WHEN a >= b THEN a ELSE b END` folded over
+/// the arguments, each compiled as DataFusion's own expressions.
 fn as_case(
     function: &ScalarFunctionExpr,
     input: &Schema,
@@ -2449,6 +2451,45 @@ fn as_case(
             let equal: Arc<dyn PhysicalExpr> =
                 Arc::new(BinaryExpr::new(a.clone(), Operator::Eq, b.clone()));
             CaseExpr::try_new(None, vec![(equal, null)], Some(a.clone()))
+        }
+        ("greatest" | "least", [first, rest @ ..]) if !rest.is_empty() => {
+            // Floats: arrow's `gt_eq` orders them totally (-0.0 below 0.0), the device
+            // as DataFusion's comparisons do (-0.0 equal to 0.0).
+            if !matches!(
+                kind(data_type)?,
+                Kind::Int | Kind::Decimal(_) | Kind::Date | Kind::Timestamp(_)
+            ) {
+                return Err(refuse(format!(
+                    "{} of {data_type} has no device kernel",
+                    function.name()
+                )));
+            }
+            // Each level repeats the one before three times.
+            if rest.len() > 3 {
+                return Err(refuse("more than 4 arguments".into()));
+            }
+            let wins = match function.name() {
+                "greatest" => Operator::GtEq,
+                _ => Operator::LtEq,
+            };
+            // DataFusion's: the first where the next is null or it is not past it (a
+            // null first compares to null: the next), else the next (null only where
+            // both are).
+            let pick = |acc: &Arc<dyn PhysicalExpr>, x: &Arc<dyn PhysicalExpr>| {
+                let null: Arc<dyn PhysicalExpr> = Arc::new(IsNullExpr::new(x.clone()));
+                let better: Arc<dyn PhysicalExpr> =
+                    Arc::new(BinaryExpr::new(acc.clone(), wins, x.clone()));
+                CaseExpr::try_new(
+                    None,
+                    vec![(null, acc.clone()), (better, acc.clone())],
+                    Some(x.clone()),
+                )
+            };
+            let mut acc = first.clone();
+            for x in &rest[..rest.len() - 1] {
+                acc = Arc::new(pick(&acc, x).map_err(|e| refuse(e.to_string()))?);
+            }
+            pick(&acc, &rest[rest.len() - 1])
         }
         _ => return Err(refuse("unexpected arguments".into())),
     }
