@@ -3419,6 +3419,72 @@ pub async fn check_string_casts(device: &ExecDevice) {
     }
 }
 
+/// `CASE` whose values are strings against DataFusion: columns of each string type
+/// (inline and long values, nulls), literals (inline and long), null values, values cast
+/// to strings, a base expression, no `ELSE`; and `coalesce` and `nullif` of strings,
+/// which DataFusion writes as such a `CASE`.
+pub async fn check_string_choices(device: &ExecDevice) {
+    use arrow_array::StringViewArray;
+
+    let n = 40;
+    let words = [
+        "a",
+        "",
+        "bb",
+        "a value longer than twelve bytes",
+        "é🦀",
+        "twelve bytes",
+    ];
+    let word = |i: usize, skip: usize| (i % 7 != skip).then_some(words[i % words.len()]);
+    let batch = RecordBatch::try_from_iter([
+        (
+            "s",
+            Arc::new((0..n).map(|i| word(i, 3)).collect::<StringViewArray>()) as ArrayRef,
+        ),
+        (
+            "u",
+            Arc::new((0..n).map(|i| word(i * 5 + 1, 5)).collect::<StringArray>()),
+        ),
+        (
+            "i",
+            Arc::new(Int32Array::from_iter(
+                (0..n).map(|i| (i % 9 != 4).then_some(i as i32 % 11 - 5)),
+            )),
+        ),
+        (
+            "f",
+            Arc::new(BooleanArray::from_iter(
+                (0..n).map(|i| (i % 6 != 1).then_some(i % 4 < 2)),
+            )),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("c", &batch);
+    for text in [
+        "CASE WHEN f THEN s ELSE 'no' END",
+        "CASE WHEN i > 0 THEN s WHEN i < -3 THEN u ELSE NULL END",
+        "CASE i WHEN 1 THEN 'one' WHEN 2 THEN 'two' ELSE s END",
+        "CASE WHEN f THEN 'a literal too long to be inline' END",
+        "CASE WHEN i IS NULL THEN NULL ELSE 'x' END",
+        "CASE WHEN f THEN CAST(i AS VARCHAR) WHEN i = 0 THEN 'zero' ELSE s END",
+        "CASE WHEN f THEN u ELSE 'no' END",
+        "coalesce(s, 'z')",
+        "coalesce(s, u, 'none')",
+        "coalesce(u, 'none')",
+        "nullif(s, 'a')",
+        "nullif(u, 'twelve bytes')",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "c", text, &[(3, 17)], device).await;
+    }
+}
+
+#[tokio::test]
+async fn string_choices_are_datafusions() {
+    if own_tests() {
+        check_string_choices(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn casts_between_strings_and_values_are_datafusions() {
     if own_tests() {

@@ -754,6 +754,17 @@ pub(crate) enum Node {
         text: Text,
         out: DataType,
     },
+    /// `CASE [x] WHEN c THEN v ... [ELSE e] END` whose values are strings (string columns,
+    /// literals, values cast to strings; `coalesce` and `nullif` of strings, which
+    /// DataFusion writes so): `which` gives each row the index of the part its branch
+    /// takes (its lanes: [`Node::Case`] of index literals), -1 for a null value; the row
+    /// is that part's value (null where it is null). A new string column of type `out`,
+    /// so only the root of a projection's expression ([`string_node`]).
+    StrChoice {
+        which: Box<Node>,
+        parts: Vec<ConcatPart>,
+        out: DataType,
+    },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
@@ -1508,6 +1519,9 @@ pub(crate) fn string_node(
     if let Some(text) = text_node(expr, input) {
         return Some(text);
     }
+    if let Some(choice) = choice_node(expr, input) {
+        return Some(choice);
+    }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
     if matches!(function.name(), "lpad" | "rpad") {
         let (column, target, fill) = match function.args() {
@@ -1578,6 +1592,84 @@ pub(crate) fn string_node(
     Some((node, input.field(index).data_type().clone()))
 }
 
+/// A string the device reads or writes as one part of a row's value: a string literal,
+/// a string column (or a cast of one between string types), or a value cast to a string
+/// ([`text_node`]).
+fn string_part(e: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<ConcatPart> {
+    if let Ok(Some(bytes)) = string_literal(e) {
+        return Some(ConcatPart::Literal(bytes));
+    }
+    if let Some((index, name)) = string_column(e, input) {
+        return Some(ConcatPart::Column { index, name });
+    }
+    match text_node(e, input)? {
+        (Node::ToText { input, text, .. }, _) => Some(ConcatPart::Text { node: input, text }),
+        _ => None,
+    }
+}
+
+/// A `CASE` whose values are strings ([`Node::StrChoice`]), and `nullif(a, b)` of strings
+/// as `CASE WHEN a = b THEN NULL ELSE a END`. (DataFusion writes `coalesce` as a `CASE`.)
+fn choice_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, DataType)> {
+    let out = expr.data_type(input).ok()?;
+    if !super::string_type(&out) {
+        return None;
+    }
+    let nullif;
+    let case = match expr.downcast_ref::<CaseExpr>() {
+        Some(case) => case,
+        None => {
+            let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+            let ("nullif", [a, b]) = (function.name(), function.args()) else {
+                return None;
+            };
+            let null: Arc<dyn PhysicalExpr> =
+                Arc::new(Literal::new(ScalarValue::try_from(&out).ok()?));
+            let equal: Arc<dyn PhysicalExpr> =
+                Arc::new(BinaryExpr::new(a.clone(), Operator::Eq, b.clone()));
+            nullif = CaseExpr::try_new(None, vec![(equal, null)], Some(a.clone())).ok()?;
+            &nullif
+        }
+    };
+    let mut parts = Vec::new();
+    // A value's part, or -1 for a null literal.
+    let mut index_of = |value: &Arc<dyn PhysicalExpr>| -> Option<i64> {
+        if let Some(literal) = value.downcast_ref::<Literal>() {
+            if literal.value().is_null() {
+                return Some(-1);
+            }
+        }
+        parts.push(string_part(value, input)?);
+        Some(parts.len() as i64 - 1)
+    };
+    let mut branches = Vec::with_capacity(case.when_then_expr().len());
+    for (when, then) in case.when_then_expr() {
+        let condition: Arc<dyn PhysicalExpr> = match case.expr() {
+            Some(base) => Arc::new(BinaryExpr::new(base.clone(), Operator::Eq, when.clone())),
+            None => when.clone(),
+        };
+        let (condition, t) = compile(&condition, input).ok()?;
+        if t != DataType::Boolean {
+            return None;
+        }
+        branches.push((condition, Node::Literal(Some(index_of(then)?))));
+    }
+    let otherwise = match case.else_expr() {
+        Some(e) => index_of(e)?,
+        None => -1,
+    };
+    let which = Node::Case {
+        branches,
+        otherwise: Box::new(Node::Literal(Some(otherwise))),
+    };
+    let node = Node::StrChoice {
+        which: Box::new(which),
+        parts,
+        out: out.clone(),
+    };
+    Some((node, out))
+}
+
 /// `CAST(x AS <string type>)` (or `TRY_CAST`: writing a value never fails) of an
 /// expression of integers, decimals, dates, Booleans or timestamps (of no zone or a fixed
 /// one): [`Node::ToText`].
@@ -1636,18 +1728,7 @@ fn concat_node(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<(Node, Da
     if !super::string_type(&out) {
         return None;
     }
-    let part = |e: &Arc<dyn PhysicalExpr>| -> Option<ConcatPart> {
-        if let Ok(Some(bytes)) = string_literal(e) {
-            return Some(ConcatPart::Literal(bytes));
-        }
-        if let Some((index, name)) = string_column(e, input) {
-            return Some(ConcatPart::Column { index, name });
-        }
-        match text_node(e, input)? {
-            (Node::ToText { input, text, .. }, _) => Some(ConcatPart::Text { node: input, text }),
-            _ => None,
-        }
-    };
+    let part = |e: &Arc<dyn PhysicalExpr>| string_part(e, input);
     let (parts, joined) = if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
         let joined = match function.name() {
             "concat" => Joined::SkipNulls,
@@ -1974,8 +2055,13 @@ fn int_literal(e: &Arc<dyn PhysicalExpr>) -> Option<i64> {
     }
 }
 
-/// A column whose lanes the device does not load (a string, say), as its validity.
+/// A column whose lanes the device does not load (a string, say), or a cast of a string
+/// column between string types, as its validity.
 fn validity_of(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Node> {
+    // A cast between string types is null where its column is.
+    if let Some((index, name)) = string_column(expr, input) {
+        return Some(Node::Valid { index, name });
+    }
     let column = expr.downcast_ref::<Column>()?;
     let field = input.fields().get(column.index())?;
     kind(field.data_type()).is_err().then(|| Node::Valid {
@@ -3409,6 +3495,8 @@ impl Node {
             // A value that is none of the type, or the host's (a view outside its buffer
             // is flagged too).
             Node::Parse { .. } => true,
+            // A view outside its buffer; a result past its bound or past i32 offsets.
+            Node::StrChoice { .. } => true,
             // A value the host writes; a result past i32 offsets.
             Node::ToText { .. } => true,
             Node::Case {
@@ -3478,6 +3566,7 @@ impl Node {
             | Node::StrKey { .. }
             | Node::Valid { .. } => false,
             Node::Parse { on_fail, .. } => *on_fail == OnFail::Null,
+            Node::StrChoice { .. } => true,
             Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
             Node::Concat { parts, joined, .. } => {
@@ -3537,19 +3626,11 @@ impl Node {
                     out.push((*index, name));
                 }
             }
-            Node::Concat { parts, .. } => {
-                for part in parts {
-                    match part {
-                        ConcatPart::Column { index, name } => {
-                            if !out.iter().any(|(i, _)| i == index) {
-                                out.push((*index, name));
-                            }
-                        }
-                        ConcatPart::Text { node, .. } => node.columns(out),
-                        ConcatPart::Literal(_) => {}
-                    }
-                }
+            Node::StrChoice { which, parts, .. } => {
+                which.columns(out);
+                parts_columns(parts, out);
             }
+            Node::Concat { parts, .. } => parts_columns(parts, out),
             Node::Literal(_) | Node::Subquery(_) => {}
             Node::Binary { left, right, .. } => {
                 left.columns(out);
@@ -3574,6 +3655,21 @@ impl Node {
                 }
                 otherwise.columns(out);
             }
+        }
+    }
+}
+
+/// The columns string parts read ([`Node::columns`]).
+fn parts_columns<'a>(parts: &'a [ConcatPart], out: &mut Vec<(usize, &'a str)>) {
+    for part in parts {
+        match part {
+            ConcatPart::Column { index, name } => {
+                if !out.iter().any(|(i, _)| i == index) {
+                    out.push((*index, name));
+                }
+            }
+            ConcatPart::Text { node, .. } => node.columns(out),
+            ConcatPart::Literal(_) => {}
         }
     }
 }

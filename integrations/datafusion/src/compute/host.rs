@@ -336,7 +336,8 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
         | Node::Pad { .. }
-        | Node::ToText { .. } => {
+        | Node::ToText { .. }
+        | Node::StrChoice { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
         Node::Parse {
@@ -997,11 +998,12 @@ pub(crate) fn string_rows(
 }
 
 /// `concat`, `||` or `concat_ws` of each row's parts ([`Node::Concat`]), an array of
-/// type `out`, as `concat_views` joins them.
+/// type `out`, as `concat_views` joins them; with `which`, each row's one part
+/// `which[i]` (null outside the parts: [`Node::StrChoice`]).
 pub(crate) fn concat(
     frame: &DeviceFrame,
     parts: &[ConcatPart],
-    joined: Joined,
+    (joined, which): (Joined, Option<&[i64]>),
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
@@ -1031,8 +1033,15 @@ pub(crate) fn concat(
     let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
     for i in 0..n {
         let (mut row, mut null, mut present) = (Vec::new(), false, 0);
+        if which.is_some_and(|w| usize::try_from(w[i]).map_or(true, |w| w >= parts.len())) {
+            rows.push(None);
+            continue;
+        }
         for (p, (part, column)) in parts.iter().zip(&columns).enumerate() {
             if joined == Joined::Separated && p == 0 {
+                continue;
+            }
+            if which.is_some_and(|w| w[i] != p as i64) {
                 continue;
             }
             let value = match (part, column) {

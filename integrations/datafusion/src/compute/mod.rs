@@ -275,16 +275,19 @@ impl DeviceExpr {
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
                 let (extended, parts) = with_text_parts(frame, parts, |node, text| {
-                    let lanes = host::eval(node, frame, &self.text)?;
-                    let array = host::texts(&lanes, text, &DataType::Utf8View, &self.text)?;
-                    let field = Field::new("text", DataType::Utf8View, true);
-                    cpu_column(
-                        RecordBatch::try_new(schema_of(vec![field]), vec![array])?,
-                        device,
-                    )
+                    host_text_column(node, text, frame, device, &self.text)
                 })?;
                 let frame = extended.as_ref().unwrap_or(frame);
-                host::concat(frame, &parts, *joined, out, &self.text)?
+                host::concat(frame, &parts, (*joined, None), out, &self.text)?
+            }
+            (expr::Node::StrChoice { which, parts, out }, None) => {
+                let which = host::eval(which, frame, &self.text)?;
+                let (extended, parts) = with_text_parts(frame, parts, |node, text| {
+                    host_text_column(node, text, frame, device, &self.text)
+                })?;
+                let frame = extended.as_ref().unwrap_or(frame);
+                let choice = (expr::Joined::NullIfAny, Some(which.values.as_slice()));
+                host::concat(frame, &parts, choice, out, &self.text)?
             }
             (
                 expr::Node::Replace {
@@ -450,6 +453,24 @@ pub(crate) fn with_text_parts(
         frame.selection().cloned(),
     )?;
     Ok((Some(frame), rewritten))
+}
+
+/// `node`'s lanes over `frame` written as strings ([`expr::Text`]), a `Utf8View` column
+/// on the CPU device.
+fn host_text_column(
+    node: &expr::Node,
+    text: expr::Text,
+    frame: &DeviceFrame,
+    device: &ExecDevice,
+    what: &str,
+) -> Result<FrameColumn, BoxError> {
+    let lanes = host::eval(node, frame, what)?;
+    let array = host::texts(&lanes, text, &DataType::Utf8View, what)?;
+    let field = Field::new("text", DataType::Utf8View, true);
+    cpu_column(
+        RecordBatch::try_new(schema_of(vec![field]), vec![array])?,
+        device,
+    )
 }
 
 /// The name of a selection column.

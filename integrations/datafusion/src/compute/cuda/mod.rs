@@ -885,7 +885,8 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
         | Node::Pad { .. }
-        | Node::ToText { .. } => Err(ComputeError::Input(
+        | Node::ToText { .. }
+        | Node::StrChoice { .. } => Err(ComputeError::Input(
             "a string value is a column, not a value of lanes".into(),
         )
         .into()),
@@ -1237,22 +1238,22 @@ pub(crate) fn evaluate(
         }
         (Node::Concat { parts, joined, out }, None) => {
             let (extended, parts) = super::with_text_parts(frame, parts, |node, text| {
-                let lanes = eval(&cx, node, frame, e)?;
-                let nullable = node.introduces_nulls() || columns_have_nulls(node, frame)?;
-                let utf8 = DataType::Utf8View;
-                let column =
-                    strings::text_column(&cx, cuda, (&lanes, n, nullable), text, &utf8, e)?;
-                drop(lanes);
-                let field = Field::new("text", utf8, nullable);
-                let batch = DeviceBatch::from_cuda_arrays(
-                    device.device().clone(),
-                    schema_of(vec![field]),
-                    vec![column],
-                )?;
-                Ok(FrameColumn::single(batch)?)
+                text_frame_column(&cx, cuda, device, (node, text), frame, e)
             })?;
             let frame = extended.as_ref().unwrap_or(frame);
-            Some(concat_column(&cx, cuda, frame, &parts, *joined, out, e)?)
+            let joined = (*joined, None);
+            Some(concat_column(&cx, cuda, frame, &parts, joined, out, e)?)
+        }
+        (Node::StrChoice { which, parts, out }, None) => {
+            let which = eval(&cx, which, frame, e)?;
+            let (extended, parts) = super::with_text_parts(frame, parts, |node, text| {
+                text_frame_column(&cx, cuda, device, (node, text), frame, e)
+            })?;
+            let frame = extended.as_ref().unwrap_or(frame);
+            let choice = (super::expr::Joined::NullIfAny, Some(addr(&which.values, s)));
+            let column = concat_column(&cx, cuda, frame, &parts, choice, out, e);
+            drop(which);
+            Some(column?)
         }
         (
             Node::Replace {
@@ -1331,6 +1332,31 @@ pub(crate) fn evaluate(
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
     let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
     Ok((FrameColumn::single(batch)?, pending))
+}
+
+/// `node`'s lanes over `frame` written as strings ([`Text`](super::expr::Text)), a
+/// `Utf8View` column on `device` (a part of a concatenation or a choice).
+fn text_frame_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    device: &ExecDevice,
+    (node, text): (&Node, super::expr::Text),
+    frame: &DeviceFrame,
+    e: u64,
+) -> Result<FrameColumn, BoxError> {
+    let n = frame.num_rows();
+    let lanes = eval(cx, node, frame, e)?;
+    let nullable = node.introduces_nulls() || columns_have_nulls(node, frame)?;
+    let utf8 = DataType::Utf8View;
+    let column = strings::text_column(cx, cuda, (&lanes, n, nullable), text, &utf8, e)?;
+    drop(lanes);
+    let field = Field::new("text", utf8, nullable);
+    let batch = DeviceBatch::from_cuda_arrays(
+        device.device().clone(),
+        schema_of(vec![field]),
+        vec![column],
+    )?;
+    Ok(FrameColumn::single(batch)?)
 }
 
 /// The bytes per value `store_lanes` writes for an output of `dt`.

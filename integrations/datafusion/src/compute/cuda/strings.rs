@@ -192,12 +192,16 @@ pub(super) fn case_column(
 /// bytes a row (`concat_ws`' separator, between every two parts). Views that share bytes
 /// can pass it: `concat_views` then flags the batch as the host's (8 in the error word).
 /// A `Utf8View` result is made of i64 offsets (`utf8_views`), its data its one buffer.
+///
+/// With `which` (the address of `n` i64 lanes: [`Node::StrChoice`](crate::compute::expr::Node::StrChoice)),
+/// each row is its one part `which[i]` (null where that is null or `which[i]` is no
+/// part), under `||`'s rule.
 pub(super) fn concat_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
     frame: &DeviceFrame,
     parts: &[ConcatPart],
-    joined: Joined,
+    (joined, which): (Joined, Option<u64>),
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
@@ -292,7 +296,7 @@ pub(super) fn concat_column(
         cx,
         cuda,
         (n, out, cap),
-        nullable && joined == Joined::NullIfAny,
+        (nullable && joined == Joined::NullIfAny) || which.is_some(),
         |pass, lens, valid, offsets, data| {
             cx.launch(
                 &cx.k.concat_views,
@@ -301,6 +305,7 @@ pub(super) fn concat_column(
                     A::U64(table_at),
                     A::U32(parts.len() as u32),
                     A::U32(joined as u32),
+                    A::U64(which.unwrap_or(0)),
                     A::U64(n as u64),
                     A::U32(pass),
                     A::U64(lens),
