@@ -281,6 +281,16 @@ pub async fn projection_of(
 pub async fn check_expressions(device: &ExecDevice) {
     let ctx = typed_session();
     let exprs = [
+        "round(a)",
+        "round(a, 1)",
+        "round(a, 2)",
+        "round(a, 5)",
+        "round(b, 3)",
+        "round(a, -1)",
+        "round(a, -4)",
+        "round(big, -2)",
+        "round(CAST(x AS DECIMAL(10,0)), -3)",
+        "round(a + b, 1) * 2",
         "greatest(x, y)",
         "least(x, y)",
         "greatest(a, b)",
@@ -469,7 +479,8 @@ pub async fn check_refusals() {
         ("abs(CAST(x AS REAL))", "Float32"),
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
-        ("round(a)", "(Float64 only)"),
+        ("round(a, x)", "not a literal"),
+        ("floor(a)", "(Float64 only)"),
         (
             "ln(CAST(x AS DOUBLE))",
             "function `ln` has no device kernel",

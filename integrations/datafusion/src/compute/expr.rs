@@ -2419,6 +2419,12 @@ fn float_function_node(
         _ => return refuse("its arguments have no device kernel"),
     };
     let (node, t) = compile(x, input)?;
+    if let ("round", DataType::Decimal128(_, scale), DataType::Decimal128(precision, out_scale)) =
+        (function.name(), &t, data_type)
+    {
+        return round_decimal(node, (*scale, *precision, *out_scale), places)
+            .map_err(|why| Unsupported(format!("`{function}`: {why}")));
+    }
     if t != DataType::Float64 || *data_type != DataType::Float64 {
         return refuse(&format!("{t} has no device kernel (Float64 only)"));
     }
@@ -2444,6 +2450,64 @@ fn float_function_node(
         mul,
         lo: i64::MIN,
         hi: i64::MAX,
+        on_fail: OnFail::Error,
+    })
+}
+
+/// `round(x[, d])` of a decimal of `scale` (0 to 18) to a literal `d` (0 without one),
+/// the result a decimal of `precision` and `out_scale` (DataFusion's: `min(scale, d)`,
+/// at least 0), as DataFusion's `round_decimal` computes it: the value rounded half away
+/// from zero to `d` places ([`op::DOWNSCALE`], unchanged where `d >= scale`), then, for
+/// a negative `d`, times `10^-d` back to scale 0 ([`op::CAST`]), checked against the
+/// result's precision (past it DataFusion fails: the host raises its error). A negative
+/// `d` past the value's digits rounds every value to 0, as DataFusion's (which skips the
+/// division there).
+fn round_decimal(
+    node: Node,
+    (scale, precision, out_scale): (i8, u8, i8),
+    places: Option<&Arc<dyn PhysicalExpr>>,
+) -> Result<Node, String> {
+    let d = match places {
+        Some(d) => int_literal(d)
+            .and_then(|d| i32::try_from(d).ok())
+            .ok_or("the decimal places are not a literal")?,
+        None => 0,
+    };
+    let scale = i32::from(scale);
+    if scale < 0 || i32::from(out_scale) != scale.min(d.max(0)) {
+        return Err(format!(
+            "a result of scale {out_scale} for {d} places of scale {scale}"
+        ));
+    }
+    if d >= scale {
+        return Ok(node);
+    }
+    let (lo, hi) = precision_range(precision);
+    let factor = pow10((scale - d) as u32).ok_or("more than 18 places rounded off")?;
+    if d >= 0 {
+        return Ok(Node::Unary {
+            op: op::DOWNSCALE,
+            input: Box::new(node),
+            mul: factor,
+            lo,
+            hi,
+            on_fail: OnFail::Error,
+        });
+    }
+    let back = pow10(d.unsigned_abs()).ok_or("more than 18 places rounded off")?;
+    Ok(Node::Unary {
+        op: op::CAST,
+        input: Box::new(Node::Unary {
+            op: op::DOWNSCALE,
+            input: Box::new(node),
+            mul: factor,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        }),
+        mul: back,
+        lo,
+        hi,
         on_fail: OnFail::Error,
     })
 }
