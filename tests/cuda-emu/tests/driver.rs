@@ -2904,3 +2904,87 @@ fn float_to_integer_truncates_and_saturates() {
         assert_eq!(v, *want, "{}", values[i]);
     }
 }
+
+/// `and`, `or` and `xor` of predicates take negated sources (`!%p`), as ptxas accepts
+/// them: each of 4 threads combines its bits 0 and 1, plain and negated, and the results
+/// are Rust's.
+#[test]
+fn predicate_logic_takes_negated_sources() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry logic(
+    .param .u64 p_out
+)
+{
+    .reg .pred %p<8>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<4>;
+
+    ld.param.u64 %rd1, [p_out];
+    mov.u32 %r1, %tid.x;
+    and.b32 %r2, %r1, 1;
+    setp.ne.u32 %p1, %r2, 0;
+    and.b32 %r2, %r1, 2;
+    setp.ne.u32 %p2, %r2, 0;
+    and.pred %p3, %p1, !%p2;
+    or.pred %p4, !%p1, %p2;
+    xor.pred %p5, !%p1, !%p2;
+    and.pred %p6, !%p1, !%p2;
+    selp.u32 %r3, 1, 0, %p3;
+    selp.u32 %r4, 2, 0, %p4;
+    selp.u32 %r5, 4, 0, %p5;
+    selp.u32 %r6, 8, 0, %p6;
+    or.b32 %r3, %r3, %r4;
+    or.b32 %r3, %r3, %r5;
+    or.b32 %r3, %r3, %r6;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    st.global.u32 [%rd2], %r3;
+    ret;
+}
+"#;
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let out = emu.alloc(16);
+    // SAFETY: valid handles; the one parameter matches logic(u64), pointing to 16 bytes
+    // of device memory, one u32 per thread.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"logic".as_ptr()));
+        let mut a = out;
+        let mut params: [*mut c_void; 1] = [(&mut a as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            4,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(out, 16);
+    for (i, word) in got.chunks_exact(4).enumerate() {
+        let (p1, p2) = (i & 1 != 0, i & 2 != 0);
+        let want = u32::from(p1 && !p2)
+            | u32::from(!p1 || p2) << 1
+            | u32::from(!p1 ^ !p2) << 2
+            | u32::from(!p1 && !p2) << 3;
+        assert_eq!(
+            u32::from_le_bytes(word.try_into().unwrap()),
+            want,
+            "thread {i}"
+        );
+    }
+}

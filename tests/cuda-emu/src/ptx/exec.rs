@@ -517,9 +517,14 @@ impl Launch<'_> {
                         r!(s.q) = nv as u64;
                     }
                 }
-                Op::PredLogic { op, d, a, b } => {
-                    r!(*d) = boolop(*op, r!(*a) != 0, r!(*b) != 0) as u64
-                }
+                Op::PredLogic {
+                    op,
+                    d,
+                    a,
+                    b,
+                    a_neg,
+                    b_neg,
+                } => r!(*d) = boolop(*op, (r!(*a) != 0) != *a_neg, (r!(*b) != 0) != *b_neg) as u64,
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
                 Op::CvtF64S64 { d, a } => r!(*d) = (r!(*a) as i64 as f64).to_bits(),
                 // Rust's `as` truncates, saturates and makes NaN 0, as PTX documents.

@@ -243,11 +243,15 @@ pub(crate) enum Op {
         b: Slot,
     },
     SetpFull(Box<SetpFull>),
+    /// `and`/`or`/`xor.pred d, a, b`, either source negated where its flag is set
+    /// (`!%p`, as ptxas accepts).
     PredLogic {
         op: BoolOp,
         d: Slot,
         a: Slot,
         b: Slot,
+        a_neg: bool,
+        b_neg: bool,
     },
     PredNot {
         d: Slot,

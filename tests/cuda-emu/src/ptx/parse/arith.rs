@@ -65,14 +65,26 @@ impl<'a> Parser<'a> {
                 insn.nops(3)?;
                 if mods[0] == "pred" {
                     let d = self.dst(fc, &ops[0], W::Pred, line)?.0;
-                    let a = self.src(fc, &ops[1], W::Pred, line)?;
-                    let b = self.src(fc, &ops[2], W::Pred, line)?;
+                    // A source may be negated (`!%p`), as ptxas accepts.
+                    let mut source = |o: &Opnd<'a>| match o {
+                        Opnd::Not(n) => Ok((self.reg_operand(fc, n, W::Pred, line)?, true)),
+                        o => Ok((self.src(fc, o, W::Pred, line)?, false)),
+                    };
+                    let (a, a_neg) = source(&ops[1])?;
+                    let (b, b_neg) = source(&ops[2])?;
                     let op = match base {
                         "and" => BoolOp::And,
                         "or" => BoolOp::Or,
                         _ => BoolOp::Xor,
                     };
-                    return Ok(Op::PredLogic { op, d, a, b });
+                    return Ok(Op::PredLogic {
+                        op,
+                        d,
+                        a,
+                        b,
+                        a_neg,
+                        b_neg,
+                    });
                 }
                 let t = insn.int_ty(|_| true)?;
                 let op = match base {
