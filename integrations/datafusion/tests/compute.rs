@@ -291,6 +291,12 @@ pub async fn check_expressions(device: &ExecDevice) {
         "round(big, -2)",
         "round(CAST(x AS DECIMAL(10,0)), -3)",
         "round(a + b, 1) * 2",
+        "floor(a)",
+        "ceil(a)",
+        "floor(b)",
+        "ceil(b * 2)",
+        "floor(big)",
+        "ceil(CAST(x AS DECIMAL(10,3)) / 7)",
         "greatest(x, y)",
         "least(x, y)",
         "greatest(a, b)",
@@ -429,6 +435,17 @@ pub async fn check_expressions(device: &ExecDevice) {
 /// Overflow is a typed error, never a wrong answer; a cast out of precision errors as
 /// DataFusion's does, and a TRY_CAST is null.
 pub async fn check_overflow(device: &ExecDevice) {
+    // `floor` and `ceil` of a decimal past its precision (DataFusion fails).
+    let edge = |values: &[i128]| -> ArrayRef {
+        Arc::new(
+            Decimal128Array::from_iter_values(values.iter().copied())
+                .with_precision_and_scale(5, 2)
+                .unwrap(),
+        )
+    };
+    let (low, high) = ([150, -250, 99_999, -99_901], [150, -250, -99_999, 99_901]);
+    assert_edge_as_datafusion(edge(&low), "floor(c)", device).await;
+    assert_edge_as_datafusion(edge(&high), "ceil(c)", device).await;
     let ctx = typed_session();
     for text in [
         "big * big",
@@ -480,7 +497,7 @@ pub async fn check_refusals() {
         ("a / CAST(b AS DECIMAL(30,15))", "past 64 bits"),
         ("CAST(a AS REAL)", "Float32"),
         ("round(a, x)", "not a literal"),
-        ("floor(a)", "(Float64 only)"),
+        ("trunc(a)", "(Float64 only)"),
         (
             "ln(CAST(x AS DOUBLE))",
             "function `ln` has no device kernel",

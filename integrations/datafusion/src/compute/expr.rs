@@ -141,6 +141,13 @@ pub(crate) mod op {
     /// Unary: a decimal to an integer, `v / mul` (10^scale) truncated toward zero, as
     /// arrow's cast; checked against `[lo, hi]` (the integer's range).
     pub const DECIMAL_TO_INT: u32 = 34;
+    /// Unary: `floor` of a decimal, `v` down to a multiple of `mul` (10^scale), as
+    /// DataFusion's `floor_decimal_value`; checked against `[lo, hi]` (the precision's
+    /// range).
+    pub const FLOOR_DECIMAL: u32 = 35;
+    /// Unary: `ceil` of a decimal, `v` up to a multiple of `mul` (10^scale), as
+    /// DataFusion's `ceil_decimal_value`; checked as [`FLOOR_DECIMAL`].
+    pub const CEIL_DECIMAL: u32 = 36;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -2425,6 +2432,29 @@ fn float_function_node(
         return round_decimal(node, (*scale, *precision, *out_scale), places)
             .map_err(|why| Unsupported(format!("`{function}`: {why}")));
     }
+    // `floor` and `ceil` of a decimal keep its type: the value to a multiple of 10^scale
+    // (unchanged at scale 0), checked against its precision (DataFusion's
+    // `apply_decimal_op`).
+    if let ("floor" | "ceil", DataType::Decimal128(precision, scale)) = (function.name(), &t) {
+        if data_type != &t || *scale < 0 {
+            return refuse(&format!("{t} to {data_type}"));
+        }
+        if *scale == 0 {
+            return Ok(node);
+        }
+        let (lo, hi) = precision_range(*precision);
+        return Ok(Node::Unary {
+            op: match function.name() {
+                "floor" => op::FLOOR_DECIMAL,
+                _ => op::CEIL_DECIMAL,
+            },
+            input: Box::new(node),
+            mul: pow10(*scale as u32).ok_or_else(|| Unsupported("a scale past 18".into()))?,
+            lo,
+            hi,
+            on_fail: OnFail::Error,
+        });
+    }
     if t != DataType::Float64 || *data_type != DataType::Float64 {
         return refuse(&format!("{t} has no device kernel (Float64 only)"));
     }
@@ -3591,6 +3621,8 @@ impl Node {
                         | op::FLOAT_TO_DECIMAL
                         | op::DOWNSCALE
                         | op::DECIMAL_TO_INT
+                        | op::FLOOR_DECIMAL
+                        | op::CEIL_DECIMAL
                         | op::MINMAX_KEY
                         | op::DAYS
                         | op::SQRT

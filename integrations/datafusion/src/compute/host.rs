@@ -740,6 +740,16 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                             op::FLOAT_TO_DECIMAL => from_float(a.values[i], *mul, true, *lo, *hi),
                             op::DOWNSCALE => divided(a.values[i], *mul, true, *lo, *hi),
                             op::DECIMAL_TO_INT => divided(a.values[i], *mul, false, *lo, *hi),
+                            op::FLOOR_DECIMAL | op::CEIL_DECIMAL => {
+                                let (v, m) = (a.values[i], *mul);
+                                let (q, r) = (v / m, v % m);
+                                let q = match (*op == op::FLOOR_DECIMAL, r) {
+                                    (true, r) if r < 0 => q - 1,
+                                    (false, r) if r > 0 => q + 1,
+                                    _ => q,
+                                };
+                                q.checked_mul(m).filter(|v| (*lo..=*hi).contains(v))
+                            }
                             _ => scaled(a.values[i], *mul, *lo, *hi),
                         };
                         match cast {
