@@ -2422,7 +2422,7 @@ fn float_function_node(
     let refuse = |why: &str| Err(Unsupported(format!("`{function}`: {why}")));
     let (x, places) = match function.args() {
         [x] => (x, None),
-        [x, d] if function.name() == "round" => (x, Some(d)),
+        [x, d] if matches!(function.name(), "round" | "trunc") => (x, Some(d)),
         _ => return refuse("its arguments have no device kernel"),
     };
     let (node, t) = compile(x, input)?;
@@ -2431,6 +2431,37 @@ fn float_function_node(
     {
         return round_decimal(node, (*scale, *precision, *out_scale), places)
             .map_err(|why| Unsupported(format!("`{function}`: {why}")));
+    }
+    // `trunc(x[, d])` of a decimal keeps its type: `(x / f) * f` for f = 10^(scale - d)
+    // (DataFusion's `compute_truncate_decimal`; nothing where d >= scale), a truncated
+    // division (op 34, unchecked) and the product (never larger than x).
+    if let ("trunc", DataType::Decimal128(_, scale)) = (function.name(), &t) {
+        let d = match places {
+            Some(d) => match int_literal(d) {
+                Some(d) => d,
+                None => return refuse("the precision is not a literal"),
+            },
+            None => 0,
+        };
+        if data_type != &t {
+            return refuse(&format!("{t} to {data_type}"));
+        }
+        let exp = i64::from(*scale).saturating_sub(d);
+        if exp <= 0 {
+            return Ok(node);
+        }
+        let Some(factor) = u32::try_from(exp).ok().and_then(pow10) else {
+            return refuse("more than 18 digits truncated");
+        };
+        let step = |op, input| Node::Unary {
+            op,
+            input: Box::new(input),
+            mul: factor,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        };
+        return Ok(step(op::CAST, step(op::DECIMAL_TO_INT, node)));
     }
     // `floor` and `ceil` of a decimal keep its type: the value to a multiple of 10^scale
     // (unchanged at scale 0), checked against its precision (DataFusion's
