@@ -3519,6 +3519,81 @@ async fn string_choices_are_datafusions() {
     }
 }
 
+/// Unsigned integers of up to 32 bits (their lanes zero-extended) against DataFusion:
+/// comparisons, `IN`, `BETWEEN`, arithmetic (DataFusion's coercions), casts to and from
+/// them (`TRY_CAST` of a negative value is null), written as strings; their unsigned
+/// arithmetic overflows as DataFusion's does (the host raises its error).
+pub async fn check_unsigned(device: &ExecDevice) {
+    use arrow_array::{UInt16Array, UInt32Array};
+
+    let n = 30u32;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "u8",
+            Arc::new(UInt8Array::from_iter(
+                (0..n).map(|i| (i % 7 != 3).then_some((i * 37 % 256) as u8)),
+            )) as ArrayRef,
+        ),
+        (
+            "u16",
+            Arc::new(UInt16Array::from_iter((0..n).map(|i| {
+                (i % 5 != 2).then_some(if i == 4 { u16::MAX } else { (i * 2_221) as u16 })
+            }))),
+        ),
+        (
+            "u32",
+            Arc::new(UInt32Array::from_iter((0..n).map(|i| {
+                (i % 6 != 1).then_some(if i == 9 {
+                    u32::MAX
+                } else {
+                    i.wrapping_mul(150_000_001)
+                })
+            }))),
+        ),
+        (
+            "i",
+            Arc::new(Int32Array::from_iter(
+                (0..n).map(|i| Some(i as i32 * 9 - 100)),
+            )),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("u", &batch);
+    for text in [
+        "u8 > 200",
+        "u16 = 65535",
+        "u32 < 3000000000",
+        "u8 * 2",
+        "CAST(u16 AS INT) + i",
+        "CAST(u32 AS BIGINT) * 1000",
+        "u32 / 7",
+        "u32 % 1000",
+        "CAST(u32 AS DOUBLE)",
+        "CAST(u16 AS DECIMAL(10,2))",
+        "u16 IN (0, 2221, 65535)",
+        "u32 BETWEEN 10 AND 4000000000",
+        "TRY_CAST(i AS INT UNSIGNED) IS NULL",
+        "TRY_CAST(i AS TINYINT UNSIGNED) > 5",
+        "CAST(u32 AS VARCHAR)",
+        "u8 > u16",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "u", text, &[(2, 11)], device).await;
+    }
+    // UInt32 + UInt32 past u32 (DataFusion fails), and below 0.
+    let (fits, past) = (batch.slice(0, 9), batch.slice(0, 10));
+    let small = session_of("s", &fits);
+    assert_evaluates_as_datafusion(&small, "s", "(u32 + u32) > 5", &[], device).await;
+    assert_fails_as_datafusion(&ctx, "u", "(u32 + u32) > 5", Some(&past), device).await;
+    assert_fails_as_datafusion(&ctx, "u", "(u16 - u16 - u16) > 5", Some(&past), device).await;
+}
+
+#[tokio::test]
+async fn unsigned_integers_are_datafusions() {
+    if own_tests() {
+        check_unsigned(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn casts_between_strings_and_values_are_datafusions() {
     if own_tests() {

@@ -1065,7 +1065,15 @@ fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
                 "Decimal128({p}, {s}) has no device operator (scales 0 to {MAX_POW10} only)"
             )))
         }
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Kind::Int,
+        // Unsigned integers of up to 32 bits fit the lanes as they are (their values are
+        // never negative, so the signed operations give arrow's unsigned results).
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => Kind::Int,
         DataType::Date32 => Kind::Date,
         DataType::Timestamp(unit, _) => Kind::Timestamp(*unit),
         DataType::Duration(unit) => Kind::Duration(*unit),
@@ -1080,6 +1088,9 @@ fn range_of(data_type: &DataType) -> (i64, i64) {
     match data_type {
         DataType::Int8 => (i8::MIN as i64, i8::MAX as i64),
         DataType::Int16 => (i16::MIN as i64, i16::MAX as i64),
+        DataType::UInt8 => (0, u8::MAX as i64),
+        DataType::UInt16 => (0, u16::MAX as i64),
+        DataType::UInt32 => (0, u32::MAX as i64),
         DataType::Int32 | DataType::Date32 => (i32::MIN as i64, i32::MAX as i64),
         _ => (i64::MIN, i64::MAX),
     }
@@ -3261,6 +3272,9 @@ fn literal_node(value: &ScalarValue) -> Result<Node, Unsupported> {
         ScalarValue::Int16(v) => v.map(i64::from),
         ScalarValue::Int32(v) => v.map(i64::from),
         ScalarValue::Int64(v) => *v,
+        ScalarValue::UInt8(v) => v.map(i64::from),
+        ScalarValue::UInt16(v) => v.map(i64::from),
+        ScalarValue::UInt32(v) => v.map(i64::from),
         ScalarValue::Date32(v) => v.map(i64::from),
         ScalarValue::TimestampSecond(v, _)
         | ScalarValue::TimestampMillisecond(v, _)

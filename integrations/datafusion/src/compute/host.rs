@@ -129,6 +129,14 @@ pub(crate) fn load(column: &FrameColumn, name: &str) -> Result<Lanes, BoxError> 
             .collect(),
         DataType::Int8 => fixed(&c, 1)?.iter().map(|&b| b as i8 as i64).collect(),
         DataType::UInt8 => fixed(&c, 1)?.iter().map(|&b| b as i64).collect(),
+        DataType::UInt16 => fixed(&c, 2)?
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes(b.try_into().expect("2 bytes")) as i64)
+            .collect(),
+        DataType::UInt32 => fixed(&c, 4)?
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+            .collect(),
         DataType::Boolean => {
             let bits = cpu_bytes(c.values().ok_or("a Boolean column without values")?)?;
             let offset = c.offset();

@@ -361,6 +361,8 @@ fn width_code(data_type: &DataType) -> Option<u32> {
         DataType::Int8 => 2,
         DataType::Int16 => 3,
         DataType::Int32 | DataType::Date32 => 4,
+        DataType::UInt16 => 5,
+        DataType::UInt32 => 6,
         DataType::Int64 | DataType::Float64 | DataType::Timestamp(..) | DataType::Duration(_) => 8,
         DataType::Decimal128(..) => 16,
         _ => return None,
@@ -381,7 +383,8 @@ fn load(cx: &Cx<'_>, column: &FrameColumn, name: &str, err: u64) -> Result<Lanes
     let bytes_per_value: u64 = match code {
         0 => 0,
         1 | 2 => 1,
-        3 => 2,
+        3 | 5 => 2,
+        6 => 4,
         other => other as u64,
     };
     let end = (c.offset() + n) as u64;
