@@ -3587,6 +3587,126 @@ pub async fn check_unsigned(device: &ExecDevice) {
     assert_fails_as_datafusion(&ctx, "u", "(u16 - u16 - u16) > 5", Some(&past), device).await;
 }
 
+/// arrow's reinterpreting casts against DataFusion: integers and dates, integers and
+/// timestamps, timestamps between units (divided truncated, multiplied checked; a zone
+/// kept or dropped), and `to_timestamp*` of integers; a value past the target's range
+/// is null for `TRY_CAST` and DataFusion's error for `CAST`; a local time given a zone
+/// (arrow moves it to UTC) is refused.
+pub async fn check_temporal_casts(device: &ExecDevice) {
+    use arrow_array::{TimestampMicrosecondArray, TimestampMillisecondArray, UInt32Array};
+
+    let n = 24i64;
+    let big = |i: i64| {
+        [
+            0,
+            1,
+            -1,
+            86_399,
+            1_700_000_000,
+            -2_000_000_000,
+            3_000_000_000,
+        ][i as usize % 7]
+    };
+    let batch = RecordBatch::try_from_iter([
+        (
+            "x",
+            Arc::new(Int32Array::from_iter((0..n).map(|i| {
+                (i % 5 != 2).then_some(big(i).clamp(-2_000_000, 2_000_000) as i32)
+            }))) as ArrayRef,
+        ),
+        (
+            "y",
+            Arc::new(Int64Array::from_iter(
+                (0..n).map(|i| (i % 6 != 3).then_some(big(i) % 1_000_000 * 7)),
+            )),
+        ),
+        (
+            "far",
+            Arc::new(Int64Array::from_iter_values((0..n).map(big))),
+        ),
+        (
+            "d",
+            Arc::new(Date32Array::from_iter(
+                (0..n).map(|i| (i % 4 != 1).then_some(i as i32 * 4_001 - 40_000)),
+            )),
+        ),
+        (
+            "ts",
+            Arc::new(TimestampMillisecondArray::from_iter(
+                (0..n).map(|i| (i % 7 != 5).then_some(big(i) * 1_003 - 7)),
+            )),
+        ),
+        (
+            "tsz",
+            Arc::new(
+                TimestampMicrosecondArray::from_iter(
+                    (0..n).map(|i| (i % 7 != 5).then_some(big(i) * 999_999 + 3)),
+                )
+                .with_timezone("+05:00"),
+            ),
+        ),
+        (
+            "u",
+            Arc::new(UInt32Array::from_iter(
+                (0..n).map(|i| Some(big(i).unsigned_abs() as u32)),
+            )),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("t", &batch);
+    for text in [
+        "CAST(x AS DATE)",
+        "CAST(y AS DATE)",
+        "TRY_CAST(far AS DATE)",
+        "CAST(d AS INT)",
+        "CAST(d AS BIGINT)",
+        "CAST(ts AS BIGINT)",
+        "TRY_CAST(ts AS INT)",
+        "CAST(tsz AS BIGINT)",
+        "CAST(x AS TIMESTAMP)",
+        "CAST(u AS TIMESTAMP)",
+        "arrow_cast(ts, 'Timestamp(Second, None)')",
+        "arrow_cast(ts, 'Timestamp(Nanosecond, None)')",
+        "arrow_cast(tsz, 'Timestamp(Millisecond, Some(\"+05:00\"))')",
+        "arrow_cast(tsz, 'Timestamp(Second, None)')",
+        "to_timestamp_seconds(far)",
+        "to_timestamp_millis(x)",
+        "to_timestamp_micros(y)",
+        "to_timestamp_nanos(u)",
+        "to_timestamp(x)",
+        "date_trunc('day', to_timestamp_seconds(far))",
+        "extract(hour from to_timestamp_seconds(far))",
+        "CAST(x AS DATE) + INTERVAL '1' MONTH",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "t", text, &[(3, 13)], device).await;
+    }
+    for text in [
+        "CAST(far AS DATE)",
+        "CAST(ts AS INT)",
+        "to_timestamp(far * 10000000)",
+    ] {
+        assert_fails_as_datafusion(&ctx, "t", text, None, device).await;
+    }
+    let (e, schema, _) = projection_of(
+        &ctx,
+        "t",
+        "arrow_cast(ts, 'Timestamp(Second, Some(\"+01:00\"))')",
+    )
+    .await;
+    let refused = DeviceExpr::compile(&e, &schema).map(|_| ());
+    assert!(
+        matches!(&refused, Err(Unsupported(why)) if why.contains("a local time given a zone")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn temporal_casts_are_datafusions() {
+    if own_tests() {
+        check_temporal_casts(&ExecDevice::cpu()).await;
+    }
+}
+
 #[tokio::test]
 async fn unsigned_integers_are_datafusions() {
     if own_tests() {

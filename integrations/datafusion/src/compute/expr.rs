@@ -1241,6 +1241,11 @@ fn compile_node(
                 return length_node(function, input)
             }
             "abs" | "nullif" | "greatest" | "least" => return as_case(function, input, data_type),
+            "to_timestamp"
+            | "to_timestamp_seconds"
+            | "to_timestamp_millis"
+            | "to_timestamp_micros"
+            | "to_timestamp_nanos" => return to_timestamp_node(function, input, data_type),
             "strpos" | "instr" | "position" => return strpos_node(function, input),
             "floor" | "ceil" | "trunc" | "sqrt" | "round" => {
                 return float_function_node(function, input, data_type)
@@ -2584,6 +2589,45 @@ fn round_decimal(
     })
 }
 
+/// `to_timestamp_seconds(x)` (`_millis`, `_micros`, `_nanos`) of an integer: its value as
+/// a timestamp of that unit (arrow's cast, whatever the zone); `to_timestamp(x)`: its
+/// seconds as nanoseconds (checked: DataFusion's cast fails past 64 bits), where the
+/// result has no zone or UTC's (another zone moves a local time to UTC: the host's).
+fn to_timestamp_node(
+    function: &ScalarFunctionExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
+    let [x] = function.args() else {
+        return Err(refuse("a format has no device kernel"));
+    };
+    let (node, t) = compile(x, input)?;
+    let DataType::Timestamp(unit, zone) = data_type else {
+        return Err(refuse("not a timestamp"));
+    };
+    if kind(&t)? != Kind::Int {
+        return Err(refuse(&format!("{t} has no device kernel (integers only)")));
+    }
+    if function.name() != "to_timestamp" {
+        return Ok(node);
+    }
+    if zone
+        .as_deref()
+        .is_some_and(|z| fixed_offset(z, *unit) != Some(0))
+    {
+        return Err(refuse("a zone other than UTC"));
+    }
+    Ok(Node::Unary {
+        op: op::CAST,
+        input: Box::new(node),
+        mul: units_per_day(*unit) / 86_400,
+        lo: i64::MIN,
+        hi: i64::MAX,
+        on_fail: OnFail::Error,
+    })
+}
+
 /// `strpos(col, 'needle')` (and its aliases) of a string column and a string literal.
 fn strpos_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Unsupported> {
     let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
@@ -3475,6 +3519,43 @@ fn cast_node(
     }
     let (mul, (lo, hi)) = match (kind(&from)?, kind(to)?) {
         (Kind::Int, Kind::Int) => (1, range_of(to)),
+        // arrow's reinterpretations: an Int32 is a date's days (an Int64 through Int32,
+        // checked), a date's days an Int32 or Int64; any integer is a timestamp's value
+        // (through Int64), a timestamp's value an integer (through Int64, checked).
+        (Kind::Int, Kind::Date) if matches!(from, DataType::Int32 | DataType::Int64) => {
+            (1, range_of(&DataType::Int32))
+        }
+        (Kind::Date, Kind::Int) if matches!(to, DataType::Int32 | DataType::Int64) => {
+            (1, (i64::MIN, i64::MAX))
+        }
+        (Kind::Int, Kind::Timestamp(_)) => (1, (i64::MIN, i64::MAX)),
+        (Kind::Timestamp(_), Kind::Int) => (1, range_of(to)),
+        // Between units: divided (truncated toward zero) or multiplied (checked), as
+        // arrow's; a local time given a zone is the host's (arrow moves it to UTC).
+        (Kind::Timestamp(a), Kind::Timestamp(b)) => {
+            let (DataType::Timestamp(_, from_zone), DataType::Timestamp(_, to_zone)) = (&from, to)
+            else {
+                return refuse("not timestamps");
+            };
+            if from_zone.is_none() && to_zone.is_some() {
+                return refuse("a local time given a zone");
+            }
+            let (fa, fb) = (units_per_day(a), units_per_day(b));
+            if fa == fb {
+                return Ok(node);
+            }
+            if fa > fb {
+                return Ok(Node::Unary {
+                    op: op::DECIMAL_TO_INT,
+                    input: Box::new(node),
+                    mul: fa / fb,
+                    lo: i64::MIN,
+                    hi: i64::MAX,
+                    on_fail,
+                });
+            }
+            (fb / fa, (i64::MIN, i64::MAX))
+        }
         // A date's days times the unit's count a day (checked: arrow's cast checks
         // microseconds and nanoseconds; seconds and milliseconds cannot overflow).
         (Kind::Date, Kind::Timestamp(unit)) if matches!(to, DataType::Timestamp(_, None)) => {
