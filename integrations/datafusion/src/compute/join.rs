@@ -392,7 +392,14 @@ impl DeviceHashJoin {
                 });
                 continue;
             }
-            probe_keys.push(DeviceExpr::compile(r, &right)?);
+            let key = DeviceExpr::compile(r, &right)?;
+            // The join evaluates a key's node alone, over the probe frame.
+            if key.computes_strings() {
+                return Err(Unsupported(format!(
+                    "join key `{r}`: a value of a computed string has no device kernel here"
+                )));
+            }
+            probe_keys.push(key);
             build_keys.push(BuildLane::Value(l.clone()));
         }
         let all: Vec<Out> = match kind {

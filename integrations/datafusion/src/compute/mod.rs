@@ -176,16 +176,87 @@ pub struct DeviceExpr {
     data_type: DataType,
     node: Arc<expr::Node>,
     text: String,
+    /// Strings it computes first, each a column after the input's (and the subs' before
+    /// it): `upper(s)` in `upper(s) = 'A'`, `trim(s)` in `length(trim(s))`.
+    subs: Vec<DeviceExpr>,
 }
 
 impl DeviceExpr {
     /// `expr` over `input`, or why it cannot run on the device.
+    ///
+    /// Where `expr` reads a string that a device kernel computes (`upper(s) = 'A'`,
+    /// `length(trim(s))`, `concat(upper(a), b)`) but no single kernel reads it so, each
+    /// such string is computed first into a column of its own, which `expr` then reads
+    /// as it reads a column.
     pub fn compile(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
+        match Self::compile_one(expr, input) {
+            Ok(compiled) => Ok(compiled),
+            Err(why) => Self::compile_with_strings(expr, input).ok_or(why),
+        }
+    }
+
+    /// `expr` with each string sub-expression the device computes (below the root, not
+    /// a column or a literal) made a column of the input ([`DeviceExpr::subs`]), inner
+    /// ones first; `None` where the result does not compile either.
+    fn compile_with_strings(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<Self> {
+        fn materialize(
+            e: &Arc<dyn PhysicalExpr>,
+            fields: &mut Vec<Field>,
+            subs: &mut Vec<DeviceExpr>,
+        ) -> Option<Arc<dyn PhysicalExpr>> {
+            let e = with_children(e, fields, subs)?;
+            let schema = Schema::new(fields.clone());
+            if !e.data_type(&schema).is_ok_and(|t| string_type(&t)) {
+                return Some(e);
+            }
+            match DeviceExpr::compile_one(&e, &schema) {
+                Ok(sub) if string_type(&sub.data_type) => {
+                    let index = fields.len();
+                    let name = format!("__string{index}");
+                    fields.push(Field::new(&name, sub.data_type.clone(), true));
+                    subs.push(sub);
+                    Some(Arc::new(
+                        datafusion::physical_expr::expressions::Column::new(&name, index),
+                    ))
+                }
+                _ => Some(e),
+            }
+        }
+        fn with_children(
+            e: &Arc<dyn PhysicalExpr>,
+            fields: &mut Vec<Field>,
+            subs: &mut Vec<DeviceExpr>,
+        ) -> Option<Arc<dyn PhysicalExpr>> {
+            let children = e.children();
+            if children.is_empty() {
+                return Some(e.clone());
+            }
+            let rewritten = children
+                .into_iter()
+                .map(|c| materialize(c, fields, subs))
+                .collect::<Option<Vec<_>>>()?;
+            e.clone().with_new_children(rewritten).ok()
+        }
+        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut subs = Vec::new();
+        let rewritten = with_children(expr, &mut fields, &mut subs)?;
+        if subs.is_empty() {
+            return None;
+        }
+        let mut compiled = Self::compile_one(&rewritten, &Schema::new(fields)).ok()?;
+        compiled.subs = subs;
+        compiled.text = expr.to_string();
+        Some(compiled)
+    }
+
+    /// `expr` as one device node ([`DeviceExpr::compile`] without computed strings).
+    fn compile_one(expr: &Arc<dyn PhysicalExpr>, input: &Schema) -> Result<Self, Unsupported> {
         if let Some((node, data_type)) = expr::string_node(expr, input) {
             return Ok(Self {
                 data_type,
                 node: Arc::new(node),
                 text: expr.to_string(),
+                subs: Vec::new(),
             });
         }
         let (node, data_type) = expr::compile(expr, input)?;
@@ -208,7 +279,35 @@ impl DeviceExpr {
             data_type,
             node: Arc::new(node),
             text: expr.to_string(),
+            subs: Vec::new(),
         })
+    }
+
+    /// Whether it computes strings first ([`DeviceExpr::compile`]): an operator that
+    /// reads its node alone (a join's keys) cannot take it.
+    pub(crate) fn computes_strings(&self) -> bool {
+        !self.subs.is_empty()
+    }
+
+    /// `frame` with the strings it computes first as columns after its own (none: `None`),
+    /// and their deferred checks.
+    fn with_strings(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(Option<DeviceFrame>, Vec<PendingCheck>), BoxError> {
+        if self.subs.is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let mut extended = frame.clone();
+        let mut checks = Vec::with_capacity(self.subs.len());
+        for sub in &self.subs {
+            let (column, check) = sub.evaluate_deferred(&extended, device)?;
+            checks.push(check);
+            let name = format!("__string{}", extended.columns().len());
+            extended = extend_frame(&extended, vec![(name, column)])?;
+        }
+        Ok((Some(extended), checks))
     }
 
     /// Lane `word` (0 or 1) of a `Utf8View` column's values as a join key (a hash join's
@@ -225,6 +324,7 @@ impl DeviceExpr {
                 word,
             }),
             text: format!("{column} (join key lane {word})"),
+            subs: Vec::new(),
         }
     }
 
@@ -258,10 +358,23 @@ impl DeviceExpr {
         frame: &DeviceFrame,
         device: &ExecDevice,
     ) -> Result<(FrameColumn, PendingCheck), BoxError> {
+        let (extended, checks) = self.with_strings(frame, device)?;
+        let frame = extended.as_ref().unwrap_or(frame);
+        let (column, check) = self.evaluate_one(frame, device)?;
+        Ok((column, PendingCheck::all(checks.into_iter().chain([check]))))
+    }
+
+    /// [`DeviceExpr::evaluate_deferred`] of its node over `frame` (the strings it
+    /// computes first already there).
+    fn evaluate_one(
+        &self,
+        frame: &DeviceFrame,
+        device: &ExecDevice,
+    ) -> Result<(FrameColumn, PendingCheck), BoxError> {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = device.cuda() {
             let (column, word) = cuda::evaluate(self, frame, cuda, device, true)?;
-            return Ok((column, PendingCheck { word }));
+            return Ok((column, PendingCheck::of(word)));
         }
         check_cpu(device)?;
         let slice = expr::Bounds::of(&self.node);
@@ -366,14 +479,34 @@ impl DeviceExpr {
 #[must_use = "an unchecked device evaluation may hide an overflow"]
 pub struct PendingCheck {
     #[cfg(feature = "cuda")]
-    word: Option<cuda::ErrorWord>,
+    words: Vec<cuda::ErrorWord>,
 }
 
 impl PendingCheck {
+    #[cfg(feature = "cuda")]
+    fn of(word: Option<cuda::ErrorWord>) -> Self {
+        Self {
+            words: word.into_iter().collect(),
+        }
+    }
+
+    /// One check of all of `checks` (the first error, in their order).
+    fn all(checks: impl IntoIterator<Item = PendingCheck>) -> Self {
+        #[cfg(feature = "cuda")]
+        return Self {
+            words: checks.into_iter().flat_map(|c| c.words).collect(),
+        };
+        #[cfg(not(feature = "cuda"))]
+        {
+            checks.into_iter().for_each(drop);
+            Self {}
+        }
+    }
+
     /// Whether there is anything to check (a read-back).
     pub fn is_pending(&self) -> bool {
         #[cfg(feature = "cuda")]
-        return self.word.is_some();
+        return !self.words.is_empty();
         #[cfg(not(feature = "cuda"))]
         false
     }
@@ -381,8 +514,8 @@ impl PendingCheck {
     /// [`ComputeError::Overflow`] if a kernel flagged one.
     pub fn check(self) -> Result<(), BoxError> {
         #[cfg(feature = "cuda")]
-        if let Some(word) = self.word {
-            return word.check();
+        for word in self.words {
+            word.check()?;
         }
         Ok(())
     }
@@ -424,6 +557,27 @@ pub(crate) fn with_text_parts(
     {
         return Ok((None, parts.to_vec()));
     }
+    let mut extra = Vec::new();
+    let mut rewritten = Vec::with_capacity(parts.len());
+    for part in parts {
+        rewritten.push(match part {
+            expr::ConcatPart::Text { node, text } => {
+                let index = frame.columns().len() + extra.len();
+                let name = format!("__text{index}");
+                extra.push((name.clone(), make(node, *text)?));
+                expr::ConcatPart::Column { index, name }
+            }
+            other => other.clone(),
+        });
+    }
+    Ok((Some(extend_frame(frame, extra)?), rewritten))
+}
+
+/// `frame` with `extra` columns after its own (each named, nullable), its selection kept.
+fn extend_frame(
+    frame: &DeviceFrame,
+    extra: Vec<(String, FrameColumn)>,
+) -> Result<DeviceFrame, BoxError> {
     let mut fields: Vec<Field> = frame
         .schema()
         .fields()
@@ -431,28 +585,16 @@ pub(crate) fn with_text_parts(
         .map(|f| f.as_ref().clone())
         .collect();
     let mut columns = frame.columns().to_vec();
-    let mut rewritten = Vec::with_capacity(parts.len());
-    for part in parts {
-        rewritten.push(match part {
-            expr::ConcatPart::Text { node, text } => {
-                let name = format!("__text{}", columns.len());
-                fields.push(Field::new(&name, DataType::Utf8View, true));
-                columns.push(make(node, *text)?);
-                expr::ConcatPart::Column {
-                    index: columns.len() - 1,
-                    name,
-                }
-            }
-            other => other.clone(),
-        });
+    for (name, column) in extra {
+        fields.push(Field::new(name, column.data_type().clone(), true));
+        columns.push(column);
     }
-    let frame = DeviceFrame::try_new(
+    Ok(DeviceFrame::try_new(
         schema_of(fields),
         columns,
         frame.num_rows(),
         frame.selection().cloned(),
-    )?;
-    Ok((Some(frame), rewritten))
+    )?)
 }
 
 /// `node`'s lanes over `frame` written as strings ([`expr::Text`]), a `Utf8View` column
@@ -501,10 +643,23 @@ pub fn select_deferred(
             ComputeError::Input(format!("a predicate of type {}", predicate.data_type)).into(),
         );
     }
+    let (extended, checks) = predicate.with_strings(frame, device)?;
+    let frame = extended.as_ref().unwrap_or(frame);
+    let (column, check) = select_one(predicate, frame, device)?;
+    Ok((column, PendingCheck::all(checks.into_iter().chain([check]))))
+}
+
+/// [`select_deferred`] of the predicate's node over `frame` (the strings it computes
+/// first already there).
+fn select_one(
+    predicate: &DeviceExpr,
+    frame: &DeviceFrame,
+    device: &ExecDevice,
+) -> Result<(FrameColumn, PendingCheck), BoxError> {
     #[cfg(feature = "cuda")]
     if let Some(cuda) = device.cuda() {
         let (column, word) = cuda::select(predicate, frame, cuda, device, true)?;
-        return Ok((column, PendingCheck { word }));
+        return Ok((column, PendingCheck::of(word)));
     }
     check_cpu(device)?;
     let lanes = host::eval(&predicate.node, frame, &predicate.text)?;
