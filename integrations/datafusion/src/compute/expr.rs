@@ -2786,6 +2786,24 @@ fn date_part_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node,
         .and_then(|p| p.strip_suffix(['\'', '"']))
         .unwrap_or(part);
     let (node, t) = compile(date, input)?;
+    // `epoch`: the instant's seconds as a Float64, as DataFusion's `epoch` computes them
+    // (`x as f64 / 10^k` of a timestamp whatever its zone; `x as f64 * 86400.0` of a date,
+    // exact: the product is an integer below 2^53, so it is the integer's conversion).
+    if part.eq_ignore_ascii_case("epoch") {
+        let (node, per_second) = match &t {
+            DataType::Date32 => (with_literal(op::MUL, node, 86_400, (i64::MIN, i64::MAX)), 1),
+            DataType::Timestamp(unit, _) => (node, units_per_day(*unit) / 86_400),
+            _ => return refuse(&format!("the epoch of {t} has no device kernel")),
+        };
+        return Ok(Node::Unary {
+            op: op::TO_FLOAT,
+            input: Box::new(node),
+            mul: per_second,
+            lo: i64::MIN,
+            hi: i64::MAX,
+            on_fail: OnFail::Error,
+        });
+    }
     // A timestamp's parts are those of its local time (a fixed zone's offset added).
     let (node, per_day) = match &t {
         DataType::Date32 => (node, 1),
