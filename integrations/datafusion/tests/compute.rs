@@ -1998,6 +1998,15 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         "trim(s)",
         "ltrim(c)",
         "rtrim(c)",
+        // ASCII characters of a literal trimmed (`TRIM(BOTH 'x' FROM ...)`, `ltrim(s, 'ab')`):
+        // several, one, none, letters of long values, a space among them.
+        "btrim(c, 'Cus')",
+        "ltrim(s, 'AREG')",
+        "rtrim(c, 'stq ')",
+        "trim(BOTH 'a' FROM s)",
+        "trim(LEADING 'C' FROM c)",
+        "btrim(s, '')",
+        "btrim(c, ' .srequt')",
         // Case of ASCII values (long ones in several blocks, nulls), of each type; each
         // word's first letter (`initcap`: rows written anew).
         "upper(c)",
@@ -3949,6 +3958,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "cc",
         &[
             "replace(a, b, 'x')",
+            "btrim(a, 'é')",
             "left(b, -2)",
             "right(b, 2)",
             "lpad(b, length(a))",

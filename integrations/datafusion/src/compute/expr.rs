@@ -653,15 +653,17 @@ pub(crate) enum Node {
         delimiter: Vec<u8>,
         n: i64,
     },
-    /// `btrim(col)` (`trim`), `ltrim(col)` or `rtrim(col)` of a string column: its spaces
-    /// (`' '`, DataFusion's default) taken off the start (`left`) and the end (`right`),
-    /// a string value of the column's type, so only the root of a projection's
-    /// expression ([`string_node`]), never lanes.
+    /// `btrim(col[, chars])` (`trim`), `ltrim` or `rtrim` of a string column: the ASCII
+    /// characters of `set` (bit `b` for byte `b`: a space, DataFusion's default, or each
+    /// of a literal's) taken off the start (`left`) and the end (`right`), a string value
+    /// of the column's type, so only the root of a projection's expression
+    /// ([`string_node`]), never lanes.
     Trim {
         index: usize,
         name: String,
         left: bool,
         right: bool,
+        set: [u64; 2],
     },
     /// `upper(col)`, `lower(col)` or `initcap(col)` ([`Case`]) of a string column, as
     /// DataFusion's (Unicode's case mappings: [`CaseTables`](super::unicase::CaseTables);
@@ -1590,6 +1592,21 @@ pub(crate) fn string_node(
         };
         return super::string_type(&out).then_some((node, out));
     }
+    if let ("btrim" | "trim" | "ltrim" | "rtrim", [column, chars]) =
+        (function.name(), function.args())
+    {
+        // Characters to take off: ASCII ones only (a set of bits, one per byte value).
+        let chars = string_literal(chars).ok()??;
+        let (index, name) = view_column(column, input)?;
+        let node = Node::Trim {
+            index,
+            name,
+            left: function.name() != "rtrim",
+            right: function.name() != "ltrim",
+            set: ascii_set(&chars)?,
+        };
+        return Some((node, input.field(index).data_type().clone()));
+    }
     let [column] = function.args() else {
         return None;
     };
@@ -1609,10 +1626,24 @@ pub(crate) fn string_node(
             name,
             left: function.name() != "rtrim",
             right: function.name() != "ltrim",
+            set: ascii_set(b" ").expect("a space is ASCII"),
         },
         _ => return None,
     };
     Some((node, input.field(index).data_type().clone()))
+}
+
+/// `chars` as a set of ASCII bytes (bit `b` of the pair for byte `b`); `None` where one
+/// is not ASCII.
+fn ascii_set(chars: &[u8]) -> Option<[u64; 2]> {
+    let mut set = [0u64; 2];
+    for &b in chars {
+        if b >= 128 {
+            return None;
+        }
+        set[usize::from(b / 64)] |= 1 << (b % 64);
+    }
+    Some(set)
 }
 
 /// A string the device reads or writes as one part of a row's value: a string literal,
@@ -1824,8 +1855,13 @@ pub(crate) enum Bounds {
     /// Characters `first` to `end` (exclusive; `u64::MAX`: all the rest) of
     /// [`substr_chars`], clamped to the value.
     Chars(u64, u64),
-    /// The value less its spaces at the start (`left`) and the end (`right`).
-    Trim { left: bool, right: bool },
+    /// The value less the ASCII bytes of `set` at the start (`left`) and the end
+    /// (`right`).
+    Trim {
+        left: bool,
+        right: bool,
+        set: [u64; 2],
+    },
     /// [`Node::SplitPart`]'s part: `delimiter`'s first `len` bytes (1 to 8,
     /// little-endian), part `n` (not 0).
     Split { delimiter: u64, len: u32, n: i64 },
@@ -1849,10 +1885,12 @@ impl Bounds {
                 name,
                 left,
                 right,
+                set,
             } => Some((
                 Self::Trim {
                     left: *left,
                     right: *right,
+                    set: *set,
                 },
                 *index,
                 name,
@@ -1934,20 +1972,15 @@ impl Bounds {
                 }
                 from..to
             }
-            Self::Trim { left, right } => {
+            Self::Trim { left, right, set } => {
+                let trimmed =
+                    |b: &&u8| **b < 128 && set[usize::from(**b / 64)] >> (**b % 64) & 1 != 0;
                 let from = match left {
-                    true => value.iter().take_while(|b| **b == b' ').count(),
+                    true => value.iter().take_while(trimmed).count(),
                     false => 0,
                 };
                 let to = match right {
-                    true => {
-                        value.len()
-                            - value[from..]
-                                .iter()
-                                .rev()
-                                .take_while(|b| **b == b' ')
-                                .count()
-                    }
+                    true => value.len() - value[from..].iter().rev().take_while(trimmed).count(),
                     false => value.len(),
                 };
                 from..to
@@ -1957,14 +1990,17 @@ impl Bounds {
 
     #[cfg(feature = "cuda")]
     /// `view_substr`'s arguments: `first`, `end` and the mode's bits above bit 0 (0:
-    /// characters; bits 1 and 2: the trim of the start's and the end's spaces; bit 3 and
-    /// the length in bits 8 to 15: a split, its delimiter in `first`, its part in `end`).
+    /// characters; bits 1 and 2: the trim of the start's and the end's bytes of the set
+    /// in `first` and `end`; bit 3 and the length in bits 8 to 15: a split, its delimiter
+    /// in `first`, its part in `end`).
     pub(crate) fn kernel_args(self) -> (u64, u64, u32) {
         match self {
             Self::Chars(first, end) => (first, end, 0),
-            Self::Trim { left, right } => {
-                (0, u64::MAX, (u32::from(left) | u32::from(right) << 1) << 1)
-            }
+            Self::Trim { left, right, set } => (
+                set[0],
+                set[1],
+                (u32::from(left) | u32::from(right) << 1) << 1,
+            ),
             Self::Split { delimiter, len, n } => (delimiter, n as u64, 8 | len << 8),
         }
     }
