@@ -3521,13 +3521,6 @@ pub async fn check_string_choices(device: &ExecDevice) {
     }
 }
 
-#[tokio::test]
-async fn string_choices_are_datafusions() {
-    if own_tests() {
-        check_string_choices(&ExecDevice::cpu()).await;
-    }
-}
-
 /// Unsigned integers of up to 32 bits (their lanes zero-extended) against DataFusion:
 /// comparisons, `IN`, `BETWEEN`, arithmetic (DataFusion's coercions), casts to and from
 /// them (`TRY_CAST` of a negative value is null), written as strings; their unsigned
@@ -3822,31 +3815,17 @@ pub async fn check_computed_strings(device: &ExecDevice) {
     }
 }
 
+/// Casts between strings and values, reinterpreting casts, unsigned integers, `CASE`
+/// of strings and strings computed inside expressions, on the CPU device.
 #[tokio::test]
-async fn computed_strings_are_datafusions() {
+async fn conversions_and_computed_strings_are_datafusions() {
     if own_tests() {
-        check_computed_strings(&ExecDevice::cpu()).await;
-    }
-}
-
-#[tokio::test]
-async fn temporal_casts_are_datafusions() {
-    if own_tests() {
-        check_temporal_casts(&ExecDevice::cpu()).await;
-    }
-}
-
-#[tokio::test]
-async fn unsigned_integers_are_datafusions() {
-    if own_tests() {
-        check_unsigned(&ExecDevice::cpu()).await;
-    }
-}
-
-#[tokio::test]
-async fn casts_between_strings_and_values_are_datafusions() {
-    if own_tests() {
-        check_string_casts(&ExecDevice::cpu()).await;
+        let device = ExecDevice::cpu();
+        check_string_casts(&device).await;
+        check_temporal_casts(&device).await;
+        check_unsigned(&device).await;
+        check_string_choices(&device).await;
+        check_computed_strings(&device).await;
     }
 }
 

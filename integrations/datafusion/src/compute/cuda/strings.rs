@@ -298,25 +298,22 @@ pub(super) fn concat_column(
         (n, out, cap),
         (nullable && joined == Joined::NullIfAny) || which.is_some(),
         |pass, lens, valid, offsets, data| {
-            cx.launch(
-                &cx.k.concat_views,
-                n,
-                &[
-                    A::U64(table_at),
-                    A::U32(parts.len() as u32),
-                    A::U32(joined as u32),
-                    A::U64(which.unwrap_or(0)),
-                    A::U64(n as u64),
-                    A::U32(pass),
-                    A::U64(lens),
-                    A::U64(valid),
-                    A::U32(u32::from(wide)),
-                    A::U64(offsets),
-                    A::U64(data),
-                    A::U64(cap),
-                    A::U64(err),
-                ],
-            )
+            let args = [
+                A::U64(table_at),
+                A::U32(parts.len() as u32),
+                A::U32(joined as u32),
+                A::U64(which.unwrap_or(0)),
+                A::U64(n as u64),
+            ]
+            .into_iter()
+            .chain(pass_args(
+                pass,
+                (lens, valid),
+                (wide, offsets),
+                (data, cap),
+                err,
+            ));
+            cx.launch(&cx.k.concat_views, n, &args.collect::<Vec<_>>())
         },
         err,
     );
@@ -362,16 +359,13 @@ fn from_each_value(
         (n, out, cap),
         view.has_validity,
         |pass, lens, valid, offsets, data| {
-            let args = view.args.iter().chain(extra).copied().chain([
-                A::U32(pass),
-                A::U64(lens),
-                A::U64(valid),
-                A::U32(u32::from(wide)),
-                A::U64(offsets),
-                A::U64(data),
-                A::U64(cap),
-                A::U64(err),
-            ]);
+            let args = view.args.iter().chain(extra).copied().chain(pass_args(
+                pass,
+                (lens, valid),
+                (wide, offsets),
+                (data, cap),
+                err,
+            ));
             cx.launch(kernel, n, &args.collect::<Vec<_>>())
         },
         err,
@@ -608,28 +602,47 @@ pub(super) fn text_column(
         (n, out, cap),
         nullable,
         |pass, lens, valid, offsets, data| {
-            cx.launch(
-                &cx.k.lanes_to_text,
-                n,
-                &[
-                    A::U64(addr(&lanes.values, s)),
-                    A::U64(addr(&lanes.valid, s)),
-                    A::U64(n as u64),
-                    A::U32(kind),
-                    A::U32(scale),
-                    A::U32(precision),
-                    A::U64(suffix),
-                    A::U32(pass),
-                    A::U64(lens),
-                    A::U64(valid),
-                    A::U32(u32::from(wide)),
-                    A::U64(offsets),
-                    A::U64(data),
-                    A::U64(cap),
-                    A::U64(err),
-                ],
-            )
+            let args = [
+                A::U64(addr(&lanes.values, s)),
+                A::U64(addr(&lanes.valid, s)),
+                A::U64(n as u64),
+                A::U32(kind),
+                A::U32(scale),
+                A::U32(precision),
+                A::U64(suffix),
+            ]
+            .into_iter()
+            .chain(pass_args(
+                pass,
+                (lens, valid),
+                (wide, offsets),
+                (data, cap),
+                err,
+            ));
+            cx.launch(&cx.k.lanes_to_text, n, &args.collect::<Vec<_>>())
         },
         err,
     )
+}
+
+/// The arguments a two-pass string kernel ends with ([`two_pass_strings`]): the pass,
+/// the rows' lengths and validity flags, whether the offsets are i64 and where they go,
+/// the data and its bound, and the error word.
+fn pass_args(
+    pass: u32,
+    (lens, valid): (u64, u64),
+    (wide, offsets): (bool, u64),
+    (data, cap): (u64, u64),
+    err: u64,
+) -> [A; 8] {
+    [
+        A::U32(pass),
+        A::U64(lens),
+        A::U64(valid),
+        A::U32(u32::from(wide)),
+        A::U64(offsets),
+        A::U64(data),
+        A::U64(cap),
+        A::U64(err),
+    ]
 }
