@@ -371,7 +371,7 @@ impl Text {
             Text::Int => Some(v.to_string().into_bytes()),
             Text::Bool => Some(if v != 0 { &b"true"[..] } else { b"false" }.to_vec()),
             Text::Date => {
-                let (y, m, d) = super::host::civil_from_days(v);
+                let (y, m, d) = civil_from_days(v);
                 (0..=9999)
                     .contains(&y)
                     .then(|| format!("{y:04}-{m:02}-{d:02}").into_bytes())
@@ -380,7 +380,7 @@ impl Text {
                 let (secs, units) = (v.div_euclid(per_second), v.rem_euclid(per_second));
                 let nanos = units * (1_000_000_000 / per_second);
                 let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-                let (y, m, d) = super::host::civil_from_days(days);
+                let (y, m, d) = civil_from_days(days);
                 if !(0..=9999).contains(&y) {
                     return None;
                 }
@@ -498,15 +498,31 @@ pub(crate) fn parse_date(value: &[u8]) -> Result<Option<i64>, super::automaton::
     Ok(Some(days_from_civil(year, month as i64, day as i64)))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`).
+/// The day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`, the inverse of [`civil_from_days`]).
 pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// The year, month (1 to 12) and day of the month of a day count since 1970-01-01 in the
+/// proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`, as `unary_lanes`
+/// computes it).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// A string value as arrow's cast parses it to an integer (`atoi`'s checked parse after

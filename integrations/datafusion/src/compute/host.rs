@@ -7,7 +7,9 @@ use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
 use super::automaton::Quit;
-use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS};
+use super::expr::{
+    civil_from_days, days_from_civil, op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS,
+};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -904,33 +906,6 @@ pub(crate) fn add_months(days: i64, months: i64, range: (i64, i64)) -> Option<i6
 fn day_of_year(days: i64) -> i64 {
     let (year, _, _) = civil_from_days(days);
     days - days_from_civil(year, 1, 1) + 1
-}
-
-/// The day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`, the inverse of [`civil_from_days`]).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The year, month (1 to 12) and day of the month of a day count since 1970-01-01 in the
-/// proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`, as `unary_lanes`
-/// computes it).
-pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// A slice of each value of a string column (`substr`'s characters, `trim`'s value less
