@@ -3708,7 +3708,8 @@ pub async fn check_temporal_casts(device: &ExecDevice) {
 }
 
 /// Strings computed inside an expression (each made a column first, then read as one)
-/// against DataFusion: comparisons, `LIKE`, `IN`, lengths, positions, regular
+/// against DataFusion: comparisons (of two strings too, and by order with a literal),
+/// `LIKE`, `IN`, lengths, positions, regular
 /// expressions and casts of computed strings, string functions of computed strings
 /// (nested), and a filter's predicate of one (`select`, the frame's selection and
 /// download against DataFusion's filter). A join key of a value of a computed string
@@ -3766,8 +3767,27 @@ pub async fn check_computed_strings(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "c", text, &[(2, 20)], device).await;
     }
+    // Two strings compared (columns of each type, a computed one), and a column against
+    // a literal by order: byte by byte, as arrow orders strings.
+    for text in [
+        "s = u",
+        "s <> u",
+        "s < u",
+        "s <= u",
+        "u > s",
+        "s >= u",
+        "s < 'b'",
+        "'AB' <= s",
+        "u > ' a'",
+        "s >= 'a value longer than twelve bytes'",
+        "upper(s) = upper(u)",
+        "trim(s) < u",
+        "s = s",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "c", text, &[(2, 20)], device).await;
+    }
     // As a filter's predicate, alone and under a pending selection.
-    for text in ["upper(s) = 'AB'", "length(trim(u)) > 1"] {
+    for text in ["upper(s) = 'AB'", "length(trim(u)) > 1", "s < u"] {
         let (e, schema, batches) = projection_of(&ctx, "c", &format!("({text})")).await;
         let compiled = DeviceExpr::compile(&e, &schema).unwrap();
         let input = concat_batches(&schema, &batches).unwrap();

@@ -790,6 +790,13 @@ pub(crate) enum Node {
         parts: Vec<ConcatPart>,
         out: DataType,
     },
+    /// `a <op> b` ([`op::EQ`] to [`op::GE`]) of two strings a row, each a string column
+    /// or a literal (one at least a column), compared byte by byte (arrow's order of
+    /// strings), as lanes of 1 or 0; null where either is.
+    StrCompare {
+        sides: Box<[ConcatPart; 2]>,
+        op: u32,
+    },
     /// 1 where a column's row is valid, else 0 (always valid): `IS [NOT] NULL` of a
     /// column of any type (only its validity bitmap is read).
     Valid { index: usize, name: String },
@@ -1181,6 +1188,9 @@ fn compile_node(
         if let Some(node) = string_equality(binary, input)? {
             return Ok(node);
         }
+        if let Some(node) = string_comparison(binary, input) {
+            return Ok(node);
+        }
         if matches!(
             binary.op(),
             Operator::IsDistinctFrom | Operator::IsNotDistinctFrom
@@ -1497,6 +1507,33 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
         return Ok(None);
     };
     Ok(Some(string_equals(subject, vec![bytes], negated)))
+}
+
+/// `a <op> b` of strings where [`string_equality`] does not apply: two string columns
+/// (or casts of them between string types), or a column and a literal under `<`, `<=`,
+/// `>`, `>=` ([`Node::StrCompare`]).
+fn string_comparison(binary: &BinaryExpr, input: &Schema) -> Option<Node> {
+    let op = match binary.op() {
+        Operator::Eq => op::EQ,
+        Operator::NotEq => op::NE,
+        Operator::Lt => op::LT,
+        Operator::LtEq => op::LE,
+        Operator::Gt => op::GT,
+        Operator::GtEq => op::GE,
+        _ => return None,
+    };
+    let side = |e: &Arc<dyn PhysicalExpr>| match string_column(e, input) {
+        Some((index, name)) => Some(ConcatPart::Column { index, name }),
+        None => string_literal(e).ok()?.map(ConcatPart::Literal),
+    };
+    let sides = [side(binary.left())?, side(binary.right())?];
+    if !sides.iter().any(|s| matches!(s, ConcatPart::Column { .. })) {
+        return None;
+    }
+    Some(Node::StrCompare {
+        sides: Box::new(sides),
+        op,
+    })
 }
 
 /// `col IN ('x', 'y', ...)` and `NOT IN` over a string column.
@@ -3787,6 +3824,8 @@ impl Node {
             Node::Parse { .. } => true,
             // A view outside its buffer; a result past its bound or past i32 offsets.
             Node::StrChoice { .. } => true,
+            // A view outside its buffer.
+            Node::StrCompare { .. } => true,
             // A value the host writes; a result past i32 offsets.
             Node::ToText { .. } => true,
             Node::Case {
@@ -3859,6 +3898,7 @@ impl Node {
             | Node::Valid { .. } => false,
             Node::Parse { on_fail, .. } => *on_fail == OnFail::Null,
             Node::StrChoice { .. } => true,
+            Node::StrCompare { .. } => false,
             Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
             Node::Concat { parts, joined, .. } => {
@@ -3923,6 +3963,7 @@ impl Node {
                 parts_columns(parts, out);
             }
             Node::Concat { parts, .. } => parts_columns(parts, out),
+            Node::StrCompare { sides, .. } => parts_columns(sides.as_slice(), out),
             Node::Literal(_) | Node::Subquery(_) => {}
             Node::Binary { left, right, .. } => {
                 left.columns(out);

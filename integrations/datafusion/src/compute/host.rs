@@ -350,6 +350,46 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::StrChoice { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
         }
+        Node::StrCompare { sides, op } => {
+            let side = |part: &ConcatPart| -> Result<Vec<Option<Vec<u8>>>, BoxError> {
+                Ok(match part {
+                    ConcatPart::Column { index, name } => {
+                        view_values(frame_column(frame, *index, name)?, name)?
+                            .into_iter()
+                            .map(|v| v.map(<[u8]>::to_vec))
+                            .collect()
+                    }
+                    ConcatPart::Literal(bytes) => vec![Some(bytes.clone()); n],
+                    ConcatPart::Text { .. } => {
+                        return Err(ComputeError::Input(format!(
+                            "`{text}`: a text part in a comparison"
+                        ))
+                        .into())
+                    }
+                })
+            };
+            let (a, b) = (side(&sides[0])?, side(&sides[1])?);
+            let (mut lanes, mut valid) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for (a, b) in a.iter().zip(&b) {
+                let answer = match (a, b) {
+                    (Some(a), Some(b)) => Some(match *op {
+                        op::EQ => a == b,
+                        op::NE => a != b,
+                        op::LT => a < b,
+                        op::LE => a <= b,
+                        op::GT => a > b,
+                        _ => a >= b,
+                    }),
+                    _ => None,
+                };
+                lanes.push(i64::from(answer == Some(true)));
+                valid.push(u8::from(answer.is_some()));
+            }
+            Ok(Lanes {
+                values: lanes,
+                valid: Some(valid),
+            })
+        }
         Node::Parse {
             index,
             name,

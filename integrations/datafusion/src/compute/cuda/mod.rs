@@ -93,6 +93,7 @@ struct Kernels {
     view_strpos: CudaFunction,
     pad_views: CudaFunction,
     view_parse: CudaFunction,
+    views_compare: CudaFunction,
     lanes_to_text: CudaFunction,
     join_probe: CudaFunction,
     gather_fixed: CudaFunction,
@@ -173,6 +174,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         view_strpos: f("view_strpos")?,
         pad_views: f("pad_views")?,
         view_parse: f("view_parse")?,
+        views_compare: f("views_compare")?,
         lanes_to_text: f("lanes_to_text")?,
         join_probe: f("join_probe")?,
         gather_fixed: f("gather_fixed")?,
@@ -893,6 +895,12 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
             "a string value is a column, not a value of lanes".into(),
         )
         .into()),
+        Node::StrCompare { sides, op } => {
+            let out = cx.lanes(n)?;
+            let lanes = (addr(&out.values, s), addr(&out.valid, s));
+            strings::compare_strings(cx, frame, sides, *op, lanes, err)?;
+            Ok(out)
+        }
         Node::Parse {
             index,
             name,

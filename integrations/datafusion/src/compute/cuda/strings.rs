@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arrow_schema::DataType;
-use devarrow::cuda::cudarc::driver::CudaFunction;
+use devarrow::cuda::cudarc::driver::{CudaFunction, CudaSlice};
 use devarrow::cuda::{CudaArray, CudaDevice};
 
 use super::{addr, offset_array, packed_validity, variadic_copies, view_args, Cx, A};
@@ -205,92 +205,21 @@ pub(super) fn concat_column(
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
-    let s = cx.stream;
     let n = frame.num_rows();
-    let literal_bytes: Vec<u8> = parts
-        .iter()
-        .flat_map(|p| match p {
-            ConcatPart::Literal(bytes) => bytes.as_slice(),
-            ConcatPart::Column { .. } | ConcatPart::Text { .. } => &[],
-        })
-        .copied()
-        .collect();
-    let literals = s.clone_htod(if literal_bytes.is_empty() {
-        &[0u8][..]
-    } else {
-        &literal_bytes
-    })?;
-    let literals_at = addr(&literals, s);
-    let n_literals = parts
-        .iter()
-        .filter(|p| matches!(p, ConcatPart::Literal(_)))
-        .count();
-    // 8 words a part, then 4 a literal: its view (2), its buffer's address and size.
-    let words = 8 * parts.len() + 4 * n_literals;
-    let mut table = cx.zeros::<u64>(words)?;
-    let table_at = addr(&table, s);
-    let mut host = vec![0u64; words];
-    let (mut cap, mut extra, mut at) = (0u64, 8 * parts.len(), 0usize);
-    let mut views = Vec::new();
-    let mut nullable = false;
+    let table = parts_table(cx, frame, parts, err)?;
+    let table_at = addr(&table.table, cx.stream);
     let separators = n.saturating_mul(parts.len().saturating_sub(2)) as u64;
-    let arg = |a: A| match a {
-        A::U64(v) => v,
-        _ => unreachable!("view_args' arguments are u64 but for none"),
-    };
-    for (p, part) in parts.iter().enumerate() {
-        let row = &mut host[8 * p..8 * p + 8];
-        match part {
-            ConcatPart::Text { .. } => {
-                return Err(crate::compute::ComputeError::Input(
-                    "a text part not made a column first".into(),
-                )
-                .into())
-            }
-            ConcatPart::Column { index, name } => {
-                let column = frame_column(frame, *index, name)?;
-                let view = view_args(cx, column, name, n, err)?;
-                let [_, bitmap, offset, _, bufs, sizes, count] = view.args;
-                row[..7].copy_from_slice(&[
-                    view.first_view(),
-                    16,
-                    arg(bitmap),
-                    arg(offset),
-                    arg(bufs),
-                    arg(sizes),
-                    arg(count),
-                ]);
-                cap = cap.saturating_add(value_bytes(column));
-                nullable |= view.has_validity;
-                views.push(view);
-            }
-            ConcatPart::Literal(bytes) => {
-                let mut view = [0u8; 16];
-                view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
-                if bytes.len() <= 12 {
-                    view[4..4 + bytes.len()].copy_from_slice(bytes);
-                } else {
-                    // Buffer 0 (the literals' bytes), at the literal's start.
-                    view[4..8].copy_from_slice(&bytes[..4]);
-                    view[12..].copy_from_slice(&(at as u32).to_le_bytes());
-                }
-                let here = table_at + 8 * extra as u64;
-                row[..7].copy_from_slice(&[here, 0, 0, 0, here + 16, here + 24, 1]);
-                host[extra] = u64::from_le_bytes(view[..8].try_into().expect("8 bytes"));
-                host[extra + 1] = u64::from_le_bytes(view[8..].try_into().expect("8 bytes"));
-                host[extra + 2] = literals_at;
-                host[extra + 3] = literal_bytes.len() as u64;
-                let rows = match (joined, p) {
-                    (Joined::Separated, 0) => separators,
-                    _ => n as u64,
-                };
-                cap = cap.saturating_add((bytes.len() as u64).saturating_mul(rows));
-                extra += 4;
-                at += bytes.len();
-            }
-        }
+    let mut cap = 0u64;
+    for (p, bytes) in table.bytes.iter().enumerate() {
+        cap = cap.saturating_add(match bytes {
+            PartBytes::Column(all) => *all,
+            PartBytes::Literal(len) => len.saturating_mul(match (joined, p) {
+                (Joined::Separated, 0) => separators,
+                _ => n as u64,
+            }),
+        });
     }
-    s.memcpy_htod(&host, &mut table)?;
+    let nullable = table.nullable;
     let wide = matches!(out, DataType::LargeUtf8 | DataType::Utf8View);
     let array = two_pass_strings(
         cx,
@@ -317,8 +246,155 @@ pub(super) fn concat_column(
         },
         err,
     );
-    drop((views, table, literals));
+    drop(table);
     array
+}
+
+/// What a part of a [`PartsTable`] may add to a row's bytes.
+enum PartBytes {
+    /// A column's values ([`value_bytes`]: every row's together).
+    Column(u64),
+    /// A literal's length (each row's).
+    Literal(u64),
+}
+
+/// String parts (columns and literals) as `concat_views` and `views_compare` read them:
+/// 8 u64 words a part, the address of row 0's 16-byte view, the views' stride (16; 0 for
+/// a literal, whose one view every row reads), the validity bitmap (0: none) and row 0's
+/// bit in it, the variadic buffers' address and size tables and their count; then 4 words
+/// a literal: its view, its buffer's address and size (the literals' bytes, uploaded
+/// once). A column's views are read where they lie (`view_args`: a `Utf8` or `LargeUtf8`
+/// column's made of its offsets).
+struct PartsTable<'a> {
+    table: CudaSlice<u64>,
+    bytes: Vec<PartBytes>,
+    /// Whether a column part may hold nulls.
+    nullable: bool,
+    _views: Vec<super::ViewArgs<'a>>,
+    _literals: CudaSlice<u8>,
+}
+
+fn parts_table<'a>(
+    cx: &Cx<'_>,
+    frame: &'a DeviceFrame,
+    parts: &[ConcatPart],
+    err: u64,
+) -> Result<PartsTable<'a>, BoxError> {
+    let s = cx.stream;
+    let n = frame.num_rows();
+    let literal_bytes: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| match p {
+            ConcatPart::Literal(bytes) => bytes.as_slice(),
+            ConcatPart::Column { .. } | ConcatPart::Text { .. } => &[],
+        })
+        .copied()
+        .collect();
+    let literals = s.clone_htod(if literal_bytes.is_empty() {
+        &[0u8][..]
+    } else {
+        &literal_bytes
+    })?;
+    let literals_at = addr(&literals, s);
+    let n_literals = parts
+        .iter()
+        .filter(|p| matches!(p, ConcatPart::Literal(_)))
+        .count();
+    let words = 8 * parts.len() + 4 * n_literals;
+    let mut table = cx.zeros::<u64>(words)?;
+    let table_at = addr(&table, s);
+    let mut host = vec![0u64; words];
+    let (mut extra, mut at) = (8 * parts.len(), 0usize);
+    let mut views = Vec::new();
+    let mut bytes_of = Vec::with_capacity(parts.len());
+    let mut nullable = false;
+    let arg = |a: A| match a {
+        A::U64(v) => v,
+        _ => unreachable!("view_args' arguments are u64 but for none"),
+    };
+    for (p, part) in parts.iter().enumerate() {
+        let row = &mut host[8 * p..8 * p + 8];
+        match part {
+            ConcatPart::Text { .. } => {
+                return Err(crate::compute::ComputeError::Input(
+                    "a text part not made a column first".into(),
+                )
+                .into())
+            }
+            ConcatPart::Column { index, name } => {
+                let column = frame_column(frame, *index, name)?;
+                let view = view_args(cx, column, name, n, err)?;
+                let [_, bitmap, offset, _, bufs, sizes, count] = view.args;
+                row[..7].copy_from_slice(&[
+                    view.first_view(),
+                    16,
+                    arg(bitmap),
+                    arg(offset),
+                    arg(bufs),
+                    arg(sizes),
+                    arg(count),
+                ]);
+                bytes_of.push(PartBytes::Column(value_bytes(column)));
+                nullable |= view.has_validity;
+                views.push(view);
+            }
+            ConcatPart::Literal(bytes) => {
+                let mut view = [0u8; 16];
+                view[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+                if bytes.len() <= 12 {
+                    view[4..4 + bytes.len()].copy_from_slice(bytes);
+                } else {
+                    // Buffer 0 (the literals' bytes), at the literal's start.
+                    view[4..8].copy_from_slice(&bytes[..4]);
+                    view[12..].copy_from_slice(&(at as u32).to_le_bytes());
+                }
+                let here = table_at + 8 * extra as u64;
+                row[..7].copy_from_slice(&[here, 0, 0, 0, here + 16, here + 24, 1]);
+                host[extra] = u64::from_le_bytes(view[..8].try_into().expect("8 bytes"));
+                host[extra + 1] = u64::from_le_bytes(view[8..].try_into().expect("8 bytes"));
+                host[extra + 2] = literals_at;
+                host[extra + 3] = literal_bytes.len() as u64;
+                bytes_of.push(PartBytes::Literal(bytes.len() as u64));
+                extra += 4;
+                at += bytes.len();
+            }
+        }
+    }
+    s.memcpy_htod(&host, &mut table)?;
+    Ok(PartsTable {
+        table,
+        bytes: bytes_of,
+        nullable,
+        _views: views,
+        _literals: literals,
+    })
+}
+
+/// `a <op> b` of two strings a row ([`Node::StrCompare`](crate::compute::expr::Node::StrCompare):
+/// each a column or a literal), compared byte by byte as arrow compares them, into
+/// `out`'s lanes (1 or 0; null where either is), by `views_compare` over a
+/// [`PartsTable`] of the two.
+pub(super) fn compare_strings(
+    cx: &Cx<'_>,
+    frame: &DeviceFrame,
+    sides: &[ConcatPart; 2],
+    op: u32,
+    (values, valid): (u64, u64),
+    err: u64,
+) -> Result<(), BoxError> {
+    let n = frame.num_rows();
+    let table = parts_table(cx, frame, sides, err)?;
+    let args = [
+        A::U64(addr(&table.table, cx.stream)),
+        A::U64(n as u64),
+        A::U32(op),
+        A::U64(values),
+        A::U64(valid),
+        A::U64(err),
+    ];
+    cx.launch(&cx.k.views_compare, n, &args)?;
+    drop(table);
+    Ok(())
 }
 
 /// A bound of the bytes of a string column's values: its data (an offset-based column's
