@@ -1513,15 +1513,7 @@ fn string_equality(binary: &BinaryExpr, input: &Schema) -> Result<Option<Node>, 
 /// (or casts of them between string types), or a column and a literal under `<`, `<=`,
 /// `>`, `>=` ([`Node::StrCompare`]).
 fn string_comparison(binary: &BinaryExpr, input: &Schema) -> Option<Node> {
-    let op = match binary.op() {
-        Operator::Eq => op::EQ,
-        Operator::NotEq => op::NE,
-        Operator::Lt => op::LT,
-        Operator::LtEq => op::LE,
-        Operator::Gt => op::GT,
-        Operator::GtEq => op::GE,
-        _ => return None,
-    };
+    let op = comparison_op(binary.op())?;
     let side = |e: &Arc<dyn PhysicalExpr>| match string_column(e, input) {
         Some((index, name)) => Some(ConcatPart::Column { index, name }),
         None => string_literal(e).ok()?.map(ConcatPart::Literal),
@@ -1533,6 +1525,19 @@ fn string_comparison(binary: &BinaryExpr, input: &Schema) -> Option<Node> {
     Some(Node::StrCompare {
         sides: Box::new(sides),
         op,
+    })
+}
+
+/// The comparison `op` of a comparison operator ([`op::EQ`] to [`op::GE`]).
+fn comparison_op(operator: &Operator) -> Option<u32> {
+    Some(match operator {
+        Operator::Eq => op::EQ,
+        Operator::NotEq => op::NE,
+        Operator::Lt => op::LT,
+        Operator::LtEq => op::LE,
+        Operator::Gt => op::GT,
+        Operator::GtEq => op::GE,
+        _ => return None,
     })
 }
 
@@ -3474,15 +3479,12 @@ fn binary_node(
         Operator::Divide if (lk, rk) == (Kind::Float, Kind::Float) => op::FDIV,
         Operator::Divide => op::DIV,
         Operator::Modulo => op::REM,
-        Operator::Eq => op::EQ,
-        Operator::NotEq => op::NE,
-        Operator::Lt => op::LT,
-        Operator::LtEq => op::LE,
-        Operator::Gt => op::GT,
-        Operator::GtEq => op::GE,
         Operator::And => op::AND,
         Operator::Or => op::OR,
-        other => return refuse(&format!("operator `{other}` has no device kernel")),
+        other => match comparison_op(other) {
+            Some(op) => op,
+            None => return refuse(&format!("operator `{other}` has no device kernel")),
+        },
     };
     let (mut lmul, mut rmul) = (1i64, 1i64);
     let (mut lo, mut hi) = (i64::MIN, i64::MAX);
