@@ -1034,23 +1034,11 @@ pub(crate) fn pow10(k: u32) -> Option<i64> {
     (k <= MAX_POW10).then(|| 10i64.pow(k))
 }
 
-/// One argument of a [`Node::Concat`]: a string column, a literal's bytes, or a value
-/// written as a string.
-#[derive(Debug, Clone)]
+/// One argument of a [`Node::Concat`]: a string column, or a literal's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ConcatPart {
-    Column {
-        index: usize,
-        name: String,
-    },
+    Column { index: usize, name: String },
     Literal(Vec<u8>),
-    /// An integer, decimal, date or Boolean expression cast to a string (DataFusion's
-    /// coercion of `concat`'s and `||`'s other arguments), written as [`Node::ToText`]
-    /// writes it: made a string column before the parts are joined
-    /// ([`with_text_parts`](super::with_text_parts)).
-    Text {
-        node: Box<Node>,
-        text: Text,
-    },
 }
 
 /// How a [`Node::Concat`] joins its parts (the code `concat_views` takes).
@@ -1704,20 +1692,15 @@ fn ascii_set(chars: &[u8]) -> Option<[u64; 2]> {
     Some(set)
 }
 
-/// A string the device reads or writes as one part of a row's value: a string literal,
-/// a string column (or a cast of one between string types), or a value cast to a string
-/// ([`text_node`]).
+/// A string the device reads as one part of a row's value: a string literal, or a string
+/// column (or a cast of one between string types). (A string the device computes, a
+/// value cast to one say, is made a column first: [`DeviceExpr::compile`](super::DeviceExpr::compile).)
 fn string_part(e: &Arc<dyn PhysicalExpr>, input: &Schema) -> Option<ConcatPart> {
     if let Ok(Some(bytes)) = string_literal(e) {
         return Some(ConcatPart::Literal(bytes));
     }
-    if let Some((index, name)) = string_column(e, input) {
-        return Some(ConcatPart::Column { index, name });
-    }
-    match text_node(e, input)? {
-        (Node::ToText { input, text, .. }, _) => Some(ConcatPart::Text { node: input, text }),
-        _ => None,
-    }
+    let (index, name) = string_column(e, input)?;
+    Some(ConcatPart::Column { index, name })
 }
 
 /// A `CASE` whose values are strings ([`Node::StrChoice`]), and `nullif(a, b)` of strings
@@ -3903,13 +3886,7 @@ impl Node {
             Node::StrCompare { .. } => false,
             Node::ToText { input, .. } => input.introduces_nulls(),
             // Never null but for `||`, null where a part is.
-            Node::Concat { parts, joined, .. } => {
-                *joined == Joined::NullIfAny
-                    && parts.iter().any(|part| match part {
-                        ConcatPart::Text { node, .. } => node.introduces_nulls(),
-                        _ => false,
-                    })
-            }
+            Node::Concat { .. } => false,
             // A row no branch takes and an ELSE that is null.
             Node::Case {
                 branches,
@@ -4003,7 +3980,6 @@ fn parts_columns<'a>(parts: &'a [ConcatPart], out: &mut Vec<(usize, &'a str)>) {
                     out.push((*index, name));
                 }
             }
-            ConcatPart::Text { node, .. } => node.columns(out),
             ConcatPart::Literal(_) => {}
         }
     }

@@ -360,12 +360,6 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                             .collect()
                     }
                     ConcatPart::Literal(bytes) => vec![Some(bytes.clone()); n],
-                    ConcatPart::Text { .. } => {
-                        return Err(ComputeError::Input(format!(
-                            "`{text}`: a text part in a comparison"
-                        ))
-                        .into())
-                    }
                 })
             };
             let (a, b) = (side(&sides[0])?, side(&sides[1])?);
@@ -1055,12 +1049,6 @@ pub(crate) fn concat(
                 Some(values)
             }
             ConcatPart::Literal(_) => None,
-            ConcatPart::Text { .. } => {
-                return Err(ComputeError::Input(format!(
-                    "`{text}`: a text part not made a column first"
-                ))
-                .into())
-            }
         });
     }
     let mut rows: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);

@@ -387,20 +387,12 @@ impl DeviceExpr {
                 host::cased(column, name, *case)?
             }
             (expr::Node::Concat { parts, joined, out }, None) => {
-                let (extended, parts) = with_text_parts(frame, parts, |node, text| {
-                    host_text_column(node, text, frame, device, &self.text)
-                })?;
-                let frame = extended.as_ref().unwrap_or(frame);
-                host::concat(frame, &parts, (*joined, None), out, &self.text)?
+                host::concat(frame, parts, (*joined, None), out, &self.text)?
             }
             (expr::Node::StrChoice { which, parts, out }, None) => {
                 let which = host::eval(which, frame, &self.text)?;
-                let (extended, parts) = with_text_parts(frame, parts, |node, text| {
-                    host_text_column(node, text, frame, device, &self.text)
-                })?;
-                let frame = extended.as_ref().unwrap_or(frame);
                 let choice = (expr::Joined::NullIfAny, Some(which.values.as_slice()));
-                host::concat(frame, &parts, choice, out, &self.text)?
+                host::concat(frame, parts, choice, out, &self.text)?
             }
             (
                 expr::Node::Replace {
@@ -543,36 +535,6 @@ fn cpu_column(batch: RecordBatch, device: &ExecDevice) -> Result<FrameColumn, Bo
     Ok(FrameColumn::single(batch)?)
 }
 
-/// `frame` with each text part of a concatenation ([`expr::ConcatPart::Text`]) made a
-/// `Utf8View` column of its own by `make`, after `frame`'s columns, and `parts` reading
-/// them as columns; `None` (and `parts` as they are) where no part is text.
-pub(crate) fn with_text_parts(
-    frame: &DeviceFrame,
-    parts: &[expr::ConcatPart],
-    mut make: impl FnMut(&expr::Node, expr::Text) -> Result<FrameColumn, BoxError>,
-) -> Result<(Option<DeviceFrame>, Vec<expr::ConcatPart>), BoxError> {
-    if !parts
-        .iter()
-        .any(|p| matches!(p, expr::ConcatPart::Text { .. }))
-    {
-        return Ok((None, parts.to_vec()));
-    }
-    let mut extra = Vec::new();
-    let mut rewritten = Vec::with_capacity(parts.len());
-    for part in parts {
-        rewritten.push(match part {
-            expr::ConcatPart::Text { node, text } => {
-                let index = frame.columns().len() + extra.len();
-                let name = format!("__text{index}");
-                extra.push((name.clone(), make(node, *text)?));
-                expr::ConcatPart::Column { index, name }
-            }
-            other => other.clone(),
-        });
-    }
-    Ok((Some(extend_frame(frame, extra)?), rewritten))
-}
-
 /// `frame` with `extra` columns after its own (each named, nullable), its selection kept.
 fn extend_frame(
     frame: &DeviceFrame,
@@ -595,24 +557,6 @@ fn extend_frame(
         frame.num_rows(),
         frame.selection().cloned(),
     )?)
-}
-
-/// `node`'s lanes over `frame` written as strings ([`expr::Text`]), a `Utf8View` column
-/// on the CPU device.
-fn host_text_column(
-    node: &expr::Node,
-    text: expr::Text,
-    frame: &DeviceFrame,
-    device: &ExecDevice,
-    what: &str,
-) -> Result<FrameColumn, BoxError> {
-    let lanes = host::eval(node, frame, what)?;
-    let array = host::texts(&lanes, text, &DataType::Utf8View, what)?;
-    let field = Field::new("text", DataType::Utf8View, true);
-    cpu_column(
-        RecordBatch::try_new(schema_of(vec![field]), vec![array])?,
-        device,
-    )
 }
 
 /// The name of a selection column.

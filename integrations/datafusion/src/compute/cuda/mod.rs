@@ -1248,21 +1248,13 @@ pub(crate) fn evaluate(
             Some(case_column(&cx, cuda, column, name, *case, e)?)
         }
         (Node::Concat { parts, joined, out }, None) => {
-            let (extended, parts) = super::with_text_parts(frame, parts, |node, text| {
-                text_frame_column(&cx, cuda, device, (node, text), frame, e)
-            })?;
-            let frame = extended.as_ref().unwrap_or(frame);
             let joined = (*joined, None);
-            Some(concat_column(&cx, cuda, frame, &parts, joined, out, e)?)
+            Some(concat_column(&cx, cuda, frame, parts, joined, out, e)?)
         }
         (Node::StrChoice { which, parts, out }, None) => {
             let which = eval(&cx, which, frame, e)?;
-            let (extended, parts) = super::with_text_parts(frame, parts, |node, text| {
-                text_frame_column(&cx, cuda, device, (node, text), frame, e)
-            })?;
-            let frame = extended.as_ref().unwrap_or(frame);
             let choice = (super::expr::Joined::NullIfAny, Some(addr(&which.values, s)));
-            let column = concat_column(&cx, cuda, frame, &parts, choice, out, e);
+            let column = concat_column(&cx, cuda, frame, parts, choice, out, e);
             drop(which);
             Some(column?)
         }
@@ -1343,31 +1335,6 @@ pub(crate) fn evaluate(
     let schema = schema_of(vec![Field::new(&expr.text, dt, nullable)]);
     let batch = DeviceBatch::from_cuda_arrays(device.device().clone(), schema, vec![column])?;
     Ok((FrameColumn::single(batch)?, pending))
-}
-
-/// `node`'s lanes over `frame` written as strings ([`Text`](super::expr::Text)), a
-/// `Utf8View` column on `device` (a part of a concatenation or a choice).
-fn text_frame_column(
-    cx: &Cx<'_>,
-    cuda: &Arc<CudaDevice>,
-    device: &ExecDevice,
-    (node, text): (&Node, super::expr::Text),
-    frame: &DeviceFrame,
-    e: u64,
-) -> Result<FrameColumn, BoxError> {
-    let n = frame.num_rows();
-    let lanes = eval(cx, node, frame, e)?;
-    let nullable = node.introduces_nulls() || columns_have_nulls(node, frame)?;
-    let utf8 = DataType::Utf8View;
-    let column = strings::text_column(cx, cuda, (&lanes, n, nullable), text, &utf8, e)?;
-    drop(lanes);
-    let field = Field::new("text", utf8, nullable);
-    let batch = DeviceBatch::from_cuda_arrays(
-        device.device().clone(),
-        schema_of(vec![field]),
-        vec![column],
-    )?;
-    Ok(FrameColumn::single(batch)?)
 }
 
 /// The bytes per value `store_lanes` writes for an output of `dt`.

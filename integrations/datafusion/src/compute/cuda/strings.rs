@@ -286,7 +286,7 @@ fn parts_table<'a>(
         .iter()
         .flat_map(|p| match p {
             ConcatPart::Literal(bytes) => bytes.as_slice(),
-            ConcatPart::Column { .. } | ConcatPart::Text { .. } => &[],
+            ConcatPart::Column { .. } => &[],
         })
         .copied()
         .collect();
@@ -315,12 +315,6 @@ fn parts_table<'a>(
     for (p, part) in parts.iter().enumerate() {
         let row = &mut host[8 * p..8 * p + 8];
         match part {
-            ConcatPart::Text { .. } => {
-                return Err(crate::compute::ComputeError::Input(
-                    "a text part not made a column first".into(),
-                )
-                .into())
-            }
             ConcatPart::Column { index, name } => {
                 let column = frame_column(frame, *index, name)?;
                 let view = view_args(cx, column, name, n, err)?;
