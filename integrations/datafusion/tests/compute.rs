@@ -3589,6 +3589,134 @@ pub async fn check_unsigned(device: &ExecDevice) {
     assert_fails_as_datafusion(&ctx, "u", "(u16 - u16 - u16) > 5", Some(&past), device).await;
 }
 
+/// Integer and float functions against DataFusion: `& | ^ << >>` of every signed width
+/// (shift amounts negative and past the width: arrow's wrapping shifts; a left shift
+/// past the width's sign bit); `gcd`, `lcm`, `factorial` (and their overflow errors);
+/// `isnan`, `iszero`, `signum`, `nanvl`, and `greatest`/`least` of floats (NaNs of both
+/// signs, both zeros, infinities: arrow's total order).
+pub async fn check_integer_functions(device: &ExecDevice) {
+    use arrow_array::{Float64Array, Int8Array};
+
+    let n = 36i64;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "i8",
+            Arc::new(Int8Array::from_iter(
+                (0..n).map(|i| (i % 7 != 3).then_some((i * 37 % 256 - 128) as i8)),
+            )) as ArrayRef,
+        ),
+        (
+            "i16",
+            Arc::new(arrow_array::Int16Array::from_iter((0..n).map(|i| {
+                (i % 5 != 2).then_some((i * 2_221 % 65_536 - 32_768) as i16)
+            }))),
+        ),
+        (
+            "i32",
+            Arc::new(Int32Array::from_iter((0..n).map(|i| {
+                (i % 6 != 1).then_some(i.wrapping_mul(150_000_001) as i32)
+            }))),
+        ),
+        (
+            "i64",
+            Arc::new(Int64Array::from_iter((0..n).map(|i| {
+                Some(i.wrapping_mul(0x1234_5678_9abc_def1) ^ (i << 60))
+            }))),
+        ),
+        (
+            "s",
+            Arc::new(Int32Array::from_iter((0..n).map(|i| {
+                (i % 11 != 5).then_some(
+                    [0, 1, 3, 7, 8, 15, 16, 31, 32, 33, 63, 64, 65, -1, -3, 100][i as usize % 16],
+                )
+            }))),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("b", &batch);
+    for text in [
+        "i32 & 255",
+        "i64 | i32",
+        "i64 ^ CAST(s AS BIGINT)",
+        "i8 & CAST(-16 AS TINYINT)",
+        "i16 | CAST(s AS SMALLINT)",
+        "i32 << s",
+        "i32 >> s",
+        "i64 << CAST(s AS BIGINT)",
+        "i64 >> CAST(s AS BIGINT)",
+        "i8 << CAST(s AS TINYINT)",
+        "i8 >> CAST(s AS TINYINT)",
+        "i16 << CAST(s AS SMALLINT)",
+        "i16 >> CAST(s AS SMALLINT)",
+        "(i32 & 7) = 3",
+        "gcd(i64 % 1000000, CAST(i32 AS BIGINT) % 3000)",
+        "gcd(CAST(s AS BIGINT) * 6, 0)",
+        "gcd(CAST(i16 AS BIGINT), CAST(-9223372036854775807 AS BIGINT) - 1)",
+        "lcm(CAST(i16 AS BIGINT), CAST(s AS BIGINT))",
+        "lcm(CAST(i8 AS BIGINT), 0)",
+        "factorial(abs(CAST(s AS BIGINT)) % 21)",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "b", text, &[(2, 11)], device).await;
+    }
+    for text in [
+        "gcd(CAST(-9223372036854775807 AS BIGINT) - 1, CAST(s AS BIGINT) * 0)",
+        "lcm(i64, 4611686018427387903)",
+        "factorial(CAST(s AS BIGINT))",
+    ] {
+        assert_fails_as_datafusion(&ctx, "b", text, None, device).await;
+    }
+
+    let specials = [
+        0.0,
+        -0.0,
+        1.5,
+        -2.25,
+        f64::NAN,
+        -f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e300,
+        -7.0,
+        f64::from_bits(0x7FF0_0000_0000_0001),
+    ];
+    let floats = RecordBatch::try_from_iter([
+        (
+            "p",
+            Arc::new(Float64Array::from_iter(
+                (0..n).map(|i| (i % 7 != 3).then_some(specials[i as usize % 11])),
+            )) as ArrayRef,
+        ),
+        (
+            "q",
+            Arc::new(Float64Array::from_iter((0..n).map(|i| {
+                (i % 5 != 2).then_some(specials[(i * 4 + 1) as usize % 11])
+            }))),
+        ),
+        (
+            "r",
+            Arc::new(Float64Array::from_iter(
+                (0..n).map(|i| Some(specials[(i * 3 + 5) as usize % 11])),
+            )),
+        ),
+    ])
+    .unwrap();
+    let ctx = session_of("f", &floats);
+    for text in [
+        "isnan(p)",
+        "iszero(q)",
+        "signum(p)",
+        "nanvl(p, q)",
+        "nanvl(r, 0.5)",
+        "greatest(p, q)",
+        "least(p, q)",
+        "greatest(p, q, r)",
+        "least(r, p, q, 0.0)",
+        "greatest(p, -0.0)",
+    ] {
+        assert_evaluates_as_datafusion(&ctx, "f", text, &[(2, 11)], device).await;
+    }
+}
+
 /// arrow's reinterpreting casts against DataFusion: integers and dates, integers and
 /// timestamps, timestamps between units (divided truncated, multiplied checked; a zone
 /// kept or dropped), and `to_timestamp*` of integers; a value past the target's range
@@ -3844,6 +3972,7 @@ async fn conversions_and_computed_strings_are_datafusions() {
         check_string_casts(&device).await;
         check_temporal_casts(&device).await;
         check_unsigned(&device).await;
+        check_integer_functions(&device).await;
         check_string_choices(&device).await;
         check_computed_strings(&device).await;
     }

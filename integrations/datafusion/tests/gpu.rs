@@ -369,6 +369,7 @@ fn device_expressions_on_cuda_are_datafusions() {
         compute_checks::check_string_casts(&device).await;
         compute_checks::check_string_choices(&device).await;
         compute_checks::check_unsigned(&device).await;
+        compute_checks::check_integer_functions(&device).await;
         compute_checks::check_temporal_casts(&device).await;
         compute_checks::check_computed_strings(&device).await;
     });

@@ -45,6 +45,20 @@ pub(crate) mod op {
     /// Binary: `%` of two integers or two decimals (aligned to the larger scale), the
     /// sign of the dividend; checks as [`DIV`]'s.
     pub const REM: u32 = 16;
+    /// Binary: `&`, `|`, `^` of two signed integers (never an error).
+    pub const BIT_AND: u32 = 17;
+    pub const BIT_OR: u32 = 18;
+    pub const BIT_XOR: u32 = 19;
+    /// Binary: `<<` and `>>` of two signed integers of the result's width `w` (from
+    /// `hi`, its largest value: `w - 1` its bits), as arrow's `wrapping_shl` and
+    /// `wrapping_shr`: the amount's low bits, `b & (w - 1)`; a left shift's result the
+    /// low `w` bits, sign-extended; a right shift arithmetic. Never an error.
+    pub const SHL: u32 = 20;
+    pub const SHR: u32 = 21;
+    /// Binary: `gcd` and `lcm` of two Int64s, as DataFusion's: of their absolute values
+    /// (a zero's `gcd` the other's, `lcm` 0); a result past `i64::MAX` fails.
+    pub const GCD: u32 = 22;
+    pub const LCM: u32 = 23;
     /// Unary (`unary_i64`): logical not (validity kept).
     pub const NOT: u32 = 0;
     /// Unary: 1 where null, always valid.
@@ -148,6 +162,17 @@ pub(crate) mod op {
     /// Unary: `ceil` of a decimal, `v` up to a multiple of `mul` (10^scale), as
     /// DataFusion's `ceil_decimal_value`; checked as [`FLOOR_DECIMAL`].
     pub const CEIL_DECIMAL: u32 = 36;
+    /// Unary: a Float64's bits as a key in `f64::total_cmp`'s order (-0.0 below 0.0, a
+    /// NaN by its sign), as arrow compares floats in `greatest` and `least`.
+    pub const TOTAL_KEY: u32 = 37;
+    /// Unary: whether a Float64 is NaN (a Boolean).
+    pub const IS_NAN: u32 = 38;
+    /// Unary: DataFusion's `signum` of a Float64: 0.0 for either zero, NaN (`f64::NAN`'s
+    /// bits) for a NaN, else 1.0 of its sign.
+    pub const SIGNUM: u32 = 39;
+    /// Unary: `factorial` of an Int64, as DataFusion's; a negative value or one past 20
+    /// fails.
+    pub const FACTORIAL: u32 = 40;
 }
 
 /// The byte a [`LikePattern`]'s piece holds for `_` (any one character): never a byte of
@@ -1265,6 +1290,9 @@ fn compile_node(
             "strpos" | "instr" | "position" => return strpos_node(function, input),
             "floor" | "ceil" | "trunc" | "sqrt" | "round" => {
                 return float_function_node(function, input, data_type)
+            }
+            "gcd" | "lcm" | "factorial" | "isnan" | "iszero" | "signum" | "nanvl" => {
+                return number_function_node(function, input, data_type)
             }
             _ => {}
         }
@@ -2795,9 +2823,38 @@ fn as_case(
                 Arc::new(BinaryExpr::new(a.clone(), Operator::Eq, b.clone()));
             CaseExpr::try_new(None, vec![(equal, null)], Some(a.clone()))
         }
+        ("greatest" | "least", [first, rest @ ..])
+            if !rest.is_empty() && *data_type == DataType::Float64 =>
+        {
+            // arrow orders floats totally here (-0.0 below 0.0), not as DataFusion's
+            // comparisons do (-0.0 equal to 0.0): their keys compared, in nodes.
+            if rest.len() > 3 {
+                return Err(refuse("more than 4 arguments".into()));
+            }
+            let wins = match function.name() {
+                "greatest" => op::GE,
+                _ => op::LE,
+            };
+            let (mut acc, _) = compile(first, input)?;
+            for x in rest {
+                let (x, _) = compile(x, input)?;
+                let better = Node::Binary {
+                    op: wins,
+                    left: Box::new(unary(op::TOTAL_KEY, acc.clone())),
+                    right: Box::new(unary(op::TOTAL_KEY, x.clone())),
+                    lmul: 1,
+                    rmul: 1,
+                    lo: i64::MIN,
+                    hi: i64::MAX,
+                };
+                acc = Node::Case {
+                    branches: vec![(unary(op::IS_NULL, x.clone()), acc.clone()), (better, acc)],
+                    otherwise: Box::new(x),
+                };
+            }
+            return Ok(acc);
+        }
         ("greatest" | "least", [first, rest @ ..]) if !rest.is_empty() => {
-            // Floats: arrow's `gt_eq` orders them totally (-0.0 below 0.0), the device
-            // as DataFusion's comparisons do (-0.0 equal to 0.0).
             if !matches!(
                 kind(data_type)?,
                 Kind::Int | Kind::Decimal(_) | Kind::Date | Kind::Timestamp(_)
@@ -2838,6 +2895,66 @@ fn as_case(
     }
     .map_err(|e| refuse(e.to_string()))?;
     case_node(&case, input, data_type)
+}
+
+/// DataFusion's `gcd`, `lcm` and `factorial` of Int64s ([`op::GCD`], [`op::LCM`],
+/// [`op::FACTORIAL`]; a decimal's are the host's), and of Float64s `isnan`
+/// ([`op::IS_NAN`]), `iszero` (`x = 0.0`), `signum` ([`op::SIGNUM`]) and `nanvl(x, y)`
+/// (`CASE WHEN isnan(x) THEN y ELSE x END`: a null `x` is null).
+fn number_function_node(
+    function: &ScalarFunctionExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let name = function.name();
+    let refuse = |why: String| Err(Unsupported(format!("`{function}`: {why}")));
+    let args = function
+        .args()
+        .iter()
+        .map(|a| compile(a, input))
+        .collect::<Result<Vec<_>, _>>()?;
+    let want = match name {
+        "gcd" | "lcm" | "factorial" => DataType::Int64,
+        _ => DataType::Float64,
+    };
+    if let Some((_, t)) = args.iter().find(|(_, t)| *t != want) {
+        return refuse(format!("{name} of {t} has no device kernel"));
+    }
+    let mut args = args.into_iter().map(|(node, _)| node);
+    let (Some(x), y, None) = (args.next(), args.next(), args.next()) else {
+        return refuse("unexpected arguments".into());
+    };
+    let binary = |op, x, y| Node::Binary {
+        op,
+        left: Box::new(x),
+        right: Box::new(y),
+        lmul: 1,
+        rmul: 1,
+        lo: i64::MIN,
+        hi: i64::MAX,
+    };
+    Ok(match (name, y) {
+        ("gcd", Some(y)) => binary(op::GCD, x, y),
+        ("lcm", Some(y)) => binary(op::LCM, x, y),
+        ("factorial", None) => unary(op::FACTORIAL, x),
+        ("isnan", None) => unary(op::IS_NAN, x),
+        ("signum", None) => unary(op::SIGNUM, x),
+        // -0.0 equals 0.0 by the comparison keys; NaN equals nothing but a NaN.
+        ("iszero", None) => binary(
+            op::EQ,
+            unary(op::FLOAT_KEY, x),
+            unary(op::FLOAT_KEY, Node::Literal(Some(0))),
+        ),
+        ("nanvl", Some(y)) => Node::Case {
+            branches: vec![(unary(op::IS_NAN, x.clone()), y)],
+            otherwise: Box::new(x),
+        },
+        _ => return refuse("unexpected arguments".into()),
+    })
+    .and_then(|node| match kind(data_type)? {
+        Kind::Int | Kind::Float | Kind::Bool => Ok(node),
+        _ => refuse(format!("a result of {data_type}")),
+    })
 }
 
 /// `date_part(part, d)` (and `EXTRACT`) of a `Date32` or of a `Timestamp` with no time
@@ -3464,6 +3581,11 @@ fn binary_node(
         Operator::Modulo => op::REM,
         Operator::And => op::AND,
         Operator::Or => op::OR,
+        Operator::BitwiseAnd => op::BIT_AND,
+        Operator::BitwiseOr => op::BIT_OR,
+        Operator::BitwiseXor => op::BIT_XOR,
+        Operator::BitwiseShiftLeft => op::SHL,
+        Operator::BitwiseShiftRight => op::SHR,
         other => match comparison_op(other) {
             Some(op) => op,
             None => return refuse(&format!("operator `{other}` has no device kernel")),
@@ -3476,6 +3598,20 @@ fn binary_node(
             if lk != Kind::Bool || rk != Kind::Bool {
                 return refuse("AND/OR take booleans");
             }
+        }
+        op::BIT_AND | op::BIT_OR | op::BIT_XOR | op::SHL | op::SHR => {
+            // DataFusion coerces both operands to the result's type; an unsigned one
+            // is the host's (its lanes are zero-extended, the width's sign bit a value).
+            let signed = matches!(
+                data_type,
+                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+            );
+            if !signed || &lt != data_type || &rt != data_type {
+                return refuse(
+                    "bitwise operators on the device take two signed integers of the result's type",
+                );
+            }
+            (lo, hi) = range_of(data_type);
         }
         op::ADD | op::SUB | op::MUL | op::FDIV if (lk, rk) == (Kind::Float, Kind::Float) => {
             if kind(data_type)? != Kind::Float {
@@ -3825,8 +3961,10 @@ impl Node {
                 rmul,
                 ..
             } => {
-                matches!(*op, op::ADD | op::SUB | op::MUL | op::DIV | op::REM)
-                    || *lmul != 1
+                matches!(
+                    *op,
+                    op::ADD | op::SUB | op::MUL | op::DIV | op::REM | op::GCD | op::LCM
+                ) || *lmul != 1
                     || *rmul != 1
                     || left.may_fail()
                     || right.may_fail()
@@ -3851,6 +3989,7 @@ impl Node {
                         | op::TRUNC_QUARTER
                         | op::TRUNC_YEAR
                         | op::ADD_MONTHS
+                        | op::FACTORIAL
                 ) && *on_fail == OnFail::Error)
                     || input.may_fail()
             }

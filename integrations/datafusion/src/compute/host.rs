@@ -202,6 +202,34 @@ pub(crate) fn binary_row(
         };
         return Ok(r.to_bits() as i64);
     }
+    if (op::BIT_AND..=op::SHR).contains(&op) {
+        // The width's bits less one, from the largest value (`w - 1` bits).
+        let mask = 64 - hi.leading_zeros();
+        let extend = 63 - mask;
+        return Ok(match op {
+            op::BIT_AND => a & b,
+            op::BIT_OR => a | b,
+            op::BIT_XOR => a ^ b,
+            op::SHL => ((a << (b as u32 & mask)) << extend) >> extend,
+            _ => a >> (b as u32 & mask),
+        });
+    }
+    if matches!(op, op::GCD | op::LCM) {
+        let (x, y) = (a.unsigned_abs(), b.unsigned_abs());
+        let gcd = {
+            let (mut p, mut q) = (x, y);
+            while q != 0 {
+                (p, q) = (q, p % q);
+            }
+            p
+        };
+        let r = match op {
+            op::GCD => Some(gcd),
+            _ if gcd == 0 => Some(0),
+            _ => (x / gcd).checked_mul(y),
+        };
+        return r.and_then(|r| i64::try_from(r).ok()).ok_or(());
+    }
     let a = a.checked_mul(lmul).ok_or(())?;
     let b = b.checked_mul(rmul).ok_or(())?;
     let r = match op {
@@ -748,6 +776,40 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
                     values: a.values.iter().map(|&v| v & i64::MAX).collect(),
                     valid: a.valid,
                 }),
+                op::TOTAL_KEY | op::IS_NAN | op::SIGNUM => Ok(Lanes {
+                    values: a
+                        .values
+                        .iter()
+                        .map(|&v| {
+                            let x = f64::from_bits(v as u64);
+                            match *op {
+                                op::TOTAL_KEY => v ^ ((v >> 63) & i64::MAX),
+                                op::IS_NAN => x.is_nan() as i64,
+                                _ if x == 0.0 => 0,
+                                _ => x.signum().to_bits() as i64,
+                            }
+                        })
+                        .collect(),
+                    valid: a.valid,
+                }),
+                op::FACTORIAL => {
+                    let mut values = vec![0i64; n];
+                    for i in (0..n).filter(|&i| a.is_valid(i)) {
+                        let v = a.values[i];
+                        values[i] = (1..=v)
+                            .try_fold(1i64, |f, k| f.checked_mul(k))
+                            .filter(|_| v >= 0)
+                            .ok_or_else(|| {
+                                ComputeError::Overflow(format!(
+                                    "`{text}`: row {i}'s factorial of {v}"
+                                ))
+                            })?;
+                    }
+                    Ok(Lanes {
+                        values,
+                        valid: a.valid,
+                    })
+                }
                 op::IS_NULL | op::IS_NOT_NULL => Ok(Lanes {
                     values: (0..n)
                         .map(|i| (a.is_valid(i) == (*op == op::IS_NOT_NULL)) as i64)

@@ -27,7 +27,8 @@
 //!   two integers (an Int32 result outside Int32's range is an overflow error where
 //!   DataFusion would wrap); `= != < <= > >=` on decimals (aligned to the larger scale),
 //!   integers, dates, timestamps of one unit and booleans; `+ - * /` and comparisons of two Float64s (IEEE 754,
-//!   as arrow computes them); `AND`/`OR` with SQL's three-valued logic;
+//!   as arrow computes them); `AND`/`OR` with SQL's three-valued logic; `& | ^ << >>`
+//!   of two signed integers (arrow's wrapping shifts);
 //! - `NotExpr`, `IsNullExpr`, `IsNotNullExpr`, `NegativeExpr` (as `0 - x`);
 //! - `CastExpr`/`TryCastExpr`: integer to integer, integer to decimal, decimal to a
 //!   decimal of an equal or larger scale (exact: a multiplication by 10^k), the result
