@@ -679,8 +679,12 @@ pub(crate) enum Node {
     Substr {
         index: usize,
         name: String,
-        start: i64,
-        count: Option<i64>,
+        /// Characters `first` to `end` (exclusive), from [`substr_chars`]; with
+        /// `from_end`, each counted back from the value's end (`left` and `right`
+        /// counting from the end: [`Bounds::FromEnd`]).
+        first: u64,
+        end: u64,
+        from_end: bool,
     },
     /// `split_part(col, delimiter, n)` of a string column, a literal delimiter of 1 to 8
     /// bytes and a literal `n` (not 0): the value split at the delimiter's leftmost
@@ -1924,6 +1928,10 @@ pub(crate) enum Bounds {
     /// Characters `first` to `end` (exclusive; `u64::MAX`: all the rest) of
     /// [`substr_chars`], clamped to the value.
     Chars(u64, u64),
+    /// [`Bounds::Chars`] of `c - first` to `c - end` (each 0 at least), `c` the value's
+    /// characters: `right(s, n)` for `n > 0` is `(n, 0)`, `left(s, n)` for `n < 0`
+    /// `(u64::MAX, |n|)`, as DataFusion's count from the end.
+    FromEnd(u64, u64),
     /// The value less the ASCII bytes of `set` at the start (`left`) and the end
     /// (`right`).
     Trim {
@@ -1943,11 +1951,15 @@ impl Bounds {
             Node::Substr {
                 index,
                 name,
-                start,
-                count,
+                first,
+                end,
+                from_end,
             } => {
-                let (first, end) = substr_chars(*start, *count);
-                Some((Self::Chars(first, end), *index, name))
+                let bounds = match from_end {
+                    true => Self::FromEnd(*first, *end),
+                    false => Self::Chars(*first, *end),
+                };
+                Some((bounds, *index, name))
             }
             Node::Trim {
                 index,
@@ -2023,6 +2035,10 @@ impl Bounds {
                     }
                 }
             }
+            Self::FromEnd(first, end) => {
+                let c = value.iter().filter(|b| *b & 0xC0 != 0x80).count() as u64;
+                Self::Chars(c.saturating_sub(first), c.saturating_sub(end)).range(value)
+            }
             Self::Chars(first, end) => {
                 let (mut from, mut to) = (value.len(), value.len());
                 let leads = value
@@ -2061,10 +2077,11 @@ impl Bounds {
     /// `view_substr`'s arguments: `first`, `end` and the mode's bits above bit 0 (0:
     /// characters; bits 1 and 2: the trim of the start's and the end's bytes of the set
     /// in `first` and `end`; bit 3 and the length in bits 8 to 15: a split, its delimiter
-    /// in `first`, its part in `end`).
+    /// in `first`, its part in `end`; bit 4: characters counted from the end).
     pub(crate) fn kernel_args(self) -> (u64, u64, u32) {
         match self {
             Self::Chars(first, end) => (first, end, 0),
+            Self::FromEnd(first, end) => (first, end, 16),
             Self::Trim { left, right, set } => (
                 set[0],
                 set[1],
@@ -2079,6 +2096,7 @@ impl Bounds {
     pub(crate) fn may_be_long(self) -> bool {
         match self {
             Self::Chars(first, end) => end.saturating_sub(first) > 3,
+            Self::FromEnd(first, end) => first.saturating_sub(end) > 3,
             Self::Split { .. } => true,
             Self::Trim { .. } => true,
         }
@@ -2095,21 +2113,25 @@ pub(crate) fn substr_node(
 ) -> Option<(Node, DataType)> {
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
     // `left(col, n)` for n >= 0 is `substr(col, 1, n)`; `right(col, n)` for n < 0 (all
-    // but the first |n| characters) is `substr(col, |n| + 1)`. The others count from the
-    // end, which `view_substr` does not.
+    // but the first |n| characters) is `substr(col, |n| + 1)`; the others count from the
+    // end (DataFusion's `right(col, i64::MIN)` is empty).
     if let ("left" | "right", [column, n]) = (function.name(), function.args()) {
         let (index, name) = view_column(column, input)?;
         let n = int_literal(n)?;
-        let (start, count) = match function.name() {
-            "left" if n >= 0 => (1, Some(n)),
-            "right" if n < 0 => (n.checked_neg()?.checked_add(1)?, None),
-            _ => return None,
+        let ((first, end), from_end) = match function.name() {
+            "left" if n >= 0 => (substr_chars(1, Some(n)), false),
+            "right" if n == i64::MIN => ((0, 0), false),
+            "right" if n < 0 => (substr_chars(n.checked_neg()?.checked_add(1)?, None), false),
+            "left" => ((u64::MAX, n.unsigned_abs()), true),
+            _ if n == 0 => ((0, 0), false),
+            _ => ((n.unsigned_abs(), 0), true),
         };
         let node = Node::Substr {
             index,
             name,
-            start,
-            count,
+            first,
+            end,
+            from_end,
         };
         return Some((node, input.field(index).data_type().clone()));
     }
@@ -2121,11 +2143,13 @@ pub(crate) fn substr_node(
         let node = if delimiter.is_empty() {
             // The value is its one part: all of it for part 1 (or -1), else empty.
             let count = if n == 1 || n == -1 { None } else { Some(0) };
+            let (first, end) = substr_chars(1, count);
             Node::Substr {
                 index,
                 name,
-                start: 1,
-                count,
+                first,
+                end,
+                from_end: false,
             }
         } else if delimiter.len() <= 8 {
             Node::SplitPart {
@@ -2153,11 +2177,13 @@ pub(crate) fn substr_node(
         Some(count) => Some(int_literal(count).filter(|c| *c >= 0)?),
         None => None,
     };
+    let (first, end) = substr_chars(start, count);
     let node = Node::Substr {
         index,
         name,
-        start,
-        count,
+        first,
+        end,
+        from_end: false,
     };
     Some((node, input.field(index).data_type().clone()))
 }
