@@ -3393,6 +3393,106 @@ pub async fn check_string_casts(device: &ExecDevice) {
         assert_evaluates_as_datafusion(&ok, "q", &text, &[(1, 2)], device).await;
     }
 
+    // Floats and decimals: the values whose parse is certain on the device (the rest,
+    // whitespace, a float's `+`, `.5` or `5.`, more than 2^53 or a power of ten past
+    // 22, anything not a number: the host's, batch by batch).
+    let numbers = |values: &[&str]| {
+        let values: Vec<Option<&str>> = values
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| [Some(*v)].into_iter().chain((i % 5 == 2).then_some(None)))
+            .collect();
+        session_of(
+            "n",
+            &RecordBatch::try_from_iter([
+                (
+                    "s",
+                    Arc::new(StringViewArray::from(values.clone())) as ArrayRef,
+                ),
+                ("u", Arc::new(arrow_array::LargeStringArray::from(values))),
+            ])
+            .unwrap(),
+        )
+    };
+    let floats = numbers(&[
+        "0",
+        "-0",
+        "1.5",
+        "-2.25",
+        "007.50",
+        "123456789012345",
+        "9007199254740992",
+        "1e22",
+        "1e-22",
+        "12.5e-3",
+        "3E+4",
+        "-4.5e1",
+        "0.1",
+        "0.000001",
+        "123.456e-19",
+        "0e500",
+        "0.30000000000004",
+        "-9007199254740.991",
+    ]);
+    let decimals = numbers(&[
+        "0",
+        "-0",
+        "1.5",
+        "+7",
+        ".5",
+        "5.",
+        "-.25",
+        "12.345",
+        "-12.345",
+        "0.004",
+        "0.005",
+        "-0.005",
+        "99999999.99",
+        "000123",
+        "1.99999999999999999999999999",
+        "-0.0049",
+    ]);
+    let wide = numbers(&["1.5", "123456789.5", "-99999999.995"]);
+    for column in ["s", "u"] {
+        for text in [
+            format!("CAST({column} AS DOUBLE)"),
+            format!("TRY_CAST({column} AS DOUBLE) * 2"),
+        ] {
+            assert_evaluates_as_datafusion(&floats, "n", &text, &[(3, 9)], device).await;
+        }
+        for to in [
+            "DECIMAL(10,2)",
+            "DECIMAL(18,0)",
+            "DECIMAL(38,4)",
+            "DECIMAL(6,5)",
+        ] {
+            let text = format!("TRY_CAST({column} AS {to})");
+            assert_evaluates_as_datafusion(&decimals, "n", &text, &[(3, 9)], device).await;
+        }
+        let text = format!("CAST({column} AS DECIMAL(10,2))");
+        assert_evaluates_as_datafusion(&decimals, "n", &text, &[(3, 9)], device).await;
+        assert_fails_as_datafusion(&wide, "n", &text, None, device).await;
+        for odd in [
+            " 1.5",
+            "1e400",
+            "abc",
+            "+5",
+            ".5",
+            "5.",
+            "1.5.5",
+            "99999999999999999999",
+        ] {
+            let text = format!("CAST({column} AS DOUBLE)");
+            let batch = numbers(&["1", odd]);
+            assert_left_to_the_host(&batch, "n", &text, None, device).await;
+        }
+        for odd in [" 1.5", "1e4", "abc", "1.2.3", "", "-"] {
+            let text = format!("TRY_CAST({column} AS DECIMAL(10,2))");
+            let batch = numbers(&["1", odd]);
+            assert_left_to_the_host(&batch, "n", &text, None, device).await;
+        }
+    }
+
     // Dates: each of arrow's forms, real dates and not, bytes past the day, leap years.
     let mut dates: Vec<Option<&str>> = [
         "2020-01-01",

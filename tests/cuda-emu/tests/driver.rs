@@ -2988,3 +2988,72 @@ fn predicate_logic_takes_negated_sources() {
         );
     }
 }
+
+/// `cvt.rn.f64.u64`, which NVIDIA's ptxas accepts, converts an unsigned 64-bit integer to
+/// the nearest double, ties to even (values past 2^63 are no negative numbers).
+#[test]
+fn unsigned_integers_convert_to_doubles() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry to_double(
+    .param .u64 p_in,
+    .param .u64 p_out
+)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<8>;
+
+    ld.param.u64 %rd1, [p_in];
+    ld.param.u64 %rd2, [p_out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.u64 %rd4, %rd1, %rd3;
+    ld.global.u64 %rd5, [%rd4];
+    cvt.rn.f64.u64 %rd6, %rd5;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.u64 [%rd4], %rd6;
+    ret;
+}
+"#;
+    let values: [u64; 4] = [0, (1 << 53) + 1, u64::MAX, 1 << 63];
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let input = emu.alloc(32);
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    emu.upload(input, &bytes);
+    let out = emu.alloc(32);
+    // SAFETY: valid handles; the two parameters match to_double(u64, u64), each pointing
+    // to 32 bytes of device memory, one u64 per thread.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"to_double".as_ptr()));
+        let (mut a, mut b) = (input, out);
+        let mut params: [*mut c_void; 2] =
+            [(&mut a as *mut u64).cast(), (&mut b as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            4,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(out, 32);
+    for (word, v) in got.chunks_exact(8).zip(values) {
+        let got = f64::from_bits(u64::from_le_bytes(word.try_into().unwrap()));
+        assert_eq!(got, v as f64, "{v}");
+    }
+}

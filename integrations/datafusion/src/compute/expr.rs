@@ -454,6 +454,10 @@ pub(crate) enum Parse {
     Int { lo: i64, hi: i64 },
     /// A `Date32`: [`parse_date`].
     Date,
+    /// A `Float64` (its bits): [`parse_number`].
+    Float,
+    /// A decimal of `scale`, within `[lo, hi]` (its precision's range): [`parse_number`].
+    Decimal { scale: u8, lo: i64, hi: i64 },
 }
 
 impl Parse {
@@ -463,16 +467,132 @@ impl Parse {
         match self {
             Parse::Int { lo, hi } => Ok(parse_int(value, (lo, hi))),
             Parse::Date => parse_date(value),
+            Parse::Float => parse_number(value, None),
+            Parse::Decimal { scale, lo, hi } => {
+                Ok(parse_number(value, Some(scale))?.filter(|v| (lo..=hi).contains(v)))
+            }
         }
     }
 
-    /// The kernel's encoding (`view_parse`): its mode (0 an integer, 1 a date) and
-    /// range.
+    /// The kernel's encoding (`view_parse`): its mode (0 an integer, 1 a date, 2 a
+    /// float, 3 a decimal, its scale in bits 8 to 15) and range.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
     pub(crate) fn kernel_args(self) -> (u32, i64, i64) {
         match self {
             Parse::Int { lo, hi } => (0, lo, hi),
             Parse::Date => (1, 0, 0),
+            Parse::Float => (2, i64::MIN, i64::MAX),
+            Parse::Decimal { scale, lo, hi } => (3 | u32::from(scale) << 8, lo, hi),
+        }
+    }
+}
+
+/// A string value as arrow's cast parses it to a `Float64` (`scale` `None`: its bits,
+/// lexical's correctly rounded parse) or to a decimal of `scale` (arrow's
+/// `parse_string_to_decimal_native`: the fraction past the scale rounded half away from
+/// zero by its first digit), for the values whose answer is certain without mirroring
+/// all of either parser; every other value is the host's (`Err`):
+///
+/// - a float: `-`, then digits, then `.` and digits, then `e` or `E`, a sign and
+///   digits, each part but the first digits optional, of at most 2^53 as an integer of
+///   all its digits, whose power of ten (the exponent less the fraction's digits) is at
+///   most 22 either way: exactly one IEEE 754 product or quotient of two exact doubles
+///   (Clinger's fast path), or 0.0 (`-0.0` with `-`);
+/// - a decimal: `-` or `+`, then digits and a `.` and digits, at least one digit in
+///   all, at most 30 of them past the `.`, whose value at the scale fits i64 (no
+///   whitespace, which arrow trims, and no other byte).
+pub(crate) fn parse_number(
+    value: &[u8],
+    scale: Option<u8>,
+) -> Result<Option<i64>, super::automaton::Quit> {
+    use super::automaton::Quit;
+    const LIMIT: u64 = 922_337_203_685_477_579;
+    let push = |m: u64, d: u8| match m > LIMIT {
+        true => Err(Quit),
+        false => Ok(m * 10 + u64::from(d)),
+    };
+    let digit = |k: usize| {
+        value
+            .get(k)
+            .map(|b| b.wrapping_sub(b'0'))
+            .filter(|d| *d < 10)
+    };
+    let negative = value.first() == Some(&b'-');
+    let mut k = usize::from(negative || (scale.is_some() && value.first() == Some(&b'+')));
+    let (mut m, mut int_digits, mut frac_digits, mut dropped) = (0u64, 0usize, 0usize, 0u8);
+    while let Some(d) = digit(k) {
+        m = push(m, d)?;
+        int_digits += 1;
+        k += 1;
+    }
+    if value.get(k) == Some(&b'.') {
+        k += 1;
+        if scale.is_none() && (int_digits == 0 || digit(k).is_none()) {
+            return Err(Quit);
+        }
+        while let Some(d) = digit(k) {
+            if frac_digits >= 30 {
+                return Err(Quit);
+            }
+            frac_digits += 1;
+            k += 1;
+            match scale {
+                Some(s) if frac_digits > usize::from(s) => {
+                    if frac_digits == usize::from(s) + 1 {
+                        dropped = d;
+                    }
+                }
+                _ => m = push(m, d)?,
+            }
+        }
+    }
+    let mut exponent = 0i64;
+    if scale.is_none() && matches!(value.get(k), Some(b'e' | b'E')) {
+        k += 1;
+        let minus = value.get(k) == Some(&b'-');
+        k += usize::from(minus || value.get(k) == Some(&b'+'));
+        let from = k;
+        while let Some(d) = digit(k) {
+            if exponent > 100_000 {
+                return Err(Quit);
+            }
+            exponent = exponent * 10 + i64::from(d);
+            k += 1;
+        }
+        if k == from {
+            return Err(Quit);
+        }
+        if minus {
+            exponent = -exponent;
+        }
+    }
+    if k != value.len() || int_digits + frac_digits == 0 {
+        return Err(Quit);
+    }
+    match scale {
+        Some(s) => {
+            for _ in frac_digits..usize::from(s) {
+                m = push(m, 0)?;
+            }
+            m += u64::from(dropped >= 5);
+            let v = m as i64;
+            Ok(Some(if negative { -v } else { v }))
+        }
+        None => {
+            if m > 1 << 53 {
+                return Err(Quit);
+            }
+            let mut x = m as f64;
+            if m != 0 {
+                let e = exponent - frac_digits as i64;
+                if e.abs() > 22 {
+                    return Err(Quit);
+                }
+                let p = (0..e.abs()).fold(1.0f64, |p, _| p * 10.0);
+                x = if e < 0 { x / p } else { x * p };
+            }
+            let x = if negative { -x } else { x };
+            Ok(Some(x.to_bits() as i64))
         }
     }
 }
@@ -3749,6 +3869,15 @@ fn cast_node(
                 Parse::Int { lo, hi }
             }
             DataType::Date32 => Parse::Date,
+            DataType::Float64 => Parse::Float,
+            DataType::Decimal128(p, s) if *s >= 0 && *s as u32 <= MAX_POW10 => {
+                let (lo, hi) = precision_range(*p);
+                Parse::Decimal {
+                    scale: *s as u8,
+                    lo,
+                    hi,
+                }
+            }
             _ => {
                 return Err(Unsupported(format!(
                     "CAST(`{expr}` AS {to}) of a string: no device kernel for this cast"
@@ -4153,6 +4282,77 @@ fn parts_columns<'a>(parts: &'a [ConcatPart], out: &mut Vec<(usize, &'a str)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every string `parse_number` answers (the device's part) is parsed as arrow's cast
+    /// parses it, bit for bit: strings of digits, signs, dots, exponents and spaces.
+    #[test]
+    fn numbers_parsed_are_arrows() {
+        use arrow_array::{Array, Decimal128Array, Float64Array, StringArray};
+        use datafusion::arrow::compute::{cast_with_options, CastOptions};
+        let alphabet = b"0123456789012345678900000.-+eE 5";
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let mut words: Vec<String> = (0..60_000)
+            .map(|_| {
+                let len = next(26);
+                (0..len)
+                    .map(|_| alphabet[next(alphabet.len() as u64) as usize] as char)
+                    .collect()
+            })
+            .collect();
+        // Plain numbers, so that most are the device's.
+        for _ in 0..20_000 {
+            let (int, frac) = (next(1 << 40) >> next(40), next(1 << 30) >> next(30));
+            let sign = ["", "-", "+"][next(3) as usize];
+            let exp = match next(4) {
+                0 => format!("e{}", next(50) as i64 - 25),
+                _ => String::new(),
+            };
+            words.push(format!(
+                "{sign}{int}.{frac:0w$}{exp}",
+                w = next(12) as usize
+            ));
+            words.push(format!("{sign}{int}{exp}"));
+        }
+        let strings = StringArray::from_iter_values(&words);
+        let safe = CastOptions::default();
+        let floats = cast_with_options(&strings, &DataType::Float64, &safe).unwrap();
+        let floats = floats.as_any().downcast_ref::<Float64Array>().unwrap();
+        let mut answered = 0;
+        for (i, w) in words.iter().enumerate() {
+            if let Ok(v) = parse_number(w.as_bytes(), None) {
+                answered += 1;
+                let want = floats.is_valid(i).then(|| floats.value(i).to_bits() as i64);
+                assert_eq!(v, want, "{w:?} as a Float64");
+            }
+        }
+        assert!(answered > 30_000, "{answered} floats answered");
+        for (p, s) in [(18u8, 2i8), (10, 0), (38, 5), (18, 18), (6, 3)] {
+            let to = DataType::Decimal128(p, s);
+            let decimals = cast_with_options(&strings, &to, &safe).unwrap();
+            let decimals = decimals.as_any().downcast_ref::<Decimal128Array>().unwrap();
+            let (lo, hi) = precision_range(p);
+            let parse = Parse::Decimal {
+                scale: s as u8,
+                lo,
+                hi,
+            };
+            let mut answered = 0;
+            for (i, w) in words.iter().enumerate() {
+                if let Ok(v) = parse.parse(w.as_bytes()) {
+                    answered += 1;
+                    let want = decimals.is_valid(i).then(|| decimals.value(i) as i64);
+                    assert_eq!(v, want, "{w:?} as {to}");
+                }
+            }
+            assert!(answered > 5_000, "{answered} of {to} answered");
+        }
+    }
 
     #[test]
     fn zone_tables_hold_each_change_to_its_second() {

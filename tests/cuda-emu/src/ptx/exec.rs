@@ -527,6 +527,7 @@ impl Launch<'_> {
                 } => r!(*d) = boolop(*op, (r!(*a) != 0) != *a_neg, (r!(*b) != 0) != *b_neg) as u64,
                 Op::PredNot { d, a } => r!(*d) = (r!(*a) == 0) as u64,
                 Op::CvtF64S64 { d, a } => r!(*d) = (r!(*a) as i64 as f64).to_bits(),
+                Op::CvtF64U64 { d, a } => r!(*d) = (r!(*a) as f64).to_bits(),
                 // Rust's `as` truncates, saturates and makes NaN 0, as PTX documents.
                 Op::CvtS64F64Rzi { d, a } => r!(*d) = f64::from_bits(r!(*a)) as i64 as u64,
                 Op::CvtF64F64 { d, a, mode } => {

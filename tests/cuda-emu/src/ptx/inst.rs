@@ -271,6 +271,12 @@ pub(crate) enum Op {
         d: Slot,
         a: Slot,
     },
+    /// `cvt.rn.f64.u64`: an unsigned 64-bit integer to the nearest binary64 (ties to
+    /// even).
+    CvtF64U64 {
+        d: Slot,
+        a: Slot,
+    },
     /// `cvt.rzi.s64.f64 d, a`: the double truncated toward zero, clamped to the s64
     /// range; NaN gives 0 (PTX's float-to-integer conversion).
     CvtS64F64Rzi {

@@ -20,6 +20,12 @@ impl<'a> Parser<'a> {
                 let a = self.src(fc, &ops[1], W::Exact(64), line)?;
                 Ok(Op::CvtF64S64 { d, a })
             }
+            "cvt" if matches!(mods, ["rn", "f64", "u64"]) => {
+                insn.nops(2)?;
+                let d = self.dst(fc, &ops[0], W::Exact(64), line)?.0;
+                let a = self.src(fc, &ops[1], W::Exact(64), line)?;
+                Ok(Op::CvtF64U64 { d, a })
+            }
             "cvt" if matches!(mods, ["rzi", "s64", "f64"]) => {
                 insn.nops(2)?;
                 let d = self.dst(fc, &ops[0], W::Exact(64), line)?.0;
