@@ -3758,8 +3758,25 @@ pub async fn check_integer_functions(device: &ExecDevice) {
         "lcm(CAST(i16 AS BIGINT), CAST(s AS BIGINT))",
         "lcm(CAST(i8 AS BIGINT), 0)",
         "factorial(abs(CAST(s AS BIGINT)) % 21)",
+        "to_hex(i8)",
+        "to_hex(i16)",
+        "to_hex(i32)",
+        "to_hex(i64)",
+        "to_hex(CAST(s AS BIGINT))",
+        "chr(CAST(s AS BIGINT) + 60)",
+        "chr(CAST(i16 AS BIGINT) % 2048 + 2048)",
+        "chr(abs(CAST(i16 AS BIGINT)) % 40000 + 2048)",
+        "chr(CAST(i32 AS BIGINT) % 1000 + 128512)",
+        "concat('[', chr(CAST(s AS BIGINT) + 100), ']')",
     ] {
         assert_evaluates_as_datafusion(&ctx, "b", text, &[(2, 11)], device).await;
+    }
+    // A surrogate or a negative value: DataFusion's error, raised by the host.
+    for text in [
+        "chr(CAST(s AS BIGINT) * 0 + 55296)",
+        "chr(CAST(s AS BIGINT) - 200)",
+    ] {
+        assert_left_to_the_host(&ctx, "b", text, None, device).await;
     }
     for text in [
         "gcd(CAST(-9223372036854775807 AS BIGINT) - 1, CAST(s AS BIGINT) * 0)",
@@ -4177,6 +4194,10 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "right(b, 1)",
         "left(b, -9223372036854775807 - 1)",
         "right(c, -9223372036854775807 - 1)",
+        // The first character's code point (0 for an empty value).
+        "ascii(a)",
+        "ascii(b)",
+        "ascii(c) + 1",
         // lpad and rpad: the first `target` characters, or padded with the fill repeated
         // (a space by default; multi-byte fills; an empty fill pads nothing).
         "lpad(b, 10)",

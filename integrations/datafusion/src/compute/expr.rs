@@ -332,11 +332,17 @@ pub(crate) enum Text {
         per_second: i64,
         offset: Option<i32>,
     },
+    /// `to_hex` of an integer: the lane as a u64 (a signed value sign-extended, as
+    /// DataFusion's `as i64 as u64`) in lower-case hexadecimal digits, no leading zero.
+    Hex,
+    /// `chr` of an Int64: the character of that Unicode scalar value, in UTF-8; any other
+    /// value is the host's (DataFusion's error).
+    Char,
 }
 
 impl Text {
     /// The kernel's encoding (`lanes_to_text`): its kind (0 a number, 1 a date, 2 a
-    /// Boolean, 3 a timestamp), the scale (a timestamp: its suffix's length), the
+    /// Boolean, 3 a timestamp, 4 hexadecimal, 5 a character), the scale (a timestamp: its suffix's length), the
     /// precision (0: not checked; a timestamp: its units a second) and the suffix's
     /// bytes (little-endian).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
@@ -346,6 +352,8 @@ impl Text {
             Text::Decimal { precision, scale } => (0, scale as u32, precision as u32, 0),
             Text::Date => (1, 0, 0, 0),
             Text::Bool => (2, 0, 0, 0),
+            Text::Hex => (4, 0, 0, 0),
+            Text::Char => (5, 0, 0, 0),
             Text::Timestamp { per_second, .. } => {
                 let suffix = self.suffix();
                 let mut bytes = [0u8; 8];
@@ -395,6 +403,11 @@ impl Text {
         match self {
             Text::Int => Some(v.to_string().into_bytes()),
             Text::Bool => Some(if v != 0 { &b"true"[..] } else { b"false" }.to_vec()),
+            Text::Hex => Some(format!("{:x}", v as u64).into_bytes()),
+            Text::Char => u32::try_from(v)
+                .ok()
+                .and_then(char::from_u32)
+                .map(|c| c.to_string().into_bytes()),
             Text::Date => {
                 let (y, m, d) = civil_from_days(v);
                 (0..=9999)
@@ -896,13 +909,14 @@ pub(crate) enum Node {
         name: String,
         needle: Vec<u8>,
     },
-    /// The length of a string column's value (`character_length` in characters with
-    /// `chars`, else `octet_length` in bytes), times `mul` (8 for `bit_length`). A null
-    /// value gives null.
+    /// The length of a string column's value (`measure` 0: `octet_length` in bytes; 1:
+    /// `character_length` in characters), times `mul` (8 for `bit_length`); or (2) its
+    /// first character's code point, 0 for an empty value (`ascii`). A null value gives
+    /// null.
     StrLength {
         index: usize,
         name: String,
-        chars: bool,
+        measure: u32,
         mul: i64,
     },
     /// `CAST(col AS <integer or date>)` of a string column, each value parsed as arrow's
@@ -1402,9 +1416,8 @@ fn compile_node(
             "regexp_like" => return regexp_like_node(function, input),
             "regexp_count" => return regexp_count_node(function, input),
             "regexp_instr" => return regexp_instr_node(function, input),
-            "character_length" | "char_length" | "length" | "octet_length" | "bit_length" => {
-                return length_node(function, input)
-            }
+            "character_length" | "char_length" | "length" | "octet_length" | "bit_length"
+            | "ascii" => return length_node(function, input),
             "abs" | "nullif" | "greatest" | "least" => return as_case(function, input, data_type),
             "to_timestamp"
             | "to_timestamp_seconds"
@@ -1746,6 +1759,21 @@ pub(crate) fn string_node(
         return Some(choice);
     }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    if let ("to_hex" | "chr", [x]) = (function.name(), function.args()) {
+        let out = expr.data_type(input).ok()?;
+        let (node, from) = compile(x, input).ok()?;
+        let text = match function.name() {
+            "to_hex" if kind(&from).ok()? == Kind::Int => Text::Hex,
+            "chr" if from == DataType::Int64 => Text::Char,
+            _ => return None,
+        };
+        let node = Node::ToText {
+            input: Box::new(node),
+            text,
+            out: out.clone(),
+        };
+        return Some((node, out));
+    }
     if matches!(function.name(), "lpad" | "rpad") {
         let (column, target, fill) = match function.args() {
             [column, target] => (column, target, None),
@@ -2668,10 +2696,11 @@ fn length_node(function: &ScalarFunctionExpr, input: &Schema) -> Result<Node, Un
     Ok(Node::StrLength {
         index,
         name,
-        chars: matches!(
-            function.name(),
-            "character_length" | "char_length" | "length"
-        ),
+        measure: match function.name() {
+            "character_length" | "char_length" | "length" => 1,
+            "ascii" => 2,
+            _ => 0,
+        },
         mul: if function.name() == "bit_length" {
             8
         } else {
@@ -4088,7 +4117,7 @@ impl Node {
             | Node::Pad { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
-            Node::StrLength { chars, .. } => *chars,
+            Node::StrLength { measure, .. } => *measure != 0,
             // A view outside its buffer (checked, flagged in the error word).
             Node::StrLike { .. }
             | Node::StrRegex { .. }

@@ -463,13 +463,17 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         Node::StrLength {
             index,
             name,
-            chars,
+            measure,
             mul,
         } => {
             let values = view_values(frame_column(frame, *index, name)?, name)?;
-            let length = |v: &[u8]| match chars {
-                true => v.iter().filter(|b| *b & 0xC0 != 0x80).count(),
-                false => v.len(),
+            let length = |v: &[u8]| match measure {
+                0 => v.len(),
+                1 => v.iter().filter(|b| *b & 0xC0 != 0x80).count(),
+                _ => std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.chars().next())
+                    .map_or(0, |c| c as usize),
             };
             Ok(Lanes {
                 values: values

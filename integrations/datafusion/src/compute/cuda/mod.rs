@@ -926,13 +926,13 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         Node::StrLength {
             index,
             name,
-            chars,
+            measure,
             mul,
         } => {
             let view = view_args(cx, frame_column(frame, *index, name)?, name, n, err)?;
             let out = cx.lanes(n)?;
             let args = view.args.iter().copied().chain([
-                A::U32(u32::from(*chars)),
+                A::U32(*measure),
                 A::U64(*mul as u64),
                 A::U64(addr(&out.values, s)),
                 A::U64(addr(&out.valid, s)),
