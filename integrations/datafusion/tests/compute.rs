@@ -4194,6 +4194,16 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "right(b, 1)",
         "left(b, -9223372036854775807 - 1)",
         "right(c, -9223372036854775807 - 1)",
+        // Characters reversed (multi-byte ones kept whole); the value n times (nothing
+        // for 0 or less).
+        "reverse(a)",
+        "reverse(b)",
+        "reverse(c)",
+        "repeat(a, 3)",
+        "repeat(b, 0)",
+        "repeat(c, -2)",
+        "repeat(b, 1)",
+        "concat(reverse(a), repeat(b, 2))",
         // The first character's code point (0 for an empty value).
         "ascii(a)",
         "ascii(b)",
@@ -4218,7 +4228,13 @@ pub async fn check_string_functions(device: &ExecDevice) {
     assert_no_device_kernel(
         &ctx,
         "cc",
-        &["replace(a, b, 'x')", "btrim(a, 'é')", "lpad(b, length(a))"],
+        &[
+            "replace(a, b, 'x')",
+            "btrim(a, 'é')",
+            "lpad(b, length(a))",
+            "repeat(a, 65)",
+            "repeat(a, length(b))",
+        ],
     )
     .await;
     // Views that share their bytes (a deduplicating builder: one 40-byte value in every

@@ -901,6 +901,16 @@ pub(crate) enum Node {
         right: bool,
         out: DataType,
     },
+    /// `reverse(col)` (`repeat` `None`: its characters in reverse order) or
+    /// `repeat(col, n)` (the value `n` times, a literal of 0 to [`MAX_REPEAT`]) of a
+    /// string column; a new string column of the expression's type (`out`), so only the
+    /// root of a projection's expression ([`string_node`]).
+    Transform {
+        index: usize,
+        name: String,
+        repeat: Option<u64>,
+        out: DataType,
+    },
     /// `strpos(col, needle)` (`instr`, `position`) of a string column and a string
     /// literal: the position in characters (from 1) of the needle's first occurrence,
     /// 0 where none, 1 for an empty needle. A null value gives null.
@@ -1800,6 +1810,26 @@ pub(crate) fn string_node(
         };
         return super::string_type(&out).then_some((node, out));
     }
+    if let ("reverse" | "repeat", [column, rest @ ..]) = (function.name(), function.args()) {
+        let out = expr.data_type(input).ok()?;
+        let (index, name) = string_column(column, input)?;
+        let repeat = match (function.name(), rest) {
+            ("reverse", []) => None,
+            // DataFusion's: nothing for a count of 0 or less.
+            ("repeat", [n]) => Some(u64::try_from(int_literal(n)?.max(0)).ok()?),
+            _ => return None,
+        };
+        if repeat.is_some_and(|n| n > MAX_REPEAT) {
+            return None;
+        }
+        let node = Node::Transform {
+            index,
+            name,
+            repeat,
+            out: out.clone(),
+        };
+        return super::string_type(&out).then_some((node, out));
+    }
     if function.name() == "regexp_replace" {
         return regexp_replace_node(function, input);
     }
@@ -2250,6 +2280,11 @@ impl Bounds {
         }
     }
 }
+
+/// The largest literal count `repeat` takes on the device: the values' bytes times it
+/// size the result's buffer, allocated before the rows' lengths are known (more is the
+/// host's).
+pub(crate) const MAX_REPEAT: u64 = 64;
 
 /// `substr(col, start)` or `substr(col, start, count)` of a string column (`Utf8View`,
 /// `Utf8`, `LargeUtf8`) with literal integers, as a projection's (string) value. A
@@ -4114,7 +4149,8 @@ impl Node {
             Node::Concat { .. }
             | Node::Replace { .. }
             | Node::RegexReplace { .. }
-            | Node::Pad { .. } => true,
+            | Node::Pad { .. }
+            | Node::Transform { .. } => true,
             // Characters are counted in the value's bytes (a view outside its buffer is
             // flagged); bytes are the view's length.
             Node::StrLength { measure, .. } => *measure != 0,
@@ -4200,6 +4236,7 @@ impl Node {
             | Node::Replace { .. }
             | Node::RegexReplace { .. }
             | Node::Pad { .. }
+            | Node::Transform { .. }
             | Node::StrLength { .. }
             | Node::StrPos { .. }
             | Node::StrKey { .. }
@@ -4251,6 +4288,7 @@ impl Node {
             | Node::Replace { index, name, .. }
             | Node::RegexReplace { index, name, .. }
             | Node::Pad { index, name, .. }
+            | Node::Transform { index, name, .. }
             | Node::StrLength { index, name, .. }
             | Node::StrPos { index, name, .. }
             | Node::StrKey { index, name, .. }

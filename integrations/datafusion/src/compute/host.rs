@@ -374,6 +374,7 @@ pub(crate) fn eval(node: &Node, frame: &DeviceFrame, text: &str) -> Result<Lanes
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
         | Node::Pad { .. }
+        | Node::Transform { .. }
         | Node::ToText { .. }
         | Node::StrChoice { .. } => {
             Err(ComputeError::Input(format!("`{text}` is a string, not a value of lanes")).into())
@@ -1218,6 +1219,38 @@ pub(crate) fn padded(
         };
         rows.push(Some(row));
     }
+    string_rows(rows, out, text)
+}
+
+/// `reverse` (`repeat` `None`) or `repeat` of each value of a string column
+/// ([`Node::Transform`]), an array of type `out`, as `view_transform` makes it.
+pub(crate) fn transformed(
+    column: &FrameColumn,
+    name: &str,
+    repeat: Option<u64>,
+    out: &DataType,
+    text: &str,
+) -> Result<arrow_array::ArrayRef, BoxError> {
+    let values = view_values(column, name)?;
+    let rows = values
+        .into_iter()
+        .map(|value| {
+            value.map(|value| match repeat {
+                Some(n) => value.repeat(n as usize),
+                None => {
+                    let mut out = Vec::with_capacity(value.len());
+                    let mut end = value.len();
+                    for at in (0..value.len()).rev() {
+                        if value[at] & 0xC0 != 0x80 {
+                            out.extend_from_slice(&value[at..end]);
+                            end = at;
+                        }
+                    }
+                    out
+                }
+            })
+        })
+        .collect();
     string_rows(rows, out, text)
 }
 

@@ -441,6 +441,18 @@ impl DeviceExpr {
                 let column = host::frame_column(frame, *index, name)?;
                 host::padded(column, name, (*target, fill, *right), out, &self.text)?
             }
+            (
+                expr::Node::Transform {
+                    index,
+                    name,
+                    repeat,
+                    out,
+                },
+                None,
+            ) => {
+                let column = host::frame_column(frame, *index, name)?;
+                host::transformed(column, name, *repeat, out, &self.text)?
+            }
             (expr::Node::ToText { input, text, out }, None) => {
                 let lanes = host::eval(input, frame, &self.text)?;
                 host::texts(&lanes, *text, out, &self.text)?

@@ -49,6 +49,7 @@ struct Kernels {
     load_lanes: CudaFunction,
     fill_lanes: CudaFunction,
     binary_lanes: CudaFunction,
+    view_transform: CudaFunction,
     unary_lanes: CudaFunction,
     store_lanes: CudaFunction,
     pack_bits: CudaFunction,
@@ -130,6 +131,7 @@ fn kernels(cuda: &CudaDevice) -> Result<Arc<Kernels>, BoxError> {
         load_lanes: f("load_lanes")?,
         fill_lanes: f("fill_lanes")?,
         binary_lanes: f("binary_lanes")?,
+        view_transform: f("view_transform")?,
         unary_lanes: f("unary_lanes")?,
         store_lanes: f("store_lanes")?,
         pack_bits: f("pack_bits")?,
@@ -890,6 +892,7 @@ fn eval(cx: &Cx<'_>, node: &Node, frame: &DeviceFrame, err: u64) -> Result<Lanes
         | Node::Replace { .. }
         | Node::RegexReplace { .. }
         | Node::Pad { .. }
+        | Node::Transform { .. }
         | Node::ToText { .. }
         | Node::StrChoice { .. } => Err(ComputeError::Input(
             "a string value is a column, not a value of lanes".into(),
@@ -1302,6 +1305,20 @@ pub(crate) fn evaluate(
             let column = (frame_column(frame, *index, name)?, name.as_str());
             let args = (*target, fill.as_slice(), *right);
             Some(pad_column(&cx, cuda, column, args, out, e)?)
+        }
+        (
+            Node::Transform {
+                index,
+                name,
+                repeat,
+                out,
+            },
+            None,
+        ) => {
+            let column = (frame_column(frame, *index, name)?, name.as_str());
+            Some(strings::transform_column(
+                &cx, cuda, column, *repeat, out, e,
+            )?)
         }
         (Node::ToText { input, text, out }, None) => {
             let lanes = eval(&cx, input, frame, e)?;

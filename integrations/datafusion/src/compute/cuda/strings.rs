@@ -647,6 +647,33 @@ pub(super) fn pad_column(
     array
 }
 
+/// `reverse` (`repeat` `None`) or `repeat` of each value of a string column
+/// ([`Node::Transform`](crate::compute::expr::Node::Transform)), a column of type
+/// `out`, in two passes of `view_transform` ([`from_each_value`]). The data's bound:
+/// the values' bytes ([`value_bytes`]), times the count for `repeat`.
+pub(super) fn transform_column(
+    cx: &Cx<'_>,
+    cuda: &Arc<CudaDevice>,
+    (column, name): (&FrameColumn, &str),
+    repeat: Option<u64>,
+    out: &DataType,
+    err: u64,
+) -> Result<CudaArray, BoxError> {
+    let cap = value_bytes(column).saturating_mul(repeat.unwrap_or(1));
+    let extra = [
+        A::U64(repeat.unwrap_or(1)),
+        A::U32(u32::from(repeat.is_some())),
+    ];
+    from_each_value(
+        cx,
+        cuda,
+        (column, name),
+        (&cx.k.view_transform, &extra),
+        (out, cap),
+        err,
+    )
+}
+
 /// `n` lanes written as strings (`CAST(x AS <string type>)`,
 /// [`Node::ToText`](crate::compute::expr::Node::ToText)), a column of type `out`, in two
 /// passes of `lanes_to_text` ([`two_pass_strings`]): each row's length, then its bytes,
