@@ -4204,6 +4204,13 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "repeat(c, -2)",
         "repeat(b, 1)",
         "concat(reverse(a), repeat(b, 2))",
+        // ASCII literals: a byte's first place in `from` maps it, past `to`'s end
+        // deletes it; other bytes (multi-byte characters too) as they are.
+        "translate(a, 'ab', 'xy')",
+        "translate(b, 'abc ', 'x')",
+        "translate(c, 'aa', 'xy')",
+        "translate(b, '', 'x')",
+        "translate(c, 'a', '')",
         // The first character's code point (0 for an empty value).
         "ascii(a)",
         "ascii(b)",
@@ -4233,6 +4240,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
             "btrim(a, 'é')",
             "lpad(b, length(a))",
             "repeat(a, 65)",
+            "translate(a, 'é', 'e')",
             "repeat(a, length(b))",
         ],
     )

@@ -901,14 +901,13 @@ pub(crate) enum Node {
         right: bool,
         out: DataType,
     },
-    /// `reverse(col)` (`repeat` `None`: its characters in reverse order) or
-    /// `repeat(col, n)` (the value `n` times, a literal of 0 to [`MAX_REPEAT`]) of a
-    /// string column; a new string column of the expression's type (`out`), so only the
+    /// `reverse(col)`, `repeat(col, n)` or `translate(col, from, to)` of a string column
+    /// ([`Transform`]); a new string column of the expression's type (`out`), so only the
     /// root of a projection's expression ([`string_node`]).
     Transform {
         index: usize,
         name: String,
-        repeat: Option<u64>,
+        op: Transform,
         out: DataType,
     },
     /// `strpos(col, needle)` (`instr`, `position`) of a string column and a string
@@ -1810,22 +1809,34 @@ pub(crate) fn string_node(
         };
         return super::string_type(&out).then_some((node, out));
     }
-    if let ("reverse" | "repeat", [column, rest @ ..]) = (function.name(), function.args()) {
+    if let ("reverse" | "repeat" | "translate", [column, rest @ ..]) =
+        (function.name(), function.args())
+    {
         let out = expr.data_type(input).ok()?;
         let (index, name) = string_column(column, input)?;
-        let repeat = match (function.name(), rest) {
-            ("reverse", []) => None,
+        let op = match (function.name(), rest) {
+            ("reverse", []) => Transform::Reverse,
             // DataFusion's: nothing for a count of 0 or less.
-            ("repeat", [n]) => Some(u64::try_from(int_literal(n)?.max(0)).ok()?),
+            ("repeat", [n]) => {
+                let n = u64::try_from(int_literal(n)?.max(0)).ok()?;
+                if n > MAX_REPEAT {
+                    return None;
+                }
+                Transform::Repeat(n)
+            }
+            ("translate", [from, to]) => {
+                let (Ok(Some(from)), Ok(Some(to))) = (string_literal(from), string_literal(to))
+                else {
+                    return None;
+                };
+                Transform::translate(&from, &to)?
+            }
             _ => return None,
         };
-        if repeat.is_some_and(|n| n > MAX_REPEAT) {
-            return None;
-        }
         let node = Node::Transform {
             index,
             name,
-            repeat,
+            op,
             out: out.clone(),
         };
         return super::string_type(&out).then_some((node, out));
@@ -2277,6 +2288,63 @@ impl Bounds {
             Self::FromEnd(first, end) => first.saturating_sub(end) > 3,
             Self::Split { .. } => true,
             Self::Trim { .. } => true,
+        }
+    }
+}
+
+/// What [`Node::Transform`] makes of each value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Transform {
+    /// Its characters in reverse order (DataFusion's `chars().rev()`).
+    Reverse,
+    /// The value `n` times (a literal of 0 to [`MAX_REPEAT`]).
+    Repeat(u64),
+    /// Each ASCII byte `b` as `table[b]`, none where that is 255 (`translate` with ASCII
+    /// literals, as DataFusion's byte table: the first occurrence of a byte in `from`
+    /// maps it to `to`'s byte at that place, or deletes it past `to`'s end); other
+    /// bytes as they are.
+    Translate(Box<[u8; 128]>),
+}
+
+impl Transform {
+    /// `translate`'s table of ASCII `from` and `to`, as DataFusion builds it.
+    pub(crate) fn translate(from: &[u8], to: &[u8]) -> Option<Self> {
+        if !from.is_ascii() || !to.is_ascii() {
+            return None;
+        }
+        let mut table: [u8; 128] = std::array::from_fn(|b| b as u8);
+        let mut seen = [false; 128];
+        for (i, &b) in from.iter().enumerate() {
+            if !std::mem::replace(&mut seen[usize::from(b)], true) {
+                table[usize::from(b)] = to.get(i).copied().unwrap_or(255);
+            }
+        }
+        Some(Transform::Translate(Box::new(table)))
+    }
+
+    /// `value` transformed.
+    pub(crate) fn apply(&self, value: &[u8]) -> Vec<u8> {
+        match self {
+            Transform::Repeat(n) => value.repeat(*n as usize),
+            Transform::Reverse => {
+                let mut out = Vec::with_capacity(value.len());
+                let mut end = value.len();
+                for at in (0..value.len()).rev() {
+                    if value[at] & 0xC0 != 0x80 {
+                        out.extend_from_slice(&value[at..end]);
+                        end = at;
+                    }
+                }
+                out
+            }
+            Transform::Translate(table) => value
+                .iter()
+                .filter_map(|&b| match table.get(usize::from(b)) {
+                    Some(255) => None,
+                    Some(&to) => Some(to),
+                    None => Some(b),
+                })
+                .collect(),
         }
     }
 }

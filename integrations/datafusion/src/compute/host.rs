@@ -1222,34 +1222,19 @@ pub(crate) fn padded(
     string_rows(rows, out, text)
 }
 
-/// `reverse` (`repeat` `None`) or `repeat` of each value of a string column
+/// `reverse`, `repeat` or `translate` of each value of a string column
 /// ([`Node::Transform`]), an array of type `out`, as `view_transform` makes it.
 pub(crate) fn transformed(
     column: &FrameColumn,
     name: &str,
-    repeat: Option<u64>,
+    op: &super::expr::Transform,
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {
     let values = view_values(column, name)?;
     let rows = values
         .into_iter()
-        .map(|value| {
-            value.map(|value| match repeat {
-                Some(n) => value.repeat(n as usize),
-                None => {
-                    let mut out = Vec::with_capacity(value.len());
-                    let mut end = value.len();
-                    for at in (0..value.len()).rev() {
-                        if value[at] & 0xC0 != 0x80 {
-                            out.extend_from_slice(&value[at..end]);
-                            end = at;
-                        }
-                    }
-                    out
-                }
-            })
-        })
+        .map(|value| value.map(|value| op.apply(value)))
         .collect();
     string_rows(rows, out, text)
 }

@@ -445,13 +445,13 @@ impl DeviceExpr {
                 expr::Node::Transform {
                     index,
                     name,
-                    repeat,
+                    op,
                     out,
                 },
                 None,
             ) => {
                 let column = host::frame_column(frame, *index, name)?;
-                host::transformed(column, name, *repeat, out, &self.text)?
+                host::transformed(column, name, op, out, &self.text)?
             }
             (expr::Node::ToText { input, text, out }, None) => {
                 let lanes = host::eval(input, frame, &self.text)?;

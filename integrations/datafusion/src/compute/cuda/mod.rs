@@ -1310,15 +1310,13 @@ pub(crate) fn evaluate(
             Node::Transform {
                 index,
                 name,
-                repeat,
+                op,
                 out,
             },
             None,
         ) => {
             let column = (frame_column(frame, *index, name)?, name.as_str());
-            Some(strings::transform_column(
-                &cx, cuda, column, *repeat, out, e,
-            )?)
+            Some(strings::transform_column(&cx, cuda, column, op, out, e)?)
         }
         (Node::ToText { input, text, out }, None) => {
             let lanes = eval(&cx, input, frame, e)?;

@@ -647,31 +647,42 @@ pub(super) fn pad_column(
     array
 }
 
-/// `reverse` (`repeat` `None`) or `repeat` of each value of a string column
+/// `reverse`, `repeat` or `translate` of each value of a string column
 /// ([`Node::Transform`](crate::compute::expr::Node::Transform)), a column of type
-/// `out`, in two passes of `view_transform` ([`from_each_value`]). The data's bound:
-/// the values' bytes ([`value_bytes`]), times the count for `repeat`.
+/// `out`, in two passes of `view_transform` ([`from_each_value`]); `translate`'s table
+/// uploaded once. The data's bound: the values' bytes ([`value_bytes`]), times the count
+/// for `repeat`.
 pub(super) fn transform_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
     (column, name): (&FrameColumn, &str),
-    repeat: Option<u64>,
+    op: &crate::compute::expr::Transform,
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
-    let cap = value_bytes(column).saturating_mul(repeat.unwrap_or(1));
+    use crate::compute::expr::Transform;
+    let s = cx.stream;
+    let (count, mode, table) = match op {
+        Transform::Reverse => (1, 0, None),
+        Transform::Repeat(n) => (*n, 1, None),
+        Transform::Translate(table) => (1, 2, Some(s.clone_htod(table.as_slice())?)),
+    };
+    let cap = value_bytes(column).saturating_mul(count);
     let extra = [
-        A::U64(repeat.unwrap_or(1)),
-        A::U32(u32::from(repeat.is_some())),
+        A::U64(count),
+        A::U32(mode),
+        A::U64(table.as_ref().map_or(0, |t| addr(t, s))),
     ];
-    from_each_value(
+    let array = from_each_value(
         cx,
         cuda,
         (column, name),
         (&cx.k.view_transform, &extra),
         (out, cap),
         err,
-    )
+    );
+    drop(table);
+    array
 }
 
 /// `n` lanes written as strings (`CAST(x AS <string type>)`,
