@@ -4211,6 +4211,15 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "translate(c, 'aa', 'xy')",
         "translate(b, '', 'x')",
         "translate(c, 'a', '')",
+        // overlay: by characters, a start past the value, a count of 0, a negative one
+        // (part of the value again), the literal's characters by default.
+        "overlay(a placing 'XY' from 2)",
+        "overlay(b placing '🦀' from 1 for 3)",
+        "overlay(c placing '' from 3 for 1)",
+        "overlay(a placing 'é' from 40)",
+        "overlay(b placing '-' from 2 for 0)",
+        "overlay(c placing 'Z' from 4 for -2)",
+        "overlay(b placing 'Z' from 2 for -5)",
         // The first character's code point (0 for an empty value).
         "ascii(a)",
         "ascii(b)",
@@ -4241,6 +4250,7 @@ pub async fn check_string_functions(device: &ExecDevice) {
             "lpad(b, length(a))",
             "repeat(a, 65)",
             "translate(a, 'é', 'e')",
+            "overlay(a placing 'x' from 0)",
             "repeat(a, length(b))",
         ],
     )

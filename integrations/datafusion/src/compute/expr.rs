@@ -901,7 +901,8 @@ pub(crate) enum Node {
         right: bool,
         out: DataType,
     },
-    /// `reverse(col)`, `repeat(col, n)` or `translate(col, from, to)` of a string column
+    /// `reverse(col)`, `repeat(col, n)`, `translate(col, from, to)` or `overlay(...)` of a
+    /// string column
     /// ([`Transform`]); a new string column of the expression's type (`out`), so only the
     /// root of a projection's expression ([`string_node`]).
     Transform {
@@ -1809,7 +1810,7 @@ pub(crate) fn string_node(
         };
         return super::string_type(&out).then_some((node, out));
     }
-    if let ("reverse" | "repeat" | "translate", [column, rest @ ..]) =
+    if let ("reverse" | "repeat" | "translate" | "overlay", [column, rest @ ..]) =
         (function.name(), function.args())
     {
         let out = expr.data_type(input).ok()?;
@@ -1830,6 +1831,20 @@ pub(crate) fn string_node(
                     return None;
                 };
                 Transform::translate(&from, &to)?
+            }
+            // A start below 1 is DataFusion's error: the host's.
+            ("overlay", [with, start, count @ ..]) if count.len() < 2 => {
+                let with = string_literal(with).ok()??;
+                let start = int_literal(start).filter(|s| *s >= 1)?;
+                let count = match count {
+                    [count] => int_literal(count)?,
+                    _ => std::str::from_utf8(&with).ok()?.chars().count() as i64,
+                };
+                Transform::Overlay {
+                    prefix: (start - 1) as u64,
+                    end: (start - 1).saturating_add(count).max(0) as u64,
+                    with,
+                }
             }
             _ => return None,
         };
@@ -2304,6 +2319,16 @@ pub(crate) enum Transform {
     /// maps it to `to`'s byte at that place, or deletes it past `to`'s end); other
     /// bytes as they are.
     Translate(Box<[u8; 128]>),
+    /// `overlay(s placing with from start [for count])` of literals (`start` at least
+    /// 1): the value's bytes before character `prefix` (`start - 1`), then `with`, then
+    /// the value's from character `end` (`start - 1 + count`, 0 at least; `count`
+    /// `with`'s characters by default); a character past the value is its end, as
+    /// DataFusion's `overlay_bounds`.
+    Overlay {
+        prefix: u64,
+        end: u64,
+        with: Vec<u8>,
+    },
 }
 
 impl Transform {
@@ -2336,6 +2361,15 @@ impl Transform {
                     }
                 }
                 out
+            }
+            Transform::Overlay { prefix, end, with } => {
+                let at = |k: u64| {
+                    (0..value.len())
+                        .filter(|&j| value[j] & 0xC0 != 0x80)
+                        .nth(k as usize)
+                        .unwrap_or(value.len())
+                };
+                [&value[..at(*prefix)], with, &value[at(*end)..]].concat()
             }
             Transform::Translate(table) => value
                 .iter()

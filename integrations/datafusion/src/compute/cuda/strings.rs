@@ -647,11 +647,12 @@ pub(super) fn pad_column(
     array
 }
 
-/// `reverse`, `repeat` or `translate` of each value of a string column
+/// `reverse`, `repeat`, `translate` or `overlay` of each value of a string column
 /// ([`Node::Transform`](crate::compute::expr::Node::Transform)), a column of type
 /// `out`, in two passes of `view_transform` ([`from_each_value`]); `translate`'s table
-/// uploaded once. The data's bound: the values' bytes ([`value_bytes`]), times the count
-/// for `repeat`.
+/// and `overlay`'s literal uploaded once. The data's bound: the values' bytes
+/// ([`value_bytes`]), times the count for `repeat`, twice them and the literal a row
+/// for `overlay`.
 pub(super) fn transform_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
@@ -662,16 +663,28 @@ pub(super) fn transform_column(
 ) -> Result<CudaArray, BoxError> {
     use crate::compute::expr::Transform;
     let s = cx.stream;
-    let (count, mode, table) = match op {
-        Transform::Reverse => (1, 0, None),
-        Transform::Repeat(n) => (*n, 1, None),
-        Transform::Translate(table) => (1, 2, Some(s.clone_htod(table.as_slice())?)),
+    let bytes = value_bytes(column);
+    let (count, mode, table, end, cap) = match op {
+        Transform::Reverse => (1, 0, None, 0, bytes),
+        Transform::Repeat(n) => (*n, 1, None, 0, bytes.saturating_mul(*n)),
+        Transform::Translate(table) => (1, 2, Some(s.clone_htod(table.as_slice())?), 0, bytes),
+        // A row's prefix and suffix may overlap (a negative count): twice its bytes.
+        Transform::Overlay { prefix, end, with } => {
+            let len = u32::try_from(with.len())
+                .ok()
+                .filter(|l| *l < 1 << 24)
+                .ok_or("an overlay's literal past 16 MiB")?;
+            let with_bytes = (column.len() as u64).saturating_mul(u64::from(len));
+            let table = s.clone_htod(&[with.as_slice(), &[0u8][..]].concat())?;
+            let cap = bytes.saturating_mul(2).saturating_add(with_bytes);
+            (*prefix, 3 | len << 8, Some(table), *end, cap)
+        }
     };
-    let cap = value_bytes(column).saturating_mul(count);
     let extra = [
         A::U64(count),
         A::U32(mode),
         A::U64(table.as_ref().map_or(0, |t| addr(t, s))),
+        A::U64(end),
     ];
     let array = from_each_value(
         cx,
