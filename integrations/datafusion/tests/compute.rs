@@ -3493,6 +3493,63 @@ pub async fn check_string_casts(device: &ExecDevice) {
         }
     }
 
+    // Timestamps of each unit and no zone: a date alone, `T`, `t` or a space, fractions
+    // of 1 to 12 digits (the first 9 kept), `Z`; no timestamp where the date, the
+    // separator, the clock or the point is wrong, or past the unit (nanoseconds past
+    // 2262); an offset, HHMMSS or a leap second: the host's.
+    let stamps = numbers(&[
+        "2020-01-01",
+        "1969-12-31T23:59:59",
+        "2020-02-29 12:34:56.5",
+        "2020-02-29t00:00:00.123456789",
+        "1999-12-31 23:59:59.1234567891Z",
+        "1970-01-01T00:00:00.000001z",
+        "1677-09-21T00:12:43.145224192",
+        "2262-04-11T23:47:16.854775807",
+    ]);
+    // Past nanoseconds' range.
+    let far = numbers(&[
+        "0000-01-01 00:00:00",
+        "9999-12-31T23:59:59.999",
+        "1600-03-01 01:02:03.04",
+    ]);
+    let wrong = numbers(&[
+        "2020-01-01",
+        "2019-02-29",
+        "2020-13-01",
+        "2020-01-01x12:00:00",
+        "2020-1-1 12:00:00",
+        "2020-01-01 24:00:00",
+        "2020-01-01 12:60:00",
+        "2020-01-01 12:00:00.",
+        "2020-01",
+        "",
+        "2263-01-01",
+    ]);
+    for column in ["s", "u"] {
+        for unit in ["Second", "Millisecond", "Microsecond", "Nanosecond"] {
+            let text = format!("arrow_cast({column}, 'Timestamp({unit}, None)')");
+            assert_evaluates_as_datafusion(&stamps, "n", &text, &[(3, 6)], device).await;
+            if unit != "Nanosecond" {
+                assert_evaluates_as_datafusion(&far, "n", &text, &[], device).await;
+            }
+            let text = format!("TRY_CAST({column} AS TIMESTAMP)");
+            assert_evaluates_as_datafusion(&wrong, "n", &text, &[(3, 6)], device).await;
+        }
+        let text = format!("CAST({column} AS TIMESTAMP)");
+        assert_evaluates_as_datafusion(&stamps, "n", &text, &[(3, 6)], device).await;
+        assert_fails_as_datafusion(&wrong, "n", &text, None, device).await;
+        for odd in [
+            "2020-01-01T12:00:00+05:00",
+            "2020-01-01 120000",
+            "2020-01-01 23:59:60",
+            "2020-01-01 12:00:00 UTC",
+        ] {
+            let batch = numbers(&["2020-01-01", odd]);
+            assert_left_to_the_host(&batch, "n", &text, None, device).await;
+        }
+    }
+
     // Dates: each of arrow's forms, real dates and not, bytes past the day, leap years.
     let mut dates: Vec<Option<&str>> = [
         "2020-01-01",

@@ -471,6 +471,8 @@ pub(crate) enum Parse {
     Float,
     /// A decimal of `scale`, within `[lo, hi]` (its precision's range): [`parse_number`].
     Decimal { scale: u8, lo: i64, hi: i64 },
+    /// A timestamp of no zone in units of `per_second` a second: [`parse_timestamp`].
+    Timestamp { per_second: i64 },
 }
 
 impl Parse {
@@ -484,11 +486,13 @@ impl Parse {
             Parse::Decimal { scale, lo, hi } => {
                 Ok(parse_number(value, Some(scale))?.filter(|v| (lo..=hi).contains(v)))
             }
+            Parse::Timestamp { per_second } => parse_timestamp(value, per_second),
         }
     }
 
     /// The kernel's encoding (`view_parse`): its mode (0 an integer, 1 a date, 2 a
-    /// float, 3 a decimal, its scale in bits 8 to 15) and range.
+    /// float, 3 a decimal, its scale in bits 8 to 15, 4 a timestamp, its units a second
+    /// in `lo`) and range.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // (what CUDA needs to know)
     pub(crate) fn kernel_args(self) -> (u32, i64, i64) {
         match self {
@@ -496,6 +500,7 @@ impl Parse {
             Parse::Date => (1, 0, 0),
             Parse::Float => (2, i64::MIN, i64::MAX),
             Parse::Decimal { scale, lo, hi } => (3 | u32::from(scale) << 8, lo, hi),
+            Parse::Timestamp { per_second } => (4, per_second, 0),
         }
     }
 }
@@ -608,6 +613,85 @@ pub(crate) fn parse_number(
             Ok(Some(x.to_bits() as i64))
         }
     }
+}
+
+/// A string value as arrow's cast parses it to a timestamp of no zone in units of
+/// `per_second` a second (`string_to_datetime` against UTC, then the unit's
+/// `from_naive_datetime`), for the forms whose answer is certain: `YYYY-MM-DD` alone, or
+/// then `T`, `t` or a space, `HH:MM:SS`, a fraction of one or more digits (the first 9
+/// kept), and nothing or `Z`/`z`. Fewer than 10 bytes, another date or separator, an
+/// hour, minute or second out of range, a day its month lacks, a point with no digit, or
+/// a value past the unit's 64 bits: no timestamp (`Ok(None)`). An offset or a zone, the
+/// `HHMMSS` form, a leap second (`:60`), or bytes after the time: the host's (`Err`).
+pub(crate) fn parse_timestamp(
+    value: &[u8],
+    per_second: i64,
+) -> Result<Option<i64>, super::automaton::Quit> {
+    use super::automaton::Quit;
+    let digit = |k: usize| {
+        value
+            .get(k)
+            .map(|b| b.wrapping_sub(b'0'))
+            .filter(|d| *d < 10)
+    };
+    let two = |k: usize| Some(i64::from(digit(k)?) * 10 + i64::from(digit(k + 1)?));
+    if value.len() < 10 || value[4] != b'-' || value[7] != b'-' {
+        return Ok(None);
+    }
+    let (Some(year), Some(month), Some(day)) =
+        (two(0).zip(two(2)).map(|(a, b)| a * 100 + b), two(5), two(8))
+    else {
+        return Ok(None);
+    };
+    // A real date: its days name it back.
+    let days = days_from_civil(year, month, day);
+    if !(1..=12).contains(&month) || civil_from_days(days) != (year, month, day) {
+        return Ok(None);
+    }
+    let (mut seconds, mut nanos) = (days * 86_400, 0i64);
+    if value.len() > 10 {
+        if !matches!(value[10], b'T' | b't' | b' ') {
+            return Ok(None);
+        }
+        if value.len() < 19 || value[13] != b':' || value[16] != b':' {
+            return Err(Quit);
+        }
+        let (Some(h), Some(m), Some(s)) = (two(11), two(14), two(17)) else {
+            return Err(Quit);
+        };
+        match (h, m, s) {
+            (24.., _, _) | (_, 60.., _) | (_, _, 61..) => return Ok(None),
+            (_, _, 60) => return Err(Quit),
+            _ => seconds += h * 3600 + m * 60 + s,
+        }
+        let mut k = 19;
+        if value.get(k) == Some(&b'.') {
+            k += 1;
+            let from = k;
+            while let Some(d) = digit(k) {
+                if k - from < 9 {
+                    nanos = nanos * 10 + i64::from(d);
+                }
+                k += 1;
+            }
+            if k == from {
+                return Ok(None);
+            }
+            nanos *= 10i64.pow(9u32.saturating_sub((k - from) as u32));
+        }
+        match &value[k..] {
+            [] | [b'Z' | b'z'] => {}
+            _ => return Err(Quit),
+        }
+    }
+    if per_second == 1_000_000_000 && seconds < 0 {
+        (seconds, nanos) = (seconds + 1, nanos - 1_000_000_000);
+    } else {
+        nanos /= 1_000_000_000 / per_second;
+    }
+    Ok(seconds
+        .checked_mul(per_second)
+        .and_then(|v| v.checked_add(nanos)))
 }
 
 /// A string value as arrow's cast parses it to a `Date32` (`parse_date`), as days since
@@ -4036,6 +4120,9 @@ fn cast_node(
             }
             DataType::Date32 => Parse::Date,
             DataType::Float64 => Parse::Float,
+            DataType::Timestamp(unit, None) => Parse::Timestamp {
+                per_second: units_per_day(*unit) / 86_400,
+            },
             DataType::Decimal128(p, s) if *s >= 0 && *s as u32 <= MAX_POW10 => {
                 let (lo, hi) = precision_range(*p);
                 Parse::Decimal {
@@ -4451,6 +4538,82 @@ fn parts_columns<'a>(parts: &'a [ConcatPart], out: &mut Vec<(usize, &'a str)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every string `parse_timestamp` answers (the device's part) is parsed as arrow's
+    /// cast to a timestamp of each unit parses it: generated dates, separators, times,
+    /// fractions and suffixes, and noise.
+    #[test]
+    fn timestamps_parsed_are_arrows() {
+        use arrow_array::{Array, StringArray};
+        use datafusion::arrow::compute::{cast_with_options, CastOptions};
+        use datafusion::arrow::datatypes::TimeUnit;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let pick = |k: u64, xs: &[&str]| xs[k as usize % xs.len()].to_string();
+        let mut words = Vec::new();
+        for _ in 0..40_000 {
+            let year = pick(
+                next(9),
+                &[
+                    "0000", "1677", "1678", "1969", "1970", "2020", "2262", "2263", "9999",
+                ],
+            );
+            let date = format!("{year}-{:02}-{:02}", next(14), next(33));
+            let sep = pick(next(6), &["T", "t", " ", "_", "", "T"]);
+            let time = match next(5) {
+                0 => String::new(),
+                1 => format!("{:02}{:02}{:02}", next(25), next(61), next(62)),
+                _ => format!("{:02}:{:02}:{:02}", next(25), next(61), next(62)),
+            };
+            let fraction = match next(3) {
+                0 => String::new(),
+                _ => format!(".{}", &"0123456789012"[..next(14) as usize]),
+            };
+            let suffix = pick(next(8), &["", "", "", "Z", "z", "+05:00", " ", "x"]);
+            words.push(format!("{date}{sep}{time}{fraction}{suffix}"));
+        }
+        let noise = b"0123456789-:T .Z";
+        for _ in 0..10_000 {
+            let len = next(30);
+            words.push(
+                (0..len)
+                    .map(|_| noise[next(noise.len() as u64) as usize] as char)
+                    .collect(),
+            );
+        }
+        words.push("1677-09-21T00:12:43.145224192".into());
+        words.push("1677-09-21T00:12:43.145224191".into());
+        words.push("2262-04-11T23:47:16.854775807".into());
+        words.push("2262-04-11T23:47:16.854775808".into());
+        let strings = StringArray::from_iter_values(&words);
+        for unit in [
+            TimeUnit::Second,
+            TimeUnit::Millisecond,
+            TimeUnit::Microsecond,
+            TimeUnit::Nanosecond,
+        ] {
+            let to = DataType::Timestamp(unit, None);
+            let cast = cast_with_options(&strings, &to, &CastOptions::default())
+                .unwrap()
+                .to_data();
+            let values = cast.buffers()[0].typed_data::<i64>();
+            let per_second = units_per_day(unit) / 86_400;
+            let mut answered = 0;
+            for (i, w) in words.iter().enumerate() {
+                if let Ok(v) = parse_timestamp(w.as_bytes(), per_second) {
+                    answered += 1;
+                    let want = cast.is_valid(i).then(|| values[i]);
+                    assert_eq!(v, want, "{w:?} as {to}");
+                }
+            }
+            assert!(answered > 15_000, "{answered} of {to} answered");
+        }
+    }
 
     /// Every string `parse_number` answers (the device's part) is parsed as arrow's cast
     /// parses it, bit for bit: strings of digits, signs, dots, exponents and spaces.
