@@ -3295,7 +3295,7 @@ fn as_case(
 
 /// DataFusion's `gcd`, `lcm` and `factorial` of Int64s ([`op::GCD`], [`op::LCM`],
 /// [`op::FACTORIAL`]; a decimal's are the host's), and of Float64s `isnan`
-/// ([`op::IS_NAN`]), `iszero` (`x = 0.0`), `signum` ([`op::SIGNUM`]) and `nanvl(x, y)`
+/// ([`op::IS_NAN`]), `iszero` (`x = 0.0`; of an integer or a decimal `x = 0`), `signum` ([`op::SIGNUM`]) and `nanvl(x, y)`
 /// (`CASE WHEN isnan(x) THEN y ELSE x END`: a null `x` is null).
 fn number_function_node(
     function: &ScalarFunctionExpr,
@@ -3313,6 +3313,20 @@ fn number_function_node(
         "gcd" | "lcm" | "factorial" => DataType::Int64,
         _ => DataType::Float64,
     };
+    // `iszero` of an integer or a decimal: `x = 0` of its lanes.
+    if let ("iszero", [(x, t)]) = (name, args.as_slice()) {
+        if matches!(kind(t), Ok(Kind::Int | Kind::Decimal(_))) {
+            return Ok(Node::Binary {
+                op: op::EQ,
+                left: Box::new(x.clone()),
+                right: Box::new(Node::Literal(Some(0))),
+                lmul: 1,
+                rmul: 1,
+                lo: i64::MIN,
+                hi: i64::MAX,
+            });
+        }
+    }
     if let Some((_, t)) = args.iter().find(|(_, t)| *t != want) {
         return refuse(format!("{name} of {t} has no device kernel"));
     }
