@@ -3738,6 +3738,15 @@ pub async fn check_unsigned(device: &ExecDevice) {
         "TRY_CAST(i AS TINYINT UNSIGNED) > 5",
         "CAST(u32 AS VARCHAR)",
         "u8 > u16",
+        // Results of an unsigned type (zero-extended lanes, stored unsigned).
+        "u8",
+        "u32",
+        "u32 / arrow_cast(7, 'UInt32')",
+        "u16 % arrow_cast(1000, 'UInt16')",
+        "CASE WHEN u8 > 100 THEN u8 END",
+        "TRY_CAST(i AS INT UNSIGNED)",
+        "TRY_CAST(i AS TINYINT UNSIGNED)",
+        "arrow_cast(u8, 'UInt32') * arrow_cast(16843009, 'UInt32')",
     ] {
         assert_evaluates_as_datafusion(&ctx, "u", text, &[(2, 11)], device).await;
     }

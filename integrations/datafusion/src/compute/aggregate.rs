@@ -597,7 +597,8 @@ fn offset_strings<O: arrow_array::OffsetSizeTrait>(
     Ok(Arc::new(b.finish()))
 }
 
-/// An array of `t` (integers, dates, decimals) from lanes.
+/// An array of `t` (integers, unsigned ones of up to 32 bits too, dates, decimals) from
+/// lanes.
 pub(crate) fn values_array(
     lanes: &[Option<i64>],
     t: &DataType,
@@ -632,6 +633,13 @@ pub(crate) fn values_array(
         DataType::Int32 => Arc::new(Int32Array::from(narrow::<i32>(lanes, t, what)?)),
         DataType::Int16 => Arc::new(Int16Array::from(narrow::<i16>(lanes, t, what)?)),
         DataType::Int8 => Arc::new(Int8Array::from(narrow::<i8>(lanes, t, what)?)),
+        DataType::UInt8 => Arc::new(arrow_array::UInt8Array::from(narrow::<u8>(lanes, t, what)?)),
+        DataType::UInt16 => Arc::new(arrow_array::UInt16Array::from(narrow::<u16>(
+            lanes, t, what,
+        )?)),
+        DataType::UInt32 => Arc::new(arrow_array::UInt32Array::from(narrow::<u32>(
+            lanes, t, what,
+        )?)),
         DataType::Date32 => Arc::new(Date32Array::from(narrow::<i32>(lanes, t, what)?)),
         DataType::Timestamp(unit, tz) => {
             use arrow_array::{

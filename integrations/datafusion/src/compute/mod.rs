@@ -268,6 +268,9 @@ impl DeviceExpr {
                 | DataType::Int16
                 | DataType::Int32
                 | DataType::Int64
+                | DataType::UInt8
+                | DataType::UInt16
+                | DataType::UInt32
                 | DataType::Date32
                 | DataType::Timestamp(..)
                 | DataType::Duration(_)

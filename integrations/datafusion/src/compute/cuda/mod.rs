@@ -1340,7 +1340,7 @@ pub(crate) fn evaluate(
     let (column, narrow) = if dt == DataType::Boolean {
         (boolean_column(&cx, &lanes, n, nullable, e)?, true)
     } else {
-        let narrow = store_width(&dt)? < 8;
+        let narrow = store_width(&dt)? & 31 < 8;
         (store_column(&cx, &dt, &lanes, n, nullable, e)?, narrow)
     };
     let needed = expr.node.may_fail() || narrow || reads_offsets(&expr.node, frame)?;
@@ -1352,7 +1352,8 @@ pub(crate) fn evaluate(
     Ok((FrameColumn::single(batch)?, pending))
 }
 
-/// The bytes per value `store_lanes` writes for an output of `dt`.
+/// The bytes per value `store_lanes` writes for an output of `dt` (32 added for an
+/// unsigned type).
 fn store_width(dt: &DataType) -> Result<u32, BoxError> {
     Ok(match dt {
         DataType::Decimal128(..) => 16,
@@ -1361,6 +1362,10 @@ fn store_width(dt: &DataType) -> Result<u32, BoxError> {
         DataType::Int32 | DataType::Date32 => 4,
         DataType::Int16 => 2,
         DataType::Int8 => 1,
+        // Unsigned: 32 set, the lane zero-extended from its low bytes.
+        DataType::UInt32 => 32 | 4,
+        DataType::UInt16 => 32 | 2,
+        DataType::UInt8 => 32 | 1,
         other => return Err(ComputeError::Input(format!("no CUDA output of {other}")).into()),
     })
 }
@@ -1425,7 +1430,10 @@ fn store_column(
         8 => array::<i64>(cx, dt, lanes, n, width, bitmap, e)?,
         4 => array::<i32>(cx, dt, lanes, n, width, bitmap, e)?,
         2 => array::<i16>(cx, dt, lanes, n, width, bitmap, e)?,
-        _ => array::<i8>(cx, dt, lanes, n, width, bitmap, e)?,
+        1 => array::<i8>(cx, dt, lanes, n, width, bitmap, e)?,
+        36 => array::<u32>(cx, dt, lanes, n, width, bitmap, e)?,
+        34 => array::<u16>(cx, dt, lanes, n, width, bitmap, e)?,
+        _ => array::<u8>(cx, dt, lanes, n, width, bitmap, e)?,
     };
     Ok(column)
 }
