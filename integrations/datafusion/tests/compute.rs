@@ -3750,6 +3750,19 @@ pub async fn check_unsigned(device: &ExecDevice) {
     ] {
         assert_evaluates_as_datafusion(&ctx, "u", text, &[(2, 11)], device).await;
     }
+    // Group keys, sums (UInt64 states, past u32), min and max.
+    let parts = vec![vec![batch.slice(0, 13)], vec![batch.slice(13, 17)]];
+    let two = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let table = MemTable::try_new(batch.schema(), parts).unwrap();
+    two.register_table("u", Arc::new(table)).unwrap();
+    for sql in [
+        "SELECT u8 % 3 AS g, sum(u16), sum(u32), min(u32), max(u8), count(*) FROM u GROUP BY g",
+        "SELECT u16, u32, sum(u8), min(u16) FROM u GROUP BY u16, u32",
+        "SELECT sum(u32), min(u16), max(u16), max(u32) FROM u",
+    ] {
+        check_partial_aggregate(&two, sql, device).await;
+    }
+
     // UInt32 + UInt32 past u32 (DataFusion fails), and below 0.
     let (fits, past) = (batch.slice(0, 9), batch.slice(0, 10));
     let small = session_of("s", &fits);

@@ -31,7 +31,7 @@ use arrow_array::{
     Int8Array, RecordBatch, RecordBatchOptions, UInt64Array,
 };
 use arrow_schema::{DataType, SchemaRef, TimeUnit};
-use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -162,6 +162,9 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             | DataType::Int16
             | DataType::Int32
             | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
             | DataType::Date32
             | DataType::Timestamp(..)
             | DataType::Decimal128(..) => {
@@ -213,7 +216,19 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
         let (arg, arg_type) = if every_row {
             (None, None)
         } else {
-            let (node, t) = expr::compile(arg, &input)?;
+            // DataFusion sums an unsigned value as a UInt64 (`CAST(u AS UInt64)`): of one
+            // of up to 32 bits, the cast widens nothing in its zero-extended lanes.
+            let widened = arg.downcast_ref::<CastExpr>().filter(|c| {
+                kind == AggKind::Sum
+                    && c.cast_type() == &DataType::UInt64
+                    && c.expr().data_type(&input).is_ok_and(|t| {
+                        matches!(t, DataType::UInt8 | DataType::UInt16 | DataType::UInt32)
+                    })
+            });
+            let (node, t) = match widened {
+                Some(cast) => (expr::compile(cast.expr(), &input)?.0, DataType::UInt64),
+                None => expr::compile(arg, &input)?,
+            };
             // A float's min or max is that of its key (NaN and -0.0 send the batch to
             // the host).
             let node = match (kind, &t) {
@@ -239,6 +254,8 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                 AggKind::Sum,
                 Some(DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64),
             ) => state(0) == &DataType::Int64,
+            // Unsigned values (zero-extended lanes) sum to a UInt64.
+            (AggKind::Sum, Some(DataType::UInt64)) => state(0) == &DataType::UInt64,
             (AggKind::Avg, Some(DataType::Decimal128(_, s))) => {
                 state(0) == &DataType::UInt64
                     && matches!(state(1), DataType::Decimal128(_, ss) if *ss == *s)
@@ -251,6 +268,9 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         | DataType::Int16
                         | DataType::Int32
                         | DataType::Int64
+                        | DataType::UInt8
+                        | DataType::UInt16
+                        | DataType::UInt32
                         | DataType::Date32
                         | DataType::Timestamp(..)
                         | DataType::Float64
@@ -537,6 +557,15 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
                                     .transpose()
                             })
                             .collect::<Result<Int64Array, _>>()?,
+                    ),
+                    DataType::UInt64 => Arc::new(
+                        values
+                            .iter()
+                            .map(|v| {
+                                v.map(|v| u64::try_from(v).map_err(|_| overflow(&agg.text, v, t)))
+                                    .transpose()
+                            })
+                            .collect::<Result<UInt64Array, _>>()?,
                     ),
                     other => {
                         return Err(ComputeError::Input(format!("a sum state of {other}")).into())
