@@ -4934,7 +4934,12 @@ async fn check_join_cases(device: &ExecDevice, strings: &DataType, modes: &[&str
     join_tables_of(&plain, strings);
     // The joins with `dup` and with the union repeat build keys: one output row per
     // matching pair.
-    let cases: [&str; 66] = [
+    let cases: [&str; 68] = [
+        // Unsigned keys (zero-extended lanes).
+        "select f.qty, d.name from fact f join dim d \
+         on arrow_cast(abs(f.fk) % 60000, 'UInt16') = arrow_cast(abs(d.k) % 60000, 'UInt16')",
+        "select d.k, d.name from dim d where exists (select 1 from fact f \
+         where arrow_cast(abs(f.fk2), 'UInt32') = arrow_cast(abs(d.k2), 'UInt32'))",
         // Timestamp keys (i64 lanes; made by a host projection below the join).
         "select f.qty, d.name from fact f join dim d \
          on to_timestamp_seconds(f.fk) = to_timestamp_seconds(d.k)",

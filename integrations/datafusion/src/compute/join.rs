@@ -274,13 +274,17 @@ pub struct DeviceHashJoin {
 }
 
 /// Whether the device joins on keys of this type (as i64 lanes: a decimal's unscaled
-/// value, which fits 64 bits up to precision 18).
+/// value, which fits 64 bits up to precision 18; an unsigned integer of up to 32 bits
+/// zero-extended).
 fn key_type(data_type: &DataType) -> bool {
     match data_type {
         DataType::Int8
         | DataType::Int16
         | DataType::Int32
         | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
         | DataType::Date32
         | DataType::Timestamp(..) => true,
         DataType::Decimal128(p, s) => *p <= 18 && *s >= 0,
