@@ -7,9 +7,8 @@ use devarrow::abi::ArrowDeviceType;
 use devarrow::bridge::DeviceColumn;
 
 use super::automaton::Quit;
-use super::expr::{
-    civil_from_days, days_from_civil, op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS,
-};
+use super::convert::{civil_from_days, days_from_civil};
+use super::expr::{op, string_key, ConcatPart, Joined, Node, OnFail, CHRONO_DAYS};
 use super::{ComputeError, KEY_WORDS};
 use crate::error::BoxError;
 use crate::frame::{DeviceFrame, FrameColumn};
@@ -1044,11 +1043,11 @@ pub(crate) fn slices(
 /// `Utf8View`): each row checked to be UTF-8, and `Utf8`'s i32 offsets checked to hold
 /// them (past them: `ComputeError::Overflow`, the host's own error to raise).
 /// `lanes` written as strings of type `out` ([`Node::ToText`]), as
-/// [`Text::write`](super::expr::Text::write) writes each valid one; a value it leaves to
+/// [`Text::write`](super::convert::Text::write) writes each valid one; a value it leaves to
 /// the host is [`ComputeError::HostOnly`].
 pub(crate) fn texts(
     lanes: &Lanes,
-    how: super::expr::Text,
+    how: super::convert::Text,
     out: &DataType,
     text: &str,
 ) -> Result<arrow_array::ArrayRef, BoxError> {

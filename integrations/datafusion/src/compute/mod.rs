@@ -92,6 +92,7 @@ use crate::step::ExecDevice;
 
 mod aggregate;
 mod automaton;
+mod convert;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod expr;

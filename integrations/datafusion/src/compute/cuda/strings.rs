@@ -701,15 +701,15 @@ pub(super) fn transform_column(
 /// `n` lanes written as strings (`CAST(x AS <string type>)`,
 /// [`Node::ToText`](crate::compute::expr::Node::ToText)), a column of type `out`, in two
 /// passes of `lanes_to_text` ([`two_pass_strings`]): each row's length, then its bytes,
-/// as arrow's cast writes them ([`Text::write`](crate::compute::expr::Text::write)). A
+/// as arrow's cast writes them ([`Text::write`](crate::compute::convert::Text::write)). A
 /// value arrow writes otherwise sets 8 in the error word (the batch is the host's). The
-/// data's bound: [`Text::max_bytes`](crate::compute::expr::Text::max_bytes) a row. The
+/// data's bound: [`Text::max_bytes`](crate::compute::convert::Text::max_bytes) a row. The
 /// validity flags are packed where `nullable`.
 pub(super) fn text_column(
     cx: &Cx<'_>,
     cuda: &Arc<CudaDevice>,
     (lanes, n, nullable): (&super::Lanes, usize, bool),
-    text: crate::compute::expr::Text,
+    text: crate::compute::convert::Text,
     out: &DataType,
     err: u64,
 ) -> Result<CudaArray, BoxError> {
