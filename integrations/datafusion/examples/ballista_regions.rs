@@ -13,11 +13,12 @@
 //!   (`datafusion.optimizer.prefer_hash_join`), each join the device can run placed there
 //!   (`devarrow.always_place_joins`, so that the run covers them): a join's build side
 //!   travels to its task through a shuffle, its probe side is the region. Every join is
-//!   `Partitioned` (DataFusion's thresholds for collecting a build side set to 0): a
-//!   left semi, anti or outer join that collects its build side would share state across
-//!   partitions, which Ballista's tasks (each its own copy of the plan) cannot, and the
-//!   rule leaves such a join on the host on Ballista. The scheduler's plan (`EXPLAIN`,
-//!   which runs there) must have the device joins too;
+//!   `Partitioned` (DataFusion's thresholds for collecting a build side set to 0). The
+//!   scheduler's plan (`EXPLAIN`, which runs there) must have the device joins too. Then
+//!   Q13 with the thresholds at their defaults: its left outer join collects its build
+//!   side (DataFusion's plan alone), which Ballista's tasks (each its own copy of the
+//!   plan) cannot share, so the rule makes it `Partitioned` first, as Ballista's planner
+//!   makes a host one, and places it;
 //! - the client's session has the rule, the codec of region nodes
 //!   (`DeviceExecCodec`, around Ballista's for the rest) and `devarrow.devices = auto`;
 //! - the scheduler cuts the plan into stages: the regions travel as bytes (each
@@ -196,6 +197,36 @@ async fn main() -> Result<(), Box<dyn Error>> {
             rows(&got)
         );
     }
+
+    // A collected left outer join (Q13's, DataFusion's thresholds at their defaults,
+    // where DataFusion alone collects its build side): each task would emit the build
+    // rows it never matched, so the rule makes it `Partitioned` first, as Ballista's
+    // planner makes a host one, and places it on the device.
+    let sql = tpch::query(13);
+    let collected = alone.sql(sql).await?.create_physical_plan().await?;
+    let collected = displayable(collected.as_ref()).indent(false).to_string();
+    if !collected.contains("mode=CollectLeft, join_type=Left") {
+        return Err(format!("Q13 collects no build side alone:\n{collected}").into());
+    }
+    for c in [&ctx, &local] {
+        for set in [
+            "set datafusion.optimizer.hash_join_single_partition_threshold = 1048576",
+            "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 131072",
+        ] {
+            c.sql(set).await?.collect().await?;
+        }
+    }
+    let plan = local.sql(sql).await?.create_physical_plan().await?;
+    let text = displayable(plan.as_ref()).indent(false).to_string();
+    if !text.contains("DeviceHashJoinExec: mode=Partitioned, join_type=Left") {
+        return Err(format!("Q13's collected join was not partitioned:\n{text}").into());
+    }
+    let got = ctx.sql(sql).await?.collect().await?;
+    let want = alone.sql(sql).await?.collect().await?;
+    if sorted(&got) != sorted(&want) {
+        return Err("Q13 with its join partitioned by the rule differs from DataFusion's".into());
+    }
+    println!("Q13, its collected join partitioned by the rule: rows equal DataFusion's");
 
     // Every device `auto` names on this machine ran partitions.
     let mut idle = Vec::new();

@@ -171,14 +171,17 @@ impl DevicePlacementRule {
 
     /// Rewrites one node whose children are rewritten already.
     /// `distributed`: the plan's partitions may run as separate plans (Ballista's
-    /// tasks), so an operator whose partitions share state stays on the host.
+    /// tasks, `Some` of the session's target partitions), so an operator whose
+    /// partitions share state does not run as it is: a collected hash join is made
+    /// `Partitioned` first, as Ballista's planner makes it ([`partitioned_join`]); any
+    /// other such operator stays on the host.
     /// `weigh`: an operator with host children (a join's build side, uploaded whole)
     /// stays on the host where DataFusion's statistics say those weigh more than its
     /// device child (`devarrow.always_place_joins` turns it off).
     fn place(
         &self,
         node: Arc<dyn ExecutionPlan>,
-        distributed: bool,
+        distributed: Option<usize>,
         weigh: bool,
     ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if let Some(host_only) = node.downcast_ref::<HostOnlyExec>() {
@@ -195,7 +198,12 @@ impl DevicePlacementRule {
             return Ok(Transformed::no(node));
         };
         let operator = match operator {
-            Ok(operator) if distributed && operator.partitions_share_state() => {
+            Ok(operator) if distributed.is_some() && operator.partitions_share_state() => {
+                if let Some(join) = distributed.and_then(|n| partitioned_join(&node, n)) {
+                    return Ok(Transformed::yes(
+                        self.place(join?, distributed, weigh)?.data,
+                    ));
+                }
                 let why = format!(
                     "its partitions share state ({}), and on Ballista each task runs its \
                      own copy of the plan (Ballista makes such a host join Partitioned; it \
@@ -204,7 +212,7 @@ impl DevicePlacementRule {
                 );
                 return Ok(Transformed::yes(Arc::new(HostOnlyExec::new(node, why))));
             }
-            Ok(_) if distributed && reads_scalar_subquery(&node) => {
+            Ok(_) if distributed.is_some() && reads_scalar_subquery(&node) => {
                 // A filter's conjuncts that read no subquery still run on the device,
                 // under a host filter of the others.
                 let host = match split_at_subqueries(&node)? {
@@ -557,6 +565,41 @@ fn on_ballista(config: &ConfigOptions) -> bool {
         .any(|(prefix, _)| prefix == "ballista")
 }
 
+/// A collected hash join (`CollectLeft`) made `Partitioned` as Ballista's planner makes
+/// one whose join type it cannot broadcast (a left semi, anti, mark or outer join: the
+/// last partition emits build rows by what every partition matched): each side
+/// hash-repartitioned on its keys into `partitions`. `None` for any other node, and for a
+/// null-aware join (Ballista runs it as one task, which a device node would hide).
+fn partitioned_join(
+    node: &Arc<dyn ExecutionPlan>,
+    partitions: usize,
+) -> Option<Result<Arc<dyn ExecutionPlan>>> {
+    use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+    use datafusion::physical_plan::repartition::RepartitionExec;
+    use datafusion::physical_plan::Partitioning;
+
+    let join = node.downcast_ref::<HashJoinExec>()?;
+    if *join.partition_mode() != PartitionMode::CollectLeft || join.null_aware {
+        return None;
+    }
+    let repartitioned = |child: &Arc<dyn ExecutionPlan>, keys: Vec<Arc<dyn PhysicalExpr>>| {
+        RepartitionExec::try_new(child.clone(), Partitioning::Hash(keys, partitions))
+            .map(|r| Arc::new(r) as Arc<dyn ExecutionPlan>)
+    };
+    let build = join.on().iter().map(|(l, _)| l.clone()).collect();
+    let probe = join.on().iter().map(|(_, r)| r.clone()).collect();
+    Some((|| {
+        let children = vec![
+            repartitioned(join.left(), build)?,
+            repartitioned(join.right(), probe)?,
+        ];
+        join.builder()
+            .with_partition_mode(PartitionMode::Partitioned)
+            .with_new_children(children)?
+            .build_exec()
+    })())
+}
+
 /// Whether the region topped by `top` ends with a terminal operator (its output is on
 /// the host: nothing can follow it on the device).
 fn ends_on_host(top: &Arc<dyn ExecutionPlan>) -> bool {
@@ -574,7 +617,7 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
         if !options.is_none_or(|c| c.enabled) {
             return Ok(plan);
         }
-        let distributed = on_ballista(config);
+        let distributed = on_ballista(config).then_some(config.execution.target_partitions);
         let every_join = options.is_some_and(|c| c.always_place_joins);
         let placed = plan
             .transform_up(|node| self.place(node, distributed, !every_join))?

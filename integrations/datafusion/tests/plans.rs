@@ -451,12 +451,14 @@ impl datafusion::common::config::ConfigExtension for BallistaLike {
 }
 
 /// A join whose partitions share state (a collected build side whose matched rows the
-/// last partition emits: left semi, anti and outer joins) stays on the host, saying why,
-/// where the session is Ballista's: each task runs its own copy of the stage's plan, and
-/// Ballista makes such a host join `Partitioned` itself (it cannot through a device
-/// node). In one process, and on Ballista once partitioned, it is on the device.
+/// last partition emits: left semi, anti and outer joins) cannot run as it is where the
+/// session is Ballista's (each task runs its own copy of the stage's plan, and Ballista
+/// makes such a host join `Partitioned`, which it cannot through a device node): the rule
+/// makes it `Partitioned` first, as Ballista does (each side hash-repartitioned on its
+/// keys), then places it on the device. In one process it is collected, on the device.
+/// Each gives DataFusion's rows.
 #[tokio::test]
-async fn a_join_whose_partitions_share_state_stays_on_the_host_on_ballista() {
+async fn a_join_whose_partitions_share_state_is_partitioned_on_ballista() {
     use arrow_array::{ArrayRef, Int32Array};
     use datafusion::datasource::MemTable;
 
@@ -496,9 +498,23 @@ async fn a_join_whose_partitions_share_state_stays_on_the_host_on_ballista() {
         ctx.register_table("fact", Arc::new(fact)).unwrap();
         let plan = plan(&ctx, sql).await;
         let shown = text(&plan);
-        let on_host = shown.contains("each task runs its own copy of the plan");
-        assert_eq!(on_host, ballista && collected, "{shown}");
-        assert_eq!(shown.contains("DeviceHashJoinExec: "), !on_host, "{shown}");
+        assert!(!shown.contains("HostOnlyExec"), "{shown}");
+        let mode = match (ballista, collected) {
+            (false, _) => "CollectLeft",
+            (true, _) => "Partitioned",
+        };
+        assert!(
+            shown.contains(&format!("DeviceHashJoinExec: mode={mode}")),
+            "{shown}"
+        );
+        // Demoted: each side repartitioned by its key, as Ballista's planner does.
+        if ballista && collected {
+            assert_eq!(
+                shown.matches("RepartitionExec: partitioning=Hash").count(),
+                2,
+                "{shown}"
+            );
+        }
         let got = collect(plan, ctx.task_ctx()).await.unwrap();
         let rows = pretty_format_batches(&got).unwrap().to_string();
         assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 4, "{rows}");
