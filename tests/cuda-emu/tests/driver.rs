@@ -2841,11 +2841,8 @@ fn doubles_round_to_integers_and_take_square_roots() {
     assert!(word(40 * 11 + 32).is_nan(), "the root of a negative is NaN");
 }
 
-/// `cvt.rzi.s64.f64`: truncated toward zero, clamped to the s64 range, NaN 0, as PTX
-/// documents its float-to-integer conversions.
-#[test]
-fn float_to_integer_truncates_and_saturates() {
-    const PTX: &str = r#"
+/// A kernel converting each thread's u64 (`cvt.rzi.s64.f64` of a double) into a u64.
+const FLOAT_TO_S64: &str = r#"
 .version 7.0
 .target sm_70
 .address_size 64
@@ -2870,6 +2867,11 @@ fn float_to_integer_truncates_and_saturates() {
     ret;
 }
 "#;
+
+/// `cvt.rzi.s64.f64`: truncated toward zero, clamped to the s64 range, NaN 0, as PTX
+/// documents its float-to-integer conversions.
+#[test]
+fn float_to_integer_truncates_and_saturates() {
     let values = [
         2.5,
         -2.5,
@@ -2884,7 +2886,7 @@ fn float_to_integer_truncates_and_saturates() {
         i64::MIN as f64,
         4_503_599_627_370_497.0,
     ];
-    let got = doubles_through(PTX, c"to_s64", &values, 8);
+    let got = doubles_through(FLOAT_TO_S64, c"to_s64", &values, 8);
     let want: [i64; 12] = [
         2,
         -2,
@@ -2993,65 +2995,10 @@ fn predicate_logic_takes_negated_sources() {
 /// the nearest double, ties to even (values past 2^63 are no negative numbers).
 #[test]
 fn unsigned_integers_convert_to_doubles() {
-    const PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry to_double(
-    .param .u64 p_in,
-    .param .u64 p_out
-)
-{
-    .reg .b32 %r<4>;
-    .reg .b64 %rd<8>;
-
-    ld.param.u64 %rd1, [p_in];
-    ld.param.u64 %rd2, [p_out];
-    mov.u32 %r1, %tid.x;
-    mul.wide.u32 %rd3, %r1, 8;
-    add.u64 %rd4, %rd1, %rd3;
-    ld.global.u64 %rd5, [%rd4];
-    cvt.rn.f64.u64 %rd6, %rd5;
-    add.u64 %rd4, %rd2, %rd3;
-    st.global.u64 [%rd4], %rd6;
-    ret;
-}
-"#;
     let values: [u64; 4] = [0, (1 << 53) + 1, u64::MAX, 1 << 63];
-    let emu = Emu::new();
-    let s = emu.stream(1);
-    let src = std::ffi::CString::new(PTX).unwrap();
-    let mut module: CUmodule = std::ptr::null_mut();
-    let mut f: CUfunction = std::ptr::null_mut();
-    let input = emu.alloc(32);
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    emu.upload(input, &bytes);
-    let out = emu.alloc(32);
-    // SAFETY: valid handles; the two parameters match to_double(u64, u64), each pointing
-    // to 32 bytes of device memory, one u64 per thread.
-    unsafe {
-        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
-        ck(cuModuleGetFunction(&mut f, module, c"to_double".as_ptr()));
-        let (mut a, mut b) = (input, out);
-        let mut params: [*mut c_void; 2] =
-            [(&mut a as *mut u64).cast(), (&mut b as *mut u64).cast()];
-        ck(cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            4,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ck(cuStreamSynchronize(s));
-    }
-    let got = emu.download(out, 32);
+    let ptx = FLOAT_TO_S64.replace("cvt.rzi.s64.f64", "cvt.rn.f64.u64");
+    let bits: Vec<f64> = values.iter().map(|v| f64::from_bits(*v)).collect();
+    let got = doubles_through(&ptx, c"to_s64", &bits, 8);
     for (word, v) in got.chunks_exact(8).zip(values) {
         let got = f64::from_bits(u64::from_le_bytes(word.try_into().unwrap()));
         assert_eq!(got, v as f64, "{v}");
