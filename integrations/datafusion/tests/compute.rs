@@ -4302,6 +4302,10 @@ pub async fn check_string_functions(device: &ExecDevice) {
         "overlay(b placing '-' from 2 for 0)",
         "overlay(c placing 'Z' from 4 for -2)",
         "overlay(b placing 'Z' from 2 for -5)",
+        // The first equal entry's place (0 for none, an empty entry too).
+        "find_in_set(a, 'x,ab,,a,ab')",
+        "find_in_set(b, 'é,abc')",
+        "find_in_set(c, '')",
         // The first character's code point (0 for an empty value).
         "ascii(a)",
         "ascii(b)",

@@ -1038,6 +1038,7 @@ fn compile_node(
             "gcd" | "lcm" | "factorial" | "isnan" | "iszero" | "signum" | "nanvl" => {
                 return number_function_node(function, input, data_type)
             }
+            "find_in_set" => return find_in_set_node(function, input, data_type),
             _ => {}
         }
         return Err(Unsupported(format!(
@@ -2878,6 +2879,49 @@ fn number_function_node(
         Kind::Int | Kind::Float | Kind::Bool => Ok(node),
         _ => refuse(format!("a result of {data_type}")),
     })
+}
+
+/// `find_in_set(s, list)` of a literal list of at most 16 comma-separated entries, as
+/// DataFusion's (the 1-based place of the first entry equal to `s`, 0 where none, null
+/// for a null `s`): `CASE WHEN s IS NULL THEN NULL WHEN s = e1 THEN 1 ... ELSE 0 END`,
+/// each `=` a string comparison of the device's.
+fn find_in_set_node(
+    function: &ScalarFunctionExpr,
+    input: &Schema,
+    data_type: &DataType,
+) -> Result<Node, Unsupported> {
+    let refuse = |why: &str| Unsupported(format!("`{function}`: {why}"));
+    let [value, list] = function.args() else {
+        return Err(refuse("two arguments expected"));
+    };
+    let list = string_literal(list)?.ok_or_else(|| refuse("the list is not a literal"))?;
+    let list = String::from_utf8(list).map_err(|_| refuse("the list is not UTF-8"))?;
+    let entries: Vec<&str> = list.split(',').collect();
+    if entries.len() > 16 {
+        return Err(refuse("a list of more than 16 entries"));
+    }
+    let number = |v: usize| -> Result<Arc<dyn PhysicalExpr>, Unsupported> {
+        let v = ScalarValue::Int64(Some(v as i64))
+            .cast_to(data_type)
+            .map_err(|e| refuse(&e.to_string()))?;
+        Ok(Arc::new(Literal::new(v)))
+    };
+    let null = ScalarValue::try_from(data_type).map_err(|e| refuse(&e.to_string()))?;
+    let text = value.data_type(input).map_err(|e| refuse(&e.to_string()))?;
+    let mut branches: Vec<(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)> = vec![(
+        Arc::new(IsNullExpr::new(value.clone())),
+        Arc::new(Literal::new(null)),
+    )];
+    for (k, entry) in entries.iter().enumerate() {
+        let entry = ScalarValue::Utf8(Some(entry.to_string()))
+            .cast_to(&text)
+            .map_err(|e| refuse(&e.to_string()))?;
+        let equal = BinaryExpr::new(value.clone(), Operator::Eq, Arc::new(Literal::new(entry)));
+        branches.push((Arc::new(equal), number(k + 1)?));
+    }
+    let case =
+        CaseExpr::try_new(None, branches, Some(number(0)?)).map_err(|e| refuse(&e.to_string()))?;
+    case_node(&case, input, data_type)
 }
 
 /// `date_part(part, d)` (and `EXTRACT`) of a `Date32` or of a `Timestamp` with no time
