@@ -232,7 +232,7 @@ const UNITS: [(&str, usize); 7] = [
 ];
 
 /// A byte count, lowercase: digits (`_` allowed) and an optional suffix from [`UNITS`].
-fn parse_size(s: &str) -> Option<usize> {
+pub(crate) fn parse_size(s: &str) -> Option<usize> {
     let (digits, unit) = UNITS
         .iter()
         .find_map(|&(suffix, unit)| s.strip_suffix(suffix).map(|d| (d, unit)))

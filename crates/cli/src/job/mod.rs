@@ -25,6 +25,7 @@ pub mod options;
 pub mod progress;
 pub mod report;
 pub mod text;
+pub mod transfer_options;
 
 use std::io::Write as _;
 use std::path::Path;
@@ -360,8 +361,14 @@ pub fn run(options: Options, progress: &Progress) -> Result<(), JobError> {
             }
         };
         stage.part(report::count(batches.len(), "batch", "batches"));
-        let mut point =
-            measure::measure_point(&selected.device, &batches, rows, options.reps, &stage)?;
+        let mut point = measure::measure_point(
+            &selected.device,
+            &batches,
+            rows,
+            options.reps,
+            &options.transfer_options.options(),
+            &stage,
+        )?;
         if !devices.is_empty() {
             point.multi = Some(measure::measure_several(
                 &devices,

@@ -7,6 +7,7 @@ use clap::Parser;
 use devarrow::abi::device::LinkModel;
 
 use super::cuda_options::{self, CudaOptions, CudaOptionsError};
+use super::transfer_options;
 
 /// TPC-H scale factor used when neither `--scale` nor `--input` is given: about 600,000
 /// `lineitem` rows, some 140 MB of Arrow buffers; a few seconds on the CPU device in a
@@ -99,6 +100,14 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_parser = cuda_options::parse_flag)]
     pub cuda_options: Option<cuda_options::Given>,
 
+    /// devarrow's transfer options, comma-separated: staging=SIZE (the staging memory of
+    /// an upload, 64MiB by default), chunk=SIZE (one staging buffer, 4MiB),
+    /// first_chunk=SIZE (the smallest upload window, 1MiB), pack_threads=N (0: one
+    /// fewer than the cores, at most 16); those not named keep their defaults. For
+    /// comparing them on one machine beside the same ceilings
+    #[arg(long, value_name = "LIST", value_parser = transfer_options::parse_flag)]
+    pub transfer_options: Option<transfer_options::TransferGiven>,
+
     /// Write a chart of bandwidth against batch size for every method to FILE, as SVG
     /// or PNG by its extension (sweeps 1K..1M rows per batch unless --batch-size is
     /// given)
@@ -157,6 +166,8 @@ pub struct Options {
     pub memory_check: bool,
     /// The options of a CUDA device, and where they came from.
     pub cuda_options: CudaOptions,
+    /// devarrow's transfer options (`--transfer-options`; the defaults without it).
+    pub transfer_options: transfer_options::TransferGiven,
 }
 
 impl Cli {
@@ -185,6 +196,7 @@ impl Cli {
             memory_check: !self.no_memory_check,
             link: self.link,
             cuda_options,
+            transfer_options: self.transfer_options.unwrap_or_default(),
         })
     }
 }

@@ -319,6 +319,7 @@ pub fn measure_point(
     batches: &[RecordBatch],
     batch_rows: usize,
     reps: usize,
+    transfer_options: &TransferOptions,
     stage: &Stage,
 ) -> Result<Point, JobError> {
     let device: &Arc<dyn Device> = &(measured.clone() as Arc<dyn Device>);
@@ -340,7 +341,7 @@ pub fn measure_point(
     measured
         .retain_freed_memory(Some(pool_retention(batches.iter())))
         .map_err(abi("sizing the device's memory pool"))?;
-    let mut transfer = Transfer::new(device.clone(), TransferOptions::default());
+    let mut transfer = Transfer::new(device.clone(), *transfer_options);
     let mut on_device: Vec<DeviceBatch> = Vec::with_capacity(batches.len());
     let mut copies = 0;
     // The stage times of every repetition, the warm-up first.
@@ -647,7 +648,15 @@ mod tests {
         let device: Arc<dyn JobDevice> = Arc::new(CpuDevice::new());
         let batches = crate::tpch::lineitem(0.001, 2000);
         let stage = Stage::off();
-        let point = measure_point(&device, &batches, 2000, 2, &stage).unwrap();
+        let point = measure_point(
+            &device,
+            &batches,
+            2000,
+            2,
+            &TransferOptions::default(),
+            &stage,
+        )
+        .unwrap();
         assert_eq!(stage.bar().position(), steps(2));
         assert!(point.verified);
         assert_eq!(point.batches, batches.len());

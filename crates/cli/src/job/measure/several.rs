@@ -301,7 +301,15 @@ mod tests {
             }
         }
         // The same bytes as one device moves.
-        let one = measure_point(&devices[0].1, &batches, 1000, 1, &Stage::off()).unwrap();
+        let one = measure_point(
+            &devices[0].1,
+            &batches,
+            1000,
+            1,
+            &TransferOptions::default(),
+            &Stage::off(),
+        )
+        .unwrap();
         let single = one
             .timing(Method::Devarrow, Direction::HostToDevice)
             .unwrap();

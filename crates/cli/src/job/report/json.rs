@@ -149,6 +149,11 @@ impl Run {
                     given: o.cuda_options.text.as_deref(),
                     env_overridden: o.cuda_options.env_overridden,
                 },
+                transfer_options: o
+                    .transfer_options
+                    .text
+                    .as_ref()
+                    .map(|_| o.transfer_options.describe()),
             },
             data: &self.data,
             units: JsonUnits {
@@ -365,6 +370,8 @@ struct JsonOptions<'a> {
     link: Option<String>,
     json: Option<String>,
     cuda_options: JsonCudaOptionsGiven<'a>,
+    /// `--transfer-options` as it ran (every value), `null` without the flag.
+    transfer_options: Option<String>,
 }
 
 /// The units of the figures.

@@ -248,6 +248,13 @@ impl Run {
         } else if let Some(unused) = cuda_options_unused(&o.cuda_options, false) {
             let _ = writeln!(out, "options: {unused}");
         }
+        if o.transfer_options.text.is_some() {
+            let _ = writeln!(
+                out,
+                "transfer: {} (devarrow's transfer, from --transfer-options)",
+                o.transfer_options.describe()
+            );
+        }
         if let Some((available, calls)) = self.device.batched_copies {
             let _ = writeln!(
                 out,
@@ -379,6 +386,7 @@ pub(crate) mod tests {
                 progress: false,
                 memory_check: true,
                 cuda_options: CudaOptions::default(),
+                transfer_options: Default::default(),
             },
             device: DeviceInfo {
                 id: "cpu".into(),
