@@ -140,8 +140,21 @@ impl HostFnGate {
 
     /// Panics, naming `what`, if the gate is not closed any more: `what` (a call made
     /// while the stream was held) waited for the held stream until the watchdog opened it.
+    ///
+    /// Under compute-sanitizer ([`crate::gpu::under_sanitizer`]) it prints that instead:
+    /// the sanitizer's memcheck orders the driver's work itself (on the H200 on
+    /// 2026-11-30 two of `gpu_bridge`'s gates failed under memcheck, by the watchdog, and
+    /// passed without it), so the ordering is checked by the plain GPU run, and a
+    /// sanitized run checks memory.
     pub fn assert_held(&self, what: &str) {
         let state = self.shared.lock();
+        if state.open && crate::gpu::under_sanitizer() {
+            println!(
+                "not checked under compute-sanitizer (it orders the device's work itself): \
+                 {what} waited for the held stream"
+            );
+            return;
+        }
         assert!(
             !state.open,
             "{what} waited for a stream held by a host function{}",
