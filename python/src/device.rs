@@ -74,49 +74,27 @@ fn take_record_batch(obj: &Bound<'_, PyAny>) -> PyResult<(DeviceArray, FFI_Arrow
     Ok((array, schema))
 }
 
-/// Imports taken record batches, in order, on up to one thread per core: the checks read
+/// Imports taken record batches, in order, on rayon's global pool: the checks read
 /// every offset (and, when `validate`, every string), so a table's batches are checked in
 /// parallel.
 fn import_host_batches(
     taken: Vec<(DeviceArray, FFI_ArrowSchema)>,
     validate: bool,
 ) -> devarrow::abi::Result<Vec<RecordBatch>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(taken.len());
-    if threads <= 1 {
+    use rayon::prelude::*;
+    if taken.len() <= 1 {
         return taken
             .into_iter()
             .map(|(array, schema)| crate::host::import_host_batch(array, &schema, validate))
             .collect();
     }
-    // contiguous runs of batches, one per thread, joined in order
-    let per_thread = taken.len().div_ceil(threads);
-    let mut runs = Vec::with_capacity(threads);
-    let mut rest = taken;
-    while !rest.is_empty() {
-        let tail = rest.split_off(per_thread.min(rest.len()));
-        runs.push(std::mem::replace(&mut rest, tail));
-    }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
-            .into_iter()
-            .map(|run| {
-                scope.spawn(move || {
-                    run.into_iter()
-                        .map(|(array, schema)| {
-                            crate::host::import_host_batch(array, &schema, validate)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            // an import catches arrow-rs's panics itself (`cpu`): a panic here is a bug
-            .flat_map(|h| h.join().expect("an import thread panicked"))
-            .collect()
-    })
+    // On rayon's global pool (where the upload then packs), in order; an import catches
+    // arrow-rs's panics itself (`cpu`). Starting a thread per call cost more than a
+    // small batch's import.
+    taken
+        .into_par_iter()
+        .map(|(array, schema)| crate::host::import_host_batch(array, &schema, validate))
+        .collect()
 }
 
 /// A `Send` wrapper of a foreign C stream reader.
