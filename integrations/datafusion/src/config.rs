@@ -81,12 +81,14 @@ extensions_options! {
         /// A region whose uploads (its loads' inputs and its joins' build sides, by
         /// DataFusion's statistics) come to fewer bytes than this stays on the host
         /// (`EXPLAIN` says so): a region has fixed costs (a device slot, its threads,
-        /// launches, a download) that a small query does not earn back. 0 (the default
-        /// until a GPU run has measured where the device starts to win): every region
-        /// is placed. On an H200 (2026-11-29, `docs/gpu-results.md`) TPC-H Q3, Q5, Q9
-        /// and Q10 at SF 0.1, moving 7-36 MiB each, ran 1.5-2.7x slower with their
-        /// regions than DataFusion alone, and Q1, Q6 and a strings filter at SF 1,
-        /// moving 275-572 MiB, 1.6-3.6x faster.
+        /// launches, a download) that a small query does not earn back. 0 (the
+        /// default): every region is placed. On an H200 (2026-11-30,
+        /// `docs/datafusion-gpu.md`, "Figures on a GPU") TPC-H Q3, Q5, Q9 and Q10 ran
+        /// 0.54-0.82x of DataFusion alone's speed at SF 0.1 and 1.16-1.87x at SF 1, but
+        /// no threshold by statistics told them apart (SF 1's Q9, a win, estimates 17.9
+        /// MiB for its largest region; SF 0.1's Q10, a loss, 43.6 MiB): the slots'
+        /// queueing decided, not the bytes. Q1, Q6 and a strings filter at SF 1 ran
+        /// 4.0-10.3x faster.
         pub min_region_bytes: usize, default = 0
     }
 }
