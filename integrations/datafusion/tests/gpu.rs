@@ -245,7 +245,7 @@ fn a_region_spreads_partitions_over_two_devices_on_streams_of_their_own() {
                    FROM lineitem WHERE l_quantity > 10";
         let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
         let want = datafusion_alone(data, sql).await;
-        assert_eq!(rows(&got), rows(&want));
+        tpch::compare_results(&got, &want).unwrap();
         let seen = running.devices.lock().unwrap().clone();
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
@@ -329,7 +329,7 @@ fn auto_spreads_partitions_over_every_device_of_the_machine() {
                    FROM lineitem WHERE l_quantity > 10";
         let got = ctx.sql(sql).await.unwrap().collect().await.unwrap();
         let want = datafusion_alone(data, sql).await;
-        assert_eq!(rows(&got), rows(&want));
+        tpch::compare_results(&got, &want).unwrap();
     });
     for (id, before) in before.iter().enumerate() {
         assert!(placed(id) > *before, "cuda:{id} ran no partition");
@@ -778,7 +778,8 @@ fn tpch_regions_on_cuda_figures() {
         let want = drain(plan_of(&plain, sql), &plain);
         let first = plan_of(&ctx, sql);
         let got = drain(first.clone(), &ctx);
-        assert_eq!(rows(&got), rows(&want), "Q{q}");
+        // Row by row (sorted, floats within a relative 1e-9, decimals exactly).
+        tpch::compare_results(&got, &want).unwrap_or_else(|e| panic!("Q{q}: {e}"));
         let (host, device) = both_ways(sql);
         println!(
             "figures: Q{q}: DataFusion alone {:.1} ms, one region on cuda:0 {:.1} ms ({:.2}x); \
