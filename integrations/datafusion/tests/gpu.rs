@@ -903,10 +903,26 @@ fn tpch_regions_on_cuda_figures() {
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![if emulated { 0.01 } else { 0.1 }]);
-    for join_scale in join_scales {
+    // The device slots of each run (`DEVARROW_TPCH_JOIN_SLOTS`, default 4, as
+    // `devarrow.partitions_per_device`): at SF 0.1 on the H200 (2026-11-30) the regions
+    // spent more time waiting for one of 4 slots than in their operators.
+    let join_slots: Vec<usize> = std::env::var("DEVARROW_TPCH_JOIN_SLOTS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![4]);
+    for (join_scale, slots) in join_scales
+        .iter()
+        .flat_map(|&scale| join_slots.iter().map(move |&slots| (scale, slots)))
+    {
         let tables = tpch::Tables::generate(join_scale, partitions);
         let joins_plain = tpch::host_session(&tables, partitions).unwrap();
-        let joins_ctx = compute_checks::session_with_pool(pool.clone(), partitions, None);
+        let slot_pool = if slots == pool.slots() {
+            pool.clone()
+        } else {
+            Arc::new(DevicePool::new(ExecDevice::from_cuda(cuda.clone()), slots).unwrap())
+        };
+        let joins_ctx = compute_checks::session_with_pool(slot_pool.clone(), partitions, None);
         tables.register(&joins_ctx).unwrap();
         for q in [3, 5, 9, 10] {
             let sql = tpch::query(q);
@@ -928,9 +944,9 @@ fn tpch_regions_on_cuda_figures() {
                 drain(plans.pop().unwrap(), &joins_ctx);
             });
             println!(
-                "figures: Q{q} (SF {join_scale}, {joins} device joins): DataFusion alone {:.1} ms, \
-                 with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up (join tables \
-                 {:.1}), {:.1} MiB down; first run: {}",
+                "figures: Q{q} (SF {join_scale}, {joins} device joins, {slots} slots): DataFusion \
+                 alone {:.1} ms, with device regions on cuda:0 {:.1} ms ({:.2}x); {:.1} MiB up \
+                 (join tables {:.1}), {:.1} MiB down; first run: {}",
                 host * 1e3,
                 device * 1e3,
                 host / device,
@@ -942,7 +958,7 @@ fn tpch_regions_on_cuda_figures() {
                 tpch::region_times(&first),
             );
         }
-        drop((joins_ctx, joins_plain, tables));
+        drop((joins_ctx, joins_plain, tables, slot_pool));
     }
 
     drop((ctx, plain, pool));
