@@ -3813,6 +3813,24 @@ pub async fn check_integer_functions(device: &ExecDevice) {
                 )
             }))),
         ),
+        (
+            "u8",
+            Arc::new(arrow_array::UInt8Array::from_iter(
+                (0..n).map(|i| (i % 7 != 4).then_some((i * 59 % 256) as u8)),
+            )),
+        ),
+        (
+            "u16",
+            Arc::new(arrow_array::UInt16Array::from_iter(
+                (0..n).map(|i| (i % 5 != 3).then_some((i * 40_503 % 65_536) as u16)),
+            )),
+        ),
+        (
+            "u32",
+            Arc::new(arrow_array::UInt32Array::from_iter((0..n).map(|i| {
+                (i % 6 != 2).then_some(i.wrapping_mul(2_654_435_761) as u32)
+            }))),
+        ),
     ])
     .unwrap();
     let ctx = session_of("b", &batch);
@@ -3830,6 +3848,20 @@ pub async fn check_integer_functions(device: &ExecDevice) {
         "i8 >> CAST(s AS TINYINT)",
         "i16 << CAST(s AS SMALLINT)",
         "i16 >> CAST(s AS SMALLINT)",
+        // unsigned: zero-extended lanes, a left shift cut to the width, a right shift
+        // logical (the top bit set in many values)
+        "u32 & u32",
+        "u32 | CAST(abs(s) AS INT UNSIGNED)",
+        "u32 ^ CAST(4294967295 AS INT UNSIGNED)",
+        "u32 << CAST(abs(s) AS INT UNSIGNED)",
+        "u32 >> CAST(abs(s) AS INT UNSIGNED)",
+        "u16 << CAST(abs(s) AS SMALLINT UNSIGNED)",
+        "u16 >> CAST(abs(s) AS SMALLINT UNSIGNED)",
+        "u16 ^ u16",
+        "u8 << CAST(abs(s) AS TINYINT UNSIGNED)",
+        "u8 >> CAST(abs(s) AS TINYINT UNSIGNED)",
+        "u8 | CAST(abs(s) AS TINYINT UNSIGNED)",
+        "(u32 >> CAST(28 AS INT UNSIGNED)) = CAST(15 AS INT UNSIGNED)",
         "(i32 & 7) = 3",
         "gcd(i64 % 1000000, CAST(i32 AS BIGINT) % 3000)",
         "gcd(CAST(s AS BIGINT) * 6, 0)",

@@ -46,7 +46,7 @@ pub(crate) mod op {
     /// Binary: `%` of two integers or two decimals (aligned to the larger scale), the
     /// sign of the dividend; checks as [`DIV`]'s.
     pub const REM: u32 = 16;
-    /// Binary: `&`, `|`, `^` of two signed integers (never an error).
+    /// Binary: `&`, `|`, `^` of two integers of one type (never an error).
     pub const BIT_AND: u32 = 17;
     pub const BIT_OR: u32 = 18;
     pub const BIT_XOR: u32 = 19;
@@ -60,6 +60,12 @@ pub(crate) mod op {
     /// (a zero's `gcd` the other's, `lcm` 0); a result past `i64::MAX` fails.
     pub const GCD: u32 = 22;
     pub const LCM: u32 = 23;
+    /// Binary: `<<` and `>>` of two unsigned integers of the result's width `w` (from
+    /// `hi`, its largest value, `2^w - 1`), as arrow's `wrapping_shl` and
+    /// `wrapping_shr`: the amount `b & (w - 1)`; a left shift's result the low `w` bits
+    /// (zero-extended lanes); a right shift logical. Never an error.
+    pub const USHL: u32 = 24;
+    pub const USHR: u32 = 25;
     /// Unary (`unary_i64`): logical not (validity kept).
     pub const NOT: u32 = 0;
     /// Unary: 1 where null, always valid.
@@ -3567,18 +3573,32 @@ fn binary_node(
             }
         }
         op::BIT_AND | op::BIT_OR | op::BIT_XOR | op::SHL | op::SHR => {
-            // DataFusion coerces both operands to the result's type; an unsigned one
-            // is the host's (its lanes are zero-extended, the width's sign bit a value).
+            // DataFusion coerces both operands to the result's type. An unsigned
+            // type's lanes are zero-extended: `&`, `|`, `^` and a right shift keep them
+            // so, a left shift is cut to the width (ops USHL, USHR); UInt64's lanes
+            // would need a 65th bit and stay the host's.
             let signed = matches!(
                 data_type,
                 DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
             );
-            if !signed || &lt != data_type || &rt != data_type {
+            let unsigned = matches!(
+                data_type,
+                DataType::UInt8 | DataType::UInt16 | DataType::UInt32
+            );
+            if !(signed || unsigned) || &lt != data_type || &rt != data_type {
                 return refuse(
-                    "bitwise operators on the device take two signed integers of the result's type",
+                    "bitwise operators on the device take two integers of the result's type \
+                     (not UInt64)",
                 );
             }
             (lo, hi) = range_of(data_type);
+            if unsigned {
+                op = match op {
+                    op::SHL => op::USHL,
+                    op::SHR => op::USHR,
+                    other => other,
+                };
+            }
         }
         op::ADD | op::SUB | op::MUL | op::FDIV if (lk, rk) == (Kind::Float, Kind::Float) => {
             if kind(data_type)? != Kind::Float {

@@ -213,6 +213,15 @@ pub(crate) fn binary_row(
             _ => a >> (b as u32 & mask),
         });
     }
+    if matches!(op, op::USHL | op::USHR) {
+        // Zero-extended lanes of width w, `hi` = 2^w - 1: the mask w - 1.
+        let mask = 63 - hi.leading_zeros();
+        let amount = b as u32 & mask;
+        return Ok(match op {
+            op::USHL => (a << amount) & hi,
+            _ => ((a as u64) >> amount) as i64,
+        });
+    }
     if matches!(op, op::GCD | op::LCM) {
         let (x, y) = (a.unsigned_abs(), b.unsigned_abs());
         let gcd = {
