@@ -2055,7 +2055,45 @@ async fn string_predicates_of(device: &ExecDevice, strings: &DataType) {
         let compiled = assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
         assert_eq!(compiled.data_type(), strings, "{text}");
     }
+    // The value up to the nth delimiter, or after the nth from the end (`substr_index`,
+    // whose signature casts a `Utf8` or `LargeUtf8` column to `Utf8View`: those stay the
+    // host's): single- and multi-byte delimiters, overlapping ones (found leftmost or
+    // rightmost first, as DataFusion's `match_indices` and `rmatch_indices`), counts past
+    // the delimiters (the whole value), 0 and an empty delimiter (empty), the largest and
+    // least counts.
+    if strings == &DataType::Utf8View {
+        for text in [
+            "substr_index(s, ' ', 1)",
+            "substr_index(s, ' ', 2)",
+            "substr_index(s, ' ', -1)",
+            "substr_index(s, ' ', -2)",
+            "substr_index(s, ' ', 9)",
+            "substr_index(s, ' ', -9)",
+            "substr_index(s, 'ï', 1)",
+            "substr_index(s, 'n', -1)",
+            "substr_index(c, ' ', 3)",
+            "substr_index(c, 'ab', 2)",
+            "substr_index(c, 'aa', 2)",
+            "substr_index(c, 'aa', -2)",
+            "substr_index(c, 'requests', 1)",
+            "substr_index(c, 'requests', -1)",
+            "substring_index(c, 'e', -3)",
+            "substr_index(c, ' ', 0)",
+            "substr_index(s, '', 2)",
+            "substr_index(c, 'e', 9223372036854775807)",
+            "substr_index(c, 'e', -9223372036854775808)",
+        ] {
+            let compiled =
+                assert_evaluates_as_datafusion(&ctx, "v", text, &[(5, 41)], device).await;
+            assert_eq!(compiled.data_type(), strings, "{text}");
+        }
+    }
     for (text, why) in [
+        // A delimiter of more than 8 bytes.
+        (
+            "substr_index(c, 'Customer ', 1)",
+            "`substr_index` has no device kernel",
+        ),
         ("substr(s, 2, -1)", "`substr` has no device kernel"),
         ("substr(s, x)", "`substr` has no device kernel"),
         // A delimiter of more than 8 bytes; part 0 (DataFusion's error, the host's).

@@ -427,12 +427,16 @@ pub(crate) enum Node {
     /// occurrences that do not overlap, its `n`th part (from 1), or split at the
     /// rightmost, its `-n`th part from the end; fewer parts: empty (DataFusion's
     /// `split_nth` / `rsplit_nth`). A string value of the column's type, so only the root
-    /// of a projection's expression ([`substr_node`]), never lanes.
+    /// of a projection's expression ([`substr_node`]), never lanes. With `through`,
+    /// `substr_index(col, delimiter, n)` (DataFusion's `substr_index_slice`): the value
+    /// up to that part's end (`n > 0`: before the `n`th delimiter) or from that part's
+    /// start (`n < 0`: after the `-n`th from the end); fewer delimiters: the whole value.
     SplitPart {
         index: usize,
         name: String,
         delimiter: Vec<u8>,
         n: i64,
+        through: bool,
     },
     /// `btrim(col[, chars])` (`trim`), `ltrim` or `rtrim` of a string column: the ASCII
     /// characters of `set` (bit `b` for byte `b`: a space, DataFusion's default, or each
@@ -1748,8 +1752,14 @@ pub(crate) enum Bounds {
         set: [u64; 2],
     },
     /// [`Node::SplitPart`]'s part: `delimiter`'s first `len` bytes (1 to 8,
-    /// little-endian), part `n` (not 0).
-    Split { delimiter: u64, len: u32, n: i64 },
+    /// little-endian), part `n` (not 0); with `through`, the value up to the part's end
+    /// or from its start (`substr_index`).
+    Split {
+        delimiter: u64,
+        len: u32,
+        n: i64,
+        through: bool,
+    },
 }
 
 impl Bounds {
@@ -1789,6 +1799,7 @@ impl Bounds {
                 name,
                 delimiter,
                 n,
+                through,
             } => {
                 let mut packed = [0u8; 8];
                 packed[..delimiter.len()].copy_from_slice(delimiter);
@@ -1797,6 +1808,7 @@ impl Bounds {
                         delimiter: u64::from_le_bytes(packed),
                         len: delimiter.len() as u32,
                         n: *n,
+                        through: *through,
                     },
                     *index,
                     name,
@@ -1812,18 +1824,26 @@ impl Bounds {
     /// rightmost) first, not overlapping.
     pub(crate) fn range(self, value: &[u8]) -> std::ops::Range<usize> {
         match self {
-            Self::Split { delimiter, len, n } => {
+            Self::Split {
+                delimiter,
+                len,
+                n,
+                through,
+            } => {
                 let delimiter = &delimiter.to_le_bytes()[..len as usize];
                 let at = |i: usize| value[i..].starts_with(delimiter);
                 let len = delimiter.len();
+                let whole = 0..value.len();
                 if n > 0 {
                     let (mut skip, mut start, mut from) = (n - 1, 0, 0);
                     loop {
                         match (from..=value.len().saturating_sub(len))
                             .find(|&i| i + len <= value.len() && at(i))
                         {
+                            Some(i) if skip == 0 && through => return 0..i,
                             Some(i) if skip == 0 => return start..i,
                             Some(i) => (skip, start, from) = (skip - 1, i + len, i + len),
+                            None if through => return whole,
                             None if skip == 0 => return start..value.len(),
                             None => return 0..0,
                         }
@@ -1836,8 +1856,10 @@ impl Bounds {
                         .then(|| (0..=by - len).rev().find(|&i| at(i)))
                         .flatten();
                     match found {
+                        Some(i) if skip == 0 && through => return i + len..value.len(),
                         Some(i) if skip == 0 => return i + len..end,
                         Some(i) => (skip, end, by) = (skip - 1, i, i),
+                        None if through => return whole,
                         None if skip == 0 => return 0..end,
                         None => return 0..0,
                     }
@@ -1885,7 +1907,8 @@ impl Bounds {
     /// `view_substr`'s arguments: `first`, `end` and the mode's bits above bit 0 (0:
     /// characters; bits 1 and 2: the trim of the start's and the end's bytes of the set
     /// in `first` and `end`; bit 3 and the length in bits 8 to 15: a split, its delimiter
-    /// in `first`, its part in `end`; bit 4: characters counted from the end).
+    /// in `first`, its part in `end`, with bit 5 the value through the part
+    /// (`substr_index`); bit 4: characters counted from the end).
     pub(crate) fn kernel_args(self) -> (u64, u64, u32) {
         match self {
             Self::Chars(first, end) => (first, end, 0),
@@ -1895,7 +1918,12 @@ impl Bounds {
                 set[1],
                 (u32::from(left) | u32::from(right) << 1) << 1,
             ),
-            Self::Split { delimiter, len, n } => (delimiter, n as u64, 8 | len << 8),
+            Self::Split {
+                delimiter,
+                len,
+                n,
+                through,
+            } => (delimiter, n as u64, 8 | u32::from(through) << 5 | len << 8),
         }
     }
 
@@ -2046,6 +2074,36 @@ pub(crate) fn substr_node(
                 name,
                 delimiter,
                 n,
+                through: false,
+            }
+        } else {
+            return None;
+        };
+        return Some((node, input.field(index).data_type().clone()));
+    }
+    if let ("substr_index" | "substring_index", [column, delimiter, count]) =
+        (function.name(), function.args())
+    {
+        let (index, name) = view_column(column, input)?;
+        let delimiter = string_literal(delimiter).ok()??;
+        let n = int_literal(count)?;
+        let node = if n == 0 || delimiter.is_empty() {
+            // DataFusion's empty result.
+            let (first, end) = substr_chars(1, Some(0));
+            Node::Substr {
+                index,
+                name,
+                first,
+                end,
+                from_end: false,
+            }
+        } else if delimiter.len() <= 8 {
+            Node::SplitPart {
+                index,
+                name,
+                delimiter,
+                n,
+                through: true,
             }
         } else {
             return None;
