@@ -1,7 +1,11 @@
 //! [`DevicePlacementRule`]: the physical optimizer rule that moves plan nodes onto
 //! devices, and the registry of device operators it asks ([`DeviceOperatorRegistry`]).
 //!
-//! Bottom up, for every node that a registered factory knows:
+//! First, a partial aggregate over a `UnionExec` becomes a union of the same partial
+//! aggregate over each child (a union's partitions are its children's), so that each
+//! child's region aggregates before its unload.
+//!
+//! Then, bottom up, for every node that a registered factory knows:
 //! - when the factory makes a device operator of it, the node becomes a
 //!   [`DeviceOperatorExec`] over its child on the device: a region's top when the child
 //!   is a region (its unload removed: adjacent device nodes merge into one region, one
@@ -600,6 +604,48 @@ fn partitioned_join(
     })())
 }
 
+/// A partial aggregate over a `UnionExec`, as the union of the same partial aggregate
+/// over each of its children: a partial aggregate works partition by partition, and a
+/// union's partitions are its children's, so the partial states are the same, in the
+/// same partitions (the final aggregate above merges them as before). Placed, each
+/// child's region then aggregates before its unload, where a region over the union
+/// would take every child's rows down and up again. `Transformed::no` for any other
+/// node, and for a union whose children's column types differ from its own.
+fn partial_aggregate_into_union(
+    node: Arc<dyn ExecutionPlan>,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    use datafusion::physical_plan::union::UnionExec;
+    let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
+        return Ok(Transformed::no(node));
+    };
+    let Some(union) = aggregate.input().downcast_ref::<UnionExec>() else {
+        return Ok(Transformed::no(node));
+    };
+    let types = |schema: SchemaRef| -> Vec<_> {
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect()
+    };
+    let want = types(union.schema());
+    if *aggregate.mode() != AggregateMode::Partial
+        || union
+            .inputs()
+            .iter()
+            .any(|child| types(child.schema()) != want)
+    {
+        return Ok(Transformed::no(node));
+    }
+    let children = union
+        .inputs()
+        .iter()
+        .map(|child| replace_children_if_necessary(node.clone(), vec![child.clone()]))
+        .collect::<Result<Vec<_>>>()?;
+    UnionExec::try_new(children).map(Transformed::yes)
+}
+
 /// Whether the region topped by `top` ends with a terminal operator (its output is on
 /// the host: nothing can follow it on the device).
 fn ends_on_host(top: &Arc<dyn ExecutionPlan>) -> bool {
@@ -619,6 +665,7 @@ impl PhysicalOptimizerRule for DevicePlacementRule {
         }
         let distributed = on_ballista(config).then_some(config.execution.target_partitions);
         let every_join = options.is_some_and(|c| c.always_place_joins);
+        let plan = plan.transform_up(partial_aggregate_into_union)?.data;
         let placed = plan
             .transform_up(|node| self.place(node, distributed, !every_join))?
             .data;

@@ -672,3 +672,36 @@ async fn a_region_under_min_region_bytes_stays_on_the_host() {
         );
     }
 }
+
+/// A partial aggregate over a `UNION ALL` of two device regions joins each of them:
+/// each region filters, projects and aggregates before its unload, where a region over
+/// the union would have taken both children's rows down and up again (an unload, the
+/// union, a load). The results are DataFusion's alone.
+#[tokio::test]
+async fn a_partial_aggregate_over_a_union_joins_each_childs_region() {
+    let data = lineitem(0.01, 2, 2048);
+    let ctx = device_ctx(data.clone());
+    run(&ctx, "SET devarrow.devices = 'cpu'").await;
+    let sql = "SELECT l_returnflag, sum(l_quantity) AS q, count(*) AS n FROM ( \
+                 SELECT l_returnflag, l_quantity FROM lineitem WHERE l_quantity < 10 \
+                 UNION ALL \
+                 SELECT l_returnflag, l_quantity * 2 FROM lineitem WHERE l_discount > 0.05) \
+               GROUP BY l_returnflag ORDER BY l_returnflag";
+    let device_plan = plan(&ctx, sql).await;
+    let shown = text(&device_plan);
+    insta::assert_snapshot!("union_partial_aggregate", shown);
+    assert_eq!(shown.matches("DeviceLoadExec").count(), 2, "{shown}");
+    assert_eq!(shown.matches("DeviceUnloadExec").count(), 2, "{shown}");
+    assert_eq!(
+        shown.matches("DevicePartialAggregateExec").count(),
+        2,
+        "{shown}"
+    );
+    assert!(!shown.contains("HostOnlyExec"), "{shown}");
+    let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
+    let want = common::datafusion_alone(data, sql).await;
+    assert_eq!(
+        pretty_format_batches(&got).unwrap().to_string(),
+        pretty_format_batches(&want).unwrap().to_string()
+    );
+}
