@@ -833,6 +833,25 @@ pub async fn check_aggregates(device: &ExecDevice) {
         device,
     )
     .await;
+    // FILTER: the aggregate of `CASE WHEN f THEN x END` (count(*) of the rows f keeps,
+    // a sum, min, max or average of none null); count of a string (its validity).
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, count(k), count(*) FILTER (WHERE x > 0), \
+         sum(a) FILTER (WHERE b IS NOT NULL AND x < 5), min(d) FILTER (WHERE k = 'bb'), \
+         max(x) FILTER (WHERE x % 2 = 0), avg(a) FILTER (WHERE y > 0), \
+         count(b) FILTER (WHERE k LIKE '%b%') FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT count(k), count(*) FILTER (WHERE x IS NULL), sum(big) FILTER (WHERE big > 0), \
+         sum(small) FILTER (WHERE small < 3) FROM t",
+        device,
+    )
+    .await;
+    check_partial_aggregate(&typed, "SELECT x, count(k) FROM t GROUP BY x", device).await;
     // Thousands of groups: collisions and probing in the group table.
     check_partial_aggregate(
         &ctx,

@@ -31,7 +31,8 @@ use arrow_array::{
     Int8Array, RecordBatch, RecordBatchOptions, UInt64Array,
 };
 use arrow_schema::{DataType, SchemaRef, TimeUnit};
-use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
+use datafusion::physical_expr::expressions::{case, is_not_null, lit, CastExpr, Column, Literal};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -120,6 +121,16 @@ fn minmax_value(kind: AggKind, w: u64) -> i64 {
     (u ^ SIGN) as i64
 }
 
+/// `CASE WHEN filter THEN value END`: an aggregate's argument under its `FILTER`.
+fn filtered(
+    filter: &Arc<dyn PhysicalExpr>,
+    value: Arc<dyn PhysicalExpr>,
+    text: &str,
+) -> Result<Arc<dyn PhysicalExpr>, Unsupported> {
+    case(None, vec![(filter.clone(), value)], None)
+        .map_err(|e| Unsupported(format!("`{text}`: its FILTER as a CASE: {e}")))
+}
+
 pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
     if *aggregate.mode() != AggregateMode::Partial {
         return Err(Unsupported(format!(
@@ -132,9 +143,6 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
         return Err(Unsupported(
             "GROUPING SETS, CUBE and ROLLUP run on the host".into(),
         ));
-    }
-    if aggregate.filter_expr().iter().any(Option::is_some) {
-        return Err(Unsupported("aggregates with FILTER run on the host".into()));
     }
     let input = aggregate.input_schema();
     let output = aggregate.schema();
@@ -180,7 +188,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
     }
     let mut aggs = Vec::new();
     let mut field = keys.len();
-    for a in aggregate.aggr_expr() {
+    for (a, filter) in aggregate.aggr_expr().iter().zip(aggregate.filter_expr()) {
         let text = a.name().to_string();
         if a.is_distinct() {
             return Err(Unsupported(format!("`{text}`: DISTINCT runs on the host")));
@@ -208,8 +216,10 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             )));
         }
         let arg = &args[0];
-        // count(*) is count of a non-null literal: every row.
+        // count(*) is count of a non-null literal: every row (unless a FILTER keeps
+        // fewer).
         let every_row = kind == AggKind::Count
+            && filter.is_none()
             && arg
                 .downcast_ref::<Literal>()
                 .is_some_and(|l| !l.value().is_null());
@@ -225,9 +235,33 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         matches!(t, DataType::UInt8 | DataType::UInt16 | DataType::UInt32)
                     })
             });
-            let (node, t) = match widened {
-                Some(cast) => (expr::compile(cast.expr(), &input)?.0, DataType::UInt64),
-                None => expr::compile(arg, &input)?,
+            let base = widened.map_or_else(|| arg.clone(), |cast| cast.expr().clone());
+            let base = match filter {
+                // `agg(x) FILTER (WHERE f)` is `agg(CASE WHEN f THEN x END)`: the rows f
+                // does not keep (false or null) give nulls, which none of these
+                // aggregates takes in (count counts non-null values; a sum, min, max or
+                // average of nothing is null, as of only nulls).
+                Some(f) => filtered(f, base, &text)?,
+                None => base,
+            };
+            let (node, t) = match expr::compile(&base, &input) {
+                Ok((node, t)) => (
+                    node,
+                    if widened.is_some() {
+                        DataType::UInt64
+                    } else {
+                        t
+                    },
+                ),
+                // A count reads only its argument's validity: of a value with no lanes
+                // (a string, a list), `CASE WHEN x IS NOT NULL THEN 1 END`.
+                Err(_) if kind == AggKind::Count => {
+                    let valid = is_not_null(base)
+                        .and_then(|valid| case(None, vec![(valid, lit(1i64))], None))
+                        .map_err(|e| Unsupported(format!("`{text}`: {e}")))?;
+                    expr::compile(&valid, &input)?
+                }
+                Err(e) => return Err(e),
             };
             // A float's min or max is that of its key (NaN and -0.0 send the batch to
             // the host).
