@@ -852,6 +852,21 @@ pub async fn check_aggregates(device: &ExecDevice) {
     )
     .await;
     check_partial_aggregate(&typed, "SELECT x, count(k) FROM t GROUP BY x", device).await;
+    // bool_and and bool_or: the least and the most of booleans (nulls skipped, a group of
+    // none null), min and max of booleans too.
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, bool_and(x > -3), bool_or(x > 3), bool_and(b IS NULL), bool_or(y < 0), \
+         min(x > 0), max(k = 'bb'), bool_and(a > 0) FILTER (WHERE x > 0) FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT bool_and(x IS NOT NULL), bool_or(k LIKE '%ü%') FROM t",
+        device,
+    )
+    .await;
     // Thousands of groups: collisions and probing in the group table.
     check_partial_aggregate(
         &ctx,

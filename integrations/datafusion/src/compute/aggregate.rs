@@ -202,6 +202,9 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             "avg" => AggKind::Avg,
             "min" => AggKind::Min,
             "max" => AggKind::Max,
+            // Of booleans (lanes 0 and 1): all true is the least, any true the most.
+            "bool_and" => AggKind::Min,
+            "bool_or" => AggKind::Max,
             other => {
                 return Err(Unsupported(format!(
                     "aggregate function `{other}` has no device kernel"
@@ -308,7 +311,11 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                         | DataType::Date32
                         | DataType::Timestamp(..)
                         | DataType::Float64
+                        | DataType::Boolean
                 ) && state(0) == t
+                    // min and max of booleans are DataFusion's too, bool_and and
+                    // bool_or only of booleans
+                    && (t == &DataType::Boolean || !a.fun().name().starts_with("bool_"))
             }
             (AggKind::Sum, Some(DataType::Float64)) => state(0) == &DataType::Float64,
             (AggKind::Avg, Some(DataType::Float64)) => {
