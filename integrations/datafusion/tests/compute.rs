@@ -3244,8 +3244,31 @@ pub async fn check_string_casts(device: &ExecDevice) {
         "CAST(CASE WHEN dt < DATE '9000-01-01' THEN dt + INTERVAL '3' DAY END AS VARCHAR)",
         "CAST(i64 > 0 AS VARCHAR)",
         "CAST(CASE WHEN b THEN i16 END AS VARCHAR)",
+        // `to_char` of dates with chrono's numeric fields (years 0 and 9999, days below
+        // 10, leap years' days of the year), literal bytes, the composite `%F %D %T %R`,
+        // `%%`, a time of the date's midnight, and `date_format` (its alias).
+        "to_char(dt, '%Y-%m-%d')",
+        "to_char(dt, '%d/%m/%Y')",
+        "to_char(dt, '%Y%m')",
+        "to_char(dt, 'Q %y.%j')",
+        "to_char(dt, '[%e]')",
+        "to_char(dt, '%F %T')",
+        "to_char(dt, '%D %R')",
+        "to_char(dt, '100%% %H:%M:%S')",
+        "date_format(CASE WHEN dt < DATE '9000-01-01' THEN dt + INTERVAL '40' DAY END, '%Y %j')",
     ] {
         assert_evaluates_as_datafusion(&ctx, "c", text, &[(1, 9)], device).await;
+    }
+    // Formats the device does not write (names, padding modifiers, more than 16 steps)
+    // and a non-date stay the host's.
+    for text in [
+        "to_char(dt, '%b %Y')",
+        "to_char(dt, '%-d')",
+        "to_char(dt, '%F %F %F')",
+        "to_char(CAST(dt AS TIMESTAMP), '%Y')",
+    ] {
+        let (e, schema, _) = projection_of(&ctx, "c", text).await;
+        assert!(DeviceExpr::compile(&e, &schema).is_err(), "{text}");
     }
     // Timestamps of each unit, with fractions of each length, before 1970, in fixed
     // zones (a changing zone's are the host's: refused).

@@ -36,6 +36,70 @@ pub(crate) enum Text {
     /// `chr` of an Int64: the character of that Unicode scalar value, in UTF-8; any other
     /// value is the host's (DataFusion's error).
     Char,
+    /// `to_char` of a date with a literal format ([`date_format`]): its program, up to
+    /// 16 steps (a 0 ends it), each an ASCII byte written as it is or a field
+    /// ([`field`]). Years outside 0 to 9999: the host's.
+    DateFormat([u8; 16]),
+}
+
+/// The fields of a [`Text::DateFormat`] program, as chrono writes them for a date
+/// (`NaiveDate::format`; its times at midnight, as DataFusion's `to_char` of a date with
+/// a time specifier, which casts it to a `Date64` first).
+pub(crate) mod field {
+    /// `%Y`: the year, 4 digits (0 to 9999).
+    pub const YEAR: u8 = 0x80;
+    /// `%m`: the month, 2 digits.
+    pub const MONTH: u8 = 0x81;
+    /// `%d`: the day of the month, 2 digits.
+    pub const DAY: u8 = 0x82;
+    /// `%y`: the year's last 2 digits.
+    pub const YEAR_2: u8 = 0x83;
+    /// `%j`: the day of the year, 3 digits.
+    pub const ORDINAL: u8 = 0x84;
+    /// `%H`, `%M`, `%S` of a date (its midnight): `00`.
+    pub const ZEROS: u8 = 0x85;
+    /// `%e`: the day of the month, 2 wide, padded with a space.
+    pub const DAY_SPACE: u8 = 0x86;
+}
+
+/// The program of chrono's format `format` for a date ([`Text::DateFormat`]): literal
+/// ASCII bytes (no NUL), `%Y %m %d %y %j %e %H %M %S %F %D %T %R %%`, at most 16
+/// steps; `None` for anything else (names, padding modifiers, zones, `%C`, ...: the
+/// host's).
+pub(crate) fn date_format(format: &str) -> Option<[u8; 16]> {
+    use field::*;
+    let mut steps = Vec::new();
+    let mut bytes = format.bytes();
+    while let Some(b) = bytes.next() {
+        if b != b'%' {
+            if b == 0 || !b.is_ascii() {
+                return None;
+            }
+            steps.push(b);
+            continue;
+        }
+        match bytes.next()? {
+            b'Y' => steps.push(YEAR),
+            b'm' => steps.push(MONTH),
+            b'd' => steps.push(DAY),
+            b'y' => steps.push(YEAR_2),
+            b'j' => steps.push(ORDINAL),
+            b'e' => steps.push(DAY_SPACE),
+            b'H' | b'M' | b'S' => steps.push(ZEROS),
+            b'F' => steps.extend([YEAR, b'-', MONTH, b'-', DAY]),
+            b'D' => steps.extend([MONTH, b'/', DAY, b'/', YEAR_2]),
+            b'T' => steps.extend([ZEROS, b':', ZEROS, b':', ZEROS]),
+            b'R' => steps.extend([ZEROS, b':', ZEROS]),
+            b'%' => steps.push(b'%'),
+            _ => return None,
+        }
+    }
+    if steps.is_empty() || steps.len() > 16 {
+        return None;
+    }
+    let mut program = [0u8; 16];
+    program[..steps.len()].copy_from_slice(&steps);
+    Some(program)
 }
 
 impl Text {
@@ -52,6 +116,17 @@ impl Text {
             Text::Bool => (2, 0, 0, 0),
             Text::Hex => (4, 0, 0, 0),
             Text::Char => (5, 0, 0, 0),
+            // The program's bytes 0 to 7 in the suffix, 8 to 11 and 12 to 15 in the scale
+            // and the precision (little-endian).
+            Text::DateFormat(program) => {
+                let word = |at: usize| u32::from_le_bytes(program[at..at + 4].try_into().unwrap());
+                (
+                    6,
+                    word(8),
+                    word(12),
+                    u64::from_le_bytes(program[..8].try_into().unwrap()),
+                )
+            }
             Text::Timestamp { per_second, .. } => {
                 let suffix = self.suffix();
                 let mut bytes = [0u8; 8];
@@ -91,6 +166,8 @@ impl Text {
     pub(crate) fn max_bytes(self) -> u64 {
         match self {
             Text::Timestamp { .. } => 35,
+            // at most 4 bytes a step
+            Text::DateFormat(_) => 64,
             _ => 21,
         }
     }
@@ -111,6 +188,28 @@ impl Text {
                 (0..=9999)
                     .contains(&y)
                     .then(|| format!("{y:04}-{m:02}-{d:02}").into_bytes())
+            }
+            Text::DateFormat(program) => {
+                let (y, m, d) = civil_from_days(v);
+                if !(0..=9999).contains(&y) {
+                    return None;
+                }
+                let ordinal = v - days_from_civil(y, 1, 1) + 1;
+                let mut out = Vec::new();
+                for step in program.into_iter().take_while(|s| *s != 0) {
+                    let text = match step {
+                        field::YEAR => format!("{y:04}"),
+                        field::MONTH => format!("{m:02}"),
+                        field::DAY => format!("{d:02}"),
+                        field::YEAR_2 => format!("{:02}", y % 100),
+                        field::ORDINAL => format!("{ordinal:03}"),
+                        field::ZEROS => "00".to_string(),
+                        field::DAY_SPACE => format!("{d:>2}"),
+                        literal => char::from(literal).to_string(),
+                    };
+                    out.extend(text.into_bytes());
+                }
+                Some(out)
             }
             Text::Timestamp { per_second, .. } => {
                 let (secs, units) = (v.div_euclid(per_second), v.rem_euclid(per_second));
@@ -490,6 +589,42 @@ pub(crate) fn parse_int(value: &[u8], (lo, hi): (i64, i64)) -> Option<i64> {
 mod tests {
     use super::*;
     use arrow_schema::DataType;
+
+    /// `date_format`'s programs, and the formats it leaves to the host, against chrono's
+    /// own writing of the same dates (arrow's `to_char` of a `Date32` is chrono's).
+    #[test]
+    fn date_formats_are_chronos() {
+        use chrono::NaiveDate;
+        let formats = [
+            "%Y-%m-%d", "%F", "%D", "%y%j", "[%e]", "%F %T", "%R", "%%%Y%%", "%d.%m.%Y",
+        ];
+        let days = [
+            0i64, -1, 59, 11_016, -719_528, 2_932_896, -36_524, 19_000, 10_957,
+        ];
+        for format in formats {
+            let program = date_format(format).unwrap_or_else(|| panic!("{format}"));
+            for v in days {
+                let date = NaiveDate::from_num_days_from_ce_opt(v as i32 + 719_163).unwrap();
+                // chrono writes a date's time specifiers only of a datetime (DataFusion's
+                // `Date64` retry): its midnight.
+                let want = date
+                    .and_hms_opt(0, 0, 0)
+                    .unwrap()
+                    .format(format)
+                    .to_string();
+                let got = Text::DateFormat(program).write(v).unwrap();
+                assert_eq!(String::from_utf8(got).unwrap(), want, "{format} of {date}");
+            }
+        }
+        for format in ["", "%b", "%-d", "%", "%Y%", "é%Y", "%F %F %F", "%C", "%z"] {
+            assert_eq!(date_format(format), None, "{format:?}");
+        }
+        let far = days_from_civil(10_000, 1, 1);
+        assert_eq!(
+            Text::DateFormat(date_format("%m").unwrap()).write(far),
+            None
+        );
+    }
 
     /// Every string `parse_timestamp` answers (the device's part) is parsed as arrow's
     /// cast to a timestamp of each unit parses it: generated dates, separators, times,

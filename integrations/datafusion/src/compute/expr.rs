@@ -1377,6 +1377,22 @@ pub(crate) fn string_node(
         return Some(choice);
     }
     let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+    // `to_char` (`date_format`) of a date with a literal format chrono writes as fields.
+    if let ("to_char", [x, format]) = (function.name(), function.args()) {
+        let out = expr.data_type(input).ok()?;
+        let program =
+            super::convert::date_format(std::str::from_utf8(&string_literal(format).ok()??).ok()?)?;
+        let (node, from) = compile(x, input).ok()?;
+        if from != DataType::Date32 || !super::string_type(&out) {
+            return None;
+        }
+        let node = Node::ToText {
+            input: Box::new(node),
+            text: Text::DateFormat(program),
+            out: out.clone(),
+        };
+        return Some((node, out));
+    }
     if let ("to_hex" | "chr", [x]) = (function.name(), function.args()) {
         let out = expr.data_type(input).ok()?;
         let (node, from) = compile(x, input).ok()?;
