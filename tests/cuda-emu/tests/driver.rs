@@ -2720,6 +2720,114 @@ fn atomic_f64_adds_lose_no_update() {
     assert!(seen.iter().all(|&v| v < want));
 }
 
+/// `atom.global.{and,or,xor}.b64`, `red.global.or.b64`, and `.b32` and shared-memory
+/// forms (all of sm_70's): 256 threads combine their values into words (no update lost,
+/// whatever the order), and `atom` gives each the word it replaced.
+#[test]
+fn bitwise_atomics_lose_no_update() {
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry bit_atomics(
+    .param .u64 p_words,
+    .param .u64 p_old
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<16>;
+    .shared .align 8 .b64 s_word;
+
+    ld.param.u64 %rd1, [p_words];
+    ld.param.u64 %rd2, [p_old];
+    mov.u32 %r1, %tid.x;
+    // v = a bit of its own (1 << (tid % 64)), and tid * 0x9E3779B97F4A7C15
+    and.b32 %r2, %r1, 63;
+    mov.u64 %rd3, 1;
+    shl.b64 %rd3, %rd3, %r2;
+    cvt.u64.u32 %rd4, %r1;
+    mul.lo.u64 %rd4, %rd4, 0x9E3779B97F4A7C15;
+    atom.global.or.b64 %rd5, [%rd1], %rd3;
+    not.b64 %rd6, %rd3;
+    atom.global.and.b64 %rd7, [%rd1+8], %rd6;
+    atom.global.xor.b64 %rd8, [%rd1+16], %rd4;
+    red.global.or.b64 [%rd1+24], %rd4;
+    cvt.u32.u64 %r3, %rd4;
+    atom.global.xor.b32 %r4, [%rd1+32], %r3;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 st.shared.u64 [s_word], 0;
+    bar.sync 0;
+    atom.shared.xor.b64 %rd9, [s_word], %rd4;
+    bar.sync 0;
+    @%p1 ld.shared.u64 %rd10, [s_word];
+    @%p1 st.global.u64 [%rd1+40], %rd10;
+    mul.wide.u32 %rd11, %r1, 8;
+    add.u64 %rd11, %rd2, %rd11;
+    st.global.u64 [%rd11], %rd5;
+    ret;
+}
+"#;
+    let n = 256usize;
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let src = std::ffi::CString::new(PTX).unwrap();
+    let mut module: CUmodule = std::ptr::null_mut();
+    let mut f: CUfunction = std::ptr::null_mut();
+    let (words, old) = (emu.alloc(48), emu.alloc(8 * n));
+    let mut init = [0u8; 48];
+    init[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    emu.upload(words, &init);
+    // SAFETY: valid handles; the parameters match bit_atomics(u64, u64): 48 bytes of
+    // words and a u64 per thread of the 256.
+    unsafe {
+        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
+        ck(cuModuleGetFunction(&mut f, module, c"bit_atomics".as_ptr()));
+        let (mut pw, mut po) = (words, old);
+        let mut params: [*mut c_void; 2] =
+            [(&mut pw as *mut u64).cast(), (&mut po as *mut u64).cast()];
+        ck(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            n as u32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ck(cuStreamSynchronize(s));
+    }
+    let got = emu.download(words, 48);
+    let word = |at: usize| u64::from_le_bytes(got[at..at + 8].try_into().unwrap());
+    let values: Vec<u64> = (0..n as u64)
+        .map(|t| t.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let xor = values.iter().fold(0u64, |a, v| a ^ v);
+    let or = values.iter().fold(0u64, |a, v| a | v);
+    assert_eq!(word(0), u64::MAX, "every bit set by some thread");
+    assert_eq!(word(8), 0, "every bit cleared by some thread");
+    assert_eq!(word(16), xor);
+    assert_eq!(word(24), or);
+    assert_eq!(
+        word(32) & 0xFFFF_FFFF,
+        xor & 0xFFFF_FFFF,
+        "b32: the low word only"
+    );
+    assert_eq!(word(32) >> 32, 0, "b32 writes no byte past its word");
+    assert_eq!(word(40), xor, "shared memory");
+    // The or's old values: each a subset of the bits the others set, the first 0.
+    let olds = emu.download(old, 8 * n);
+    let olds: Vec<u64> = (0..n)
+        .map(|i| u64::from_le_bytes(olds[8 * i..8 * i + 8].try_into().unwrap()))
+        .collect();
+    assert!(olds.contains(&0), "one thread saw the word unset");
+}
+
 /// Runs `entry` of `ptx` (parameters: the input's address, the output's) in one block of
 /// a thread per value of `values` (doubles), each writing `out_bytes` bytes; the output.
 fn doubles_through(ptx: &str, entry: &std::ffi::CStr, values: &[f64], out_bytes: usize) -> Vec<u8> {

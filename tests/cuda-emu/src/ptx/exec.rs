@@ -733,6 +733,72 @@ impl Launch<'_> {
                         r!(*d) = old;
                     }
                 }
+                Op::AtomBits {
+                    space,
+                    size,
+                    op,
+                    d,
+                    base,
+                    off,
+                    b,
+                } => {
+                    let addr = r!(*base).wrapping_add(*off as u64);
+                    let sz = *size as usize;
+                    let mask = if sz == 8 { u64::MAX } else { u32::MAX as u64 };
+                    let v = r!(*b) & mask;
+                    let old = match space {
+                        Space::Global => {
+                            if addr & (sz as u64 - 1) != 0 {
+                                fail!(Fault {
+                                    addr,
+                                    size: sz,
+                                    kind: "misaligned atomic".into()
+                                });
+                            }
+                            // A compare-and-swap loop: the read, then the swap where no
+                            // other thread wrote in between.
+                            let read = |mem: &dyn Memory| {
+                                if sz == 8 {
+                                    mem.atomic_add_u64(addr, 0)
+                                } else {
+                                    mem.atomic_add_u32(addr, 0).map(u64::from)
+                                }
+                            };
+                            let swap = |mem: &dyn Memory, seen: u64, new: u64| {
+                                if sz == 8 {
+                                    mem.atomic_cas_u64(addr, seen, new)
+                                } else {
+                                    mem.atomic_cas_u32(addr, seen as u32, new as u32)
+                                        .map(u64::from)
+                                }
+                            };
+                            let mut seen = match read(self.mem) {
+                                Ok(x) => x,
+                                Err(f) => fail!(f),
+                            };
+                            loop {
+                                match swap(self.mem, seen, op.apply(seen, v)) {
+                                    Ok(x) if x == seen => break seen,
+                                    Ok(x) => seen = x,
+                                    Err(f) => fail!(f),
+                                }
+                            }
+                        }
+                        // A block's threads run one at a time: one step.
+                        Space::Shared => match shared_range(shared.len(), addr, sz, "atomic") {
+                            Ok(rg) => {
+                                let old = le(&shared[rg.clone()]);
+                                let new = op.apply(old, v);
+                                shared[rg].copy_from_slice(&new.to_le_bytes()[..sz]);
+                                old
+                            }
+                            Err(f) => fail!(f),
+                        },
+                    };
+                    if *d != NO_SLOT {
+                        r!(*d) = old;
+                    }
+                }
                 Op::AtomCas {
                     space,
                     size,

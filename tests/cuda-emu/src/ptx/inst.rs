@@ -363,6 +363,17 @@ pub(crate) enum Op {
         off: i64,
         b: Slot,
     },
+    /// `atom.{and,or,xor}.b{32,64}` / `red.{and,or,xor}`: `[base + off]` combined with `b`
+    /// bit by bit, in one atomic step (`d` the old value, or [`NO_SLOT`]).
+    AtomBits {
+        space: Space,
+        size: u8,
+        op: BitsOp,
+        d: Slot,
+        base: Slot,
+        off: i64,
+        b: Slot,
+    },
     /// `atom.cas`: `d = [base + off]`, which becomes `c` where it equals `b`, in one
     /// atomic step.
     AtomCas {
@@ -483,4 +494,23 @@ pub enum IntegralRound {
     Down,
     /// `.rpi`: toward plus infinity.
     Up,
+}
+
+/// The bitwise atomics' operation ([`Op::AtomBits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitsOp {
+    And,
+    Or,
+    Xor,
+}
+
+impl BitsOp {
+    /// `old` combined with `v`.
+    pub fn apply(self, old: u64, v: u64) -> u64 {
+        match self {
+            Self::And => old & v,
+            Self::Or => old | v,
+            Self::Xor => old ^ v,
+        }
+    }
 }

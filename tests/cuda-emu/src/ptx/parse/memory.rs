@@ -20,6 +20,7 @@ impl<'a> Parser<'a> {
                 let mut space = Space::Global;
                 let mut add = false;
                 let mut cas = false;
+                let mut bits = None;
                 let mut ty = None;
                 for (i, m) in mods.iter().enumerate() {
                     match *m {
@@ -28,9 +29,40 @@ impl<'a> Parser<'a> {
                         "relaxed" | "cta" | "gpu" | "sys" => {}
                         "add" => add = true,
                         "cas" if base == "atom" => cas = true,
+                        "and" => bits = Some(BitsOp::And),
+                        "or" => bits = Some(BitsOp::Or),
+                        "xor" => bits = Some(BitsOp::Xor),
                         _ if i == mods.len() - 1 => ty = parse_ty(m),
                         _ => return insn.unsupported(),
                     }
+                }
+                if let Some(op) = bits {
+                    // atom.{and,or,xor}.{b32,b64} d, [a], b (red: no d); the ISA's types
+                    // for them are the bit-size ones only.
+                    let Some(t) = ty.filter(|t| {
+                        !add && !cas && t.kind == TyKind::B && (t.bits == 32 || t.bits == 64)
+                    }) else {
+                        return insn.unsupported();
+                    };
+                    let w = W::Exact(t.bits);
+                    let (d, rest) = if base == "atom" {
+                        insn.nops(3)?;
+                        (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
+                    } else {
+                        insn.nops(2)?;
+                        (NO_SLOT, ops)
+                    };
+                    let (abase, off) = self.address(fc, &rest[0], space, line)?;
+                    let b = self.src(fc, &rest[1], w, line)?;
+                    return Ok(Op::AtomBits {
+                        space,
+                        size: t.bits / 8,
+                        op,
+                        d,
+                        base: abase,
+                        off,
+                        b,
+                    });
                 }
                 if cas {
                     // atom.cas.{b32,b64} d, [a], b, c: d = [a]; [a] = ([a] == b) ? c : [a]
