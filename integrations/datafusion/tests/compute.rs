@@ -867,6 +867,24 @@ pub async fn check_aggregates(device: &ExecDevice) {
         device,
     )
     .await;
+    // bit_and, bit_or, bit_xor of signed (negative values: sign-extended lanes) and
+    // unsigned integers, with nulls and a FILTER; a group of none null is null.
+    check_partial_aggregate(
+        &typed,
+        "SELECT k, bit_and(x), bit_or(x), bit_xor(x), bit_and(small), bit_or(small), \
+         bit_xor(y), bit_and(arrow_cast(abs(y), 'UInt32')), \
+         bit_or(arrow_cast(abs(y) % 65536, 'UInt16')), bit_xor(arrow_cast(abs(y) % 256, 'UInt8')), \
+         bit_and(CASE WHEN b IS NULL THEN 1 ELSE 3 END), bit_or(x) FILTER (WHERE y > 100) \
+         FROM t GROUP BY k",
+        device,
+    )
+    .await;
+    check_partial_aggregate(
+        &typed,
+        "SELECT bit_and(y), bit_or(small), bit_xor(arrow_cast(x % 100, 'Int8')) FROM t",
+        device,
+    )
+    .await;
     // Thousands of groups: collisions and probing in the group table.
     check_partial_aggregate(
         &ctx,

@@ -59,6 +59,11 @@ pub(crate) enum AggKind {
     Avg,
     Min,
     Max,
+    /// `bit_and`: kept as the OR of the values' complements (0 the identity, as every
+    /// accumulator's), the complement of which is the AND.
+    BitAnd,
+    BitOr,
+    BitXor,
 }
 
 /// One aggregate: its function and argument (`None`: every row, `count(*)`).
@@ -205,6 +210,9 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             // Of booleans (lanes 0 and 1): all true is the least, any true the most.
             "bool_and" => AggKind::Min,
             "bool_or" => AggKind::Max,
+            "bit_and" => AggKind::BitAnd,
+            "bit_or" => AggKind::BitOr,
+            "bit_xor" => AggKind::BitXor,
             other => {
                 return Err(Unsupported(format!(
                     "aggregate function `{other}` has no device kernel"
@@ -318,6 +326,20 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
                     && (t == &DataType::Boolean || !a.fun().name().starts_with("bool_"))
             }
             (AggKind::Sum, Some(DataType::Float64)) => state(0) == &DataType::Float64,
+            // Of integers (a signed one's lanes sign-extended, an unsigned one's
+            // zero-extended: AND, OR and XOR keep both so), a state of their type.
+            (AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor, Some(t)) => {
+                matches!(
+                    t,
+                    DataType::Int8
+                        | DataType::Int16
+                        | DataType::Int32
+                        | DataType::Int64
+                        | DataType::UInt8
+                        | DataType::UInt16
+                        | DataType::UInt32
+                ) && state(0) == t
+            }
             (AggKind::Avg, Some(DataType::Float64)) => {
                 state(0) == &DataType::UInt64 && state(1) == &DataType::Float64
             }
@@ -450,6 +472,9 @@ pub(crate) fn cpu_groups(plan: &Plan, frame: &DeviceFrame) -> Result<Groups, Box
                     acc[1] = (sum >> 64) as u64;
                 }
                 AggKind::Min | AggKind::Max => acc[0] = acc[0].max(minmax_word(agg.kind, v)),
+                AggKind::BitAnd => acc[0] |= !(v as u64),
+                AggKind::BitOr => acc[0] |= v as u64,
+                AggKind::BitXor => acc[0] ^= v as u64,
             }
         }
     }
@@ -635,6 +660,16 @@ pub(crate) fn output(plan: &Plan, mut groups: Groups) -> Result<RecordBatch, Box
             AggKind::Min | AggKind::Max => {
                 let lanes: Vec<Option<i64>> = (0..n)
                     .map(|g| (count(g) > 0).then(|| minmax_value(agg.kind, acc(g)[0])))
+                    .collect();
+                columns.push(values_array(&lanes, fields[field].data_type(), &agg.text)?);
+            }
+            AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor => {
+                let lanes: Vec<Option<i64>> = (0..n)
+                    .map(|g| {
+                        let w = acc(g)[0];
+                        let w = if agg.kind == AggKind::BitAnd { !w } else { w };
+                        (count(g) > 0).then_some(w as i64)
+                    })
                     .collect();
                 columns.push(values_array(&lanes, fields[field].data_type(), &agg.text)?);
             }

@@ -1686,6 +1686,9 @@ fn kind_code(kind: AggKind, float: bool) -> u32 {
         (AggKind::Count, _) => 1,
         (AggKind::Min, _) => 2,
         (AggKind::Max, _) => 3,
+        (AggKind::BitOr, _) => 5,
+        (AggKind::BitAnd, _) => 6,
+        (AggKind::BitXor, _) => 7,
     }
 }
 
