@@ -3267,6 +3267,12 @@ pub async fn check_string_casts(device: &ExecDevice) {
         "CAST(CASE WHEN dt < DATE '9000-01-01' THEN dt + INTERVAL '3' DAY END AS VARCHAR)",
         "CAST(i64 > 0 AS VARCHAR)",
         "CAST(CASE WHEN b THEN i16 END AS VARCHAR)",
+        // Booleans cast to numbers (1 and 0, nulls kept).
+        "CAST(b AS INT)",
+        "CAST(b AS TINYINT)",
+        "arrow_cast(b, 'UInt16')",
+        "CAST(i32 > 0 AS BIGINT) + CAST(b AS BIGINT)",
+        "CAST(b AS DOUBLE)",
         // `to_char` of dates with chrono's numeric fields (years 0 and 9999, days below
         // 10, leap years' days of the year), literal bytes, the composite `%F %D %T %R`,
         // `%%`, a time of the date's midnight, and `date_format` (its alias).

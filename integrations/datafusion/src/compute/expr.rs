@@ -3820,6 +3820,8 @@ fn cast_node(
     }
     let (mul, (lo, hi)) = match (kind(&from)?, kind(to)?) {
         (Kind::Int, Kind::Int) => (1, range_of(to)),
+        // A Boolean's lanes are 1 and 0, as arrow casts it to any integer.
+        (Kind::Bool, Kind::Int) => (1, range_of(to)),
         // arrow's reinterpretations: an Int32 is a date's days (an Int64 through Int32,
         // checked), a date's days an Int32 or Int64; any integer is a timestamp's value
         // (through Int64), a timestamp's value an integer (through Int64, checked).
@@ -3921,8 +3923,9 @@ fn cast_node(
                 on_fail,
             });
         }
-        // To Float64: the lanes' value over 10^scale, in binary64 (as arrow's cast).
-        (Kind::Int, Kind::Float) | (Kind::Decimal(_), Kind::Float) => {
+        // To Float64: the lanes' value over 10^scale, in binary64 (as arrow's cast); a
+        // Boolean's 1 or 0.
+        (Kind::Int | Kind::Bool, Kind::Float) | (Kind::Decimal(_), Kind::Float) => {
             let scale = match kind(&from)? {
                 Kind::Decimal(s) => s as u32,
                 _ => 0,
