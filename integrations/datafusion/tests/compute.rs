@@ -3273,6 +3273,11 @@ pub async fn check_string_casts(device: &ExecDevice) {
         "arrow_cast(b, 'UInt16')",
         "CAST(i32 > 0 AS BIGINT) + CAST(b AS BIGINT)",
         "CAST(b AS DOUBLE)",
+        // Integers to booleans (`x <> 0`).
+        "CAST(i8 AS BOOLEAN)",
+        "CAST(i64 AS BOOLEAN)",
+        "arrow_cast(arrow_cast(abs(CAST(i16 AS INT)), 'UInt16'), 'Boolean')",
+        "CAST(i32 % 3 AS BOOLEAN) AND b",
         // `to_char` of dates with chrono's numeric fields (years 0 and 9999, days below
         // 10, leap years' days of the year), literal bytes, the composite `%F %D %T %R`,
         // `%%`, a time of the date's midnight, and `date_format` (its alias).

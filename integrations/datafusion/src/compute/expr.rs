@@ -3820,6 +3820,18 @@ fn cast_node(
     }
     let (mul, (lo, hi)) = match (kind(&from)?, kind(to)?) {
         (Kind::Int, Kind::Int) => (1, range_of(to)),
+        // An integer to a Boolean: `x <> 0` of its lanes, as arrow casts.
+        (Kind::Int, Kind::Bool) => {
+            return Ok(Node::Binary {
+                op: op::NE,
+                left: Box::new(node),
+                right: Box::new(Node::Literal(Some(0))),
+                lmul: 1,
+                rmul: 1,
+                lo: i64::MIN,
+                hi: i64::MAX,
+            })
+        }
         // A Boolean's lanes are 1 and 0, as arrow casts it to any integer.
         (Kind::Bool, Kind::Int) => (1, range_of(to)),
         // arrow's reinterpretations: an Int32 is a date's days (an Int64 through Int32,
