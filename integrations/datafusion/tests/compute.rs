@@ -3623,9 +3623,11 @@ pub async fn check_string_casts(device: &ExecDevice) {
     }
 
     // Timestamps of each unit and no zone: a date alone, `T`, `t` or a space, fractions
-    // of 1 to 12 digits (the first 9 kept), `Z`; no timestamp where the date, the
-    // separator, the clock or the point is wrong, or past the unit (nanoseconds past
-    // 2262); an offset, HHMMSS or a leap second: the host's.
+    // of 1 to 12 digits (the first 9 kept), `Z`, fixed offsets in arrow's three forms
+    // (after white space too; across midnight and the year); no timestamp where the
+    // date, the separator, the clock or the point is wrong, or past the unit
+    // (nanoseconds past 2262); a zone's name, an offset of a day or more, HHMMSS or a
+    // leap second: the host's.
     let stamps = numbers(&[
         "2020-01-01",
         "1969-12-31T23:59:59",
@@ -3635,6 +3637,11 @@ pub async fn check_string_casts(device: &ExecDevice) {
         "1970-01-01T00:00:00.000001z",
         "1677-09-21T00:12:43.145224192",
         "2262-04-11T23:47:16.854775807",
+        "2020-01-01T12:00:00+05:00",
+        "2020-01-01T02:00:00.25-0330",
+        "1999-12-31 23:30:00 +01",
+        "2000-01-01T00:10:00\t-23:59",
+        "2020-06-15T08:00:00+00:00",
     ]);
     // Past nanoseconds' range.
     let far = numbers(&[
@@ -3669,7 +3676,9 @@ pub async fn check_string_casts(device: &ExecDevice) {
         assert_evaluates_as_datafusion(&stamps, "n", &text, &[(3, 6)], device).await;
         assert_fails_as_datafusion(&wrong, "n", &text, None, device).await;
         for odd in [
-            "2020-01-01T12:00:00+05:00",
+            "2020-01-01T12:00:00+24:00",
+            "2020-01-01T12:00:00+05:0",
+            "2020-01-01T12:00:00 +",
             "2020-01-01 120000",
             "2020-01-01 23:59:60",
             "2020-01-01 12:00:00 UTC",

@@ -470,7 +470,15 @@ pub(crate) fn parse_timestamp(value: &[u8], per_second: i64) -> Result<Option<i6
         }
         match &value[k..] {
             [] | [b'Z' | b'z'] => {}
-            _ => return Err(Quit),
+            // A zone: arrow's `Tz` of the rest, its leading white space trimmed; a
+            // fixed offset is the device's, a name (or white space past ASCII) the host's.
+            rest => {
+                let at = rest
+                    .iter()
+                    .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r'))
+                    .ok_or(Quit)?;
+                seconds -= fixed_offset(&rest[at..]).ok_or(Quit)?;
+            }
         }
     }
     if per_second == 1_000_000_000 && seconds < 0 {
@@ -481,6 +489,31 @@ pub(crate) fn parse_timestamp(value: &[u8], per_second: i64) -> Result<Option<i6
     Ok(seconds
         .checked_mul(per_second)
         .and_then(|v| v.checked_add(nanos)))
+}
+
+/// A zone as arrow's `parse_fixed_offset` reads it, in seconds east of UTC: the whole of
+/// `[+-]HH:MM`, `[+-]HHMM` or `[+-]HH`, any two digits each (less than a day in all, as
+/// chrono's `FixedOffset` takes); `None` for anything else (arrow then reads a zone's
+/// name).
+pub(crate) fn fixed_offset(zone: &[u8]) -> Option<i64> {
+    let digits = match *zone {
+        [_, h1, h2, b':', m1, m2] | [_, h1, h2, m1, m2] => [h1, h2, m1, m2],
+        [_, h1, h2] => [h1, h2, b'0', b'0'],
+        _ => return None,
+    };
+    let d = digits.map(|b| i64::from(b.wrapping_sub(b'0')));
+    if d.iter().any(|d| *d > 9) {
+        return None;
+    }
+    let seconds = (d[0] * 10 + d[1]) * 3600 + (d[2] * 10 + d[3]) * 60;
+    if seconds >= 86_400 {
+        return None;
+    }
+    match zone[0] {
+        b'+' => Some(seconds),
+        b'-' => Some(-seconds),
+        _ => None,
+    }
 }
 
 /// A string value as arrow's cast parses it to a `Date32` (`parse_date`), as days since
@@ -661,7 +694,30 @@ mod tests {
                 0 => String::new(),
                 _ => format!(".{}", &"0123456789012"[..next(14) as usize]),
             };
-            let suffix = pick(next(8), &["", "", "", "Z", "z", "+05:00", " ", "x"]);
+            let suffix = match next(12) {
+                0..=2 => String::new(),
+                3 => "Z".into(),
+                4 => "z".into(),
+                5 => " ".into(),
+                6 => "x".into(),
+                7 => " UTC".into(),
+                // fixed offsets, in each of arrow's forms, after white space or not, any
+                // two digits (a day's worth and past it too), and malformed ones
+                _ => {
+                    let space = pick(next(5), &["", "", " ", "\t ", "\u{a0}"]);
+                    let sign = pick(next(5), &["+", "-", "+", "-", "*"]);
+                    let (h, m) = (next(30), next(100));
+                    let zone = match next(6) {
+                        0 => format!("{h:02}:{m:02}"),
+                        1 => format!("{h:02}{m:02}"),
+                        2 => format!("{h:02}"),
+                        3 => format!("{h:02}:{m:02}x"),
+                        4 => format!("{h}:{m:02}"),
+                        _ => format!("{h:02}:{m:02}"),
+                    };
+                    format!("{space}{sign}{zone}")
+                }
+            };
             words.push(format!("{date}{sep}{time}{fraction}{suffix}"));
         }
         let noise = b"0123456789-:T .Z";
@@ -704,6 +760,18 @@ mod tests {
                 }
             }
             assert!(answered > 15_000, "{answered} of {to} answered");
+        }
+        // Fixed offsets are the device's (compared with arrow's above): answered.
+        for (w, want) in [
+            ("2020-01-01T05:30:00+05:30", 1_577_836_800),
+            ("2020-01-01 00:00:00.5 -0100", 1_577_840_400),
+            ("2019-12-31T23:00:00\t+23", 1_577_750_400),
+        ] {
+            assert_eq!(parse_timestamp(w.as_bytes(), 1), Ok(Some(want)), "{w:?}");
+        }
+        // A day's offset or more, or a name: the host's (arrow's error, or its zone).
+        for w in ["2020-01-01T00:00:00+24", "2020-01-01T00:00:00 UTC"] {
+            assert_eq!(parse_timestamp(w.as_bytes(), 1), Err(Quit), "{w:?}");
         }
     }
 
