@@ -2677,34 +2677,10 @@ fn atomic_f64_adds_lose_no_update() {
     let n = 256usize;
     let emu = Emu::new();
     let s = emu.stream(1);
-    let src = std::ffi::CString::new(PTX).unwrap();
-    let mut module: CUmodule = std::ptr::null_mut();
-    let mut f: CUfunction = std::ptr::null_mut();
     let (sum, old) = (emu.alloc(16), emu.alloc(8 * n));
     emu.upload(sum, &[0u8; 16]);
-    // SAFETY: valid handles; the parameters match f64_atomics(u64, u64): 16 bytes of
-    // sums and a double per thread of the 256.
-    unsafe {
-        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
-        ck(cuModuleGetFunction(&mut f, module, c"f64_atomics".as_ptr()));
-        let (mut ps, mut po) = (sum, old);
-        let mut params: [*mut c_void; 2] =
-            [(&mut ps as *mut u64).cast(), (&mut po as *mut u64).cast()];
-        ck(cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            n as u32,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ck(cuStreamSynchronize(s));
-    }
+    // f64_atomics(u64, u64): 16 bytes of sums and a double per thread of the 256.
+    launch_with_two_addresses(s, PTX, c"f64_atomics", (sum, old), n as u32);
     let got = emu.download(sum, 16);
     let word =
         |b: &[u8], at: usize| f64::from_bits(u64::from_le_bytes(b[at..at + 8].try_into().unwrap()));
@@ -2772,36 +2748,12 @@ fn bitwise_atomics_lose_no_update() {
     let n = 256usize;
     let emu = Emu::new();
     let s = emu.stream(1);
-    let src = std::ffi::CString::new(PTX).unwrap();
-    let mut module: CUmodule = std::ptr::null_mut();
-    let mut f: CUfunction = std::ptr::null_mut();
     let (words, old) = (emu.alloc(48), emu.alloc(8 * n));
     let mut init = [0u8; 48];
     init[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     emu.upload(words, &init);
-    // SAFETY: valid handles; the parameters match bit_atomics(u64, u64): 48 bytes of
-    // words and a u64 per thread of the 256.
-    unsafe {
-        ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
-        ck(cuModuleGetFunction(&mut f, module, c"bit_atomics".as_ptr()));
-        let (mut pw, mut po) = (words, old);
-        let mut params: [*mut c_void; 2] =
-            [(&mut pw as *mut u64).cast(), (&mut po as *mut u64).cast()];
-        ck(cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            n as u32,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ck(cuStreamSynchronize(s));
-    }
+    // bit_atomics(u64, u64): 48 bytes of words and a u64 per thread of the 256.
+    launch_with_two_addresses(s, PTX, c"bit_atomics", (words, old), n as u32);
     let got = emu.download(words, 48);
     let word = |at: usize| u64::from_le_bytes(got[at..at + 8].try_into().unwrap());
     let values: Vec<u64> = (0..n as u64)
@@ -2828,35 +2780,33 @@ fn bitwise_atomics_lose_no_update() {
     assert!(olds.contains(&0), "one thread saw the word unset");
 }
 
-/// Runs `entry` of `ptx` (parameters: the input's address, the output's) in one block of
-/// a thread per value of `values` (doubles), each writing `out_bytes` bytes; the output.
-fn doubles_through(ptx: &str, entry: &std::ffi::CStr, values: &[f64], out_bytes: usize) -> Vec<u8> {
-    let n = values.len();
-    let emu = Emu::new();
-    let s = emu.stream(1);
+/// Loads `ptx` and runs `entry` (two u64 parameters, `addresses`: device memory the
+/// kernel reads and writes within its bounds) in one block of `threads` threads on
+/// stream `s`, to the end.
+fn launch_with_two_addresses(
+    s: CUstream,
+    ptx: &str,
+    entry: &std::ffi::CStr,
+    addresses: (u64, u64),
+    threads: u32,
+) {
     let src = std::ffi::CString::new(ptx).unwrap();
     let mut module: CUmodule = std::ptr::null_mut();
     let mut f: CUfunction = std::ptr::null_mut();
-    let (input, out) = (emu.alloc(8 * n), emu.alloc(out_bytes * n));
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-        .collect();
-    emu.upload(input, &bytes);
-    // SAFETY: valid handles; the kernel takes (u64, u64), reading a double and writing
-    // `out_bytes` per thread, within the allocations.
+    let (mut a, mut b) = addresses;
+    // SAFETY: valid handles; the kernel takes (u64, u64), addresses of device memory
+    // the caller sized for `threads` threads.
     unsafe {
         ck(cuModuleLoadData(&mut module, src.as_ptr().cast()));
         ck(cuModuleGetFunction(&mut f, module, entry.as_ptr()));
-        let (mut pi, mut po) = (input, out);
         let mut params: [*mut c_void; 2] =
-            [(&mut pi as *mut u64).cast(), (&mut po as *mut u64).cast()];
+            [(&mut a as *mut u64).cast(), (&mut b as *mut u64).cast()];
         ck(cuLaunchKernel(
             f,
             1,
             1,
             1,
-            n as u32,
+            threads,
             1,
             1,
             0,
@@ -2866,6 +2816,22 @@ fn doubles_through(ptx: &str, entry: &std::ffi::CStr, values: &[f64], out_bytes:
         ));
         ck(cuStreamSynchronize(s));
     }
+}
+
+/// Runs `entry` of `ptx` (parameters: the input's address, the output's) in one block of
+/// a thread per value of `values` (doubles), each writing `out_bytes` bytes; the output.
+fn doubles_through(ptx: &str, entry: &std::ffi::CStr, values: &[f64], out_bytes: usize) -> Vec<u8> {
+    let n = values.len();
+    let emu = Emu::new();
+    let s = emu.stream(1);
+    let (input, out) = (emu.alloc(8 * n), emu.alloc(out_bytes * n));
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    emu.upload(input, &bytes);
+    // The kernel takes (u64, u64): it reads a double and writes `out_bytes` per thread.
+    launch_with_two_addresses(s, ptx, entry, (input, out), n as u32);
     emu.download(out, out_bytes * n)
 }
 

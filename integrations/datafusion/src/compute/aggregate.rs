@@ -329,16 +329,7 @@ pub(crate) fn compile(aggregate: &AggregateExec) -> Result<Plan, Unsupported> {
             // Of integers (a signed one's lanes sign-extended, an unsigned one's
             // zero-extended: AND, OR and XOR keep both so), a state of their type.
             (AggKind::BitAnd | AggKind::BitOr | AggKind::BitXor, Some(t)) => {
-                matches!(
-                    t,
-                    DataType::Int8
-                        | DataType::Int16
-                        | DataType::Int32
-                        | DataType::Int64
-                        | DataType::UInt8
-                        | DataType::UInt16
-                        | DataType::UInt32
-                ) && state(0) == t
+                expr::is_integer(t) && state(0) == t
             }
             (AggKind::Avg, Some(DataType::Float64)) => {
                 state(0) == &DataType::UInt64 && state(1) == &DataType::Float64

@@ -877,6 +877,12 @@ fn kind(data_type: &DataType) -> Result<Kind, Unsupported> {
 }
 
 /// The range of values a lane of `data_type` may hold (a narrower integer).
+/// Whether `t` is an integer type whose values are lanes (Int8 to Int64, UInt8 to
+/// UInt32: not UInt64).
+pub(crate) fn is_integer(t: &DataType) -> bool {
+    matches!(kind(t), Ok(Kind::Int))
+}
+
 fn range_of(data_type: &DataType) -> (i64, i64) {
     match data_type {
         DataType::Int8 => (i8::MIN as i64, i8::MAX as i64),
@@ -2068,44 +2074,21 @@ pub(crate) fn substr_node(
         };
         return Some((node, input.field(index).data_type().clone()));
     }
-    if let ("split_part", [column, delimiter, n]) = (function.name(), function.args()) {
-        let (index, name) = view_column(column, input)?;
-        let delimiter = string_literal(delimiter).ok()??;
-        // 0 is DataFusion's error: the host's.
-        let n = int_literal(n).filter(|n| *n != 0)?;
-        let node = if delimiter.is_empty() {
-            // The value is its one part: all of it for part 1 (or -1), else empty.
-            let count = if n == 1 || n == -1 { None } else { Some(0) };
-            let (first, end) = substr_chars(1, count);
-            Node::Substr {
-                index,
-                name,
-                first,
-                end,
-                from_end: false,
-            }
-        } else if delimiter.len() <= 8 {
-            Node::SplitPart {
-                index,
-                name,
-                delimiter,
-                n,
-                through: false,
-            }
-        } else {
-            return None;
-        };
-        return Some((node, input.field(index).data_type().clone()));
-    }
-    if let ("substr_index" | "substring_index", [column, delimiter, count]) =
+    // `split_part(col, delimiter, n)` and `substr_index(col, delimiter, n)` (`through`:
+    // the value up to the part's end, or from its start), by one split of the value.
+    if let (name @ ("split_part" | "substr_index" | "substring_index"), [column, delimiter, n]) =
         (function.name(), function.args())
     {
+        let through = name != "split_part";
         let (index, name) = view_column(column, input)?;
         let delimiter = string_literal(delimiter).ok()??;
-        let n = int_literal(count)?;
-        let node = if n == 0 || delimiter.is_empty() {
-            // DataFusion's empty result.
-            let (first, end) = substr_chars(1, Some(0));
+        // split_part's part 0 is DataFusion's error: the host's.
+        let n = int_literal(n).filter(|n| through || *n != 0)?;
+        // An empty value: substr_index's of count 0 or of an empty delimiter; else, with
+        // an empty delimiter, split_part's value is its one part (parts 1 and -1).
+        let whole = !through && delimiter.is_empty() && (n == 1 || n == -1);
+        let node = if delimiter.is_empty() || n == 0 {
+            let (first, end) = substr_chars(1, if whole { None } else { Some(0) });
             Node::Substr {
                 index,
                 name,
@@ -2119,7 +2102,7 @@ pub(crate) fn substr_node(
                 name,
                 delimiter,
                 n,
-                through: true,
+                through,
             }
         } else {
             return None;

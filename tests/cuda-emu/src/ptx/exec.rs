@@ -117,6 +117,48 @@ fn misaligned(addr: u64, size: usize, store: bool) -> Fault {
     }
 }
 
+/// One atomic read-modify-write of the `size`-byte (4 or 8) word at `addr` of global
+/// memory: `update(old)` stored where no other thread wrote in between (a
+/// compare-and-swap loop, the read first); the old word.
+fn atomic_update(
+    mem: &dyn Memory,
+    addr: u64,
+    size: usize,
+    update: impl Fn(u64) -> u64,
+) -> Result<u64, Fault> {
+    let mut seen = if size == 8 {
+        mem.atomic_add_u64(addr, 0)?
+    } else {
+        u64::from(mem.atomic_add_u32(addr, 0)?)
+    };
+    loop {
+        let new = update(seen);
+        let found = if size == 8 {
+            mem.atomic_cas_u64(addr, seen, new)?
+        } else {
+            u64::from(mem.atomic_cas_u32(addr, seen as u32, new as u32)?)
+        };
+        if found == seen {
+            return Ok(seen);
+        }
+        seen = found;
+    }
+}
+
+/// [`atomic_update`] of a word of a block's shared memory, whose threads run one at a
+/// time: one step.
+fn shared_update(
+    shared: &mut [u8],
+    addr: u64,
+    size: usize,
+    update: impl Fn(u64) -> u64,
+) -> Result<u64, Fault> {
+    let rg = shared_range(shared.len(), addr, size, "atomic")?;
+    let old = le(&shared[rg.clone()]);
+    shared[rg].copy_from_slice(&update(old).to_le_bytes()[..size]);
+    Ok(old)
+}
+
 /// The byte range of a shared-memory access, bounds- and alignment-checked.
 fn shared_range(
     len: usize,
@@ -706,26 +748,13 @@ impl Launch<'_> {
                                     kind: "misaligned atomic".into()
                                 });
                             }
-                            // A compare-and-swap loop: the read, then the swap where no
-                            // other thread wrote in between.
-                            let mut seen = match self.mem.atomic_add_u64(addr, 0) {
+                            match atomic_update(self.mem, addr, 8, add) {
                                 Ok(x) => x,
                                 Err(f) => fail!(f),
-                            };
-                            loop {
-                                match self.mem.atomic_cas_u64(addr, seen, add(seen)) {
-                                    Ok(x) if x == seen => break seen,
-                                    Ok(x) => seen = x,
-                                    Err(f) => fail!(f),
-                                }
                             }
                         }
-                        Space::Shared => match shared_range(shared.len(), addr, 8, "atomic") {
-                            Ok(rg) => {
-                                let old = le(&shared[rg.clone()]);
-                                shared[rg].copy_from_slice(&add(old).to_le_bytes());
-                                old
-                            }
+                        Space::Shared => match shared_update(shared, addr, 8, add) {
+                            Ok(x) => x,
                             Err(f) => fail!(f),
                         },
                     };
@@ -755,45 +784,17 @@ impl Launch<'_> {
                                     kind: "misaligned atomic".into()
                                 });
                             }
-                            // A compare-and-swap loop: the read, then the swap where no
-                            // other thread wrote in between.
-                            let read = |mem: &dyn Memory| {
-                                if sz == 8 {
-                                    mem.atomic_add_u64(addr, 0)
-                                } else {
-                                    mem.atomic_add_u32(addr, 0).map(u64::from)
-                                }
-                            };
-                            let swap = |mem: &dyn Memory, seen: u64, new: u64| {
-                                if sz == 8 {
-                                    mem.atomic_cas_u64(addr, seen, new)
-                                } else {
-                                    mem.atomic_cas_u32(addr, seen as u32, new as u32)
-                                        .map(u64::from)
-                                }
-                            };
-                            let mut seen = match read(self.mem) {
+                            match atomic_update(self.mem, addr, sz, |old| op.apply(old, v)) {
                                 Ok(x) => x,
                                 Err(f) => fail!(f),
-                            };
-                            loop {
-                                match swap(self.mem, seen, op.apply(seen, v)) {
-                                    Ok(x) if x == seen => break seen,
-                                    Ok(x) => seen = x,
-                                    Err(f) => fail!(f),
-                                }
                             }
                         }
-                        // A block's threads run one at a time: one step.
-                        Space::Shared => match shared_range(shared.len(), addr, sz, "atomic") {
-                            Ok(rg) => {
-                                let old = le(&shared[rg.clone()]);
-                                let new = op.apply(old, v);
-                                shared[rg].copy_from_slice(&new.to_le_bytes()[..sz]);
-                                old
+                        Space::Shared => {
+                            match shared_update(shared, addr, sz, |old| op.apply(old, v)) {
+                                Ok(x) => x,
+                                Err(f) => fail!(f),
                             }
-                            Err(f) => fail!(f),
-                        },
+                        }
                     };
                     if *d != NO_SLOT {
                         r!(*d) = old;

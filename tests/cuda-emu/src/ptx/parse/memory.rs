@@ -45,15 +45,7 @@ impl<'a> Parser<'a> {
                         return insn.unsupported();
                     };
                     let w = W::Exact(t.bits);
-                    let (d, rest) = if base == "atom" {
-                        insn.nops(3)?;
-                        (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
-                    } else {
-                        insn.nops(2)?;
-                        (NO_SLOT, ops)
-                    };
-                    let (abase, off) = self.address(fc, &rest[0], space, line)?;
-                    let b = self.src(fc, &rest[1], w, line)?;
+                    let (d, abase, off, b) = self.atom_operands(fc, insn, space, w)?;
                     return Ok(Op::AtomBits {
                         space,
                         size: t.bits / 8,
@@ -93,15 +85,7 @@ impl<'a> Parser<'a> {
                 // even, as add.rn.f64): one atomic read-modify-write of the double.
                 if let Some(t) = ty.filter(|t| add && t.kind == TyKind::F && t.bits == 64) {
                     let w = W::Exact(t.bits);
-                    let (d, rest) = if base == "atom" {
-                        insn.nops(3)?;
-                        (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
-                    } else {
-                        insn.nops(2)?;
-                        (NO_SLOT, ops)
-                    };
-                    let (abase, off) = self.address(fc, &rest[0], space, line)?;
-                    let b = self.src(fc, &rest[1], w, line)?;
+                    let (d, abase, off, b) = self.atom_operands(fc, insn, space, w)?;
                     return Ok(Op::AtomAddF64 {
                         space,
                         d,
@@ -119,15 +103,7 @@ impl<'a> Parser<'a> {
                     return insn.unsupported();
                 }
                 let w = W::Exact(t.bits);
-                let (d, rest) = if base == "atom" {
-                    insn.nops(3)?;
-                    (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
-                } else {
-                    insn.nops(2)?;
-                    (NO_SLOT, ops)
-                };
-                let (abase, off) = self.address(fc, &rest[0], space, line)?;
-                let b = self.src(fc, &rest[1], w, line)?;
+                let (d, abase, off, b) = self.atom_operands(fc, insn, space, w)?;
                 Ok(Op::AtomAdd {
                     space,
                     size: t.bits / 8,
@@ -139,6 +115,30 @@ impl<'a> Parser<'a> {
             }
             _ => insn.unsupported(),
         }
+    }
+
+    /// The operands of `atom` (`d, [a], b`) or `red` (`[a], b`), `b` of width `w`: the
+    /// destination ([`NO_SLOT`] for `red`), the address's base and offset, and `b`.
+    fn atom_operands(
+        &mut self,
+        fc: &mut FnCtx,
+        insn: &Insn<'_, 'a>,
+        space: Space,
+        w: W,
+    ) -> PResult<(Slot, Slot, i64, Slot)> {
+        let Insn {
+            base, ops, line, ..
+        } = *insn;
+        let (d, rest) = if base == "atom" {
+            insn.nops(3)?;
+            (self.dst(fc, &ops[0], w, line)?.0, &ops[1..])
+        } else {
+            insn.nops(2)?;
+            (NO_SLOT, ops)
+        };
+        let (abase, off) = self.address(fc, &rest[0], space, line)?;
+        let b = self.src(fc, &rest[1], w, line)?;
+        Ok((d, abase, off, b))
     }
 
     fn ld_st(&mut self, fc: &mut FnCtx, is_ld: bool, insn: &Insn<'_, 'a>) -> PResult<Op> {
