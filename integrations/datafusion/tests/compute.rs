@@ -3675,6 +3675,10 @@ pub async fn check_string_casts(device: &ExecDevice) {
         let text = format!("CAST({column} AS TIMESTAMP)");
         assert_evaluates_as_datafusion(&stamps, "n", &text, &[(3, 6)], device).await;
         assert_fails_as_datafusion(&wrong, "n", &text, None, device).await;
+        // `to_timestamp(s)` (no session time zone): the same parse, the same error.
+        let text = format!("to_timestamp({column})");
+        assert_evaluates_as_datafusion(&stamps, "n", &text, &[(3, 6)], device).await;
+        assert_fails_as_datafusion(&wrong, "n", &text, None, device).await;
         for odd in [
             "2020-01-01T12:00:00+24:00",
             "2020-01-01T12:00:00+05:0",
@@ -3754,6 +3758,10 @@ pub async fn check_string_casts(device: &ExecDevice) {
         assert_evaluates_as_datafusion(&v, "v", &text, &[(1, 4)], device).await;
         let text = format!("CAST({column} AS DATE) + INTERVAL '1' MONTH");
         assert_evaluates_as_datafusion(&v, "v", &text, &[(1, 4)], device).await;
+        // `to_date(s)`: arrow's `Date32Type::parse`, the cast's; its error where none.
+        let text = format!("to_date({column})");
+        assert_evaluates_as_datafusion(&v, "v", &text, &[(1, 4)], device).await;
+        assert_fails_as_datafusion(&d, "d", &text, None, device).await;
         let text = format!("TRY_CAST({column} AS DATE)");
         assert_left_to_the_host(&h, "h", &text, None, device).await;
         assert_left_to_the_host(&g, "g", &text, None, device).await;

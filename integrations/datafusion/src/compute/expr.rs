@@ -1032,6 +1032,19 @@ fn compile_node(
         return like_node(like, input);
     }
     if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
+        // `to_timestamp(s)` of no session time zone and `to_date(s)` of one string parse
+        // it as arrow's cast does (`string_to_datetime` in UTC and its nanoseconds;
+        // `Date32Type::parse`), failing the query where a value is none: the cast
+        // `CAST(s AS ...)` of a failing value, whose error the host raises.
+        if let (name @ ("to_timestamp" | "to_date"), [s]) = (function.name(), function.args()) {
+            let to = match name {
+                "to_timestamp" => DataType::Timestamp(TimeUnit::Nanosecond, None),
+                _ => DataType::Date32,
+            };
+            if function.return_type() == &to && string_column(s, input).is_some() {
+                return cast_node(s, &to, input, OnFail::Error);
+            }
+        }
         match function.name() {
             "date_part" => return date_part_node(function, input),
             "date_trunc" | "datetrunc" => return date_trunc_node(function, input),
