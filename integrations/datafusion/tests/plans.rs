@@ -43,14 +43,25 @@ fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
 }
 
 async fn check(name: &str, sql: &str) {
+    check_regions(name, sql, 1).await;
+}
+
+/// `sql`'s plan on the CPU device matches snapshot `name`, has `regions` regions (a
+/// load and an unload each) and nothing left on the host, and gives DataFusion's rows
+/// alone; the plan's text.
+async fn check_regions(name: &str, sql: &str, regions: usize) -> String {
     let data = lineitem(0.01, 2, 2048);
     let ctx = device_ctx(data.clone());
     run(&ctx, "SET devarrow.devices = 'cpu'").await;
     let device_plan = plan(&ctx, sql).await;
     let shown = text(&device_plan);
     insta::assert_snapshot!(name, shown);
-    assert_eq!(shown.matches("DeviceLoadExec").count(), 1, "{shown}");
-    assert_eq!(shown.matches("DeviceUnloadExec").count(), 1, "{shown}");
+    assert_eq!(shown.matches("DeviceLoadExec").count(), regions, "{shown}");
+    assert_eq!(
+        shown.matches("DeviceUnloadExec").count(),
+        regions,
+        "{shown}"
+    );
     assert!(!shown.contains("HostOnlyExec"), "{shown}");
     let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
     let want = common::datafusion_alone(data, sql).await;
@@ -59,6 +70,7 @@ async fn check(name: &str, sql: &str) {
         pretty_format_batches(&got).unwrap().to_string(),
         pretty_format_batches(&want).unwrap().to_string()
     );
+    shown
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -679,29 +691,15 @@ async fn a_region_under_min_region_bytes_stays_on_the_host() {
 /// union, a load). The results are DataFusion's alone.
 #[tokio::test]
 async fn a_partial_aggregate_over_a_union_joins_each_childs_region() {
-    let data = lineitem(0.01, 2, 2048);
-    let ctx = device_ctx(data.clone());
-    run(&ctx, "SET devarrow.devices = 'cpu'").await;
     let sql = "SELECT l_returnflag, sum(l_quantity) AS q, count(*) AS n FROM ( \
                  SELECT l_returnflag, l_quantity FROM lineitem WHERE l_quantity < 10 \
                  UNION ALL \
                  SELECT l_returnflag, l_quantity * 2 FROM lineitem WHERE l_discount > 0.05) \
                GROUP BY l_returnflag ORDER BY l_returnflag";
-    let device_plan = plan(&ctx, sql).await;
-    let shown = text(&device_plan);
-    insta::assert_snapshot!("union_partial_aggregate", shown);
-    assert_eq!(shown.matches("DeviceLoadExec").count(), 2, "{shown}");
-    assert_eq!(shown.matches("DeviceUnloadExec").count(), 2, "{shown}");
+    let shown = check_regions("union_partial_aggregate", sql, 2).await;
     assert_eq!(
         shown.matches("DevicePartialAggregateExec").count(),
         2,
         "{shown}"
-    );
-    assert!(!shown.contains("HostOnlyExec"), "{shown}");
-    let got = collect(device_plan, ctx.task_ctx()).await.unwrap();
-    let want = common::datafusion_alone(data, sql).await;
-    assert_eq!(
-        pretty_format_batches(&got).unwrap().to_string(),
-        pretty_format_batches(&want).unwrap().to_string()
     );
 }

@@ -119,13 +119,20 @@ fn misaligned(addr: u64, size: usize, store: bool) -> Fault {
 
 /// One atomic read-modify-write of the `size`-byte (4 or 8) word at `addr` of global
 /// memory: `update(old)` stored where no other thread wrote in between (a
-/// compare-and-swap loop, the read first); the old word.
+/// compare-and-swap loop, the read first); the old word. A misaligned word faults.
 fn atomic_update(
     mem: &dyn Memory,
     addr: u64,
     size: usize,
     update: impl Fn(u64) -> u64,
 ) -> Result<u64, Fault> {
+    if addr & (size as u64 - 1) != 0 {
+        return Err(Fault {
+            addr,
+            size,
+            kind: "misaligned atomic".into(),
+        });
+    }
     let mut seen = if size == 8 {
         mem.atomic_add_u64(addr, 0)?
     } else {
@@ -740,19 +747,10 @@ impl Launch<'_> {
                     let v = f64::from_bits(r!(*b));
                     let add = |old: u64| (f64::from_bits(old) + v).to_bits();
                     let old = match space {
-                        Space::Global => {
-                            if addr & 7 != 0 {
-                                fail!(Fault {
-                                    addr,
-                                    size: 8,
-                                    kind: "misaligned atomic".into()
-                                });
-                            }
-                            match atomic_update(self.mem, addr, 8, add) {
-                                Ok(x) => x,
-                                Err(f) => fail!(f),
-                            }
-                        }
+                        Space::Global => match atomic_update(self.mem, addr, 8, add) {
+                            Ok(x) => x,
+                            Err(f) => fail!(f),
+                        },
                         Space::Shared => match shared_update(shared, addr, 8, add) {
                             Ok(x) => x,
                             Err(f) => fail!(f),
@@ -777,13 +775,6 @@ impl Launch<'_> {
                     let v = r!(*b) & mask;
                     let old = match space {
                         Space::Global => {
-                            if addr & (sz as u64 - 1) != 0 {
-                                fail!(Fault {
-                                    addr,
-                                    size: sz,
-                                    kind: "misaligned atomic".into()
-                                });
-                            }
                             match atomic_update(self.mem, addr, sz, |old| op.apply(old, v)) {
                                 Ok(x) => x,
                                 Err(f) => fail!(f),
